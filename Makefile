@@ -1,0 +1,26 @@
+# Two commands (README): `make train` and `make test`. Each sets up .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: train test check setup setup-test
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+setup-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+train: setup
+	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny
+
+test: setup-test
+	$(BIN)/python -m pytest -q
+
+check: setup-test
+	$(BIN)/ruff format --check microgpt tests bench scripts
+	$(BIN)/ruff check microgpt tests bench scripts

@@ -1,0 +1,1 @@
+"""microgpt: small GPT training with hand-written forward/backward op pairs."""
