@@ -1,0 +1,163 @@
+"""Checkpoints in the seed's binary format, plus a JSON sidecar for what the format has no room for.
+
+    [int32 step][int32 n_params][n_params f32 weights][n_params f32 adam m][n_params f32 adam v]
+
+little-endian, parameters in the canonical order (memory.param_shapes). The file is the same for every
+backend and precision. Writes are atomic: a temp file in the same folder, fsync, rename, fsync of the
+folder; so a reader (or a crash) never sees half a checkpoint and an existing file is only ever
+replaced by a complete one. Readers check the size (8 + 12 * n_params) and n_params against the model
+and say what is wrong in one sentence.
+
+The sidecar `<name>.state.json` holds the config, seed, tokenizer, data sources, loss scale and the
+sha256 of the .bin. This module does not depend on the training step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HEADER = struct.Struct("<ii")
+CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
+
+
+class CheckpointError(ValueError):
+    """A missing, truncated, mismatched or corrupt checkpoint. str(err) is one line naming the file."""
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    weights: np.ndarray  # (n_params,) float32
+    m: np.ndarray
+    v: np.ndarray
+    path: Path
+
+
+def ckpt_name(step: int) -> str:
+    return f"step-{step:08d}.bin"
+
+
+def sidecar_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".bin") + ".state.json")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, chunks: list[bytes | memoryview]) -> None:
+    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, [(json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()])
+
+
+def write_checkpoint(
+    path: str | Path, step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarray, meta: dict[str, Any] | None = None
+) -> Path:
+    """Write the seed-format file and its sidecar (the sidecar last: it names the .bin's sha256)."""
+    path = Path(path)
+    n = weights.size
+    arrays = [np.ascontiguousarray(a, dtype="<f4").reshape(-1) for a in (weights, m, v)]
+    if any(a.size != n for a in arrays):
+        raise ValueError("weights, m and v must have the same number of elements")
+    header = HEADER.pack(step, n)
+    digest = hashlib.sha256(header)
+    for a in arrays:
+        digest.update(memoryview(a).cast("B"))
+    atomic_write_bytes(path, [header, *(memoryview(a).cast("B") for a in arrays)])
+    side = {"format": "microgpt-ckpt-1", "step": step, "n_params": n, "bin": path.name, "sha256": digest.hexdigest()}
+    side.update(meta or {})
+    atomic_write_json(sidecar_path(path), side)
+    return path
+
+
+def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint:
+    """Read and validate a checkpoint; CheckpointError with one sentence on anything wrong."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint not found") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror})") from None
+    if len(data) < HEADER.size:
+        raise CheckpointError(f"{path}: truncated checkpoint: {len(data)} bytes, shorter than the 8-byte header")
+    step, n = HEADER.unpack_from(data)
+    if n <= 0 or step < 0:
+        raise CheckpointError(f"{path}: corrupt header: step {step}, n_params {n}")
+    expected = HEADER.size + 12 * n
+    if len(data) != expected:
+        what = "truncated" if len(data) < expected else "oversized"
+        raise CheckpointError(f"{path}: {what} checkpoint: {len(data)} bytes, expected {expected} for n_params {n}")
+    if n_params is not None and n != n_params:
+        raise CheckpointError(f"{path}: checkpoint holds {n} parameters but the model has {n_params}")
+    flat = np.frombuffer(data, dtype="<f4", offset=HEADER.size).astype(np.float32)
+    if not np.isfinite(flat[:n]).all():
+        raise CheckpointError(f"{path}: weights contain NaN or inf")
+    return Checkpoint(step, flat[:n], flat[n : 2 * n], flat[2 * n :], path)
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any]:
+    side = sidecar_path(path)
+    try:
+        return json.loads(side.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{side}: unreadable checkpoint sidecar ({e})") from None
+
+
+def verify_sha(path: str | Path) -> bool:
+    """True when the sidecar's sha256 matches the .bin (or there is no sidecar to compare with)."""
+    want = read_sidecar(path).get("sha256")
+    return want is None or hashlib.sha256(Path(path).read_bytes()).hexdigest() == want
+
+
+def list_checkpoints(folder: str | Path) -> list[Path]:
+    """Checkpoints in folder, newest step first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if CKPT_RE.match(p.name)]
+    return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
+
+
+def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None) -> Path | None:
+    """The newest checkpoint that reads back whole and matches its sidecar; corrupt ones are skipped, kept."""
+    for path in list_checkpoints(folder):
+        try:
+            read_checkpoint(path, n_params)
+            if verify_sha(path):
+                return path
+        except CheckpointError:
+            continue
+    return None

@@ -1,0 +1,185 @@
+"""Experiment configuration: plain dataclasses, loaded from JSON, checked field by field.
+
+An experiment file has three sections, "model", "train" and "data", plus a "name" (and optional
+sections other parts of the stack own, listed in EXTRA_SECTIONS). Every field is typed; an unknown
+field, a wrong type or an impossible value raises ConfigError with one line naming the file and the
+field, and the CLI turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad experiment file, field or override. str(err) is the whole one-line message."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 2048
+    d_model: int = 192
+    n_layer: int = 4
+    n_head: int = 6
+    seq_len: int = 128
+
+
+@dataclass
+class TrainConfig:
+    micro_batch: int = 16
+    n_micro: int = 1
+    steps: int = 300
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    seed: int = 1337
+    precision: str = "fp32"
+    backend: str = "numpy"
+    eval_every: int = 50
+    eval_batches: int = 8
+    ckpt_every: int = 100
+    log_every: int = 1
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from. "builtin" needs no network: the Python standard library's source."""
+
+    source: str = "builtin"
+    path: str = ""
+    tokenizer: str = ""
+    val_fraction: float = 0.05
+    max_bytes: int = 4_000_000
+
+
+@dataclass
+class Experiment:
+    name: str = "ANDREA-tiny"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    # Sections owned by other parts (the proxy's phases, the bandit's mixing): kept verbatim here and
+    # validated by their owners.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "model": dataclasses.asdict(self.model), "train": dataclasses.asdict(self.train)}
+        d["data"] = dataclasses.asdict(self.data)
+        d.update(self.extra)
+        return d
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+EXTRA_SECTIONS = ("phases", "mixing", "description", "proxy")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+BACKENDS = ("numpy", "triton")
+
+
+def _check_type(where: str, name: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is int and isinstance(value, float) and value.is_integer() and name != "seed":
+        raise ConfigError(f"{where}: field '{name}' must be an integer, got {value!r}")
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{where}: field '{name}' must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a JSON object, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    obj = cls()
+    for name, value in raw.items():
+        if name not in fields:
+            known = ", ".join(fields)
+            raise ConfigError(f"{where}: unknown field '{name}' (known: {known})")
+        typ = {"int": int, "float": float, "str": str, "bool": bool}[str(fields[name].type)]
+        setattr(obj, name, _check_type(where, name, value, typ))
+    return obj
+
+
+def validate(exp: Experiment, src: str) -> Experiment:
+    """Impossible values, each with the file and the field."""
+    m, t, d = exp.model, exp.train, exp.data
+    positive = [("model", m, ("vocab_size", "d_model", "n_layer", "n_head", "seq_len"))]
+    positive.append(("train", t, ("micro_batch", "n_micro", "steps", "eval_every", "eval_batches", "ckpt_every")))
+    for sec, obj, names in positive:
+        for name in names:
+            if getattr(obj, name) <= 0:
+                raise ConfigError(f"{src}: {sec}.{name} must be > 0, got {getattr(obj, name)}")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"{src}: model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    if m.vocab_size > 65536:
+        raise ConfigError(f"{src}: model.vocab_size {m.vocab_size} does not fit the uint16 token shards (max 65536)")
+    if not 0 < t.lr < 1 or not 0 <= t.min_lr <= t.lr:
+        raise ConfigError(f"{src}: train.lr must be in (0, 1) and train.min_lr in [0, lr], got {t.lr}, {t.min_lr}")
+    if t.warmup_steps < 0 or t.warmup_steps > t.steps:
+        raise ConfigError(f"{src}: train.warmup_steps must be in [0, steps], got {t.warmup_steps}")
+    if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
+        raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
+    if t.eps <= 0 or t.weight_decay < 0 or t.grad_clip < 0:
+        raise ConfigError(f"{src}: train.eps must be > 0, train.weight_decay and train.grad_clip >= 0")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+    if t.backend not in BACKENDS:
+        raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {t.backend!r}")
+    if t.backend == "numpy" and t.precision != "fp32":
+        raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
+    if not 0 < d.val_fraction < 1:
+        raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
+    return exp
+
+
+def from_dict(raw: Any, src: str = "<config>") -> Experiment:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src}: the experiment must be a JSON object")
+    exp = Experiment()
+    for key, value in raw.items():
+        if key == "name":
+            exp.name = _check_type(src, "name", value, str)
+        elif key in SECTIONS:
+            setattr(exp, key, _build(SECTIONS[key], value, f"{src}: {key}"))
+        elif key in EXTRA_SECTIONS:
+            exp.extra[key] = value
+        else:
+            known = ", ".join(["name", *SECTIONS, *EXTRA_SECTIONS])
+            raise ConfigError(f"{src}: unknown field '{key}' (known: {known})")
+    return validate(exp, src)
+
+
+def load(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read experiment file ({e.strerror})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return from_dict(raw, str(path))
+
+
+def override(exp: Experiment, assignment: str, src: str = "--set") -> Experiment:
+    """Apply one `section.field=value` override (value parsed as JSON, else taken as a string)."""
+    key, sep, text = assignment.partition("=")
+    section, dot, name = key.partition(".")
+    if not sep or not dot or section not in SECTIONS:
+        raise ConfigError(f"{src} {assignment!r}: expected section.field=value with section in {', '.join(SECTIONS)}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    raw = exp.to_dict()
+    raw[section][name] = value
+    return from_dict(raw, f"{src} {key}")
