@@ -1,0 +1,89 @@
+"""Causal multi-head self-attention (the core only: the q, k, v and output projections are linear pairs).
+
+Per batch element and head h, with Q, K, V the (T,hs) slices of q, k, v for that head:
+
+    S   = Q @ K.T / sqrt(hs)                 (T,T), entries with key > query set to -inf (causal mask)
+    lse = logsumexp(S, axis=1)               (T,)
+    P   = exp(S - lse[:, None])              (T,T), the softmax, each row sums to 1
+    O   = P @ V                              (T,hs)
+
+Shapes: q, k, v, out (B,T,C) with the heads interleaved as (B,T,NH,hs), hs = C / NH; lse (B,NH,T).
+Forward saves only out and the row log-sum-exp: keeping P would cost B*NH*T*T floats per layer,
+quadratic in T, while recomputing it from S and lse is one matmul and one exp (as FlashAttention).
+
+Backward, with dO the head's slice of dout:
+
+    P   = exp(S - lse[:, None])              recomputed
+    dV += P.T @ dO
+    dP  = dO @ V.T
+    D   = (dO * O).sum(1)                    (T,) equals (dP * P).sum(1), the softmax's row term
+    dS  = P * (dP - D[:, None])
+    dQ += dS @ K / sqrt(hs) ;  dK += dS.T @ Q / sqrt(hs)
+
+The reference loops over the batch and keeps the heads as a leading axis: memory is NH*T*T per
+batch element, not B*NH*T*T.
+"""
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def _heads(x: NDArray, n_head: int) -> NDArray:
+    """(T,C) -> (NH,T,hs) view of one batch element; writes through it reach x."""
+    T, C = x.shape
+    return x.reshape(T, n_head, C // n_head).transpose(1, 0, 2)
+
+
+def _scores(qh: NDArray, kh: NDArray) -> NDArray:
+    """Masked, scaled scores S (NH,T,T) for one batch element."""
+    T, hs = qh.shape[1], qh.shape[2]
+    s = qh @ kh.transpose(0, 2, 1)
+    s *= 1.0 / math.sqrt(hs)
+    s[:, np.triu(np.ones((T, T), dtype=bool), k=1)] = -np.inf  # query t sees keys 0..t only
+    return s
+
+
+def attention_forward(out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int) -> None:
+    """out (B,T,C) = causal softmax(q k^T / sqrt(hs)) v per head; lse (B,NH,T) saved for backward."""
+    for b in range(q.shape[0]):
+        s = _scores(_heads(q[b], n_head), _heads(k[b], n_head))
+        m = s.max(axis=2, keepdims=True)  # subtract the row max so exp cannot overflow
+        s -= m
+        np.exp(s, out=s)
+        row_sum = s.sum(axis=2, keepdims=True)
+        np.add(np.log(row_sum[..., 0]), m[..., 0], out=lse[b])
+        s /= row_sum  # s = P
+        np.matmul(s, _heads(v[b], n_head), out=_heads(out[b], n_head))
+
+
+def attention_backward(
+    dq: NDArray,
+    dk: NDArray,
+    dv: NDArray,
+    dout: NDArray,
+    q: NDArray,
+    k: NDArray,
+    v: NDArray,
+    out: NDArray,
+    lse: NDArray,
+    n_head: int,
+) -> None:
+    """dq, dk, dv (B,T,C) += gradients of attention, given dout (B,T,C); P is recomputed from lse."""
+    hs = q.shape[2] // n_head
+    scale = 1.0 / math.sqrt(hs)
+    for b in range(q.shape[0]):
+        qh, kh, vh = _heads(q[b], n_head), _heads(k[b], n_head), _heads(v[b], n_head)
+        doh, oh = _heads(dout[b], n_head), _heads(out[b], n_head)
+        p = _scores(qh, kh)
+        p -= lse[b][:, :, None]
+        np.exp(p, out=p)  # masked entries: exp(-inf) = 0
+        _heads(dv[b], n_head)[...] += p.transpose(0, 2, 1) @ doh
+        dp = doh @ vh.transpose(0, 2, 1)  # (NH,T,T)
+        D = np.einsum("htd,htd->ht", doh, oh)  # (NH,T)
+        dp -= D[:, :, None]
+        dp *= p  # dp = dS
+        dp *= scale  # fold the score scale in once for both dq and dk
+        _heads(dq[b], n_head)[...] += dp @ kh
+        _heads(dk[b], n_head)[...] += dp.transpose(0, 2, 1) @ qh

@@ -1,0 +1,55 @@
+"""LayerNorm over the last axis, as torch.nn.LayerNorm (biased variance, eps = 1e-5).
+
+    mean = x.mean(1)                          (N,)
+    rstd = 1 / sqrt(((x - mean)^2).mean(1) + eps)   (N,)
+    xhat = (x - mean) * rstd                  (N,C)
+    out  = xhat * w + b                       (N,C)
+
+Shapes: x, out (N,C); w, b (C,); mean, rstd (N,).
+Forward saves mean and rstd (two floats per row). Backward recomputes xhat from x, mean and rstd
+rather than storing it: storing xhat would cost a whole (N,C) activation per layernorm.
+
+Backward, with g = dout * w (the gradient reaching xhat):
+
+    db += dout.sum(0)
+    dw += (dout * xhat).sum(0)
+    dx += rstd * (g - g.mean(1) - xhat * (g * xhat).mean(1))
+
+The last line is the derivative through both the mean and the variance of the row.
+"""
+
+import numpy as np
+from numpy.typing import NDArray
+
+EPS = 1e-5
+
+
+def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray) -> None:
+    """out (N,C) = layernorm(x) * w + b; writes mean, rstd (N,) for backward."""
+    C = x.shape[1]
+    np.mean(x, axis=1, out=mean)
+    np.subtract(x, mean[:, None], out=out)  # out holds x - mean for now
+    var = np.einsum("nc,nc->n", out, out) / C  # two-pass variance: no cancellation from E[x^2] - E[x]^2
+    np.sqrt(var + EPS, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    out *= rstd[:, None]  # out = xhat
+    out *= w
+    out += b
+
+
+def layernorm_backward(
+    dx: NDArray, dw: NDArray, db: NDArray, dout: NDArray, x: NDArray, w: NDArray, mean: NDArray, rstd: NDArray
+) -> None:
+    """dx (N,C), dw (C,), db (C,) += gradients of layernorm, given dout (N,C)."""
+    C = x.shape[1]
+    xhat = (x - mean[:, None]) * rstd[:, None]  # recomputed, see the module docstring
+    db += dout.sum(axis=0)
+    dw += np.einsum("nc,nc->c", dout, xhat)
+    g = dout * w  # gradient with respect to xhat
+    g_mean = g.mean(axis=1)  # (N,)
+    gx_mean = np.einsum("nc,nc->n", g, xhat) / C  # (N,)
+    g -= g_mean[:, None]
+    xhat *= gx_mean[:, None]
+    g -= xhat
+    g *= rstd[:, None]
+    dx += g

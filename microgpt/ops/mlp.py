@@ -1,0 +1,91 @@
+"""MLP block: two bias-free linears with GELU (tanh approximation, as GPT-2) between them.
+
+    h   = x @ w1                             (N,4C)  pre-activation, saved
+    a   = gelu(h)                            (N,4C)  scratch
+    out = a @ w2                             (N,C)
+    gelu(h) = 0.5 h (1 + tanh(u)),  u = sqrt(2/pi) (h + 0.044715 h^3)
+
+Shapes: x, out (N,C); w1 (C,4C); w2 (4C,C); h, a, dh (N,4C).
+Forward saves h only. Backward recomputes a = gelu(h) into the scratch buffer: one elementwise pass
+is cheaper than keeping a second (N,4C) activation per layer alive until backward.
+
+Backward, with t = tanh(u):
+
+    dw2 += a.T @ dout
+    dh   = (dout @ w2.T) * gelu'(h)
+    gelu'(h) = 0.5 (1 + t) + 0.5 h (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 h^2)
+             = 0.5 (1 + t) [1 + (1 - t) h sqrt(2/pi) (1 + 3 * 0.044715 h^2)]    (factored: 1 - t^2 = (1-t)(1+t))
+    dw1 += x.T @ dh
+    dx  += dh @ w1.T
+"""
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+GELU_K = math.sqrt(2.0 / math.pi)
+GELU_C = 0.044715
+
+
+def _gelu(out: NDArray, h: NDArray) -> None:
+    """out = gelu(h), built up in place in out."""
+    np.multiply(h, h, out=out)
+    out *= h
+    out *= GELU_C
+    out += h
+    out *= GELU_K  # out = u
+    np.tanh(out, out=out)
+    out += 1.0
+    out *= h
+    out *= 0.5
+
+
+def _gelu_backward(dh: NDArray, h: NDArray, t: NDArray) -> None:
+    """dh *= gelu'(h) in place; t is scratch (N,4C), overwritten."""
+    np.multiply(h, h, out=t)
+    t *= GELU_C
+    t += 1.0
+    t *= h
+    t *= GELU_K  # t = u, the argument of tanh
+    np.tanh(t, out=t)
+    inner = h * h  # the one (N,4C) temporary: h sqrt(2/pi) (1 + 3c h^2)
+    inner *= 3.0 * GELU_C
+    inner += 1.0
+    inner *= h
+    inner *= GELU_K
+    np.subtract(1.0, t, out=t)  # t = 1 - tanh(u)
+    inner *= t
+    inner += 1.0
+    np.subtract(2.0, t, out=t)  # t = 1 + tanh(u)
+    inner *= t
+    inner *= 0.5
+    dh *= inner
+
+
+def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w2: NDArray) -> None:
+    """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch."""
+    np.matmul(x, w1, out=h)
+    _gelu(a, h)
+    np.matmul(a, w2, out=out)
+
+
+def mlp_backward(
+    dx: NDArray,
+    dw1: NDArray,
+    dw2: NDArray,
+    dout: NDArray,
+    x: NDArray,
+    h: NDArray,
+    w1: NDArray,
+    w2: NDArray,
+    a: NDArray,
+    dh: NDArray,
+) -> None:
+    """dx (N,C), dw1 (C,4C), dw2 (4C,C) += gradients of the MLP; a and dh (N,4C) are scratch."""
+    _gelu(a, h)  # recomputed, see the module docstring
+    dw2 += a.T @ dout
+    np.matmul(dout, w2.T, out=dh)  # gradient reaching a
+    _gelu_backward(dh, h, a)  # a is free again once dw2 is done
+    dw1 += x.T @ dh
+    dx += dh @ w1.T

@@ -1,0 +1,89 @@
+"""crossentropy pair (fused tied LM head) against F.cross_entropy(reduction="none") over x @ wte.T."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward
+
+from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+
+# (N, C, V, R): R not dividing N, R = 1, R = N, R > N (one short chunk).
+SHAPES = [(21, 12, 37, 8), (1, 1, 3, 1), (13, 16, 50, 13), (10, 8, 37, 64), (35, 7, 11, 4)]
+
+
+def make_inputs(rng: np.random.Generator, N: int, C: int, V: int) -> dict:
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[rng.random(N) < 0.25] = -1  # ignored positions (padding, or a masked prompt)
+    if N > 1:
+        targets[0] = -1  # at least one ignored and one scored row
+        targets[-1] = V - 1
+    return {
+        "x": rng.standard_normal((N, C)),
+        "wte": rng.standard_normal((V, C)),
+        "targets": targets,
+        "dlosses": rng.standard_normal(N),  # non-zero on ignored rows too: backward must drop them
+    }
+
+
+def torch_reference(inp: dict) -> dict:
+    x, wte = tt(inp["x"]), tt(inp["wte"])
+    logits = x @ wte.T
+    targets = torch.from_numpy(inp["targets"]).long()
+    losses = F.cross_entropy(logits, targets, reduction="none", ignore_index=-1)
+    (losses * torch.from_numpy(inp["dlosses"])).sum().backward()
+    return {"losses": losses, "lse": torch.logsumexp(logits, dim=1), "dx": x.grad, "dwte": wte.grad}
+
+
+def run_numpy(inp: dict, R: int, dtype, grads: dict, rng: np.random.Generator) -> dict:
+    x, wte, dlosses = (inp[k].astype(dtype) for k in ("x", "wte", "dlosses"))
+    targets = inp["targets"]
+    N, V = x.shape[0], wte.shape[0]
+    losses, lse = noise_like(rng, N, dtype), noise_like(rng, N, dtype)  # forward writes with =
+    logits = noise_like(rng, (R, V), dtype)  # scratch: its contents must not matter
+    crossentropy_forward(losses, lse, x, wte, targets, logits)
+    logits[...] = noise_like(rng, (R, V), dtype)
+    crossentropy_backward(grads["dx"], grads["dwte"], dlosses, x, wte, targets, lse, logits)
+    return {"losses": losses, "lse": lse, **grads}
+
+
+def grad_shapes(inp: dict) -> dict:
+    return {"dx": inp["x"].shape, "dwte": inp["wte"].shape}
+
+
+@pytest.mark.parametrize("N,C,V,R", SHAPES)
+def test_crossentropy_float64(N: int, C: int, V: int, R: int) -> None:
+    rng = np.random.default_rng(1300 + N * C * V + R)
+    inp = make_inputs(rng, N, C, V)
+    noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
+    got = run_numpy(inp, R, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    ref = torch_reference(inp)
+    check("losses", got["losses"], ref["losses"], F64_TOL)
+    assert np.all(got["losses"][inp["targets"] < 0] == 0.0), "ignored rows must have loss 0"
+    check("lse", got["lse"], ref["lse"], F64_TOL)
+    for k in noise:
+        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+
+
+@pytest.mark.parametrize("N,C,V,R", SHAPES)
+def test_crossentropy_float32(N: int, C: int, V: int, R: int) -> None:
+    rng = np.random.default_rng(1400 + N * C * V + R)
+    inp = make_inputs(rng, N, C, V)
+    inp = {k: (v.astype(np.float32).astype(np.float64) if v.dtype == np.float64 else v) for k, v in inp.items()}
+    got = run_numpy(inp, R, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng)
+    ref = torch_reference(inp)
+    for k in ref:
+        check(k, got[k], ref[k], F32_TOL)
+
+
+def test_crossentropy_all_ignored() -> None:
+    """A microbatch with every target ignored: zero losses, and backward adds exactly nothing."""
+    rng = np.random.default_rng(1500)
+    inp = make_inputs(rng, 9, 6, 13)
+    inp["targets"][:] = -1
+    noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
+    got = run_numpy(inp, 4, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    np.testing.assert_array_equal(got["losses"], 0.0)
+    for k in noise:
+        np.testing.assert_array_equal(got[k], noise[k])

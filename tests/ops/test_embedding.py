@@ -1,0 +1,78 @@
+"""embedding pair against torch autograd (indexing wte and wpe)."""
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt.ops.embedding import embedding_backward, embedding_forward
+
+from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+
+# (B, T, C, V, Tmax): odd and prime sizes; V < B*T forces repeated tokens (the scatter-add must sum them);
+# Tmax > T leaves wpe rows that must get no gradient.
+SHAPES = [(3, 7, 12, 37, 11), (1, 1, 5, 3, 1), (2, 13, 8, 5, 16), (4, 16, 3, 1, 16)]
+
+
+def make_inputs(rng: np.random.Generator, B: int, T: int, C: int, V: int, Tmax: int) -> dict:
+    return {
+        "tokens": rng.integers(0, V, size=(B, T)).astype(np.int32),
+        "wte": rng.standard_normal((V, C)),
+        "wpe": rng.standard_normal((Tmax, C)),
+        "dout": rng.standard_normal((B, T, C)),
+    }
+
+
+def torch_reference(inp: dict) -> dict:
+    wte, wpe = tt(inp["wte"]), tt(inp["wpe"])
+    tokens = torch.from_numpy(inp["tokens"]).long()
+    out = wte[tokens] + wpe[: tokens.shape[1]]
+    (out * torch.from_numpy(inp["dout"])).sum().backward()
+    return {"out": out, "dwte": wte.grad, "dwpe": wpe.grad}
+
+
+def run_numpy(inp: dict, dtype, grads: dict) -> dict:
+    tokens = inp["tokens"]
+    wte, wpe, dout = (inp[k].astype(dtype) for k in ("wte", "wpe", "dout"))
+    out = np.empty(dout.shape, dtype)
+    embedding_forward(out, tokens, wte, wpe)
+    embedding_backward(grads["dwte"], grads["dwpe"], dout, tokens)
+    return {"out": out, **grads}
+
+
+def grad_shapes(inp: dict) -> dict:
+    return {"dwte": inp["wte"].shape, "dwpe": inp["wpe"].shape}
+
+
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_float64(B: int, T: int, C: int, V: int, Tmax: int) -> None:
+    rng = np.random.default_rng(100 + B * T * C + V)
+    inp = make_inputs(rng, B, T, C, V, Tmax)
+    noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
+    got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()})
+    ref = torch_reference(inp)
+    check("out", got["out"], ref["out"], F64_TOL)
+    for k in noise:
+        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    np.testing.assert_array_equal(got["dwpe"][T:], noise["dwpe"][T:])  # rows past T untouched
+
+
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_float32(B: int, T: int, C: int, V: int, Tmax: int) -> None:
+    rng = np.random.default_rng(200 + B * T * C + V)
+    inp = make_inputs(rng, B, T, C, V, Tmax)
+    inp = {k: (v.astype(np.float32).astype(np.float64) if v.dtype == np.float64 else v) for k, v in inp.items()}
+    got = run_numpy(inp, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()})
+    ref = torch_reference(inp)
+    for k in ref:
+        check(k, got[k], ref[k], F32_TOL)
+
+
+def test_embedding_backward_is_deterministic() -> None:
+    """Many repeats of one token: two runs give bitwise-equal dwte."""
+    rng = np.random.default_rng(300)
+    inp = make_inputs(rng, 8, 64, 16, 3, 64)
+    runs = [run_numpy(inp, np.float32, {"dwte": np.zeros((3, 16), np.float32), "dwpe": np.zeros((64, 16), np.float32)})]
+    runs.append(
+        run_numpy(inp, np.float32, {"dwte": np.zeros((3, 16), np.float32), "dwpe": np.zeros((64, 16), np.float32)})
+    )
+    np.testing.assert_array_equal(runs[0]["dwte"], runs[1]["dwte"])

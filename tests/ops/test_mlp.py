@@ -1,0 +1,68 @@
+"""mlp pair (x @ w1 -> GELU tanh -> @ w2) against torch autograd with gelu(approximate="tanh")."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from microgpt.ops.mlp import mlp_backward, mlp_forward
+
+from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+
+SHAPES = [(21, 12), (1, 1), (7, 5), (3, 16)]  # (N, C); the hidden width is 4C
+
+
+def make_inputs(rng: np.random.Generator, N: int, C: int) -> dict:
+    return {
+        "x": rng.standard_normal((N, C)),
+        "w1": rng.standard_normal((C, 4 * C)),  # unit scale puts h across GELU's curved region
+        "w2": rng.standard_normal((4 * C, C)) * 0.5,
+        "dout": rng.standard_normal((N, C)),
+    }
+
+
+def torch_reference(inp: dict) -> dict:
+    x, w1, w2 = tt(inp["x"]), tt(inp["w1"]), tt(inp["w2"])
+    h = x @ w1
+    out = F.gelu(h, approximate="tanh") @ w2
+    (out * torch.from_numpy(inp["dout"])).sum().backward()
+    return {"out": out, "h": h, "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad}
+
+
+def run_numpy(inp: dict, dtype, grads: dict, rng: np.random.Generator) -> dict:
+    x, w1, w2, dout = (inp[k].astype(dtype) for k in ("x", "w1", "w2", "dout"))
+    N, C = x.shape
+    out, h = np.empty((N, C), dtype), np.empty((N, 4 * C), dtype)
+    a = noise_like(rng, (N, 4 * C), dtype)  # scratch: its contents must not matter
+    mlp_forward(out, h, a, x, w1, w2)
+    a[...] = noise_like(rng, (N, 4 * C), dtype)  # backward must recompute a, not trust forward's
+    dh = noise_like(rng, (N, 4 * C), dtype)
+    mlp_backward(grads["dx"], grads["dw1"], grads["dw2"], dout, x, h, w1, w2, a, dh)
+    return {"out": out, "h": h, **grads}
+
+
+def grad_shapes(inp: dict) -> dict:
+    return {"dx": inp["x"].shape, "dw1": inp["w1"].shape, "dw2": inp["w2"].shape}
+
+
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_mlp_float64(N: int, C: int) -> None:
+    rng = np.random.default_rng(1100 + N * C)
+    inp = make_inputs(rng, N, C)
+    noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
+    got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    ref = torch_reference(inp)
+    check("out", got["out"], ref["out"], F64_TOL)
+    check("h", got["h"], ref["h"], F64_TOL)
+    for k in noise:
+        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+
+
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_mlp_float32(N: int, C: int) -> None:
+    rng = np.random.default_rng(1200 + N * C)
+    inp = {k: v.astype(np.float32).astype(np.float64) for k, v in make_inputs(rng, N, C).items()}
+    got = run_numpy(inp, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng)
+    ref = torch_reference(inp)
+    for k in ref:
+        check(k, got[k], ref[k], F32_TOL)
