@@ -123,8 +123,8 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: model.vocab_size {m.vocab_size} does not fit the uint16 token shards (max 65536)")
     if not 0 < t.lr < 1 or not 0 <= t.min_lr <= t.lr:
         raise ConfigError(f"{src}: train.lr must be in (0, 1) and train.min_lr in [0, lr], got {t.lr}, {t.min_lr}")
-    if t.warmup_steps < 0 or t.warmup_steps > t.steps:
-        raise ConfigError(f"{src}: train.warmup_steps must be in [0, steps], got {t.warmup_steps}")
+    if t.warmup_steps < 0:
+        raise ConfigError(f"{src}: train.warmup_steps must be >= 0, got {t.warmup_steps}")
     if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
         raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     if t.eps <= 0 or t.weight_decay < 0 or t.grad_clip < 0:

@@ -3,12 +3,13 @@
 A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetime and purpose:
 
     params, grads, adam_m, adam_v   fp32, one flat array each, in the canonical parameter order
+    optim                           the weight-decay mask and the grad-norm partial sums
     acts                            saved activations: written in forward, read in backward
     scratch                         per-layer temporaries and activation gradients, reused by every layer
     inputs                          the micro-batch's tokens and targets
 
 Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32
-on the NumPy backend, bf16/fp16 on the GPU), "i32". Each (role, kind) group is ONE allocation and every
+on the NumPy backend, bf16/fp16 on the GPU), "i32", "u8". Each (role, kind) group is ONE allocation and every
 buffer is a named view into it, so nothing is allocated during training, a flat grads array makes
 clipping and AdamW one call each, and the plan printed before the first step is the memory used.
 
@@ -24,8 +25,8 @@ from typing import Any, Callable
 from microgpt.config import ModelConfig
 
 ALIGN = 64  # elements; activation views start on 128-byte (16-bit) or 256-byte (fp32) boundaries
-ROLES = ("params", "grads", "adam_m", "adam_v", "acts", "scratch", "inputs")
-KIND_BYTES = {"f32": 4, "i32": 4, "compute": {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}}
+ROLES = ("params", "grads", "adam_m", "adam_v", "optim", "acts", "scratch", "inputs")
+KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "compute": {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}}
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ def default_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> 
     return max(1, min(B * m.seq_len, budget_bytes // (4 * m.vocab_size)))
 
 
+NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
+
+
 def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
     """Every buffer of a training step for micro-batch B."""
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
@@ -70,6 +74,10 @@ def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
     bufs = []
     for role in ("params", "grads", "adam_m", "adam_v"):
         bufs += [Buf(name, shape, role, "f32") for name, shape in param_shapes(m)]
+    n = n_params(m)
+    bufs.append(Buf("decay_mask", (n,), "optim", "u8"))  # 1 where AdamW decays (matrices), 0 for LN params
+    bufs.append(Buf("norm_partials", ((n + NORM_BLOCK - 1) // NORM_BLOCK,), "optim", "f32"))
+    bufs.append(Buf("norm", (1,), "optim", "f32"))
     act = [
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
@@ -141,7 +149,13 @@ def format_plan(bufs: list[Buf], precision: str) -> str:
     """The table printed before the first step."""
     sizes = role_bytes(bufs, precision)
     total = sum(sizes.values())
-    label = {"acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v"}
+    label = {
+        "optim": "optimizer scratch",
+        "acts": "saved activations",
+        "scratch": "scratch + act grads",
+        "adam_m": "adam m",
+        "adam_v": "adam v",
+    }
     lines = [f"memory plan ({precision} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
     for role in ROLES:
         lines.append(f"{label.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
@@ -172,7 +186,7 @@ class Arena:
         return {b.name: self.views[(role, b.name)] for b in self.bufs if b.role == role}
 
     def __getitem__(self, name: str) -> Any:
-        for role in ("acts", "scratch", "inputs"):
+        for role in ("optim", "acts", "scratch", "inputs"):
             if (role, name) in self.views:
                 return self.views[(role, name)]
         raise KeyError(name)

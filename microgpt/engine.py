@@ -1,0 +1,223 @@
+"""The training step, the run loop, checkpoints and signals.
+
+One optimizer step, exactly as the seed describes it:
+
+    for each micro-batch: forward; backward (adds into the grads)
+    scale_grads(1 / n_micro) -> clip (global norm) -> AdamW -> zero_grads
+
+Weights, Adam m and v change only inside the optimizer section, so at any other moment they are the
+state after the last completed step: a signal handler may checkpoint right away (SIGTERM then exits 0,
+SIGUSR1 carries on); a signal that lands inside the optimizer section is handled as soon as it ends.
+Everything the engine tells the world goes out as one JSON object per line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from microgpt import checkpoint, data, memory, model
+from microgpt.backend import get_backend
+from microgpt.config import ConfigError, Experiment
+
+STDOUT_FD = 1
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON line on stdout, written with one os.write: safe from a signal handler, flushed at once."""
+    line = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+    while line:
+        line = line[os.write(STDOUT_FD, line) :]
+
+
+def lr_at(step: int, t: Any) -> float:
+    """Linear warmup to t.lr over warmup_steps, then cosine decay to t.min_lr at t.steps. step is 0-based."""
+    warmup = min(t.warmup_steps, t.steps)
+    if step < warmup:
+        return t.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, t.steps - warmup))
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+class Terminate(Exception):
+    """Raised from the SIGTERM/SIGINT handler after the checkpoint is written."""
+
+
+class Trainer:
+    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None):
+        m, t = exp.model, exp.train
+        self.exp, self.m, self.t, self.out = exp, m, t, Path(out)
+        self.K = get_backend(t.backend, t.precision)
+        self.bufs = memory.plan(m, t.micro_batch)
+        self.arena = memory.Arena(self.bufs, self.K.alloc)
+        self.P, self.G = self.arena.role("params"), self.arena.role("grads")
+        self.p, self.g = self.arena.flat_f32("params"), self.arena.flat_f32("grads")
+        self.adam_m, self.adam_v = self.arena.flat_f32("adam_m"), self.arena.flat_f32("adam_v")
+        self.n_params = memory.n_params(m)
+        self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch)
+        self.tokenizer_info = tokenizer_info or {}
+        self.step = 0
+        self._critical = False  # inside the optimizer section or a checkpoint write
+        self._pending: list[str] = []
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """Weights from the seed, the decay mask from the parameter shapes; m, v and grads start at zero."""
+        host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(self.m)}
+        model.init_params(host, self.m, np.random.default_rng(self.t.seed))
+        self.K.copy_in(self.p, np.concatenate([a.reshape(-1) for a in host.values()]))
+        mask = np.concatenate([np.full(a.size, a.ndim == 2, np.uint8) for a in host.values()])
+        self.K.copy_in(self.arena["decay_mask"], mask)
+
+    # --- the step -------------------------------------------------------------------------------------
+    def micro_forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        self.K.copy_in(self.arena["tokens"], x)
+        self.K.copy_in(self.arena["targets"], y)
+        model.gpt_forward(self.K, self.m, self.P, self.arena)
+        return self.K.loss_sum(self.arena["losses"], self.arena["targets"].reshape(-1))
+
+    def train_step(self) -> dict[str, Any]:
+        """Run optimizer step self.step (0-based) and advance self.step; return the step's log record."""
+        K, t, A, step = self.K, self.t, self.arena, self.step
+        t0 = time.perf_counter()
+        loss = 0.0
+        for micro in range(t.n_micro):
+            total, count = self.micro_forward(*self.train_data.batch(step, micro))
+            loss += total / max(1, count) / t.n_micro
+            model.gpt_backward(K, self.m, self.P, self.G, A)
+        K.grad_scale(self.g, 1.0 / t.n_micro)
+        K.grad_norm_partial(A["norm_partials"], self.g, memory.NORM_BLOCK)
+        K.grad_norm_final(A["norm"], A["norm_partials"])
+        grad_norm = float(K.to_numpy(A["norm"])[0])
+        if t.grad_clip > 0 and grad_norm > t.grad_clip:
+            K.grad_scale(self.g, t.grad_clip / (grad_norm + 1e-6))
+        lr = lr_at(step, t)
+        self._critical = True
+        K.adamw_step(self.p, self.g, self.adam_m, self.adam_v, A["decay_mask"], lr, t.beta1, t.beta2, t.eps,
+                     t.weight_decay, step + 1)  # fmt: skip
+        K.zero_(self.g)
+        self.step = step + 1
+        self._leave_critical()
+        K.synchronize()
+        dt = time.perf_counter() - t0
+        tokens = t.n_micro * t.micro_batch * self.m.seq_len
+        return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+
+    def evaluate(self) -> float:
+        total, count = 0.0, 0
+        for i in range(self.t.eval_batches):
+            s, c = self.micro_forward(*self.val_data.val_batch(i))
+            total, count = total + s, count + c
+        return total / max(1, count)
+
+    # --- checkpoints and signals ----------------------------------------------------------------------
+    def load(self, path: str | Path) -> None:
+        ck = checkpoint.read_checkpoint(path, self.n_params)
+        side = checkpoint.read_sidecar(path)
+        saved_model = side.get("config", {}).get("model")
+        if saved_model is not None and saved_model != self.exp.to_dict()["model"]:
+            diff = [k for k in saved_model if saved_model[k] != self.exp.to_dict()["model"].get(k)]
+            raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff[0]} differs)")
+        for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
+            self.K.copy_in(dst, src)
+        self.step = ck.step
+
+    def save(self, reason: str) -> Path:
+        """Checkpoint the last completed step under <out>/ckpt and announce it."""
+        was_critical, self._critical = self._critical, True
+        self.K.synchronize()
+        host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
+        meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
+                "data": data.data_description(self.exp), "backend": self.t.backend, "precision": self.t.precision,
+                "loss_scale": getattr(self.K, "loss_scale", 1.0), "reason": reason,
+                "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
+        path = checkpoint.write_checkpoint(self.out / "ckpt" / checkpoint.ckpt_name(self.step), self.step, *host, meta)
+        emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
+        self._critical = was_critical
+        return path
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        reason = "SIGUSR1" if signum == signal.SIGUSR1 else "SIGTERM"
+        if self._critical:
+            self._pending.append(reason)
+            return
+        self._handle(reason)
+
+    def _handle(self, reason: str) -> None:
+        self.save(reason)
+        if reason == "SIGTERM":
+            raise Terminate
+
+    def _leave_critical(self) -> None:
+        self._critical = False
+        while self._pending:
+            self._handle(self._pending.pop(0))
+
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    # --- the run --------------------------------------------------------------------------------------
+    def start_record(self) -> dict[str, Any]:
+        versions = {"python": platform.python_version(), "numpy": np.__version__}
+        versions.update(getattr(self.K, "versions", {}))
+        return {"event": "start", "run": self.exp.name, "config": self.exp.to_dict(), "n_params": self.n_params,
+                "memory": memory.role_bytes(self.bufs, self.t.precision), "versions": versions,
+                "device": self.K.device, "step": self.step, "git": _git_commit()}  # fmt: skip
+
+    def run(self) -> int:
+        t = self.t
+        emit(self.start_record())
+        self.install_signals()
+        try:
+            while self.step < t.steps:
+                rec = self.train_step()
+                if not math.isfinite(rec["loss"]):
+                    print(f"error: loss is {rec['loss']} at step {self.step}; stopping", file=sys.stderr)
+                    return 3
+                if self.step % t.log_every == 0 or self.step == t.steps:
+                    emit(rec)
+                    _progress(rec, t.steps)
+                if self.step % t.eval_every == 0 or self.step == t.steps:
+                    emit({"event": "eval", "step": self.step, "val_loss": self.evaluate()})
+                if self.step % t.ckpt_every == 0 and self.step < t.steps:
+                    self.save("periodic")
+            self.save("final")
+        except Terminate:
+            emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
+            return 0
+        emit({"event": "done", "step": self.step})
+        return 0
+
+
+def _progress(rec: dict[str, Any], steps: int) -> None:
+    print(f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
+          f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s", file=sys.stderr)  # fmt: skip
+
+
+def _git_commit() -> str | None:
+    head = Path(__file__).resolve().parent.parent / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            return (head.parent / ref[5:]).read_text().strip()
+        return ref
+    except OSError:
+        return None
+
+
+def check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the output folder ({e.strerror})") from None

@@ -1,0 +1,109 @@
+"""GPT forward and backward as flat lists of op-pair calls over the planned buffers.
+
+`gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
+read side by side. Nothing here computes: every line is one op pair's forward or backward (or a zeroing
+of an activation-gradient buffer, since every backward adds with +=). `K` is the backend namespace
+(microgpt.backend): the NumPy reference or the Triton kernels, with the same names and arguments.
+
+P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch,
+inputs). Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from microgpt.config import ModelConfig
+
+
+def init_params(P: dict[str, Any], m: ModelConfig, rng: Any) -> None:
+    """GPT-2 init, in place: N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L); LN w=1, b=0."""
+    for name, p in P.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("_w"):
+            p[...] = 1.0
+        elif leaf.endswith("_b"):
+            p[...] = 0.0
+        else:
+            std = 0.02 / (2 * m.n_layer) ** 0.5 if leaf in ("w_o", "w_2") else 0.02
+            p[...] = rng.normal(0.0, std, size=p.shape)
+
+
+def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any) -> None:
+    """tokens, targets -> per-token losses (A["losses"]) and their gradient weights (A["dlosses"])."""
+    B, T = A["tokens"].shape
+    N, H = B * T, m.n_head
+    resid, proj, a = A["resid"], A["proj"], A["a"]
+    K.embedding_forward(resid[0].reshape(B, T, -1), A["tokens"], P["wte"], P["wpe"])
+    for layer in range(m.n_layer):
+        h, x = f"h{layer}.", resid[layer]
+        ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
+        K.layernorm_forward(ln1, A["ln1_mean"][layer], A["ln1_rstd"][layer], x, P[h + "ln1_w"], P[h + "ln1_b"])
+        K.linear_forward(q, ln1, P[h + "w_q"])
+        K.linear_forward(k, ln1, P[h + "w_k"])
+        K.linear_forward(v, ln1, P[h + "w_v"])
+        att = A["att"][layer]
+        K.attention_forward(_btc(att, B, T), A["att_lse"][layer], _btc(q, B, T), _btc(k, B, T), _btc(v, B, T), H)
+        K.linear_forward(proj, att, P[h + "w_o"])
+        K.residual_forward(A["resid2"][layer], x, proj)
+        ln2 = A["ln2"][layer]
+        K.layernorm_forward(ln2, A["ln2_mean"][layer], A["ln2_rstd"][layer], A["resid2"][layer], P[h + "ln2_w"],
+                            P[h + "ln2_b"])  # fmt: skip
+        K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"])
+        K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
+    K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
+    targets = A["targets"].reshape(N)
+    K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
+    K.loss_weights(A["dlosses"], targets)
+
+
+def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Any) -> None:
+    """Adds this micro-batch's gradients into G (weights) using the activations gpt_forward saved."""
+    B, T = A["tokens"].shape
+    N, H = B * T, m.n_head
+    dresid, dresid_next, dln = A["dresid"], A["dresid_next"], A["dln"]
+    targets = A["targets"].reshape(N)
+    K.zero_(dln)
+    K.crossentropy_backward(dln, G["wte"], A["dlosses"], A["lnf"], P["wte"], targets, A["ce_lse"], A["logits"])
+    K.zero_(dresid)
+    x = A["resid"][m.n_layer]
+    K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
+    for layer in reversed(range(m.n_layer)):
+        h, x = f"h{layer}.", A["resid"][layer]
+        dresid2, dbranch, datt, dqkv = A["dresid2"], A["dbranch"], A["datt"], A["dqkv"]
+        # resid[l+1] = resid2 + mlp(ln2(resid2))
+        K.zero_(dresid2)
+        K.zero_(dbranch)
+        K.residual_backward(dresid2, dbranch, dresid)
+        ln2 = A["ln2"][layer]
+        K.zero_(dln)
+        K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dbranch, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
+                       A["a"], A["dh"])  # fmt: skip
+        K.layernorm_backward(dresid2, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
+                             A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
+        # resid2 = resid[l] + attn(ln1(resid[l]))
+        K.zero_(dresid_next)
+        K.zero_(dbranch)
+        K.residual_backward(dresid_next, dbranch, dresid2)
+        att = A["att"][layer]
+        K.zero_(datt)
+        K.linear_backward(datt, G[h + "w_o"], dbranch, att, P[h + "w_o"])
+        q, k, v = A["qkv"][layer]
+        dq, dk, dv = dqkv
+        K.zero_(dqkv)
+        K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
+                             _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H)  # fmt: skip
+        ln1 = A["ln1"][layer]
+        K.zero_(dln)
+        K.linear_backward(dln, G[h + "w_v"], dv, ln1, P[h + "w_v"])
+        K.linear_backward(dln, G[h + "w_k"], dk, ln1, P[h + "w_k"])
+        K.linear_backward(dln, G[h + "w_q"], dq, ln1, P[h + "w_q"])
+        K.layernorm_backward(dresid_next, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
+                             A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
+        dresid, dresid_next = dresid_next, dresid
+    K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), A["tokens"])
+
+
+def _btc(x: Any, B: int, T: int) -> Any:
+    """(N, C) view -> (B, T, C) view."""
+    return x.reshape(B, T, -1)

@@ -1,0 +1,141 @@
+"""Text generation from a checkpoint, on the CPU, with a KV cache.
+
+Each new token runs one position through the model: the layernorm, linear and mlp forwards of the op
+pairs on a (1, C) row, and attention of that one query against the cached keys and values of all
+earlier positions (the training attention op is for whole causal sequences, so the single-query case is
+written out here). The context slides when it reaches seq_len: the cache is rebuilt from the last
+seq_len - 1 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from microgpt import checkpoint, config, memory
+from microgpt.backend import numpy_backend
+from microgpt.config import ConfigError
+
+
+class KVModel:
+    """A model's weights plus a (L, T, C) key/value cache for one sequence."""
+
+    def __init__(self, m: config.ModelConfig, weights: np.ndarray):
+        self.m = m
+        self.P, off = {}, 0
+        for name, shape in memory.param_shapes(m):
+            n = int(np.prod(shape))
+            self.P[name] = weights[off : off + n].reshape(shape)
+            off += n
+        C = m.d_model
+        self.k = np.zeros((m.n_layer, m.seq_len, C), np.float32)
+        self.v = np.zeros_like(self.k)
+        self.pos = 0
+        self.buf = {n: np.zeros((1, C), np.float32) for n in ("x", "ln", "q", "att", "proj", "x2")}
+        self.h, self.a = np.zeros((1, 4 * C), np.float32), np.zeros((1, 4 * C), np.float32)
+        self.mean, self.rstd = np.zeros(1, np.float32), np.zeros(1, np.float32)
+        self.K = numpy_backend()
+
+    def _attend(self, layer: int, q: np.ndarray) -> np.ndarray:
+        """One query (C,) against cached positions [0, pos]: causal by construction."""
+        H, T = self.m.n_head, self.pos + 1
+        hs = self.m.d_model // H
+        k = self.k[layer, :T].reshape(T, H, hs)
+        v = self.v[layer, :T].reshape(T, H, hs)
+        scores = np.einsum("hd,thd->ht", q.reshape(H, hs), k) / np.sqrt(hs)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        return np.einsum("ht,thd->hd", p, v).reshape(1, -1)
+
+    def step(self, token: int) -> np.ndarray:
+        """Feed one token at the next position; return the next-token logits (V,)."""
+        P, b, t, ops = self.P, self.buf, self.pos, self.K
+        x = b["x"]
+        x[0] = P["wte"][token] + P["wpe"][t]
+        for layer in range(self.m.n_layer):
+            h = f"h{layer}."
+            ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P[h + "ln1_w"], P[h + "ln1_b"])
+            ops.linear_forward(b["q"], b["ln"], P[h + "w_q"])
+            ops.linear_forward(self.k[layer, t : t + 1], b["ln"], P[h + "w_k"])
+            ops.linear_forward(self.v[layer, t : t + 1], b["ln"], P[h + "w_v"])
+            b["att"][...] = self._attend(layer, b["q"][0])
+            ops.linear_forward(b["proj"], b["att"], P[h + "w_o"])
+            ops.residual_forward(b["x2"], x, b["proj"])
+            ops.layernorm_forward(b["ln"], self.mean, self.rstd, b["x2"], P[h + "ln2_w"], P[h + "ln2_b"])
+            ops.mlp_forward(b["proj"], self.h, self.a, b["ln"], P[h + "w_1"], P[h + "w_2"])
+            ops.residual_forward(x, b["x2"], b["proj"])
+        ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P["lnf_w"], P["lnf_b"])
+        self.pos += 1
+        return P["wte"] @ b["ln"][0]  # the tied LM head
+
+
+def pick(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator) -> int:
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    if 0 < top_k < z.size:
+        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
+    p = np.exp(z - z.max())
+    return int(rng.choice(z.size, p=p / p.sum()))
+
+
+def generate(kv: KVModel, prompt: list[int], n_tokens: int, temperature: float, top_k: int, seed: int) -> list[int]:
+    """Continue a non-empty prompt by n_tokens tokens."""
+    rng = np.random.default_rng(seed)
+    ids, T = list(prompt), kv.m.seq_len
+    for tok in ids[-(T - 1) :]:
+        logits = kv.step(tok)
+    out = []
+    for _ in range(n_tokens):
+        nxt = pick(logits, temperature, top_k, rng)
+        out.append(nxt)
+        ids.append(nxt)
+        if kv.pos == T:  # context full: rebuild the cache from the last T - 1 tokens
+            kv.pos = 0
+            for tok in ids[-(T - 1) : -1]:
+                kv.step(tok)
+        logits = kv.step(nxt)
+    return out
+
+
+def load_tokenizer(info: dict[str, Any]) -> Any:
+    if info.get("kind", "bytes") == "bytes":
+        from microgpt.data import ByteTokenizer
+
+        return ByteTokenizer()
+    from microgpt.tokenizer import load_tokenizer as load_bpe
+
+    return load_bpe(info)
+
+
+def resolve(path: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        found = checkpoint.latest_valid_checkpoint(p / "ckpt" if (p / "ckpt").is_dir() else p)
+        if found is None:
+            raise checkpoint.CheckpointError(f"{p}: no valid checkpoint in this folder")
+        return found
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    path = resolve(args.checkpoint)
+    side = checkpoint.read_sidecar(path)
+    if "config" not in side:
+        raise ConfigError(f"{checkpoint.sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model")
+    exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
+    ck = checkpoint.read_checkpoint(path, memory.n_params(exp.model))
+    tok = load_tokenizer(side.get("tokenizer", {}))
+    kv = KVModel(exp.model, ck.weights)
+    prompt = tok.encode(args.prompt) or [getattr(tok, "bos_id", 0)]  # empty prompt: start a new document
+    out = generate(kv, prompt, args.tokens, args.temperature, args.top_k, args.seed)
+    text = tok.decode(out)
+    if args.json:
+        print(json.dumps({"step": ck.step, "prompt": args.prompt, "text": text, "temperature": args.temperature}))
+    else:
+        print(args.prompt + text)
+    return 0
