@@ -1,0 +1,137 @@
+"""Token shards in llm.c's layout (dev/data/data_common.py), read by memmap as in nanoGPT.
+
+A shard is a 256 x int32 little-endian header, then the payload:
+    header[0] magic     20240520 for tokens (llm.c's GPT-2 shards), 20240521 for loss masks (ours)
+    header[1] version   1
+    header[2] count     number of tokens (or mask entries) that follow
+    payload             count x uint16 token ids, or count x uint8 mask values (1 = train on this token)
+The rest of the header is zero. Token shards written here are byte-identical to llm.c's, so its
+FineWeb/TinyStories shards load unchanged. A loss-mask shard sits next to its token shard
+(train_000000.bin -> train_000000.mask.bin) and has the same count.
+
+Every reader checks every header field and the file size, and rejects what it does not understand
+with one line naming the file and the field (ShardError).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+TOKEN_MAGIC = 20240520
+MASK_MAGIC = 20240521
+VERSION = 1
+MAX_VOCAB = 65536  # uint16 ids
+KINDS = {"tokens": (TOKEN_MAGIC, np.uint16), "mask": (MASK_MAGIC, np.uint8)}
+# Seen in the wild: llm.c's Llama-3 shards (uint32 ids). Named in the error so the hint is useful.
+KNOWN_OTHER = {20240801: "llm.c Llama-3 shard (uint32 tokens), not supported"}
+
+
+class ShardError(ValueError):
+    """A shard that cannot be used. str(err) is the whole one-line message."""
+
+
+def mask_path(path: str | Path) -> Path:
+    """The loss-mask shard that belongs to token shard `path`."""
+    path = Path(path)
+    return path.with_name(path.name[: -len(".bin")] + ".mask.bin")
+
+
+def list_shards(directory: str | Path, split: str) -> list[Path]:
+    """Token shards of one split, in name order: ours (train_000000.bin) and llm.c's (x_train_000000.bin)."""
+    directory = Path(directory)
+    found = [p for p in directory.glob(f"*{split}_*.bin") if not p.name.endswith(".mask.bin")]
+    return sorted(p for p in found if p.name.startswith(f"{split}_") or f"_{split}_" in p.name)
+
+
+def write_shard(path: str | Path, values: NDArray, kind: str = "tokens") -> None:
+    """Write one shard atomically (temp file + rename), so a crash never leaves half a shard behind."""
+    magic, dtype = KINDS[kind]
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"{path}: a shard holds a 1-D array, got shape {values.shape}")
+    if values.size and (values.min() < 0 or values.max() > np.iinfo(dtype).max):
+        raise ValueError(f"{path}: values out of range for {np.dtype(dtype).name}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = (magic, VERSION, values.size)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(values.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+    os.replace(tmp, path)
+
+
+def read_header(path: str | Path, kind: str = "tokens") -> int:
+    """Check magic, version and count against the file size; return the count."""
+    magic, dtype = KINDS[kind]
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ShardError(f"{path}: cannot read shard ({e.strerror})") from None
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path}: field 'header' has {len(raw)} bytes, expected {HEADER_BYTES} (truncated file?)")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != magic:
+        hint = KNOWN_OTHER.get(int(header[0]), f"not a microgpt/llm.c {kind} shard")
+        raise ShardError(f"{path}: field 'magic' is {header[0]}, expected {magic} ({hint})")
+    if header[1] != VERSION:
+        raise ShardError(f"{path}: field 'version' is {header[1]}, expected {VERSION} (written by a newer tool?)")
+    count = int(header[2])
+    expected = HEADER_BYTES + count * np.dtype(dtype).itemsize
+    if count < 0 or size != expected:
+        raise ShardError(
+            f"{path}: field 'count' is {count}, which needs a file of {expected} bytes, "
+            f"but the file has {size} bytes (truncated or corrupt shard)"
+        )
+    return count
+
+
+def open_shard(path: str | Path, kind: str = "tokens", vocab_size: int | None = None) -> NDArray:
+    """Memory-map a validated shard. With vocab_size, also check every token id is < vocab_size
+    (one linear pass over the file; a mask must hold only 0 and 1)."""
+    count = read_header(path, kind)
+    _, dtype = KINDS[kind]
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    data = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(count,))
+    if kind == "tokens" and vocab_size is not None:
+        top = int(data.max())
+        if top >= vocab_size:
+            where = int(np.argmax(data >= vocab_size))
+            raise ShardError(
+                f"{path}: field 'tokens' holds id {top} >= vocab_size {vocab_size} (first at index {where}); "
+                "was it written with another tokenizer?"
+            )
+    if kind == "mask" and int(data.max()) > 1:
+        raise ShardError(f"{path}: field 'mask' holds {int(data.max())}, expected only 0 and 1")
+    return data
+
+
+def read_tokens(paths: list[Path], vocab_size: int | None = None) -> NDArray[np.uint16]:
+    """All tokens of several shards, concatenated in memory (for tests and small corpora)."""
+    parts = [np.asarray(open_shard(p, "tokens", vocab_size)) for p in paths]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+
+def check_dir(directory: str | Path, vocab_size: int | None) -> tuple[int, list[str]]:
+    """Validate every shard (and mask shard) in a prepared folder. Returns (n_shards, error lines)."""
+    errors: list[str] = []
+    shards = list_shards(directory, "train") + list_shards(directory, "val")
+    for path in shards:
+        try:
+            n = len(open_shard(path, "tokens", vocab_size))
+            mpath = mask_path(path)
+            if mpath.exists() and len(open_shard(mpath, "mask")) != n:
+                errors.append(f"{mpath}: field 'count' is {read_header(mpath, 'mask')}, expected {n} (its token shard)")
+        except ShardError as e:
+            errors.append(str(e))
+    return len(shards), errors

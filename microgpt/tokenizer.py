@@ -1,0 +1,130 @@
+"""Byte-level BPE (Hugging Face `tokenizers`) with the chat special tokens.
+
+GPT-2's scheme: text is split by GPT-2's regex, each piece is mapped byte by byte onto 256 printable
+characters, and merges are learned on top, so every string (any UTF-8, any code) round-trips exactly:
+decode(encode(s)) == s. The special tokens are atomic: the ChatML markers never get split or merged
+with neighbouring text.
+
+The whole tokenizer is one `tokenizer.json`. It travels with a prepared corpus and with a run; its
+sha256 (of the file's bytes) is what the manifest and a checkpoint's .state.json record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+PAD = "<|pad|>"
+# Ids 0..3, in this order, in every tokenizer we train: the engine can rely on eot == 0.
+SPECIAL_TOKENS = (EOT, IM_START, IM_END, PAD)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be used. str(err) is the whole one-line message."""
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class BPETokenizer:
+    """A thin wrapper: the ids the engine needs, and encode/decode that never drop special tokens."""
+
+    def __init__(self, tok: Tokenizer, path: Path | None = None):
+        self.tok = tok
+        self.path = path
+        missing = [s for s in SPECIAL_TOKENS[:3] if tok.token_to_id(s) is None]
+        if missing:
+            raise TokenizerError(f"{path or '<tokenizer>'}: field 'added_tokens' lacks {', '.join(missing)}")
+        self.eot_id = tok.token_to_id(EOT)
+        self.im_start_id = tok.token_to_id(IM_START)
+        self.im_end_id = tok.token_to_id(IM_END)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def sha256(self) -> str:
+        if self.path is None:
+            raise TokenizerError("<tokenizer>: not saved yet, so it has no file hash")
+        return file_sha256(self.path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"{path}: cannot read tokenizer ({getattr(e, 'strerror', None) or e})") from None
+        try:
+            json.loads(text)
+            tok = Tokenizer.from_str(text)
+        except Exception as e:  # tokenizers raises a bare Exception for schema errors
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TokenizerError(f"{path}: not a tokenizers tokenizer.json ({first})") from None
+        return cls(tok, path)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        self.tok.save(str(path), pretty=False)
+        self.path = path
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[NDArray[np.uint16]]:
+        """Many documents at once, in parallel on all cores (tokenizers' thread pool); order kept."""
+        encs = self.tok.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint16) for e in encs]
+
+    def encode_batch_offsets(self, texts: list[str]) -> list[tuple[NDArray[np.uint16], NDArray[np.int64]]]:
+        """Ids plus each token's start offset (in characters of the text), for loss masks."""
+        encs = self.tok.encode_batch(texts, add_special_tokens=False)
+        return [
+            (np.asarray(e.ids, dtype=np.uint16), np.array(e.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]) for e in encs
+        ]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def new_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    # add_prefix_space=False: a document's first word is not silently changed; round-trip stays exact.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+    """Learn merges until the vocabulary (256 bytes + special tokens + merges) has vocab_size entries.
+    Training text should not contain the special tokens' strings: the trainer counts them as text."""
+    if not len(SPECIAL_TOKENS) + 256 < vocab_size <= 65536:
+        raise TokenizerError(f"vocab_size must be in ({len(SPECIAL_TOKENS) + 256}, 65536], got {vocab_size}")
+    tok = new_bpe()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(tok)
+
+
+def load_tokenizer(path: str | Path) -> BPETokenizer:
+    return BPETokenizer.load(path)
