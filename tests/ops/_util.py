@@ -33,7 +33,10 @@ def check(name: str, actual, expected, tol: float) -> None:
         return
     diff = np.abs(a - b)
     bad = np.argwhere(~(diff <= tol * np.abs(b).max()))[:5]  # ~(<=) also flags NaN
-    lines = [f"  at {tuple(int(i) for i in idx)}: got {a[tuple(idx)]!r}, expected {b[tuple(idx)]!r}" for idx in bad]
+    lines = [
+        f"  at {tuple(int(i) for i in idx)}: got {float(a[tuple(idx)])!r}, expected {float(b[tuple(idx)])!r}"
+        for idx in bad
+    ]
     raise AssertionError(
         f"{name}: rel err {err:.3e} >= {tol:.0e}, max abs diff {np.nanmax(diff):.3e}, "
         f"{np.isnan(a).sum()} NaN; first mismatches:\n" + "\n".join(lines)
