@@ -53,10 +53,10 @@ class Terminate(Exception):
 
 
 class Trainer:
-    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None):
+    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None, K: Any = None):
         m, t = exp.model, exp.train
         self.exp, self.m, self.t, self.out = exp, m, t, Path(out)
-        self.K = get_backend(t.backend, t.precision)
+        self.K = K or get_backend(t.backend, t.precision)
         self.bufs = memory.plan(m, t.micro_batch)
         self.arena = memory.Arena(self.bufs, self.K.alloc)
         self.P, self.G = self.arena.role("params"), self.arena.role("grads")

@@ -1,0 +1,131 @@
+"""The optimizer step: N steps of forward/backward, scale, clip and AdamW against PyTorch, accumulation,
+and determinism. In-process, on the NumPy backend in float64 where the comparison is with autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from microgpt import config, engine, memory
+from microgpt.backend import numpy_backend
+from tests.conftest import TINY
+from tests.test_model import torch_twin_loss
+
+
+class FixedBatches:
+    """Test data: step s, micro u -> rows [u*b, (u+1)*b) of batch s of a fixed random token array."""
+
+    def __init__(self, tokens: np.ndarray, targets: np.ndarray, micro_batch: int):
+        self.tokens, self.targets, self.b = tokens, targets, micro_batch
+
+    def batch(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = slice(micro * self.b, (micro + 1) * self.b)
+        return self.tokens[step, rows], self.targets[step, rows]
+
+    def val_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.batch(0, 0)
+
+
+def float64_backend():
+    K = numpy_backend()
+    kinds = {"f32": np.float64, "compute": np.float64, "i32": np.int32, "u8": np.uint8}
+    K.alloc = lambda n, kind: np.zeros(n, kinds[kind])
+    return K
+
+
+def make_trainer(tmp_path, micro_batch: int, n_micro: int, steps: int, grad_clip: float, data):
+    raw = {**TINY, "train": {**TINY["train"], "micro_batch": micro_batch, "n_micro": n_micro, "steps": steps,
+                             "grad_clip": grad_clip, "weight_decay": 0.1}}  # fmt: skip
+    tr = engine.Trainer(config.from_dict(raw), tmp_path, K=float64_backend())
+    tr.train_data = data
+    return tr
+
+
+def random_batches(steps: int, rows: int, m: config.ModelConfig, seed: int):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, m.vocab_size, size=(steps, rows, m.seq_len)).astype(np.int32)
+    return tokens, rng.integers(0, m.vocab_size, size=(steps, rows, m.seq_len)).astype(np.int32)
+
+
+def test_steps_match_torch_adamw_and_clipping(tmp_path) -> None:
+    steps, b, n_micro = 4, 2, 2
+    m = config.from_dict(TINY).model
+    tokens, targets = random_batches(steps, b * n_micro, m, seed=3)
+    tr = make_trainer(tmp_path, b, n_micro, steps, grad_clip=0.5, data=FixedBatches(tokens, targets, b))
+    TP = {n: torch.tensor(p, requires_grad=True) for n, p in tr.P.items()}  # float64 copies of the init
+    decay = [p for p in TP.values() if p.ndim == 2]
+    rest = [p for p in TP.values() if p.ndim != 2]
+    t = tr.t
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)  # fmt: skip
+    clipped = 0
+    for s in range(steps):
+        rec = tr.train_step()
+        losses = []
+        for u in range(n_micro):
+            x, y = (torch.tensor(a[s, u * b : (u + 1) * b], dtype=torch.long) for a in (tokens, targets))
+            loss = torch_twin_loss(TP, m, x, y) / n_micro
+            loss.backward()
+            losses.append(loss.item())
+        norm = torch.nn.utils.clip_grad_norm_(list(TP.values()), t.grad_clip)
+        clipped += norm.item() > t.grad_clip
+        for group in opt.param_groups:
+            group["lr"] = engine.lr_at(s, t)
+        opt.step()
+        opt.zero_grad()
+        assert abs(rec["loss"] - sum(losses)) < 1e-10 * abs(sum(losses)), (s, rec["loss"], sum(losses))
+        assert abs(rec["grad_norm"] - norm.item()) < 1e-9 * norm.item()
+    assert clipped > 0, "the clip threshold should be hit at least once"
+    want = np.concatenate([p.detach().numpy().reshape(-1) for p in TP.values()])
+    err = np.linalg.norm(tr.p - want) / np.linalg.norm(want)
+    assert err < 1e-10, f"weights after {steps} steps: rel err {err:.2e}"
+    state = opt.state[TP["wte"]]
+    n = TP["wte"].numel()
+    assert np.allclose(tr.adam_m[:n], state["exp_avg"].numpy().reshape(-1), rtol=1e-9, atol=1e-15)
+    assert np.allclose(tr.adam_v[:n], state["exp_avg_sq"].numpy().reshape(-1), rtol=1e-9, atol=1e-18)
+
+
+def test_accumulation_equals_one_big_batch(tmp_path) -> None:
+    """n_micro micro-batches of b rows give the update of one batch of n_micro*b rows (to rounding)."""
+    m = config.from_dict(TINY).model
+    tokens, targets = random_batches(2, 4, m, seed=5)
+    results = []
+    for b, n_micro in ((4, 1), (2, 2), (1, 4)):
+        tr = make_trainer(tmp_path / f"{b}", b, n_micro, 2, grad_clip=1.0, data=FixedBatches(tokens, targets, b))
+        recs = [tr.train_step() for _ in range(2)]
+        results.append((np.array([r["loss"] for r in recs]), tr.p.copy(), tr.adam_v.copy()))
+    for losses, p, v in results[1:]:
+        assert np.allclose(losses, results[0][0], rtol=1e-12)
+        assert np.linalg.norm(p - results[0][1]) / np.linalg.norm(results[0][1]) < 1e-12
+        assert np.linalg.norm(v - results[0][2]) / np.linalg.norm(results[0][2]) < 1e-10
+
+
+def test_two_runs_with_the_same_seed_are_bitwise_equal(tmp_path) -> None:
+    exp = config.from_dict(TINY)
+    runs = []
+    for i in range(2):
+        tr = engine.Trainer(exp, tmp_path / str(i))
+        runs.append(([tr.train_step()["loss"] for _ in range(3)], tr.p.copy()))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1].tobytes() == runs[1][1].tobytes()
+
+
+def test_memory_plan_is_the_allocation(tmp_path) -> None:
+    """Every buffer is a view into one allocation per (role, kind); their sizes are the printed plan."""
+    tr = engine.Trainer(config.from_dict(TINY), tmp_path)
+    planned = memory.role_bytes(tr.bufs, "fp32")
+    allocated: dict[str, int] = {}
+    for (role, _), flat in tr.arena.flat.items():
+        allocated[role] = allocated.get(role, 0) + flat.nbytes
+    assert allocated == {r: n for r, n in planned.items() if n}
+    for (role, name), view in tr.arena.views.items():
+        assert view.base is not None and any(view.base is f or view.base is f.base for f in tr.arena.flat.values())
+    assert tr.p.size == memory.n_params(tr.m)
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    t = config.from_dict(TINY).train
+    lrs = [engine.lr_at(s, t) for s in range(t.steps)]
+    assert lrs[0] == t.lr / t.warmup_steps and lrs[t.warmup_steps - 1] == t.lr
+    assert all(a >= b - 1e-15 for a, b in zip(lrs[t.warmup_steps - 1 :], lrs[t.warmup_steps :]))
+    assert abs(engine.lr_at(t.steps, t) - t.min_lr) < 1e-12

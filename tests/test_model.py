@@ -1,0 +1,82 @@
+"""The whole model against a PyTorch twin of the same architecture (written here, autograd as the oracle).
+
+Layer 2 of the test pyramid: loss and every parameter gradient of a 2-layer model, in float64 (the op
+pairs' arithmetic is then exact to ~1e-12, so any wiring mistake shows), and in float32 as trained.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from microgpt import memory, model
+from microgpt.backend import numpy_backend
+from microgpt.config import ModelConfig
+
+M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11)
+B = 3
+
+
+def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
+    """GPT-2 forward with [in, out] weights, no linear biases, tied LM head, mean loss over valid targets."""
+    Bn, T = tokens.shape
+    C, H = m.d_model, m.n_head
+    x = P["wte"][tokens] + P["wpe"][:T]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for layer in range(m.n_layer):
+        h = f"h{layer}."
+        a = F.layer_norm(x, (C,), P[h + "ln1_w"], P[h + "ln1_b"], eps=1e-5)
+        q, k, v = ((a @ P[h + n]).view(Bn, T, H, C // H).transpose(1, 2) for n in ("w_q", "w_k", "w_v"))
+        s = (q @ k.transpose(-1, -2)) / (C // H) ** 0.5
+        y = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        x = x + y.transpose(1, 2).reshape(Bn, T, C) @ P[h + "w_o"]
+        a = F.layer_norm(x, (C,), P[h + "ln2_w"], P[h + "ln2_b"], eps=1e-5)
+        x = x + F.gelu(a @ P[h + "w_1"], approximate="tanh") @ P[h + "w_2"]
+    x = F.layer_norm(x, (C,), P["lnf_w"], P["lnf_b"], eps=1e-5)
+    logits = x @ P["wte"].T
+    return F.cross_entropy(logits.view(-1, m.vocab_size), targets.view(-1), ignore_index=-1)
+
+
+def engine_state(dtype: type, seed: int):
+    """A NumPy-backend arena in `dtype`, params initialised then perturbed so LN weights are not all ones."""
+    K = numpy_backend()
+    kinds = {"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8}
+    K.alloc = lambda n, kind: np.zeros(n, kinds[kind])
+    arena = memory.Arena(memory.plan(M, B, logits_rows=7), K.alloc)
+    P, G = arena.role("params"), arena.role("grads")
+    rng = np.random.default_rng(seed)
+    model.init_params(P, M, rng)
+    for p in P.values():
+        p += rng.normal(0, 0.1, size=p.shape)
+    arena["tokens"][...] = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
+    targets = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
+    targets[0, :3] = -1  # ignored positions (loss masks) take part too
+    arena["targets"][...] = targets
+    return K, arena, P, G
+
+
+def check_close(name: str, got: np.ndarray, want: np.ndarray, tol: float) -> None:
+    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300)
+    assert np.isfinite(got).all() and err < tol, f"{name}: rel err {err:.2e}, max abs diff {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 1e-4)])
+def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
+    K, A, P, G = engine_state(dtype, seed=0)
+    for g in G.values():  # gradients accumulate: start from noise and subtract it afterwards
+        g[...] = np.random.default_rng(1).normal(size=g.shape)
+    noise = {n: g.copy() for n, g in G.items()}
+    model.gpt_forward(K, M, P, A)
+    total, count = K.loss_sum(A["losses"], A["targets"].reshape(-1))
+    model.gpt_backward(K, M, P, G, A)
+
+    TP = {n: torch.tensor(p, dtype=torch.float64, requires_grad=True) for n, p in P.items()}
+    tokens = torch.tensor(A["tokens"], dtype=torch.long)
+    loss = torch_twin_loss(TP, M, tokens, torch.tensor(A["targets"], dtype=torch.long))
+    loss.backward()
+    check_close("loss", np.array(total / count), loss.detach().numpy(), tol)
+    assert len(G) == 4 + 10 * M.n_layer
+    for name, g in G.items():
+        check_close(f"grad {name}", g - noise[name], TP[name].grad.numpy(), tol)
