@@ -1,0 +1,87 @@
+"""The seed's checkpoint format: exact bytes, atomic writes, validation on read."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from microgpt import checkpoint
+from microgpt.checkpoint import CheckpointError
+
+
+def arrays(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=n).astype(np.float32) for _ in range(3)]
+
+
+def test_layout_is_the_seed_format(tmp_path) -> None:
+    w, m, v = arrays(37)
+    path = checkpoint.write_checkpoint(tmp_path / "step-00000012.bin", 12, w, m, v, {"seed": 5})
+    data = path.read_bytes()
+    assert len(data) == 8 + 12 * 37
+    assert struct.unpack("<ii", data[:8]) == (12, 37)
+    assert np.array_equal(np.frombuffer(data[8 : 8 + 4 * 37], "<f4"), w)
+    assert np.array_equal(np.frombuffer(data[8 + 4 * 37 : 8 + 8 * 37], "<f4"), m)
+    assert np.array_equal(np.frombuffer(data[8 + 8 * 37 :], "<f4"), v)
+    ck = checkpoint.read_checkpoint(path, 37)
+    assert ck.step == 12 and all(np.array_equal(a, b) for a, b in zip((ck.weights, ck.m, ck.v), (w, m, v)))
+    side = json.loads(checkpoint.sidecar_path(path).read_text())
+    assert side["seed"] == 5 and side["n_params"] == 37 and checkpoint.verify_sha(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000012.bin", "step-00000012.state.json"]
+
+
+def test_overwrite_is_all_or_nothing(tmp_path) -> None:
+    """A failed write leaves the old file whole and no temp file behind."""
+    path = checkpoint.write_checkpoint(tmp_path / "step-00000001.bin", 1, *arrays(10))
+    before = path.read_bytes()
+    with pytest.raises(ValueError):
+        checkpoint.write_checkpoint(path, 2, *arrays(10)[:2], np.zeros(3, np.float32))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001.bin", "step-00000001.state.json"]
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d[:5], "shorter than the 8-byte header"),
+        (lambda d: d[:-4], "truncated checkpoint"),
+        (lambda d: d + b"\0" * 4, "oversized checkpoint"),
+        (lambda d: struct.pack("<ii", 3, -1) + d[8:], "corrupt header"),
+    ],
+)
+def test_bad_files_are_one_sentence(tmp_path, mutate, needle) -> None:
+    good = checkpoint.write_checkpoint(tmp_path / "good.bin", 3, *arrays(16)).read_bytes()
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(mutate(good))
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.read_checkpoint(bad)
+    msg = str(err.value)
+    assert needle in msg and str(bad) in msg and "\n" not in msg
+
+
+def test_wrong_model_size_and_nan(tmp_path) -> None:
+    path = checkpoint.write_checkpoint(tmp_path / "a.bin", 3, *arrays(16))
+    with pytest.raises(CheckpointError, match="holds 16 parameters but the model has 17"):
+        checkpoint.read_checkpoint(path, 17)
+    w, m, v = arrays(16)
+    w[3] = np.nan
+    nan = checkpoint.write_checkpoint(tmp_path / "nan.bin", 3, w, m, v)
+    with pytest.raises(CheckpointError, match="NaN"):
+        checkpoint.read_checkpoint(nan)
+
+
+def test_latest_valid_skips_corrupt_and_keeps_it(tmp_path) -> None:
+    for step in (100, 200, 300):
+        checkpoint.write_checkpoint(tmp_path / checkpoint.ckpt_name(step), step, *arrays(8, step))
+    newest = tmp_path / checkpoint.ckpt_name(300)
+    newest.write_bytes(newest.read_bytes()[:-1])  # truncated: fails the size check
+    middle = tmp_path / checkpoint.ckpt_name(200)
+    data = bytearray(middle.read_bytes())
+    data[20] ^= 0xFF  # right size, wrong bytes: fails the sidecar's sha256
+    middle.write_bytes(bytes(data))
+    assert checkpoint.latest_valid_checkpoint(tmp_path, 8) == tmp_path / checkpoint.ckpt_name(100)
+    assert newest.exists() and middle.exists()
+    assert checkpoint.latest_valid_checkpoint(tmp_path / "missing") is None
