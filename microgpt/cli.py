@@ -57,7 +57,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--seed", type=int)
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override any config field")
     args = p.parse_args(argv)
-    from microgpt import engine  # numpy-heavy imports only once the flags parse
+    from microgpt import data, engine  # numpy-heavy imports only once the flags parse
 
     try:
         exp = load_experiment(args)
@@ -70,6 +70,7 @@ def cmd_train(argv: list[str]) -> int:
         if args.resume:
             trainer.load(args.resume)
         engine.check_out_dir(out)
+        trainer.tokenizer_info = data.tokenizer_info(exp, out)  # copies tokenizer.json into the run folder
     except (config.ConfigError, checkpoint.CheckpointError) as e:
         return fail(str(e))
     from microgpt.memory import format_plan

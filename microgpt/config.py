@@ -52,13 +52,14 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Where tokens come from. "builtin" needs no network: the Python standard library's source."""
+    """Where tokens come from; microgpt/data.py documents each field. "builtin" needs no network."""
 
-    source: str = "builtin"
-    path: str = ""
-    tokenizer: str = ""
+    source: str = "builtin"  # builtin | shards
+    path: str = ""  # shards: their folder; builtin: cache folder override
+    tokenizer: str = ""  # "" (auto: bytes if model.vocab_size is 256, else BPE) | "bytes" | a tokenizer.json
     val_fraction: float = 0.05
-    max_bytes: int = 4_000_000
+    max_bytes: int = 4_000_000  # builtin: stdlib source bytes (plus ~25% synthetic chats)
+    loss_mask: bool = False  # targets -1 where the loss-mask shard is 0 (assistant tokens only)
 
 
 @dataclass

@@ -18,6 +18,7 @@ an existing corpus untouched.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -29,13 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from microgpt import hermes, shards
+from microgpt import data, hermes, shards
 from microgpt.chat import parse_record, render, synthetic_conversations
-from microgpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, TokenizerError, load_tokenizer, train_bpe
+from microgpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, TokenizerError, file_sha256, load_tokenizer, train_bpe
 
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".text"}
 CHAT_SUFFIXES = set(hermes.SUFFIXES)
-STDLIB_SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "encodings", "__pycache__", "turtledemo"}
 
 
 @dataclass
@@ -115,17 +115,25 @@ def read_source(spec: str) -> tuple[Source, list[Doc]]:
     return src, docs
 
 
-def stdlib_files() -> list[Path]:
-    """The running interpreter's standard library .py files, sorted by relative path (deterministic)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not STDLIB_SKIP.intersection(p.relative_to(root).parts[:-1])]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+def builtin_settings(
+    vocab_size: int, val_fraction: float, max_bytes: int, tokenizer_sha: str | None, seed: int = 1337
+) -> dict:
+    """Everything the built-in corpus depends on; its hash names the cache folder, the manifest keeps it.
+    About one synthetic chat per 800 stdlib bytes: chats are ~25% of the text."""
+    return {"builtin": True, "vocab_size": vocab_size, "val_fraction": val_fraction, "max_bytes": max_bytes,
+            "chats": max_bytes // 800, "seed": seed, "tokenizer_sha256": tokenizer_sha,
+            "python": sys.version.split()[0], "format": 1}  # fmt: skip
+
+
+def builtin_dir(settings: dict) -> Path:
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return data.cache_root() / "builtin" / f"v{settings['vocab_size']}-{key}"
 
 
 def builtin_sources(max_bytes: int, n_chats: int, seed: int) -> list[tuple[Source, list[Doc]]]:
     src = Source(f"stdlib:{sysconfig.get_paths()['stdlib']}", "stdlib")
     docs, total = [], 0
-    for path in stdlib_files():
+    for path in data.stdlib_files():
         doc = read_text_file(path, src)
         if doc is None:
             continue
@@ -339,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", action="append", default=[], metavar="PATH[@W]", help="a source, weight W")
     ap.add_argument("--builtin", action="store_true", help="the offline corpus: stdlib source + synthetic chats")
-    ap.add_argument("--out", type=Path, help="output folder (shards, tokenizer.json, manifest.json)")
+    ap.add_argument("--out", type=Path, help="output folder (default with --builtin: the train command's cache)")
     ap.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: experiment's)")
     ap.add_argument("--tokenizer", help="reuse this tokenizer.json instead of training one")
     ap.add_argument("--experiment", help="take vocab size, val fraction, stdlib bytes and seed from it")
@@ -348,7 +356,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--loss-mask", action="store_true", help="also write loss-mask shards (assistant tokens = 1)")
     ap.add_argument("--seed", type=int, default=None, help="split, weights and shuffle (default 1337)")
     ap.add_argument("--max-bytes", type=int, default=None, help="--builtin: stdlib bytes (default 4e6)")
-    ap.add_argument("--chats", type=int, default=5000, help="--builtin: synthetic conversations")
     ap.add_argument("--tokenizer-bytes", type=int, default=50_000_000, help="text used to train BPE")
     ap.add_argument("--chunk", type=int, default=512, help="documents per parallel tokenize call")
     ap.add_argument("--check", type=Path, metavar="DIR", help="only validate the shards in DIR")
@@ -372,6 +379,8 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         "max_bytes": (exp.data.max_bytes if exp else 4_000_000),
         "seed": 1337,  # the corpus does not depend on the training seed: runs with other seeds share it
     }
+    if args.builtin and args.loss_mask is False:
+        args.loss_mask = True  # the built-in corpus always carries masks (cheap: 1 byte a token)
     for name, default in pick.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -386,14 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.check:
         return check(args.check, args.vocab_size)
-    if not args.out or not (args.builtin or args.source):
-        raise SystemExit("error: prep needs --out DIR and --builtin or at least one --source PATH[@W]")
+    if not (args.builtin or args.source) or not (args.out or args.builtin):
+        raise SystemExit("error: prep needs --builtin or --source PATH[@W] (and --out DIR with --source)")
     args = resolve(args)
     t0 = time.perf_counter()
-    sources = builtin_sources(args.max_bytes, args.chats, args.seed) if args.builtin else []
+    sources, args.build = [], {"builtin": False, "sources": args.source, "python": sys.version.split()[0]}
+    if args.builtin:
+        tok_sha = file_sha256(args.tokenizer) if args.tokenizer and Path(args.tokenizer).is_file() else None
+        settings = builtin_settings(args.vocab_size, args.val_fraction, args.max_bytes, tok_sha, args.seed)
+        sources = builtin_sources(args.max_bytes, settings["chats"], args.seed)
+        args.out = args.out or builtin_dir(settings)
+        args.build = settings if not args.source else {**settings, "sources": args.source}
     sources += [read_source(spec) for spec in args.source]
-    args.build = {"builtin": args.builtin, "max_bytes": args.max_bytes if args.builtin else None,
-                  "chats": args.chats if args.builtin else None, "python": sys.version.split()[0]}  # fmt: skip
     manifest = prepare(sources, args.out, args)
     if not args.quiet:
         tr, va = manifest["splits"]["train"], manifest["splits"]["val"]

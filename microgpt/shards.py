@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.config import ConfigError
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_MAGIC = 20240520
@@ -32,8 +34,8 @@ KINDS = {"tokens": (TOKEN_MAGIC, np.uint16), "mask": (MASK_MAGIC, np.uint8)}
 KNOWN_OTHER = {20240801: "llm.c Llama-3 shard (uint32 tokens), not supported"}
 
 
-class ShardError(ValueError):
-    """A shard that cannot be used. str(err) is the whole one-line message."""
+class ShardError(ConfigError):
+    """A shard that cannot be used. str(err) is the whole one-line message (the CLI's `error:` line)."""
 
 
 def mask_path(path: str | Path) -> Path:

@@ -20,6 +20,8 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from microgpt.config import ConfigError
+
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -28,7 +30,7 @@ PAD = "<|pad|>"
 SPECIAL_TOKENS = (EOT, IM_START, IM_END, PAD)
 
 
-class TokenizerError(ValueError):
+class TokenizerError(ConfigError):
     """A tokenizer file that cannot be used. str(err) is the whole one-line message."""
 
 
@@ -50,6 +52,7 @@ class BPETokenizer:
         if missing:
             raise TokenizerError(f"{path or '<tokenizer>'}: field 'added_tokens' lacks {', '.join(missing)}")
         self.eot_id = tok.token_to_id(EOT)
+        self.bos_id = self.eot_id  # documents start after <|endoftext|>: an empty prompt starts with it
         self.im_start_id = tok.token_to_id(IM_START)
         self.im_end_id = tok.token_to_id(IM_END)
 
@@ -126,5 +129,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     return BPETokenizer(tok)
 
 
-def load_tokenizer(path: str | Path) -> BPETokenizer:
-    return BPETokenizer.load(path)
+def load_tokenizer(where: str | Path | dict) -> BPETokenizer:
+    """From a tokenizer.json path, or from a run's record {"path", "sha256", ...} (data.tokenizer_info),
+    in which case the file must still hash to the recorded sha256."""
+    if not isinstance(where, dict):
+        return BPETokenizer.load(where)
+    if not where.get("path"):
+        raise TokenizerError(f"tokenizer record {where}: field 'path' is missing")
+    tok = BPETokenizer.load(where["path"])
+    if where.get("sha256") and tok.sha256 != where["sha256"]:
+        raise TokenizerError(f"{where['path']}: field 'sha256' differs from the run's record (tokenizer replaced?)")
+    return tok
