@@ -16,7 +16,9 @@ setup-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 train: setup
-	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny
+	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny --resume latest
+	@for prompt in "def " "class " "import "; do \
+	  echo "--- sample: $$prompt"; $(BIN)/microgpt sample runs/ANDREA-tiny --prompt "$$prompt" --tokens 200; done
 
 test: setup-test
 	$(BIN)/python -m pytest -q

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from microgpt import checkpoint, config
+from microgpt import checkpoint, config, memory
 
 # Commands whose code lives in other modules: name -> "module:function(argv) -> int".
 DELEGATED = {
@@ -51,7 +51,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
     p.add_argument("--steps", type=int, help="total optimizer steps of the run (the lr schedule's length)")
     p.add_argument("--out", help="run folder for checkpoints (default runs/<name>)")
-    p.add_argument("--resume", help="checkpoint to continue from (bit-exact)")
+    p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
     p.add_argument("--backend", choices=config.BACKENDS)
     p.add_argument("--precision", choices=config.PRECISIONS)
     p.add_argument("--seed", type=int)
@@ -63,6 +63,10 @@ def cmd_train(argv: list[str]) -> int:
         exp = load_experiment(args)
         out = Path(args.out or Path("runs") / exp.name)
         existing = checkpoint.list_checkpoints(out / "ckpt")
+        if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start
+            found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
+            args.resume = str(found) if found else None
+            existing = []
         if existing and not args.resume:
             return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                         "pass --resume or choose another --out")  # fmt: skip
@@ -73,9 +77,7 @@ def cmd_train(argv: list[str]) -> int:
         trainer.tokenizer_info = data.tokenizer_info(exp, out)  # copies tokenizer.json into the run folder
     except (config.ConfigError, checkpoint.CheckpointError) as e:
         return fail(str(e))
-    from microgpt.memory import format_plan
-
-    print(format_plan(trainer.bufs, exp.train.precision), file=sys.stderr)
+    print(memory.format_plan(trainer.bufs, exp.train.precision), file=sys.stderr)
     return trainer.run()
 
 
