@@ -15,6 +15,10 @@ cross a shard boundary. Row r of micro-batch `micro` of step `step` takes global
 p = ((step * n_micro) + micro) * B + r, i.e. window perm_e[p mod W] of epoch e = p // W, where perm_e is
 a permutation drawn from (seed, e). So every window (every token) of an epoch is visited exactly once,
 each epoch is reshuffled, and any batch is computed without the ones before it: resume is bit-exact.
+
+Data parallel (microgpt/distributed.py): `shard=(rank, world_size)` makes B the per-process micro-batch of
+a global micro-batch of world_size * B rows, of which this process reads rows [rank*B, (rank+1)*B); so N
+processes with micro-batch b read exactly the rows of one process with micro-batch N*b (validation alike).
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class Loader:
     """Windows of T+1 tokens over one split's shards (memmaps); (x, y) int32 (B, T), y = -1 where masked."""
 
     def __init__(self, parts: list[np.ndarray], batch_size: int, seq_len: int, seed: int, n_micro: int = 1,
-                 masks: list[np.ndarray] | None = None, where: str = "data"):  # fmt: skip
+                 masks: list[np.ndarray] | None = None, where: str = "data",
+                 shard: tuple[int, int] = (0, 1)):  # fmt: skip
         self.parts, self.masks, self.B, self.T, self.seed, self.n_micro = (
             parts,
             masks,
@@ -91,6 +96,10 @@ class Loader:
             seed,
             n_micro,
         )
+        rank, world = shard
+        if not 0 <= rank < world:
+            raise ValueError(f"shard={shard}: need 0 <= rank < world_size")
+        self.row0, self.global_B = rank * batch_size, world * batch_size  # this rank's rows of the global batch
         counts = np.array([max(0, (len(p) - 1) // seq_len) for p in parts], dtype=np.int64)
         self.n_windows = int(counts.sum())
         if self.n_windows == 0:
@@ -122,7 +131,7 @@ class Loader:
         """Global window indices of the rows of (step, micro)."""
         if not 0 <= micro < self.n_micro or step < 0:
             raise ValueError(f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.n_micro}")
-        p = (step * self.n_micro + micro) * self.B + np.arange(self.B, dtype=np.int64)
+        p = (step * self.n_micro + micro) * self.global_B + self.row0 + np.arange(self.B, dtype=np.int64)
         epoch, idx = np.divmod(p, self.n_windows)
         return np.array([self._perm(int(e))[i] for e, i in zip(epoch, idx)], dtype=np.int64)
 
@@ -132,7 +141,8 @@ class Loader:
 
     def val_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The i-th validation batch: consecutive windows in file order, the same for every run."""
-        return self._windows((np.arange(self.B, dtype=np.int64) + i * self.B) % self.n_windows)
+        rows = np.arange(self.B, dtype=np.int64) + i * self.global_B + self.row0
+        return self._windows(rows % self.n_windows)
 
 
 # --- which tokens: resolve the data section, build the built-in corpus on first use -------------------------
@@ -217,16 +227,16 @@ def open_split(folder: Path, split: str, exp: Experiment) -> tuple[list[np.ndarr
     return parts, masks
 
 
-def make_loaders(exp: Experiment, batch_size: int) -> tuple[Loader, Loader]:
-    """(train, val) loaders for the experiment's data section."""
+def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 1)) -> tuple[Loader, Loader]:
+    """(train, val) loaders for the experiment's data section; shard=(rank, world_size): see the docstring."""
     B, T, seed, n_micro = batch_size, exp.model.seq_len, exp.train.seed, exp.train.n_micro
     if exp.data.source == "builtin" and uses_bytes(exp):
         if exp.model.vocab_size < 256:
             raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the byte tokenizer's 256")
         train, val = builtin_corpus(exp.data.max_bytes, exp.data.val_fraction)
         ids = [np.frombuffer(b, dtype=np.uint8).astype(np.uint16) for b in (train, val)]
-        return Loader([ids[0]], B, T, seed, n_micro, None, "builtin train"), Loader(
-            [ids[1]], B, T, seed, 1, None, "builtin val"
+        return Loader([ids[0]], B, T, seed, n_micro, None, "builtin train", shard), Loader(
+            [ids[1]], B, T, seed, 1, None, "builtin val", shard
         )
     folder = shard_dir(exp)
     if exp.data.source == "builtin":
@@ -242,7 +252,8 @@ def make_loaders(exp: Experiment, batch_size: int) -> tuple[Loader, Loader]:
     loaders = []
     for split in ("train", "val"):
         parts, masks = open_split(folder, split, exp)
-        loaders.append(Loader(parts, B, T, seed, n_micro if split == "train" else 1, masks, f"{folder} {split}"))
+        n = n_micro if split == "train" else 1
+        loaders.append(Loader(parts, B, T, seed, n, masks, f"{folder} {split}", shard))
     return loaders[0], loaders[1]
 
 
