@@ -350,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, help="output folder (default with --builtin: the train command's cache)")
     ap.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: experiment's)")
     ap.add_argument("--tokenizer", help="reuse this tokenizer.json instead of training one")
-    ap.add_argument("--experiment", help="take vocab size, val fraction, stdlib bytes and seed from it")
+    ap.add_argument("--experiment", help="take vocab size, val fraction and stdlib bytes from it")
     ap.add_argument("--val-fraction", type=float, default=None, help="share of each source's documents for val")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (llm.c: 1e8)")
     ap.add_argument("--loss-mask", action="store_true", help="also write loss-mask shards (assistant tokens = 1)")

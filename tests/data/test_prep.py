@@ -1,0 +1,145 @@
+"""prep: mixed sources -> shards that decode back to exactly the rendered documents; masks; determinism."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt import hermes, prep, shards
+from microgpt.chat import parse_record, render
+from microgpt.tokenizer import EOT, IM_END, load_tokenizer
+from tests.data.fixtures import GOOD_JSONL, write_jsonl
+
+TEXTS = ["plain text document one.\nWith two lines.", "Zwei: ünïcödé text ✓ and code: def f(x): return x"]
+OPENAI = [
+    {"messages": [{"role": "user", "content": "What is 1+1?"}, {"role": "assistant", "content": "Two."}]},
+    {"messages": [{"role": "system", "content": "Brief."}, {"role": "user", "content": "Hi"}]},  # no assistant
+]
+
+
+def make_sources(tmp: Path) -> None:
+    """Hermes-3 (normalized by pull-hermes3, weight 2), a folder of plain text, OpenAI-messages JSONL."""
+    write_jsonl(tmp / "raw.jsonl")
+    hermes.main(["--from", str(tmp / "raw.jsonl"), "--out", str(tmp / "hermes.jsonl")])
+    (tmp / "texts").mkdir()
+    for i, t in enumerate(TEXTS):
+        (tmp / "texts" / f"{i}.txt").write_text(t, encoding="utf-8")
+    (tmp / "oa.jsonl").write_text("\n".join(json.dumps(r) for r in OPENAI) + "\n")
+
+
+def run_prep(tmp: Path, out: str, *extra: str) -> Path:
+    argv = ["--out", str(tmp / out), "--vocab-size", "320", "--shard-tokens", "61", "--val-fraction", "0.3"]
+    argv += ["--loss-mask", "--quiet", *extra]
+    for spec in (f"{tmp / 'hermes.jsonl'}@2", str(tmp / "texts"), str(tmp / "oa.jsonl")):
+        argv += ["--source", spec]
+    assert prep.main(argv) == 0
+    return tmp / out
+
+
+def expected_docs() -> Counter:
+    chats = [render(parse_record(r))[0] for r in GOOD_JSONL] * 2  # weight 2
+    chats += [render(parse_record(OPENAI[0]))[0]]
+    return Counter(chats + TEXTS)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("prep")
+    make_sources(tmp)
+    return run_prep(tmp, "out")
+
+
+def test_shards_decode_back_to_the_rendered_documents(corpus: Path) -> None:
+    tok = load_tokenizer(corpus / "tokenizer.json")
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    seen: Counter = Counter()
+    for split in ("train", "val"):
+        paths = shards.list_shards(corpus, split)
+        assert [p.name for p in paths] == manifest["splits"][split]["shards"]
+        ids = shards.read_tokens(paths, tok.vocab_size)
+        assert len(ids) == manifest["splits"][split]["tokens"]
+        text = tok.decode(ids)
+        assert text.startswith(EOT)
+        docs = text.split(EOT)[1:]
+        assert len(docs) == manifest["splits"][split]["documents"]
+        seen.update(docs)
+    assert len(shards.list_shards(corpus, "train")) > 3  # 97-token shards: documents span shard boundaries
+    assert seen == expected_docs()
+
+
+def test_manifest_counts(corpus: Path) -> None:
+    m = json.loads((corpus / "manifest.json").read_text())
+    by_name = {Path(s["name"]).name: s for s in m["sources"]}
+    h, t, o = by_name["hermes.jsonl"], by_name["texts"], by_name["oa.jsonl"]
+    assert (h["documents_read"], h["weight"], sum(h["documents"].values())) == (4, 2.0, 8)
+    assert (t["kind"], t["documents_read"], sum(t["documents"].values())) == ("text", 2, 2)
+    assert o["documents_read"] == 1 and o["skipped_by_reason"] == {"no assistant turn": 1}
+    assert m["skipped"] == 1 and m["vocab_size"] == 320 and m["tokenizer_trained"]
+    assert sum(sum(s["tokens"].values()) for s in m["sources"]) == sum(v["tokens"] for v in m["splits"].values())
+    assert m["special_tokens"] == {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|pad|>": 3}
+
+
+def test_loss_mask_keeps_assistant_content_and_im_end(corpus: Path) -> None:
+    tok = load_tokenizer(corpus / "tokenizer.json")
+    kept: Counter = Counter()
+    for split in ("train", "val"):
+        paths = shards.list_shards(corpus, split)
+        ids = shards.read_tokens(paths)
+        mask = np.concatenate([shards.open_shard(shards.mask_path(p), "mask") for p in paths])
+        assert len(mask) == len(ids)
+        starts = np.flatnonzero(ids == tok.eot_id).tolist() + [len(ids)]
+        for a, b in zip(starts[:-1], starts[1:]):  # one document each; decode only its masked-in tokens
+            kept[tok.decode(ids[a:b][mask[a:b] == 1])] += 1
+    want: Counter = Counter()
+    for record in GOOD_JSONL * 2 + OPENAI[:1]:
+        want["".join(m["content"] + IM_END for m in parse_record(record) if m["role"] == "assistant")] += 1
+    want[""] += len(TEXTS)  # plain text has no assistant tokens
+    assert kept == want
+
+
+def test_deterministic_and_tokenizer_reuse(corpus: Path, tmp_path: Path) -> None:
+    again = run_prep(corpus.parent, "again")
+    for f in sorted(p.name for p in corpus.iterdir()):
+        assert (corpus / f).read_bytes() == (again / f).read_bytes(), f
+    reused = run_prep(corpus.parent, "reused", "--tokenizer", str(corpus / "tokenizer.json"), "--seed", "5")
+    m = json.loads((reused / "manifest.json").read_text())
+    assert not m["tokenizer_trained"]
+    assert m["tokenizer_sha256"] == json.loads((corpus / "manifest.json").read_text())["tokenizer_sha256"]
+    assert (reused / "train_000000.bin").read_bytes() != (corpus / "train_000000.bin").read_bytes()  # other seed
+
+
+def test_builtin_small(tmp_path: Path) -> None:
+    out = tmp_path / "builtin"
+    assert prep.main(["--builtin", "--out", str(out), "--vocab-size", "400", "--max-bytes", "60000", "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["kind"] for s in m["sources"]] == ["stdlib", "synthetic-chat"]
+    assert m["sources"][1]["documents_read"] == 60000 // 800 and m["loss_mask"]
+    tok = load_tokenizer(out / "tokenizer.json")
+    text = tok.decode(shards.read_tokens(shards.list_shards(out, "train")))
+    assert "<|im_start|>assistant\n" in text and "def " in text
+    assert m["build"]["max_bytes"] == 60000
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        prep.main(["--source", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
+    assert str(exc.value.code) == f"error: {tmp_path / 'nope.jsonl'}: source not found (--source {tmp_path}/nope.jsonl)"
+    (tmp_path / "bad.json").write_text('{"vocab": 1}')
+    (tmp_path / "t.txt").write_text("hello")
+    with pytest.raises(SystemExit) as exc:
+        prep.main(
+            [
+                "--source",
+                str(tmp_path / "t.txt"),
+                "--out",
+                str(tmp_path / "o"),
+                "--tokenizer",
+                str(tmp_path / "bad.json"),
+            ]
+        )
+    assert str(exc.value.code).startswith(f"error: {tmp_path / 'bad.json'}: not a tokenizers tokenizer.json")
+    assert not (tmp_path / "o").exists()
