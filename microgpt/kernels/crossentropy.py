@@ -1,0 +1,145 @@
+"""Cross-entropy fused with the tied LM head: logits = x @ wte.T, R rows at a time through the caller's (R,V) scratch.
+
+x:(N,C), wte:(V,C), targets:(N,) int32 (< 0 ignored: loss 0, no gradient), losses, lse, dlosses: (N,) fp32.
+Forward per chunk: logits = x_r @ wte.T (GEMM), then k_crossentropy_fwd: one program per row, an online
+max/sum over V in blocks gives lse and loss = lse - logit[target]. Only lse (4 bytes a row) is saved.
+Backward per chunk recomputes the logits (one GEMM: cheaper in memory than keeping (N,V)), k_crossentropy_bwd
+turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlogits @ wte; dwte += dlogits.T @ x_r.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from microgpt.kernels import tuning
+from microgpt.kernels.linear import mm
+
+
+@triton.jit
+def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
+    # loss, lse, tgt: (r,) for this chunk; logits: (r, V)
+    row = tl.program_id(0).to(tl.int64)
+    ptr = logits_ptr + row * V
+    m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new
+        s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
+    mx = tl.max(m, axis=0)
+    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
+    tgt = tl.load(tgt_ptr + row)
+    logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
+    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+
+
+@triton.jit
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
+    # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
+    row = tl.program_id(0).to(tl.int64)
+    ptr = logits_ptr + row * V
+    tgt = tl.load(tgt_ptr + row)
+    lse = tl.load(lse_ptr + row)
+    dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
+        tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=cols < V)
+
+
+def _block_v(V: int) -> int:
+    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else 4096)
+
+
+def _chunks(N: int, R: int):
+    for r0 in range(0, N, R):
+        yield r0, min(R, N - r0)
+
+
+def crossentropy_forward(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    logits: torch.Tensor,
+) -> None:
+    V, C = wte.shape
+    x2, tg = x.view(-1, C), targets.view(-1)
+    losses, lse = losses.view(-1), lse.view(-1)
+    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
+        lg = logits[:r]
+        mm(lg, x2[r0 : r0 + r], wte.t())
+        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+
+
+def crossentropy_backward(
+    dx: torch.Tensor,
+    dwte: torch.Tensor,
+    dlosses: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    logits: torch.Tensor,
+) -> None:
+    V, C = wte.shape
+    x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
+    dlosses, lse = dlosses.view(-1), lse.view(-1)
+    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
+        lg = logits[:r]
+        xr = x2[r0 : r0 + r]
+        mm(lg, xr, wte.t())
+        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+        mm(dx2[r0 : r0 + r], lg, wte, accumulate=True)
+        mm(dwte, lg.t(), xr, accumulate=True)
+
+
+@triton.jit
+def k_loss_weights(dloss_ptr, tgt_ptr, scale_ptr, N, BLOCK: tl.constexpr):
+    # dloss: (N,) = scale / count where target >= 0, else 0 (the gradient of the mean loss); one program
+    count = tl.zeros((BLOCK,), dtype=tl.int32)
+    for n0 in range(0, N, BLOCK):
+        offs = n0 + tl.arange(0, BLOCK)
+        count += (tl.load(tgt_ptr + offs, mask=offs < N, other=-1) >= 0).to(tl.int32)
+    w = tl.load(scale_ptr) / tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
+    for n0 in range(0, N, BLOCK):
+        offs = n0 + tl.arange(0, BLOCK)
+        valid = tl.load(tgt_ptr + offs, mask=offs < N, other=-1) >= 0
+        tl.store(dloss_ptr + offs, tl.where(valid, w, 0.0), mask=offs < N)
+
+
+@triton.jit
+def k_loss_sum(out_ptr, loss_ptr, tgt_ptr, N, weight, ACCUM: tl.constexpr, BLOCK: tl.constexpr):
+    # ACCUM: out[0] += weight * mean loss over non-ignored rows; else out[0] = sum of losses, out[1] = count
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    count = tl.zeros((BLOCK,), dtype=tl.int32)
+    for n0 in range(0, N, BLOCK):
+        offs = n0 + tl.arange(0, BLOCK)
+        s += tl.load(loss_ptr + offs, mask=offs < N, other=0.0)
+        count += (tl.load(tgt_ptr + offs, mask=offs < N, other=-1) >= 0).to(tl.int32)
+    total = tl.sum(s, axis=0)
+    c = tl.sum(count, axis=0).to(tl.float32)
+    if ACCUM:
+        tl.store(out_ptr, tl.load(out_ptr) + weight * total / tl.maximum(c, 1.0))
+    else:
+        tl.store(out_ptr, total)
+        tl.store(out_ptr + 1, c)
+
+
+def loss_weights(dlosses: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor) -> None:
+    """dlosses (N,) = d(mean loss over targets >= 0) / d(per-token loss), times scale[0] (the fp16 loss scale)."""
+    k_loss_weights[(1,)](dlosses, targets, scale, targets.numel(), BLOCK=1024, num_warps=4)
+
+
+def loss_sum(out: torch.Tensor, losses: torch.Tensor, targets: torch.Tensor, weight: float = 0.0,
+             accumulate: bool = False) -> None:  # fmt: skip
+    """out[:2] = (sum of losses, count of targets >= 0), or with accumulate out[0] += weight * their mean."""
+    k_loss_sum[(1,)](out, losses, targets, targets.numel(), float(weight), ACCUM=accumulate, BLOCK=1024, num_warps=4)

@@ -1,0 +1,126 @@
+"""LayerNorm over the last axis (eps 1e-5, biased variance, as torch.nn.LayerNorm). x:(N,C), w,b:(C,).
+
+Forward saves mean and rstd (N,) in fp32: two floats a row make the backward one pass over x and dout.
+Backward: dx += ..., and dw, db accumulate deterministically: each program sums its rows' contributions into
+its own row of `partials` (P, 2, C) fp32, and a second kernel adds the P rows in a fixed order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from microgpt.kernels import tuning
+
+EPS = 1e-5
+PARTS = 16 if tuning.INTERPRET else 264  # programs of the backward (2 per H200 SM); rows of `partials`
+
+
+@triton.jit
+def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, C, eps, BLOCK_C: tl.constexpr):
+    # out, x: (N, C); mean, rstd: (N,) fp32; w, b: (C,)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    mask = cols < C
+    x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / C
+    xc = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / C + eps)
+    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + row * C + cols, (xc * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, N, C, rows_per_prog,
+                    BLOCK_C: tl.constexpr):  # fmt: skip
+    # dx, dout, x: (N, C); part: (P, 2, C) fp32, this program's row of dw and db partial sums
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_C)
+    mask = cols < C
+    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+    dw = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    start = pid.to(tl.int64) * rows_per_prog
+    for i in range(0, rows_per_prog):
+        row = start + i  # a tensor (not the loop's int): the last program's tail rows are masked off
+        ok = row < N
+        off = row * C + cols
+        m = mask & ok
+        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dout_ptr + off, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row, mask=ok, other=0.0)
+        xhat = (x - tl.load(mean_ptr + row, mask=ok, other=0.0)) * rstd
+        wdy = w * dy
+        c1 = tl.sum(xhat * wdy, axis=0) / C
+        c2 = tl.sum(wdy, axis=0) / C
+        dx = (wdy - (xhat * c1 + c2)) * rstd
+        dx += tl.load(dx_ptr + off, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        dw += dy * xhat
+        db += dy
+    tl.store(part_ptr + pid * 2 * C + cols, dw, mask=mask)
+    tl.store(part_ptr + pid * 2 * C + C + cols, db, mask=mask)
+
+
+@triton.jit
+def k_layernorm_bwd_dwdb(dw_ptr, db_ptr, part_ptr, P, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    # dw, db: (C,) += sum over the P partial rows, in a fixed order
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = tl.arange(0, BLOCK_P)
+    acc_w = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        m = ((p0 + rows) < P)[:, None] & (cols < C)[None, :]
+        ptr = part_ptr + (p0 + rows)[:, None] * 2 * C + cols[None, :]
+        acc_w += tl.sum(tl.load(ptr, mask=m, other=0.0), axis=0)
+        acc_b += tl.sum(tl.load(ptr + C, mask=m, other=0.0), axis=0)
+    cm = cols < C
+    tl.store(
+        dw_ptr + cols, (tl.load(dw_ptr + cols, mask=cm).to(tl.float32) + acc_w).to(dw_ptr.dtype.element_ty), mask=cm
+    )
+    tl.store(
+        db_ptr + cols, (tl.load(db_ptr + cols, mask=cm).to(tl.float32) + acc_b).to(db_ptr.dtype.element_ty), mask=cm
+    )
+
+
+def _warps(C: int) -> int:
+    return 1 if tuning.INTERPRET else min(16, max(1, triton.next_power_of_2(C) // 256))
+
+
+def layernorm_forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
+                      w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
+    C = w.shape[0]
+    N = x.numel() // C
+    k_layernorm_fwd[(N,)](out, mean, rstd, x, w, b, C, EPS, BLOCK_C=triton.next_power_of_2(C), num_warps=_warps(C))
+
+
+def scratch_numel(C: int) -> int:
+    """fp32 elements of the backward's `partials` scratch."""
+    return PARTS * 2 * C
+
+
+def layernorm_backward(
+    dx: torch.Tensor,
+    dw: torch.Tensor,
+    db: torch.Tensor,
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    *,
+    partials: torch.Tensor,
+) -> None:
+    """partials: fp32 scratch of at least scratch_numel(C) elements."""
+    C = w.shape[0]
+    N = x.numel() // C
+    rows = triton.cdiv(N, PARTS)
+    P = triton.cdiv(N, rows)
+    BC = triton.next_power_of_2(C)
+    k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, BLOCK_C=BC, num_warps=_warps(C))
+    BCR = min(BC, 128)
+    k_layernorm_bwd_dwdb[(triton.cdiv(C, BCR),)](dw, db, partials, P, C, BLOCK_P=32, BLOCK_C=BCR)

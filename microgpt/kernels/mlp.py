@@ -1,0 +1,81 @@
+"""MLP: h = x @ w1 (saved, pre-GELU), a = gelu_tanh(h) (scratch), out = a @ w2. x:(N,C), w1:(C,4C), w2:(4C,C).
+
+Saving h and recomputing a in backward costs one elementwise pass and saves an (N,4C) activation per layer.
+Backward (all grads accumulate):
+    dh = dout @ w2.T                       (GEMM into the dh scratch)
+    a = gelu(h); dh *= gelu'(h)            (k_mlp_bwd: one pass over h and dh writes a and dh)
+    dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx += dh @ w1.T
+The GEMMs go through linear.mm (Triton or cuBLAS, chosen once per shape).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from microgpt.kernels.linear import mm
+
+BLOCK = 2048
+
+
+@triton.jit
+def _tanh(u):
+    # tanh through exp: saturates cleanly to +-1 (exp overflows to inf, 2/inf = 0)
+    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+
+
+@triton.jit
+def k_mlp_fwd(a_ptr, h_ptr, n, BLOCK: tl.constexpr):
+    # a, h: (n,) = (N*4C,); a = gelu_tanh(h)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
+    t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
+    tl.store(a_ptr + offs, (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
+    # a, dh, h: (n,); in: dh holds d(gelu output); out: a = gelu(h), dh = dh * gelu'(h)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
+    da = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
+    t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
+    dgelu = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
+    tl.store(a_ptr + offs, (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty), mask=mask)
+    tl.store(dh_ptr + offs, (da * dgelu).to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: torch.Tensor,
+                w2: torch.Tensor) -> None:  # fmt: skip
+    C, H = w1.shape
+    h2, a2 = h.view(-1, H), a.view(-1, H)
+    mm(h2, x.view(-1, C), w1)
+    n = h2.numel()
+    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
+    mm(out.view(-1, C), a2, w2)
+
+
+def mlp_backward(
+    dx: torch.Tensor,
+    dw1: torch.Tensor,
+    dw2: torch.Tensor,
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    a: torch.Tensor,
+    dh: torch.Tensor,
+) -> None:
+    C, H = w1.shape
+    h2, a2, dh2 = h.view(-1, H), a.view(-1, H), dh.view(-1, H)
+    dout2, x2 = dout.view(-1, C), x.view(-1, C)
+    mm(dh2, dout2, w2.t())
+    n = h2.numel()
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, BLOCK=BLOCK)
+    mm(dw2, a2.t(), dout2, accumulate=True)
+    mm(dw1, x2.t(), dh2, accumulate=True)
+    mm(dx.view(-1, C), dh2, w1.t(), accumulate=True)

@@ -1,0 +1,39 @@
+"""crossentropy kernels (fused LM head: k_crossentropy_fwd/bwd around the GEMMs) against the NumPy pair."""
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt.kernels import crossentropy as kc
+from microgpt.ops import crossentropy as ref
+
+from ._kutil import DEVICE, DTYPES, compare, rounded, t
+
+# (N, C, V, R): several chunks with a short last one; V above the interpreter's 1024-wide block; R >= N
+SHAPES = [(21, 16, 100, 8), (5, 8, 1100, 4), (6, 12, 33, 16)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,C,V,R", SHAPES)
+def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype) -> None:
+    rng = np.random.default_rng(N * C + V)
+    x, wte = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((V, C)) * 0.5, dtype)
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[::5] = -1  # ignored rows: loss 0, no gradient
+    dlosses = rng.random(N) / N
+    dx0, dwte0 = rounded(rng.standard_normal((N, C)), dtype), rng.standard_normal((V, C))
+    losses, lse = np.empty(N), np.empty(N)
+    ref.crossentropy_forward(losses, lse, x, wte, targets, np.empty((R, V)))
+    dx, dwte = dx0.copy(), dwte0.copy()
+    ref.crossentropy_backward(dx, dwte, dlosses, x, wte, targets, lse, np.empty((R, V)))
+
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    glosses, glse, logits = torch.empty(N, **f32), torch.empty(N, **f32), torch.empty(R, V, dtype=dtype, device=DEVICE)
+    gx, gwte, gt = t(x, dtype), t(wte, dtype), t(targets)
+    kc.crossentropy_forward(glosses, glse, gx, gwte, gt, logits)
+    compare("losses", glosses, losses, dtype)
+    compare("lse", glse, lse, dtype)
+    gdx, gdwte = t(dx0, dtype), t(dwte0, torch.float32)
+    kc.crossentropy_backward(gdx, gdwte, t(dlosses, torch.float32), gx, gwte, gt, glse, logits)
+    compare("dx", gdx, dx, dtype)
+    compare("dwte", gdwte, dwte, dtype)

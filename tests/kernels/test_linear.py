@@ -1,0 +1,42 @@
+"""linear kernels (the Triton GEMM tiles: k_linear_fwd, k_linear_bwd) against the NumPy pair."""
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt.kernels import linear as kl
+from microgpt.ops import linear as ref
+
+from ._kutil import DEVICE, DTYPES, compare, rounded, t
+
+SHAPES = [(37, 24, 40), (5, 3, 7), (64, 64, 96)]  # (N, C, OC): partial tiles in every dimension
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,C,OC", SHAPES)
+def test_linear(N: int, C: int, OC: int, dtype: torch.dtype) -> None:
+    rng = np.random.default_rng(N + C + OC)
+    x, w, dout = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((C, OC)), dtype), None
+    dout = rounded(rng.standard_normal((N, OC)), dtype)
+    dx0, dw0 = rounded(rng.standard_normal((N, C)), dtype), rng.standard_normal((C, OC))
+    out = np.empty((N, OC))
+    ref.linear_forward(out, x, w)
+    dx, dw = dx0.copy(), dw0.copy()
+    ref.linear_backward(dx, dw, dout, x, w)
+    gout = torch.empty(N, OC, dtype=dtype, device=DEVICE)
+    kl.linear_forward(gout, t(x, dtype), t(w, dtype))
+    compare("out", gout, out, dtype)
+    gdx, gdw = t(dx0, dtype), t(dw0, torch.float32)  # weight grads are fp32 in every precision
+    kl.linear_backward(gdx, gdw, t(dout, dtype), t(x, dtype), t(w, dtype))
+    compare("dx", gdx, dx, dtype)
+    compare("dw", gdw, dw, dtype)
+
+
+def test_mm_transposed_accumulate() -> None:
+    """mm takes strided (transposed) operands and adds into out when asked."""
+    rng = np.random.default_rng(3)
+    a, b, c0 = rng.standard_normal((19, 33)), rng.standard_normal((41, 19)), rng.standard_normal((33, 41))
+    a, b, c0 = (rounded(z, torch.float32) for z in (a, b, c0))
+    c = t(c0, torch.float32)
+    kl.mm(c, t(a, torch.float32).t(), t(b, torch.float32).t(), accumulate=True)
+    compare("c", c, c0 + a.T @ b.T, torch.float32)
