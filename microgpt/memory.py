@@ -112,7 +112,8 @@ def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
         ("dqkv", (3, N, C)),
     ]
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
-    bufs.append(Buf("logits", (R, V), "scratch", "f32"))
+    # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
+    bufs.append(Buf("logits", (R, V), "scratch", "compute"))
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
     return bufs
 
