@@ -56,8 +56,14 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--precision", choices=config.PRECISIONS)
     p.add_argument("--seed", type=int)
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override any config field")
+    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
+                   help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
+                   "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
     args = p.parse_args(argv)
-    from microgpt import data, engine  # numpy-heavy imports only once the flags parse
+    from microgpt import data, distributed, engine  # numpy-heavy imports only once the flags parse
+
+    if args.procs is not None and args.procs < 1:
+        return fail(f"--procs {args.procs}: must be >= 1")
 
     try:
         exp = load_experiment(args)
@@ -70,15 +76,26 @@ def cmd_train(argv: list[str]) -> int:
         if existing and not args.resume:
             return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                         "pass --resume or choose another --out")  # fmt: skip
-        trainer = engine.Trainer(exp, out)
+        if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
+            return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
+        dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
+        if dp is not None and exp.data.source == "builtin" and not data.uses_bytes(exp):
+            dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
+        trainer = engine.Trainer(exp, out, dp=dp)
         if args.resume:
             trainer.load(args.resume)
         engine.check_out_dir(out)
-        trainer.tokenizer_info = data.tokenizer_info(exp, out)  # copies tokenizer.json into the run folder
+        # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
+        trainer.tokenizer_info = data.tokenizer_info(exp, out if trainer.rank == 0 else None)
     except (config.ConfigError, checkpoint.CheckpointError) as e:
         return fail(str(e))
-    print(memory.format_plan(trainer.bufs, exp.train.precision), file=sys.stderr)
-    return trainer.run()
+    if trainer.rank == 0:
+        print(memory.format_plan(trainer.bufs, exp.train.precision), file=sys.stderr)
+    try:
+        return trainer.run()
+    finally:
+        if dp is not None:
+            dp.close()
 
 
 def cmd_sample(argv: list[str]) -> int:

@@ -8,6 +8,8 @@ One optimizer step, exactly as the seed describes it:
 Weights, Adam m and v change only inside the optimizer section, so at any other moment they are the
 state after the last completed step: a signal handler may checkpoint right away (SIGTERM then exits 0,
 SIGUSR1 carries on); a signal that lands inside the optimizer section is handled as soon as it ends.
+Data parallel (dp, microgpt/distributed.py): grads are summed over ranks after the last micro-batch, ranks
+agree on signals at the step boundary, and rank 0 alone writes checkpoints.
 Everything the engine tells the world goes out as one JSON object per line on stdout.
 """
 
@@ -53,9 +55,12 @@ class Terminate(Exception):
 
 
 class Trainer:
-    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None, K: Any = None):
+    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None, K: Any = None,
+                 dp: Any = None):  # fmt: skip
         m, t = exp.model, exp.train
         self.exp, self.m, self.t, self.out = exp, m, t, Path(out)
+        self.dp = dp  # distributed.DataParallel, or None for one process
+        self.rank, self.world = (dp.rank, dp.world_size) if dp is not None else (0, 1)
         self.K = K or get_backend(t.backend, t.precision)
         self.bufs = memory.plan(m, t.micro_batch)
         self.arena = memory.Arena(self.bufs, self.K.alloc)
@@ -63,7 +68,7 @@ class Trainer:
         self.p, self.g = self.arena.flat_f32("params"), self.arena.flat_f32("grads")
         self.adam_m, self.adam_v = self.arena.flat_f32("adam_m"), self.arena.flat_f32("adam_v")
         self.n_params = memory.n_params(m)
-        self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch)
+        self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch, shard=(self.rank, self.world))
         self.tokenizer_info = tokenizer_info or {}
         self.step = 0
         self._critical = False  # inside the optimizer section or a checkpoint write
@@ -94,7 +99,9 @@ class Trainer:
             total, count = self.micro_forward(*self.train_data.batch(step, micro))
             loss += total / max(1, count) / t.n_micro
             model.gpt_backward(K, self.m, self.P, self.G, A)
-        K.grad_scale(self.g, 1.0 / t.n_micro)
+        if self.dp is not None:
+            self.dp.all_reduce_grads(self.g)  # sum over ranks; the scale below makes it the mean
+        K.grad_scale(self.g, 1.0 / (t.n_micro * self.world))
         K.grad_norm_partial(A["norm_partials"], self.g, memory.NORM_BLOCK)
         K.grad_norm_final(A["norm"], A["norm_partials"])
         grad_norm = float(K.to_numpy(A["norm"])[0])
@@ -109,7 +116,7 @@ class Trainer:
         self._leave_critical()
         K.synchronize()
         dt = time.perf_counter() - t0
-        tokens = t.n_micro * t.micro_batch * self.m.seq_len
+        tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
 
@@ -118,6 +125,8 @@ class Trainer:
         for i in range(self.t.eval_batches):
             s, c = self.micro_forward(*self.val_data.val_batch(i))
             total, count = total + s, count + c
+        if self.dp is not None:
+            total, count = self.dp.sum_scalars(total, count)
         return total / max(1, count)
 
     # --- checkpoints and signals ----------------------------------------------------------------------
@@ -132,8 +141,12 @@ class Trainer:
             self.K.copy_in(dst, src)
         self.step = ck.step
 
-    def save(self, reason: str) -> Path:
-        """Checkpoint the last completed step under <out>/ckpt and announce it."""
+    def save(self, reason: str) -> Path | None:
+        """Checkpoint the last completed step under <out>/ckpt and announce it (data parallel: rank 0 only)."""
+        if self.dp is not None:  # every rank comes here after the same step; the replicas must agree
+            self.dp.check_replicas(self.step, (self.p, self.adam_m, self.adam_v))
+            if self.rank != 0:
+                return None
         was_critical, self._critical = self._critical, True
         self.K.synchronize()
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
@@ -148,7 +161,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         reason = "SIGUSR1" if signum == signal.SIGUSR1 else "SIGTERM"
-        if self._critical:
+        if self._critical or self.dp is not None:  # dp: handled after the step the ranks agree on (step_end)
             self._pending.append(reason)
             return
         self._handle(reason)
@@ -160,7 +173,7 @@ class Trainer:
 
     def _leave_critical(self) -> None:
         self._critical = False
-        while self._pending:
+        while self._pending and self.dp is None:
             self._handle(self._pending.pop(0))
 
     def install_signals(self) -> None:
@@ -173,7 +186,7 @@ class Trainer:
         versions.update(getattr(self.K, "versions", {}))
         return {"event": "start", "run": self.exp.name, "config": self.exp.to_dict(), "n_params": self.n_params,
                 "memory": memory.role_bytes(self.bufs, self.t.precision), "versions": versions,
-                "device": self.K.device, "step": self.step, "git": _git_commit()}  # fmt: skip
+                "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world}  # fmt: skip
 
     def run(self) -> int:
         t = self.t
@@ -182,12 +195,15 @@ class Trainer:
         try:
             while self.step < t.steps:
                 rec = self.train_step()
+                if self.dp is not None:
+                    self.dp.step_end(self, rec)  # the mean loss over ranks; agreed signals; replica checks
                 if not math.isfinite(rec["loss"]):
                     print(f"error: loss is {rec['loss']} at step {self.step}; stopping", file=sys.stderr)
                     return 3
                 if self.step % t.log_every == 0 or self.step == t.steps:
                     emit(rec)
-                    _progress(rec, t.steps)
+                    if self.rank == 0:
+                        _progress(rec, t.steps)
                 if self.step % t.eval_every == 0 or self.step == t.steps:
                     emit({"event": "eval", "step": self.step, "val_loss": self.evaluate()})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:

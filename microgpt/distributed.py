@@ -1,0 +1,249 @@
+"""Data parallel training: N processes, each a whole replica (its own arena), averaging gradients every step.
+
+`microgpt train EXP --procs N` (spelled `--gpus N` too) starts N copies of itself with torchrun's environment
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT); a process that finds RANK and WORLD_SIZE
+already set (torchrun, or our launcher) joins as that rank instead. On the triton backend rank r uses GPU
+LOCAL_RANK and the gradients go through NCCL; on the NumPy backend the ranks are CPU processes and go through
+gloo, with the flat fp32 grads wrapped by torch.from_numpy (no copy). The code path is the same, which is how
+CI checks it with 2 CPU processes. torch is imported only here, only for N > 1.
+
+One step on every rank:
+  rank r reads rows [r*b, (r+1)*b) of the global micro-batch of N*b rows (data.Loader's shard), for each micro
+  forward + backward as usual -> ONE all-reduce (sum) of the flat grads after the last micro-batch's backward
+  -> scale by 1/(n_micro*N) (the same call that already scaled by 1/n_micro) -> grad norm, clip, AdamW.
+The averaged grads are bit-identical on every rank (a ring or tree all-reduce reduces each element in one
+place, then copies it), so norm, clip and AdamW do the same arithmetic everywhere and the weights stay
+bit-identical with no further traffic. N processes with micro-batch b therefore train the model that one
+process with micro-batch N*b trains, up to the summation order of the gradients (fp32 rounding).
+With data.loss_mask, each rank's micro-batch loss is the mean over ITS valid tokens, and ranks weigh equally
+(torch DDP does the same); without masking every rank has the same token count and the runs coincide.
+
+Why all-reduce and not ZeRO-1 (reduce-scatter, AdamW on a 1/N shard, all-gather of the weights):
+- sizes: ANDREA-120M's fp32 weights, grads, m and v are ~2 GB; ZeRO-1 would save ~1.5 GB per GPU on a
+  141 GB H200 (and on an 8 GB card of the reproduction target it is activations that bind, not m and v);
+- the bytes on the wire are the same (an all-reduce IS a reduce-scatter plus an all-gather);
+- simplicity: grad norm, clipping and AdamW stay one call each over the flat arrays, unchanged; ZeRO-1 needs a
+  sharded norm (an extra all-reduce of partial sums) and a weight all-gather before the next forward;
+- weights that are bit-identical by construction, so a checkpoint is any rank's state: rank 0 writes the seed
+  format alone, same layout as one process, and a run resumes with any process count.
+Overlapping the all-reduce with backward (bucket by layer: layer l's grads are final once the last micro-batch's
+backward leaves layer l) is the next step on NCCL; the NumPy engine is synchronous, so gloo could not overlap.
+
+Control traffic (host scalars) goes through a gloo group: the step's loss, the signal flags and, every
+CHECK_EVERY steps and before each checkpoint, checksums of weights, m and v that must agree on every rank
+(DivergenceError otherwise). Signals: the launcher forwards SIGTERM/SIGINT/SIGUSR1 to every rank; a rank only
+notes a signal, and at the end of each step the ranks exchange what they noted, so all of them handle it after
+the same step: rank 0 writes the checkpoint, SIGTERM then exits 0 everywhere. A rank that dies (any exit but 0)
+makes the launcher kill the others and exit non-zero, so the proxy restarts the job; ranks die with their
+launcher (PR_SET_PDEATHSIG), since the proxy may SIGKILL the launcher alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from microgpt.config import ConfigError
+
+CHECK_EVERY = 100  # steps between replica checks (plus the first step and every checkpoint)
+LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class DivergenceError(RuntimeError):
+    """The replicas' weights or optimizer state differ: the run is no longer one model; stop it."""
+
+
+class DataParallel:
+    """This process's place in the job and the collectives the engine calls (see the module docstring)."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, ctrl: Any):
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self._ctrl = ctrl  # process group for host scalars: gloo (None = the default group, when it is gloo)
+        self._signals = {"SIGTERM": 0, "SIGUSR1": 0}  # signals this rank has received, cumulative
+        self._usr1_done = 0  # SIGUSR1 checkpoints taken; the same on every rank
+        self._checked = False
+
+    # --- gradients and scalars ------------------------------------------------------------------------------
+    def all_reduce_grads(self, g: Any) -> None:
+        """Sum the flat fp32 grads over ranks, in place: a torch CUDA tensor (NCCL) or a NumPy array (gloo)."""
+        import torch
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.from_numpy(g) if isinstance(g, np.ndarray) else g, op=dist.ReduceOp.SUM)
+
+    def gather(self, values: Sequence[float | int], dtype: str = "float64") -> np.ndarray:
+        """(world_size, len(values)): every rank's values, on every rank (one small all-reduce on the host)."""
+        import torch
+        import torch.distributed as dist
+
+        table = torch.zeros(self.world_size, len(values), dtype=getattr(torch, dtype))
+        table[self.rank] = torch.tensor(values, dtype=table.dtype)
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self._ctrl)
+        return table.numpy()
+
+    def sum_scalars(self, *values: float) -> list[float]:
+        return [float(v) for v in self.gather(values).sum(axis=0)]
+
+    # --- the step boundary -----------------------------------------------------------------------------------
+    def step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+        """After each optimizer step: average the logged loss, agree on signals, check the replicas now and then.
+
+        A signal may reach the ranks on either side of a step boundary; counting signals per rank and taking
+        the maximum handles each one once, after the first step where any rank has seen it.
+        """
+        while trainer._pending:
+            self._signals[trainer._pending.pop(0)] += 1
+        table = self.gather([rec["loss"], self._signals["SIGTERM"], self._signals["SIGUSR1"]])
+        rec["loss"] = float(table[:, 0].sum()) / self.world_size
+        if not self._checked or trainer.step % CHECK_EVERY == 0:
+            self.check_replicas(trainer.step, (trainer.p, trainer.adam_m, trainer.adam_v))
+            self._checked = True
+        if table[:, 1].max() > 0:
+            trainer._handle("SIGTERM")  # every rank: rank 0 writes, then all raise Terminate
+        usr1 = int(table[:, 2].max())
+        if usr1 > self._usr1_done:
+            self._usr1_done = usr1
+            trainer._handle("SIGUSR1")
+
+    def check_replicas(self, step: int, arrays: Sequence[Any]) -> None:
+        """Raise DivergenceError unless every rank holds the same bits in each of arrays (weights, m, v)."""
+        table = self.gather([words_sum(a) for a in arrays], dtype="int64")
+        bad = [r for r in range(self.world_size) if (table[r] != table[0]).any()]
+        if bad:
+            sums = {r: [int(x) for x in table[r]] for r in range(self.world_size)}
+            raise DivergenceError(f"step {step}: rank(s) {bad} hold other weights/optimizer state than rank 0 "
+                                  f"(checksums of weights, m, v by rank: {sums}); stopping the run")  # fmt: skip
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self._ctrl)
+
+    def rank0_first(self, fn: Any) -> None:
+        """fn() on rank 0 while the others wait: e.g. build the data cache once, not N times at once."""
+        if self.rank == 0:
+            fn()
+        self.barrier()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def words_sum(x: Any) -> int:
+    """Sum of the array's 32-bit words as an int64: any changed bit changes it. Host or device, no host copy."""
+    if isinstance(x, np.ndarray):
+        return int(x.view(np.int32).sum(dtype=np.int64))
+    import torch
+
+    return int(x.view(torch.int32).sum(dtype=torch.int64).item())
+
+
+# --- joining a job ------------------------------------------------------------------------------------------
+def launched() -> bool:
+    """True in a process started as one rank of a job (by launch() or torchrun)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
+    """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; None for a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched() else 1
+    if procs is not None and procs > 1 and procs != world:
+        raise ConfigError(f"--procs {procs}: this process is one rank of a job of WORLD_SIZE={world}")
+    if world <= 1:
+        return None
+    _die_with_launcher()
+    import torch
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    if backend == "triton":  # grads on the GPU: NCCL; host scalars through a gloo side group
+        torch.cuda.set_device(local)  # before the backend allocates the arena
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
+        ctrl = dist.new_group(backend="gloo")
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        ctrl = None
+    if rank != 0:  # rank 0 alone speaks the JSON lines; the other ranks' stdout goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    return DataParallel(rank, world, local, ctrl)
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this rank when the launcher dies (a SIGKILLed launcher cannot kill its children)."""
+    launcher = int(os.environ.get(LAUNCHER_ENV, "0"))
+    if not launcher:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's own kill paths remain
+        pass
+    if os.getppid() != launcher:  # it died before the request took effect
+        os._exit(1)
+
+
+# --- the launcher -------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cmd: list[str], n: int) -> int:
+    """Run cmd as ranks 0..n-1 of one job; forward signals; the first rank to fail takes the job down.
+
+    Returns 0 when every rank exits 0, else the failed rank's exit code (128 + signal number if it was killed).
+    Children get their own process group, so a terminal's Ctrl-C reaches them once (through us), not twice.
+    """
+    env = {**os.environ, "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), LAUNCHER_ENV: str(os.getpid())}  # fmt: skip
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signum)
+                except ProcessLookupError:  # it ended just now: _wait will see it
+                    pass
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        for rank in range(n):
+            procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                          process_group=0))  # fmt: skip
+        return _wait(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(procs: list[subprocess.Popen]) -> int:
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            print(f"error: rank {rank} ended with {how}; stopping the other ranks", file=sys.stderr, flush=True)
+            return code if code > 0 else 128 - code
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.05)
