@@ -88,14 +88,8 @@ class Loader:
     def __init__(self, parts: list[np.ndarray], batch_size: int, seq_len: int, seed: int, n_micro: int = 1,
                  masks: list[np.ndarray] | None = None, where: str = "data",
                  shard: tuple[int, int] = (0, 1)):  # fmt: skip
-        self.parts, self.masks, self.B, self.T, self.seed, self.n_micro = (
-            parts,
-            masks,
-            batch_size,
-            seq_len,
-            seed,
-            n_micro,
-        )
+        self.parts, self.masks = parts, masks
+        self.B, self.T, self.seed, self.n_micro = batch_size, seq_len, seed, n_micro
         rank, world = shard
         if not 0 <= rank < world:
             raise ValueError(f"shard={shard}: need 0 <= rank < world_size")
