@@ -231,7 +231,8 @@ class ShardWriter:
 
 
 def progress(label: str, done: int, total: int, tokens: int, t0: float, quiet: bool) -> None:
-    if quiet:
+    """A one-line bar redrawn in place on a terminal; in a log (not a tty), only the final line."""
+    if quiet or (done < total and not sys.stderr.isatty()):
         return
     dt = max(time.perf_counter() - t0, 1e-9)
     bar = "#" * int(30 * done / max(total, 1))
@@ -384,6 +385,13 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     for name, default in pick.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if exp and args.tokenizer is None and exp.data.tokenizer not in ("", "bytes"):
+        args.tokenizer = exp.data.tokenizer  # the same corpus (and cache folder) the train command would build
+    if not args.tokenizer and args.vocab_size <= 256 + len(SPECIAL_TOKENS):
+        raise SystemExit(
+            f"error: --vocab-size {args.vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} entries "
+            "(256 bytes + special tokens); a vocabulary of 256 trains on raw bytes, which need no prep"
+        )
     if not 0 < args.val_fraction < 1:
         raise SystemExit(f"error: --val-fraction must be in (0, 1), got {args.val_fraction}")
     if args.shard_tokens <= 0:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,16 @@ def test_openai_messages_and_chatml_spans() -> None:
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"
     assert [text[a:b] for a, b in spans] == ["Yo<|im_end|>"]
     assert parse_record({"messages": [{"role": "human", "content": "x"}]}) == "unknown role"
+
+
+def test_download_without_network_or_library_is_one_line(tmp_path: Path) -> None:
+    """The hub path itself cannot be tested here (no network). Offline mode and a dead endpoint make sure
+    this test never downloads anything, even on a machine that has a network."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    argv = ["-m", "microgpt.cli", "pull-hermes3", "--out", str(tmp_path / "o.jsonl"), "--cache-dir", str(tmp_path)]
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: cannot download NousResearch/Hermes-3-Dataset")
+    code = "import sys; sys.modules['huggingface_hub'] = None; from microgpt.hermes import main; main(['--out', 'x'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: downloading needs huggingface_hub")

@@ -143,3 +143,19 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
         )
     assert str(exc.value.code).startswith(f"error: {tmp_path / 'bad.json'}: not a tokenizers tokenizer.json")
     assert not (tmp_path / "o").exists()
+
+
+def test_prep_builtin_with_experiment_fills_the_train_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from microgpt import config, data
+    from tests.conftest import write_experiment
+
+    monkeypatch.setenv("MICROGPT_DATA_DIR", str(tmp_path / "cache"))
+    exp_file = write_experiment(tmp_path, model={"vocab_size": 300}, data={"source": "builtin", "max_bytes": 30000})
+    assert prep.main(["--builtin", "--experiment", str(exp_file), "--quiet"]) == 0
+    exp = config.load(exp_file)
+    folder = data.shard_dir(exp)
+    before = (folder / "manifest.json").stat().st_mtime_ns
+    data.make_loaders(exp, 2)  # what `microgpt train` calls: finds the corpus, does not rebuild it
+    assert (folder / "manifest.json").stat().st_mtime_ns == before
+    with pytest.raises(SystemExit, match="BPE needs more than 260 entries"):
+        prep.main(["--builtin", "--experiment", str(write_experiment(tmp_path, model={"vocab_size": 256}))])
