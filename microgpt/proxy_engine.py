@@ -1,0 +1,77 @@
+"""The engine as the proxy sees it: a child process, its JSON lines, its exit.
+
+The child runs in its own session (process group), so a terminal's Ctrl-C reaches only the proxy, which
+decides what the engine gets (SIGTERM: checkpoint and exit). Its stdout lines go onto a queue read by the
+proxy's main thread (which also has to notice signals and hangs, so it never blocks on the pipe); its
+stderr (the memory plan, progress, errors) passes through to the proxy's stderr, and the last lines are
+kept to explain a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+
+def pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit code {rc}"
+
+
+class Engine:
+    """One `microgpt train` child: stdout lines arrive on a queue (None at EOF); stderr is passed through."""
+
+    def __init__(self, cmd: list[str]):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)  # fmt: skip
+        self.lines: queue.Queue = queue.Queue()
+        self.tail: deque[str] = deque(maxlen=5)
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        self.err_thread = threading.Thread(target=self._read_stderr, daemon=True)
+        self.err_thread.start()
+
+    def _read_stdout(self) -> None:
+        for raw in self.proc.stdout:
+            self.lines.put(raw)
+        self.lines.put(None)
+
+    def _read_stderr(self) -> None:
+        for raw in self.proc.stderr:
+            sys.stderr.buffer.write(raw)
+            sys.stderr.buffer.flush()
+            text = raw.decode(errors="replace").strip()
+            if text:
+                self.tail.append(text)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        self.err_thread.join(timeout=2)
+        return rc

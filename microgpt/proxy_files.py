@@ -1,0 +1,165 @@
+"""The training proxy's run files: `<run>.loss.json`, `<run>.samples.json`, `<run>.state.json`.
+
+All three are plain JSON objects rewritten whole with an atomic write (temp file in the same folder,
+fsync, rename), so a reader (the dashboard, a person with `jq`) never sees half a file and a crash
+leaves the previous complete version.
+
+    <run>.loss.json      {"format": "microgpt-loss-1", "run", "meta", "train": [row...], "val": [row...],
+                          "marks": [mark...]}
+        train row        {"step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "phase",
+                          "time"} plus any other field the engine's step event carries (forward-compatible)
+        val row          {"step", "val_loss", "phase", "time"}
+        mark             {"kind": "phase"|"restart"|"resume"|"stop", "step", "time", ...}: the dashboard's
+                          vertical lines; marks are history and are never removed
+    The loss history is never archived. It holds each step exactly once: when the engine (re)starts from
+    step k, rows after k are dropped first, and the resumed engine writes them again (bit-exact resume
+    makes them equal), so a restart leaves no gap and no duplicate.
+
+    <run>.samples.json   {"format": "microgpt-samples-1", "run", "phase", "settings", "samples": [...]}
+    <run>.state.json     {"format": "microgpt-proxy-state-1", "run", "status", "phase", "step", ...}
+
+On entering a new phase the samples and state files are archived (timestamped copies under archive/)
+and fresh ones start; see archive().
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+LOSS_FORMAT = "microgpt-loss-1"
+SAMPLES_FORMAT = "microgpt-samples-1"
+STATE_FORMAT = "microgpt-proxy-state-1"
+STATUSES = ("starting", "running", "stopping", "stopped", "crashed", "done")
+
+
+class RunFileError(ValueError):
+    """An existing run file that cannot be read; the proxy stops rather than overwrite it."""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write obj as compact JSON: temp file beside path, fsync, rename (readers see old or new, never half)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
+    """The file's object, None when it does not exist; RunFileError when it exists but is not ours."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunFileError(f"{path}: unreadable run file ({e}); move it away to start over") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise RunFileError(f"{path}: not a {fmt} file (format {obj.get('format') if isinstance(obj, dict) else '?'})")
+    return obj
+
+
+def run_paths(out: Path, run: str) -> dict[str, Path]:
+    return {kind: out / f"{run}.{kind}.json" for kind in ("loss", "samples", "state")}
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN/inf: a diverged loss is stored as null so the file stays valid (the dashboard skips it)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+class LossHistory:
+    """The whole training history of a run, one row per step, across restarts and phases."""
+
+    def __init__(self, path: Path, run: str):
+        self.path, self.dirty = path, False
+        self.data = read_json(path, LOSS_FORMAT) or {
+            "format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}  # fmt: skip
+
+    @property
+    def last_step(self) -> int:
+        train = self.data["train"]
+        return train[-1]["step"] if train else 0
+
+    def truncate_after(self, step: int, keys: tuple[str, ...] = ("train", "val")) -> int:
+        """Drop rows after `step` (the engine is about to write them again); return how many."""
+        dropped = 0
+        for key in keys:
+            rows = self.data[key]
+            keep = len(rows)
+            while keep and rows[keep - 1]["step"] > step:
+                keep -= 1
+            dropped += len(rows) - keep
+            del rows[keep:]
+        self.dirty = self.dirty or dropped > 0
+        return dropped
+
+    def add(self, key: str, row: dict[str, Any]) -> None:
+        """Append a train or val row; a row at or before the last step of its kind replaces the rows from there."""
+        self.truncate_after(row["step"] - 1, (key,))
+        self.data[key].append(_finite(row))
+        self.dirty = True
+
+    def mark(self, kind: str, step: int, **info: Any) -> None:
+        self.data["marks"].append({"kind": kind, "step": step, "time": time.time(), **info})
+        self.dirty = True
+
+    def set_meta(self, meta: dict[str, Any]) -> None:
+        self.data["meta"] = meta
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            atomic_write_json(self.path, self.data)
+            self.dirty = False
+
+
+class JsonDoc:
+    """A small JSON object file (state, samples) kept in memory and written whole on flush()."""
+
+    def __init__(self, path: Path, fmt: str, fresh: dict[str, Any]):
+        self.path, self.fmt = path, fmt
+        self.data = read_json(path, fmt) or {"format": fmt, **fresh}
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+
+    def flush(self) -> None:
+        self.data["updated"] = utc_now()
+        atomic_write_json(self.path, self.data)
+
+
+def archive(paths: list[Path], phase: str) -> list[str]:
+    """Copy each existing file to archive/<name-without-.json>.<phase>.<UTC stamp>.json; return the new paths.
+
+    Copies, not moves: the caller then starts a fresh file under the old name, so the file is never missing.
+    """
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    done = []
+    for path in paths:
+        if not path.exists():
+            continue
+        folder = path.parent / "archive"
+        folder.mkdir(exist_ok=True)
+        dest = folder / f"{path.name.removesuffix('.json')}.{phase}.{stamp}.json"
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+        done.append(str(dest))
+    return done

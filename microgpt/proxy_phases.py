@@ -1,0 +1,224 @@
+"""Phases and proxy settings: the two experiment sections the training proxy owns, and the run plan.
+
+An experiment may list phases; each runs as an ordinary `microgpt train` of a complete experiment the
+proxy derives from the base one (written to <out>/phases/<name>.json, so the run folder says exactly
+what the engine ran). The step counter is global: phase i covers steps (start_i, end_i], and a phase
+starts by resuming from the previous phase's final checkpoint (weights and Adam moments carry over).
+
+    "phases": [
+      {"name": "pretrain", "steps": 800},
+      {"name": "polish", "steps": 200, "lr": 3e-4, "min_lr": 3e-5, "loss_mask": true,
+       "data": {"source": "shards", "path": "data/megachat"}, "train": {"eval_every": 20}}
+    ]
+
+    name          required; [a-z0-9_-], unique. Entering any phase after the first archives the
+                  samples and state files (DESIGN.md: "when a run moves into its polish phase")
+    steps         required; optimizer steps IN this phase (end = start + steps; the engine gets
+                  train.steps = end)
+    lr, min_lr, warmup_steps   shorthand for the same train.* fields
+    loss_mask     shorthand for data.loss_mask (train only on assistant tokens; needs mask shards)
+    data, train   objects merged field by field over the base sections (the model cannot change)
+
+Without "phases" the run is one phase named "train" of train.steps steps. `--steps N` caps the run at
+global step N (a phase past N is not run; the one N falls in ends at N).
+
+The engine's lr schedule (warmup, cosine to min_lr at train.steps) runs on the global step. When the
+engine's TrainConfig has a `schedule_start` field, each phase sets it to the phase's start, so a
+phase's warmup and decay are its own.
+
+    "proxy": {"sample_every": 100, "prompts": ["def ", ...], "sample_tokens": 64, "temperature": 0.8,
+              "hang_timeout_s": 900, ...}      (all optional; ProxySettings below gives defaults)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from microgpt import config
+from microgpt.config import ConfigError
+
+PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup_steps": int, "loss_mask": bool,
+                "data": dict, "train": dict}  # fmt: skip
+TRAIN_SHORTHANDS = ("lr", "min_lr", "warmup_steps")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+OWN_SECTIONS = ("phases", "proxy")  # read here, never passed to the engine
+
+
+@dataclass
+class ProxySettings:
+    """The "proxy" section. Times in seconds."""
+
+    sample_every: int = -1  # sample at the first checkpoint at or after every N steps; -1: train.ckpt_every; 0: off
+    prompts: list[Any] = field(default_factory=lambda: ["def ", "import ", "class "])  # str, or chat messages
+    sample_tokens: int = 64
+    temperature: float = 0.8
+    sample_timeout_s: float = 300.0
+    hang_timeout_s: float = 900.0  # no JSON line for this long after the first step: hung, kill and restart
+    startup_timeout_s: float = 1800.0  # the same before the first step (imports, compile, autotune)
+    max_restarts: int = 5  # consecutive failures without a new checkpoint before giving up
+    backoff_s: float = 5.0  # wait before restart k: backoff_s * 2**(k-1), at most backoff_max_s
+    backoff_max_s: float = 300.0
+    stop_timeout_s: float = 600.0  # after forwarding SIGTERM, wait this long for the checkpoint, then SIGKILL
+    flush_s: float = 1.0  # rewrite .loss.json at most this often (and at every checkpoint, eval and exit)
+
+
+@dataclass
+class Phase:
+    name: str
+    start: int  # global step the phase starts from
+    end: int  # global step the phase ends at (the engine's train.steps)
+    engine: dict[str, Any]  # the complete experiment the engine runs
+
+
+@dataclass
+class Plan:
+    run: str
+    phases: list[Phase]
+    settings: ProxySettings
+    config_hash: str
+    ckpt_every: int
+
+    def phase_at(self, step: int) -> int | None:
+        """Index of the phase that runs the step after `step`; None when the run is complete."""
+        return next((i for i, p in enumerate(self.phases) if p.end > step), None)
+
+    @property
+    def final_step(self) -> int:
+        return self.phases[-1].end
+
+
+def _typed(where: str, name: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{where}: field '{name}' must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def load_settings(raw: Any, src: str) -> ProxySettings:
+    where = f"{src}: proxy"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a JSON object, got {type(raw).__name__}")
+    settings = ProxySettings()
+    types = {f.name: f.type for f in dataclasses.fields(ProxySettings)}
+    for name, value in raw.items():
+        if name not in types:
+            raise ConfigError(f"{where}: unknown field '{name}' (known: {', '.join(types)})")
+        typ = {"int": int, "float": float, "list[Any]": list}[str(types[name])]
+        setattr(settings, name, _typed(where, name, value, typ))
+    for name in ("sample_tokens", "max_restarts"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{where}.{name} must be >= 0, got {getattr(settings, name)}")
+    for name in ("hang_timeout_s", "startup_timeout_s", "stop_timeout_s", "flush_s", "sample_timeout_s"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{where}.{name} must be > 0, got {getattr(settings, name)}")
+    for i, prompt in enumerate(settings.prompts):
+        if not (isinstance(prompt, str) or _is_chat(prompt)):
+            raise ConfigError(f"{where}.prompts[{i}]: a prompt is a string or a list of {{role, content}} messages")
+    return settings
+
+
+def _is_chat(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(
+        isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+        for m in prompt
+    )
+
+
+def _check_phase(raw: Any, where: str, seen: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a phase must be a JSON object, got {type(raw).__name__}")
+    for name, value in raw.items():
+        if name not in PHASE_FIELDS:
+            raise ConfigError(f"{where}: unknown phase field '{name}' (known: {', '.join(PHASE_FIELDS)})")
+        _typed(where, name, value, PHASE_FIELDS[name])
+    for name in ("name", "steps"):
+        if name not in raw:
+            raise ConfigError(f"{where}: missing phase field '{name}'")
+    if not NAME_RE.match(raw["name"]):
+        raise ConfigError(f"{where}: phase name {raw['name']!r} must match {NAME_RE.pattern}")
+    if raw["name"] in seen:
+        raise ConfigError(f"{where}: phase name {raw['name']!r} is used twice")
+    if raw["steps"] <= 0:
+        raise ConfigError(f"{where}: phase steps must be > 0, got {raw['steps']}")
+    for name in ("steps", "log_every"):
+        if name in raw.get("train", {}):
+            raise ConfigError(f"{where}: train.{name} is set by the proxy (use the phase's own 'steps')")
+    seen.add(raw["name"])
+    return raw
+
+
+def _phase_engine(base: dict[str, Any], ph: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+    eng = copy.deepcopy(base)
+    eng["train"].update(ph.get("train", {}))
+    eng["data"].update(ph.get("data", {}))
+    for name in TRAIN_SHORTHANDS:
+        if name in ph:
+            eng["train"][name] = ph[name]
+    if "loss_mask" in ph:
+        eng["data"]["loss_mask"] = ph["loss_mask"]
+    eng["train"]["steps"] = end
+    eng["train"]["log_every"] = 1  # the history holds every step, so every step must be reported
+    train_fields = {f.name for f in dataclasses.fields(config.TrainConfig)}
+    if "schedule_start" in train_fields and "schedule_start" not in ph.get("train", {}):
+        eng["train"]["schedule_start"] = start
+    return eng
+
+
+def _check_paths(eng: dict[str, Any], where: str) -> None:
+    """Missing inputs fail before anything is written or spawned, with the field that names them."""
+    for name in ("path", "tokenizer"):
+        value = eng["data"].get(name)
+        if value and not Path(value).exists():
+            raise ConfigError(f"{where}: data.{name} {value!r} does not exist")
+
+
+def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None,
+              backend: str | None = None) -> Plan:  # fmt: skip
+    """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong."""
+    if steps is not None and steps <= 0:
+        raise ConfigError(f"--steps must be > 0, got {steps}")
+    exp = config.from_dict(raw, src)
+    settings = load_settings(raw.get("proxy", {}), src)
+    base = {k: v for k, v in exp.to_dict().items() if k not in OWN_SECTIONS}
+    base["train"].update({k: v for k, v in (("seed", seed), ("backend", backend)) if v is not None})
+    phases_raw = raw.get("phases")
+    implicit = phases_raw is None
+    if implicit:
+        phases_raw = [{"name": "train", "steps": steps or exp.train.steps}]
+    if not isinstance(phases_raw, list) or not phases_raw:
+        raise ConfigError(f"{src}: phases must be a non-empty list of phase objects")
+    phases, seen, start = [], set(), 0
+    for i, ph in enumerate(phases_raw):
+        where = src if implicit else f"{src}: phases[{i}]"
+        ph = _check_phase(ph, where, seen)
+        end = start + ph["steps"] if steps is None else min(start + ph["steps"], steps)
+        if end <= start:
+            break
+        eng = _phase_engine(base, ph, start, end)
+        exp_i = config.from_dict(eng, where if implicit else f"{where} ({ph['name']})")
+        _check_paths(exp_i.to_dict(), where)
+        phases.append(Phase(ph["name"], start, end, eng))
+        start = end
+    if settings.sample_every < 0:
+        settings.sample_every = exp.train.ckpt_every
+    digest = hashlib.sha256(json.dumps({"experiment": raw, "seed": seed}, sort_keys=True).encode()).hexdigest()
+    return Plan(exp.name, phases, settings, digest[:16], exp.train.ckpt_every)
+
+
+def load_plan(path: str | Path, **overrides: Any) -> Plan:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read experiment file ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: invalid JSON ({e})") from None
+    return make_plan(raw, str(path), **overrides)
