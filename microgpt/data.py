@@ -23,6 +23,7 @@ processes with micro-batch b read exactly the rows of one process with micro-bat
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -174,25 +175,37 @@ def shard_dir(exp: Experiment) -> Path:
     return Path(d.path) if d.path else prep.builtin_dir(builtin_settings(exp))
 
 
+def built_with(folder: Path, settings: dict) -> bool | None:
+    """True if folder holds a finished corpus built with these settings, False if another, None if none."""
+    try:
+        return json.loads((folder / "manifest.json").read_text()).get("build") == settings
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 def ensure_builtin(exp: Experiment, folder: Path) -> None:
-    """Run `microgpt prep --builtin` into folder unless a corpus with the same settings is already there."""
+    """Run `microgpt prep --builtin` into folder unless a corpus with the same settings is already there.
+    A lock file serializes builders: data-parallel ranks (or two runs) starting together build it once."""
     from microgpt import prep
 
     settings = builtin_settings(exp)
-    manifest = folder / "manifest.json"
-    if manifest.exists():
-        try:
-            if json.loads(manifest.read_text()).get("build") == settings:
-                return
-        except json.JSONDecodeError:
-            pass
-        if exp.data.path:  # the user's folder: never overwrite it silently
+    if built_with(folder, settings):
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        found = built_with(folder, settings)
+        if found:
+            return
+        if found is False and exp.data.path:  # the user's folder: never overwrite it silently
             raise ConfigError(f"data.path: {folder} holds a corpus built with other settings (manifest 'build')")
-    d = exp.data
-    print(f"building the built-in corpus into {folder} (first use)", file=sys.stderr, flush=True)
-    argv = ["--builtin", "--out", str(folder), "--vocab-size", str(exp.model.vocab_size), "--val-fraction",
-            str(d.val_fraction), "--max-bytes", str(d.max_bytes), "--loss-mask", "--quiet"]  # fmt: skip
-    prep.main(argv + (["--tokenizer", d.tokenizer] if d.tokenizer else []))
+        d = exp.data
+        print(f"building the built-in corpus into {folder} (first use)", file=sys.stderr, flush=True)
+        argv = ["--builtin", "--out", str(folder), "--vocab-size", str(exp.model.vocab_size), "--val-fraction",
+                str(d.val_fraction), "--max-bytes", str(d.max_bytes), "--loss-mask", "--quiet"]  # fmt: skip
+        prep.main(argv + (["--tokenizer", d.tokenizer] if d.tokenizer else []))
 
 
 def tokenizer_path(exp: Experiment) -> Path | None:

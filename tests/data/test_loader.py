@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,24 @@ def test_builtin_bpe_cache_built_on_first_use(tmp_path: Path, monkeypatch: pytes
     info = data.tokenizer_info(exp, tmp_path / "run")
     assert info["kind"] == "bpe" and Path(info["path"]) == (tmp_path / "run" / "tokenizer.json").resolve()
     assert info["vocab_size"] == 384
+
+
+BUILD = """
+import sys
+from microgpt import config, data
+exp = config.from_dict({"model": {"vocab_size": 300, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16},
+                        "data": {"source": "builtin", "max_bytes": 30000}})
+train, _ = data.make_loaders(exp, 2)
+print(train.batch(1, 0)[0].sum())
+"""
+
+
+def test_two_processes_build_the_cache_once(tmp_path: Path) -> None:
+    env = {**os.environ, "MICROGPT_DATA_DIR": str(tmp_path)}
+    repo = Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD], cwd=repo, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0]  # the same batch
+    assert sum(err.count("building the built-in corpus") for _, err in outs) == 1
