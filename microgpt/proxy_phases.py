@@ -172,12 +172,14 @@ def _phase_engine(base: dict[str, Any], ph: dict[str, Any], start: int, end: int
     return eng
 
 
-def _check_paths(eng: dict[str, Any], where: str) -> None:
-    """Missing inputs fail before anything is written or spawned, with the field that names them."""
-    for name in ("path", "tokenizer"):
-        value = eng["data"].get(name)
-        if value and not Path(value).exists():
-            raise ConfigError(f"{where}: data.{name} {value!r} does not exist")
+def _check_paths(data: dict[str, Any], where: str) -> None:
+    """Missing inputs fail before anything is written or spawned, with the field that names them.
+    (A "builtin" data.path is where the built-in corpus gets built on first use: it may not exist yet.)"""
+    if data.get("source") == "shards" and data.get("path") and not Path(data["path"]).is_dir():
+        raise ConfigError(f"{where}: data.path {data['path']!r} does not exist (a folder of train_*.bin shards)")
+    tok = data.get("tokenizer")
+    if tok and tok != "bytes" and not Path(tok).is_file():
+        raise ConfigError(f"{where}: data.tokenizer {tok!r} does not exist")
 
 
 def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None,
@@ -204,7 +206,7 @@ def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = N
             break
         eng = _phase_engine(base, ph, start, end)
         exp_i = config.from_dict(eng, where if implicit else f"{where} ({ph['name']})")
-        _check_paths(exp_i.to_dict(), where)
+        _check_paths(exp_i.to_dict()["data"], where)
         phases.append(Phase(ph["name"], start, end, eng))
         start = end
     if settings.sample_every < 0:

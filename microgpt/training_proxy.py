@@ -180,11 +180,12 @@ class Supervisor:
             self.sampler.close()
 
     def _loop(self, resumed: bool) -> int:
-        if resumed:
-            self.loss.mark("resume", self.loss.last_step, status=self.state.data.get("status"))
         while True:
             ckpt, step = self.pick_checkpoint()
             idx = self.plan.phase_at(step)
+            if resumed and idx is not None:
+                self.loss.mark("resume", self.loss.last_step, status=self.state.data.get("status"))
+            resumed = False
             if idx is None:
                 self.sampler.drain(self.settings.sample_timeout_s)
                 log(f"done: step {step}, checkpoint {ckpt}")
@@ -322,6 +323,8 @@ class Supervisor:
         elif kind == "checkpoint":
             self.state.update(checkpoint=ev["path"], checkpoint_step=ev["step"])
             self.flush()
+            if ev.get("reason") != "periodic":
+                log(f"checkpoint at step {ev['step']} ({ev.get('reason')}): {ev['path']}")
             self.sampler.request(ev["step"], ph.name, ev["path"], ev.get("reason", ""))
         elif kind == "done":
             seen["done"] = True
