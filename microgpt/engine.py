@@ -62,7 +62,10 @@ class Trainer:
         self.dp = dp  # distributed.DataParallel, or None for one process
         self.rank, self.world = (dp.rank, dp.world_size) if dp is not None else (0, 1)
         self.K = K or get_backend(t.backend, t.precision)
-        self.bufs = memory.plan(m, t.micro_batch)
+        rows = self.K.logits_rows(m, t.micro_batch) if hasattr(self.K, "logits_rows") else None
+        self.bufs = memory.plan(m, t.micro_batch, rows)
+        if hasattr(self.K, "reserve_for"):  # triton: the whole arena is one device allocation
+            self.K.reserve_for(self.bufs, m, t)
         self.arena = memory.Arena(self.bufs, self.K.alloc)
         self.P, self.G = self.arena.role("params"), self.arena.role("grads")
         self.p, self.g = self.arena.flat_f32("params"), self.arena.flat_f32("grads")
@@ -74,6 +77,10 @@ class Trainer:
         self._critical = False  # inside the optimizer section or a checkpoint write
         self._pending: list[str] = []
         self._init_state()
+        # triton: the whole optimizer step runs on the device as one CUDA graph (microgpt/kernels/step.py),
+        # over a bf16/fp16 copy of the weights when the compute precision is not fp32
+        self.fast = self.K.make_step(self) if hasattr(self.K, "make_step") else None
+        self.P_compute = self.fast.P if self.fast is not None else self.P
 
     def _init_state(self) -> None:
         """Weights from the seed, the decay mask from the parameter shapes; m, v and grads start at zero."""
@@ -87,13 +94,15 @@ class Trainer:
     def micro_forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
         self.K.copy_in(self.arena["tokens"], x)
         self.K.copy_in(self.arena["targets"], y)
-        model.gpt_forward(self.K, self.m, self.P, self.arena)
+        model.gpt_forward(self.K, self.m, self.P_compute, self.arena)
         return self.K.loss_sum(self.arena["losses"], self.arena["targets"].reshape(-1))
 
     def train_step(self) -> dict[str, Any]:
         """Run optimizer step self.step (0-based) and advance self.step; return the step's log record."""
         K, t, A, step = self.K, self.t, self.arena, self.step
         t0 = time.perf_counter()
+        if self.fast is not None:
+            return self._device_step(t0)
         loss = 0.0
         for micro in range(t.n_micro):
             total, count = self.micro_forward(*self.train_data.batch(step, micro))
@@ -120,6 +129,20 @@ class Trainer:
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
 
+    def _device_step(self, t0: float) -> dict[str, Any]:
+        """The triton backend's step: batches in, one graph replay (micro-batches, clip, AdamW, zero), numbers out."""
+        t, step = self.t, self.step
+        lr = lr_at(step, t)
+        batches = [self.train_data.batch(step, micro) for micro in range(t.n_micro)]
+        self._critical = True
+        loss, grad_norm = self.fast.step(batches, lr, step + 1)
+        self.step = step + 1
+        self._leave_critical()
+        dt = time.perf_counter() - t0
+        tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
+        return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+
     def evaluate(self) -> float:
         total, count = 0.0, 0
         for i in range(self.t.eval_batches):
@@ -140,6 +163,9 @@ class Trainer:
         for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
         self.step = ck.step
+        if self.fast is not None:
+            self.fast.refresh_lp()  # the compute copy of the weights follows the loaded fp32 masters
+            self.K.loss_scale = float(side.get("loss_scale", self.K.loss_scale))
 
     def save(self, reason: str) -> Path | None:
         """Checkpoint the last completed step under <out>/ckpt and announce it (data parallel: rank 0 only)."""

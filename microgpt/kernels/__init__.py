@@ -32,6 +32,7 @@ from microgpt.kernels import (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8}
 POOL_ALIGN = 256  # bytes: every view of the arena starts on a 256-byte boundary
+LOGITS_BUDGET = 512 << 20  # bytes of the cross-entropy logits chunk: rows big enough for full-speed GEMMs
 
 
 class TritonBackend:
@@ -104,6 +105,25 @@ class TritonBackend:
         size = {"f32": 4, "i32": 4, "u8": 1}.get(kind) or DTYPES[precision].itemsize
         return (numel * size + POOL_ALIGN - 1) // POOL_ALIGN * POOL_ALIGN
 
+    def logits_rows(self, m: Any, B: int) -> int:
+        """R for the (R,V) logits scratch: N halved until the chunk fits LOGITS_BUDGET (equal chunks, none short)."""
+        R = B * m.seq_len
+        while R > 1 and R * m.vocab_size * self.dtype.itemsize > LOGITS_BUDGET:
+            R = (R + 1) // 2
+        return R
+
+    def reserve_for(self, bufs: list, m: Any, t: Any) -> int:
+        """Reserve one allocation for the plan plus what GraphStep adds (compute weights, static inputs)."""
+        from microgpt import memory
+
+        total = sum(self.pool_bytes(n, kind, self.precision) for (_, kind), n in memory.group_sizes(bufs).items())
+        if self.dtype != torch.float32:
+            total += self.pool_bytes(memory.n_params(m), "compute", self.precision)
+        total += self.pool_bytes(2 * t.n_micro * t.micro_batch * m.seq_len, "i32", self.precision)
+        total += 2 * self.pool_bytes(8, "f32", self.precision)
+        self.reserve(total)
+        return total
+
     def zero_(self, x: torch.Tensor) -> None:
         x.zero_()
 
@@ -131,7 +151,7 @@ class TritonBackend:
         """The whole optimizer step as one CUDA graph (kernels.step.GraphStep) for the engine's Trainer."""
         from microgpt.kernels.step import GraphStep
 
-        return GraphStep(self, trainer.m, trainer.t, trainer.arena)
+        return GraphStep(self, trainer.m, trainer.t, trainer.arena, dp=trainer.dp)
 
 
 def triton_backend(precision: str) -> TritonBackend:

@@ -18,52 +18,56 @@ PARTS = 16 if tuning.INTERPRET else 264  # programs of the backward (2 per H200 
 
 
 @triton.jit
-def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, C, eps, BLOCK_C: tl.constexpr):
-    # out, x: (N, C); mean, rstd: (N,) fp32; w, b: (C,)
-    row = tl.program_id(0).to(tl.int64)
+def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, N, C, eps, ROWS: tl.constexpr,
+                    BLOCK_C: tl.constexpr):  # fmt: skip
+    # out, x: (N, C); mean, rstd: (N,) fp32; w, b: (C,); ROWS rows per program
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_C)
-    mask = cols < C
-    x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / C
-    xc = tl.where(mask, x - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / C + eps)
-    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=mask).to(tl.float32)
-    tl.store(out_ptr + row * C + cols, (xc * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    mask = (rows < N)[:, None] & (cols < C)[None, :]
+    off = rows[:, None] * C + cols[None, :]
+    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / C
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
+    w = tl.load(w_ptr + cols, mask=cols < C).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cols < C).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(out_ptr + off, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=rows < N)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < N)
 
 
 @triton.jit
 def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, N, C, rows_per_prog,
-                    BLOCK_C: tl.constexpr):  # fmt: skip
+                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     # dx, dout, x: (N, C); part: (P, 2, C) fp32, this program's row of dw and db partial sums
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_C)
-    mask = cols < C
-    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+    cmask = cols < C
+    w = tl.load(w_ptr + cols, mask=cmask).to(tl.float32)
     dw = tl.zeros((BLOCK_C,), dtype=tl.float32)
     db = tl.zeros((BLOCK_C,), dtype=tl.float32)
     start = pid.to(tl.int64) * rows_per_prog
-    for i in range(0, rows_per_prog):
-        row = start + i  # a tensor (not the loop's int): the last program's tail rows are masked off
-        ok = row < N
-        off = row * C + cols
-        m = mask & ok
-        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dout_ptr + off, mask=m, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + row, mask=ok, other=0.0)
-        xhat = (x - tl.load(mean_ptr + row, mask=ok, other=0.0)) * rstd
-        wdy = w * dy
-        c1 = tl.sum(xhat * wdy, axis=0) / C
-        c2 = tl.sum(wdy, axis=0) / C
-        dx = (wdy - (xhat * c1 + c2)) * rstd
-        dx += tl.load(dx_ptr + off, mask=m, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
-        dw += dy * xhat
-        db += dy
-    tl.store(part_ptr + pid * 2 * C + cols, dw, mask=mask)
-    tl.store(part_ptr + pid * 2 * C + C + cols, db, mask=mask)
+    end = tl.minimum(start + rows_per_prog, N)
+    for i in range(0, rows_per_prog, ROWS):
+        rows = start + i + tl.arange(0, ROWS)
+        rmask = rows < end
+        mask = rmask[:, None] & cmask[None, :]
+        off = rows[:, None] * C + cols[None, :]
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dout_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        xhat = (x - tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]) * rstd[:, None]
+        wdy = w[None, :] * dy
+        c1 = tl.sum(xhat * wdy, axis=1) / C
+        c2 = tl.sum(wdy, axis=1) / C
+        dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        dx += tl.load(dx_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+    tl.store(part_ptr + pid * 2 * C + cols, dw, mask=cmask)
+    tl.store(part_ptr + pid * 2 * C + C + cols, db, mask=cmask)
 
 
 @triton.jit
@@ -87,15 +91,19 @@ def k_layernorm_bwd_dwdb(dw_ptr, db_ptr, part_ptr, P, C, BLOCK_P: tl.constexpr, 
     )
 
 
+ROWS = 16 if tuning.INTERPRET else 4  # rows per tile: the interpreter pays per program, the GPU per launch wave
+
+
 def _warps(C: int) -> int:
-    return 1 if tuning.INTERPRET else min(16, max(1, triton.next_power_of_2(C) // 256))
+    return 1 if tuning.INTERPRET else min(16, max(4, ROWS * triton.next_power_of_2(C) // 1024))
 
 
 def layernorm_forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
                       w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
     C = w.shape[0]
     N = x.numel() // C
-    k_layernorm_fwd[(N,)](out, mean, rstd, x, w, b, C, EPS, BLOCK_C=triton.next_power_of_2(C), num_warps=_warps(C))
+    k_layernorm_fwd[(triton.cdiv(N, ROWS),)](out, mean, rstd, x, w, b, N, C, EPS, ROWS=ROWS,
+                                             BLOCK_C=triton.next_power_of_2(C), num_warps=_warps(C))  # fmt: skip
 
 
 def scratch_numel(C: int) -> int:
@@ -121,6 +129,6 @@ def layernorm_backward(
     rows = triton.cdiv(N, PARTS)
     P = triton.cdiv(N, rows)
     BC = triton.next_power_of_2(C)
-    k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, BLOCK_C=BC, num_warps=_warps(C))
+    k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=ROWS, BLOCK_C=BC, num_warps=_warps(C))
     BCR = min(BC, 128)
     k_layernorm_bwd_dwdb[(triton.cdiv(C, BCR),)](dw, db, partials, P, C, BLOCK_P=32, BLOCK_C=BCR)

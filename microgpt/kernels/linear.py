@@ -78,7 +78,7 @@ def k_linear_bwd(dx_ptr, dw_ptr, dout_ptr, x_ptr, w_ptr, NR, C, OC, n_dx_tiles,
 
 def _config(dtype: torch.dtype) -> dict:
     if tuning.INTERPRET:
-        return dict(BM=32, BN=32, BK=32, GROUP_M=4)  # few programs: the interpreter runs them one by one
+        return dict(BM=64, BN=64, BK=32, GROUP_M=4)  # few programs: the interpreter runs them one by one
     if dtype == torch.float32:
         return dict(BM=128, BN=64, BK=32, GROUP_M=8, num_warps=8, num_stages=3)
     return dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=4)

@@ -37,8 +37,9 @@ class _MicroArena:
 
 
 class GraphStep:
-    def __init__(self, K: Any, m: Any, t: Any, arena: Any, use_graph: bool | None = None) -> None:
-        self.K, self.m, self.t, self.A = K, m, t, arena
+    def __init__(self, K: Any, m: Any, t: Any, arena: Any, use_graph: bool | None = None, dp: Any = None) -> None:
+        self.K, self.m, self.t, self.A, self.dp = K, m, t, arena, dp
+        self.world = dp.world_size if dp is not None else 1
         B, T = arena["tokens"].shape
         self.p, self.g = arena.flat_f32("params"), arena.flat_f32("grads")
         self.adam_m, self.adam_v = arena.flat_f32("adam_m"), arena.flat_f32("adam_v")
@@ -61,7 +62,8 @@ class GraphStep:
         self.host_inputs = torch.zeros(self.inputs.shape, dtype=torch.int32, pin_memory=pin)
         self.host_hyper = torch.zeros(8, dtype=torch.float32, pin_memory=pin)
         self.host_report = torch.zeros(2, dtype=torch.float32, pin_memory=pin)
-        self.use_graph = (K.dev.type == "cuda") if use_graph is None else use_graph
+        # data parallel: the NCCL all-reduce runs between backward and the norm, so that step stays eager
+        self.use_graph = (K.dev.type == "cuda" and dp is None) if use_graph is None else use_graph
         self.graph: torch.cuda.CUDAGraph | None = None
         self.good_steps = 0
 
@@ -78,6 +80,8 @@ class GraphStep:
             model.gpt_forward(K, self.m, self.P, Ai)
             crossentropy.loss_sum(self.report, A["losses"], Ai["targets"].reshape(-1), 1.0 / t.n_micro, accumulate=True)
             model.gpt_backward(K, self.m, self.P, self.G, Ai)
+        if self.dp is not None:
+            self.dp.all_reduce_grads(self.g)  # the sum over ranks; gscale makes it the mean
         K.grad_norm_partial(A["norm_partials"], self.g, memory.NORM_BLOCK)
         K.grad_norm_final(A["norm"], A["norm_partials"])
         self.report[1:2].copy_(A["norm"])
@@ -105,7 +109,7 @@ class GraphStep:
         for i, (x, y) in enumerate(batches):
             self.host_inputs[0, i].numpy()[...] = x
             self.host_inputs[1, i].numpy()[...] = y
-        gscale = 1.0 / (t.n_micro * K.loss_scale)
+        gscale = 1.0 / (t.n_micro * self.world * K.loss_scale)
         self.host_hyper[:5] = torch.tensor([lr, 1 - t.beta1**t_adam, 1 - t.beta2**t_adam, gscale, K.loss_scale])
         self.inputs.copy_(self.host_inputs, non_blocking=True)
         self.hyper.copy_(self.host_hyper, non_blocking=True)

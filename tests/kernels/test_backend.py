@@ -93,3 +93,18 @@ def test_graph_step_bf16_copy_follows_master() -> None:
     assert np.isfinite(loss) and np.isfinite(norm)
     p = At.flat_f32("params")
     assert torch.equal(step.p_lp, p.to(torch.float16))
+
+
+def test_trainer_on_triton_matches_numpy(tmp_path) -> None:
+    """The engine's Trainer on the triton backend (fp32, GraphStep) follows the NumPy backend's loss line."""
+    from microgpt import config, engine
+    from tests.conftest import TINY
+
+    small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}  # the interpreter is slow
+    raw = {**TINY, "model": small, "train": {**TINY["train"], "steps": 2, "n_micro": 2, "micro_batch": 2}}
+    losses = {}
+    for backend in ("numpy", "triton"):
+        exp = config.from_dict({**raw, "train": {**raw["train"], "backend": backend}})
+        tr = engine.Trainer(exp, tmp_path / backend)
+        losses[backend] = [tr.train_step()["loss"] for _ in range(2)]
+    np.testing.assert_allclose(losses["triton"], losses["numpy"], rtol=2e-5)

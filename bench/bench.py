@@ -1,0 +1,176 @@
+"""Throughput and memory: microgpt's triton backend against a PyTorch baseline of the same model (DESIGN.md §5).
+
+    python3 bench/bench.py                      # every config, one subprocess each; prints one markdown table
+    python3 bench/bench.py --impl eager --mb 8  # one config in this process; prints one JSON line
+
+Shape: ANDREA-120M (d 768, 12 layers, 12 heads, T 1024, vocab 50304), bf16, AdamW (fused), clip 1.0, one
+micro-batch per optimizer step. Each step: copy a batch in, forward, backward, clip, AdamW, zero; tokens/s is
+the median over the timed steps (host clock around each step, synchronized). MFU uses FLOPs/token =
+6*N + 12*L*T*d against 989 TFLOP/s dense bf16. Peak = torch.cuda.max_memory_allocated over the whole run.
+Inputs rotate over 4 random batches (not zeros: zeros run faster than real data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from microgpt import memory, model  # noqa: E402
+from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
+
+PEAK_FLOPS = 989e12
+SHAPE = ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024)
+
+
+def flops_per_token(m: ModelConfig) -> int:
+    return 6 * memory.n_params(m) + 12 * m.n_layer * m.seq_len * m.d_model
+
+
+def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [tuple(rng.integers(0, m.vocab_size, (mb, m.seq_len)).astype(np.int32) for _ in range(2)) for _ in range(n)]
+
+
+def timed(step, n_warmup: int, n_steps: int) -> list[float]:
+    times = []
+    for i in range(n_warmup + n_steps):
+        t0 = time.perf_counter()
+        step(i)
+        torch.cuda.synchronize()
+        if i >= n_warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
+    from microgpt.kernels import TritonBackend, linear
+    from microgpt.kernels.step import GraphStep
+
+    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", grad_clip=1.0)
+    K = TritonBackend(precision)
+    bufs = memory.plan(m, mb, K.logits_rows(m, mb))
+    planned = K.reserve_for(bufs, m, t)
+    A = memory.Arena(bufs, K.alloc)
+    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
+    model.init_params(host, m, np.random.default_rng(0))
+    K.copy_in(A.flat_f32("params"), np.concatenate([a.reshape(-1) for a in host.values()]))
+    K.copy_in(A["decay_mask"], np.concatenate([np.full(a.size, a.ndim == 2, np.uint8) for a in host.values()]))
+    del host
+    step = GraphStep(K, m, t, A)
+    data = batches(mb, m)
+    losses = []
+
+    def one(i: int) -> None:
+        losses.append(step.step([data[i % len(data)]], 6e-4, i + 1)[0])
+
+    times = timed(one, n_warmup, n_steps)
+    return {"times": times, "planned": planned + K.extra_bytes, "loss_first": losses[0], "loss_last": losses[-1],
+            "gemm": linear.gemm_choices()}  # fmt: skip
+
+
+def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
+    from bench.torch_gpt import GPT, make_optimizer
+
+    torch.manual_seed(0)
+    net = GPT(m.vocab_size, m.d_model, m.n_layer, m.n_head, m.seq_len).cuda()
+    opt = make_optimizer(net)
+    fwd = torch.compile(net) if compiled else net
+    data = [tuple(torch.from_numpy(a).long().pin_memory() for a in b) for b in batches(mb, m)]
+    losses = []
+
+    def one(i: int) -> None:
+        x, y = (a.cuda(non_blocking=True) for a in data[i % len(data)])
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+
+    times = timed(one, n_warmup, n_steps)
+    return {"times": times, "planned": None, "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    torch.cuda.reset_peak_memory_stats()
+    if args.impl == "microgpt":
+        res = run_microgpt(args.mb, args.precision, args.warmup, args.steps)
+    else:
+        res = run_torch(args.mb, args.impl == "compile", args.warmup, args.steps)
+    tok = args.mb * SHAPE.seq_len
+    med = statistics.median(res.pop("times"))
+    res.update(impl=args.impl, mb=args.mb, precision=args.precision, step_ms=1000 * med, tokens_per_s=tok / med,
+               mfu=tok / med * flops_per_token(SHAPE) / PEAK_FLOPS, peak=torch.cuda.max_memory_allocated())  # fmt: skip
+    return res
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| impl | micro-batch | tokens/s | vs eager | vs compile | MFU | step ms | peak GiB | planned GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    base = {(r["impl"], r["mb"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
+    for r in rows:
+        if "tokens_per_s" not in r:
+            lines.append(f"| {r['impl']} | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | |")
+            continue
+        ratio = [f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
+                 for b in ("eager", "compile")]  # fmt: skip
+        planned = f"{r['planned'] / 2**30:.2f}" if r.get("planned") else "-"
+        lines.append(f"| {r['impl']} | {r['mb']} | {r['tokens_per_s']:,.0f} | {ratio[0]} | {ratio[1]} | "
+                     f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {r['peak'] / 2**30:.2f} | {planned} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_all(args: argparse.Namespace) -> None:
+    rows = []
+    for mb in args.mbs:
+        for impl in args.impls:
+            cmd = [sys.executable, __file__, "--impl", impl, "--mb", str(mb), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--precision", args.precision]  # fmt: skip
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
+                out = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+                row = out[-1] if out else {"impl": impl, "mb": mb, "error": p.stderr.strip().splitlines()[-1:]}
+                if p.returncode:
+                    sys.stderr.write(p.stderr[-3000:])
+            except subprocess.TimeoutExpired:
+                row = {"impl": impl, "mb": mb, "error": f"timeout {args.timeout}s"}
+            row["error"] = str(row.get("error", ""))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    print(table(rows))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--impl", choices=["microgpt", "eager", "compile"])
+    p.add_argument("--mb", type=int, default=8)
+    p.add_argument("--mbs", type=int, nargs="+", default=[8, 32])
+    p.add_argument("--impls", nargs="+", default=["eager", "compile", "microgpt"])
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--jsonl", help="append each config's result here")
+    args = p.parse_args()
+    if args.impl:
+        print(json.dumps(run_one(args)), flush=True)
+    else:
+        run_all(args)
+
+
+if __name__ == "__main__":
+    main()

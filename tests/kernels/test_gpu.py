@@ -1,0 +1,214 @@
+"""Every kernel pair at ANDREA-120M layer shapes on the GPU against PyTorch autograd (float64 on the GPU).
+
+Run on the GPU machine: MICROGPT_TEST_GPU=1 python3 -m pytest -m gpu tests/kernels
+Relative error ||got - ref|| / ||ref||: fp32 under 1e-5, bf16/fp16 under 1e-2 (the reference sees the same
+rounded inputs). Weight-grad buffers (fp32 in every precision) start as noise to prove the +=.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ._kutil import ON_GPU
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (ON_GPU and torch.cuda.is_available()), reason="needs CUDA")]
+
+B, T, C, NH, V = 4, 1024, 768, 12, 50304
+N = B * T
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float64) * scale).to(dtype)
+
+
+def leaf(x):
+    return x.detach().double().requires_grad_(True)
+
+
+def close(name, got, ref, dtype):
+    got, ref = got.double(), ref.detach().double()
+    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"{name} ({dtype}): rel err {err:.2e} >= {TOL[dtype]:.0e}"
+
+
+def wgrad(*shape):
+    """A weight-grad buffer: fp32, noise-filled; returns (buffer, its initial copy)."""
+    g = torch.randn(*shape, device="cuda")
+    return g, g.clone()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_gpu(dtype):
+    from microgpt.kernels import embedding as k
+
+    torch.manual_seed(0)
+    tok = torch.randint(0, V, (B, T), device="cuda", dtype=torch.int32)
+    wte, wpe, dout = rnd(V, C, dtype=dtype), rnd(T, C, dtype=dtype), rnd(B, T, C, dtype=dtype)
+    out = torch.empty(B, T, C, device="cuda", dtype=dtype)
+    k.embedding_forward(out, tok, wte, wpe)
+    (dwte, dwte0), (dwpe, dwpe0) = wgrad(V, C), wgrad(T, C)
+    k.embedding_backward(dwte, dwpe, dout, tok, order=torch.empty(N, device="cuda", dtype=torch.int32))
+    rwte, rwpe = leaf(wte), leaf(wpe)
+    ref = rwte[tok.long()] + rwpe
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("dwte", dwte - dwte0, rwte.grad, dtype)
+    close("dwpe", dwpe - dwpe0, rwpe.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_gpu(dtype):
+    from microgpt.kernels import layernorm as k
+
+    torch.manual_seed(1)
+    x, w, b, dout = rnd(N, C, dtype=dtype), rnd(C, dtype=dtype), rnd(C, dtype=dtype), rnd(N, C, dtype=dtype)
+    out, mean, rstd = torch.empty_like(x), torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+    k.layernorm_forward(out, mean, rstd, x, w, b)
+    dx = torch.zeros_like(x)
+    (dw, dw0), (db, db0) = wgrad(C), wgrad(C)
+    part = torch.empty(k.scratch_numel(C), device="cuda")
+    k.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, partials=part)
+    rx, rw, rb = leaf(x), leaf(w), leaf(b)
+    ref = F.layer_norm(rx, (C,), rw, rb, 1e-5)
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dw", dw - dw0, rw.grad, dtype)
+    close("db", db - db0, rb.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("OC", [C, 3 * C])
+def test_linear_gpu(dtype, OC):
+    from microgpt.kernels import linear as k
+
+    torch.manual_seed(2)
+    x, w, dout = rnd(N, C, dtype=dtype), rnd(C, OC, dtype=dtype, scale=0.05), rnd(N, OC, dtype=dtype)
+    out = torch.empty(N, OC, device="cuda", dtype=dtype)
+    k.linear_forward(out, x, w)
+    dx = torch.zeros_like(x)
+    dw, dw0 = wgrad(C, OC)
+    k.linear_backward(dx, dw, dout, x, w)
+    rx, rw = leaf(x), leaf(w)
+    ref = rx @ rw
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dw", dw - dw0, rw.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_gpu(dtype):
+    from microgpt.kernels import attention as k
+
+    torch.manual_seed(3)
+    q, kk, v, dout = (rnd(B, T, C, dtype=dtype) for _ in range(4))
+    out, lse = torch.empty_like(q), torch.empty(B, NH, T, device="cuda")
+    k.attention_forward(out, lse, q, kk, v, NH)
+    dq, dk, dv = (torch.zeros_like(q) for _ in range(3))
+    delta = torch.empty(B * NH * T, device="cuda")
+    k.attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, NH, delta=delta)
+    rq, rk, rv = leaf(q), leaf(kk), leaf(v)
+    hs = C // NH
+    qh, kh, vh = (z.view(B, T, NH, hs).transpose(1, 2) for z in (rq, rk, rv))
+    s = (qh @ kh.transpose(-1, -2)) / math.sqrt(hs)
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = (torch.softmax(s, -1) @ vh).transpose(1, 2).reshape(B, T, C)
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("lse", lse, torch.logsumexp(s, -1), dtype)
+    close("dq", dq, rq.grad, dtype)
+    close("dk", dk, rk.grad, dtype)
+    close("dv", dv, rv.grad, dtype)
+    dq2, dk2, dv2 = (torch.zeros_like(q) for _ in range(3))
+    k.attention_backward(dq2, dk2, dv2, dout, q, kk, v, out, lse, NH, delta=delta)
+    assert torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2), "backward is deterministic"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mlp_gpu(dtype):
+    from microgpt.kernels import mlp as k
+
+    torch.manual_seed(4)
+    x, dout = rnd(N, C, dtype=dtype), rnd(N, C, dtype=dtype)
+    w1, w2 = rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
+    out, h, a, dh = (torch.empty(N, n, device="cuda", dtype=dtype) for n in (C, 4 * C, 4 * C, 4 * C))
+    k.mlp_forward(out, h, a, x, w1, w2)
+    dx = torch.zeros_like(x)
+    (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
+    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
+    rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
+    ref = F.gelu(rx @ r1, approximate="tanh") @ r2
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dw1", dw1 - dw10, r1.grad, dtype)
+    close("dw2", dw2 - dw20, r2.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual_gpu(dtype):
+    from microgpt.kernels import residual as k
+
+    x, y, dout = rnd(N, C, dtype=dtype), rnd(N, C, dtype=dtype), rnd(N, C, dtype=dtype)
+    out = torch.empty_like(x)
+    k.residual_forward(out, x, y)
+    dx, dy = torch.zeros_like(x), torch.zeros_like(x)
+    k.residual_backward(dx, dy, dout)
+    close("out", out, x.double() + y.double(), dtype)
+    close("dx", dx, dout, dtype)
+    close("dy", dy, dout, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_crossentropy_gpu(dtype):
+    from microgpt.kernels import crossentropy as k
+
+    torch.manual_seed(5)
+    x, wte = rnd(N, C, dtype=dtype), rnd(V, C, dtype=dtype, scale=0.05)
+    tgt = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+    tgt[::7] = -1
+    n_valid = int((tgt >= 0).sum())
+    dl = torch.where(tgt >= 0, 1.0 / n_valid, 0.0).float()
+    logits = torch.empty(2048, V, device="cuda", dtype=dtype)
+    losses, lse = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+    k.crossentropy_forward(losses, lse, x, wte, tgt, logits)
+    dx = torch.zeros_like(x)
+    dwte, dwte0 = wgrad(V, C)
+    k.crossentropy_backward(dx, dwte, dl, x, wte, tgt, lse, logits)
+    rx, rw = leaf(x), leaf(wte)
+    lg = rx @ rw.t()
+    ref = F.cross_entropy(lg, tgt.long(), ignore_index=-1, reduction="none")
+    ref.sum().div(n_valid).backward()
+    close("losses", losses, ref, dtype)
+    close("lse", lse, torch.logsumexp(lg, -1), dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dwte", dwte - dwte0, rw.grad, dtype)
+
+
+def test_optimizer_gpu():
+    from microgpt.kernels import adamw, gradclip
+
+    torch.manual_seed(6)
+    n = 10_000_019
+    g = torch.randn(n, device="cuda") * 1e-3
+    P = -(-n // 65536)
+    part, norm = torch.empty(P, device="cuda"), torch.empty(1, device="cuda")
+    gradclip.grad_norm_partial(part, g, 65536)
+    gradclip.grad_norm_final(norm, part)
+    close("norm", norm, g.double().norm().reshape(1), torch.float32)
+    p = torch.randn(n, device="cuda")
+    m, v = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda")
+    mask = (torch.rand(n, device="cuda") < 0.9).to(torch.uint8)
+    ref = p.clone().requires_grad_(False)
+    rp = [ref.clone()]
+    opt = torch.optim.AdamW(rp, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    rp[0].grad = g.clone()
+    rp[0].mul_(1 - 1e-3 * 0.1 * mask.float())  # decoupled decay where the mask is 1
+    opt.step()
+    adamw.adamw_step(p, g, m, v, mask, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1)
+    close("p", p, rp[0], torch.float32)
