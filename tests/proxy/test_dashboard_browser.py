@@ -1,0 +1,92 @@
+"""The dashboard in a real headless Chromium: loaded from the proxy's server during a real run, it draws as
+many points as .loss.json holds and draws new ones as the run advances, without a reload; opened from disk
+with the run's files chosen in its file input, it draws them too. Screenshots go to test-artifacts/.
+
+Needs Debian's `chromium` (CI: `apt-get install -y chromium`). Set MICROGPT_SKIP_BROWSER=1 to skip on a
+machine without it; otherwise a missing browser is a failure, so CI cannot pass without this check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.proxy._cdp import Chromium, chromium_binary
+from tests.proxy._helpers import REPO, ProxyRun, write_exp
+
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture
+def browser(tmp_path: Path):
+    binary = chromium_binary()
+    if binary is None:
+        if os.environ.get("MICROGPT_SKIP_BROWSER") == "1":
+            pytest.skip("no chromium and MICROGPT_SKIP_BROWSER=1")
+        pytest.fail("chromium is not installed: apt-get install -y chromium (or set MICROGPT_SKIP_BROWSER=1)")
+    chrome = Chromium(tmp_path / "profile", binary)
+    yield chrome
+    chrome.close()
+
+
+def freeze(run: ProxyRun, pid: int) -> dict:
+    """Stop the engine (SIGSTOP) and wait until the proxy has written everything it printed."""
+    os.kill(pid, signal.SIGSTOP)
+    last, stable_since = None, time.monotonic()
+    while time.monotonic() - stable_since < 0.5:  # the proxy flushes every 0.05 s while there is news
+        loss = run.file("loss")
+        sig = (len(loss["train"]), len(loss["val"]), len(loss["marks"]))
+        if sig != last:
+            last, stable_since = sig, time.monotonic()
+        time.sleep(0.02)
+    return loss
+
+
+def drawn(loss: dict):
+    n_train, n_val = len(loss["train"]), len(loss["val"])
+    return lambda ds: (
+        ds.get("trainPoints") == str(n_train)
+        and ds.get("lossRows") == str(n_train)
+        and (ds.get("valPoints") == str(n_val))
+    )
+
+
+def test_live_dashboard_draws_every_point_and_follows_the_run(tmp_path: Path, browser: Chromium) -> None:
+    proxy = {"sample_every": 20, "prompts": ["def "], "sample_tokens": 24}
+    exp = write_exp(tmp_path, train={"steps": 400, "eval_every": 10}, proxy=proxy)
+    run = ProxyRun(exp, tmp_path / "run", "--dashboard", "0")
+    try:
+        url = run.wait_for(lambda: run.file("state")["dashboard"], "the dashboard URL")
+        pid = run.engine_pid()
+        run.wait_for(lambda: len(run.steps()) >= 25, "25 steps")
+        loss1 = freeze(run, pid)
+        browser.open(f"{url}live-loss-dashboard.html?run=proxy-test&interval=200")
+        ds = browser.wait_dataset(drawn(loss1), f"{len(loss1['train'])} train points")
+        assert ds["source"] == "http" and ds["lastStep"] == str(loss1["train"][-1]["step"])
+        assert ds["status"] == "running" and int(ds["marks"]) == len(loss1["marks"])
+        browser.eval("window.sameDocument = 1")
+        os.kill(pid, signal.SIGCONT)
+        run.wait_for(lambda: len(run.steps()) >= len(loss1["train"]) + 40, "40 more steps")
+        loss2 = freeze(run, pid)
+        ds = browser.wait_dataset(drawn(loss2), f"{len(loss2['train'])} train points after the run advanced")
+        assert int(ds["trainPoints"]) > len(loss1["train"]) and browser.eval("window.sameDocument") == 1
+        assert browser.eval("document.getElementById('step').textContent").startswith(str(loss2["train"][-1]["step"]))
+        browser.screenshot(ARTIFACTS / "dashboard-live.png")
+        os.kill(pid, signal.SIGCONT)
+        run.signal(signal.SIGTERM)
+        assert run.wait() == 0, run.output()
+    finally:
+        run.kill()
+    # The same page from disk, fed the run's files through its file input: a snapshot of the stopped run.
+    loss = run.file("loss")
+    page = REPO / "scripts" / "live-loss-dashboard.html"
+    browser.open(page.as_uri())
+    browser.wait_dataset(lambda ds: ds.get("source") == "files", "file mode")
+    browser.set_files("#files", [run.out / f"proxy-test.{k}.json" for k in ("loss", "state", "samples")])
+    ds = browser.wait_dataset(drawn(loss), f"{len(loss['train'])} points from the files")
+    assert ds["status"] == "stopped" and ds["samples"] == str(len(run.file("samples")["samples"]))
+    browser.screenshot(ARTIFACTS / "dashboard-files.png")
