@@ -51,7 +51,6 @@ class Source:
     weight: float = 1.0
     documents_read: int = 0
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
-    unreadable_files: list[str] = field(default_factory=list)
     documents: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
@@ -192,44 +191,6 @@ def assistant_mask(starts: np.ndarray, spans: list[tuple[int, int]] | None) -> n
     return ((k >= 0) & (starts < hi[np.maximum(k, 0)])).astype(np.uint8)
 
 
-class ShardWriter:
-    """Accumulates [eot] + doc tokens and cuts shards of exactly shard_tokens (the last one shorter)."""
-
-    def __init__(self, out: Path, split: str, shard_tokens: int, with_mask: bool):
-        self.out, self.split, self.shard_tokens, self.with_mask = out, split, shard_tokens, with_mask
-        self.toks: list[np.ndarray] = []
-        self.masks: list[np.ndarray] = []
-        self.pending = 0
-        self.names: list[str] = []
-        self.total = 0
-
-    def add(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
-        self.toks.append(tokens)
-        if self.with_mask:
-            self.masks.append(mask)
-        self.pending += len(tokens)
-        self.total += len(tokens)
-        while self.pending >= self.shard_tokens:
-            self._flush(self.shard_tokens)
-
-    def _flush(self, n: int) -> None:
-        toks = np.concatenate(self.toks)
-        name = f"{self.split}_{len(self.names):06d}.bin"
-        shards.write_shard(self.out / name, toks[:n])
-        self.toks = [toks[n:]]
-        if self.with_mask:
-            masks = np.concatenate(self.masks)
-            shards.write_shard(shards.mask_path(self.out / name), masks[:n], kind="mask")
-            self.masks = [masks[n:]]
-        self.pending -= n
-        self.names.append(name)
-
-    def close(self) -> list[str]:
-        if self.pending:
-            self._flush(self.pending)
-        return self.names
-
-
 def progress(label: str, done: int, total: int, tokens: int, t0: float, quiet: bool) -> None:
     """A one-line bar redrawn in place on a terminal; in a log (not a tty), only the final line."""
     if quiet or (done < total and not sys.stderr.isatty()):
@@ -242,7 +203,7 @@ def progress(label: str, done: int, total: int, tokens: int, t0: float, quiet: b
 
 
 def write_split(
-    tok: BPETokenizer, docs: list[tuple[Source, Doc]], writer: ShardWriter, chunk: int, quiet: bool
+    tok: BPETokenizer, docs: list[tuple[Source, Doc]], writer: shards.ShardWriter, chunk: int, quiet: bool
 ) -> None:
     """Tokenize in chunks (each chunk in parallel on all cores) and stream into shards."""
     t0 = time.perf_counter()
@@ -296,7 +257,7 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, args: argparse.N
         tok, trained = get_tokenizer(splits["train"], tmp, args)
         written = {}
         for split in ("train", "val"):
-            writer = ShardWriter(tmp, split, args.shard_tokens, args.loss_mask)
+            writer = shards.ShardWriter(tmp, split, args.shard_tokens, args.loss_mask)
             write_split(tok, splits[split], writer, args.chunk, args.quiet)
             written[split] = {"shards": writer.close(), "tokens": writer.total, "documents": len(splits[split])}
         val_bytes = sum(s.bytes.get("val", 0) for s, _ in sources)

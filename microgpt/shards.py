@@ -137,3 +137,43 @@ def check_dir(directory: str | Path, vocab_size: int | None) -> tuple[int, list[
         except ShardError as e:
             errors.append(str(e))
     return len(shards), errors
+
+
+class ShardWriter:
+    """Streams token arrays (documents) into shards of exactly shard_tokens each (the last one shorter);
+    a document may span two shards, as in llm.c."""
+
+    def __init__(self, out: Path, split: str, shard_tokens: int, with_mask: bool):
+        """Shards are named <split>_000000.bin, ... in out; with_mask: each add() brings a uint8 mask too."""
+        self.out, self.split, self.shard_tokens, self.with_mask = out, split, shard_tokens, with_mask
+        self.toks: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []
+        self.pending = 0
+        self.names: list[str] = []
+        self.total = 0
+
+    def add(self, tokens: NDArray, mask: NDArray | None) -> None:
+        self.toks.append(tokens)
+        if self.with_mask:
+            self.masks.append(mask)
+        self.pending += len(tokens)
+        self.total += len(tokens)
+        while self.pending >= self.shard_tokens:
+            self._flush(self.shard_tokens)
+
+    def _flush(self, n: int) -> None:
+        toks = np.concatenate(self.toks)
+        name = f"{self.split}_{len(self.names):06d}.bin"
+        write_shard(self.out / name, toks[:n])
+        self.toks = [toks[n:]]
+        if self.with_mask:
+            masks = np.concatenate(self.masks)
+            write_shard(mask_path(self.out / name), masks[:n], kind="mask")
+            self.masks = [masks[n:]]
+        self.pending -= n
+        self.names.append(name)
+
+    def close(self) -> list[str]:
+        if self.pending:
+            self._flush(self.pending)
+        return self.names
