@@ -71,6 +71,7 @@ class DataParallel:
         self._signals = {"SIGTERM": 0, "SIGUSR1": 0}  # signals this rank has received, cumulative
         self._usr1_done = 0  # SIGUSR1 checkpoints taken; the same on every rank
         self._checked = False
+        self._agreed = (False, 0)  # (SIGTERM seen by any rank, most SIGUSR1 seen by a rank), from agree()
 
     # --- gradients and scalars ------------------------------------------------------------------------------
     def all_reduce_grads(self, g: Any) -> None:
@@ -94,22 +95,27 @@ class DataParallel:
         return [float(v) for v in self.gather(values).sum(axis=0)]
 
     # --- the step boundary -----------------------------------------------------------------------------------
-    def step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
-        """After each optimizer step: average the logged loss, agree on signals, check the replicas now and then.
+    def agree(self, trainer: Any, rec: dict[str, Any]) -> None:
+        """Right after each optimizer step: average the step's loss over ranks and agree on the signals seen.
 
-        A signal may reach the ranks on either side of a step boundary; counting signals per rank and taking
-        the maximum handles each one once, after the first step where any rank has seen it.
+        One small all-reduce. A signal may reach the ranks on either side of a step boundary; counting signals
+        per rank and taking the maximum over ranks acts on each one once, after the first step where any rank
+        had seen it. act() acts on them once the step's records are out.
         """
         while trainer._pending:
             self._signals[trainer._pending.pop(0)] += 1
         table = self.gather([rec["loss"], self._signals["SIGTERM"], self._signals["SIGUSR1"]])
         rec["loss"] = float(table[:, 0].sum()) / self.world_size
+        self._agreed = (table[:, 1].max() > 0, int(table[:, 2].max()))
+
+    def act(self, trainer: Any) -> None:
+        """At the end of the step: check the replicas now and then; the agreed signals (every rank, same step)."""
         if not self._checked or trainer.step % CHECK_EVERY == 0:
             self.check_replicas(trainer.step, (trainer.p, trainer.adam_m, trainer.adam_v))
             self._checked = True
-        if table[:, 1].max() > 0:
-            trainer._handle("SIGTERM")  # every rank: rank 0 writes, then all raise Terminate
-        usr1 = int(table[:, 2].max())
+        term, usr1 = self._agreed
+        if term:
+            trainer._handle("SIGTERM")  # rank 0 writes the checkpoint, then every rank raises Terminate
         if usr1 > self._usr1_done:
             self._usr1_done = usr1
             trainer._handle("SIGUSR1")

@@ -187,7 +187,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         reason = "SIGUSR1" if signum == signal.SIGUSR1 else "SIGTERM"
-        if self._critical or self.dp is not None:  # dp: handled after the step the ranks agree on (step_end)
+        if self._critical or self.dp is not None:  # dp: handled after the step the ranks agree on (dp.act)
             self._pending.append(reason)
             return
         self._handle(reason)
@@ -222,7 +222,7 @@ class Trainer:
             while self.step < t.steps:
                 rec = self.train_step()
                 if self.dp is not None:
-                    self.dp.step_end(self, rec)  # the mean loss over ranks; agreed signals; replica checks
+                    self.dp.agree(self, rec)  # the mean loss over ranks; the signals every rank acts on below
                 if not math.isfinite(rec["loss"]):
                     print(f"error: loss is {rec['loss']} at step {self.step}; stopping", file=sys.stderr)
                     return 3
@@ -234,6 +234,8 @@ class Trainer:
                     emit({"event": "eval", "step": self.step, "val_loss": self.evaluate()})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
+                if self.dp is not None:
+                    self.dp.act(self)  # agreed signals (rank 0 checkpoints; SIGTERM stops all); replica checks
             self.save("final")
         except Terminate:
             emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})

@@ -1,11 +1,31 @@
-"""Data parallel (microgpt/distributed.py): N processes on the CPU with gloo and the NumPy engine."""
+"""Data parallel (microgpt/distributed.py) on the CPU: N processes with gloo and the NumPy engine.
+
+Two processes with micro-batch b must train the model that one process with micro-batch 2b trains: the same
+losses per step and the same final weights, to fp32 rounding (the gradient sums run in another order). Adam
+divides each step by sqrt(v), so a near-zero gradient element's rounding can move its weight by a visible
+fraction of that element; hence weights are compared as whole vectors, relative to their norm.
+The processes here are real launcher + rank processes; each imports torch (several seconds on 2 cores).
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
-from microgpt import config, data
-from tests.conftest import TINY
+import numpy as np
+import pytest
+
+from microgpt import checkpoint, config, data, distributed
+from tests.conftest import REPO, TINY, cli, json_lines, write_experiment
+
+B = 4  # per-process micro-batch; the one-process runs use 2 * B
+REL = 1e-6
 
 
 def test_loader_shards_are_the_rows_of_the_global_batch() -> None:
@@ -21,3 +41,200 @@ def test_loader_shards_are_the_rows_of_the_global_batch() -> None:
         for i in (0, 3):
             for got, want in zip(val.val_batch(i), whole_val.val_batch(i)):
                 np.testing.assert_array_equal(got, want[rows])
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+def records(stdout: str, event: str) -> list[dict]:
+    return [r for r in json_lines(stdout) if r["event"] == event]
+
+
+def assert_close(got: float, want: float, what: str, rel: float = REL) -> None:
+    assert abs(got - want) <= rel * abs(want), f"{what}: {got!r} vs {want!r} (rel {abs(got - want) / abs(want):.2e})"
+
+
+def assert_same_state(path_a: Path, path_b: Path) -> None:
+    """Same layout (header, size, sidecar's parameter table); weights, m and v equal to rounding."""
+    a, b = checkpoint.read_checkpoint(path_a), checkpoint.read_checkpoint(path_b)
+    assert a.step == b.step and path_a.stat().st_size == path_b.stat().st_size
+    assert checkpoint.read_sidecar(path_a)["params"] == checkpoint.read_sidecar(path_b)["params"]
+    for name in ("weights", "m", "v"):
+        x, y = getattr(a, name), getattr(b, name)
+        rel = float(np.linalg.norm(x - y) / np.linalg.norm(x))
+        i = int(np.argmax(np.abs(x - y)))
+        assert rel <= REL, f"{name}: |a-b|/|a| = {rel:.2e}; largest difference at [{i}]: {x[i]!r} vs {y[i]!r}"
+
+
+def train(exp: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    res = cli("train", str(exp), "--out", str(out), *args)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+def start(exp: Path, out: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(out), *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
+def read_until(proc: subprocess.Popen, seen: list[dict], done) -> dict:
+    for line in proc.stdout:
+        rec = json.loads(line)
+        seen.append(rec)
+        if done(rec):
+            return rec
+    raise AssertionError(f"the run ended early (rc {proc.wait()}): {proc.stderr.read()}")
+
+
+def ranks_of(launcher: int) -> dict[int, int]:
+    """rank -> pid of the launcher's children, from /proc (Linux)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == launcher:
+                env = dict(kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv)
+                found[int(env["RANK"])] = int(entry.name)
+        except (OSError, ValueError, IndexError, KeyError):
+            continue
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, object]:
+    """One process with micro-batch 2B, and two processes with B; 6 steps, a checkpoint at step 3."""
+    tmp = tmp_path_factory.mktemp("dp")
+    exp = write_experiment(tmp, train={"micro_batch": B, "ckpt_every": 3})
+    one = train(exp, tmp / "one", "--steps", "6", "--set", f"train.micro_batch={2 * B}")
+    two = train(exp, tmp / "two", "--steps", "6", "--procs", "2")
+    return {"tmp": tmp, "exp": exp, "one": one, "two": two}
+
+
+# --- equivalence, checkpoints, resume -----------------------------------------------------------------------
+def test_two_processes_match_one_with_the_doubled_micro_batch(runs) -> None:
+    one, two = runs["one"].stdout, runs["two"].stdout
+    assert records(two, "start")[0]["world_size"] == 2 and len(records(two, "start")) == 1  # rank 0 alone speaks
+    s1, s2 = records(one, "step"), records(two, "step")
+    assert [r["step"] for r in s2] == list(range(1, 7))
+    for a, b in zip(s1, s2):
+        assert_close(b["loss"], a["loss"], f"step {a['step']} loss")
+        assert_close(b["grad_norm"], a["grad_norm"], f"step {a['step']} grad_norm", rel=1e-5)
+        assert b["tokens"] == a["tokens"] and b["lr"] == a["lr"]
+    for a, b in zip(records(one, "eval"), records(two, "eval")):
+        assert_close(b["val_loss"], a["val_loss"], f"step {a['step']} val_loss")
+    name = checkpoint.ckpt_name(6)
+    assert [r["reason"] for r in records(two, "checkpoint")] == ["periodic", "final"]
+    assert_same_state(runs["tmp"] / "one/ckpt" / name, runs["tmp"] / "two/ckpt" / name)
+    assert checkpoint.verify_sha(runs["tmp"] / "two/ckpt" / name)
+
+
+def test_one_process_resumes_a_two_process_checkpoint(runs) -> None:
+    tmp = runs["tmp"]
+    ck3 = tmp / "two/ckpt" / checkpoint.ckpt_name(3)
+    res = train(
+        runs["exp"], tmp / "resumed", "--steps", "6", "--resume", str(ck3), "--set", f"train.micro_batch={2 * B}"
+    )
+    want = records(runs["one"].stdout, "step")[3:]
+    got = records(res.stdout, "step")
+    assert [r["step"] for r in got] == [4, 5, 6]
+    for a, b in zip(want, got):
+        assert_close(b["loss"], a["loss"], f"step {a['step']} loss")
+    name = checkpoint.ckpt_name(6)
+    assert_same_state(tmp / "one/ckpt" / name, tmp / "resumed/ckpt" / name)
+
+
+# --- signals and failures -----------------------------------------------------------------------------------
+def test_signals_to_the_launcher_reach_every_rank(runs) -> None:
+    """Two processes resumed from a ONE-process checkpoint; SIGUSR1 then SIGTERM: one checkpoint each, exit 0."""
+    tmp = runs["tmp"]
+    ck3 = tmp / "one/ckpt" / checkpoint.ckpt_name(3)
+    proc = start(
+        runs["exp"],
+        tmp / "sig",
+        "--steps",
+        "500",
+        "--procs",
+        "2",
+        "--resume",
+        str(ck3),
+        "--set",
+        "train.ckpt_every=1000",
+    )
+    seen: list[dict] = []
+    first = read_until(proc, seen, lambda r: r["event"] == "step")
+    assert_close(first["loss"], records(runs["one"].stdout, "step")[3]["loss"], "resumed step 4 loss")
+    children = ranks_of(proc.pid)
+    assert sorted(children) == [0, 1], children
+    proc.send_signal(signal.SIGUSR1)
+    usr1 = read_until(proc, seen, lambda r: r["event"] == "checkpoint")
+    read_until(proc, seen, lambda r: r["event"] == "step" and r["step"] >= usr1["step"] + 2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    recs = seen + [json.loads(line) for line in out.splitlines()]
+    assert proc.returncode == 0 and elapsed < 10, (proc.returncode, elapsed, err)
+    ck = [r for r in recs if r["event"] == "checkpoint"]
+    assert [r["reason"] for r in ck] == ["SIGUSR1", "SIGTERM"], ck
+    assert recs[-1] == {"event": "stopped", "step": ck[1]["step"], "reason": "SIGTERM"}
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(4, ck[1]["step"] + 1))  # every step once: one rank prints
+    for r in ck:
+        assert checkpoint.read_checkpoint(r["path"]).step == r["step"] and checkpoint.verify_sha(r["path"])
+    assert all(gone(pid) for pid in children.values())
+
+
+def test_a_killed_rank_takes_the_job_down(runs) -> None:
+    proc = start(runs["exp"], runs["tmp"] / "kill", "--steps", "500", "--procs", "2")
+    read_until(proc, [], lambda r: r["event"] == "step" and r["step"] >= 2)
+    children = ranks_of(proc.pid)
+    t0 = time.monotonic()
+    os.kill(children[1], signal.SIGKILL)
+    proc.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0 and elapsed < 5, (proc.returncode, elapsed)
+    assert all(gone(pid) for pid in children.values())
+
+
+DIVERGE = """
+    import numpy as np
+    from microgpt import distributed
+    dp = distributed.from_env("numpy")
+    w = np.linspace(-1, 1, 1000, dtype=np.float32)
+    dp.check_replicas(0, [w])  # identical: passes
+    if dp.rank == 1:
+        w[123] = np.nextafter(w[123], np.float32(2))  # one bit
+    dp.check_replicas(5, [w])
+"""
+
+
+def test_replicas_that_diverge_stop_the_run() -> None:
+    script = [sys.executable, "-c", textwrap.dedent(DIVERGE)]
+    code = f"import sys; from microgpt import distributed; sys.exit(distributed.launch({script!r}, 2))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode != 0
+    assert "DivergenceError: step 5: rank(s) [1]" in res.stderr, res.stderr
+
+
+# --- the one-process path and the flag ----------------------------------------------------------------------
+def test_one_process_does_not_import_torch(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path, train={"steps": 1})
+    argv = ["train", str(exp), "--out", str(tmp_path / "r"), "--procs", "1"]
+    code = f"import sys; from microgpt import cli; assert cli.main({argv!r}) == 0; assert 'torch' not in sys.modules"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_procs_must_match_the_job(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(config.ConfigError, match="--procs 3"):
+        distributed.from_env("numpy", procs=3)
+    res = cli("train", str(write_experiment(tmp_path)), "--procs", "0")
+    assert res.returncode == 2 and res.stderr.startswith("error: --procs 0"), res.stderr
