@@ -1,0 +1,89 @@
+"""The phase schema: a plan of global step ranges and the complete experiment the engine runs for each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microgpt import config
+from microgpt.config import ConfigError
+from microgpt.proxy_phases import make_plan
+from tests.proxy._helpers import EXP
+
+
+def exp(**sections) -> dict:
+    raw = json.loads(json.dumps(EXP))
+    raw.update(sections)
+    return raw
+
+
+def test_without_phases_the_run_is_one_phase_of_train_steps() -> None:
+    plan = make_plan(exp(), "e.json")
+    assert [(p.name, p.start, p.end) for p in plan.phases] == [("train", 0, 120)]
+    eng = plan.phases[0].engine
+    assert eng["train"]["steps"] == 120 and eng["train"]["log_every"] == 1
+    assert "proxy" not in eng and "phases" not in eng
+    config.from_dict(eng, "engine")  # a complete experiment the engine accepts as is
+
+
+def test_phases_stack_on_the_global_step_and_override_their_sections() -> None:
+    phases = [
+        {"name": "pretrain", "steps": 100},
+        {"name": "polish", "steps": 30, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 3, "loss_mask": True,
+         "data": {"val_fraction": 0.25}, "train": {"eval_every": 5}},
+    ]  # fmt: skip
+    plan = make_plan(exp(phases=phases), "e.json", seed=5)
+    assert [(p.name, p.start, p.end) for p in plan.phases] == [("pretrain", 0, 100), ("polish", 100, 130)]
+    pre, pol = (p.engine for p in plan.phases)
+    assert pre["train"]["lr"] == EXP["train"]["lr"] and pre["train"]["steps"] == 100 and pre["train"]["seed"] == 5
+    t, d = pol["train"], pol["data"]
+    assert (t["lr"], t["min_lr"], t["warmup_steps"], t["eval_every"], t["steps"]) == (1e-3, 1e-4, 3, 5, 130)
+    assert d["loss_mask"] is True and d["val_fraction"] == 0.25 and d["max_bytes"] == EXP["data"]["max_bytes"]
+    assert pol["model"] == pre["model"] and plan.final_step == 130 and plan.phase_at(100) == 1
+    assert plan.phase_at(99) == 0 and plan.phase_at(130) is None
+
+
+def test_steps_caps_the_run_across_phases() -> None:
+    phases = [{"name": "pretrain", "steps": 100}, {"name": "polish", "steps": 30}]
+    plan = make_plan(exp(phases=phases), "e.json", steps=50)
+    assert [(p.name, p.start, p.end) for p in plan.phases] == [("pretrain", 0, 50)]
+    plan = make_plan(exp(phases=phases), "e.json", steps=110)
+    assert [(p.name, p.end) for p in plan.phases] == [("pretrain", 100), ("polish", 110)]
+    assert make_plan(exp(), "e.json", steps=7).phases[0].end == 7
+
+
+def test_the_config_hash_follows_the_experiment_and_seed_not_the_step_cap() -> None:
+    base = make_plan(exp(), "e.json").config_hash
+    assert make_plan(exp(), "other.json", steps=9).config_hash == base
+    assert make_plan(exp(), "e.json", seed=3).config_hash != base
+    assert make_plan(exp(name="x"), "e.json").config_hash != base
+
+
+def test_settings_defaults_and_sample_cadence() -> None:
+    plan = make_plan(exp(proxy={}), "e.json")
+    assert plan.settings.sample_every == EXP["train"]["ckpt_every"] and plan.settings.max_restarts == 5
+    plan = make_plan(exp(proxy={"sample_every": 0, "prompts": [[{"role": "user", "content": "hi"}]]}), "e.json")
+    assert plan.settings.sample_every == 0
+
+
+@pytest.mark.parametrize(
+    "phases, needle",
+    [
+        ([], "non-empty list"),
+        ({"name": "a"}, "non-empty list"),
+        ([{"steps": 5}], "missing phase field 'name'"),
+        ([{"name": "a"}], "missing phase field 'steps'"),
+        ([{"name": "a", "steps": 0}], "steps must be > 0"),
+        ([{"name": "a", "steps": 2.5}], "field 'steps' must be int"),
+        ([{"name": "Bad Name", "steps": 5}], "must match"),
+        ([{"name": "a", "steps": 5, "loss_mask": "yes"}], "field 'loss_mask' must be bool"),
+        ([{"name": "a", "steps": 5, "data": {"sourc": "x"}}], "data: unknown field 'sourc'"),
+        ([{"name": "a", "steps": 5, "lr": 2.0}], "train.lr must be in (0, 1)"),
+        (["pretrain"], "a phase must be a JSON object"),
+    ],
+)  # fmt: skip
+def test_bad_phases_name_the_file_and_the_field(phases, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_plan(exp(phases=phases), "e.json")
+    assert str(err.value).startswith("e.json") and needle in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,66 @@
+"""The proxy's restart policy, in-process, against stand-in engines that fail on purpose (the real engine's
+crashes, hangs and signals are in test_proxy_engine.py): bounded retries with backoff, no retry of bad input,
+hang detection before the first step, a stop request during the backoff."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from microgpt.proxy_phases import make_plan
+from microgpt.training_proxy import Supervisor
+from tests.proxy._helpers import EXP
+
+
+@pytest.fixture(autouse=True)
+def restore_signals():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def supervisor(tmp_path: Path, script: str, **proxy) -> Supervisor:
+    raw = json.loads(json.dumps(EXP))
+    raw["proxy"].update({"backoff_s": 0.01, **proxy})
+    sup = Supervisor(make_plan(raw, "e.json"), tmp_path / "run", "e.json")
+    sup.engine_cmd = lambda ph, ckpt: [sys.executable, "-c", script]  # type: ignore[method-assign]
+    return sup
+
+
+def test_gives_up_after_max_restarts_with_growing_backoff(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, "import sys; print('boom', file=sys.stderr); sys.exit(5)", max_restarts=2)
+    assert sup.run() == 1
+    st = sup.state.data
+    assert st["status"] == "crashed" and st["restarts"] == 2 and st["last_error"] == "engine exit code 5: boom"
+    assert [r["backoff_s"] for r in st["restart_log"]] == [0.01, 0.02]
+    assert [m["kind"] for m in sup.loss.data["marks"]] == ["phase", "restart", "restart"]
+    on_disk = json.loads((tmp_path / "run" / "proxy-test.state.json").read_text())
+    assert on_disk["status"] == "crashed" and on_disk["engine_pid"] is None
+
+
+def test_bad_input_exit_code_2_is_not_retried(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, "import sys; print('error: e.json: bad', file=sys.stderr); sys.exit(2)")
+    assert sup.run() == 1
+    assert sup.state.data["restarts"] == 0 and sup.state.data["last_error"] == "engine exit code 2: error: e.json: bad"
+
+
+def test_silence_before_the_first_step_is_a_hang(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    script = "import time; print('not json', flush=True); print('{\"event\": \"start\", \"step\": 0}', flush=True); time.sleep(60)"  # fmt: skip
+    sup = supervisor(tmp_path, script, startup_timeout_s=0.5, max_restarts=0)
+    assert sup.run() == 1
+    assert sup.state.data["last_error"] == "hung: no output for 0.5 s"
+    assert "engine: not json" in capfd.readouterr().err
+
+
+def test_a_stop_during_the_backoff_ends_the_run_as_stopped(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, "import sys; sys.exit(5)", backoff_s=30)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    assert sup.run() == 0
+    assert sup.state.data["status"] == "stopped" and sup.state.data["restarts"] == 1
