@@ -14,7 +14,8 @@ from tests.proxy._helpers import ENV, REPO, run_to_end, write_exp
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}  # fmt: skip
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 FINISHED_TRAIN = {"steps": 10, "ckpt_every": 5}

@@ -52,7 +52,8 @@ def test_bad_input_exit_code_2_is_not_retried(tmp_path: Path) -> None:
 
 
 def test_silence_before_the_first_step_is_a_hang(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    script = "import time; print('not json', flush=True); print('{\"event\": \"start\", \"step\": 0}', flush=True); time.sleep(60)"  # fmt: skip
+    start = json.dumps({"event": "start", "step": 0})
+    script = f"import time; print('not json', flush=True); print({start!r}, flush=True); time.sleep(60)"
     sup = supervisor(tmp_path, script, startup_timeout_s=0.5, max_restarts=0)
     assert sup.run() == 1
     assert sup.state.data["last_error"] == "hung: no output for 0.5 s"
