@@ -240,6 +240,10 @@ def k_attention_bwd(
                 T, C, HS, qk_scale, sm_scale, BM2, BN2, BD, IEEE)  # fmt: skip
 
 
+def _bd(HS: int) -> int:
+    return max(16, triton.next_power_of_2(HS))  # tl.dot needs every tile dimension >= 16 on the GPU
+
+
 def _fwd_config(dtype: torch.dtype) -> dict:
     if tuning.INTERPRET:
         return dict(BM=16, BN=16)
@@ -263,7 +267,7 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
     cfg = _fwd_config(q.dtype)
     grid = (triton.cdiv(T, cfg["BM"]), B * n_head)
     k_attention_fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS),
-                          BD=triton.next_power_of_2(HS), IEEE=q.dtype == torch.float32, **cfg)  # fmt: skip
+                          BD=_bd(HS), IEEE=q.dtype == torch.float32, **cfg)  # fmt: skip
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -272,7 +276,7 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
     """delta: fp32 scratch of at least B*NH*T elements."""
     B, T, C = q.shape
     HS = C // n_head
-    BD = triton.next_power_of_2(HS)
+    BD = _bd(HS)
     BMD = 16 if tuning.INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=BD)
     cfg = _bwd_config(q.dtype)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU machine's checks in one call, stages chosen by argument (default: all). Results land under $OUT.
+#   dev/gpu_check.sh tests train profile sanitizer bench-mg bench-torch
+# Carry: data (the built-in ANDREA-12M shards, so the machine needs no tokenizer build).
+set -u
+export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+stages=${*:-"tests train profile sanitizer bench-mg bench-torch"}
+log() { echo "=== $* ($(date +%T))"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+if [[ " $stages " == *" train "* ]]; then  # the numpy reference on the CPU cores, beside the GPU work
+  (timeout 420 python3 -m microgpt.cli train experiments/ANDREA-12M-TRAIN.json --steps 200 \
+     --set train.precision=fp32 --set train.backend=numpy --out /tmp/np12 >"$OUT/numpy12.jsonl" 2>/dev/null &)
+fi
+for s in $stages; do
+  log "$s"
+  case $s in
+    tests) timeout 300 python3 -m pytest -q -m "gpu or not gpu" tests/kernels -p no:cacheprovider -x 2>&1 \
+             | tee "$OUT/tests.txt" | tail -25 ;;
+    train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 --steps 200 2>&1 \
+             | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
+    profile) timeout 150 python3 dev/profile_step.py 8 2>&1 | tee "$OUT/profile8.txt" | head -40 ;;
+    sanitizer) for tool in memcheck racecheck; do
+                 timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 dev/tiny_step.py bf16 2>&1 \
+                   | tail -6; done | tee "$OUT/sanitizer.txt" ;;
+    bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
+                2>&1 | tail -8 ;;
+    bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} \
+                   --jsonl "$OUT/bench.jsonl" 2>&1 | tail -8 ;;
+  esac
+done
+if [[ " $stages " == *" train "* ]]; then
+  sleep 1; grep -h '"step"' "$OUT/numpy12.jsonl" | head -5 | cut -c1-200
+  grep -h '"event":"run"\|"event":"step"' "$OUT/train.jsonl" | head -3 | cut -c1-300
+fi
+cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
+log done

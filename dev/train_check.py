@@ -1,0 +1,76 @@
+"""GPU checks of the engine on the triton backend (run on the GPU machine, results as JSON lines).
+
+    python3 dev/train_check.py EXPERIMENT.json OUTDIR [--steps 200] [--numpy-log FILE]
+
+1. a --steps run: loss line, peak device memory at step 10 and at the end, against the planned bytes;
+2. determinism: a second run of 30 steps with the same seed must give bitwise-equal losses;
+3. resume: from the first run's checkpoint at steps/2, 30 more steps must repeat the first run's losses exactly;
+4. with --numpy-log (the stdout of the same experiment on the numpy backend): the first steps' losses side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from microgpt import config, engine  # noqa: E402
+
+
+def trainer(exp_path: str, steps: int, out: Path) -> engine.Trainer:
+    exp = config.load(exp_path)
+    exp = config.override(exp, f"train.steps={steps}")
+    return engine.Trainer(exp, out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("experiment")
+    p.add_argument("out")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--numpy-log")
+    a = p.parse_args()
+    out = Path(a.out)
+    torch.cuda.reset_peak_memory_stats()
+    tr = trainer(a.experiment, a.steps, out / "run")
+    planned = tr.K._pool.numel() + tr.K.extra_bytes
+    losses, mem, ckpt, t0 = [], {}, None, time.time()
+    for _ in range(a.steps):
+        rec = tr.train_step()
+        losses.append(rec["loss"])
+        if tr.step in (1, 10, a.steps):
+            mem[tr.step] = torch.cuda.max_memory_allocated()
+            print(
+                json.dumps({**rec, "peak": mem[tr.step], "planned_plus_scratch": tr.K._pool.numel() + tr.K.extra_bytes})
+            )
+        if tr.step == a.steps // 2:
+            ckpt = tr.save("periodic")
+    val = tr.evaluate()
+    print(json.dumps({"event": "run", "steps": a.steps, "wall_s": time.time() - t0, "first": losses[:5],
+                      "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem}))  # fmt: skip
+    del tr
+    tr2 = trainer(a.experiment, a.steps, out / "run2")
+    again = [tr2.train_step()["loss"] for _ in range(30)]
+    print(json.dumps({"event": "determinism", "equal": again == losses[:30], "first_diff": next(
+        (i for i, (x, y) in enumerate(zip(again, losses)) if x != y), None)}))  # fmt: skip
+    del tr2
+    tr3 = trainer(a.experiment, a.steps, out / "run3")
+    tr3.load(ckpt)
+    resumed = [tr3.train_step()["loss"] for _ in range(30)]
+    k = a.steps // 2
+    print(json.dumps({"event": "resume", "equal": resumed == losses[k : k + 30], "resumed": resumed[:3],
+                      "original": losses[k : k + 3]}))  # fmt: skip
+    if a.numpy_log:
+        ref = [json.loads(x)["loss"] for x in Path(a.numpy_log).read_text().splitlines() if '"event":"step"' in x]
+        n = min(len(ref), 10)
+        rel = [abs(x - y) / abs(y) for x, y in zip(losses[:n], ref[:n])]
+        print(json.dumps({"event": "vs_numpy", "triton": losses[:n], "numpy": ref[:n], "max_rel": max(rel or [0])}))
+
+
+if __name__ == "__main__":
+    main()
