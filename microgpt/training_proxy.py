@@ -76,7 +76,7 @@ class Supervisor:
         self.stops = 0  # SIGTERM/SIGINT received
         self.usr1 = False
         self.failures = 0  # consecutive failures without a new checkpoint
-        self.last_flush = 0.0
+        self.last_flush = self.write_s = 0.0
         self.dashboard: str | None = None
 
     def _fresh_state(self) -> dict[str, Any]:
@@ -108,13 +108,16 @@ class Supervisor:
 
     # --- files -------------------------------------------------------------------------------------------
     def flush(self, force: bool = True) -> None:
+        """Write the loss history and state; unforced, at most every flush_s, and never more often than 10x
+        the last write took: a 200K-step history is tens of MB, rewritten whole, and must stay cheap."""
         now = time.monotonic()
-        if not force and now - self.last_flush < self.settings.flush_s:
+        if not force and now - self.last_flush < max(self.settings.flush_s, 10 * self.write_s):
             return
-        self.last_flush = now
         self.loss.flush()  # the loss history first: the state never points past what it holds
         with self.lock:
             self.state.flush()
+        self.last_flush = time.monotonic()
+        self.write_s = self.last_flush - now
 
     def set_status(self, status: str, **fields: Any) -> None:
         self.state.update(status=status, **fields)
@@ -260,15 +263,16 @@ class Supervisor:
     def watch(self, eng: Engine, ph: Phase) -> Outcome:
         """Read the engine's lines until it exits or hangs; forward signals; keep the files current."""
         s, seen = self.settings, {"step": False, "done": False}
-        last_line, term_sent = time.monotonic(), None
+        last_line, term_sent, killed = time.monotonic(), None, False
         while True:
             now = time.monotonic()
             if self.stops and term_sent is None:
                 eng.signal(signal.SIGTERM)
                 term_sent = now
                 self.set_status("stopping")
-            if term_sent is not None and (self.stops > 1 or now - term_sent > s.stop_timeout_s):
-                eng.signal(signal.SIGKILL)
+            if term_sent is not None and not killed and (self.stops > 1 or now - term_sent > s.stop_timeout_s):
+                eng.signal(signal.SIGKILL)  # a second Ctrl-C, or no checkpoint in stop_timeout_s
+                killed = True
             if self.usr1 and seen["step"]:  # before its first step the engine may not handle SIGUSR1 yet
                 self.usr1 = False
                 eng.signal(signal.SIGUSR1)

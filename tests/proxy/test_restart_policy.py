@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,15 @@ def test_a_stop_during_the_backoff_ends_the_run_as_stopped(tmp_path: Path) -> No
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     assert sup.run() == 0
     assert sup.state.data["status"] == "stopped" and sup.state.data["restarts"] == 1
+
+
+def test_an_engine_that_ignores_sigterm_is_killed_after_stop_timeout(tmp_path: Path) -> None:
+    step = json.dumps({"event": "step", "step": 1, "loss": 1.0})
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    script = f"{ignore}; print({step!r}, flush=True); time.sleep(60)"
+    sup = supervisor(tmp_path, script, stop_timeout_s=0.3)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    assert sup.run() == 0
+    assert time.monotonic() - t0 < 10 and sup.state.data["status"] == "stopped"
+    assert sup.loss.last_step == 1
