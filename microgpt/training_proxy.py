@@ -77,7 +77,6 @@ class Supervisor:
         self.usr1 = False
         self.failures = 0  # consecutive failures without a new checkpoint
         self.last_flush = self.write_s = 0.0
-        self.dashboard: str | None = None
 
     def _fresh_state(self) -> dict[str, Any]:
         phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.plan.phases]
