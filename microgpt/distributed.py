@@ -4,17 +4,20 @@
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT); a process that finds RANK and WORLD_SIZE
 already set (torchrun, or our launcher) joins as that rank instead. On the triton backend rank r uses GPU
 LOCAL_RANK and the gradients go through NCCL; on the NumPy backend the ranks are CPU processes and go through
-gloo, with the flat fp32 grads wrapped by torch.from_numpy (no copy). The code path is the same, which is how
-CI checks it with 2 CPU processes. torch is imported only here, only for N > 1.
+gloo, with the flat fp32 grads wrapped by torch.from_numpy (no copy); the triton backend without CUDA (the
+interpreter) goes through gloo with CPU tensors. The code path is the same, which is how CI checks it with 2 CPU
+processes. torch is imported only here, only for N > 1. With N > 1 the triton backend's step runs eagerly, not
+as one CUDA graph (microgpt/kernels/step.py); capturing the NCCL all-reduce in the graph is a later step.
 
 One step on every rank:
   rank r reads rows [r*b, (r+1)*b) of the global micro-batch of N*b rows (data.Loader's shard), for each micro
   forward + backward as usual -> ONE all-reduce (sum) of the flat grads after the last micro-batch's backward
   -> scale by 1/(n_micro*N) (the same call that already scaled by 1/n_micro) -> grad norm, clip, AdamW.
-The averaged grads are bit-identical on every rank (a ring or tree all-reduce reduces each element in one
-place, then copies it), so norm, clip and AdamW do the same arithmetic everywhere and the weights stay
-bit-identical with no further traffic. N processes with micro-batch b therefore train the model that one
-process with micro-batch N*b trains, up to the summation order of the gradients (fp32 rounding).
+The summed grads are bit-identical on every rank (NCCL's and gloo's ring and tree all-reduces reduce each
+element in one place, then copy it; the replica check below catches one that would not), so norm, clip and
+AdamW do the same arithmetic everywhere and the weights stay bit-identical with no further traffic. N processes
+with micro-batch b therefore train the model that one process with micro-batch N*b trains, up to the summation
+order of the gradients (fp32 rounding).
 With data.loss_mask, each rank's micro-batch loss is the mean over ITS valid tokens, and ranks weigh equally
 (torch DDP does the same); without masking every rank has the same token count and the runs coincide.
 
@@ -75,7 +78,7 @@ class DataParallel:
 
     # --- gradients and scalars ------------------------------------------------------------------------------
     def all_reduce_grads(self, g: Any) -> None:
-        """Sum the flat fp32 grads over ranks, in place: a torch CUDA tensor (NCCL) or a NumPy array (gloo)."""
+        """Sum the flat fp32 grads over ranks, in place: a CUDA tensor (NCCL), or a CPU tensor or NumPy array (gloo)."""
         import torch
         import torch.distributed as dist
 
@@ -156,6 +159,15 @@ def words_sum(x: Any) -> int:
 
 
 # --- joining a job ------------------------------------------------------------------------------------------
+def require_torch() -> None:
+    """More than one process needs torch.distributed, which the one-process CPU install does not bring."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("--procs/--gpus N > 1 needs PyTorch for torch.distributed (pip install 'microgpt[gpu]'; "
+                          "the CPU build of torch is enough for --backend numpy)")  # fmt: skip
+
+
 def launched() -> bool:
     """True in a process started as one rank of a job (by launch() or torchrun)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -169,11 +181,12 @@ def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
     if world <= 1:
         return None
     _die_with_launcher()
+    require_torch()
     import torch
     import torch.distributed as dist
 
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-    if backend == "triton":  # grads on the GPU: NCCL; host scalars through a gloo side group
+    if backend == "triton" and torch.cuda.is_available():  # grads on the GPU: NCCL; host scalars: a gloo group
         torch.cuda.set_device(local)  # before the backend allocates the arena
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
         ctrl = dist.new_group(backend="gloo")
@@ -213,6 +226,7 @@ def launch(cmd: list[str], n: int) -> int:
     Returns 0 when every rank exits 0, else the failed rank's exit code (128 + signal number if it was killed).
     Children get their own process group, so a terminal's Ctrl-C reaches them once (through us), not twice.
     """
+    require_torch()
     env = {**os.environ, "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), LAUNCHER_ENV: str(os.getpid())}  # fmt: skip
     procs: list[subprocess.Popen] = []

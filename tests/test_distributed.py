@@ -231,6 +231,15 @@ def test_one_process_does_not_import_torch(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
+def test_more_than_one_process_needs_torch(monkeypatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    with pytest.raises(config.ConfigError, match="needs PyTorch"):
+        distributed.launch([sys.executable, "-c", "pass"], 2)
+
+
 def test_procs_must_match_the_job(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
