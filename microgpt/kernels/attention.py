@@ -6,7 +6,10 @@ TxT matrix in memory. Backward recomputes P = exp(S - lse) tile by tile:
     dv += P.T @ dout ; dk += dS.T @ q * scale       (programs owning a K/V block, looping over q blocks)
     dq += dS @ k * scale, dS = P * (dout @ v.T - delta)   (programs owning a q block, looping over K/V blocks)
 Both halves run in one launch and each output tile has one owner: no atomics, deterministic.
-Exponentials run in base 2 with the scale folded in (exp2 is the native instruction).
+Exponentials run in base 2 with the scale folded in (exp2 is the native instruction). Each loop is split into
+the tiles that straddle the diagonal (masked) and the rest (no mask), so the hot loop carries no causal test.
+Tile sizes are autotuned once per GPU, dtype and (T, hs) on the GPU (cached on disk by Triton); the interpreter
+uses one small fixed config.
 """
 
 from __future__ import annotations
@@ -23,46 +26,24 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def k_attention_fwd(
-    out_ptr,
-    lse_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    T,
-    C,
-    NH,
-    HS,
-    qk_scale,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    # out, q, k, v: (B, T, C) head h at columns [h*HS, (h+1)*HS); lse: (B, NH, T) fp32; qk_scale = log2(e)/sqrt(HS)
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first
-    bh = tl.program_id(1)
-    base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = tl.arange(0, BN)
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")  # fp32 mode: no tf32 rounding
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, qk_scale,
+               MASK: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     offs_d = tl.arange(0, BD)
     dmask = offs_d < HS
-    q = tl.load(q_ptr + base + offs_m[:, None] * C + offs_d[None, :], mask=(offs_m < T)[:, None] & dmask[None, :],
-                other=0.0)  # fmt: skip
-    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BM,), dtype=tl.float32)
-    acc = tl.zeros((BM, BD), dtype=tl.float32)
-    diag = pid_m * BM  # K/V blocks before this are entirely visible to every row of the tile
-    hi = tl.minimum(diag + BM, T)
-    for start_n in range(0, hi, BN):
-        cols = start_n + offs_n
+    for start_n in range(lo, hi, BN):
+        cols = start_n + tl.arange(0, BN)
         kt = tl.load(k_ptr + base + cols[None, :] * C + offs_d[:, None], mask=dmask[:, None] & (cols < T)[None, :],
                      other=0.0)  # fmt: skip
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee") * qk_scale
-        else:
-            s = tl.dot(q, kt) * qk_scale
-        if start_n + BN > diag:  # only the diagonal tiles need the causal mask
+        s = _dot(q, kt, IEEE) * qk_scale
+        if MASK:
             s = tl.where((offs_m[:, None] >= cols[None, :]) & (cols < T)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.math.exp2(s - m_new[:, None])
@@ -70,16 +51,33 @@ def k_attention_fwd(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :],
                     other=0.0)  # fmt: skip
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def k_attention_fwd(out_ptr, lse_ptr, q_ptr, k_ptr, v_ptr, T, C, NH, HS, qk_scale,
+                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    # out, q, k, v: (B, T, C) head h at columns [h*HS, (h+1)*HS); lse: (B, NH, T) fp32; qk_scale = log2(e)/sqrt(HS)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first
+    bh = tl.program_id(1)
+    base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    qmask = (offs_m < T)[:, None] & (offs_d < HS)[None, :]
+    q = tl.load(q_ptr + base + offs_m[:, None] * C + offs_d[None, :], mask=qmask, other=0.0)
+    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    diag = pid_m * BM  # K/V tiles before this are visible to every row of the tile (BM % BN == 0)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, 0, diag, T, C, HS, qk_scale,
+                               False, BN, BD, IEEE)  # fmt: skip
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, diag, tl.minimum(diag + BM, T), T, C, HS,
+                               qk_scale, True, BN, BD, IEEE)  # fmt: skip
     out = acc / l_i[:, None]
-    mmask = offs_m < T
-    tl.store(out_ptr + base + offs_m[:, None] * C + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mmask[:, None] & dmask[None, :])  # fmt: skip
-    tl.store(lse_ptr + bh.to(tl.int64) * T + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=mmask)
+    tl.store(out_ptr + base + offs_m[:, None] * C + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=qmask)
+    tl.store(lse_ptr + bh.to(tl.int64) * T + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < T)
 
 
 @triton.jit
@@ -97,45 +95,11 @@ def k_attention_bwd_delta(delta_ptr, out_ptr, dout_ptr, T, C, NH, HS, BM: tl.con
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
-def _bwd_dkdv(
-    dk_ptr,
-    dv_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dout_ptr,
-    lse_ptr,
-    delta_ptr,
-    base,
-    row_base,
-    start_n,
-    T,
-    C,
-    HS,
-    qk_scale,
-    sm_scale,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    offs_n = start_n + tl.arange(0, BN)
+def _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, lo, hi, T, C, HS, qk_scale,
+                MASK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    # rows >= T load as zeros (q, dout, lse, delta): their terms vanish without a mask
     offs_d = tl.arange(0, BD)
-    kv_mask = (offs_n < T)[:, None] & (offs_d < HS)[None, :]
-    kv_off = base + offs_n[:, None] * C + offs_d[None, :]
-    k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-    dk = tl.zeros((BN, BD), dtype=tl.float32)
-    dv = tl.zeros((BN, BD), dtype=tl.float32)
-    for start_m in range(start_n, T, BM):  # q rows before start_n never see this block
+    for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
         mmask = offs_m < T
         qt = tl.load(q_ptr + base + offs_m[None, :] * C + offs_d[:, None], mask=(offs_d < HS)[:, None] & mmask[None, :],
@@ -145,129 +109,114 @@ def _bwd_dkdv(
         lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
         pt = tl.math.exp2(_dot(k, qt, IEEE) * qk_scale - lse[None, :])  # (BN, BM) = P.T
-        pt = tl.where((offs_m[None, :] >= offs_n[:, None]) & mmask[None, :], pt, 0.0)
+        if MASK:
+            pt = tl.where((offs_m[None, :] >= offs_n[:, None]) & mmask[None, :], pt, 0.0)
         dv += _dot(pt.to(do.dtype), do, IEEE)
         dpt = _dot(v, tl.trans(do), IEEE)
         dst = pt * (dpt - delta[None, :])
         dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
-    dk_old = tl.load(dk_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-    dv_old = tl.load(dv_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-    tl.store(dk_ptr + kv_off, (dk_old + dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_off, (dv_old + dv).to(dv_ptr.dtype.element_ty), mask=kv_mask)
+    return dk, dv
 
 
 @triton.jit
-def _bwd_dq(
-    dq_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dout_ptr,
-    lse_ptr,
-    delta_ptr,
-    base,
-    row_base,
-    start_m,
-    T,
-    C,
-    HS,
-    qk_scale,
-    sm_scale,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    offs_m = start_m + tl.arange(0, BM)
+def _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, qk_scale,
+              MASK: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     offs_d = tl.arange(0, BD)
-    mmask = offs_m < T
-    q_mask = mmask[:, None] & (offs_d < HS)[None, :]
-    q_off = base + offs_m[:, None] * C + offs_d[None, :]
-    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
-    do = tl.load(dout_ptr + q_off, mask=q_mask, other=0.0)
-    lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
-    delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
-    dq = tl.zeros((BM, BD), dtype=tl.float32)
-    for start_n in range(0, tl.minimum(start_m + BM, T), BN):
+    for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         kv_mask = (offs_d < HS)[:, None] & (offs_n < T)[None, :]
         kt = tl.load(k_ptr + base + offs_n[None, :] * C + offs_d[:, None], mask=kv_mask, other=0.0)
         vt = tl.load(v_ptr + base + offs_n[None, :] * C + offs_d[:, None], mask=kv_mask, other=0.0)
         p = tl.math.exp2(_dot(q, kt, IEEE) * qk_scale - lse[:, None])
-        p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n < T)[None, :], p, 0.0)
+        if MASK:
+            p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n < T)[None, :], p, 0.0)
         ds = p * (_dot(do, vt, IEEE) - delta[:, None])
         dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
-    dq_old = tl.load(dq_ptr + q_off, mask=q_mask, other=0.0).to(tl.float32)
-    tl.store(dq_ptr + q_off, (dq_old + dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+    return dq
 
 
 @triton.jit
-def k_attention_bwd(
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dout_ptr,
-    lse_ptr,
-    delta_ptr,
-    T,
-    C,
-    NH,
-    HS,
-    qk_scale,
-    sm_scale,
-    n_kv_blocks,
-    BM1: tl.constexpr,
-    BN1: tl.constexpr,
-    BM2: tl.constexpr,
-    BN2: tl.constexpr,
-    BD: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, T, C, NH, HS,
+                    qk_scale, sm_scale, BM1: tl.constexpr, BN1: tl.constexpr, BM2: tl.constexpr, BN2: tl.constexpr,
+                    BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32
-    # programs [0, n_kv_blocks) own dk/dv blocks, the rest own dq blocks
+    # programs [0, cdiv(T, BN1)) own dk/dv tiles, the rest own dq tiles; BN1 % BM1 == 0 and BM2 % BN2 == 0
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
     row_base = bh.to(tl.int64) * T
-    if pid < n_kv_blocks:
-        _bwd_dkdv(dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, pid * BN1, T, C,
-                  HS, qk_scale, sm_scale, BM1, BN1, BD, IEEE)  # fmt: skip
+    offs_d = tl.arange(0, BD)
+    n_kv = tl.cdiv(T, BN1)
+    if pid < n_kv:
+        start_n = pid * BN1
+        offs_n = start_n + tl.arange(0, BN1)
+        kv_mask = (offs_n < T)[:, None] & (offs_d < HS)[None, :]
+        kv_off = base + offs_n[:, None] * C + offs_d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        dk = tl.zeros((BN1, BD), dtype=tl.float32)
+        dv = tl.zeros((BN1, BD), dtype=tl.float32)
+        mid = tl.minimum(start_n + BN1, T)  # q rows before start_n never see this tile; rows past mid see all of it
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, start_n, mid,
+                             T, C, HS, qk_scale, True, BM1, BD, IEEE)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, mid, T,
+                             T, C, HS, qk_scale, False, BM1, BD, IEEE)  # fmt: skip
+        dk_old = tl.load(dk_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        dv_old = tl.load(dv_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        tl.store(dk_ptr + kv_off, (dk_old + dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(dv_ptr + kv_off, (dv_old + dv).to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
-        _bwd_dq(dq_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, (pid - n_kv_blocks) * BM2,
-                T, C, HS, qk_scale, sm_scale, BM2, BN2, BD, IEEE)  # fmt: skip
+        start_m = (pid - n_kv) * BM2
+        offs_m = start_m + tl.arange(0, BM2)
+        mmask = offs_m < T
+        q_mask = mmask[:, None] & (offs_d < HS)[None, :]
+        q_off = base + offs_m[:, None] * C + offs_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
+        do = tl.load(dout_ptr + q_off, mask=q_mask, other=0.0)
+        lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
+        dq = tl.zeros((BM2, BD), dtype=tl.float32)
+        dq = _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, 0, start_m, T, C, HS, qk_scale,
+                       False, BN2, BD, IEEE)  # fmt: skip
+        dq = _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, start_m, tl.minimum(start_m + BM2, T), T, C,
+                       HS, qk_scale, True, BN2, BD, IEEE)  # fmt: skip
+        dq_old = tl.load(dq_ptr + q_off, mask=q_mask, other=0.0).to(tl.float32)
+        tl.store(dq_ptr + q_off, (dq_old + dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _cfg(num_warps: int, num_stages: int, **meta: int) -> triton.Config:
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
+
+
+FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(8, 3, BM=128, BN=64), _cfg(8, 3, BM=128, BN=128),
+               _cfg(4, 3, BM=64, BN=64), _cfg(4, 4, BM=128, BN=32), _cfg(4, 2, BM=64, BN=32)]  # fmt: skip
+BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, BN1=128, BM2=128, BN2=32),
+               _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
+               _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
+if tuning.INTERPRET:
+    _fwd, _bwd = k_attention_fwd, k_attention_bwd
+    _FWD_META, _BWD_META = dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)
+else:  # configs that do not fit (fp32 tiles in shared memory) are skipped by the autotuner
+    _fwd = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
+    _bwd = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],
+                           cache_results=True)(k_attention_bwd)  # fmt: skip
+    _FWD_META, _BWD_META = {}, {}
 
 
 def _bd(HS: int) -> int:
     return max(16, triton.next_power_of_2(HS))  # tl.dot needs every tile dimension >= 16 on the GPU
 
 
-def _fwd_config(dtype: torch.dtype) -> dict:
-    if tuning.INTERPRET:
-        return dict(BM=16, BN=16)
-    if dtype == torch.float32:
-        return dict(BM=64, BN=32, num_warps=4, num_stages=2)
-    return dict(BM=128, BN=64, num_warps=4, num_stages=3)
-
-
-def _bwd_config(dtype: torch.dtype) -> dict:
-    if tuning.INTERPRET:
-        return dict(BM1=16, BN1=32, BM2=32, BN2=16)
-    if dtype == torch.float32:
-        return dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2)
-    return dict(BM1=32, BN1=128, BM2=128, BN2=32, num_warps=4, num_stages=3)
-
-
 def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       n_head: int) -> None:  # fmt: skip
     B, T, C = q.shape
     HS = C // n_head
-    cfg = _fwd_config(q.dtype)
-    grid = (triton.cdiv(T, cfg["BM"]), B * n_head)
-    k_attention_fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS),
-                          BD=_bd(HS), IEEE=q.dtype == torch.float32, **cfg)  # fmt: skip
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return (triton.cdiv(T, meta["BM"]), B * n_head)
+
+    _fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
+               **_FWD_META)  # fmt: skip
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -276,11 +225,11 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
     """delta: fp32 scratch of at least B*NH*T elements."""
     B, T, C = q.shape
     HS = C // n_head
-    BD = _bd(HS)
     BMD = 16 if tuning.INTERPRET else 64
-    k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=BD)
-    cfg = _bwd_config(q.dtype)
-    n_kv = triton.cdiv(T, cfg["BN1"])
-    grid = (n_kv + triton.cdiv(T, cfg["BM2"]), B * n_head)
-    k_attention_bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS),
-                          1.0 / math.sqrt(HS), n_kv, BD=BD, IEEE=q.dtype == torch.float32, **cfg)  # fmt: skip
+    k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return (triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)
+
+    _bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
+               BD=_bd(HS), IEEE=q.dtype == torch.float32, **_BWD_META)  # fmt: skip

@@ -109,20 +109,20 @@ _chosen: dict[str, str] = {}
 
 
 def _pick(key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
-    """Time both on copies (the first call only, before any graph capture); keep a candidate only if it agrees."""
-    ref = out.clone()
+    """Time both into a scratch copy (the first call only, before any graph capture); keep cuBLAS only if it agrees."""
+    ref, tmp = out.clone(), out.clone()
     _triton_mm(ref, a, b, accumulate)
-    live = {"triton": lambda: _triton_mm(out.clone(), a, b, accumulate)}
+    live = {"triton": lambda: _triton_mm(tmp, a, b, accumulate)}
     if a.dtype == b.dtype:
         try:
-            got = out.clone()
-            _cublas_mm(got, a, b, accumulate)
-            err = (got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)
+            _cublas_mm(tmp, a, b, accumulate)
+            err = (tmp.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)
             if err < (1e-4 if a.dtype == torch.float32 else 2e-2):
-                live["cublas"] = lambda: _cublas_mm(out.clone(), a, b, accumulate)
+                live["cublas"] = lambda: _cublas_mm(tmp, a, b, accumulate)
         except (RuntimeError, TypeError):
             pass  # this torch or dtype combination has no cuBLAS path
-    return tuning.choose("gemm", key, live)
+    best = tuning.choose("gemm", key, live)
+    return best
 
 
 def mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
