@@ -17,7 +17,8 @@ fi
 for s in $stages; do
   log "$s"
   case $s in
-    tests) timeout 300 python3 -m pytest -q -m "gpu or not gpu" tests/kernels -p no:cacheprovider -x 2>&1 \
+    tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" ${TESTS:-tests/kernels} \
+             -p no:cacheprovider 2>&1 \
              | tee "$OUT/tests.txt" | tail -25 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 --steps 200 2>&1 \
              | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
@@ -27,7 +28,7 @@ for s in $stages; do
                    | tail -6; done | tee "$OUT/sanitizer.txt" ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;
-    bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} \
+    bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
                    --jsonl "$OUT/bench.jsonl" 2>&1 | tail -8 ;;
   esac
 done
