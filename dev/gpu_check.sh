@@ -10,7 +10,7 @@ stages=${*:-"tests train profile sanitizer bench-mg bench-torch"}
 log() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-if [[ " $stages " == *" train "* ]]; then  # the numpy reference on the CPU cores, beside the GPU work
+if [[ " $stages " == *" train "* && ${NUMPY_REF:-1} == 1 ]]; then  # the numpy reference on the CPU cores, beside the GPU work
   (timeout 420 python3 -m microgpt.cli train experiments/ANDREA-12M-TRAIN.json --steps 200 \
      --set train.precision=fp32 --set train.backend=numpy --out /tmp/np12 >"$OUT/numpy12.jsonl" 2>/dev/null &)
 fi
