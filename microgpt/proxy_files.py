@@ -8,7 +8,7 @@ leaves the previous complete version.
                           "marks": [mark...]}
         train row        {"step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "phase",
                           "time"} plus any other field the engine's step event carries (forward-compatible)
-        val row          {"step", "val_loss", "phase", "time"}
+        val row          {"step", "val_loss", "phase", "time"} plus any other field of the eval event
         mark             {"kind": "phase"|"restart"|"resume"|"stop", "step", "time", ...}: the dashboard's
                           vertical lines; marks are history and are never removed
     The loss history is never archived. It holds each step exactly once: when the engine (re)starts from
@@ -79,9 +79,16 @@ def run_paths(out: Path, run: str) -> dict[str, Path]:
     return {kind: out / f"{run}.{kind}.json" for kind in ("loss", "samples", "state")}
 
 
-def _finite(row: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no NaN/inf: a diverged loss is stored as null so the file stays valid (the dashboard skips it)."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: a diverged loss is stored as null so the file stays valid (the dashboard skips it).
+    Recursive: engine records may carry nested fields (per-source losses, mixture weights)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 class LossHistory:

@@ -321,7 +321,7 @@ class Supervisor:
             seen["step"] = True
             self.flush(force=False)
         elif kind == "eval":
-            self.loss.add("val", {"step": ev["step"], "val_loss": ev["val_loss"], "phase": ph.name, "time": now})
+            self.loss.add("val", {**{k: v for k, v in ev.items() if k != "event"}, "phase": ph.name, "time": now})
             self.flush(force=False)
         elif kind == "checkpoint":
             self.state.update(checkpoint=ev["path"], checkpoint_step=ev["step"])

@@ -48,10 +48,12 @@ def test_a_repeated_step_replaces_the_rows_from_there(tmp_path: Path) -> None:
 
 def test_non_finite_values_become_null_so_the_file_stays_json(tmp_path: Path) -> None:
     h = LossHistory(tmp_path / "r.loss.json", "r")
-    h.add("train", {**row(1), "loss": float("nan"), "grad_norm": float("inf")})
+    h.add("train", {**row(1), "loss": float("nan"), "grad_norm": float("inf"), "source_loss": {"a": float("nan")}})
+    h.add("val", {"step": 1, "val_loss": 2.0, "weights": [0.5, float("-inf")]})
     h.flush()
     data = json.loads((tmp_path / "r.loss.json").read_text())
     assert data["train"][0]["loss"] is None and data["train"][0]["grad_norm"] is None
+    assert data["train"][0]["source_loss"] == {"a": None} and data["val"][0]["weights"] == [0.5, None]
 
 
 def test_history_reloads_and_marks_accumulate(tmp_path: Path) -> None:
