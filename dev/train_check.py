@@ -25,6 +25,8 @@ from microgpt import config, engine  # noqa: E402
 def trainer(exp_path: str, steps: int, out: Path) -> engine.Trainer:
     exp = config.load(exp_path)
     exp = config.override(exp, f"train.steps={steps}")
+    if exp.data.source == "shards" and not Path(exp.data.path).is_dir():  # the GPU machine carries only builtin
+        exp = config.override(config.override(exp, 'data.path=""'), "data.source=builtin")
     return engine.Trainer(exp, out)
 
 

@@ -193,14 +193,21 @@ FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(8, 3, BM=128, BN=64), _cfg(8, 3, 
 BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, BN1=128, BM2=128, BN2=32),
                _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
-if tuning.INTERPRET:
-    _fwd, _bwd = k_attention_fwd, k_attention_bwd
-    _FWD_META, _BWD_META = dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)
-else:  # configs that do not fit (fp32 tiles in shared memory) are skipped by the autotuner
-    _fwd = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
-    _bwd = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],
-                           cache_results=True)(k_attention_bwd)  # fmt: skip
-    _FWD_META, _BWD_META = {}, {}
+_fwd16 = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
+_bwd16 = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],
+                         cache_results=True)(k_attention_bwd)  # fmt: skip
+# fp32 (checks, not speed) and the interpreter: one fixed config each, no tuning
+FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)),
+         "fp32": (dict(BM=64, BN=32, num_warps=4, num_stages=2),
+                  dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
+
+
+def _kernels(dtype: torch.dtype) -> tuple:
+    """(forward kernel, its meta, backward kernel, its meta) for this dtype."""
+    if tuning.INTERPRET or dtype == torch.float32:
+        fwd_meta, bwd_meta = FIXED["interpret" if tuning.INTERPRET else "fp32"]
+        return k_attention_fwd, fwd_meta, k_attention_bwd, bwd_meta
+    return _fwd16, {}, _bwd16, {}
 
 
 def _bd(HS: int) -> int:
@@ -215,8 +222,9 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
     def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(T, meta["BM"]), B * n_head)
 
-    _fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
-               **_FWD_META)  # fmt: skip
+    fwd, meta, _, _ = _kernels(q.dtype)
+    fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
+              **meta)  # fmt: skip
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -231,5 +239,6 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
     def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)
 
-    _bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
-               BD=_bd(HS), IEEE=q.dtype == torch.float32, **_BWD_META)  # fmt: skip
+    _, _, bwd, meta = _kernels(q.dtype)
+    bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
+              BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
