@@ -24,8 +24,9 @@ for s in $stages; do
              | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
     profile) timeout 150 python3 dev/profile_step.py 8 2>&1 | tee "$OUT/profile8.txt" | head -40 ;;
     sanitizer) for tool in memcheck racecheck; do
-                 timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 dev/tiny_step.py bf16 2>&1 \
-                   | tail -6; done | tee "$OUT/sanitizer.txt" ;;
+                 echo "--- $tool"; timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --print-limit 20 \
+                   python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
+                 | tee "$OUT/sanitizer.txt" ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
