@@ -66,8 +66,13 @@ class Engine:
                 self.tail.append(text)
 
     def signal(self, sig: int) -> None:
+        """SIGTERM/SIGUSR1 go to the engine alone (a data-parallel launcher relays them to its ranks in step);
+        SIGKILL goes to its whole process group, so no rank of a killed engine is left behind."""
         try:
-            os.kill(self.proc.pid, sig)
+            if sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+            else:
+                os.kill(self.proc.pid, sig)
         except ProcessLookupError:
             pass
 

@@ -182,15 +182,34 @@ def _check_paths(data: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: data.tokenizer {tok!r} does not exist")
 
 
-def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None,
-              backend: str | None = None) -> Plan:  # fmt: skip
-    """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong."""
+def apply_sets(raw: Any, sets: list[str]) -> Any:
+    """`--set section.field=value` overrides (value parsed as JSON, else a string) on a copy of the raw experiment."""
+    raw = copy.deepcopy(raw)
+    for assignment in sets:
+        key, eq, text = assignment.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or section not in config.SECTIONS or not isinstance(raw, dict):
+            raise ConfigError(f"--set {assignment!r}: expected section.field=value, section one of model, train, data")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: list[str] | None = None,
+              **train: Any) -> Plan:  # fmt: skip
+    """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong.
+    `sets` and `seed` are part of the experiment (its config hash); `train` (backend, precision) is not: a
+    stopped run may continue on another backend, from the same fp32 checkpoint."""
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
+    raw = apply_sets(raw, sets or [])
     exp = config.from_dict(raw, src)
     settings = load_settings(raw.get("proxy", {}), src)
     base = {k: v for k, v in exp.to_dict().items() if k not in OWN_SECTIONS}
-    base["train"].update({k: v for k, v in (("seed", seed), ("backend", backend)) if v is not None})
+    base["train"].update({k: v for k, v in {"seed": seed, **train}.items() if v is not None})
     phases_raw = raw.get("phases")
     implicit = phases_raw is None
     if implicit:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from microgpt import checkpoint
-from microgpt.config import BACKENDS, ConfigError
+from microgpt.config import BACKENDS, PRECISIONS, ConfigError
 from microgpt.proxy_engine import Engine, describe_exit, pid_alive
 from microgpt.proxy_files import (
     SAMPLES_FORMAT,
@@ -64,8 +64,8 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, out: Path, experiment: str):
-        self.plan, self.out, self.settings = plan, out, plan.settings
+    def __init__(self, plan: Plan, out: Path, experiment: str, procs: int | None = None):
+        self.plan, self.out, self.settings, self.procs = plan, out, plan.settings, procs
         self.paths = run_paths(out, plan.run)
         self.loss = LossHistory(self.paths["loss"], plan.run)
         self.state = JsonDoc(self.paths["state"], STATE_FORMAT, self._fresh_state())
@@ -240,7 +240,7 @@ class Supervisor:
     def engine_cmd(self, ph: Phase, ckpt: Path | None) -> list[str]:
         cmd = [sys.executable, "-m", "microgpt.cli", "train", str(self.out / "phases" / f"{ph.name}.json"),
                "--out", str(self.out)]  # fmt: skip
-        return cmd + (["--resume", str(ckpt)] if ckpt else [])
+        return cmd + (["--resume", str(ckpt)] if ckpt else []) + (["--procs", str(self.procs)] if self.procs else [])
 
     def run_engine(self, ph: Phase, ckpt: Path | None, step: int) -> Outcome:
         log(f"phase {ph.name!r}: engine from step {step} to {ph.end}" + (f", resuming {ckpt}" if ckpt else ""))
@@ -253,8 +253,7 @@ class Supervisor:
         try:
             return self.watch(eng, ph)
         finally:
-            if eng.proc.poll() is None:
-                eng.signal(signal.SIGKILL)
+            eng.signal(signal.SIGKILL)  # the whole group: whatever of this engine is left, before the next one
             eng.wait()
             self.state.update(engine_pid=None)
             self.flush()
@@ -282,6 +281,8 @@ class Supervisor:
                 if term_sent is None and now - last_line > limit:
                     eng.signal(signal.SIGKILL)
                     return Outcome("failed", f"hung: no output for {limit:g} s")
+                if eng.proc.poll() is not None:  # it exited, but a child of it (a data-parallel rank) holds stdout
+                    eng.signal(signal.SIGKILL)
                 self.flush(force=False)
                 continue
             if raw is None:
@@ -350,14 +351,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="stop the run at this global step (caps the phases)")
     p.add_argument("--seed", type=int, help="override train.seed")
     p.add_argument("--backend", choices=BACKENDS, help="override train.backend")
-    p.add_argument(
-        "--dashboard",
-        type=int,
-        nargs="?",
-        const=8765,
-        metavar="PORT",
-        help="serve the live dashboard on http://127.0.0.1:PORT/ (default 8765; 0 picks a free port)",
-    )
+    p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override any config field")
+    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N", help="engine data-parallel processes")
+    p.add_argument("--dashboard", type=int, nargs="?", const=8765, metavar="PORT",
+                   help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)")  # fmt: skip
     p.add_argument("--hang-timeout", type=float, help="override proxy.hang_timeout_s")
     p.add_argument("--max-restarts", type=int, help="override proxy.max_restarts")
     p.error = lambda message: p.exit(2, f"error: microgpt run: {message}\n")  # type: ignore[method-assign]
@@ -370,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
 
     server = None
     try:
-        plan = load_plan(args.experiment, steps=args.steps, seed=args.seed, backend=args.backend)
+        plan = load_plan(args.experiment, steps=args.steps, seed=args.seed, sets=args.set, backend=args.backend,
+                         precision=args.precision)  # fmt: skip
+        if args.procs is not None and args.procs < 1:
+            raise ConfigError(f"--procs {args.procs}: must be >= 1")
         for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
             value = getattr(args, flag)
             if value is not None:
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
                 setattr(plan.settings, name, value)
         out = Path(args.out or Path("runs") / plan.run)
-        sup = Supervisor(plan, out, args.experiment)
+        sup = Supervisor(plan, out, args.experiment, args.procs)
         if args.dashboard is not None:
             server = DashboardServer(out, plan.run, args.dashboard)
     except (ConfigError, RunFileError, ServeError) as e:

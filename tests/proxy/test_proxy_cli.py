@@ -88,7 +88,8 @@ def test_another_experiment_in_the_same_folder(tmp_path: Path, finished: Path) -
 @pytest.mark.parametrize(
     "args, needle",
     [(["--steps", "abc"], "--steps"), (["--steps", "0"], "--steps must be > 0"), (["--dashboard", "99999"], "99999"),
-     (["--hang-timeout", "0"], "--hang-timeout"), (["--seed", "-"], "--seed")],
+     (["--hang-timeout", "0"], "--hang-timeout"), (["--seed", "-"], "--seed"), (["--procs", "0"], "--procs 0"),
+     (["--set", "model.d_model=33"], "d_model (33) must be divisible"), (["--set", "nope"], "--set 'nope'")],
 )  # fmt: skip
 def test_bad_flags(tmp_path: Path, args: list[str], needle: str) -> None:
     res = run_cli(str(write_exp(tmp_path)), "--out", str(tmp_path / "new"), *args)

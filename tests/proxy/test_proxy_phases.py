@@ -87,3 +87,14 @@ def test_bad_phases_name_the_file_and_the_field(phases, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         make_plan(exp(phases=phases), "e.json")
     assert str(err.value).startswith("e.json") and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_set_overrides_are_part_of_the_experiment_and_backend_is_not() -> None:
+    base = make_plan(exp(), "e.json")
+    plan = make_plan(exp(), "e.json", sets=["train.lr=0.002", "data.max_bytes=500000"], precision="fp32")
+    eng = plan.phases[0].engine
+    assert eng["train"]["lr"] == 0.002 and eng["data"]["max_bytes"] == 500000 and eng["train"]["precision"] == "fp32"
+    assert plan.config_hash != base.config_hash
+    assert make_plan(exp(), "e.json", backend="triton").config_hash == base.config_hash
+    with pytest.raises(ConfigError, match="--set 'lr=1'"):
+        make_plan(exp(), "e.json", sets=["lr=1"])
