@@ -4,8 +4,8 @@ Why a subprocess and not the engine: sampling needs only a checkpoint and its si
 so it stays out of the training step (no second model state, no extra memory in the plan) and a slow or
 failing sample never stalls or kills training. Samples run in a worker thread, one prompt at a time, on
 the CPU, from the same checkpoint file the engine announced; the seed is the step, so a sample is
-reproducible with the command stored beside it. A prompt is a string, or chat messages rendered with the
-chat template and ended by an open assistant turn.
+reproducible from its record (checkpoint, prompt, tokens, temperature, step) with sample_cmd. A prompt is a
+string, or chat messages rendered with the chat template and ended by an open assistant turn.
 """
 
 from __future__ import annotations
