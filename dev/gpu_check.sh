@@ -22,7 +22,8 @@ for s in $stages; do
              | tee "$OUT/tests.txt" | tail -25 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 --steps 200 2>&1 \
              | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
-    profile) timeout 150 python3 dev/profile_step.py 8 2>&1 | tee "$OUT/profile8.txt" | head -40 ;;
+    profile) timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-8} 2>&1 | tee "$OUT/profile${PROFILE_MB:-8}.txt" \
+               | head -40 ;;
     sanitizer) for tool in memcheck racecheck; do
                  echo "--- $tool"; timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --print-limit 20 \
                    python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
