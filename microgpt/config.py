@@ -138,6 +138,10 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
     if not 0 < d.val_fraction < 1:
         raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
+    if "mixing" in exp.extra:
+        from microgpt import mixing  # the section's owner checks it (and imports this module)
+
+        mixing.parse(exp.extra["mixing"], src)
     return exp
 
 

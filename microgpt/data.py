@@ -6,7 +6,9 @@ The experiment's "data" section picks the tokens:
                     first use into data.path, or else $MICROGPT_DATA_DIR/builtin/v<vocab>-<key>, or else
                     <repo>/data/builtin/v<vocab>-<key>; the key hashes every build setting.
                     With model.vocab_size 256 (or data.tokenizer "bytes") the same stdlib text as raw bytes.
-  source "shards"   data.path: a folder of train_*.bin / val_*.bin shards, `microgpt prep`'s or llm.c's.
+  source "shards"   data.path: a folder of train_*.bin / val_*.bin shards, `microgpt prep`'s or llm.c's;
+                    or one subfolder of them per source (`prep --per-source`): a mixture, one source per
+                    micro-batch, weighted by the experiment's "mixing" section (microgpt/mixing.py).
   data.tokenizer    "" (auto), "bytes", or a tokenizer.json (for shards that have none beside them).
   data.loss_mask    true: targets are -1 wherever the loss-mask shard is 0 (train on assistant tokens only).
 
@@ -126,13 +128,21 @@ class Loader:
         """Global window indices of the rows of (step, micro)."""
         if not 0 <= micro < self.n_micro or step < 0:
             raise ValueError(f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.n_micro}")
-        p = (step * self.n_micro + micro) * self.global_B + self.row0 + np.arange(self.B, dtype=np.int64)
+        return self._positions_at(step * self.n_micro + micro)
+
+    def _positions_at(self, k: int) -> np.ndarray:
+        p = k * self.global_B + self.row0 + np.arange(self.B, dtype=np.int64)
         epoch, idx = np.divmod(p, self.n_windows)
         return np.array([self._perm(int(e))[i] for e, i in zip(epoch, idx)], dtype=np.int64)
 
     def batch(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """The training batch of optimizer step `step` (0-based), micro-batch `micro`."""
         return self._windows(self.positions(step, micro))
+
+    def batch_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k-th micro-batch of this loader's sequence (batch(step, micro) is batch_at(step * n_micro + micro));
+        mixing.MixtureLoader reads each source's sequence at its own pace."""
+        return self._windows(self._positions_at(k))
 
     def val_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The i-th validation batch: consecutive windows in file order, the same for every run."""
@@ -240,6 +250,9 @@ def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 
     if exp.data.source == "builtin" and uses_bytes(exp):
         if exp.model.vocab_size < 256:
             raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the byte tokenizer's 256")
+        if multi_source(exp, None):
+            raise ConfigError("mixing.policy: the byte-level built-in corpus is one stream; a mixture needs one "
+                              "shard set per source (microgpt prep --builtin --per-source)")  # fmt: skip
         train, val = builtin_corpus(exp.data.max_bytes, exp.data.val_fraction)
         ids = [np.frombuffer(b, dtype=np.uint8).astype(np.uint16) for b in (train, val)]
         return Loader([ids[0]], B, T, seed, n_micro, None, "builtin train", shard), Loader(
@@ -256,12 +269,25 @@ def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 
 
         if load_tokenizer(tok).vocab_size > exp.model.vocab_size:
             raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the tokenizer's ({tok})")
+    if multi_source(exp, folder):  # one shard set per source: the FIREHOSE mixture (microgpt/mixing.py)
+        from microgpt import mixing
+
+        return mixing.make_loaders(exp, folder, mixing.source_dirs(folder), B, shard)
     loaders = []
     for split in ("train", "val"):
         parts, masks = open_split(folder, split, exp)
         n = n_micro if split == "train" else 1
         loaders.append(Loader(parts, B, T, seed, n, masks, f"{folder} {split}", shard))
     return loaders[0], loaders[1]
+
+
+def multi_source(exp: Experiment, folder: Path | None) -> bool:
+    """True when the mixing section or the layout (one subfolder of shards per source) asks for a mixture."""
+    from microgpt import mixing
+
+    if mixing.parse(exp.extra.get("mixing")).policy != "fixed":
+        return True
+    return folder is not None and bool(mixing.source_dirs(folder))
 
 
 def make_tokenizer(exp: Experiment) -> ByteTokenizer | BPETokenizer:

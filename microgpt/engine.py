@@ -103,10 +103,11 @@ class Trainer:
         t0 = time.perf_counter()
         if self.fast is not None:
             return self._device_step(t0)
-        loss = 0.0
+        loss, micro_losses = 0.0, []
         for micro in range(t.n_micro):
             total, count = self.micro_forward(*self.train_data.batch(step, micro))
-            loss += total / max(1, count) / t.n_micro
+            micro_losses.append(total / max(1, count))
+            loss += micro_losses[-1] / t.n_micro
             model.gpt_backward(K, self.m, self.P, self.G, A)
         if self.dp is not None:
             self.dp.all_reduce_grads(self.g)  # sum over ranks; the scale below makes it the mean
@@ -122,12 +123,18 @@ class Trainer:
                      t.weight_decay, step + 1)  # fmt: skip
         K.zero_(self.g)
         self.step = step + 1
+        mix = self._end_mixture(step, micro_losses)  # with the step, so a checkpoint never sees half of it
         self._leave_critical()
         K.synchronize()
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
+
+    def _end_mixture(self, step: int, micro_losses: list[float]) -> dict[str, Any]:
+        """FIREHOSE (microgpt/mixing.py): the step's per-source losses update the mixture; its record fields."""
+        end_step = getattr(self.train_data, "end_step", None)
+        return end_step(step, micro_losses, self.dp) if end_step is not None else {}
 
     def _device_step(self, t0: float) -> dict[str, Any]:
         """The triton backend's step: batches in, one graph replay (micro-batches, clip, AdamW, zero), numbers out."""
@@ -137,16 +144,26 @@ class Trainer:
         self._critical = True
         loss, grad_norm = self.fast.step(batches, lr, step + 1)
         self.step = step + 1
+        mix = self._end_mixture(step, self.fast.micro_losses)
         self._leave_critical()
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, Any]:
+        """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
+        sources = getattr(self.val_data, "sources", None)
+        if sources is None:
+            return {"val_loss": self._val_loss(self.val_data)}
+        per = {name: self._val_loss(loader) for name, loader in sources.items()}
+        mean = sum(w * v for w, v in zip(self.val_data.prior.tolist(), per.values()))
+        return {"val_loss": mean, "source_val_loss": per}
+
+    def _val_loss(self, loader: Any) -> float:
         total, count = 0.0, 0
         for i in range(self.t.eval_batches):
-            s, c = self.micro_forward(*self.val_data.val_batch(i))
+            s, c = self.micro_forward(*loader.val_batch(i))
             total, count = total + s, count + c
         if self.dp is not None:
             total, count = self.dp.sum_scalars(total, count)
@@ -163,6 +180,8 @@ class Trainer:
         for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
         self.step = ck.step
+        if hasattr(self.train_data, "load_state"):  # the mixture continues where the checkpoint left it
+            self.train_data.load_state(side.get("mixing"), ck.step, str(path))
         if self.fast is not None:
             self.fast.refresh_lp()  # the compute copy of the weights follows the loaded fp32 masters
             self.K.loss_scale = float(side.get("loss_scale", self.K.loss_scale))
@@ -180,6 +199,8 @@ class Trainer:
                 "data": data.data_description(self.exp), "backend": self.t.backend, "precision": self.t.precision,
                 "loss_scale": getattr(self.K, "loss_scale", 1.0), "reason": reason,
                 "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
+        if hasattr(self.train_data, "state"):
+            meta["mixing"] = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume)
         path = checkpoint.write_checkpoint(self.out / "ckpt" / checkpoint.ckpt_name(self.step), self.step, *host, meta)
         emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
         self._critical = was_critical
@@ -231,7 +252,7 @@ class Trainer:
                     if self.rank == 0:
                         _progress(rec, t.steps)
                 if self.step % t.eval_every == 0 or self.step == t.steps:
-                    emit({"event": "eval", "step": self.step, "val_loss": self.evaluate()})
+                    emit({"event": "eval", "step": self.step, **self.evaluate()})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
                 if self.dp is not None:
@@ -240,6 +261,9 @@ class Trainer:
         except Terminate:
             emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
             return 0
+        except ConfigError as e:  # found only while training: a mixture source ran dry (microgpt/mixing.py)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         emit({"event": "done", "step": self.step})
         return 0
 

@@ -4,6 +4,7 @@ write train/val token shards (llm.c layout), optional loss-mask shards and a man
     microgpt prep --source data/hermes3.jsonl@2 --source notes/ --out data/megachat --vocab-size 8192 --loss-mask
     microgpt prep --builtin --out data/builtin --vocab-size 2048       # no network: stdlib source + synthetic chats
     microgpt prep --check data/megachat                                 # validate every shard header and token id
+    microgpt prep --builtin --per-source --out data/builtin-split       # one subfolder of shards per source
 
 Sources: ShareGPT (Hermes-3) or OpenAI-`messages` records in .jsonl/.json/.parquet, {"text": ...} JSONL,
 or plain text (a file is one document; a folder gives one document per .txt/.md/.py/.rst file).
@@ -12,7 +13,8 @@ frac(W), so W=0.5 keeps a random half and W=2 doubles it. Documents are split in
 source before weighting (no copy of a val document reaches train), shuffled, and written as
 <|endoftext|> doc <|endoftext|> doc ..., as llm.c does. Everything is deterministic for a given --seed.
 The output is written to a temporary folder and moved into place at the end, so a failed run leaves
-an existing corpus untouched.
+an existing corpus untouched. --per-source writes each source's documents (same split, same tokenizer at
+the top) into a subfolder of their own: the layout an online mixture trains on (microgpt/mixing.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -255,11 +258,16 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, args: argparse.N
     tmp.mkdir(parents=True)
     try:
         tok, trained = get_tokenizer(splits["train"], tmp, args)
+        groups = source_folders(sources) if args.per_source else {"": None}  # folder -> its source (all: None)
         written = {}
         for split in ("train", "val"):
-            writer = shards.ShardWriter(tmp, split, args.shard_tokens, args.loss_mask)
-            write_split(tok, splits[split], writer, args.chunk, args.quiet)
-            written[split] = {"shards": writer.close(), "tokens": writer.total, "documents": len(splits[split])}
+            names, total = [], 0
+            for sub, src in groups.items():
+                (tmp / sub).mkdir(exist_ok=True)
+                writer = shards.ShardWriter(tmp / sub, split, args.shard_tokens, args.loss_mask)
+                write_split(tok, [d for d in splits[split] if src in (None, d[0])], writer, args.chunk, args.quiet)
+                names, total = names + [f"{sub}/{n}" if sub else n for n in writer.close()], total + writer.total
+            written[split] = {"shards": names, "tokens": total, "documents": len(splits[split])}
         val_bytes = sum(s.bytes.get("val", 0) for s, _ in sources)
         manifest = {
             "format": "microgpt-shards-v1",
@@ -273,6 +281,7 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, args: argparse.N
             "val_fraction": args.val_fraction,
             "loss_mask": args.loss_mask,
             "splits": written,
+            "per_source": sorted(groups) if args.per_source else None,
             "val_bytes_per_token": round(val_bytes / max(written["val"]["tokens"], 1), 4),
             "sources": [asdict(s) for s, _ in sources],
             "skipped": sum(sum(s.skipped_by_reason.values()) for s, _ in sources),
@@ -289,6 +298,18 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, args: argparse.N
     return manifest
 
 
+def source_folders(sources: list[tuple[Source, list[Doc]]]) -> dict[str, Source]:
+    """--per-source: one subfolder per source, named stdlib, synthetic-chat, or after the source path's stem."""
+    out: dict[str, Source] = {}
+    for src, _ in sources:
+        builtin = src.kind in ("stdlib", "synthetic-chat")
+        name = src.kind if builtin else re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(src.name).stem).strip(".-") or "source"
+        if name in out:
+            raise SystemExit(f"error: --per-source: two sources would share the folder {name!r} ({src.name})")
+        out[name] = src
+    return out
+
+
 def check(directory: Path, vocab_size: int | None) -> int:
     """`prep --check`: every shard's header, size and ids; one line per bad shard, exit 1 if any."""
     if vocab_size is None and (directory / "tokenizer.json").exists():
@@ -297,6 +318,9 @@ def check(directory: Path, vocab_size: int | None) -> int:
         except TokenizerError as e:
             raise SystemExit(f"error: {e}") from None
     n, errors = shards.check_dir(directory, vocab_size)
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []:  # --per-source
+        k, more = shards.check_dir(sub, vocab_size)
+        n, errors = n + k, errors + more
     if errors:
         raise SystemExit("\n".join(f"error: {e}" for e in errors))
     if n == 0:
@@ -316,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-fraction", type=float, default=None, help="share of each source's documents for val")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (llm.c: 1e8)")
     ap.add_argument("--loss-mask", action="store_true", help="also write loss-mask shards (assistant tokens = 1)")
+    ap.add_argument("--per-source", action="store_true", help="one subfolder of shards per source (data mixing)")
     ap.add_argument("--seed", type=int, default=None, help="split, weights and shuffle (default 1337)")
     ap.add_argument("--max-bytes", type=int, default=None, help="--builtin: stdlib bytes (default 4e6)")
     ap.add_argument("--tokenizer-bytes", type=int, default=50_000_000, help="text used to train BPE")
@@ -366,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.check, args.vocab_size)
     if not (args.builtin or args.source) or not (args.out or args.builtin):
         raise SystemExit("error: prep needs --builtin or --source PATH[@W] (and --out DIR with --source)")
+    if args.per_source and not args.out:
+        raise SystemExit("error: --per-source needs --out DIR (the train command's built-in cache is one shard set)")
     args = resolve(args)
     t0 = time.perf_counter()
     sources, args.build = [], {"builtin": False, "sources": args.source, "python": sys.version.split()[0]}

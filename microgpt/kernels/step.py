@@ -6,7 +6,8 @@
 
 Everything the step reads from the host sits in static device buffers filled before each replay: the tokens
 and targets of all micro-batches (one pinned H2D copy) and `hyper` = [lr, 1-b1^t, 1-b2^t, gscale, loss scale].
-The replay reports [mean loss, raw grad norm] through one small D2H copy, the step's only synchronization.
+The replay reports [mean loss, raw grad norm, each micro-batch's loss] through one small D2H copy, the step's
+only synchronization (the per-micro-batch losses feed the data mixture, microgpt/mixing.py).
 The first call runs the step once eagerly with the update forced off (norm := inf makes k_adamw skip every
 element), which compiles every kernel and makes every once-per-shape GEMM choice before capture, so nothing
 is compiled, timed or allocated inside the graph.
@@ -56,12 +57,13 @@ class GraphStep:
             self.refresh_lp()
         self.inputs = K.alloc(2 * t.n_micro * B * T, "i32").view(2, t.n_micro, B, T)
         self.hyper = K.alloc(8, "f32")
-        self.report = K.alloc(2, "f32")  # [mean loss over the micro-batches, raw grad norm]
+        self.report = K.alloc(2 + t.n_micro, "f32")  # [mean loss over the micro-batches, raw grad norm, each loss]
+        self.micro_losses: list[float] = []
         K.dscale = self.hyper[4:5]
         pin = K.dev.type == "cuda"
         self.host_inputs = torch.zeros(self.inputs.shape, dtype=torch.int32, pin_memory=pin)
         self.host_hyper = torch.zeros(8, dtype=torch.float32, pin_memory=pin)
-        self.host_report = torch.zeros(2, dtype=torch.float32, pin_memory=pin)
+        self.host_report = torch.zeros(2 + t.n_micro, dtype=torch.float32, pin_memory=pin)
         # data parallel: the NCCL all-reduce runs between backward and the norm, so that step stays eager
         self.use_graph = (K.dev.type == "cuda" and dp is None) if use_graph is None else use_graph
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -79,6 +81,7 @@ class GraphStep:
             Ai = _MicroArena(A, self.inputs[0, i], self.inputs[1, i])
             model.gpt_forward(K, self.m, self.P, Ai)
             crossentropy.loss_sum(self.report, A["losses"], Ai["targets"].reshape(-1), 1.0 / t.n_micro, accumulate=True)
+            crossentropy.loss_sum(self.report[2 + i :], A["losses"], Ai["targets"].reshape(-1), 1.0, accumulate=True)
             model.gpt_backward(K, self.m, self.P, self.G, Ai)
         if self.dp is not None:
             self.dp.all_reduce_grads(self.g)  # the sum over ranks; gscale makes it the mean
@@ -121,7 +124,7 @@ class GraphStep:
             self._body()
         self.host_report.copy_(self.report, non_blocking=True)
         K.synchronize()
-        loss, raw_norm = self.host_report.tolist()
+        loss, raw_norm, *self.micro_losses = self.host_report.tolist()
         grad_norm = raw_norm * gscale
         if K.precision == "fp16":
             self._update_loss_scale(math.isfinite(raw_norm))

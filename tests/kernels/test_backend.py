@@ -60,11 +60,12 @@ def test_graph_step_eager_matches_numpy_step() -> None:
     Kn = numpy_backend()
     An = _setup(Kn)
     Pn, Gn, g = An.role("params"), An.role("grads"), An.flat_f32("grads")
-    loss = 0.0
+    loss, micro_losses = 0.0, []
     for x, y in batches:
         An["tokens"][...], An["targets"][...] = x, y
         model.gpt_forward(Kn, M, Pn, An)
-        loss += Kn.loss_sum(An["losses"], An["targets"].reshape(-1))[0] / (y >= 0).sum() / t.n_micro
+        micro_losses.append(Kn.loss_sum(An["losses"], An["targets"].reshape(-1))[0] / (y >= 0).sum())
+        loss += micro_losses[-1] / t.n_micro
         model.gpt_backward(Kn, M, Pn, Gn, An)
     g *= 1.0 / t.n_micro
     norm = float(np.sqrt((g.astype(np.float64) ** 2).sum()))
@@ -78,6 +79,7 @@ def test_graph_step_eager_matches_numpy_step() -> None:
     step = GraphStep(Kt, M, t, At, use_graph=ON_GPU)
     got_loss, got_norm = step.step(batches, 1e-3, 1)
     assert abs(got_loss - loss) < 1e-5 * abs(loss)
+    np.testing.assert_allclose(step.micro_losses, micro_losses, rtol=1e-5)  # per micro-batch: the data mixture's
     assert abs(got_norm - norm) < 1e-4 * norm
     check("params", Kt.to_numpy(At.flat_f32("params")), p, 1e-5)
     assert not Kt.to_numpy(At.flat_f32("grads")).any(), "the step leaves the grads zeroed"
