@@ -16,7 +16,8 @@ leaves the previous complete version.
     makes them equal), so a restart leaves no gap and no duplicate.
 
     <run>.samples.json   {"format": "microgpt-samples-1", "run", "phase", "settings", "samples": [...]}
-    <run>.state.json     {"format": "microgpt-proxy-state-1", "run", "status", "phase", "step", ...}
+    <run>.state.json     {"format": "microgpt-proxy-state-1", "run", "status", "phase", "step", ...}; a run
+                         with a data mixture also shows its current weights there ("mixture", per source)
 
 On entering a new phase the samples and state files are archived (timestamped copies under archive/)
 and fresh ones start; see archive().

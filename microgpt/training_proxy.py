@@ -318,7 +318,7 @@ class Supervisor:
         elif kind == "step":
             row = {k: v for k, v in ev.items() if k != "event"}
             self.loss.add("train", {**row, "phase": ph.name, "time": now})
-            self.state.update(step=ev["step"])
+            self.state.update(step=ev["step"], **{k: ev[k] for k in ("mixture",) if k in ev})  # current weights
             seen["step"] = True
             self.flush(force=False)
         elif kind == "eval":
