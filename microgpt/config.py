@@ -36,6 +36,7 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 20
+    schedule_start: int = 0  # the step the lr schedule counts from (a phase's first step)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -126,6 +127,8 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.lr must be in (0, 1) and train.min_lr in [0, lr], got {t.lr}, {t.min_lr}")
     if t.warmup_steps < 0:
         raise ConfigError(f"{src}: train.warmup_steps must be >= 0, got {t.warmup_steps}")
+    if not 0 <= t.schedule_start < t.steps:
+        raise ConfigError(f"{src}: train.schedule_start must be in [0, steps), got {t.schedule_start}")
     if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
         raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     if t.eps <= 0 or t.weight_decay < 0 or t.grad_clip < 0:

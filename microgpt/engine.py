@@ -42,11 +42,16 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def lr_at(step: int, t: Any) -> float:
-    """Linear warmup to t.lr over warmup_steps, then cosine decay to t.min_lr at t.steps. step is 0-based."""
-    warmup = min(t.warmup_steps, t.steps)
+    """Linear warmup to t.lr over warmup_steps, then cosine decay to t.min_lr at t.steps. step is 0-based.
+
+    The schedule starts at t.schedule_start (0 for a plain run; a phase's first step under the proxy), so a
+    polish phase gets its own warmup and cosine instead of the tail of the pretraining one.
+    """
+    step, steps = step - t.schedule_start, t.steps - t.schedule_start
+    warmup = min(t.warmup_steps, steps)
     if step < warmup:
         return t.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, t.steps - warmup))
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
@@ -74,7 +79,7 @@ class Trainer:
         self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch, shard=(self.rank, self.world))
         self.tokenizer_info = tokenizer_info or {}
         self.step = 0
-        self._critical = False  # inside the optimizer section or a checkpoint write
+        self._critical = False  # from the optimizer section until the step is reported, or in a checkpoint write
         self._pending: list[str] = []
         self._init_state()
         # triton: the whole optimizer step runs on the device as one CUDA graph (microgpt/kernels/step.py),
@@ -98,7 +103,11 @@ class Trainer:
         return self.K.loss_sum(self.arena["losses"], self.arena["targets"].reshape(-1))
 
     def train_step(self) -> dict[str, Any]:
-        """Run optimizer step self.step (0-based) and advance self.step; return the step's log record."""
+        """Run optimizer step self.step (0-based) and advance self.step; return the step's log record.
+
+        Returns still inside the critical section: the caller leaves it once the record is out (run()), so a
+        signal's checkpoint of step s is never announced before step s's own line (no gap in the history).
+        """
         K, t, A, step = self.K, self.t, self.arena, self.step
         t0 = time.perf_counter()
         if self.fast is not None:
@@ -124,7 +133,6 @@ class Trainer:
         K.zero_(self.g)
         self.step = step + 1
         mix = self._end_mixture(step, micro_losses)  # with the step, so a checkpoint never sees half of it
-        self._leave_critical()
         K.synchronize()
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
@@ -145,7 +153,6 @@ class Trainer:
         loss, grad_norm = self.fast.step(batches, lr, step + 1)
         self.step = step + 1
         mix = self._end_mixture(step, self.fast.micro_losses)
-        self._leave_critical()
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -237,9 +244,9 @@ class Trainer:
 
     def run(self) -> int:
         t = self.t
-        emit(self.start_record())
-        self.install_signals()
+        self.install_signals()  # before the start record: a supervisor may signal as soon as it reads it
         try:
+            emit(self.start_record())
             while self.step < t.steps:
                 rec = self.train_step()
                 if self.dp is not None:
@@ -251,6 +258,7 @@ class Trainer:
                     emit(rec)
                     if self.rank == 0:
                         _progress(rec, t.steps)
+                self._leave_critical()  # a signal that came during the step is handled now
                 if self.step % t.eval_every == 0 or self.step == t.steps:
                     emit({"event": "eval", "step": self.step, **self.evaluate()})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:

@@ -22,9 +22,8 @@ starts by resuming from the previous phase's final checkpoint (weights and Adam 
 Without "phases" the run is one phase named "train" of train.steps steps. `--steps N` caps the run at
 global step N (a phase past N is not run; the one N falls in ends at N).
 
-The engine's lr schedule (warmup, cosine to min_lr at train.steps) runs on the global step. When the
-engine's TrainConfig has a `schedule_start` field, each phase sets it to the phase's start, so a
-phase's warmup and decay are its own.
+The engine's lr schedule (warmup, cosine to min_lr at train.steps) counts from train.schedule_start;
+each phase sets it to the phase's start, so a phase's warmup and decay are its own.
 
     "proxy": {"sample_every": 100, "prompts": ["def ", ...], "sample_tokens": 64, "temperature": 0.8,
               "hang_timeout_s": 900, ...}      (all optional; ProxySettings below gives defaults)
@@ -166,9 +165,8 @@ def _phase_engine(base: dict[str, Any], ph: dict[str, Any], start: int, end: int
         eng["data"]["loss_mask"] = ph["loss_mask"]
     eng["train"]["steps"] = end
     eng["train"]["log_every"] = 1  # the history holds every step, so every step must be reported
-    train_fields = {f.name for f in dataclasses.fields(config.TrainConfig)}
-    if "schedule_start" in train_fields and "schedule_start" not in ph.get("train", {}):
-        eng["train"]["schedule_start"] = start
+    if "schedule_start" not in ph.get("train", {}):
+        eng["train"]["schedule_start"] = start  # the phase's warmup and cosine are its own
     return eng
 
 
