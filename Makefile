@@ -1,4 +1,5 @@
 # Two commands (README): `make train` and `make test`. Each sets up .venv first.
+# `make train` keeps the engine's JSON lines in runs/ANDREA-tiny/train.jsonl; progress goes to the terminal.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,9 @@ setup-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 train: setup
-	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny --resume latest
+	@mkdir -p runs/ANDREA-tiny
+	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny --resume latest \
+	  >> runs/ANDREA-tiny/train.jsonl
 	@for prompt in "def " "class " "import "; do \
 	  echo "--- sample: $$prompt"; $(BIN)/microgpt sample runs/ANDREA-tiny --prompt "$$prompt" --tokens 200; done
 
