@@ -188,6 +188,8 @@ class Bandit:
         self.rewarded = np.array(s["rewarded"], dtype=bool)
         self.scale, self.t = float(s["scale"]), int(s["t"])
         self.pend_sum, self.pend_n = f64(s["pending_sum"]), np.array(s["pending_n"], dtype=np.int64)
+        if self.cfg.policy == "fixed":  # e.g. a phase that stops steering: the prior, whatever the checkpoint held
+            self.weights = self.prior.copy()
 
 
 # --- the sources -----------------------------------------------------------------------------------------------

@@ -230,3 +230,18 @@ def test_prep_per_source(tmp_path: Path) -> None:
     assert train.names == ["stdlib", "synthetic-chat"] and list(val.sources) == train.names
     np.testing.assert_allclose(train.bandit.weights, train.bandit.prior)  # fixed, prior "tokens"
     assert train.bandit.weights[0] > train.bandit.weights[1]  # stdlib holds most of the tokens
+
+
+def test_a_fixed_phase_after_firehose_keeps_the_prior(tmp_path: Path) -> None:
+    """A checkpoint of a firehose run continued with policy fixed (a later phase, say) draws with the prior."""
+    root = write_sources(tmp_path / "src")
+    first = write_exp(tmp_path, experiment(root, {**FIREHOSE, "warmup_steps": 1}), "first.json")
+    res = cli("train", str(first), "--steps", "6", "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    ck = tmp_path / "a/ckpt" / checkpoint.ckpt_name(6)
+    assert checkpoint.read_sidecar(ck)["mixing"]["weights"] != [1 / 3] * 3
+    then = write_exp(tmp_path, experiment(root, {"policy": "fixed", "prior": "uniform"}), "then.json")
+    res = cli("train", str(then), "--steps", "9", "--out", str(tmp_path / "b"), "--resume", str(ck))
+    assert res.returncode == 0, res.stderr
+    steps = [r for r in json_lines(res.stdout) if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [7, 8, 9] and all(r["mixture"] == dict.fromkeys(SOURCES, 1 / 3) for r in steps)
