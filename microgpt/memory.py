@@ -103,10 +103,7 @@ def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
         ("proj", (N, C)),  # output of W_O and of the MLP before the residual add
         ("a", (N, 4 * C)),  # GELU output (forward and backward recompute)
         ("dh", (N, 4 * C)),
-        ("dresid", (N, C)),  # gradient of the residual stream above the current layer
-        ("dresid_next", (N, C)),  # ... and below it; the two swap every layer
-        ("dresid2", (N, C)),
-        ("dbranch", (N, C)),
+        ("dresid", (N, C)),  # gradient of the residual stream, updated in place from the top layer down
         ("dln", (N, C)),
         ("datt", (N, C)),
         ("dqkv", (3, N, C)),

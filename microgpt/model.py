@@ -1,8 +1,13 @@
 """GPT forward and backward as flat lists of op-pair calls over the planned buffers.
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
-read side by side. Nothing here computes: every line is one op pair's forward or backward (or a zeroing
-of an activation-gradient buffer, since every backward adds with +=). `K` is the backend namespace
+read side by side, with one exception: the residual adds. Their backward sends dout unchanged to both inputs
+(dx += dout; dy += dout), so instead of copying the residual stream's gradient into two zeroed buffers, the
+branch reads `dresid` as its output gradient and the LayerNorm under it adds its input gradient into `dresid`
+in place (as llm.c's CUDA trainer does): one buffer, updated from the top of the model down, with the same
+sums in the same order, so the result is bit for bit what the explicit residual backward gives.
+Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
+activation-gradient buffer, since every backward adds with +=). `K` is the backend namespace
 (microgpt.backend): the NumPy reference or the Triton kernels, with the same names and arguments.
 
 P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch,
@@ -61,7 +66,7 @@ def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A
     """Adds this micro-batch's gradients into G (weights) using the activations gpt_forward saved."""
     B, T = A["tokens"].shape
     N, H = B * T, m.n_head
-    dresid, dresid_next, dln = A["dresid"], A["dresid_next"], A["dln"]
+    dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
     targets = A["targets"].reshape(N)
     K.zero_(dln)
     K.crossentropy_backward(dln, G["wte"], A["dlosses"], A["lnf"], P["wte"], targets, A["ce_lse"], A["logits"])
@@ -70,24 +75,17 @@ def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
     for layer in reversed(range(m.n_layer)):
         h, x = f"h{layer}.", A["resid"][layer]
-        dresid2, dbranch, datt, dqkv = A["dresid2"], A["dbranch"], A["datt"], A["dqkv"]
-        # resid[l+1] = resid2 + mlp(ln2(resid2))
-        K.zero_(dresid2)
-        K.zero_(dbranch)
-        K.residual_backward(dresid2, dbranch, dresid)
+        # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
         K.zero_(dln)
-        K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dbranch, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
+        K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
                        A["a"], A["dh"])  # fmt: skip
-        K.layernorm_backward(dresid2, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
+        K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
                              A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
-        # resid2 = resid[l] + attn(ln1(resid[l]))
-        K.zero_(dresid_next)
-        K.zero_(dbranch)
-        K.residual_backward(dresid_next, dbranch, dresid2)
+        # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
         att = A["att"][layer]
         K.zero_(datt)
-        K.linear_backward(datt, G[h + "w_o"], dbranch, att, P[h + "w_o"])
+        K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
         q, k, v = A["qkv"][layer]
         dq, dk, dv = dqkv
         K.zero_(dqkv)
@@ -98,9 +96,8 @@ def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A
         K.linear_backward(dln, G[h + "w_v"], dv, ln1, P[h + "w_v"])
         K.linear_backward(dln, G[h + "w_k"], dk, ln1, P[h + "w_k"])
         K.linear_backward(dln, G[h + "w_q"], dq, ln1, P[h + "w_q"])
-        K.layernorm_backward(dresid_next, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
+        K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
-        dresid, dresid_next = dresid_next, dresid
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), A["tokens"])
 
 
