@@ -13,19 +13,21 @@ from ._kutil import DEVICE, DTYPES, compare, h, rounded, t
 SHAPES = [(3, 7, 12, 5, 11), (1, 1, 5, 3, 1), (4, 16, 37, 2, 16), (2, 24, 8, 97, 32)]
 
 
-def run_kernels(tokens, wte, wpe, dout, dwte0, dwpe0, dtype):
+def run_kernels(tokens, wte, wpe, dout, dwte0, dwpe0, dtype, chunk=ke.CHUNK):
     B, T = tokens.shape
     out = torch.empty(B, T, wte.shape[1], dtype=dtype, device=DEVICE)
     ke.embedding_forward(out, t(tokens), t(wte, dtype), t(wpe, dtype))
     dwte, dwpe = t(dwte0, torch.float32), t(dwpe0, torch.float32)
     order = torch.empty(B * T, dtype=torch.int32, device=DEVICE)
-    ke.embedding_backward(dwte, dwpe, t(dout, dtype), t(tokens), order=order)
+    ke.embedding_backward(dwte, dwpe, t(dout, dtype), t(tokens), order=order, chunk=chunk)
     return out, dwte, dwpe
 
 
+@pytest.mark.parametrize("chunk", [ke.CHUNK, 1], ids=["one-chunk", "chunk-per-sequence"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
-def test_embedding(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype) -> None:
+def test_embedding(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype, chunk: int) -> None:
+    """chunk=1 rounds up to one sequence per sort chunk: dwte sums then span several chunks."""
     rng = np.random.default_rng(B * T * C + V)
     tokens = rng.integers(0, V, size=(B, T)).astype(np.int32)
     wte, wpe = rounded(rng.standard_normal((V, C)), dtype), rounded(rng.standard_normal((Tmax, C)), dtype)
@@ -35,7 +37,7 @@ def test_embedding(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype
     ref.embedding_forward(out, tokens, wte, wpe)
     dwte, dwpe = dwte0.copy(), dwpe0.copy()
     ref.embedding_backward(dwte, dwpe, dout, tokens)
-    gout, gdwte, gdwpe = run_kernels(tokens, wte, wpe, dout, dwte0, dwpe0, dtype)
+    gout, gdwte, gdwpe = run_kernels(tokens, wte, wpe, dout, dwte0, dwpe0, dtype, chunk)
     compare("out", gout, out, dtype)
     compare("dwte", gdwte, dwte, dtype)
     compare("dwpe", gdwpe, dwpe, dtype)
@@ -47,5 +49,7 @@ def test_embedding_backward_is_deterministic() -> None:
     rng = np.random.default_rng(5)
     tokens = rng.integers(0, 3, size=(4, 40)).astype(np.int32)
     wte, wpe, dout = rng.standard_normal((3, 16)), rng.standard_normal((40, 16)), rng.standard_normal((4, 40, 16))
-    runs = [run_kernels(tokens, wte, wpe, dout, np.zeros_like(wte), np.zeros_like(wpe), torch.float32) for _ in "ab"]
-    np.testing.assert_array_equal(h(runs[0][1]), h(runs[1][1]))
+    for chunk in (ke.CHUNK, 80):  # one chunk; two sequences per chunk
+        runs = [run_kernels(tokens, wte, wpe, dout, np.zeros_like(wte), np.zeros_like(wpe), torch.float32, chunk)
+                for _ in "ab"]  # fmt: skip
+        np.testing.assert_array_equal(h(runs[0][1]), h(runs[1][1]))

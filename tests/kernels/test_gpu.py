@@ -41,8 +41,9 @@ def wgrad(*shape):
     return g, g.clone()
 
 
+@pytest.mark.parametrize("chunk", [8192, 1024])  # one sort chunk; one chunk per sequence
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding_gpu(dtype):
+def test_embedding_gpu(dtype, chunk):
     from microgpt.kernels import embedding as k
 
     torch.manual_seed(0)
@@ -51,7 +52,7 @@ def test_embedding_gpu(dtype):
     out = torch.empty(B, T, C, device="cuda", dtype=dtype)
     k.embedding_forward(out, tok, wte, wpe)
     (dwte, dwte0), (dwpe, dwpe0) = wgrad(V, C), wgrad(T, C)
-    k.embedding_backward(dwte, dwpe, dout, tok, order=torch.empty(N, device="cuda", dtype=torch.int32))
+    k.embedding_backward(dwte, dwpe, dout, tok, order=torch.empty(N, device="cuda", dtype=torch.int32), chunk=chunk)
     rwte, rwpe = leaf(wte), leaf(wpe)
     ref = rwte[tok.long()] + rwpe
     (ref * dout.double()).sum().backward()
