@@ -59,8 +59,12 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, chunks: list[bytes | memoryview]) -> None:
-    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder."""
+def atomic_write_bytes(path: Path, chunks: list[bytes | memoryview], sync_dir: bool = True) -> None:
+    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder.
+
+    sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
+    files rewritten often whose loss in a power cut costs nothing a rerun does not restore (the proxy's files).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -73,7 +77,8 @@ def atomic_write_bytes(path: Path, chunks: list[bytes | memoryview]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -34,6 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from microgpt.checkpoint import atomic_write_bytes
+
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
@@ -50,17 +52,8 @@ def utc_now() -> str:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write obj as compact JSON: temp file beside path, fsync, rename (readers see old or new, never half)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, [data], sync_dir=False)
 
 
 def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
