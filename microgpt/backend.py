@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import ops
+from microgpt.config import ConfigError
 
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
@@ -36,8 +37,8 @@ def _numpy_copy_in(dst: np.ndarray, src: np.ndarray) -> None:
 def numpy_backend() -> SimpleNamespace:
     K = SimpleNamespace(name="numpy", precision="fp32", device="cpu")
     for pair in ops.OPS.values():
-        setattr(K, pair.forward.__name__.removesuffix("_ref"), pair.forward)
-        setattr(K, pair.backward.__name__.removesuffix("_ref"), pair.backward)
+        setattr(K, pair.forward.__name__, pair.forward)
+        setattr(K, pair.backward.__name__, pair.backward)
     for name in ("grad_norm_partial", "grad_norm_final", "grad_scale", "adamw_step"):
         setattr(K, name, getattr(ops, name))
     K.alloc = lambda numel, kind: np.zeros(numel, dtype=NUMPY_DTYPES[kind])
@@ -51,10 +52,17 @@ def numpy_backend() -> SimpleNamespace:
 
 
 def get_backend(name: str, precision: str) -> Any:
+    """The backend namespace; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
     if name == "numpy":
         return numpy_backend()
     if name == "triton":
-        from microgpt import kernels  # torch + triton: only on this path
-
-        return kernels.triton_backend(precision)
-    raise ValueError(f"unknown backend {name!r}")
+        try:
+            from microgpt import kernels  # torch + triton: only on this path
+        except ImportError as e:
+            raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
+                              "pip install -e '.[gpu]'") from None  # fmt: skip
+        try:
+            return kernels.triton_backend(precision)
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(f"train.backend 'triton': {e}") from None
+    raise ConfigError(f"train.backend: unknown backend {name!r}")

@@ -69,10 +69,12 @@ def cmd_train(argv: list[str]) -> int:
         exp = load_experiment(args)
         out = Path(args.out or Path("runs") / exp.name)
         existing = checkpoint.list_checkpoints(out / "ckpt")
-        if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start
+        if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
             found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
+            if existing and found is None:
+                return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
+                            f"(newest {existing[0].name}); choose another --out")  # fmt: skip
             args.resume = str(found) if found else None
-            existing = []
         if existing and not args.resume:
             return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                         "pass --resume or choose another --out")  # fmt: skip

@@ -211,6 +211,8 @@ def ensure_builtin(exp: Experiment, folder: Path) -> None:
             return
         if found is False and exp.data.path:  # the user's folder: never overwrite it silently
             raise ConfigError(f"data.path: {folder} holds a corpus built with other settings (manifest 'build')")
+        if found is None and exp.data.path and folder.is_dir() and any(folder.iterdir()):
+            raise ConfigError(f"data.path: {folder} is not empty and holds no built-in corpus; choose an empty folder")
         d = exp.data
         print(f"building the built-in corpus into {folder} (first use)", file=sys.stderr, flush=True)
         argv = ["--builtin", "--out", str(folder), "--vocab-size", str(exp.model.vocab_size), "--val-fraction",

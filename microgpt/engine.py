@@ -30,6 +30,7 @@ import numpy as np
 from microgpt import checkpoint, data, memory, model
 from microgpt.backend import get_backend
 from microgpt.config import ConfigError, Experiment
+from microgpt.ops import clip_coef
 
 STDOUT_FD = 1
 
@@ -124,8 +125,9 @@ class Trainer:
         K.grad_norm_partial(A["norm_partials"], self.g, memory.NORM_BLOCK)
         K.grad_norm_final(A["norm"], A["norm_partials"])
         grad_norm = float(K.to_numpy(A["norm"])[0])
-        if t.grad_clip > 0 and grad_norm > t.grad_clip:
-            K.grad_scale(self.g, t.grad_clip / (grad_norm + 1e-6))
+        coef = clip_coef(grad_norm, t.grad_clip) if t.grad_clip > 0 else 1.0
+        if coef < 1.0:
+            K.grad_scale(self.g, coef)
         lr = lr_at(step, t)
         self._critical = True
         K.adamw_step(self.p, self.g, self.adam_m, self.adam_v, A["decay_mask"], lr, t.beta1, t.beta2, t.eps,
@@ -134,7 +136,11 @@ class Trainer:
         self.step = step + 1
         mix = self._end_mixture(step, micro_losses)  # with the step, so a checkpoint never sees half of it
         K.synchronize()
-        dt = time.perf_counter() - t0
+        return self._record(t0, loss, lr, grad_norm, mix)
+
+    def _record(self, t0: float, loss: float, lr: float, grad_norm: float, mix: dict[str, Any]) -> dict[str, Any]:
+        """The step's JSON line (step = steps completed, tokens over all ranks, time since t0)."""
+        t, dt = self.t, time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
         return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
@@ -153,10 +159,7 @@ class Trainer:
         loss, grad_norm = self.fast.step(batches, lr, step + 1)
         self.step = step + 1
         mix = self._end_mixture(step, self.fast.micro_losses)
-        dt = time.perf_counter() - t0
-        tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
-        return {"event": "step", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
+        return self._record(t0, loss, lr, grad_norm, mix)
 
     def evaluate(self) -> dict[str, Any]:
         """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
@@ -192,6 +195,7 @@ class Trainer:
         if self.fast is not None:
             self.fast.refresh_lp()  # the compute copy of the weights follows the loaded fp32 masters
             self.K.loss_scale = float(side.get("loss_scale", self.K.loss_scale))
+            self.fast.good_steps = int(side.get("loss_scale_good_steps", 0))  # fp16: when the scale grows next
 
     def save(self, reason: str) -> Path | None:
         """Checkpoint the last completed step under <out>/ckpt and announce it (data parallel: rank 0 only)."""
@@ -204,7 +208,8 @@ class Trainer:
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
         meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
                 "data": data.data_description(self.exp), "backend": self.t.backend, "precision": self.t.precision,
-                "loss_scale": getattr(self.K, "loss_scale", 1.0), "reason": reason,
+                "loss_scale": getattr(self.K, "loss_scale", 1.0),
+                "loss_scale_good_steps": getattr(self.fast, "good_steps", 0), "reason": reason,
                 "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
         if hasattr(self.train_data, "state"):
             meta["mixing"] = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume)
@@ -263,6 +268,7 @@ class Trainer:
                     emit({"event": "eval", "step": self.step, **self.evaluate()})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
+                    self._leave_critical()  # a signal that came during the write is handled now, not a step later
                 if self.dp is not None:
                     self.dp.act(self)  # agreed signals (rank 0 checkpoints; SIGTERM stops all); replica checks
             self.save("final")

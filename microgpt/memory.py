@@ -26,7 +26,7 @@ from microgpt.config import ModelConfig
 
 ALIGN = 64  # elements; activation views start on 128-byte (16-bit) or 256-byte (fp32) boundaries
 ROLES = ("params", "grads", "adam_m", "adam_v", "optim", "acts", "scratch", "inputs")
-KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "compute": {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}}
+KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "compute": {"fp32": 4, "bf16": 2, "fp16": 2}}
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,8 @@ def format_plan(bufs: list[Buf], precision: str) -> str:
 class Arena:
     """One allocation per (role, kind); `self[name]` is a view with the planned shape.
 
-    `alloc(numel, kind)` returns a flat zeroed array (NumPy or torch); `dtype_of(kind)` is not needed here:
-    the backend's allocator decides the element type of each kind.
+    `alloc(numel, kind)` returns a flat zeroed array (NumPy or torch): the backend's allocator decides the
+    element type of each kind.
     """
 
     def __init__(self, bufs: list[Buf], alloc: Callable[[int, str], Any]):

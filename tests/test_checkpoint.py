@@ -33,12 +33,17 @@ def test_layout_is_the_seed_format(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000012.bin", "step-00000012.state.json"]
 
 
-def test_overwrite_is_all_or_nothing(tmp_path) -> None:
-    """A failed write leaves the old file whole and no temp file behind."""
+def test_overwrite_is_all_or_nothing(tmp_path, monkeypatch) -> None:
+    """A write that fails before its rename leaves the old file whole and no temp file behind."""
     path = checkpoint.write_checkpoint(tmp_path / "step-00000001.bin", 1, *arrays(10))
     before = path.read_bytes()
-    with pytest.raises(ValueError):
-        checkpoint.write_checkpoint(path, 2, *arrays(10)[:2], np.zeros(3, np.float32))
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "replace", no_rename)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.write_checkpoint(path, 2, *arrays(10, seed=1))
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001.bin", "step-00000001.state.json"]
 

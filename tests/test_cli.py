@@ -167,3 +167,31 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(run_with_checkpoint) -> Non
 def test_bad_flag_is_one_line() -> None:
     res = cli("train", "experiments/ANDREA-tiny-TRAIN.json", "--steps", "many")
     one_line_error(res, "--steps")
+
+
+def test_resume_latest_refuses_checkpoints_of_another_model(tmp_path: Path, run_with_checkpoint) -> None:
+    _, ck, before = run_with_checkpoint
+    (tmp_path / "other").mkdir()
+    other = write_experiment(tmp_path / "other", model={"d_model": 48})
+    res = cli("train", str(other), "--steps", "4", "--out", str(ck.parent.parent), "--resume", "latest")
+    one_line_error(res, "--resume latest", "none is valid for this model")
+    assert ck.read_bytes() == before and checkpoint.list_checkpoints(ck.parent) == [ck]
+
+
+def test_builtin_corpus_never_replaces_a_foreign_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("not a corpus")
+    exp = write_experiment(tmp_path, model={"vocab_size": 512}, data={"path": str(folder)})
+    res = cli("train", str(exp), "--steps", "1", "--out", str(tmp_path / "run"))
+    one_line_error(res, "data.path", "not empty")
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+
+
+def test_triton_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    exp = write_experiment(tmp_path)
+    res = cli("train", str(exp), "--steps", "1", "--backend", "triton", "--out", str(tmp_path / "run"),
+              env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    one_line_error(res, "train.backend 'triton'")
+    assert not (tmp_path / "run" / "ckpt").exists()

@@ -39,6 +39,7 @@ def test_family_sizes() -> None:
         ({"train": {"lr": "fast"}}, "field 'lr' must be float"),
         ({"train": {"backend": "cuda"}}, "train.backend must be one of"),
         ({"train": {"precision": "bf16"}}, "needs train.backend 'triton'"),
+        ({"train": {"precision": "fp8"}}, "train.precision must be one of fp32, bf16, fp16"),
         ({"train": {"beta2": 1.0}}, "train.beta1 and train.beta2"),
         ({"model": {"vocab_size": 70000}}, "uint16"),
         ({"model": []}, "model: must be a JSON object"),
@@ -67,3 +68,10 @@ def test_override() -> None:
         config.override(exp, "train.lrr=1")
     with pytest.raises(ConfigError, match="section.field=value"):
         config.override(exp, "lr=1")
+
+
+def test_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "exp.json"
+    path.write_bytes(b'\xff\xfe{"model": {}}')
+    with pytest.raises(ConfigError, match=r"exp.json: not UTF-8 text"):
+        config.load(path)

@@ -85,7 +85,7 @@ def test_graph_step_eager_matches_numpy_step() -> None:
     assert not Kt.to_numpy(At.flat_f32("grads")).any(), "the step leaves the grads zeroed"
 
 
-def test_graph_step_bf16_copy_follows_master() -> None:
+def test_graph_step_fp16_copy_follows_master() -> None:
     """fp16 compute: the step keeps a compute copy of the weights equal to the rounded fp32 masters."""
     t = TrainConfig(micro_batch=B, n_micro=1)
     Kt = TritonBackend("fp16")
@@ -136,3 +136,23 @@ def test_checkpoints_cross_backends(tmp_path) -> None:
         assert b.step == 2
         got = [b.train_step()["loss"] for _ in range(2)]
         np.testing.assert_allclose(got, want[2:], rtol=2e-5, err_msg=f"{first} checkpoint resumed on {second}")
+
+
+def test_fp16_loss_scale_state_travels_with_the_checkpoint(tmp_path) -> None:
+    """fp16: the loss scale and its growth counter go into the sidecar and come back on load (bit-exact resume)."""
+    from microgpt import checkpoint, config, engine
+    from tests.conftest import TINY
+
+    small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}
+    train = {**TINY["train"], "steps": 4, "n_micro": 1, "micro_batch": 2, "backend": "triton", "precision": "fp16"}
+    exp = config.from_dict({**TINY, "model": small, "train": train})
+    a = engine.Trainer(exp, tmp_path / "a")
+    for _ in range(2):
+        a.train_step()
+    a.K.loss_scale = 512.0  # as if overflows had lowered it
+    path = a.save("periodic")
+    side = checkpoint.read_sidecar(path)
+    assert side["loss_scale"] == 512.0 and side["loss_scale_good_steps"] == a.fast.good_steps == 2
+    b = engine.Trainer(exp, tmp_path / "b")
+    b.load(path)
+    assert b.K.loss_scale == 512.0 and b.fast.good_steps == 2
