@@ -66,6 +66,17 @@ def default_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> 
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
 
 
+GPU_LOGITS_BUDGET = 512 << 20  # bytes: on the GPU, logits chunks big enough for full-speed GEMMs
+
+
+def halved_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = GPU_LOGITS_BUDGET) -> int:
+    """The triton backend's R: N halved until an (R, V) chunk of `itemsize` bytes fits (equal chunks, none short)."""
+    R = B * m.seq_len
+    while R > 1 and R * m.vocab_size * itemsize > budget_bytes:
+        R = (R + 1) // 2
+    return R
+
+
 def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
     """Every buffer of a training step for micro-batch B."""
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size

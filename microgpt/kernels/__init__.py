@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import triton
 
+from microgpt import memory
 from microgpt.kernels import (
     adamw,
     attention,
@@ -32,7 +33,6 @@ from microgpt.kernels import (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8}
 POOL_ALIGN = 256  # bytes: every view of the arena starts on a 256-byte boundary
-LOGITS_BUDGET = 512 << 20  # bytes of the cross-entropy logits chunk: rows big enough for full-speed GEMMs
 
 
 class TritonBackend:
@@ -106,11 +106,8 @@ class TritonBackend:
         return (numel * size + POOL_ALIGN - 1) // POOL_ALIGN * POOL_ALIGN
 
     def logits_rows(self, m: Any, B: int) -> int:
-        """R for the (R,V) logits scratch: N halved until the chunk fits LOGITS_BUDGET (equal chunks, none short)."""
-        R = B * m.seq_len
-        while R > 1 and R * m.vocab_size * self.dtype.itemsize > LOGITS_BUDGET:
-            R = (R + 1) // 2
-        return R
+        """R for the (R,V) logits scratch in the compute dtype (memory.halved_logits_rows)."""
+        return memory.halved_logits_rows(m, B, self.dtype.itemsize)
 
     def reserve_for(self, bufs: list, m: Any, t: Any) -> int:
         """Reserve one allocation for the plan plus what GraphStep adds (compute weights, static inputs)."""
