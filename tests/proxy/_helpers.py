@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 
-# About 5 ms a step on one core: a 120-step run takes about a second, long enough to signal it mid-run.
+# About 5 ms a step on one core: a 300-step run takes a few seconds, so a test that signals at step 50
+# keeps a wide margin before the run would end on its own.
 # One BLAS thread: with a tiny model, OpenBLAS threads on a busy 2-core machine made steps 10x slower.
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 EXP: dict[str, Any] = {
     "name": "proxy-test",
     "model": {"vocab_size": 256, "d_model": 32, "n_layer": 2, "n_head": 2, "seq_len": 32},
-    "train": {"micro_batch": 4, "steps": 120, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5, "eval_every": 20,
+    "train": {"micro_batch": 4, "steps": 300, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5, "eval_every": 20,
               "eval_batches": 2, "ckpt_every": 20, "seed": 11},
     "data": {"source": "builtin", "max_bytes": 400000, "val_fraction": 0.3},
     "proxy": {"sample_every": 0, "flush_s": 0.05, "backoff_s": 0.05, "hang_timeout_s": 60, "startup_timeout_s": 60},

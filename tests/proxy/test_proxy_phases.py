@@ -20,9 +20,10 @@ def exp(**sections) -> dict:
 
 def test_without_phases_the_run_is_one_phase_of_train_steps() -> None:
     plan = make_plan(exp(), "e.json")
-    assert [(p.name, p.start, p.end) for p in plan.phases] == [("train", 0, 120)]
+    steps = exp()["train"]["steps"]
+    assert [(p.name, p.start, p.end) for p in plan.phases] == [("train", 0, steps)]
     eng = plan.phases[0].engine
-    assert eng["train"]["steps"] == 120 and eng["train"]["log_every"] == 1
+    assert eng["train"]["steps"] == steps and eng["train"]["log_every"] == 1
     assert "proxy" not in eng and "phases" not in eng
     config.from_dict(eng, "engine")  # a complete experiment the engine accepts as is
 
