@@ -86,7 +86,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # FP8 E4M3 (Hopper) is not implemented ye
 BACKENDS = ("numpy", "triton")
 
 
-def _check_type(where: str, name: str, value: Any, typ: type) -> Any:
+def check_type(where: str, name: str, value: Any, typ: type) -> Any:
+    """value as typ (an int where a float is wanted becomes a float); ConfigError naming where and the field."""
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
@@ -104,7 +105,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown field '{name}' (known: {known})")
         typ = {"int": int, "float": float, "str": str, "bool": bool}[str(fields[name].type)]
-        setattr(obj, name, _check_type(where, name, value, typ))
+        setattr(obj, name, check_type(where, name, value, typ))
     return obj
 
 
@@ -152,7 +153,7 @@ def from_dict(raw: Any, src: str = "<config>") -> Experiment:
     exp = Experiment()
     for key, value in raw.items():
         if key == "name":
-            exp.name = _check_type(src, "name", value, str)
+            exp.name = check_type(src, "name", value, str)
         elif key in SECTIONS:
             setattr(exp, key, _build(SECTIONS[key], value, f"{src}: {key}"))
         elif key in EXTRA_SECTIONS:
@@ -178,16 +179,21 @@ def load(path: str | Path) -> Experiment:
     return from_dict(raw, str(path))
 
 
-def override(exp: Experiment, assignment: str, src: str = "--set") -> Experiment:
-    """Apply one `section.field=value` override (value parsed as JSON, else taken as a string)."""
+def parse_assignment(assignment: str, src: str = "--set") -> tuple[str, str, Any]:
+    """`section.field=value` -> (section, field, value); the value is parsed as JSON, else taken as a string."""
     key, sep, text = assignment.partition("=")
     section, dot, name = key.partition(".")
     if not sep or not dot or section not in SECTIONS:
         raise ConfigError(f"{src} {assignment!r}: expected section.field=value with section in {', '.join(SECTIONS)}")
     try:
-        value = json.loads(text)
+        return section, name, json.loads(text)
     except json.JSONDecodeError:
-        value = text
+        return section, name, text
+
+
+def override(exp: Experiment, assignment: str, src: str = "--set") -> Experiment:
+    """Apply one `section.field=value` override."""
+    section, name, value = parse_assignment(assignment, src)
     raw = exp.to_dict()
     raw[section][name] = value
-    return from_dict(raw, f"{src} {key}")
+    return from_dict(raw, f"{src} {section}.{name}")

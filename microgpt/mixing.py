@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import data, shards
-from microgpt.config import ConfigError, Experiment
+from microgpt.config import ConfigError, Experiment, check_type
 
 POLICIES = ("fixed", "firehose")
 REWARDS = ("improvement", "loss", "excess")
@@ -70,12 +70,7 @@ def parse(raw: Any, where: str = "experiment") -> MixingConfig:
     for name, value in raw.items():
         if name not in TYPES:
             raise ConfigError(f"{where}: unknown field 'mixing.{name}' (known: {', '.join(TYPES)})")
-        typ = TYPES[name]
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-            raise ConfigError(f"{where}: field 'mixing.{name}' has the wrong type: {value!r}")
-        setattr(cfg, name, value)
+        setattr(cfg, name, check_type(where, f"mixing.{name}", value, TYPES[name]))
     _check_values(cfg, where)
     return cfg
 

@@ -93,14 +93,6 @@ class Plan:
         return self.phases[-1].end
 
 
-def _typed(where: str, name: str, value: Any, typ: type) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-        raise ConfigError(f"{where}: field '{name}' must be {typ.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
 def load_settings(raw: Any, src: str) -> ProxySettings:
     where = f"{src}: proxy"
     if not isinstance(raw, dict):
@@ -111,7 +103,7 @@ def load_settings(raw: Any, src: str) -> ProxySettings:
         if name not in types:
             raise ConfigError(f"{where}: unknown field '{name}' (known: {', '.join(types)})")
         typ = {"int": int, "float": float, "list[Any]": list}[str(types[name])]
-        setattr(settings, name, _typed(where, name, value, typ))
+        setattr(settings, name, config.check_type(where, name, value, typ))
     for name in ("sample_tokens", "max_restarts"):
         if getattr(settings, name) < 0:
             raise ConfigError(f"{where}.{name} must be >= 0, got {getattr(settings, name)}")
@@ -137,7 +129,7 @@ def _check_phase(raw: Any, where: str, seen: set[str]) -> dict[str, Any]:
     for name, value in raw.items():
         if name not in PHASE_FIELDS:
             raise ConfigError(f"{where}: unknown phase field '{name}' (known: {', '.join(PHASE_FIELDS)})")
-        _typed(where, name, value, PHASE_FIELDS[name])
+        config.check_type(where, name, value, PHASE_FIELDS[name])
     for name in ("name", "steps"):
         if name not in raw:
             raise ConfigError(f"{where}: missing phase field '{name}'")
@@ -184,14 +176,9 @@ def apply_sets(raw: Any, sets: list[str]) -> Any:
     """`--set section.field=value` overrides (value parsed as JSON, else a string) on a copy of the raw experiment."""
     raw = copy.deepcopy(raw)
     for assignment in sets:
-        key, eq, text = assignment.partition("=")
-        section, dot, name = key.partition(".")
-        if not eq or not dot or section not in config.SECTIONS or not isinstance(raw, dict):
-            raise ConfigError(f"--set {assignment!r}: expected section.field=value, section one of model, train, data")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
+        section, name, value = config.parse_assignment(assignment)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"--set {assignment!r}: the experiment is not a JSON object")
         raw.setdefault(section, {})[name] = value
     return raw
 

@@ -164,7 +164,7 @@ def test_two_processes_draw_and_weigh_like_one(tmp_path: Path) -> None:
         ({"reward": "loss", "eta": 0}, "mixing.eta must be > 0"),
         ({"warmup": 3}, "unknown field 'mixing.warmup'"),
         ({"prior": {"a-pattern": -1}}, "mixing.prior weights must be numbers > 0"),
-        ({"update_every": "2"}, "field 'mixing.update_every' has the wrong type"),
+        ({"update_every": "2"}, "field 'mixing.update_every' must be int"),
     ],
 )
 def test_bad_mixing_section_is_one_line(tmp_path: Path, section: dict, expected: str) -> None:
