@@ -27,5 +27,5 @@ test: setup-test
 	$(BIN)/python -m pytest -q
 
 check: setup-test
-	$(BIN)/ruff format --check microgpt tests bench scripts
-	$(BIN)/ruff check microgpt tests bench scripts
+	$(BIN)/ruff format --check microgpt tests bench scripts dev
+	$(BIN)/ruff check microgpt tests bench scripts dev
