@@ -51,3 +51,12 @@ def tt(x: np.ndarray) -> torch.Tensor:
 def noise_like(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     """Random gradient-buffer contents: a backward must add to them, not overwrite them."""
     return rng.standard_normal(shape).astype(dtype)
+
+
+def check_outputs_and_added_grads(got: dict, ref: dict, noise: dict, outputs: tuple[str, ...], tol: float) -> None:
+    """Forward outputs against the reference, then each grad buffer minus the noise it was pre-filled with:
+    equal to the reference gradient only if backward added into the buffer (+=) rather than overwrote it."""
+    for k in outputs:
+        check(k, got[k], ref[k], tol)
+    for k in noise:
+        check(k, got[k] - noise[k], ref[k], tol)

@@ -8,7 +8,7 @@ import torch
 
 from microgpt.ops.attention import attention_backward, attention_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 # (B, T, C, NH): hs = 4, 1, 5, 6; T = 1 has a single unmasked key per row.
 SHAPES = [(3, 7, 12, 3), (1, 1, 4, 1), (2, 13, 10, 2), (2, 16, 24, 4), (1, 5, 3, 3)]
@@ -49,10 +49,7 @@ def test_attention_float64(B: int, T: int, C: int, NH: int) -> None:
     noise = {k: noise_like(rng, (B, T, C), np.float64) for k in ("dq", "dk", "dv")}
     got = run_numpy(inp, NH, np.float64, {k: v.copy() for k, v in noise.items()})
     ref = torch_reference(inp, NH)
-    check("out", got["out"], ref["out"], F64_TOL)
-    check("lse", got["lse"], ref["lse"], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out", "lse"), F64_TOL)
 
 
 @pytest.mark.parametrize("B,T,C,NH", SHAPES)

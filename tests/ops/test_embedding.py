@@ -6,7 +6,7 @@ import torch
 
 from microgpt.ops.embedding import embedding_backward, embedding_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 # (B, T, C, V, Tmax): odd and prime sizes; V < B*T forces repeated tokens (the scatter-add must sum them);
 # Tmax > T leaves wpe rows that must get no gradient.
@@ -50,9 +50,7 @@ def test_embedding_float64(B: int, T: int, C: int, V: int, Tmax: int) -> None:
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
     got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()})
     ref = torch_reference(inp)
-    check("out", got["out"], ref["out"], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out",), F64_TOL)
     np.testing.assert_array_equal(got["dwpe"][T:], noise["dwpe"][T:])  # rows past T untouched
 
 

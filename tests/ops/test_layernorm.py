@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from microgpt.ops.layernorm import EPS, layernorm_backward, layernorm_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 SHAPES = [(21, 12), (1, 5), (7, 37), (3, 64)]  # (N, C)
 
@@ -49,10 +49,7 @@ def test_layernorm_float64(N: int, C: int) -> None:
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(N, C).items()}
     got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()})
     ref = torch_reference(inp)
-    for k in ("out", "mean", "rstd"):
-        check(k, got[k], ref[k], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out", "mean", "rstd"), F64_TOL)
 
 
 @pytest.mark.parametrize("N,C", SHAPES)

@@ -5,7 +5,7 @@ import pytest
 
 from microgpt.ops.linear import linear_backward, linear_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 SHAPES = [(21, 12, 36), (1, 1, 1), (7, 13, 5), (3, 12, 12)]  # (N, C, OC)
 
@@ -44,9 +44,7 @@ def test_linear_float64(N: int, C: int, OC: int) -> None:
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
     got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()})
     ref = torch_reference(inp)
-    check("out", got["out"], ref["out"], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out",), F64_TOL)
 
 
 @pytest.mark.parametrize("N,C,OC", SHAPES)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from microgpt.ops.mlp import mlp_backward, mlp_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 SHAPES = [(21, 12), (1, 1), (7, 5), (3, 16)]  # (N, C); the hidden width is 4C
 
@@ -52,10 +52,7 @@ def test_mlp_float64(N: int, C: int) -> None:
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
     got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
     ref = torch_reference(inp)
-    check("out", got["out"], ref["out"], F64_TOL)
-    check("h", got["h"], ref["h"], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out", "h"), F64_TOL)
 
 
 @pytest.mark.parametrize("N,C", SHAPES)

@@ -5,7 +5,7 @@ import pytest
 
 from microgpt.ops.residual import residual_backward, residual_forward
 
-from ._util import F32_TOL, F64_TOL, check, noise_like, tt
+from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
 SHAPES = [(3, 7, 12), (1, 1, 1), (2, 13, 37)]  # (B, T, C)
 
@@ -36,9 +36,7 @@ def test_residual_float64(shape: tuple) -> None:
     noise = {k: noise_like(rng, shape, np.float64) for k in ("dx", "dy")}
     got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()})
     ref = torch_reference(inp)
-    check("out", got["out"], ref["out"], F64_TOL)
-    for k in noise:
-        check(k, got[k] - noise[k], ref[k], F64_TOL)  # proves backward adds into the buffer
+    check_outputs_and_added_grads(got, ref, noise, ("out",), F64_TOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
