@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's checks in one call, stages chosen by argument (default: all). Results land under $OUT.
-#   dev/gpu_check.sh tests train profile sanitizer bench-mg bench-torch
+#   dev/gpu_check.sh tests train train16 profile sanitizer bench-mg bench-torch
 # Carry: data (the built-in ANDREA-12M shards, so the machine needs no tokenizer build).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
@@ -20,8 +20,10 @@ for s in $stages; do
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" ${TESTS:-tests/kernels} \
              -p no:cacheprovider 2>&1 \
              | tee "$OUT/tests.txt" | tail -25 ;;
-    train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 --steps 200 2>&1 \
-             | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
+    train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
+             --steps ${TRAIN_STEPS:-200} 2>&1 | grep -v '^step ' | tee "$OUT/train.jsonl" | cut -c1-600 ;;
+    train16) timeout 200 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12h --precision fp16 \
+               --steps ${TRAIN16_STEPS:-300} 2>&1 | grep -v '^step ' | tee "$OUT/train16.jsonl" | cut -c1-600 ;;
     profile) timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-8} 2>&1 | tee "$OUT/profile${PROFILE_MB:-8}.txt" \
                | head -40 ;;
     sanitizer) for tool in memcheck racecheck; do

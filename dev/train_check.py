@@ -1,6 +1,6 @@
 """GPU checks of the engine on the triton backend (run on the GPU machine, results as JSON lines).
 
-    python3 dev/train_check.py EXPERIMENT.json OUTDIR [--steps 200] [--numpy-log FILE]
+    python3 dev/train_check.py EXPERIMENT.json OUTDIR [--steps 200] [--numpy-log FILE] [--precision fp16]
 
 1. a --steps run: loss line, peak device memory at step 10 and at the end, against the planned bytes;
 2. determinism: a second run of 30 steps with the same seed must give bitwise-equal losses;
@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt import config, engine  # noqa: E402
 
 
-def trainer(exp_path: str, steps: int, out: Path) -> engine.Trainer:
-    exp = config.load(exp_path)
-    exp = config.override(exp, f"train.steps={steps}")
+def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None) -> engine.Trainer:
+    exp = config.override(config.load(exp_path), f"train.steps={steps}")
+    if precision:
+        exp = config.override(exp, f"train.precision={precision}")
     if exp.data.source == "shards" and not Path(exp.data.path).is_dir():  # the GPU machine carries only builtin
         exp = config.override(config.override(exp, 'data.path=""'), "data.source=builtin")
     return engine.Trainer(exp, out)
@@ -36,11 +37,12 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--numpy-log")
+    p.add_argument("--precision", help="override train.precision (fp32, bf16, fp16)")
     a = p.parse_args()
     out = Path(a.out)
     torch.cuda.reset_peak_memory_stats()
-    tr = trainer(a.experiment, a.steps, out / "run")
-    planned = tr.K._pool.numel() + tr.K.extra_bytes
+    tr = trainer(a.experiment, a.steps, out / "run", a.precision)
+
     losses, mem, ckpt, t0 = [], {}, None, time.time()
     for _ in range(a.steps):
         rec = tr.train_step()
@@ -48,22 +50,23 @@ def main() -> None:
         if tr.step in (1, 10, a.steps):
             mem[tr.step] = torch.cuda.max_memory_allocated()
             if tr.step == 1:  # after compile, GEMM choices and capture: the steady state starts here
+                # the arena, the launchers' scratch (sized in step 1) and the cuBLAS workspace
+                planned = tr.K._pool.numel() + tr.K.extra_bytes + tr.K.workspace_bytes
                 torch.cuda.reset_peak_memory_stats()
-            print(
-                json.dumps({**rec, "peak": mem[tr.step], "planned_plus_scratch": tr.K._pool.numel() + tr.K.extra_bytes})
-            )
+            print(json.dumps({**rec, "peak": mem[tr.step], "planned": planned}))
         if tr.step == a.steps // 2:
             ckpt = tr.save("periodic")
     val = tr.evaluate()
     print(json.dumps({"event": "run", "steps": a.steps, "wall_s": time.time() - t0, "first": losses[:5],
-                      "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem}))  # fmt: skip
+                      "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem,
+                      "precision": tr.K.precision, "loss_scale": tr.K.loss_scale}))  # fmt: skip
     del tr
-    tr2 = trainer(a.experiment, a.steps, out / "run2")
+    tr2 = trainer(a.experiment, a.steps, out / "run2", a.precision)
     again = [tr2.train_step()["loss"] for _ in range(30)]
     print(json.dumps({"event": "determinism", "equal": again == losses[:30], "first_diff": next(
         (i for i, (x, y) in enumerate(zip(again, losses)) if x != y), None)}))  # fmt: skip
     del tr2
-    tr3 = trainer(a.experiment, a.steps, out / "run3")
+    tr3 = trainer(a.experiment, a.steps, out / "run3", a.precision)
     tr3.load(ckpt)
     resumed = [tr3.train_step()["loss"] for _ in range(30)]
     k = a.steps // 2

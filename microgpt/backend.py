@@ -39,6 +39,8 @@ def numpy_backend() -> SimpleNamespace:
     for pair in ops.OPS.values():
         setattr(K, pair.forward.__name__, pair.forward)
         setattr(K, pair.backward.__name__, pair.backward)
+        if pair.forward_backward is not None:
+            setattr(K, pair.forward_backward.__name__, pair.forward_backward)
     for name in ("grad_norm_partial", "grad_norm_final", "grad_scale", "adamw_step"):
         setattr(K, name, getattr(ops, name))
     K.alloc = lambda numel, kind: np.zeros(numel, dtype=NUMPY_DTYPES[kind])

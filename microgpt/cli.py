@@ -92,7 +92,8 @@ def cmd_train(argv: list[str]) -> int:
     except (config.ConfigError, checkpoint.CheckpointError) as e:
         return fail(str(e))
     if trainer.rank == 0:
-        print(memory.format_plan(trainer.bufs, exp.train.precision), file=sys.stderr)
+        extras = trainer.K.plan_extras(trainer.m, trainer.t) if hasattr(trainer.K, "plan_extras") else None
+        print(memory.format_plan(trainer.bufs, exp.train.precision, extras), file=sys.stderr)
     try:
         return trainer.run()
     finally:

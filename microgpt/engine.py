@@ -97,10 +97,11 @@ class Trainer:
         self.K.copy_in(self.arena["decay_mask"], mask)
 
     # --- the step -------------------------------------------------------------------------------------
-    def micro_forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    def micro_forward(self, x: np.ndarray, y: np.ndarray, train: bool = False) -> tuple[float, int]:
+        """(sum of losses, count) of one micro-batch; with train, the loss head's gradients too (model.py)."""
         self.K.copy_in(self.arena["tokens"], x)
         self.K.copy_in(self.arena["targets"], y)
-        model.gpt_forward(self.K, self.m, self.P_compute, self.arena)
+        model.gpt_forward(self.K, self.m, self.P_compute, self.arena, self.G if train else None)
         return self.K.loss_sum(self.arena["losses"], self.arena["targets"].reshape(-1))
 
     def train_step(self) -> dict[str, Any]:
@@ -115,7 +116,7 @@ class Trainer:
             return self._device_step(t0)
         loss, micro_losses = 0.0, []
         for micro in range(t.n_micro):
-            total, count = self.micro_forward(*self.train_data.batch(step, micro))
+            total, count = self.micro_forward(*self.train_data.batch(step, micro), train=True)
             micro_losses.append(total / max(1, count))
             loss += micro_losses[-1] / t.n_micro
             model.gpt_backward(K, self.m, self.P, self.G, A)

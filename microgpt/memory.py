@@ -154,10 +154,11 @@ def role_bytes(bufs: list[Buf], precision: str) -> dict[str, int]:
     return out
 
 
-def format_plan(bufs: list[Buf], precision: str) -> str:
-    """The table printed before the first step."""
+def format_plan(bufs: list[Buf], precision: str, extras: dict[str, int] | None = None) -> str:
+    """The table printed before the first step; extras: the backend's device bytes beside the buffers."""
     sizes = role_bytes(bufs, precision)
-    total = sum(sizes.values())
+    extras = extras or {}
+    total = sum(sizes.values()) + sum(extras.values())
     label = {
         "optim": "optimizer scratch",
         "acts": "saved activations",
@@ -168,6 +169,8 @@ def format_plan(bufs: list[Buf], precision: str) -> str:
     lines = [f"memory plan ({precision} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
     for role in ROLES:
         lines.append(f"{label.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
+    for name, n in extras.items():
+        lines.append(f"{name:<22}{n:>16,}{n / 2**20:>12.2f}")
     lines.append(f"{'total':<22}{total:>16,}{total / 2**20:>12.2f}")
     return "\n".join(lines)
 

@@ -1,11 +1,16 @@
 """GPT forward and backward as flat lists of op-pair calls over the planned buffers.
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
-read side by side, with one exception: the residual adds. Their backward sends dout unchanged to both inputs
-(dx += dout; dy += dout), so instead of copying the residual stream's gradient into two zeroed buffers, the
-branch reads `dresid` as its output gradient and the LayerNorm under it adds its input gradient into `dresid`
-in place (as llm.c's CUDA trainer does): one buffer, updated from the top of the model down, with the same
-sums in the same order, so the result is bit for bit what the explicit residual backward gives.
+read side by side, with two exceptions. The loss head: the backward of the whole model starts at the loss,
+whose upstream gradient (dlosses: 1/count on every scored token) is known before the forward runs, so in
+training `gpt_forward(..., G)` calls crossentropy_forward_backward, which adds the head's gradients
+(d lnf into A["dln"], the tied head's part into G["wte"]) while each logits chunk is still in the scratch:
+no second LM-head matmul in backward. `gpt_backward` starts from there. And the residual adds: their
+backward sends dout unchanged to both inputs (dx += dout; dy += dout), so instead of copying the residual
+stream's gradient into two zeroed buffers, the branch reads `dresid` as its output gradient and the
+LayerNorm under it adds its input gradient into `dresid` in place (as llm.c's CUDA trainer does): one
+buffer, updated from the top of the model down, with the same sums in the same order, so the result is bit
+for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
 activation-gradient buffer, since every backward adds with +=). `K` is the backend namespace
 (microgpt.backend): the NumPy reference or the Triton kernels, with the same names and arguments.
@@ -34,8 +39,9 @@ def init_params(P: dict[str, Any], m: ModelConfig, rng: Any) -> None:
             p[...] = rng.normal(0.0, std, size=p.shape)
 
 
-def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any) -> None:
-    """tokens, targets -> per-token losses (A["losses"]) and their gradient weights (A["dlosses"])."""
+def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any, G: dict[str, Any] | None = None) -> None:
+    """tokens, targets -> per-token losses (A["losses"]); with G (training), also the loss head's backward:
+    d lnf in A["dln"] and the head's share of G["wte"], which gpt_backward then continues from."""
     B, T = A["tokens"].shape
     N, H = B * T, m.n_head
     resid, proj, a = A["resid"], A["proj"], A["a"]
@@ -58,18 +64,21 @@ def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any) -> None:
         K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
     K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
     targets = A["targets"].reshape(N)
-    K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
+    if G is None:
+        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
+        return
     K.loss_weights(A["dlosses"], targets)
+    K.zero_(A["dln"])
+    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], P["wte"],
+                                    targets, A["logits"])  # fmt: skip
 
 
 def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Any) -> None:
-    """Adds this micro-batch's gradients into G (weights) using the activations gpt_forward saved."""
+    """Adds this micro-batch's gradients into G (weights) using what gpt_forward(K, m, P, A, G) saved,
+    starting from d lnf, which that call left in A["dln"] (the module docstring says why)."""
     B, T = A["tokens"].shape
-    N, H = B * T, m.n_head
+    H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
-    targets = A["targets"].reshape(N)
-    K.zero_(dln)
-    K.crossentropy_backward(dln, G["wte"], A["dlosses"], A["lnf"], P["wte"], targets, A["ce_lse"], A["logits"])
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])

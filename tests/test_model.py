@@ -68,7 +68,12 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
     for g in G.values():  # gradients accumulate: start from noise and subtract it afterwards
         g[...] = np.random.default_rng(1).normal(size=g.shape)
     noise = {n: g.copy() for n, g in G.items()}
-    model.gpt_forward(K, M, P, A)
+    model.gpt_forward(K, M, P, A)  # evaluation: losses only, no gradient touched
+    eval_losses = A["losses"].copy()
+    for name, g in G.items():
+        np.testing.assert_array_equal(g, noise[name], err_msg=f"evaluation forward wrote into grad {name}")
+    model.gpt_forward(K, M, P, A, G)  # training: the loss head's backward runs here
+    np.testing.assert_array_equal(A["losses"], eval_losses)
     total, count = K.loss_sum(A["losses"], A["targets"].reshape(-1))
     model.gpt_backward(K, M, P, G, A)
 

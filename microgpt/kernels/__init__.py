@@ -48,6 +48,7 @@ class TritonBackend:
         self.dev = torch.device("cuda" if cuda else "cpu")
         self.device = torch.cuda.get_device_name() if cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
+        self.workspace_bytes = self._one_stream() if cuda else 0
         self.loss_scale = 2.0**16 if precision == "fp16" else 1.0
         self.dscale = torch.ones(1, dtype=torch.float32, device=self.dev)  # dlosses factor: the fp16 loss scale
         self._pool: torch.Tensor | None = None
@@ -58,8 +59,39 @@ class TritonBackend:
                 name = f"{mod.__name__.rsplit('.', 1)[-1]}_{fn}"
                 if not hasattr(self, name):
                     setattr(self, name, getattr(mod, name))
+        self.crossentropy_forward_backward = crossentropy.crossentropy_forward_backward
         self.grad_norm_partial, self.grad_norm_final = gradclip.grad_norm_partial, gradclip.grad_norm_final
         self.grad_scale, self.clip_coef, self.adamw_step = gradclip.grad_scale, gradclip.clip_coef, adamw.adamw_step
+
+    def _one_stream(self) -> int:
+        """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS
+        workspace torch keeps for it (measured: one small GEMM of each kind the engine runs, in and out).
+
+        cuBLAS gets a workspace per stream from torch's allocator; with warm-up, evaluation and graph capture
+        all on this stream (capture needs a non-default one) there is one, and the plan can count it."""
+        torch.cuda.synchronize()  # work queued on the previous stream is done before anything runs on this one
+        self.stream = torch.cuda.Stream()
+        torch.cuda.set_stream(self.stream)
+        a = torch.ones(64, 64, dtype=self.dtype, device=self.dev)
+        out, acc = torch.empty_like(a), torch.zeros(64, 64, dtype=torch.float32, device=self.dev)
+        before = torch.cuda.memory_allocated()
+        linear._cublas_mm(out, a, a.t(), False)
+        linear._cublas_mm(out, a, a.t(), True)
+        if self.dtype != torch.float32:
+            linear._cublas_mm(acc, a.t(), a, True)  # low-precision operands into fp32 grads
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated() - before
+
+    def plan_extras(self, m: Any, t: Any) -> dict[str, int]:
+        """Device bytes beside memory.plan's buffers: what reserve_for adds, the launchers' scratch, cuBLAS's."""
+        extras = {"step inputs": self.pool_bytes(2 * t.n_micro * t.micro_batch * m.seq_len, "i32", self.precision)
+                  + 2 * self.pool_bytes(8, "f32", self.precision)}  # fmt: skip
+        if self.dtype != torch.float32:
+            extras["compute weights"] = self.pool_bytes(memory.n_params(m), "compute", self.precision)
+        N, C = t.micro_batch * m.seq_len, m.d_model
+        extras["kernel scratch"] = 4 * (N + layernorm.scratch_numel(C) + N * m.n_head + 2)
+        extras["cuBLAS workspace"] = self.workspace_bytes
+        return extras
 
     # --- the ops whose launchers take scratch ---------------------------------------------------------
     def embedding_backward(self, dwte: Any, dwpe: Any, dout: Any, tokens: Any) -> None:

@@ -42,11 +42,11 @@ def _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, q
         cols = start_n + tl.arange(0, BN)
         kt = tl.load(k_ptr + base + cols[None, :] * C + offs_d[:, None], mask=dmask[:, None] & (cols < T)[None, :],
                      other=0.0)  # fmt: skip
-        s = _dot(q, kt, IEEE) * qk_scale
+        s = _dot(q, kt, IEEE)
         if MASK:
             s = tl.where((offs_m[:, None] >= cols[None, :]) & (cols < T)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.math.exp2(s - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # the scale and the shift as one FMA per score
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :],
@@ -166,7 +166,7 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         tl.store(dk_ptr + kv_off, (dk_old + dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(dv_ptr + kv_off, (dv_old + dv).to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
-        start_m = (pid - n_kv) * BM2
+        start_m = (tl.num_programs(0) - 1 - pid) * BM2  # the last rows (the longest loops) first, as dk/dv
         offs_m = start_m + tl.arange(0, BM2)
         mmask = offs_m < T
         q_mask = mmask[:, None] & (offs_d < HS)[None, :]
@@ -188,10 +188,12 @@ def _cfg(num_warps: int, num_stages: int, **meta: int) -> triton.Config:
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
 
 
-FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(8, 3, BM=128, BN=64), _cfg(8, 3, BM=128, BN=128),
-               _cfg(4, 3, BM=64, BN=64), _cfg(4, 4, BM=128, BN=32), _cfg(4, 2, BM=64, BN=32)]  # fmt: skip
+FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(4, 4, BM=128, BN=64), _cfg(8, 3, BM=128, BN=64),
+               _cfg(8, 3, BM=128, BN=128), _cfg(8, 4, BM=128, BN=128), _cfg(4, 3, BM=64, BN=64),
+               _cfg(4, 4, BM=128, BN=32), _cfg(4, 2, BM=64, BN=32)]  # fmt: skip
 BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, BN1=128, BM2=128, BN2=32),
-               _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
+               _cfg(4, 5, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64),
+               _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
 _fwd16 = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
 _bwd16 = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],

@@ -5,6 +5,9 @@ Forward per chunk: logits = x_r @ wte.T (GEMM), then k_crossentropy_fwd: one pro
 max/sum over V in blocks gives lse and loss = lse - logit[target]. Only lse (4 bytes a row) is saved.
 Backward per chunk recomputes the logits (one GEMM: cheaper in memory than keeping (N,V)), k_crossentropy_bwd
 turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlogits @ wte; dwte += dlogits.T @ x_r.
+Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
+GEMM, k_crossentropy_fwd with GRAD (lse, loss, then dlogits in place over the same row, mostly from L2), and the
+two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
 """
 
 from __future__ import annotations
@@ -18,8 +21,19 @@ from microgpt.kernels.linear import mm
 
 
 @triton.jit
-def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
-    # loss, lse, tgt: (r,) for this chunk; logits: (r, V)
+def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
+    # one row of logits at ptr, in place -> (softmax - onehot(tgt)) * dloss
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
+        tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
+
+
+@triton.jit
+def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
+                       BLOCK_V: tl.constexpr):  # fmt: skip
+    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * V
     m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
@@ -37,21 +51,17 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, V, BLOCK_V: tl.co
     logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+    if GRAD:
+        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V)
 
 
 @triton.jit
 def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
     # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
     row = tl.program_id(0).to(tl.int64)
-    ptr = logits_ptr + row * V
     tgt = tl.load(tgt_ptr + row)
-    lse = tl.load(lse_ptr + row)
     dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
-        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
-        tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=cols < V)
+    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
 
 
 def _block_v(V: int) -> int:
@@ -77,7 +87,8 @@ def crossentropy_forward(
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
-        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
+                                 num_warps=8)  # fmt: skip
 
 
 def crossentropy_backward(
@@ -98,6 +109,31 @@ def crossentropy_backward(
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
         k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+        mm(dx2[r0 : r0 + r], lg, wte, accumulate=True)
+        mm(dwte, lg.t(), xr, accumulate=True)
+
+
+def crossentropy_forward_backward(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    dx: torch.Tensor,
+    dwte: torch.Tensor,
+    dlosses: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    logits: torch.Tensor,
+) -> None:
+    """crossentropy_forward, then crossentropy_backward with dlosses, without recomputing any chunk's logits."""
+    V, C = wte.shape
+    x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
+    losses, lse, dlosses = losses.view(-1), lse.view(-1), dlosses.view(-1)
+    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
+        lg = logits[:r]
+        xr = x2[r0 : r0 + r]
+        mm(lg, xr, wte.t())
+        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
+                                 BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
         mm(dx2[r0 : r0 + r], lg, wte, accumulate=True)
         mm(dwte, lg.t(), xr, accumulate=True)
 

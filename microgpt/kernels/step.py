@@ -79,7 +79,7 @@ class GraphStep:
         K.zero_(self.report)
         for i in range(t.n_micro):
             Ai = _MicroArena(A, self.inputs[0, i], self.inputs[1, i])
-            model.gpt_forward(K, self.m, self.P, Ai)
+            model.gpt_forward(K, self.m, self.P, Ai, self.G)
             crossentropy.loss_sum(self.report, A["losses"], Ai["targets"].reshape(-1), 1.0 / t.n_micro, accumulate=True)
             crossentropy.loss_sum(self.report[2 + i :], A["losses"], Ai["targets"].reshape(-1), 1.0, accumulate=True)
             model.gpt_backward(K, self.m, self.P, self.G, Ai)
@@ -96,14 +96,12 @@ class GraphStep:
                      zero_grad=True)  # fmt: skip
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._body(warmup=True)
-        torch.cuda.current_stream().wait_stream(side)
+        # warm-up and capture on the backend's one stream (TritonBackend._one_stream): one cuBLAS workspace
+        stream = torch.cuda.current_stream()
+        self._body(warmup=True)
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=stream):
             self._body()
 
     def step(self, batches: list[tuple[np.ndarray, np.ndarray]], lr: float, t_adam: int) -> tuple[float, float]:

@@ -43,7 +43,7 @@ def test_forward_backward_matches_numpy() -> None:
     for K, A in ((Kn, An), (Kt, At)):
         K.copy_in(A["tokens"], x)
         K.copy_in(A["targets"], y)
-        model.gpt_forward(K, M, A.role("params"), A)
+        model.gpt_forward(K, M, A.role("params"), A, A.role("grads"))
         model.gpt_backward(K, M, A.role("params"), A.role("grads"), A)
     check("losses", Kt.to_numpy(At["losses"]), An["losses"], 1e-5)
     assert abs(Kt.loss_sum(At["losses"], At["targets"].reshape(-1))[0] - An["losses"].sum()) < 1e-4
@@ -63,7 +63,7 @@ def test_graph_step_eager_matches_numpy_step() -> None:
     loss, micro_losses = 0.0, []
     for x, y in batches:
         An["tokens"][...], An["targets"][...] = x, y
-        model.gpt_forward(Kn, M, Pn, An)
+        model.gpt_forward(Kn, M, Pn, An, Gn)
         micro_losses.append(Kn.loss_sum(An["losses"], An["targets"].reshape(-1))[0] / (y >= 0).sum())
         loss += micro_losses[-1] / t.n_micro
         model.gpt_backward(Kn, M, Pn, Gn, An)

@@ -37,3 +37,30 @@ def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype) -> Non
     kc.crossentropy_backward(gdx, gdwte, t(dlosses, torch.float32), gx, gwte, gt, glse, logits)
     compare("dx", gdx, dx, dtype)
     compare("dwte", gdwte, dwte, dtype)
+
+
+@pytest.mark.parametrize("N,C,V,R", SHAPES)
+def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int) -> None:
+    """The training call against the NumPy one, and bit for bit against the kernel pair's two calls."""
+    dtype = torch.float32
+    rng = np.random.default_rng(N * C + V + 7)
+    x, wte = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((V, C)) * 0.5, dtype)
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[1::4] = -1
+    dlosses = rng.random(N) / N
+    dx0, dwte0 = rng.standard_normal((N, C)), rng.standard_normal((V, C))
+    losses, lse, dx, dwte = np.empty(N), np.empty(N), dx0.copy(), dwte0.copy()
+    ref.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, wte, targets, np.empty((R, V)))
+
+    f32 = dict(dtype=dtype, device=DEVICE)
+    gx, gwte, gt, gdl = t(x, dtype), t(wte, dtype), t(targets), t(dlosses, dtype)
+    fused = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, dtype)]
+    kc.crossentropy_forward_backward(*fused, gdl, gx, gwte, gt, torch.randn(R, V, **f32))
+    for name, got, want in zip(("losses", "lse", "dx", "dwte"), fused, (losses, lse, dx, dwte)):
+        compare(name, got, want, dtype)
+    pair = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, dtype)]
+    logits = torch.empty(R, V, **f32)
+    kc.crossentropy_forward(pair[0], pair[1], gx, gwte, gt, logits)
+    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits)
+    for name, a, b in zip(("losses", "lse", "dx", "dwte"), fused, pair):
+        assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward
+from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward, crossentropy_forward_backward
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -48,39 +48,52 @@ def run_numpy(inp: dict, R: int, dtype, grads: dict, rng: np.random.Generator) -
     return {"losses": losses, "lse": lse, **grads}
 
 
+def run_numpy_fused(inp: dict, R: int, dtype, grads: dict, rng: np.random.Generator) -> dict:
+    """The training path: crossentropy_forward_backward, both halves in one call."""
+    x, wte, dlosses = (inp[k].astype(dtype) for k in ("x", "wte", "dlosses"))
+    N, V = x.shape[0], wte.shape[0]
+    losses, lse = noise_like(rng, N, dtype), noise_like(rng, N, dtype)
+    logits = noise_like(rng, (R, V), dtype)
+    crossentropy_forward_backward(losses, lse, grads["dx"], grads["dwte"], dlosses, x, wte, inp["targets"], logits)
+    return {"losses": losses, "lse": lse, **grads}
+
+
 def grad_shapes(inp: dict) -> dict:
     return {"dx": inp["x"].shape, "dwte": inp["wte"].shape}
 
 
+@pytest.mark.parametrize("run", [run_numpy, run_numpy_fused], ids=["pair", "forward_backward"])
 @pytest.mark.parametrize("N,C,V,R", SHAPES)
-def test_crossentropy_float64(N: int, C: int, V: int, R: int) -> None:
+def test_crossentropy_float64(N: int, C: int, V: int, R: int, run) -> None:
     rng = np.random.default_rng(1300 + N * C * V + R)
     inp = make_inputs(rng, N, C, V)
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
-    got = run_numpy(inp, R, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    got = run(inp, R, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
     ref = torch_reference(inp)
     check_outputs_and_added_grads(got, ref, noise, ("losses", "lse"), F64_TOL)
     assert np.all(got["losses"][inp["targets"] < 0] == 0.0), "ignored rows must have loss 0"
 
 
+@pytest.mark.parametrize("run", [run_numpy, run_numpy_fused], ids=["pair", "forward_backward"])
 @pytest.mark.parametrize("N,C,V,R", SHAPES)
-def test_crossentropy_float32(N: int, C: int, V: int, R: int) -> None:
+def test_crossentropy_float32(N: int, C: int, V: int, R: int, run) -> None:
     rng = np.random.default_rng(1400 + N * C * V + R)
     inp = make_inputs(rng, N, C, V)
     inp = {k: (v.astype(np.float32).astype(np.float64) if v.dtype == np.float64 else v) for k, v in inp.items()}
-    got = run_numpy(inp, R, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng)
+    got = run(inp, R, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng)
     ref = torch_reference(inp)
     for k in ref:
         check(k, got[k], ref[k], F32_TOL)
 
 
-def test_crossentropy_all_ignored() -> None:
+@pytest.mark.parametrize("run", [run_numpy, run_numpy_fused], ids=["pair", "forward_backward"])
+def test_crossentropy_all_ignored(run) -> None:
     """A microbatch with every target ignored: zero losses, and backward adds exactly nothing."""
     rng = np.random.default_rng(1500)
     inp = make_inputs(rng, 9, 6, 13)
     inp["targets"][:] = -1
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
-    got = run_numpy(inp, 4, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    got = run(inp, 4, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
     np.testing.assert_array_equal(got["losses"], 0.0)
     for k in noise:
         np.testing.assert_array_equal(got[k], noise[k])
