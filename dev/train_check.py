@@ -1,11 +1,12 @@
 """GPU checks of the engine on the triton backend (run on the GPU machine, results as JSON lines).
 
-    python3 dev/train_check.py EXPERIMENT.json OUTDIR [--steps 200] [--numpy-log FILE] [--precision fp16]
+    python3 dev/train_check.py EXPERIMENT.json OUTDIR [--steps 200] [--numpy-steps K] [--precision fp16]
 
 1. a --steps run: loss line, peak device memory at step 10 and at the end, against the planned bytes;
 2. determinism: a second run of 30 steps with the same seed must give bitwise-equal losses;
 3. resume: from the first run's checkpoint at steps/2, 30 more steps must repeat the first run's losses exactly;
-4. with --numpy-log (the stdout of the same experiment on the numpy backend): the first steps' losses side by side.
+4. with --numpy-steps K: K steps of the same experiment (same data) on the numpy backend in fp32, in this process,
+   and the first K losses of both side by side.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt import config, engine  # noqa: E402
 
 
-def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None) -> engine.Trainer:
+def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, backend: str | None = None
+            ) -> engine.Trainer:  # fmt: skip
     exp = config.override(config.load(exp_path), f"train.steps={steps}")
     if precision:
         exp = config.override(exp, f"train.precision={precision}")
+    if backend:
+        exp = config.override(exp, f"train.backend={backend}")
     if exp.data.source == "shards" and not Path(exp.data.path).is_dir():  # the GPU machine carries only builtin
         exp = config.override(config.override(exp, 'data.path=""'), "data.source=builtin")
     return engine.Trainer(exp, out)
@@ -36,7 +40,7 @@ def main() -> None:
     p.add_argument("experiment")
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--numpy-log")
+    p.add_argument("--numpy-steps", type=int, default=0)
     p.add_argument("--precision", help="override train.precision (fp32, bf16, fp16)")
     a = p.parse_args()
     out = Path(a.out)
@@ -72,11 +76,12 @@ def main() -> None:
     k = a.steps // 2
     print(json.dumps({"event": "resume", "equal": resumed == losses[k : k + 30], "resumed": resumed[:3],
                       "original": losses[k : k + 3]}))  # fmt: skip
-    if a.numpy_log:
-        ref = [json.loads(x)["loss"] for x in Path(a.numpy_log).read_text().splitlines() if '"event":"step"' in x]
-        n = min(len(ref), 10)
-        rel = [abs(x - y) / abs(y) for x, y in zip(losses[:n], ref[:n])]
-        print(json.dumps({"event": "vs_numpy", "triton": losses[:n], "numpy": ref[:n], "max_rel": max(rel or [0])}))
+    if a.numpy_steps:
+        ref = trainer(a.experiment, a.steps, out / "numpy", "fp32", "numpy")
+        ref_losses = [ref.train_step()["loss"] for _ in range(a.numpy_steps)]
+        rel = [abs(x - y) / abs(y) for x, y in zip(losses, ref_losses)]
+        print(json.dumps({"event": "vs_numpy", "triton": losses[: a.numpy_steps], "numpy": ref_losses,
+                          "max_rel": max(rel)}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -194,6 +194,7 @@ FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(4, 4, BM=128, BN=64), _cfg(8, 3, 
 BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, BN1=128, BM2=128, BN2=32),
                _cfg(4, 5, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
+               _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64), _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
 _fwd16 = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
 _bwd16 = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],

@@ -14,7 +14,7 @@ import triton.language as tl
 from microgpt.kernels import tuning
 
 EPS = 1e-5
-PARTS = 16 if tuning.INTERPRET else 264  # programs of the backward (2 per H200 SM); rows of `partials`
+PARTS = 16 if tuning.INTERPRET else 528  # programs of the backward (4 per H200 SM); rows of `partials`
 
 
 @triton.jit
@@ -54,15 +54,16 @@ def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr
         rmask = rows < end
         mask = rmask[:, None] & cmask[None, :]
         off = rows[:, None] * C + cols[None, :]
+        # every load of the tile first, so they are in flight together (the loop is latency-bound)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dout_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        dx_old = tl.load(dx_ptr + off, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         xhat = (x - tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]) * rstd[:, None]
         wdy = w[None, :] * dy
         c1 = tl.sum(xhat * wdy, axis=1) / C
         c2 = tl.sum(wdy, axis=1) / C
-        dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        dx += tl.load(dx_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None] + dx_old
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(dy * xhat, axis=0)
         db += tl.sum(dy, axis=0)
@@ -131,4 +132,4 @@ def layernorm_backward(
     BC = triton.next_power_of_2(C)
     k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=ROWS, BLOCK_C=BC, num_warps=_warps(C))
     BCR = min(BC, 128 if tuning.INTERPRET else 32)  # 24 programs for C=768: the reduction is latency-bound
-    k_layernorm_bwd_dwdb[(triton.cdiv(C, BCR),)](dw, db, partials, P, C, BLOCK_P=64, BLOCK_C=BCR)
+    k_layernorm_bwd_dwdb[(triton.cdiv(C, BCR),)](dw, db, partials, P, C, BLOCK_P=128, BLOCK_C=BCR)
