@@ -1,11 +1,13 @@
-"""Where a microgpt step's time goes: per-kernel CUDA time of one eager step (same kernels as the graph).
+"""Where a microgpt step's time goes: per-kernel CUDA time of three steps, eager (same kernels as the graph)
+or, with --graph, three replays of the captured step, with the wall time per step beside the kernel time.
 
-python3 dev/profile_step.py MB [PRECISION]     # ANDREA-120M shape; prints the top kernels
+python3 dev/profile_step.py MB [PRECISION] [--graph]     # ANDREA-120M shape; prints the top kernels
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,10 @@ from microgpt.kernels.step import GraphStep  # noqa: E402
 
 
 def main() -> None:
-    mb = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    precision = sys.argv[2] if len(sys.argv) > 2 else "bf16"
+    args = [a for a in sys.argv[1:] if a != "--graph"]
+    graph = "--graph" in sys.argv
+    mb = int(args[0]) if args else 8
+    precision = args[1] if len(args) > 1 else "bf16"
     m = SHAPE
     t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton")
     K = TritonBackend(precision)
@@ -31,14 +35,20 @@ def main() -> None:
     host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
     model.init_params(host, m, np.random.default_rng(0))
     K.copy_in(A.flat_f32("params"), np.concatenate([a.reshape(-1) for a in host.values()]))
-    step = GraphStep(K, m, t, A, use_graph=False)
+    step = GraphStep(K, m, t, A, use_graph=graph)
     data = batches(mb, m)
     for i in range(3):
         step.step([data[i % 4]], 6e-4, i + 1)
+    t0 = time.perf_counter()
+    for i in range(3):  # the wall time, without the profiler's own start and stop
+        step.step([data[i % 4]], 6e-4, i + 4)
+    wall = (time.perf_counter() - t0) / 3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(3):
-            step.step([data[i % 4]], 6e-4, i + 4)
+            step.step([data[i % 4]], 6e-4, i + 7)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+    kernel = sum(e.self_device_time_total for e in prof.key_averages()) / 3 / 1e3
+    print(f"{'graph' if graph else 'eager'} mb {mb}: {wall * 1e3:.1f} ms wall per step, {kernel:.1f} ms kernel time")
 
 
 if __name__ == "__main__":
