@@ -110,6 +110,9 @@ def test_trainer_on_triton_matches_numpy(tmp_path) -> None:
         tr = engine.Trainer(exp, tmp_path / backend)
         losses[backend] = [tr.train_step()["loss"] for _ in range(2)]
     np.testing.assert_allclose(losses["triton"], losses["numpy"], rtol=2e-5)
+    tr.evaluate()
+    # the plan the CLI prints counts the launchers' scratch before step 1: the same bytes they took since
+    assert tr.K.plan_extras(tr.m, tr.t)["kernel scratch"] == tr.K.extra_bytes
 
 
 def test_checkpoints_cross_backends(tmp_path) -> None:
