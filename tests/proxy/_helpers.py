@@ -25,6 +25,10 @@ EXP: dict[str, Any] = {
     "data": {"source": "builtin", "max_bytes": 400000, "val_fraction": 0.3},
     "proxy": {"sample_every": 0, "flush_s": 0.05, "backoff_s": 0.05, "hang_timeout_s": 60, "startup_timeout_s": 60},
 }  # fmt: skip
+# MICROGPT_PROXY_BACKEND=triton runs the same tests over the triton engine (on the GPU machine: bf16, the step as one
+# CUDA graph). Its steps take a few milliseconds, so the run is longer, to keep the margin after a signal at step 50.
+if os.environ.get("MICROGPT_PROXY_BACKEND") == "triton":
+    EXP["train"].update(backend="triton", precision="bf16", steps=1000)
 
 
 def write_exp(folder: Path, name: str = "exp.json", **sections: Any) -> Path:
