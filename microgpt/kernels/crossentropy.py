@@ -6,8 +6,8 @@ max/sum over V in blocks gives lse and loss = lse - logit[target]. Only lse (4 b
 Backward per chunk recomputes the logits (one GEMM: cheaper in memory than keeping (N,V)), k_crossentropy_bwd
 turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlogits @ wte; dwte += dlogits.T @ x_r.
 Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
-GEMM, k_crossentropy_fwd with GRAD (lse, loss, then dlogits in place over the same row, mostly from L2), and the
-two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
+GEMM, k_crossentropy_fwd with GRAD (lse and loss, then a second pass over the row writes dlogits in place), and
+the two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def crossentropy_forward(
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
+        # without GRAD the kernel never reads its dloss pointer: lse stands in
         k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
                                  num_warps=8)  # fmt: skip
 
