@@ -4,7 +4,7 @@ Same names and arguments as the NumPy backend (microgpt.backend). PyTorch is onl
 (DESIGN.md §3): one arena allocation with typed views, streams, CUDA graphs, cuBLAS GEMMs where they measured
 faster (kernels.linear.mm). Launchers never allocate; the three backward launchers that need scratch beyond
 the spec's arguments (embedding: the sort order; layernorm: dw/db partials; attention: delta) get it here,
-sized once on first use (the warm-up step, before graph capture) and counted in `extra_bytes`.
+allocated by reserve_for before step 1 (or on first use, outside a planned arena) and counted in `extra_bytes`.
 Under TRITON_INTERPRET=1 everything runs on the CPU (CI).
 """
 
@@ -84,14 +84,21 @@ class TritonBackend:
 
     def plan_extras(self, m: Any, t: Any) -> dict[str, int]:
         """Device bytes beside memory.plan's buffers: what reserve_for adds, the launchers' scratch, cuBLAS's."""
-        extras = {"step inputs": self.pool_bytes(2 * t.n_micro * t.micro_batch * m.seq_len, "i32", self.precision)
-                  + 2 * self.pool_bytes(8, "f32", self.precision)}  # fmt: skip
+        # GraphStep's static buffers: tokens and targets of every micro-batch, hyper, report
+        inputs = [(2 * t.n_micro * t.micro_batch * m.seq_len, "i32"), (8, "f32"), (2 + t.n_micro, "f32")]
+        extras = {"step inputs": sum(self.pool_bytes(n, kind, self.precision) for n, kind in inputs)}
         if self.dtype != torch.float32:
             extras["compute weights"] = self.pool_bytes(memory.n_params(m), "compute", self.precision)
-        N, C = t.micro_batch * m.seq_len, m.d_model
-        extras["kernel scratch"] = 4 * (N + layernorm.scratch_numel(C) + N * m.n_head + 2)
+        extras["kernel scratch"] = sum(n * dtype.itemsize for n, dtype in self._scratch_sizes(m, t).values())
         extras["cuBLAS workspace"] = self.workspace_bytes
         return extras
+
+    @staticmethod
+    def _scratch_sizes(m: Any, t: Any) -> dict[str, tuple[int, torch.dtype]]:
+        """The launchers' scratch (see `scratch`), by name: (elements, dtype) for a micro-batch of this model."""
+        N = t.micro_batch * m.seq_len
+        return {"emb_order": (N, torch.int32), "ln_partials": (layernorm.scratch_numel(m.d_model), torch.float32),
+                "att_delta": (N * m.n_head, torch.float32), "loss_sum": (2, torch.float32)}  # fmt: skip
 
     # --- the ops whose launchers take scratch ---------------------------------------------------------
     def embedding_backward(self, dwte: Any, dwpe: Any, dout: Any, tokens: Any) -> None:
@@ -142,15 +149,14 @@ class TritonBackend:
         return memory.halved_logits_rows(m, B, self.dtype.itemsize)
 
     def reserve_for(self, bufs: list, m: Any, t: Any) -> int:
-        """Reserve one allocation for the plan plus what GraphStep adds (compute weights, static inputs)."""
-        from microgpt import memory
-
+        """Reserve one allocation for the plan plus what GraphStep adds (compute weights, static inputs), and
+        allocate the launchers' scratch: everything the plan lists exists before step 1."""
+        extras = self.plan_extras(m, t)
         total = sum(self.pool_bytes(n, kind, self.precision) for (_, kind), n in memory.group_sizes(bufs).items())
-        if self.dtype != torch.float32:
-            total += self.pool_bytes(memory.n_params(m), "compute", self.precision)
-        total += self.pool_bytes(2 * t.n_micro * t.micro_batch * m.seq_len, "i32", self.precision)
-        total += 2 * self.pool_bytes(8, "f32", self.precision)
+        total += extras["step inputs"] + extras.get("compute weights", 0)
         self.reserve(total)
+        for name, (numel, dtype) in self._scratch_sizes(m, t).items():
+            self.scratch(name, numel, dtype)
         return total
 
     def zero_(self, x: torch.Tensor) -> None:

@@ -73,6 +73,12 @@ def _chunks(N: int, R: int):
         yield r0, min(R, N - r0)
 
 
+def _add_grads(dx: torch.Tensor, dwte: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, wte: torch.Tensor) -> None:
+    """One chunk's two gradient GEMMs: dx += dlogits @ wte ; dwte += dlogits.T @ x."""
+    mm(dx, dlogits, wte, accumulate=True)
+    mm(dwte, dlogits.t(), x, accumulate=True)
+
+
 def crossentropy_forward(
     losses: torch.Tensor,
     lse: torch.Tensor,
@@ -110,8 +116,7 @@ def crossentropy_backward(
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
         k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
-        mm(dx2[r0 : r0 + r], lg, wte, accumulate=True)
-        mm(dwte, lg.t(), xr, accumulate=True)
+        _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
 def crossentropy_forward_backward(
@@ -135,8 +140,7 @@ def crossentropy_forward_backward(
         mm(lg, xr, wte.t())
         k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
                                  BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
-        mm(dx2[r0 : r0 + r], lg, wte, accumulate=True)
-        mm(dwte, lg.t(), xr, accumulate=True)
+        _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
 @triton.jit

@@ -53,6 +53,19 @@ def _chunk_exp(z: NDArray, x: NDArray, wte: NDArray, tgt: NDArray, losses: NDArr
     return sums
 
 
+def _add_grads(z: NDArray, norm, dx: NDArray, dwte: NDArray, dl: NDArray, x: NDArray, wte: NDArray,
+               tgt: NDArray) -> None:  # fmt: skip
+    """One chunk's backward from z * norm = softmax: z becomes dlogits, then dx += dlogits @ wte and
+    dwte += dlogits.T @ x (ignored rows: dlogits 0)."""
+    valid = tgt >= 0
+    dl = np.where(valid, dl, 0.0)
+    z *= (dl * norm)[:, None]  # softmax * dloss
+    rows = np.flatnonzero(valid)
+    z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
+    dx += z @ wte
+    dwte += z.T @ x
+
+
 def crossentropy_forward(
     losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray
 ) -> None:
@@ -81,13 +94,7 @@ def crossentropy_backward(
         np.matmul(x[i:j], wte.T, out=z)  # recomputed, see the module docstring
         z -= lse[i:j, None]
         np.exp(z, out=z)  # z = softmax
-        tgt = targets[i:j]
-        valid = tgt >= 0
-        rows = np.flatnonzero(valid)
-        z[rows, tgt[rows]] -= 1.0
-        z *= np.where(valid, dlosses[i:j], 0.0)[:, None]  # z = dlogits
-        dx[i:j] += z @ wte
-        dwte += z.T @ x[i:j]
+        _add_grads(z, 1.0, dx[i:j], dwte, dlosses[i:j], x[i:j], wte, targets[i:j])
 
 
 def crossentropy_forward_backward(
@@ -106,12 +113,5 @@ def crossentropy_forward_backward(
     for i in _chunks(N, R):
         j = min(i + R, N)
         z = logits[: j - i]
-        tgt = targets[i:j]
-        sums = _chunk_exp(z, x[i:j], wte, tgt, losses[i:j], lse[i:j])
-        valid = tgt >= 0
-        dl = np.where(valid, dlosses[i:j], 0.0)
-        z *= (dl / sums)[:, None]  # softmax * dloss
-        rows = np.flatnonzero(valid)
-        z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
-        dx[i:j] += z @ wte
-        dwte += z.T @ x[i:j]
+        sums = _chunk_exp(z, x[i:j], wte, targets[i:j], losses[i:j], lse[i:j])
+        _add_grads(z, 1.0 / sums, dx[i:j], dwte, dlosses[i:j], x[i:j], wte, targets[i:j])
