@@ -19,6 +19,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, chunks: list[bytes | memoryview], sync_dir: bool = True) -> None:
+def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True) -> None:
     """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder.
 
     sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
@@ -156,13 +157,20 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
 
 
-def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None) -> Path | None:
-    """The newest checkpoint that reads back whole and matches its sidecar; corrupt ones are skipped, kept."""
+def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
+                            on_skip: Callable[[Path, str], None] | None = None) -> Path | None:  # fmt: skip
+    """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar; corrupt ones are
+    skipped and kept on disk, each reported to on_skip(path, reason)."""
     for path in list_checkpoints(folder):
+        if max_step is not None and int(CKPT_RE.match(path.name).group(1)) > max_step:
+            continue
         try:
             read_checkpoint(path, n_params)
             if verify_sha(path):
                 return path
-        except CheckpointError:
-            continue
+            reason = f"{path}: sha256 does not match its sidecar"
+        except CheckpointError as e:
+            reason = str(e)
+        if on_skip is not None:
+            on_skip(path, reason)
     return None

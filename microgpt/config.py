@@ -95,7 +95,8 @@ def check_type(where: str, name: str, value: Any, typ: type) -> Any:
     return value
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
+def build_section(cls: type, raw: Any, where: str) -> Any:
+    """A config dataclass from its JSON object: unknown fields and wrong types are one-line ConfigErrors."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a JSON object, got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -104,7 +105,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
         if name not in fields:
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown field '{name}' (known: {known})")
-        typ = {"int": int, "float": float, "str": str, "bool": bool}[str(fields[name].type)]
+        typ = {"int": int, "float": float, "str": str, "bool": bool, "list[Any]": list}[str(fields[name].type)]
         setattr(obj, name, check_type(where, name, value, typ))
     return obj
 
@@ -155,7 +156,7 @@ def from_dict(raw: Any, src: str = "<config>") -> Experiment:
         if key == "name":
             exp.name = check_type(src, "name", value, str)
         elif key in SECTIONS:
-            setattr(exp, key, _build(SECTIONS[key], value, f"{src}: {key}"))
+            setattr(exp, key, build_section(SECTIONS[key], value, f"{src}: {key}"))
         elif key in EXTRA_SECTIONS:
             exp.extra[key] = value
         else:

@@ -80,14 +80,17 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_error(404, "not found")
         try:
             stat = target.stat()
-            data = target.read_bytes() if body else b""
         except OSError:
             return self.send_error(404, "not found")
         etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
-        if self.headers.get("If-None-Match") == etag:
+        if self.headers.get("If-None-Match") == etag:  # unchanged: answered without reading the file
             self.send_response(304)
             self.send_header("ETag", etag)
             return self.end_headers()
+        try:
+            data = target.read_bytes() if body else b""
+        except OSError:
+            return self.send_error(404, "not found")
         html = target.suffix == ".html"
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8" if html else "application/json")

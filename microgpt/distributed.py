@@ -68,12 +68,12 @@ class DivergenceError(RuntimeError):
 class DataParallel:
     """This process's place in the job and the collectives the engine calls (see the module docstring)."""
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, ctrl: Any):
-        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+    def __init__(self, rank: int, world_size: int, ctrl: Any):
+        self.rank, self.world_size = rank, world_size
         self._ctrl = ctrl  # process group for host scalars: gloo (None = the default group, when it is gloo)
         self._signals = {"SIGTERM": 0, "SIGUSR1": 0}  # signals this rank has received, cumulative
         self._usr1_done = 0  # SIGUSR1 checkpoints taken; the same on every rank
-        self._checked = False
+        self._checked_step: int | None = None  # the last step whose replicas were checked (act, or a checkpoint)
         self._agreed = (False, 0)  # (SIGTERM seen by any rank, most SIGUSR1 seen by a rank), from agree()
 
     # --- gradients and scalars ------------------------------------------------------------------------------
@@ -113,9 +113,9 @@ class DataParallel:
 
     def act(self, trainer: Any) -> None:
         """At the end of the step: check the replicas now and then; the agreed signals (every rank, same step)."""
-        if not self._checked or trainer.step % CHECK_EVERY == 0:
+        due = self._checked_step is None or trainer.step % CHECK_EVERY == 0
+        if due and self._checked_step != trainer.step:  # a checkpoint of this step checked them already
             self.check_replicas(trainer.step, (trainer.p, trainer.adam_m, trainer.adam_v))
-            self._checked = True
         term, usr1 = self._agreed
         if term:
             trainer._handle("SIGTERM")  # rank 0 writes the checkpoint, then every rank raises Terminate
@@ -125,6 +125,7 @@ class DataParallel:
 
     def check_replicas(self, step: int, arrays: Sequence[Any]) -> None:
         """Raise DivergenceError unless every rank holds the same bits in each of arrays (weights, m, v)."""
+        self._checked_step = step
         table = self.gather([words_sum(a) for a in arrays], dtype="int64")
         bad = [r for r in range(self.world_size) if (table[r] != table[0]).any()]
         if bad:
@@ -197,7 +198,7 @@ def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
-    return DataParallel(rank, world, local, ctrl)
+    return DataParallel(rank, world, ctrl)
 
 
 def _die_with_launcher() -> None:

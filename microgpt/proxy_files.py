@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +37,6 @@ from microgpt.checkpoint import atomic_write_bytes
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
-STATUSES = ("starting", "running", "stopping", "stopped", "crashed", "done")
 
 
 class RunFileError(ValueError):
@@ -156,11 +153,7 @@ def archive(paths: list[Path], phase: str) -> list[str]:
     for path in paths:
         if not path.exists():
             continue
-        folder = path.parent / "archive"
-        folder.mkdir(exist_ok=True)
-        dest = folder / f"{path.name.removesuffix('.json')}.{phase}.{stamp}.json"
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, dest)
+        dest = path.parent / "archive" / f"{path.name.removesuffix('.json')}.{phase}.{stamp}.json"
+        atomic_write_bytes(dest, [path.read_bytes()], sync_dir=False)
         done.append(str(dest))
     return done

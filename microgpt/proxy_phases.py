@@ -32,7 +32,6 @@ each phase sets it to the phase's start, so a phase's warmup and decay are its o
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import re
@@ -82,7 +81,6 @@ class Plan:
     phases: list[Phase]
     settings: ProxySettings
     config_hash: str
-    ckpt_every: int
 
     def phase_at(self, step: int) -> int | None:
         """Index of the phase that runs the step after `step`; None when the run is complete."""
@@ -95,15 +93,7 @@ class Plan:
 
 def load_settings(raw: Any, src: str) -> ProxySettings:
     where = f"{src}: proxy"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must be a JSON object, got {type(raw).__name__}")
-    settings = ProxySettings()
-    types = {f.name: f.type for f in dataclasses.fields(ProxySettings)}
-    for name, value in raw.items():
-        if name not in types:
-            raise ConfigError(f"{where}: unknown field '{name}' (known: {', '.join(types)})")
-        typ = {"int": int, "float": float, "list[Any]": list}[str(types[name])]
-        setattr(settings, name, config.check_type(where, name, value, typ))
+    settings = config.build_section(ProxySettings, raw, where)
     for name in ("sample_tokens", "max_restarts"):
         if getattr(settings, name) < 0:
             raise ConfigError(f"{where}.{name} must be >= 0, got {getattr(settings, name)}")
@@ -216,7 +206,7 @@ def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = N
     if settings.sample_every < 0:
         settings.sample_every = exp.train.ckpt_every
     digest = hashlib.sha256(json.dumps({"experiment": raw, "seed": seed}, sort_keys=True).encode()).hexdigest()
-    return Plan(exp.name, phases, settings, digest[:16], exp.train.ckpt_every)
+    return Plan(exp.name, phases, settings, digest[:16])
 
 
 def load_plan(path: str | Path, **overrides: Any) -> Plan:

@@ -141,29 +141,20 @@ class Supervisor:
                 self.samples.update(phase=ph.name)
                 self.samples.flush()
         self.state.update(phase=ph.name, phase_index=idx, status="running")
-        self.out.joinpath("phases").mkdir(exist_ok=True)
         atomic_write_json(self.out / "phases" / f"{ph.name}.json", ph.engine)
         return ph
 
     def pick_checkpoint(self) -> tuple[Path | None, int]:
         """The newest valid checkpoint the loss history covers (so a resume leaves no gap); corrupt ones skipped."""
-        limit = self.loss.last_step
+        path = checkpoint.latest_valid_checkpoint(self.out / "ckpt", max_step=self.loss.last_step,
+                                                  on_skip=self._skip_checkpoint)  # fmt: skip
+        return (path, int(checkpoint.CKPT_RE.match(path.name).group(1))) if path is not None else (None, 0)
+
+    def _skip_checkpoint(self, path: Path, reason: str) -> None:
         skipped = self.state.data["skipped_checkpoints"]
-        for path in checkpoint.list_checkpoints(self.out / "ckpt"):
-            step = int(checkpoint.CKPT_RE.match(path.name).group(1))
-            if step > limit:
-                continue
-            try:
-                checkpoint.read_checkpoint(path)
-                if checkpoint.verify_sha(path):
-                    return path, step
-                reason = f"{path}: sha256 does not match its sidecar"
-            except checkpoint.CheckpointError as e:
-                reason = str(e)
-            if all(s["path"] != str(path) for s in skipped):
-                skipped.append({"path": str(path), "reason": reason, "time": utc_now()})
-                log(f"skipping corrupt checkpoint (kept on disk): {reason}")
-        return None, 0
+        if all(s["path"] != str(path) for s in skipped):
+            skipped.append({"path": str(path), "reason": reason, "time": utc_now()})
+            log(f"skipping corrupt checkpoint (kept on disk): {reason}")
 
     # --- the run -----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -176,14 +167,16 @@ class Supervisor:
         try:
             return self._loop(resumed)
         except BaseException as e:
-            self.set_status("crashed", engine_pid=None, last_error=f"proxy: {type(e).__name__}: {e}", ended=utc_now())
+            self._crashed(f"proxy: {type(e).__name__}: {e}")
             raise
         finally:
             self.sampler.close()
 
     def _loop(self, resumed: bool) -> int:
+        picked = None  # after a failure: the pick made to judge progress, valid while no engine runs
         while True:
-            ckpt, step = self.pick_checkpoint()
+            ckpt, step = picked if picked is not None else self.pick_checkpoint()
+            picked = None
             idx = self.plan.phase_at(step)
             if resumed and idx is not None:
                 self.loss.mark("resume", self.loss.last_step, status=self.state.data.get("status"))
@@ -203,16 +196,19 @@ class Supervisor:
                 return self._stopped()
             if outcome.kind == "fatal":
                 log(f"engine rejected its input, not retrying: {outcome.reason}")
-                self.set_status("crashed", engine_pid=None, last_error=outcome.reason, ended=utc_now())
+                self._crashed(outcome.reason)
                 return 1
-            new_ckpt, _ = self.pick_checkpoint()
-            self.failures = 1 if new_ckpt != ckpt else self.failures + 1
+            picked = self.pick_checkpoint()
+            self.failures = 1 if picked[0] != ckpt else self.failures + 1
             if self.failures > self.settings.max_restarts:
                 log(f"giving up after {self.failures - 1} restarts without progress: {outcome.reason}")
-                self.set_status("crashed", engine_pid=None, last_error=outcome.reason, ended=utc_now())
+                self._crashed(outcome.reason)
                 return 1
             if not self._restart_after(outcome.reason):
                 return self._stopped()
+
+    def _crashed(self, reason: str) -> None:
+        self.set_status("crashed", engine_pid=None, last_error=reason, ended=utc_now())
 
     def _stopped(self) -> int:
         self.loss.mark("stop", self.loss.last_step)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import proxy_files
+from microgpt import checkpoint
 from microgpt.proxy_files import LOSS_FORMAT, JsonDoc, LossHistory, RunFileError, archive, atomic_write_json
 
 
@@ -83,7 +83,7 @@ def test_atomic_write_leaves_the_old_file_when_it_fails(tmp_path: Path, monkeypa
     def boom(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(proxy_files.os, "replace", boom)
+    monkeypatch.setattr(checkpoint.os, "replace", boom)  # the atomic write is checkpoint.atomic_write_bytes
     with pytest.raises(OSError):
         atomic_write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["s.json"]
