@@ -33,15 +33,11 @@ import shutil
 import sys
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from microgpt import shards
 from microgpt.config import ConfigError, Experiment
-
-if TYPE_CHECKING:
-    from microgpt.tokenizer import BPETokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 STDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "site-packages", "encodings", "__pycache__", "turtledemo"}
@@ -124,12 +120,6 @@ class Loader:
                 y[r][self.masks[k][o + 1 : o + self.T + 1] == 0] = -1
         return x, y
 
-    def positions(self, step: int, micro: int) -> np.ndarray:
-        """Global window indices of the rows of (step, micro)."""
-        if not 0 <= micro < self.n_micro or step < 0:
-            raise ValueError(f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.n_micro}")
-        return self._positions_at(step * self.n_micro + micro)
-
     def _positions_at(self, k: int) -> np.ndarray:
         p = k * self.global_B + self.row0 + np.arange(self.B, dtype=np.int64)
         epoch, idx = np.divmod(p, self.n_windows)
@@ -137,7 +127,9 @@ class Loader:
 
     def batch(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """The training batch of optimizer step `step` (0-based), micro-batch `micro`."""
-        return self._windows(self.positions(step, micro))
+        if not 0 <= micro < self.n_micro or step < 0:
+            raise ValueError(f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.n_micro}")
+        return self.batch_at(step * self.n_micro + micro)
 
     def batch_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k-th micro-batch of this loader's sequence (batch(step, micro) is batch_at(step * n_micro + micro));
@@ -164,11 +156,9 @@ def uses_bytes(exp: Experiment) -> bool:
 
 def builtin_settings(exp: Experiment) -> dict:
     from microgpt import prep
-    from microgpt.tokenizer import file_sha256
 
     d = exp.data
-    tok_sha = file_sha256(d.tokenizer) if d.tokenizer and Path(d.tokenizer).is_file() else None
-    return prep.builtin_settings(exp.model.vocab_size, d.val_fraction, d.max_bytes, tok_sha)
+    return prep.builtin_settings(exp.model.vocab_size, d.val_fraction, d.max_bytes, d.tokenizer)
 
 
 def shard_dir(exp: Experiment) -> Path:
@@ -239,11 +229,7 @@ def open_split(folder: Path, split: str, exp: Experiment) -> tuple[list[np.ndarr
     missing = [shards.mask_path(p) for p in paths if not shards.mask_path(p).exists()]
     if missing:
         raise ConfigError(f"data.loss_mask: {missing[0]} is missing (prepare with `microgpt prep --loss-mask`)")
-    masks = [shards.open_shard(shards.mask_path(p), "mask") for p in paths]
-    for p, t, m in zip(paths, parts, masks):
-        if len(m) != len(t):
-            raise ConfigError(f"{shards.mask_path(p)}: field 'count' is {len(m)}, expected {len(t)} (its token shard)")
-    return parts, masks
+    return parts, [shards.open_mask(p, len(t)) for p, t in zip(paths, parts)]
 
 
 def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 1)) -> tuple[Loader, Loader]:
@@ -290,15 +276,6 @@ def multi_source(exp: Experiment, folder: Path | None) -> bool:
     if mixing.parse(exp.extra.get("mixing")).policy != "fixed":
         return True
     return folder is not None and bool(mixing.source_dirs(folder))
-
-
-def make_tokenizer(exp: Experiment) -> ByteTokenizer | BPETokenizer:
-    path = tokenizer_path(exp)
-    if path is None:
-        return ByteTokenizer()
-    from microgpt.tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
 
 
 def tokenizer_info(exp: Experiment, out: Path | None = None) -> dict:

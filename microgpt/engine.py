@@ -78,6 +78,7 @@ class Trainer:
         self.adam_m, self.adam_v = self.arena.flat_f32("adam_m"), self.arena.flat_f32("adam_v")
         self.n_params = memory.n_params(m)
         self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch, shard=(self.rank, self.world))
+        self.data_info = data.data_description(exp)  # for every checkpoint's sidecar: the data do not change
         self.tokenizer_info = tokenizer_info or {}
         self.step = 0
         self._critical = False  # from the optimizer section until the step is reported, or in a checkpoint write
@@ -208,7 +209,7 @@ class Trainer:
         self.K.synchronize()
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
         meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
-                "data": data.data_description(self.exp), "backend": self.t.backend, "precision": self.t.precision,
+                "data": self.data_info, "backend": self.t.backend, "precision": self.t.precision,
                 "loss_scale": getattr(self.K, "loss_scale", 1.0),
                 "loss_scale_good_steps": getattr(self.fast, "good_steps", 0), "reason": reason,
                 "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from microgpt.chat import parse_record, to_sharegpt
+from microgpt.checkpoint import atomic_write_bytes
 
 REPO_ID = "NousResearch/Hermes-3-Dataset"
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -166,12 +166,8 @@ def download(repo_id: str, cache_dir: str | None) -> Path:
 def pull(paths: list[Path], out: Path) -> Report:
     """Validate and normalize; write out (atomically) and out.report.json next to it."""
     report = Report()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for messages in iter_conversations(paths, report):
-            f.write(json.dumps(to_sharegpt(messages), ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
+    lines = (json.dumps(to_sharegpt(m), ensure_ascii=False).encode() + b"\n" for m in iter_conversations(paths, report))
+    atomic_write_bytes(out, lines, sync_dir=False)
     out.with_name(out.name + ".report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     return report
 

@@ -117,11 +117,16 @@ def read_source(spec: str) -> tuple[Source, list[Doc]]:
     return src, docs
 
 
+CORPUS_SEED = 1337  # split, weights and shuffle; not the training seed: runs with other seeds share a corpus
+
+
 def builtin_settings(
-    vocab_size: int, val_fraction: float, max_bytes: int, tokenizer_sha: str | None, seed: int = 1337
+    vocab_size: int, val_fraction: float, max_bytes: int, tokenizer: str = "", seed: int = CORPUS_SEED
 ) -> dict:
     """Everything the built-in corpus depends on; its hash names the cache folder, the manifest keeps it.
-    About one synthetic chat per 800 stdlib bytes: chats are ~25% of the text."""
+    tokenizer: a given tokenizer.json (its hash counts), or "" to train one. About one synthetic chat per 800
+    stdlib bytes: chats are ~25% of the text."""
+    tokenizer_sha = file_sha256(tokenizer) if tokenizer and Path(tokenizer).is_file() else None
     return {"builtin": True, "vocab_size": vocab_size, "val_fraction": val_fraction, "max_bytes": max_bytes,
             "chats": max_bytes // 800, "seed": seed, "tokenizer_sha256": tokenizer_sha,
             "python": sys.version.split()[0], "format": 1}  # fmt: skip
@@ -341,7 +346,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (llm.c: 1e8)")
     ap.add_argument("--loss-mask", action="store_true", help="also write loss-mask shards (assistant tokens = 1)")
     ap.add_argument("--per-source", action="store_true", help="one subfolder of shards per source (data mixing)")
-    ap.add_argument("--seed", type=int, default=None, help="split, weights and shuffle (default 1337)")
+    ap.add_argument("--seed", type=int, default=None, help=f"split, weights and shuffle (default {CORPUS_SEED})")
     ap.add_argument("--max-bytes", type=int, default=None, help="--builtin: stdlib bytes (default 4e6)")
     ap.add_argument("--tokenizer-bytes", type=int, default=50_000_000, help="text used to train BPE")
     ap.add_argument("--chunk", type=int, default=512, help="documents per parallel tokenize call")
@@ -364,7 +369,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         "vocab_size": (exp.model.vocab_size if exp else 2048),
         "val_fraction": (exp.data.val_fraction if exp else 0.05),
         "max_bytes": (exp.data.max_bytes if exp else 4_000_000),
-        "seed": 1337,  # the corpus does not depend on the training seed: runs with other seeds share it
+        "seed": CORPUS_SEED,
     }
     if args.builtin and args.loss_mask is False:
         args.loss_mask = True  # the built-in corpus always carries masks (cheap: 1 byte a token)
@@ -397,8 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     sources, args.build = [], {"builtin": False, "sources": args.source, "python": sys.version.split()[0]}
     if args.builtin:
-        tok_sha = file_sha256(args.tokenizer) if args.tokenizer and Path(args.tokenizer).is_file() else None
-        settings = builtin_settings(args.vocab_size, args.val_fraction, args.max_bytes, tok_sha, args.seed)
+        settings = builtin_settings(args.vocab_size, args.val_fraction, args.max_bytes, args.tokenizer or "", args.seed)
         sources = builtin_sources(args.max_bytes, settings["chats"], args.seed)
         args.out = args.out or builtin_dir(settings)
         args.build = settings if not args.source else {**settings, "sources": args.source}

@@ -15,12 +15,12 @@ with one line naming the file and the field (ShardError).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.checkpoint import atomic_write_bytes
 from microgpt.config import ConfigError
 
 HEADER_INTS = 256
@@ -28,7 +28,6 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_MAGIC = 20240520
 MASK_MAGIC = 20240521
 VERSION = 1
-MAX_VOCAB = 65536  # uint16 ids
 KINDS = {"tokens": (TOKEN_MAGIC, np.uint16), "mask": (MASK_MAGIC, np.uint8)}
 # Seen in the wild: llm.c's Llama-3 shards (uint32 ids). Named in the error so the hint is useful.
 KNOWN_OTHER = {20240801: "llm.c Llama-3 shard (uint32 tokens), not supported"}
@@ -61,12 +60,8 @@ def write_shard(path: str | Path, values: NDArray, kind: str = "tokens") -> None
         raise ValueError(f"{path}: values out of range for {np.dtype(dtype).name}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, VERSION, values.size)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(values.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
-    os.replace(tmp, path)
+    body = values.astype(np.dtype(dtype).newbyteorder("<"), copy=False)
+    atomic_write_bytes(Path(path), [header.tobytes(), body.tobytes()], sync_dir=False)
 
 
 def read_header(path: str | Path, kind: str = "tokens") -> int:
@@ -124,6 +119,14 @@ def read_tokens(paths: list[Path], vocab_size: int | None = None) -> NDArray[np.
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
 
 
+def open_mask(token_path: str | Path, n: int) -> NDArray:
+    """The loss-mask shard of a token shard of n tokens; a count other than n is a ShardError."""
+    mask = open_shard(mask_path(token_path), "mask")
+    if len(mask) != n:
+        raise ShardError(f"{mask_path(token_path)}: field 'count' is {len(mask)}, expected {n} (its token shard)")
+    return mask
+
+
 def check_dir(directory: str | Path, vocab_size: int | None) -> tuple[int, list[str]]:
     """Validate every shard (and mask shard) in a prepared folder. Returns (n_shards, error lines)."""
     errors: list[str] = []
@@ -131,9 +134,8 @@ def check_dir(directory: str | Path, vocab_size: int | None) -> tuple[int, list[
     for path in shards:
         try:
             n = len(open_shard(path, "tokens", vocab_size))
-            mpath = mask_path(path)
-            if mpath.exists() and len(open_shard(mpath, "mask")) != n:
-                errors.append(f"{mpath}: field 'count' is {read_header(mpath, 'mask')}, expected {n} (its token shard)")
+            if mask_path(path).exists():
+                open_mask(path, n)
         except ShardError as e:
             errors.append(str(e))
     return len(shards), errors
