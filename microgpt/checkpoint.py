@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from microgpt.errors import InputError
+from microgpt.fileio import atomic_write_bytes, atomic_write_json
+
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A missing, truncated, mismatched or corrupt checkpoint. str(err) is one line naming the file."""
 
 
@@ -50,40 +52,6 @@ def ckpt_name(step: int) -> str:
 def sidecar_path(path: str | Path) -> Path:
     path = Path(path)
     return path.with_name(path.name.removesuffix(".bin") + ".state.json")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True) -> None:
-    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder.
-
-    sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
-    files rewritten often whose loss in a power cut costs nothing a rerun does not restore (the proxy's files).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, [(json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()])
 
 
 def write_checkpoint(

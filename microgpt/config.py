@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from microgpt.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError):
     """A bad experiment file, field or override. str(err) is the whole one-line message."""
 
 

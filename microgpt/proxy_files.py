@@ -32,25 +32,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from microgpt.checkpoint import atomic_write_bytes
+from microgpt.errors import InputError
+from microgpt.fileio import atomic_write_bytes, atomic_write_json
 
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
 
 
-class RunFileError(ValueError):
+class RunFileError(InputError):
     """An existing run file that cannot be read; the proxy stops rather than overwrite it."""
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write obj as compact JSON: temp file beside path, fsync, rename (readers see old or new, never half)."""
-    data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    atomic_write_bytes(path, [data], sync_dir=False)
 
 
 def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
@@ -124,7 +119,7 @@ class LossHistory:
 
     def flush(self) -> None:
         if self.dirty:
-            atomic_write_json(self.path, self.data)
+            atomic_write_json(self.path, self.data, compact=True, sync_dir=False)
             self.dirty = False
 
 
@@ -140,7 +135,7 @@ class JsonDoc:
 
     def flush(self) -> None:
         self.data["updated"] = utc_now()
-        atomic_write_json(self.path, self.data)
+        atomic_write_json(self.path, self.data, compact=True, sync_dir=False)
 
 
 def archive(paths: list[Path], phase: str) -> list[str]:

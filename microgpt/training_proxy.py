@@ -141,7 +141,7 @@ class Supervisor:
                 self.samples.update(phase=ph.name)
                 self.samples.flush()
         self.state.update(phase=ph.name, phase_index=idx, status="running")
-        atomic_write_json(self.out / "phases" / f"{ph.name}.json", ph.engine)
+        atomic_write_json(self.out / "phases" / f"{ph.name}.json", ph.engine, compact=True, sync_dir=False)
         return ph
 
     def pick_checkpoint(self) -> tuple[Path | None, int]:

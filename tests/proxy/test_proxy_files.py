@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import checkpoint
-from microgpt.proxy_files import LOSS_FORMAT, JsonDoc, LossHistory, RunFileError, archive, atomic_write_json
+from microgpt import fileio
+from microgpt.fileio import atomic_write_json
+from microgpt.proxy_files import LOSS_FORMAT, JsonDoc, LossHistory, RunFileError, archive
 
 
 def row(step: int, loss: float = 1.0) -> dict:
@@ -83,7 +84,7 @@ def test_atomic_write_leaves_the_old_file_when_it_fails(tmp_path: Path, monkeypa
     def boom(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint.os, "replace", boom)  # the atomic write is checkpoint.atomic_write_bytes
+    monkeypatch.setattr(fileio.os, "replace", boom)
     with pytest.raises(OSError):
         atomic_write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["s.json"]
