@@ -1,70 +1,158 @@
-"""Backends: the namespace `K` that model.py and engine.py call.
+"""The backend interface: every op pair and helper the model and the step call, and the device underneath.
 
-A backend exposes every op pair's forward/backward under the registry's names, the clipping helpers,
-AdamW, and a few buffer utilities (alloc, zero_, copy_in, to_numpy, loss_weights, loss_sum). The NumPy
-backend is the reference and the default; the Triton backend (microgpt.kernels) mirrors it on the GPU
-and is imported only when asked for, so the CPU path never imports torch or triton.
+A `Backend` is one frozen dataclass with a field per function of the op registry (microgpt/ops/__init__.py:
+`<op>_forward`, `<op>_backward`, the loss head's extra entry points, the step's helpers) and the device functions
+the state and the step need (allocation, views, copies, the step's preparation). Both backends are built by the
+same loop over the registry's rows: the NumPy one from each row's NumPy module (the reference, the CPU path, no
+torch), the Triton one from each row's Triton module (imported only when asked for).
+
+A backend is bound to one memory plan (`bind`): launchers that take kernel scratch (the triton backend's
+embedding sort order, LayerNorm partial sums, attention delta) get their planned views as keyword arguments, so
+model.py calls both backends with the same arguments.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from microgpt import ops
-from microgpt.config import ConfigError
+from microgpt import memory, ops
+from microgpt.config import ConfigError, ModelConfig, TrainConfig
+from microgpt.memory import Buf
 
+Fn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # "numpy" | "triton"
+    precision: str  # the compute precision: fp32, bf16, fp16
+    device: str  # what it runs on, in words
+    versions: dict[str, str]
+    kind_bytes: dict[str, int]  # bytes per element of each memory-plan kind
+    # the op pairs, registry order (microgpt/ops/<op>.py documents each)
+    embedding_forward: Fn
+    embedding_backward: Fn
+    layernorm_forward: Fn
+    layernorm_backward: Fn
+    linear_forward: Fn
+    linear_backward: Fn
+    attention_forward: Fn
+    attention_backward: Fn
+    mlp_forward: Fn
+    mlp_backward: Fn
+    residual_forward: Fn
+    residual_backward: Fn
+    crossentropy_forward: Fn
+    crossentropy_backward: Fn
+    crossentropy_forward_backward: Fn
+    loss_weights: Fn
+    loss_sum: Fn
+    # the step's helpers over the flat arrays
+    grad_norm_partial: Fn
+    grad_norm_final: Fn
+    adamw_step: Fn
+    # the device
+    alloc: Callable[[int], Any]  # one zeroed byte array: the arena
+    view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view
+    zero_: Callable[[Any], None]
+    copy_in: Callable[[Any, np.ndarray], None]  # host array -> buffer (casting to the buffer's dtype)
+    to_numpy: Callable[[Any], np.ndarray]
+    synchronize: Callable[[], None]
+    prepare: Callable[[Callable[[], None], bool], Callable[[], None]]  # (step, graph ok) -> what to call per step
+    logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
+    rows: Callable[[ModelConfig, TrainConfig], list[Buf]]  # the backend's own plan rows ("kernel", "runtime")
+    scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
+    on_bind: Callable[[memory.Arena], None] = lambda arena: None
+
+    def bind(self, arena: memory.Arena) -> Backend:
+        """This backend with each scratch-taking launcher given its planned buffer (the plan's "kernel" rows)."""
+        self.on_bind(arena)
+        bound = {fn: functools.partial(getattr(self, fn), **{kw: arena[buf]}) for fn, kw, buf in self.scratch_args}
+        return dataclasses.replace(self, **bound)
+
+
+def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> dict[str, Fn]:
+    """Every function the registry names, taken from the module `module_of(row)` of each row."""
+    fns: dict[str, Fn] = {}
+    for row in [*ops.OPS.values(), *ops.HELPERS.values()]:
+        module = importlib.import_module(module_of(row))
+        for name in row.functions:
+            fns[name] = getattr(module, name)
+    return fns
+
+
+# --- numpy ---------------------------------------------------------------------------------------------------
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
 
-def _numpy_loss_weights(dlosses: np.ndarray, targets: np.ndarray) -> None:
-    """dlosses = d(mean loss over non-ignored tokens)/d(per-token loss)."""
-    valid = targets >= 0
-    dlosses[...] = valid / max(1, int(valid.sum()))
+def numpy_backend(dtypes: dict[str, type] | None = None) -> Backend:
+    """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64)."""
+    dtypes = dtypes or NUMPY_DTYPES
+
+    def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
+        dtype = np.dtype(dtypes[kind])
+        return pool[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+    def copy_in(dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = np.asarray(src).reshape(dst.shape)
+
+    def alloc(nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    return Backend(
+        name="numpy", precision="fp32", device="cpu", versions={"numpy": np.__version__},
+        kind_bytes={kind: np.dtype(t).itemsize for kind, t in dtypes.items()},
+        **registry_functions(lambda row: row.numpy),
+        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_in=copy_in, to_numpy=np.asarray,
+        synchronize=lambda: None, prepare=lambda run, graph: run,
+        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [],
+    )  # fmt: skip
 
 
-def _numpy_loss_sum(losses: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-    """(sum of per-token losses, number of non-ignored tokens); ignored tokens carry loss 0."""
-    return float(losses.sum(dtype=np.float64)), int((targets >= 0).sum())
+# --- triton --------------------------------------------------------------------------------------------------
+def triton_backend(precision: str) -> Backend:
+    """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1)."""
+    from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
+
+    rt = runtime.Runtime(precision)
+
+    def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
+        scratch = rt.scratch(t.micro_batch, m.seq_len, m.d_model, m.n_head)
+        out = [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()]
+        out.append(Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
+        if rt.workspace_bytes:
+            out.append(Buf("cublas_workspace", (rt.workspace_bytes,), "runtime", "u8"))
+        return out
+
+    scratch_args = tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items())
+    return Backend(
+        name="triton", precision=precision, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
+        **registry_functions(lambda row: row.triton),
+        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
+        synchronize=rt.synchronize, prepare=rt.prepare,
+        logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows,
+        scratch_args=scratch_args,
+        on_bind=lambda arena: rt.set_probe(arena["gemm_probe"]),
+    )  # fmt: skip
 
 
-def _numpy_copy_in(dst: np.ndarray, src: np.ndarray) -> None:
-    dst[...] = src
-
-
-def numpy_backend() -> SimpleNamespace:
-    K = SimpleNamespace(name="numpy", precision="fp32", device="cpu")
-    for pair in ops.OPS.values():
-        setattr(K, pair.forward.__name__, pair.forward)
-        setattr(K, pair.backward.__name__, pair.backward)
-        if pair.forward_backward is not None:
-            setattr(K, pair.forward_backward.__name__, pair.forward_backward)
-    for name in ("grad_norm_partial", "grad_norm_final", "grad_scale", "adamw_step"):
-        setattr(K, name, getattr(ops, name))
-    K.alloc = lambda numel, kind: np.zeros(numel, dtype=NUMPY_DTYPES[kind])
-    K.zero_ = lambda x: x.fill(0)
-    K.copy_in = _numpy_copy_in
-    K.to_numpy = lambda x: np.asarray(x)
-    K.loss_weights = _numpy_loss_weights
-    K.loss_sum = _numpy_loss_sum
-    K.synchronize = lambda: None
-    return K
-
-
-def get_backend(name: str, precision: str) -> Any:
-    """The backend namespace; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
+def get_backend(name: str, precision: str) -> Backend:
+    """The backend by name; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
     if name == "numpy":
         return numpy_backend()
     if name == "triton":
         try:
-            from microgpt import kernels  # torch + triton: only on this path
+            return triton_backend(precision)
         except ImportError as e:
             raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip
-        try:
-            return kernels.triton_backend(precision)
         except (RuntimeError, ValueError) as e:
             raise ConfigError(f"train.backend 'triton': {e}") from None
     raise ConfigError(f"train.backend: unknown backend {name!r}")

@@ -60,7 +60,7 @@ def cmd_train(argv: list[str]) -> int:
                    help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
                    "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
     args = p.parse_args(argv)
-    from microgpt import data, distributed, engine  # numpy-heavy imports only once the flags parse
+    from microgpt import data, distributed, trainer  # numpy-heavy imports only once the flags parse
 
     if args.procs is not None and args.procs < 1:
         return fail(f"--procs {args.procs}: must be >= 1")
@@ -83,19 +83,18 @@ def cmd_train(argv: list[str]) -> int:
         dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
         if dp is not None and exp.data.source == "builtin" and not data.uses_bytes(exp):
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
-        trainer = engine.Trainer(exp, out, dp=dp)
+        tr = trainer.Trainer(exp, out, dp=dp)
         if args.resume:
-            trainer.load(args.resume)
-        engine.check_out_dir(out)
+            tr.load(args.resume)
+        trainer.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
-        trainer.tokenizer_info = data.tokenizer_info(exp, out if trainer.rank == 0 else None)
+        tr.tokenizer_info = data.tokenizer_info(exp, out if tr.rank == 0 else None)
     except (config.ConfigError, checkpoint.CheckpointError) as e:
         return fail(str(e))
-    if trainer.rank == 0:
-        extras = trainer.K.plan_extras(trainer.m, trainer.t) if hasattr(trainer.K, "plan_extras") else None
-        print(memory.format_plan(trainer.bufs, exp.train.precision, extras), file=sys.stderr)
+    if tr.rank == 0:
+        print(memory.format_plan(tr.S.plan, exp.train.precision), file=sys.stderr)
     try:
-        return trainer.run()
+        return tr.run()
     finally:
         if dp is not None:
             dp.close()

@@ -115,7 +115,7 @@ class DataParallel:
         """At the end of the step: check the replicas now and then; the agreed signals (every rank, same step)."""
         due = self._checked_step is None or trainer.step % CHECK_EVERY == 0
         if due and self._checked_step != trainer.step:  # a checkpoint of this step checked them already
-            self.check_replicas(trainer.step, (trainer.p, trainer.adam_m, trainer.adam_v))
+            self.check_replicas(trainer.step, (trainer.S.p, trainer.S.adam_m, trainer.S.adam_v))
         term, usr1 = self._agreed
         if term:
             trainer._handle("SIGTERM")  # rank 0 writes the checkpoint, then every rank raises Terminate

@@ -1,32 +1,52 @@
-"""The memory plan: every buffer the engine touches, as a table, allocated once at start.
+"""The memory plan: every byte the training step touches, as a table, allocated once at start.
 
 A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetime and purpose:
 
     params, grads, adam_m, adam_v   fp32, one flat array each, in the canonical parameter order
-    optim                           the weight-decay mask and the grad-norm partial sums
+    compute_params                  the weights in the compute dtype (bf16/fp16 runs), same order; AdamW writes it
+    optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
+                                    and what it reports back (report), the evaluation's loss sum
     acts                            saved activations: written in forward, read in backward
     scratch                         per-layer temporaries and activation gradients, reused by every layer
-    inputs                          the micro-batch's tokens and targets
+    inputs                          the tokens and targets of every micro-batch of a step
+    kernel                          the backend's launcher scratch (the triton backend's; none on NumPy)
+    runtime                         bytes the device runtime allocates itself (cuBLAS's workspace): counted, not
+                                    carved from the arena
 
-Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32
-on the NumPy backend, bf16/fp16 on the GPU), "i32", "u8". Each (role, kind) group is ONE allocation and every
-buffer is a named view into it, so nothing is allocated during training, a flat grads array makes
-clipping and AdamW one call each, and the plan printed before the first step is the memory used.
+Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32 on the NumPy
+backend, bf16/fp16 on the GPU), "i32", "u8". The Arena makes ONE allocation for every role but "runtime" and
+carves each buffer out of it as a view: each (role, kind) group is contiguous and 256-byte aligned, so a flat
+grads array makes the gradient norm and AdamW one call each, and the parameter-shaped groups are exactly the
+checkpoint's layout. Nothing is allocated during training, and the plan printed before the first step is the
+memory used.
 
-Shapes: B micro-batch, T seq_len, C d_model, L n_layer, NH n_head, V vocab_size, N = B*T.
+Shapes: B micro-batch, T seq_len, C d_model, L n_layer, NH n_head, V vocab_size, N = B*T, U n_micro.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Protocol
 
-from microgpt.config import ModelConfig
+from microgpt.config import ModelConfig, TrainConfig
+from microgpt.errors import InputError
 
-ALIGN = 64  # elements; activation views start on 128-byte (16-bit) or 256-byte (fp32) boundaries
-ROLES = ("params", "grads", "adam_m", "adam_v", "optim", "acts", "scratch", "inputs")
-KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "compute": {"fp32": 4, "bf16": 2, "fp16": 2}}
+ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
+ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "optim", "acts", "scratch", "inputs", "kernel",
+         "runtime")  # fmt: skip
+PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
+LABELS = {"compute_params": "compute weights", "optim": "optimizer + step", "acts": "saved activations",
+          "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v", "inputs": "step inputs",
+          "kernel": "kernel scratch", "runtime": "cuBLAS workspace"}  # fmt: skip
+KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1}
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
+HYPER = 8  # the step's per-step host values (microgpt/ops/adamw.py: lr, bias1, bias2, gscale; the rest spare)
+
+
+class PlanError(InputError):
+    """A plan that cannot be allocated, or a buffer the plan does not have."""
 
 
 @dataclass(frozen=True)
@@ -58,37 +78,42 @@ def n_params(m: ModelConfig) -> int:
     return sum(math.prod(s) for _, s in param_shapes(m))
 
 
-def default_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> int:
-    """Rows of the cross-entropy logits chunk: full-vocabulary fp32 logits for R rows at a time."""
+def cpu_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> int:
+    """R for the (R, V) logits chunk of the loss head on the NumPy backend: fp32 rows up to an 8 MB budget (its
+    matmuls run as fast in small chunks); the last chunk may be short."""
     return max(1, min(B * m.seq_len, budget_bytes // (4 * m.vocab_size)))
 
 
-NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
-
-
-GPU_LOGITS_BUDGET = 512 << 20  # bytes: on the GPU, logits chunks big enough for full-speed GEMMs
-
-
-def halved_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = GPU_LOGITS_BUDGET) -> int:
-    """The triton backend's R: N halved until an (R, V) chunk of `itemsize` bytes fits (equal chunks, none short)."""
+def gpu_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = 512 << 20) -> int:
+    """R on the GPU: N = B*T halved until a chunk of `itemsize`-byte elements fits the budget (big enough for
+    full-speed GEMMs), so the chunks are equal and none is short."""
     R = B * m.seq_len
     while R > 1 and R * m.vocab_size * itemsize > budget_bytes:
         R = (R + 1) // 2
     return R
 
 
-def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
-    """Every buffer of a training step for micro-batch B."""
+def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:
+    """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk, then the backend's
+    own rows (launcher scratch, runtime bytes)."""
+    B, U = t.micro_batch, t.n_micro
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
     N = B * T
-    R = logits_rows or default_logits_rows(m, B)
     bufs = []
-    for role in ("params", "grads", "adam_m", "adam_v"):
-        bufs += [Buf(name, shape, role, "f32") for name, shape in param_shapes(m)]
+    roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if t.precision != "fp32" else [])
+    for role in roles:
+        kind = "compute" if role == "compute_params" else "f32"
+        bufs += [Buf(name, shape, role, kind) for name, shape in param_shapes(m)]
     n = n_params(m)
-    bufs.append(Buf("decay_mask", (n,), "optim", "u8"))  # 1 where AdamW decays (matrices), 0 for LN params
-    bufs.append(Buf("norm_partials", ((n + NORM_BLOCK - 1) // NORM_BLOCK,), "optim", "f32"))
-    bufs.append(Buf("norm", (1,), "optim", "f32"))
+    optim = [
+        ("decay_mask", (n,), "u8"),  # 1 where AdamW decays (matrices), 0 for LN params
+        ("norm_partials", ((n + NORM_BLOCK - 1) // NORM_BLOCK,), "f32"),
+        ("hyper", (HYPER,), "f32"),  # written by the host before each step
+        ("loss_scale", (1,), "f32"),  # the fp16 loss scale the loss head multiplies its gradient by (else 1)
+        ("report", (2 + U,), "f32"),  # [mean loss, raw grad norm, each micro-batch's loss]: read after each step
+        ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
+    ]
+    bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
     act = [
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
@@ -118,91 +143,115 @@ def plan(m: ModelConfig, B: int, logits_rows: int | None = None) -> list[Buf]:
         ("dln", (N, C)),
         ("datt", (N, C)),
         ("dqkv", (3, N, C)),
+        # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
+        ("logits", (R, V)),
     ]
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
-    # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
-    bufs.append(Buf("logits", (R, V), "scratch", "compute"))
-    bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
-    return bufs
+    bufs += [Buf("tokens", (U, B, T), "inputs", "i32"), Buf("targets", (U, B, T), "inputs", "i32")]
+    return bufs + list(backend_rows)
 
 
-def kind_bytes(kind: str, precision: str) -> int:
-    size = KIND_BYTES[kind]
-    return size[precision] if isinstance(size, dict) else size
+def kind_sizes(precision: str) -> dict[str, int]:
+    """Bytes per element of each kind for a compute precision."""
+    return {**KIND_BYTES, "compute": COMPUTE_BYTES[precision]}
 
 
-PACKED = ("params", "grads", "adam_m", "adam_v")  # contiguous: the flat array IS the checkpoint's layout
+def _round(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _span(b: Buf) -> int:
-    """Elements a view occupies in its allocation: packed for parameter-shaped roles, aligned otherwise."""
-    return b.numel if b.role in PACKED else (b.numel + ALIGN - 1) // ALIGN * ALIGN
-
-
-def group_sizes(bufs: list[Buf]) -> dict[tuple[str, str], int]:
-    """Elements per (role, kind) allocation."""
-    sizes: dict[tuple[str, str], int] = {}
+def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str], int], int]:
+    """Byte offset of every buffer (by (role, name)) in the arena, and the arena's size. Groups follow ROLES order;
+    parameter-shaped roles are packed, other views start on ALIGN bytes. "runtime" rows take no arena bytes."""
+    offsets: dict[tuple[str, str], int] = {}
+    groups: dict[tuple[str, str], list[Buf]] = {}
     for b in bufs:
-        sizes[(b.role, b.kind)] = sizes.get((b.role, b.kind), 0) + _span(b)
-    return sizes
+        if b.role != "runtime":
+            groups.setdefault((b.role, b.kind), []).append(b)
+    end = 0
+    for key in sorted(groups, key=lambda k: ROLES.index(k[0])):
+        end = _round(end)
+        for b in groups[key]:
+            offsets[(b.role, b.name)] = end
+            size = b.numel * sizes[b.kind]
+            end += size if b.role in PACKED else _round(size)
+    return offsets, _round(end)
 
 
 def role_bytes(bufs: list[Buf], precision: str) -> dict[str, int]:
+    """Bytes per role, alignment included, so the roles add up to the arena (plus the runtime's rows)."""
+    sizes = kind_sizes(precision)
+    offsets, size = layout(bufs, sizes)
+    starts = sorted((off, b.role) for b in bufs if (b.role, b.name) in offsets for off in [offsets[(b.role, b.name)]])
     out = {role: 0 for role in ROLES}
-    for (role, kind), n in group_sizes(bufs).items():
-        out[role] += n * kind_bytes(kind, precision)
+    for (off, role), (nxt, _) in zip(starts, starts[1:] + [(size, "")]):
+        out[role] += nxt - off
+    for b in bufs:
+        if b.role == "runtime":
+            out["runtime"] += b.numel * sizes[b.kind]
     return out
 
 
-def format_plan(bufs: list[Buf], precision: str, extras: dict[str, int] | None = None) -> str:
-    """The table printed before the first step; extras: the backend's device bytes beside the buffers."""
+def format_plan(bufs: list[Buf], precision: str) -> str:
+    """The table printed before the first step: every role's bytes and their total."""
     sizes = role_bytes(bufs, precision)
-    extras = extras or {}
-    total = sum(sizes.values()) + sum(extras.values())
-    label = {
-        "optim": "optimizer scratch",
-        "acts": "saved activations",
-        "scratch": "scratch + act grads",
-        "adam_m": "adam m",
-        "adam_v": "adam v",
-    }
+    total = sum(sizes.values())
     lines = [f"memory plan ({precision} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
     for role in ROLES:
-        lines.append(f"{label.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
-    for name, n in extras.items():
-        lines.append(f"{name:<22}{n:>16,}{n / 2**20:>12.2f}")
+        if sizes[role] or role in ("params", "grads", "adam_m", "adam_v"):
+            lines.append(f"{LABELS.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
     lines.append(f"{'total':<22}{total:>16,}{total / 2**20:>12.2f}")
     return "\n".join(lines)
 
 
+class Device(Protocol):
+    """What the Arena needs of a backend: element sizes, one zeroed byte allocation, and typed views into it."""
+
+    kind_bytes: dict[str, int]
+
+    def alloc(self, nbytes: int) -> Any: ...
+
+    def view(self, pool: Any, offset: int, shape: tuple[int, ...], kind: str) -> Any: ...
+
+
 class Arena:
-    """One allocation per (role, kind); `self[name]` is a view with the planned shape.
+    """One allocation for the whole plan; `self[name]` is a view with the planned shape."""
 
-    `alloc(numel, kind)` returns a flat zeroed array (NumPy or torch): the backend's allocator decides the
-    element type of each kind.
-    """
-
-    def __init__(self, bufs: list[Buf], alloc: Callable[[int, str], Any]):
+    def __init__(self, bufs: list[Buf], device: Device):
         self.bufs = bufs
-        self.flat: dict[tuple[str, str], Any] = {key: alloc(n, key[1]) for key, n in group_sizes(bufs).items()}
-        self.views: dict[tuple[str, str], Any] = {}
-        offsets = {key: 0 for key in self.flat}
-        for b in bufs:
-            key = (b.role, b.kind)
-            off = offsets[key]
-            self.views[(b.role, b.name)] = self.flat[key][off : off + b.numel].reshape(b.shape)
-            offsets[key] = off + _span(b)
+        offsets, self.nbytes = layout(bufs, device.kind_bytes)
+        try:
+            self.pool = device.alloc(self.nbytes)
+        except MemoryError as e:
+            raise PlanError(f"the memory plan needs {self.nbytes:,} bytes in one allocation, which failed ({e}); "
+                            "lower train.micro_batch or the model's sizes") from None  # fmt: skip
+        self.views = {key: device.view(self.pool, off, b.shape, b.kind)
+                      for b in bufs for key in [(b.role, b.name)] if key in offsets
+                      for off in [offsets[key]]}  # fmt: skip
+        n = n_params_of(bufs)
+        self._flat = {role: device.view(self.pool, offsets[(role, first)], (n,), kind)
+                      for role in PACKED for first, kind in _first(bufs, role)}  # fmt: skip
+        self._by_name = {name: view for (role, name), view in self.views.items() if role not in PACKED}
 
     def role(self, role: str) -> dict[str, Any]:
-        """name -> view for one role, in plan order (for params: the canonical order)."""
+        """name -> view for one role, in plan order (for parameter-shaped roles: the canonical order)."""
         return {b.name: self.views[(role, b.name)] for b in self.bufs if b.role == role}
 
     def __getitem__(self, name: str) -> Any:
-        for role in ("optim", "acts", "scratch", "inputs"):
-            if (role, name) in self.views:
-                return self.views[(role, name)]
-        raise KeyError(name)
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise PlanError(f"the memory plan has no buffer {name!r}") from None
 
-    def flat_f32(self, role: str) -> Any:
-        """The flat fp32 array of params, grads, adam_m or adam_v: n_params long, in the canonical order."""
-        return self.flat[(role, "f32")]
+    def flat(self, role: str) -> Any:
+        """The flat array of a parameter-shaped role: n_params long, in the canonical order."""
+        return self._flat[role]
+
+
+def n_params_of(bufs: list[Buf]) -> int:
+    return sum(b.numel for b in bufs if b.role == "params")
+
+
+def _first(bufs: list[Buf], role: str) -> list[tuple[str, str]]:
+    first = next((b for b in bufs if b.role == role), None)
+    return [(first.name, first.kind)] if first is not None else []

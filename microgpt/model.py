@@ -12,18 +12,20 @@ LayerNorm under it adds its input gradient into `dresid` in place (as llm.c's CU
 buffer, updated from the top of the model down, with the same sums in the same order, so the result is bit
 for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
-activation-gradient buffer, since every backward adds with +=). `K` is the backend namespace
-(microgpt.backend): the NumPy reference or the Triton kernels, with the same names and arguments.
+activation-gradient buffer, since every backward adds with +=). `K` is the backend (microgpt/backend.py): the
+NumPy reference or the Triton kernels, with the same names and arguments.
 
-P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch,
-inputs). Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
+P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch), tokens and
+targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from microgpt.backend import Backend
 from microgpt.config import ModelConfig
+from microgpt.memory import Arena
 
 
 def init_params(P: dict[str, Any], m: ModelConfig, rng: Any) -> None:
@@ -39,13 +41,14 @@ def init_params(P: dict[str, Any], m: ModelConfig, rng: Any) -> None:
             p[...] = rng.normal(0.0, std, size=p.shape)
 
 
-def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any, G: dict[str, Any] | None = None) -> None:
-    """tokens, targets -> per-token losses (A["losses"]); with G (training), also the loss head's backward:
+def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any,
+                G: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """tokens, targets (B,T) -> per-token losses (A["losses"]); with G (training), also the loss head's backward:
     d lnf in A["dln"] and the head's share of G["wte"], which gpt_backward then continues from."""
-    B, T = A["tokens"].shape
+    B, T = tokens.shape
     N, H = B * T, m.n_head
     resid, proj, a = A["resid"], A["proj"], A["a"]
-    K.embedding_forward(resid[0].reshape(B, T, -1), A["tokens"], P["wte"], P["wpe"])
+    K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
     for layer in range(m.n_layer):
         h, x = f"h{layer}.", resid[layer]
         ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
@@ -63,20 +66,20 @@ def gpt_forward(K: Any, m: ModelConfig, P: dict[str, Any], A: Any, G: dict[str, 
         K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"])
         K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
     K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
-    targets = A["targets"].reshape(N)
+    targets = targets.reshape(N)
     if G is None:
         K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
         return
-    K.loss_weights(A["dlosses"], targets)
+    K.loss_weights(A["dlosses"], targets, A["loss_scale"])
     K.zero_(A["dln"])
     K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], P["wte"],
                                     targets, A["logits"])  # fmt: skip
 
 
-def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Any) -> None:
-    """Adds this micro-batch's gradients into G (weights) using what gpt_forward(K, m, P, A, G) saved,
-    starting from d lnf, which that call left in A["dln"] (the module docstring says why)."""
-    B, T = A["tokens"].shape
+def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any) -> None:
+    """Adds this micro-batch's gradients into G (weights) using what gpt_forward(..., G) saved, starting from
+    d lnf, which that call left in A["dln"] (the module docstring says why)."""
+    B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
     K.zero_(dresid)
@@ -107,7 +110,7 @@ def gpt_backward(K: Any, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A
         K.linear_backward(dln, G[h + "w_q"], dq, ln1, P[h + "w_q"])
         K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
-    K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), A["tokens"])
+    K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
 
 
 def _btc(x: Any, B: int, T: int) -> Any:

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, fileio
 from microgpt.checkpoint import CheckpointError
 
 
@@ -41,7 +41,7 @@ def test_overwrite_is_all_or_nothing(tmp_path, monkeypatch) -> None:
     def no_rename(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint.os, "replace", no_rename)
+    monkeypatch.setattr(fileio.os, "replace", no_rename)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.write_checkpoint(path, 2, *arrays(10, seed=1))
     assert path.read_bytes() == before

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, engine, mixing, shards
+from microgpt import checkpoint, config, data, mixing, shards, trainer
 from tests.conftest import REPO, TINY, json_lines
 
 SOURCES = ("a-pattern", "b-noise", "c-pattern-copy")
@@ -61,7 +61,7 @@ def write_exp(tmp: Path, raw: dict, name: str = "exp.json") -> Path:
 def test_weights_move_away_from_noise(tmp_path: Path) -> None:
     """Within 60 steps the noise source falls below half its uniform share; the fixed policy never moves."""
     root = write_sources(tmp_path / "src")
-    tr = engine.Trainer(config.from_dict(experiment(root, FIREHOSE, steps=60)), tmp_path / "run")
+    tr = trainer.Trainer(config.from_dict(experiment(root, FIREHOSE, steps=60)), tmp_path / "run")
     recs = [tr.train_step() for _ in range(60)]
     noise = [r["mixture"]["b-noise"] for r in recs]
     assert all(w == pytest.approx(1 / 3) for w in noise[:4])  # warm-up: the prior
@@ -72,7 +72,7 @@ def test_weights_move_away_from_noise(tmp_path: Path) -> None:
     assert {k for s in seen for k in s} == set(SOURCES)  # every source is drawn and reported
     assert min(s["b-noise"] for s in seen if "b-noise" in s) > 5.0  # ln 256 = 5.55: noise cannot be learned
     assert min(s["a-pattern"] for s in seen if "a-pattern" in s) < 0.5
-    fixed = engine.Trainer(config.from_dict(experiment(root, {"policy": "fixed", "prior": "uniform"})), tmp_path / "f")
+    fixed = trainer.Trainer(config.from_dict(experiment(root, {"policy": "fixed", "prior": "uniform"})), tmp_path / "f")
     assert {tuple(fixed.train_step()["mixture"].values()) for _ in range(8)} == {(1 / 3, 1 / 3, 1 / 3)}
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt import memory, model
+from microgpt import config, memory, model
 from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig
 
@@ -41,19 +41,19 @@ def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Te
 
 def engine_state(dtype: type, seed: int):
     """A NumPy-backend arena in `dtype`, params initialised then perturbed so LN weights are not all ones."""
-    K = numpy_backend()
-    kinds = {"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8}
-    K.alloc = lambda n, kind: np.zeros(n, kinds[kind])
-    arena = memory.Arena(memory.plan(M, B, logits_rows=7), K.alloc)
+    K = numpy_backend({"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8})
+    t = config.TrainConfig(micro_batch=B)
+    arena = memory.Arena(memory.plan(M, t, 7), K)
     P, G = arena.role("params"), arena.role("grads")
     rng = np.random.default_rng(seed)
     model.init_params(P, M, rng)
     for p in P.values():
         p += rng.normal(0, 0.1, size=p.shape)
-    arena["tokens"][...] = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
+    arena["tokens"][0] = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets[0, :3] = -1  # ignored positions (loss masks) take part too
-    arena["targets"][...] = targets
+    arena["targets"][0] = targets
+    arena["loss_scale"][0] = 1.0
     return K, arena, P, G
 
 
@@ -68,18 +68,19 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
     for g in G.values():  # gradients accumulate: start from noise and subtract it afterwards
         g[...] = np.random.default_rng(1).normal(size=g.shape)
     noise = {n: g.copy() for n, g in G.items()}
-    model.gpt_forward(K, M, P, A)  # evaluation: losses only, no gradient touched
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    model.gpt_forward(K, M, P, A, tokens, targets)  # evaluation: losses only, no gradient touched
     eval_losses = A["losses"].copy()
     for name, g in G.items():
         np.testing.assert_array_equal(g, noise[name], err_msg=f"evaluation forward wrote into grad {name}")
-    model.gpt_forward(K, M, P, A, G)  # training: the loss head's backward runs here
+    model.gpt_forward(K, M, P, A, tokens, targets, G)  # training: the loss head's backward runs here
     np.testing.assert_array_equal(A["losses"], eval_losses)
-    total, count = K.loss_sum(A["losses"], A["targets"].reshape(-1))
-    model.gpt_backward(K, M, P, G, A)
+    K.loss_sum(A["loss_sum"], A["losses"], targets.reshape(-1))
+    total, count = A["loss_sum"]
+    model.gpt_backward(K, M, P, G, A, tokens)
 
     TP = {n: torch.tensor(p, dtype=torch.float64, requires_grad=True) for n, p in P.items()}
-    tokens = torch.tensor(A["tokens"], dtype=torch.long)
-    loss = torch_twin_loss(TP, M, tokens, torch.tensor(A["targets"], dtype=torch.long))
+    loss = torch_twin_loss(TP, M, torch.tensor(tokens, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
     loss.backward()
     check_close("loss", np.array(total / count), loss.detach().numpy(), tol)
     assert len(G) == 4 + 10 * M.n_layer

@@ -8,8 +8,8 @@ TxT matrix in memory. Backward recomputes P = exp(S - lse) tile by tile:
 Both halves run in one launch and each output tile has one owner: no atomics, deterministic.
 Exponentials run in base 2 with the scale folded in (exp2 is the native instruction). Each loop is split into
 the tiles that straddle the diagonal (masked) and the rest (no mask), so the hot loop carries no causal test.
-Tile sizes are autotuned once per GPU, dtype and (T, hs) on the GPU (cached on disk by Triton); the interpreter
-uses one small fixed config.
+Tile sizes are chosen once per GPU, dtype and (T, hs) by timing inside the warm-up step (tuning.py, cached on
+disk); fp32 and the interpreter use one fixed config each.
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         tl.store(dq_ptr + q_off, (dq_old + dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
-def _cfg(num_warps: int, num_stages: int, **meta: int) -> triton.Config:
-    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
+def _cfg(num_warps: int, num_stages: int, **meta: int) -> dict:
+    return dict(meta, num_warps=num_warps, num_stages=num_stages)
 
 
 FWD_CONFIGS = [_cfg(4, 3, BM=128, BN=64), _cfg(4, 4, BM=128, BN=64), _cfg(8, 3, BM=128, BN=64),
@@ -196,21 +196,19 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
                _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64), _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
-_fwd16 = triton.autotune(FWD_CONFIGS, key=["T", "HS"], cache_results=True)(k_attention_fwd)
-_bwd16 = triton.autotune(BWD_CONFIGS, key=["T", "HS"], restore_value=["dq_ptr", "dk_ptr", "dv_ptr"],
-                         cache_results=True)(k_attention_bwd)  # fmt: skip
 # fp32 (checks, not speed) and the interpreter: one fixed config each, no tuning
 FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)),
          "fp32": (dict(BM=64, BN=32, num_warps=4, num_stages=2),
                   dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
 
 
-def _kernels(dtype: torch.dtype) -> tuple:
-    """(forward kernel, its meta, backward kernel, its meta) for this dtype."""
+def _meta(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch) -> dict:
+    """The config of one half for this dtype and (T, hs): fixed in fp32 and the interpreter, else the fastest,
+    timed once inside the tuning window (on the warm-up step's buffers) and cached on disk (tuning.py)."""
     if tuning.INTERPRET or dtype == torch.float32:
-        fwd_meta, bwd_meta = FIXED["interpret" if tuning.INTERPRET else "fp32"]
-        return k_attention_fwd, fwd_meta, k_attention_bwd, bwd_meta
-    return _fwd16, {}, _bwd16, {}
+        return FIXED["interpret" if tuning.INTERPRET else "fp32"][half == "bwd"]
+    candidates = {str(i): (lambda cfg=cfg: launch(cfg)) for i, cfg in enumerate(configs)}
+    return configs[int(tuning.choose(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates))]
 
 
 def _bd(HS: int) -> int:
@@ -222,12 +220,12 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
     B, T, C = q.shape
     HS = C // n_head
 
-    def grid(meta: dict) -> tuple[int, int]:
-        return (triton.cdiv(T, meta["BM"]), B * n_head)
+    def launch(meta: dict) -> None:
+        k_attention_fwd[(triton.cdiv(T, meta["BM"]), B * n_head)](
+            out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
+            **meta)  # fmt: skip
 
-    fwd, meta, _, _ = _kernels(q.dtype)
-    fwd[grid](out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
-              **meta)  # fmt: skip
+    launch(_meta("fwd", FWD_CONFIGS, q.dtype, T, HS, launch))
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -239,9 +237,9 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
     BMD = 16 if tuning.INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
 
-    def grid(meta: dict) -> tuple[int, int]:
-        return (triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)
+    def launch(meta: dict) -> None:
+        k_attention_bwd[(triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)](
+            dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
+            BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
-    _, _, bwd, meta = _kernels(q.dtype)
-    bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
-              BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
+    launch(_meta("bwd", BWD_CONFIGS, q.dtype, T, HS, launch))

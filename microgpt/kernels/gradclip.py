@@ -1,9 +1,8 @@
-"""Global grad-norm clipping over the flat grads array, as torch.nn.utils.clip_grad_norm_.
+"""The global gradient norm over the flat grads array (microgpt/ops/gradclip.py is the specification).
 
 Two-stage deterministic norm: k_grad_norm_partial writes one sum of squares per `block` elements, then
-k_grad_norm_final (one program) adds the partials in a fixed order and takes the square root. k_grad_scale
-multiplies in place by a host float, or, inside a CUDA graph where the host cannot read the norm, by a factor
-computed on the device: scale * min(1, max_norm / (norm * scale + 1e-6)).
+k_grad_norm_final (one program) adds the partials in a fixed order and takes the square root. The clip factor
+is applied by k_adamw, which reads the norm on the device (no host round trip inside the CUDA graph).
 """
 
 from __future__ import annotations
@@ -40,18 +39,6 @@ def k_grad_norm_final(norm_ptr, part_ptr, P, BLOCK: tl.constexpr):
     tl.store(norm_ptr, tl.sqrt(tl.sum(acc, axis=0)))
 
 
-@triton.jit
-def k_grad_scale(g_ptr, n, scale, norm_ptr, max_norm, CLIP: tl.constexpr, BLOCK: tl.constexpr):
-    # g: (n,) *= scale, times the clip coefficient read from norm (1,) when CLIP
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    f = scale
-    if CLIP:
-        f = scale * tl.minimum(1.0, max_norm / (tl.load(norm_ptr) * scale + 1e-6))
-    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(g_ptr + offs, (g * f).to(g_ptr.dtype.element_ty), mask=mask)
-
-
 def grad_norm_partial(partials: torch.Tensor, g: torch.Tensor, block: int) -> None:
     n = g.numel()
     P = triton.cdiv(n, block)
@@ -61,15 +48,3 @@ def grad_norm_partial(partials: torch.Tensor, g: torch.Tensor, block: int) -> No
 def grad_norm_final(norm: torch.Tensor, partials: torch.Tensor) -> None:
     P = partials.numel()
     k_grad_norm_final[(1,)](norm, partials, P, BLOCK=min(1024, triton.next_power_of_2(P)))
-
-
-def grad_scale(g: torch.Tensor, scale: float, *, norm: torch.Tensor | None = None, max_norm: float = 0.0) -> None:
-    """g *= scale; with norm (a (1,) device tensor of the unscaled grads' norm), also clip to max_norm on device."""
-    n = g.numel()
-    k_grad_scale[(triton.cdiv(n, BLOCK),)](g, n, float(scale), norm if norm is not None else g, float(max_norm),
-                                           CLIP=norm is not None, BLOCK=BLOCK)  # fmt: skip
-
-
-def clip_coef(norm: torch.Tensor, max_norm: float) -> float:
-    """min(1, max_norm / (norm + 1e-6)) on the host (reads the norm back: not for use inside a CUDA graph)."""
-    return min(1.0, max_norm / (float(norm.reshape(-1)[0]) + 1e-6))

@@ -1,21 +1,34 @@
 """Choices made once per GPU and shape, cached on disk (DESIGN.md §3: never per call).
 
 The cache is one JSON file per device name under $MICROGPT_CACHE (default ~/.cache/microgpt):
-{"gemm": {"<key>": "cublas" | "triton", ...}}. Interpreted runs (TRITON_INTERPRET=1, CI) never time
-anything and always use the Triton kernels, so CI exercises the real kernels.
+{"gemm": {"<key>": "cublas" | "triton", ...}, "attention_fwd": {"<key>": "<config index>"}, ...}.
+
+A choice not in the cache is timed only inside `window()`, which the runtime opens around the warm-up run of the
+optimizer step (kernels/runtime.py): the candidates run on the warm-up's own buffers, whose values the step throws
+away, and are timed with CUDA events, so timing allocates no device memory (triton's do_bench would take a 256 MB
+cache-flush buffer, and its autotuner copies of the outputs, beyond the memory plan). Outside the window an
+unrecorded key gets the first candidate, untimed and unrecorded. The one device buffer the choices use, the GEMM
+probe, is planned (memory.py "kernel" role) and handed over with `set_probe`.
+Interpreted runs (TRITON_INTERPRET=1, CI) never time anything and always use the Triton kernels, so CI exercises
+the real kernels.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+REPS = 10  # timed runs per candidate, after one untimed
 _cache: dict[str, dict[str, str]] | None = None
+_open = False
+_probe: torch.Tensor | None = None
 
 
 def cache_path() -> Path:
@@ -34,27 +47,65 @@ def _load() -> dict[str, dict[str, str]]:
     return _cache
 
 
+@contextmanager
+def window() -> Iterator[None]:
+    """While open, choices not yet made are timed (on buffers whose values the caller discards)."""
+    global _open
+    _open = True
+    try:
+        yield
+    finally:
+        _open = False
+
+
+def is_open() -> bool:
+    return _open
+
+
+def set_probe(probe: torch.Tensor) -> None:
+    """The planned fp32 buffer the GEMM choice compares candidates' results in."""
+    global _probe
+    _probe = probe
+
+
+def probe() -> torch.Tensor:
+    if _probe is None:
+        raise RuntimeError("no GEMM probe buffer: the backend is not bound to a memory plan")
+    return _probe
+
+
 def choices(table: str) -> dict[str, str]:
-    """The recorded choices of one table (for the memory plan / bench printout)."""
+    """The recorded choices of one table (for the bench printout)."""
     return dict(_load().get(table, {}))
 
 
-def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> str:
-    """Return the recorded choice for key, or time every candidate once (median of a short run) and record it.
+def _time(fn: Callable[[], None]) -> float:
+    """Median milliseconds of REPS runs, timed with events on the current stream (allocates nothing)."""
+    fn()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
-    MICROGPT_GEMM=cublas|triton forces a choice without timing (useful when the device time is short).
-    """
+
+def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> str:
+    """The recorded choice for key; or, inside the window, time every candidate and record the fastest; or else
+    the first candidate. MICROGPT_<TABLE>=name forces a choice without timing (MICROGPT_GEMM=cublas|triton)."""
     forced = os.environ.get("MICROGPT_" + table.upper())
     if forced in candidates:
         return forced
     cache = _load().setdefault(table, {})
     if key in cache and cache[key] in candidates:
         return cache[key]
-    from triton.testing import do_bench
-
-    times = {name: do_bench(fn, warmup=5, rep=20, return_mode="median") for name, fn in candidates.items()}
-    best = min(times, key=times.get)
-    cache[key] = best
+    if not _open:
+        return next(iter(candidates))
+    times = {name: _time(fn) for name, fn in candidates.items()}
+    best = cache[key] = min(times, key=times.__getitem__)
     try:
         path = cache_path()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The op registry: every transformer op as a forward/backward pair, one line each.
+"""The op registry: every transformer op as a forward/backward pair, one row each, naming both halves.
 
     name          forward writes              forward saves for backward
     embedding     out = wte[tokens] + wpe     nothing (tokens are the caller's)
@@ -13,57 +13,67 @@ Why seven pairs where the seed counts eight: the seed's "final layernorm path" i
 applied to the last residual stream, so it needs no pair of its own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
-while it lies in the scratch), since the loss's upstream gradient is known before its forward. GELU lives
-inside the mlp pair, which saves the pre-GELU activation and recomputes GELU in backward.
+while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
+head's two small helpers (loss_weights, loss_sum) live in the same modules. GELU lives inside the mlp pair,
+which saves the pre-GELU activation and recomputes GELU in backward.
 
-Helpers without a backward: gradclip (grad_norm_partial, grad_norm_final, clip_coef, grad_scale)
-and adamw (adamw_step), both over the flat gradient / parameter arrays.
+Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
+grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py).
 
-Every function writes into the arrays it is given; every backward adds (+=) into its gradients.
-This package imports NumPy only: the Triton kernels live in microgpt.kernels.
+Each row names the NumPy module (the reference, imported by the CPU path without torch) and the Triton module
+(microgpt/kernels/, imported only when the triton backend is asked for), as strings so that reading the
+registry imports neither. microgpt/backend.py builds both backends from these rows with one loop, and the
+tests iterate them. Every function writes into the arrays it is given; every backward adds (+=) into its
+parameter gradients.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
-
-from microgpt.ops.adamw import adamw_step
-from microgpt.ops.attention import attention_backward, attention_forward
-from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward, crossentropy_forward_backward
-from microgpt.ops.embedding import embedding_backward, embedding_forward
-from microgpt.ops.gradclip import clip_coef, grad_norm_final, grad_norm_partial, grad_scale
-from microgpt.ops.layernorm import layernorm_backward, layernorm_forward
-from microgpt.ops.linear import linear_backward, linear_forward
-from microgpt.ops.mlp import mlp_backward, mlp_forward
-from microgpt.ops.residual import residual_backward, residual_forward
 
 
 @dataclass(frozen=True)
 class OpPair:
-    """One op: its NumPy reference forward and backward (argument order: outputs, saved, inputs, sizes),
-    and, for the loss, both in one call (forward's outputs, backward's gradients, inputs, scratch)."""
+    """One op: the modules holding its two halves, `<name>_forward` and `<name>_backward` (argument order:
+    outputs, saved, inputs, sizes), plus any further entry points of the same modules the model calls."""
 
     name: str
-    forward: Callable[..., None]
-    backward: Callable[..., None]
-    forward_backward: Callable[..., None] | None = None
+    numpy: str
+    triton: str
+    extra: tuple[str, ...] = ()
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        return (f"{self.name}_forward", f"{self.name}_backward", *self.extra)
+
+
+@dataclass(frozen=True)
+class Helpers:
+    """Functions without a backward (the step's), in a NumPy module and a Triton module of the same stem."""
+
+    name: str
+    numpy: str
+    triton: str
+    functions: tuple[str, ...]
+
+
+def _pair(name: str, extra: tuple[str, ...] = ()) -> OpPair:
+    return OpPair(name, f"microgpt.ops.{name}", f"microgpt.kernels.{name}", extra)
+
+
+def _helpers(name: str, functions: tuple[str, ...]) -> Helpers:
+    return Helpers(name, f"microgpt.ops.{name}", f"microgpt.kernels.{name}", functions)
 
 
 OPS: dict[str, OpPair] = {
-    "embedding": OpPair("embedding", embedding_forward, embedding_backward),
-    "layernorm": OpPair("layernorm", layernorm_forward, layernorm_backward),
-    "linear": OpPair("linear", linear_forward, linear_backward),
-    "attention": OpPair("attention", attention_forward, attention_backward),
-    "mlp": OpPair("mlp", mlp_forward, mlp_backward),
-    "residual": OpPair("residual", residual_forward, residual_backward),
-    "crossentropy": OpPair("crossentropy", crossentropy_forward, crossentropy_backward, crossentropy_forward_backward),
+    "embedding": _pair("embedding"),
+    "layernorm": _pair("layernorm"),
+    "linear": _pair("linear"),
+    "attention": _pair("attention"),
+    "mlp": _pair("mlp"),
+    "residual": _pair("residual"),
+    "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "loss_weights", "loss_sum")),
 }
 
-__all__ = [
-    "OPS",
-    "OpPair",
-    "adamw_step",
-    "clip_coef",
-    "grad_norm_final",
-    "grad_norm_partial",
-    "grad_scale",
-]
+HELPERS: dict[str, Helpers] = {
+    "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
+    "adamw": _helpers("adamw", ("adamw_step",)),
+}

@@ -1,17 +1,27 @@
-"""AdamW over the flat parameter array, with torch.optim.AdamW semantics.
+"""AdamW over the flat parameter array, with torch.optim.AdamW semantics, taking the step's gradient scale and clip.
 
-At 1-based step t, for every element (decay only where decay_mask is 1: the 2-D weights):
+The optimizer step (microgpt/step.py) sums the gradients of all micro-batches (and ranks), takes the norm of that
+raw sum, and leaves scaling and clipping to this function, so the GPU does it inside the same pass. `hyper` holds
+the values that change every step, written by the host before the step runs:
 
-    p -= lr * weight_decay * decay_mask * p              decoupled weight decay, before the update
-    m  = beta1 * m + (1 - beta1) * g
-    v  = beta2 * v + (1 - beta2) * g^2
-    p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+    hyper = [lr, bias1 = 1 - beta1^t, bias2 = 1 - beta2^t, gscale = 1 / (n_micro * world * loss_scale)]
 
-Shapes: p, g, m, v, decay_mask all (n,), flat over all parameters in the canonical order.
-m and v are the optimizer state (kept between steps, saved in checkpoints); nothing else is saved.
+For every element (decay only where decay_mask is 1: the 2-D weights):
+
+    total = norm * gscale                                 the global norm of the mean gradient
+    g     = g * gscale * min(1, max_norm / (total + 1e-6))   clip_grad_norm_'s factor (max_norm inf: no clip)
+    p    -= lr * weight_decay * decay_mask * p           decoupled weight decay, before the update
+    m     = beta1 * m + (1 - beta1) * g
+    v     = beta2 * v + (1 - beta2) * g^2
+    p    -= lr * (m / bias1) / (sqrt(v / bias2) + eps)
+    p_compute = p (rounded to the compute dtype), g = 0
+
+A non-finite total (an fp16 overflow, or the warm-up step, which sets gscale to inf) leaves p, m and v untouched:
+the loss scaler lowers the scale and the next step redoes the work. The gradients are zeroed either way.
+Arithmetic is in the arrays' dtype (float32; float64 in the gradient checks), in the Triton kernel's order.
+Shapes: p, g, m, v, decay_mask, p_compute all (n,), flat over all parameters in the canonical order; norm (1,).
+m and v are the optimizer state (kept between steps, saved in checkpoints).
 """
-
-import math
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,22 +33,30 @@ def adamw_step(
     m: NDArray,
     v: NDArray,
     decay_mask: NDArray,
-    lr: float,
+    p_compute: NDArray | None,
+    hyper: NDArray,
+    norm: NDArray,
     beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
-    t: int,
+    max_norm: float,
 ) -> None:
-    """One AdamW step in place on p, m, v (all (n,)); t is the 1-based step number."""
-    p -= (lr * weight_decay) * decay_mask * p
-    m *= beta1
-    m += (1.0 - beta1) * g
-    v *= beta2
-    v += (1.0 - beta2) * np.square(g)
-    bias1 = 1.0 - beta1**t
-    bias2 = 1.0 - beta2**t
-    denom = np.sqrt(v)
-    denom /= math.sqrt(bias2)  # sqrt(v / bias2), in torch's order: sqrt first, then divide
-    denom += eps
-    p -= (lr / bias1) * m / denom
+    """One AdamW step in place on p, m, v (and p_compute), reading g; leaves g zeroed."""
+    dt = p.dtype.type
+    lr, bias1, bias2, gscale = (dt(x) for x in hyper[:4])
+    total = dt(norm[0]) * gscale
+    if not np.isfinite(total):
+        g.fill(0)
+        return
+    g *= gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))
+    b1, b2 = dt(beta1), dt(beta2)
+    p -= lr * dt(weight_decay) * decay_mask * p
+    m *= b1
+    m += (dt(1) - b1) * g
+    v *= b2
+    v += (dt(1) - b2) * g * g
+    p -= lr * (m / bias1) / (np.sqrt(v / bias2) + dt(eps))
+    if p_compute is not None:
+        p_compute[...] = p
+    g.fill(0)

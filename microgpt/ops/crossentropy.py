@@ -115,3 +115,21 @@ def crossentropy_forward_backward(
         z = logits[: j - i]
         sums = _chunk_exp(z, x[i:j], wte, targets[i:j], losses[i:j], lse[i:j])
         _add_grads(z, 1.0 / sums, dx[i:j], dwte, dlosses[i:j], x[i:j], wte, targets[i:j])
+
+
+def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:
+    """dlosses (N,) = d(mean loss over targets >= 0) / d(per-token loss), times scale[0] (the fp16 loss scale:
+    1 in fp32 and bf16), the loss's upstream gradient; 0 on ignored tokens."""
+    valid = targets >= 0
+    dt = dlosses.dtype.type
+    dlosses[...] = np.where(valid, dt(scale[0]) / dt(max(1, int(valid.sum()))), dt(0))
+
+
+def loss_sum(out: NDArray, losses: NDArray, targets: NDArray, weight: float = 0.0, accumulate: bool = False) -> None:
+    """out[:2] = (sum of losses, count of targets >= 0); with accumulate, out[0] += weight * their mean instead
+    (the step's report of the mean loss over its micro-batches)."""
+    total, count = losses.sum(dtype=np.float64), int((targets >= 0).sum())
+    if accumulate:
+        out[0] += weight * total / max(1, count)
+    else:
+        out[0], out[1] = total, count

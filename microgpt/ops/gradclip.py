@@ -1,14 +1,13 @@
-"""Global gradient-norm clipping over the flat gradient array, as torch.nn.utils.clip_grad_norm_.
+"""The global gradient norm over the flat gradient array, as torch.nn.utils.clip_grad_norm_ computes it.
 
     partials[i] = sum(g[i*block:(i+1)*block] ** 2)      i < P = ceil(n / block)
     norm        = sqrt(sum(partials))
-    coef        = min(1, max_norm / (norm + 1e-6))
-    g          *= coef
 
 Shapes: g (n,), flat over all parameters; partials (P,); norm (1,).
 The norm is reduced in two fixed passes (per-block partial sums, then their sum) so the GPU kernels
 can do the same without atomics and the result does not depend on scheduling: deterministic.
-Nothing is saved; there is no backward.
+The clip itself, min(1, max_norm / (norm + 1e-6)), is applied inside AdamW (microgpt/ops/adamw.py), so the
+gradients are read once more, not twice. Nothing is saved; there is no backward.
 """
 
 import math
@@ -30,14 +29,3 @@ def grad_norm_partial(partials: NDArray, g: NDArray, block: int) -> None:
 def grad_norm_final(norm: NDArray, partials: NDArray) -> None:
     """norm (1,) = sqrt(sum(partials))."""
     norm[0] = math.sqrt(partials.sum())
-
-
-def clip_coef(norm: NDArray | float, max_norm: float) -> float:
-    """The factor clip_grad_norm_ multiplies the gradients by: min(1, max_norm / (norm + 1e-6))."""
-    total = float(np.asarray(norm).reshape(-1)[0])
-    return min(1.0, max_norm / (total + 1e-6))
-
-
-def grad_scale(g: NDArray, scale: float) -> None:
-    """g *= scale, in place."""
-    g *= scale

@@ -1,32 +1,34 @@
-"""The triton backend end to end on a tiny model: forward, backward and one whole step against the NumPy backend."""
+"""The triton backend end to end on a tiny model against the NumPy backend, through the same state, the same
+step function and the same checkpoint; and the backend interface as the registry declares it."""
+
+import dataclasses
 
 import numpy as np
 import torch
 
-from microgpt import memory, model
-from microgpt.backend import numpy_backend
+from microgpt import backend, memory, model, ops
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.kernels import TritonBackend
-from microgpt.kernels.step import GraphStep
-from microgpt.ops import adamw_step
+from microgpt.state import make_state
+from microgpt.step import Step
 
-from ._kutil import ON_GPU, check
+from ._kutil import check
 
 M = ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=16)
 B = 2
 
 
-def _setup(K, seed=0):
-    bufs = memory.plan(M, B, logits_rows=12)  # 32 rows in 3 chunks, the last one short
-    A = memory.Arena(bufs, K.alloc)
-    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(M)}
-    model.init_params(host, M, np.random.default_rng(seed))
-    for name, p in host.items():
-        p += np.random.default_rng(len(name)).standard_normal(p.shape).astype(np.float32) * 0.05  # LN params off 1/0
-    K.copy_in(A.flat_f32("params"), np.concatenate([a.reshape(-1) for a in host.values()]))
-    mask = np.concatenate([np.full(a.size, a.ndim == 2, np.uint8) for a in host.values()])
-    K.copy_in(A["decay_mask"], mask)
-    return A
+def _state(name: str, t: TrainConfig, seed: int = 0):
+    """make_state on one backend, with the logits chunk forced to 12 rows (32 rows: 3 chunks, the last short)
+    and the weights perturbed off their init (LN params off 1/0), the same on both backends."""
+    K = backend.numpy_backend() if name == "numpy" else backend.triton_backend(t.precision)
+    K = dataclasses.replace(K, logits_rows=lambda m, b: 12)
+    S = make_state(M, dataclasses.replace(t, seed=seed), K)
+    w = S.K.to_numpy(S.p).copy()
+    w += np.random.default_rng(len(w)).standard_normal(w.shape).astype(np.float32) * 0.05
+    S.K.copy_in(S.p, w)
+    if S.p_compute is not None:
+        S.K.copy_in(S.p_compute, w)
+    return S
 
 
 def _batch(rng):
@@ -36,105 +38,121 @@ def _batch(rng):
     return x, y
 
 
+def test_backend_fields_are_the_registry() -> None:
+    """One declared interface: its op fields are exactly the registry's functions, and both halves have them."""
+    fields = {f.name for f in dataclasses.fields(backend.Backend)}
+    for row in [*ops.OPS.values(), *ops.HELPERS.values()]:
+        for fn in row.functions:
+            assert fn in fields, f"Backend lacks {fn}"
+    named = {fn for row in [*ops.OPS.values(), *ops.HELPERS.values()] for fn in row.functions}
+    K = backend.triton_backend("fp32")
+    for fn in named:
+        assert getattr(K, fn).__module__.startswith("microgpt.kernels."), fn
+
+
 def test_forward_backward_matches_numpy() -> None:
-    Kn, Kt = numpy_backend(), TritonBackend("fp32")
-    An, At = _setup(Kn), _setup(Kt)
+    t = TrainConfig(micro_batch=B)
+    Sn, St = _state("numpy", t), _state("triton", t)
     x, y = _batch(np.random.default_rng(1))
-    for K, A in ((Kn, An), (Kt, At)):
-        K.copy_in(A["tokens"], x)
-        K.copy_in(A["targets"], y)
-        model.gpt_forward(K, M, A.role("params"), A, A.role("grads"))
-        model.gpt_backward(K, M, A.role("params"), A.role("grads"), A)
-    check("losses", Kt.to_numpy(At["losses"]), An["losses"], 1e-5)
-    assert abs(Kt.loss_sum(At["losses"], At["targets"].reshape(-1))[0] - An["losses"].sum()) < 1e-4
-    gn, gt = An.role("grads"), At.role("grads")
-    for name in gn:
-        check(name, Kt.to_numpy(gt[name]), gn[name], 1e-4)
+    for S in (Sn, St):
+        K, A = S.K, S.arena
+        K.copy_in(A["tokens"][0], x)
+        K.copy_in(A["targets"][0], y)
+        K.copy_in(A["loss_scale"], np.ones(1))
+        model.gpt_forward(K, M, S.P, A, A["tokens"][0], A["targets"][0], S.G)
+        model.gpt_backward(K, M, S.P, S.G, A, A["tokens"][0])
+        K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
+    check("losses", St.K.to_numpy(St.arena["losses"]), Sn.arena["losses"], 1e-5)
+    check("loss sum", St.K.to_numpy(St.arena["loss_sum"]), Sn.arena["loss_sum"], 1e-5)
+    for name in Sn.G:
+        check(name, St.K.to_numpy(St.G[name]), Sn.G[name], 1e-4)
 
 
-def test_graph_step_eager_matches_numpy_step() -> None:
-    """GraphStep's device-side scale/clip/AdamW (eager here; the same body is what the GPU captures)."""
+def test_one_step_function_gives_the_same_update_on_both_backends() -> None:
+    """step.optimizer_step on NumPy and on Triton (interpreter in CI; eager or graph on the GPU): same loss, norm
+    and per-micro-batch losses, same weights, m and v after two steps with clipping, grads left zero."""
     t = TrainConfig(micro_batch=B, n_micro=2, grad_clip=0.05, weight_decay=0.1)
     rng = np.random.default_rng(2)
-    batches = [_batch(rng) for _ in range(t.n_micro)]
-    Kn = numpy_backend()
-    An = _setup(Kn)
-    Pn, Gn, g = An.role("params"), An.role("grads"), An.flat_f32("grads")
-    loss, micro_losses = 0.0, []
-    for x, y in batches:
-        An["tokens"][...], An["targets"][...] = x, y
-        model.gpt_forward(Kn, M, Pn, An, Gn)
-        micro_losses.append(Kn.loss_sum(An["losses"], An["targets"].reshape(-1))[0] / (y >= 0).sum())
-        loss += micro_losses[-1] / t.n_micro
-        model.gpt_backward(Kn, M, Pn, Gn, An)
-    g *= 1.0 / t.n_micro
-    norm = float(np.sqrt((g.astype(np.float64) ** 2).sum()))
-    g *= min(1.0, t.grad_clip / (norm + 1e-6))
-    p = An.flat_f32("params")
-    adamw_step(p, g, An.flat_f32("adam_m"), An.flat_f32("adam_v"), An["decay_mask"], 1e-3, t.beta1, t.beta2, t.eps,
-               t.weight_decay, 1)  # fmt: skip
-
-    Kt = TritonBackend("fp32")
-    At = _setup(Kt)
-    step = GraphStep(Kt, M, t, At, use_graph=ON_GPU)
-    got_loss, got_norm = step.step(batches, 1e-3, 1)
-    assert abs(got_loss - loss) < 1e-5 * abs(loss)
-    np.testing.assert_allclose(step.micro_losses, micro_losses, rtol=1e-5)  # per micro-batch: the data mixture's
-    assert abs(got_norm - norm) < 1e-4 * norm
-    check("params", Kt.to_numpy(At.flat_f32("params")), p, 1e-5)
-    assert not Kt.to_numpy(At.flat_f32("grads")).any(), "the step leaves the grads zeroed"
+    steps = [[_batch(rng) for _ in range(t.n_micro)] for _ in range(2)]
+    results = {}
+    for name in ("numpy", "triton"):
+        S = _state(name, t)
+        step = Step(S)
+        res = [step(batches, 1e-3 * (i + 1)) for i, batches in enumerate(steps)]
+        results[name] = (S, res)
+    (Sn, rn), (St, rt) = results["numpy"], results["triton"]
+    for a, b in zip(rt, rn):
+        assert abs(a.loss - b.loss) < 1e-5 * abs(b.loss)
+        assert abs(a.grad_norm - b.grad_norm) < 1e-4 * b.grad_norm
+        np.testing.assert_allclose(a.micro_losses, b.micro_losses, rtol=1e-5)
+    assert rn[0].grad_norm > t.grad_clip, "the clip should act"
+    for name in ("p", "adam_m", "adam_v"):
+        check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
+    assert St.step == Sn.step == 2
+    assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
 
 
-def test_graph_step_fp16_copy_follows_master() -> None:
-    """fp16 compute: the step keeps a compute copy of the weights equal to the rounded fp32 masters."""
-    t = TrainConfig(micro_batch=B, n_micro=1)
-    Kt = TritonBackend("fp16")
-    At = _setup(Kt)
-    step = GraphStep(Kt, M, t, At, use_graph=ON_GPU)
-    loss, norm = step.step([_batch(np.random.default_rng(3))], 1e-3, 1)
-    assert np.isfinite(loss) and np.isfinite(norm)
-    p = At.flat_f32("params")
-    assert torch.equal(step.p_lp, p.to(torch.float16))
+def test_fp16_compute_copy_follows_master() -> None:
+    """fp16 compute: AdamW keeps the compute copy of the weights equal to the rounded fp32 masters."""
+    S = _state("triton", TrainConfig(micro_batch=B, n_micro=1, precision="fp16", backend="triton"))
+    res = Step(S)([_batch(np.random.default_rng(3))], 1e-3)
+    assert np.isfinite(res.loss) and np.isfinite(res.grad_norm)
+    assert torch.equal(S.p_compute, S.p.to(torch.float16))
+
+
+def test_plan_is_every_byte_the_backend_uses() -> None:
+    """The printed plan's total is the arena plus the runtime rows; the launchers' scratch are planned views."""
+    t = TrainConfig(micro_batch=B, n_micro=3, precision="fp16", backend="triton")
+    S = make_state(M, t, backend.triton_backend("fp16"))
+    sizes = memory.role_bytes(S.plan, "fp16")
+    runtime = sum(b.numel for b in S.plan if b.role == "runtime")
+    assert sum(sizes.values()) == S.arena.nbytes + runtime
+    assert S.arena.pool.numel() == S.arena.nbytes
+    assert sizes["kernel"] > 0 and sizes["compute_params"] == (memory.n_params(M) * 2 + 255) // 256 * 256
+    lo, hi = S.arena.pool.data_ptr(), S.arena.pool.data_ptr() + S.arena.nbytes
+    for fn, kw, buf in S.K.scratch_args:
+        view = getattr(S.K, fn).keywords[kw]
+        assert view is S.arena[buf] and lo <= view.data_ptr() < hi, (fn, buf)
+    assert S.arena["tokens"].shape == (3, B, M.seq_len)
 
 
 def test_trainer_on_triton_matches_numpy(tmp_path) -> None:
-    """The engine's Trainer on the triton backend (fp32, GraphStep) follows the NumPy backend's loss line."""
-    from microgpt import config, engine
+    """The Trainer on the triton backend (fp32) follows the NumPy backend's loss line and validation loss."""
+    from microgpt import config, trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}  # the interpreter is slow
     raw = {**TINY, "model": small, "train": {**TINY["train"], "steps": 2, "n_micro": 2, "micro_batch": 2}}
-    losses = {}
-    for backend in ("numpy", "triton"):
-        exp = config.from_dict({**raw, "train": {**raw["train"], "backend": backend}})
-        tr = engine.Trainer(exp, tmp_path / backend)
-        losses[backend] = [tr.train_step()["loss"] for _ in range(2)]
+    losses, val = {}, {}
+    for name in ("numpy", "triton"):
+        exp = config.from_dict({**raw, "train": {**raw["train"], "backend": name}})
+        tr = trainer.Trainer(exp, tmp_path / name)
+        losses[name] = [tr.train_step()["loss"] for _ in range(2)]
+        val[name] = tr.evaluate()["val_loss"]
     np.testing.assert_allclose(losses["triton"], losses["numpy"], rtol=2e-5)
-    tr.evaluate()
-    # the plan the CLI prints counts the launchers' scratch before step 1: the same bytes they took since
-    assert tr.K.plan_extras(tr.m, tr.t)["kernel scratch"] == tr.K.extra_bytes
+    assert abs(val["triton"] - val["numpy"]) < 2e-5 * val["numpy"]
 
 
 def test_checkpoints_cross_backends(tmp_path) -> None:
     """One checkpoint format for every backend: a triton checkpoint resumes on NumPy and the reverse, and the
     resumed steps follow the uninterrupted NumPy run."""
-    from microgpt import config, engine
+    from microgpt import config, trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}
     raw = {**TINY, "model": small, "train": {**TINY["train"], "steps": 4, "n_micro": 1, "micro_batch": 2}}
 
-    def trainer(backend: str, out: str) -> engine.Trainer:
-        return engine.Trainer(config.from_dict({**raw, "train": {**raw["train"], "backend": backend}}), tmp_path / out)
+    def make(name: str, out: str) -> trainer.Trainer:
+        return trainer.Trainer(config.from_dict({**raw, "train": {**raw["train"], "backend": name}}), tmp_path / out)
 
-    ref = trainer("numpy", "ref")
+    ref = make("numpy", "ref")
     want = [ref.train_step()["loss"] for _ in range(4)]
     for first, second in (("triton", "numpy"), ("numpy", "triton")):
-        a = trainer(first, f"{first}-then-{second}")
+        a = make(first, f"{first}-then-{second}")
         for _ in range(2):
             a.train_step()
         path = a.save("periodic")
-        b = trainer(second, f"{second}-from-{first}")
+        b = make(second, f"{second}-from-{first}")
         b.load(path)
         assert b.step == 2
         got = [b.train_step()["loss"] for _ in range(2)]
@@ -143,19 +161,19 @@ def test_checkpoints_cross_backends(tmp_path) -> None:
 
 def test_fp16_loss_scale_state_travels_with_the_checkpoint(tmp_path) -> None:
     """fp16: the loss scale and its growth counter go into the sidecar and come back on load (bit-exact resume)."""
-    from microgpt import checkpoint, config, engine
+    from microgpt import checkpoint, config, trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}
     train = {**TINY["train"], "steps": 4, "n_micro": 1, "micro_batch": 2, "backend": "triton", "precision": "fp16"}
     exp = config.from_dict({**TINY, "model": small, "train": train})
-    a = engine.Trainer(exp, tmp_path / "a")
+    a = trainer.Trainer(exp, tmp_path / "a")
     for _ in range(2):
         a.train_step()
-    a.K.loss_scale = 512.0  # as if overflows had lowered it
+    a.S.scaler.scale = 512.0  # as if overflows had lowered it
     path = a.save("periodic")
     side = checkpoint.read_sidecar(path)
-    assert side["loss_scale"] == 512.0 and side["loss_scale_good_steps"] == a.fast.good_steps == 2
-    b = engine.Trainer(exp, tmp_path / "b")
+    assert side["loss_scale"] == 512.0 and side["loss_scale_good_steps"] == a.S.scaler.good_steps == 2
+    b = trainer.Trainer(exp, tmp_path / "b")
     b.load(path)
-    assert b.K.loss_scale == 512.0 and b.fast.good_steps == 2
+    assert b.S.scaler.scale == 512.0 and b.S.scaler.good_steps == 2

@@ -220,5 +220,6 @@ def test_optimizer_gpu():
     rp[0].grad = g.clone()
     rp[0].mul_(1 - 1e-3 * 0.1 * mask.float())  # decoupled decay where the mask is 1
     opt.step()
-    adamw.adamw_step(p, g, m, v, mask, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1)
+    hyper = torch.tensor([1e-3, 1 - 0.9, 1 - 0.95, 1.0], device="cuda")  # step 1, gscale 1, no clip
+    adamw.adamw_step(p, g.clone(), m, v, mask, None, hyper, norm, 0.9, 0.95, 1e-8, 0.1, float("inf"))
     close("p", p, rp[0], torch.float32)

@@ -1,4 +1,4 @@
-"""The data mixture on the triton backend: GraphStep reports each micro-batch's loss, so the bandit sees the
+"""The data mixture on the triton backend: the step reports each micro-batch's loss, so the bandit sees the
 same per-source losses (and moves the same way) as on the NumPy backend."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microgpt import config, engine
+from microgpt import config, trainer
 from tests.test_mixing import FIREHOSE, experiment, write_sources
 
 
@@ -18,7 +18,7 @@ def test_mixture_on_triton_follows_numpy(tmp_path: Path) -> None:
     raw["train"].update({"micro_batch": 2, "n_micro": 3})
     recs = {}
     for backend in ("numpy", "triton"):
-        tr = engine.Trainer(
+        tr = trainer.Trainer(
             config.from_dict({**raw, "train": {**raw["train"], "backend": backend}}), tmp_path / backend
         )
         recs[backend] = [tr.train_step() for _ in range(3)]

@@ -1,4 +1,7 @@
-"""adamw_step on a flat vector with a decay mask against torch.optim.AdamW with two param groups."""
+"""adamw_step on a flat vector with a decay mask against torch.optim.AdamW (two param groups) and
+torch.nn.utils.clip_grad_norm_: the scale, the clip and the update in one call, as the step runs it."""
+
+import math
 
 import numpy as np
 import torch
@@ -9,12 +12,14 @@ from ._util import F32_TOL, F64_TOL, check
 
 SHAPES = [(5, 7), (13,), (3, 4), (7,), (2, 9)]  # 2-D weights decay, 1-D ones (LN w, b) do not
 LRS = [1e-3, 3e-3, 6e-3, 6e-3, 4e-3, 2e-3, 1e-3]  # a warmup-then-decay schedule, one lr per step
-BETA1, BETA2, EPS, WD = 0.9, 0.95, 1e-8, 0.1
+GRAD_SIZES = [0.02, 3.0, 0.1, 8.0, 0.3, 1.5, 0.05]  # norms on both sides of the clip
+BETA1, BETA2, EPS, WD, MAX_NORM = 0.9, 0.95, 1e-8, 0.1, 1.0
+GSCALE = 0.25  # as if the gradients were summed over 4 micro-batches
 
 
 def make_inputs(rng: np.random.Generator) -> tuple[list, list]:
     params = [rng.standard_normal(s) for s in SHAPES]
-    grads = [[rng.standard_normal(s) for s in SHAPES] for _ in LRS]
+    grads = [[rng.standard_normal(s) * size for s in SHAPES] for size in GRAD_SIZES]
     return params, grads
 
 
@@ -23,19 +28,27 @@ def flat(arrays: list) -> np.ndarray:
 
 
 def decay_mask() -> np.ndarray:
-    return flat([np.full(s, 1.0 if len(s) == 2 else 0.0) for s in SHAPES])
+    return flat([np.full(s, 1 if len(s) == 2 else 0, np.uint8) for s in SHAPES])
 
 
-def run_numpy(params: list, grads: list, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hyper_at(t: int, lr: float, dtype, gscale: float = GSCALE) -> np.ndarray:
+    return np.array([lr, 1 - BETA1**t, 1 - BETA2**t, gscale], dtype)
+
+
+def run_numpy(params: list, grads: list, dtype, p_compute=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step's sequence: raw summed gradients (the mean times 1/GSCALE), their norm, then adamw_step."""
     p = flat(params).astype(dtype)
     m, v = np.zeros_like(p), np.zeros_like(p)
-    mask = decay_mask().astype(dtype)
     for t, (lr, g) in enumerate(zip(LRS, grads), start=1):
-        adamw_step(p, flat(g).astype(dtype), m, v, mask, lr, BETA1, BETA2, EPS, WD, t)
+        raw = (flat(g) / GSCALE).astype(dtype)
+        norm = np.array([np.sqrt(np.sum(raw * raw))], dtype)
+        adamw_step(p, raw, m, v, decay_mask(), p_compute, hyper_at(t, lr, dtype), norm, BETA1, BETA2, EPS, WD,
+                   MAX_NORM)  # fmt: skip
+        assert not raw.any(), "adamw_step leaves the gradients zeroed"
     return p, m, v
 
 
-def test_adamw_matches_torch() -> None:
+def test_adamw_with_clip_matches_torch() -> None:
     rng = np.random.default_rng(1900)
     params, grads = make_inputs(rng)
     tparams = [torch.tensor(p, requires_grad=True) for p in params]
@@ -45,12 +58,15 @@ def test_adamw_matches_torch() -> None:
     ]
     opt = torch.optim.AdamW(groups, lr=LRS[0], betas=(BETA1, BETA2), eps=EPS, foreach=False)
     p, m, v = run_numpy(params, grads, np.float64)
+    clipped = 0
     for lr, g in zip(LRS, grads):
         for tp, gi in zip(tparams, g):
-            tp.grad = torch.from_numpy(gi)
+            tp.grad = torch.from_numpy(gi.copy())
+        clipped += float(torch.nn.utils.clip_grad_norm_(tparams, MAX_NORM)) > MAX_NORM
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
+    assert 0 < clipped < len(LRS), "the schedule should clip some steps and not others"
     check("p", p, flat([tp.detach() for tp in tparams]), F64_TOL)
     check("m", m, flat([opt.state[tp]["exp_avg"] for tp in tparams]), F64_TOL)
     check("v", v, flat([opt.state[tp]["exp_avg_sq"] for tp in tparams]), F64_TOL)
@@ -60,20 +76,38 @@ def test_adamw_decay_only_where_masked() -> None:
     """With zero gradients, masked entries shrink by exactly (1 - lr*wd) and the others stay put."""
     rng = np.random.default_rng(2000)
     p = rng.standard_normal(20)
-    mask = (np.arange(20) % 3 == 0).astype(np.float64)
+    mask = (np.arange(20) % 3 == 0).astype(np.uint8)
     before = p.copy()
-    adamw_step(p, np.zeros(20), np.zeros(20), np.zeros(20), mask, 0.5, BETA1, BETA2, EPS, WD, 1)
+    adamw_step(p, np.zeros(20), np.zeros(20), np.zeros(20), mask, None, hyper_at(1, 0.5, np.float64), np.zeros(1),
+               BETA1, BETA2, EPS, WD, math.inf)  # fmt: skip
     check("decayed", p[mask == 1], before[mask == 1] * (1 - 0.5 * WD), F64_TOL)
     np.testing.assert_array_equal(p[mask == 0], before[mask == 0])
 
 
-def test_adamw_float32() -> None:
+def test_non_finite_norm_skips_the_update_and_zeroes_the_grads() -> None:
+    """An fp16 overflow (or the warm-up's inf gscale): p, m, v and the compute copy untouched, g zeroed."""
+    rng = np.random.default_rng(2050)
+    p, m, v = rng.standard_normal(30), rng.standard_normal(30), rng.random(30)
+    pc = rng.standard_normal(30)
+    before = [a.copy() for a in (p, m, v, pc)]
+    for norm, gscale in ((np.inf, GSCALE), (np.nan, GSCALE), (2.0, np.inf)):
+        g = rng.standard_normal(30)
+        adamw_step(p, g, m, v, np.ones(30, np.uint8), pc, hyper_at(3, 1e-2, np.float64, gscale), np.array([norm]),
+                   BETA1, BETA2, EPS, WD, MAX_NORM)  # fmt: skip
+        assert not g.any()
+        for a, b in zip((p, m, v, pc), before):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_adamw_float32_and_compute_copy() -> None:
     rng = np.random.default_rng(2100)
     params, grads = make_inputs(rng)
     params = [a.astype(np.float32).astype(np.float64) for a in params]
     grads = [[a.astype(np.float32).astype(np.float64) for a in g] for g in grads]
     ref = run_numpy(params, grads, np.float64)
-    got = run_numpy(params, grads, np.float32)
+    pc = np.zeros(flat(params).size, np.float32)
+    got = run_numpy(params, grads, np.float32, p_compute=pc)
     for name, a, b in zip("pmv", got, ref):
         assert a.dtype == np.float32, f"{name} left float32"
         check(name, a, b, F32_TOL)
+    np.testing.assert_array_equal(pc, got[0])

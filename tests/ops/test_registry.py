@@ -1,10 +1,11 @@
-"""The registry lists the seven pairs, and the ops package stays free of torch and triton."""
+"""The registry lists the seven pairs and the step's helpers, each row naming both halves, and the ops package
+stays free of torch and triton."""
 
+import importlib
 import subprocess
 import sys
 
-import microgpt.ops as ops
-from microgpt.ops import OPS, OpPair
+from microgpt.ops import HELPERS, OPS, OpPair
 
 
 def test_registry_has_the_seven_pairs() -> None:
@@ -12,17 +13,23 @@ def test_registry_has_the_seven_pairs() -> None:
     assert list(OPS) == expected
     for name, pair in OPS.items():
         assert isinstance(pair, OpPair) and pair.name == name
-        assert pair.forward.__name__ == f"{name}_forward"
-        assert pair.backward.__name__ == f"{name}_backward"
-        assert pair.forward.__module__ == f"microgpt.ops.{name}"
+        assert pair.numpy == f"microgpt.ops.{name}" and pair.triton == f"microgpt.kernels.{name}"
+        assert pair.functions[:2] == (f"{name}_forward", f"{name}_backward")
+    assert list(HELPERS) == ["gradclip", "adamw"]
 
 
-def test_helpers_are_exported() -> None:
-    for name in ("adamw_step", "grad_norm_partial", "grad_norm_final", "clip_coef", "grad_scale"):
-        assert callable(getattr(ops, name))
+def test_every_row_names_functions_both_halves_have() -> None:
+    for row in [*OPS.values(), *HELPERS.values()]:
+        ref = importlib.import_module(row.numpy)
+        for fn in row.functions:
+            assert callable(getattr(ref, fn)), f"{row.numpy}.{fn}"
+            assert getattr(ref, fn).__module__ == row.numpy
 
 
 def test_ops_import_no_gpu_stack() -> None:
     """The CPU path must run where torch and triton are not installed."""
-    code = "import sys, microgpt.ops; bad = {'torch', 'triton'} & set(sys.modules); assert not bad, bad"
+    code = (
+        "import sys, microgpt.ops, microgpt.backend, microgpt.state, microgpt.step; "
+        "microgpt.backend.numpy_backend(); bad = {'torch', 'triton'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,12 +1,13 @@
-"""The optimizer step: N steps of forward/backward, scale, clip and AdamW against PyTorch, accumulation,
-and determinism. In-process, on the NumPy backend in float64 where the comparison is with autograd."""
+"""The optimizer step (microgpt/step.py) through the trainer: N steps of forward/backward, scale, clip and AdamW
+against PyTorch, accumulation, determinism, and the memory plan as the one allocation. In-process, on the NumPy
+backend in float64 where the comparison is with autograd."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from microgpt import config, engine, memory
+from microgpt import config, memory, trainer
 from microgpt.backend import numpy_backend
 from tests.conftest import TINY
 from tests.test_model import torch_twin_loss
@@ -27,16 +28,13 @@ class FixedBatches:
 
 
 def float64_backend():
-    K = numpy_backend()
-    kinds = {"f32": np.float64, "compute": np.float64, "i32": np.int32, "u8": np.uint8}
-    K.alloc = lambda n, kind: np.zeros(n, kinds[kind])
-    return K
+    return numpy_backend({"f32": np.float64, "compute": np.float64, "i32": np.int32, "u8": np.uint8})
 
 
 def make_trainer(tmp_path, micro_batch: int, n_micro: int, steps: int, grad_clip: float, data):
     raw = {**TINY, "train": {**TINY["train"], "micro_batch": micro_batch, "n_micro": n_micro, "steps": steps,
                              "grad_clip": grad_clip, "weight_decay": 0.1}}  # fmt: skip
-    tr = engine.Trainer(config.from_dict(raw), tmp_path, K=float64_backend())
+    tr = trainer.Trainer(config.from_dict(raw), tmp_path, K=float64_backend())
     tr.train_data = data
     return tr
 
@@ -52,7 +50,7 @@ def test_steps_match_torch_adamw_and_clipping(tmp_path) -> None:
     m = config.from_dict(TINY).model
     tokens, targets = random_batches(steps, b * n_micro, m, seed=3)
     tr = make_trainer(tmp_path, b, n_micro, steps, grad_clip=0.5, data=FixedBatches(tokens, targets, b))
-    TP = {n: torch.tensor(p, requires_grad=True) for n, p in tr.P.items()}  # float64 copies of the init
+    TP = {n: torch.tensor(p, requires_grad=True) for n, p in tr.S.P.items()}  # float64 copies of the init
     decay = [p for p in TP.values() if p.ndim == 2]
     rest = [p for p in TP.values() if p.ndim != 2]
     t = tr.t
@@ -70,19 +68,19 @@ def test_steps_match_torch_adamw_and_clipping(tmp_path) -> None:
         norm = torch.nn.utils.clip_grad_norm_(list(TP.values()), t.grad_clip)
         clipped += norm.item() > t.grad_clip
         for group in opt.param_groups:
-            group["lr"] = engine.lr_at(s, t)
+            group["lr"] = trainer.lr_at(s, t)
         opt.step()
         opt.zero_grad()
         assert abs(rec["loss"] - sum(losses)) < 1e-10 * abs(sum(losses)), (s, rec["loss"], sum(losses))
         assert abs(rec["grad_norm"] - norm.item()) < 1e-9 * norm.item()
     assert clipped > 0, "the clip threshold should be hit at least once"
     want = np.concatenate([p.detach().numpy().reshape(-1) for p in TP.values()])
-    err = np.linalg.norm(tr.p - want) / np.linalg.norm(want)
+    err = np.linalg.norm(tr.S.p - want) / np.linalg.norm(want)
     assert err < 1e-10, f"weights after {steps} steps: rel err {err:.2e}"
     state = opt.state[TP["wte"]]
     n = TP["wte"].numel()
-    assert np.allclose(tr.adam_m[:n], state["exp_avg"].numpy().reshape(-1), rtol=1e-9, atol=1e-15)
-    assert np.allclose(tr.adam_v[:n], state["exp_avg_sq"].numpy().reshape(-1), rtol=1e-9, atol=1e-18)
+    assert np.allclose(tr.S.adam_m[:n], state["exp_avg"].numpy().reshape(-1), rtol=1e-9, atol=1e-15)
+    assert np.allclose(tr.S.adam_v[:n], state["exp_avg_sq"].numpy().reshape(-1), rtol=1e-9, atol=1e-18)
 
 
 def test_accumulation_equals_one_big_batch(tmp_path) -> None:
@@ -93,7 +91,7 @@ def test_accumulation_equals_one_big_batch(tmp_path) -> None:
     for b, n_micro in ((4, 1), (2, 2), (1, 4)):
         tr = make_trainer(tmp_path / f"{b}", b, n_micro, 2, grad_clip=1.0, data=FixedBatches(tokens, targets, b))
         recs = [tr.train_step() for _ in range(2)]
-        results.append((np.array([r["loss"] for r in recs]), tr.p.copy(), tr.adam_v.copy()))
+        results.append((np.array([r["loss"] for r in recs]), tr.S.p.copy(), tr.S.adam_v.copy()))
     for losses, p, v in results[1:]:
         assert np.allclose(losses, results[0][0], rtol=1e-12)
         assert np.linalg.norm(p - results[0][1]) / np.linalg.norm(results[0][1]) < 1e-12
@@ -104,31 +102,45 @@ def test_two_runs_with_the_same_seed_are_bitwise_equal(tmp_path) -> None:
     exp = config.from_dict(TINY)
     runs = []
     for i in range(2):
-        tr = engine.Trainer(exp, tmp_path / str(i))
-        runs.append(([tr.train_step()["loss"] for _ in range(3)], tr.p.copy()))
+        tr = trainer.Trainer(exp, tmp_path / str(i))
+        runs.append(([tr.train_step()["loss"] for _ in range(3)], tr.S.p.copy()))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1].tobytes() == runs[1][1].tobytes()
 
 
 def test_memory_plan_is_the_allocation(tmp_path) -> None:
-    """Every buffer is a view into one allocation per (role, kind); their sizes are the printed plan."""
-    tr = engine.Trainer(config.from_dict(TINY), tmp_path)
-    planned = memory.role_bytes(tr.bufs, "fp32")
-    allocated: dict[str, int] = {}
-    for (role, _), flat in tr.arena.flat.items():
-        allocated[role] = allocated.get(role, 0) + flat.nbytes
-    assert allocated == {r: n for r, n in planned.items() if n}
-    for (role, name), view in tr.arena.views.items():
-        assert view.base is not None and any(view.base is f or view.base is f.base for f in tr.arena.flat.values())
-    assert tr.p.size == memory.n_params(tr.m)
+    """Every buffer is a view into the one arena allocation, and the printed plan's total is its size."""
+    tr = trainer.Trainer(config.from_dict(TINY), tmp_path)
+    S = tr.S
+    assert sum(memory.role_bytes(S.plan, "fp32").values()) == S.arena.nbytes == S.arena.pool.nbytes
+    pool = S.arena.pool
+    lo, hi = pool.ctypes.data, pool.ctypes.data + pool.nbytes
+    for (role, name), view in S.arena.views.items():
+        assert view.base is not None and lo <= view.ctypes.data and view.ctypes.data + view.nbytes <= hi, name
+    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
+    assert S.p.size == memory.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
+    total = memory.format_plan(S.plan, "fp32").splitlines()[-1]
+    assert total.split()[1] == f"{S.arena.nbytes:,}"
+
+
+def test_a_plan_that_does_not_fit_is_one_line(tmp_path) -> None:
+    """The arena is allocated at once; a plan bigger than the machine fails there, naming its size."""
+    raw = {**TINY, "train": {**TINY["train"], "micro_batch": 1 << 22}}
+    try:
+        trainer.Trainer(config.from_dict(raw), tmp_path)
+    except memory.PlanError as e:
+        assert "bytes" in str(e) and "\n" not in str(e)
+    else:
+        raise AssertionError("a 4M-sequence micro-batch should not fit")
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:
     t = config.from_dict(TINY).train
-    lrs = [engine.lr_at(s, t) for s in range(t.steps)]
+    lrs = [trainer.lr_at(s, t) for s in range(t.steps)]
     assert lrs[0] == t.lr / t.warmup_steps and lrs[t.warmup_steps - 1] == t.lr
     assert all(a >= b - 1e-15 for a, b in zip(lrs[t.warmup_steps - 1 :], lrs[t.warmup_steps :]))
-    assert abs(engine.lr_at(t.steps, t) - t.min_lr) < 1e-12
+    assert abs(trainer.lr_at(t.steps, t) - t.min_lr) < 1e-12
 
 
 def test_lr_schedule_restarts_at_schedule_start() -> None:
@@ -136,5 +148,5 @@ def test_lr_schedule_restarts_at_schedule_start() -> None:
     base = config.from_dict(TINY).train
     t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300, "schedule_start": 100}}).train
     plain = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 200}}).train
-    assert [engine.lr_at(100 + s, t) for s in range(200)] == [engine.lr_at(s, plain) for s in range(200)]
+    assert [trainer.lr_at(100 + s, t) for s in range(200)] == [trainer.lr_at(s, plain) for s in range(200)]
     assert base.schedule_start == 0

@@ -1,0 +1,120 @@
+"""The triton backend's device runtime: one arena allocation and typed views into it, one stream, cuBLAS's
+workspace, the launchers' scratch sizes, and the optimizer step prepared for replay as a CUDA graph.
+
+PyTorch is only the device runtime here (DESIGN.md §3). Everything runs on one side stream made current at start
+(warm-up, evaluation and graph capture): cuBLAS then keeps one workspace, measured here so the memory plan can
+count it. The first run of the step on a GPU is a warm-up inside `tuning.window()`: every kernel compiles and every
+once-per-shape choice (GEMM implementation, attention tile sizes) is timed on the warm-up's own buffers, whose
+values the step throws away, so nothing is compiled, timed or allocated later, inside the graph or outside the plan.
+Under TRITON_INTERPRET=1 everything runs on the CPU (CI) and nothing is timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import triton
+
+from microgpt.kernels import layernorm, linear, tuning
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8}
+
+
+class Runtime:
+    def __init__(self, precision: str) -> None:
+        if precision not in DTYPES:
+            raise ValueError(f"precision {precision!r} is not supported by the triton backend (fp32, bf16, fp16)")
+        self.cuda = torch.cuda.is_available() and not tuning.INTERPRET
+        if not self.cuda and not tuning.INTERPRET:
+            raise RuntimeError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)")
+        self.dtype = DTYPES[precision]
+        self.dtypes = {**KIND_DTYPES, "compute": self.dtype}
+        self.kind_bytes = {kind: dtype.itemsize for kind, dtype in self.dtypes.items()}
+        self.dev = torch.device("cuda" if self.cuda else "cpu")
+        self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
+        self.versions = {"torch": torch.__version__, "triton": triton.__version__}
+        self.workspace_bytes = self._one_stream() if self.cuda else 0
+
+    def _one_stream(self) -> int:
+        """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS
+        workspace torch keeps for it (measured: one small GEMM of each kind the engine runs, in and out)."""
+        torch.cuda.synchronize()  # work queued on the previous stream is done before anything runs on this one
+        self.stream = torch.cuda.Stream()
+        torch.cuda.set_stream(self.stream)
+        a = torch.ones(64, 64, dtype=self.dtype, device=self.dev)
+        out, acc = torch.empty_like(a), torch.zeros(64, 64, dtype=torch.float32, device=self.dev)
+        before = torch.cuda.memory_allocated()
+        linear.cublas_mm(out, a, a.t(), False)
+        linear.cublas_mm(out, a, a.t(), True)
+        if self.dtype != torch.float32:
+            linear.cublas_mm(acc, a.t(), a, True)  # low-precision operands into fp32 grads
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated() - before
+
+    # --- the arena -----------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        """The one device allocation of the memory plan (zeroed)."""
+        try:
+            return torch.zeros(nbytes, dtype=torch.uint8, device=self.dev)
+        except torch.OutOfMemoryError:
+            free, total = torch.cuda.mem_get_info()
+            raise MemoryError(f"{self.device} has {free:,} of {total:,} bytes free") from None
+
+    def view(self, pool: torch.Tensor, offset: int, shape: tuple[int, ...], kind: str) -> torch.Tensor:
+        dtype = self.dtypes[kind]
+        n = int(np.prod(shape)) * dtype.itemsize
+        return pool[offset : offset + n].view(dtype).view(shape)
+
+    @staticmethod
+    def scratch(B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
+        """The launchers' scratch for a micro-batch of B sequences: function -> (keyword, buffer, elements, kind)."""
+        N = B * T
+        return {"embedding_backward": ("order", "emb_order", N, "i32"),
+                "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C), "f32"),
+                "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
+
+    @staticmethod
+    def probe_numel(C: int, V: int) -> int:
+        """fp32 elements the GEMM choice compares results in (tuning.set_probe): rows of the widest output."""
+        return 2 * linear.PROBE_ROWS * max(V, 4 * C)
+
+    @staticmethod
+    def set_probe(probe: torch.Tensor) -> None:
+        tuning.set_probe(probe)
+
+    # --- host <-> device -------------------------------------------------------------------------------------
+    @staticmethod
+    def zero_(x: torch.Tensor) -> None:
+        x.zero_()
+
+    @staticmethod
+    def copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape))
+
+    @staticmethod
+    def to_numpy(x: torch.Tensor) -> np.ndarray:
+        x = x.detach()
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # --- the step --------------------------------------------------------------------------------------------
+    def prepare(self, run: Callable[[], None], graph: bool) -> Callable[[], None]:
+        """What to call for each step: on a GPU, `run` once as the warm-up (its results are the caller's to
+        discard), then the CUDA graph of it when `graph`, else `run` itself; elsewhere `run`, untouched."""
+        if not self.cuda:
+            return run
+        with tuning.window():
+            run()
+        torch.cuda.synchronize()
+        if not graph:
+            return run
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=self.stream):
+            run()
+        return g.replay

@@ -1,0 +1,119 @@
+"""The training state: everything a run carries from one optimizer step to the next, and its checkpoint.
+
+`make_state(m, t, K)` plans the memory (memory.plan: the model's buffers plus the backend's own rows), makes the
+one arena allocation, binds the backend to it, and fills in the weights from the seed: the engine, bench, dev
+scripts and tests all start from here. The state converts to and from the seed's checkpoint format: the fp32
+weights, Adam m and v in the canonical order; the step and the loss scaler ride in the sidecar.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from microgpt import checkpoint, memory, model
+from microgpt.backend import Backend
+from microgpt.config import ModelConfig, TrainConfig
+
+GROWTH_INTERVAL = 2000  # fp16: good steps before the loss scale doubles (as torch.amp.GradScaler)
+
+
+@dataclass
+class LossScaler:
+    """fp16's dynamic loss scale: the loss head multiplies its gradient by `scale`, AdamW divides it out again.
+    An overflow (a non-finite gradient norm: that step updated nothing) halves it; GROWTH_INTERVAL good steps in a
+    row double it. Static at 1 for fp32 and bf16."""
+
+    dynamic: bool = False
+    scale: float = 1.0
+    good_steps: int = 0
+
+    @classmethod
+    def for_precision(cls, precision: str) -> LossScaler:
+        return cls(dynamic=True, scale=2.0**16) if precision == "fp16" else cls()
+
+    def update(self, finite: bool) -> None:
+        if not self.dynamic:
+            return
+        if not finite:
+            self.scale, self.good_steps = max(1.0, self.scale / 2), 0
+            return
+        self.good_steps += 1
+        if self.good_steps % GROWTH_INTERVAL == 0:
+            self.scale = min(2.0**24, self.scale * 2)
+
+
+@dataclass
+class TrainState:
+    K: Backend  # bound to this state's arena
+    m: ModelConfig
+    t: TrainConfig
+    plan: list[memory.Buf]
+    arena: memory.Arena
+    P: dict[str, Any]  # fp32 master weights, named views in the canonical order
+    P_compute: dict[str, Any]  # the weights the model reads: the compute-dtype copy, or P itself in fp32
+    G: dict[str, Any]  # gradients, same names and shapes
+    p: Any  # flat views of the same four arrays: n_params long
+    g: Any
+    adam_m: Any
+    adam_v: Any
+    p_compute: Any  # flat compute copy, or None in fp32
+    scaler: LossScaler = field(default_factory=LossScaler)
+    step: int = 0  # optimizer steps completed
+
+    @property
+    def n_params(self) -> int:
+        return memory.n_params(self.m)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Weights, m, v, step and loss scaler from a checkpoint of this model; returns its sidecar."""
+        ck = checkpoint.read_checkpoint(path, self.n_params)
+        side = checkpoint.read_sidecar(path)
+        saved = side.get("config", {}).get("model")
+        if saved is not None and saved != asdict(self.m):
+            diff = next(k for k in saved if saved[k] != asdict(self.m).get(k))
+            raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff} differs)")
+        for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
+            self.K.copy_in(dst, src)
+        if self.p_compute is not None:
+            self.K.copy_in(self.p_compute, ck.weights)  # the compute copy follows the loaded masters
+        self.step = ck.step
+        self.scaler.scale = float(side.get("loss_scale", self.scaler.scale))
+        self.scaler.good_steps = int(side.get("loss_scale_good_steps", 0))
+        return side
+
+    def save_checkpoint(self, path: Path, meta: dict[str, Any]) -> Path:
+        """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar."""
+        self.K.synchronize()
+        host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
+        meta = {**meta, "loss_scale": self.scaler.scale, "loss_scale_good_steps": self.scaler.good_steps,
+                "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
+        return checkpoint.write_checkpoint(path, self.step, *host, meta)
+
+
+def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
+    """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
+    plan = memory.plan(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+    arena = memory.Arena(plan, K)
+    K = K.bind(arena)
+    has_compute = t.precision != "fp32"
+    S = TrainState(
+        K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"),
+        P_compute=arena.role("compute_params") if has_compute else arena.role("params"), G=arena.role("grads"),
+        p=arena.flat("params"), g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
+        p_compute=arena.flat("compute_params") if has_compute else None,
+        scaler=LossScaler.for_precision(t.precision),
+    )  # fmt: skip
+    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
+    model.init_params(host, m, np.random.default_rng(t.seed))
+    weights = np.concatenate([a.reshape(-1) for a in host.values()])
+    K.copy_in(S.p, weights)
+    if S.p_compute is not None:
+        K.copy_in(S.p_compute, weights)
+    mask = np.concatenate([np.full(math.prod(s), len(s) == 2, np.uint8) for _, s in memory.param_shapes(m)])
+    K.copy_in(arena["decay_mask"], mask)
+    return S

@@ -1,0 +1,91 @@
+"""The optimizer step: one function for both backends. The NumPy backend runs it as it is; on a GPU the same
+function is captured once as a CUDA graph and replayed (one launch per step from Python).
+
+    for each micro-batch: forward (with the loss head's backward) ; backward     adds into the grads (+=)
+    all-reduce the grads over ranks (data parallel)                              their sum
+    norm = ||g||                                                                 of the raw sum, two fixed passes
+    AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
+    and the compute copy of the weights refreshed, the grads zeroed              in the same pass
+
+The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
+folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
+AdamW) rather than four times. Everything the device needs from the host sits in planned buffers written before
+each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale) and the loss scale.
+The run writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads once: the
+step's only synchronization.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from microgpt import model
+from microgpt.memory import NORM_BLOCK
+from microgpt.state import TrainState
+
+
+def optimizer_step(S: TrainState, dp: Any = None) -> None:
+    """One optimizer step on the state's device, from the inputs, hyper and loss scale already in its buffers."""
+    K, m, t, A = S.K, S.m, S.t, S.arena
+    report = A["report"]
+    K.zero_(report)
+    for i in range(t.n_micro):
+        tokens, targets = A["tokens"][i], A["targets"][i]
+        model.gpt_forward(K, m, S.P_compute, A, tokens, targets, S.G)
+        K.loss_sum(report, A["losses"], targets.reshape(-1), 1.0 / t.n_micro, True)
+        K.loss_sum(report[2 + i :], A["losses"], targets.reshape(-1), 1.0, True)
+        model.gpt_backward(K, m, S.P_compute, S.G, A, tokens)
+    if dp is not None:
+        dp.all_reduce_grads(S.g)  # the sum over ranks; gscale makes it the mean
+    norm = report[1:2]
+    K.grad_norm_partial(A["norm_partials"], S.g, NORM_BLOCK)
+    K.grad_norm_final(norm, A["norm_partials"])
+    max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
+    K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1, t.beta2,
+                 t.eps, t.weight_decay, max_norm)  # fmt: skip
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over the micro-batches (this rank's)
+    grad_norm: float  # of the mean gradient, before clipping
+    micro_losses: list[float]  # each micro-batch's mean loss (the data mixture's reward)
+
+
+class Step:
+    """optimizer_step as the trainer calls it: batches and host values in, one run (a graph replay on the GPU),
+    the report out. The first call prepares the run (backend.prepare): on a GPU a warm-up run with gscale = inf,
+    which compiles and tunes everything and updates nothing, then the capture."""
+
+    def __init__(self, S: TrainState, dp: Any = None) -> None:
+        self.S, self.dp = S, dp
+        self.world = dp.world_size if dp is not None else 1
+        self.run: Any = None
+
+    def __call__(self, batches: list[tuple[np.ndarray, np.ndarray]], lr: float) -> StepResult:
+        """Run optimizer step S.step (0-based) on n_micro (tokens, targets) batches at learning rate lr."""
+        S, K, t, A = self.S, self.S.K, self.S.t, self.S.arena
+        K.copy_in(A["tokens"], np.stack([x for x, _ in batches]))
+        K.copy_in(A["targets"], np.stack([y for _, y in batches]))
+        K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
+        gscale = 1.0 / (t.n_micro * self.world * S.scaler.scale)
+        if self.run is None:
+            self._hyper(lr, math.inf)
+            self.run = K.prepare(lambda: optimizer_step(S, self.dp), self.dp is None)
+        self._hyper(lr, gscale)
+        self.run()
+        loss, raw_norm, *micro = K.to_numpy(A["report"]).tolist()
+        S.scaler.update(math.isfinite(raw_norm))
+        S.step += 1
+        return StepResult(loss, raw_norm * gscale, micro)
+
+    def _hyper(self, lr: float, gscale: float) -> None:
+        """hyper = [lr, 1 - beta1^t, 1 - beta2^t, gscale] for AdamW's step t = S.step + 1."""
+        t, n = self.S.t, self.S.step + 1
+        hyper = np.zeros(self.S.arena["hyper"].shape)  # float64 here: the buffer's dtype rounds it once
+        hyper[:4] = [lr, 1 - t.beta1**n, 1 - t.beta2**n, gscale]
+        self.S.K.copy_in(self.S.arena["hyper"], hyper)
