@@ -160,35 +160,34 @@ def _round(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
-def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str], int], int]:
-    """Byte offset of every buffer (by (role, name)) in the arena, and the arena's size. Groups follow ROLES order;
-    parameter-shaped roles are packed, other views start on ALIGN bytes. "runtime" rows take no arena bytes."""
+def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str], int], dict[str, int], int]:
+    """Where everything lies in the arena: the byte offset of every buffer (by (role, name)), the bytes of every
+    role (alignment included) and the arena's size. Groups of one (role, kind) follow ROLES order, each starting on
+    ALIGN bytes; parameter-shaped roles are packed, other views start on ALIGN bytes. "runtime" rows take no arena
+    bytes."""
     offsets: dict[tuple[str, str], int] = {}
+    role_sizes = {role: 0 for role in ROLES}
     groups: dict[tuple[str, str], list[Buf]] = {}
     for b in bufs:
         if b.role != "runtime":
             groups.setdefault((b.role, b.kind), []).append(b)
     end = 0
-    for key in sorted(groups, key=lambda k: ROLES.index(k[0])):
+    for role, kind in sorted(groups, key=lambda key: ROLES.index(key[0])):
+        start = end
+        for b in groups[(role, kind)]:
+            offsets[(role, b.name)] = end
+            size = b.numel * sizes[kind]
+            end += size if role in PACKED else _round(size)
         end = _round(end)
-        for b in groups[key]:
-            offsets[(b.role, b.name)] = end
-            size = b.numel * sizes[b.kind]
-            end += size if b.role in PACKED else _round(size)
-    return offsets, _round(end)
+        role_sizes[role] += end - start
+    return offsets, role_sizes, end
 
 
 def role_bytes(bufs: list[Buf], precision: str) -> dict[str, int]:
-    """Bytes per role, alignment included, so the roles add up to the arena (plus the runtime's rows)."""
+    """Bytes per role, alignment included: they add up to the arena plus the runtime's rows."""
     sizes = kind_sizes(precision)
-    offsets, size = layout(bufs, sizes)
-    starts = sorted((off, b.role) for b in bufs if (b.role, b.name) in offsets for off in [offsets[(b.role, b.name)]])
-    out = {role: 0 for role in ROLES}
-    for (off, role), (nxt, _) in zip(starts, starts[1:] + [(size, "")]):
-        out[role] += nxt - off
-    for b in bufs:
-        if b.role == "runtime":
-            out["runtime"] += b.numel * sizes[b.kind]
+    _, out, _ = layout(bufs, sizes)
+    out["runtime"] = sum(b.numel * sizes[b.kind] for b in bufs if b.role == "runtime")
     return out
 
 
@@ -219,19 +218,21 @@ class Arena:
 
     def __init__(self, bufs: list[Buf], device: Device):
         self.bufs = bufs
-        offsets, self.nbytes = layout(bufs, device.kind_bytes)
+        offsets, _, self.nbytes = layout(bufs, device.kind_bytes)
         try:
             self.pool = device.alloc(self.nbytes)
         except MemoryError as e:
             raise PlanError(f"the memory plan needs {self.nbytes:,} bytes in one allocation, which failed ({e}); "
                             "lower train.micro_batch or the model's sizes") from None  # fmt: skip
         self.views = {key: device.view(self.pool, off, b.shape, b.kind)
-                      for b in bufs for key in [(b.role, b.name)] if key in offsets
-                      for off in [offsets[key]]}  # fmt: skip
-        n = n_params_of(bufs)
-        self._flat = {role: device.view(self.pool, offsets[(role, first)], (n,), kind)
-                      for role in PACKED for first, kind in _first(bufs, role)}  # fmt: skip
+                      for b in bufs if (key := (b.role, b.name)) in offsets for off in [offsets[key]]}  # fmt: skip
         self._by_name = {name: view for (role, name), view in self.views.items() if role not in PACKED}
+        self._flat = {}  # the packed roles as one flat array each, n_params long
+        n = sum(b.numel for b in bufs if b.role == "params")
+        for role in PACKED:
+            first = next((b for b in bufs if b.role == role), None)
+            if first is not None:
+                self._flat[role] = device.view(self.pool, offsets[(role, first.name)], (n,), first.kind)
 
     def role(self, role: str) -> dict[str, Any]:
         """name -> view for one role, in plan order (for parameter-shaped roles: the canonical order)."""
@@ -246,12 +247,3 @@ class Arena:
     def flat(self, role: str) -> Any:
         """The flat array of a parameter-shaped role: n_params long, in the canonical order."""
         return self._flat[role]
-
-
-def n_params_of(bufs: list[Buf]) -> int:
-    return sum(b.numel for b in bufs if b.role == "params")
-
-
-def _first(bufs: list[Buf], role: str) -> list[tuple[str, str]]:
-    first = next((b for b in bufs if b.role == role), None)
-    return [(first.name, first.kind)] if first is not None else []
