@@ -6,7 +6,10 @@
 Shape: ANDREA-120M (d 768, 12 layers, 12 heads, T 1024, vocab 50304), bf16, AdamW (fused), clip 1.0, one
 micro-batch per optimizer step. Each step: copy a batch in, forward, backward, clip, AdamW, zero; tokens/s is
 the median over the timed steps (host clock around each step, synchronized). MFU uses FLOPs/token =
-6*N + 12*L*T*d against 989 TFLOP/s dense bf16. Peak = torch.cuda.max_memory_allocated over the whole run.
+6*N + 12*L*T*d against 989 TFLOP/s dense bf16. Peak = torch.cuda.max_memory_allocated over the whole run. For
+microgpt also: the planned bytes (memory.role_bytes of the state's plan: the arena plus cuBLAS's workspace), the
+peak over the first step (warm-up, graph capture, first replay; from just before make_state) and the steady peak
+over the timed steps, each as a percentage over (+) or under (-) the plan.
 Inputs rotate over 4 random batches (not zeros: zeros run faster than real data).
 """
 
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import memory, model  # noqa: E402
+from microgpt import memory  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
 
 PEAK_FLOPS = 989e12
@@ -53,33 +56,31 @@ def timed(step, n_warmup: int, n_steps: int) -> list[float]:
 
 
 def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
-    from microgpt.kernels import TritonBackend, linear
-    from microgpt.kernels.step import GraphStep
+    from microgpt.backend import triton_backend
+    from microgpt.kernels import linear
+    from microgpt.state import make_state
+    from microgpt.step import Step
 
-    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", grad_clip=1.0)
-    K = TritonBackend(precision)
-    bufs = memory.plan(m, mb, K.logits_rows(m, mb))
-    planned = K.reserve_for(bufs, m, t)
-    A = memory.Arena(bufs, K.alloc)
-    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
-    model.init_params(host, m, np.random.default_rng(0))
-    K.copy_in(A.flat_f32("params"), np.concatenate([a.reshape(-1) for a in host.values()]))
-    K.copy_in(A["decay_mask"], np.concatenate([np.full(a.size, a.ndim == 2, np.uint8) for a in host.values()]))
-    del host
-    step = GraphStep(K, m, t, A)
+    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", grad_clip=1.0, seed=0)
+    K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now
+    torch.cuda.reset_peak_memory_stats()  # the peak starts from what is allocated: the workspace, nothing else
+    S = make_state(m, t, K)
+    planned = sum(memory.role_bytes(S.plan, precision).values())
+    step = Step(S)
     data = batches(mb, m)
     losses = []
 
     def one(i: int) -> None:
-        losses.append(step.step([data[i % len(data)]], 6e-4, i + 1)[0])
+        losses.append(step([data[i % len(data)]], 6e-4).loss)
 
-    one(0)  # compiles, makes the once-per-shape GEMM choices (on scratch copies) and captures the graph
-    warm_peak = torch.cuda.max_memory_allocated()
+    one(0)  # warm-up (compiles, times the GEMM and attention choices in planned memory), capture, first replay
+    peak_first = torch.cuda.max_memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     times = timed(one, n_warmup, n_steps)
-    planned += K.extra_bytes + K.workspace_bytes  # the launchers' scratch (sized in step 1), cuBLAS's workspace
-    return {"times": times, "planned": planned, "loss_first": losses[0], "loss_last": losses[-1],
-            "peak_steady": torch.cuda.max_memory_allocated(), "peak_warmup": warm_peak,
+    peak_steady = torch.cuda.max_memory_allocated()
+    return {"times": times, "planned": planned, "arena": S.arena.nbytes, "loss_first": losses[0],
+            "loss_last": losses[-1], "peak_first": peak_first, "peak_steady": peak_steady,
+            "first_vs_plan": peak_first / planned, "steady_vs_plan": peak_steady / planned,
             "gemm": linear.gemm_choices()}  # fmt: skip
 
 
@@ -117,17 +118,23 @@ def run_one(args: argparse.Namespace) -> dict:
     med = statistics.median(res.pop("times"))
     res.update(impl=args.impl, mb=args.mb, precision=args.precision, step_ms=1000 * med, tokens_per_s=tok / med,
                mfu=tok / med * flops_per_token(SHAPE) / PEAK_FLOPS,
-               peak=max(torch.cuda.max_memory_allocated(), res.get("peak_warmup", 0)))  # fmt: skip
+               peak=max(torch.cuda.max_memory_allocated(), res.get("peak_first", 0)))  # fmt: skip
     return res
+
+
+def vs_plan(r: dict, key: str) -> str:
+    """A peak as a percentage over (+) or under (-) the planned bytes."""
+    return f"{100 * (r[key] / r['planned'] - 1):+.1f}%" if r.get(key) and r.get("planned") else "-"
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| impl | micro-batch | tokens/s | vs eager | vs compile | MFU | step ms | peak GiB | steady peak GiB "
-             "| planned GiB |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| planned GiB | first step vs plan | steady vs plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(r["impl"], r["mb"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
     for r in rows:
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['impl']} | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | |")
+            lines.append(f"| {r['impl']} | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | | | |")
             continue
         ratio = [f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
                  for b in ("eager", "compile")]  # fmt: skip
@@ -135,7 +142,8 @@ def table(rows: list[dict]) -> str:
         steady = f"{r['peak_steady'] / 2**30:.2f}" if r.get("peak_steady") else "-"
         peak = f"{r['peak'] / 2**30:.2f}"
         lines.append(f"| {r['impl']} | {r['mb']} | {r['tokens_per_s']:,.0f} | {ratio[0]} | {ratio[1]} | "
-                     f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {peak} | {steady} | {planned} |")  # fmt: skip
+                     f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {peak} | {steady} | {planned} | "
+                     f"{vs_plan(r, 'peak_first')} | {vs_plan(r, 'peak_steady')} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import config, engine  # noqa: E402
+from microgpt import config  # noqa: E402
+from microgpt.trainer import Trainer  # noqa: E402
 from tests.test_mixing import FIREHOSE, experiment, write_sources  # noqa: E402
 
 VARIANTS = {
@@ -26,7 +27,7 @@ def main() -> None:
     print("| variant | noise weight at step " + " / ".join(map(str, SHOW)) + " | pattern val loss |\n|---|---|---:|")
     for name, extra in VARIANTS.items():
         exp = config.from_dict(experiment(root, {**FIREHOSE, **extra}, steps=STEPS))
-        tr = engine.Trainer(exp, root.parent / "run")
+        tr = Trainer(exp, root.parent / "run")
         noise = [tr.train_step()["mixture"]["b-noise"] for _ in range(STEPS)]
         val = tr.evaluate()["source_val_loss"]["a-pattern"]
         print(f"| {name} | " + " / ".join(f"{noise[s - 1]:.2f}" for s in SHOW) + f" | {val:.3f} |")

@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# The GPU machine's checks in one call, stages chosen by argument (default: all). Results land under $OUT.
-#   dev/gpu_check.sh tests train train16 profile sanitizer bench-mg bench-torch
+# The GPU machine's checks in one call, stages chosen by argument (default: tests bench train). Results land
+# under $OUT. On one H200 (2026-11-30) tests took 103 s, bench 147 s, train 98 s: the three fit one 10-minute device
+# call. Each stage's timeout (300 + 540 + 240 s) bounds it alone, not the three together.
+#   dev/gpu_check.sh tests bench train train16 profile sanitizer bench-mg bench-torch
+#   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
+#   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
+#   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-"tests train profile sanitizer bench-mg bench-torch"}
+stages=${*:-"tests bench train"}
 log() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 for s in $stages; do
   log "$s"
   case $s in
-    tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" ${TESTS:-tests/kernels} \
-             -p no:cacheprovider 2>&1 \
+    tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" \
+             ${TESTS:-tests/kernels tests/ops tests/test_model.py} -p no:cacheprovider 2>&1 \
              | tee "$OUT/tests.txt" | tail -25 ;;
+    bench) rm -f "$OUT/bench-table.jsonl"  # rows as they finish: the table is made from them, even after a timeout
+           timeout ${BENCH_TIMEOUT:-540} python3 bench/bench.py --impls compile microgpt --mbs ${MBS:-32 8 96} \
+             --steps 30 --warmup 8 --timeout 170 --jsonl "$OUT/bench-table.jsonl" >/dev/null 2>"$OUT/bench.err"
+           tail -3 "$OUT/bench.err" | cut -c1-400
+           python3 -c 'import json, sys; from bench.bench import table
+print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
     train16) timeout 200 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12h --precision fp16 \
                --steps ${TRAIN16_STEPS:-300} 2>&1 | grep -v '^step ' | tee "$OUT/train16.jsonl" | cut -c1-600 ;;
-    profile) TRITON_PRINT_AUTOTUNING=1 timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-8} 2>&1 \
+    profile) timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-8} 2>&1 \
                | tee "$OUT/profile${PROFILE_MB:-8}.txt" | head -40 ;;
     sanitizer) for tool in memcheck racecheck; do
                  echo "--- $tool"; timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --print-limit 20 \
@@ -31,6 +42,7 @@ for s in $stages; do
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
                    --jsonl "$OUT/bench.jsonl" 2>&1 | tail -8 ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer bench-mg bench-torch)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

@@ -6,19 +6,25 @@ python3 dev/profile_step.py MB [PRECISION] [--graph]     # ANDREA-120M shape; pr
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench import SHAPE, batches  # noqa: E402
-from microgpt import memory, model  # noqa: E402
+from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
-from microgpt.kernels import TritonBackend  # noqa: E402
-from microgpt.kernels.step import GraphStep  # noqa: E402
+from microgpt.state import TrainState, make_state  # noqa: E402
+from microgpt.step import Step  # noqa: E402
+
+
+def eager(S: TrainState) -> None:
+    """Step captures a graph whenever it can: keep its warm-up, then run the step function itself every call."""
+    prepare = S.K.prepare
+    S.K = dataclasses.replace(S.K, prepare=lambda run, graph: prepare(run, False))
 
 
 def main() -> None:
@@ -27,25 +33,21 @@ def main() -> None:
     mb = int(args[0]) if args else 8
     precision = args[1] if len(args) > 1 else "bf16"
     m = SHAPE
-    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton")
-    K = TritonBackend(precision)
-    bufs = memory.plan(m, mb, K.logits_rows(m, mb))
-    K.reserve_for(bufs, m, t)
-    A = memory.Arena(bufs, K.alloc)
-    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
-    model.init_params(host, m, np.random.default_rng(0))
-    K.copy_in(A.flat_f32("params"), np.concatenate([a.reshape(-1) for a in host.values()]))
-    step = GraphStep(K, m, t, A, use_graph=graph)
+    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", seed=0)
+    S = make_state(m, t, triton_backend(precision))
+    if not graph:
+        eager(S)
+    step = Step(S)
     data = batches(mb, m)
     for i in range(3):
-        step.step([data[i % 4]], 6e-4, i + 1)
+        step([data[i % 4]], 6e-4)
     t0 = time.perf_counter()
     for i in range(3):  # the wall time, without the profiler's own start and stop
-        step.step([data[i % 4]], 6e-4, i + 4)
+        step([data[i % 4]], 6e-4)
     wall = (time.perf_counter() - t0) / 3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(3):
-            step.step([data[i % 4]], 6e-4, i + 7)
+            step([data[i % 4]], 6e-4)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
     kernel = sum(e.self_device_time_total for e in prof.key_averages()) / 3 / 1e3
     print(f"{'graph' if graph else 'eager'} mb {mb}: {wall * 1e3:.1f} ms wall per step, {kernel:.1f} ms kernel time")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,11 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import config, engine  # noqa: E402
+from microgpt import config, memory  # noqa: E402
+from microgpt.trainer import Trainer  # noqa: E402
 
 
 def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, backend: str | None = None
-            ) -> engine.Trainer:  # fmt: skip
+            ) -> Trainer:  # fmt: skip
     exp = config.override(config.load(exp_path), f"train.steps={steps}")
     if precision:
         exp = config.override(exp, f"train.precision={precision}")
@@ -32,7 +34,17 @@ def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, 
         exp = config.override(exp, f"train.backend={backend}")
     if exp.data.source == "shards" and not Path(exp.data.path).is_dir():  # the GPU machine carries only builtin
         exp = config.override(config.override(exp, 'data.path=""'), "data.source=builtin")
-    return engine.Trainer(exp, out)
+    return Trainer(exp, out)
+
+
+def live_blocks(arena_bytes: int) -> None:
+    """One JSON line per live device block other than the arena, with the project frames that allocated it."""
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for blk in seg["blocks"]:
+            if blk["state"] == "active_allocated" and blk["size"] != arena_bytes:
+                frames = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in blk.get("frames", [])
+                          if "microgpt" in f["filename"] or "/dev/" in f["filename"]][:6]  # fmt: skip
+                print(json.dumps({"event": "block", "size": blk["size"], "frames": frames}))
 
 
 def main() -> None:
@@ -44,8 +56,12 @@ def main() -> None:
     p.add_argument("--precision", help="override train.precision (fp32, bf16, fp16)")
     a = p.parse_args()
     out = Path(a.out)
+    trace = os.environ.get("MICROGPT_MEMTRACE") == "1"  # list the live device blocks beside the arena at steps 1, 10
+    if trace:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     torch.cuda.reset_peak_memory_stats()
     tr = trainer(a.experiment, a.steps, out / "run", a.precision)
+    planned = sum(memory.role_bytes(tr.S.plan, tr.K.precision).values())  # the arena and cuBLAS's workspace
 
     losses, mem, ckpt, t0 = [], {}, None, time.time()
     for _ in range(a.steps):
@@ -53,17 +69,17 @@ def main() -> None:
         losses.append(rec["loss"])
         if tr.step in (1, 10, a.steps):
             mem[tr.step] = torch.cuda.max_memory_allocated()
-            if tr.step == 1:  # after compile, GEMM choices and capture: the steady state starts here
-                # the arena, the launchers' scratch (sized in step 1) and the cuBLAS workspace
-                planned = tr.K._pool.numel() + tr.K.extra_bytes + tr.K.workspace_bytes
+            if tr.step == 1:  # after compile, GEMM and attention choices and capture: the steady state starts here
                 torch.cuda.reset_peak_memory_stats()
             print(json.dumps({**rec, "peak": mem[tr.step], "planned": planned}))
+            if trace and tr.step in (1, 10):
+                live_blocks(tr.S.arena.nbytes)
         if tr.step == a.steps // 2:
             ckpt = tr.save("periodic")
     val = tr.evaluate()
     print(json.dumps({"event": "run", "steps": a.steps, "wall_s": time.time() - t0, "first": losses[:5],
                       "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem,
-                      "precision": tr.K.precision, "loss_scale": tr.K.loss_scale}))  # fmt: skip
+                      "precision": tr.K.precision, "loss_scale": tr.S.scaler.scale}))  # fmt: skip
     del tr
     tr2 = trainer(a.experiment, a.steps, out / "run2", a.precision)
     again = [tr2.train_step()["loss"] for _ in range(30)]

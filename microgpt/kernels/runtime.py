@@ -92,7 +92,9 @@ class Runtime:
 
     @staticmethod
     def copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
-        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape))
+        """Host array -> device buffer, converted to the buffer's dtype on the host: a copy that converts on the
+        way would stage the host dtype on the device, outside the memory plan."""
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape).to(dst.dtype))
 
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:
