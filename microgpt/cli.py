@@ -16,7 +16,7 @@ from microgpt import checkpoint, config, memory
 
 # Commands whose code lives in other modules: name -> "module:function(argv) -> int".
 DELEGATED = {
-    "run": ("microgpt.training_proxy", "supervise a training run (proxy, restarts, phases, dashboard)"),
+    "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
     "prep": ("microgpt.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.hermes", "pull and validate the Hermes-3 dataset"),
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.dashboard_server import DashboardServer, ServeError
+from microgpt.proxy.dashboard import DashboardServer, ServeError
 
 
 @pytest.fixture(scope="module")

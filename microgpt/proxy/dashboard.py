@@ -1,7 +1,7 @@
 """A read-only HTTP server for the live loss dashboard: the page and one run folder's JSON, on 127.0.0.1.
 
     GET /                              302 to /live-loss-dashboard.html?run=<run>
-    GET /live-loss-dashboard.html      scripts/live-loss-dashboard.html
+    GET /live-loss-dashboard.html      the page, package data beside this module (scripts/ links to it)
     GET /<name>.json                   a regular file directly inside the run folder (loss, samples, state)
 
 Nothing else is served: no listing, no subfolder (checkpoints, archive), no path that resolves outside the
@@ -10,7 +10,7 @@ run folder (`..`, encoded separators, symlinks out), each a 4xx. Only GET and HE
 read the run through DNS rebinding. JSON answers carry an ETag (mtime and size): the page polls with
 revalidation and an unchanged file costs a 304, not a download.
 
-Standalone, for a finished run: `python -m microgpt.dashboard_server RUN_DIR [--port N]`.
+Standalone, for a finished run: `python -m microgpt.proxy.dashboard RUN_DIR [--port N]`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 PAGE_NAME = "live-loss-dashboard.html"
-PAGE = Path(__file__).resolve().parent.parent / "scripts" / PAGE_NAME
+PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")
 
 
@@ -142,7 +142,7 @@ class DashboardServer:
 
     def __init__(self, run_dir: Path, run: str, port: int, page: Path = PAGE, verbose: bool = False):
         if not page.is_file():
-            raise ServeError(f"{page}: dashboard page not found (run from a source checkout)")
+            raise ServeError(f"{page}: dashboard page not found (an install without its package data)")
         if not 0 <= port <= 65535:
             raise ServeError(f"--dashboard {port}: not a TCP port (0-65535; 0 picks a free one)")
         try:
@@ -166,7 +166,7 @@ class DashboardServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m microgpt.dashboard_server", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m microgpt.proxy.dashboard", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", help="a run folder holding <run>.loss.json")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--run", help="run name (default: from the folder's *.loss.json)")

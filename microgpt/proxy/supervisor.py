@@ -2,9 +2,10 @@
 
 It spawns the engine as a child process and talks to it only through the child's JSON lines on stdout,
 POSIX signals and the run's files (checkpoints under <out>/ckpt), so either side can be restarted alone.
-It keeps <out>/<run>.loss.json, .samples.json and .state.json (proxy_files.py), runs the experiment's
-phases in order (proxy_phases.py), samples text from new checkpoints (proxy_sampler.py) and, with
---dashboard, serves scripts/live-loss-dashboard.html and the run files on 127.0.0.1 (dashboard_server.py).
+It keeps <out>/<run>.loss.json, .samples.json and .state.json (runfiles.py), runs the experiment's
+phases in order (phases.py), samples text from new checkpoints (sampler.py) and, with --dashboard,
+serves the dashboard page (package data) and the run files on 127.0.0.1 (dashboard.py). The engine
+child process itself is child.py.
 
 Signals: SIGTERM or Ctrl-C -> the engine checkpoints and exits, the proxy records `stopped`, exit 0 (a
 second one kills the engine at once). SIGUSR1 -> the engine checkpoints and keeps training. The engine
@@ -37,8 +38,9 @@ from typing import Any
 
 from microgpt import checkpoint
 from microgpt.config import BACKENDS, PRECISIONS, ConfigError
-from microgpt.proxy_engine import Engine, describe_exit, pid_alive
-from microgpt.proxy_files import (
+from microgpt.proxy.child import Engine, describe_exit, pid_alive
+from microgpt.proxy.phases import Phase, Plan, load_plan
+from microgpt.proxy.runfiles import (
     SAMPLES_FORMAT,
     STATE_FORMAT,
     JsonDoc,
@@ -49,8 +51,7 @@ from microgpt.proxy_files import (
     run_paths,
     utc_now,
 )
-from microgpt.proxy_phases import Phase, Plan, load_plan
-from microgpt.proxy_sampler import Sampler
+from microgpt.proxy.sampler import Sampler
 
 
 def log(message: str) -> None:
@@ -360,7 +361,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from microgpt.dashboard_server import DashboardServer, ServeError
+    from microgpt.proxy.dashboard import DashboardServer, ServeError
 
     server = None
     try:
