@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from microgpt import checkpoint, config, memory
+from microgpt.errors import ArgParser, fail
 
 # Commands whose code lives in other modules: name -> "module:function(argv) -> int".
 DELEGATED = {
@@ -20,18 +21,6 @@ DELEGATED = {
     "prep": ("microgpt.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.hermes", "pull and validate the Hermes-3 dataset"),
 }
-
-
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 (argparse's own code)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {message}\n")
-
-
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def load_experiment(args: argparse.Namespace) -> config.Experiment:

@@ -15,7 +15,6 @@ Standalone, for a finished run: `python -m microgpt.proxy.dashboard RUN_DIR [--p
 
 from __future__ import annotations
 
-import argparse
 import errno
 import re
 import sys
@@ -25,13 +24,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+from microgpt.errors import ArgParser, InputError, exit_on_input_error
+
 PAGE_NAME = "live-loss-dashboard.html"
 PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")
 
 
-class ServeError(ValueError):
-    """The server cannot start (port in use, page missing); str(err) is one line."""
+class ServeError(InputError):
+    """The dashboard cannot serve (port in use, page missing, no run in the folder); str(err) is one line."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -166,7 +167,12 @@ class DashboardServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m microgpt.proxy.dashboard", description=__doc__.splitlines()[0])
+    """Serve a run folder until Ctrl-C; bad input (no run there, port in use) is one `error:` line, exit 2."""
+    return exit_on_input_error(serve, sys.argv[1:] if argv is None else argv)
+
+
+def serve(argv: list[str]) -> int:
+    p = ArgParser(prog="python -m microgpt.proxy.dashboard", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", help="a run folder holding <run>.loss.json")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--run", help="run name (default: from the folder's *.loss.json)")
@@ -175,13 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = sorted(x.name.removesuffix(".loss.json") for x in run_dir.glob("*.loss.json"))
     run = args.run or (runs[0] if runs else None)
     if run is None:
-        print(f"error: {run_dir}: no <run>.loss.json here (pass --run NAME)", file=sys.stderr)
-        return 2
-    try:
-        server = DashboardServer(run_dir, run, args.port, verbose=True)
-    except ServeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ServeError(f"{run_dir}: no <run>.loss.json here (pass --run NAME)")
+    server = DashboardServer(run_dir, run, args.port, verbose=True)
     print(f"dashboard: {server.url}  (Ctrl-C to stop)", file=sys.stderr)
     try:
         server.httpd.serve_forever(poll_interval=0.2)

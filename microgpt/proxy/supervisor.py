@@ -38,7 +38,10 @@ from typing import Any
 
 from microgpt import checkpoint
 from microgpt.config import BACKENDS, PRECISIONS, ConfigError
+from microgpt.errors import ArgParser, exit_on_input_error
+from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit, pid_alive
+from microgpt.proxy.dashboard import DashboardServer
 from microgpt.proxy.phases import Phase, Plan, load_plan
 from microgpt.proxy.runfiles import (
     SAMPLES_FORMAT,
@@ -47,7 +50,6 @@ from microgpt.proxy.runfiles import (
     LossHistory,
     RunFileError,
     archive,
-    atomic_write_json,
     run_paths,
     utc_now,
 )
@@ -342,7 +344,7 @@ class Supervisor:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="microgpt run", description="Train under the proxy: restarts, phases, dashboard.")
+    p = ArgParser(prog="microgpt run", description="Train under the proxy: restarts, phases, dashboard.")
     p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
     p.add_argument("--out", help="run folder (default runs/<name>)")
     p.add_argument("--steps", type=int, help="stop the run at this global step (caps the phases)")
@@ -355,33 +357,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)")  # fmt: skip
     p.add_argument("--hang-timeout", type=float, help="override proxy.hang_timeout_s")
     p.add_argument("--max-restarts", type=int, help="override proxy.max_restarts")
-    p.error = lambda message: p.exit(2, f"error: microgpt run: {message}\n")  # type: ignore[method-assign]
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    from microgpt.proxy.dashboard import DashboardServer, ServeError
+    """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2."""
+    return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
 
-    server = None
-    try:
-        plan = load_plan(args.experiment, steps=args.steps, seed=args.seed, sets=args.set, backend=args.backend,
-                         precision=args.precision)  # fmt: skip
-        if args.procs is not None and args.procs < 1:
-            raise ConfigError(f"--procs {args.procs}: must be >= 1")
-        for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
-            value = getattr(args, flag)
-            if value is not None:
-                if value < 0 or (value == 0 and flag == "hang_timeout"):
-                    raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-                setattr(plan.settings, name, value)
-        out = Path(args.out or Path("runs") / plan.run)
-        sup = Supervisor(plan, out, args.experiment, args.procs)
-        if args.dashboard is not None:
-            server = DashboardServer(out, plan.run, args.dashboard)
-    except (ConfigError, RunFileError, ServeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def supervise(argv: list[str]) -> int:
+    """Check every input before anything is written or spawned, then run."""
+    args = parse_args(argv)
+    plan = load_plan(args.experiment, steps=args.steps, seed=args.seed, sets=args.set, backend=args.backend,
+                     precision=args.precision)  # fmt: skip
+    if args.procs is not None and args.procs < 1:
+        raise ConfigError(f"--procs {args.procs}: must be >= 1")
+    for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
+        value = getattr(args, flag)
+        if value is not None:
+            if value < 0 or (value == 0 and flag == "hang_timeout"):
+                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+            setattr(plan.settings, name, value)
+    out = Path(args.out or Path("runs") / plan.run)
+    sup = Supervisor(plan, out, args.experiment, args.procs)
+    server = DashboardServer(out, plan.run, args.dashboard) if args.dashboard is not None else None
     if server is not None:
         sup.state.update(dashboard=server.url)
         server.start()
