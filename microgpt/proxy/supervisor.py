@@ -24,7 +24,6 @@ Exit codes: 0 done or stopped, 1 gave up after restarts, 2 bad input (one line `
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -36,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint
-from microgpt.config import BACKENDS, PRECISIONS, ConfigError
+from microgpt import checkpoint, config
+from microgpt.config import ConfigError
 from microgpt.errors import ArgParser, exit_on_input_error
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit, pid_alive
@@ -343,21 +342,14 @@ class Supervisor:
         self.usr1 = True
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def run_parser() -> ArgParser:
     p = ArgParser(prog="microgpt run", description="Train under the proxy: restarts, phases, dashboard.")
-    p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
-    p.add_argument("--out", help="run folder (default runs/<name>)")
-    p.add_argument("--steps", type=int, help="stop the run at this global step (caps the phases)")
-    p.add_argument("--seed", type=int, help="override train.seed")
-    p.add_argument("--backend", choices=BACKENDS, help="override train.backend")
-    p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override any config field")
-    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N", help="engine data-parallel processes")
+    config.add_experiment_flags(p)  # the flags `microgpt train` takes too; --procs is passed on to the engine
     p.add_argument("--dashboard", type=int, nargs="?", const=8765, metavar="PORT",
                    help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)")  # fmt: skip
     p.add_argument("--hang-timeout", type=float, help="override proxy.hang_timeout_s")
     p.add_argument("--max-restarts", type=int, help="override proxy.max_restarts")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,11 +359,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def supervise(argv: list[str]) -> int:
     """Check every input before anything is written or spawned, then run."""
-    args = parse_args(argv)
-    plan = load_plan(args.experiment, steps=args.steps, seed=args.seed, sets=args.set, backend=args.backend,
-                     precision=args.precision)  # fmt: skip
-    if args.procs is not None and args.procs < 1:
-        raise ConfigError(f"--procs {args.procs}: must be >= 1")
+    args = run_parser().parse_args(argv)
+    config.check_flags(args)
+    plan = load_plan(args.experiment, sets=args.set, **config.train_flags(args))
     for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
         value = getattr(args, flag)
         if value is not None:
