@@ -6,67 +6,34 @@ flag, and exit code 2; nothing already written is touched before the input has b
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 
 from microgpt import checkpoint, config, memory
+from microgpt.errors import ArgParser, fail
 
 # Commands whose code lives in other modules: name -> "module:function(argv) -> int".
 DELEGATED = {
-    "run": ("microgpt.training_proxy", "supervise a training run (proxy, restarts, phases, dashboard)"),
+    "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
     "prep": ("microgpt.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.hermes", "pull and validate the Hermes-3 dataset"),
 }
 
 
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 (argparse's own code)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {message}\n")
-
-
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
-def load_experiment(args: argparse.Namespace) -> config.Experiment:
-    exp = config.load(args.experiment)
-    for assignment in args.set or []:
-        exp = config.override(exp, assignment)
-    for flag, section, name in (("steps", "train", "steps"), ("seed", "train", "seed"),
-                                ("backend", "train", "backend"), ("precision", "train", "precision")):  # fmt: skip
-        value = getattr(args, flag)
-        if value is not None:
-            exp = config.override(exp, f"{section}.{name}={json.dumps(value)}", f"--{flag}")
-    return exp
+def train_parser() -> ArgParser:
+    p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
+    config.add_experiment_flags(p)  # the flags `microgpt run` takes too
+    p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
+    return p
 
 
 def cmd_train(argv: list[str]) -> int:
-    p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
-    p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
-    p.add_argument("--steps", type=int, help="total optimizer steps of the run (the lr schedule's length)")
-    p.add_argument("--out", help="run folder for checkpoints (default runs/<name>)")
-    p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
-    p.add_argument("--backend", choices=config.BACKENDS)
-    p.add_argument("--precision", choices=config.PRECISIONS)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override any config field")
-    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
-                   help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
-                   "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
-    args = p.parse_args(argv)
+    args = train_parser().parse_args(argv)
     from microgpt import data, distributed, trainer  # numpy-heavy imports only once the flags parse
 
-    if args.procs is not None and args.procs < 1:
-        return fail(f"--procs {args.procs}: must be >= 1")
-
     try:
-        exp = load_experiment(args)
+        exp = config.from_flags(args)
         out = Path(args.out or Path("runs") / exp.name)
         existing = checkpoint.list_checkpoints(out / "ckpt")
         if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one

@@ -4,12 +4,19 @@ An experiment file has three sections, "model", "train" and "data", plus a "name
 sections other parts of the stack own, listed in EXTRA_SECTIONS). Every field is typed; an unknown
 field, a wrong type or an impossible value raises ConfigError with one line naming the file and the
 field, and the CLI turns that into exit code 2.
+
+This module is also the one loader of experiment files and the one parser of `--set section.field=value`, and it
+declares the flags `microgpt train` and `microgpt run` share (add_experiment_flags), so both read an experiment
+the same way and reject the same bad input with the same line.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +174,8 @@ def from_dict(raw: Any, src: str = "<config>") -> Experiment:
     return validate(exp, src)
 
 
-def load(path: str | Path) -> Experiment:
+def read_raw(path: str | Path) -> Any:
+    """The experiment file's JSON value, not yet checked; ConfigError naming the file when it cannot be read."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -179,7 +187,12 @@ def load(path: str | Path) -> Experiment:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    return from_dict(raw, str(path))
+    return raw
+
+
+def load(path: str | Path, sets: Sequence[str] = (), **train: Any) -> Experiment:
+    """The experiment file with `--set` assignments and train-field flags applied (see apply_overrides)."""
+    return apply_overrides(read_raw(path), str(path), sets, **train)[1]
 
 
 def parse_assignment(assignment: str, src: str = "--set") -> tuple[str, str, Any]:
@@ -194,9 +207,70 @@ def parse_assignment(assignment: str, src: str = "--set") -> tuple[str, str, Any
         return section, name, text
 
 
-def override(exp: Experiment, assignment: str, src: str = "--set") -> Experiment:
-    """Apply one `section.field=value` override."""
-    section, name, value = parse_assignment(assignment, src)
-    raw = exp.to_dict()
-    raw[section][name] = value
-    return from_dict(raw, f"{src} {section}.{name}")
+def apply_overrides(raw: Any, src: str, sets: Sequence[str] = (), **train: Any) -> tuple[dict[str, Any], Experiment]:
+    """Apply `--set` assignments, then each train flag that is not None (steps, seed, backend, precision set the
+    train field of the same name), to the raw experiment from src.
+
+    Returns the raw experiment with only the assignments applied (what the file says as amended; the proxy hashes
+    it to recognize its run) and the checked Experiment with everything applied. The file is checked alone first
+    (an error names the file), each override's field and type as it is read (an error names the flag), then the
+    whole (an impossible combination names the file and the flags that changed it)."""
+    exp = from_dict(raw, src)
+    changes = [(*parse_assignment(a), f"--set {a.partition('=')[0]}") for a in sets]
+    changes += [("train", name, value, f"--{name}") for name, value in train.items() if value is not None]
+    if not changes:
+        return raw, exp
+    amended = _set_fields(raw, changes[: len(sets)])
+    flags = " ".join(flag for *_, flag in changes)
+    return amended, from_dict(_set_fields(amended, changes[len(sets) :]), f"{src} with {flags}")
+
+
+def _set_fields(raw: dict[str, Any], changes: list[tuple[str, str, Any, str]]) -> dict[str, Any]:
+    """A copy of raw with each (section, field, value, flag) set; the field and its type checked, naming the flag."""
+    raw = copy.deepcopy(raw)
+    for section, name, value, flag in changes:
+        build_section(SECTIONS[section], {name: value}, f"{flag}: {section}")
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def override(exp: Experiment, assignment: str) -> Experiment:
+    """exp with one `section.field=value` assignment applied."""
+    return apply_overrides(exp.to_dict(), "<config>", [assignment])[1]
+
+
+TRAIN_FLAGS = ("steps", "seed", "backend", "precision")  # each sets the train field of the same name
+
+
+def add_experiment_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `microgpt train` and `microgpt run` share, declared once: the same names, types and checks."""
+    p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
+    p.add_argument("--out", help="run folder (default runs/<name>)")
+    p.add_argument("--steps", type=int, help="the run's last global step: train.steps (under `run`: caps the phases)")
+    p.add_argument("--seed", type=int, help="override train.seed")
+    p.add_argument("--backend", choices=BACKENDS, help="override train.backend")
+    p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
+    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
+                   help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
+                   "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The shared flags' own limits, checked before the experiment is read."""
+    if args.steps is not None and args.steps <= 0:
+        raise ConfigError(f"--steps must be > 0, got {args.steps}")
+    if args.procs is not None and args.procs < 1:
+        raise ConfigError(f"--procs {args.procs}: must be >= 1")
+
+
+def train_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The shared flags that set train fields, as apply_overrides takes them."""
+    return {name: getattr(args, name) for name in TRAIN_FLAGS}
+
+
+def from_flags(args: argparse.Namespace) -> Experiment:
+    """The experiment of `microgpt train`: the file, then --set, then --steps, --seed, --backend, --precision."""
+    check_flags(args)
+    return load(args.experiment, args.set, **train_flags(args))

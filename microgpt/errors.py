@@ -8,6 +8,7 @@ exit code 2. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -16,6 +17,13 @@ EXIT_INPUT = 2  # bad input, as argparse's own usage errors
 
 class InputError(ValueError):
     """Bad input from the user. str(err) is the one-line message, naming the file, field or flag."""
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_INPUT, f"error: {self.prog}: {message}\n")
 
 
 def fail(message: str) -> int:

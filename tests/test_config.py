@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from microgpt import config, memory
+from microgpt import cli, config, memory
 from microgpt.config import ConfigError
-from tests.conftest import REPO
+from microgpt.proxy import supervisor
+from tests.conftest import REPO, write_experiment
+from tests.conftest import cli as cli_run
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("ANDREA-*-TRAIN.json")), ids=lambda p: p.name)
@@ -75,3 +78,66 @@ def test_not_utf8_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b'\xff\xfe{"model": {}}')
     with pytest.raises(ConfigError, match=r"exp.json: not UTF-8 text"):
         config.load(path)
+
+
+# The flags `microgpt train` and `microgpt run` share: declared once (config.add_experiment_flags), read by one
+# loader (config.apply_overrides), so the same bad input gets the same line from both.
+SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "set", "procs"}
+
+
+def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
+    return {a.dest: (tuple(a.option_strings), a.type, a.choices, a.nargs, a.default, a.metavar, a.help)
+            for a in parser._actions if a.dest != "help"}  # fmt: skip
+
+
+def test_train_and_run_take_the_shared_flags_as_declared_once() -> None:
+    declared = argparse.ArgumentParser()
+    config.add_experiment_flags(declared)
+    shared = flag_table(declared)
+    train, run = flag_table(cli.train_parser()), flag_table(supervisor.run_parser())
+    assert set(shared) == SHARED_FLAGS
+    assert {k: train[k] for k in shared} == shared and {k: run[k] for k in shared} == shared
+    assert set(train) - SHARED_FLAGS == {"resume"}
+    assert set(run) - SHARED_FLAGS == {"dashboard", "hang_timeout", "max_restarts"}
+
+
+def error_line(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """cli.main(argv) in this process: its exit code must be 2 and its stderr one `error:` line."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        rc = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, rc, lines)
+    return lines[0].replace(f"microgpt {argv[0]}:", "microgpt CMD:")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "nope"], "--set 'nope': expected section.field=value"),
+        (["--set", "train.lrr=1"], "--set train.lrr: train: unknown field 'lrr'"),
+        (["--set", "train.lr=fast"], "--set train.lr: train: field 'lr' must be float"),
+        (["--set", "model.d_model=33"], "with --set model.d_model: model.d_model (33) must be divisible"),
+        (["--set", "train.lr=0.01", "--precision", "bf16"], "with --set train.lr --precision: train.precision 'bf16'"),
+        (["--steps", "0"], "--steps must be > 0, got 0"),
+        (["--procs", "0"], "--procs 0: must be >= 1"),
+        (["--seed", "x"], "microgpt CMD: argument --seed: invalid int value: 'x'"),
+        (["--backend", "cuda"], "microgpt CMD: argument --backend: invalid choice: 'cuda'"),
+    ],
+)  # fmt: skip
+def test_bad_shared_flags_give_the_same_line_from_train_and_run(tmp_path: Path, capsys, args, needle) -> None:
+    exp, out = write_experiment(tmp_path), tmp_path / "out"
+    train = error_line(["train", str(exp), "--out", str(out), *args], capsys)
+    run = error_line(["run", str(exp), "--out", str(out), *args], capsys)
+    assert train == run and needle in train, (train, run)
+    assert not out.exists()
+
+
+def test_a_bad_set_exits_2_with_one_line_from_both_commands(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path)
+    res = [
+        cli_run(cmd, str(exp), "--out", str(tmp_path / "out"), "--set", "model.n_layer=0") for cmd in ("train", "run")
+    ]
+    assert [r.returncode for r in res] == [2, 2] and res[0].stderr == res[1].stderr, res
+    assert res[0].stderr == f"error: {exp} with --set model.n_layer: model.n_layer must be > 0, got 0\n"

@@ -8,7 +8,7 @@ import pytest
 
 from microgpt import config
 from microgpt.config import ConfigError
-from microgpt.proxy_phases import make_plan
+from microgpt.proxy.phases import make_plan
 from tests.proxy._helpers import EXP
 
 

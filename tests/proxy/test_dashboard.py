@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from microgpt.dashboard_server import DashboardServer, ServeError
+from microgpt.errors import InputError
+from microgpt.proxy.dashboard import PAGE, PAGE_NAME, DashboardServer, ServeError
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +90,17 @@ def test_a_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
         with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is in use") as err:
             DashboardServer(tmp_path, "r", port)
     assert "\n" not in str(err.value)
+    assert isinstance(err.value, InputError)
+
+
+def test_the_seed_path_is_a_link_to_the_package_page() -> None:
+    link = REPO / "scripts" / PAGE_NAME
+    assert link.is_symlink() and link.resolve() == PAGE and PAGE.parent.name == "proxy"
+
+
+def test_standalone_without_a_run_is_one_line_exit_2(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path), "--port", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0] == f"error: {tmp_path}: no <run>.loss.json here (pass --run NAME)"

@@ -1,5 +1,5 @@
 """The proxy's restart policy, in-process, against stand-in engines that fail on purpose (the real engine's
-crashes, hangs and signals are in test_proxy_engine.py): bounded retries with backoff, no retry of bad input,
+crashes, hangs and signals are in test_supervisor.py): bounded retries with backoff, no retry of bad input,
 hang detection before the first step, a stop request during the backoff."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.proxy_phases import make_plan
-from microgpt.training_proxy import Supervisor
+from microgpt.proxy.phases import make_plan
+from microgpt.proxy.supervisor import Supervisor
 from tests.proxy._helpers import EXP
 
 

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from microgpt.proxy_files import JsonDoc
-from microgpt.proxy_phases import ProxySettings
+from microgpt.proxy.phases import ProxySettings
+from microgpt.proxy.runfiles import JsonDoc
 
 
 def prompt_text(prompt: Any) -> str:

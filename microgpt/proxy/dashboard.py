@@ -1,7 +1,7 @@
 """A read-only HTTP server for the live loss dashboard: the page and one run folder's JSON, on 127.0.0.1.
 
     GET /                              302 to /live-loss-dashboard.html?run=<run>
-    GET /live-loss-dashboard.html      scripts/live-loss-dashboard.html
+    GET /live-loss-dashboard.html      the page, package data beside this module (scripts/ links to it)
     GET /<name>.json                   a regular file directly inside the run folder (loss, samples, state)
 
 Nothing else is served: no listing, no subfolder (checkpoints, archive), no path that resolves outside the
@@ -10,12 +10,11 @@ run folder (`..`, encoded separators, symlinks out), each a 4xx. Only GET and HE
 read the run through DNS rebinding. JSON answers carry an ETag (mtime and size): the page polls with
 revalidation and an unchanged file costs a 304, not a download.
 
-Standalone, for a finished run: `python -m microgpt.dashboard_server RUN_DIR [--port N]`.
+Standalone, for a finished run: `python -m microgpt.proxy.dashboard RUN_DIR [--port N]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import re
 import sys
@@ -25,13 +24,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+from microgpt.errors import ArgParser, InputError, exit_on_input_error
+
 PAGE_NAME = "live-loss-dashboard.html"
-PAGE = Path(__file__).resolve().parent.parent / "scripts" / PAGE_NAME
+PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")
 
 
-class ServeError(ValueError):
-    """The server cannot start (port in use, page missing); str(err) is one line."""
+class ServeError(InputError):
+    """The dashboard cannot serve (port in use, page missing, no run in the folder); str(err) is one line."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -142,7 +143,7 @@ class DashboardServer:
 
     def __init__(self, run_dir: Path, run: str, port: int, page: Path = PAGE, verbose: bool = False):
         if not page.is_file():
-            raise ServeError(f"{page}: dashboard page not found (run from a source checkout)")
+            raise ServeError(f"{page}: dashboard page not found (an install without its package data)")
         if not 0 <= port <= 65535:
             raise ServeError(f"--dashboard {port}: not a TCP port (0-65535; 0 picks a free one)")
         try:
@@ -166,7 +167,12 @@ class DashboardServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m microgpt.dashboard_server", description=__doc__.splitlines()[0])
+    """Serve a run folder until Ctrl-C; bad input (no run there, port in use) is one `error:` line, exit 2."""
+    return exit_on_input_error(serve, sys.argv[1:] if argv is None else argv)
+
+
+def serve(argv: list[str]) -> int:
+    p = ArgParser(prog="python -m microgpt.proxy.dashboard", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", help="a run folder holding <run>.loss.json")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--run", help="run name (default: from the folder's *.loss.json)")
@@ -175,13 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = sorted(x.name.removesuffix(".loss.json") for x in run_dir.glob("*.loss.json"))
     run = args.run or (runs[0] if runs else None)
     if run is None:
-        print(f"error: {run_dir}: no <run>.loss.json here (pass --run NAME)", file=sys.stderr)
-        return 2
-    try:
-        server = DashboardServer(run_dir, run, args.port, verbose=True)
-    except ServeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ServeError(f"{run_dir}: no <run>.loss.json here (pass --run NAME)")
+    server = DashboardServer(run_dir, run, args.port, verbose=True)
     print(f"dashboard: {server.url}  (Ctrl-C to stop)", file=sys.stderr)
     try:
         server.httpd.serve_forever(poll_interval=0.2)

@@ -35,6 +35,7 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,29 +163,15 @@ def _check_paths(data: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: data.tokenizer {tok!r} does not exist")
 
 
-def apply_sets(raw: Any, sets: list[str]) -> Any:
-    """`--set section.field=value` overrides (value parsed as JSON, else a string) on a copy of the raw experiment."""
-    raw = copy.deepcopy(raw)
-    for assignment in sets:
-        section, name, value = config.parse_assignment(assignment)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"--set {assignment!r}: the experiment is not a JSON object")
-        raw.setdefault(section, {})[name] = value
-    return raw
-
-
-def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: list[str] | None = None,
+def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: Sequence[str] = (),
               **train: Any) -> Plan:  # fmt: skip
     """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong.
-    `sets` and `seed` are part of the experiment (its config hash); `train` (backend, precision) is not: a
-    stopped run may continue on another backend, from the same fp32 checkpoint."""
-    if steps is not None and steps <= 0:
-        raise ConfigError(f"--steps must be > 0, got {steps}")
-    raw = apply_sets(raw, sets or [])
-    exp = config.from_dict(raw, src)
+    The overrides are read by config.apply_overrides, as `microgpt train` reads them, except `steps` (> 0, checked
+    with the flags): here it caps the run. `sets` and `seed` are part of the experiment (its config hash); `train`
+    (backend, precision) is not: a stopped run may continue on another backend, from the same fp32 checkpoint."""
+    raw, exp = config.apply_overrides(raw, src, sets, seed=seed, **train)
     settings = load_settings(raw.get("proxy", {}), src)
     base = {k: v for k, v in exp.to_dict().items() if k not in OWN_SECTIONS}
-    base["train"].update({k: v for k, v in {"seed": seed, **train}.items() if v is not None})
     phases_raw = raw.get("phases")
     implicit = phases_raw is None
     if implicit:
@@ -210,11 +197,4 @@ def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = N
 
 
 def load_plan(path: str | Path, **overrides: Any) -> Plan:
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read experiment file ({e.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: invalid JSON ({e})") from None
-    return make_plan(raw, str(path), **overrides)
+    return make_plan(config.read_raw(path), str(path), **overrides)

@@ -101,3 +101,14 @@ def test_missing_or_broken_experiment_file(tmp_path: Path) -> None:
     assert_one_line_error(run_cli(str(tmp_path / "nope.json")), "nope.json", "cannot read")
     (tmp_path / "broken.json").write_text("{")
     assert_one_line_error(run_cli(str(tmp_path / "broken.json")), "broken.json", "invalid JSON")
+
+
+def test_the_proxy_never_imports_the_engine_side() -> None:
+    """JSON lines, signals and run files are the whole interface: `microgpt run` loads no trainer, step or model."""
+    code = "import sys, microgpt.training_proxy; print(' '.join(m for m in sys.modules if m.startswith('microgpt')))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    loaded = set(res.stdout.split())
+    assert res.returncode == 0 and "microgpt.proxy.supervisor" in loaded, res.stderr
+    engine_side = {"microgpt.trainer", "microgpt.step", "microgpt.state", "microgpt.model", "microgpt.backend",
+                   "microgpt.engine", "microgpt.cli", "microgpt.kernels"}  # fmt: skip
+    assert not loaded & engine_side, sorted(loaded & engine_side)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from microgpt.proxy_files import JsonDoc
-from microgpt.proxy_phases import ProxySettings
-from microgpt.proxy_sampler import Sampler, prompt_text, sample_cmd
+from microgpt.proxy.phases import ProxySettings
+from microgpt.proxy.runfiles import JsonDoc
+from microgpt.proxy.sampler import Sampler, prompt_text, sample_cmd
 
 
 def test_prompts_are_text_or_chat_messages_ending_in_an_open_assistant_turn() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from microgpt import config, memory
-from tests.proxy._helpers import REPO
+from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
 

@@ -9,7 +9,7 @@ import pytest
 
 from microgpt import fileio
 from microgpt.fileio import atomic_write_json
-from microgpt.proxy_files import LOSS_FORMAT, JsonDoc, LossHistory, RunFileError, archive
+from microgpt.proxy.runfiles import LOSS_FORMAT, JsonDoc, LossHistory, RunFileError, archive
 
 
 def row(step: int, loss: float = 1.0) -> dict:

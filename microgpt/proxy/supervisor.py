@@ -1,0 +1,386 @@
+"""The training proxy: `microgpt run EXPERIMENT.json`, a supervisor around `microgpt train`.
+
+It spawns the engine as a child process and talks to it only through the child's JSON lines on stdout,
+POSIX signals and the run's files (checkpoints under <out>/ckpt), so either side can be restarted alone.
+It keeps <out>/<run>.loss.json, .samples.json and .state.json (runfiles.py), runs the experiment's
+phases in order (phases.py), samples text from new checkpoints (sampler.py) and, with --dashboard,
+serves the dashboard page (package data) and the run files on 127.0.0.1 (dashboard.py). The engine
+child process itself is child.py.
+
+Signals: SIGTERM or Ctrl-C -> the engine checkpoints and exits, the proxy records `stopped`, exit 0 (a
+second one kills the engine at once). SIGUSR1 -> the engine checkpoints and keeps training. The engine
+runs in its own session, so a terminal's Ctrl-C reaches only the proxy, which forwards it as SIGTERM.
+
+Crash recovery: the engine dying before `done` (killed, OOM, NaN abort), or printing no JSON line for
+hang_timeout_s (startup_timeout_s before its first step), is a failure: the engine is killed if still
+there and restarted from the newest valid checkpoint, after backoff_s * 2**(k-1) seconds, at most
+max_restarts times in a row without a new checkpoint; every restart is recorded in the state file and
+marked in the loss history. A corrupt checkpoint is skipped for the one before (and kept on disk). Exit
+code 2 from the engine is bad input and is not retried. Running the same command again continues a
+stopped or crashed run from its newest checkpoint; a different experiment in the same folder is refused.
+
+Exit codes: 0 done or stopped, 1 gave up after restarts, 2 bad input (one line `error: ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from microgpt import checkpoint, config
+from microgpt.config import ConfigError
+from microgpt.errors import ArgParser, exit_on_input_error
+from microgpt.fileio import atomic_write_json
+from microgpt.proxy.child import Engine, describe_exit, pid_alive
+from microgpt.proxy.dashboard import DashboardServer
+from microgpt.proxy.phases import Phase, Plan, load_plan
+from microgpt.proxy.runfiles import (
+    SAMPLES_FORMAT,
+    STATE_FORMAT,
+    JsonDoc,
+    LossHistory,
+    RunFileError,
+    archive,
+    run_paths,
+    utc_now,
+)
+from microgpt.proxy.sampler import Sampler
+
+
+def log(message: str) -> None:
+    print(f"proxy: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Outcome:
+    kind: str  # "done" | "stopped" | "failed" | "fatal"
+    reason: str = ""
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, out: Path, experiment: str, procs: int | None = None):
+        self.plan, self.out, self.settings, self.procs = plan, out, plan.settings, procs
+        self.paths = run_paths(out, plan.run)
+        self.loss = LossHistory(self.paths["loss"], plan.run)
+        self.state = JsonDoc(self.paths["state"], STATE_FORMAT, self._fresh_state())
+        self.samples = JsonDoc(self.paths["samples"], SAMPLES_FORMAT, self._fresh_samples())
+        self._check_resumable()
+        self.state.update(experiment=str(experiment), out=str(out), proxy_pid=os.getpid())
+        self.lock = threading.Lock()
+        self.stops = 0  # SIGTERM/SIGINT received
+        self.usr1 = False
+        self.failures = 0  # consecutive failures without a new checkpoint
+        self.last_flush = self.write_s = 0.0
+
+    def _fresh_state(self) -> dict[str, Any]:
+        phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.plan.phases]
+        return {"run": self.plan.run, "status": "starting", "phase": None, "phase_index": None, "phases": phases,
+                "step": 0, "target_step": self.plan.final_step, "checkpoint": None, "checkpoint_step": None,
+                "engine_pid": None, "restarts": 0, "restart_log": [], "skipped_checkpoints": [],
+                "config_hash": self.plan.config_hash, "archived": [], "dashboard": None,
+                "started": utc_now()}  # fmt: skip
+
+    def _fresh_samples(self) -> dict[str, Any]:
+        s = self.settings
+        cfg = {"every": s.sample_every, "prompts": s.prompts, "tokens": s.sample_tokens, "temperature": s.temperature}
+        return {"run": self.plan.run, "phase": None, "settings": cfg, "samples": []}
+
+    def _check_resumable(self) -> None:
+        """Refuse, before writing anything, a folder that holds another experiment or a live run."""
+        st = self.state.data
+        if st.get("config_hash") != self.plan.config_hash:
+            raise RunFileError(f"{self.paths['state']}: this folder holds a run of a different experiment "
+                               f"(config hash {st.get('config_hash')}, now {self.plan.config_hash}); "
+                               "use another --out")  # fmt: skip
+        if st.get("status") in ("starting", "running", "stopping") and st.get("proxy_pid") != os.getpid():
+            if pid_alive(st.get("proxy_pid")):
+                raise RunFileError(f"{self.paths['state']}: a proxy (pid {st['proxy_pid']}) is running this run")
+            if pid_alive(st.get("engine_pid")):
+                raise RunFileError(f"{self.paths['state']}: the engine of a dead proxy (pid {st['engine_pid']}) "
+                                   "is still running; wait for it or kill it")  # fmt: skip
+
+    # --- files -------------------------------------------------------------------------------------------
+    def flush(self, force: bool = True) -> None:
+        """Write the loss history and state; unforced, at most every flush_s, and never more often than 10x
+        the last write took: a 200K-step history is tens of MB, rewritten whole, and must stay cheap."""
+        now = time.monotonic()
+        if not force and now - self.last_flush < max(self.settings.flush_s, 10 * self.write_s):
+            return
+        self.loss.flush()  # the loss history first: the state never points past what it holds
+        with self.lock:
+            self.state.flush()
+        self.last_flush = time.monotonic()
+        self.write_s = self.last_flush - now
+
+    def set_status(self, status: str, **fields: Any) -> None:
+        self.state.update(status=status, **fields)
+        self.flush()
+
+    def enter_phase(self, idx: int) -> Phase:
+        """Start phase idx; when it follows another phase, archive samples and state and start fresh ones."""
+        ph = self.plan.phases[idx]
+        prev = self.state.data.get("phase")
+        if prev != ph.name:
+            if prev is not None:
+                self.sampler.drain(self.settings.sample_timeout_s)
+                with self.lock:
+                    self.state.flush()
+                    done = archive([self.paths["samples"], self.paths["state"]], prev)
+                    keep = {k: self.state.data.get(k) for k in ("experiment", "out", "proxy_pid", "dashboard")}
+                    self.state.data = {"format": STATE_FORMAT, **self._fresh_state(), **keep, "archived": done}
+                    self.samples.data = {"format": SAMPLES_FORMAT, **self._fresh_samples()}
+                log(f"entering phase {ph.name!r}: archived {', '.join(done)}")
+            self.loss.mark("phase", ph.start, phase=ph.name)
+            with self.lock:
+                self.samples.update(phase=ph.name)
+                self.samples.flush()
+        self.state.update(phase=ph.name, phase_index=idx, status="running")
+        atomic_write_json(self.out / "phases" / f"{ph.name}.json", ph.engine, compact=True, sync_dir=False)
+        return ph
+
+    def pick_checkpoint(self) -> tuple[Path | None, int]:
+        """The newest valid checkpoint the loss history covers (so a resume leaves no gap); corrupt ones skipped."""
+        path = checkpoint.latest_valid_checkpoint(self.out / "ckpt", max_step=self.loss.last_step,
+                                                  on_skip=self._skip_checkpoint)  # fmt: skip
+        return (path, int(checkpoint.CKPT_RE.match(path.name).group(1))) if path is not None else (None, 0)
+
+    def _skip_checkpoint(self, path: Path, reason: str) -> None:
+        skipped = self.state.data["skipped_checkpoints"]
+        if all(s["path"] != str(path) for s in skipped):
+            skipped.append({"path": str(path), "reason": reason, "time": utc_now()})
+            log(f"skipping corrupt checkpoint (kept on disk): {reason}")
+
+    # --- the run -----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        resumed = self.state.data.get("phase") is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+        self.sampler = Sampler(self.samples, self.settings, self.lock, log)
+        try:
+            return self._loop(resumed)
+        except BaseException as e:
+            self._crashed(f"proxy: {type(e).__name__}: {e}")
+            raise
+        finally:
+            self.sampler.close()
+
+    def _loop(self, resumed: bool) -> int:
+        picked = None  # after a failure: the pick made to judge progress, valid while no engine runs
+        while True:
+            ckpt, step = picked if picked is not None else self.pick_checkpoint()
+            picked = None
+            idx = self.plan.phase_at(step)
+            if resumed and idx is not None:
+                self.loss.mark("resume", self.loss.last_step, status=self.state.data.get("status"))
+            resumed = False
+            if idx is None:
+                self.sampler.drain(self.settings.sample_timeout_s)
+                log(f"done: step {step}, checkpoint {ckpt}")
+                self.set_status("done", engine_pid=None, step=step, ended=utc_now())
+                return 0
+            if self.stops:
+                return self._stopped()
+            ph = self.enter_phase(idx)
+            outcome = self.run_engine(ph, ckpt, step)
+            if outcome.kind == "done":
+                continue  # the next pass picks the final checkpoint and moves to the next phase (or ends)
+            if outcome.kind == "stopped":
+                return self._stopped()
+            if outcome.kind == "fatal":
+                log(f"engine rejected its input, not retrying: {outcome.reason}")
+                self._crashed(outcome.reason)
+                return 1
+            picked = self.pick_checkpoint()
+            self.failures = 1 if picked[0] != ckpt else self.failures + 1
+            if self.failures > self.settings.max_restarts:
+                log(f"giving up after {self.failures - 1} restarts without progress: {outcome.reason}")
+                self._crashed(outcome.reason)
+                return 1
+            if not self._restart_after(outcome.reason):
+                return self._stopped()
+
+    def _crashed(self, reason: str) -> None:
+        self.set_status("crashed", engine_pid=None, last_error=reason, ended=utc_now())
+
+    def _stopped(self) -> int:
+        self.loss.mark("stop", self.loss.last_step)
+        self.set_status("stopped", engine_pid=None, ended=utc_now())
+        log(f"stopped at step {self.loss.last_step}; run the same command again to continue")
+        return 0
+
+    def _restart_after(self, reason: str) -> bool:
+        """Record the failure, wait the backoff; False when a stop request arrives meanwhile."""
+        wait = min(self.settings.backoff_s * 2 ** (self.failures - 1), self.settings.backoff_max_s)
+        st = self.state.data
+        st["restarts"] += 1
+        st["restart_log"].append({"time": utc_now(), "step": self.loss.last_step, "reason": reason,
+                                  "attempt": self.failures, "backoff_s": wait})  # fmt: skip
+        self.loss.mark("restart", self.loss.last_step, reason=reason, attempt=self.failures)
+        self.set_status("running", engine_pid=None, last_error=reason)
+        log(f"engine failed ({reason}); restart {self.failures}/{self.settings.max_restarts} in {wait:g} s")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.stops:
+                return False
+            time.sleep(min(0.05, wait))
+        return not self.stops
+
+    def engine_cmd(self, ph: Phase, ckpt: Path | None) -> list[str]:
+        cmd = [sys.executable, "-m", "microgpt.cli", "train", str(self.out / "phases" / f"{ph.name}.json"),
+               "--out", str(self.out)]  # fmt: skip
+        return cmd + (["--resume", str(ckpt)] if ckpt else []) + (["--procs", str(self.procs)] if self.procs else [])
+
+    def run_engine(self, ph: Phase, ckpt: Path | None, step: int) -> Outcome:
+        log(f"phase {ph.name!r}: engine from step {step} to {ph.end}" + (f", resuming {ckpt}" if ckpt else ""))
+        try:
+            eng = Engine(self.engine_cmd(ph, ckpt))
+        except OSError as e:
+            return Outcome("failed", f"cannot start the engine: {e}")
+        self.state.update(engine_pid=eng.proc.pid, status="running")
+        self.flush()
+        try:
+            return self.watch(eng, ph)
+        finally:
+            eng.signal(signal.SIGKILL)  # the whole group: whatever of this engine is left, before the next one
+            eng.wait()
+            self.state.update(engine_pid=None)
+            self.flush()
+
+    def watch(self, eng: Engine, ph: Phase) -> Outcome:
+        """Read the engine's lines until it exits or hangs; forward signals; keep the files current."""
+        s, seen = self.settings, {"step": False, "done": False}
+        last_line, term_sent, killed = time.monotonic(), None, False
+        while True:
+            now = time.monotonic()
+            if self.stops and term_sent is None:
+                eng.signal(signal.SIGTERM)
+                term_sent = now
+                self.set_status("stopping")
+            if term_sent is not None and not killed and (self.stops > 1 or now - term_sent > s.stop_timeout_s):
+                eng.signal(signal.SIGKILL)  # a second Ctrl-C, or no checkpoint in stop_timeout_s
+                killed = True
+            if self.usr1 and seen["step"]:  # before its first step the engine may not handle SIGUSR1 yet
+                self.usr1 = False
+                eng.signal(signal.SIGUSR1)
+            try:
+                raw = eng.lines.get(timeout=0.05)
+            except queue.Empty:
+                limit = s.hang_timeout_s if seen["step"] else s.startup_timeout_s
+                if term_sent is None and now - last_line > limit:
+                    eng.signal(signal.SIGKILL)
+                    return Outcome("failed", f"hung: no output for {limit:g} s")
+                if eng.proc.poll() is not None:  # it exited, but a child of it (a data-parallel rank) holds stdout
+                    eng.signal(signal.SIGKILL)
+                self.flush(force=False)
+                continue
+            if raw is None:
+                break
+            last_line = time.monotonic()
+            self.on_line(raw, ph, seen)
+        rc = eng.wait()
+        self.flush()
+        if self.stops:
+            return Outcome("stopped")
+        if seen["done"] and rc == 0:
+            return Outcome("done")
+        tail = eng.tail[-1] if eng.tail else ""
+        reason = f"engine {describe_exit(rc)}" + (f": {tail}" if tail else "")
+        return Outcome("fatal" if rc == 2 else "failed", reason)
+
+    def on_line(self, raw: bytes, ph: Phase, seen: dict[str, bool]) -> None:
+        try:
+            ev = json.loads(raw)
+            kind = ev["event"]
+        except (ValueError, TypeError, KeyError):
+            print(f"engine: {raw.decode(errors='replace').rstrip()}", file=sys.stderr, flush=True)
+            return
+        now = time.time()
+        if kind == "start":
+            dropped = self.loss.truncate_after(ev["step"])
+            if dropped:
+                log(f"engine resumes at step {ev['step']}: {dropped} later history rows will be written again")
+            meta = {k: ev.get(k) for k in ("n_params", "device", "memory", "versions", "git", "config")}
+            self.loss.set_meta(meta)
+            self.state.update(step=ev["step"], engine=meta)
+            self.flush()
+        elif kind == "step":
+            row = {k: v for k, v in ev.items() if k != "event"}
+            self.loss.add("train", {**row, "phase": ph.name, "time": now})
+            self.state.update(step=ev["step"], **{k: ev[k] for k in ("mixture",) if k in ev})  # current weights
+            seen["step"] = True
+            self.flush(force=False)
+        elif kind == "eval":
+            self.loss.add("val", {**{k: v for k, v in ev.items() if k != "event"}, "phase": ph.name, "time": now})
+            self.flush(force=False)
+        elif kind == "checkpoint":
+            self.state.update(checkpoint=ev["path"], checkpoint_step=ev["step"])
+            self.flush()
+            if ev.get("reason") != "periodic":
+                log(f"checkpoint at step {ev['step']} ({ev.get('reason')}): {ev['path']}")
+            self.sampler.request(ev["step"], ph.name, ev["path"], ev.get("reason", ""))
+        elif kind == "done":
+            seen["done"] = True
+        elif kind == "sample":  # an engine that samples by itself: recorded like ours
+            with self.lock:
+                self.samples.data["samples"].append({**ev, "phase": ph.name, "time": now})
+                self.samples.flush()
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.stops += 1
+
+    def _on_usr1(self, signum: int, frame: Any) -> None:
+        self.usr1 = True
+
+
+def run_parser() -> ArgParser:
+    p = ArgParser(prog="microgpt run", description="Train under the proxy: restarts, phases, dashboard.")
+    config.add_experiment_flags(p)  # the flags `microgpt train` takes too; --procs is passed on to the engine
+    p.add_argument("--dashboard", type=int, nargs="?", const=8765, metavar="PORT",
+                   help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)")  # fmt: skip
+    p.add_argument("--hang-timeout", type=float, help="override proxy.hang_timeout_s")
+    p.add_argument("--max-restarts", type=int, help="override proxy.max_restarts")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2."""
+    return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
+
+
+def supervise(argv: list[str]) -> int:
+    """Check every input before anything is written or spawned, then run."""
+    args = run_parser().parse_args(argv)
+    config.check_flags(args)
+    plan = load_plan(args.experiment, sets=args.set, **config.train_flags(args))
+    for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
+        value = getattr(args, flag)
+        if value is not None:
+            if value < 0 or (value == 0 and flag == "hang_timeout"):
+                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+            setattr(plan.settings, name, value)
+    out = Path(args.out or Path("runs") / plan.run)
+    sup = Supervisor(plan, out, args.experiment, args.procs)
+    server = DashboardServer(out, plan.run, args.dashboard) if args.dashboard is not None else None
+    if server is not None:
+        sup.state.update(dashboard=server.url)
+        server.start()
+        log(f"dashboard: {server.url}")
+    try:
+        return sup.run()
+    finally:
+        if server is not None:
+            server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
