@@ -12,13 +12,13 @@ import json
 import sys
 from pathlib import Path
 
-from microgpt import checkpoint, config, memory
+from microgpt import checkpoint, config, errors, memory
 
 # Commands whose code lives in other modules: name -> "module:function(argv) -> int".
 DELEGATED = {
     "run": ("microgpt.training_proxy", "supervise a training run (proxy, restarts, phases, dashboard)"),
-    "prep": ("microgpt.prep", "prepare the megachat corpus: tokenizer and token shards"),
-    "pull-hermes3": ("microgpt.hermes", "pull and validate the Hermes-3 dataset"),
+    "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
+    "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
 }
 
 
@@ -66,7 +66,7 @@ def cmd_train(argv: list[str]) -> int:
         return fail(f"--procs {args.procs}: must be >= 1")
 
     try:
-        exp = load_experiment(args)
+        exp = data.validate(load_experiment(args), args.experiment)  # the sections the data layer owns
         out = Path(args.out or Path("runs") / exp.name)
         existing = checkpoint.list_checkpoints(out / "ckpt")
         if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
@@ -81,7 +81,7 @@ def cmd_train(argv: list[str]) -> int:
         if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
             return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
         dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
-        if dp is not None and exp.data.source == "builtin" and not data.uses_bytes(exp):
+        if dp is not None and exp.data.source == "builtin":
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
         trainer = engine.Trainer(exp, out, dp=dp)
         if args.resume:
@@ -89,7 +89,7 @@ def cmd_train(argv: list[str]) -> int:
         engine.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         trainer.tokenizer_info = data.tokenizer_info(exp, out if trainer.rank == 0 else None)
-    except (config.ConfigError, checkpoint.CheckpointError) as e:
+    except errors.InputError as e:
         return fail(str(e))
     if trainer.rank == 0:
         extras = trainer.K.plan_extras(trainer.m, trainer.t) if hasattr(trainer.K, "plan_extras") else None
@@ -115,7 +115,7 @@ def cmd_sample(argv: list[str]) -> int:
 
     try:
         return sample.main(args)
-    except (config.ConfigError, checkpoint.CheckpointError) as e:
+    except errors.InputError as e:
         return fail(str(e))
 
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if name in commands:
         return commands[name][0](rest)
     if name in DELEGATED:
-        return importlib.import_module(DELEGATED[name][0]).main(rest)
+        return errors.exit_on_input_error(importlib.import_module(DELEGATED[name][0]).main, rest)
     return fail(f"unknown command {name!r} (try: microgpt --help)")
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from microgpt import checkpoint, data, memory, model
 from microgpt.backend import get_backend
 from microgpt.config import ConfigError, Experiment
+from microgpt.errors import InputError
 from microgpt.ops import clip_coef
 
 STDOUT_FD = 1
@@ -148,9 +149,8 @@ class Trainer:
                 "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
 
     def _end_mixture(self, step: int, micro_losses: list[float]) -> dict[str, Any]:
-        """FIREHOSE (microgpt/mixing.py): the step's per-source losses update the mixture; its record fields."""
-        end_step = getattr(self.train_data, "end_step", None)
-        return end_step(step, micro_losses, self.dp) if end_step is not None else {}
+        """FIREHOSE (microgpt/data/mixing.py): the step's per-source losses update the mixture; its record fields."""
+        return self.train_data.end_step(step, micro_losses, self.dp)
 
     def _device_step(self, t0: float) -> dict[str, Any]:
         """The triton backend's step: batches in, one graph replay (micro-batches, clip, AdamW, zero), numbers out."""
@@ -165,14 +165,9 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
-        sources = getattr(self.val_data, "sources", None)
-        if sources is None:
-            return {"val_loss": self._val_loss(self.val_data)}
-        per = {name: self._val_loss(loader) for name, loader in sources.items()}
-        mean = sum(w * v for w, v in zip(self.val_data.prior.tolist(), per.values()))
-        return {"val_loss": mean, "source_val_loss": per}
+        return self.val_data.record({name: self._val_loss(ld) for name, ld in self.val_data.sources.items()})
 
-    def _val_loss(self, loader: Any) -> float:
+    def _val_loss(self, loader: data.Loader) -> float:
         total, count = 0.0, 0
         for i in range(self.t.eval_batches):
             s, c = self.micro_forward(*loader.val_batch(i))
@@ -192,8 +187,7 @@ class Trainer:
         for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
         self.step = ck.step
-        if hasattr(self.train_data, "load_state"):  # the mixture continues where the checkpoint left it
-            self.train_data.load_state(side.get("mixing"), ck.step, str(path))
+        self.train_data.load_state(side.get("mixing"), ck.step, str(path))  # a mixture continues where it left
         if self.fast is not None:
             self.fast.refresh_lp()  # the compute copy of the weights follows the loaded fp32 masters
             self.K.loss_scale = float(side.get("loss_scale", self.K.loss_scale))
@@ -213,8 +207,9 @@ class Trainer:
                 "loss_scale": getattr(self.K, "loss_scale", 1.0),
                 "loss_scale_good_steps": getattr(self.fast, "good_steps", 0), "reason": reason,
                 "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
-        if hasattr(self.train_data, "state"):
-            meta["mixing"] = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume)
+        mix = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume); plain: None
+        if mix is not None:
+            meta["mixing"] = mix
         path = checkpoint.write_checkpoint(self.out / "ckpt" / checkpoint.ckpt_name(self.step), self.step, *host, meta)
         emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
         self._critical = was_critical
@@ -277,7 +272,7 @@ class Trainer:
         except Terminate:
             emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
             return 0
-        except ConfigError as e:  # found only while training: a mixture source ran dry (microgpt/mixing.py)
+        except InputError as e:  # found only while training: a mixture source ran dry (microgpt/data/mixing.py)
             print(f"error: {e}", file=sys.stderr)
             return 2
         emit({"event": "done", "step": self.step})

@@ -7,7 +7,7 @@
 Everything the step reads from the host sits in static device buffers filled before each replay: the tokens
 and targets of all micro-batches (one pinned H2D copy) and `hyper` = [lr, 1-b1^t, 1-b2^t, gscale, loss scale].
 The replay reports [mean loss, raw grad norm, each micro-batch's loss] through one small D2H copy, the step's
-only synchronization (the per-micro-batch losses feed the data mixture, microgpt/mixing.py).
+only synchronization (the per-micro-batch losses feed the data mixture, microgpt/data/mixing.py).
 The first call runs the step once eagerly with the update forced off (norm := inf makes k_adamw skip every
 element), which compiles every kernel and makes every once-per-shape GEMM choice before capture, so nothing
 is compiled, timed or allocated inside the graph.
