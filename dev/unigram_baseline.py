@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from microgpt import shards
+from microgpt.data import shards
 
 d = sys.argv[1]
 tr = shards.read_tokens(shards.list_shards(d, "train")).astype(np.int64)

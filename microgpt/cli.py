@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 from microgpt import checkpoint, config, memory
-from microgpt.errors import ArgParser, fail
+from microgpt.errors import ArgParser, exit_on_input_error, fail
 
-# Commands whose code lives in other modules: name -> "module:function(argv) -> int".
+# Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
-    "prep": ("microgpt.prep", "prepare the megachat corpus: tokenizer and token shards"),
-    "pull-hermes3": ("microgpt.hermes", "pull and validate the Hermes-3 dataset"),
+    "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
+    "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
 }
 
 
@@ -32,23 +32,23 @@ def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
     from microgpt import data, distributed, trainer  # numpy-heavy imports only once the flags parse
 
+    exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
+    out = Path(args.out or Path("runs") / exp.name)
+    existing = checkpoint.list_checkpoints(out / "ckpt")
+    if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
+        found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
+        if existing and found is None:
+            return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
+                        f"(newest {existing[0].name}); choose another --out")  # fmt: skip
+        args.resume = str(found) if found else None
+    if existing and not args.resume:
+        return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
+                    "pass --resume or choose another --out")  # fmt: skip
+    if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
+        return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
+    dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
     try:
-        exp = config.from_flags(args)
-        out = Path(args.out or Path("runs") / exp.name)
-        existing = checkpoint.list_checkpoints(out / "ckpt")
-        if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
-            found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
-            if existing and found is None:
-                return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
-                            f"(newest {existing[0].name}); choose another --out")  # fmt: skip
-            args.resume = str(found) if found else None
-        if existing and not args.resume:
-            return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
-                        "pass --resume or choose another --out")  # fmt: skip
-        if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
-            return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
-        dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
-        if dp is not None and exp.data.source == "builtin" and not data.uses_bytes(exp):
+        if dp is not None and exp.data.source == "builtin":
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
         tr = trainer.Trainer(exp, out, dp=dp)
         if args.resume:
@@ -56,11 +56,8 @@ def cmd_train(argv: list[str]) -> int:
         trainer.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if tr.rank == 0 else None)
-    except (config.ConfigError, checkpoint.CheckpointError) as e:
-        return fail(str(e))
-    if tr.rank == 0:
-        print(memory.format_plan(tr.S.plan, exp.train.precision), file=sys.stderr)
-    try:
+        if tr.rank == 0:
+            print(memory.format_plan(tr.S.plan, exp.train.precision), file=sys.stderr)
         return tr.run()
     finally:
         if dp is not None:
@@ -79,27 +76,25 @@ def cmd_sample(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from microgpt import sample
 
-    try:
-        return sample.main(args)
-    except (config.ConfigError, checkpoint.CheckpointError) as e:
-        return fail(str(e))
+    return sample.main(args)
+
+
+COMMANDS = {"train": (cmd_train, "train a model"), "sample": (cmd_sample, "generate text from a checkpoint")}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Dispatch to a subcommand; every bad input (errors.InputError) becomes one `error:` line and exit 2, here."""
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": (cmd_train, "train a model"), "sample": (cmd_sample, "generate text from a checkpoint")}
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: microgpt <command> [args]\n\ncommands:")
-        for name, (_, text) in commands.items():
-            print(f"  {name:<14}{text}")
-        for name, (_, text) in DELEGATED.items():
+        for name, (_, text) in {**COMMANDS, **DELEGATED}.items():
             print(f"  {name:<14}{text}")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name in commands:
-        return commands[name][0](rest)
+    if name in COMMANDS:
+        return exit_on_input_error(COMMANDS[name][0], rest)
     if name in DELEGATED:
-        return importlib.import_module(DELEGATED[name][0]).main(rest)
+        return exit_on_input_error(importlib.import_module(DELEGATED[name][0]).main, rest)
     return fail(f"unknown command {name!r} (try: microgpt --help)")
 
 

@@ -62,7 +62,7 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Where tokens come from; microgpt/data.py documents each field. "builtin" needs no network."""
+    """Where tokens come from; microgpt/data/experiment.py documents each field. "builtin" needs no network."""
 
     source: str = "builtin"  # builtin | shards
     path: str = ""  # shards: their folder; builtin: cache folder override
@@ -79,7 +79,7 @@ class Experiment:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # Sections owned by other parts (the proxy's phases, the bandit's mixing): kept verbatim here and
-    # validated by their owners.
+    # validated by their owners (mixing: microgpt.data.validate).
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,10 +150,6 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
     if not 0 < d.val_fraction < 1:
         raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
-    if "mixing" in exp.extra:
-        from microgpt import mixing  # the section's owner checks it (and imports this module)
-
-        mixing.parse(exp.extra["mixing"], src)
     return exp
 
 

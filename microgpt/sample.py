@@ -104,10 +104,10 @@ def generate(kv: KVModel, prompt: list[int], n_tokens: int, temperature: float, 
 
 def load_tokenizer(info: dict[str, Any]) -> Any:
     if info.get("kind", "bytes") == "bytes":
-        from microgpt.data import ByteTokenizer
+        from microgpt.data.tokenizer import ByteTokenizer
 
         return ByteTokenizer()
-    from microgpt.tokenizer import load_tokenizer as load_bpe
+    from microgpt.data.tokenizer import load_tokenizer as load_bpe
 
     return load_bpe(info)
 

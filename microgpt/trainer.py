@@ -26,6 +26,7 @@ import numpy as np
 from microgpt import checkpoint, data, memory, model
 from microgpt.backend import Backend, get_backend
 from microgpt.config import ConfigError, Experiment
+from microgpt.errors import InputError
 from microgpt.state import make_state
 from microgpt.step import Step
 
@@ -97,20 +98,14 @@ class Trainer:
                 "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
 
     def _end_mixture(self, step: int, micro_losses: list[float]) -> dict[str, Any]:
-        """FIREHOSE (microgpt/mixing.py): the step's per-source losses update the mixture; its record fields."""
-        end_step = getattr(self.train_data, "end_step", None)
-        return end_step(step, micro_losses, self.dp) if end_step is not None else {}
+        """FIREHOSE (microgpt/data/mixing.py): the step's per-source losses update the mixture; its record fields."""
+        return self.train_data.end_step(step, micro_losses, self.dp)
 
     def evaluate(self) -> dict[str, Any]:
         """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
-        sources = getattr(self.val_data, "sources", None)
-        if sources is None:
-            return {"val_loss": self._val_loss(self.val_data)}
-        per = {name: self._val_loss(loader) for name, loader in sources.items()}
-        mean = sum(w * v for w, v in zip(self.val_data.prior.tolist(), per.values()))
-        return {"val_loss": mean, "source_val_loss": per}
+        return self.val_data.record({name: self._val_loss(ld) for name, ld in self.val_data.sources.items()})
 
-    def _val_loss(self, loader: Any) -> float:
+    def _val_loss(self, loader: data.Loader) -> float:
         K, A = self.K, self.S.arena
         total, count = 0.0, 0
         for i in range(self.t.eval_batches):
@@ -128,8 +123,7 @@ class Trainer:
     # --- checkpoints and signals ----------------------------------------------------------------------
     def load(self, path: str | Path) -> None:
         side = self.S.load_checkpoint(path)
-        if hasattr(self.train_data, "load_state"):  # the mixture continues where the checkpoint left it
-            self.train_data.load_state(side.get("mixing"), self.step, str(path))
+        self.train_data.load_state(side.get("mixing"), self.step, str(path))  # a mixture continues where it left
 
     def save(self, reason: str) -> Path | None:
         """Checkpoint the last completed step under <out>/ckpt and announce it (data parallel: rank 0 only)."""
@@ -142,8 +136,9 @@ class Trainer:
         meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
                 "data": self.data_info, "backend": self.t.backend, "precision": self.t.precision,
                 "reason": reason}  # fmt: skip
-        if hasattr(self.train_data, "state"):
-            meta["mixing"] = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume)
+        mix = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume); plain: None
+        if mix is not None:
+            meta["mixing"] = mix
         path = S.save_checkpoint(self.out / "ckpt" / checkpoint.ckpt_name(self.step), meta)
         emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
         self._critical = was_critical
@@ -205,7 +200,7 @@ class Trainer:
         except Terminate:
             emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
             return 0
-        except ConfigError as e:  # found only while training: a mixture source ran dry (microgpt/mixing.py)
+        except InputError as e:  # found only while training: a mixture source ran dry (microgpt/data/mixing.py)
             print(f"error: {e}", file=sys.stderr)
             return 2
         emit({"event": "done", "step": self.step})

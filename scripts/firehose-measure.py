@@ -27,7 +27,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from microgpt import shards  # noqa: E402
+from microgpt.data import shards  # noqa: E402
 
 MODEL = {"vocab_size": 2048, "d_model": 64, "n_layer": 2, "n_head": 4, "seq_len": 64}
 TRAIN = {"micro_batch": 4, "n_micro": 4, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "eval_every": 25,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prepare the megachat corpus: mix sources, train the BPE tokenizer, write token shards.
 
-The same as `microgpt prep`; see microgpt/prep.py for the flags (--help).
+The same as `microgpt prep`; see microgpt/data/prep.py for the flags (--help).
 """
 
 import sys
@@ -9,7 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable from a checkout without installing
 
-from microgpt.prep import main  # noqa: E402
+from microgpt.data.prep import main  # noqa: E402
+from microgpt.errors import exit_on_input_error  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_input_error(main, sys.argv[1:]))

@@ -39,7 +39,7 @@ def test_loader_shards_are_the_rows_of_the_global_batch() -> None:
             for got, want in zip(train.batch(step, micro), whole_train.batch(step, micro)):
                 np.testing.assert_array_equal(got, want[rows])
         for i in (0, 3):
-            for got, want in zip(val.val_batch(i), whole_val.val_batch(i)):
+            for got, want in zip(val.sources["all"].val_batch(i), whole_val.sources["all"].val_batch(i)):
                 np.testing.assert_array_equal(got, want[rows])
 
 

@@ -14,7 +14,7 @@ from tests.test_model import torch_twin_loss
 
 
 class FixedBatches:
-    """Test data: step s, micro u -> rows [u*b, (u+1)*b) of batch s of a fixed random token array."""
+    """A data.Batches for tests: step s, micro u -> rows [u*b, (u+1)*b) of batch s of a fixed random token array."""
 
     def __init__(self, tokens: np.ndarray, targets: np.ndarray, micro_batch: int):
         self.tokens, self.targets, self.b = tokens, targets, micro_batch
@@ -23,8 +23,14 @@ class FixedBatches:
         rows = slice(micro * self.b, (micro + 1) * self.b)
         return self.tokens[step, rows], self.targets[step, rows]
 
-    def val_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.batch(0, 0)
+    def end_step(self, step: int, micro_losses: list[float], dp: object) -> dict:
+        return {}
+
+    def state(self) -> None:
+        return None
+
+    def load_state(self, state: dict | None, step: int, where: str) -> None:
+        pass
 
 
 def float64_backend():

@@ -3,7 +3,7 @@
     supervisor.py   the run: phases in order, restarts from the newest valid checkpoint, signals, `microgpt run`
     child.py        the engine child process: its JSON lines on a queue, its stderr passed through, signals
     runfiles.py     <run>.loss.json, .samples.json, .state.json and their archive
-    phases.py       the experiment's "phases" and "proxy" sections -> the run plan
+    phases.py       the experiment's "phases" and "proxy" sections -> the run schedule
     sampler.py      text samples from new checkpoints (`microgpt sample` subprocesses)
     dashboard.py    the read-only HTTP server for live-loss-dashboard.html (package data) and the run files
 

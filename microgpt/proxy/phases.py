@@ -1,4 +1,4 @@
-"""Phases and proxy settings: the two experiment sections the training proxy owns, and the run plan.
+"""Phases and proxy settings: the two experiment sections the training proxy owns, and the run schedule.
 
 An experiment may list phases; each runs as an ordinary `microgpt train` of a complete experiment the
 proxy derives from the base one (written to <out>/phases/<name>.json, so the run folder says exactly
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from microgpt import config
+from microgpt import config, data
 from microgpt.config import ConfigError
 
 PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup_steps": int, "loss_mask": bool,
@@ -77,7 +77,7 @@ class Phase:
 
 
 @dataclass
-class Plan:
+class Schedule:
     run: str
     phases: list[Phase]
     settings: ProxySettings
@@ -163,8 +163,8 @@ def _check_paths(data: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: data.tokenizer {tok!r} does not exist")
 
 
-def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: Sequence[str] = (),
-              **train: Any) -> Plan:  # fmt: skip
+def make_schedule(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: Sequence[str] = (),
+              **train: Any) -> Schedule:  # fmt: skip
     """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong.
     The overrides are read by config.apply_overrides, as `microgpt train` reads them, except `steps` (> 0, checked
     with the flags): here it caps the run. `sets` and `seed` are part of the experiment (its config hash); `train`
@@ -186,15 +186,15 @@ def make_plan(raw: Any, src: str, steps: int | None = None, seed: int | None = N
         if end <= start:
             break
         eng = _phase_engine(base, ph, start, end)
-        exp_i = config.from_dict(eng, where if implicit else f"{where} ({ph['name']})")
+        exp_i = data.validate(config.from_dict(eng, where if implicit else f"{where} ({ph['name']})"), where)
         _check_paths(exp_i.to_dict()["data"], where)
         phases.append(Phase(ph["name"], start, end, eng))
         start = end
     if settings.sample_every < 0:
         settings.sample_every = exp.train.ckpt_every
     digest = hashlib.sha256(json.dumps({"experiment": raw, "seed": seed}, sort_keys=True).encode()).hexdigest()
-    return Plan(exp.name, phases, settings, digest[:16])
+    return Schedule(exp.name, phases, settings, digest[:16])
 
 
-def load_plan(path: str | Path, **overrides: Any) -> Plan:
-    return make_plan(config.read_raw(path), str(path), **overrides)
+def load_schedule(path: str | Path, **overrides: Any) -> Schedule:
+    return make_schedule(config.read_raw(path), str(path), **overrides)

@@ -25,8 +25,8 @@ from microgpt.proxy.runfiles import JsonDoc
 def prompt_text(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
-    from microgpt.chat import render
-    from microgpt.tokenizer import IM_START
+    from microgpt.data.chat import render
+    from microgpt.data.tokenizer import IM_START
 
     return render(prompt)[0] + f"{IM_START}assistant\n"
 

@@ -41,7 +41,7 @@ from microgpt.errors import ArgParser, exit_on_input_error
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit, pid_alive
 from microgpt.proxy.dashboard import DashboardServer
-from microgpt.proxy.phases import Phase, Plan, load_plan
+from microgpt.proxy.phases import Phase, Schedule, load_schedule
 from microgpt.proxy.runfiles import (
     SAMPLES_FORMAT,
     STATE_FORMAT,
@@ -66,10 +66,10 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, out: Path, experiment: str, procs: int | None = None):
-        self.plan, self.out, self.settings, self.procs = plan, out, plan.settings, procs
-        self.paths = run_paths(out, plan.run)
-        self.loss = LossHistory(self.paths["loss"], plan.run)
+    def __init__(self, schedule: Schedule, out: Path, experiment: str, procs: int | None = None):
+        self.schedule, self.out, self.settings, self.procs = schedule, out, schedule.settings, procs
+        self.paths = run_paths(out, schedule.run)
+        self.loss = LossHistory(self.paths["loss"], schedule.run)
         self.state = JsonDoc(self.paths["state"], STATE_FORMAT, self._fresh_state())
         self.samples = JsonDoc(self.paths["samples"], SAMPLES_FORMAT, self._fresh_samples())
         self._check_resumable()
@@ -81,24 +81,24 @@ class Supervisor:
         self.last_flush = self.write_s = 0.0
 
     def _fresh_state(self) -> dict[str, Any]:
-        phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.plan.phases]
-        return {"run": self.plan.run, "status": "starting", "phase": None, "phase_index": None, "phases": phases,
-                "step": 0, "target_step": self.plan.final_step, "checkpoint": None, "checkpoint_step": None,
+        phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.schedule.phases]
+        return {"run": self.schedule.run, "status": "starting", "phase": None, "phase_index": None, "phases": phases,
+                "step": 0, "target_step": self.schedule.final_step, "checkpoint": None, "checkpoint_step": None,
                 "engine_pid": None, "restarts": 0, "restart_log": [], "skipped_checkpoints": [],
-                "config_hash": self.plan.config_hash, "archived": [], "dashboard": None,
+                "config_hash": self.schedule.config_hash, "archived": [], "dashboard": None,
                 "started": utc_now()}  # fmt: skip
 
     def _fresh_samples(self) -> dict[str, Any]:
         s = self.settings
         cfg = {"every": s.sample_every, "prompts": s.prompts, "tokens": s.sample_tokens, "temperature": s.temperature}
-        return {"run": self.plan.run, "phase": None, "settings": cfg, "samples": []}
+        return {"run": self.schedule.run, "phase": None, "settings": cfg, "samples": []}
 
     def _check_resumable(self) -> None:
         """Refuse, before writing anything, a folder that holds another experiment or a live run."""
         st = self.state.data
-        if st.get("config_hash") != self.plan.config_hash:
+        if st.get("config_hash") != self.schedule.config_hash:
             raise RunFileError(f"{self.paths['state']}: this folder holds a run of a different experiment "
-                               f"(config hash {st.get('config_hash')}, now {self.plan.config_hash}); "
+                               f"(config hash {st.get('config_hash')}, now {self.schedule.config_hash}); "
                                "use another --out")  # fmt: skip
         if st.get("status") in ("starting", "running", "stopping") and st.get("proxy_pid") != os.getpid():
             if pid_alive(st.get("proxy_pid")):
@@ -126,7 +126,7 @@ class Supervisor:
 
     def enter_phase(self, idx: int) -> Phase:
         """Start phase idx; when it follows another phase, archive samples and state and start fresh ones."""
-        ph = self.plan.phases[idx]
+        ph = self.schedule.phases[idx]
         prev = self.state.data.get("phase")
         if prev != ph.name:
             if prev is not None:
@@ -179,7 +179,7 @@ class Supervisor:
         while True:
             ckpt, step = picked if picked is not None else self.pick_checkpoint()
             picked = None
-            idx = self.plan.phase_at(step)
+            idx = self.schedule.phase_at(step)
             if resumed and idx is not None:
                 self.loss.mark("resume", self.loss.last_step, status=self.state.data.get("status"))
             resumed = False
@@ -361,16 +361,16 @@ def supervise(argv: list[str]) -> int:
     """Check every input before anything is written or spawned, then run."""
     args = run_parser().parse_args(argv)
     config.check_flags(args)
-    plan = load_plan(args.experiment, sets=args.set, **config.train_flags(args))
+    schedule = load_schedule(args.experiment, sets=args.set, **config.train_flags(args))
     for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
         value = getattr(args, flag)
         if value is not None:
             if value < 0 or (value == 0 and flag == "hang_timeout"):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-            setattr(plan.settings, name, value)
-    out = Path(args.out or Path("runs") / plan.run)
-    sup = Supervisor(plan, out, args.experiment, args.procs)
-    server = DashboardServer(out, plan.run, args.dashboard) if args.dashboard is not None else None
+            setattr(schedule.settings, name, value)
+    out = Path(args.out or Path("runs") / schedule.run)
+    sup = Supervisor(schedule, out, args.experiment, args.procs)
+    server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
     if server is not None:
         sup.state.update(dashboard=server.url)
         server.start()

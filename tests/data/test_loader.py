@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import config, data, shards
+from microgpt import config, data
+from microgpt.data import shards
 
 T, B, N_MICRO = 8, 3, 2
 LENGTHS = [8 * 5 + 1, 8 * 7 + 4, 8 * 3 + 1]  # 5 + 7 + 3 = 15 windows; the odd tail of shard 2 is unused
@@ -112,9 +113,10 @@ def test_loss_mask_and_val_batches(tmp_path: Path) -> None:
     x, y = train.batch(3, 1)
     target = x + 1  # y before masking
     assert np.array_equal(y, np.where(target % 3 != 0, target, -1))
-    vx, vy = val.val_batch(0)
+    assert list(val.sources) == ["all"] and val.weights == {"all": 1.0}  # one shard set: one validation source
+    vx, vy = val.sources["all"].val_batch(0)
     assert np.array_equal(vx[:, 0], [0, 8, 16]) and (vy >= 0).all()
-    assert np.array_equal(val.val_batch(4)[0][:, 0], [0, 8, 16])  # 12 val windows: batch 4 wraps around
+    assert np.array_equal(val.sources["all"].val_batch(4)[0][:, 0], [0, 8, 16])  # 12 val windows: batch 4 wraps around
     with pytest.raises(ValueError, match="micro < 2"):
         train.batch(0, 2)
 
@@ -144,7 +146,7 @@ def test_builtin_bpe_cache_built_on_first_use(tmp_path: Path, monkeypatch: pytes
     train, val = data.make_loaders(exp, 2)
     manifest = (folder / "manifest.json").read_bytes()
     x, y = train.batch(0, 0)
-    assert x.max() < 384 and val.val_batch(0)[0].shape == (2, 16)
+    assert x.max() < 384 and val.sources["all"].val_batch(0)[0].shape == (2, 16)
     data.make_loaders(exp, 2)  # second use: the cache is reused, not rebuilt
     assert (folder / "manifest.json").read_bytes() == manifest
     info = data.tokenizer_info(exp, tmp_path / "run")

@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import hermes, prep, shards
-from microgpt.chat import parse_record, render
-from microgpt.tokenizer import EOT, IM_END, load_tokenizer
+from microgpt.data import prep, pull, shards
+from microgpt.data.chat import parse_record, render
+from microgpt.data.sources import SourceError
+from microgpt.data.tokenizer import EOT, IM_END, TokenizerError, load_tokenizer
+from tests.conftest import cli
 from tests.data.fixtures import GOOD_JSONL, write_jsonl
 
 TEXTS = ["plain text document one.\nWith two lines.", "Zwei: ünïcödé text ✓ and code: def f(x): return x"]
@@ -24,7 +26,7 @@ OPENAI = [
 def make_sources(tmp: Path) -> None:
     """Hermes-3 (normalized by pull-hermes3, weight 2), a folder of plain text, OpenAI-messages JSONL."""
     write_jsonl(tmp / "raw.jsonl")
-    hermes.main(["--from", str(tmp / "raw.jsonl"), "--out", str(tmp / "hermes.jsonl")])
+    pull.main(["--from", str(tmp / "raw.jsonl"), "--out", str(tmp / "hermes.jsonl")])
     (tmp / "texts").mkdir()
     for i, t in enumerate(TEXTS):
         (tmp / "texts" / f"{i}.txt").write_text(t, encoding="utf-8")
@@ -125,12 +127,12 @@ def test_builtin_small(tmp_path: Path) -> None:
 
 
 def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SourceError) as exc:
         prep.main(["--source", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
-    assert str(exc.value.code) == f"error: {tmp_path / 'nope.jsonl'}: source not found (--source {tmp_path}/nope.jsonl)"
+    assert str(exc.value) == f"{tmp_path / 'nope.jsonl'}: source not found (--source {tmp_path}/nope.jsonl)"
     (tmp_path / "bad.json").write_text('{"vocab": 1}')
     (tmp_path / "t.txt").write_text("hello")
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(TokenizerError) as exc:
         prep.main(
             [
                 "--source",
@@ -141,7 +143,7 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
                 str(tmp_path / "bad.json"),
             ]
         )
-    assert str(exc.value.code).startswith(f"error: {tmp_path / 'bad.json'}: not a tokenizers tokenizer.json")
+    assert str(exc.value).startswith(f"{tmp_path / 'bad.json'}: not a tokenizers tokenizer.json")
     assert not (tmp_path / "o").exists()
 
 
@@ -157,5 +159,31 @@ def test_prep_builtin_with_experiment_fills_the_train_cache(tmp_path: Path, monk
     before = (folder / "manifest.json").stat().st_mtime_ns
     data.make_loaders(exp, 2)  # what `microgpt train` calls: finds the corpus, does not rebuild it
     assert (folder / "manifest.json").stat().st_mtime_ns == before
-    with pytest.raises(SystemExit, match="BPE needs more than 260 entries"):
-        prep.main(["--builtin", "--experiment", str(write_experiment(tmp_path, model={"vocab_size": 256}))])
+    with pytest.raises(prep.PrepError, match="BPE needs more than 260 entries"):
+        prep.main(["--builtin", "--experiment", str(write_experiment(tmp_path, model={"vocab_size": 258}))])
+    # 256 entries: the same corpus as raw bytes, in the cache folder the train command reads
+    exp = config.load(
+        write_experiment(tmp_path, model={"vocab_size": 256}, data={"source": "builtin", "max_bytes": 30000})
+    )
+    assert prep.main(["--builtin", "--experiment", str(tmp_path / "exp.json"), "--quiet"]) == 0
+    m = json.loads((data.shard_dir(exp) / "manifest.json").read_text())
+    assert m["tokenizer"] == "bytes" and m["vocab_size"] == 256 and m["build"]["tokenizer"] == "bytes"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--source", "nope.jsonl", "--out", "o"], "error: nope.jsonl: source not found (--source nope.jsonl)"),
+        (
+            ["--builtin", "--vocab-size", "300", "--val-fraction", "1.5"],
+            "error: --val-fraction must be in (0, 1), got 1.5",
+        ),
+        (["--check", "empty"], "error: empty: no train_*.bin or val_*.bin shards found"),
+        (["--out", "o"], "error: prep needs --builtin or --source PATH[@W] (and --out DIR with --source)"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:
+    (tmp_path / "empty").mkdir()
+    r = cli("prep", *argv, cwd=tmp_path)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [message]), r.stderr
+    assert not (tmp_path / "o").exists()

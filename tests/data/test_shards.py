@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import prep, shards
+from microgpt.data import prep, shards
 from tests.conftest import cli, write_experiment
 
 
@@ -64,7 +64,7 @@ def shard_dir(tmp_path: Path) -> Path:
 def test_header_errors_via_prep_check(shard_dir: Path, case: str) -> None:
     field = corrupt(shard_dir / "train_000000.bin", case)
     r = cli("prep", "--check", str(shard_dir), "--vocab-size", "512")
-    assert r.returncode != 0
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: {shard_dir / 'train_000000.bin'}: field '{field}'")
@@ -72,9 +72,8 @@ def test_header_errors_via_prep_check(shard_dir: Path, case: str) -> None:
 
 def test_check_passes_on_good_shards(shard_dir: Path) -> None:
     assert prep.main(["--check", str(shard_dir), "--vocab-size", "256", "--quiet"]) == 0
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(shards.ShardError, match="field 'tokens' holds id 255 >= vocab_size 200"):
         prep.main(["--check", str(shard_dir), "--vocab-size", "200"])
-    assert "field 'tokens' holds id 255 >= vocab_size 200" in str(exc.value.code)
 
 
 def test_train_rejects_a_bad_shard_in_one_line(shard_dir: Path, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.tokenizer import SPECIAL_TOKENS, TokenizerError, load_tokenizer, train_bpe
+from microgpt.data.tokenizer import SPECIAL_TOKENS, TokenizerError, load_tokenizer, train_bpe
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog. " * 20, "naïve café 東京"]
 HARD = [

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from microgpt import config, trainer
-from tests.test_mixing import FIREHOSE, experiment, write_sources
+from tests.data.test_mixing import FIREHOSE, experiment, write_sources
 
 
 def test_mixture_on_triton_follows_numpy(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.proxy.phases import make_plan
+from microgpt.proxy.phases import make_schedule
 from microgpt.proxy.supervisor import Supervisor
 from tests.proxy._helpers import EXP
 
@@ -30,7 +30,7 @@ def restore_signals():
 def supervisor(tmp_path: Path, script: str, **proxy) -> Supervisor:
     raw = json.loads(json.dumps(EXP))
     raw["proxy"].update({"backoff_s": 0.01, **proxy})
-    sup = Supervisor(make_plan(raw, "e.json"), tmp_path / "run", "e.json")
+    sup = Supervisor(make_schedule(raw, "e.json"), tmp_path / "run", "e.json")
     sup.engine_cmd = lambda ph, ckpt: [sys.executable, "-c", script]  # type: ignore[method-assign]
     return sup
 

@@ -1,4 +1,4 @@
-"""FIREHOSE online mixing (microgpt/mixing.py): three synthetic sources (a learnable repeating pattern, uniform
+"""FIREHOSE online mixing (microgpt/data/mixing.py): three synthetic sources (a learnable repeating pattern, uniform
 noise, a copy of the pattern) on a tiny model; the bandit's weights, bit-exact resume through the real CLI, data
 parallel, and the one-line errors for a bad section, a source that vanished and a source that ran dry."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, mixing, shards, trainer
+from microgpt import checkpoint, config, data, trainer
+from microgpt.data import mixing, shards
 from tests.conftest import REPO, TINY, json_lines
 
 SOURCES = ("a-pattern", "b-noise", "c-pattern-copy")
@@ -170,8 +171,10 @@ def test_two_processes_draw_and_weigh_like_one(tmp_path: Path) -> None:
 def test_bad_mixing_section_is_one_line(tmp_path: Path, section: dict, expected: str) -> None:
     exp = write_exp(tmp_path, experiment(tmp_path, section))
     with pytest.raises(config.ConfigError, match="mixing") as err:
-        config.load(exp)
+        data.validate(config.load(exp), str(exp))  # the data layer owns the section (config.py keeps it verbatim)
     assert str(err.value).startswith(f"{exp}: ") and expected in str(err.value) and "\n" not in str(err.value)
+    r = cli("train", str(exp), "--out", str(tmp_path / "run"))
+    assert (r.returncode, r.stderr.splitlines()) == (2, [f"error: {err.value}"]) and not (tmp_path / "run").exists()
 
 
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:

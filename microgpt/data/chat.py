@@ -1,4 +1,4 @@
-"""ChatML rendering, conversation validation, and the synthetic conversations of the built-in corpus.
+"""ChatML rendering and conversation validation.
 
 A conversation is a list of messages {"role": system|user|assistant|tool, "content": str}. Rendered:
 
@@ -13,9 +13,7 @@ validated here, so pull-hermes3 and prep skip malformed records for the same rea
 
 from __future__ import annotations
 
-import numpy as np
-
-from microgpt.tokenizer import IM_END, IM_START
+from microgpt.data.tokenizer import IM_END, IM_START
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
 OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -73,40 +71,3 @@ def to_sharegpt(messages: list[Message]) -> dict:
     """The normalized record pull-hermes3 writes: ShareGPT keys, canonical role names."""
     back = {v: k for k, v in SHAREGPT_ROLES.items()}
     return {"conversations": [{"from": back[m["role"]], "value": m["content"]} for m in messages]}
-
-
-# Synthetic conversations: small exact tasks, so the built-in corpus exercises the chat template and
-# the loss mask, and a tiny model has something checkable to learn. Deterministic for a seed.
-SYSTEMS = ["You are ANDREA, a small and precise assistant.", "Answer briefly.", ""]
-WORDS = "apple river stone cloud maple tiger violet engine garden silver pocket lantern orbit".split()
-
-
-def _task(rng: np.random.Generator) -> tuple[str, str]:
-    kind = int(rng.integers(6))
-    a, b = (int(x) for x in rng.integers(0, 100, size=2))
-    w = WORDS[int(rng.integers(len(WORDS)))]
-    nums = [int(x) for x in rng.integers(0, 50, size=int(rng.integers(3, 7)))]
-    if kind == 0:
-        return f"What is {a} + {b}?", f"{a} + {b} = {a + b}."
-    if kind == 1:
-        return f"What is {a} times {b}?", f"{a} times {b} is {a * b}."
-    if kind == 2:
-        return f"Spell '{w}' backwards.", f"'{w}' backwards is '{w[::-1]}'."
-    if kind == 3:
-        return f"Sort these numbers: {', '.join(map(str, nums))}", f"Sorted: {', '.join(map(str, sorted(nums)))}."
-    if kind == 4:
-        return f"How many letters are in the word '{w}'?", f"The word '{w}' has {len(w)} letters."
-    return f"Write '{w}' in capital letters.", f"{w.upper()}"
-
-
-def synthetic_conversations(n: int, seed: int) -> list[list[Message]]:
-    rng = np.random.default_rng([seed, 0x5C4A7])
-    convs = []
-    for _ in range(n):
-        system = SYSTEMS[int(rng.integers(len(SYSTEMS)))]
-        messages = [{"role": "system", "content": system}] if system else []
-        for _turn in range(int(rng.integers(1, 4))):
-            question, answer = _task(rng)
-            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        convs.append(messages)
-    return convs

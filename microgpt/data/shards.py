@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.checkpoint import atomic_write_bytes
-from microgpt.config import ConfigError
+from microgpt.errors import InputError
+from microgpt.fileio import atomic_write_bytes
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -33,7 +33,7 @@ KINDS = {"tokens": (TOKEN_MAGIC, np.uint16), "mask": (MASK_MAGIC, np.uint8)}
 KNOWN_OTHER = {20240801: "llm.c Llama-3 shard (uint32 tokens), not supported"}
 
 
-class ShardError(ConfigError):
+class ShardError(InputError):
     """A shard that cannot be used. str(err) is the whole one-line message (the CLI's `error:` line)."""
 
 

@@ -9,7 +9,7 @@ val_*.bin, masks) with the tokenizer.json at the top; the arms are those subfold
 
 One source per micro-batch: micro-batch `micro` of step `step` comes from source i drawn with
 u = rng(seed, step, micro) against the current weights, and it is that source's k-th micro-batch, k = the
-number drawn from it before (its own epochs and shuffles, data.Loader.batch_at). So a batch is a pure function
+number drawn from it before (its own epochs and shuffles, loader.Loader.batch_at). So a batch is a pure function
 of the seed and the mixture state (weights and draw counts), which every checkpoint's sidecar carries under
 "mixing": resume is bit-exact. Every data-parallel rank draws the same source (same seed, step and weights) and
 reads its own rows of it; the bandit learns from the per-micro-batch losses averaged over ranks, so the weights
@@ -25,17 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import data, shards
 from microgpt.config import ConfigError, Experiment, check_type
+from microgpt.data import shards
+from microgpt.data.loader import Loader, Validation, open_split
+from microgpt.data.sources import SourceError
 
 POLICIES = ("fixed", "firehose")
 REWARDS = ("improvement", "loss", "excess")
 PRIORS = ("tokens", "uniform")
 DRAW_KEY = 0xF12E  # keeps the source draws apart from the window shuffles (0xDA7A) of the same seed
-
-
-class SourceError(ConfigError):
-    """A source that is missing, vanished since the checkpoint, or ran dry. One line naming the source."""
 
 
 @dataclass
@@ -191,9 +189,10 @@ class Bandit:
 class MixtureLoader:
     """Training batches from several sources, one source per micro-batch (see the module docstring).
 
-    Unlike data.Loader, steps are read in order: batch(step, ...) for the step after the last end_step()."""
+    A loader.Batches. Unlike Loader, steps are read in order: batch(step, ...) for the step after the last
+    end_step()."""
 
-    def __init__(self, folder: Path, names: list[str], loaders: list[data.Loader], bandit: Bandit, seed: int,
+    def __init__(self, folder: Path, names: list[str], loaders: list[Loader], bandit: Bandit, seed: int,
                  n_micro: int, max_epochs: int):  # fmt: skip
         self.folder, self.names, self.loaders, self.bandit = folder, names, loaders, bandit
         self.seed, self.n_micro, self.max_epochs = seed, n_micro, max_epochs
@@ -276,13 +275,6 @@ class MixtureLoader:
         self.bandit.load_state(s)
 
 
-class MixtureVal:
-    """Validation per source: val_loss is the prior-weighted mean of the sources' own val losses."""
-
-    def __init__(self, names: list[str], loaders: list[data.Loader], prior: np.ndarray):
-        self.sources, self.prior = dict(zip(names, loaders)), prior / prior.sum()
-
-
 def source_dirs(folder: Path) -> list[Path]:
     """The per-source layout: no train shards at the top, one subfolder per source holding some."""
     if not folder.is_dir() or shards.list_shards(folder, "train"):
@@ -290,7 +282,7 @@ def source_dirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and shards.list_shards(p, "train"))
 
 
-def prior_weights(cfg: MixingConfig, names: list[str], loaders: list[data.Loader], folder: Path) -> np.ndarray:
+def prior_weights(cfg: MixingConfig, names: list[str], loaders: list[Loader], folder: Path) -> np.ndarray:
     if cfg.prior == "uniform":
         return np.ones(len(names))
     if cfg.prior == "tokens":  # the mixture prep would have written into one shard set
@@ -305,8 +297,9 @@ def prior_weights(cfg: MixingConfig, names: list[str], loaders: list[data.Loader
 
 
 def make_loaders(exp: Experiment, folder: Path, dirs: list[Path], B: int,
-                 shard: tuple[int, int]) -> tuple[MixtureLoader, MixtureVal]:  # fmt: skip
-    """(train, val) over one shard set per source (data.make_loaders calls this for the per-source layout)."""
+                 shard: tuple[int, int]) -> tuple[MixtureLoader, Validation]:  # fmt: skip
+    """(train, val) over one shard set per source (experiment.make_loaders calls this for the per-source layout);
+    val_loss is the prior-weighted mean of the sources' own val losses."""
     cfg = parse(exp.extra.get("mixing"))
     if not dirs:
         raise SourceError(f"mixing.policy 'firehose': {folder} holds one shard set; the bandit needs one subfolder "
@@ -315,8 +308,10 @@ def make_loaders(exp: Experiment, folder: Path, dirs: list[Path], B: int,
     train, val = [], []
     for d in dirs:
         for split, out, n in (("train", train, t.n_micro), ("val", val, 1)):
-            parts, masks = data.open_split(d, split, exp)
-            out.append(data.Loader(parts, B, exp.model.seq_len, t.seed, n, masks, f"{d} {split}", shard))
+            parts, masks = open_split(d, split, exp)
+            out.append(Loader(parts, B, exp.model.seq_len, t.seed, n, masks, f"{d} {split}", shard))
     prior = prior_weights(cfg, names, train, folder)
     bandit = Bandit(cfg, names, prior)
-    return MixtureLoader(folder, names, train, bandit, t.seed, t.n_micro, cfg.max_epochs), MixtureVal(names, val, prior)
+    weights = dict(zip(names, (prior / prior.sum()).tolist()))
+    mixture = MixtureLoader(folder, names, train, bandit, t.seed, t.n_micro, cfg.max_epochs)
+    return mixture, Validation(dict(zip(names, val)), weights, per_source=True)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import hermes
-from microgpt.chat import parse_record, render
+from microgpt.data import pull
+from microgpt.data.chat import parse_record, render
+from microgpt.data.sources import SourceError
 from tests.conftest import cli
 from tests.data.fixtures import GOOD_JSONL, normalized, write_hermes_folder, write_jsonl, write_parquet
 
@@ -22,7 +23,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def test_jsonl_counts_lines_and_normalized_output(tmp_path: Path) -> None:
     where = write_jsonl(tmp_path / "in.jsonl")
-    assert hermes.main(["--from", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
+    assert pull.main(["--from", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
     report = json.loads((tmp_path / "out.jsonl.report.json").read_text())
     assert report["kept"] == len(GOOD_JSONL)
     assert report["skipped"] == sum(len(v) for v in where.values()) == 9
@@ -34,9 +35,8 @@ def test_jsonl_counts_lines_and_normalized_output(tmp_path: Path) -> None:
 def test_folder_of_every_format_with_a_truncated_parquet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     expected = write_hermes_folder(tmp_path / "in")
     out = tmp_path / "out.jsonl"
-    with pytest.raises(SystemExit) as exc:
-        hermes.main(["--from", str(tmp_path / "in"), "--out", str(out)])
-    assert exc.value.code != 0 and "unreadable" in str(exc.value.code)
+    with pytest.raises(SourceError, match="1 input file.s. unreadable"):
+        pull.main(["--from", str(tmp_path / "in"), "--out", str(out)])
     err = capsys.readouterr().err
     bad = [line for line in err.splitlines() if line.startswith("error: ") and "d.parquet" in line]
     assert len(bad) == 1 and "unreadable Parquet" in bad[0]
@@ -59,10 +59,16 @@ def test_cli_entry_exit_status_and_one_line_per_reason(tmp_path: Path) -> None:
     assert "kept 4 conversations, skipped 9" in r.stderr
     assert len([line for line in r.stderr.splitlines() if line.startswith("  skipped 1 ")]) == 9
     r = cli("pull-hermes3", "--from", str(tmp_path / "missing"), "--out", str(tmp_path / "o.jsonl"))
-    assert r.returncode != 0 and r.stderr.strip() == f"error: {tmp_path / 'missing'}: no such file or folder"
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {tmp_path / 'missing'}: no such file or folder"]
+    (tmp_path / "empty").mkdir()
+    r = cli("pull-hermes3", "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "bad.jsonl"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {tmp_path / 'empty'}: no .jsonl/.json/.parquet files found"
+    ]
+    assert not (tmp_path / "bad.jsonl").exists()
     (tmp_path / "t.parquet").write_bytes((tmp_path / "ok.parquet").read_bytes()[:-20])
     r = cli("pull-hermes3", "--from", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "o.jsonl"))
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert r.stderr.splitlines()[0].startswith(f"error: {tmp_path / 't.parquet'}: unreadable Parquet")
 
 
@@ -81,8 +87,11 @@ def test_download_without_network_or_library_is_one_line(tmp_path: Path) -> None
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     argv = ["-m", "microgpt.cli", "pull-hermes3", "--out", str(tmp_path / "o.jsonl"), "--cache-dir", str(tmp_path)]
     r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: cannot download NousResearch/Hermes-3-Dataset")
-    code = "import sys; sys.modules['huggingface_hub'] = None; from microgpt.hermes import main; main(['--out', 'x'])"
+    code = "import sys; sys.modules['huggingface_hub'] = None; from microgpt.cli import main; "
+    code += "sys.exit(main(['pull-hermes3', '--out', 'x']))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().startswith("error: downloading needs huggingface_hub")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: downloading needs huggingface_hub (pip install 'microgpt[data]'); or pass --from PATH"
+    ]

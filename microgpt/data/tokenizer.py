@@ -5,7 +5,11 @@ characters, and merges are learned on top, so every string (any UTF-8, any code)
 decode(encode(s)) == s. The special tokens are atomic: the ChatML markers never get split or merged
 with neighbouring text.
 
-The whole tokenizer is one `tokenizer.json`. It travels with a prepared corpus and with a run; its
+The byte tokenizer (ByteTokenizer) is the other choice: 256 ids, one per byte, no file, no special tokens;
+documents are separated by byte 0 (NUL), which no text file holds. A corpus is the same documents and split
+with either tokenizer: microgpt/data/prep.py takes whichever it is given.
+
+The whole BPE tokenizer is one `tokenizer.json`. It travels with a prepared corpus and with a run; its
 sha256 (of the file's bytes) is what the manifest and a checkpoint's .state.json record.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from microgpt.config import ConfigError
+from microgpt.errors import InputError
 
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -30,7 +34,7 @@ PAD = "<|pad|>"
 SPECIAL_TOKENS = (EOT, IM_START, IM_END, PAD)
 
 
-class TokenizerError(ConfigError):
+class TokenizerError(InputError):
     """A tokenizer file that cannot be used. str(err) is the whole one-line message."""
 
 
@@ -103,6 +107,41 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def special_ids(self) -> dict[str, int]:
+        return {s: self.tok.token_to_id(s) for s in SPECIAL_TOKENS if self.tok.token_to_id(s) is not None}
+
+
+class ByteTokenizer:
+    """Bytes are tokens: 256 ids, lossless on any text. eot_id 0: documents are separated by a NUL byte."""
+
+    name = "bytes"
+    vocab_size = 256
+    eot_id = 0
+    sha256 = hashlib.sha256(b"bytes").hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str]) -> list[NDArray[np.uint16]]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
+
+    def encode_batch_offsets(self, texts: list[str]) -> list[tuple[NDArray[np.uint16], NDArray[np.int64]]]:
+        """Ids plus the character each byte belongs to (its token's start offset, as BPETokenizer gives)."""
+        out = []
+        for ids, t in zip(self.encode_batch(texts), texts):
+            chars = np.arange(len(t), dtype=np.int64)
+            out.append((ids, chars if t.isascii() else np.repeat(chars, [len(c.encode("utf-8")) for c in t])))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(int(i) for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def special_ids(self) -> dict[str, int]:
+        return {}
+
+    def describe(self) -> dict:
+        return {"kind": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256}
 
 
 def new_bpe() -> Tokenizer:

@@ -1,0 +1,158 @@
+"""The experiment's "data" and "mixing" sections -> what a run trains on.
+
+  source "builtin"  no network: the built-in corpus (microgpt/data/corpus.py: stdlib source plus synthetic chats),
+                    prepared on first use into data.path or the cache, with the byte tokenizer (model.vocab_size
+                    256 or data.tokenizer "bytes") or a byte-level BPE of model.vocab_size entries.
+  source "shards"   data.path: a folder of train_*.bin / val_*.bin shards, `microgpt prep`'s or llm.c's;
+                    or one subfolder of them per source (`prep --per-source`): a mixture, one source per
+                    micro-batch, weighted by the experiment's "mixing" section (microgpt/data/mixing.py).
+  data.tokenizer    "" (auto), "bytes", or a tokenizer.json (for shards that have none beside them).
+  data.loss_mask    true: targets are -1 wherever the loss-mask shard is 0 (train on assistant tokens only).
+
+config.py keeps the "mixing" section verbatim; `validate` here checks it (the CLI calls it on load, and
+make_loaders builds from it), so the config layer knows nothing of the data layer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from microgpt.config import ConfigError, Experiment
+from microgpt.data import corpus, mixing, prep
+from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
+from microgpt.data.loader import Batches, Loader, Validation, open_split
+from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
+
+
+def validate(exp: Experiment, src: str) -> Experiment:
+    """The sections the data layer owns ("mixing"), field by field; ConfigError names src and the field."""
+    if "mixing" in exp.extra:
+        mixing.parse(exp.extra["mixing"], src)
+    return exp
+
+
+def shard_dir(exp: Experiment) -> Path:
+    """The folder of shards this experiment trains on (may not exist yet for "builtin")."""
+    d = exp.data
+    if d.source == "shards":
+        if not d.path:
+            raise ConfigError("data.path: required with data.source 'shards' (a folder of train_*.bin/val_*.bin)")
+        return Path(d.path)
+    if d.source != "builtin":
+        raise ConfigError(f"data.source: unknown source {d.source!r} (known: builtin, shards)")
+    return Path(d.path) if d.path else corpus.builtin_dir(corpus.settings_for(exp))
+
+
+def built_with(folder: Path, settings: dict) -> bool | None:
+    """True if folder holds a finished corpus built with these settings, False if another, None if none."""
+    try:
+        return json.loads((folder / "manifest.json").read_text()).get("build") == settings
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def ensure_builtin(exp: Experiment, folder: Path) -> None:
+    """Prepare the built-in corpus into folder unless one with the same settings is already there.
+    A lock file serializes builders: data-parallel ranks (or two runs) starting together build it once."""
+    settings = corpus.settings_for(exp)
+    if built_with(folder, settings):
+        return
+    if settings["tokenizer"] == "bpe" and exp.model.vocab_size <= 256 + len(SPECIAL_TOKENS):
+        raise ConfigError(f"model.vocab_size {exp.model.vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} "
+                          "entries (256 bytes + special tokens); 256 trains on raw bytes")  # fmt: skip
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        found = built_with(folder, settings)
+        if found:
+            return
+        if found is False and exp.data.path:  # the user's folder: never overwrite it silently
+            raise ConfigError(f"data.path: {folder} holds a corpus built with other settings (manifest 'build')")
+        if found is None and exp.data.path and folder.is_dir() and any(folder.iterdir()):
+            raise ConfigError(f"data.path: {folder} is not empty and holds no built-in corpus; choose an empty folder")
+        print(f"building the built-in corpus into {folder} (first use)", file=sys.stderr, flush=True)
+        tokenizer = "bytes" if uses_bytes(exp) else exp.data.tokenizer
+        how = prep.PrepSettings(
+            tokenizer=tokenizer,
+            vocab_size=exp.model.vocab_size,
+            val_fraction=settings["val_fraction"],
+            seed=settings["seed"],
+            loss_mask=True,
+            quiet=True,
+            build=settings,
+        )
+        prep.prepare(corpus.builtin_sources(settings), folder, how)
+
+
+def tokenizer_path(exp: Experiment) -> Path | None:
+    if uses_bytes(exp):
+        return None
+    if exp.data.tokenizer:
+        return Path(exp.data.tokenizer)
+    path = shard_dir(exp) / "tokenizer.json"
+    return path if path.exists() or exp.data.source == "builtin" else None
+
+
+def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 1)) -> tuple[Batches, Validation]:
+    """(train, val) for the experiment's data section; shard=(rank, world_size): see microgpt/data/loader.py."""
+    B, T, seed, n_micro = batch_size, exp.model.seq_len, exp.train.seed, exp.train.n_micro
+    if exp.data.source == "builtin" and uses_bytes(exp) and exp.model.vocab_size < 256:
+        raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the byte tokenizer's 256")
+    folder = shard_dir(exp)
+    if exp.data.source == "builtin":
+        ensure_builtin(exp, folder)
+    elif not folder.is_dir():
+        raise ConfigError(f"data.path: {folder} is not a folder")
+    tok = tokenizer_path(exp)
+    if tok is not None and load_tokenizer(tok).vocab_size > exp.model.vocab_size:
+        raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the tokenizer's ({tok})")
+    if multi_source(exp, folder):  # one shard set per source: the FIREHOSE mixture (microgpt/data/mixing.py)
+        return mixing.make_loaders(exp, folder, mixing.source_dirs(folder), B, shard)
+    loaders = []
+    for split in ("train", "val"):
+        parts, masks = open_split(folder, split, exp)
+        n = n_micro if split == "train" else 1
+        loaders.append(Loader(parts, B, T, seed, n, masks, f"{folder} {split}", shard))
+    return loaders[0], Validation({"all": loaders[1]}, {"all": 1.0})
+
+
+def multi_source(exp: Experiment, folder: Path) -> bool:
+    """True when the mixing section or the layout (one subfolder of shards per source) asks for a mixture."""
+    return mixing.parse(exp.extra.get("mixing")).policy != "fixed" or bool(mixing.source_dirs(folder))
+
+
+def tokenizer_info(exp: Experiment, out: Path | None = None) -> dict:
+    """What a checkpoint's .state.json records. With out, tokenizer.json is copied into the run folder
+    (the tokenizer travels with the run); a different one already there is an error, never overwritten."""
+    if uses_bytes(exp):
+        return ByteTokenizer().describe()
+    path = tokenizer_path(exp)
+    if path is None or not path.exists():
+        return {"kind": "unknown", "note": "shards without a tokenizer.json (e.g. llm.c's): set data.tokenizer"}
+    sha = file_sha256(path)
+    if out is not None:
+        dest = Path(out) / "tokenizer.json"
+        if dest.exists() and file_sha256(dest) != sha:
+            raise ConfigError(f"{dest}: the run's tokenizer differs from {path} (sha256); use another --out")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            shutil.copyfile(path, dest)
+        path = dest
+    return {"kind": "bpe", "path": str(path.resolve()), "sha256": sha, "vocab_size": load_tokenizer(path).vocab_size}
+
+
+def data_description(exp: Experiment) -> dict:
+    d = exp.data
+    desc = {"source": d.source, "max_bytes": d.max_bytes, "val_fraction": d.val_fraction, "loss_mask": d.loss_mask}
+    folder = shard_dir(exp)
+    desc["path"] = str(folder)
+    if (folder / "manifest.json").exists():
+        desc["manifest_sha256"] = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+    return desc
