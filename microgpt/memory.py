@@ -10,6 +10,8 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     scratch                         per-layer temporaries and activation gradients, reused by every layer
     inputs                          the tokens and targets of every micro-batch of a step
     kernel                          the backend's launcher scratch (the triton backend's; none on NumPy)
+    rounding                        the arena's size rounded up to ARENA_GRANULE, as PyTorch's caching allocator
+                                    rounds a large allocation (so the plan is what the device reports allocated)
     runtime                         bytes the device runtime allocates itself (cuBLAS's workspace): counted, not
                                     carved from the arena
 
@@ -33,12 +35,13 @@ from microgpt.config import ModelConfig, TrainConfig
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
+ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch rounds large blocks up to 2 MiB)
 ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "optim", "acts", "scratch", "inputs", "kernel",
-         "runtime")  # fmt: skip
+         "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
 LABELS = {"compute_params": "compute weights", "optim": "optimizer + step", "acts": "saved activations",
           "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v", "inputs": "step inputs",
-          "kernel": "kernel scratch", "runtime": "cuBLAS workspace"}  # fmt: skip
+          "kernel": "kernel scratch", "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
@@ -163,8 +166,8 @@ def _round(nbytes: int) -> int:
 def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str], int], dict[str, int], int]:
     """Where everything lies in the arena: the byte offset of every buffer (by (role, name)), the bytes of every
     role (alignment included) and the arena's size. Groups of one (role, kind) follow ROLES order, each starting on
-    ALIGN bytes; parameter-shaped roles are packed, other views start on ALIGN bytes. "runtime" rows take no arena
-    bytes."""
+    ALIGN bytes; parameter-shaped roles are packed, other views start on ALIGN bytes; the whole is rounded up to
+    ARENA_GRANULE. "runtime" rows take no arena bytes."""
     offsets: dict[tuple[str, str], int] = {}
     role_sizes = {role: 0 for role in ROLES}
     groups: dict[tuple[str, str], list[Buf]] = {}
@@ -180,7 +183,9 @@ def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str]
             end += size if role in PACKED else _round(size)
         end = _round(end)
         role_sizes[role] += end - start
-    return offsets, role_sizes, end
+    total = -(-end // ARENA_GRANULE) * ARENA_GRANULE
+    role_sizes["rounding"] = total - end
+    return offsets, role_sizes, total
 
 
 def role_bytes(bufs: list[Buf], precision: str) -> dict[str, int]:
