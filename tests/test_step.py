@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from microgpt import config, memory, trainer
+from microgpt import config, trainer
 from microgpt.backend import numpy_backend
 from tests.conftest import TINY
 from tests.test_model import torch_twin_loss
@@ -112,47 +112,3 @@ def test_two_runs_with_the_same_seed_are_bitwise_equal(tmp_path) -> None:
         runs.append(([tr.train_step()["loss"] for _ in range(3)], tr.S.p.copy()))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1].tobytes() == runs[1][1].tobytes()
-
-
-def test_memory_plan_is_the_allocation(tmp_path) -> None:
-    """Every buffer is a view into the one arena allocation, and the printed plan's total is its size."""
-    tr = trainer.Trainer(config.from_dict(TINY), tmp_path)
-    S = tr.S
-    assert sum(memory.role_bytes(S.plan, "fp32").values()) == S.arena.nbytes == S.arena.pool.nbytes
-    pool = S.arena.pool
-    lo, hi = pool.ctypes.data, pool.ctypes.data + pool.nbytes
-    for (role, name), view in S.arena.views.items():
-        assert view.base is not None and lo <= view.ctypes.data and view.ctypes.data + view.nbytes <= hi, name
-    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
-    assert S.p.size == memory.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
-    total = memory.format_plan(S.plan, "fp32").splitlines()[-1]
-    assert total.split()[1] == f"{S.arena.nbytes:,}"
-
-
-def test_a_plan_that_does_not_fit_is_one_line(tmp_path) -> None:
-    """The arena is allocated at once; a plan bigger than the machine fails there, naming its size."""
-    raw = {**TINY, "train": {**TINY["train"], "micro_batch": 1 << 22}}
-    try:
-        trainer.Trainer(config.from_dict(raw), tmp_path)
-    except memory.PlanError as e:
-        assert "bytes" in str(e) and "\n" not in str(e)
-    else:
-        raise AssertionError("a 4M-sequence micro-batch should not fit")
-
-
-def test_lr_schedule_warmup_then_cosine() -> None:
-    t = config.from_dict(TINY).train
-    lrs = [trainer.lr_at(s, t) for s in range(t.steps)]
-    assert lrs[0] == t.lr / t.warmup_steps and lrs[t.warmup_steps - 1] == t.lr
-    assert all(a >= b - 1e-15 for a, b in zip(lrs[t.warmup_steps - 1 :], lrs[t.warmup_steps :]))
-    assert abs(trainer.lr_at(t.steps, t) - t.min_lr) < 1e-12
-
-
-def test_lr_schedule_restarts_at_schedule_start() -> None:
-    """A phase starting at step 100 gets its own warmup and cosine over steps 100..steps."""
-    base = config.from_dict(TINY).train
-    t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300, "schedule_start": 100}}).train
-    plain = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 200}}).train
-    assert [trainer.lr_at(100 + s, t) for s in range(200)] == [trainer.lr_at(s, plain) for s in range(200)]
-    assert base.schedule_start == 0

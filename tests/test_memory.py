@@ -1,0 +1,65 @@
+"""The memory plan and its arena: one allocation, every buffer a disjoint view with its planned shape, the printed
+total equal to the allocation, and one-line errors for a plan that cannot be allocated or a buffer it lacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from microgpt import config, memory, trainer
+from microgpt.backend import numpy_backend
+from tests.conftest import TINY
+
+M = config.ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11)
+
+
+def test_memory_plan_is_the_allocation(tmp_path) -> None:
+    """Every buffer is a view into the one arena allocation, and the printed plan's total is its size."""
+    tr = trainer.Trainer(config.from_dict(TINY), tmp_path)
+    S = tr.S
+    assert sum(memory.role_bytes(S.plan, "fp32").values()) == S.arena.nbytes == S.arena.pool.nbytes
+    pool = S.arena.pool
+    lo, hi = pool.ctypes.data, pool.ctypes.data + pool.nbytes
+    for (role, name), view in S.arena.views.items():
+        assert view.base is not None and lo <= view.ctypes.data and view.ctypes.data + view.nbytes <= hi, name
+    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
+    assert S.p.size == memory.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
+    total = memory.format_plan(S.plan, "fp32").splitlines()[-1]
+    assert total.split()[1] == f"{S.arena.nbytes:,}"
+
+
+def test_a_plan_that_does_not_fit_is_one_line(tmp_path) -> None:
+    """The arena is allocated at once; a plan bigger than the machine fails there, naming its size."""
+    raw = {**TINY, "train": {**TINY["train"], "micro_batch": 1 << 22}}
+    try:
+        trainer.Trainer(config.from_dict(raw), tmp_path)
+    except memory.PlanError as e:
+        assert "bytes" in str(e) and "\n" not in str(e)
+    else:
+        raise AssertionError("a 4M-sequence micro-batch should not fit")
+
+
+def test_layout_packs_parameter_roles_and_aligns_the_rest() -> None:
+    """Parameter-shaped roles are contiguous in the canonical order (the flat array is the checkpoint's layout);
+    every other view starts on ALIGN bytes; the arena is a whole number of ARENA_GRANULE."""
+    t = config.TrainConfig(micro_batch=3, n_micro=2, precision="bf16")
+    bufs = memory.plan(M, t, 7)
+    sizes = memory.kind_sizes("bf16")
+    offsets, roles, total = memory.layout(bufs, sizes)
+    for role in memory.PACKED:
+        rows = [b for b in bufs if b.role == role]
+        starts = [offsets[(role, b.name)] for b in rows]
+        ends = [o + b.numel * sizes[b.kind] for o, b in zip(starts, rows)]
+        assert starts[1:] == ends[:-1], role
+    assert all(off % memory.ALIGN == 0 for (role, _), off in offsets.items() if role not in memory.PACKED)
+    assert total % memory.ARENA_GRANULE == 0 and sum(roles.values()) == total
+    assert [b.shape for b in bufs if b.role == "inputs"] == [(2, 3, 11), (2, 3, 11)]  # every micro-batch's inputs
+    assert "compute_params" in roles and roles["compute_params"] > 0
+
+
+def test_a_buffer_the_plan_lacks_is_one_line() -> None:
+    arena = memory.Arena(memory.plan(M, config.TrainConfig(micro_batch=2), 5), numpy_backend())
+    with pytest.raises(memory.PlanError, match="no buffer 'nonsense'"):
+        arena["nonsense"]
+    assert arena["tokens"].dtype == np.int32 and arena["hyper"].shape == (memory.HYPER,)

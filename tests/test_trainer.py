@@ -1,0 +1,24 @@
+"""The trainer's own pieces: the learning-rate schedule (the run loop, checkpoints and signals are exercised end to
+end in tests/test_cli.py, tests/test_distributed.py and tests/proxy)."""
+
+from __future__ import annotations
+
+from microgpt import config, trainer
+from tests.conftest import TINY
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    t = config.from_dict(TINY).train
+    lrs = [trainer.lr_at(s, t) for s in range(t.steps)]
+    assert lrs[0] == t.lr / t.warmup_steps and lrs[t.warmup_steps - 1] == t.lr
+    assert all(a >= b - 1e-15 for a, b in zip(lrs[t.warmup_steps - 1 :], lrs[t.warmup_steps :]))
+    assert abs(trainer.lr_at(t.steps, t) - t.min_lr) < 1e-12
+
+
+def test_lr_schedule_restarts_at_schedule_start() -> None:
+    """A phase starting at step 100 gets its own warmup and cosine over steps 100..steps."""
+    base = config.from_dict(TINY).train
+    t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300, "schedule_start": 100}}).train
+    plain = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 200}}).train
+    assert [trainer.lr_at(100 + s, t) for s in range(200)] == [trainer.lr_at(s, plain) for s in range(200)]
+    assert base.schedule_start == 0
