@@ -6,7 +6,6 @@ python3 dev/profile_step.py MB [PRECISION] [--graph]     # ANDREA-120M shape; pr
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -17,14 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench import SHAPE, batches  # noqa: E402
 from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
-from microgpt.state import TrainState, make_state  # noqa: E402
+from microgpt.state import make_state  # noqa: E402
 from microgpt.step import Step  # noqa: E402
-
-
-def eager(S: TrainState) -> None:
-    """Step captures a graph whenever it can: keep its warm-up, then run the step function itself every call."""
-    prepare = S.K.prepare
-    S.K = dataclasses.replace(S.K, prepare=lambda run, graph: prepare(run, False))
 
 
 def main() -> None:
@@ -35,9 +28,7 @@ def main() -> None:
     m = SHAPE
     t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", seed=0)
     S = make_state(m, t, triton_backend(precision))
-    if not graph:
-        eager(S)
-    step = Step(S)
+    step = Step(S, graph=graph)
     data = batches(mb, m)
     for i in range(3):
         step([data[i % 4]], 6e-4)

@@ -61,8 +61,10 @@ class Step:
     the report out. The first call prepares the run (backend.prepare): on a GPU a warm-up run with gscale = inf,
     which compiles and tunes everything and updates nothing, then the capture."""
 
-    def __init__(self, S: TrainState, dp: Any = None) -> None:
-        self.S, self.dp = S, dp
+    def __init__(self, S: TrainState, dp: Any = None, graph: bool = True) -> None:
+        """graph=False runs the step function itself every call after the warm-up (dev/profile_step.py compares);
+        data parallel runs it so too, until the all-reduce is captured (its NCCL calls are outside the graph)."""
+        self.S, self.dp, self.graph = S, dp, graph and dp is None
         self.world = dp.world_size if dp is not None else 1
         self.run: Any = None
 
@@ -75,7 +77,7 @@ class Step:
         gscale = 1.0 / (t.n_micro * self.world * S.scaler.scale)
         if self.run is None:
             self._hyper(lr, math.inf)
-            self.run = K.prepare(lambda: optimizer_step(S, self.dp), self.dp is None)
+            self.run = K.prepare(lambda: optimizer_step(S, self.dp), self.graph)
         self._hyper(lr, gscale)
         self.run()
         loss, raw_norm, *micro = K.to_numpy(A["report"]).tolist()
