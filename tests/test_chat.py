@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from microgpt import chat, checkpoint, sample
-from microgpt.data.tokenizer import IM_END, ByteTokenizer
+from microgpt.data.tokenizer import IM_END, ByteTokenizer, train_bpe
 from tests.conftest import cli, write_experiment
 from tests.test_cli import one_line_error
 
@@ -137,3 +137,9 @@ def test_bad_input_one_line_exit_2(run_dir: Path, tmp_path: Path) -> None:
     side["config"]["model"]["d_model"] = 64  # a sidecar for another model: the weights do not fit it
     checkpoint.sidecar_path(other).write_text(json.dumps(side))
     one_line_error(cli("chat", str(other), input="hi\n"), str(other))
+
+
+def test_bpe_special_tokens_frame_the_turn_and_stop_the_reply() -> None:
+    tok = train_bpe(["hello world ok fine"] * 50, 300)
+    assert tok.encode(chat.prompt_text([{"role": "user", "content": "hi"}]))[0] == tok.im_start_id  # one token
+    assert chat.Stream(tok.decode).push([*tok.encode("ok fine"), tok.im_end_id, *tok.encode("x")]) == ("ok fine", True)
