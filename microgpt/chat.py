@@ -157,7 +157,11 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sample.check_flags(args)
     kv, tok, _ = sample.load(args.checkpoint)
-    return run(Chat(kv, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
+    try:
+        return run(Chat(kv, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
+    except KeyboardInterrupt:  # Ctrl-C at the prompt or mid-reply: end quietly, with the shell's code for SIGINT
+        print()
+        return 130
 
 
 def sample_chat(args: argparse.Namespace) -> int:

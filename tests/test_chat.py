@@ -63,6 +63,15 @@ def test_second_turn_prompt_holds_first_turn_and_reply(run_dir: Path) -> None:
     assert len(calls) < len(c.fed) // 2  # the cache kept the first turn: only the new tokens ran
 
 
+def test_a_long_conversation_stays_within_the_context(run_dir: Path) -> None:
+    kv, tok, _ = sample.load(str(run_dir))
+    c = chat.Chat(kv, tok, flags(), system="Be brief.")
+    for i in range(8):  # ~45 byte tokens a turn: the 256-token context holds about five
+        c.turn(f"question number {i}", io.StringIO())
+        assert len(c.fed) <= kv.m.seq_len and c.messages[0]["content"] == "Be brief."
+    assert c.messages[1]["content"] != "question number 0" and c.messages[-2]["content"] == "question number 7"
+
+
 class Scripted:
     """A stand-in for KVModel whose greedy continuation is a fixed byte string."""
 
