@@ -1,4 +1,4 @@
-"""`microgpt <command> ...`: train, sample, run (the proxy), prep, pull-hermes3.
+"""`microgpt <command> ...`: train, sample, chat, run (the proxy), prep, pull-hermes3.
 
 Bad input (experiment, data, checkpoint, flags) ends with one line `error: ...` naming the file, field or
 flag, and exit code 2; nothing already written is touched before the input has been checked.
@@ -18,6 +18,7 @@ DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
     "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
+    "chat": ("microgpt.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
 }
 
 
@@ -73,10 +74,11 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of plain text")
+    p.add_argument("--chat", action="store_true", help="the prompt is one ChatML user turn; print the reply")
     args = p.parse_args(argv)
-    from microgpt import sample
+    from microgpt import chat, sample
 
-    return sample.main(args)
+    return chat.sample_chat(args) if args.chat else sample.main(args)
 
 
 COMMANDS = {"train": (cmd_train, "train a model"), "sample": (cmd_sample, "generate text from a checkpoint")}

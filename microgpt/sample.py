@@ -19,6 +19,21 @@ import numpy as np
 from microgpt import checkpoint, config, memory
 from microgpt.backend import numpy_backend
 from microgpt.config import ConfigError
+from microgpt.errors import InputError
+
+
+class SampleError(InputError):
+    """A sampling flag out of range: negative --tokens or --top-k, a negative or NaN --temperature."""
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags `sample` and `chat` share, checked before the model is loaded."""
+    if args.tokens < 0:
+        raise SampleError(f"--tokens must be >= 0, got {args.tokens}")
+    if not args.temperature >= 0:  # also rejects NaN
+        raise SampleError(f"--temperature must be a number >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise SampleError(f"--top-k must be >= 0 (0: off), got {args.top_k}")
 
 
 class KVModel:
@@ -122,20 +137,25 @@ def resolve(path: str) -> Path:
     return p
 
 
-def main(args: argparse.Namespace) -> int:
-    path = resolve(args.checkpoint)
+def load(where: str) -> tuple[KVModel, Any, int]:
+    """The model of a checkpoint or run folder with an empty cache, its tokenizer, and the checkpoint's step."""
+    path = resolve(where)
     side = checkpoint.read_sidecar(path)
     if "config" not in side:
         raise ConfigError(f"{checkpoint.sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model")
     exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
     ck = checkpoint.read_checkpoint(path, memory.n_params(exp.model))
-    tok = load_tokenizer(side.get("tokenizer", {}))
-    kv = KVModel(exp.model, ck.weights)
+    return KVModel(exp.model, ck.weights), load_tokenizer(side.get("tokenizer", {})), ck.step
+
+
+def main(args: argparse.Namespace) -> int:
+    check_flags(args)
+    kv, tok, step = load(args.checkpoint)
     prompt = tok.encode(args.prompt) or [getattr(tok, "bos_id", 0)]  # empty prompt: start a new document
     out = generate(kv, prompt, args.tokens, args.temperature, args.top_k, args.seed)
     text = tok.decode(out)
     if args.json:
-        print(json.dumps({"step": ck.step, "prompt": args.prompt, "text": text, "temperature": args.temperature}))
+        print(json.dumps({"step": step, "prompt": args.prompt, "text": text, "temperature": args.temperature}))
     else:
         print(args.prompt + text)
     return 0

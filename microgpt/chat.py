@@ -1,0 +1,176 @@
+"""`microgpt chat`: a ChatML conversation with a checkpoint, one user turn per line of stdin.
+
+Each turn renders the whole history (system prompt + turns, data/chat.py's `render`, the format the model was
+trained on) plus an open `<|im_start|>assistant\\n` header, and the model continues it. The history is kept within
+seq_len minus the room a reply needs: the oldest user/assistant turns are dropped first, the system prompt is kept.
+
+The KV cache is reused across turns: the new prompt usually starts with the tokens already in the cache (the last
+prompt and the reply), so only the new suffix runs through the model; the cache is rewound to the longest common
+prefix, which also covers a dropped turn or a reply that re-tokenizes differently.
+
+A reply stops at `<|im_end|>` (or `<|endoftext|>`), at --tokens, or when the context is full. The stop is found in
+the decoded text, so it works for byte tokenizers (where `<|im_end|>` is ten ordinary tokens) as for BPE (one
+special token). The stop string itself is never printed: a reply is its text, then a newline. Text is streamed as
+it becomes final: a trailing incomplete UTF-8 character or a trailing prefix of a stop string is held back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+import numpy as np
+
+from microgpt import sample
+from microgpt.data.chat import Message, render
+from microgpt.data.tokenizer import EOT, IM_END, IM_START
+from microgpt.errors import ArgParser
+
+STOPS = (IM_END, EOT)
+
+
+def prompt_text(messages: list[Message]) -> str:
+    """The ChatML history and an open assistant header: what the model continues."""
+    return render(messages)[0] + f"{IM_START}assistant\n"
+
+
+def fit_history(
+    messages: list[Message], encode: Callable[[str], list[int]], budget: int
+) -> tuple[list[Message], list[int]]:
+    """Drop the oldest turns (never the system prompt, never the last message) until the prompt has at most
+    budget tokens; the kept messages and the prompt's ids. If the system prompt and the last message alone are
+    too long, the prompt keeps its last budget tokens."""
+    kept = list(messages)
+    ids = encode(prompt_text(kept))
+    first = 1 if kept and kept[0]["role"] == "system" else 0
+    while len(ids) > budget and len(kept) - first > 1:
+        del kept[first]
+        ids = encode(prompt_text(kept))
+    return kept, ids[-budget:]
+
+
+class Stream:
+    """Incremental decoding of a reply: push() the ids so far, get the newly final text and whether it stopped."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self.shown = 0  # characters of the reply already returned
+
+    def push(self, ids: list[int], last: bool = False) -> tuple[str, bool]:
+        text = self.decode(ids)
+        cut = min((i for i in (text.find(s) for s in STOPS) if i >= 0), default=-1)
+        stopped = cut >= 0
+        if stopped:
+            text = text[:cut]
+        elif not last:
+            text = text.rstrip("\ufffd")  # an incomplete multi-byte character: wait for its other bytes
+            for s in STOPS:  # a stop string may be arriving: hold back its prefix
+                for n in range(len(s) - 1, 0, -1):
+                    if text.endswith(s[:n]):
+                        text = text[:-n]
+                        break
+        new = text[self.shown :]
+        self.shown = max(self.shown, len(text))
+        return new, stopped
+
+
+class Chat:
+    """One conversation: the history, the model with its cache, and the tokens the cache holds."""
+
+    def __init__(self, kv: sample.KVModel, tok: Any, args: argparse.Namespace, system: str | None = None):
+        self.kv, self.tok, self.args = kv, tok, args
+        self.messages: list[Message] = [{"role": "system", "content": system}] if system else []
+        self.fed: list[int] = []  # the token at each cached position 0..kv.pos-1
+        self.rng = np.random.default_rng(args.seed)
+        T = kv.m.seq_len
+        self.budget = T - min(args.tokens, T // 2)  # the prompt's share of the context; the rest is the reply's
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Put ids in the cache, reusing the common prefix already there; the next-token logits."""
+        same = 0
+        while same < min(len(ids) - 1, len(self.fed)) and ids[same] == self.fed[same]:  # feed at least one
+            same += 1
+        self.kv.pos, self.fed = same, list(ids[:same])
+        for t in ids[same:]:
+            logits = self.kv.step(t)
+            self.fed.append(t)
+        return logits
+
+    def turn(self, text: str, out: IO[str]) -> str:
+        """Add a user turn, stream the reply to out (flushed per piece), add it to the history and return it."""
+        self.messages, ids = fit_history(
+            [*self.messages, {"role": "user", "content": text}], self.tok.encode, self.budget
+        )
+        logits = self.prefill(ids)
+        a, reply, stream = self.args, [], Stream(self.tok.decode)
+        stopped = False
+        for _ in range(a.tokens):
+            reply.append(sample.pick(logits, a.temperature, a.top_k, self.rng))
+            piece, stopped = stream.push(reply)
+            out.write(piece)
+            out.flush()
+            if stopped or self.kv.pos == self.kv.m.seq_len:
+                break
+            logits = self.kv.step(reply[-1])
+            self.fed.append(reply[-1])
+        if not stopped:
+            out.write(stream.push(reply, last=True)[0])
+        out.write("\n")
+        out.flush()
+        answer = self.tok.decode(reply)[: stream.shown]
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def run(chat: Chat, stdin: IO[str], stdout: IO[str], marker: str = "") -> int:
+    """Read user turns from stdin, one a line, until EOF; blank lines are skipped."""
+    while True:
+        if marker:
+            stdout.write(marker)
+            stdout.flush()
+        line = stdin.readline()
+        if not line:
+            if marker:
+                stdout.write("\n")
+            return 0
+        text = line.rstrip("\r\n")
+        if text.strip():
+            chat.turn(text, stdout)
+
+
+def parser() -> ArgParser:
+    p = ArgParser(prog="microgpt chat", description="Chat with a checkpoint (ChatML); one user turn per stdin line.")
+    p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
+    p.add_argument("--system", default=None, help="system prompt, kept when old turns are dropped")
+    p.add_argument("--tokens", type=int, default=200, help="most tokens per reply")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    sample.check_flags(args)
+    kv, tok, _ = sample.load(args.checkpoint)
+    try:
+        return run(Chat(kv, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
+    except KeyboardInterrupt:  # Ctrl-C at the prompt or mid-reply: end quietly, with the shell's code for SIGINT
+        print()
+        return 130
+
+
+def sample_chat(args: argparse.Namespace) -> int:
+    """`sample --chat`: the prompt is one user turn, formatted as chat formats it; print the assistant reply."""
+    sample.check_flags(args)
+    kv, tok, step = sample.load(args.checkpoint)
+    chat, buf = Chat(kv, tok, args), io.StringIO()
+    reply = chat.turn(args.prompt, buf if args.json else sys.stdout)
+    if args.json:
+        rec = {"step": step, "prompt": args.prompt, "text": reply, "temperature": args.temperature, "chat": True}
+        print(json.dumps(rec))
+    return 0

@@ -1,0 +1,154 @@
+"""microgpt chat and sample --chat: ChatML history within the context, KV cache reuse, streaming, stops."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt import chat, checkpoint, sample
+from microgpt.data.tokenizer import IM_END, ByteTokenizer, train_bpe
+from tests.conftest import cli, write_experiment
+from tests.test_cli import one_line_error
+
+GREEDY = ["--temperature", "0", "--tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ANDREA-tiny with a 256-token context (a ChatML turn in bytes is ~50 tokens), trained 3 steps."""
+    tmp = tmp_path_factory.mktemp("chat")
+    exp = write_experiment(tmp, model={"seq_len": 256})
+    res = cli("train", str(exp), "--steps", "3", "--out", str(tmp / "r"))
+    assert res.returncode == 0, res.stderr
+    return tmp / "r"
+
+
+def flags(**kw: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"tokens": 8, "temperature": 0.0, "top_k": 0, "seed": 0, **kw})
+
+
+def test_fit_history_drops_oldest_turns_keeps_system() -> None:
+    msgs = [{"role": "system", "content": "Be brief."}]
+    for i in range(3):
+        msgs += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+    msgs.append({"role": "user", "content": "last"})
+    enc = ByteTokenizer().encode
+    kept, ids = chat.fit_history(msgs, enc, 10_000)
+    assert kept == msgs and ids == enc(chat.prompt_text(msgs))
+    budget = len(enc(chat.prompt_text([msgs[0], *msgs[3:]])))  # room for system + the newest two turns
+    kept, ids = chat.fit_history(msgs, enc, budget)
+    assert kept == [msgs[0], *msgs[3:]] and len(ids) == budget
+    kept, ids = chat.fit_history(msgs, enc, 5)  # even system + last do not fit: the prompt's tail
+    assert kept == [msgs[0], msgs[-1]] and ids == enc(chat.prompt_text(kept))[-5:]
+
+
+def test_second_turn_prompt_holds_first_turn_and_reply(run_dir: Path) -> None:
+    kv, tok, _ = sample.load(str(run_dir))
+    c = chat.Chat(kv, tok, flags(), system="Be brief.")
+    first = c.turn("hi", io.StringIO())
+    calls = []
+    step = kv.step
+    kv.step = lambda t: calls.append(t) or step(t)  # type: ignore[method-assign]
+    c.turn("more", io.StringIO())
+    seen = tok.decode(c.fed)
+    history = c.messages[:3]
+    assert [m["content"] for m in history] == ["Be brief.", "hi", first]
+    assert seen.startswith(chat.prompt_text(history)[: -len("<|im_start|>assistant\n")] + "<|im_start|>user\nmore")
+    assert len(calls) < len(c.fed) // 2  # the cache kept the first turn: only the new tokens ran
+
+
+def test_a_long_conversation_stays_within_the_context(run_dir: Path) -> None:
+    kv, tok, _ = sample.load(str(run_dir))
+    c = chat.Chat(kv, tok, flags(), system="Be brief.")
+    for i in range(8):  # ~45 byte tokens a turn: the 256-token context holds about five
+        c.turn(f"question number {i}", io.StringIO())
+        assert len(c.fed) <= kv.m.seq_len and c.messages[0]["content"] == "Be brief."
+    assert c.messages[1]["content"] != "question number 0" and c.messages[-2]["content"] == "question number 7"
+
+
+class Scripted:
+    """A stand-in for KVModel whose greedy continuation is a fixed byte string."""
+
+    def __init__(self, text: str, seq_len: int = 4096):
+        self.script, self.m, self.pos, self.n = list(text.encode()), argparse.Namespace(seq_len=seq_len), 0, 0
+
+    def step(self, token: int) -> np.ndarray:
+        self.pos += 1
+        logits = np.zeros(256, np.float32)
+        logits[self.script[min(max(self.n, 0), len(self.script) - 1)]] = 1.0
+        self.n += 1
+        return logits
+
+
+class Pieces(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.pieces.append(s)
+        return super().write(s)
+
+
+def test_reply_stops_at_im_end_and_streams_whole_characters() -> None:
+    kv = Scripted(f"Oké 😀 ok{IM_END}\nnever printed")
+    c = chat.Chat(kv, ByteTokenizer(), flags(tokens=100))  # type: ignore[arg-type]
+    kv.n = -len(ByteTokenizer().encode(chat.prompt_text([{"role": "user", "content": "x"}]))) + 1
+    out = Pieces()
+    assert c.turn("x", out) == "Oké 😀 ok"
+    assert out.getvalue() == "Oké 😀 ok\n"  # the stop string is never printed
+    assert not any("\ufffd" in p or "<" in p for p in out.pieces)  # no broken character, no partial stop
+    assert len([p for p in out.pieces if p]) > 3  # streamed, not printed at the end
+
+
+def test_reply_ends_at_token_limit() -> None:
+    kv = Scripted("abcdefghijkl")
+    c = chat.Chat(kv, ByteTokenizer(), flags(tokens=4))  # type: ignore[arg-type]
+    kv.n = -len(ByteTokenizer().encode(chat.prompt_text([{"role": "user", "content": "x"}]))) + 1
+    out = io.StringIO()
+    assert c.turn("x", out) == "abcd" and out.getvalue() == "abcd\n"
+
+
+def test_chat_through_a_pipe(run_dir: Path) -> None:
+    two = cli("chat", str(run_dir), *GREEDY, input="hi\n\nmore\n")
+    assert two.returncode == 0, two.stderr
+    assert two.stdout == cli("chat", str(run_dir), *GREEDY, input="hi\n\nmore\n").stdout  # deterministic
+    assert "> " not in two.stdout[:2]  # no prompt marker when stdin is not a terminal
+    one = cli("chat", str(run_dir), *GREEDY, input="hi\n")
+    assert one.returncode == 0 and two.stdout.startswith(one.stdout) and len(two.stdout) > len(one.stdout)
+    assert IM_END not in two.stdout
+    res = cli("sample", str(run_dir), "--chat", "--prompt", "hi", *GREEDY)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == one.stdout  # the same prompt format, the same reply
+    rec = json.loads(cli("sample", str(run_dir), "--chat", "--prompt", "hi", "--json", *GREEDY).stdout)
+    assert rec["text"] + "\n" == one.stdout and rec["chat"] is True
+
+
+def test_bad_input_one_line_exit_2(run_dir: Path, tmp_path: Path) -> None:
+    one_line_error(cli("chat", str(run_dir), "--tokens", "-1", input=""), "--tokens")
+    one_line_error(cli("chat", str(run_dir), "--temperature", "nan", input=""), "--temperature")
+    one_line_error(cli("sample", str(run_dir), "--chat", "--temperature", "-1"), "--temperature")
+    ck = checkpoint.latest_valid_checkpoint(run_dir / "ckpt")
+    junk = tmp_path / "junk" / ck.name  # the run's sidecar, a truncated .bin
+    junk.parent.mkdir()
+    junk.write_bytes(b"\x00\x01")
+    shutil.copy(checkpoint.sidecar_path(ck), checkpoint.sidecar_path(junk))
+    one_line_error(cli("chat", str(junk), input="hi\n"), str(junk), "truncated")
+    other = tmp_path / ck.name
+    shutil.copy(ck, other)
+    side = json.loads(checkpoint.sidecar_path(ck).read_text())
+    side["config"]["model"]["d_model"] = 64  # a sidecar for another model: the weights do not fit it
+    checkpoint.sidecar_path(other).write_text(json.dumps(side))
+    one_line_error(cli("chat", str(other), input="hi\n"), str(other))
+
+
+def test_bpe_special_tokens_frame_the_turn_and_stop_the_reply() -> None:
+    tok = train_bpe(["hello world ok fine"] * 50, 300)
+    assert tok.encode(chat.prompt_text([{"role": "user", "content": "hi"}]))[0] == tok.im_start_id  # one token
+    assert chat.Stream(tok.decode).push([*tok.encode("ok fine"), tok.im_end_id, *tok.encode("x")]) == ("ok fine", True)
