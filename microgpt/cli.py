@@ -18,6 +18,8 @@ DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
     "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
+    "export": ("microgpt.export", "write a checkpoint as a Hugging Face transformers folder"),
+    "eval": ("microgpt.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
 }
 
 
