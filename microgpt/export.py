@@ -74,6 +74,10 @@ def load(where: str | Path) -> Loaded:
         )
     exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
     n = memory.n_params(exp.model)
+    saved = side.get("params")
+    if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
+        raise checkpoint.CheckpointError(f"{checkpoint.sidecar_path(path)}: field 'params' does not match its "
+                                         "'config.model'; checkpoint is for another model")  # fmt: skip
     try:
         ck = checkpoint.read_checkpoint(path, n)
     except checkpoint.CheckpointError as e:
