@@ -19,6 +19,8 @@ DELEGATED = {
     "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
     "chat": ("microgpt.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
+    "export": ("microgpt.export", "write a checkpoint as a Hugging Face transformers folder"),
+    "eval": ("microgpt.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
 }
 
 

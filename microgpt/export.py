@@ -1,0 +1,258 @@
+"""`microgpt export`: a checkpoint as a Hugging Face `transformers` GPT-2 folder.
+
+ANDREA is GPT-2's architecture (learned positions, pre-LN with bias, tanh GELU = "gelu_new", tied head) with no
+linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so the mapping is one-to-one:
+
+    wte, wpe                    -> transformer.wte.weight (V,C), transformer.wpe.weight (T,C)
+    h{i}.ln1_w/b, ln2_w/b       -> transformer.h.{i}.ln_1.weight/bias, ln_2.weight/bias
+    h{i}.w_q | w_k | w_v        -> transformer.h.{i}.attn.c_attn.weight (C,3C): concatenated along the output dim
+    h{i}.w_o, w_1, w_2          -> attn.c_proj.weight (C,C), mlp.c_fc.weight (C,4C), mlp.c_proj.weight (4C,C)
+    lnf_w/b                     -> transformer.ln_f.weight/bias
+    (none)                      -> every linear bias: zeros; lm_head is tied to wte and not stored
+
+The folder: config.json, model.safetensors (fp32 or bf16), tokenizer.json + tokenizer_config.json (special tokens,
+a ChatML chat_template rendering exactly what microgpt/data/chat.py render gives), generation_config.json and a
+README.md model card. A byte-level model (vocab 256) gets a byte-level tokenizer.json whose ids are the bytes.
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from microgpt import checkpoint, config, memory
+from microgpt.errors import ArgParser, InputError
+from microgpt.fileio import atomic_write_json
+
+# ChatML as microgpt/data/chat.py render writes it; add_generation_prompt opens the assistant's turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class ExportError(InputError):
+    """An export that cannot be written (the --out folder, the checkpoint). str(err) is one line."""
+
+
+@dataclass
+class Loaded:
+    """A checkpoint read back with everything needed to rebuild its model."""
+
+    path: Path
+    exp: config.Experiment
+    step: int
+    weights: np.ndarray  # (n_params,) float32, canonical order
+    side: dict[str, Any]
+
+    def params(self) -> dict[str, np.ndarray]:
+        P, off = {}, 0
+        for name, shape in memory.param_shapes(self.exp.model):
+            n = int(np.prod(shape))
+            P[name] = self.weights[off : off + n].reshape(shape)
+            off += n
+        return P
+
+
+def load(where: str | Path) -> Loaded:
+    """A step-*.bin or a run folder (its newest valid checkpoint), checked against its sidecar's model."""
+    from microgpt.sample import resolve
+
+    path = resolve(str(where))
+    side = checkpoint.read_sidecar(path)
+    if "config" not in side:
+        raise config.ConfigError(
+            f"{checkpoint.sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model"
+        )
+    exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
+    n = memory.n_params(exp.model)
+    saved = side.get("params")
+    if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
+        raise checkpoint.CheckpointError(f"{checkpoint.sidecar_path(path)}: field 'params' does not match its "
+                                         "'config.model'; checkpoint is for another model")  # fmt: skip
+    try:
+        ck = checkpoint.read_checkpoint(path, n)
+    except checkpoint.CheckpointError as e:
+        raise checkpoint.CheckpointError(f"{e} (the sidecar's model); checkpoint is for another model") from None
+    if not checkpoint.verify_sha(path):
+        raise checkpoint.CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced?)")
+    return Loaded(path, exp, ck.step, ck.weights, side)
+
+
+def hf_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
+    """microgpt's named weights -> GPT2LMHeadModel's (lm_head tied, so not stored)."""
+    C = m.d_model
+    out = {"transformer.wte.weight": P["wte"], "transformer.wpe.weight": P["wpe"]}
+    for i in range(m.n_layer):
+        h, o = f"h{i}.", f"transformer.h.{i}."
+        out[o + "ln_1.weight"], out[o + "ln_1.bias"] = P[h + "ln1_w"], P[h + "ln1_b"]
+        out[o + "attn.c_attn.weight"] = np.concatenate([P[h + "w_q"], P[h + "w_k"], P[h + "w_v"]], axis=1)
+        out[o + "attn.c_attn.bias"] = np.zeros(3 * C, np.float32)
+        out[o + "attn.c_proj.weight"], out[o + "attn.c_proj.bias"] = P[h + "w_o"], np.zeros(C, np.float32)
+        out[o + "ln_2.weight"], out[o + "ln_2.bias"] = P[h + "ln2_w"], P[h + "ln2_b"]
+        out[o + "mlp.c_fc.weight"], out[o + "mlp.c_fc.bias"] = P[h + "w_1"], np.zeros(4 * C, np.float32)
+        out[o + "mlp.c_proj.weight"], out[o + "mlp.c_proj.bias"] = P[h + "w_2"], np.zeros(C, np.float32)
+    out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = P["lnf_w"], P["lnf_b"]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """fp32 -> bfloat16 bit patterns (uint16), rounded to nearest even; numpy has no bfloat16 dtype."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+    meta = {"format": "pt"}
+    if dtype == "fp32":
+        from safetensors.numpy import save_file
+
+        save_file(tensors, str(path), metadata=meta)
+        return
+    from safetensors import TensorSpec, serialize_file
+
+    bits = {k: to_bf16_bits(v) for k, v in tensors.items()}
+    specs = {k: TensorSpec(dtype="bfloat16", shape=b.shape, data_ptr=b.ctypes.data, data_len=b.nbytes)
+             for k, b in bits.items()}  # fmt: skip
+    serialize_file(specs, str(path), metadata=meta)
+
+
+def byte_tokenizer_json() -> dict[str, Any]:
+    """A tokenizers file for the byte tokenizer: GPT-2's byte-to-character map, no merges, id = byte value."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": vocab, "merges": []}}  # fmt: skip
+
+
+def tokenizer_files(info: dict[str, Any], m: config.ModelConfig) -> tuple[str, dict[str, Any], dict[str, int]]:
+    """(tokenizer.json text, tokenizer_config.json, special token -> id)."""
+    from microgpt.data.tokenizer import EOT, IM_END, IM_START, PAD
+
+    kind = info.get("kind", "bytes")
+    base = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": m.seq_len, "chat_template": CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}  # fmt: skip
+    if kind == "bytes":
+        if m.vocab_size < 256:
+            raise ExportError(f"model.vocab_size {m.vocab_size}: a byte-level model needs 256 entries")
+        return json.dumps(byte_tokenizer_json()), base, {}
+    if kind != "bpe":
+        raise ExportError(f"checkpoint tokenizer kind {kind!r}: no tokenizer.json recorded (set data.tokenizer), so "
+                          "there is nothing to export the tokenizer from")  # fmt: skip
+    from microgpt.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(info)
+    if tok.vocab_size > m.vocab_size:
+        raise ExportError(
+            f"{info['path']}: tokenizer has {tok.vocab_size} ids, more than model.vocab_size {m.vocab_size}"
+        )
+    special = tok.special_ids()
+    cfg = {**base, "bos_token": EOT, "eos_token": EOT, "unk_token": None,
+           "pad_token": PAD if PAD in special else EOT, "additional_special_tokens": [IM_START, IM_END]}  # fmt: skip
+    return Path(info["path"]).read_text(encoding="utf-8"), cfg, special
+
+
+def hf_config(m: config.ModelConfig, special: dict[str, int], dtype: str) -> dict[str, Any]:
+    from microgpt.data.tokenizer import EOT
+
+    eot = special.get(EOT, 0)  # the byte model separates documents with byte 0
+    torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
+        "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
+        "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "summary_first_dropout": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True, "use_cache": True, "bos_token_id": eot, "eos_token_id": eot,
+        "torch_dtype": torch_dtype, "dtype": torch_dtype,
+    }  # fmt: skip
+
+
+def generation_config(special: dict[str, int]) -> dict[str, Any]:
+    from microgpt.data.tokenizer import EOT, IM_END, PAD
+
+    eos = [special[s] for s in (IM_END, EOT) if s in special] or [0]
+    return {"bos_token_id": special.get(EOT, 0), "eos_token_id": eos, "pad_token_id": special.get(PAD, eos[-1])}
+
+
+def model_card(ld: Loaded, dtype: str) -> str:
+    m, side = ld.exp.model, ld.side
+    data = side.get("data") or side["config"].get("data", {})
+    val = side.get("val_loss")
+    tok = side.get("tokenizer", {})
+    lines = [
+        f"# {ld.exp.name}", "",
+        "A small GPT (ANDREA architecture = GPT-2 with zero linear biases) trained with "
+        "microgpt and exported with `microgpt export`.", "",
+        f"- model: d_model {m.d_model}, n_layer {m.n_layer}, n_head {m.n_head}, context {m.seq_len}, "
+        f"vocab {m.vocab_size} ({memory.n_params(m):,} parameters), weights {dtype}",
+        f"- tokenizer: {tok.get('kind', 'bytes')}",
+        f"- data: {json.dumps(data, sort_keys=True)}",
+        f"- steps: {ld.step} (checkpoint {ld.path.name})",
+        f"- validation loss: {val:.4f}" if isinstance(val, (int, float)) else "- validation loss: not recorded",
+        "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "tok = AutoTokenizer.from_pretrained(DIR); model = AutoModelForCausalLM.from_pretrained(DIR)", "```", "",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
+    """Write the folder; --out must not exist or be empty. Everything is written to a temp folder next to it and
+    renamed into place, so a failed export leaves nothing behind."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing overwritten)")
+    if dtype not in ("fp32", "bf16"):
+        raise ExportError(f"--dtype {dtype}: expected fp32 or bf16")
+    ld = load(where)
+    m = ld.exp.model
+    tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_safetensors(hf_state_dict(ld.params(), m), tmp / "model.safetensors", dtype)
+        atomic_write_json(tmp / "config.json", hf_config(m, special, dtype))
+        atomic_write_json(tmp / "generation_config.json", generation_config(special))
+        atomic_write_json(tmp / "tokenizer_config.json", tok_cfg)
+        (tmp / "tokenizer.json").write_text(tok_json, encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(ld, dtype), encoding="utf-8")
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def parser() -> ArgParser:
+    p = ArgParser(prog="microgpt export", description="Write a Hugging Face transformers (GPT-2) folder.")
+    p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
+    p.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weights in model.safetensors")
+    return p
+
+
+def main(argv: list[str] | argparse.Namespace) -> int:
+    args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
+    out = export(args.checkpoint, args.out, args.dtype)
+    print(json.dumps({"event": "export", "out": str(out), "dtype": args.dtype}))
+    return 0

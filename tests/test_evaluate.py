@@ -1,0 +1,124 @@
+"""`microgpt eval`: the trainer's validation loss on the same windows, bits per byte, HellaSwag as llm.c scores it."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt.export import load
+from microgpt.sample import KVModel, load_tokenizer
+from tests.conftest import TINY, cli, json_lines, write_experiment
+
+HELLASWAG = [
+    {"ctx": "def add(a, b):", "endings": ["return a + b", "zzq qq", "import os", "class A:"], "label": 0},
+    {"ctx": "The cat sat on the", "endings": ["mat.", "def", "}", "1234"], "label": 2},
+    {"ctx": "for i in", "endings": ["range(10):", "the house", "x", "<|im_end|>"], "label": "1"},
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float]:
+    """(run folder, shard folder, the trainer's last val_loss) of a tiny BPE run."""
+    folder = tmp_path_factory.mktemp("eval")
+    exp = write_experiment(folder, model={"vocab_size": 512}, data={"path": str(folder / "data")})
+    res = cli("train", str(exp), "--out", str(folder / "run"))
+    assert res.returncode == 0, res.stderr
+    val = [r["val_loss"] for r in json_lines(res.stdout) if r.get("event") == "eval"][-1]
+    return folder / "run", folder / "data", val
+
+
+def run_eval(*args: str) -> dict:
+    res = cli("eval", *args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def one_error_line(res) -> str:
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1, res.stderr
+    return res.stderr
+
+
+def test_shard_eval_equals_trainer_val_loss(trained) -> None:
+    run, data, val = trained
+    windows = TINY["train"]["eval_batches"] * TINY["train"]["micro_batch"]
+    got = run_eval(str(run), "--data", str(data), "--windows", str(windows))
+    assert got["windows"] == windows and got["loss"] == pytest.approx(val, abs=1e-6)
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
+    whole = run_eval(str(run), "--data", str(data), "--split", "val")  # every window of the split
+    assert whole["windows"] > windows and whole["tokens"] == whole["windows"] * TINY["model"]["seq_len"]
+
+
+def test_text_bits_per_byte(trained, tmp_path: Path) -> None:
+    run = trained[0]
+    text = "def add(a, b):\n    return a + b  # héllo ✓\n" * 5
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    got = run_eval(str(run), "--text", str(path))
+    n_bytes = len(text.encode("utf-8"))
+    assert got["bytes"] == n_bytes and got["windows"] == math.ceil(got["tokens"] / 32)
+    assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / n_bytes / math.log(2), rel=1e-9)
+    ld = load(run)  # the same loss from the KV model, token by token after <|endoftext|>
+    tok = load_tokenizer(ld.side["tokenizer"])
+    ids = [tok.eot_id, *tok.encode(text)]
+    losses = []
+    for start in range(0, len(ids) - 1, 32):
+        kv, w = KVModel(ld.exp.model, ld.weights), ids[start : start + 33]
+        for a, b in zip(w[:-1], w[1:]):
+            z = kv.step(a).astype(np.float64)
+            losses.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[b])
+    assert got["tokens"] == len(losses) and got["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
+
+
+def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:
+    run = trained[0]
+    path = tmp_path / "hs.jsonl"
+    path.write_text("".join(json.dumps(ex) + "\n" for ex in HELLASWAG))
+    got = run_eval(str(run), "--hellaswag", str(path))
+    ld = load(run)
+    tok = load_tokenizer(ld.side["tokenizer"])
+    correct = correct_norm = 0
+    for ex in HELLASWAG:
+        sums, means = [], []
+        for ending in ex["endings"]:
+            ctx, end = tok.encode(ex["ctx"]), tok.encode(" " + ending)
+            kv, seq, ls = KVModel(ld.exp.model, ld.weights), ctx + end, []
+            for i in range(len(seq) - 1):
+                z = kv.step(seq[i]).astype(np.float64)
+                if i + 1 >= len(ctx):
+                    ls.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[seq[i + 1]])
+            sums.append(sum(ls))
+            means.append(sum(ls) / len(ls))
+        correct += int(np.argmin(sums) == int(ex["label"]))
+        correct_norm += int(np.argmin(means) == int(ex["label"]))
+    assert got["examples"] == 3 and got["correct"] == correct and got["correct_norm"] == correct_norm
+    assert got["acc"] == correct / 3 and got["acc_norm"] == correct_norm / 3
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"ctx": "a", "endings": ["b", "c", "d"], "label": 0}', '{"ctx": "a", "endings": ["b", "c", "d", "e"]}',
+     "not json", '{"endings": ["b", "c", "d", "e"], "label": 1}'],
+)  # fmt: skip
+def test_malformed_hellaswag_line(trained, tmp_path: Path, line: str) -> None:
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps(HELLASWAG[0]) + "\n" + line + "\n")
+    assert f"{path}:2:" in one_error_line(cli("eval", str(trained[0]), "--hellaswag", str(path)))
+
+
+def test_checkpoint_for_another_model(trained, tmp_path: Path) -> None:
+    ck = sorted((trained[0] / "ckpt").glob("step-*.bin"))[-1]
+    shutil.copy(ck, tmp_path / ck.name)
+    side = json.loads(ck.with_name(ck.name.replace(".bin", ".state.json")).read_text())
+    side["config"]["model"]["n_layer"] = 3
+    (tmp_path / ck.name.replace(".bin", ".state.json")).write_text(json.dumps(side))
+    err = one_error_line(cli("eval", str(tmp_path / ck.name), "--data", str(trained[1])))
+    assert "another model" in err
+
+
+def test_needs_one_source(trained) -> None:
+    one_error_line(cli("eval", str(trained[0])))

@@ -1,0 +1,146 @@
+"""`microgpt export`: transformers (CPU) loads the folder and agrees with microgpt's own forward and sampler."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt.data.chat import render
+from microgpt.export import load
+from microgpt.sample import KVModel, generate, load_tokenizer
+from tests.conftest import cli, write_experiment
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "<|im_start|>user\nHi<|im_end|>\n", "x"]
+
+
+def train(folder: Path, vocab_size: int, steps: int = 6) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    exp = write_experiment(folder, model={"vocab_size": vocab_size}, train={"steps": steps},
+                           data={"path": str(folder / "data")})  # fmt: skip
+    res = cli("train", str(exp), "--out", str(folder / "run"))
+    assert res.returncode == 0, res.stderr
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(tmp_path_factory.mktemp("bpe"), 512)
+
+
+@pytest.fixture(scope="module")
+def hf(run: Path) -> Path:
+    out = run.parent / "hf"
+    res = cli("export", str(run), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def hf_model(folder: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def test_folder_has_the_files(hf: Path) -> None:
+    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+             "README.md"}  # fmt: skip
+    assert {p.name for p in hf.iterdir()} == names
+    cfg = json.loads((hf / "config.json").read_text())
+    assert cfg["architectures"] == ["GPT2LMHeadModel"] and cfg["n_positions"] == 32 and cfg["vocab_size"] == 512
+    assert cfg["activation_function"] == "gelu_new" and cfg["tie_word_embeddings"] is True
+    assert "steps: 6" in (hf / "README.md").read_text()
+
+
+def test_logits_match_microgpt(run: Path, hf: Path) -> None:
+    ld, tok, model = load(run), load_tokenizer(load(run).side["tokenizer"]), hf_model(hf)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        kv = KVModel(ld.exp.model, ld.weights)
+        ours = np.stack([kv.step(t) for t in ids])
+        np.testing.assert_allclose(hf_logits(model, ids), ours, atol=1e-4, rtol=0)
+
+
+def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
+    ld, model = load(run), hf_model(hf)
+    tok = load_tokenizer(ld.side["tokenizer"])
+    model.generation_config.eos_token_id = None  # microgpt sample does not stop at <|im_end|>: compare all tokens
+    for prompt in PROMPTS[:2]:
+        ids = tok.encode(prompt)
+        n = 32 - len(ids) - 1  # within the context: transformers' GPT-2 does not slide its window
+        with torch.no_grad():
+            got = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+        got = got[0, len(ids) :].tolist()
+        assert got == generate(KVModel(ld.exp.model, ld.weights), ids, n, 0.0, 0, 0)
+        res = cli("sample", str(run), "--prompt", prompt, "--temperature", "0", "--tokens", str(n), "--json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["text"] == tok.decode(got)
+
+
+def test_tokenizer_round_trips_and_renders_chatml(run: Path, hf: Path) -> None:
+    ours = load_tokenizer(load(run).side["tokenizer"])
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    for text in [*PROMPTS, "héllo wörld ✓\n\t  spaces", ""]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == ours.encode(text) and tok.decode(ids) == text
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}]  # fmt: skip
+    assert tok.apply_chat_template(msgs, tokenize=False) == render(msgs)[0]
+    prompt = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt == render(msgs[:2])[0] + "<|im_start|>assistant\n"
+    gen = json.loads((hf / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [ours.im_end_id, ours.eot_id]
+
+
+def test_bf16_weights_are_the_rounded_fp32(run: Path, hf: Path) -> None:
+    out = run.parent / "hf-bf16"
+    res = cli("export", str(run), "--out", str(out), "--dtype", "bf16")
+    assert res.returncode == 0, res.stderr
+    a, b = hf_model(hf), transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    wa, wb = a.transformer.h[0].attn.c_attn.weight, b.transformer.h[0].attn.c_attn.weight
+    assert wb.dtype == torch.bfloat16 and torch.equal(wa.to(torch.bfloat16), wb)
+
+
+def test_byte_model_exports(tmp_path: Path) -> None:
+    run = train(tmp_path, 256, steps=2)
+    res = cli("export", str(run), "--out", str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "héllo\n\tx"
+    assert tok.encode(text, add_special_tokens=False) == list(text.encode()) and tok.decode(list(text.encode())) == text
+    ld = load(run)
+    kv = KVModel(ld.exp.model, ld.weights)
+    ids = list(text.encode())
+    ours = np.stack([kv.step(t) for t in ids])
+    np.testing.assert_allclose(hf_logits(hf_model(tmp_path / "hf"), ids), ours, atol=1e-4, rtol=0)
+
+
+def test_out_not_empty_is_refused_untouched(run: Path, tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    res = cli("export", str(run), "--out", str(tmp_path))
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1
+    assert "not empty" in res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"] and (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_checkpoint_for_another_model_is_refused(run: Path, tmp_path: Path) -> None:
+    """A .bin next to a sidecar describing another model (here: wider): one line, nothing written."""
+    ck = sorted((run / "ckpt").glob("step-*.bin"))[-1]
+    bad = tmp_path / "ckpt"
+    bad.mkdir()
+    shutil.copy(ck, bad / ck.name)
+    side = json.loads(ck.with_name(ck.name.removesuffix(".bin") + ".state.json").read_text())
+    side["config"]["model"]["d_model"] = 64
+    (bad / ck.name.replace(".bin", ".state.json")).write_text(json.dumps(side))
+    res = cli("export", str(bad / ck.name), "--out", str(tmp_path / "hf"))
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1
+    assert "another model" in res.stderr and not (tmp_path / "hf").exists()
