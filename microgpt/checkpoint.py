@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from microgpt import config, memory
 from microgpt.errors import InputError
 from microgpt.fileio import atomic_write_bytes, atomic_write_json
 
@@ -142,3 +143,54 @@ def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max
         if on_skip is not None:
             on_skip(path, reason)
     return None
+
+
+def resolve(where: str | Path) -> Path:
+    """A step-*.bin as given, or a run folder's (or a ckpt folder's) newest valid checkpoint."""
+    p = Path(where)
+    if p.is_dir():
+        found = latest_valid_checkpoint(p / "ckpt" if (p / "ckpt").is_dir() else p)
+        if found is None:
+            raise CheckpointError(f"{p}: no valid checkpoint in this folder")
+        return found
+    return p
+
+
+@dataclass
+class Trained:
+    """A checkpoint read back with everything needed to use its model elsewhere (sample, chat, export, eval)."""
+
+    path: Path
+    exp: config.Experiment
+    step: int
+    weights: np.ndarray  # (n_params,) float32, canonical order
+    side: dict[str, Any]
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Named views of the weights, in the canonical order (memory.param_shapes)."""
+        P, off = {}, 0
+        for name, shape in memory.param_shapes(self.exp.model):
+            n = int(np.prod(shape))
+            P[name] = self.weights[off : off + n].reshape(shape)
+            off += n
+        return P
+
+
+def load_trained(where: str | Path) -> Trained:
+    """A step-*.bin or a run folder (its newest valid checkpoint), checked against its sidecar's model."""
+    path = resolve(where)
+    side = read_sidecar(path)
+    if "config" not in side:
+        raise config.ConfigError(f"{sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model")
+    exp = config.from_dict(side["config"], str(sidecar_path(path)))
+    saved = side.get("params")
+    if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
+        raise CheckpointError(f"{sidecar_path(path)}: field 'params' does not match its 'config.model'; "
+                              "checkpoint is for another model")  # fmt: skip
+    try:
+        ck = read_checkpoint(path, memory.n_params(exp.model))
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} (the sidecar's model); checkpoint is for another model") from None
+    if not verify_sha(path):
+        raise CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced?)")
+    return Trained(path, exp, ck.step, ck.weights, side)

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import model
+from microgpt import checkpoint, model
 from microgpt.backend import get_backend
 from microgpt.errors import ArgParser, InputError
-from microgpt.export import Loaded, load
+from microgpt.sample import load_tokenizer
 from microgpt.state import make_state
 
 
@@ -41,7 +41,7 @@ class EvalError(InputError):
 class Scorer:
     """The checkpoint's model on a NumPy arena of micro-batch B: per-token losses of (B, T) windows."""
 
-    def __init__(self, ld: Loaded, B: int):
+    def __init__(self, ld: checkpoint.Trained, B: int):
         t = dataclasses.replace(ld.exp.train, micro_batch=B, backend="numpy", precision="fp32")
         self.m, self.B, self.T = ld.exp.model, B, ld.exp.model.seq_len
         self.S = make_state(self.m, t, get_backend("numpy", "fp32"))
@@ -92,7 +92,9 @@ def score_windows(sc: Scorer, windows: list[tuple[np.ndarray, np.ndarray]], nbyt
             "tokens": count, "bytes": byte_count, "windows": len(windows)}  # fmt: skip
 
 
-def shard_windows(ld: Loaded, folder: Path, split: str, n: int | None, B: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def shard_windows(
+    ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """The validation loader's windows 0 .. n-1 (all of them by default; past the end they wrap, as val_batch)."""
     from microgpt.data.loader import Loader, open_split
 
@@ -145,7 +147,7 @@ def read_hellaswag(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def hellaswag(ld: Loaded, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
+def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
     examples = read_hellaswag(path)[:limit]
     sc, T = Scorer(ld, 4), ld.exp.model.seq_len
     correct = correct_norm = 0
@@ -186,9 +188,7 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     if args.windows is not None and args.windows < 1:
         raise EvalError(f"--windows {args.windows}: must be at least 1")
-    ld = load(args.checkpoint)
-    from microgpt.sample import load_tokenizer
-
+    ld = checkpoint.load_trained(args.checkpoint)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
         res = hellaswag(ld, tok, Path(args.hellaswag), args.windows)

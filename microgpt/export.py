@@ -22,7 +22,6 @@ import argparse
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,50 +40,6 @@ CHAT_TEMPLATE = (
 
 class ExportError(InputError):
     """An export that cannot be written (the --out folder, the checkpoint). str(err) is one line."""
-
-
-@dataclass
-class Loaded:
-    """A checkpoint read back with everything needed to rebuild its model."""
-
-    path: Path
-    exp: config.Experiment
-    step: int
-    weights: np.ndarray  # (n_params,) float32, canonical order
-    side: dict[str, Any]
-
-    def params(self) -> dict[str, np.ndarray]:
-        P, off = {}, 0
-        for name, shape in memory.param_shapes(self.exp.model):
-            n = int(np.prod(shape))
-            P[name] = self.weights[off : off + n].reshape(shape)
-            off += n
-        return P
-
-
-def load(where: str | Path) -> Loaded:
-    """A step-*.bin or a run folder (its newest valid checkpoint), checked against its sidecar's model."""
-    from microgpt.sample import resolve
-
-    path = resolve(str(where))
-    side = checkpoint.read_sidecar(path)
-    if "config" not in side:
-        raise config.ConfigError(
-            f"{checkpoint.sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model"
-        )
-    exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
-    n = memory.n_params(exp.model)
-    saved = side.get("params")
-    if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
-        raise checkpoint.CheckpointError(f"{checkpoint.sidecar_path(path)}: field 'params' does not match its "
-                                         "'config.model'; checkpoint is for another model")  # fmt: skip
-    try:
-        ck = checkpoint.read_checkpoint(path, n)
-    except checkpoint.CheckpointError as e:
-        raise checkpoint.CheckpointError(f"{e} (the sidecar's model); checkpoint is for another model") from None
-    if not checkpoint.verify_sha(path):
-        raise checkpoint.CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced?)")
-    return Loaded(path, exp, ck.step, ck.weights, side)
 
 
 def hf_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
@@ -193,7 +148,7 @@ def generation_config(special: dict[str, int]) -> dict[str, Any]:
     return {"bos_token_id": special.get(EOT, 0), "eos_token_id": eos, "pad_token_id": special.get(PAD, eos[-1])}
 
 
-def model_card(ld: Loaded, dtype: str) -> str:
+def model_card(ld: checkpoint.Trained, dtype: str) -> str:
     m, side = ld.exp.model, ld.side
     data = side.get("data") or side["config"].get("data", {})
     val = side.get("val_loss")
@@ -222,7 +177,7 @@ def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
         raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing overwritten)")
     if dtype not in ("fp32", "bf16"):
         raise ExportError(f"--dtype {dtype}: expected fp32 or bf16")
-    ld = load(where)
+    ld = checkpoint.load_trained(where)
     m = ld.exp.model
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, memory
+from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
-from microgpt.config import ConfigError
 from microgpt.errors import InputError
 
 
@@ -39,13 +37,8 @@ def check_flags(args: argparse.Namespace) -> None:
 class KVModel:
     """A model's weights plus a (L, T, C) key/value cache for one sequence."""
 
-    def __init__(self, m: config.ModelConfig, weights: np.ndarray):
-        self.m = m
-        self.P, off = {}, 0
-        for name, shape in memory.param_shapes(m):
-            n = int(np.prod(shape))
-            self.P[name] = weights[off : off + n].reshape(shape)
-            off += n
+    def __init__(self, m: config.ModelConfig, P: dict[str, np.ndarray]):
+        self.m, self.P = m, P  # named weights (checkpoint.Trained.params)
         C = m.d_model
         self.k = np.zeros((m.n_layer, m.seq_len, C), np.float32)
         self.v = np.zeros_like(self.k)
@@ -127,25 +120,10 @@ def load_tokenizer(info: dict[str, Any]) -> Any:
     return load_bpe(info)
 
 
-def resolve(path: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        found = checkpoint.latest_valid_checkpoint(p / "ckpt" if (p / "ckpt").is_dir() else p)
-        if found is None:
-            raise checkpoint.CheckpointError(f"{p}: no valid checkpoint in this folder")
-        return found
-    return p
-
-
 def load(where: str) -> tuple[KVModel, Any, int]:
     """The model of a checkpoint or run folder with an empty cache, its tokenizer, and the checkpoint's step."""
-    path = resolve(where)
-    side = checkpoint.read_sidecar(path)
-    if "config" not in side:
-        raise ConfigError(f"{checkpoint.sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model")
-    exp = config.from_dict(side["config"], str(checkpoint.sidecar_path(path)))
-    ck = checkpoint.read_checkpoint(path, memory.n_params(exp.model))
-    return KVModel(exp.model, ck.weights), load_tokenizer(side.get("tokenizer", {})), ck.step
+    ld = checkpoint.load_trained(where)
+    return KVModel(ld.exp.model, ld.params()), load_tokenizer(ld.side.get("tokenizer", {})), ld.step
 
 
 def main(args: argparse.Namespace) -> int:

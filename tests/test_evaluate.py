@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt.export import load
+from microgpt import checkpoint
 from microgpt.sample import KVModel, load_tokenizer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
@@ -62,12 +62,12 @@ def test_text_bits_per_byte(trained, tmp_path: Path) -> None:
     n_bytes = len(text.encode("utf-8"))
     assert got["bytes"] == n_bytes and got["windows"] == math.ceil(got["tokens"] / 32)
     assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / n_bytes / math.log(2), rel=1e-9)
-    ld = load(run)  # the same loss from the KV model, token by token after <|endoftext|>
+    ld = checkpoint.load_trained(run)  # the same loss from the KV model, token by token after <|endoftext|>
     tok = load_tokenizer(ld.side["tokenizer"])
     ids = [tok.eot_id, *tok.encode(text)]
     losses = []
     for start in range(0, len(ids) - 1, 32):
-        kv, w = KVModel(ld.exp.model, ld.weights), ids[start : start + 33]
+        kv, w = KVModel(ld.exp.model, ld.params()), ids[start : start + 33]
         for a, b in zip(w[:-1], w[1:]):
             z = kv.step(a).astype(np.float64)
             losses.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[b])
@@ -79,14 +79,14 @@ def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:
     path = tmp_path / "hs.jsonl"
     path.write_text("".join(json.dumps(ex) + "\n" for ex in HELLASWAG))
     got = run_eval(str(run), "--hellaswag", str(path))
-    ld = load(run)
+    ld = checkpoint.load_trained(run)
     tok = load_tokenizer(ld.side["tokenizer"])
     correct = correct_norm = 0
     for ex in HELLASWAG:
         sums, means = [], []
         for ending in ex["endings"]:
             ctx, end = tok.encode(ex["ctx"]), tok.encode(" " + ending)
-            kv, seq, ls = KVModel(ld.exp.model, ld.weights), ctx + end, []
+            kv, seq, ls = KVModel(ld.exp.model, ld.params()), ctx + end, []
             for i in range(len(seq) - 1):
                 z = kv.step(seq[i]).astype(np.float64)
                 if i + 1 >= len(ctx):

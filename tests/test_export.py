@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from microgpt import checkpoint
 from microgpt.data.chat import render
-from microgpt.export import load
 from microgpt.sample import KVModel, generate, load_tokenizer
 from tests.conftest import cli, write_experiment
 
@@ -62,16 +62,17 @@ def test_folder_has_the_files(hf: Path) -> None:
 
 
 def test_logits_match_microgpt(run: Path, hf: Path) -> None:
-    ld, tok, model = load(run), load_tokenizer(load(run).side["tokenizer"]), hf_model(hf)
+    ld, model = checkpoint.load_trained(run), hf_model(hf)
+    tok = load_tokenizer(ld.side["tokenizer"])
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
-        kv = KVModel(ld.exp.model, ld.weights)
+        kv = KVModel(ld.exp.model, ld.params())
         ours = np.stack([kv.step(t) for t in ids])
         np.testing.assert_allclose(hf_logits(model, ids), ours, atol=1e-4, rtol=0)
 
 
 def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
-    ld, model = load(run), hf_model(hf)
+    ld, model = checkpoint.load_trained(run), hf_model(hf)
     tok = load_tokenizer(ld.side["tokenizer"])
     model.generation_config.eos_token_id = None  # microgpt sample does not stop at <|im_end|>: compare all tokens
     for prompt in PROMPTS[:2]:
@@ -80,14 +81,14 @@ def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
         with torch.no_grad():
             got = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
         got = got[0, len(ids) :].tolist()
-        assert got == generate(KVModel(ld.exp.model, ld.weights), ids, n, 0.0, 0, 0)
+        assert got == generate(KVModel(ld.exp.model, ld.params()), ids, n, 0.0, 0, 0)
         res = cli("sample", str(run), "--prompt", prompt, "--temperature", "0", "--tokens", str(n), "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["text"] == tok.decode(got)
 
 
 def test_tokenizer_round_trips_and_renders_chatml(run: Path, hf: Path) -> None:
-    ours = load_tokenizer(load(run).side["tokenizer"])
+    ours = load_tokenizer(checkpoint.load_trained(run).side["tokenizer"])
     tok = transformers.AutoTokenizer.from_pretrained(hf)
     for text in [*PROMPTS, "héllo wörld ✓\n\t  spaces", ""]:
         ids = tok.encode(text, add_special_tokens=False)
@@ -117,8 +118,8 @@ def test_byte_model_exports(tmp_path: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "héllo\n\tx"
     assert tok.encode(text, add_special_tokens=False) == list(text.encode()) and tok.decode(list(text.encode())) == text
-    ld = load(run)
-    kv = KVModel(ld.exp.model, ld.weights)
+    ld = checkpoint.load_trained(run)
+    kv = KVModel(ld.exp.model, ld.params())
     ids = list(text.encode())
     ours = np.stack([kv.step(t) for t in ids])
     np.testing.assert_allclose(hf_logits(hf_model(tmp_path / "hf"), ids), ours, atol=1e-4, rtol=0)
