@@ -73,6 +73,7 @@ class Trainer:
         self.step_fn = Step(self.S, dp)
         self._critical = False  # from the start of a step until it is reported, or in a checkpoint write
         self._pending: list[str] = []
+        self.last_eval: dict[str, Any] = {}  # {"val_loss", "val_step"} of the latest evaluation, for the sidecars
 
     @property
     def step(self) -> int:
@@ -135,7 +136,7 @@ class Trainer:
         was_critical, self._critical = self._critical, True
         meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
                 "data": self.data_info, "backend": self.t.backend, "precision": self.t.precision,
-                "reason": reason}  # fmt: skip
+                "reason": reason, **self.last_eval}  # fmt: skip
         mix = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume); plain: None
         if mix is not None:
             meta["mixing"] = mix
@@ -190,7 +191,9 @@ class Trainer:
                         _progress(rec, t.steps)
                 self._leave_critical()  # a signal that came during the step is handled now
                 if self.step % t.eval_every == 0 or self.step == t.steps:
-                    emit({"event": "eval", "step": self.step, **self.evaluate()})
+                    ev = self.evaluate()
+                    self.last_eval = {"val_loss": ev["val_loss"], "val_step": self.step}
+                    emit({"event": "eval", "step": self.step, **ev})
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
                     self._leave_critical()  # a signal that came during the write is handled now, not a step later

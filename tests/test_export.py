@@ -51,14 +51,16 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def test_folder_has_the_files(hf: Path) -> None:
+def test_folder_has_the_files(run: Path, hf: Path) -> None:
     names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
              "README.md"}  # fmt: skip
     assert {p.name for p in hf.iterdir()} == names
     cfg = json.loads((hf / "config.json").read_text())
     assert cfg["architectures"] == ["GPT2LMHeadModel"] and cfg["n_positions"] == 32 and cfg["vocab_size"] == 512
     assert cfg["activation_function"] == "gelu_new" and cfg["tie_word_embeddings"] is True
-    assert "steps: 6" in (hf / "README.md").read_text()
+    card = (hf / "README.md").read_text()
+    val = checkpoint.read_sidecar(checkpoint.resolve(run))["val_loss"]  # the run's last evaluation
+    assert "steps: 6" in card and f"validation loss: {val:.4f}" in card
 
 
 def test_logits_match_microgpt(run: Path, hf: Path) -> None:

@@ -3,7 +3,9 @@ end in tests/test_cli.py, tests/test_distributed.py and tests/proxy)."""
 
 from __future__ import annotations
 
-from microgpt import config, trainer
+import json
+
+from microgpt import checkpoint, config, trainer
 from tests.conftest import TINY
 
 
@@ -22,3 +24,12 @@ def test_lr_schedule_restarts_at_schedule_start() -> None:
     plain = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 200}}).train
     assert [trainer.lr_at(100 + s, t) for s in range(200)] == [trainer.lr_at(s, plain) for s in range(200)]
     assert base.schedule_start == 0
+
+
+def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path, capfd) -> None:
+    """The sidecar carries the latest eval (the exported model card quotes it)."""
+    exp = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 3, "eval_every": 3}})
+    assert trainer.Trainer(exp, tmp_path).run() == 0
+    evals = [json.loads(line) for line in capfd.readouterr().out.splitlines() if '"event":"eval"' in line]
+    side = checkpoint.read_sidecar(checkpoint.list_checkpoints(tmp_path / "ckpt")[0])
+    assert (side["val_loss"], side["val_step"]) == (evals[-1]["val_loss"], 3)
