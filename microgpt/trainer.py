@@ -124,6 +124,7 @@ class Trainer:
     # --- checkpoints and signals ----------------------------------------------------------------------
     def load(self, path: str | Path) -> None:
         side = self.S.load_checkpoint(path)
+        self.last_eval = {k: side[k] for k in ("val_loss", "val_step") if k in side}  # until the next evaluation
         self.train_data.load_state(side.get("mixing"), self.step, str(path))  # a mixture continues where it left
 
     def save(self, reason: str) -> Path | None:
