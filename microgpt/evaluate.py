@@ -29,8 +29,8 @@ import numpy as np
 
 from microgpt import checkpoint, model
 from microgpt.backend import get_backend
+from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError
-from microgpt.sample import load_tokenizer
 from microgpt.state import make_state
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import checkpoint, config, memory
+from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError
 from microgpt.fileio import atomic_write_json
 
@@ -112,8 +113,6 @@ def tokenizer_files(info: dict[str, Any], m: config.ModelConfig) -> tuple[str, d
     if kind != "bpe":
         raise ExportError(f"checkpoint tokenizer kind {kind!r}: no tokenizer.json recorded (set data.tokenizer), so "
                           "there is nothing to export the tokenizer from")  # fmt: skip
-    from microgpt.data.tokenizer import load_tokenizer
-
     tok = load_tokenizer(info)
     if tok.vocab_size > m.vocab_size:
         raise ExportError(

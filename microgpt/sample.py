@@ -17,6 +17,7 @@ import numpy as np
 
 from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
+from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError
 
 
@@ -108,16 +109,6 @@ def generate(kv: KVModel, prompt: list[int], n_tokens: int, temperature: float, 
                 kv.step(tok)
         logits = kv.step(nxt)
     return out
-
-
-def load_tokenizer(info: dict[str, Any]) -> Any:
-    if info.get("kind", "bytes") == "bytes":
-        from microgpt.data.tokenizer import ByteTokenizer
-
-        return ByteTokenizer()
-    from microgpt.data.tokenizer import load_tokenizer as load_bpe
-
-    return load_bpe(info)
 
 
 def load(where: str) -> tuple[KVModel, Any, int]:

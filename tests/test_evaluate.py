@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from microgpt import checkpoint
-from microgpt.sample import KVModel, load_tokenizer
+from microgpt.data.tokenizer import load_tokenizer
+from microgpt.sample import KVModel
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 HELLASWAG = [

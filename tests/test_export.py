@@ -11,7 +11,8 @@ import pytest
 
 from microgpt import checkpoint
 from microgpt.data.chat import render
-from microgpt.sample import KVModel, generate, load_tokenizer
+from microgpt.data.tokenizer import load_tokenizer
+from microgpt.sample import KVModel, generate
 from tests.conftest import cli, write_experiment
 
 torch = pytest.importorskip("torch")

@@ -168,11 +168,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     return BPETokenizer(tok)
 
 
-def load_tokenizer(where: str | Path | dict) -> BPETokenizer:
-    """From a tokenizer.json path, or from a run's record {"path", "sha256", ...} (data.tokenizer_info),
-    in which case the file must still hash to the recorded sha256."""
+def load_tokenizer(where: str | Path | dict) -> BPETokenizer | ByteTokenizer:
+    """From a tokenizer.json path, or from a run's record (data.tokenizer_info, kept in every checkpoint's sidecar):
+    {"kind": "bytes"} (or no record) is the byte tokenizer; a BPE record {"path", "sha256", ...} must still hash to
+    the recorded sha256."""
     if not isinstance(where, dict):
         return BPETokenizer.load(where)
+    if where.get("kind", "bpe" if where.get("path") else "bytes") == "bytes":
+        return ByteTokenizer()
     if not where.get("path"):
         raise TokenizerError(f"tokenizer record {where}: field 'path' is missing")
     tok = BPETokenizer.load(where["path"])
