@@ -6,13 +6,21 @@ already set (torchrun, or our launcher) joins as that rank instead. On the trito
 LOCAL_RANK and the gradients go through NCCL; on the NumPy backend the ranks are CPU processes and go through
 gloo, with the flat fp32 grads wrapped by torch.from_numpy (no copy); the triton backend without CUDA (the
 interpreter) goes through gloo with CPU tensors. The code path is the same, which is how CI checks it with 2 CPU
-processes. torch is imported only here, only for N > 1. With N > 1 the triton backend's step runs eagerly, not
-as one CUDA graph (microgpt/kernels/step.py); capturing the NCCL all-reduce in the graph is a later step.
+processes. torch is imported only here, only for N > 1. On GPUs each rank's whole optimizer step, NCCL
+all-reduces included, is one CUDA graph (microgpt/step.py): a rank replays it once per step.
+
+Several machines: run torchrun on each (one node per machine), e.g. for 2 nodes of 8 GPUs
+  torchrun --nnodes 2 --nproc-per-node 8 --node-rank R --master-addr HOST0 --master-port 29500 \
+      --no-python microgpt train EXP --out RUN
+with R = 0 on HOST0 and 1 on the other; every node needs the data at data.path, and resuming needs the run
+folder (rank 0 writes the checkpoints) on a filesystem every node reads. CI runs exactly this as 2 simulated
+nodes on localhost with gloo (tests/test_distributed.py).
 
 One step on every rank:
   rank r reads rows [r*b, (r+1)*b) of the global micro-batch of N*b rows (data.Loader's shard), for each micro
-  forward + backward as usual -> ONE all-reduce (sum) of the flat grads after the last micro-batch's backward
-  -> scale by 1/(n_micro*N) (the same call that already scaled by 1/n_micro) -> grad norm, clip, AdamW.
+  forward + backward as usual; during the last micro-batch's backward, each layer's grads are summed over ranks
+  (one all-reduce per layer, started as backward leaves the layer, overlapping the layers below: GradReduce),
+  then the embedding's -> scale by 1/(n_micro*N) (AdamW's gscale) -> grad norm, clip, AdamW.
 The summed grads are bit-identical on every rank (NCCL's and gloo's ring and tree all-reduces reduce each
 element in one place, then copy it; the replica check below catches one that would not), so norm, clip and
 AdamW do the same arithmetic everywhere and the weights stay bit-identical with no further traffic. N processes
@@ -29,8 +37,9 @@ Why all-reduce and not ZeRO-1 (reduce-scatter, AdamW on a 1/N shard, all-gather 
   sharded norm (an extra all-reduce of partial sums) and a weight all-gather before the next forward;
 - weights that are bit-identical by construction, so a checkpoint is any rank's state: rank 0 writes the seed
   format alone, same layout as one process, and a run resumes with any process count.
-Overlapping the all-reduce with backward (bucket by layer: layer l's grads are final once the last micro-batch's
-backward leaves layer l) is the next step on NCCL; the NumPy engine is synchronous, so gloo could not overlap.
+Buckets are layers (ANDREA-120M: 7.1M grads, 28 MB each), big enough for full-bandwidth all-reduces and early
+enough that only the embedding's bucket (wte + wpe, the last to finish) waits at the end of backward. With gloo
+the NumPy engine's backward overlaps the sums too: gloo runs them on its own threads.
 
 Control traffic (host scalars) goes through a gloo group: the step's loss, the signal flags and, every
 CHECK_EVERY steps and before each checkpoint, checksums of weights, m and v that must agree on every rank
@@ -44,6 +53,7 @@ launcher (PR_SET_PDEATHSIG), since the proxy may SIGKILL the launcher alone.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import socket
@@ -54,7 +64,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from microgpt.config import ConfigError
+from microgpt import memory
+from microgpt.config import ConfigError, ModelConfig
 
 CHECK_EVERY = 100  # steps between replica checks (plus the first step and every checkpoint)
 LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
@@ -77,12 +88,18 @@ class DataParallel:
         self._agreed = (False, 0)  # (SIGTERM seen by any rank, most SIGUSR1 seen by a rank), from agree()
 
     # --- gradients and scalars ------------------------------------------------------------------------------
-    def all_reduce_grads(self, g: Any) -> None:
-        """Sum the flat fp32 grads over ranks, in place: a CUDA tensor (NCCL), or a CPU tensor or NumPy array (gloo)."""
+    def all_reduce_async(self, g: Any) -> Any:
+        """Start summing g (fp32, contiguous) over ranks, in place; returns the pending work (.wait() joins it).
+
+        g is a CUDA tensor (NCCL: the sum runs on NCCL's stream, which waits for the work queued so far on the
+        current stream, and .wait() makes the current stream wait for the sum; inside a CUDA graph capture the
+        two become a fork and a join of the graph), or a CPU tensor or NumPy array (gloo: the sum runs on gloo's
+        threads while this one goes on; .wait() blocks until it is done)."""
         import torch
         import torch.distributed as dist
 
-        dist.all_reduce(torch.from_numpy(g) if isinstance(g, np.ndarray) else g, op=dist.ReduceOp.SUM)
+        t = torch.from_numpy(g) if isinstance(g, np.ndarray) else g
+        return _Pending(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True), t)
 
     def gather(self, values: Sequence[float | int], dtype: str = "float64") -> np.ndarray:
         """(world_size, len(values)): every rank's values, on every rank (one small all-reduce on the host)."""
@@ -157,6 +174,55 @@ def words_sum(x: Any) -> int:
     import torch
 
     return int(x.view(torch.int32).sum(dtype=torch.int64).item())
+
+
+class _Pending:
+    """An all-reduce in flight and the tensor it works on (a NumPy array's tensor view must outlive the work)."""
+
+    def __init__(self, work: Any, tensor: Any) -> None:
+        self.work, self.tensor = work, tensor
+
+    def wait(self) -> None:
+        self.work.wait()
+
+
+def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """Where backward finishes the flat gradients: ([(first, end) of layer l's grads for l in 0..L-1], the rest).
+
+    In the canonical order (memory.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf]. The
+    last micro-batch's backward finishes lnf first, then layer L-1, ..., layer 0, and the embedding (wte, also
+    the tied head, wpe) last; so layer L-1's bucket runs to the end (lnf with it), and the rest is wte + wpe."""
+    first: dict[str, int] = {}
+    at = 0
+    for name, shape in memory.param_shapes(m):
+        first[name] = at
+        at += math.prod(shape)
+    starts = [first[f"h{layer}.ln1_w"] for layer in range(m.n_layer)] + [at]
+    layers = [(starts[i], starts[i + 1]) for i in range(m.n_layer)]
+    return layers, (0, starts[0])
+
+
+class GradReduce:
+    """The gradient all-reduce of one optimizer step, bucket by bucket: layer l's grads start their sum as soon
+    as the last micro-batch's backward leaves layer l (`layer_done`), overlapping the backward of the layers
+    below; `finish` starts the embedding's bucket and waits for every sum. The result is the same sum over ranks
+    for every element as one all-reduce of the whole array (each element is still reduced in one place)."""
+
+    def __init__(self, dp: DataParallel, m: ModelConfig, g: Any) -> None:
+        layers, self.rest = grad_buckets(m)
+        self.dp, self.g, self.layers = dp, g, layers
+        self.pending: list[_Pending] = []
+
+    def layer_done(self, layer: int) -> None:
+        first, end = self.layers[layer]
+        self.pending.append(self.dp.all_reduce_async(self.g[first:end]))
+
+    def finish(self) -> None:
+        first, end = self.rest
+        self.pending.append(self.dp.all_reduce_async(self.g[first:end]))
+        for p in self.pending:
+            p.wait()
+        self.pending.clear()
 
 
 # --- joining a job ------------------------------------------------------------------------------------------

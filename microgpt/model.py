@@ -21,6 +21,7 @@ targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from microgpt.backend import Backend
@@ -76,9 +77,11 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
                                     targets, A["logits"])  # fmt: skip
 
 
-def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any) -> None:
+def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
+                 layer_done: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Adds this micro-batch's gradients into G (weights) using what gpt_forward(..., G) saved, starting from
-    d lnf, which that call left in A["dln"] (the module docstring says why)."""
+    d lnf, which that call left in A["dln"] (the module docstring says why). layer_done(l), if given, is called
+    once layer l's gradients are complete (data parallel starts their all-reduce there)."""
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
@@ -110,6 +113,8 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         K.linear_backward(dln, G[h + "w_q"], dq, ln1, P[h + "w_q"])
         K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
+        if layer_done is not None:
+            layer_done(layer)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
 
 

@@ -2,7 +2,8 @@
 function is captured once as a CUDA graph and replayed (one launch per step from Python).
 
     for each micro-batch: forward (with the loss head's backward) ; backward     adds into the grads (+=)
-    all-reduce the grads over ranks (data parallel)                              their sum
+    all-reduce the grads over ranks (data parallel)                              their sum, layer by layer
+                                                                                 during the last backward
     norm = ||g||                                                                 of the raw sum, two fixed passes
     AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
     and the compute copy of the weights refreshed, the grads zeroed              in the same pass
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import model
+from microgpt.distributed import GradReduce
 from microgpt.memory import NORM_BLOCK
 from microgpt.state import TrainState
 
@@ -33,14 +35,16 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     K, m, t, A = S.K, S.m, S.t, S.arena
     report = A["report"]
     K.zero_(report)
+    reduce = GradReduce(dp, m, S.g) if dp is not None else None  # the sum over ranks; gscale makes it the mean
     for i in range(t.n_micro):
         tokens, targets = A["tokens"][i], A["targets"][i]
         model.gpt_forward(K, m, S.P_compute, A, tokens, targets, S.G)
         K.loss_sum(report, A["losses"], targets.reshape(-1), 1.0 / t.n_micro, True)
         K.loss_sum(report[2 + i :], A["losses"], targets.reshape(-1), 1.0, True)
-        model.gpt_backward(K, m, S.P_compute, S.G, A, tokens)
-    if dp is not None:
-        dp.all_reduce_grads(S.g)  # the sum over ranks; gscale makes it the mean
+        last = reduce is not None and i == t.n_micro - 1
+        model.gpt_backward(K, m, S.P_compute, S.G, A, tokens, reduce.layer_done if last else None)
+    if reduce is not None:
+        reduce.finish()
     norm = report[1:2]
     K.grad_norm_partial(A["norm_partials"], S.g, NORM_BLOCK)
     K.grad_norm_final(norm, A["norm_partials"])
@@ -62,9 +66,9 @@ class Step:
     which compiles and tunes everything and updates nothing, then the capture."""
 
     def __init__(self, S: TrainState, dp: Any = None, graph: bool = True) -> None:
-        """graph=False runs the step function itself every call after the warm-up (dev/profile_step.py compares);
-        data parallel runs it so too, until the all-reduce is captured (its NCCL calls are outside the graph)."""
-        self.S, self.dp, self.graph = S, dp, graph and dp is None
+        """graph=False runs the step function itself every call after the warm-up (dev/profile_step.py compares).
+        With data parallel on GPUs the graph holds the NCCL all-reduces too: every rank replays one graph."""
+        self.S, self.dp, self.graph = S, dp, graph
         self.world = dp.world_size if dp is not None else 1
         self.run: Any = None
 

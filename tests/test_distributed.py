@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, distributed
+from microgpt import checkpoint, config, data, distributed, memory
 from tests.conftest import REPO, TINY, cli, json_lines, write_experiment
 
 B = 4  # per-process micro-batch; the one-process runs use 2 * B
@@ -147,6 +147,43 @@ def test_one_process_resumes_a_two_process_checkpoint(runs) -> None:
         assert_close(b["loss"], a["loss"], f"step {a['step']} loss")
     name = checkpoint.ckpt_name(6)
     assert_same_state(tmp / "one/ckpt" / name, tmp / "resumed/ckpt" / name)
+
+
+def test_grad_buckets_are_the_layers_in_the_canonical_order() -> None:
+    """Layer l's bucket is exactly h{l}.*'s grads (the last layer's takes lnf too); with the rest (wte, wpe) they
+    tile the flat gradient array once."""
+    for m in (config.from_dict(TINY).model, config.load(REPO / "experiments/ANDREA-120M-TRAIN.json").model):
+        layers, rest = distributed.grad_buckets(m)
+        sizes = {name: int(np.prod(shape)) for name, shape in memory.param_shapes(m)}
+        assert rest == (0, sizes["wte"] + sizes["wpe"])
+        assert [b[0] for b in layers[1:]] == [b[1] for b in layers[:-1]] and layers[0][0] == rest[1]
+        assert layers[-1][1] == memory.n_params(m)
+        for layer, (first, end) in enumerate(layers):
+            own = sum(n for name, n in sizes.items() if name.startswith(f"h{layer}."))
+            tail = sizes["lnf_w"] + sizes["lnf_b"] if layer == m.n_layer - 1 else 0
+            assert end - first == own + tail
+
+
+def test_two_simulated_nodes_under_torchrun_train_what_the_launcher_trains(runs) -> None:
+    """Multi-node through torchrun's environment: two torchrun agents on localhost, one node each (gloo),
+    give the final checkpoint bytes of `--procs 2`."""
+    tmp, port = runs["tmp"], distributed.free_port()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    nodes = []
+    for rank in range(2):
+        cmd = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
+               sys.executable, "-m", "microgpt.cli", "train", str(runs["exp"]), "--out", str(tmp / f"node{rank}"),
+               "--steps", "6"]  # fmt: skip
+        nodes.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+    results = [p.communicate(timeout=240) for p in nodes]
+    for p, (out, err) in zip(nodes, results):
+        assert p.returncode == 0, err[-3000:]
+    assert records(results[0][0], "start")[0]["world_size"] == 2
+    name = checkpoint.ckpt_name(6)
+    want = (tmp / "two/ckpt" / name).read_bytes()
+    assert (tmp / "node0/ckpt" / name).read_bytes() == want
+    assert not (tmp / "node1/ckpt").exists() or not any((tmp / "node1/ckpt").iterdir())  # rank 0 alone writes
 
 
 # --- signals and failures -----------------------------------------------------------------------------------

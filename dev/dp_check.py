@@ -1,0 +1,152 @@
+"""Data parallel on the GPU machine (2+ GPUs): throughput, loss agreement and resume, as JSON lines and a table.
+
+    python3 dev/dp_check.py speed  [--gpus 2] [--mbs 32 8] [--steps 40] [--before DIR]
+    python3 dev/dp_check.py agree  [--gpus 2]     # ANDREA-12M: N GPUs x b against 1 GPU x N*b, 40 steps
+    python3 dev/dp_check.py resume [--gpus 2]     # ANDREA-12M: SIGTERM to the launcher, resume, final bytes
+    --set KEY=VALUE (repeatable) goes to every run: on the CPU, e.g. --set train.backend=numpy and a tiny model
+
+speed: `microgpt train experiments/ANDREA-120M-TRAIN.json` on random-token shards (the GPU machine has no
+corpus of that vocabulary; throughput does not depend on the token values), micro-batch b per GPU, n_micro 1
+(one all-reduce per micro-batch: the case where data parallel costs most), on 1 GPU and on N; tokens/s is the
+median of the steps after the first 10 (each step's record: all ranks' tokens over the step's wall time).
+--before DIR runs the N-GPU case with the package in DIR too (e.g. a `git archive` of an earlier commit).
+agree / resume: the built-in corpus (bpe 4096), as dev/train_check.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from microgpt import checkpoint  # noqa: E402
+from microgpt.data import shards  # noqa: E402
+
+SETS_12M = ["--set", "data.source=builtin", "--set", 'data.path=""']
+QUIET = ["--set", "train.eval_every=100000", "--set", "train.ckpt_every=100000"]
+
+
+EXTRA: list[str] = []  # --set overrides for every run (e.g. a small model to try this script on the CPU)
+
+
+def cmd(exp: str, out: Path, gpus: int, *args: str) -> list[str]:
+    """The train command line; out is emptied first, unless resuming."""
+    if "--resume" not in args:
+        shutil.rmtree(out, ignore_errors=True)
+    procs = ["--gpus", str(gpus)] if gpus > 1 else []
+    return [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *procs, *EXTRA, *args]
+
+
+def run(argv: list[str], pythonpath: Path = REPO, timeout: int = 300) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=pythonpath, timeout=timeout)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {res.returncode}\n{res.stderr[-4000:]}")
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+def steps_of(recs: list[dict]) -> list[dict]:
+    return [r for r in recs if r["event"] == "step"]
+
+
+def random_shards(folder: Path, vocab: int) -> Path:
+    if not (folder / "val_000000.bin").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        shards.write_shard(folder / "train_000000.bin", rng.integers(0, vocab, 64 << 20, dtype=np.uint16))
+        shards.write_shard(folder / "val_000000.bin", rng.integers(0, vocab, 4 << 20, dtype=np.uint16))
+    return folder
+
+
+def speed(a: argparse.Namespace) -> None:
+    data = random_shards(Path("/tmp/dp_rand"), 50304)
+    rows = []
+    for mb in a.mbs:
+        for label, gpus, path in [("1 GPU", 1, REPO), (f"{a.gpus} GPUs", a.gpus, REPO)] + (
+            [(f"{a.gpus} GPUs before", a.gpus, Path(a.before))] if a.before else []
+        ):
+            out = Path(f"/tmp/dp_speed_{mb}_{gpus}_{len(rows)}")
+            sets = ["--set", "data.source=shards", "--set", f"data.path={data}", "--set", f"train.micro_batch={mb}",
+                    "--set", "train.n_micro=1", "--steps", str(a.steps), *QUIET]  # fmt: skip
+            recs = steps_of(run(cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets), path))
+            tps = statistics.median(r["tokens_per_s"] for r in recs[10:])
+            row = {"mb": mb, "run": label, "gpus": gpus, "tokens_per_s": tps,
+                   "dt_ms": statistics.median(r["dt_ms"] for r in recs[10:]), "loss_last": recs[-1]["loss"]}  # fmt: skip
+            one = next((r for r in rows if r["mb"] == mb and r["gpus"] == 1), None)
+            if one is not None and gpus > 1:
+                row["scaling"] = tps / (gpus * one["tokens_per_s"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| micro-batch per GPU | run | tokens/s | ms per step | scaling vs N x 1 GPU |\n|---|---|---|---|---|")
+    for r in rows:
+        s = f"{100 * r['scaling']:.1f}%" if "scaling" in r else ""
+        print(f"| {r['mb']} | {r['run']} | {r['tokens_per_s']:,.0f} | {r['dt_ms']:.1f} | {s} |")
+
+
+def agree(a: argparse.Namespace) -> None:
+    b = 16
+    common = [*SETS_12M, "--steps", "40", "--set", "train.eval_every=20", "--set", "train.ckpt_every=100000"]
+    many = run(cmd("experiments/ANDREA-12M-TRAIN.json", Path("/tmp/dp_agree_n"), a.gpus, *common,
+                   "--set", f"train.micro_batch={b}"))  # fmt: skip
+    one = run(cmd("experiments/ANDREA-12M-TRAIN.json", Path("/tmp/dp_agree_1"), 1, *common,
+                  "--set", f"train.micro_batch={a.gpus * b}"))  # fmt: skip
+    rel = [abs(x["loss"] - y["loss"]) / y["loss"] for x, y in zip(steps_of(many), steps_of(one))]
+    ev = [(x["step"], x["val_loss"], y["val_loss"]) for x, y in zip(
+        [r for r in many if r["event"] == "eval"], [r for r in one if r["event"] == "eval"])]  # fmt: skip
+    print(json.dumps({"check": "agree", "gpus": a.gpus, "micro_batch": b, "steps": len(rel),
+                      "max_rel_loss_diff": max(rel), "mean_rel_loss_diff": sum(rel) / len(rel),
+                      "loss_40": [steps_of(many)[-1]["loss"], steps_of(one)[-1]["loss"]], "val": ev}))  # fmt: skip
+
+
+def resume(a: argparse.Namespace) -> None:
+    common = [*SETS_12M, "--steps", "60", *QUIET]
+    exp = "experiments/ANDREA-12M-TRAIN.json"
+    run(cmd(exp, Path("/tmp/dp_whole"), a.gpus, *common))
+    out = Path("/tmp/dp_cut")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd(exp, out, a.gpus, *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{") and json.loads(line).get("step", 0) >= 25 and json.loads(line)["event"] == "step":
+            proc.send_signal(signal.SIGTERM)
+            break
+    t0 = time.monotonic()
+    rest, err = proc.communicate(timeout=120)
+    stopped = [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
+    if proc.returncode != 0:
+        raise SystemExit(f"SIGTERM run: exit {proc.returncode}\n{err[-3000:]}")
+    recs = run(cmd(exp, out, a.gpus, *common, "--resume", "latest"))
+    name = checkpoint.ckpt_name(60)
+    whole, cut = (Path("/tmp/dp_whole/ckpt") / name).read_bytes(), (out / "ckpt" / name).read_bytes()
+    print(json.dumps({"check": "resume", "gpus": a.gpus, "stopped": stopped[-1], "stop_s": time.monotonic() - t0,
+                      "resumed_from": steps_of(recs)[0]["step"] - 1, "bytes": len(whole),
+                      "identical_final_checkpoint": whole == cut}))  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["speed", "agree", "resume"])
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--mbs", type=int, nargs="+", default=[32, 8])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--before", help="a folder holding an earlier microgpt package (speed: run it too)")
+    p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
+    a = p.parse_args()
+    EXTRA.extend(x for kv in a.set for x in ("--set", kv))
+    {"speed": speed, "agree": agree, "resume": resume}[a.what](a)
+
+
+if __name__ == "__main__":
+    main()
