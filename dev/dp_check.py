@@ -80,9 +80,8 @@ def speed(a: argparse.Namespace) -> None:
             sets = ["--set", "data.source=shards", "--set", f"data.path={data}", "--set", f"train.micro_batch={mb}",
                     "--set", "train.n_micro=1", "--steps", str(a.steps), *QUIET]  # fmt: skip
             recs = steps_of(run(cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets), path))
-            tps = statistics.median(r["tokens_per_s"] for r in recs[10:])
-            row = {"mb": mb, "run": label, "gpus": gpus, "tokens_per_s": tps,
-                   "dt_ms": statistics.median(r["dt_ms"] for r in recs[10:]), "loss_last": recs[-1]["loss"]}  # fmt: skip
+            tps, dt = (statistics.median(r[k] for r in recs[10:]) for k in ("tokens_per_s", "dt_ms"))
+            row = {"mb": mb, "run": label, "gpus": gpus, "tokens_per_s": tps, "dt_ms": dt, "loss": recs[-1]["loss"]}
             one = next((r for r in rows if r["mb"] == mb and r["gpus"] == 1), None)
             if one is not None and gpus > 1:
                 row["scaling"] = tps / (gpus * one["tokens_per_s"])
