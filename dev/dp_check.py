@@ -48,7 +48,7 @@ def cmd(exp: str, out: Path, gpus: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *procs, *EXTRA, *args]
 
 
-def run(argv: list[str], pythonpath: Path = REPO, timeout: int = 300) -> list[dict]:
+def run(argv: list[str], pythonpath: Path = REPO, timeout: int = 200) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=pythonpath, timeout=timeout)
     if res.returncode != 0:

@@ -6,6 +6,8 @@
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
+#   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
+#           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
@@ -42,7 +44,11 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-tabl
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
                    --jsonl "$OUT/bench.jsonl" 2>&1 | tail -8 ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer bench-mg bench-torch)" ;;
+    dp-agree|dp-resume) timeout 300 python3 dev/dp_check.py ${s#dp-} --gpus ${GPUS:-2} 2>&1 | tail -4 \
+               | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
+    dp-speed) timeout 560 python3 dev/dp_check.py speed --gpus ${GPUS:-2} --mbs ${MBS:-32 8} \
+                ${BEFORE:+--before $BEFORE} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer bench-mg bench-torch dp-agree dp-resume dp-speed)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

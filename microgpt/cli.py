@@ -50,6 +50,7 @@ def cmd_train(argv: list[str]) -> int:
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
         return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
     dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
+    tr = None
     try:
         if dp is not None and exp.data.source == "builtin":
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
@@ -64,6 +65,8 @@ def cmd_train(argv: list[str]) -> int:
         return tr.run()
     finally:
         if dp is not None:
+            if tr is not None:
+                tr.step_fn.release()  # its CUDA graph holds NCCL work: destroying the communicator first hangs
             dp.close()
 
 

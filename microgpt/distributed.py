@@ -162,8 +162,12 @@ class DataParallel:
         self.barrier()
 
     def close(self) -> None:
+        """Leave the job. On GPUs the caller first drops every CUDA graph that captured NCCL work (Step.release)."""
+        import torch
         import torch.distributed as dist
 
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         dist.destroy_process_group()
 
 

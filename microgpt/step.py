@@ -18,6 +18,7 @@ step's only synchronization.
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,11 @@ class Step:
         S.scaler.update(math.isfinite(raw_norm))
         S.step += 1
         return StepResult(loss, raw_norm * gscale, micro)
+
+    def release(self) -> None:
+        """Drop the prepared run (on a GPU, the CUDA graph, freed now); the next call prepares it again."""
+        self.run = None
+        gc.collect()
 
     def _hyper(self, lr: float, gscale: float) -> None:
         """hyper = [lr, 1 - beta1^t, 1 - beta2^t, gscale] for AdamW's step t = S.step + 1."""
