@@ -7,9 +7,10 @@
 
 speed: `microgpt train experiments/ANDREA-120M-TRAIN.json` on random-token shards (the GPU machine has no
 corpus of that vocabulary; throughput does not depend on the token values), micro-batch b per GPU, n_micro 1
-(one all-reduce per micro-batch: the case where data parallel costs most), on 1 GPU and on N; tokens/s is the
-median of the steps after the first 10 (each step's record: all ranks' tokens over the step's wall time).
---before DIR runs the N-GPU case with the package in DIR too (e.g. a `git archive` of an earlier commit).
+(one all-reduce per micro-batch: the case where data parallel costs most) and 4, on 1 GPU and on N; tokens/s
+is read off the wall clock between the step records after the first 10. Variants on N GPUs: the grads not summed
+(what data parallel costs besides the all-reduce), NCCL limited to 8 CTAs, and with --before DIR the package in
+DIR (e.g. a `git archive` of an earlier commit).
 agree / resume: the built-in corpus (bpe 4096), as dev/train_check.py does.
 """
 
@@ -69,28 +70,82 @@ def random_shards(folder: Path, vocab: int) -> Path:
     return folder
 
 
+def timed(argv: list[str], env: dict[str, str], cwd: Path, timeout: int = 200) -> list[tuple[float, dict]]:
+    """Run argv; (arrival time, record) for each JSON line of its stdout, so throughput can be read off the wall
+    clock between records (a step record's own dt leaves out what happens between steps)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    assert proc.stdout is not None
+    got = [(time.monotonic(), json.loads(line)) for line in proc.stdout if line.startswith("{")]
+    err = proc.stderr.read() if proc.stderr else ""
+    if proc.wait(timeout=timeout) != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{err[-4000:]}")
+    return got
+
+
+def ranks(argv: list[str], n: int, env: dict[str, str], cwd: Path) -> list[tuple[float, dict]]:
+    """argv as ranks 0..n-1 started here (no launcher), e.g. under a wrapper that patches the engine; rank 0's
+    records, timed."""
+    env = {**env, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 900)}
+    others = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=cwd,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(1, n)]  # fmt: skip
+    got = timed(argv, {**env, "RANK": "0", "LOCAL_RANK": "0"}, cwd)
+    for p in others:
+        p.wait(timeout=60)
+    return got
+
+
+NO_REDUCE = """
+import sys
+from microgpt import cli, distributed
+distributed.GradReduce.layer_done = lambda self, layer: None
+distributed.GradReduce.finish = lambda self: None
+distributed.DataParallel.check_replicas = lambda self, step, arrays: None
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def speed(a: argparse.Namespace) -> None:
+    """Each variant: label, GPUs, n_micro, extra environment, package folder, and whether the grads are summed."""
     data = random_shards(Path("/tmp/dp_rand"), 50304)
-    rows = []
+    n = a.gpus
+    variants = [("1 GPU", 1, 1, {}, REPO, True), (f"{n} GPUs", n, 1, {}, REPO, True),
+                (f"{n} GPUs, grads not summed", n, 1, {}, REPO, False),
+                (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, True)]  # fmt: skip
+    if a.before:
+        variants.append((f"{n} GPUs before", n, 1, {}, Path(a.before).resolve(), True))
+    variants += [("1 GPU, n_micro 4", 1, 4, {}, REPO, True), (f"{n} GPUs, n_micro 4", n, 4, {}, REPO, True)]
+    rows: list[dict] = []
     for mb in a.mbs:
-        for label, gpus, path in [("1 GPU", 1, REPO), (f"{a.gpus} GPUs", a.gpus, REPO)] + (
-            [(f"{a.gpus} GPUs before", a.gpus, Path(a.before))] if a.before else []
-        ):
-            out = Path(f"/tmp/dp_speed_{mb}_{gpus}_{len(rows)}")
+        for label, gpus, n_micro, extra, path, summed in variants:
+            if n_micro > 1 and mb != a.mbs[0]:
+                continue
+            out = Path(f"/tmp/dp_speed_{len(rows)}")
             sets = ["--set", "data.source=shards", "--set", f"data.path={data}", "--set", f"train.micro_batch={mb}",
-                    "--set", "train.n_micro=1", "--steps", str(a.steps), *QUIET]  # fmt: skip
-            recs = steps_of(run(cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets), path))
-            tps, dt = (statistics.median(r[k] for r in recs[10:]) for k in ("tokens_per_s", "dt_ms"))
-            row = {"mb": mb, "run": label, "gpus": gpus, "tokens_per_s": tps, "dt_ms": dt, "loss": recs[-1]["loss"]}
-            one = next((r for r in rows if r["mb"] == mb and r["gpus"] == 1), None)
+                    "--set", f"train.n_micro={n_micro}", "--steps", str(a.steps), *QUIET]  # fmt: skip
+            argv = cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets)
+            env = {**os.environ, "PYTHONPATH": str(path), "PYTHONUNBUFFERED": "1", **extra}
+            if summed:
+                got = timed(argv, env, path)
+            else:  # ranks started here, each under a wrapper that turns the all-reduces off
+                argv = [sys.executable, "-c", NO_REDUCE] + argv[argv.index("train") :]
+                argv.remove("--gpus")
+                argv.remove(str(gpus))
+                got = ranks(argv, gpus, env, path)
+            steps = [(t, r) for t, r in got if r["event"] == "step"][10:]
+            (t0, _), (t1, _) = steps[0], steps[-1]
+            tokens = sum(r["tokens"] for _, r in steps[1:])
+            row = {"mb": mb, "n_micro": n_micro, "run": label, "gpus": gpus, "tokens_per_s": tokens / (t1 - t0),
+                   "dt_ms": statistics.median(r["dt_ms"] for _, r in steps), "loss": steps[-1][1]["loss"]}  # fmt: skip
+            one = next((r for r in rows if r["mb"] == mb and r["gpus"] == 1 and r["n_micro"] == n_micro), None)
             if one is not None and gpus > 1:
-                row["scaling"] = tps / (gpus * one["tokens_per_s"])
+                row["scaling"] = row["tokens_per_s"] / (gpus * one["tokens_per_s"])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| micro-batch per GPU | run | tokens/s | ms per step | scaling vs N x 1 GPU |\n|---|---|---|---|---|")
+    print("\n| micro-batch per GPU x n_micro | run | tokens/s (wall) | step's own ms (median) | scaling vs N x 1 GPU |")
+    print("|---|---|---|---|---|")
     for r in rows:
         s = f"{100 * r['scaling']:.1f}%" if "scaling" in r else ""
-        print(f"| {r['mb']} | {r['run']} | {r['tokens_per_s']:,.0f} | {r['dt_ms']:.1f} | {s} |")
+        print(f"| {r['mb']} x {r['n_micro']} | {r['run']} | {r['tokens_per_s']:,.0f} | {r['dt_ms']:.1f} | {s} |")
 
 
 def agree(a: argparse.Namespace) -> None:
