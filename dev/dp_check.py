@@ -9,7 +9,8 @@ speed: `microgpt train experiments/ANDREA-120M-TRAIN.json` on random-token shard
 corpus of that vocabulary; throughput does not depend on the token values), micro-batch b per GPU, n_micro 1
 (one all-reduce per micro-batch: the case where data parallel costs most) and 4, on 1 GPU and on N; tokens/s
 is read off the wall clock between the step records after the first 10. Variants on N GPUs: the grads not summed
-(what data parallel costs besides the all-reduce), NCCL limited to 8 CTAs, and with --before DIR the package in
+(what data parallel costs besides the all-reduce), one all-reduce after backward (no overlap), NCCL limited to
+8 CTAs, and with --before DIR the package in
 DIR (e.g. a `git archive` of an earlier commit).
 agree / resume: the built-in corpus (bpe 4096), as dev/train_check.py does.
 """
@@ -94,29 +95,39 @@ def ranks(argv: list[str], n: int, env: dict[str, str], cwd: Path) -> list[tuple
     return got
 
 
-NO_REDUCE = """
+WRAP = """
 import sys
 from microgpt import cli, distributed
-distributed.GradReduce.layer_done = lambda self, layer: None
-distributed.GradReduce.finish = lambda self: None
-distributed.DataParallel.check_replicas = lambda self, step, arrays: None
+PATCH
 sys.exit(cli.main(sys.argv[1:]))
 """
+PATCHES = {  # a variant's change to the engine, applied by WRAP in each rank
+    "not summed": "distributed.GradReduce.layer_done = lambda self, layer: None\n"
+    "distributed.GradReduce.finish = lambda self: None\n"
+    "distributed.DataParallel.check_replicas = lambda self, step, arrays: None",
+    "one bucket": "distributed.GradReduce.layer_done = lambda self, layer: None\n"
+    "distributed.GradReduce.finish = lambda self: self.dp.all_reduce_async(self.g).wait()",
+}
 
 
 def speed(a: argparse.Namespace) -> None:
     """Each variant: label, GPUs, n_micro, extra environment, package folder, and whether the grads are summed."""
     data = random_shards(Path("/tmp/dp_rand"), 50304)
     n = a.gpus
-    variants = [("1 GPU", 1, 1, {}, REPO, True), (f"{n} GPUs", n, 1, {}, REPO, True),
-                (f"{n} GPUs, grads not summed", n, 1, {}, REPO, False),
-                (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, True)]  # fmt: skip
+    variants = [("1 GPU", 1, 1, {}, REPO, ""), (f"{n} GPUs", n, 1, {}, REPO, ""),
+                (f"{n} GPUs, grads not summed", n, 1, {}, REPO, "not summed"),
+                (f"{n} GPUs, one bucket after backward", n, 1, {}, REPO, "one bucket"),
+                (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, "")]  # fmt: skip
     if a.before:
-        variants.append((f"{n} GPUs before", n, 1, {}, Path(a.before).resolve(), True))
-    variants += [("1 GPU, n_micro 4", 1, 4, {}, REPO, True), (f"{n} GPUs, n_micro 4", n, 4, {}, REPO, True)]
+        variants.append((f"{n} GPUs before", n, 1, {}, Path(a.before).resolve(), ""))
+    variants += [("1 GPU, n_micro 4", 1, 4, {}, REPO, ""), (f"{n} GPUs, n_micro 4", n, 4, {}, REPO, "")]
+    if a.only:
+        variants = [
+            v for v in variants if v[2] == 1 and v[0] in ("1 GPU", f"{n} GPUs") or any(w in v[0] for w in a.only)
+        ]
     rows: list[dict] = []
     for mb in a.mbs:
-        for label, gpus, n_micro, extra, path, summed in variants:
+        for label, gpus, n_micro, extra, path, patch in variants:
             if n_micro > 1 and mb != a.mbs[0]:
                 continue
             out = Path(f"/tmp/dp_speed_{len(rows)}")
@@ -124,10 +135,10 @@ def speed(a: argparse.Namespace) -> None:
                     "--set", f"train.n_micro={n_micro}", "--steps", str(a.steps), *QUIET]  # fmt: skip
             argv = cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets)
             env = {**os.environ, "PYTHONPATH": str(path), "PYTHONUNBUFFERED": "1", **extra}
-            if summed:
+            if not patch:
                 got = timed(argv, env, path)
-            else:  # ranks started here, each under a wrapper that turns the all-reduces off
-                argv = [sys.executable, "-c", NO_REDUCE] + argv[argv.index("train") :]
+            else:  # ranks started here, each under a wrapper that changes the engine
+                argv = [sys.executable, "-c", WRAP.replace("PATCH", PATCHES[patch])] + argv[argv.index("train") :]
                 argv.remove("--gpus")
                 argv.remove(str(gpus))
                 got = ranks(argv, gpus, env, path)
@@ -196,6 +207,7 @@ def main() -> None:
     p.add_argument("--mbs", type=int, nargs="+", default=[32, 8])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--before", help="a folder holding an earlier microgpt package (speed: run it too)")
+    p.add_argument("--only", nargs="+", help="speed: run only the 1-GPU rows and the variants whose label has one")
     p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
     a = p.parse_args()
     EXTRA.extend(x for kv in a.set for x in ("--set", kv))
