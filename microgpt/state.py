@@ -97,7 +97,8 @@ class TrainState:
 
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
-    plan = memory.plan(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+    plan = memory.check_fits(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t), t.precision, K.memory_bytes(),
+                             K.device)  # fmt: skip
     arena = memory.Arena(plan, K)
     K = K.bind(arena)
     has_compute = t.precision != "fp32"
