@@ -88,7 +88,7 @@ def finished(args: argparse.Namespace, exp: config.Experiment) -> int:
     """--resume from a checkpoint at or past train.steps: nothing to train. At it, the run is complete (exit 0,
     its final checkpoint left as it is); past it, --steps (or train.steps) is wrong: one `error:` line."""
     ck, _ = checkpoint.load(args.resume, memory.n_params(exp.model))  # a step read from a valid checkpoint only
-    steps = f"--steps {args.steps}" if args.steps is not None else f"train.steps {exp.train.steps} ({args.experiment})"
+    steps = f"--steps {args.steps}" if args.steps is not None else f"{args.experiment}: train.steps {exp.train.steps}"
     if ck.step > exp.train.steps:
         return fail(f"{steps}: the checkpoint {args.resume} is at step {ck.step}, beyond it; "
                     "pass a larger --steps to train on, or resume an earlier checkpoint")  # fmt: skip
