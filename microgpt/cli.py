@@ -61,6 +61,8 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                     "pass --resume or choose another --out")  # fmt: skip
+    if args.resume and not Path(args.resume).is_file():  # before the model and the data are built
+        raise checkpoint.CheckpointError(f"--resume {args.resume}: no such checkpoint file")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command

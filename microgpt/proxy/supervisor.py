@@ -163,7 +163,7 @@ class Supervisor:
 
     def _skip_checkpoint(self, path: Path, reason: str) -> None:
         skipped = self.state.data["skipped_checkpoints"]
-        if all(s["path"] != str(path) for s in skipped):
+        if all(s.get("path") != str(path) for s in skipped):
             skipped.append({"path": str(path), "reason": reason, "time": utc_now()})
             log(f"skipping corrupt checkpoint (kept on disk): {reason}")
 
