@@ -136,7 +136,7 @@ def validate(exp: Experiment, src: str) -> Experiment:
             value = getattr(obj, name)
             if value <= 0:
                 raise ConfigError(f"{src}: {sec}.{name} must be > 0, got {brief(value)}")
-            if value > INT_MAX:
+            if value > INT_MAX and sec == "train":  # model sizes: the memory plan refuses what cannot fit
                 raise ConfigError(f"{src}: {sec}.{name} must be at most {INT_MAX:,}, got {brief(value)}")
     if m.n_layer > MAX_LAYERS:
         raise ConfigError(f"{src}: model.n_layer must be at most {MAX_LAYERS}, got {brief(m.n_layer)}")

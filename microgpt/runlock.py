@@ -2,8 +2,9 @@
 
 `microgpt train` and `microgpt run` take the lock before they look at the folder's checkpoints, so two of them on
 one `--out` can no longer both pass the "already holds checkpoints" check and overwrite each other: the second
-gets one `error:` line naming the holder's pid (the file holds it), exit 2. The kernel drops a flock when the last
-descriptor of its open file closes, so a writer killed with SIGKILL leaves no stale lock.
+gets one `error:` line naming the holder's pid (read from /proc/locks, so the lock file stays empty and taking
+the lock writes nothing), exit 2. The kernel drops a flock when the last descriptor of its open file closes, so a
+writer killed with SIGKILL leaves no stale lock.
 
 Children that write the same folder hold the same lock: `microgpt run` starts `microgpt train` on its folder, and
 `train --procs N` starts N ranks. The parent passes its lock's descriptor to the child (pass_fds) and names it in
@@ -52,13 +53,20 @@ class RunLock:
         self.close()
 
 
-def holder_pid(path: Path) -> str:
-    """The pid the lock file names (written by whoever took the lock), or '?'."""
+def holder_pid(fd: int) -> str:
+    """The pid holding the flock on fd's file, from /proc/locks (Linux), or '?'. The lock file itself stays empty:
+    taking the lock never writes to a file that was there before."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
-        text = path.read_text(encoding="ascii", errors="replace").strip()
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:  # "1: FLOCK  ADVISORY  WRITE 16584 fe:00:2162764 0 EOF"; waiters carry "->"
+                parts = line.split()
+                if "FLOCK" in parts and "->" not in parts and key in parts:
+                    return parts[parts.index(key) - 1]
     except OSError:
-        return "?"
-    return text if text.isdigit() else "?"
+        pass
+    return "?"
 
 
 def _alive(pid: str) -> bool:
@@ -105,14 +113,12 @@ def acquire(folder: Path, flag: str = "--out") -> RunLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        pid = holder_pid(fd)
         os.close(fd)
-        pid = holder_pid(folder / NAME)
         who = f"pid {pid}" if _alive(pid) else f"a process started by pid {pid}, which has exited"
         raise LockError(f"{flag} {folder}: the run folder is in use by another microgpt process ({who}); "
                         "wait for it to end or stop it") from None  # fmt: skip
     except OSError as e:
         os.close(fd)
         raise LockError(f"{flag} {folder}: cannot lock the run folder ({e.strerror or e})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunLock(fd, folder / NAME)
