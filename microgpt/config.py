@@ -164,6 +164,8 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
     if t.backend == "numpy" and t.precision != "fp32":
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
+    if d.max_bytes <= 0:
+        raise ConfigError(f"{src}: data.max_bytes must be > 0, got {brief(d.max_bytes)}")
     if not 0 < d.val_fraction < 1:
         raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
     return exp

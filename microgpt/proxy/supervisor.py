@@ -30,7 +30,6 @@ line `error: ...`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -379,20 +378,16 @@ def supervise(argv: list[str]) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
             setattr(schedule.settings, name, value)
     out = Path(args.out or Path("runs") / schedule.run)
-    with runlock.acquire(out) as lock:
-        return supervise_locked(schedule, out, args, lock)
-
-
-def supervise_locked(schedule: Schedule, out: Path, args: argparse.Namespace, lock: runlock.RunLock) -> int:
-    """The run, in a folder this process has locked; each engine it starts holds the same lock."""
-    sup = Supervisor(schedule, out, args.experiment, args.procs, lock)
+    # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
-    if server is not None:
-        sup.state.update(dashboard=server.url)
-        server.start()
-        log(f"dashboard: {server.url}")
     try:
-        return sup.run()
+        with runlock.acquire(out) as lock:
+            sup = Supervisor(schedule, out, args.experiment, args.procs, lock)
+            if server is not None:
+                sup.state.update(dashboard=server.url)
+                server.start()
+                log(f"dashboard: {server.url}")
+            return sup.run()
     finally:
         if server is not None:
             server.close()
