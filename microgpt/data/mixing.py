@@ -265,6 +265,8 @@ class MixtureLoader:
             return
         try:
             self._load_state(s, step, where)
+        except SourceError:  # an InputError is a ValueError too: it already says what is wrong
+            raise
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # a sidecar edited by hand, or corrupt
             raise SourceError(f"{where}: field 'mixing' is malformed ({type(e).__name__})") from None
         n = len(self.names)
