@@ -69,6 +69,8 @@ class Backend:
     logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
     rows: Callable[[ModelConfig, TrainConfig], list[Buf]]  # the backend's own plan rows ("kernel", "runtime")
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
+    # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
+    memory_bytes: Callable[[], int | None] = lambda: None
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
 
     def bind(self, arena: memory.Arena) -> Backend:
@@ -112,7 +114,7 @@ def numpy_backend(dtypes: dict[str, type] | None = None) -> Backend:
         **registry_functions(lambda row: row.numpy),
         alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_in=copy_in, to_numpy=np.asarray,
         synchronize=lambda: None, prepare=lambda run, graph: run,
-        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [],
+        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], memory_bytes=memory.host_memory_bytes,
     )  # fmt: skip
 
 

@@ -127,17 +127,21 @@ class Chat:
 
 
 def run(chat: Chat, stdin: IO[str], stdout: IO[str], marker: str = "") -> int:
-    """Read user turns from stdin, one a line, until EOF; blank lines are skipped."""
+    """Read user turns from stdin, one a line, until EOF; blank lines are skipped. A line that is not UTF-8 (stdin
+    decodes with surrogate escapes) ends the chat with one `error:` line naming it."""
+    n = 0
     while True:
         if marker:
             stdout.write(marker)
             stdout.flush()
         line = stdin.readline()
+        n += 1
         if not line:
             if marker:
                 stdout.write("\n")
             return 0
         text = line.rstrip("\r\n")
+        sample.check_text(text, f"stdin line {n}")
         if text.strip():
             chat.turn(text, stdout)
 
@@ -157,6 +161,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sample.check_flags(args)
     kv, tok, _ = sample.load(args.checkpoint)
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")  # a bad byte is reported by line, not as a traceback
     try:
         return run(Chat(kv, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
     except KeyboardInterrupt:  # Ctrl-C at the prompt or mid-reply: end quietly, with the shell's code for SIGINT

@@ -10,12 +10,15 @@ and say what is wrong in one sentence.
 
 The sidecar `<name>.state.json` holds the config, seed, tokenizer, data sources, loss scale and the
 sha256 of the .bin. This module does not depend on the training step.
+
+`load` is the one reader of a checkpoint with its sidecar (resume, sample, chat, eval, export, `--resume latest`):
+the .bin's size, header, finite weights and Adam m, finite non-negative Adam v; the sidecar's shape (SIDECAR_FIELDS);
+and the two agree (sha256, step, n_params). Anything else is one CheckpointError line naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import struct
 from collections.abc import Callable
@@ -26,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from microgpt import config, memory
-from microgpt.errors import InputError
-from microgpt.fileio import atomic_write_bytes, atomic_write_json
+from microgpt.errors import InputError, brief
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
 
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
+TEMP_RE = re.compile(r"^\.step-\d{8}\.(bin|state\.json)\.tmp\d+$")  # fileio's temp files of checkpoint writes
 
 
 class CheckpointError(InputError):
@@ -44,6 +48,7 @@ class Checkpoint:
     m: np.ndarray
     v: np.ndarray
     path: Path
+    sha256: str = ""  # of the file's bytes as read
 
 
 def ckpt_name(step: int) -> str:
@@ -68,11 +73,27 @@ def write_checkpoint(
     digest = hashlib.sha256(header)
     for a in arrays:
         digest.update(memoryview(a).cast("B"))
+    existed = path.exists()
     atomic_write_bytes(path, [header, *(memoryview(a).cast("B") for a in arrays)])
     side = {"format": "microgpt-ckpt-1", "step": step, "n_params": n, "bin": path.name, "sha256": digest.hexdigest()}
     side.update(meta or {})
-    atomic_write_json(sidecar_path(path), side)
+    try:
+        atomic_write_json(sidecar_path(path), side)
+    except BaseException:
+        if not existed:  # a new .bin without its sidecar would pass for a checkpoint with no metadata
+            path.unlink(missing_ok=True)
+        raise
     return path
+
+
+def read_step(path: str | Path) -> int | None:
+    """The step in a checkpoint's header (8 bytes read), None if it has none; read_checkpoint validates the rest."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER.size)
+    except OSError:
+        return None
+    return HEADER.unpack(head)[0] if len(head) == HEADER.size else None
 
 
 def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint:
@@ -96,19 +117,63 @@ def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint
     if n_params is not None and n != n_params:
         raise CheckpointError(f"{path}: checkpoint holds {n} parameters but the model has {n_params}")
     flat = np.frombuffer(data, dtype="<f4", offset=HEADER.size).astype(np.float32)
-    if not np.isfinite(flat[:n]).all():
+    w, m, v = flat[:n], flat[n : 2 * n], flat[2 * n :]
+    if not np.isfinite(w).all():
         raise CheckpointError(f"{path}: weights contain NaN or inf")
-    return Checkpoint(step, flat[:n], flat[n : 2 * n], flat[2 * n :], path)
+    if not np.isfinite(m).all():
+        raise CheckpointError(f"{path}: Adam m contains NaN or inf")
+    if not (np.isfinite(v).all() and (v >= 0).all()):
+        raise CheckpointError(f"{path}: Adam v contains NaN, inf or a negative value (it is a mean of squares)")
+    return Checkpoint(step, w, m, v, path, hashlib.sha256(data).hexdigest())
+
+
+# The sidecar's fields this project reads, and the JSON types each must have (None: null allowed). Others are kept.
+SIDECAR_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,), "step": (int,), "n_params": (int,), "bin": (str,), "sha256": (str,), "config": (dict,),
+    "tokenizer": (dict,), "params": (list,), "loss_scale": (int, float), "loss_scale_good_steps": (int,),
+    "val_loss": (int, float, type(None)), "val_step": (int, type(None)), "mixing": (dict, type(None)),
+    "seed": (int,), "backend": (str,), "precision": (str,), "reason": (str,),
+}  # fmt: skip
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any]:
+    """The sidecar of checkpoint path ({} when there is none), its fields' types checked; CheckpointError naming
+    the sidecar and the field otherwise."""
     side = sidecar_path(path)
     try:
-        return json.loads(side.read_text())
+        obj = read_json(side, "checkpoint sidecar", CheckpointError, allow_nan=False)
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{side}: unreadable checkpoint sidecar ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{side}: a checkpoint sidecar must be a JSON object, got {type(obj).__name__}")
+    for name, types in SIDECAR_FIELDS.items():
+        value = obj.get(name)
+        if name in obj and (not isinstance(value, types) or isinstance(value, bool)):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise CheckpointError(f"{side}: field '{name}' must be {want}, got {type(value).__name__} {brief(value)}")
+    if "loss_scale" in obj and not 1 <= obj["loss_scale"] <= 2.0**24:
+        raise CheckpointError(f"{side}: field 'loss_scale' must be in [1, 2**24], got {brief(obj['loss_scale'])}")
+    if obj.get("loss_scale_good_steps", 0) < 0:
+        raise CheckpointError(f"{side}: field 'loss_scale_good_steps' must be >= 0")
+    params = obj.get("params", [])
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
+               and all(isinstance(d, int) and not isinstance(d, bool) for d in p[1]) for p in params):  # fmt: skip
+        raise CheckpointError(f"{side}: field 'params' must be a list of [name, [sizes...]] pairs")
+    return obj
+
+
+def load(path: str | Path, n_params: int | None = None) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint and its sidecar ({} if none), checked against each other: the sidecar's sha256, step and
+    n_params describe this .bin. CheckpointError naming the file otherwise."""
+    ck = read_checkpoint(path, n_params)
+    side = read_sidecar(path)
+    if side.get("sha256", ck.sha256) != ck.sha256:
+        raise CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced or corrupt)")
+    for name, value in (("step", ck.step), ("n_params", ck.weights.size)):
+        if side.get(name, value) != value:
+            raise CheckpointError(f"{sidecar_path(path)}: field '{name}' is {side[name]}, but the checkpoint's is "
+                                  f"{value}")  # fmt: skip
+    return ck, side
 
 
 def verify_sha(path: str | Path) -> bool:
@@ -126,6 +191,16 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
 
 
+def remove_temp_files(folder: str | Path) -> list[Path]:
+    """Delete the temp files of checkpoint writes a killed writer left in folder (each up to a checkpoint's size);
+    the removed paths. Only the holder of the run folder's lock (runlock) may call this: no one else writes here."""
+    folder = Path(folder)
+    found = [p for p in folder.iterdir() if TEMP_RE.match(p.name)] if folder.is_dir() else []
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
+
+
 def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
                             on_skip: Callable[[Path, str], None] | None = None) -> Path | None:  # fmt: skip
     """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar; corrupt ones are
@@ -134,10 +209,8 @@ def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max
         if max_step is not None and int(CKPT_RE.match(path.name).group(1)) > max_step:
             continue
         try:
-            read_checkpoint(path, n_params)
-            if verify_sha(path):
-                return path
-            reason = f"{path}: sha256 does not match its sidecar"
+            load(path, n_params)
+            return path
         except CheckpointError as e:
             reason = str(e)
         if on_skip is not None:
@@ -153,6 +226,9 @@ def resolve(where: str | Path) -> Path:
         if found is None:
             raise CheckpointError(f"{p}: no valid checkpoint in this folder")
         return found
+    if not p.exists():
+        what = "checkpoint" if p.suffix == ".bin" else "run folder or checkpoint"
+        raise CheckpointError(f"{p}: no such {what}")
     return p
 
 
@@ -181,16 +257,15 @@ def load_trained(where: str | Path) -> Trained:
     path = resolve(where)
     side = read_sidecar(path)
     if "config" not in side:
-        raise config.ConfigError(f"{sidecar_path(path)}: missing (or has no 'config'): cannot rebuild the model")
-    exp = config.from_dict(side["config"], str(sidecar_path(path)))
+        what = "has no field 'config'" if sidecar_path(path).exists() else "is missing"
+        raise CheckpointError(f"{sidecar_path(path)}: the checkpoint's sidecar {what}: cannot rebuild the model")
+    exp = config.from_dict(side["config"], f"{sidecar_path(path)}: field 'config'")
     saved = side.get("params")
     if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
         raise CheckpointError(f"{sidecar_path(path)}: field 'params' does not match its 'config.model'; "
                               "checkpoint is for another model")  # fmt: skip
-    try:
-        ck = read_checkpoint(path, memory.n_params(exp.model))
-    except CheckpointError as e:
-        raise CheckpointError(f"{e} (the sidecar's model); checkpoint is for another model") from None
-    if not verify_sha(path):
-        raise CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced?)")
+    ck, side = load(path)
+    if ck.weights.size != memory.n_params(exp.model):
+        raise CheckpointError(f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
+                              f"{memory.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip
     return Trained(path, exp, ck.step, ck.weights, side)

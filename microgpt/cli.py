@@ -6,11 +6,12 @@ flag, and exit code 2; nothing already written is touched before the input has b
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from pathlib import Path
 
-from microgpt import checkpoint, config, memory
+from microgpt import checkpoint, config, memory, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
 
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
@@ -33,10 +34,23 @@ def train_parser() -> ArgParser:
 
 def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
-    from microgpt import data, distributed, trainer  # numpy-heavy imports only once the flags parse
+    from microgpt import data, distributed  # numpy-heavy imports only once the flags parse
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     out = Path(args.out or Path("runs") / exp.name)
+    if distributed.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
+        return train_in(out, exp, args, argv)
+    with runlock.acquire(out) as lock:
+        for temp in checkpoint.remove_temp_files(out / "ckpt"):
+            print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
+        return train_in(out, exp, args, argv, lock)
+
+
+def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],
+             lock: runlock.RunLock | None = None) -> int:  # fmt: skip
+    """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
+    from microgpt import data, distributed, trainer
+
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
         found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
@@ -47,8 +61,13 @@ def cmd_train(argv: list[str]) -> int:
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                     "pass --resume or choose another --out")  # fmt: skip
+    if args.resume and not Path(args.resume).is_file():  # before the model and the data are built
+        raise checkpoint.CheckpointError(f"--resume {args.resume}: no such checkpoint file")
+    if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
+        return finished(args, exp)
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
-        return distributed.launch([sys.executable, "-m", "microgpt.cli", "train", *argv], args.procs)
+        cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
+        return distributed.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
     dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
     tr = None
     try:
@@ -68,6 +87,19 @@ def cmd_train(argv: list[str]) -> int:
             if tr is not None:
                 tr.step_fn.release()  # its CUDA graph holds NCCL work: destroying the communicator first hangs
             dp.close()
+
+
+def finished(args: argparse.Namespace, exp: config.Experiment) -> int:
+    """--resume from a checkpoint at or past train.steps: nothing to train. At it, the run is complete (exit 0,
+    its final checkpoint left as it is); past it, --steps (or train.steps) is wrong: one `error:` line."""
+    ck, _ = checkpoint.load(args.resume, memory.n_params(exp.model))  # a step read from a valid checkpoint only
+    steps = f"--steps {args.steps}" if args.steps is not None else f"{args.experiment}: train.steps {exp.train.steps}"
+    if ck.step > exp.train.steps:
+        return fail(f"{steps}: the checkpoint {args.resume} is at step {ck.step}, beyond it; "
+                    "pass a larger --steps to train on, or resume an earlier checkpoint")  # fmt: skip
+    print(f"already complete: {args.resume} is at step {ck.step}, the run's last ({steps}); nothing to train",
+          file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def cmd_sample(argv: list[str]) -> int:

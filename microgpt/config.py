@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from microgpt.errors import InputError
+from microgpt.errors import InputError, brief, check_finite
+from microgpt.fileio import parse_json, read_json
 
 
 class ConfigError(InputError):
@@ -95,12 +95,18 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # FP8 E4M3 (Hopper) is not implemented ye
 BACKENDS = ("numpy", "triton")
 
 
+INT_MAX = 2**31 - 1  # the checkpoint header's int32: steps, and every count a step multiplies
+SEED_MAX = 2**63 - 1
+MAX_LAYERS = 1024  # the plan is a table with rows per layer: a hostile n_layer must not build a billion rows
+
+
 def check_type(where: str, name: str, value: Any, typ: type) -> Any:
-    """value as typ (an int where a float is wanted becomes a float); ConfigError naming where and the field."""
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    """value as typ (an int where a float is wanted becomes a float; NaN and infinities are refused); ConfigError
+    naming where and the field."""
+    if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return check_finite(value, f"{where}: field '{name}'", ConfigError)
     if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-        raise ConfigError(f"{where}: field '{name}' must be {typ.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}: field '{name}' must be {typ.__name__}, got {type(value).__name__} {brief(value)}")
     return value
 
 
@@ -113,7 +119,7 @@ def build_section(cls: type, raw: Any, where: str) -> Any:
     for name, value in raw.items():
         if name not in fields:
             known = ", ".join(fields)
-            raise ConfigError(f"{where}: unknown field '{name}' (known: {known})")
+            raise ConfigError(f"{where}: unknown field {brief(name)} (known: {known})")
         typ = {"int": int, "float": float, "str": str, "bool": bool, "list[Any]": list}[str(fields[name].type)]
         setattr(obj, name, check_type(where, name, value, typ))
     return obj
@@ -123,31 +129,43 @@ def validate(exp: Experiment, src: str) -> Experiment:
     """Impossible values, each with the file and the field."""
     m, t, d = exp.model, exp.train, exp.data
     positive = [("model", m, ("vocab_size", "d_model", "n_layer", "n_head", "seq_len"))]
-    positive.append(("train", t, ("micro_batch", "n_micro", "steps", "eval_every", "eval_batches", "ckpt_every")))
+    counts = ("micro_batch", "n_micro", "steps", "eval_every", "eval_batches", "ckpt_every", "log_every")
+    positive.append(("train", t, counts))
     for sec, obj, names in positive:
         for name in names:
-            if getattr(obj, name) <= 0:
-                raise ConfigError(f"{src}: {sec}.{name} must be > 0, got {getattr(obj, name)}")
+            value = getattr(obj, name)
+            if value <= 0:
+                raise ConfigError(f"{src}: {sec}.{name} must be > 0, got {brief(value)}")
+            if value > INT_MAX and sec == "train":  # model sizes: the memory plan refuses what cannot fit
+                raise ConfigError(f"{src}: {sec}.{name} must be at most {INT_MAX:,}, got {brief(value)}")
+    if m.n_layer > MAX_LAYERS:
+        raise ConfigError(f"{src}: model.n_layer must be at most {MAX_LAYERS}, got {brief(m.n_layer)}")
     if m.d_model % m.n_head:
         raise ConfigError(f"{src}: model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
     if m.vocab_size > 65536:
         raise ConfigError(f"{src}: model.vocab_size {m.vocab_size} does not fit the uint16 token shards (max 65536)")
     if not 0 < t.lr < 1 or not 0 <= t.min_lr <= t.lr:
         raise ConfigError(f"{src}: train.lr must be in (0, 1) and train.min_lr in [0, lr], got {t.lr}, {t.min_lr}")
-    if t.warmup_steps < 0:
-        raise ConfigError(f"{src}: train.warmup_steps must be >= 0, got {t.warmup_steps}")
+    if not 0 <= t.warmup_steps <= INT_MAX:
+        raise ConfigError(f"{src}: train.warmup_steps must be in [0, {INT_MAX}], got {brief(t.warmup_steps)}")
+    if not 0 <= t.seed <= SEED_MAX:
+        raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
     if not 0 <= t.schedule_start < t.steps:
         raise ConfigError(f"{src}: train.schedule_start must be in [0, steps), got {t.schedule_start}")
     if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
         raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
-    if t.eps <= 0 or t.weight_decay < 0 or t.grad_clip < 0:
-        raise ConfigError(f"{src}: train.eps must be > 0, train.weight_decay and train.grad_clip >= 0")
+    for name, value in (("eps", t.eps), ("weight_decay", -t.weight_decay), ("grad_clip", -t.grad_clip)):
+        if (value <= 0) if name == "eps" else (value > 0):
+            bound = "> 0" if name == "eps" else ">= 0"
+            raise ConfigError(f"{src}: train.{name} must be {bound}, got {getattr(t, name)}")
     if t.precision not in PRECISIONS:
-        raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+        raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {brief(t.precision)}")
     if t.backend not in BACKENDS:
-        raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {t.backend!r}")
+        raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
     if t.backend == "numpy" and t.precision != "fp32":
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
+    if d.max_bytes <= 0:
+        raise ConfigError(f"{src}: data.max_bytes must be > 0, got {brief(d.max_bytes)}")
     if not 0 < d.val_fraction < 1:
         raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
     return exp
@@ -166,24 +184,17 @@ def from_dict(raw: Any, src: str = "<config>") -> Experiment:
             exp.extra[key] = value
         else:
             known = ", ".join(["name", *SECTIONS, *EXTRA_SECTIONS])
-            raise ConfigError(f"{src}: unknown field '{key}' (known: {known})")
+            raise ConfigError(f"{src}: unknown field {brief(key)} (known: {known})")
     return validate(exp, src)
 
 
 def read_raw(path: str | Path) -> Any:
-    """The experiment file's JSON value, not yet checked; ConfigError naming the file when it cannot be read."""
-    path = Path(path)
+    """The experiment file's JSON value, not yet checked; ConfigError naming the file when it cannot be read, is
+    not UTF-8 or not strict JSON (fileio.read_json: a key twice, nesting too deep)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read experiment file ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): an experiment file is JSON") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    return raw
+        return read_json(Path(path), "experiment file", ConfigError)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cannot read experiment file (no such file)") from None
 
 
 def load(path: str | Path, sets: Sequence[str] = (), **train: Any) -> Experiment:
@@ -196,10 +207,11 @@ def parse_assignment(assignment: str, src: str = "--set") -> tuple[str, str, Any
     key, sep, text = assignment.partition("=")
     section, dot, name = key.partition(".")
     if not sep or not dot or section not in SECTIONS:
-        raise ConfigError(f"{src} {assignment!r}: expected section.field=value with section in {', '.join(SECTIONS)}")
+        sections = ", ".join(SECTIONS)
+        raise ConfigError(f"{src} {brief(assignment)}: expected section.field=value with section in {sections}")
     try:
-        return section, name, json.loads(text)
-    except json.JSONDecodeError:
+        return section, name, parse_json(text, src)
+    except InputError:
         return section, name, text
 
 

@@ -244,6 +244,11 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def rank() -> int:
+    """This process's rank in its job: RANK when launched, else 0."""
+    return int(os.environ["RANK"]) if launched() and os.environ["RANK"].isdigit() else 0
+
+
 def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
     """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; None for a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1")) if launched() else 1
@@ -291,15 +296,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(cmd: list[str], n: int) -> int:
+def launch(cmd: list[str], n: int, env_extra: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> int:
     """Run cmd as ranks 0..n-1 of one job; forward signals; the first rank to fail takes the job down.
 
     Returns 0 when every rank exits 0, else the failed rank's exit code (128 + signal number if it was killed).
     Children get their own process group, so a terminal's Ctrl-C reaches them once (through us), not twice.
+    env_extra and pass_fds go to every rank (the run folder's lock, microgpt/runlock.py).
     """
     require_torch()
     env = {**os.environ, "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), LAUNCHER_ENV: str(os.getpid())}  # fmt: skip
+           "MASTER_PORT": str(free_port()), LAUNCHER_ENV: str(os.getpid()), **(env_extra or {})}  # fmt: skip
     procs: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -315,7 +321,7 @@ def launch(cmd: list[str], n: int) -> int:
     try:
         for rank in range(n):
             procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                          process_group=0))  # fmt: skip
+                                          process_group=0, pass_fds=tuple(pass_fds)))  # fmt: skip
         return _wait(procs)
     finally:
         for p in procs:

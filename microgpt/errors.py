@@ -9,10 +9,13 @@ exit code 2. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
+from typing import Any
 
 EXIT_INPUT = 2  # bad input, as argparse's own usage errors
+EXIT_WRITE = 4  # a file could not be written (disk full, read-only folder): a restart will not fix it
 
 
 class InputError(ValueError):
@@ -24,6 +27,33 @@ class ArgParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_INPUT, f"error: {self.prog}: {message}\n")
+
+
+class WriteError(OSError):
+    """A file the run must write could not be written (ENOSPC, EROFS, ...). str(err) is the one-line message;
+    whatever was there before is intact (fileio's atomic writes)."""
+
+
+def check_finite(value: Any, name: str, error: type[InputError] = InputError) -> float:
+    """value as a finite float; `error` naming `name` (the file and field, or the flag) for NaN, inf or a
+    non-number. The one check of finite floats: experiment fields, flags, source weights, sidecar values."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{name} must be a number, got {type(value).__name__} {brief(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too big for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise error(f"{name} must be a finite number, got {brief(value)}")
+    return number
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """repr(value) for an error line, cut to `limit` characters (a hostile value can be megabytes long)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def fail(message: str) -> int:

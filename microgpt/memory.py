@@ -28,6 +28,7 @@ Shapes: B micro-batch, T seq_len, C d_model, L n_layer, NH n_head, V vocab_size,
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,7 +79,38 @@ def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def n_params(m: ModelConfig) -> int:
-    return sum(math.prod(s) for _, s in param_shapes(m))
+    """The sum over param_shapes, in closed form: a hostile n_layer must not build a billion-row table first."""
+    C = m.d_model
+    return (m.vocab_size + m.seq_len) * C + m.n_layer * (12 * C * C + 4 * C) + 2 * C
+
+
+CKPT_MAX_PARAMS = 2**31 - 1  # the checkpoint header's int32 n_params
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say): what a NumPy arena must fit in."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def check_fits(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...], precision: str,
+               available: int | None, device: str) -> list[Buf]:  # fmt: skip
+    """The plan, once it is known to fit: PlanError, before anything is allocated, naming the plan's total and the
+    device's memory when it is larger than `available` bytes, or for a model the checkpoint format cannot hold.
+    (The table has a few dozen rows per layer and model.n_layer is at most 1024: cheap at any sizes.)"""
+    bufs = plan(m, t, R, backend_rows)
+    total = sum(role_bytes(bufs, precision).values())
+    if available is not None and total > available:
+        sizes = "model.d_model, model.n_layer, model.seq_len"
+        raise PlanError(f"the memory plan needs {total:,} bytes but the device ({device}) has {available:,} bytes; "
+                        f"lower train.micro_batch or the model's sizes ({sizes})")  # fmt: skip
+    n = n_params(m)
+    if n > CKPT_MAX_PARAMS:
+        raise PlanError(f"the model has {n:,} parameters; the checkpoint format holds at most {CKPT_MAX_PARAMS:,}; "
+                        "lower the model's sizes")  # fmt: skip
+    return bufs
 
 
 def cpu_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> int:

@@ -18,21 +18,37 @@ import numpy as np
 from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import InputError
+from microgpt.errors import InputError, brief, check_finite
 
 
 class SampleError(InputError):
-    """A sampling flag out of range: negative --tokens or --top-k, a negative or NaN --temperature."""
+    """A sampling flag out of range: --tokens, --temperature, --top-k, --seed, or a prompt that is not UTF-8."""
+
+
+MAX_TOKENS = 1_000_000  # --tokens: more is a typo, not a request (a million tokens is hours on the CPU)
+
+
+def check_text(text: str | None, flag: str) -> None:
+    """Text from argv or stdin that is not UTF-8 arrives with surrogate escapes; refuse it naming the flag."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SampleError(f"{flag}: not UTF-8 text (character {e.start})") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags `sample` and `chat` share, checked before the model is loaded."""
-    if args.tokens < 0:
-        raise SampleError(f"--tokens must be >= 0, got {args.tokens}")
-    if not args.temperature >= 0:  # also rejects NaN
-        raise SampleError(f"--temperature must be a number >= 0 (0: greedy), got {args.temperature}")
+    if not 0 <= args.tokens <= MAX_TOKENS:
+        raise SampleError(f"--tokens must be in [0, {MAX_TOKENS:,}], got {brief(args.tokens)}")
+    temperature = check_finite(args.temperature, "--temperature", SampleError)
+    if temperature < 0:
+        raise SampleError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
     if args.top_k < 0:
         raise SampleError(f"--top-k must be >= 0 (0: off), got {args.top_k}")
+    if args.seed < 0:
+        raise SampleError(f"--seed must be >= 0, got {brief(args.seed)}")
+    for flag in ("prompt", "system"):
+        check_text(getattr(args, flag, None), f"--{flag}")
 
 
 class KVModel:
@@ -114,7 +130,11 @@ def generate(kv: KVModel, prompt: list[int], n_tokens: int, temperature: float, 
 def load(where: str) -> tuple[KVModel, Any, int]:
     """The model of a checkpoint or run folder with an empty cache, its tokenizer, and the checkpoint's step."""
     ld = checkpoint.load_trained(where)
-    return KVModel(ld.exp.model, ld.params()), load_tokenizer(ld.side.get("tokenizer", {})), ld.step
+    try:
+        tok = load_tokenizer(ld.side.get("tokenizer", {}))
+    except InputError as e:
+        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+    return KVModel(ld.exp.model, ld.params()), tok, ld.step
 
 
 def main(args: argparse.Namespace) -> int:

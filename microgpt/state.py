@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, memory, model
+from microgpt import checkpoint, config, memory, model
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig, TrainConfig
 
@@ -71,12 +71,14 @@ class TrainState:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Weights, m, v, step and loss scaler from a checkpoint of this model; returns its sidecar."""
-        ck = checkpoint.read_checkpoint(path, self.n_params)
-        side = checkpoint.read_sidecar(path)
+        ck, side = checkpoint.load(path, self.n_params)
         saved = side.get("config", {}).get("model")
-        if saved is not None and saved != asdict(self.m):
-            diff = next(k for k in saved if saved[k] != asdict(self.m).get(k))
-            raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff} differs)")
+        if saved is not None:
+            where = f"{checkpoint.sidecar_path(path)}: field 'config.model'"
+            saved = asdict(config.build_section(ModelConfig, saved, where))
+            diff = next((k for k in saved if saved[k] != asdict(self.m)[k]), None)
+            if diff is not None:
+                raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff} differs)")
         for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
         if self.p_compute is not None:
@@ -97,7 +99,8 @@ class TrainState:
 
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
-    plan = memory.plan(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+    plan = memory.check_fits(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t), t.precision, K.memory_bytes(),
+                             K.device)  # fmt: skip
     arena = memory.Arena(plan, K)
     K = K.bind(arena)
     has_compute = t.precision != "fp32"

@@ -7,6 +7,8 @@ that lands inside the step is handled as soon as it ends.
 Data parallel (dp, microgpt/distributed.py): grads are summed over ranks after the last micro-batch, ranks
 agree on signals at the step boundary, and rank 0 alone writes checkpoints.
 Everything the engine tells the world goes out as one JSON object per line on stdout.
+A checkpoint that cannot be written (a full disk) ends the run with one `error:` line and exit code EXIT_WRITE (4),
+the temp file removed and the previous checkpoints intact; the proxy does not restart it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from microgpt import checkpoint, data, memory, model
 from microgpt.backend import Backend, get_backend
 from microgpt.config import ConfigError, Experiment
-from microgpt.errors import InputError
+from microgpt.errors import EXIT_WRITE, InputError, WriteError
 from microgpt.state import make_state
 from microgpt.step import Step
 
@@ -141,7 +143,12 @@ class Trainer:
         mix = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume); plain: None
         if mix is not None:
             meta["mixing"] = mix
-        path = S.save_checkpoint(self.out / "ckpt" / checkpoint.ckpt_name(self.step), meta)
+        target = self.out / "ckpt" / checkpoint.ckpt_name(self.step)
+        try:
+            path = S.save_checkpoint(target, meta)
+        except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
+            raise WriteError(f"{target}: cannot write the checkpoint ({e.strerror or e}); the previous "
+                             "checkpoints are intact") from None  # fmt: skip
         emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
         self._critical = was_critical
         return path
@@ -207,6 +214,9 @@ class Trainer:
         except InputError as e:  # found only while training: a mixture source ran dry (microgpt/data/mixing.py)
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except WriteError as e:  # no restart fixes it: the proxy does not retry this exit code
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_WRITE
         emit({"event": "done", "step": self.step})
         return 0
 

@@ -9,6 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests (tests/test_properties.py) are deterministic in CI: the same examples on every run, no example
+# database, no deadline (a busy 2-core machine must not turn a slow example into a failure).
+settings.register_profile(
+    "microgpt",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("microgpt")
 
 REPO = Path(__file__).resolve().parent.parent
 

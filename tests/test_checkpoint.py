@@ -13,8 +13,10 @@ from microgpt.checkpoint import CheckpointError
 
 
 def arrays(n: int, seed: int = 0) -> list[np.ndarray]:
+    """Weights, Adam m, Adam v (a mean of squares: never negative)."""
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=n).astype(np.float32) for _ in range(3)]
+    w, m, v = (rng.normal(size=n).astype(np.float32) for _ in range(3))
+    return [w, m, np.abs(v)]
 
 
 def test_layout_is_the_seed_format(tmp_path) -> None:

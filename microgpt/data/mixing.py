@@ -263,6 +263,19 @@ class MixtureLoader:
         self.next_step, self._plan = step, None
         if not s:
             return
+        try:
+            self._load_state(s, step, where)
+        except SourceError:  # an InputError is a ValueError too: it already says what is wrong
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # a sidecar edited by hand, or corrupt
+            raise SourceError(f"{where}: field 'mixing' is malformed ({type(e).__name__})") from None
+        n = len(self.names)
+        arrays = (self.draws, self.bandit.weights, self.bandit.rewards, self.bandit.floor)
+        if any(np.shape(a) != (n,) for a in arrays) or not (np.isfinite(self.bandit.weights).all()
+                                                               and (self.bandit.weights >= 0).all()):  # fmt: skip
+            raise SourceError(f"{where}: field 'mixing' does not hold one finite weight >= 0 per source")
+
+    def _load_state(self, s: dict[str, Any], step: int, where: str) -> None:
         gone = [n for n in s["sources"] if n not in self.names]
         new = [n for n in self.names if n not in s["sources"]]
         if gone:

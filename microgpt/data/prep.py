@@ -41,7 +41,7 @@ from microgpt import config
 from microgpt.data import corpus, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
-from microgpt.errors import InputError, exit_on_input_error
+from microgpt.errors import ArgParser, InputError, check_finite, exit_on_input_error
 
 Tokenizer = BPETokenizer | ByteTokenizer
 
@@ -163,8 +163,19 @@ def get_tokenizer(train: list[tuple[Source, Doc]], tmp: Path, s: PrepSettings) -
     return load_tokenizer(dest), True
 
 
+def check_out(out: Path, flag: str = "--out") -> None:
+    """`out` may be replaced by a prepared corpus: it is missing, an empty folder, or a corpus (manifest.json) of an
+    earlier prep. A regular file, or a folder of other things, is refused (PrepError) and left alone."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise PrepError(f"{flag} {out}: exists and is not a folder; prep writes a folder of shards there")
+    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise PrepError(f"{flag} {out}: a folder that holds no prepared corpus (no manifest.json); prep would "
+                        "replace it; choose a new or empty folder")  # fmt: skip
+
+
 def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings) -> dict:
-    """Split, tokenize, write shards and manifest.json into a temp folder, then move it to `out`."""
+    """Split, tokenize, write shards and manifest.json into a temp folder, then move it to `out` (check_out)."""
+    check_out(out)
     splits = split_and_weight(sources, s.val_fraction, s.seed)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -243,7 +254,7 @@ def check(directory: Path, vocab_size: int | None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", action="append", default=[], metavar="PATH[@W]", help="a source, weight W")
     ap.add_argument("--builtin", action="store_true", help="the offline corpus: stdlib source + synthetic chats")
     ap.add_argument("--out", type=Path, help="output folder (default with --builtin: the train command's cache)")
@@ -275,15 +286,24 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
         tokenizer = "bytes" if corpus.uses_bytes(exp) else exp.data.tokenizer
     if tokenizer is None and vocab_size == 256:
         tokenizer = "bytes"
-    if not tokenizer and vocab_size <= 256 + len(SPECIAL_TOKENS):
+    vocab_flag = f"--vocab-size {vocab_size}"  # the flag, or the experiment field it came from
+    if args.vocab_size is None and exp is not None:
+        vocab_flag = f"{args.experiment}: model.vocab_size {vocab_size}"
+    if not tokenizer and not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65536:
         raise PrepError(
-            f"--vocab-size {vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} entries "
-            "(256 bytes + special tokens); a vocabulary of 256 trains on raw bytes (--tokenizer bytes)"
+            f"{vocab_flag}: BPE needs more than {256 + len(SPECIAL_TOKENS)} entries "
+            "(256 bytes + special tokens) and at most 65536; a vocabulary of 256 trains on raw bytes "
+            "(--tokenizer bytes)"
         )
-    if not 0 < val_fraction < 1:
+    if not 0 < check_finite(val_fraction, "--val-fraction", PrepError) < 1:
         raise PrepError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if args.shard_tokens <= 0:
-        raise PrepError(f"--shard-tokens must be > 0, got {args.shard_tokens}")
+    for flag in ("shard_tokens", "tokenizer_bytes", "chunk"):
+        if getattr(args, flag) <= 0:
+            raise PrepError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.max_bytes is not None and args.max_bytes <= 0:
+        raise PrepError(f"--max-bytes must be > 0, got {args.max_bytes}")
+    if args.seed is not None and args.seed < 0:
+        raise PrepError(f"--seed must be >= 0, got {args.seed}")
     settings = PrepSettings(
         tokenizer=tokenizer or "", vocab_size=vocab_size, val_fraction=val_fraction,
         seed=corpus.CORPUS_SEED if args.seed is None else args.seed,
@@ -303,6 +323,8 @@ def main(argv: list[str]) -> int:
         raise PrepError("prep needs --builtin or --source PATH[@W] (and --out DIR with --source)")
     if args.per_source and not args.out:
         raise PrepError("--per-source needs --out DIR (the train command's built-in cache is one shard set)")
+    if args.out:
+        check_out(args.out)  # before any source is read
     s, max_bytes = resolve(args)
     t0 = time.perf_counter()
     sources, build, out = [], {"builtin": False, "sources": args.source, "python": sys.version.split()[0]}, args.out

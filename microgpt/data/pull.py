@@ -1,5 +1,6 @@
 """pull-hermes3: fetch NousResearch's Hermes-3 chat dataset (or read a local copy), validate every
-record, and write normalized JSONL.
+record, and write normalized JSONL. An existing output is replaced only by a pull that read every input file and
+kept at least one conversation.
 
     microgpt pull-hermes3 --from PATH --out data/hermes3.jsonl     # local JSONL / JSON / Parquet, file or folder
     microgpt pull-hermes3 --out data/hermes3.jsonl                 # download through huggingface_hub
@@ -14,7 +15,6 @@ way to download) is one `error:` line and exit 2 (microgpt/errors.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterator
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from microgpt.data.chat import parse_record, to_sharegpt
 from microgpt.data.sources import SUFFIXES, Report, SourceError, input_files, iter_records
-from microgpt.errors import exit_on_input_error
+from microgpt.errors import ArgParser, exit_on_input_error
 from microgpt.fileio import atomic_write_bytes
 
 REPO_ID = "NousResearch/Hermes-3-Dataset"
@@ -64,11 +64,33 @@ def download(repo_id: str, cache_dir: str | None) -> Path:
     return Path(folder)
 
 
+def check_out(out: Path) -> None:
+    """--out must name a file (new, or one to replace), not a folder or a path through a file."""
+    if out.is_dir():
+        raise SourceError(f"--out {out}: is a folder; pull-hermes3 writes one JSONL file")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise SourceError(f"--out {out}: {parent} is not a folder")
+
+
 def pull(paths: list[Path], out: Path) -> Report:
-    """Validate and normalize; write out (atomically) and out.report.json next to it."""
+    """Validate and normalize; write out (atomically) and out.report.json next to it.
+
+    An existing out is replaced only by a pull that read every file and kept at least one conversation: a failed
+    pull (an unreadable file, nothing valid) raises SourceError and leaves it, and its report, as they were."""
     report = Report()
-    lines = (json.dumps(to_sharegpt(m), ensure_ascii=False).encode() + b"\n" for m in iter_conversations(paths, report))
-    atomic_write_bytes(out, lines, sync_dir=False)
+    keep_old = out.exists()
+
+    def lines() -> Iterator[bytes]:
+        for m in iter_conversations(paths, report):
+            yield json.dumps(to_sharegpt(m), ensure_ascii=False).encode() + b"\n"
+        if report.kept == 0:
+            raise SourceError(f"{len(paths)} input file(s) hold no valid conversation; nothing written to {out}")
+        if keep_old and report.bad_files:
+            raise SourceError(f"{len(report.bad_files)} input file(s) unreadable (listed above); {out} was left "
+                              "as it was")  # fmt: skip
+
+    atomic_write_bytes(out, lines(), sync_dir=False)
     report_text = json.dumps(report.to_dict(), indent=1) + "\n"
     atomic_write_bytes(out.with_name(out.name + ".report.json"), [report_text.encode()], sync_dir=False)
     return report
@@ -85,12 +107,13 @@ def print_report(report: Report, out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """`microgpt pull-hermes3`; bad input raises SourceError (cli.py and the script print it as one line)."""
-    ap = argparse.ArgumentParser(prog="microgpt pull-hermes3", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog="microgpt pull-hermes3", description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="src", help="local copy: a .jsonl/.json/.parquet file or a folder of them")
     ap.add_argument("--out", default="data/hermes3.jsonl", help="normalized JSONL to write")
     ap.add_argument("--repo", default=REPO_ID, help="Hugging Face dataset repo (download only)")
     ap.add_argument("--cache-dir", default=None, help="huggingface_hub cache folder (download only)")
     args = ap.parse_args(argv)
+    check_out(Path(args.out))
     src = Path(args.src) if args.src else download(args.repo, args.cache_dir)
     paths = input_files(src)
     if not paths:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from microgpt.data.chat import parse_record, render
-from microgpt.errors import InputError
+from microgpt.errors import InputError, brief, check_finite
 
 SUFFIXES = (".jsonl", ".json", ".parquet")  # record files (chat or {"text": ...})
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".text"}
@@ -143,13 +143,21 @@ def iter_records(path: Path) -> Iterator[tuple[str, object | None, str]]:
 
 
 # --- prep's sources: PATH[@W] -> documents -----------------------------------------------------------------------
+MAX_WEIGHT = 1000.0  # PATH@W repeats each document W times: more is a typo that would fill the disk
+
+
 def parse_source(spec: str) -> tuple[Path, float]:
+    """PATH[@W] -> (path, weight); W must be a finite number in [0, MAX_WEIGHT] (a PATH may hold '@' itself)."""
     path, at, w = spec.rpartition("@")
     if at:
         try:
-            return Path(path), float(w)
+            weight = float(w)
         except ValueError:
-            pass
+            return Path(spec), 1.0
+        check_finite(weight, f"--source {brief(spec)}: weight", SourceError)
+        if not 0 <= weight <= MAX_WEIGHT:
+            raise SourceError(f"--source {brief(spec)}: weight must be in [0, {MAX_WEIGHT:g}], got {w}")
+        return Path(path), weight
     return Path(spec), 1.0
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from microgpt.errors import InputError
+from microgpt.errors import InputError, brief
 
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -174,10 +174,14 @@ def load_tokenizer(where: str | Path | dict) -> BPETokenizer | ByteTokenizer:
     the recorded sha256."""
     if not isinstance(where, dict):
         return BPETokenizer.load(where)
+    bad = [k for k in ("kind", "path", "sha256") if k in where and not isinstance(where[k], str)]
+    if bad:
+        got = type(where[bad[0]]).__name__
+        raise TokenizerError(f"tokenizer record: field '{bad[0]}' must be a string, got {got}")
     if where.get("kind", "bpe" if where.get("path") else "bytes") == "bytes":
         return ByteTokenizer()
     if not where.get("path"):
-        raise TokenizerError(f"tokenizer record {where}: field 'path' is missing")
+        raise TokenizerError(f"tokenizer record {brief(where)}: field 'path' is missing")
     tok = BPETokenizer.load(where["path"])
     if where.get("sha256") and tok.sha256 != where["sha256"]:
         raise TokenizerError(f"{where['path']}: field 'sha256' differs from the run's record (tokenizer replaced?)")

@@ -43,9 +43,11 @@ def describe_exit(rc: int) -> str:
 class Engine:
     """One `microgpt train` child: stdout lines arrive on a queue (None at EOF); stderr is passed through."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, cmd: list[str], env_extra: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()):
+        """env_extra and pass_fds: what the child needs beyond our environment (the run folder's lock)."""
+        env = {**os.environ, **(env_extra or {})}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)  # fmt: skip
+                                     start_new_session=True, env=env, pass_fds=pass_fds)  # fmt: skip
         self.lines: queue.Queue = queue.Queue()
         self.tail: deque[str] = deque(maxlen=5)
         threading.Thread(target=self._read_stdout, daemon=True).start()

@@ -25,15 +25,15 @@ and fresh ones start; see archive().
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from microgpt.errors import InputError
+from microgpt.errors import InputError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json
+from microgpt.fileio import read_json as read_json_file
 
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
@@ -48,16 +48,43 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+NULL = type(None)
+# The fields each run file's readers use, and their JSON types; other fields are kept as they are.
+FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    LOSS_FORMAT: {"run": (str,), "meta": (dict,), "train": (list,), "val": (list,), "marks": (list,)},
+    STATE_FORMAT: {"run": (str,), "status": (str,), "phase": (str, NULL), "phase_index": (int, NULL),
+                   "step": (int,), "restarts": (int,), "restart_log": (list,), "skipped_checkpoints": (list,),
+                   "archived": (list,), "experiment": (str, NULL), "out": (str, NULL)},
+    SAMPLES_FORMAT: {"run": (str,), "phase": (str, NULL), "settings": (dict,), "samples": (list,)},
+}  # fmt: skip
+ROWS = {LOSS_FORMAT: ("train", "val", "marks"), STATE_FORMAT: ("restart_log", "skipped_checkpoints"),
+        SAMPLES_FORMAT: ("samples",)}  # fmt: skip
+
+
 def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
-    """The file's object, None when it does not exist; RunFileError when it exists but is not ours."""
+    """The file's object, None when it does not exist; RunFileError when it exists but is not a `fmt` file whose
+    fields (FIELDS) and rows (objects; a loss row's step an int) have the types the proxy relies on."""
     try:
-        obj = json.loads(path.read_text())
+        obj = read_json_file(path, "run file", RunFileError, allow_nan=False)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunFileError(f"{path}: unreadable run file ({e}); move it away to start over") from None
+    except RunFileError as e:
+        raise RunFileError(f"{e}; move it away to start over") from None
     if not isinstance(obj, dict) or obj.get("format") != fmt:
-        raise RunFileError(f"{path}: not a {fmt} file (format {obj.get('format') if isinstance(obj, dict) else '?'})")
+        found = brief(obj.get("format")) if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+        raise RunFileError(f"{path}: not a {fmt} file (format {found}); move it away to start over")
+    for name, types in FIELDS[fmt].items():
+        if name in obj and (not isinstance(obj[name], types) or isinstance(obj[name], bool)):
+            raise RunFileError(f"{path}: field '{name}' must be {' or '.join(t.__name__ for t in types)}, got "
+                               f"{brief(obj[name])}; move it away to start over")  # fmt: skip
+    for name in ROWS[fmt]:
+        for i, row in enumerate(obj.get(name, [])):
+            step = row.get("step", 0) if isinstance(row, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise RunFileError(f"{path}: field '{name}' row {i} must be an object with a step >= 0, got "
+                                   f"{brief(row)}; move it away to start over")  # fmt: skip
+    if fmt == LOSS_FORMAT and any("step" not in r for key in ("train", "val") for r in obj.get(key, [])):
+        raise RunFileError(f"{path}: a train or val row has no step; move it away to start over")
     return obj
 
 
@@ -82,8 +109,8 @@ class LossHistory:
 
     def __init__(self, path: Path, run: str):
         self.path, self.dirty = path, False
-        self.data = read_json(path, LOSS_FORMAT) or {
-            "format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}  # fmt: skip
+        fresh = {"format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}
+        self.data = {**fresh, **(read_json(path, LOSS_FORMAT) or {})}
 
     @property
     def last_step(self) -> int:
@@ -128,7 +155,7 @@ class JsonDoc:
 
     def __init__(self, path: Path, fmt: str, fresh: dict[str, Any]):
         self.path, self.fmt = path, fmt
-        self.data = read_json(path, fmt) or {"format": fmt, **fresh}
+        self.data = {"format": fmt, **fresh, **(read_json(path, fmt) or {})}  # fields a file lacks: fresh ones
 
     def update(self, **fields: Any) -> None:
         self.data.update(fields)

@@ -16,10 +16,16 @@ hang_timeout_s (startup_timeout_s before its first step), is a failure: the engi
 there and restarted from the newest valid checkpoint, after backoff_s * 2**(k-1) seconds, at most
 max_restarts times in a row without a new checkpoint; every restart is recorded in the state file and
 marked in the loss history. A corrupt checkpoint is skipped for the one before (and kept on disk). Exit
-code 2 from the engine is bad input and is not retried. Running the same command again continues a
-stopped or crashed run from its newest checkpoint; a different experiment in the same folder is refused.
+code 2 from the engine (bad input) and 4 (a checkpoint it cannot write: a full disk) are failures a restart
+cannot fix: not retried, the run marked crashed, exit 1. Running the same command again continues a stopped or
+crashed run from its newest checkpoint; a different experiment in the same folder is refused.
 
-Exit codes: 0 done or stopped, 1 gave up after restarts, 2 bad input (one line `error: ...`).
+One writer per run folder (microgpt/runlock.py): the proxy locks --out before it reads anything there and passes
+the lock to each engine it starts, so a second `microgpt run` or a stray `microgpt train` on the folder is refused
+(one line naming the proxy's pid, exit 2) while the engine works.
+
+Exit codes: 0 done or stopped, 1 gave up (after restarts, or on a failure a restart cannot fix), 2 bad input (one
+line `error: ...`).
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint, config
+from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
-from microgpt.errors import ArgParser, exit_on_input_error
+from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, exit_on_input_error
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit, pid_alive
 from microgpt.proxy.dashboard import DashboardServer
@@ -66,8 +72,10 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, schedule: Schedule, out: Path, experiment: str, procs: int | None = None):
+    def __init__(self, schedule: Schedule, out: Path, experiment: str, procs: int | None = None,
+                 lock: runlock.RunLock | None = None):  # fmt: skip
         self.schedule, self.out, self.settings, self.procs = schedule, out, schedule.settings, procs
+        self.run_lock = lock  # the run folder's lock (microgpt/runlock.py), passed to every engine
         self.paths = run_paths(out, schedule.run)
         self.loss = LossHistory(self.paths["loss"], schedule.run)
         self.state = JsonDoc(self.paths["state"], STATE_FORMAT, self._fresh_state())
@@ -154,7 +162,7 @@ class Supervisor:
 
     def _skip_checkpoint(self, path: Path, reason: str) -> None:
         skipped = self.state.data["skipped_checkpoints"]
-        if all(s["path"] != str(path) for s in skipped):
+        if all(s.get("path") != str(path) for s in skipped):
             skipped.append({"path": str(path), "reason": reason, "time": utc_now()})
             log(f"skipping corrupt checkpoint (kept on disk): {reason}")
 
@@ -197,7 +205,7 @@ class Supervisor:
             if outcome.kind == "stopped":
                 return self._stopped()
             if outcome.kind == "fatal":
-                log(f"engine rejected its input, not retrying: {outcome.reason}")
+                log(f"engine failed in a way a restart cannot fix, not retrying: {outcome.reason}")
                 self._crashed(outcome.reason)
                 return 1
             picked = self.pick_checkpoint()
@@ -243,7 +251,8 @@ class Supervisor:
     def run_engine(self, ph: Phase, ckpt: Path | None, step: int) -> Outcome:
         log(f"phase {ph.name!r}: engine from step {step} to {ph.end}" + (f", resuming {ckpt}" if ckpt else ""))
         try:
-            eng = Engine(self.engine_cmd(ph, ckpt))
+            held = self.run_lock
+            eng = Engine(self.engine_cmd(ph, ckpt), held.child_env() if held else {}, (held.fd,) if held else ())
         except OSError as e:
             return Outcome("failed", f"cannot start the engine: {e}")
         self.state.update(engine_pid=eng.proc.pid, status="running")
@@ -295,7 +304,7 @@ class Supervisor:
             return Outcome("done")
         tail = eng.tail[-1] if eng.tail else ""
         reason = f"engine {describe_exit(rc)}" + (f": {tail}" if tail else "")
-        return Outcome("fatal" if rc == 2 else "failed", reason)
+        return Outcome("fatal" if rc in (EXIT_INPUT, EXIT_WRITE) else "failed", reason)
 
     def on_line(self, raw: bytes, ph: Phase, seen: dict[str, bool]) -> None:
         try:
@@ -369,14 +378,16 @@ def supervise(argv: list[str]) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
             setattr(schedule.settings, name, value)
     out = Path(args.out or Path("runs") / schedule.run)
-    sup = Supervisor(schedule, out, args.experiment, args.procs)
+    # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
-    if server is not None:
-        sup.state.update(dashboard=server.url)
-        server.start()
-        log(f"dashboard: {server.url}")
     try:
-        return sup.run()
+        with runlock.acquire(out) as lock:
+            sup = Supervisor(schedule, out, args.experiment, args.procs, lock)
+            if server is not None:
+                sup.state.update(dashboard=server.url)
+                server.start()
+                log(f"dashboard: {server.url}")
+            return sup.run()
     finally:
         if server is not None:
             server.close()

@@ -202,6 +202,20 @@ def test_a_source_that_vanished_is_an_error(tmp_path: Path) -> None:
     one_line_error(cli("train", str(exp), "--out", str(tmp_path / "run4")), "c-pattern-copy train", "20 tokens")
 
 
+@pytest.mark.parametrize("edit", [{"draws": "many"}, {"weights": [1.0]}, {"weights": [-1.0, 1.0, 1.0]}, {"t": []}])
+def test_a_malformed_mixture_state_is_one_line(tmp_path: Path, edit: dict) -> None:
+    """A sidecar's 'mixing' field edited by hand: the resume is refused naming the checkpoint and the field."""
+    root = write_sources(tmp_path / "src")
+    exp = write_exp(tmp_path, experiment(root, FIREHOSE))
+    assert cli("train", str(exp), "--steps", "3", "--out", str(tmp_path / "run")).returncode == 0
+    ck = tmp_path / "run/ckpt" / checkpoint.ckpt_name(3)
+    side = json.loads(checkpoint.sidecar_path(ck).read_text())
+    side["mixing"].update(edit)
+    checkpoint.sidecar_path(ck).write_text(json.dumps(side))
+    res = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "run2"), "--resume", str(ck))
+    one_line_error(res, str(ck), "field 'mixing'")
+
+
 def test_a_source_that_ran_dry_is_an_error(tmp_path: Path) -> None:
     root = write_sources(tmp_path / "src", sizes={"b-noise": 8 * 32 + 1})  # 8 windows: 2 micro-batches of 4 rows
     exp = write_exp(tmp_path, experiment(root, {**FIREHOSE, "max_epochs": 1}))

@@ -1,0 +1,93 @@
+"""One writer per run folder (microgpt/runlock.py), with real processes: a second trainer is refused with the
+holder's pid; after kill -9 of the holder a new one starts and resumes; the proxy's engine works under the proxy's
+lock while a stray `train` and a second `run` are refused; stale checkpoint temp files go at the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from microgpt import checkpoint, runlock
+from tests.conftest import REPO, cli, json_lines, write_experiment
+from tests.proxy._helpers import ENV, ProxyRun, write_exp
+from tests.test_hostile_input import refused
+
+
+def start_train(exp: Path, out: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "microgpt", "train", str(exp), "--out", str(out), *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(proc: subprocess.Popen) -> int:
+    """Read the trainer's JSON lines until its first checkpoint; that step."""
+    for line in proc.stdout:
+        rec = json.loads(line)
+        if rec["event"] == "checkpoint":
+            return rec["step"]
+    raise AssertionError(f"the trainer ended before a checkpoint: {proc.stderr.read()}")
+
+
+def test_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path, train={"steps": 100_000, "ckpt_every": 5})
+    out = tmp_path / "run"
+    first = start_train(exp, out)
+    try:
+        step = wait_for_checkpoint(first)
+        stale = out / "ckpt" / ".step-00000099.bin.tmp999999"  # as a writer killed mid-checkpoint leaves it
+        stale.write_bytes(b"\0" * 4096)
+        second = cli("train", str(exp), "--out", str(out), "--resume", "latest", env=ENV)
+        refused(second, f"--out {out}", f"pid {first.pid}")
+        assert stale.exists()  # only the lock's holder may remove it
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    ckpts = checkpoint.list_checkpoints(out / "ckpt")
+    newest = int(checkpoint.CKPT_RE.match(ckpts[0].name).group(1))
+    assert newest >= step
+    third = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", str(newest + 2), env=ENV)
+    assert third.returncode == 0, third.stderr
+    records = json_lines(third.stdout)
+    assert records[0]["event"] == "start" and records[0]["step"] == newest
+    assert records[-1] == {"event": "done", "step": newest + 2}
+    assert not stale.exists() and f"removed {stale}" in third.stderr
+    assert (out / runlock.NAME).read_bytes() == b""  # taking the lock writes nothing
+
+
+def test_the_proxy_engine_works_under_the_proxy_lock(tmp_path: Path) -> None:
+    exp = write_exp(tmp_path, train={"steps": 100_000})
+    out = tmp_path / "run"
+    proxy = ProxyRun(exp, out)
+    try:
+        engine = proxy.engine_pid()
+        proxy.wait_for(lambda: len(proxy.steps()) >= 3, "three steps")
+        refused(cli("train", str(exp), "--out", str(out), "--resume", "latest", env=ENV), f"pid {proxy.proc.pid}")
+        refused(cli("run", str(exp), "--out", str(out), env=ENV), f"pid {proxy.proc.pid}")
+        done = len(proxy.steps())
+        proxy.wait_for(lambda: len(proxy.steps()) > done, "the engine to go on after the refusals")
+        assert proxy.file("state")["engine_pid"] == engine and proxy.proc.poll() is None
+        proxy.signal(signal.SIGTERM)
+        assert proxy.wait() == 0
+    finally:
+        proxy.kill()
+    state = proxy.file("state")
+    assert state["status"] == "stopped" and state["restarts"] == 0, state
+
+
+def test_lock_is_inherited_only_through_the_passed_descriptor(tmp_path: Path) -> None:
+    """MICROGPT_RUN_LOCK naming a descriptor of another file (or none) gives nothing: the folder stays locked."""
+    folder = tmp_path / "run"
+    with runlock.acquire(folder) as held:
+        other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+        try:
+            for value in (str(other), "999", "x"):
+                res = cli("train", str(write_experiment(tmp_path)), "--out", str(folder), env={runlock.ENV: value})
+                refused(res, f"pid {os.getpid()}")
+        finally:
+            os.close(other)
+        assert held.fd >= 0
+    with runlock.acquire(folder):  # released: free again
+        pass
