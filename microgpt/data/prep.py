@@ -41,7 +41,7 @@ from microgpt import config
 from microgpt.data import corpus, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
-from microgpt.errors import InputError, exit_on_input_error
+from microgpt.errors import ArgParser, InputError, exit_on_input_error
 
 Tokenizer = BPETokenizer | ByteTokenizer
 
@@ -242,8 +242,8 @@ def check(directory: Path, vocab_size: int | None) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
+def parser() -> ArgParser:
+    ap = ArgParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", action="append", default=[], metavar="PATH[@W]", help="a source, weight W")
     ap.add_argument("--builtin", action="store_true", help="the offline corpus: stdlib source + synthetic chats")
     ap.add_argument("--out", type=Path, help="output folder (default with --builtin: the train command's cache)")
@@ -259,7 +259,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer-bytes", type=int, default=50_000_000, help="text used to train BPE")
     ap.add_argument("--chunk", type=int, default=512, help="documents per parallel tokenize call")
     ap.add_argument("--check", type=Path, metavar="DIR", help="only validate the shards in DIR")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
     return ap
 
 

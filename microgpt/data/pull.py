@@ -14,7 +14,6 @@ way to download) is one `error:` line and exit 2 (microgpt/errors.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from microgpt.data.chat import parse_record, to_sharegpt
 from microgpt.data.sources import SUFFIXES, Report, SourceError, input_files, iter_records
-from microgpt.errors import exit_on_input_error
+from microgpt.errors import ArgParser, exit_on_input_error
 from microgpt.fileio import atomic_write_bytes
 
 REPO_ID = "NousResearch/Hermes-3-Dataset"
@@ -85,7 +84,7 @@ def print_report(report: Report, out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """`microgpt pull-hermes3`; bad input raises SourceError (cli.py and the script print it as one line)."""
-    ap = argparse.ArgumentParser(prog="microgpt pull-hermes3", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog="microgpt pull-hermes3", description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="src", help="local copy: a .jsonl/.json/.parquet file or a folder of them")
     ap.add_argument("--out", default="data/hermes3.jsonl", help="normalized JSONL to write")
     ap.add_argument("--repo", default=REPO_ID, help="Hugging Face dataset repo (download only)")
