@@ -1,5 +1,5 @@
-"""The trainer's own pieces: the learning-rate schedule, the terminal's progress lines (the run loop, checkpoints and signals are exercised end to
-end in tests/test_cli.py, tests/test_distributed.py and tests/proxy)."""
+"""The trainer's own pieces: the learning-rate schedule and the terminal's progress lines (the run loop, checkpoints
+and signals are exercised end to end in tests/test_cli.py, tests/test_distributed.py and tests/proxy)."""
 
 from __future__ import annotations
 
