@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -59,3 +60,11 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert not any("pytest" in c or "apt-get" in c for c in commands)
     makefile = (REPO / "Makefile").read_text()
     assert "\t@. scripts/test-browser.sh && $(BIN)/python -m pytest -q\n" in makefile
+
+
+def test_numpy_below_2_3_is_a_test_pin_only() -> None:
+    """The engine runs on any NumPy from 1.26 (2.3+ included); only the Triton interpreter the tests use needs <2.3."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = [d for d in project["dependencies"] if d.startswith("numpy")]
+    assert runtime == ["numpy>=1.26"]
+    assert "numpy>=1.26,<2.3" in project["optional-dependencies"]["test"]
