@@ -11,7 +11,7 @@ if [ "${MICROGPT_SKIP_BROWSER:-}" != 1 ] && ! has_chromium; then
   if ! has_chromium && [ "${CI:-}" = true ]; then
     echo "make test: chromium could not be installed: on CI the dashboard's browser tests will FAIL"
   elif ! has_chromium; then
-    echo "make test: chromium is not installed and could not be installed here (that needs root and apt-get):" \
+    echo "make test: chromium is not installed and could not be installed here (that takes root and apt-get):" \
       "the dashboard's browser tests (the 'browser' fixture, tests/proxy/test_dashboard_browser.py) will be" \
       "SKIPPED; install Debian's chromium to run them"
     MICROGPT_SKIP_BROWSER=1
