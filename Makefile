@@ -1,4 +1,5 @@
-# Two commands (README): `make train` and `make test`. Each sets up .venv first.
+# Two commands (README): `make train` and `make test`. Each sets up .venv first; `make test` also installs
+# Chromium for the dashboard's browser tests where it can, or says that it skips them (scripts/test-browser.sh).
 # `make train` keeps the engine's JSON lines in runs/ANDREA-tiny/train.jsonl; progress goes to the terminal.
 PY ?= python3
 VENV := .venv
@@ -24,7 +25,7 @@ train: setup
 	  echo "--- sample: $$prompt"; $(BIN)/microgpt sample runs/ANDREA-tiny --prompt "$$prompt" --tokens 200; done
 
 test: setup-test
-	$(BIN)/python -m pytest -q
+	@. scripts/test-browser.sh && $(BIN)/python -m pytest -q
 
 check: setup-test
 	$(BIN)/ruff format --check microgpt tests bench scripts dev

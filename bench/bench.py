@@ -1,4 +1,4 @@
-"""Throughput and memory: microgpt's triton backend against a PyTorch baseline of the same model (DESIGN.md §5).
+"""Throughput and memory: microgpt's triton backend against a PyTorch baseline of the same model.
 
     python3 bench/bench.py                      # every config, one subprocess each; prints one markdown table
     python3 bench/bench.py --impl eager --mb 8  # one config in this process; prints one JSON line

@@ -152,8 +152,8 @@ def parser() -> ArgParser:
     p.add_argument("--system", default=None, help="system prompt, kept when old turns are dropped")
     p.add_argument("--tokens", type=int, default=200, help="most tokens per reply")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     return p
 
 

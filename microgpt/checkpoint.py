@@ -182,13 +182,18 @@ def verify_sha(path: str | Path) -> bool:
     return want is None or hashlib.sha256(Path(path).read_bytes()).hexdigest() == want
 
 
+def step_of(path: str | Path) -> int:
+    """The step a checkpoint's file name says (step-<8 digits>.bin)."""
+    return int(CKPT_RE.match(Path(path).name).group(1))
+
+
 def list_checkpoints(folder: str | Path) -> list[Path]:
     """Checkpoints in folder, newest step first."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if CKPT_RE.match(p.name)]
-    return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)), reverse=True)
+    return sorted(found, key=step_of, reverse=True)
 
 
 def remove_temp_files(folder: str | Path) -> list[Path]:
@@ -206,7 +211,7 @@ def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max
     """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar; corrupt ones are
     skipped and kept on disk, each reported to on_skip(path, reason)."""
     for path in list_checkpoints(folder):
-        if max_step is not None and int(CKPT_RE.match(path.name).group(1)) > max_step:
+        if max_step is not None and step_of(path) > max_step:
             continue
         try:
             load(path, n_params)

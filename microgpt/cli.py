@@ -11,6 +11,7 @@ import importlib
 import sys
 from pathlib import Path
 
+import microgpt
 from microgpt import checkpoint, config, memory, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
 
@@ -107,9 +108,9 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
     p.add_argument("--prompt", default="", help="text to continue")
     p.add_argument("--tokens", type=int, default=200, help="tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of plain text")
     p.add_argument("--chat", action="store_true", help="the prompt is one ChatML user turn; print the reply")
     args = p.parse_args(argv)
@@ -124,8 +125,11 @@ COMMANDS = {"train": (cmd_train, "train a model"), "sample": (cmd_sample, "gener
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a subcommand; every bad input (errors.InputError) becomes one `error:` line and exit 2, here."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--version"]:
+        print(f"microgpt {microgpt.__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: microgpt <command> [args]\n\ncommands:")
+        print("usage: microgpt <command> [args]   (microgpt --version; microgpt <command> --help)\n\ncommands:")
         for name, (_, text) in {**COMMANDS, **DELEGATED}.items():
             print(f"  {name:<14}{text}")
         return 0 if argv else 2

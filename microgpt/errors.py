@@ -22,8 +22,26 @@ class InputError(ValueError):
     """Bad input from the user. str(err) is the one-line message, naming the file, field or flag."""
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse.ArgumentDefaultsHelpFormatter, silent where there is nothing to show: no default, a False switch,
+    an empty string or list, or help that already names it. (argparse shows no line for an option without help.)"""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default is argparse.SUPPRESS or default in ("", [])
+        if nothing or "%(default)" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class ArgParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code)."""
+    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code), and --help
+    shows every option's default: the one parser every subcommand uses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_INPUT, f"error: {self.prog}: {message}\n")

@@ -186,6 +186,7 @@ class Trainer:
         self.install_signals()  # before the start record: a supervisor may signal as soon as it reads it
         try:
             emit(self.start_record())
+            clock = _Clock(self.step, t.steps)
             while self.step < t.steps:
                 rec = self.train_step()
                 if self.dp is not None:
@@ -196,12 +197,14 @@ class Trainer:
                 if self.step % t.log_every == 0 or self.step == t.steps:
                     emit(rec)
                     if self.rank == 0:
-                        _progress(rec, t.steps)
+                        _progress(rec, t.steps, clock)
                 self._leave_critical()  # a signal that came during the step is handled now
                 if self.step % t.eval_every == 0 or self.step == t.steps:
                     ev = self.evaluate()
                     self.last_eval = {"val_loss": ev["val_loss"], "val_step": self.step}
                     emit({"event": "eval", "step": self.step, **ev})
+                    if self.rank == 0:
+                        _progress_eval(self.step, t.steps, ev)
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
                     self._leave_critical()  # a signal that came during the write is handled now, not a step later
@@ -221,9 +224,36 @@ class Trainer:
         return 0
 
 
-def _progress(rec: dict[str, Any], steps: int) -> None:
+class _Clock:
+    """Elapsed time of this process's training and the ETA of the rest: the mean time per step so far (evaluations
+    and checkpoints included) times the steps left. A resumed run counts from the step it resumed at."""
+
+    def __init__(self, step: int, steps: int):
+        self.t0, self.step0, self.steps = time.monotonic(), step, steps
+
+    def __call__(self, step: int) -> str:
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / max(1, step - self.step0) * (self.steps - step)
+        return f"{_hms(elapsed)} elapsed, ETA {_hms(eta)}"
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _progress(rec: dict[str, Any], steps: int, clock: _Clock) -> None:
+    """The terminal's progress line (stderr); stdout's JSON lines are the record."""
     print(f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-          f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s", file=sys.stderr)  # fmt: skip
+          f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | {clock(rec['step'])}",
+          file=sys.stderr)  # fmt: skip
+
+
+def _progress_eval(step: int, steps: int, ev: dict[str, Any]) -> None:
+    """The validation loss on the terminal, under the step line it follows; a mixture adds each source's."""
+    per_source = "".join(f" | {name} {loss:.4f}" for name, loss in ev.get("source_val_loss", {}).items())
+    print(f"eval {step:>6}/{steps} | val_loss {ev['val_loss']:.4f}{per_source}", file=sys.stderr)
 
 
 def _git_commit() -> str | None:

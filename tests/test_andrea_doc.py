@@ -1,12 +1,17 @@
 """docs/ANDREA.md states numbers: each parameter count and memory plan there must be what the code computes for
-the committed experiments, so the page cannot drift from experiments/*.json."""
+the committed experiments, and the LayerNorm eps, the lr table, the manifest's fields, the ANDREA-12M epochs and the
+dashboard's tunnel port what the code uses, so the page cannot drift from the code."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+
 import pytest
 
-from microgpt import config, memory
-from tests.conftest import REPO
+from microgpt import config, memory, trainer
+from tests.conftest import REPO, cli
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
 
@@ -34,3 +39,61 @@ def test_doc_matches_the_experiment(name: str) -> None:
         rows = memory.cpu_logits_rows(m, t.micro_batch)
     plan = memory.format_plan(memory.plan(m, t, rows), t.precision)  # without the backend's own rows
     assert plan in DOC, f"docs/ANDREA.md lacks the memory plan the engine prints for ANDREA-{name}:\n{plan}"
+
+
+def test_layernorm_eps_is_the_code_s() -> None:
+    from microgpt.ops import layernorm
+
+    stated = re.search(r"\*\*LayerNorm\*\*.*?eps = ([0-9.e-]+),", DOC, re.S)
+    assert stated is not None, "docs/ANDREA.md no longer states the LayerNorm eps"
+    assert float(stated.group(1)) == layernorm.EPS
+
+
+def test_lr_table_is_lr_at() -> None:
+    """The table of lr(s) for ANDREA-tiny (and with --steps 10, shorter than its warmup) is what the trainer uses."""
+    header = next(line for line in DOC.splitlines() if line.startswith("  | s | "))
+    values = next(line for line in DOC.splitlines() if line.startswith("  | lr(s) | "))
+    h = [c.strip() for c in header.strip(" |").split("|")]
+    v = [c.strip() for c in values.strip(" |").split("|")]
+    split = h.index("s (`--steps 10`)")
+    t = config.load(REPO / "experiments" / "ANDREA-tiny-TRAIN.json").train
+    short = dataclasses.replace(t, steps=10)
+    assert short.steps < t.warmup_steps
+    for cols, train in ((range(1, split), t), (range(split + 1, len(h)), short)):
+        for i in cols:
+            assert v[i] == f"{trainer.lr_at(int(h[i]), train):.4e}", (h[i], v[i])
+
+
+def test_manifest_fields_are_what_prep_writes(tmp_path) -> None:
+    """The manifest table lists exactly the fields `microgpt prep` writes, and the sources row each source's."""
+    (tmp_path / "a.txt").write_text("one small document\n" * 50)
+    (tmp_path / "b.txt").write_text("another one\n" * 50)
+    r = cli("prep", "--source", str(tmp_path), "--tokenizer", "bytes", "--out", str(tmp_path / "out"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    section = DOC.split("The manifest's fields:")[1].split("\n\n")[1]
+    fields = [line.split("|")[1].strip().strip("`") for line in section.splitlines()[2:]]
+    assert fields == list(manifest)
+    sources_row = next(line for line in section.splitlines() if line.startswith("| `sources` |"))
+    assert re.findall(r"`(\w+)`", sources_row.split("|")[2]) == list(manifest["sources"][0])
+    layout = manifest["shard_layout"]
+    assert f'{layout["magic"]}, {layout["version"]}, `"{layout["dtype"]}"`' in section
+
+
+def test_andrea_12m_epochs_of_the_builtin_corpus() -> None:
+    """The recipe's arithmetic: the experiment's tokens per step and steps against the stated corpus size."""
+    exp = config.load(REPO / "experiments" / "ANDREA-12M-TRAIN.json")
+    m, t = exp.model, exp.train
+    corpus = int(re.search(r"it is ([0-9,]+) training\s+tokens", DOC).group(1).replace(",", ""))
+    total = t.steps * t.n_micro * t.micro_batch * m.seq_len
+    windows = (corpus - 1) // m.seq_len
+    assert f"{windows:,} training windows of {m.seq_len}" in DOC
+    assert f"read {total:,} tokens: about {round(total / corpus, -2):.0f} epochs" in DOC
+    assert f"({round(windows / (t.n_micro * t.micro_batch))} steps an epoch)" in DOC
+
+
+def test_dashboard_tunnel_uses_the_served_port() -> None:
+    from microgpt.proxy import supervisor
+
+    port = supervisor.run_parser().parse_args(["exp.json", "--dashboard"]).dashboard
+    assert f"ssh -N -L {port}:127.0.0.1:{port} user@gpu-host" in DOC and f"http://127.0.0.1:{port}/" in DOC

@@ -195,3 +195,37 @@ def test_triton_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
               env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
     one_line_error(res, "train.backend 'triton'")
     assert not (tmp_path / "run" / "ckpt").exists()
+
+
+def test_version() -> None:
+    import microgpt
+
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"microgpt {microgpt.__version__}\n"
+    assert f"Version: {microgpt.__version__}" in subprocess.run(
+        [sys.executable, "-m", "pip", "show", "microgpt"], capture_output=True, text=True).stdout  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("train", []),  # every train flag defaults to the experiment file's value: nothing to show
+        ("run", ["127.0.0.1:PORT (default 8765"]),
+        ("sample", ["--tokens TOKENS       tokens to generate (default: 200)", "(default: 0.8)", "(default: 40)"]),
+        ("chat", ["(default: 200)", "(default: 0.8)"]),
+        ("eval", ["with --data: which split (default: val)"]),
+        ("export", ["(default: fp32)"]),
+        ("prep", ["(default: 100000000)", "(default: 50000000)", "(default: 512)"]),
+        ("pull-hermes3", ["(default: data/hermes3.jsonl)"]),
+    ],
+)
+def test_help_shows_defaults(command: str, shown: list[str]) -> None:
+    """Every subcommand's --help (errors.ArgParser) shows each option's default where there is one."""
+    r = cli(command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: microgpt {command}")
+    text = " ".join(r.stdout.split())  # argparse wraps lines at the terminal width
+    for piece in shown:
+        assert " ".join(piece.split()) in text, (piece, r.stdout)
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: )" not in text

@@ -1,4 +1,4 @@
-"""The package's layering (DESIGN.md §2), read from the source: no import cycle anywhere (module- and
+"""The package's layering (the README's Layout), read from the source: no import cycle anywhere (module- and
 function-level imports alike), op pairs and kernels import nothing of the project above them, the proxy never
 imports the trainer, and the data package depends on config and nothing of the engine."""
 

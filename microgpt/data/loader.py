@@ -143,7 +143,10 @@ def open_split(folder: Path, split: str, exp: Experiment) -> tuple[list[np.ndarr
     data.loss_mask, their mask shards."""
     paths = shards.list_shards(folder, split)
     if not paths:
-        raise ConfigError(f"data.path: {folder} has no {split}_*.bin shards (run `microgpt prep`)")
+        raise ConfigError(
+            f"data.path: {folder} has no {split} shards ({split}_000000.bin, x_{split}_000000.bin or x_{split}.bin; "
+            "run `microgpt prep`)"
+        )
     parts = [shards.open_shard(p, "tokens", exp.model.vocab_size) for p in paths]
     if not exp.data.loss_mask:
         return parts, None

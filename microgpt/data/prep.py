@@ -253,7 +253,7 @@ def check(directory: Path, vocab_size: int | None) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> ArgParser:
     ap = ArgParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", action="append", default=[], metavar="PATH[@W]", help="a source, weight W")
     ap.add_argument("--builtin", action="store_true", help="the offline corpus: stdlib source + synthetic chats")
@@ -270,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer-bytes", type=int, default=50_000_000, help="text used to train BPE")
     ap.add_argument("--chunk", type=int, default=512, help="documents per parallel tokenize call")
     ap.add_argument("--check", type=Path, metavar="DIR", help="only validate the shards in DIR")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
     return ap
 
 

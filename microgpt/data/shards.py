@@ -6,7 +6,9 @@ A shard is a 256 x int32 little-endian header, then the payload:
     header[2] count     number of tokens (or mask entries) that follow
     payload             count x uint16 token ids, or count x uint8 mask values (1 = train on this token)
 The rest of the header is zero. Token shards written here are byte-identical to llm.c's, so its
-FineWeb/TinyStories shards load unchanged. A loss-mask shard sits next to its token shard
+FineWeb/TinyStories shards load unchanged, under llm.c's own names too: a file is a shard of split "train"
+(or "val") when that word is one "_"-separated part of its name (train_000000.bin, fineweb_train_000001.bin,
+TinyStories_train.bin). A loss-mask shard sits next to its token shard
 (train_000000.bin -> train_000000.mask.bin) and has the same count.
 
 Every reader checks every header field and the file size, and rejects what it does not understand
@@ -43,11 +45,20 @@ def mask_path(path: str | Path) -> Path:
     return path.with_name(path.name[: -len(".bin")] + ".mask.bin")
 
 
+def is_split_shard(name: str, split: str) -> bool:
+    """Whether file `name` is a token shard of `split`: the split is one "_"-separated word of the name, as in
+    ours (train_000000.bin) and llm.c's (fineweb_train_000001.bin, TinyStories_train.bin, tiny_shakespeare_val.bin)."""
+    if not name.endswith(".bin") or name.endswith(".mask.bin"):
+        return False
+    return split in name.removesuffix(".bin").split("_")
+
+
 def list_shards(directory: str | Path, split: str) -> list[Path]:
-    """Token shards of one split, in name order: ours (train_000000.bin) and llm.c's (x_train_000000.bin)."""
+    """Token shards of one split in `directory`, in name order (see is_split_shard)."""
     directory = Path(directory)
-    found = [p for p in directory.glob(f"*{split}_*.bin") if not p.name.endswith(".mask.bin")]
-    return sorted(p for p in found if p.name.startswith(f"{split}_") or f"_{split}_" in p.name)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if is_split_shard(p.name, split) and p.is_file())
 
 
 def write_shard(path: str | Path, values: NDArray, kind: str = "tokens") -> None:

@@ -1,11 +1,12 @@
 """The triton backend's device runtime: one arena allocation and typed views into it, one stream, cuBLAS's
 workspace, the launchers' scratch sizes, and the optimizer step prepared for replay as a CUDA graph.
 
-PyTorch is only the device runtime here (DESIGN.md §3). Everything runs on one side stream made current at start
-(warm-up, evaluation and graph capture): cuBLAS then keeps one workspace, measured here so the memory plan can
-count it. The first run of the step on a GPU is a warm-up inside `tuning.window()`: every kernel compiles and every
-once-per-shape choice (GEMM implementation, attention tile sizes) is timed on the warm-up's own buffers, whose
-values the step throws away, so nothing is compiled, timed or allocated later, inside the graph or outside the plan.
+PyTorch is only the device runtime here (memory, stream, CUDA graph; cuBLAS GEMMs). Everything runs on one side
+stream made current at start (warm-up, evaluation and graph capture): cuBLAS then keeps one workspace, measured here
+so the memory plan can count it. The first run of the step on a GPU is a warm-up inside `tuning.window()`: every
+kernel compiles and every once-per-shape choice (GEMM implementation, attention tile sizes) is timed on the
+warm-up's own buffers, whose values the step throws away, so nothing is compiled, timed or allocated later, inside
+the graph or outside the plan.
 Under TRITON_INTERPRET=1 everything runs on the CPU (CI) and nothing is timed.
 """
 

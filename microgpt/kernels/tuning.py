@@ -1,4 +1,4 @@
-"""Choices made once per GPU and shape, cached on disk (DESIGN.md §3: never per call).
+"""Choices made once per GPU and shape, cached on disk: never per call, so a step never pays for a choice.
 
 The cache is one JSON file per device name under $MICROGPT_CACHE (default ~/.cache/microgpt):
 {"gemm": {"<key>": "cublas" | "triton", ...}, "attention_fwd": {"<key>": "<config index>"}, ...}.

@@ -12,7 +12,7 @@ starts by resuming from the previous phase's final checkpoint (weights and Adam 
     ]
 
     name          required; [a-z0-9_-], unique. Entering any phase after the first archives the
-                  samples and state files (DESIGN.md: "when a run moves into its polish phase")
+                  samples and state files (docs/ANDREA.md section 6)
     steps         required; optimizer steps IN this phase (end = start + steps; the engine gets
                   train.steps = end)
     lr, min_lr, warmup_steps   shorthand for the same train.* fields

@@ -9,11 +9,14 @@ leaves the previous complete version.
         train row        {"step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "phase",
                           "time"} plus any other field the engine's step event carries (forward-compatible)
         val row          {"step", "val_loss", "phase", "time"} plus any other field of the eval event
-        mark             {"kind": "phase"|"restart"|"resume"|"stop", "step", "time", ...}: the dashboard's
+        mark             {"kind": "phase"|"restart"|"resume"|"stop"|"adopt", "step", "time", ...}: the dashboard's
                           vertical lines; marks are history and are never removed
     The loss history is never archived. It holds each step exactly once: when the engine (re)starts from
     step k, rows after k are dropped first, and the resumed engine writes them again (bit-exact resume
     makes them equal), so a restart leaves no gap and no duplicate.
+    A folder `microgpt train` wrote (checkpoints past the history) is adopted: the rows of those steps come
+    from the engine's own JSON lines in <out>/train.jsonl (ENGINE_LOG, where `make train` keeps them) with
+    "time": null, else only the val rows the checkpoints' sidecars carry; an "adopt" mark records which.
 
     <run>.samples.json   {"format": "microgpt-samples-1", "run", "phase", "settings", "samples": [...]}
     <run>.state.json     {"format": "microgpt-proxy-state-1", "run", "status", "phase", "step", ...}; a run
@@ -25,6 +28,7 @@ and fresh ones start; see archive().
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import datetime, timezone
@@ -38,6 +42,8 @@ from microgpt.fileio import read_json as read_json_file
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
+ENGINE_LOG = "train.jsonl"  # the engine's stdout as `make train` keeps it in the run folder (README)
+META_FIELDS = ("n_params", "device", "memory", "versions", "git", "config")  # of the engine's start line: "meta"
 
 
 class RunFileError(InputError):
@@ -107,15 +113,21 @@ def _finite(value: Any) -> Any:
 class LossHistory:
     """The whole training history of a run, one row per step, across restarts and phases."""
 
-    def __init__(self, path: Path, run: str):
+    def __init__(self, path: Path | None, run: str):
+        """The history in `path`, or a new one (path None: in memory only, see replay_engine_log)."""
         self.path, self.dirty = path, False
         fresh = {"format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}
-        self.data = {**fresh, **(read_json(path, LOSS_FORMAT) or {})}
+        self.data = {**fresh, **((read_json(path, LOSS_FORMAT) if path is not None else None) or {})}
 
     @property
     def last_step(self) -> int:
         train = self.data["train"]
         return train[-1]["step"] if train else 0
+
+    @property
+    def covered_step(self) -> int:
+        """The last step the history accounts for: its last train row, or a later checkpoint it adopted."""
+        return max([self.last_step] + [m["step"] for m in self.data["marks"] if m["kind"] == "adopt"])
 
     def truncate_after(self, step: int, keys: tuple[str, ...] = ("train", "val")) -> int:
         """Drop rows after `step` (the engine is about to write them again); return how many."""
@@ -148,6 +160,32 @@ class LossHistory:
         if self.dirty:
             atomic_write_json(self.path, self.data, compact=True, sync_dir=False)
             self.dirty = False
+
+
+def replay_engine_log(path: Path, run: str) -> LossHistory | None:
+    """The history the engine's JSON lines in `path` (ENGINE_LOG) tell, by the proxy's own rules (a start at step k
+    drops the rows after k); lines of another run and lines that are not JSON are passed over. None: no such file."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(f"{path}: unreadable engine log ({e}); move it away to start over") from None
+    hist, ours = LossHistory(None, run), False
+    for line in lines:
+        try:
+            ev = json.loads(line)
+            kind = ev["event"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if kind == "start":
+            ours = ev.get("run") == run and isinstance(ev.get("step"), int)
+            if ours:
+                hist.truncate_after(ev["step"])
+                hist.set_meta({k: ev.get(k) for k in META_FIELDS})
+        elif ours and kind in ("step", "eval"):
+            hist.add("train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"})
+    return hist
 
 
 class JsonDoc:

@@ -19,6 +19,8 @@ marked in the loss history. A corrupt checkpoint is skipped for the one before (
 code 2 from the engine (bad input) and 4 (a checkpoint it cannot write: a full disk) are failures a restart
 cannot fix: not retried, the run marked crashed, exit 1. Running the same command again continues a stopped or
 crashed run from its newest checkpoint; a different experiment in the same folder is refused.
+A folder `microgpt train` wrote (`make train`), or a run continued by it, is taken over from its newest
+checkpoint (Supervisor.adopt).
 
 One writer per run folder (microgpt/runlock.py): the proxy locks --out before it reads anything there and passes
 the lock to each engine it starts, so a second `microgpt run` or a stray `microgpt train` on the folder is refused
@@ -49,12 +51,15 @@ from microgpt.proxy.child import Engine, describe_exit, pid_alive
 from microgpt.proxy.dashboard import DashboardServer
 from microgpt.proxy.phases import Phase, Schedule, load_schedule
 from microgpt.proxy.runfiles import (
+    ENGINE_LOG,
+    META_FIELDS,
     SAMPLES_FORMAT,
     STATE_FORMAT,
     JsonDoc,
     LossHistory,
     RunFileError,
     archive,
+    replay_engine_log,
     run_paths,
     utc_now,
 )
@@ -87,6 +92,7 @@ class Supervisor:
         self.usr1 = False
         self.failures = 0  # consecutive failures without a new checkpoint
         self.last_flush = self.write_s = 0.0
+        self.adopt()
 
     def _fresh_state(self) -> dict[str, Any]:
         phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.schedule.phases]
@@ -114,6 +120,53 @@ class Supervisor:
             if pid_alive(st.get("engine_pid")):
                 raise RunFileError(f"{self.paths['state']}: the engine of a dead proxy (pid {st['engine_pid']}) "
                                    "is still running; wait for it or kill it")  # fmt: skip
+
+    def adopt(self) -> None:
+        """Continue from checkpoints `microgpt train` wrote past the loss history: a folder `make train` made, or a
+        run continued with `train --resume latest`. The history of those steps comes from the engine's JSON lines
+        in <out>/train.jsonl (where `make train` keeps them), else from what the checkpoints' sidecars carry (the
+        val loss at each checkpoint; no train rows). Only after a proxy that ended (or none): one that died mid-run
+        may have written fewer rows than its engine's checkpoints, and resumes inside its history, with no gap.
+        Changes only the files in memory: nothing is written here."""
+        if self.paths["state"].exists() and self.state.data.get("status") not in ("done", "stopped", "crashed"):
+            return
+        newest = checkpoint.latest_valid_checkpoint(self.out / "ckpt", on_skip=self._skip_checkpoint)
+        last = self.loss.covered_step
+        if newest is None or checkpoint.step_of(newest) <= last:
+            return
+        step = checkpoint.step_of(newest)
+        name = checkpoint.read_sidecar(newest).get("config", {}).get("name")
+        if name != self.schedule.run:
+            raise RunFileError(f"{newest}: a checkpoint of run {name!r}, not {self.schedule.run!r}; use another --out")
+        engine = replay_engine_log(self.out / ENGINE_LOG, self.schedule.run)
+        rows = {"train": [], "val": []}
+        if engine is not None:
+            rows = {key: [r for r in engine.data[key] if last < r["step"] <= step] for key in rows}
+        if rows["train"]:
+            source = str(self.out / ENGINE_LOG)
+            self.loss.set_meta(engine.data["meta"])
+        else:
+            source = "checkpoint sidecars"
+            rows = {"train": [], "val": self._sidecar_val_rows(last, step)}
+        for key in ("train", "val"):
+            for row in rows[key]:
+                self.loss.add(key, {**row, "phase": self._phase_name(row["step"]), "time": None})
+        self.loss.mark("adopt", step, checkpoint=str(newest), history=source)
+        log(f"continuing from {newest}, written by `microgpt train`; history of steps {last + 1}..{step} from {source}")
+
+    def _sidecar_val_rows(self, after: int, upto: int) -> list[dict[str, Any]]:
+        """The validation loss each checkpoint in (after, upto] recorded, one row per evaluated step."""
+        rows: dict[int, dict[str, Any]] = {}
+        for path in reversed(checkpoint.list_checkpoints(self.out / "ckpt")):
+            side = checkpoint.read_sidecar(path)
+            if "val_loss" in side and after < side.get("val_step", 0) <= upto:
+                rows[side["val_step"]] = {"step": side["val_step"], "val_loss": side["val_loss"]}
+        return [rows[k] for k in sorted(rows)]
+
+    def _phase_name(self, step: int) -> str:
+        """The phase that ran step `step` (1-based: the row of the step that ended at `step`)."""
+        idx = self.schedule.phase_at(step - 1)
+        return self.schedule.phases[-1 if idx is None else idx].name
 
     # --- files -------------------------------------------------------------------------------------------
     def flush(self, force: bool = True) -> None:
@@ -156,9 +209,9 @@ class Supervisor:
 
     def pick_checkpoint(self) -> tuple[Path | None, int]:
         """The newest valid checkpoint the loss history covers (so a resume leaves no gap); corrupt ones skipped."""
-        path = checkpoint.latest_valid_checkpoint(self.out / "ckpt", max_step=self.loss.last_step,
+        path = checkpoint.latest_valid_checkpoint(self.out / "ckpt", max_step=self.loss.covered_step,
                                                   on_skip=self._skip_checkpoint)  # fmt: skip
-        return (path, int(checkpoint.CKPT_RE.match(path.name).group(1))) if path is not None else (None, 0)
+        return (path, checkpoint.step_of(path)) if path is not None else (None, 0)
 
     def _skip_checkpoint(self, path: Path, reason: str) -> None:
         skipped = self.state.data["skipped_checkpoints"]
@@ -318,7 +371,7 @@ class Supervisor:
             dropped = self.loss.truncate_after(ev["step"])
             if dropped:
                 log(f"engine resumes at step {ev['step']}: {dropped} later history rows will be written again")
-            meta = {k: ev.get(k) for k in ("n_params", "device", "memory", "versions", "git", "config")}
+            meta = {k: ev.get(k) for k in META_FIELDS}
             self.loss.set_meta(meta)
             self.state.update(step=ev["step"], engine=meta)
             self.flush()

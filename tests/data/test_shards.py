@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,34 @@ def test_train_rejects_a_bad_shard_in_one_line(shard_dir: Path, tmp_path: Path) 
         "(not a microgpt/llm.c tokens shard)"
     ]
     assert not (tmp_path / "run" / "ckpt").exists()
+
+
+def test_llmc_shard_names_are_found(tmp_path: Path) -> None:
+    """llm.c names its shards <set>_train.bin (TinyStories, tinyshakespeare) or <set>_train_000001.bin (FineWeb);
+    both are shards of their split, and a mask or another split's file is not."""
+    names = ["TinyStories_train.bin", "TinyStories_val.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin",
+             "train_000000.bin", "train_000000.mask.bin", "notes_trainer.bin", "training.bin"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in shards.list_shards(tmp_path, "train")] == [
+        "TinyStories_train.bin", "fineweb_train_000001.bin", "train_000000.bin"]  # fmt: skip
+    assert [p.name for p in shards.list_shards(tmp_path, "val")] == ["TinyStories_val.bin", "fineweb_val_000000.bin"]
+
+
+def test_train_on_llmc_tinystories_named_shards(tmp_path: Path) -> None:
+    """A folder as llm.c's dev/data/tinystories.py leaves it (TinyStories_train.bin, TinyStories_val.bin, written by
+    llm.c's own writer) trains as data.source "shards", and its validation reads the _val file."""
+    folder = tmp_path / "tinystories"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    llmc_write_datafile(folder / "TinyStories_train.bin", rng.integers(0, 256, size=3000).tolist())
+    llmc_write_datafile(folder / "TinyStories_val.bin", rng.integers(0, 256, size=700).tolist())
+    exp = write_experiment(tmp_path, data={"source": "shards", "path": str(folder), "tokenizer": "bytes"},
+                           train={"steps": 2, "eval_every": 2})  # fmt: skip
+    r = cli("train", str(exp), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]
+    (val,) = [e for e in events if e["event"] == "eval"]
+    assert 4.0 < val["val_loss"] < 7.0  # about ln 256 = 5.55 for uniform random bytes
+    assert (tmp_path / "run" / "ckpt" / "step-00000002.bin").exists()

@@ -1,0 +1,94 @@
+"""`microgpt run` on a folder `microgpt train` wrote (as `make train` does), and `train --resume latest` after a run:
+each continues from the other's newest checkpoint, and the proxy's loss history covers the steps it did not see."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.proxy._helpers import ENV, REPO, assert_every_step_once, ckpt_bytes, run_to_end, write_exp
+
+TRAIN = {"steps": 40, "ckpt_every": 20, "eval_every": 10}
+
+
+def train(exp: Path, out: Path, *args: str, log: Path | None = None) -> list[dict]:
+    """`microgpt train EXP --out OUT ARGS`, its stdout appended to `log` as the Makefile does; its JSON lines."""
+    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(out), *args]
+    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            f.write(r.stdout)
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def adopt_marks(loss: dict) -> list[dict]:
+    return [m for m in loss["marks"] if m["kind"] == "adopt"]
+
+
+def test_run_continues_a_folder_make_train_wrote(tmp_path: Path) -> None:
+    exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
+    lines = train(exp, out, "--steps", "20", "--resume", "latest", log=out / "train.jsonl")
+    run = run_to_end(exp, out)
+    assert f"continuing from {out / 'ckpt' / 'step-00000020.bin'}" in run.output()
+    assert "from step 20 to 40, resuming" in run.output()
+    loss, state = run.file("loss"), run.file("state")
+    assert state["status"] == "done" and state["step"] == 40
+    assert_every_step_once([r["step"] for r in loss["train"]], 40)
+    train_rows = {e["step"]: e["loss"] for e in lines if e["event"] == "step"}
+    assert {r["step"]: r["loss"] for r in loss["train"][:20]} == train_rows  # taken from train.jsonl as they were
+    assert all(r["time"] is None for r in loss["train"][:20]) and all(r["time"] for r in loss["train"][20:])
+    assert [r["step"] for r in loss["val"]] == [10, 20, 30, 40]
+    (mark,) = adopt_marks(loss)
+    assert (mark["step"], mark["history"]) == (20, str(out / "train.jsonl"))
+    # the proxy's engine continued from step 20 exactly as `train --resume latest` does
+    other = tmp_path / "other"
+    train(exp, other, "--steps", "20")
+    train(exp, other, "--resume", "latest")
+    assert ckpt_bytes(out, 40) == ckpt_bytes(other, 40)
+
+
+def test_without_train_jsonl_the_history_starts_at_the_checkpoint(tmp_path: Path) -> None:
+    """`microgpt train` run by hand (its JSON lines not kept): the steps before the checkpoint have no train rows;
+    the val loss the checkpoint's sidecar recorded is the one val row before it."""
+    exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
+    train(exp, out, "--steps", "20")
+    run = run_to_end(exp, out)
+    loss = run.file("loss")
+    assert [r["step"] for r in loss["train"]] == list(range(21, 41))
+    assert [r["step"] for r in loss["val"]] == [20, 30, 40] and loss["val"][0]["time"] is None
+    assert [(m["step"], m["history"]) for m in adopt_marks(loss)] == [(20, "checkpoint sidecars")]
+    assert run.file("state")["status"] == "done"
+
+
+def test_train_resume_latest_after_run_and_run_again(tmp_path: Path) -> None:
+    exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
+    run_to_end(exp, out, "--steps", "20")
+    lines = train(exp, out, "--resume", "latest", log=out / "train.jsonl")
+    assert lines[0]["event"] == "start" and lines[0]["step"] == 20  # continued from the proxy's checkpoint
+    assert lines[-1] == {"event": "done", "step": 40}
+    run = run_to_end(exp, out)
+    assert "engine from step" not in run.output().split("continuing from")[-1]  # complete: no engine started
+    loss = run.file("loss")
+    assert_every_step_once([r["step"] for r in loss["train"]], 40)
+    assert [r["step"] for r in loss["val"]] == [10, 20, 30, 40]
+    assert [m["step"] for m in adopt_marks(loss)] == [40]
+    assert run.file("state")["status"] == "done" and run.file("state")["step"] == 40
+
+
+def test_checkpoints_of_another_run_are_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    exp = write_exp(tmp_path, train=TRAIN)
+    train(exp, out, "--steps", "20")
+    before = sorted(str(p) for p in out.rglob("*"))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**json.loads(exp.read_text()), "name": "other-run"}))
+    cmd = [sys.executable, "-m", "microgpt.cli", "run", str(other), "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f"error: {out / 'ckpt' / 'step-00000020.bin'}: a checkpoint of run "
+                                     "'proxy-test', not 'other-run'; use another --out"]  # fmt: skip
+    assert sorted(str(p) for p in out.rglob("*")) == before  # nothing written

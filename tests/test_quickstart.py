@@ -1,0 +1,70 @@
+"""The README's quick start plumbing: `make test` (Makefile) gets the browser the dashboard's tests need or says,
+before the tests start, that it skips them; CI runs exactly the README's test command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SOURCE = ". scripts/test-browser.sh && echo skip=${MICROGPT_SKIP_BROWSER:-}"
+
+
+def fake_path(tmp_path: Path, tools: list[str]) -> str:
+    """A PATH holding only these real tools (a machine without chromium or apt-get, say)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    return str(bin_dir)
+
+
+def source_script(path: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("MICROGPT_SKIP_BROWSER", "CI")}
+    return subprocess.run([shutil.which("sh"), "-c", SOURCE], cwd=REPO, env={**base, "PATH": path, **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_no_chromium_and_no_apt_get_says_what_it_skips(tmp_path: Path) -> None:
+    r = source_script(fake_path(tmp_path, ["id"]))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "skip=1"
+    assert lines[0].startswith("make test: chromium is not installed") and "will be SKIPPED" in lines[0]
+
+
+def test_no_chromium_on_ci_skips_nothing(tmp_path: Path) -> None:
+    r = source_script(fake_path(tmp_path, ["id"]), CI="true")
+    assert r.stdout.splitlines() == [
+        "make test: chromium could not be installed: on CI the dashboard's browser tests will FAIL",
+        "skip=",
+    ]
+
+
+def test_chromium_present_is_silent(tmp_path: Path) -> None:
+    path = fake_path(tmp_path, ["id"])
+    (Path(path) / "chromium").symlink_to(shutil.which("true"))
+    r = source_script(path)
+    assert r.stdout.splitlines() == ["skip="]
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert "make test      #" in readme
+    commands = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and line[0] not in "#"]
+    assert commands[-1] == "make test"
+    assert not any("pytest" in c or "apt-get" in c for c in commands)
+    makefile = (REPO / "Makefile").read_text()
+    assert "\t@. scripts/test-browser.sh && $(BIN)/python -m pytest -q\n" in makefile
+
+
+def test_numpy_below_2_3_is_a_test_pin_only() -> None:
+    """The engine runs on any NumPy from 1.26 (2.3+ included); only the Triton interpreter the tests use needs <2.3."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = [d for d in project["dependencies"] if d.startswith("numpy")]
+    assert runtime == ["numpy>=1.26"]
+    assert "numpy>=1.26,<2.3" in project["optional-dependencies"]["test"]
