@@ -309,7 +309,7 @@ class Supervisor:
             dropped = self.loss.truncate_after(ev["step"])
             if dropped:
                 log(f"engine resumes at step {ev['step']}: {dropped} later history rows will be written again")
-            meta = {k: ev.get(k) for k in ("n_params", "device", "memory", "versions", "git", "config")}
+            meta = {k: ev.get(k) for k in ("n_params", "device", "memory", "versions", "git", "config", "world_size")}
             self.loss.set_meta(meta)
             self.state.update(step=ev["step"], engine=meta)
             self.flush()
