@@ -79,6 +79,13 @@ def columns(obj: dict[str, Any], version: str) -> Columns:
             if y is not None and _number(y):
                 xs.append(step)
                 ys.append(y)
+        mix = r.get("mixture")  # a data mixture's sampling weights (docs/FIREHOSE-BANDIT.md): "mix:<source>"
+        if isinstance(mix, dict):
+            for name, w in mix.items():
+                if _number(w):
+                    xs, ys = series.setdefault(f"mix:{name}", ([], []))
+                    xs.append(step)
+                    ys.append(w)
     val = [(r["step"], float(r["val_loss"])) for r in obj.get("val") or []
            if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
     marks = [m for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
