@@ -161,23 +161,38 @@ def test_a_very_long_name_is_404_or_414(served: DashboardServer, path: str) -> N
     assert request(served, "GET", path).status in (404, 414)
 
 
-def test_200_concurrent_requests_are_all_answered(served: DashboardServer) -> None:
-    """Issue 14: with the default listen backlog of 5, a burst of 200 connections lost a third of them."""
-    n = 200
-    socks = [socket.create_connection(("127.0.0.1", served.httpd.port), timeout=30) for _ in range(n)]  # all at once
-    host = f"127.0.0.1:{served.httpd.port}"
-    for s in socks:
-        s.sendall(f"GET /r.loss.json HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+def test_200_concurrent_requests_are_all_answered(tmp_path: Path) -> None:
+    """Issue 14: with the default listen backlog of 5, a burst of 200 connections lost a third of them. The burst
+    arrives before the server accepts anything (as when every handler is busy): the backlog alone must hold it."""
+    (tmp_path / "r.loss.json").write_text('{"format": "microgpt-loss-1"}')
+    server = DashboardServer(tmp_path, "r", 0)
+    n, host = 200, f"127.0.0.1:{server.httpd.port}"
 
-    def answer(s: socket.socket) -> bytes:
+    def connect(_: int) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", server.httpd.port), timeout=3)
+        except OSError:  # a SYN the kernel dropped because the accept queue was full
+            return None
+        s.sendall(f"GET /r.loss.json HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        return s
+
+    def answer(s: socket.socket | None) -> bytes:
+        if s is None:
+            return b""
         data = b""
         while chunk := s.recv(65536):
             data += chunk
         s.close()
         return data
 
-    with ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(answer, socks))
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            socks = list(pool.map(connect, range(n)))
+        server.start()
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(answer, socks))
+    finally:
+        server.close()
     assert sum(a.startswith(b"HTTP/1.0 200") and a.endswith(b'"microgpt-loss-1"}') for a in answers) == n
 
 
@@ -195,8 +210,8 @@ def test_a_client_that_hangs_up_mid_answer_prints_no_traceback(tmp_path: Path) -
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
             s.close()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/api/runs")
-        assert json.loads(conn.getresponse().read()) == {"runs": ["r"]}  # still serving
+        conn.request("HEAD", "/r.loss.json")
+        assert conn.getresponse().status == 200  # still serving
         conn.close()
     finally:
         proc.send_signal(signal.SIGINT)
