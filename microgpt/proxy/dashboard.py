@@ -264,6 +264,15 @@ class DashboardServer:
     def start(self) -> None:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self.thread.start()
+        threading.Thread(target=self.warm, daemon=True).start()
+
+    def warm(self) -> None:
+        """Parse every run's history now, so the first page load does not wait for a 200K-row file."""
+        for run in self.httpd.folder.runs():
+            try:
+                self.httpd.folder.loss(run)
+            except RunUnavailable:
+                pass
 
     def close(self) -> None:
         if self.thread is not None:
@@ -293,6 +302,7 @@ def serve(argv: list[str]) -> int:
     run = args.run or (runs[0] if len(runs) == 1 else None)
     server = DashboardServer(root, run, args.port, verbose=True)
     print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
+    threading.Thread(target=server.warm, daemon=True).start()
     try:
         server.httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

@@ -3,12 +3,12 @@
 A 200,000-step `.loss.json` is about 46 MB: the page must never download it. The server parses each file once
 per version (mtime, size, inode) into columns, and answers
 
-    loss_view(run, width)                 every series downsampled to `width` buckets of steps: in each bucket the
-                                          minimum and the maximum (in step order), so at most 2*width points per
+    view(columns, width)                  every series downsampled to `width` buckets of steps: in each bucket the
+                                          minimum and the maximum (in step order), so at most 2*width + 2 points per
                                           series and a one-step spike still shows
-    loss_view(run, width, since=S)        only the rows after step S (the live poll), downsampled the same way
+    view(columns, width, since=S)         only the rows after step S (the live poll), downsampled the same way
                                           when more than 2*width are new (a page that slept)
-    loss_view(run, width, lo=A, hi=B)     the steps in [A, B] at full detail up to 2*width (the page's zoom)
+    view(columns, width, lo=A, hi=B)      the steps in [A, B] at full detail up to 2*width (the page's zoom)
 
 Each series is its own (step, y) pair of lists because min and max fall on different steps per series. Rows
 whose value is null (a diverged loss) are left out of that series. `clock` maps step to cumulative tokens and
@@ -95,8 +95,9 @@ def columns(obj: dict[str, Any], version: str) -> Columns:
 
 def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: float, width: int) -> tuple[list, list]:
     """Points a..b-1 of (xs, ys) in `width` equal step buckets over [lo, hi]: the min and max of each bucket, in
-    step order. Bucket edges are found by bisection and min/max run over list slices, so a 200K-point series
-    takes milliseconds in pure Python (the server needs nothing beyond the standard library)."""
+    step order, and the first and last point (at most 2*width + 2 points). Bucket edges are found by bisection
+    and min/max run over list slices, so a 200K-point series takes milliseconds in pure Python (the server needs
+    nothing beyond the standard library)."""
     if b - a <= 2 * width:
         return xs[a:b], ys[a:b]
     ox: list[int] = []
@@ -112,7 +113,8 @@ def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: fl
             chunk = ys[start:end]
             i_min = start + chunk.index(min(chunk))
             i_max = start + chunk.index(max(chunk))
-            for i in sorted({i_min, i_max}):
+            ends = {a} if k == 1 else {b - 1} if k == width else set()  # the line spans the whole range
+            for i in sorted({i_min, i_max} | ends):
                 ox.append(xs[i])
                 oy.append(ys[i])
         start = end
