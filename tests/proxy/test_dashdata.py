@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.proxy.dashdata import RunFolder, RunUnavailable, columns, view
+from microgpt.proxy.dashdata import Columns, RunFolder, RunUnavailable, _appended, _parse, columns, view
 from microgpt.proxy.runfiles import LossHistory
 
 
@@ -102,3 +102,36 @@ def test_runs_are_the_folder_and_its_run_folders(tmp_path: Path) -> None:
     assert list(RunFolder(tmp_path).runs()) == ["top", "a/arun", "a/second", "b/brun"]
     assert RunFolder(tmp_path).path("a/second", "samples") == tmp_path / "a" / "second.samples.json"
     assert RunFolder(tmp_path / "missing").runs() == {}
+
+
+def same(a: Columns, b: Columns) -> bool:
+    fields = ("meta", "marks", "steps", "series", "tokens", "times", "val")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+@pytest.mark.parametrize("reason", ["engine killed", 'tail: ],"val":[ in a message'])
+def test_a_live_run_is_parsed_by_its_new_rows_only(tmp_path: Path, reason: str) -> None:
+    """The proxy rewrites the whole file each flush; the server parses only what follows the rows it has."""
+    path = tmp_path / "r.loss.json"
+    hist = LossHistory(path, "r")
+    hist.set_meta({"n_params": 5, "config": {"train": {"grad_clip": 1.0}}})
+    folder = RunFolder(tmp_path)
+    versions = []
+    for first, last in ((1, 0), (1, 100), (101, 150), (151, 151)):
+        for r in history(last)["train"][first - 1 :]:
+            hist.add("train", r)
+        if last == 150:
+            hist.add("val", {"step": 150, "val_loss": 3.0})
+            hist.mark("restart", 150, reason=reason)
+        hist.flush()
+        os.utime(path, ns=(len(versions) + 1, len(versions) + 1))
+        old = folder.cache.get(path)
+        new = folder.loss("r")
+        full = _parse(path.read_bytes(), new.version)
+        assert same(new, full) and new.steps == list(range(1, last + 1))
+        versions.append(old is not None and _appended(old, path.read_bytes(), "v") is not None)
+    assert versions == [False, False, True, True]  # the empty first version: the next one is parsed whole
+    hist.truncate_after(120)  # a restart from step 120: not an append, parsed whole, still right
+    hist.flush()
+    os.utime(path, ns=(9, 9))
+    assert not _appended(folder.cache[path], path.read_bytes(), "v") and folder.loss("r").steps[-1] == 120
