@@ -153,6 +153,16 @@ def test_a_200k_step_history(tmp_path: Path, browser: Chromium) -> None:  # noqa
             "Runtime.evaluate", {"expression": "charts['c-loss'].over.dispatchEvent(new MouseEvent('dblclick'))"}
         )
         browser.wait_dataset(lambda ds: ds.get("zoomLo") == "", "the zoom reset by a double-click")
+        browser.mouse("mouseWheel", box["x"] + box["w"] * 0.5, y, deltaX=0, deltaY=-300)  # wheel in: zoom around
+        ds = browser.wait_dataset(lambda ds: ds.get("zoomLo"), "a wheel zoom")
+        lo, hi = float(ds["zoomLo"]), float(ds["zoomHi"])
+        assert 0 < lo < 100_000 < hi < 200_050 and hi - lo < 0.9 * 200_050
+        shift = 8  # CDP modifier bit: shift+drag pans
+        browser.mouse("mousePressed", x0, y, button="left", buttons=1, clickCount=1, modifiers=shift)
+        browser.mouse("mouseMoved", x0 - 100, y, button="left", buttons=1, modifiers=shift)
+        browser.mouse("mouseReleased", x0 - 100, y, button="left", buttons=0, clickCount=1, modifiers=shift)
+        ds = browser.wait_dataset(lambda ds: ds.get("zoomLo") and float(ds["zoomLo"]) > lo, "a pan to later steps")
+        assert float(ds["zoomHi"]) - float(ds["zoomLo"]) == pytest.approx(hi - lo)  # the same width, moved
 
         # Samples over time: pick a step; special tokens are tokens.
         assert browser.eval("document.getElementById('sample-step').options.length") == 3  # latest, 1000, 2000
