@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from microgpt.errors import ArgParser, InputError, exit_on_input_error
-from microgpt.proxy.dashdata import RunFolder, RunUnavailable, view
+from microgpt.proxy.dashdata import RunFolder, RunNotReady, RunUnavailable, view
 
 PAGE_NAME = "live-loss-dashboard.html"
 PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
@@ -94,9 +94,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_error(414, "URI too long")
         url = urlsplit(self.path)
         if url.path == "/":
-            runs = [self.server.run] if self.server.run else []
+            query = f"?run={quote(self.server.run, safe='/')}" if self.server.run else ""  # none: every run
             self.send_response(302)
-            self.send_header("Location", f"/{PAGE_NAME}" + "".join(f"?run={quote(r, safe='/')}" for r in runs[:1]))
+            self.send_header("Location", f"/{PAGE_NAME}{query}")
             self.send_header("Content-Length", "0")
             return self.end_headers()
         if url.path.startswith("/api/"):
@@ -156,8 +156,10 @@ class Handler(BaseHTTPRequestHandler):
         try:
             ans = view(folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"],
                        args["to"])  # fmt: skip
+        except RunNotReady as e:
+            return self.send_error(503, str(e), extra={"Retry-After": "1"})
         except RunUnavailable as e:
-            return self.send_error(503 if "readable" in str(e) else 404, str(e), extra={"Retry-After": "1"})
+            return self.send_error(404, str(e))
         sent = self._json(ans)
         self.server.record({"path": self.path, "run": run, "since": args["since"], "points": ans["points"],
                             "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),

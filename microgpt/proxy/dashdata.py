@@ -16,7 +16,7 @@ wall time, for the page's tokens and time x axes.
 
 The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
 person, a copy in progress) may leave half a file, in which case the last good version is served, and with
-none yet, RunUnavailable (a 503 the page retries).
+none yet, RunNotReady (a 503 the page retries).
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ MAX_WIDTH = 4096
 
 
 class RunUnavailable(Exception):
-    """The run file is missing or has no complete version yet."""
+    """No such run here (a 404)."""
+
+
+class RunNotReady(RunUnavailable):
+    """The run's history has no complete version yet (a 503: the page retries)."""
 
 
 @dataclass
@@ -219,7 +223,7 @@ class RunFolder:
                 cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
             except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
                 if cached is None:
-                    raise RunUnavailable(f"{path.name}: not readable yet ({type(e).__name__})") from None
+                    raise RunNotReady(f"{path.name}: not readable yet ({type(e).__name__})") from None
             return cached
 
 

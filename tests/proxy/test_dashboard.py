@@ -220,6 +220,19 @@ def test_a_client_that_hangs_up_mid_answer_prints_no_traceback(tmp_path: Path) -
     assert "Traceback" not in err and "Error" not in err, err
 
 
+def test_a_half_written_history_is_503_until_complete(tmp_path: Path) -> None:
+    (tmp_path / "r.loss.json").write_text(loss_file("r", 50)[:700])  # a copy in progress, not the proxy's writer
+    server = DashboardServer(tmp_path, "r", 0)
+    server.start()
+    try:
+        resp = request(server, "GET", "/api/loss?run=r")
+        assert resp.status == 503 and resp.getheader("Retry-After") == "1" and b"not readable yet" in resp.body
+        (tmp_path / "r.loss.json").write_text(loss_file("r", 50))
+        assert json.loads(request(server, "GET", "/api/loss?run=r").body)["last_step"] == 50
+    finally:
+        server.close()
+
+
 def test_a_missing_folder_is_one_line_exit_2(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=30)  # fmt: skip

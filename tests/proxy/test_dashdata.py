@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.proxy.dashdata import Columns, RunFolder, RunUnavailable, _appended, _parse, columns, view
+from microgpt.proxy.dashdata import Columns, RunFolder, RunNotReady, RunUnavailable, _appended, _parse, columns, view
 from microgpt.proxy.runfiles import LossHistory
 
 
@@ -76,7 +76,7 @@ def test_a_file_that_changes_under_the_server(tmp_path: Path) -> None:
         folder.loss("r")
     path = tmp_path / "r.loss.json"
     write(path, json.dumps(history(100))[:5000], 1)  # half a file and nothing better yet: unavailable, a 503
-    with pytest.raises(RunUnavailable, match="not readable yet"):
+    with pytest.raises(RunNotReady, match="not readable yet"):
         folder.loss("r")
     write(path, json.dumps(history(100)), 2)
     assert folder.loss("r").steps[-1] == 100
