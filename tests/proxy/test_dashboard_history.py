@@ -190,5 +190,9 @@ def test_a_folder_of_runs_is_overlaid(tmp_path: Path, browser: Chromium) -> None
         browser.open(f"{server.url}live-loss-dashboard.html?run=lr-6e-4/andrea&x=tokens")  # one run, tokens as x
         browser.wait_dataset(lambda ds: ds.get("runs") == "1" and ds.get("lastStep") == "3000", "one run")
         assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(3000 * 131072, rel=0.01)
+        browser.eval("(() => { const s = document.getElementById('xmode'); s.value = 'time';"
+                     "s.dispatchEvent(new Event('input')); })()")  # fmt: skip
+        assert browser.eval("location.search").endswith("x=time")
+        assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(2999 * 0.26 / 3600, rel=0.01)  # hours
     finally:
         server.close()
