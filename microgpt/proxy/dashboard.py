@@ -1,34 +1,53 @@
-"""A read-only HTTP server for the live loss dashboard: the page and one run folder's JSON, on 127.0.0.1.
+"""A read-only HTTP server for the live loss dashboard, on 127.0.0.1: the page, uPlot, and the runs of a folder.
 
-    GET /                              302 to /live-loss-dashboard.html?run=<run>
+    GET /                              302 to the page, naming the run (or every run of a folder of runs)
     GET /live-loss-dashboard.html      the page, package data beside this module (scripts/ links to it)
-    GET /<name>.json                   a regular file directly inside the run folder (loss, samples, state)
+    GET /vendor/uplot/uPlot.*          the vendored chart library (package data; the page needs no network)
+    GET /api/runs                      {"runs": [name...]}: <run> for <root>/<run>.loss.json, <sub>/<run> for
+                                       <root>/<sub>/<run>.loss.json (a folder of run folders)
+    GET /api/loss?run=R&width=W        the loss history downsampled to W buckets per series (dashdata.py);
+                  &since=S&vsince=V    only the train rows after step S and val rows after V (the live poll)
+                  &from=A&to=B         the steps in [A, B] (the page's zoom)
+    GET /api/state?run=R, /api/samples?run=R   that run's .state.json / .samples.json as they are
+    GET /<name>.json                   a regular file directly inside the root folder (loss, samples, state)
 
-Nothing else is served: no listing, no subfolder (checkpoints, archive), no path that resolves outside the
-run folder (`..`, encoded separators, symlinks out), each a 4xx. Only GET and HEAD; any other method gets
-405. Requests whose Host is not 127.0.0.1:PORT or localhost:PORT get 403, so a web page elsewhere cannot
-read the run through DNS rebinding. JSON answers carry an ETag (mtime and size): the page polls with
-revalidation and an unchanged file costs a 304, not a download.
+Nothing else is served: no listing, no other subfolder (checkpoints, archive), no path that resolves outside
+the folder (`..`, encoded separators, symlinks out), each a 4xx; a run name is looked up in the folder's
+listing, never joined into a path. Only GET and HEAD; any other method gets 405. Requests whose Host is not
+127.0.0.1:PORT or localhost:PORT get 403, so a web page elsewhere cannot read the run through DNS rebinding.
+File answers carry an ETag (mtime and size): an unchanged file costs a 304, not a download.
 
-Standalone, for a finished run: `python -m microgpt.proxy.dashboard RUN_DIR [--port N]`.
+One thread per request (daemon threads) with at most MAX_HANDLERS at once; further connections wait in a
+listen backlog of BACKLOG. A client that goes away mid-answer is not an error and prints nothing.
+
+Standalone: `python -m microgpt.proxy.dashboard FOLDER [--port N]`, FOLDER a run folder or a folder of them.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import re
 import sys
 import threading
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from microgpt.errors import ArgParser, InputError, exit_on_input_error
+from microgpt.proxy.dashdata import RunFolder, RunNotReady, RunUnavailable, view
 
 PAGE_NAME = "live-loss-dashboard.html"
 PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")
+VENDOR = PAGE.parent / "vendor" / "uplot"
+VENDOR_FILES = {"/vendor/uplot/uPlot.iife.min.js": "text/javascript", "/vendor/uplot/uPlot.min.css": "text/css"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.json$")
+MAX_URL = 2048  # longer request targets get 414 (no file or run name here comes near it)
+MAX_HANDLERS = 32  # requests answered at once; more wait in the backlog
+BACKLOG = 256
+QUIET = (ConnectionError, TimeoutError)  # a client that went away: BrokenPipe, ConnectionReset, a stalled socket
 
 
 class ServeError(InputError):
@@ -39,6 +58,7 @@ class Handler(BaseHTTPRequestHandler):
     server: DashboardHTTPServer
     server_version = "microgpt-dashboard"
     sys_version = ""
+    timeout = 30  # an idle or stalled client frees its handler slot after this
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("do_"):  # every method but GET and HEAD: 405, not http.server's 501
@@ -70,60 +90,142 @@ class Handler(BaseHTTPRequestHandler):
     def _serve(self, body: bool) -> None:
         if self.headers.get("Host", "") not in self.server.hosts:
             return self.send_error(403, "unexpected Host header")
-        path = urlsplit(self.path).path
-        if path == "/":
+        if len(self.path) > MAX_URL:
+            return self.send_error(414, "URI too long")
+        url = urlsplit(self.path)
+        if url.path == "/":
+            query = f"?run={quote(self.server.run, safe='/')}" if self.server.run else ""  # none: every run
             self.send_response(302)
-            self.send_header("Location", f"/{PAGE_NAME}?run={quote(self.server.run)}")
+            self.send_header("Location", f"/{PAGE_NAME}{query}")
             self.send_header("Content-Length", "0")
             return self.end_headers()
-        target = self.server.resolve(path)
+        if url.path.startswith("/api/"):
+            return self._api(url.path, parse_qs(url.query), body)
+        target = self.server.resolve(url.path)
         if target is None:
             return self.send_error(404, "not found")
+        self._send_file(target, body)
+
+    def _send_file(self, target: Path, body: bool) -> None:
         try:
             stat = target.stat()
-        except OSError:
-            return self.send_error(404, "not found")
-        etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
-        if self.headers.get("If-None-Match") == etag:  # unchanged: answered without reading the file
-            self.send_response(304)
-            self.send_header("ETag", etag)
-            return self.end_headers()
-        try:
+            etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+            if self.headers.get("If-None-Match") == etag:  # unchanged: answered without reading the file
+                self.send_response(304)
+                self.send_header("ETag", etag)
+                return self.end_headers()
             data = target.read_bytes() if body else b""
         except OSError:
             return self.send_error(404, "not found")
+        ctype = VENDOR_FILES.get(f"/vendor/uplot/{target.name}") if target.parent == VENDOR else None
         html = target.suffix == ".html"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8" if html else "application/json")
-        self.send_header("Content-Length", str(stat.st_size if not body else len(data)))
-        self.send_header("ETag", etag)
+        ctype = ctype or ("text/html; charset=utf-8" if html else "application/json")
+        self._send(200, ctype, data, etag=etag, length=stat.st_size if not body else len(data), html=html)
+
+    def _send(self, code: int, ctype: str, data: bytes, etag: str = "", length: int | None = None,
+              html: bool = False) -> None:  # fmt: skip
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data) if length is None else length))
+        if etag:
+            self.send_header("ETag", etag)
         self.send_header("Cache-Control", "no-cache")
         self.send_header("X-Content-Type-Options", "nosniff")
         if html:
-            self.send_header("Content-Security-Policy",
-                             "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")  # fmt: skip
+            self.send_header("Content-Security-Policy", "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                             "style-src 'self' 'unsafe-inline'")  # fmt: skip
         self.end_headers()
-        if body:
+        if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _api(self, path: str, query: dict[str, list[str]], body: bool) -> None:
+        folder = self.server.folder
+        if path == "/api/runs":
+            return self._json({"runs": list(folder.runs())})
+        run = (query.get("run") or [""])[0]
+        try:
+            if path in ("/api/state", "/api/samples"):
+                return self._send_file(folder.path(run, path.removeprefix("/api/")), body)
+            if path != "/api/loss":
+                return self.send_error(404, "not found")
+            args = {k: _int_arg(query, k) for k in ("since", "vsince", "from", "to", "width")}
+        except RunUnavailable:
+            return self.send_error(404, "no such run")
+        except ValueError as e:
+            return self.send_error(400, str(e))
+        try:
+            ans = view(folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"],
+                       args["to"])  # fmt: skip
+        except RunNotReady as e:
+            return self.send_error(503, str(e), extra={"Retry-After": "1"})
+        except RunUnavailable as e:
+            return self.send_error(404, str(e))
+        sent = self._json(ans)
+        self.server.record({"path": self.path, "run": run, "since": args["since"], "points": ans["points"],
+                            "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
+                            "bytes": sent})  # fmt: skip
+
+    def _json(self, obj: Any) -> int:
+        data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+        self._send(200, "application/json", data)
+        return len(data)
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
 
+def _int_arg(query: dict[str, list[str]], key: str) -> int | None:
+    raw = (query.get(key) or [None])[0]
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise ValueError(f"{key}={raw[:40]!r}: not a number") from None
+
+
 class DashboardHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False  # a port someone else holds must fail, not be shared
+    request_queue_size = BACKLOG
 
-    def __init__(self, run_dir: Path, run: str, port: int, page: Path, verbose: bool):
-        self.run_dir, self.run, self.page, self.verbose = run_dir, run, page, verbose
+    def __init__(self, root: Path, run: str | None, port: int, page: Path, verbose: bool):
+        self.root, self.run, self.page, self.verbose = root, run, page, verbose
+        self.folder = RunFolder(root)
+        self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
+        self.requests: deque[dict[str, Any]] = deque(maxlen=1000)  # /api/loss answers, newest last (tests read it)
         super().__init__(("127.0.0.1", port), Handler)
         self.port = self.server_address[1]
         self.hosts = {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
 
+    def record(self, entry: dict[str, Any]) -> None:
+        self.requests.append(entry)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.slots.acquire()  # at the cap, the accept loop waits here and new connections wait in the backlog
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], QUIET):
+            return  # the client closed the connection (a page reload, a cancelled fetch): nothing to report
+        super().handle_error(request, client_address)
+
     def resolve(self, url_path: str) -> Path | None:
-        """The file a URL path names, or None: only the page and *.json directly in the run folder."""
+        """The file a URL path names, or None: the page, uPlot, and *.json directly in the root folder."""
         name = unquote(url_path)
+        if name in VENDOR_FILES:
+            return VENDOR / name.rsplit("/", 1)[1]
         if not name.startswith("/") or "/" in name[1:] or "\\" in name or "\0" in name:
             return None
         name = name[1:]
@@ -131,23 +233,28 @@ class DashboardHTTPServer(ThreadingHTTPServer):
             return self.page
         if not NAME_RE.match(name):
             return None
-        root = self.run_dir.resolve()
-        target = (root / name).resolve()
-        if target.parent != root or not target.is_file():
+        try:
+            root = self.root.resolve()
+            target = (root / name).resolve()
+            if target.parent != root or not target.is_file():
+                return None
+        except OSError:  # ENAMETOOLONG, ELOOP, EACCES...: not something we serve
             return None
         return target
 
 
 class DashboardServer:
-    """Bind at construction (so a busy port is an error before the run starts); serve in a thread."""
+    """Bind at construction (so a busy port is an error before the run starts); serve in a thread.
 
-    def __init__(self, run_dir: Path, run: str, port: int, page: Path = PAGE, verbose: bool = False):
+    `root` is a run folder or a folder of run folders; `run` is the run the page opens on (None: every run)."""
+
+    def __init__(self, root: Path, run: str | None, port: int, page: Path = PAGE, verbose: bool = False):
         if not page.is_file():
             raise ServeError(f"{page}: dashboard page not found (an install without its package data)")
         if not 0 <= port <= 65535:
             raise ServeError(f"--dashboard {port}: not a TCP port (0-65535; 0 picks a free one)")
         try:
-            self.httpd = DashboardHTTPServer(Path(run_dir), run, port, page, verbose)
+            self.httpd = DashboardHTTPServer(Path(root), run, port, page, verbose)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ServeError(f"--dashboard {port}: port {port} on 127.0.0.1 is in use; pick another "
@@ -159,6 +266,15 @@ class DashboardServer:
     def start(self) -> None:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self.thread.start()
+        threading.Thread(target=self.warm, daemon=True).start()
+
+    def warm(self) -> None:
+        """Parse every run's history now, so the first page load does not wait for a 200K-row file."""
+        for run in self.httpd.folder.runs():
+            try:
+                self.httpd.folder.loss(run)
+            except RunUnavailable:
+                pass
 
     def close(self) -> None:
         if self.thread is not None:
@@ -167,23 +283,28 @@ class DashboardServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve a run folder until Ctrl-C; bad input (no run there, port in use) is one `error:` line, exit 2."""
+    """Serve a folder until Ctrl-C; bad input (no folder, no run there, port in use) is one `error:` line, exit 2."""
     return exit_on_input_error(serve, sys.argv[1:] if argv is None else argv)
 
 
 def serve(argv: list[str]) -> int:
     p = ArgParser(prog="python -m microgpt.proxy.dashboard", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", help="a run folder holding <run>.loss.json")
+    p.add_argument("folder", help="a run folder (holding <run>.loss.json) or a folder of run folders")
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--run", help="run name (default: from the folder's *.loss.json)")
+    p.add_argument("--run", help="the run the page opens on (default: the folder's only run, else all of them)")
     args = p.parse_args(argv)
-    run_dir = Path(args.run_dir)
-    runs = sorted(x.name.removesuffix(".loss.json") for x in run_dir.glob("*.loss.json"))
-    run = args.run or (runs[0] if runs else None)
-    if run is None:
-        raise ServeError(f"{run_dir}: no <run>.loss.json here (pass --run NAME)")
-    server = DashboardServer(run_dir, run, args.port, verbose=True)
-    print(f"dashboard: {server.url}  (Ctrl-C to stop)", file=sys.stderr)
+    root = Path(args.folder)
+    if not root.is_dir():
+        raise ServeError(f"{root}: no such folder")
+    runs = list(RunFolder(root).runs())
+    if not runs:
+        raise ServeError(f"{root}: no <run>.loss.json here or in its subfolders")
+    if args.run is not None and args.run not in runs:
+        raise ServeError(f"--run {args.run}: not a run in {root} (runs: {', '.join(runs[:10])})")
+    run = args.run or (runs[0] if len(runs) == 1 else None)
+    server = DashboardServer(root, run, args.port, verbose=True)
+    print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
+    threading.Thread(target=server.warm, daemon=True).start()
     try:
         server.httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

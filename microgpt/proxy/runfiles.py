@@ -43,7 +43,8 @@ LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
 ENGINE_LOG = "train.jsonl"  # the engine's stdout as `make train` keeps it in the run folder (README)
-META_FIELDS = ("n_params", "device", "memory", "versions", "git", "config")  # of the engine's start line: "meta"
+# the fields of the engine's start line kept as the history's "meta"
+META_FIELDS = ("n_params", "device", "memory", "versions", "git", "config", "world_size")
 
 
 class RunFileError(InputError):

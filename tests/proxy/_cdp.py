@@ -102,6 +102,10 @@ class Chromium:
         node = self.call("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
         self.call("DOM.setFileInputFiles", {"nodeId": node, "files": [str(p) for p in paths]})
 
+    def mouse(self, kind: str, x: float, y: float, **kw: Any) -> None:
+        """A mouse event at CSS pixel (x, y): kind is mouseMoved, mousePressed, mouseReleased or mouseWheel."""
+        self.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, **kw})
+
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
         path.parent.mkdir(parents=True, exist_ok=True)

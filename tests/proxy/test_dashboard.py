@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import http.client
+import json
+import re
+import signal
 import socket
+import struct
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,7 +52,8 @@ def test_serves_the_page_and_the_run_files(served: DashboardServer) -> None:
     root = request(served, "GET", "/")
     assert root.status == 302 and root.getheader("Location") == "/live-loss-dashboard.html?run=r"
     page = request(served, "GET", "/live-loss-dashboard.html?run=r")
-    assert page.status == 200 and b"<canvas" in page.body and page.getheader("Content-Type").startswith("text/html")
+    assert page.status == 200 and b"uPlot.iife.min.js" in page.body
+    assert page.getheader("Content-Type").startswith("text/html")
     loss = request(served, "GET", "/r.loss.json")
     assert loss.status == 200 and loss.body == b'{"format": "microgpt-loss-1"}'
     assert loss.getheader("Content-Type") == "application/json"
@@ -103,4 +109,131 @@ def test_standalone_without_a_run_is_one_line_exit_2(tmp_path: Path) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
-    assert lines[0] == f"error: {tmp_path}: no <run>.loss.json here (pass --run NAME)"
+    assert lines[0] == f"error: {tmp_path}: no <run>.loss.json here or in its subfolders"
+
+
+def test_the_vendored_chart_library_is_served_as_shipped(served: DashboardServer) -> None:
+    for name, ctype in (("uPlot.iife.min.js", "text/javascript"), ("uPlot.min.css", "text/css")):
+        resp = request(served, "GET", f"/vendor/uplot/{name}")
+        assert resp.status == 200 and resp.getheader("Content-Type") == ctype
+        assert resp.body == (PAGE.parent / "vendor" / "uplot" / name).read_bytes()
+    assert request(served, "GET", "/vendor/uplot/LICENSE").status == 404  # only the two files the page loads
+    csp = request(served, "GET", f"/{PAGE_NAME}").getheader("Content-Security-Policy")
+    assert "script-src 'self'" in csp and "default-src 'self'" in csp  # no CDN: nothing from elsewhere
+
+
+def loss_file(run: str, steps: int) -> str:
+    train = [{"step": s, "loss": 5 - s / 100, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0, "tokens": 64,
+              "time": 1e9 + s} for s in range(1, steps + 1)]  # fmt: skip
+    return json.dumps({"format": "microgpt-loss-1", "run": run, "meta": {}, "train": train, "val": [], "marks": []})
+
+
+def test_a_folder_of_run_folders_is_listed_and_served_by_run_name(tmp_path: Path) -> None:
+    for sub, run, steps in (("a", "r1", 10), ("b", "r2", 20)):
+        (tmp_path / sub / "ckpt").mkdir(parents=True)
+        (tmp_path / sub / f"{run}.loss.json").write_text(loss_file(run, steps))
+        (tmp_path / sub / f"{run}.state.json").write_text(json.dumps({"run": run, "status": "done"}))
+        (tmp_path / sub / "ckpt" / "x.loss.json").write_text(loss_file("x", 1))  # not a run: a run's subfolder
+    (tmp_path / "archive").mkdir()
+    (tmp_path / "archive" / "old.loss.json").write_text(loss_file("old", 1))
+    server = DashboardServer(tmp_path, None, 0)
+    server.start()
+    try:
+        root = request(server, "GET", "/")
+        assert root.status == 302 and root.getheader("Location") == f"/{PAGE_NAME}"  # the page shows every run
+        assert json.loads(request(server, "GET", "/api/runs").body) == {"runs": ["a/r1", "b/r2"]}
+        ans = json.loads(request(server, "GET", "/api/loss?run=b/r2&width=100").body)
+        assert ans["rows"] == 20 and ans["series"]["loss"]["step"] == list(range(1, 21))
+        assert json.loads(request(server, "GET", "/api/loss?run=a%2Fr1").body)["rows"] == 10  # the page encodes /
+        assert json.loads(request(server, "GET", "/api/state?run=a/r1").body)["status"] == "done"
+        for bad in ("a/ckpt/x", "archive/old", "../a/r1", "a/../b/r2", "", "a/r1.loss", "a/r1/"):
+            assert request(server, "GET", f"/api/loss?run={bad}").status == 404, bad
+        assert request(server, "GET", "/api/samples?run=a/r1").status == 404  # a run without samples yet
+        assert request(server, "GET", "/api/loss?run=a/r1&since=abc").status == 400
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("path", ["/" + "x" * 300 + ".json", "/" + "x" * 300, "/api/loss?run=" + "x" * 300,
+                                  "/api/state?run=" + "y" * 300, "/" + "z" * 5000 + ".json"])  # fmt: skip
+def test_a_very_long_name_is_404_or_414(served: DashboardServer, path: str) -> None:
+    """Issue 14: a 300-character name used to reach stat() and escape as ENAMETOOLONG, with no HTTP answer."""
+    assert request(served, "GET", path).status in (404, 414)
+
+
+def test_200_concurrent_requests_are_all_answered(tmp_path: Path) -> None:
+    """Issue 14: with the default listen backlog of 5, a burst of 200 connections lost a third of them. The burst
+    arrives before the server accepts anything (as when every handler is busy): the backlog alone must hold it."""
+    (tmp_path / "r.loss.json").write_text('{"format": "microgpt-loss-1"}')
+    server = DashboardServer(tmp_path, "r", 0)
+    n, host = 200, f"127.0.0.1:{server.httpd.port}"
+
+    def connect(_: int) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", server.httpd.port), timeout=3)
+        except OSError:  # a SYN the kernel dropped because the accept queue was full
+            return None
+        s.sendall(f"GET /r.loss.json HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        return s
+
+    def answer(s: socket.socket | None) -> bytes:
+        if s is None:
+            return b""
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        return data
+
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            socks = list(pool.map(connect, range(n)))
+        server.start()
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(answer, socks))
+    finally:
+        server.close()
+    assert sum(a.startswith(b"HTTP/1.0 200") and a.endswith(b'"microgpt-loss-1"}') for a in answers) == n
+
+
+def test_a_client_that_hangs_up_mid_answer_prints_no_traceback(tmp_path: Path) -> None:
+    """Issue 14: a page reload or a cancelled fetch is not an error; the server logs the request and goes on."""
+    (tmp_path / "r.loss.json").write_text(loss_file("r", 100_000))  # ~10 MB: larger than the socket buffers
+    cmd = [sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path), "--port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        port = int(re.match(r"dashboard: http://127\.0\.0\.1:(\d+)/", proc.stderr.readline()).group(1))
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(f"GET /r.loss.json HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert s.recv(100).startswith(b"HTTP/1.0 200")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+            s.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("HEAD", "/r.loss.json")
+        assert conn.getresponse().status == 200  # still serving
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 0
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_a_half_written_history_is_503_until_complete(tmp_path: Path) -> None:
+    (tmp_path / "r.loss.json").write_text(loss_file("r", 50)[:700])  # a copy in progress, not the proxy's writer
+    server = DashboardServer(tmp_path, "r", 0)
+    server.start()
+    try:
+        resp = request(server, "GET", "/api/loss?run=r")
+        assert resp.status == 503 and resp.getheader("Retry-After") == "1" and b"not readable yet" in resp.body
+        (tmp_path / "r.loss.json").write_text(loss_file("r", 50))
+        assert json.loads(request(server, "GET", "/api/loss?run=r").body)["last_step"] == 50
+    finally:
+        server.close()
+
+
+def test_a_missing_folder_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert res.returncode == 2 and res.stderr == f"error: {tmp_path / 'nope'}: no such folder\n"

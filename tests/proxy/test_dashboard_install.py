@@ -72,6 +72,12 @@ def test_a_pip_installed_package_serves_the_dashboard_page(tmp_path: Path) -> No
         conn.close()
         assert resp.status == 200 and resp.getheader("Content-Type") == "text/html; charset=utf-8"
         assert body == PAGE.read_bytes()
+        for name in ("uPlot.iife.min.js", "uPlot.min.css"):  # the chart library is package data too
+            conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=10)
+            conn.request("GET", f"/vendor/uplot/{name}")
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.read() == (PAGE.parent / "vendor" / "uplot" / name).read_bytes()
+            conn.close()
     finally:
         proc.send_signal(signal.SIGINT)  # the standalone server's Ctrl-C: close and exit 0
         assert proc.wait(timeout=10) == 0

@@ -1,0 +1,279 @@
+"""What the dashboard server answers from run files: run discovery, cached parsing, new points, downsampling.
+
+A 200,000-step `.loss.json` is about 46 MB: the page must never download it. The server parses each file once
+per version (mtime, size, inode) into columns, and answers
+
+    view(columns, width)                  every series downsampled to `width` buckets of steps: in each bucket the
+                                          minimum and the maximum (in step order), so at most 2*width + 2 points per
+                                          series and a one-step spike still shows
+    view(columns, width, since=S)         only the rows after step S (the live poll), downsampled the same way
+                                          when more than 2*width are new (a page that slept)
+    view(columns, width, lo=A, hi=B)      the steps in [A, B] at full detail up to 2*width (the page's zoom)
+
+Each series is its own (step, y) pair of lists because min and max fall on different steps per series. Rows
+whose value is null (a diverged loss) are left out of that series. `clock` maps step to cumulative tokens and
+wall time, for the page's tokens and time x axes.
+
+The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
+person, a copy in progress) may leave half a file, in which case the last good version is served, and with
+none yet, RunNotReady (a 503 the page retries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
+KINDS = ("loss", "samples", "state")
+SKIP_DIRS = {"ckpt", "archive", "phases", "data"}  # a run folder's own subfolders: never runs themselves
+MAX_WIDTH = 4096
+
+
+class RunUnavailable(Exception):
+    """No such run here (a 404)."""
+
+
+class RunNotReady(RunUnavailable):
+    """The run's history has no complete version yet (a 503: the page retries)."""
+
+
+@dataclass
+class Columns:
+    """One parsed version of a .loss.json: per-series (steps, ys) without nulls, and the raw small parts."""
+
+    version: str
+    meta: dict[str, Any]
+    marks: list[dict[str, Any]]
+    steps: list[int]  # every train row's step, ascending
+    series: dict[str, tuple[list[int], list[float]]]
+    tokens: list[float]  # cumulative tokens at each train row
+    times: list[float]  # each train row's wall time (unix seconds)
+    val: tuple[list[int], list[float]]
+    views: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # memoized full-range answers
+    raw: bytes = b""  # the file as read, and the offset just past its last train row (-1: not found)
+    rows_end: int = -1
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> Columns:
+    """One pass over the train rows (200K rows: about a second in pure Python, so it runs once per version);
+    with `base`, obj's train rows are the ones after base's and are appended to copies of its columns."""
+    steps: list[int] = list(base.steps) if base else []
+    tokens: list[float] = list(base.tokens) if base else []
+    times: list[float] = list(base.times) if base else []
+    series = {key: (list(xs), list(ys)) for key, (xs, ys) in base.series.items()} if base else {}
+    for key in SERIES:
+        series.setdefault(key, ([], []))
+    cols = [(key, *series[key]) for key in SERIES]
+    total = tokens[-1] if tokens else 0.0
+    for r in obj.get("train") or []:
+        if not isinstance(r, dict) or not _number(step := r.get("step")):
+            continue
+        steps.append(step)
+        total += r["tokens"] if _number(r.get("tokens")) else 0
+        tokens.append(total)
+        t = r.get("time")
+        times.append(float(t) if _number(t) else 0.0)
+        for key, xs, ys in cols:
+            y = r.get(key)
+            if y is not None and _number(y):
+                xs.append(step)
+                ys.append(y)
+        mix = r.get("mixture")  # a data mixture's sampling weights (docs/FIREHOSE-BANDIT.md): "mix:<source>"
+        if isinstance(mix, dict):
+            for name, w in mix.items():
+                if _number(w):
+                    xs, ys = series.setdefault(f"mix:{name}", ([], []))
+                    xs.append(step)
+                    ys.append(w)
+    val = [(r["step"], float(r["val_loss"])) for r in obj.get("val") or []
+           if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
+    marks = [m for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
+    meta = base.meta if base else obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
+    return Columns(version, meta, marks, steps, series, tokens, times, ([s for s, _ in val], [y for _, y in val]))
+
+
+def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: float, width: int) -> tuple[list, list]:
+    """Points a..b-1 of (xs, ys) in `width` equal step buckets over [lo, hi]: the min and max of each bucket, in
+    step order, and the first and last point (at most 2*width + 2 points). Bucket edges are found by bisection
+    and min/max run over list slices, so a 200K-point series takes milliseconds in pure Python (the server needs
+    nothing beyond the standard library)."""
+    if b - a <= 2 * width:
+        return xs[a:b], ys[a:b]
+    ox: list[int] = []
+    oy: list[float] = []
+    span = (hi - lo) / width or 1.0
+    start = a
+    for k in range(1, width + 1):
+        end = b if k == width else max(start, bisect_right(xs, lo + k * span, start, b))
+        if end - start <= 2:
+            ox.extend(xs[start:end])
+            oy.extend(ys[start:end])
+        elif end > start:
+            chunk = ys[start:end]
+            i_min = start + chunk.index(min(chunk))
+            i_max = start + chunk.index(max(chunk))
+            ends = {a} if k == 1 else {b - 1} if k == width else set()  # the line spans the whole range
+            for i in sorted({i_min, i_max} | ends):
+                ox.append(xs[i])
+                oy.append(ys[i])
+        start = end
+    return ox, oy
+
+
+def view(c: Columns, width: int, since: int | None = None, vsince: int | None = None,
+         lo: int | None = None, hi: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The answer to one /api/loss request (see the module docstring); JSON-ready."""
+    width = max(16, min(MAX_WIDTH, width))
+    key = (width, since, vsince, lo, hi)
+    if since is None and key in c.views:
+        return c.views[key]
+    first = since + 1 if since is not None else (lo if lo is not None else -(2**62))
+    last = hi if hi is not None else 2**62
+    out_series = {}
+    for name, (xs, ys) in c.series.items():
+        a, b = bisect_left(xs, first), bisect_right(xs, last)
+        if since is None and lo is not None:  # a zoomed view: one point beyond each edge so lines reach it
+            a, b = max(0, a - 1), min(len(xs), b + 1)
+        x0, x1 = (xs[a], xs[b - 1]) if b > a else (0, 0)
+        sx, sy = downsample(xs, ys, a, b, x0, x1, width)
+        out_series[name] = {"step": sx, "y": sy}
+    a, b = bisect_left(c.steps, first), bisect_right(c.steps, last)
+    clock = {"step": [], "tokens": [], "time": []}
+    if b > a:  # step -> tokens and time are monotone: every bucket's first row is enough to interpolate
+        stride = max(1, (b - a) // (2 * width))
+        idx = list(range(a, b, stride)) + ([b - 1] if (b - 1 - a) % stride else [])
+        clock = {"step": [c.steps[i] for i in idx], "tokens": [c.tokens[i] for i in idx],
+                 "time": [c.times[i] for i in idx]}  # fmt: skip
+    vx, vy = c.val
+    va = bisect_right(vx, vsince) if vsince is not None else 0
+    ans = {
+        "version": c.version, "meta": c.meta, "marks": c.marks, "rows": len(c.steps),
+        "first_step": c.steps[0] if c.steps else 0, "last_step": c.steps[-1] if c.steps else 0,
+        "first_time": c.times[0] if c.times else None,
+        "last_val_step": vx[-1] if vx else 0, "width": width, "since": since, "lo": lo, "hi": hi,
+        "series": out_series, "clock": clock, "val": {"step": vx[va:], "y": vy[va:]},
+        "points": sum(len(s["step"]) for s in out_series.values()),
+    }  # fmt: skip
+    if since is None:
+        if len(c.views) > 64:
+            c.views.clear()
+        c.views[key] = ans
+    return ans
+
+
+class RunFolder:
+    """The runs under a root folder: `<root>/<run>.loss.json` (one run folder, as `microgpt run` writes) and
+    `<root>/<sub>/<run>.loss.json` (a folder of run folders), named `<run>` and `<sub>/<run>`."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.cache: dict[Path, Columns] = {}
+        self.lock = threading.Lock()  # one parse per file version, whatever the number of polling pages
+
+    def runs(self) -> dict[str, Path]:
+        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear."""
+        found: dict[str, Path] = {}
+        try:
+            entries = sorted(os.scandir(self.root), key=lambda e: e.name)
+        except OSError:
+            return found
+        for e in entries:
+            if e.name.endswith(".loss.json") and e.is_file():
+                found[e.name.removesuffix(".loss.json")] = self.root
+        for e in entries:
+            if e.name.startswith(".") or e.name in SKIP_DIRS or not e.is_dir(follow_symlinks=False):
+                continue
+            try:
+                subs = sorted(os.listdir(e.path))
+            except OSError:
+                continue
+            for name in subs:
+                if name.endswith(".loss.json") and not name.startswith("."):
+                    found[f"{e.name}/{name.removesuffix('.loss.json')}"] = Path(e.path)
+        return found
+
+    def path(self, run: str, kind: str) -> Path:
+        """The file of one run; RunUnavailable for a name that is not a run here (so no path is ever built from
+        what the request says: only from what the listing found)."""
+        folder = self.runs().get(run)
+        if folder is None or kind not in KINDS:
+            raise RunUnavailable(f"no run {run!r} here")
+        return folder / f"{run.rsplit('/', 1)[-1]}.{kind}.json"
+
+    def loss(self, run: str) -> Columns:
+        path = self.path(run, "loss")
+        with self.lock:
+            cached = self.cache.get(path)
+            try:
+                st = path.stat()
+                version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+                if cached is not None and cached.version == version:
+                    return cached
+                raw = path.read_bytes()
+                cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
+            except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+                if cached is None:
+                    raise RunNotReady(f"{path.name}: not readable yet ({type(e).__name__})") from None
+            return cached
+
+
+TRAIN_START, TRAIN_END = b'"train":[', b'],"val":['  # the proxy's compact writer: meta, train, val, marks
+
+
+def _tail(raw: bytes, end: int) -> dict[str, Any] | None:
+    """The val and marks after a train array ending at `end`, or None when raw does not continue that way."""
+    if raw[end : end + len(TRAIN_END)] != TRAIN_END:
+        return None
+    try:
+        tail = json.loads(b"{" + raw[end + 2 :])
+    except ValueError:
+        return None
+    return tail if isinstance(tail, dict) and list(tail) == ["val", "marks"] else None
+
+
+def _parse(raw: bytes, version: str) -> Columns:
+    """A whole file; also finds where its train rows end, for _appended next time."""
+    obj = json.loads(raw)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    c = columns(obj, version)
+    end = raw.rfind(TRAIN_END)
+    tail = _tail(raw, end) if end > 0 else None
+    if tail is not None and tail == {"val": obj.get("val"), "marks": obj.get("marks")}:
+        c.raw, c.rows_end = raw, end
+    return c
+
+
+def _appended(old: Columns | None, raw: bytes, version: str) -> Columns | None:
+    """The new version when it only appends train rows to the old one (a live run: the proxy rewrites the whole
+    file, the same bytes up to the old last row), parsing only what follows; None otherwise. A 200K-row file then
+    costs a byte comparison and the parse of the new rows and the val/marks tail, not a 2-4 s parse."""
+    if old is None or old.rows_end < 0 or raw[: old.rows_end] != old.raw[: old.rows_end]:
+        return None
+    sep = raw[old.rows_end : old.rows_end + 1]
+    end = raw.find(TRAIN_END, old.rows_end) if sep == b"," else old.rows_end if sep == b"]" else -1
+    tail = _tail(raw, end) if end >= 0 else None
+    if tail is None:
+        return None
+    try:
+        rows = json.loads(b"[" + raw[old.rows_end + 1 : end] + b"]") if end > old.rows_end else []
+    except ValueError:
+        return None
+    last = old.steps[-1] if old.steps else -(2**62)
+    if not all(isinstance(r, dict) and _number(r.get("step")) for r in rows):
+        return None
+    if [r["step"] for r in rows] != sorted(r["step"] for r in rows) or (rows and rows[0]["step"] <= last):
+        return None
+    c = columns({"train": rows, **tail}, version, base=old)
+    c.raw, c.rows_end = raw, end
+    return c
