@@ -65,7 +65,7 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
     K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now
     torch.cuda.reset_peak_memory_stats()  # the peak starts from what is allocated: the workspace, nothing else
     S = make_state(m, t, K)
-    planned = sum(memory.role_bytes(S.plan, precision).values())
+    planned = sum(memory.role_bytes(S.plan, t).values())
     step = Step(S)
     data = batches(mb, m)
     losses = []

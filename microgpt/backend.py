@@ -32,7 +32,7 @@ Fn = Callable[..., Any]
 @dataclass(frozen=True)
 class Backend:
     name: str  # "numpy" | "triton"
-    precision: str  # the compute precision: fp32, bf16, fp16
+    precision: str  # fp32, bf16, fp16, or fp8 (E4M3 block linears: microgpt/fp8.py)
     device: str  # what it runs on, in words
     versions: dict[str, str]
     kind_bytes: dict[str, int]  # bytes per element of each memory-plan kind
@@ -58,6 +58,7 @@ class Backend:
     grad_norm_partial: Fn
     grad_norm_final: Fn
     adamw_step: Fn
+    cast_weights: Fn  # fp8: the block linears' E4M3 weight copies from the masters
     # the device
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view
@@ -69,6 +70,8 @@ class Backend:
     logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
     rows: Callable[[ModelConfig, TrainConfig], list[Buf]]  # the backend's own plan rows ("kernel", "runtime")
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
+    # (function, keyword, make) bound by bind() to make(arena): scratch that is more than one buffer (fp8's)
+    arena_args: tuple[tuple[str, str, Callable[[memory.Arena], Any]], ...] = ()
     # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
     memory_bytes: Callable[[], int | None] = lambda: None
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
@@ -76,7 +79,12 @@ class Backend:
     def bind(self, arena: memory.Arena) -> Backend:
         """This backend with each scratch-taking launcher given its planned buffer (the plan's "kernel" rows)."""
         self.on_bind(arena)
-        bound = {fn: functools.partial(getattr(self, fn), **{kw: arena[buf]}) for fn, kw, buf in self.scratch_args}
+        kwargs: dict[str, dict[str, Any]] = {}
+        for fn, kw, buf in self.scratch_args:
+            kwargs.setdefault(fn, {})[kw] = arena[buf]
+        for fn, kw, make in self.arena_args:
+            kwargs.setdefault(fn, {})[kw] = make(arena)
+        bound = {fn: functools.partial(getattr(self, fn), **kws) for fn, kws in kwargs.items()}
         return dataclasses.replace(self, **bound)
 
 
@@ -94,9 +102,14 @@ def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> 
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
 
-def numpy_backend(dtypes: dict[str, type] | None = None) -> Backend:
-    """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64)."""
-    dtypes = dtypes or NUMPY_DTYPES
+def numpy_backend(dtypes: dict[str, type] | None = None, precision: str = "fp32") -> Backend:
+    """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
+    in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py)."""
+    dtypes = dict(dtypes or NUMPY_DTYPES)
+    if precision == "fp8":
+        from microgpt.ops.fp8 import e4m3
+
+        dtypes["f8"] = e4m3()
 
     def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
         dtype = np.dtype(dtypes[kind])
@@ -109,7 +122,7 @@ def numpy_backend(dtypes: dict[str, type] | None = None) -> Backend:
         return np.zeros(nbytes, np.uint8)
 
     return Backend(
-        name="numpy", precision="fp32", device="cpu", versions={"numpy": np.__version__},
+        name="numpy", precision=precision, device="cpu", versions={"numpy": np.__version__},
         kind_bytes={kind: np.dtype(t).itemsize for kind, t in dtypes.items()},
         **registry_functions(lambda row: row.numpy),
         alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_in=copy_in, to_numpy=np.asarray,
@@ -131,16 +144,26 @@ def triton_backend(precision: str) -> Backend:
         out.append(Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
         if rt.workspace_bytes:
             out.append(Buf("cublas_workspace", (rt.workspace_bytes,), "runtime", "u8"))
-        return out
+        return out + fp8_rows(m, t)
 
     scratch_args = tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items())
+    if precision == "fp8":
+        from microgpt.kernels import fp8
+
+        def fp8_rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
+            return fp8.scratch_rows(t.micro_batch * m.seq_len, m.d_model)
+
+        fp8_args = tuple((fn, "q", fp8.Scratch.of) for fn in fp8.SCRATCH_TAKERS)
+    else:
+        fp8_rows, fp8_args = (lambda m, t: []), ()
+
     return Backend(
         name="triton", precision=precision, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
         **registry_functions(lambda row: row.triton),
         alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows,
-        scratch_args=scratch_args,
+        scratch_args=scratch_args, arena_args=fp8_args,
         on_bind=lambda arena: rt.set_probe(arena["gemm_probe"]),
     )  # fmt: skip
 
@@ -148,10 +171,15 @@ def triton_backend(precision: str) -> Backend:
 def get_backend(name: str, precision: str) -> Backend:
     """The backend by name; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
     if name == "numpy":
-        return numpy_backend()
+        try:
+            return numpy_backend(precision=precision)
+        except ImportError as e:
+            raise ConfigError(str(e)) from None
     if name == "triton":
         try:
             return triton_backend(precision)
+        except ConfigError:
+            raise
         except ImportError as e:
             raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip

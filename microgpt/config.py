@@ -91,7 +91,7 @@ class Experiment:
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 EXTRA_SECTIONS = ("phases", "mixing", "description", "proxy")
-PRECISIONS = ("fp32", "bf16", "fp16")  # FP8 E4M3 (Hopper) is not implemented yet
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgpt/fp8.py)
 BACKENDS = ("numpy", "triton")
 
 
@@ -162,8 +162,9 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {brief(t.precision)}")
     if t.backend not in BACKENDS:
         raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
-    if t.backend == "numpy" and t.precision != "fp32":
-        raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy is fp32 only)")
+    if t.backend == "numpy" and t.precision not in ("fp32", "fp8"):
+        raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
+                          "fp32, with fp8's E4M3 linears as the reference)")  # fmt: skip
     if d.max_bytes <= 0:
         raise ConfigError(f"{src}: data.max_bytes must be > 0, got {brief(d.max_bytes)}")
     if not 0 < d.val_fraction < 1:

@@ -3,7 +3,9 @@
 A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetime and purpose:
 
     params, grads, adam_m, adam_v   fp32, one flat array each, in the canonical parameter order
-    compute_params                  the weights in the compute dtype (bf16/fp16 runs), same order; AdamW writes it
+    compute_params                  the weights in the compute dtype (bf16/fp16/fp8 runs on the GPU), same order;
+                                    AdamW writes it
+    fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts (microgpt/fp8.py)
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
                                     and what it reports back (report), the evaluation's loss sum
     acts                            saved activations: written in forward, read in backward
@@ -16,7 +18,7 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
                                     carved from the arena
 
 Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32 on the NumPy
-backend, bf16/fp16 on the GPU), "i32", "u8". The Arena makes ONE allocation for every role but "runtime" and
+backend, bf16/fp16 on the GPU, bf16 in fp8 runs), "i32", "u8", "f8" (E4M3). The Arena makes ONE allocation for every role but "runtime" and
 carves each buffer out of it as a view: each (role, kind) group is contiguous and 256-byte aligned, so a flat
 grads array makes the gradient norm and AdamW one call each, and the parameter-shaped groups are exactly the
 checkpoint's layout. Nothing is allocated during training, and the plan printed before the first step is the
@@ -32,19 +34,20 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from microgpt import fp8
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
 ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch rounds large blocks up to 2 MiB)
-ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "optim", "acts", "scratch", "inputs", "kernel",
-         "rounding", "runtime")  # fmt: skip
+ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "acts", "scratch", "inputs",
+         "kernel", "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
-LABELS = {"compute_params": "compute weights", "optim": "optimizer + step", "acts": "saved activations",
+LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step", "acts": "saved activations",
           "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v", "inputs": "step inputs",
           "kernel": "kernel scratch", "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
-KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1}
-COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # on the GPU; the NumPy backend computes in fp32
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
 HYPER = 8  # the step's per-step host values (microgpt/ops/adamw.py: lr, bias1, bias2, gscale; the rest spare)
 
@@ -84,6 +87,21 @@ def n_params(m: ModelConfig) -> int:
     return (m.vocab_size + m.seq_len) * C + m.n_layer * (12 * C * C + 4 * C) + 2 * C
 
 
+def param_offsets(m: ModelConfig) -> dict[str, int]:
+    """Each parameter's element offset in the flat arrays (the canonical order)."""
+    offsets, off = {}, 0
+    for name, shape in param_shapes(m):
+        offsets[name] = off
+        off += math.prod(shape)
+    return offsets
+
+
+def has_compute_copy(t: TrainConfig) -> bool:
+    """Whether the weights have a compute-dtype copy beside the fp32 masters: on the GPU in every precision but
+    fp32 (the NumPy backend computes in fp32, fp8 runs included)."""
+    return t.precision != "fp32" and t.backend != "numpy"
+
+
 CKPT_MAX_PARAMS = 2**31 - 1  # the checkpoint header's int32 n_params
 
 
@@ -95,13 +113,13 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...], precision: str,
+def check_fits(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...],
                available: int | None, device: str) -> list[Buf]:  # fmt: skip
     """The plan, once it is known to fit: PlanError, before anything is allocated, naming the plan's total and the
     device's memory when it is larger than `available` bytes, or for a model the checkpoint format cannot hold.
     (The table has a few dozen rows per layer and model.n_layer is at most 1024: cheap at any sizes.)"""
     bufs = plan(m, t, R, backend_rows)
-    total = sum(role_bytes(bufs, precision).values())
+    total = sum(role_bytes(bufs, t).values())
     if available is not None and total > available:
         sizes = "model.d_model, model.n_layer, model.seq_len"
         raise PlanError(f"the memory plan needs {total:,} bytes but the device ({device}) has {available:,} bytes; "
@@ -135,7 +153,7 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
     N = B * T
     bufs = []
-    roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if t.precision != "fp32" else [])
+    roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if has_compute_copy(t) else [])
     for role in roles:
         kind = "compute" if role == "compute_params" else "f32"
         bufs += [Buf(name, shape, role, kind) for name, shape in param_shapes(m)]
@@ -149,6 +167,8 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
         ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
+    if t.precision == "fp8":
+        bufs += fp8_rows(m)
     act = [
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
@@ -186,9 +206,20 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     return bufs + list(backend_rows)
 
 
-def kind_sizes(precision: str) -> dict[str, int]:
-    """Bytes per element of each kind for a compute precision."""
-    return {**KIND_BYTES, "compute": COMPUTE_BYTES[precision]}
+def fp8_rows(m: ModelConfig) -> list[Buf]:
+    """fp8: every block linear site's two E4M3 weight layouts and its [amax, 2^-k] (microgpt/fp8.py)."""
+    bufs = []
+    for layer in range(m.n_layer):
+        for site, (G, C, OC) in fp8.site_shapes(m.d_model).items():
+            name = f"h{layer}.{site}"
+            bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
+                     Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
+    return bufs + [Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), 2), "optim", "f32")]
+
+
+def kind_sizes(t: TrainConfig) -> dict[str, int]:
+    """Bytes per element of each kind for a run's backend and precision."""
+    return {**KIND_BYTES, "compute": 4 if t.backend == "numpy" else COMPUTE_BYTES[t.precision]}
 
 
 def _round(nbytes: int) -> int:
@@ -220,19 +251,20 @@ def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str]
     return offsets, role_sizes, total
 
 
-def role_bytes(bufs: list[Buf], precision: str) -> dict[str, int]:
+def role_bytes(bufs: list[Buf], t: TrainConfig) -> dict[str, int]:
     """Bytes per role, alignment included: they add up to the arena plus the runtime's rows."""
-    sizes = kind_sizes(precision)
+    sizes = kind_sizes(t)
     _, out, _ = layout(bufs, sizes)
     out["runtime"] = sum(b.numel * sizes[b.kind] for b in bufs if b.role == "runtime")
     return out
 
 
-def format_plan(bufs: list[Buf], precision: str) -> str:
+def format_plan(bufs: list[Buf], t: TrainConfig) -> str:
     """The table printed before the first step: every role's bytes and their total."""
-    sizes = role_bytes(bufs, precision)
+    sizes = role_bytes(bufs, t)
     total = sum(sizes.values())
-    lines = [f"memory plan ({precision} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
+    compute = "fp32" if t.backend == "numpy" else {"fp8": "bf16 + fp8 linears"}.get(t.precision, t.precision)
+    lines = [f"memory plan ({compute} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
     for role in ROLES:
         if sizes[role] or role in ("params", "grads", "adam_m", "adam_v"):
             lines.append(f"{LABELS.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")

@@ -12,7 +12,12 @@ LayerNorm under it adds its input gradient into `dresid` in place (as llm.c's CU
 buffer, updated from the top of the model down, with the same sums in the same order, so the result is bit
 for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
-activation-gradient buffer, since every backward adds with +=). `K` is the backend (microgpt/backend.py): the
+activation-gradient buffer that a backward adds into). Weight gradients are always added (+=: they accumulate
+over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
+input gradients) and added where several ops contribute (dresid, attention's dq, dk, dv, lnf's d).
+The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
+w_v (adjacent in the canonical order; `with_qkv` adds it to a dict of views), so the three projections share one
+call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
 NumPy reference or the Triton kernels, with the same names and arguments.
 
 P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch), tokens and
@@ -24,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from microgpt import memory
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig
 from microgpt.memory import Arena
@@ -54,9 +60,7 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
         h, x = f"h{layer}.", resid[layer]
         ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
         K.layernorm_forward(ln1, A["ln1_mean"][layer], A["ln1_rstd"][layer], x, P[h + "ln1_w"], P[h + "ln1_b"])
-        K.linear_forward(q, ln1, P[h + "w_q"])
-        K.linear_forward(k, ln1, P[h + "w_k"])
-        K.linear_forward(v, ln1, P[h + "w_v"])
+        K.linear_forward(A["qkv"][layer], ln1, P[h + "w_qkv"])
         att = A["att"][layer]
         K.attention_forward(_btc(att, B, T), A["att_lse"][layer], _btc(q, B, T), _btc(k, B, T), _btc(v, B, T), H)
         K.linear_forward(proj, att, P[h + "w_o"])
@@ -92,30 +96,35 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         h, x = f"h{layer}.", A["resid"][layer]
         # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
-        K.zero_(dln)
         K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
                        A["a"], A["dh"])  # fmt: skip
         K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
                              A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
         att = A["att"][layer]
-        K.zero_(datt)
         K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
         q, k, v = A["qkv"][layer]
         dq, dk, dv = dqkv
         K.zero_(dqkv)
         K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
                              _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H)  # fmt: skip
-        ln1 = A["ln1"][layer]
-        K.zero_(dln)
-        K.linear_backward(dln, G[h + "w_v"], dv, ln1, P[h + "w_v"])
-        K.linear_backward(dln, G[h + "w_k"], dk, ln1, P[h + "w_k"])
-        K.linear_backward(dln, G[h + "w_q"], dq, ln1, P[h + "w_q"])
+        K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
         K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
         if layer_done is not None:
             layer_done(layer)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
+
+
+def with_qkv(views: dict[str, Any], flat: Any, m: ModelConfig) -> dict[str, Any]:
+    """views (name -> parameter-shaped view of the flat array `flat`) plus each layer's "h{l}.w_qkv": the (3, C, C)
+    view of its w_q, w_k, w_v, which lie one after another in the canonical order."""
+    offsets, C = memory.param_offsets(m), m.d_model
+    out = dict(views)
+    for layer in range(m.n_layer):
+        o = offsets[f"h{layer}.w_q"]
+        out[f"h{layer}.w_qkv"] = flat[o : o + 3 * C * C].reshape(3, C, C)
+    return out
 
 
 def _btc(x: Any, B: int, T: int) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, memory, model
+from microgpt import checkpoint, config, fp8, memory, model
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig, TrainConfig
 
@@ -55,13 +55,15 @@ class TrainState:
     plan: list[memory.Buf]
     arena: memory.Arena
     P: dict[str, Any]  # fp32 master weights, named views in the canonical order
-    P_compute: dict[str, Any]  # the weights the model reads: the compute-dtype copy, or P itself in fp32
-    G: dict[str, Any]  # gradients, same names and shapes
+    P_compute: dict[str, Any]  # the weights the model reads (model.with_qkv): the compute-dtype copy, or P itself in
+    # fp32; in fp8 the block linears' entries are Fp8Weights
+    G: dict[str, Any]  # gradients, same names and shapes (and each layer's "h{l}.w_qkv")
     p: Any  # flat views of the same four arrays: n_params long
     g: Any
     adam_m: Any
     adam_v: Any
     p_compute: Any  # flat compute copy, or None in fp32
+    w8: list[fp8.Fp8Weight]  # fp8: every block linear site's E4M3 copies, which the optimizer step refreshes
     scaler: LossScaler = field(default_factory=LossScaler)
     step: int = 0  # optimizer steps completed
 
@@ -83,6 +85,8 @@ class TrainState:
             self.K.copy_in(dst, src)
         if self.p_compute is not None:
             self.K.copy_in(self.p_compute, ck.weights)  # the compute copy follows the loaded masters
+        if self.w8:
+            self.K.cast_weights(self.w8)
         self.step = ck.step
         self.scaler.scale = float(side.get("loss_scale", self.scaler.scale))
         self.scaler.good_steps = int(side.get("loss_scale_good_steps", 0))
@@ -99,16 +103,18 @@ class TrainState:
 
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
-    plan = memory.check_fits(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t), t.precision, K.memory_bytes(),
-                             K.device)  # fmt: skip
+    plan = memory.check_fits(m, t, K.logits_rows(m, t.micro_batch), K.rows(m, t), K.memory_bytes(), K.device)
     arena = memory.Arena(plan, K)
     K = K.bind(arena)
-    has_compute = t.precision != "fp32"
+    compute = "compute_params" if memory.has_compute_copy(t) else "params"
+    p = arena.flat("params")
+    w8 = fp8_weights(m, arena, p) if t.precision == "fp8" else []
     S = TrainState(
         K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"),
-        P_compute=arena.role("compute_params") if has_compute else arena.role("params"), G=arena.role("grads"),
-        p=arena.flat("params"), g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
-        p_compute=arena.flat("compute_params") if has_compute else None,
+        P_compute={**model.with_qkv(arena.role(compute), arena.flat(compute), m), **{w.name: w for w in w8}},
+        G=model.with_qkv(arena.role("grads"), arena.flat("grads"), m),
+        p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
+        p_compute=arena.flat(compute) if compute != "params" else None, w8=w8,
         scaler=LossScaler.for_precision(t.precision),
     )  # fmt: skip
     host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
@@ -117,6 +123,22 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     K.copy_in(S.p, weights)
     if S.p_compute is not None:
         K.copy_in(S.p_compute, weights)
+    if S.w8:
+        K.cast_weights(S.w8)
     mask = np.concatenate([np.full(math.prod(s), len(s) == 2, np.uint8) for _, s in memory.param_shapes(m)])
     K.copy_in(arena["decay_mask"], mask)
     return S
+
+
+def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any) -> list[fp8.Fp8Weight]:
+    """Each block linear site's Fp8Weight: its fp32 masters as one (G, C, OC) view of the flat params `p`, its
+    planned E4M3 copies and scale slot (memory.fp8_rows), in layer then fp8.SITES order."""
+    offsets = memory.param_offsets(m)
+    out = []
+    for layer in range(m.n_layer):
+        for i, (site, (G, C, OC)) in enumerate(fp8.site_shapes(m.d_model).items()):
+            o = offsets[f"h{layer}.{fp8.SITES[site][0]}"]
+            name = f"h{layer}.{site}"
+            out.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
+                                     arena[name + ".w8t"], arena["fp8_wscales"][layer, i]))  # fmt: skip
+    return out

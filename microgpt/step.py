@@ -7,6 +7,7 @@ function is captured once as a CUDA graph and replayed (one launch per step from
     norm = ||g||                                                                 of the raw sum, two fixed passes
     AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
     and the compute copy of the weights refreshed, the grads zeroed              in the same pass
+    fp8: the block linears' E4M3 weight copies cast from the new masters          amax pass + cast pass per site
 
 The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
 folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
@@ -52,6 +53,8 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
     K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1, t.beta2,
                  t.eps, t.weight_decay, max_norm)  # fmt: skip
+    if S.w8:
+        K.cast_weights(S.w8)  # fp8: the block linears' E4M3 copies of the updated masters
 
 
 @dataclass

@@ -178,7 +178,7 @@ class Trainer:
     def start_record(self) -> dict[str, Any]:
         versions = {"python": platform.python_version(), "numpy": np.__version__, **self.K.versions}
         return {"event": "start", "run": self.exp.name, "config": self.exp.to_dict(), "n_params": self.S.n_params,
-                "memory": memory.role_bytes(self.S.plan, self.t.precision), "versions": versions,
+                "memory": memory.role_bytes(self.S.plan, self.t), "versions": versions,
                 "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world}  # fmt: skip
 
     def run(self) -> int:

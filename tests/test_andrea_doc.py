@@ -37,7 +37,7 @@ def test_doc_matches_the_experiment(name: str) -> None:
         rows = memory.gpu_logits_rows(m, t.micro_batch, itemsize)
     else:
         rows = memory.cpu_logits_rows(m, t.micro_batch)
-    plan = memory.format_plan(memory.plan(m, t, rows), t.precision)  # without the backend's own rows
+    plan = memory.format_plan(memory.plan(m, t, rows), t)  # without the backend's own rows
     assert plan in DOC, f"docs/ANDREA.md lacks the memory plan the engine prints for ANDREA-{name}:\n{plan}"
 
 

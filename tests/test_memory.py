@@ -17,7 +17,7 @@ def test_memory_plan_is_the_allocation(tmp_path) -> None:
     """Every buffer is a view into the one arena allocation, and the printed plan's total is its size."""
     tr = trainer.Trainer(config.from_dict(TINY), tmp_path)
     S = tr.S
-    assert sum(memory.role_bytes(S.plan, "fp32").values()) == S.arena.nbytes == S.arena.pool.nbytes
+    assert sum(memory.role_bytes(S.plan, S.t).values()) == S.arena.nbytes == S.arena.pool.nbytes
     pool = S.arena.pool
     lo, hi = pool.ctypes.data, pool.ctypes.data + pool.nbytes
     for (role, name), view in S.arena.views.items():
@@ -25,7 +25,7 @@ def test_memory_plan_is_the_allocation(tmp_path) -> None:
     spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
     assert S.p.size == memory.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
-    total = memory.format_plan(S.plan, "fp32").splitlines()[-1]
+    total = memory.format_plan(S.plan, S.t).splitlines()[-1]
     assert total.split()[1] == f"{S.arena.nbytes:,}"
 
 
@@ -43,9 +43,9 @@ def test_a_plan_that_does_not_fit_is_one_line(tmp_path) -> None:
 def test_layout_packs_parameter_roles_and_aligns_the_rest() -> None:
     """Parameter-shaped roles are contiguous in the canonical order (the flat array is the checkpoint's layout);
     every other view starts on ALIGN bytes; the arena is a whole number of ARENA_GRANULE."""
-    t = config.TrainConfig(micro_batch=3, n_micro=2, precision="bf16")
+    t = config.TrainConfig(micro_batch=3, n_micro=2, precision="bf16", backend="triton")
     bufs = memory.plan(M, t, 7)
-    sizes = memory.kind_sizes("bf16")
+    sizes = memory.kind_sizes(t)
     offsets, roles, total = memory.layout(bufs, sizes)
     for role in memory.PACKED:
         rows = [b for b in bufs if b.role == role]

@@ -1,6 +1,8 @@
 """Linear without bias, weights stored [in, out]: out(N,OC) = x(N,C) @ w(C,OC).
 
-Backward accumulates: dx += dout @ w.T ; dw += x.T @ dout. Nothing is saved beyond x (the caller keeps it).
+Backward: dx = dout @ w.T (written: its one writer) ; dw += x.T @ dout (accumulated over micro-batches). Nothing
+is saved beyond x (the caller keeps it). The attention's input projection is one linear of G = 3 weights
+(G,C,OC); an Fp8Weight (precision "fp8") runs the three GEMMs on E4M3 operands (fp8.py).
 
 Every GEMM of the engine (here, the MLP and the LM head) goes through `mm`, which runs either our Triton
 tile kernel or cuBLAS through torch.mm/addmm(out=...), whichever measured faster for that shape, dtypes and
@@ -14,42 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels import tuning
-
-
-@triton.jit
-def _gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
-               ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :].to(tl.int64) * sak
-    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * sbk + offs_n[None, :].to(tl.int64) * sbn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k < K) & (offs_n[None, :] < N), other=0.0)
-        b = b.to(a.dtype)  # mixed operands (fp32 logits with bf16 weights) meet at a's type
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 mode: no tf32 rounding
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BK * sak
-        b_ptrs += BK * sbk
-    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * scm + offs_n[None, :].to(tl.int64) * scn
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if ACC:
-        acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(tl.float32)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+from microgpt.fp8 import Fp8Weight
+from microgpt.kernels import fp8, tuning
+from microgpt.kernels.gemm import gemm_tile
 
 
 @triton.jit
@@ -57,22 +26,22 @@ def k_linear_fwd(c_ptr, a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
                  ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     # c (M,N) (+)= a (M,K) @ b (K,N); any strides
-    _gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
+    gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
                ACC, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
 
 
 @triton.jit
-def k_linear_bwd(dx_ptr, dw_ptr, dout_ptr, x_ptr, w_ptr, NR, C, OC, n_dx_tiles,
+def k_linear_bwd(dx_ptr, dw_ptr, dout_ptr, x_ptr, w_ptr, NR, C, OC, n_dx_tiles, DX_ACC: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    # dx (NR,C) += dout (NR,OC) @ w.T ; dw (C,OC) += x.T @ dout ; x (NR,C), w (C,OC), all row-major.
+    # dx (NR,C) (+)= dout (NR,OC) @ w.T ; dw (C,OC) += x.T @ dout ; x (NR,C), w (C,OC), all row-major.
     # One launch: the first n_dx_tiles programs own dx tiles, the rest own dw tiles (no atomics).
     pid = tl.program_id(0)
     if pid < n_dx_tiles:
-        _gemm_tile(dout_ptr, w_ptr, dx_ptr, NR, C, OC, OC, 1, 1, OC, C, 1, pid,
-                   True, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
+        gemm_tile(dout_ptr, w_ptr, dx_ptr, NR, C, OC, OC, 1, 1, OC, C, 1, pid,
+                  DX_ACC, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
     else:
-        _gemm_tile(x_ptr, dout_ptr, dw_ptr, C, OC, NR, 1, C, OC, 1, OC, 1, pid - n_dx_tiles,
+        gemm_tile(x_ptr, dout_ptr, dw_ptr, C, OC, NR, 1, C, OC, 1, OC, 1, pid - n_dx_tiles,
                    True, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
 
 
@@ -148,21 +117,36 @@ def gemm_choices() -> dict[str, str]:
     return dict(_chosen)
 
 
-def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """out (N,OC) = x (N,C) @ w (C,OC)."""
-    mm(out.view(-1, w.shape[1]), x.view(-1, w.shape[0]), w)
-
-
-def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """dx += dout @ w.T ; dw += x.T @ dout."""
-    C, OC = w.shape
-    dout2, x2 = dout.view(-1, OC), x.view(-1, C)
-    if tuning.INTERPRET or not dx.is_cuda:
-        cfg = _config(x.dtype)
-        NR = x2.shape[0]
-        n_dx = triton.cdiv(NR, cfg["BM"]) * triton.cdiv(C, cfg["BN"])
-        n_dw = triton.cdiv(C, cfg["BM"]) * triton.cdiv(OC, cfg["BN"])
-        k_linear_bwd[(n_dx + n_dw,)](dx, dw, dout2, x2, w, NR, C, OC, n_dx, IEEE=x.dtype == torch.float32, **cfg)
+def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Fp8Weight,
+                   q: fp8.Scratch | None = None) -> None:  # fmt: skip
+    """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC). An Fp8Weight: E4M3 (fp8.py)."""
+    if isinstance(w, Fp8Weight):
+        fp8.linear_forward(out, x, w, q)
         return
-    mm(dx.view(-1, C), dout2, w.t(), accumulate=True)
-    mm(dw, x2.t(), dout2, accumulate=True)
+    w3 = w if w.dim() == 3 else w.unsqueeze(0)
+    C, OC = w3.shape[1:]
+    out3, x2 = out.view(w3.shape[0], -1, OC), x.view(-1, C)
+    for g in range(w3.shape[0]):
+        mm(out3[g], x2, w3[g])
+
+
+def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor,
+                    w: torch.Tensor | Fp8Weight, q: fp8.Scratch | None = None) -> None:  # fmt: skip
+    """dx = dout @ w.T (written) ; dw += x.T @ dout. G weights: dx = sum_g dout[g] @ w[g].T ; dw[g] +=."""
+    if isinstance(w, Fp8Weight):
+        fp8.linear_backward(dx, dw, dout, x, w, q)
+        return
+    w3, dw3 = (w, dw) if w.dim() == 3 else (w.unsqueeze(0), dw.unsqueeze(0))
+    G, C, OC = w3.shape
+    dout3, x2, dx2 = dout.view(G, -1, OC), x.view(-1, C), dx.view(-1, C)
+    for g in range(G):
+        if tuning.INTERPRET or not dx.is_cuda:
+            cfg = _config(x.dtype)
+            NR = x2.shape[0]
+            n_dx = triton.cdiv(NR, cfg["BM"]) * triton.cdiv(C, cfg["BN"])
+            n_dw = triton.cdiv(C, cfg["BM"]) * triton.cdiv(OC, cfg["BN"])
+            k_linear_bwd[(n_dx + n_dw,)](dx2, dw3[g], dout3[g], x2, w3[g], NR, C, OC, n_dx, DX_ACC=g > 0,
+                                         IEEE=x.dtype == torch.float32, **cfg)  # fmt: skip
+            continue
+        mm(dx2, dout3[g], w3[g].t(), accumulate=g > 0)
+        mm(dw3[g], x2.t(), dout3[g], accumulate=True)

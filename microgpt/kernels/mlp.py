@@ -4,8 +4,9 @@ Saving h and recomputing a in backward costs one elementwise pass and saves an (
 Backward (all grads accumulate):
     dh = dout @ w2.T                       (GEMM into the dh scratch)
     a = gelu(h); dh *= gelu'(h)            (k_mlp_bwd: one pass over h and dh writes a and dh)
-    dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx += dh @ w1.T
-The GEMMs go through linear.mm (Triton or cuBLAS, chosen once per shape).
+    dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx = dh @ w1.T (written: its one writer)
+The GEMMs go through linear.mm (Triton or cuBLAS, chosen once per shape); with Fp8Weights (precision "fp8")
+through fp8.mm8 on E4M3 operands: x and a = gelu(h) cast as activations, dout and dh as gradients.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.fp8 import Fp8Weight
+from microgpt.kernels import fp8
 from microgpt.kernels.linear import mm
 
 BLOCK = 2048
@@ -48,12 +51,20 @@ def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
     tl.store(dh_ptr + offs, (da * dgelu).to(dh_ptr.dtype.element_ty), mask=mask)
 
 
-def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: torch.Tensor,
-                w2: torch.Tensor) -> None:  # fmt: skip
+def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: torch.Tensor | Fp8Weight,
+                w2: torch.Tensor | Fp8Weight, q: fp8.Scratch | None = None) -> None:  # fmt: skip
     C, H = w1.shape
-    h2, a2 = h.view(-1, H), a.view(-1, H)
-    mm(h2, x.view(-1, C), w1)
+    h2, a2, x2 = h.view(-1, H), a.view(-1, H), x.view(-1, C)
     n = h2.numel()
+    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
+        N, sx = x2.shape[0], q.scales[fp8.SLOT_X]
+        fp8.quantize(x2, sx, q.view(q.x8, N, C), None)
+        fp8.mm8(h2, q.view(q.x8, N, C), sx[1:], w1.w8t[0].t(), w1.scale[1:])
+        k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
+        fp8.quantize(a2, sx, q.view(q.x8, N, H), None)
+        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), sx[1:], w2.w8t[0].t(), w2.scale[1:])
+        return
+    mm(h2, x2, w1)
     k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
     mm(out.view(-1, C), a2, w2)
 
@@ -65,17 +76,43 @@ def mlp_backward(
     dout: torch.Tensor,
     x: torch.Tensor,
     h: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
+    w1: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
     a: torch.Tensor,
     dh: torch.Tensor,
+    q: fp8.Scratch | None = None,
 ) -> None:
     C, H = w1.shape
     h2, a2, dh2 = h.view(-1, H), a.view(-1, H), dh.view(-1, H)
     dout2, x2 = dout.view(-1, C), x.view(-1, C)
+    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
+        _mlp_backward_fp8(dx.view(-1, C), dw1, dw2, dout2, x2, h2, w1, w2, a2, dh2, q)
+        return
     mm(dh2, dout2, w2.t())
     n = h2.numel()
     k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, BLOCK=BLOCK)
     mm(dw2, a2.t(), dout2, accumulate=True)
     mm(dw1, x2.t(), dh2, accumulate=True)
-    mm(dx.view(-1, C), dh2, w1.t(), accumulate=True)
+    mm(dx.view(-1, C), dh2, w1.t())
+
+
+def _mlp_backward_fp8(dx: torch.Tensor, dw1: torch.Tensor, dw2: torch.Tensor, dout: torch.Tensor, x: torch.Tensor,
+                      h: torch.Tensor, w1: Fp8Weight, w2: Fp8Weight, a: torch.Tensor, dh: torch.Tensor,
+                      q: fp8.Scratch) -> None:  # fmt: skip
+    """mlp_backward's six GEMMs on E4M3 operands (2D views: x, dout, dx (N,C); h, a, dh (N,H))."""
+    (N, C), H = x.shape, h.shape[1]
+    sx, sg = q.scales[fp8.SLOT_X], q.scales[fp8.SLOT_DY]
+    g8, g8t = q.view(q.g8, N, C), q.view(q.g8t, C, N)
+    fp8.quantize(dout, sg, g8, g8t)
+    fp8.mm8(dh, g8, sg[1:], w2.w8.t(), w2.scale[1:])  # gradient reaching a
+    n = h.numel()
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a, dh, h, n, BLOCK=BLOCK)
+    a8t = q.view(q.x8t, H, N)
+    fp8.quantize(a, sx, None, a8t)
+    fp8.mm8(dw2, a8t, sx[1:], g8t.t(), sg[1:], accumulate=True, wgrad=q.wgrad)
+    dh8, dh8t = q.view(q.g8, N, H), q.view(q.g8t, H, N)
+    fp8.quantize(dh, sg, dh8, dh8t)
+    x8t = q.view(q.x8t, C, N)
+    fp8.quantize(x, sx, None, x8t)
+    fp8.mm8(dw1, x8t, sx[1:], dh8t.t(), sg[1:], accumulate=True, wgrad=q.wgrad)
+    fp8.mm8(dx, dh8, sg[1:], w1.w8.t(), w1.scale[1:])

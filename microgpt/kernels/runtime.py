@@ -18,10 +18,12 @@ import numpy as np
 import torch
 import triton
 
+from microgpt.config import ConfigError
 from microgpt.kernels import layernorm, linear, tuning
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8, "f8": torch.float8_e4m3fn}
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
 
 
 class Runtime:
@@ -29,8 +31,11 @@ class Runtime:
         if precision not in DTYPES:
             raise ValueError(f"precision {precision!r} is not supported by the triton backend (fp32, bf16, fp16)")
         self.cuda = torch.cuda.is_available() and not tuning.INTERPRET
+        if precision == "fp8":
+            self._check_fp8()
         if not self.cuda and not tuning.INTERPRET:
             raise RuntimeError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)")
+        self.fp8 = precision == "fp8"
         self.dtype = DTYPES[precision]
         self.dtypes = {**KIND_DTYPES, "compute": self.dtype}
         self.kind_bytes = {kind: dtype.itemsize for kind, dtype in self.dtypes.items()}
@@ -38,6 +43,19 @@ class Runtime:
         self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
         self.workspace_bytes = self._one_stream() if self.cuda else 0
+
+    def _check_fp8(self) -> None:
+        """fp8 needs FP8 tensor cores: a ConfigError naming train.precision where this machine has none."""
+        if tuning.INTERPRET:
+            return  # the interpreter runs the FP8 kernels on the CPU (CI)
+        if not self.cuda:
+            raise ConfigError("train.precision 'fp8' needs an NVIDIA GPU with FP8 tensor cores (compute capability "
+                              ">= 8.9) and this machine has no CUDA GPU; train.backend 'numpy' runs fp8's CPU "
+                              "reference")  # fmt: skip
+        cc = torch.cuda.get_device_capability()
+        if cc < FP8_CAPABILITY:
+            raise ConfigError(f"train.precision 'fp8' needs FP8 tensor cores (compute capability >= 8.9); "
+                              f"{torch.cuda.get_device_name()} is {cc[0]}.{cc[1]}: use bf16")  # fmt: skip
 
     def _one_stream(self) -> int:
         """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS
@@ -47,11 +65,15 @@ class Runtime:
         torch.cuda.set_stream(self.stream)
         a = torch.ones(64, 64, dtype=self.dtype, device=self.dev)
         out, acc = torch.empty_like(a), torch.zeros(64, 64, dtype=torch.float32, device=self.dev)
+        a8, one = a.to(torch.float8_e4m3fn), torch.ones(1, device=self.dev)  # fp8's GEMMs: cuBLASLt's workspace
         before = torch.cuda.memory_allocated()
         linear.cublas_mm(out, a, a.t(), False)
         linear.cublas_mm(out, a, a.t(), True)
         if self.dtype != torch.float32:
             linear.cublas_mm(acc, a.t(), a, True)  # low-precision operands into fp32 grads
+        if self.fp8:
+            torch._scaled_mm(a8, a8.t(), one, one, out_dtype=self.dtype, out=out)
+            torch._scaled_mm(a8, a8.t(), one, one, out_dtype=torch.float32, out=acc)
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() - before
 

@@ -16,13 +16,19 @@ Backward, with t = tanh(u):
     gelu'(h) = 0.5 (1 + t) + 0.5 h (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 h^2)
              = 0.5 (1 + t) [1 + (1 - t) h sqrt(2/pi) (1 + 3 * 0.044715 h^2)]    (factored: 1 - t^2 = (1-t)(1+t))
     dw1 += x.T @ dh
-    dx  += dh @ w1.T
+    dx   = dh @ w1.T                         (written: this backward is dx's only writer)
+
+With Fp8Weights (precision "fp8") the six GEMMs run on E4M3 operands (microgpt/fp8.py, ops/fp8.py): a = gelu(h)
+is cast as the second GEMM's input, dout and dh as output gradients.
 """
 
 import math
 
 import numpy as np
 from numpy.typing import NDArray
+
+from microgpt.fp8 import Fp8Weight
+from microgpt.ops import fp8
 
 GELU_K = math.sqrt(2.0 / math.pi)
 GELU_C = 0.044715
@@ -63,8 +69,14 @@ def _gelu_backward(dh: NDArray, h: NDArray, t: NDArray) -> None:
     dh *= inner
 
 
-def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w2: NDArray) -> None:
+def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray | Fp8Weight,
+                w2: NDArray | Fp8Weight) -> None:  # fmt: skip
     """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch."""
+    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
+        h[...] = fp8.mm8(*fp8.quantize(x), w1.w8t[0].T, w1.scale[1])
+        _gelu(a, h)
+        out[...] = fp8.mm8(*fp8.quantize(a), w2.w8t[0].T, w2.scale[1])
+        return
     np.matmul(x, w1, out=h)
     _gelu(a, h)
     np.matmul(a, w2, out=out)
@@ -82,10 +94,21 @@ def mlp_backward(
     a: NDArray,
     dh: NDArray,
 ) -> None:
-    """dx (N,C), dw1 (C,4C), dw2 (4C,C) += gradients of the MLP; a and dh (N,4C) are scratch."""
+    """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; a and dh (N,4C) are scratch."""
     _gelu(a, h)  # recomputed, see the module docstring
+    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
+        dy8, idy = fp8.quantize(dout)
+        a8, ia = fp8.quantize(a)
+        dw2 += fp8.mm8(a8.T, ia, dy8, idy)
+        dh[...] = fp8.mm8(dy8, idy, w2.w8.T, w2.scale[1])
+        _gelu_backward(dh, h, a)
+        dh8, idh = fp8.quantize(dh)
+        x8, ix = fp8.quantize(x)
+        dw1 += fp8.mm8(x8.T, ix, dh8, idh)
+        dx[...] = fp8.mm8(dh8, idh, w1.w8.T, w1.scale[1])
+        return
     dw2 += a.T @ dout
     np.matmul(dout, w2.T, out=dh)  # gradient reaching a
     _gelu_backward(dh, h, a)  # a is free again once dw2 is done
     dw1 += x.T @ dh
-    dx += dh @ w1.T
+    np.matmul(dh, w1.T, out=dx)

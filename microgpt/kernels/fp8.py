@@ -1,0 +1,204 @@
+"""FP8 E4M3 on the GPU: the casts (Triton) and the scaled GEMMs (cuBLASLt through torch._scaled_mm) of precision
+"fp8". microgpt/fp8.py gives the format and the scale rule; microgpt/ops/fp8.py is the NumPy reference, which
+this module matches bit for bit in every cast.
+
+A cast is three launches: zero the slot's amax, k_amax (max |x| into the slot by atomic max), k_cast (the scale
+from the amax, then each element rounded to E4M3, written in the row layout a GEMM's left operand needs and/or
+transposed, as its right operand needs). The rounding is done on the fp32 bits (round to nearest even, as the
+hardware's cvt.rn and ml_dtypes do), so the Triton interpreter, which CI runs, computes the very bytes the GPU
+does.
+
+GEMMs: cuBLASLt's FP8 GEMM wants the left operand row-major and the right one column-major, so every operand is
+cast into the layout its GEMM reads:
+
+    forward        out (N,OC)  = x8 (N,C)   @ w8t[g].T        x rows, weight transposed (optimizer's copy)
+    input grad     dx  (N,C)   = dy8 (N,G*OC) @ w8.T          dout rows, weight rows (optimizer's copy)
+    weight grad    dw  (C,OC) += x8t (C,N)  @ dy8t[g].T       both transposed (the cast writes them)
+
+The weight gradient accumulates into fp32 (+=, over micro-batches): cuBLASLt writes its fp32 product into the
+planned `fp8_wgrad` buffer and one add folds it in. Under TRITON_INTERPRET=1 (CI) and off CUDA the GEMMs run our
+Triton tile kernel (gemm.gemm_tile with the two inverse scales applied to its fp32 sum), accumulating in place.
+
+The scratch (`Scratch`, planned by `scratch_rows`): four E4M3 operand buffers of N*4C bytes (activation rows and
+transposed, gradient rows and transposed), the [amax, 2^-k] slots of the activation and gradient operands, and
+the fp32 weight-gradient product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from microgpt.fp8 import Fp8Weight
+from microgpt.kernels import tuning
+from microgpt.kernels.gemm import k_mm_scaled
+from microgpt.memory import Buf
+
+AMAX_BLOCK = 4096
+SLOT_X, SLOT_DY = 0, 1  # the scale slots of the activation operand and of the gradient operand
+SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
+
+
+@triton.jit
+def _scale(amax):
+    """(2^k, 2^-k) for a tensor's amax: k the largest integer with amax * 2^k <= 448 = 1.75 * 2^8, in [-126, 126];
+    0 for amax 0 or non-finite. From the fp32 bits: amax = 1.m * 2^E gives k = 8 - E when 1.m <= 1.75, else 7 - E."""
+    u = amax.to(tl.int32, bitcast=True)
+    biased = (u >> 23) & 0xFF
+    k = tl.where((u & 0x7FFFFF) <= 0x600000, 135 - biased, 134 - biased)
+    k = tl.minimum(tl.maximum(k, -126), 126)
+    k = tl.where((amax == 0.0) | (biased == 0xFF), 0, k)
+    return ((k + 127) << 23).to(tl.float32, bitcast=True), ((127 - k) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(y):
+    """The E4M3 (fn) byte of each fp32 y, |y| <= 448: round to nearest even; inf and NaN give NaN (0x7F)."""
+    u = y.to(tl.int32, bitcast=True)
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    # normal results (|y| >= 2^-6): keep 3 mantissa bits (a carry moves into the exponent), rebias 127 -> 7
+    normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+    # subnormal results: multiples of 2^-9, rounded to an integer by the fp32 adder (ties to even)
+    scaled = tl.abs(y) * 512.0
+    sub = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)
+    q = tl.where(a >= (121 << 23), normal, sub)
+    q = tl.where(a >= 0x7F800000, 0x7F, q)
+    return (q | sign).to(tl.uint8)
+
+
+@triton.jit
+def k_amax(x_ptr, slot_ptr, n, BLOCK: tl.constexpr):
+    # slot[0] = max(slot[0], max |x|) over this program's block of the flat x
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.atomic_max(slot_ptr, tl.max(tl.abs(x), axis=0))
+
+
+@triton.jit
+def k_cast(x_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc,
+           ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):  # fmt: skip
+    # x (G, R, Cc), any strides -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R): t[g, c, r]; slot[1] = 2^-k
+    pid_r, pid_c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    s, inv = _scale(tl.load(slot_ptr))
+    if (pid_r == 0) & (pid_c == 0) & (g == 0):
+        tl.store(slot_ptr + 1, inv)
+    r = pid_r * BR + tl.arange(0, BR)
+    c = pid_c * BC + tl.arange(0, BC)
+    mask = (r[:, None] < R) & (c[None, :] < Cc)
+    g64, r64, c64 = g.to(tl.int64), r.to(tl.int64), c.to(tl.int64)
+    x = tl.load(x_ptr + g64 * sg + r64[:, None] * sr + c64[None, :] * sc, mask=mask, other=0.0).to(tl.float32)
+    q = _e4m3_bits(x * s)
+    G = tl.num_programs(2)
+    if ROWS:
+        tl.store(rows_ptr + r64[:, None] * (G * Cc) + g64 * Cc + c64[None, :], q, mask=mask)
+    if TRANS:
+        tl.store(t_ptr + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
+
+
+def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None) -> None:
+    """x (R, Cc) or (G, R, Cc), contiguous -> E4M3 into rows (R, G*Cc) and/or trans (G, Cc, R) (either may be
+    None), with slot (2,) = [amax, 2^-k]."""
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    G, R, Cc = x3.shape
+    slot[0].zero_()
+    n = x3.numel()
+    k_amax[(triton.cdiv(n, AMAX_BLOCK),)](x3, slot, n, BLOCK=AMAX_BLOCK)
+    BR, BC = (32, 32) if tuning.INTERPRET else (64, 64)
+    dummy = rows if rows is not None else trans
+    k_cast[(triton.cdiv(R, BR), triton.cdiv(Cc, BC), G)](
+        x3, _bytes(rows if rows is not None else dummy), _bytes(trans if trans is not None else dummy), slot,
+        R, Cc, *x3.stride(), ROWS=rows is not None, TRANS=trans is not None, BR=BR, BC=BC)  # fmt: skip
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+        accumulate: bool = False, wgrad: torch.Tensor | None = None) -> None:  # fmt: skip
+    """out (M,N) (+)= (a (M,K) @ b (K,N)) * ia * ib: E4M3 a (row-major) and b (column-major), fp32 sums; ia, ib
+    the (1,) inverse scales. Accumulating on cuBLASLt goes through `wgrad` (fp32, at least M*N)."""
+    if tuning.INTERPRET or not out.is_cuda:
+        M, K = a.shape
+        N = b.shape[1]
+        cfg = dict(BM=32, BN=32, BK=32, GROUP_M=4)
+        grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+        k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(),
+                                 ACC=accumulate, **cfg)  # fmt: skip
+        return
+    if not accumulate:
+        torch._scaled_mm(a, b, ia, ib, out_dtype=out.dtype, out=out)
+        return
+    tmp = wgrad[: out.numel()].view(out.shape)
+    torch._scaled_mm(a, b, ia, ib, out_dtype=torch.float32, out=tmp)
+    out.add_(tmp)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """The planned scratch of the FP8 linears (the rows of `scratch_rows`)."""
+
+    x8: torch.Tensor  # activation operand, row layout (flat, N*4C)
+    x8t: torch.Tensor  # activation operand, transposed
+    g8: torch.Tensor  # gradient operand, row layout
+    g8t: torch.Tensor  # gradient operand, transposed
+    scales: torch.Tensor  # (2, 2): [amax, 2^-k] of SLOT_X and SLOT_DY
+    wgrad: torch.Tensor  # fp32 (C*4C,): cuBLASLt's weight-gradient product before the +=
+
+    @classmethod
+    def of(cls, arena: Any) -> Scratch:
+        return cls(*(arena[name] for name in ("fp8_x", "fp8_xt", "fp8_g", "fp8_gt", "fp8_scales", "fp8_wgrad")))
+
+    @staticmethod
+    def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        return flat[:n].view(shape)
+
+
+def scratch_rows(N: int, C: int) -> list[Buf]:
+    """The triton backend's fp8 rows of the plan for N tokens a micro-batch and width C."""
+    return [Buf("fp8_x", (N * 4 * C,), "kernel", "f8"), Buf("fp8_xt", (N * 4 * C,), "kernel", "f8"),
+            Buf("fp8_g", (N * 4 * C,), "kernel", "f8"), Buf("fp8_gt", (N * 4 * C,), "kernel", "f8"),
+            Buf("fp8_scales", (2, 2), "kernel", "f32"), Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]  # fmt: skip
+
+
+# --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------
+def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch) -> None:
+    """out (N,OC) = x @ w, or out (G,N,OC) = x @ w[g]."""
+    G, C, OC = w.master.shape
+    x2 = x.view(-1, C)
+    N = x2.shape[0]
+    x8, sx = q.view(q.x8, N, C), q.scales[SLOT_X]
+    quantize(x2, sx, x8, None)
+    out3 = out.view(G, N, OC)
+    for g in range(G):
+        mm8(out3[g], x8, sx[1:], w.w8t[g].t(), w.scale[1:])
+
+
+def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: Fp8Weight,
+                    q: Scratch) -> None:  # fmt: skip
+    """dx = sum_g dout[g] @ w[g].T (one GEMM over K = G*OC) ; dw[g] += x.T @ dout[g]."""
+    G, C, OC = w.master.shape
+    x2 = x.view(-1, C)
+    N = x2.shape[0]
+    g8, g8t, sg = q.view(q.g8, N, G * OC), q.view(q.g8t, G, OC, N), q.scales[SLOT_DY]
+    quantize(dout.view(G, N, OC), sg, g8, g8t)
+    mm8(dx.view(N, C), g8, sg[1:], w.w8.t(), w.scale[1:])
+    x8t, sx = q.view(q.x8t, C, N), q.scales[SLOT_X]
+    quantize(x2, sx, None, x8t)
+    dw3 = dw.view(G, C, OC)
+    for g in range(G):
+        mm8(dw3[g], x8t, sx[1:], g8t[g].t(), sg[1:], accumulate=True, wgrad=q.wgrad)
+
+
+def cast_weights(weights: list[Fp8Weight]) -> None:
+    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3; scale = [amax, 2^-k]."""
+    for w in weights:
+        quantize(w.master, w.scale, w.w8, w.w8t)
