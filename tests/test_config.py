@@ -42,7 +42,7 @@ def test_family_sizes() -> None:
         ({"train": {"lr": "fast"}}, "field 'lr' must be float"),
         ({"train": {"backend": "cuda"}}, "train.backend must be one of"),
         ({"train": {"precision": "bf16"}}, "needs train.backend 'triton'"),
-        ({"train": {"precision": "fp8"}}, "train.precision must be one of fp32, bf16, fp16"),
+        ({"train": {"precision": "fp4"}}, "train.precision must be one of fp32, bf16, fp16, fp8"),
         ({"train": {"beta2": 1.0}}, "train.beta1 and train.beta2"),
         ({"model": {"vocab_size": 70000}}, "uint16"),
         ({"model": []}, "model: must be a JSON object"),

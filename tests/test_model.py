@@ -49,6 +49,8 @@ def engine_state(dtype: type, seed: int):
     model.init_params(P, M, rng)
     for p in P.values():
         p += rng.normal(0, 0.1, size=p.shape)
+    # the model reads the attention's input projection as one (3, C, C) weight
+    P, G = model.with_qkv(P, arena.flat("params"), M), model.with_qkv(G, arena.flat("grads"), M)
     arena["tokens"][0] = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets[0, :3] = -1  # ignored positions (loss masks) take part too
@@ -65,24 +67,25 @@ def check_close(name: str, got: np.ndarray, want: np.ndarray, tol: float) -> Non
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 1e-4)])
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
     K, A, P, G = engine_state(dtype, seed=0)
-    for g in G.values():  # gradients accumulate: start from noise and subtract it afterwards
-        g[...] = np.random.default_rng(1).normal(size=g.shape)
-    noise = {n: g.copy() for n, g in G.items()}
+    names = [name for name, _ in memory.param_shapes(M)]
+    for name in names:  # gradients accumulate: start from noise and subtract it afterwards
+        G[name][...] = np.random.default_rng(1).normal(size=G[name].shape)
+    noise = {n: G[n].copy() for n in names}
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets)  # evaluation: losses only, no gradient touched
     eval_losses = A["losses"].copy()
-    for name, g in G.items():
-        np.testing.assert_array_equal(g, noise[name], err_msg=f"evaluation forward wrote into grad {name}")
+    for name in names:
+        np.testing.assert_array_equal(G[name], noise[name], err_msg=f"evaluation forward wrote into grad {name}")
     model.gpt_forward(K, M, P, A, tokens, targets, G)  # training: the loss head's backward runs here
     np.testing.assert_array_equal(A["losses"], eval_losses)
     K.loss_sum(A["loss_sum"], A["losses"], targets.reshape(-1))
     total, count = A["loss_sum"]
     model.gpt_backward(K, M, P, G, A, tokens)
 
-    TP = {n: torch.tensor(p, dtype=torch.float64, requires_grad=True) for n, p in P.items()}
+    TP = {n: torch.tensor(P[n], dtype=torch.float64, requires_grad=True) for n in names}
     loss = torch_twin_loss(TP, M, torch.tensor(tokens, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
     loss.backward()
     check_close("loss", np.array(total / count), loss.detach().numpy(), tol)
-    assert len(G) == 4 + 10 * M.n_layer
-    for name, g in G.items():
-        check_close(f"grad {name}", g - noise[name], TP[name].grad.numpy(), tol)
+    assert len(names) == 4 + 10 * M.n_layer
+    for name in names:
+        check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
