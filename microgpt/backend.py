@@ -151,7 +151,10 @@ def triton_backend(precision: str) -> Backend:
         from microgpt.kernels import fp8
 
         def fp8_rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
-            return fp8.scratch_rows(t.micro_batch * m.seq_len, m.d_model)
+            return [
+                Buf(name, shape, "kernel", kind)
+                for name, shape, kind in fp8.scratch_rows(t.micro_batch * m.seq_len, m.d_model)
+            ]
 
         fp8_args = tuple((fn, "q", fp8.Scratch.of) for fn in fp8.SCRATCH_TAKERS)
     else:
@@ -178,11 +181,9 @@ def get_backend(name: str, precision: str) -> Backend:
     if name == "triton":
         try:
             return triton_backend(precision)
-        except ConfigError:
-            raise
         except ImportError as e:
             raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip
-        except (RuntimeError, ValueError) as e:
-            raise ConfigError(f"train.backend 'triton': {e}") from None
+        except (RuntimeError, ValueError) as e:  # the runtime's own message names a field where it is one's
+            raise ConfigError(str(e) if str(e).startswith("train.") else f"train.backend 'triton': {e}") from None
     raise ConfigError(f"train.backend: unknown backend {name!r}")

@@ -18,11 +18,11 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
                                     carved from the arena
 
 Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32 on the NumPy
-backend, bf16/fp16 on the GPU, bf16 in fp8 runs), "i32", "u8", "f8" (E4M3). The Arena makes ONE allocation for every role but "runtime" and
-carves each buffer out of it as a view: each (role, kind) group is contiguous and 256-byte aligned, so a flat
-grads array makes the gradient norm and AdamW one call each, and the parameter-shaped groups are exactly the
-checkpoint's layout. Nothing is allocated during training, and the plan printed before the first step is the
-memory used.
+backend, bf16/fp16 on the GPU, bf16 in fp8 runs), "i32", "u8", "f8" (E4M3). The Arena makes ONE allocation for
+every role but "runtime" and carves each buffer out of it as a view: each (role, kind) group is contiguous and
+256-byte aligned, so a flat grads array makes the gradient norm and AdamW one call each, and the parameter-shaped
+groups are exactly the checkpoint's layout. Nothing is allocated during training, and the plan printed before the
+first step is the memory used.
 
 Shapes: B micro-batch, T seq_len, C d_model, L n_layer, NH n_head, V vocab_size, N = B*T, U n_micro.
 """
@@ -43,9 +43,9 @@ ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch 
 ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "acts", "scratch", "inputs",
          "kernel", "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
-LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step", "acts": "saved activations",
-          "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v", "inputs": "step inputs",
-          "kernel": "kernel scratch", "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
+LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step",
+          "acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v",
+          "inputs": "step inputs", "kernel": "kernel scratch", "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # on the GPU; the NumPy backend computes in fp32
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)

@@ -79,7 +79,9 @@ def test_fp8_without_fp8_tensor_cores_is_one_line_naming_the_field(tmp_path: Pat
     """The triton backend on a machine without CUDA (and without the interpreter): exit 2, one line naming
     train.precision, nothing written."""
     exp = write_experiment(tmp_path, train={"precision": "fp8", "backend": "triton"})
-    res = cli("train", str(exp), "--out", str(tmp_path / "run"), env={"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "0"})
+    res = cli(
+        "train", str(exp), "--out", str(tmp_path / "run"), env={"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "0"}
+    )
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert "train.precision 'fp8'" in lines[0] and "compute capability" in lines[0], lines[0]

@@ -36,7 +36,6 @@ import triton.language as tl
 from microgpt.fp8 import Fp8Weight
 from microgpt.kernels import tuning
 from microgpt.kernels.gemm import k_mm_scaled
-from microgpt.memory import Buf
 
 AMAX_BLOCK = 4096
 SLOT_X, SLOT_DY = 0, 1  # the scale slots of the activation operand and of the gradient operand
@@ -162,11 +161,11 @@ class Scratch:
         return flat[:n].view(shape)
 
 
-def scratch_rows(N: int, C: int) -> list[Buf]:
-    """The triton backend's fp8 rows of the plan for N tokens a micro-batch and width C."""
-    return [Buf("fp8_x", (N * 4 * C,), "kernel", "f8"), Buf("fp8_xt", (N * 4 * C,), "kernel", "f8"),
-            Buf("fp8_g", (N * 4 * C,), "kernel", "f8"), Buf("fp8_gt", (N * 4 * C,), "kernel", "f8"),
-            Buf("fp8_scales", (2, 2), "kernel", "f32"), Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]  # fmt: skip
+def scratch_rows(N: int, C: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """The triton backend's fp8 scratch for N tokens a micro-batch and width C: (buffer, shape, kind) rows of the
+    plan's "kernel" role."""
+    ops = [(name, (N * 4 * C,), "f8") for name in ("fp8_x", "fp8_xt", "fp8_g", "fp8_gt")]
+    return ops + [("fp8_scales", (2, 2), "f32"), ("fp8_wgrad", (4 * C * C,), "f32")]
 
 
 # --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------

@@ -7,7 +7,8 @@ import triton.language as tl
 @triton.jit
 def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
                ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               GROUP_M: tl.constexpr, IEEE: tl.constexpr, sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
+               GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+               sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
     """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse. SCALED (fp8):
     c (+)= (a @ b) * sa * sb, the inverse scales read from sa_ptr, sb_ptr."""
     num_m = tl.cdiv(M, BM)

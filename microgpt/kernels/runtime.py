@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import triton
 
-from microgpt.config import ConfigError
 from microgpt.kernels import layernorm, linear, tuning
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -45,16 +44,16 @@ class Runtime:
         self.workspace_bytes = self._one_stream() if self.cuda else 0
 
     def _check_fp8(self) -> None:
-        """fp8 needs FP8 tensor cores: a ConfigError naming train.precision where this machine has none."""
+        """fp8 needs FP8 tensor cores: a ValueError naming train.precision where this machine has none."""
         if tuning.INTERPRET:
             return  # the interpreter runs the FP8 kernels on the CPU (CI)
         if not self.cuda:
-            raise ConfigError("train.precision 'fp8' needs an NVIDIA GPU with FP8 tensor cores (compute capability "
+            raise ValueError("train.precision 'fp8' needs an NVIDIA GPU with FP8 tensor cores (compute capability "
                               ">= 8.9) and this machine has no CUDA GPU; train.backend 'numpy' runs fp8's CPU "
                               "reference")  # fmt: skip
         cc = torch.cuda.get_device_capability()
         if cc < FP8_CAPABILITY:
-            raise ConfigError(f"train.precision 'fp8' needs FP8 tensor cores (compute capability >= 8.9); "
+            raise ValueError(f"train.precision 'fp8' needs FP8 tensor cores (compute capability >= 8.9); "
                               f"{torch.cuda.get_device_name()} is {cc[0]}.{cc[1]}: use bf16")  # fmt: skip
 
     def _one_stream(self) -> int:

@@ -73,9 +73,8 @@ def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int) -> tuple[Fp8
 
 
 def scratch(N: int, C: int) -> k8.Scratch:
-    rows = {b.name: b for b in k8.scratch_rows(N, C)}
     dt = {"f8": F8, "f32": torch.float32}
-    return k8.Scratch.of({n: torch.zeros(b.shape, dtype=dt[b.kind], device=DEVICE) for n, b in rows.items()})
+    return k8.Scratch.of({n: torch.zeros(s, dtype=dt[k], device=DEVICE) for n, s, k in k8.scratch_rows(N, C)})
 
 
 def rounded(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
@@ -89,13 +88,16 @@ def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype) -> None:
     N, C, OC = 64, 32, (48 if G == 1 else 32)  # the scratch holds N x 4C: the QKV site is G x C wide
     nw, tw = weights_pair(rng, G, C, OC)
     shape = (N, OC) if G == 1 else (G, N, OC)
-    x, dout = rounded(rng.standard_normal((N, C)).astype(np.float32), dtype), rounded(
-        rng.standard_normal(shape).astype(np.float32) * 0.1, dtype
+    x, dout = (
+        rounded(rng.standard_normal((N, C)).astype(np.float32), dtype),
+        rounded(rng.standard_normal(shape).astype(np.float32) * 0.1, dtype),
     )
     q = scratch(N, C)
-    out_n, dx_n, dw_n = np.zeros(shape, np.float32), np.zeros((N, C), np.float32), np.ones(tw.master.shape)[
-        0 if G == 1 else slice(None)
-    ].astype(np.float32)
+    out_n, dx_n, dw_n = (
+        np.zeros(shape, np.float32),
+        np.zeros((N, C), np.float32),
+        np.ones(tw.master.shape)[0 if G == 1 else slice(None)].astype(np.float32),
+    )
     rlinear.linear_forward(out_n, x, nw)
     rlinear.linear_backward(dx_n, dw_n, dout, x, nw)
     out_t = torch.zeros(shape, dtype=dtype, device=DEVICE)
