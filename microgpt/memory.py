@@ -45,7 +45,8 @@ ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights",
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
 LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step",
           "acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v",
-          "inputs": "step inputs", "kernel": "kernel scratch", "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
+          "inputs": "step inputs", "kernel": "kernel scratch", "rounding": "allocator rounding",
+          "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # on the GPU; the NumPy backend computes in fp32
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
