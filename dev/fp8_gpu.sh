@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# precision "fp8" on the GPU machine, stages by argument (results under $OUT):
+#   dev/fp8_gpu.sh tests quick profile suite
+#   tests:   the fp8 kernel and step tests on the device (tests/kernels/test_fp8.py, test_gpu.py -k fp8)
+#   quick:   bench.py, microgpt bf16 and fp8 at micro-batch 32 and 8 (MBS), one JSON line each
+#   profile: where an fp8 step's time goes (dev/profile_step.py 32 fp8)
+#   suite:   the kernel, op and model tests (every precision: the linear and MLP backward changed for all)
+# Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
+set -u
+export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt"
+OUT=${OUT:-/tmp/fp8_out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+log() { echo "=== $* ($(date +%T))"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+for s in ${*:-tests quick profile suite}; do
+  log "$s"
+  case $s in
+    tests) timeout 240 python3 -m pytest -q -m "gpu or not gpu" tests/kernels/test_fp8.py tests/kernels/test_gpu.py \
+             -k fp8 -p no:cacheprovider 2>&1 | tee "$OUT/fp8-tests.txt" | tail -40 | cut -c1-400 ;;
+    quick) for mb in ${MBS:-32 8}; do for p in ${PRECISIONS:-bf16 fp8}; do
+             timeout 150 python3 bench/bench.py --impl microgpt --mb $mb --precision $p --steps ${STEPS:-20} \
+               --warmup 5 2>"$OUT/quick-$p-$mb.err" | tee -a "$OUT/quick.jsonl" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line); g = r.pop("gemm", {})
+    print({k: r[k] for k in ("impl", "mb", "precision", "tokens_per_s", "step_ms", "mfu", "loss_first", "loss_last",
+                             "first_vs_plan", "steady_vs_plan")})'
+             tail -3 "$OUT/quick-$p-$mb.err" | cut -c1-600; done; done ;;
+    profile) timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-32} fp8 2>&1 | tee "$OUT/profile-fp8.txt" \
+               | head -${PROFILE_LINES:-45} | cut -c1-200 ;;
+    suite) timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" tests/kernels tests/ops \
+             tests/test_model.py -p no:cacheprovider 2>&1 | tee "$OUT/suite.txt" | tail -25 | cut -c1-400 ;;
+    *) echo "unknown stage $s (tests quick profile suite)" ;;
+  esac
+done
+log done
