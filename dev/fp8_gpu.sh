@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # precision "fp8" on the GPU machine, stages by argument (results under $OUT):
-#   dev/fp8_gpu.sh tests quick profile suite
+#   dev/fp8_gpu.sh probe tests quick profile suite
+#   probe:   which alignments of the inverse scale's address cuBLASLt's FP8 GEMM takes
 #   tests:   the fp8 kernel and step tests on the device (tests/kernels/test_fp8.py, test_gpu.py -k fp8)
 #   quick:   bench.py, microgpt bf16 and fp8 at micro-batch 32 and 8 (MBS), one JSON line each
 #   profile: where an fp8 step's time goes (dev/profile_step.py 32 fp8)
@@ -21,6 +22,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,no
 for s in ${*:-tests quick profile suite}; do
   log "$s"
   case $s in
+    probe) python3 -c '
+import torch
+a = torch.randn(256, 256, device="cuda").to(torch.float8_e4m3fn)
+out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+buf = torch.ones(16, device="cuda")
+for off in (0, 1, 2, 4):
+    try:
+        torch._scaled_mm(a, a.t(), buf[off:off + 1], buf[off:off + 1], out_dtype=torch.bfloat16, out=out)
+        torch.cuda.synchronize(); print("scale at byte", 4 * off, "ok")
+    except RuntimeError as e:
+        print("scale at byte", 4 * off, "fails:", str(e)[:120])' ;;
     tests) timeout 240 python3 -m pytest -q -m "gpu or not gpu" tests/kernels/test_fp8.py tests/kernels/test_gpu.py \
              -k fp8 -p no:cacheprovider 2>&1 | tee "$OUT/fp8-tests.txt" | tail -40 | cut -c1-400 ;;
     quick) for mb in ${MBS:-32 8}; do for p in ${PRECISIONS:-bf16 fp8}; do

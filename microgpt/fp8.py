@@ -32,6 +32,8 @@ from typing import Any
 
 E4M3_MAX = 448.0
 K_MIN, K_MAX = -126, 126  # the scale exponent's range: 2^k and 2^-k stay normal fp32 numbers
+SLOT = 4  # fp32 words of a scale slot, [2^-k, amax, 0, 0]: 16 bytes, as cuBLASLt reads the inverse scale from an
+# address aligned to 16 bytes (its first word)
 # each block's GEMM sites, by the model's name for the weight (model.py), and the parameters each one holds
 SITES = {"w_qkv": ("w_q", "w_k", "w_v"), "w_o": ("w_o",), "w_1": ("w_1",), "w_2": ("w_2",)}
 
@@ -54,7 +56,7 @@ class Fp8Weight:
     """One site's weights as the FP8 GEMMs read them. name: the model's ("h3.w_qkv"); master: the fp32
     (G, C_in, C_out) view of the parameters;
     w8: (C_in, G*C_out), row c holding row c of each of the G weights (the input gradient's operand);
-    w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: (2,) fp32 [amax, 2^-k]."""
+    w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: a SLOT."""
 
     name: str
     master: Any

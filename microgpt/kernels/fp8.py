@@ -20,8 +20,8 @@ planned `fp8_wgrad` buffer and one add folds it in. Under TRITON_INTERPRET=1 (CI
 Triton tile kernel (gemm.gemm_tile with the two inverse scales applied to its fp32 sum), accumulating in place.
 
 The scratch (`Scratch`, planned by `scratch_rows`): four E4M3 operand buffers of N*4C bytes (activation rows and
-transposed, gradient rows and transposed), the [amax, 2^-k] slots of the activation and gradient operands, and
-the fp32 weight-gradient product.
+transposed, gradient rows and transposed), the scale slots ([2^-k, amax, 0, 0]) of the activation and gradient
+operands, and the fp32 weight-gradient product.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import Fp8Weight
+from microgpt.fp8 import SLOT, Fp8Weight
 from microgpt.kernels import tuning
 from microgpt.kernels.gemm import k_mm_scaled
 
@@ -72,20 +72,20 @@ def _e4m3_bits(y):
 
 @triton.jit
 def k_amax(x_ptr, slot_ptr, n, BLOCK: tl.constexpr):
-    # slot[0] = max(slot[0], max |x|) over this program's block of the flat x
+    # slot[1] = max(slot[1], max |x|) over this program's block of the flat x
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.atomic_max(slot_ptr, tl.max(tl.abs(x), axis=0))
+    tl.atomic_max(slot_ptr + 1, tl.max(tl.abs(x), axis=0))
 
 
 @triton.jit
 def k_cast(x_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc,
            ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):  # fmt: skip
-    # x (G, R, Cc), any strides -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R): t[g, c, r]; slot[1] = 2^-k
+    # x (G, R, Cc), any strides -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R): t[g, c, r]; slot[0] = 2^-k
     pid_r, pid_c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    s, inv = _scale(tl.load(slot_ptr))
+    s, inv = _scale(tl.load(slot_ptr + 1))
     if (pid_r == 0) & (pid_c == 0) & (g == 0):
-        tl.store(slot_ptr + 1, inv)
+        tl.store(slot_ptr, inv)
     r = pid_r * BR + tl.arange(0, BR)
     c = pid_c * BC + tl.arange(0, BC)
     mask = (r[:, None] < R) & (c[None, :] < Cc)
@@ -101,10 +101,10 @@ def k_cast(x_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc,
 
 def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None) -> None:
     """x (R, Cc) or (G, R, Cc), contiguous -> E4M3 into rows (R, G*Cc) and/or trans (G, Cc, R) (either may be
-    None), with slot (2,) = [amax, 2^-k]."""
+    None), with slot (fp8.SLOT,) = [2^-k, amax, 0, 0]."""
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     G, R, Cc = x3.shape
-    slot[0].zero_()
+    slot[1].zero_()
     n = x3.numel()
     k_amax[(triton.cdiv(n, AMAX_BLOCK),)](x3, slot, n, BLOCK=AMAX_BLOCK)
     BR, BC = (32, 32) if tuning.INTERPRET else (64, 64)
@@ -146,7 +146,7 @@ class Scratch:
     x8t: torch.Tensor  # activation operand, transposed
     g8: torch.Tensor  # gradient operand, row layout
     g8t: torch.Tensor  # gradient operand, transposed
-    scales: torch.Tensor  # (2, 2): [amax, 2^-k] of SLOT_X and SLOT_DY
+    scales: torch.Tensor  # (2, fp8.SLOT): the scale slots of SLOT_X and SLOT_DY
     wgrad: torch.Tensor  # fp32 (C*4C,): cuBLASLt's weight-gradient product before the +=
 
     @classmethod
@@ -165,7 +165,7 @@ def scratch_rows(N: int, C: int) -> list[tuple[str, tuple[int, ...], str]]:
     """The triton backend's fp8 scratch for N tokens a micro-batch and width C: (buffer, shape, kind) rows of the
     plan's "kernel" role."""
     ops = [(name, (N * 4 * C,), "f8") for name in ("fp8_x", "fp8_xt", "fp8_g", "fp8_gt")]
-    return ops + [("fp8_scales", (2, 2), "f32"), ("fp8_wgrad", (4 * C * C,), "f32")]
+    return ops + [("fp8_scales", (2, SLOT), "f32"), ("fp8_wgrad", (4 * C * C,), "f32")]
 
 
 # --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------
@@ -178,7 +178,7 @@ def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch)
     quantize(x2, sx, x8, None)
     out3 = out.view(G, N, OC)
     for g in range(G):
-        mm8(out3[g], x8, sx[1:], w.w8t[g].t(), w.scale[1:])
+        mm8(out3[g], x8, sx[:1], w.w8t[g].t(), w.scale[:1])
 
 
 def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: Fp8Weight,
@@ -189,15 +189,15 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
     N = x2.shape[0]
     g8, g8t, sg = q.view(q.g8, N, G * OC), q.view(q.g8t, G, OC, N), q.scales[SLOT_DY]
     quantize(dout.view(G, N, OC), sg, g8, g8t)
-    mm8(dx.view(N, C), g8, sg[1:], w.w8.t(), w.scale[1:])
+    mm8(dx.view(N, C), g8, sg[:1], w.w8.t(), w.scale[:1])
     x8t, sx = q.view(q.x8t, C, N), q.scales[SLOT_X]
     quantize(x2, sx, None, x8t)
     dw3 = dw.view(G, C, OC)
     for g in range(G):
-        mm8(dw3[g], x8t, sx[1:], g8t[g].t(), sg[1:], accumulate=True, wgrad=q.wgrad)
+        mm8(dw3[g], x8t, sx[:1], g8t[g].t(), sg[:1], accumulate=True, wgrad=q.wgrad)
 
 
 def cast_weights(weights: list[Fp8Weight]) -> None:
-    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3; scale = [amax, 2^-k]."""
+    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3; scale = [2^-k, amax, 0, 0]."""
     for w in weights:
         quantize(w.master, w.scale, w.w8, w.w8t)

@@ -59,10 +59,10 @@ def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Te
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
         N, sx = x2.shape[0], q.scales[fp8.SLOT_X]
         fp8.quantize(x2, sx, q.view(q.x8, N, C), None)
-        fp8.mm8(h2, q.view(q.x8, N, C), sx[1:], w1.w8t[0].t(), w1.scale[1:])
+        fp8.mm8(h2, q.view(q.x8, N, C), sx[:1], w1.w8t[0].t(), w1.scale[:1])
         k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
         fp8.quantize(a2, sx, q.view(q.x8, N, H), None)
-        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), sx[1:], w2.w8t[0].t(), w2.scale[1:])
+        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), sx[:1], w2.w8t[0].t(), w2.scale[:1])
         return
     mm(h2, x2, w1)
     k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
@@ -104,15 +104,15 @@ def _mlp_backward_fp8(dx: torch.Tensor, dw1: torch.Tensor, dw2: torch.Tensor, do
     sx, sg = q.scales[fp8.SLOT_X], q.scales[fp8.SLOT_DY]
     g8, g8t = q.view(q.g8, N, C), q.view(q.g8t, C, N)
     fp8.quantize(dout, sg, g8, g8t)
-    fp8.mm8(dh, g8, sg[1:], w2.w8.t(), w2.scale[1:])  # gradient reaching a
+    fp8.mm8(dh, g8, sg[:1], w2.w8.t(), w2.scale[:1])  # gradient reaching a
     n = h.numel()
     k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a, dh, h, n, BLOCK=BLOCK)
     a8t = q.view(q.x8t, H, N)
     fp8.quantize(a, sx, None, a8t)
-    fp8.mm8(dw2, a8t, sx[1:], g8t.t(), sg[1:], accumulate=True, wgrad=q.wgrad)
+    fp8.mm8(dw2, a8t, sx[:1], g8t.t(), sg[:1], accumulate=True, wgrad=q.wgrad)
     dh8, dh8t = q.view(q.g8, N, H), q.view(q.g8t, H, N)
     fp8.quantize(dh, sg, dh8, dh8t)
     x8t = q.view(q.x8t, C, N)
     fp8.quantize(x, sx, None, x8t)
-    fp8.mm8(dw1, x8t, sx[1:], dh8t.t(), sg[1:], accumulate=True, wgrad=q.wgrad)
-    fp8.mm8(dx, dh8, sg[1:], w1.w8.t(), w1.scale[1:])
+    fp8.mm8(dw1, x8t, sx[:1], dh8t.t(), sg[:1], accumulate=True, wgrad=q.wgrad)
+    fp8.mm8(dx, dh8, sg[:1], w1.w8.t(), w1.scale[:1])

@@ -8,7 +8,7 @@ sides differ only in the order the fp32 sums are taken.
 
     quantize(x)            -> (q, 2^-k)       q = e4m3(x * 2^k), k from amax(x)
     mm8(a, ia, b, ib)      -> (a @ b) * (ia * ib) in fp32
-    cast_weights(ws)       each site's master weights -> its two E4M3 layouts and [amax, 2^-k] (optimizer step)
+    cast_weights(ws)       each site's master weights -> its two E4M3 layouts and scale slot (optimizer step)
 
 ml_dtypes (the NumPy dtype of E4M3) is imported on first use: runs in other precisions never need it.
 """
@@ -51,10 +51,10 @@ def groups(dout: NDArray, G: int) -> NDArray:
 
 
 def cast_weights(weights: list[Fp8Weight]) -> None:
-    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3 and scale = [amax, 2^-k]."""
+    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3 and scale = [2^-k, amax, 0, 0]."""
     for w in weights:
         master = np.asarray(w.master, np.float32)
         q, inv = quantize(master)
         w.w8[...] = np.concatenate(list(q), axis=1)
         w.w8t[...] = q.transpose(0, 2, 1)
-        w.scale[...] = [np.abs(master).max(), inv]
+        w.scale[...] = [inv, np.abs(master).max(), 0, 0]

@@ -28,7 +28,7 @@ def linear_forward(out: NDArray, x: NDArray, w: NDArray | Fp8Weight) -> None:
         G = w.master.shape[0]
         x8, ix = fp8.quantize(x)
         for g in range(G):
-            (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[1])
+            (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[0])
         return
     np.matmul(x, w, out=out)
 
@@ -38,7 +38,7 @@ def linear_backward(dx: NDArray, dw: NDArray, dout: NDArray, x: NDArray, w: NDAr
     if isinstance(w, Fp8Weight):
         G, _, OC = w.master.shape
         dy8, idy = fp8.quantize(fp8.groups(dout, G))  # (N, G*OC): the input gradient is one GEMM over K = G*OC
-        dx[...] = fp8.mm8(dy8, idy, w.w8.T, w.scale[1])
+        dx[...] = fp8.mm8(dy8, idy, w.w8.T, w.scale[0])
         x8, ix = fp8.quantize(x)
         for g in range(G):
             (dw if G == 1 else dw[g])[...] += fp8.mm8(x8.T, ix, dy8[:, g * OC : (g + 1) * OC], idy)

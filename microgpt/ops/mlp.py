@@ -73,9 +73,9 @@ def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray | 
                 w2: NDArray | Fp8Weight) -> None:  # fmt: skip
     """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch."""
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        h[...] = fp8.mm8(*fp8.quantize(x), w1.w8t[0].T, w1.scale[1])
+        h[...] = fp8.mm8(*fp8.quantize(x), w1.w8t[0].T, w1.scale[0])
         _gelu(a, h)
-        out[...] = fp8.mm8(*fp8.quantize(a), w2.w8t[0].T, w2.scale[1])
+        out[...] = fp8.mm8(*fp8.quantize(a), w2.w8t[0].T, w2.scale[0])
         return
     np.matmul(x, w1, out=h)
     _gelu(a, h)
@@ -100,12 +100,12 @@ def mlp_backward(
         dy8, idy = fp8.quantize(dout)
         a8, ia = fp8.quantize(a)
         dw2 += fp8.mm8(a8.T, ia, dy8, idy)
-        dh[...] = fp8.mm8(dy8, idy, w2.w8.T, w2.scale[1])
+        dh[...] = fp8.mm8(dy8, idy, w2.w8.T, w2.scale[0])
         _gelu_backward(dh, h, a)
         dh8, idh = fp8.quantize(dh)
         x8, ix = fp8.quantize(x)
         dw1 += fp8.mm8(x8.T, ix, dh8, idh)
-        dx[...] = fp8.mm8(dh8, idh, w1.w8.T, w1.scale[1])
+        dx[...] = fp8.mm8(dh8, idh, w1.w8.T, w1.scale[0])
         return
     dw2 += a.T @ dout
     np.matmul(dout, w2.T, out=dh)  # gradient reaching a

@@ -33,37 +33,37 @@ def bytes_of(x: torch.Tensor) -> np.ndarray:
 
 def test_cast_matches_torch_byte_for_byte() -> None:
     """k_amax + k_cast against torch's own E4M3 conversion of x * 2^k: normals, subnormals, ties, signed zeros,
-    in both layouts, G = 3 blocks side by side; the slot holds [amax, 2^-k]."""
+    in both layouts, G = 3 blocks side by side; the slot holds [2^-k, amax, 0, 0]."""
     rng = np.random.default_rng(0)
     G, R, C = 3, 48, 32
     x = (rng.standard_normal((G, R, C)) * 2.3).astype(np.float32)
     x[0, 0, :16] = (np.arange(16) + 0.5) * 2.0**-11  # ties at the subnormal step once scaled
     x[1, 1, :4] = [0.0, -0.0, 1e-30, -1e-30]
-    slot = torch.zeros(2, device=DEVICE)
+    slot = torch.zeros(fp8.SLOT, device=DEVICE)
     rows, trans = torch.empty(R, G * C, dtype=F8, device=DEVICE), torch.empty(G, C, R, dtype=F8, device=DEVICE)
     k8.quantize(t(x), slot, rows, trans)
     k = fp8.scale_exponent(float(np.abs(x).max()))
     want = torch.from_numpy(x * np.float32(2.0**k)).to(F8).view(torch.uint8).numpy()
     np.testing.assert_array_equal(bytes_of(rows), np.concatenate(list(want), axis=1))
     np.testing.assert_array_equal(bytes_of(trans), want.transpose(0, 2, 1))
-    assert h(slot).tolist() == [np.abs(x).max(), 2.0**-k]
+    assert h(slot).tolist() == [2.0**-k, np.abs(x).max(), 0, 0]
 
 
 def test_cast_scale_follows_the_rule_at_the_edges() -> None:
     """The scale from the amax's bits equals fp8.scale_exponent for amaxes across the whole range."""
     for amax in [448.0, 449.0, 1.75, 1.7500001, 3e-20, 5e4, 2.0**-126, 1e-40, 3e38]:
         x = np.array([[amax, -amax / 3]], np.float32)
-        slot = torch.zeros(2, device=DEVICE)
+        slot = torch.zeros(fp8.SLOT, device=DEVICE)
         k8.quantize(t(x), slot, torch.empty(1, 2, dtype=F8, device=DEVICE), None)
-        assert h(slot)[1] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
+        assert h(slot)[0] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
 
 
 def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int) -> tuple[Fp8Weight, Fp8Weight]:
     """The same site's weights cast by the NumPy reference and by the kernels: the same bytes and scale."""
     master = (rng.standard_normal((G, C, OC)) * 0.2).astype(np.float32)
-    nw = Fp8Weight("w", master, np.zeros((C, G * OC), ref.e4m3()), np.zeros((G, OC, C), ref.e4m3()), np.zeros(2))
+    nw = Fp8Weight("w", master, np.zeros((C, G * OC), ref.e4m3()), np.zeros((G, OC, C), ref.e4m3()), np.zeros(fp8.SLOT))
     tw = Fp8Weight("w", t(master), torch.empty(C, G * OC, dtype=F8, device=DEVICE),
-                   torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(2, device=DEVICE))  # fmt: skip
+                   torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
     ref.cast_weights([nw])
     k8.cast_weights([tw])
     np.testing.assert_array_equal(bytes_of(tw.w8), nw.w8.view(np.uint8))

@@ -55,7 +55,7 @@ def dq(a: np.ndarray, inv: float) -> torch.Tensor:
 
 def weight(rng: np.random.Generator, G: int, C: int, OC: int) -> Fp8Weight:
     master = (rng.standard_normal((G, C, OC)) * 0.3).astype(np.float32)
-    w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(2, np.float32))
+    w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(fp8.SLOT, np.float32))
     ref.cast_weights([w])
     return w
 
@@ -64,7 +64,7 @@ def test_cast_weights_writes_both_layouts_of_one_quantization() -> None:
     rng = np.random.default_rng(1)
     w = weight(rng, 3, 8, 5)
     q, inv = ref.quantize(w.master)
-    assert w.scale[0] == np.abs(w.master).max() and w.scale[1] == inv
+    assert w.scale.tolist() == [inv, np.abs(w.master).max(), 0, 0]
     for g in range(3):
         np.testing.assert_array_equal(w.w8[:, g * 5 : (g + 1) * 5].view(np.uint8), q[g].view(np.uint8))
         np.testing.assert_array_equal(w.w8t[g].T.view(np.uint8), q[g].view(np.uint8))
