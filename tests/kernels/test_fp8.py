@@ -24,7 +24,9 @@ from ._kutil import DEVICE, ON_GPU, check, h, t
 F8 = torch.float8_e4m3fn
 # activations as the kernels get them: fp32 everywhere, bf16 (the fp8 runs' compute dtype) on the GPU
 ACTS = [torch.float32] + ([torch.bfloat16] if ON_GPU else [])
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+# fp32 outputs: the interpreter's sums are fp32 ones; Hopper's FP8 tensor cores add the products in a narrower
+# accumulator that cuBLASLt promotes to fp32 every few K-blocks (measured: rel err 3.6e-5 to 1.3e-4)
+TOL = {torch.float32: 5e-4 if ON_GPU else 1e-5, torch.bfloat16: 2e-2}
 
 
 def bytes_of(x: torch.Tensor) -> np.ndarray:

@@ -265,7 +265,9 @@ def test_linear_fp8_gpu():
     ref.backward(torch.stack([rd[:, g * C : (g + 1) * C] for g in range(G)]))
     close("out", out, ref, torch.bfloat16)
     close("dx", dx, rx.grad, torch.bfloat16)
-    close("dw", dw - dw0, rw.grad, torch.float32)
+    # fp32 out of the FP8 tensor cores, whose sums are narrower than fp32's (tests/kernels/test_fp8.py)
+    err = ((dw - dw0).double() - rw.grad).norm() / rw.grad.norm()
+    assert err < 5e-4, f"dw: rel err {err:.2e}"
 
 
 def test_fp8_step_gpu():
