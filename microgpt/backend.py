@@ -151,10 +151,10 @@ def triton_backend(precision: str) -> Backend:
         from microgpt.kernels import fp8
 
         def fp8_rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
-            return [
-                Buf(name, shape, "kernel", kind)
-                for name, shape, kind in fp8.scratch_rows(t.micro_batch * m.seq_len, m.d_model)
-            ]
+            N = t.micro_batch * m.seq_len
+            scratch = [Buf(name, shape, "kernel", kind) for name, shape, kind in fp8.scratch_rows(N, m.d_model)]
+            saved = [Buf(name, shape, "acts", kind) for name, shape, kind in fp8.saved_rows(N, m.d_model, m.n_layer)]
+            return scratch + saved
 
         fp8_args = tuple((fn, "q", fp8.Scratch.of) for fn in fp8.SCRATCH_TAKERS)
     else:

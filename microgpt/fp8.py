@@ -54,15 +54,18 @@ def site_shapes(C: int) -> dict[str, tuple[int, int, int]]:
 @dataclass(frozen=True)
 class Fp8Weight:
     """One site's weights as the FP8 GEMMs read them. name: the model's ("h3.w_qkv"); master: the fp32
-    (G, C_in, C_out) view of the parameters;
-    w8: (C_in, G*C_out), row c holding row c of each of the G weights (the input gradient's operand);
-    w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: a SLOT."""
+    (G, C_in, C_out) view of the parameters; w8: (C_in, G*C_out), row c holding row c of each of the G weights (the
+    input gradient's operand); w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: their SLOT.
+    On the GPU the site also keeps its input's E4M3 copy from the forward, transposed for the weight gradient:
+    xt (C_in * N,) and xscale, its SLOT (None on the NumPy backend, which casts the input again)."""
 
     name: str
     master: Any
     w8: Any
     w8t: Any
     scale: Any
+    xt: Any = None
+    xscale: Any = None
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -208,14 +208,15 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
 
 
 def fp8_rows(m: ModelConfig) -> list[Buf]:
-    """fp8: every block linear site's two E4M3 weight layouts and its scale slot (microgpt/fp8.py)."""
+    """fp8: every block linear site's two E4M3 weight layouts, and the scale slots of its weights and its input
+    (microgpt/fp8.py)."""
     bufs = []
     for layer in range(m.n_layer):
         for site, (G, C, OC) in fp8.site_shapes(m.d_model).items():
             name = f"h{layer}.{site}"
             bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
                      Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
-    return bufs + [Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), fp8.SLOT), "optim", "f32")]
+    return bufs + [Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), 2, fp8.SLOT), "optim", "f32")]
 
 
 def kind_sizes(t: TrainConfig) -> dict[str, int]:
@@ -307,6 +308,9 @@ class Arena:
     def role(self, role: str) -> dict[str, Any]:
         """name -> view for one role, in plan order (for parameter-shaped roles: the canonical order)."""
         return {b.name: self.views[(role, b.name)] for b in self.bufs if b.role == role}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
 
     def __getitem__(self, name: str) -> Any:
         try:

@@ -139,6 +139,8 @@ def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any) -> list[fp8.Fp8Weig
         for i, (site, (G, C, OC)) in enumerate(fp8.site_shapes(m.d_model).items()):
             o = offsets[f"h{layer}.{fp8.SITES[site][0]}"]
             name = f"h{layer}.{site}"
+            scales = arena["fp8_wscales"][layer, i]
+            xt = arena[name + ".xt"] if name + ".xt" in arena else None  # the triton backend's (kernels/fp8.py)
             out.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
-                                     arena[name + ".w8t"], arena["fp8_wscales"][layer, i]))  # fmt: skip
+                                     arena[name + ".w8t"], scales[0], xt, scales[1]))  # fmt: skip
     return out

@@ -13,15 +13,18 @@ cast into the layout its GEMM reads:
 
     forward        out (N,OC)  = x8 (N,C)   @ w8t[g].T        x rows, weight transposed (optimizer's copy)
     input grad     dx  (N,C)   = dy8 (N,G*OC) @ w8.T          dout rows, weight rows (optimizer's copy)
-    weight grad    dw  (C,OC) += x8t (C,N)  @ dy8t[g].T       both transposed (the cast writes them)
+    weight grad    dw  (C,OC) += xt (C,N)   @ dy8t[g].T       both transposed (the casts write them)
 
-The weight gradient accumulates into fp32 (+=, over micro-batches): cuBLASLt writes its fp32 product into the
+The forward casts a site's input once, into both layouts: the rows for its own GEMM (scratch) and the transpose,
+which the site keeps (Fp8Weight.xt, a planned activation) for the weight gradient in backward. The MLP's GELU
+kernels leave the amax of a = gelu(h) and of dh as they store them, so those casts skip their amax pass. The
+weight gradient accumulates into fp32 (+=, over micro-batches): cuBLASLt writes its fp32 product into the
 planned `fp8_wgrad` buffer and one add folds it in. Under TRITON_INTERPRET=1 (CI) and off CUDA the GEMMs run our
 Triton tile kernel (gemm.gemm_tile with the two inverse scales applied to its fp32 sum), accumulating in place.
 
-The scratch (`Scratch`, planned by `scratch_rows`): four E4M3 operand buffers of N*4C bytes (activation rows and
-transposed, gradient rows and transposed), the scale slots ([2^-k, amax, 0, 0]) of the activation and gradient
-operands, and the fp32 weight-gradient product.
+The scratch (`Scratch`, planned by `scratch_rows`): three E4M3 operand buffers of N*4C bytes (activation rows,
+gradient rows and transposed), two scale slots ([2^-k, amax, 0, 0]) for output gradients, and the fp32
+weight-gradient product; each site's saved transposed input is planned by `saved_rows`.
 """
 
 from __future__ import annotations
@@ -33,12 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import SLOT, Fp8Weight
+from microgpt.fp8 import SLOT, Fp8Weight, site_shapes
 from microgpt.kernels import tuning
 from microgpt.kernels.gemm import k_mm_scaled
 
 AMAX_BLOCK = 4096
-SLOT_X, SLOT_DY = 0, 1  # the scale slots of the activation operand and of the gradient operand
+SLOT_DY, SLOT_DH = 0, 1  # the scratch's scale slots: an output gradient, and the MLP's dh beside it
 SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
 
 
@@ -72,10 +75,12 @@ def _e4m3_bits(y):
 
 @triton.jit
 def k_amax(x_ptr, slot_ptr, n, BLOCK: tl.constexpr):
-    # slot[1] = max(slot[1], max |x|) over this program's block of the flat x
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.atomic_max(slot_ptr + 1, tl.max(tl.abs(x), axis=0))
+    # slot[1] = max(slot[1], max |x|) of the flat x: each program strides over the blocks, then one atomic
+    m = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        m = tl.maximum(m, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+    tl.atomic_max(slot_ptr + 1, tl.max(m, axis=0))
 
 
 @triton.jit
@@ -99,19 +104,28 @@ def k_cast(x_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc,
         tl.store(t_ptr + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
 
 
-def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None) -> None:
+def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None,
+             amax_done: bool = False) -> None:  # fmt: skip
     """x (R, Cc) or (G, R, Cc), contiguous -> E4M3 into rows (R, G*Cc) and/or trans (G, Cc, R) (either may be
-    None), with slot (fp8.SLOT,) = [2^-k, amax, 0, 0]."""
+    None), with slot (fp8.SLOT,) = [2^-k, amax, 0, 0]. amax_done: x's producer already left its amax in slot[1]."""
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     G, R, Cc = x3.shape
-    slot[1].zero_()
-    n = x3.numel()
-    k_amax[(triton.cdiv(n, AMAX_BLOCK),)](x3, slot, n, BLOCK=AMAX_BLOCK)
+    if not amax_done:
+        slot[1].zero_()
+        n = x3.numel()
+        k_amax[(min(triton.cdiv(n, AMAX_BLOCK), _amax_programs(x)),)](x3, slot, n, BLOCK=AMAX_BLOCK)
     BR, BC = (32, 32) if tuning.INTERPRET else (64, 64)
     dummy = rows if rows is not None else trans
     k_cast[(triton.cdiv(R, BR), triton.cdiv(Cc, BC), G)](
         x3, _bytes(rows if rows is not None else dummy), _bytes(trans if trans is not None else dummy), slot,
         R, Cc, *x3.stride(), ROWS=rows is not None, TRANS=trans is not None, BR=BR, BC=BC)  # fmt: skip
+
+
+def _amax_programs(x: torch.Tensor) -> int:
+    """Programs of k_amax: a few per multiprocessor (a handful in the interpreter)."""
+    if not x.is_cuda:
+        return 4
+    return 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -142,16 +156,15 @@ def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, i
 class Scratch:
     """The planned scratch of the FP8 linears (the rows of `scratch_rows`)."""
 
-    x8: torch.Tensor  # activation operand, row layout (flat, N*4C)
-    x8t: torch.Tensor  # activation operand, transposed
+    x8: torch.Tensor  # activation operand, row layout (flat, N*4C); its transpose is saved with its site (xt)
     g8: torch.Tensor  # gradient operand, row layout
     g8t: torch.Tensor  # gradient operand, transposed
-    scales: torch.Tensor  # (2, fp8.SLOT): the scale slots of SLOT_X and SLOT_DY
+    scales: torch.Tensor  # (2, fp8.SLOT): the scale slots of SLOT_DY and SLOT_DH
     wgrad: torch.Tensor  # fp32 (C*4C,): cuBLASLt's weight-gradient product before the +=
 
     @classmethod
     def of(cls, arena: Any) -> Scratch:
-        return cls(*(arena[name] for name in ("fp8_x", "fp8_xt", "fp8_g", "fp8_gt", "fp8_scales", "fp8_wgrad")))
+        return cls(*(arena[name] for name in ("fp8_x", "fp8_g", "fp8_gt", "fp8_scales", "fp8_wgrad")))
 
     @staticmethod
     def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -164,8 +177,15 @@ class Scratch:
 def scratch_rows(N: int, C: int) -> list[tuple[str, tuple[int, ...], str]]:
     """The triton backend's fp8 scratch for N tokens a micro-batch and width C: (buffer, shape, kind) rows of the
     plan's "kernel" role."""
-    ops = [(name, (N * 4 * C,), "f8") for name in ("fp8_x", "fp8_xt", "fp8_g", "fp8_gt")]
+    ops = [(name, (N * 4 * C,), "f8") for name in ("fp8_x", "fp8_g", "fp8_gt")]
     return ops + [("fp8_scales", (2, SLOT), "f32"), ("fp8_wgrad", (4 * C * C,), "f32")]
+
+
+def saved_rows(N: int, C: int, L: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """Each site's E4M3 input as the forward cast it, transposed (C_in, N), for its weight gradient in backward:
+    (buffer, shape, kind) rows of the plan's "acts" role."""
+    return [(f"h{layer}.{site}.xt", (C_in * N,), "f8") for layer in range(L)
+            for site, (_, C_in, _) in site_shapes(C).items()]  # fmt: skip
 
 
 # --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------
@@ -174,11 +194,11 @@ def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch)
     G, C, OC = w.master.shape
     x2 = x.view(-1, C)
     N = x2.shape[0]
-    x8, sx = q.view(q.x8, N, C), q.scales[SLOT_X]
-    quantize(x2, sx, x8, None)
+    x8 = q.view(q.x8, N, C)
+    quantize(x2, w.xscale, x8, w.xt.view(C, N))  # the transposed copy waits for backward's weight gradient
     out3 = out.view(G, N, OC)
     for g in range(G):
-        mm8(out3[g], x8, sx[:1], w.w8t[g].t(), w.scale[:1])
+        mm8(out3[g], x8, w.xscale[:1], w.w8t[g].t(), w.scale[:1])
 
 
 def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: Fp8Weight,
@@ -190,11 +210,9 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
     g8, g8t, sg = q.view(q.g8, N, G * OC), q.view(q.g8t, G, OC, N), q.scales[SLOT_DY]
     quantize(dout.view(G, N, OC), sg, g8, g8t)
     mm8(dx.view(N, C), g8, sg[:1], w.w8.t(), w.scale[:1])
-    x8t, sx = q.view(q.x8t, C, N), q.scales[SLOT_X]
-    quantize(x2, sx, None, x8t)
     dw3 = dw.view(G, C, OC)
     for g in range(G):
-        mm8(dw3[g], x8t, sx[:1], g8t[g].t(), sg[:1], accumulate=True, wgrad=q.wgrad)
+        mm8(dw3[g], w.xt.view(C, N), w.xscale[:1], g8t[g].t(), sg[:1], accumulate=True, wgrad=q.wgrad)
 
 
 def cast_weights(weights: list[Fp8Weight]) -> None:

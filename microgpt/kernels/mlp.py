@@ -29,26 +29,40 @@ def _tanh(u):
 
 
 @triton.jit
-def k_mlp_fwd(a_ptr, h_ptr, n, BLOCK: tl.constexpr):
-    # a, h: (n,) = (N*4C,); a = gelu_tanh(h)
+def _amax_of_stored(amax_ptr, y, mask):
+    # amax_ptr[0] = max(amax_ptr[0], max |y| over the block) as y is stored (fp8: the cast of y needs its amax)
+    tl.atomic_max(amax_ptr, tl.max(tl.where(mask, tl.abs(y.to(tl.float32)), 0.0), axis=0))
+
+
+@triton.jit
+def k_mlp_fwd(a_ptr, h_ptr, amax_ptr, n, AMAX: tl.constexpr, BLOCK: tl.constexpr):
+    # a, h: (n,) = (N*4C,); a = gelu_tanh(h); AMAX: also amax_ptr[0] = max(amax_ptr[0], max |a|)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
     t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
-    tl.store(a_ptr + offs, (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty), mask=mask)
+    a = (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty)
+    tl.store(a_ptr + offs, a, mask=mask)
+    if AMAX:
+        _amax_of_stored(amax_ptr, a, mask)
 
 
 @triton.jit
-def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
+def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, amax_ptr, n, FP8: tl.constexpr, BLOCK: tl.constexpr):
     # a, dh, h: (n,); in: dh holds d(gelu output); out: a = gelu(h), dh = dh * gelu'(h)
+    # FP8: a is not written (the forward saved its E4M3 copy) and amax_ptr[0] = max(amax_ptr[0], max |dh|)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
     da = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
     t = _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
     dgelu = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
-    tl.store(a_ptr + offs, (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty), mask=mask)
-    tl.store(dh_ptr + offs, (da * dgelu).to(dh_ptr.dtype.element_ty), mask=mask)
+    dh = (da * dgelu).to(dh_ptr.dtype.element_ty)
+    tl.store(dh_ptr + offs, dh, mask=mask)
+    if FP8:
+        _amax_of_stored(amax_ptr, dh, mask)
+    else:
+        tl.store(a_ptr + offs, (0.5 * h * (1.0 + t)).to(a_ptr.dtype.element_ty), mask=mask)
 
 
 def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: torch.Tensor | Fp8Weight,
@@ -57,15 +71,16 @@ def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Te
     h2, a2, x2 = h.view(-1, H), a.view(-1, H), x.view(-1, C)
     n = h2.numel()
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        N, sx = x2.shape[0], q.scales[fp8.SLOT_X]
-        fp8.quantize(x2, sx, q.view(q.x8, N, C), None)
-        fp8.mm8(h2, q.view(q.x8, N, C), sx[:1], w1.w8t[0].t(), w1.scale[:1])
-        k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
-        fp8.quantize(a2, sx, q.view(q.x8, N, H), None)
-        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), sx[:1], w2.w8t[0].t(), w2.scale[:1])
+        N = x2.shape[0]
+        fp8.quantize(x2, w1.xscale, q.view(q.x8, N, C), w1.xt.view(C, N))
+        fp8.mm8(h2, q.view(q.x8, N, C), w1.xscale[:1], w1.w8t[0].t(), w1.scale[:1])
+        w2.xscale[1].zero_()
+        k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, w2.xscale[1:], n, AMAX=True, BLOCK=BLOCK)
+        fp8.quantize(a2, w2.xscale, q.view(q.x8, N, H), w2.xt.view(H, N), amax_done=True)
+        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), w2.xscale[:1], w2.w8t[0].t(), w2.scale[:1])
         return
     mm(h2, x2, w1)
-    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
+    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, h2, n, AMAX=False, BLOCK=BLOCK)
     mm(out.view(-1, C), a2, w2)
 
 
@@ -90,7 +105,7 @@ def mlp_backward(
         return
     mm(dh2, dout2, w2.t())
     n = h2.numel()
-    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, BLOCK=BLOCK)
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, h2, n, FP8=False, BLOCK=BLOCK)
     mm(dw2, a2.t(), dout2, accumulate=True)
     mm(dw1, x2.t(), dh2, accumulate=True)
     mm(dx.view(-1, C), dh2, w1.t())
@@ -99,20 +114,18 @@ def mlp_backward(
 def _mlp_backward_fp8(dx: torch.Tensor, dw1: torch.Tensor, dw2: torch.Tensor, dout: torch.Tensor, x: torch.Tensor,
                       h: torch.Tensor, w1: Fp8Weight, w2: Fp8Weight, a: torch.Tensor, dh: torch.Tensor,
                       q: fp8.Scratch) -> None:  # fmt: skip
-    """mlp_backward's six GEMMs on E4M3 operands (2D views: x, dout, dx (N,C); h, a, dh (N,H))."""
+    """mlp_backward's six GEMMs on E4M3 operands (2D views: x, dout, dx (N,C); h, a, dh (N,H)). The inputs' E4M3
+    copies (x, a = gelu(h)) are the forward's, saved transposed with their sites (w1.xt, w2.xt)."""
     (N, C), H = x.shape, h.shape[1]
-    sx, sg = q.scales[fp8.SLOT_X], q.scales[fp8.SLOT_DY]
+    sd, sdh = q.scales[fp8.SLOT_DY], q.scales[fp8.SLOT_DH]
     g8, g8t = q.view(q.g8, N, C), q.view(q.g8t, C, N)
-    fp8.quantize(dout, sg, g8, g8t)
-    fp8.mm8(dh, g8, sg[:1], w2.w8.t(), w2.scale[:1])  # gradient reaching a
+    fp8.quantize(dout, sd, g8, g8t)
+    fp8.mm8(dh, g8, sd[:1], w2.w8.t(), w2.scale[:1])  # gradient reaching a
     n = h.numel()
-    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a, dh, h, n, BLOCK=BLOCK)
-    a8t = q.view(q.x8t, H, N)
-    fp8.quantize(a, sx, None, a8t)
-    fp8.mm8(dw2, a8t, sx[:1], g8t.t(), sg[:1], accumulate=True, wgrad=q.wgrad)
+    sdh[1].zero_()
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a, dh, h, sdh[1:], n, FP8=True, BLOCK=BLOCK)
+    fp8.mm8(dw2, w2.xt.view(H, N), w2.xscale[:1], g8t.t(), sd[:1], accumulate=True, wgrad=q.wgrad)
     dh8, dh8t = q.view(q.g8, N, H), q.view(q.g8t, H, N)
-    fp8.quantize(dh, sg, dh8, dh8t)
-    x8t = q.view(q.x8t, C, N)
-    fp8.quantize(x, sx, None, x8t)
-    fp8.mm8(dw1, x8t, sx[:1], dh8t.t(), sg[:1], accumulate=True, wgrad=q.wgrad)
-    fp8.mm8(dx, dh8, sg[:1], w1.w8.t(), w1.scale[:1])
+    fp8.quantize(dh, sdh, dh8, dh8t, amax_done=True)
+    fp8.mm8(dw1, w1.xt.view(C, N), w1.xscale[:1], dh8t.t(), sdh[:1], accumulate=True, wgrad=q.wgrad)
+    fp8.mm8(dx, dh8, sdh[:1], w1.w8.t(), w1.scale[:1])

@@ -60,12 +60,14 @@ def test_cast_scale_follows_the_rule_at_the_edges() -> None:
         assert h(slot)[0] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
 
 
-def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int) -> tuple[Fp8Weight, Fp8Weight]:
-    """The same site's weights cast by the NumPy reference and by the kernels: the same bytes and scale."""
+def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int, N: int) -> tuple[Fp8Weight, Fp8Weight]:
+    """The same site's weights cast by the NumPy reference and by the kernels: the same bytes and scale (the
+    kernels' site also holds its input's transposed E4M3 copy for N tokens, as the plan gives it)."""
     master = (rng.standard_normal((G, C, OC)) * 0.2).astype(np.float32)
     nw = Fp8Weight("w", master, np.zeros((C, G * OC), ref.e4m3()), np.zeros((G, OC, C), ref.e4m3()), np.zeros(fp8.SLOT))
     tw = Fp8Weight("w", t(master), torch.empty(C, G * OC, dtype=F8, device=DEVICE),
-                   torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
+                   torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE),
+                   torch.empty(C * N, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
     ref.cast_weights([nw])
     k8.cast_weights([tw])
     np.testing.assert_array_equal(bytes_of(tw.w8), nw.w8.view(np.uint8))
@@ -88,7 +90,7 @@ def rounded(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype) -> None:
     rng = np.random.default_rng(G)
     N, C, OC = 64, 32, (48 if G == 1 else 32)  # the scratch holds N x 4C: the QKV site is G x C wide
-    nw, tw = weights_pair(rng, G, C, OC)
+    nw, tw = weights_pair(rng, G, C, OC, N)
     shape = (N, OC) if G == 1 else (G, N, OC)
     x, dout = (
         rounded(rng.standard_normal((N, C)).astype(np.float32), dtype),
@@ -116,7 +118,7 @@ def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype) -> None:
 def test_mlp_fp8_matches_numpy(dtype: torch.dtype) -> None:
     rng = np.random.default_rng(5)
     N, C = 64, 16
-    (w1n, w1t), (w2n, w2t) = weights_pair(rng, 1, C, 4 * C), weights_pair(rng, 1, 4 * C, C)
+    (w1n, w1t), (w2n, w2t) = weights_pair(rng, 1, C, 4 * C, N), weights_pair(rng, 1, 4 * C, C, N)
     x = rounded(rng.standard_normal((N, C)).astype(np.float32), dtype)
     dout = rounded(rng.standard_normal((N, C)).astype(np.float32) * 0.1, dtype)
     out_n, h_n, a_n, dh_n = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])

@@ -249,7 +249,8 @@ def test_linear_fp8_gpu():
     master = rnd(G, C, C, scale=0.02)
     f8 = torch.float8_e4m3fn
     w = Fp8Weight("w", master, torch.empty(C, G * C, dtype=f8, device="cuda"),
-                  torch.empty(G, C, C, dtype=f8, device="cuda"), torch.zeros(4, device="cuda"))  # fmt: skip
+                  torch.empty(G, C, C, dtype=f8, device="cuda"), torch.zeros(4, device="cuda"),
+                  torch.empty(C * N, dtype=f8, device="cuda"), torch.zeros(4, device="cuda"))  # fmt: skip
     fp8.cast_weights([w])
     q = fp8.Scratch.of({n: torch.zeros(s, device="cuda", dtype=torch.float8_e4m3fn if k == "f8" else torch.float32)
                         for n, s, k in fp8.scratch_rows(N, C)})  # fmt: skip
