@@ -131,8 +131,10 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype) -> None:
     dw1_t, dw2_t = torch.zeros(C, 4 * C, device=DEVICE), torch.zeros(4 * C, C, device=DEVICE)
     kmlp.mlp_forward(out_t, h_t, a_t, t(x, dtype), w1t, w2t, q)
     kmlp.mlp_backward(dx_t, dw1_t, dw2_t, t(dout, dtype), t(x, dtype), h_t, w1t, w2t, a_t, dh_t, q)
-    # bf16 rounds h and a before they are cast, fp32 does not: the wider tolerance covers E4M3 neighbours
-    tol = TOL[dtype] if dtype == torch.float32 else 5e-2
+    # bf16 rounds h and a before they are cast, and on the GPU the FP8 tensor cores' narrower sums (TOL) reach the
+    # casts of a and dh: either moves a few elements to a neighbouring E4M3 value (measured on the GPU with fp32
+    # activations: dx rel err 1.4e-3)
+    tol = 5e-2 if dtype != torch.float32 else 5e-3 if ON_GPU else TOL[dtype]
     for name, got, want in [("h", h_t, h_n), ("out", out_t, out_n), ("dx", dx_t, dx_n), ("dw1", dw1_t, dw1_n),
                             ("dw2", dw2_t, dw2_n)]:  # fmt: skip
         check(name, h(got), want, tol)
