@@ -29,6 +29,7 @@ weight-gradient product; each site's saved transposed input is planned by `saved
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +116,10 @@ def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, tra
         n = x3.numel()
         k_amax[(min(triton.cdiv(n, AMAX_BLOCK), _amax_programs(x)),)](x3, slot, n, BLOCK=AMAX_BLOCK)
     BR, BC = (32, 32) if tuning.INTERPRET else (64, 64)
-    dummy = rows if rows is not None else trans
+    rows_or, trans_or = (rows if rows is not None else trans), (trans if trans is not None else rows)  # one unused
     k_cast[(triton.cdiv(R, BR), triton.cdiv(Cc, BC), G)](
-        x3, _bytes(rows if rows is not None else dummy), _bytes(trans if trans is not None else dummy), slot,
-        R, Cc, *x3.stride(), ROWS=rows is not None, TRANS=trans is not None, BR=BR, BC=BC)  # fmt: skip
+        x3, rows_or.view(torch.uint8), trans_or.view(torch.uint8), slot, R, Cc, *x3.stride(),
+        ROWS=rows is not None, TRANS=trans is not None, BR=BR, BC=BC)  # fmt: skip
 
 
 def _amax_programs(x: torch.Tensor) -> int:
@@ -126,10 +127,6 @@ def _amax_programs(x: torch.Tensor) -> int:
     if not x.is_cuda:
         return 4
     return 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8)
 
 
 def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
@@ -168,10 +165,8 @@ class Scratch:
 
     @staticmethod
     def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:
-        n = 1
-        for s in shape:
-            n *= s
-        return flat[:n].view(shape)
+        """The first prod(shape) elements of a flat scratch buffer, as that shape."""
+        return flat[: math.prod(shape)].view(shape)
 
 
 def scratch_rows(N: int, C: int) -> list[tuple[str, tuple[int, ...], str]]:
