@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--numpy-steps", type=int, default=0)
-    p.add_argument("--precision", help="override train.precision (fp32, bf16, fp16)")
+    p.add_argument("--precision", help="override train.precision (fp32, bf16, fp16, fp8)")
     a = p.parse_args()
     out = Path(a.out)
     trace = os.environ.get("MICROGPT_MEMTRACE") == "1"  # list the live device blocks beside the arena at steps 1, 10

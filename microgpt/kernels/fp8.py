@@ -30,6 +30,7 @@ weight-gradient product; each site's saved transposed input is planned by `saved
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,6 @@ from microgpt.fp8 import SLOT, Fp8Weight, site_shapes
 from microgpt.kernels import tuning
 from microgpt.kernels.gemm import k_mm_scaled
 
-AMAX_BLOCK = 4096
 SLOT_DY, SLOT_DH = 0, 1  # the scratch's scale slots: an output gradient, and the MLP's dh beside it
 SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
 
@@ -114,19 +114,47 @@ def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, tra
     if not amax_done:
         slot[1].zero_()
         n = x3.numel()
-        k_amax[(min(triton.cdiv(n, AMAX_BLOCK), _amax_programs(x)),)](x3, slot, n, BLOCK=AMAX_BLOCK)
-    BR, BC = (32, 32) if tuning.INTERPRET else (64, 64)
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+
+        def amax(block: int, per_sm: int, warps: int) -> Callable[[], None]:
+            grid = (min(triton.cdiv(n, block), per_sm * sms),)
+            return lambda: k_amax[grid](x3, slot, n, BLOCK=block, num_warps=warps)
+
+        _run(amax, AMAX_CONFIGS, "fp8_amax", f"{n}:{x.dtype}")
     rows_or, trans_or = (rows if rows is not None else trans), (trans if trans is not None else rows)  # one unused
-    k_cast[(triton.cdiv(R, BR), triton.cdiv(Cc, BC), G)](
-        x3, rows_or.view(torch.uint8), trans_or.view(torch.uint8), slot, R, Cc, *x3.stride(),
-        ROWS=rows is not None, TRANS=trans is not None, BR=BR, BC=BC)  # fmt: skip
+
+    def cast(br: int, bc: int, warps: int) -> Callable[[], None]:
+        grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), G)
+        return lambda: k_cast[grid](x3, rows_or.view(torch.uint8), trans_or.view(torch.uint8), slot, R, Cc,
+                                    *x3.stride(), ROWS=rows is not None, TRANS=trans is not None, BR=br, BC=bc,
+                                    num_warps=warps)  # fmt: skip
+
+    _run(cast, CAST_CONFIGS, "fp8_cast", f"{G}x{R}x{Cc}:{x3.stride()}:{x.dtype}:{int(rows is not None)}"
+         f"{int(trans is not None)}")  # fmt: skip
 
 
-def _amax_programs(x: torch.Tensor) -> int:
-    """Programs of k_amax: a few per multiprocessor (a handful in the interpreter)."""
-    if not x.is_cuda:
-        return 4
-    return 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+# Launch configurations, timed once per GPU and shape in the warm-up (tuning.py); the interpreter takes the first.
+# k_amax: (BLOCK, programs per multiprocessor, warps); k_cast: (BR, BC, warps)
+AMAX_CONFIGS = {"b4096x4": (4096, 4, 4), "b8192x8": (8192, 8, 8), "b2048x16": (2048, 16, 4), "b16384x2": (16384, 2, 8)}
+CAST_CONFIGS = {"32x32": (32, 32, 4), "64x64": (64, 64, 4), "64x128": (64, 128, 4), "128x64": (128, 64, 8),
+                "128x128": (128, 128, 8), "32x128": (32, 128, 4)}  # fmt: skip
+
+
+def _run(make: Callable[..., Callable[[], None]], configs: dict[str, tuple[int, ...]], table: str, key: str) -> None:
+    """Launch with the configuration chosen for this key (every candidate computes the same bytes: the casts are
+    exact and the amax a max, so the warm-up may run each several times)."""
+    if tuning.INTERPRET:
+        make(*next(iter(configs.values())))()
+        return
+    choice = _chosen.get((table, key))
+    if choice is None:
+        choice = tuning.choose(table, key, {c: make(*configs[c]) for c in configs})
+        if tuning.is_open() or key in tuning.choices(table):  # outside the warm-up: the first, not kept
+            _chosen[(table, key)] = choice
+    make(*configs[choice])()
+
+
+_chosen: dict[tuple[str, str], str] = {}
 
 
 def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
