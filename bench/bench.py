@@ -2,6 +2,12 @@
 
     python3 bench/bench.py                      # every config, one subprocess each; prints one markdown table
     python3 bench/bench.py --impl eager --mb 8  # one config in this process; prints one JSON line
+    python3 bench/bench.py --impls compile torchao microgpt microgpt-fp8 --mbs 32 8   # the fp8 table
+
+Impls: eager and compile (the PyTorch baseline, bench/torch_gpt.py, bf16 autocast), torchao and torchao-rowwise
+(compile plus torchao's float8 training on every block linear, tensorwise or rowwise scaling; the tied head stays
+bf16: it is F.linear on wte, not an nn.Linear, so convert_to_float8_training never sees it), microgpt (--precision,
+default bf16) and microgpt-fp8 (microgpt with precision fp8).
 
 Shape: ANDREA-120M (d 768, 12 layers, 12 heads, T 1024, vocab 50304), bf16, AdamW (fused), clip 1.0, one
 micro-batch per optimizer step. Each step: copy a batch in, forward, backward, clip, AdamW, zero; tokens/s is
@@ -31,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt import memory  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
 
-PEAK_FLOPS = 989e12
+PEAK_FLOPS = 989e12  # dense bf16; fp8 runs are counted against it too, so their MFU compares with bf16's
+IMPLS = ["eager", "compile", "torchao", "torchao-rowwise", "microgpt", "microgpt-fp8"]
 SHAPE = ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024)
 
 
@@ -84,11 +91,17 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
             "gemm": linear.gemm_choices()}  # fmt: skip
 
 
-def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
+def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,
+              float8: str | None = None) -> dict:  # fmt: skip
     from bench.torch_gpt import GPT, make_optimizer
 
     torch.manual_seed(0)
     net = GPT(m.vocab_size, m.d_model, m.n_layer, m.n_head, m.seq_len).cuda()
+    if float8:  # torchao float8 training: every nn.Linear (the block linears) swapped for Float8Linear
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        cfg = Float8LinearConfig() if float8 == "tensorwise" else Float8LinearConfig.from_recipe_name(float8)
+        convert_to_float8_training(net, config=cfg)
     opt = make_optimizer(net)
     fwd = torch.compile(net) if compiled else net
     data = [tuple(torch.from_numpy(a).long().pin_memory() for a in b) for b in batches(mb, m)]
@@ -110,10 +123,14 @@ def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConf
 
 def run_one(args: argparse.Namespace) -> dict:
     torch.cuda.reset_peak_memory_stats()
-    if args.impl == "microgpt":
+    if args.impl == "microgpt-fp8":
+        args.precision = "fp8"
+    if args.impl in ("microgpt", "microgpt-fp8"):
         res = run_microgpt(args.mb, args.precision, args.warmup, args.steps)
     else:
-        res = run_torch(args.mb, args.impl == "compile", args.warmup, args.steps)
+        float8 = {"torchao": "tensorwise", "torchao-rowwise": "rowwise"}.get(args.impl)
+        res = run_torch(args.mb, args.impl != "eager", args.warmup, args.steps, float8=float8)
+        args.precision = f"bf16 + float8 {float8}" if float8 else "bf16"
     tok = args.mb * SHAPE.seq_len
     med = statistics.median(res.pop("times"))
     res.update(impl=args.impl, mb=args.mb, precision=args.precision, step_ms=1000 * med, tokens_per_s=tok / med,
@@ -128,20 +145,21 @@ def vs_plan(r: dict, key: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| impl | micro-batch | tokens/s | vs eager | vs compile | MFU | step ms | peak GiB | steady peak GiB "
-             "| planned GiB | first step vs plan | steady vs plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| impl | precision | micro-batch | tokens/s | vs eager | vs compile | vs microgpt bf16 | MFU | step ms "
+             "| peak GiB | steady peak GiB | planned GiB | first step vs plan | steady vs plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(r["impl"], r["mb"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
     for r in rows:
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['impl']} | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | | | |")
+            lines.append(f"| {r['impl']} | | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | | | | |")
             continue
         ratio = [f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
-                 for b in ("eager", "compile")]  # fmt: skip
+                 for b in ("eager", "compile", "microgpt")]  # fmt: skip
         planned = f"{r['planned'] / 2**30:.2f}" if r.get("planned") else "-"
         steady = f"{r['peak_steady'] / 2**30:.2f}" if r.get("peak_steady") else "-"
         peak = f"{r['peak'] / 2**30:.2f}"
-        lines.append(f"| {r['impl']} | {r['mb']} | {r['tokens_per_s']:,.0f} | {ratio[0]} | {ratio[1]} | "
+        lines.append(f"| {r['impl']} | {r.get('precision', '')} | {r['mb']} | {r['tokens_per_s']:,.0f} | {ratio[0]} | "
+                     f"{ratio[1]} | {ratio[2]} | "
                      f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {peak} | {steady} | {planned} | "
                      f"{vs_plan(r, 'peak_first')} | {vs_plan(r, 'peak_steady')} |")  # fmt: skip
     return "\n".join(lines)
@@ -172,7 +190,7 @@ def run_all(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--impl", choices=["microgpt", "eager", "compile"])
+    p.add_argument("--impl", choices=IMPLS)
     p.add_argument("--mb", type=int, default=8)
     p.add_argument("--mbs", type=int, nargs="+", default=[8, 32])
     p.add_argument("--impls", nargs="+", default=["eager", "compile", "microgpt"])

@@ -6,6 +6,8 @@
 #   quick:   bench.py, microgpt bf16 and fp8 at micro-batch 32 and 8 (MBS), one JSON line each
 #   profile: where an fp8 step's time goes (dev/profile_step.py 32 fp8)
 #   suite:   the kernel, op and model tests (every precision: the linear and MLP backward changed for all)
+#   parity12, parity120, resume: dev/fp8_check.py (bf16 against fp8; SIGTERM + resume in fp8)
+#   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt"
@@ -48,7 +50,16 @@ for line in sys.stdin:
                | head -${PROFILE_LINES:-45} | cut -c1-200 ;;
     suite) timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" tests/kernels tests/ops \
              tests/test_model.py -p no:cacheprovider 2>&1 | tee "$OUT/suite.txt" | tail -25 | cut -c1-400 ;;
-    *) echo "unknown stage $s (tests quick profile suite)" ;;
+    parity12|parity120|resume) timeout ${CHECK_TIMEOUT:-300} python3 dev/fp8_check.py $s 2>&1 \
+               | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
+    bench) rm -f "$OUT/bench-table.jsonl"
+           timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
+             --mbs ${MBS:-32 8} --steps 30 --warmup 8 --timeout 200 --jsonl "$OUT/bench-table.jsonl" \
+             >/dev/null 2>"$OUT/bench.err"
+           tail -3 "$OUT/bench.err" | cut -c1-400
+           python3 -c 'import json, sys; from bench.bench import table
+print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
+    *) echo "unknown stage $s (probe tests quick profile suite parity12 parity120 resume bench)" ;;
   esac
 done
 log done
