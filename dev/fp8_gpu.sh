@@ -54,7 +54,7 @@ for line in sys.stdin:
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
-             --mbs ${MBS:-32 8} --steps 30 --warmup 8 --timeout 200 --jsonl "$OUT/bench-table.jsonl" \
+             --mbs ${MBS:-32 8} --steps 20 --warmup 5 --timeout 200 --jsonl "$OUT/bench-table.jsonl" \
              >/dev/null 2>"$OUT/bench.err"
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
