@@ -186,6 +186,30 @@ def test_two_simulated_nodes_under_torchrun_train_what_the_launcher_trains(runs)
     assert not (tmp / "node1/ckpt").exists() or not any((tmp / "node1/ckpt").iterdir())  # rank 0 alone writes
 
 
+def test_four_processes_match_one_and_resume_bit_exactly_after_sigterm(runs) -> None:
+    """Four processes (issue 17 on the CPU: the N-rank path gloo runs here is the one NCCL runs on GPUs): micro-batch
+    B/2 each trains what one process with 2B trains; SIGTERM to the launcher mid-run, then --resume latest, ends on
+    the final checkpoint bytes of an uninterrupted four-process run."""
+    tmp, exp = runs["tmp"], runs["exp"]
+    half = ("--set", f"train.micro_batch={B // 2}", "--procs", "4")
+    whole = train(exp, tmp / "four", "--steps", "6", *half)
+    assert records(whole.stdout, "start")[0]["world_size"] == 4
+    for a, b in zip(records(runs["one"].stdout, "step"), records(whole.stdout, "step")):
+        assert_close(b["loss"], a["loss"], f"step {a['step']} loss")
+    name = checkpoint.ckpt_name(6)
+    assert_same_state(tmp / "one/ckpt" / name, tmp / "four/ckpt" / name)
+    proc = start(exp, tmp / "four_cut", "--steps", "6", *half, "--set", "train.ckpt_every=1000")
+    seen: list[dict] = []
+    read_until(proc, seen, lambda r: r["event"] == "step" and r["step"] >= 2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    stopped = json.loads(out.splitlines()[-1])
+    assert stopped["event"] == "stopped" and stopped["reason"] == "SIGTERM" and stopped["step"] < 6, stopped
+    train(exp, tmp / "four_cut", "--steps", "6", *half, "--resume", "latest")
+    assert (tmp / "four/ckpt" / name).read_bytes() == (tmp / "four_cut/ckpt" / name).read_bytes()
+
+
 # --- signals and failures -----------------------------------------------------------------------------------
 def test_signals_to_the_launcher_reach_every_rank(runs) -> None:
     """Two processes resumed from a ONE-process checkpoint; SIGUSR1 then SIGTERM: one checkpoint each, exit 0."""
