@@ -138,3 +138,17 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype) -> None:
     for name, got, want in [("h", h_t, h_n), ("out", out_t, out_n), ("dx", dx_t, dx_n), ("dw1", dw1_t, dw1_n),
                             ("dw2", dw2_t, dw2_n)]:  # fmt: skip
         check(name, h(got), want, tol)
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_names_the_field(monkeypatch) -> None:
+    """An A100 (compute capability 8.0) has no FP8 tensor cores: get_backend refuses with one ConfigError naming
+    train.precision. (No such GPU here: the device queries are what is replaced, the check is the real one.)"""
+    from microgpt import backend, config
+    from microgpt.kernels import runtime, tuning
+
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(runtime.torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(config.ConfigError, match=r"^train.precision 'fp8' needs FP8 tensor cores .* A100.* is 8\.0"):
+        backend.get_backend("triton", "fp8")
