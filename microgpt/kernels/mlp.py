@@ -69,19 +69,28 @@ def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Te
                 w2: torch.Tensor | Fp8Weight, q: fp8.Scratch | None = None) -> None:  # fmt: skip
     C, H = w1.shape
     h2, a2, x2 = h.view(-1, H), a.view(-1, H), x.view(-1, C)
-    n = h2.numel()
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        N = x2.shape[0]
-        fp8.quantize(x2, w1.xscale, q.view(q.x8, N, C), w1.xt.view(C, N))
-        fp8.mm8(h2, q.view(q.x8, N, C), w1.xscale[:1], w1.w8t[0].t(), w1.scale[:1])
-        w2.xscale[1].zero_()
-        k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, w2.xscale[1:], n, AMAX=True, BLOCK=BLOCK)
-        fp8.quantize(a2, w2.xscale, q.view(q.x8, N, H), w2.xt.view(H, N), amax_done=True)
-        fp8.mm8(out.view(-1, C), q.view(q.x8, N, H), w2.xscale[:1], w2.w8t[0].t(), w2.scale[:1])
+        _mlp_forward_fp8(out.view(-1, C), h2, a2, x2, w1, w2, q)
         return
     mm(h2, x2, w1)
-    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, h2, n, AMAX=False, BLOCK=BLOCK)
+    n = h2.numel()
+    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, h2, n, AMAX=False, BLOCK=BLOCK)  # amax_ptr unused: any pointer
     mm(out.view(-1, C), a2, w2)
+
+
+def _mlp_forward_fp8(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: Fp8Weight,
+                     w2: Fp8Weight, q: fp8.Scratch) -> None:  # fmt: skip
+    """mlp_forward's two GEMMs on E4M3 operands (2D views: x, out (N,C); h, a (N,H)). Each input is cast once, into
+    the rows its GEMM reads and the transpose its site keeps for the weight gradient; GELU leaves a's amax."""
+    (N, C), H = x.shape, h.shape[1]
+    x8, a8 = q.view(q.x8, N, C), q.view(q.x8, N, H)
+    fp8.quantize(x, w1.xscale, x8, w1.xt.view(C, N))
+    fp8.mm8(h, x8, w1.xscale[:1], w1.w8t[0].t(), w1.scale[:1])
+    w2.xscale[1].zero_()
+    n = h.numel()
+    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a, h, w2.xscale[1:], n, AMAX=True, BLOCK=BLOCK)
+    fp8.quantize(a, w2.xscale, a8, w2.xt.view(H, N), amax_done=True)
+    fp8.mm8(out, a8, w2.xscale[:1], w2.w8t[0].t(), w2.scale[:1])
 
 
 def mlp_backward(
@@ -105,7 +114,7 @@ def mlp_backward(
         return
     mm(dh2, dout2, w2.t())
     n = h2.numel()
-    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, h2, n, FP8=False, BLOCK=BLOCK)
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, h2, n, FP8=False, BLOCK=BLOCK)  # amax_ptr unused
     mm(dw2, a2.t(), dout2, accumulate=True)
     mm(dw1, x2.t(), dh2, accumulate=True)
     mm(dx.view(-1, C), dh2, w1.t())
