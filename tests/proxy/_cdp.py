@@ -97,10 +97,20 @@ class Chromium:
             time.sleep(0.05)
         raise AssertionError(f"page never showed {what}; last data-*: {ds}")
 
-    def set_files(self, selector: str, paths: list[Path]) -> None:
-        root = self.call("DOM.getDocument")["root"]["nodeId"]
-        node = self.call("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
-        self.call("DOM.setFileInputFiles", {"nodeId": node, "files": [str(p) for p in paths]})
+    def set_files(self, selector: str, paths: list[Path], timeout: float = 30) -> None:
+        """Give the file input `selector` these files. A page still loading can replace its document between
+        getDocument and querySelector (the node ids then belong to the old one): ask again until it holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                root = self.call("DOM.getDocument")["root"]["nodeId"]
+                node = self.call("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+                self.call("DOM.setFileInputFiles", {"nodeId": node, "files": [str(p) for p in paths]})
+                return
+            except AssertionError as e:
+                if "Could not find node" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def mouse(self, kind: str, x: float, y: float, **kw: Any) -> None:
         """A mouse event at CSS pixel (x, y): kind is mouseMoved, mousePressed, mouseReleased or mouseWheel."""
