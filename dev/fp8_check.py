@@ -2,7 +2,7 @@
 
     python3 dev/fp8_check.py parity12     # ANDREA-12M, 2,000 steps, bf16 then fp8: val loss at every eval
     python3 dev/fp8_check.py parity120    # ANDREA-120M, 500 steps, the same
-    python3 dev/fp8_check.py resume       # ANDREA-12M fp8: SIGTERM mid-run, resume, final checkpoint bytes
+    python3 dev/fp8_check.py resume       # ANDREA-12M fp8: SIGTERM mid-run, resume, final checkpoint bytes (sha256)
 
 The GPU machine has the built-in corpus only (data.source=builtin; it builds it for its Python). ANDREA-120M keeps
 its shape (vocab 50,304) and reads the built-in corpus through ANDREA-12M's 4,096-entry BPE (data.tokenizer:
@@ -10,12 +10,13 @@ the rows past 4,096 are never a target), at 8 x 4 x 1,024 tokens a step (the rec
 small corpus ~50 times in 500 steps). Same seed, same data order in both precisions. Reported per run: every
 eval's val loss, the train loss every 50 steps, and `spike`: the largest rise of the train loss over its mean of
 the 20 steps before. --set passes overrides to every run (try it on the CPU with --set train.backend=numpy and a
-small model).
+small model). --jsonl FILE appends every result line to FILE too.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +32,15 @@ from microgpt import checkpoint  # noqa: E402
 
 BUILTIN = ["--set", "data.source=builtin", "--set", 'data.path=""']
 EXTRA: list[str] = []
+JSONL: list[Path] = []  # --jsonl: every result line also appended there
+
+
+def emit(rec: dict) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    for path in JSONL:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 def train(exp: str, out: Path, *args: str, timeout: int = 400) -> list[dict]:
@@ -61,14 +71,13 @@ def parity(exp: str, steps: int, eval_every: int, precisions: list[str], *args: 
         recs = train(exp, out, "--precision", p, "--steps", str(steps), "--set",
                      f"train.eval_every={eval_every}", "--set", "train.ckpt_every=100000", *args)  # fmt: skip
         runs[p] = summary(recs)
-        print(json.dumps({"check": "parity", "exp": exp, "precision": p, "wall_s": round(time.monotonic() - t0, 1),
-                          **runs[p]}), flush=True)  # fmt: skip
+        emit({"check": "parity", "exp": exp, "precision": p, "wall_s": round(time.monotonic() - t0, 1), **runs[p]})
     a, b = (runs[p]["evals"] for p in precisions[:2])
     last = max(a)
-    print(json.dumps({"check": "parity", "exp": exp, "steps": steps, "final_val": {p: runs[p]["evals"][last]
-                      for p in precisions[:2]}, "rel_diff_final": round(b[last] / a[last] - 1, 5),
-                      "max_rel_diff_any_eval": round(max(abs(b[s] / a[s] - 1) for s in a), 5),
-                      "spike": {p: runs[p]["spike"] for p in precisions}}), flush=True)  # fmt: skip
+    emit({"check": "parity", "exp": exp, "steps": steps, "final_val": {p: runs[p]["evals"][last]
+          for p in precisions[:2]}, "rel_diff_final": round(b[last] / a[last] - 1, 5),
+          "max_rel_diff_any_eval": round(max(abs(b[s] / a[s] - 1) for s in a), 5),
+          "spike": {p: runs[p]["spike"] for p in precisions}})  # fmt: skip
 
 
 def resume(precision: str, steps: int) -> None:
@@ -96,18 +105,9 @@ def resume(precision: str, steps: int) -> None:
     name = checkpoint.ckpt_name(steps)
     a, b = (whole / "ckpt" / name).read_bytes(), (cut / "ckpt" / name).read_bytes()
     first = next(r for r in recs if r["event"] == "step")
-    print(
-        json.dumps(
-            {
-                "check": "resume",
-                "precision": precision,
-                "stopped": stopped[-1] if stopped else None,
-                "resumed_at_step": first["step"],
-                "bytes": len(a),
-                "identical_final_checkpoint": a == b,
-            }
-        )
-    )
+    emit({"check": "resume", "precision": precision, "stopped": stopped[-1] if stopped else None,
+          "resumed_at_step": first["step"], "bytes": len(a), "sha256_whole": hashlib.sha256(a).hexdigest(),
+          "sha256_resumed": hashlib.sha256(b).hexdigest(), "identical_final_checkpoint": a == b})  # fmt: skip
 
 
 def main() -> None:
@@ -116,7 +116,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="default: 2000 (parity12), 500 (parity120), 200 (resume)")
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"])
     p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
+    p.add_argument("--jsonl", type=Path, help="also append every result line to this file")
     a = p.parse_args()
+    JSONL.extend([a.jsonl] if a.jsonl else [])
     EXTRA.extend(x for kv in a.set for x in ("--set", kv))
     if a.what == "parity12":
         parity("experiments/ANDREA-12M-TRAIN.json", a.steps or 2000, 250, a.precisions)
