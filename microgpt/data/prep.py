@@ -173,9 +173,29 @@ def check_out(out: Path, flag: str = "--out") -> None:
                         "replace it; choose a new or empty folder")  # fmt: skip
 
 
+def remove_stale(out: Path) -> None:
+    """Remove what a killed prep into `out` left beside it: its `.<out>.tmp-<pid>` (and `.old-<pid>`) folder, when
+    that process is gone. A running prep's folders are left to it."""
+    for leftover in out.parent.glob(f".{out.name}.*-*"):
+        kind, _, pid = leftover.name[len(out.name) + 2 :].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings) -> dict:
     """Split, tokenize, write shards and manifest.json into a temp folder, then move it to `out` (check_out)."""
     check_out(out)
+    remove_stale(out)
     splits = split_and_weight(sources, s.val_fraction, s.seed)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

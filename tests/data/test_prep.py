@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -112,6 +114,30 @@ def test_deterministic_and_tokenizer_reuse(corpus: Path, tmp_path: Path) -> None
     assert not m["tokenizer_trained"]
     assert m["tokenizer_sha256"] == json.loads((corpus / "manifest.json").read_text())["tokenizer_sha256"]
     assert (reused / "train_000000.bin").read_bytes() != (corpus / "train_000000.bin").read_bytes()  # other seed
+
+
+def test_a_killed_preps_temp_folder_is_removed_by_the_next(tmp_path: Path) -> None:
+    """A prep killed mid-run leaves `.<out>.tmp-<pid>`; the next prep into the same --out removes it (its process is
+    gone), and leaves a running prep's folder alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".builtin.tmp-{dead.pid}"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "train_000000.bin").write_bytes(b"x" * 100)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    running = tmp_path / f".builtin.tmp-{alive.pid}"
+    running.mkdir()
+    other = tmp_path / ".builtin-notes.tmp-1"  # not prep's name pattern for this --out
+    other.mkdir()
+    out = tmp_path / "builtin"
+    try:
+        assert (
+            prep.main(["--builtin", "--out", str(out), "--vocab-size", "400", "--max-bytes", "20000", "--quiet"]) == 0
+        )
+    finally:
+        alive.kill()
+        alive.wait()
+    assert not stale.exists() and running.is_dir() and other.is_dir() and (out / "manifest.json").is_file()
 
 
 def test_builtin_small(tmp_path: Path) -> None:
