@@ -6,7 +6,10 @@ Mounting needs root (CAP_SYS_ADMIN); where the mount fails the test is skipped a
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +59,39 @@ def test_disk_full_during_a_checkpoint(tmp_path: Path, small_disk: Path) -> None
     # The folder is usable as it is: the run resumes from the intact checkpoint (to step 2: already complete).
     again = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", "2", env=ENV)
     assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
+
+
+def test_disk_full_under_the_proxy(tmp_path: Path, small_disk: Path) -> None:
+    """The disk fills while `microgpt run` trains: the proxy's next run-file write fails; it stops the engine and
+    ends with exit 4 and, as its last word, one `error:` line naming the file; no traceback; the run files keep
+    their last complete version."""
+    from tests.proxy._helpers import write_exp
+
+    exp = write_exp(tmp_path, train={"steps": 100000, "ckpt_every": 100000, "eval_every": 100000})
+    out = small_disk / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "microgpt.cli", "run", str(exp), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    try:
+        loss = out / "proxy-test.loss.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (loss.exists() and len(json.loads(loss.read_bytes() or b"{}")
+                                                                           .get("train", [])) >= 5):  # fmt: skip
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        with open(small_disk / "filler", "wb") as f:  # take every byte that is left
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_WRITE, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "cannot write the run file" in last and "No space left" in last, err
+    history = json.loads(loss.read_text())  # the last complete version, not a torn one
+    assert len(history["train"]) >= 5

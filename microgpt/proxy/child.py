@@ -78,7 +78,11 @@ class Engine:
         except ProcessLookupError:
             pass
 
-    def wait(self) -> int:
-        rc = self.proc.wait()
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code; None if the engine is still running after `timeout` seconds."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
         self.err_thread.join(timeout=2)
         return rc

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from microgpt.errors import InputError, brief
+from microgpt.errors import InputError, WriteError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json
 from microgpt.fileio import read_json as read_json_file
 
@@ -159,8 +159,20 @@ class LossHistory:
 
     def flush(self) -> None:
         if self.dirty:
-            atomic_write_json(self.path, self.data, compact=True, sync_dir=False)
+            write_run_file(self.path, self.data)
             self.dirty = False
+
+
+def write_run_file(path: Path | None, data: dict[str, Any]) -> None:
+    """One run file rewritten whole (atomically: the previous version stays until the new one is complete). A write
+    the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it."""
+    if path is None:
+        return
+    try:
+        atomic_write_json(path, data, compact=True, sync_dir=False)
+    except OSError as e:
+        raise WriteError(f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
+                         "the engine was stopped") from None  # fmt: skip
 
 
 def replay_engine_log(path: Path, run: str) -> LossHistory | None:
@@ -201,7 +213,7 @@ class JsonDoc:
 
     def flush(self) -> None:
         self.data["updated"] = utc_now()
-        atomic_write_json(self.path, self.data, compact=True, sync_dir=False)
+        write_run_file(self.path, self.data)
 
 
 def archive(paths: list[Path], phase: str) -> list[str]:
@@ -215,6 +227,9 @@ def archive(paths: list[Path], phase: str) -> list[str]:
         if not path.exists():
             continue
         dest = path.parent / "archive" / f"{path.name.removesuffix('.json')}.{phase}.{stamp}.json"
-        atomic_write_bytes(dest, [path.read_bytes()], sync_dir=False)
+        try:
+            atomic_write_bytes(dest, [path.read_bytes()], sync_dir=False)
+        except OSError as e:
+            raise WriteError(f"{dest}: cannot archive the run file ({e.strerror or e}); {path} is intact") from None
         done.append(str(dest))
     return done

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from microgpt.errors import WriteError
 from microgpt.proxy.phases import ProxySettings
 from microgpt.proxy.runfiles import JsonDoc
 
@@ -112,6 +113,11 @@ class Sampler:
             return  # killed by close(): not a sampling failure worth recording
         with self.lock:
             self.doc.data["samples"].append(rec)
-            self.doc.flush()
+            try:
+                self.doc.flush()
+            except WriteError as e:  # a full disk: the proxy's own next write stops the run; sample no more
+                self.closed = True
+                self.log(f"samples not recorded: {e}")
+                return
         if "error" in rec:
             self.log(f"sample at step {step} failed: {rec['error']}")

@@ -45,7 +45,7 @@ from typing import Any
 
 from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
-from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, exit_on_input_error
+from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, exit_on_input_error
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit, pid_alive
 from microgpt.proxy.dashboard import DashboardServer
@@ -229,6 +229,8 @@ class Supervisor:
         self.sampler = Sampler(self.samples, self.settings, self.lock, log)
         try:
             return self._loop(resumed)
+        except WriteError:
+            raise  # a run file cannot be written, the status included: main says so in one line (exit 4)
         except BaseException as e:
             self._crashed(f"proxy: {type(e).__name__}: {e}")
             raise
@@ -308,15 +310,22 @@ class Supervisor:
             eng = Engine(self.engine_cmd(ph, ckpt), held.child_env() if held else {}, (held.fd,) if held else ())
         except OSError as e:
             return Outcome("failed", f"cannot start the engine: {e}")
-        self.state.update(engine_pid=eng.proc.pid, status="running")
-        self.flush()
+        writable = True
         try:
+            self.state.update(engine_pid=eng.proc.pid, status="running")
+            self.flush()
             return self.watch(eng, ph)
+        except WriteError:
+            writable = False
+            eng.signal(signal.SIGTERM)  # the engine checkpoints what it can (a full disk: its exit 4) and stops
+            eng.wait(self.settings.hang_timeout_s)
+            raise
         finally:
             eng.signal(signal.SIGKILL)  # the whole group: whatever of this engine is left, before the next one
             eng.wait()
             self.state.update(engine_pid=None)
-            self.flush()
+            if writable:
+                self.flush()
 
     def watch(self, eng: Engine, ph: Phase) -> Outcome:
         """Read the engine's lines until it exits or hangs; forward signals; keep the files current."""
@@ -415,8 +424,13 @@ def run_parser() -> ArgParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2."""
-    return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
+    """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2; a run file
+    the disk refuses (full, read-only) is one `error:` line and exit 4, the engine stopped first."""
+    try:
+        return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
+    except WriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_WRITE
 
 
 def supervise(argv: list[str]) -> int:
