@@ -7,7 +7,9 @@
 The GPU machine has the built-in corpus only (data.source=builtin; it builds it for its Python). ANDREA-120M keeps
 its shape (vocab 50,304) and reads the built-in corpus through ANDREA-12M's 4,096-entry BPE (data.tokenizer:
 the rows past 4,096 are never a target), at 8 x 4 x 1,024 tokens a step (the recipe's 8 x 16 would go over the
-small corpus ~50 times in 500 steps). Same seed, same data order in both precisions. Reported per run: every
+small corpus ~50 times in 500 steps). --data DIR trains on a prepared shard folder instead: dev/fp8_gpu.sh's
+prep-big stage makes one the models cannot memorize from the Python sources of torch and triton on the GPU machine
+(about 50 MB; 4,096 BPE). Same seed, same data order in both precisions. Reported per run: every
 eval's val loss, the train loss every 50 steps, and `spike`: the largest rise of the train loss over its mean of
 the 20 steps before. --set passes overrides to every run (try it on the CPU with --set train.backend=numpy and a
 small model). --jsonl FILE appends every result line to FILE too.
@@ -30,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from microgpt import checkpoint  # noqa: E402
 
-BUILTIN = ["--set", "data.source=builtin", "--set", 'data.path=""']
+DATA = ["--set", "data.source=builtin", "--set", 'data.path=""']  # --data DIR: shards instead
 EXTRA: list[str] = []
 JSONL: list[Path] = []  # --jsonl: every result line also appended there
 
@@ -45,7 +47,7 @@ def emit(rec: dict) -> None:
 
 def train(exp: str, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     """`microgpt train` in a subprocess; its JSON lines."""
-    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *BUILTIN, *EXTRA, *args]
+    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *DATA, *EXTRA, *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if res.returncode != 0:
@@ -88,7 +90,7 @@ def resume(precision: str, steps: int) -> None:
     for d in (whole, cut):
         shutil.rmtree(d, ignore_errors=True)
     train(exp, whole, *quiet)
-    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(cut), *BUILTIN, *EXTRA, *quiet]
+    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(cut), *DATA, *EXTRA, *quiet]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert proc.stdout is not None
@@ -117,17 +119,22 @@ def main() -> None:
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"])
     p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
     p.add_argument("--jsonl", type=Path, help="also append every result line to this file")
+    p.add_argument("--data", help="a prepared shard folder (microgpt prep) to train on instead of the built-in corpus")
     a = p.parse_args()
+    if a.data:
+        DATA[:] = ["--set", "data.source=shards", "--set", f"data.path={Path(a.data).resolve()}"]
     JSONL.extend([a.jsonl] if a.jsonl else [])
     EXTRA.extend(x for kv in a.set for x in ("--set", kv))
     if a.what == "parity12":
         parity("experiments/ANDREA-12M-TRAIN.json", a.steps or 2000, 250, a.precisions)
     elif a.what == "parity120":
-        tok = sorted((REPO / "data" / "builtin").glob("v4096-*/tokenizer.json"), key=lambda f: f.stat().st_mtime)
-        if not tok:
-            raise SystemExit("no 4,096-entry built-in tokenizer under data/builtin: run parity12 first")
-        parity("experiments/ANDREA-120M-TRAIN.json", a.steps or 500, 100, a.precisions, "--set",
-               f"data.tokenizer={tok[-1]}", "--set", "train.n_micro=4", "--set", "train.warmup_steps=100")  # fmt: skip
+        sets = ["--set", "train.n_micro=4", "--set", "train.warmup_steps=100"]
+        if not a.data:  # the built-in corpus, read through ANDREA-12M's tokenizer
+            tok = sorted((REPO / "data" / "builtin").glob("v4096-*/tokenizer.json"), key=lambda f: f.stat().st_mtime)
+            if not tok:
+                raise SystemExit("no 4,096-entry built-in tokenizer under data/builtin: run parity12 first")
+            sets += ["--set", f"data.tokenizer={tok[-1]}"]
+        parity("experiments/ANDREA-120M-TRAIN.json", a.steps or 500, 100, a.precisions, *sets)
     else:
         resume(a.precisions[-1], a.steps or 200)
 
