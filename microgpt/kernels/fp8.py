@@ -4,9 +4,9 @@ this module matches bit for bit in every cast.
 
 A cast is three launches: zero the slot's amax, k_amax (max |x| into the slot by atomic max), k_cast (the scale
 from the amax, then each element rounded to E4M3, written in the row layout a GEMM's left operand needs and/or
-transposed, as its right operand needs). The rounding is done on the fp32 bits (round to nearest even, as the
-hardware's cvt.rn and ml_dtypes do), so the Triton interpreter, which CI runs, computes the very bytes the GPU
-does.
+transposed, as its right operand needs); one, where the producer left the amax. The rounding is done on the fp32
+bits (round to nearest even, the rounding of torch's E4M3 conversion and of ml_dtypes, which the tests compare
+byte for byte), so the Triton interpreter, which CI runs, computes the very bytes the GPU does.
 
 GEMMs: cuBLASLt's FP8 GEMM wants the left operand row-major and the right one column-major, so every operand is
 cast into the layout its GEMM reads:
