@@ -136,6 +136,8 @@ def triton_backend(precision: str) -> Backend:
     """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1)."""
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
+    if precision == "fp8" and (why := runtime.fp8_unsupported()):
+        raise ConfigError(f"train.precision 'fp8' {why}")
     rt = runtime.Runtime(precision)
 
     def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
@@ -184,6 +186,8 @@ def get_backend(name: str, precision: str) -> Backend:
         except ImportError as e:
             raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip
-        except (RuntimeError, ValueError) as e:  # the runtime's own message names a field where it is one's
-            raise ConfigError(str(e) if str(e).startswith("train.") else f"train.backend 'triton': {e}") from None
+        except ConfigError:
+            raise
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(f"train.backend 'triton': {e}") from None
     raise ConfigError(f"train.backend: unknown backend {name!r}")

@@ -114,9 +114,9 @@ def quantize(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, tra
     if not amax_done:
         slot[1].zero_()
         n = x3.numel()
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
 
         def amax(block: int, per_sm: int, warps: int) -> Callable[[], None]:
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
             grid = (min(triton.cdiv(n, block), per_sm * sms),)
             return lambda: k_amax[grid](x3, slot, n, BLOCK=block, num_warps=warps)
 

@@ -25,13 +25,25 @@ KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8, "f8"
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
 
 
+def fp8_unsupported() -> str | None:
+    """Why this machine cannot run precision "fp8" (it needs FP8 tensor cores), or None where it can. The
+    interpreter runs the FP8 kernels on the CPU (CI)."""
+    if tuning.INTERPRET:
+        return None
+    if not torch.cuda.is_available():
+        return ("needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no CUDA "
+                "GPU; train.backend 'numpy' runs fp8's CPU reference")  # fmt: skip
+    cc = torch.cuda.get_device_capability()
+    if cc < FP8_CAPABILITY:
+        return f"needs FP8 tensor cores (compute capability >= 8.9); {torch.cuda.get_device_name()} is {cc[0]}.{cc[1]}"
+    return None
+
+
 class Runtime:
     def __init__(self, precision: str) -> None:
         if precision not in DTYPES:
-            raise ValueError(f"precision {precision!r} is not supported by the triton backend (fp32, bf16, fp16)")
+            raise ValueError(f"precision {precision!r} is not supported by the triton backend ({', '.join(DTYPES)})")
         self.cuda = torch.cuda.is_available() and not tuning.INTERPRET
-        if precision == "fp8":
-            self._check_fp8()
         if not self.cuda and not tuning.INTERPRET:
             raise RuntimeError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)")
         self.fp8 = precision == "fp8"
@@ -42,19 +54,6 @@ class Runtime:
         self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
         self.workspace_bytes = self._one_stream() if self.cuda else 0
-
-    def _check_fp8(self) -> None:
-        """fp8 needs FP8 tensor cores: a ValueError naming train.precision where this machine has none."""
-        if tuning.INTERPRET:
-            return  # the interpreter runs the FP8 kernels on the CPU (CI)
-        if not self.cuda:
-            raise ValueError("train.precision 'fp8' needs an NVIDIA GPU with FP8 tensor cores (compute capability "
-                              ">= 8.9) and this machine has no CUDA GPU; train.backend 'numpy' runs fp8's CPU "
-                              "reference")  # fmt: skip
-        cc = torch.cuda.get_device_capability()
-        if cc < FP8_CAPABILITY:
-            raise ValueError(f"train.precision 'fp8' needs FP8 tensor cores (compute capability >= 8.9); "
-                              f"{torch.cuda.get_device_name()} is {cc[0]}.{cc[1]}: use bf16")  # fmt: skip
 
     def _one_stream(self) -> int:
         """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS

@@ -19,7 +19,7 @@ from microgpt.ops import fp8 as ref
 from microgpt.ops import linear as rlinear
 from microgpt.ops import mlp as rmlp
 
-from ._kutil import DEVICE, ON_GPU, check, h, t
+from ._kutil import DEVICE, ON_GPU, check, h, rounded, t
 
 F8 = torch.float8_e4m3fn
 # activations as the kernels get them: fp32 everywhere, bf16 (the fp8 runs' compute dtype) on the GPU
@@ -81,10 +81,6 @@ def scratch(N: int, C: int) -> k8.Scratch:
     return k8.Scratch.of({n: torch.zeros(s, dtype=dt[k], device=DEVICE) for n, s, k in k8.scratch_rows(N, C)})
 
 
-def rounded(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    return torch.from_numpy(x).to(dtype).float().numpy()
-
-
 @pytest.mark.parametrize("dtype", ACTS)
 @pytest.mark.parametrize("G", [1, 3])
 def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype) -> None:
@@ -93,8 +89,8 @@ def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype) -> None:
     nw, tw = weights_pair(rng, G, C, OC, N)
     shape = (N, OC) if G == 1 else (G, N, OC)
     x, dout = (
-        rounded(rng.standard_normal((N, C)).astype(np.float32), dtype),
-        rounded(rng.standard_normal(shape).astype(np.float32) * 0.1, dtype),
+        rounded(rng.standard_normal((N, C)).astype(np.float32), dtype).astype(np.float32),
+        rounded(rng.standard_normal(shape).astype(np.float32) * 0.1, dtype).astype(np.float32),
     )
     q = scratch(N, C)
     out_n, dx_n, dw_n = (
@@ -119,8 +115,8 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype) -> None:
     rng = np.random.default_rng(5)
     N, C = 64, 16
     (w1n, w1t), (w2n, w2t) = weights_pair(rng, 1, C, 4 * C, N), weights_pair(rng, 1, 4 * C, C, N)
-    x = rounded(rng.standard_normal((N, C)).astype(np.float32), dtype)
-    dout = rounded(rng.standard_normal((N, C)).astype(np.float32) * 0.1, dtype)
+    x = rounded(rng.standard_normal((N, C)).astype(np.float32), dtype).astype(np.float32)
+    dout = rounded(rng.standard_normal((N, C)).astype(np.float32) * 0.1, dtype).astype(np.float32)
     out_n, h_n, a_n, dh_n = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
     dx_n, dw1_n, dw2_n = np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32), np.zeros((4 * C, C))
     rmlp.mlp_forward(out_n, h_n, a_n, x, w1n, w2n)
