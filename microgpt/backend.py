@@ -59,6 +59,7 @@ class Backend:
     grad_norm_final: Fn
     adamw_step: Fn
     cast_weights: Fn  # fp8: the block linears' E4M3 weight copies from the masters
+    roll_history: Fn  # fp8: the end of a micro-batch: each operand's amax into its history (or forgotten)
     # the device
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view

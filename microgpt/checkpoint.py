@@ -132,7 +132,7 @@ SIDECAR_FIELDS: dict[str, tuple[type, ...]] = {
     "format": (str,), "step": (int,), "n_params": (int,), "bin": (str,), "sha256": (str,), "config": (dict,),
     "tokenizer": (dict,), "params": (list,), "loss_scale": (int, float), "loss_scale_good_steps": (int,),
     "val_loss": (int, float, type(None)), "val_step": (int, type(None)), "mixing": (dict, type(None)),
-    "seed": (int,), "backend": (str,), "precision": (str,), "reason": (str,),
+    "seed": (int,), "backend": (str,), "precision": (str,), "reason": (str,), "fp8_amax_history": (list,),
 }  # fmt: skip
 
 

@@ -101,6 +101,14 @@ class DataParallel:
         t = torch.from_numpy(g) if isinstance(g, np.ndarray) else g
         return _Pending(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True), t)
 
+    def all_reduce_max(self, x: Any) -> None:
+        """x (fp32, contiguous) = its elementwise max over ranks, in place, on the stream's order (fp8's amaxes:
+        every rank then keeps the same scale histories). A CUDA tensor (NCCL) or a NumPy array (gloo)."""
+        import torch
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.from_numpy(x) if isinstance(x, np.ndarray) else x, op=dist.ReduceOp.MAX)
+
     def gather(self, values: Sequence[float | int], dtype: str = "float64") -> np.ndarray:
         """(world_size, len(values)): every rank's values, on every rank (one small all-reduce on the host)."""
         import torch

@@ -5,23 +5,31 @@ run all three of their GEMMs (forward, input gradient, weight gradient) on E4M3 
 Everything else (attention, layernorm, GELU, residual, the tied LM head and cross-entropy) runs as in bf16; master
 weights, gradients and Adam's m and v stay fp32, so the checkpoint is the same file as in every other precision.
 
-Scaling: per tensor, current, a power of two. Just before an operand is cast, its amax = max |x| is taken over the
-whole tensor, and its scale is 2^k with k the largest integer such that amax * 2^k <= 448 (E4M3's largest finite
-value), clamped to [-126, 126] so that 2^k and 2^-k are normal fp32 numbers (amax = 0 gives k = 0):
+Scaling: per tensor, a power of two. A tensor's scale is 2^k with k the largest integer such that
+amax * 2^k <= 448 (E4M3's largest finite value), clamped to [-126, 126] so that 2^k and 2^-k are normal fp32
+numbers (amax = 0 gives k = 0):
 
-    q = e4m3(x * 2^k)          round to nearest even; x * 2^k is exact, so no value rounds past 448: no clamp
+    q = e4m3(clamp(x * 2^k, -448, 448))     round to nearest even; x * 2^k is exact; a non-finite x gives NaN
     y = (sum_i qa_i * qb_i) * 2^-ka * 2^-kb     the GEMM's fp32 sum, then the two inverse scales (exact)
 
-A power of two makes the scaling itself exact (only the E4M3 rounding loses bits), the same on every device and in
-the NumPy reference, and costs at most one bit of the format's range against 448 / amax. Current scaling (the
-tensor's own amax, not a history of earlier steps') keeps no state between steps: resume stays bit-exact with
-the checkpoint unchanged. The QKV site shares one scale over its three weights and one over its three output
-gradients, so its input gradient is one GEMM over K = 3C. A non-finite value casts to NaN (E4M3 has no
-infinity) and reaches the loss, where the step's non-finite check sees it.
+Weights: current scaling. The optimizer step casts each site's fp32 masters once per step, after AdamW, with the
+amax of the masters themselves, into two copies, one per GEMM layout (W for the input gradient, W^T for the
+forward); the model reads them through `Fp8Weight`.
 
-Weights: the optimizer step casts each site's fp32 master weights once per step, after AdamW, into two copies,
-one per GEMM layout (W for the input gradient, W^T for the forward); the model reads them through `Fp8Weight`.
-Activations and output gradients are cast where each linear reads them (microgpt/kernels/fp8.py, ops/fp8.py).
+Activations and output gradients: delayed scaling. Each site's input (x) and output gradient (g) has a slot with
+an amax history of the last HISTORY micro-batches; a cast takes its amax from the largest entry, so the scale is
+known before the tensor exists and its producer can write E4M3 itself (the GELU kernels do: no bf16 copy, no amax
+pass, no separate cast pass). While casting, it records the finite max |x| it met; at the end of each
+micro-batch `roll_history` pushes that amax into the history (the oldest falls out). A value above the history's range
+saturates at +-448. The history is the only state across steps: it rides in the checkpoint's sidecar
+(`fp8_amax_history`), so resume is bit-exact. A run with no history yet (a fresh one, or one resumed from a
+checkpoint of another precision) primes it: its first micro-batch takes each tensor's own amax first (current
+scaling, one more pass on the GPU) and records it as the first entry. With data parallel the recorded amaxes are
+the max over ranks, so every rank keeps the same history.
+
+The QKV site shares one scale over its three weights and one over its three output gradients, so its input
+gradient is one GEMM over K = 3C. Evaluation (a forward without the loss's backward) casts with the histories and
+records nothing (`roll_history(..., shift=False)` forgets what it met).
 """
 
 from __future__ import annotations
@@ -32,8 +40,14 @@ from typing import Any
 
 E4M3_MAX = 448.0
 K_MIN, K_MAX = -126, 126  # the scale exponent's range: 2^k and 2^-k stay normal fp32 numbers
-SLOT = 4  # fp32 words of a scale slot, [2^-k, amax, 0, 0]: 16 bytes, as cuBLASLt reads the inverse scale from an
-# address aligned to 16 bytes (its first word)
+HISTORY = 16  # micro-batches of amax an activation's or gradient's scale looks back over
+# A slot: fp32 words [2^-k, pre, amax, 0] and, for activations and gradients, the history h_0 (newest) .. h_15.
+# 2^-k: the inverse scale of the last cast (the GEMM's; cuBLASLt reads it only from an address aligned to 16 bytes:
+# slots are multiples of 4 words). pre: the amax taken before casting (weights always; operands while priming).
+# amax: the finite max |x| the casts met this micro-batch, which `roll_history` pushes into the history.
+INV, PRE, AMAX, HIST = 0, 1, 2, 4  # word offsets in a slot
+SLOT = 4  # a weight's slot (current scaling: no history)
+OSLOT = HIST + HISTORY  # an operand's slot: an activation's or an output gradient's
 # each block's GEMM sites, by the model's name for the weight (model.py), and the parameters each one holds
 SITES = {"w_qkv": ("w_q", "w_k", "w_v"), "w_o": ("w_o",), "w_1": ("w_1",), "w_2": ("w_2",)}
 
@@ -51,21 +65,38 @@ def site_shapes(C: int) -> dict[str, tuple[int, int, int]]:
     return {"w_qkv": (3, C, C), "w_o": (1, C, C), "w_1": (1, C, 4 * C), "w_2": (1, 4 * C, C)}
 
 
+def reference_amax(slot: Any) -> Any:
+    """The amax a cast into this slot scales by: the largest of its pre word and its history (the kernels compute
+    the same from the same words)."""
+    return max(slot[PRE], slot[HIST:].max()) if len(slot) > HIST else slot[PRE]
+
+
+@dataclass
+class Priming:
+    """Whether the operand histories still need priming (a fresh run): shared by every site of a state, read by
+    the casts (operands then take their own amax first), cleared after the first micro-batch's roll_history."""
+
+    on: bool = True
+
+
 @dataclass(frozen=True)
 class Fp8Weight:
     """One site's weights as the FP8 GEMMs read them. name: the model's ("h3.w_qkv"); master: the fp32
     (G, C_in, C_out) view of the parameters; w8: (C_in, G*C_out), row c holding row c of each of the G weights (the
-    input gradient's operand); w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: their SLOT.
+    input gradient's operand); w8t: (G, C_out, C_in), each weight transposed (the forward's); scale: their SLOT;
+    xslot, gslot: the OSLOTs of the site's input and of its output gradient; priming: the state's Priming.
     On the GPU the site also keeps its input's E4M3 copy from the forward, transposed for the weight gradient:
-    xt (C_in * N,) and xscale, its SLOT (None on the NumPy backend, which casts the input again)."""
+    xt (C_in * N,) (None on the NumPy backend, which casts the input again with the same scale)."""
 
     name: str
     master: Any
     w8: Any
     w8t: Any
     scale: Any
+    xslot: Any
+    gslot: Any
+    priming: Priming
     xt: Any = None
-    xscale: Any = None
 
     @property
     def shape(self) -> tuple[int, ...]:

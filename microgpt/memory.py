@@ -208,15 +208,18 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
 
 
 def fp8_rows(m: ModelConfig) -> list[Buf]:
-    """fp8: every block linear site's two E4M3 weight layouts, and the scale slots of its weights and its input
-    (microgpt/fp8.py)."""
+    """fp8: every block linear site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input
+    and of its output gradient with their amax histories, which carry across steps (microgpt/fp8.py)."""
     bufs = []
     for layer in range(m.n_layer):
         for site, (G, C, OC) in fp8.site_shapes(m.d_model).items():
             name = f"h{layer}.{site}"
             bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
                      Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
-    return bufs + [Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), 2, fp8.SLOT), "optim", "f32")]
+    return bufs + [
+        Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), fp8.SLOT), "optim", "f32"),
+        Buf("fp8_slots", (m.n_layer, len(fp8.SITES), 2, fp8.OSLOT), "optim", "f32"),
+    ]
 
 
 def kind_sizes(t: TrainConfig) -> dict[str, int]:

@@ -3,7 +3,8 @@
 `make_state(m, t, K)` plans the memory (memory.plan: the model's buffers plus the backend's own rows), makes the
 one arena allocation, binds the backend to it, and fills in the weights from the seed: the engine, bench, dev
 scripts and tests all start from here. The state converts to and from the seed's checkpoint format: the fp32
-weights, Adam m and v in the canonical order; the step and the loss scaler ride in the sidecar.
+weights, Adam m and v in the canonical order; the step, the loss scaler and, in fp8, the operands' amax histories
+ride in the sidecar.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class TrainState:
     adam_v: Any
     p_compute: Any  # flat compute copy, or None in fp32
     w8: list[fp8.Fp8Weight]  # fp8: every block linear site's E4M3 copies, which the optimizer step refreshes
+    priming: fp8.Priming  # fp8: whether the operands' amax histories are still empty (read by every site)
     scaler: LossScaler = field(default_factory=LossScaler)
     step: int = 0  # optimizer steps completed
 
@@ -87,6 +89,7 @@ class TrainState:
             self.K.copy_in(self.p_compute, ck.weights)  # the compute copy follows the loaded masters
         if self.w8:
             self.K.cast_weights(self.w8)
+            self._load_history(path, side.get("fp8_amax_history"))
         self.step = ck.step
         self.scaler.scale = float(side.get("loss_scale", self.scaler.scale))
         self.scaler.good_steps = int(side.get("loss_scale_good_steps", 0))
@@ -98,7 +101,35 @@ class TrainState:
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
         meta = {**meta, "loss_scale": self.scaler.scale, "loss_scale_good_steps": self.scaler.good_steps,
                 "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
+        if self.w8 and not self.priming.on:
+            meta["fp8_amax_history"] = self._history().reshape(-1).tolist()
         return checkpoint.write_checkpoint(path, self.step, *host, meta)
+
+    def _history(self) -> np.ndarray:
+        """fp8: every operand slot's amax history, (L, sites, 2, HISTORY) fp32, newest first."""
+        return self.K.to_numpy(self.arena["fp8_slots"])[..., fp8.HIST :].astype(np.float32)
+
+    def _load_history(self, path: str | Path, saved: list | None) -> None:
+        """fp8: the histories from the sidecar (the run goes on scaling as it did); none saved (a checkpoint of
+        another precision, or of a run that never stepped): they are primed by the first micro-batch."""
+        self.K.zero_(self.arena["fp8_slots"])
+        self.priming.on = saved is None
+        if saved is None:
+            return
+        where = f"{checkpoint.sidecar_path(path)}: field 'fp8_amax_history'"
+        want = self._history().shape
+        try:
+            hist = np.array(saved, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise checkpoint.CheckpointError(f"{where} must be a list of numbers") from None
+        if hist.shape != (math.prod(want),):
+            raise checkpoint.CheckpointError(f"{where} must hold {math.prod(want)} numbers (this model's amax "
+                                             f"histories), got {hist.size}")  # fmt: skip
+        if not (np.isfinite(hist).all() and (hist >= 0).all() and (hist <= np.finfo(np.float32).max).all()):
+            raise checkpoint.CheckpointError(f"{where} must hold finite non-negative numbers")
+        slots = np.zeros(self.arena["fp8_slots"].shape, np.float32)
+        slots[..., fp8.HIST :] = hist.reshape(want)
+        self.K.copy_in(self.arena["fp8_slots"], slots)
 
 
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
@@ -108,13 +139,14 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     K = K.bind(arena)
     compute = "compute_params" if memory.has_compute_copy(t) else "params"
     p = arena.flat("params")
-    w8 = fp8_weights(m, arena, p) if t.precision == "fp8" else []
+    priming = fp8.Priming(on=t.precision == "fp8")
+    w8 = fp8_weights(m, arena, p, priming) if t.precision == "fp8" else []
     S = TrainState(
         K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"),
         P_compute={**model.with_qkv(arena.role(compute), arena.flat(compute), m), **{w.name: w for w in w8}},
         G=model.with_qkv(arena.role("grads"), arena.flat("grads"), m),
         p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
-        p_compute=arena.flat(compute) if compute != "params" else None, w8=w8,
+        p_compute=arena.flat(compute) if compute != "params" else None, w8=w8, priming=priming,
         scaler=LossScaler.for_precision(t.precision),
     )  # fmt: skip
     host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
@@ -130,17 +162,18 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     return S
 
 
-def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any) -> list[fp8.Fp8Weight]:
+def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any, priming: fp8.Priming) -> list[fp8.Fp8Weight]:
     """Each block linear site's Fp8Weight: its fp32 masters as one (G, C, OC) view of the flat params `p`, its
-    planned E4M3 copies and scale slot (memory.fp8_rows), in layer then fp8.SITES order."""
+    planned E4M3 copies and slots (memory.fp8_rows), in layer then fp8.SITES order."""
     offsets = memory.param_offsets(m)
     out = []
     for layer in range(m.n_layer):
         for i, (site, (G, C, OC)) in enumerate(fp8.site_shapes(m.d_model).items()):
             o = offsets[f"h{layer}.{fp8.SITES[site][0]}"]
             name = f"h{layer}.{site}"
-            scales = arena["fp8_wscales"][layer, i]
+            slots = arena["fp8_slots"][layer, i]
             xt = arena[name + ".xt"] if name + ".xt" in arena else None  # the triton backend's (kernels/fp8.py)
             out.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
-                                     arena[name + ".w8t"], scales[0], xt, scales[1]))  # fmt: skip
+                                     arena[name + ".w8t"], arena["fp8_wscales"][layer, i], slots[0], slots[1],
+                                     priming, xt))  # fmt: skip
     return out

@@ -116,6 +116,8 @@ class Trainer:
             K.copy_in(A["tokens"][0], x)
             K.copy_in(A["targets"][0], y)
             model.gpt_forward(K, self.m, self.S.P_compute, A, A["tokens"][0], A["targets"][0])
+            if self.S.w8:  # fp8: evaluation scales by the amax histories and leaves nothing in them
+                K.roll_history(A["fp8_slots"], False)
             K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
             s, c = K.to_numpy(A["loss_sum"]).tolist()
             total, count = total + s, count + int(c)

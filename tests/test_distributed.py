@@ -149,6 +149,27 @@ def test_one_process_resumes_a_two_process_checkpoint(runs) -> None:
     assert_same_state(tmp / "one/ckpt" / name, tmp / "resumed/ckpt" / name)
 
 
+def test_fp8_ranks_share_one_history_and_match_one_process(tmp_path: Path) -> None:
+    """fp8 on 2 processes: the amaxes are the max over ranks before each roll, so the ranks keep one history (the
+    replica check would stop a run whose weights drifted apart) and it is the one process's with micro-batch 2B,
+    whose amax is the max over the same rows. (The priming micro-batch scales each rank by its own amax, so the
+    runs agree to fp8's rounding, not bit for bit.)"""
+    exp = write_experiment(tmp_path, train={"micro_batch": B, "precision": "fp8", "backend": "numpy",
+                                            "eval_every": 100})  # fmt: skip
+    one = train(exp, tmp_path / "one", "--steps", "3", "--set", f"train.micro_batch={2 * B}")
+    two = train(exp, tmp_path / "two", "--steps", "3", "--procs", "2")
+    for a, b in zip(records(one.stdout, "step"), records(two.stdout, "step")):
+        assert_close(b["loss"], a["loss"], f"step {a['step']} loss", rel=1e-2)
+    name = checkpoint.ckpt_name(3)
+    h1, h2 = (np.array(checkpoint.read_sidecar(tmp_path / r / "ckpt" / name)["fp8_amax_history"]).reshape(-1, 2, 16)
+              for r in ("one", "two"))  # fmt: skip
+    assert (h2[..., :6] > 0).all() and not h2[..., 6:].any()
+    np.testing.assert_allclose(h2[:, 0], h1[:, 0], rtol=1e-2)  # the sites' inputs
+    # output gradients: a rank's loss is the mean over its B rows, so its gradients are twice the 2B process's; a
+    # gradient's amax is one element, which the priming step's per-rank scales move by up to a few percent
+    np.testing.assert_allclose(h2[:, 1], 2 * h1[:, 1], rtol=0.1)
+
+
 def test_grad_buckets_are_the_layers_in_the_canonical_order() -> None:
     """Layer l's bucket is exactly h{l}.*'s grads (the last layer's takes lnf too); with the rest (wte, wpe) they
     tile the flat gradient array once."""

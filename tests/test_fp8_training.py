@@ -1,19 +1,22 @@
 """precision "fp8" as a run: the memory plan's rows, training on the NumPy reference (loss next to fp32's, the E4M3
-weight copies refreshed every step), bit-exact resume through the real CLI, and the one-line refusal where the
-machine has no FP8 tensor cores."""
+weight copies refreshed every step), the amax histories (primed once, rolled every micro-batch, untouched by
+evaluation, in the checkpoint), bit-exact resume through the real CLI, a bad history in a sidecar, and the
+one-line refusal where the machine has no FP8 tensor cores."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from microgpt import checkpoint, config, fp8, memory
+from microgpt import checkpoint, config, fp8, memory, trainer
 from microgpt.backend import get_backend
 from microgpt.ops import fp8 as ref
 from microgpt.state import make_state
 from microgpt.step import Step
-from tests.conftest import cli, json_lines, write_experiment
+from tests.conftest import TINY, cli, json_lines, write_experiment
 
 M = config.ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=16)
 
@@ -53,13 +56,39 @@ def test_fp8_trains_next_to_fp32_and_recasts_the_weights_each_step() -> None:
         runs[precision] = [step(b, 1e-2).loss for b in batches(0, 30)]
         if precision == "fp8":
             for w in S.w8:  # the copies are the masters' cast after the last update
-                q, inv = ref.quantize(w.master)
+                q, inv = ref.cast(w.master, np.zeros(fp8.SLOT, np.float32), current=True)
                 np.testing.assert_array_equal(w.w8t.view(np.uint8), q.transpose(0, 2, 1).view(np.uint8))
                 assert w.scale[0] == inv
     f32, f8 = np.array(runs["fp32"]), np.array(runs["fp8"])
     assert f8[-4:].mean() < f8[:4].mean() - 0.5, "fp8 should learn the repeated batches"
     assert np.abs(f8 - f32).max() < 0.02 * f32.max(), (f32, f8)
     assert not np.array_equal(f8, f32), "fp8 must differ from fp32: its operands are rounded"
+
+
+def test_histories_are_primed_once_then_rolled_every_micro_batch() -> None:
+    """A fresh state primes (its first micro-batch scales operands by their own amax); every micro-batch then adds
+    one entry to each operand's history, the oldest dropping out after fp8.HISTORY."""
+    S = state("fp8")
+    assert S.priming.on and not S.arena["fp8_slots"].any()
+    step = Step(S)
+    for i, b in enumerate(batches(1, 10)):
+        step(b, 1e-2)
+        assert not S.priming.on
+        hist = S.arena["fp8_slots"][..., fp8.HIST :]
+        filled = min(2 * (i + 1), fp8.HISTORY)  # n_micro = 2 entries a step
+        assert (hist[..., :filled] > 0).all() and not hist[..., filled:].any(), i
+        assert not S.arena["fp8_slots"][..., fp8.PRE : fp8.AMAX + 1].any()  # cleared for the next micro-batch
+
+
+def test_evaluation_leaves_the_histories_as_they_were(tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(TINY))
+    raw["train"].update(precision="fp8", backend="numpy")
+    tr = trainer.Trainer(config.from_dict(raw), tmp_path)
+    for _ in range(2):
+        tr.train_step()
+    before = tr.S.arena["fp8_slots"][..., 1:].copy()  # all but 2^-k, which every cast rewrites before its GEMM
+    assert np.isfinite(tr.evaluate()["val_loss"])
+    np.testing.assert_array_equal(tr.S.arena["fp8_slots"][..., 1:], before)
 
 
 def test_fp8_resume_is_bit_exact(tmp_path: Path) -> None:
@@ -86,3 +115,58 @@ def test_fp8_without_fp8_tensor_cores_is_one_line_naming_the_field(tmp_path: Pat
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert "train.precision 'fp8'" in lines[0] and "compute capability" in lines[0], lines[0]
     assert not (tmp_path / "run" / "ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory) -> tuple[Path, Path]:
+    """An fp8 run of 2 steps with its checkpoint (experiment, run folder)."""
+    tmp = tmp_path_factory.mktemp("fp8run")
+    exp = write_experiment(tmp, train={"precision": "fp8", "backend": "numpy", "steps": 2, "eval_every": 100})
+    res = cli("train", str(exp), "--out", str(tmp / "run"))
+    assert res.returncode == 0, res.stderr
+    return exp, tmp / "run"
+
+
+def test_checkpoint_carries_the_histories(fp8_run: tuple[Path, Path]) -> None:
+    exp, run = fp8_run
+    side = checkpoint.read_sidecar(run / "ckpt" / checkpoint.ckpt_name(2))
+    L, n_sites = TINY["model"]["n_layer"], len(fp8.SITES)
+    hist = np.array(side["fp8_amax_history"]).reshape(L, n_sites, 2, fp8.HISTORY)
+    assert (hist[..., :4] > 0).all() and not hist[..., 4:].any()  # 2 steps of 2 micro-batches
+
+
+@pytest.mark.parametrize("bad,why", [("short", "must hold 256 numbers"), ("neg", "finite non-negative"),
+                                     ("str", "list of numbers")])  # fmt: skip
+def test_bad_history_in_the_sidecar_is_one_line_and_harms_nothing(fp8_run: tuple[Path, Path], tmp_path: Path,
+                                                                  bad, why: str) -> None:  # fmt: skip
+    """A sidecar whose fp8_amax_history is the wrong length, negative or not numbers: resume exits 2 with one
+    line naming the sidecar and the field; the checkpoint and the loss history are byte for byte as they were."""
+    import shutil
+
+    exp, run = fp8_run
+    run2 = tmp_path / "run"
+    shutil.copytree(run, run2)
+    ck = run2 / "ckpt" / checkpoint.ckpt_name(2)
+    side_path = checkpoint.sidecar_path(ck)
+    side = json.loads(side_path.read_text())
+    hist = side["fp8_amax_history"]
+    side["fp8_amax_history"] = {"short": hist[:2], "neg": [-1.0] + hist[1:], "str": ["x"] * len(hist)}[bad]
+    side_path.write_text(json.dumps(side))
+    before = {p: p.read_bytes() for p in run2.rglob("*") if p.is_file()}
+    res = cli("train", str(exp), "--steps", "4", "--out", str(run2), "--resume", "latest")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "fp8_amax_history" in lines[0] and why in lines[0] and side_path.name in lines[0], lines[0]
+    assert {p: p.read_bytes() for p in run2.rglob("*") if p.is_file()} == before
+
+
+def test_bf16_checkpoint_resumes_in_fp8_by_priming(tmp_path: Path) -> None:
+    """A checkpoint without histories (another precision's) resumes in fp8: the first micro-batch primes them."""
+    exp32 = write_experiment(tmp_path, train={"backend": "numpy", "steps": 2, "eval_every": 100})
+    assert cli("train", str(exp32), "--out", str(tmp_path / "run")).returncode == 0
+    exp8 = write_experiment(tmp_path, train={"precision": "fp8", "backend": "numpy", "steps": 3, "eval_every": 100})
+    res = cli("train", str(exp8), "--out", str(tmp_path / "run"), "--resume", "latest")
+    assert res.returncode == 0, res.stderr
+    side = checkpoint.read_sidecar(tmp_path / "run" / "ckpt" / checkpoint.ckpt_name(3))
+    hist = np.array(side["fp8_amax_history"]).reshape(-1, fp8.HISTORY)  # a row per slot: 2 layers x 4 sites x 2
+    assert hist.shape[0] == 16 and (hist[:, :2] > 0).all() and not hist[:, 2:].any()  # one step: 2 micro-batches

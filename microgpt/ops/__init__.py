@@ -19,7 +19,8 @@ which saves the pre-GELU activation and recomputes GELU in backward.
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py) and fp8
-(cast_weights: the block linears' E4M3 weight copies, precision "fp8" only: microgpt/fp8.py).
+(cast_weights: the block linears' E4M3 weight copies; roll_history: the end of a micro-batch for the operands'
+amax histories; precision "fp8" only: microgpt/fp8.py).
 
 Each row names the NumPy module (the reference, imported by the CPU path without torch) and the Triton module
 (microgpt/kernels/, imported only when the triton backend is asked for), as strings so that reading the
@@ -77,5 +78,5 @@ OPS: dict[str, OpPair] = {
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
-    "fp8": _helpers("fp8", ("cast_weights",)),
+    "fp8": _helpers("fp8", ("cast_weights", "roll_history")),
 }

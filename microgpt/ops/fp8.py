@@ -1,14 +1,16 @@
 """FP8 E4M3 operands for the block linears: the NumPy reference of what the GPU casts and multiplies.
 (linear.py and mlp.py run their GEMMs through these when handed an Fp8Weight.)
 
-microgpt/fp8.py gives the format and the scale rule. Here each operand is cast exactly as the triton backend casts
-it (same amax, same power-of-two scale, E4M3 round-to-nearest-even through ml_dtypes), and each GEMM multiplies
-the E4M3 values in fp32 and applies the two inverse scales once at the end, as the GPU's FP8 GEMM does: the two
-sides differ only in the order the fp32 sums are taken.
+microgpt/fp8.py gives the format, the scale rule and the slots. Here each operand is cast exactly as the triton
+backend casts it (same amax, same history, same power-of-two scale, E4M3 round-to-nearest-even through
+ml_dtypes), and each GEMM multiplies the E4M3 values in fp32 and applies the two inverse scales once at the end, as
+the GPU's FP8 GEMM does: the two sides differ only in the order the fp32 sums are taken.
 
-    quantize(x)            -> (q, 2^-k)       q = e4m3(x * 2^k), k from amax(x)
-    mm8(a, ia, b, ib)      -> (a @ b) * (ia * ib) in fp32
-    cast_weights(ws)       each site's master weights -> its two E4M3 layouts and scale slot (optimizer step)
+    cast(x, slot, current)  -> (q, 2^-k)     k from the slot (current: x's own amax first); records max |x|
+    recast(x, slot)         -> (q, 2^-k)     x again at the scale of the slot's last cast, nothing recorded
+    mm8(a, ia, b, ib)       -> (a @ b) * (ia * ib) in fp32
+    cast_weights(ws)        each site's master weights -> its two E4M3 layouts and scale slot (optimizer step)
+    roll_history(slots, shift) the end of a micro-batch: each slot's amax into its history (shift) or forgotten
 
 ml_dtypes (the NumPy dtype of E4M3) is imported on first use: runs in other precisions never need it.
 """
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import Fp8Weight, scale_exponent
+from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Weight, reference_amax, scale_exponent
 
 
 def e4m3() -> Any:
@@ -32,12 +34,36 @@ def e4m3() -> Any:
     return ml_dtypes.float8_e4m3fn
 
 
-def quantize(x: NDArray) -> tuple[NDArray, np.float32]:
-    """x -> (E4M3 values of x * 2^k, 2^-k) with one k for the whole tensor."""
+def finite_amax(x: NDArray) -> np.float32:
+    """max |x| over the finite elements (0 for none): what a cast records and what current scaling scales by."""
+    a = np.abs(x[np.isfinite(x)])
+    return np.float32(a.max()) if a.size else np.float32(0.0)
+
+
+def _e4m3_at(x: NDArray, k: int) -> NDArray:
+    """E4M3(clamp(x * 2^k, +-448)); a non-finite x becomes NaN (E4M3 has no infinity)."""
+    y = x * np.float32(2.0**k)
+    y = np.where(np.isfinite(y), np.clip(y, -E4M3_MAX, E4M3_MAX), np.nan).astype(np.float32)
+    return y.astype(e4m3())
+
+
+def cast(x: NDArray, slot: NDArray, current: bool = False) -> tuple[NDArray, np.float32]:
+    """x -> (E4M3 values of x * 2^k, 2^-k), one k for the whole tensor, from the slot's amax (its pre word and its
+    history); current: x's own amax goes into the pre word first. Records x's finite amax in the slot's amax word."""
     x = np.asarray(x, np.float32)
-    amax = float(np.abs(x).max()) if x.size else 0.0
-    k = scale_exponent(amax) if np.isfinite(amax) else 0
-    return (x * np.float32(2.0**k)).astype(e4m3()), np.float32(2.0**-k)
+    amax = finite_amax(x)
+    if current:
+        slot[PRE] = max(slot[PRE], amax)
+    k = scale_exponent(float(reference_amax(slot)))
+    slot[INV] = np.float32(2.0**-k)
+    slot[AMAX] = max(slot[AMAX], amax)
+    return _e4m3_at(x, k), slot[INV]
+
+
+def recast(x: NDArray, slot: NDArray) -> tuple[NDArray, np.float32]:
+    """x cast again at the scale its slot's last cast used (the backward's copy of a forward operand)."""
+    k = -int(np.log2(slot[INV]))
+    return _e4m3_at(np.asarray(x, np.float32), k), slot[INV]
 
 
 def mm8(a: NDArray, ia: np.float32, b: NDArray, ib: np.float32) -> NDArray:
@@ -51,10 +77,20 @@ def groups(dout: NDArray, G: int) -> NDArray:
 
 
 def cast_weights(weights: list[Fp8Weight]) -> None:
-    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3 and scale = [2^-k, amax, 0, 0]."""
+    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3, scaled by their own amax; the
+    slot ends [2^-k, amax, amax, 0]."""
     for w in weights:
-        master = np.asarray(w.master, np.float32)
-        q, inv = quantize(master)
+        w.scale[...] = 0.0
+        q, _ = cast(np.asarray(w.master, np.float32), w.scale, current=True)
         w.w8[...] = np.concatenate(list(q), axis=1)
         w.w8t[...] = q.transpose(0, 2, 1)
-        w.scale[...] = [inv, np.abs(master).max(), 0, 0]
+
+
+def roll_history(slots: NDArray, shift: bool = True) -> None:
+    """slots (..., OSLOT): shift: each amax becomes its history's newest entry (the oldest drops out); either way
+    the pre and amax words are cleared for the next micro-batch."""
+    s = slots.reshape(-1, slots.shape[-1])
+    if shift:
+        s[:, HIST + 1 :] = s[:, HIST:-1].copy()
+        s[:, HIST] = s[:, AMAX]
+    s[:, PRE] = s[:, AMAX] = 0.0

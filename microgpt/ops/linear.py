@@ -18,7 +18,7 @@ With an Fp8Weight (precision "fp8") the same three GEMMs run on E4M3 operands (m
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import Fp8Weight
+from microgpt.fp8 import INV, Fp8Weight
 from microgpt.ops import fp8
 
 
@@ -26,9 +26,9 @@ def linear_forward(out: NDArray, x: NDArray, w: NDArray | Fp8Weight) -> None:
     """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC)."""
     if isinstance(w, Fp8Weight):
         G = w.master.shape[0]
-        x8, ix = fp8.quantize(x)
+        x8, ix = fp8.cast(x, w.xslot, current=w.priming.on)
         for g in range(G):
-            (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[0])
+            (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[INV])
         return
     np.matmul(x, w, out=out)
 
@@ -37,9 +37,10 @@ def linear_backward(dx: NDArray, dw: NDArray, dout: NDArray, x: NDArray, w: NDAr
     """dx (N,C) = dout @ w.T ; dw (C,OC) += x.T @ dout. With G weights: dx = sum_g dout[g] @ w[g].T, dw[g] +=."""
     if isinstance(w, Fp8Weight):
         G, _, OC = w.master.shape
-        dy8, idy = fp8.quantize(fp8.groups(dout, G))  # (N, G*OC): the input gradient is one GEMM over K = G*OC
-        dx[...] = fp8.mm8(dy8, idy, w.w8.T, w.scale[0])
-        x8, ix = fp8.quantize(x)
+        # (N, G*OC), one scale: the input gradient is one GEMM over K = G*OC
+        dy8, idy = fp8.cast(fp8.groups(dout, G), w.gslot, current=w.priming.on)
+        dx[...] = fp8.mm8(dy8, idy, w.w8.T, w.scale[INV])
+        x8, ix = fp8.recast(x, w.xslot)  # the forward's operand again (the GPU keeps its transposed copy)
         for g in range(G):
             (dw if G == 1 else dw[g])[...] += fp8.mm8(x8.T, ix, dy8[:, g * OC : (g + 1) * OC], idy)
         return

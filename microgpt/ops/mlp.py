@@ -18,8 +18,10 @@ Backward, with t = tanh(u):
     dw1 += x.T @ dh
     dx   = dh @ w1.T                         (written: this backward is dx's only writer)
 
-With Fp8Weights (precision "fp8") the six GEMMs run on E4M3 operands (microgpt/fp8.py, ops/fp8.py): a = gelu(h)
-is cast as the second GEMM's input, dout and dh as output gradients.
+With Fp8Weights (precision "fp8") the six GEMMs run on E4M3 operands (microgpt/fp8.py, ops/fp8.py): x and
+a = gelu(h) are cast as the GEMMs' inputs (in fp32, from fp32 h: the GPU casts gelu(h) as it computes it, with no
+stored copy), dout and dh = da * gelu'(h) as output gradients (dh likewise cast as computed). The backward casts
+x and a again at their forward scales (the GPU keeps the forward's transposed E4M3 copies instead).
 """
 
 import math
@@ -27,7 +29,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import Fp8Weight
+from microgpt.fp8 import INV, Fp8Weight
 from microgpt.ops import fp8
 
 GELU_K = math.sqrt(2.0 / math.pi)
@@ -73,9 +75,9 @@ def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray | 
                 w2: NDArray | Fp8Weight) -> None:  # fmt: skip
     """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch."""
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        h[...] = fp8.mm8(*fp8.quantize(x), w1.w8t[0].T, w1.scale[0])
+        h[...] = fp8.mm8(*fp8.cast(x, w1.xslot, current=w1.priming.on), w1.w8t[0].T, w1.scale[INV])
         _gelu(a, h)
-        out[...] = fp8.mm8(*fp8.quantize(a), w2.w8t[0].T, w2.scale[0])
+        out[...] = fp8.mm8(*fp8.cast(a, w2.xslot, current=w2.priming.on), w2.w8t[0].T, w2.scale[INV])
         return
     np.matmul(x, w1, out=h)
     _gelu(a, h)
@@ -97,15 +99,15 @@ def mlp_backward(
     """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; a and dh (N,4C) are scratch."""
     _gelu(a, h)  # recomputed, see the module docstring
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        dy8, idy = fp8.quantize(dout)
-        a8, ia = fp8.quantize(a)
+        dy8, idy = fp8.cast(dout, w2.gslot, current=w2.priming.on)
+        a8, ia = fp8.recast(a, w2.xslot)
         dw2 += fp8.mm8(a8.T, ia, dy8, idy)
-        dh[...] = fp8.mm8(dy8, idy, w2.w8.T, w2.scale[0])
+        dh[...] = fp8.mm8(dy8, idy, w2.w8.T, w2.scale[INV])
         _gelu_backward(dh, h, a)
-        dh8, idh = fp8.quantize(dh)
-        x8, ix = fp8.quantize(x)
+        dh8, idh = fp8.cast(dh, w1.gslot, current=w1.priming.on)
+        x8, ix = fp8.recast(x, w1.xslot)
         dw1 += fp8.mm8(x8.T, ix, dh8, idh)
-        dx[...] = fp8.mm8(dh8, idh, w1.w8.T, w1.scale[0])
+        dx[...] = fp8.mm8(dh8, idh, w1.w8.T, w1.scale[INV])
         return
     dw2 += a.T @ dout
     np.matmul(dout, w2.T, out=dh)  # gradient reaching a

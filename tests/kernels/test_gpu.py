@@ -241,7 +241,7 @@ def _dq(x):
 def test_linear_fp8_gpu():
     """The QKV site at ANDREA-120M shapes (one scale over its three weights and over its three output gradients),
     cuBLASLt's FP8 GEMMs, bf16 activations: against float64 autograd on the same E4M3 operands."""
-    from microgpt.fp8 import Fp8Weight
+    from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
     from microgpt.kernels import fp8, linear
 
     torch.manual_seed(7)
@@ -249,8 +249,9 @@ def test_linear_fp8_gpu():
     master = rnd(G, C, C, scale=0.02)
     f8 = torch.float8_e4m3fn
     w = Fp8Weight("w", master, torch.empty(C, G * C, dtype=f8, device="cuda"),
-                  torch.empty(G, C, C, dtype=f8, device="cuda"), torch.zeros(4, device="cuda"),
-                  torch.empty(C * N, dtype=f8, device="cuda"), torch.zeros(4, device="cuda"))  # fmt: skip
+                  torch.empty(G, C, C, dtype=f8, device="cuda"), torch.zeros(SLOT, device="cuda"),
+                  torch.zeros(OSLOT, device="cuda"), torch.zeros(OSLOT, device="cuda"), Priming(True),
+                  torch.empty(C * N, dtype=f8, device="cuda"))  # fmt: skip
     fp8.cast_weights([w])
     q = fp8.Scratch.of({n: torch.zeros(s, device="cuda", dtype=torch.float8_e4m3fn if k == "f8" else torch.float32)
                         for n, s, k in fp8.scratch_rows(N, C)})  # fmt: skip
@@ -272,9 +273,10 @@ def test_linear_fp8_gpu():
 
 
 def test_fp8_step_gpu():
-    """Two optimizer steps of a small model, fp8 on the GPU (bf16 activations, cuBLASLt FP8 GEMMs, in the CUDA
-    graph) against the NumPy reference's fp8 (fp32 activations, the same casts): losses and gradient norms agree to
-    bf16's precision; the E4M3 weight copies are torch's cast of the updated masters."""
+    """Three optimizer steps of a small model, fp8 on the GPU (bf16 activations, cuBLASLt FP8 GEMMs; the first step
+    primes the amax histories eagerly, the others replay the CUDA graph) against the NumPy reference's fp8 (fp32
+    activations, the same casts): losses, gradient norms and the histories agree to bf16's precision; the E4M3
+    weight copies are torch's cast of the updated masters."""
     import numpy as np
 
     from microgpt.backend import numpy_backend, triton_backend
@@ -286,12 +288,15 @@ def test_fp8_step_gpu():
     rng = np.random.default_rng(8)
     steps = [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
              for _ in range(3)]  # fmt: skip
-    res = {}
+    res, hist = {}, {}
     for name in ("numpy", "triton"):
         t = TrainConfig(micro_batch=2, n_micro=2, precision="fp8", backend=name, grad_clip=1.0)
         S = make_state(m, t, numpy_backend(precision="fp8") if name == "numpy" else triton_backend("fp8"))
         step = Step(S)
         res[name] = [step(b, 1e-3) for b in steps]
+        hist[name] = S.K.to_numpy(S.arena["fp8_slots"])[..., 4:]
+    assert (hist["numpy"][..., :6] > 0).all() and not hist["numpy"][..., 6:].any()  # 6 micro-batches so far
+    np.testing.assert_allclose(hist["triton"], hist["numpy"], rtol=5e-2)
     for a, b in zip(res["triton"], res["numpy"]):
         assert abs(a.loss - b.loss) < 1e-2 * abs(b.loss), (a.loss, b.loss)
         assert abs(a.grad_norm - b.grad_norm) < 3e-2 * b.grad_norm, (a.grad_norm, b.grad_norm)

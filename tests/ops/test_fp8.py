@@ -1,5 +1,6 @@
-"""precision "fp8": the scale rule, the E4M3 cast, and the linear and MLP pairs with E4M3 operands against PyTorch
-autograd in float64 on the same quantized operands (the NumPy reference specifies what the GPU computes)."""
+"""precision "fp8": the scale rule, the E4M3 cast, the amax histories, and the linear and MLP pairs with E4M3
+operands against PyTorch autograd in float64 on operands torch quantizes itself at the scale the rule gives (the
+NumPy reference specifies what the GPU computes)."""
 
 from __future__ import annotations
 
@@ -31,21 +32,77 @@ def test_scale_is_the_largest_power_of_two_that_fits(seed: int) -> None:
     assert fp8.scale_exponent(0.0) == 0 and fp8.scale_exponent(448.0) == 0 and fp8.scale_exponent(449.0) == -1
 
 
-def test_quantize_is_the_rounding_torch_does_at_that_scale() -> None:
+def slot(history: list[float] | None = None) -> np.ndarray:
+    """An operand's slot, its history as given (newest first)."""
+    s = np.zeros(fp8.OSLOT, np.float32)
+    if history:
+        s[fp8.HIST : fp8.HIST + len(history)] = history
+    return s
+
+
+def torch_e4m3(x: np.ndarray, k: int) -> np.ndarray:
+    """torch's E4M3 conversion of clamp(x * 2^k, +-448) (an independent implementation), as bytes."""
+    y = torch.from_numpy(np.asarray(x, np.float32) * np.float32(2.0**k)).clamp(-448, 448)
+    return y.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+def test_cast_is_the_rounding_torch_does_at_that_scale() -> None:
     """q = E4M3(x * 2^k), round to nearest even, the largest magnitude within 448: ml_dtypes' bytes are
-    torch's (an independent E4M3 implementation) for normals, subnormals, signed zeros and ties."""
+    torch's for normals, subnormals, signed zeros and ties; a current cast records the amax twice (pre, amax)."""
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.standard_normal(4000) * 3.7, rng.standard_normal(500) * 1e-4, [0.0, -0.0]])
     x = np.concatenate([x, (np.arange(-64, 64) + 0.5) * 2.0**-12]).astype(np.float32)  # ties among subnormals
-    q, inv = ref.quantize(x)
-    k = fp8.scale_exponent(float(np.abs(x).max()))
-    assert inv == np.float32(2.0**-k)
-    want = torch.from_numpy(x * np.float32(2.0**k)).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
-    np.testing.assert_array_equal(q.view(np.uint8), want)
+    s = slot()
+    q, inv = ref.cast(x, s, current=True)
+    amax = np.abs(x).max()
+    k = fp8.scale_exponent(float(amax))
+    assert inv == np.float32(2.0**-k) and s[: fp8.HIST].tolist() == [2.0**-k, amax, amax, 0]
+    np.testing.assert_array_equal(q.view(np.uint8), torch_e4m3(x, k))
     back = q.astype(np.float32) * inv
     assert np.abs(q.astype(np.float32)).max() <= 448.0
     normal = np.abs(x) * 2.0**k >= 2.0**-6
     assert np.all(np.abs(back - x)[normal] <= np.abs(x)[normal] * 2.0**-4)  # 3 mantissa bits: half an ulp
+
+
+def test_delayed_cast_scales_by_the_history_and_saturates() -> None:
+    """Without priming the scale comes from the largest amax in the history, not from x: values beyond it
+    saturate at +-448, smaller ones lose precision to the wider range; inf and NaN become NaN (0x7F), and only
+    finite values reach the recorded amax."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(3000) * 5).astype(np.float32)
+    x[:3] = [np.inf, -np.inf, np.nan]
+    for hist in ([2.0, 9.0, 1.0], [40.0], [3e-3, 1e-3]):
+        s = slot(hist)
+        q, inv = ref.cast(x, s)
+        k = fp8.scale_exponent(max(hist))
+        assert inv == np.float32(2.0**-k)
+        finite = np.isfinite(x)
+        np.testing.assert_array_equal(q.view(np.uint8)[finite], torch_e4m3(x[finite], k))
+        assert q.view(np.uint8)[:3].tolist() == [0x7F] * 3
+        assert s[fp8.AMAX] == np.abs(x[finite]).max() and s[fp8.PRE] == 0
+        if max(hist) < np.abs(x[finite]).max():
+            assert np.abs(q.astype(np.float32)[finite]).max() == 448.0  # saturated, not NaN
+
+
+def test_roll_history_pushes_the_amax_and_forgets_on_request() -> None:
+    """Each micro-batch's amax becomes the newest entry; after HISTORY more the oldest is gone; the scale follows
+    the largest entry still held. roll_history(shift=False) (evaluation) clears what was met and keeps the history."""
+    slots = np.zeros((2, 3, fp8.OSLOT), np.float32)
+    amaxes = np.linspace(1.0, 50.0, fp8.HISTORY + 3).astype(np.float32)[::-1]  # decreasing: the first is the largest
+    for i, a in enumerate(amaxes):
+        x = np.array([a, -a / 2], np.float32)
+        _, inv = ref.cast(x, slots[1, 2], current=(i == 0))
+        want = amaxes[0] if i <= fp8.HISTORY else amaxes[i - fp8.HISTORY]  # the largest of the last HISTORY
+        assert inv == np.float32(2.0 ** -fp8.scale_exponent(float(want))), i
+        ref.roll_history(slots)
+        held = amaxes[max(0, i - fp8.HISTORY + 1) : i + 1][::-1]
+        np.testing.assert_array_equal(slots[1, 2, fp8.HIST : fp8.HIST + len(held)], held)
+        assert slots[1, 2, fp8.PRE] == slots[1, 2, fp8.AMAX] == 0
+    assert not slots[0].any() and not slots[1, :2].any()  # only the slot that was cast into moved
+    before = slots.copy()
+    ref.cast(np.array([1e4], np.float32), slots[1, 2])
+    ref.roll_history(slots, shift=False)
+    np.testing.assert_array_equal(slots[..., 1:], before[..., 1:])
 
 
 def dq(a: np.ndarray, inv: float) -> torch.Tensor:
@@ -53,9 +110,20 @@ def dq(a: np.ndarray, inv: float) -> torch.Tensor:
     return torch.tensor(a.astype(np.float64) * float(inv), requires_grad=True)
 
 
-def weight(rng: np.random.Generator, G: int, C: int, OC: int) -> Fp8Weight:
+def tq(x: np.ndarray | torch.Tensor, amax: float) -> torch.Tensor:
+    """x quantized by torch at the scale the rule gives for amax, in float64, as a leaf."""
+    k = fp8.scale_exponent(float(np.float32(amax)))
+    q = torch.from_numpy(torch_e4m3(np.asarray(x, np.float32), k)).view(torch.float8_e4m3fn)
+    return (q.to(torch.float64) * 2.0**-k).requires_grad_()
+
+
+def weight(rng: np.random.Generator, G: int, C: int, OC: int, priming: bool = True,
+           histories: tuple[float, float] = (0.0, 0.0)) -> Fp8Weight:  # fmt: skip
+    """A site's weight with its E4M3 copies cast; its input's and output gradient's slots hold the given history
+    (one entry each; priming: none)."""
     master = (rng.standard_normal((G, C, OC)) * 0.3).astype(np.float32)
-    w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(fp8.SLOT, np.float32))
+    w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(fp8.SLOT, np.float32),
+                  slot([histories[0]]), slot([histories[1]]), fp8.Priming(priming))  # fmt: skip
     ref.cast_weights([w])
     return w
 
@@ -63,31 +131,42 @@ def weight(rng: np.random.Generator, G: int, C: int, OC: int) -> Fp8Weight:
 def test_cast_weights_writes_both_layouts_of_one_quantization() -> None:
     rng = np.random.default_rng(1)
     w = weight(rng, 3, 8, 5)
-    q, inv = ref.quantize(w.master)
-    assert w.scale.tolist() == [inv, np.abs(w.master).max(), 0, 0]
+    amax = np.abs(w.master).max()
+    k = fp8.scale_exponent(float(amax))
+    assert w.scale.tolist() == [2.0**-k, amax, amax, 0]
+    q = torch_e4m3(w.master, k)
     for g in range(3):
-        np.testing.assert_array_equal(w.w8[:, g * 5 : (g + 1) * 5].view(np.uint8), q[g].view(np.uint8))
-        np.testing.assert_array_equal(w.w8t[g].T.view(np.uint8), q[g].view(np.uint8))
+        np.testing.assert_array_equal(w.w8[:, g * 5 : (g + 1) * 5].view(np.uint8), q[g])
+        np.testing.assert_array_equal(w.w8t[g].T.view(np.uint8), q[g])
 
 
+# delayed: the histories are 0.6x and 2.5x the operands' own amaxes (x saturates, dout loses range)
+SCALING = {"primed": None, "delayed": (0.6, 2.5)}
+
+
+@pytest.mark.parametrize("scaling", SCALING)
 @pytest.mark.parametrize("G,N,C,OC", [(1, 21, 12, 36), (3, 17, 16, 16), (1, 5, 7, 3)])
-def test_linear_fp8_against_torch_float64(G: int, N: int, C: int, OC: int) -> None:
-    """Forward and both backward GEMMs on the E4M3 operands: x, dout (one scale over the G gradients) and w."""
+def test_linear_fp8_against_torch_float64(G: int, N: int, C: int, OC: int, scaling: str) -> None:
+    """Forward and both backward GEMMs on the E4M3 operands: x, dout (one scale over the G gradients) and w, each
+    at its slot's scale (primed: its own amax; delayed: the history's)."""
     rng = np.random.default_rng(10 + G * N)
-    w = weight(rng, G, C, OC)
     x = rng.standard_normal((N, C)).astype(np.float32)
     shape = (N, OC) if G == 1 else (G, N, OC)
     dout = rng.standard_normal(shape).astype(np.float32) * 0.1
+    f = SCALING[scaling]
+    ax, ad = float(np.abs(x).max()), float(np.abs(dout).max())
+    hx, hd = (ax, ad) if f is None else (ax * f[0], ad * f[1])
+    w = weight(rng, G, C, OC, priming=f is None, histories=(0.0, 0.0) if f is None else (hx, hd))
     out = np.zeros(shape, np.float32)
     linear_forward(out, x, w)
     dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: backward writes dx
     noise = rng.standard_normal(w.master.shape if G > 1 else (C, OC)).astype(np.float32)
     dw = noise.copy()
     linear_backward(dx, dw, dout, x, w)
+    assert w.xslot[fp8.AMAX] == np.float32(ax) and w.gslot[fp8.AMAX] == np.float32(ad)  # recorded for the roll
 
-    xq, wq = dq(*ref.quantize(x)), dq(*ref.quantize(w.master))
-    d8, dinv = ref.quantize(ref.groups(dout, G))
-    dq_all = torch.tensor(d8.astype(np.float64) * float(dinv))
+    xq, wq = tq(x, hx), tq(w.master, np.abs(w.master).max())
+    dq_all = tq(ref.groups(dout, G), hd).detach()
     want = torch.stack([xq @ wq[g] for g in range(G)])
     want.backward(torch.stack([dq_all[:, g * OC : (g + 1) * OC] for g in range(G)]))
     check("out", out.reshape(G, N, OC), want, 1e-6)
@@ -95,29 +174,46 @@ def test_linear_fp8_against_torch_float64(G: int, N: int, C: int, OC: int) -> No
     check("dw", (dw - noise).reshape(G, C, OC), wq.grad, 1e-6)
 
 
+@pytest.mark.parametrize("scaling", SCALING)
 @pytest.mark.parametrize("N,C", [(19, 8), (4, 16)])
-def test_mlp_fp8_against_torch_float64(N: int, C: int) -> None:
-    """gelu(x @ w1) @ w2 with E4M3 x, a = gelu(h), w1, w2 and, backward, E4M3 dout and dh. The float64 side casts
-    its own a and dh with the same rule; fp32 against float64 may round a rare element to a neighbouring E4M3
-    value, hence a tolerance above the linear pair's."""
+def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
+    """gelu(x @ w1) @ w2 with E4M3 x, a = gelu(h), w1, w2 and, backward, E4M3 dout and dh. The float64 side
+    quantizes its own a and dh at the scales the reference used; fp32 against float64 may round a rare element to
+    a neighbouring E4M3 value, hence a tolerance above the linear pair's."""
     rng = np.random.default_rng(20 + N)
     w1, w2 = weight(rng, 1, C, 4 * C), weight(rng, 1, 4 * C, C)
     x = rng.standard_normal((N, C)).astype(np.float32)
     dout = rng.standard_normal((N, C)).astype(np.float32) * 0.1
+    f = SCALING[scaling]
+    if f is not None:  # histories: the amaxes a primed pass over the same inputs met, moved by the factors
+        out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
+        mlp_forward(out, h, a, x, w1, w2)
+        mlp_backward(np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32),
+                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh)  # fmt: skip
+        for w in (w1, w2):
+            for s, fac in ((w.xslot, f[0]), (w.gslot, f[1])):
+                s[fp8.HIST] = s[fp8.AMAX] * fac
+                s[fp8.PRE] = s[fp8.AMAX] = 0
+            w.priming.on = False
+    hist = {(i, j): w.xslot if j == "x" else w.gslot for i, w in ((1, w1), (2, w2)) for j in "xg"}
     out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
     mlp_forward(out, h, a, x, w1, w2)
     dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: backward writes dx
     dw1, dw2 = np.zeros((C, 4 * C), np.float32), np.zeros((4 * C, C), np.float32)
     mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
 
-    xq, w1q, w2q = dq(*ref.quantize(x)), dq(*ref.quantize(w1.master[0])), dq(*ref.quantize(w2.master[0]))
+    def scale_of(i: int, j: str) -> float:  # the amax the reference scaled by: its own (primed), or the history's
+        s = hist[(i, j)]
+        return float(s[fp8.PRE] if f is None else s[fp8.HIST])
+
+    xq, w1q, w2q = tq(x, scale_of(1, "x")), tq(w1.master[0], w1.scale[1]), tq(w2.master[0], w2.scale[1])
     ht = (xq @ w1q).detach().requires_grad_()
     at = F.gelu(ht, approximate="tanh")
-    aq = dq(*ref.quantize(at.detach().numpy()))
+    aq = tq(at.detach().numpy(), scale_of(2, "x"))
     want = aq @ w2q
-    want.backward(dq(*ref.quantize(dout)))
+    want.backward(tq(dout, scale_of(2, "g")).detach())
     at.backward(aq.grad)  # dh = (dout @ w2.T) * gelu'(h)
-    dhq = dq(*ref.quantize(ht.grad.numpy()))
+    dhq = tq(ht.grad.numpy(), scale_of(1, "g")).detach()
     (xq @ w1q).backward(dhq)  # the first linear's backward from the E4M3 dh
     check("h", h, ht, 1e-6)
     check("out", out, want, 2e-3)
