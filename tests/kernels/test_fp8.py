@@ -69,10 +69,14 @@ def test_cast_scale_follows_the_rule_at_the_edges() -> None:
         assert h(slot)[0] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
 
 
+@pytest.mark.parametrize("config", ["32x32w4", "64x64w8", "64x64w1"])
 @pytest.mark.parametrize("history", [[2.0, 9.0, 1.0], [40.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 77.0], [3e-3]])
-def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float]) -> None:
+def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: str, monkeypatch) -> None:
     """Scaled by the history (the largest of its 16 words): saturation at +-448 where x outgrew it, NaN for inf
-    and NaN, and the slot's words (2^-k, the finite amax recorded) as the reference leaves them."""
+    and NaN, and the slot's words (2^-k, the finite amax recorded) as the reference leaves them; with the
+    transpose stored as 4-byte, 8-byte words and single bytes (40 rows: a partial tile of words)."""
+    monkeypatch.setattr(k8, "CAST_CONFIGS", {config: k8.CAST_CONFIGS[config]})
+    monkeypatch.setattr(k8, "_chosen", {})
     rng = np.random.default_rng(len(history))
     x = (rng.standard_normal((40, 24)) * 5).astype(np.float32)
     x[3, :3] = [np.inf, -np.inf, np.nan]
