@@ -7,7 +7,10 @@
 #   profile: where an fp8 step's time goes (dev/profile_step.py 32 fp8)
 #   suite:   the kernel, op and model tests (every precision: the linear and MLP backward changed for all)
 #   parity12, parity120, resume: dev/fp8_check.py (bf16 against fp8; SIGTERM + resume in fp8); DATA=data/sitepy
-#            trains them on the corpus prep-big makes (the Python sources of torch and triton: not memorized)
+#            trains them on the corpus prep-big makes (the Python sources of torch and triton, 13.4M tokens);
+#            prep-big runs as well on the CPU machine (PATH=.venv/bin:$PATH DIR=.venv/lib/python3.11/site-packages)
+#            and data/sitepy then travels with `carry`
+#   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
 #   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
 set -u
@@ -51,12 +54,15 @@ for line in sys.stdin:
                | head -${PROFILE_LINES:-45} | cut -c1-200 ;;
     suite) timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -m "gpu or not gpu" tests/kernels tests/ops \
              tests/test_model.py -p no:cacheprovider 2>&1 | tee "$OUT/suite.txt" | tail -25 | cut -c1-400 ;;
-    prep-big) site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-              timeout 400 python3 -m microgpt prep --source "$site/torch" --source "$site/triton" --out data/sitepy \
+    prep-big) site=${DIR:-$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')}
+              src=/tmp/pysrc; rm -rf $src  # the .py files only: prep reads a folder's .json files as records
+              (cd "$site" && find torch triton -name '*.py' -exec install -D {} "$src/{}" \;)
+              timeout 400 python3 -m microgpt prep --source $src/torch --source $src/triton --out data/sitepy \
                 --vocab-size 4096 --val-fraction 0.01 --quiet 2>&1 | tail -3
               python3 -c 'import json; m = json.load(open("data/sitepy/manifest.json")); print(m["splits"])' ;;
     parity12|parity120|resume) timeout ${CHECK_TIMEOUT:-300} python3 dev/fp8_check.py $s ${DATA:+--data $DATA} 2>&1 \
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
+    cast) timeout 120 python3 dev/cast_bench.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_bench.txt" ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
              --mbs ${MBS:-32 8} --steps 20 --warmup 5 --timeout 200 --jsonl "$OUT/bench-table.jsonl" \
@@ -64,7 +70,7 @@ for line in sys.stdin:
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
-    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume bench)" ;;
+    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast bench)" ;;
   esac
 done
 log done
