@@ -1,7 +1,7 @@
 """Data parallel on the GPU machine (2+ GPUs): throughput, loss agreement and resume, as JSON lines and a table.
 
     python3 dev/dp_check.py speed  [--gpus 2] [--mbs 32 8] [--steps 40] [--before DIR]
-    python3 dev/dp_check.py agree  [--gpus 2]     # ANDREA-12M: N GPUs x b against 1 GPU x N*b, 40 steps
+    python3 dev/dp_check.py agree  [--gpus 2] [--micro-batch 16]   # ANDREA-12M: N GPUs x b against 1 x N*b, 40 steps
     python3 dev/dp_check.py resume [--gpus 2]     # ANDREA-12M: SIGTERM to the launcher, resume, final bytes
     --set KEY=VALUE (repeatable) goes to every run: on the CPU, e.g. --set train.backend=numpy and a tiny model
 
@@ -50,7 +50,11 @@ def cmd(exp: str, out: Path, gpus: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *procs, *EXTRA, *args]
 
 
-def run(argv: list[str], pythonpath: Path = REPO, timeout: int = 200) -> list[dict]:
+TIMEOUT = [200]  # seconds a run may take (--timeout)
+
+
+def run(argv: list[str], pythonpath: Path = REPO, timeout: int | None = None) -> list[dict]:
+    timeout = timeout or TIMEOUT[0]
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=pythonpath, timeout=timeout)
     if res.returncode != 0:
@@ -160,7 +164,7 @@ def speed(a: argparse.Namespace) -> None:
 
 
 def agree(a: argparse.Namespace) -> None:
-    b = 16
+    b = a.micro_batch
     common = [*SETS_12M, "--steps", "40", "--set", "train.eval_every=20", "--set", "train.ckpt_every=100000"]
     many = run(cmd("experiments/ANDREA-12M-TRAIN.json", Path("/tmp/dp_agree_n"), a.gpus, *common,
                    "--set", f"train.micro_batch={b}"))  # fmt: skip
@@ -205,11 +209,14 @@ def main() -> None:
     p.add_argument("what", choices=["speed", "agree", "resume"])
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--mbs", type=int, nargs="+", default=[32, 8])
+    p.add_argument("--micro-batch", type=int, default=16, help="agree: b, the micro-batch of each of the N")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--before", help="a folder holding an earlier microgpt package (speed: run it too)")
     p.add_argument("--only", nargs="+", help="speed: run only the 1-GPU rows and the variants whose label has one")
     p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
+    p.add_argument("--timeout", type=int, default=200, help="seconds each run may take (the CPU needs more)")
     a = p.parse_args()
+    TIMEOUT[0] = a.timeout
     EXTRA.extend(x for kv in a.set for x in ("--set", kv))
     {"speed": speed, "agree": agree, "resume": resume}[a.what](a)
 
