@@ -155,13 +155,13 @@ def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: 
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     y2 = x3 if x2 is None else x2.view(x3.shape)
     G, R, Cc = x3.shape
-    rows_or, trans_or = (rows if rows is not None else trans), (trans if trans is not None else rows)
-    rows_or, trans_or = (x3 if a is None else a.view(torch.uint8) for a in (rows_or, trans_or))  # AMAX_ONLY: unused
+    # a layout not asked for (and both in the amax launch) is never stored through: x stands in for its pointer
+    rows_p, trans_p = (x3 if a is None else a.view(torch.uint8) for a in (rows, trans))
 
     def launch(amax_only: bool) -> Callable[[int, int, int, int], Callable[[], None]]:
         def make(br: int, bc: int, warps: int, pack: int) -> Callable[[], None]:
             grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), G)
-            return lambda: k_cast[grid](x3, y2, rows_or, trans_or, slot, R, Cc, *x3.stride(), OP=op,
+            return lambda: k_cast[grid](x3, y2, rows_p, trans_p, slot, R, Cc, *x3.stride(), OP=op,
                                         AMAX_ONLY=amax_only, HIST=hist, ROWS=rows is not None and not amax_only,
                                         TRANS=trans is not None and not amax_only, BR=br, BC=bc,
                                         PACK=pack if R % pack == 0 else 1, num_warps=warps)  # fmt: skip
