@@ -5,6 +5,7 @@ one-line refusal where the machine has no FP8 tensor cores."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -78,6 +79,30 @@ def test_histories_are_primed_once_then_rolled_every_micro_batch() -> None:
         filled = min(2 * (i + 1), fp8.HISTORY)  # n_micro = 2 entries a step
         assert (hist[..., :filled] > 0).all() and not hist[..., filled:].any(), i
         assert not S.arena["fp8_slots"][..., fp8.PRE : fp8.AMAX + 1].any()  # cleared for the next micro-batch
+
+
+def test_the_warm_up_leaves_no_trace_in_the_scales() -> None:
+    """A backend whose prepare runs the step once first, as the GPU's warm-up does (gscale = inf: nothing is
+    updated): the losses and the histories are those of a backend without one. The warm-up's casts and rolls are
+    undone, the first step still primes, and the step prepared (the one the GPU captures) does not prime."""
+    runs, held, priming_when_prepared = {}, {}, []
+
+    def prepare(run, graph):
+        priming_when_prepared.append(held["S"].priming.on)
+        run()
+        return run
+
+    for warm in (False, True):
+        K = get_backend("numpy", "fp8")
+        if warm:
+            K = dataclasses.replace(K, prepare=prepare)
+        t = config.TrainConfig(micro_batch=2, n_micro=2, precision="fp8", backend="numpy", grad_clip=1.0)
+        S = held["S"] = make_state(M, t, K)
+        step = Step(S)
+        runs[warm] = [step(b, 1e-2).loss for b in batches(2, 4)], S.arena["fp8_slots"].copy()
+    assert priming_when_prepared == [False]
+    assert runs[True][0] == runs[False][0]
+    np.testing.assert_array_equal(runs[True][1], runs[False][1])
 
 
 def test_evaluation_leaves_the_histories_as_they_were(tmp_path: Path) -> None:
