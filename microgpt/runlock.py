@@ -69,15 +69,16 @@ def holder_pid(fd: int) -> str:
     return "?"
 
 
-def _alive(pid: str) -> bool:
-    if not pid.isdigit():
-        return True  # unknown: say nothing about it
+def pid_alive(pid: object) -> bool:
+    """Whether process `pid` (an int) exists: another user's counts; anything but a positive int does not."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
-        return True
+        return True  # EPERM: another user's process
     return True
 
 
@@ -115,7 +116,8 @@ def acquire(folder: Path, flag: str = "--out") -> RunLock:
     except BlockingIOError:
         pid = holder_pid(fd)
         os.close(fd)
-        who = f"pid {pid}" if _alive(pid) else f"a process started by pid {pid}, which has exited"
+        exited = pid.isdigit() and not pid_alive(int(pid))  # an unknown pid ("?"): say nothing about it
+        who = f"a process started by pid {pid}, which has exited" if exited else f"pid {pid}"
         raise LockError(f"{flag} {folder}: the run folder is in use by another microgpt process ({who}); "
                         "wait for it to end or stop it") from None  # fmt: skip
     except OSError as e:

@@ -98,7 +98,7 @@ class Step:
         if self.run is None:
             self._prepare(lr)
         self._hyper(lr, gscale)
-        if S.w8 and S.priming.on:
+        if S.priming.on:  # only ever on in fp8
             optimizer_step(S, self.dp)  # fp8's first step of a fresh run: its casts prime the histories first
         else:
             self.run()

@@ -42,6 +42,7 @@ from microgpt.data import corpus, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
 from microgpt.errors import ArgParser, InputError, check_finite, exit_on_input_error
+from microgpt.runlock import pid_alive
 
 Tokenizer = BPETokenizer | ByteTokenizer
 
@@ -178,18 +179,8 @@ def remove_stale(out: Path) -> None:
     that process is gone. A running prep's folders are left to it."""
     for leftover in out.parent.glob(f".{out.name}.*-*"):
         kind, _, pid = leftover.name[len(out.name) + 2 :].partition("-")
-        if kind in ("tmp", "old") and pid.isdigit() and not _alive(int(pid)):
+        if kind in ("tmp", "old") and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings) -> dict:

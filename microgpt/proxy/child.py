@@ -16,19 +16,6 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from typing import Any
-
-
-def pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe_exit(rc: int) -> str:

@@ -47,7 +47,7 @@ from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
 from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, exit_on_input_error
 from microgpt.fileio import atomic_write_json
-from microgpt.proxy.child import Engine, describe_exit, pid_alive
+from microgpt.proxy.child import Engine, describe_exit
 from microgpt.proxy.dashboard import DashboardServer
 from microgpt.proxy.phases import Phase, Schedule, load_schedule
 from microgpt.proxy.runfiles import (
@@ -64,6 +64,7 @@ from microgpt.proxy.runfiles import (
     utc_now,
 )
 from microgpt.proxy.sampler import Sampler
+from microgpt.runlock import pid_alive
 
 
 def log(message: str) -> None:

@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 
-from microgpt.proxy.child import Engine, describe_exit, pid_alive
+from microgpt.proxy.child import Engine, describe_exit
+from microgpt.runlock import pid_alive
 
 SCRIPT = "import sys; print('{\"event\": \"step\"}', flush=True); print('boom', file=sys.stderr); sys.exit(3)"
 
