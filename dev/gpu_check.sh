@@ -6,6 +6,9 @@
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
+#   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), the kernels this round added forced off
+#           ("before": MICROGPT_MLP_GELU=unfused MICROGPT_CROSSENTROPY=b4096w8) then chosen ("after"), in one call;
+#           the warm-up's candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
@@ -40,6 +43,16 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-tabl
                  echo "--- $tool"; timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --print-limit 20 \
                    python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
                  | tee "$OUT/sanitizer.txt" ;;
+    ab) for mb in ${MBS:-32 8}; do for p in ${PRECISIONS:-bf16}; do for v in before after; do
+          env $([ $v = before ] && echo MICROGPT_MLP_GELU=unfused MICROGPT_CROSSENTROPY=b4096w8) MICROGPT_TUNING_LOG=1 \
+            timeout 170 python3 bench/bench.py --impl microgpt --mb $mb --precision $p --steps ${STEPS:-30} --warmup 8 \
+            2>"$OUT/ab-$v-$p-$mb.err" | python3 -c 'import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
+          "loss_first", "loss_last", "peak_steady", "planned")}}))' $v | tee -a "$OUT/ab.jsonl"
+          grep -E "^tuning (mlp_gelu|crossentropy)" "$OUT/ab-$v-$p-$mb.err" | cut -c1-300
+          tail -2 "$OUT/ab-$v-$p-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done; done ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
@@ -48,7 +61,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-tabl
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
     dp-speed) timeout 560 python3 dev/dp_check.py speed --gpus ${GPUS:-2} --mbs ${MBS:-32 8} \
                 ${BEFORE:+--before $BEFORE} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer bench-mg bench-torch dp-agree dp-resume dp-speed)" ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab bench-mg bench-torch dp-agree dp-resume dp-speed)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

@@ -31,41 +31,82 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
+def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, R, V, GRAD: tl.constexpr,
                        BLOCK_V: tl.constexpr):  # fmt: skip
-    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place
-    row = tl.program_id(0).to(tl.int64)
-    ptr = logits_ptr + row * V
-    m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-        s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
-    mx = tl.max(m, axis=0)
-    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
-    tgt = tl.load(tgt_ptr + row)
-    logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
-    tl.store(lse_ptr + row, lse)
-    tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
-    if GRAD:
-        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V)
+    # loss, lse, tgt, dloss: (R,) for this chunk; logits: (R, V), with GRAD turned into dlogits in place.
+    # Each program takes rows pid, pid + programs, ...; BLOCK_V >= V holds the whole row in registers (one read).
+    for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):  # int64: row * V passes 2^31
+        ptr = logits_ptr + row * V
+        if BLOCK_V >= V:
+            cols = tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            mx = tl.max(x, axis=0)
+            lse = mx + tl.log(tl.sum(tl.exp(x - mx), axis=0))
+        else:
+            m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+            s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + tl.arange(0, BLOCK_V)
+                x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+                m_new = tl.maximum(m, x)
+                s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+                m = m_new
+                s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
+            mx = tl.max(m, axis=0)
+            lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
+        tgt = tl.load(tgt_ptr + row)
+        logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
+        tl.store(lse_ptr + row, lse)
+        tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+        if GRAD:
+            dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
+            if BLOCK_V >= V:
+                g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
+                tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
+            else:
+                _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V)
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
-    # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
-    row = tl.program_id(0).to(tl.int64)
-    tgt = tl.load(tgt_ptr + row)
-    dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, R, V, BLOCK_V: tl.constexpr):
+    # logits: (R, V) in place -> dlogits; dloss, lse, tgt: (R,)
+    for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):
+        tgt = tl.load(tgt_ptr + row)
+        dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
+        _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
 
 
-def _block_v(V: int) -> int:
-    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else 4096)
+# Launch configurations of the row kernels (BLOCK_V, warps, programs per SM): BLOCK_V 0 holds the whole row in
+# registers (one read of the logits instead of two; V <= 65,536), programs 0 gives every row its own program;
+# fewer programs each loop over rows, so the second read of a row finds it in L2. Timed once per GPU, V and
+# dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their lse
+# agree to the bit. The interpreter takes the first (MICROGPT_CROSSENTROPY=name another).
+ROW_CONFIGS = {"b4096w8": (4096, 8, 0), "b4096w8-sm2": (4096, 8, 2), "b4096w8-sm4": (4096, 8, 4),
+               "whole-w16": (0, 16, 0), "whole-w32": (0, 32, 0), "whole-w16-sm1": (0, 16, 1)}  # fmt: skip
+INTERPRET_ROW_CONFIGS = {"blocks": (64, 4, 2), "whole": (0, 4, 0)}
+MAX_WHOLE_ROW = 65536
+_sms: list[int] = []
+
+
+def _row_launch(r: int, V: int, dtype: torch.dtype, launch) -> None:
+    """launch(grid, BLOCK_V, num_warps) with the configuration chosen for (V, dtype)."""
+    if tuning.INTERPRET or not torch.cuda.is_available():
+        configs, sms = INTERPRET_ROW_CONFIGS, 2
+    else:
+        configs = ROW_CONFIGS
+        if not _sms:
+            _sms.append(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+        sms = _sms[0]
+    whole = triton.next_power_of_2(V)
+    if whole > MAX_WHOLE_ROW:
+        configs = {name: c for name, c in configs.items() if c[0]}
+
+    def run(block_v: int, warps: int, per_sm: int):
+        grid = (min(r, per_sm * sms) if per_sm else r,)
+        return lambda: launch(grid, min(block_v, whole) if block_v else whole, warps)
+
+    candidates = {name: run(*c) for name, c in configs.items()}
+    candidates[tuning.choose("crossentropy", f"{V}:{dtype}", candidates)]()
 
 
 def _chunks(N: int, R: int):
@@ -94,8 +135,8 @@ def crossentropy_forward(
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
         # without GRAD the kernel never reads its dloss pointer: lse stands in
-        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
-                                 num_warps=8)  # fmt: skip
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_fwd[grid](
+            losses[r0:], lse[r0:], lg, tg[r0:], lse, r, V, GRAD=False, BLOCK_V=bv, num_warps=w))  # fmt: skip
 
 
 def crossentropy_backward(
@@ -115,7 +156,8 @@ def crossentropy_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_bwd[grid](
+            lg, dlosses[r0:], lse[r0:], tg[r0:], r, V, BLOCK_V=min(bv, 4096), num_warps=min(w, 8)))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
@@ -138,8 +180,8 @@ def crossentropy_forward_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
-                                 BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_fwd[grid](
+            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], r, V, GRAD=True, BLOCK_V=bv, num_warps=w))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,7 +96,8 @@ def _time(fn: Callable[[], None]) -> float:
 
 def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> str:
     """The recorded choice for key; or, inside the window, time every candidate and record the fastest; or else
-    the first candidate. MICROGPT_<TABLE>=name forces a choice without timing (MICROGPT_GEMM=cublas|triton)."""
+    the first candidate. MICROGPT_<TABLE>=name forces a choice without timing (MICROGPT_GEMM=cublas|triton);
+    MICROGPT_TUNING_LOG=1 prints every candidate's time to stderr as it is chosen."""
     forced = os.environ.get("MICROGPT_" + table.upper())
     if forced in candidates:
         return forced
@@ -106,6 +108,9 @@ def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> s
         return next(iter(candidates))
     times = {name: _time(fn) for name, fn in candidates.items()}
     best = cache[key] = min(times, key=times.__getitem__)
+    if os.environ.get("MICROGPT_TUNING_LOG"):
+        print(f"tuning {table} {key}: " + " ".join(f"{n}={t:.4f}ms" for n, t in times.items()) + f" -> {best}",
+              file=sys.stderr, flush=True)  # fmt: skip
     try:
         path = cache_path()
         path.parent.mkdir(parents=True, exist_ok=True)
