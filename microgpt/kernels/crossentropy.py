@@ -31,40 +31,54 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr):
+    # log-sum-exp of one row: an online max/sum over V in blocks
+    m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new
+        s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
+    mx = tl.max(m, axis=0)
+    return mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
+
+
+@triton.jit
+def _lse_whole(ptr, tgt, dloss, V, GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
+    # log-sum-exp of one row read once into registers (BLOCK_V >= V); with GRAD the row becomes its dlogits
+    cols = tl.arange(0, BLOCK_V)
+    x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    mx = tl.max(x, axis=0)
+    lse = mx + tl.log(tl.sum(tl.exp(x - mx), axis=0))
+    if GRAD:
+        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
+        tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
+    return lse
+
+
+@triton.jit
 def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, R, V, GRAD: tl.constexpr,
                        BLOCK_V: tl.constexpr):  # fmt: skip
     # loss, lse, tgt, dloss: (R,) for this chunk; logits: (R, V), with GRAD turned into dlogits in place.
     # Each program takes rows pid, pid + programs, ...; BLOCK_V >= V holds the whole row in registers (one read).
     for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):  # int64: row * V passes 2^31
         ptr = logits_ptr + row * V
-        if BLOCK_V >= V:
-            cols = tl.arange(0, BLOCK_V)
-            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            mx = tl.max(x, axis=0)
-            lse = mx + tl.log(tl.sum(tl.exp(x - mx), axis=0))
-        else:
-            m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-            s = tl.zeros((BLOCK_V,), dtype=tl.float32)
-            for v0 in range(0, V, BLOCK_V):
-                cols = v0 + tl.arange(0, BLOCK_V)
-                x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-                m_new = tl.maximum(m, x)
-                s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-                m = m_new
-                s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
-            mx = tl.max(m, axis=0)
-            lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
         tgt = tl.load(tgt_ptr + row)
         logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
-        tl.store(lse_ptr + row, lse)
-        tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+        dloss = 0.0
         if GRAD:
             dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-            if BLOCK_V >= V:
-                g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
-                tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
-            else:
+        if BLOCK_V >= V:
+            lse = _lse_whole(ptr, tgt, dloss, V, GRAD, BLOCK_V)
+        else:
+            lse = _lse_blocks(ptr, V, BLOCK_V)
+            if GRAD:
                 _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V)
+        tl.store(lse_ptr + row, lse)
+        tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
 
 
 @triton.jit

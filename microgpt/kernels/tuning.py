@@ -106,10 +106,18 @@ def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> s
         return cache[key]
     if not _open:
         return next(iter(candidates))
-    times = {name: _time(fn) for name, fn in candidates.items()}
+    times, failed = {}, {}
+    for name, fn in candidates.items():
+        try:
+            times[name] = _time(fn)
+        except Exception as e:  # one this GPU or compiler cannot run (shared memory, an unsupported feature) is out
+            failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
+    if not times:
+        raise RuntimeError(f"no candidate of {table} {key} runs: {failed}")
     best = cache[key] = min(times, key=times.__getitem__)
     if os.environ.get("MICROGPT_TUNING_LOG"):
-        print(f"tuning {table} {key}: " + " ".join(f"{n}={t:.4f}ms" for n, t in times.items()) + f" -> {best}",
+        print(f"tuning {table} {key}: " + " ".join(f"{n}={t:.4f}ms" for n, t in times.items()) + f" -> {best}"
+              + "".join(f"\ntuning {table} {key}: {n} failed: {why}" for n, why in failed.items()),
               file=sys.stderr, flush=True)  # fmt: skip
     try:
         path = cache_path()

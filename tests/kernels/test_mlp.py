@@ -11,12 +11,11 @@ from microgpt.ops import mlp as ref
 from ._kutil import DEVICE, DTYPES, compare, rounded, t
 
 
-@pytest.mark.parametrize("impl", ["fused", "unfused"])  # fused: the first candidate, which untimed runs take
+@pytest.mark.parametrize("impl", ["fused", "tma", "unfused"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,C", [(19, 12), (32, 8), (70, 24)])
 def test_mlp(N: int, C: int, dtype: torch.dtype, impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if impl == "unfused":
-        monkeypatch.setenv("MICROGPT_MLP_GELU", impl)
+    monkeypatch.setenv("MICROGPT_MLP_GELU", impl)
     rng = np.random.default_rng(N * C)
     H = 4 * C
     x, dout = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((N, C)), dtype)
