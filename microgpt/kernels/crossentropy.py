@@ -21,9 +21,9 @@ from microgpt.kernels.linear import mm
 
 
 @triton.jit
-def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
+def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     # one row of logits at ptr, in place -> (softmax - onehot(tgt)) * dloss
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
         g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
@@ -31,11 +31,11 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr):
-    # log-sum-exp of one row: an online max/sum over V in blocks
+def _lse_lanes(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+    # log-sum-exp of one row: a running max and sum per lane over V in blocks, reduced across lanes at the end
     m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
@@ -47,63 +47,63 @@ def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _lse_whole(ptr, tgt, dloss, V, GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
-    # log-sum-exp of one row read once into registers (BLOCK_V >= V); with GRAD the row becomes its dlogits
-    cols = tl.arange(0, BLOCK_V)
-    x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-    mx = tl.max(x, axis=0)
-    lse = mx + tl.log(tl.sum(tl.exp(x - mx), axis=0))
-    if GRAD:
-        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
-        tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
-    return lse
+def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+    # log-sum-exp of one row: a running max and sum per block (one exp per element instead of the lanes' two)
+    m = float("-inf")
+    s = 0.0
+    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: every block holds at least one column
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    return m + tl.log(s)
 
 
 @triton.jit
 def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, R, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr):  # fmt: skip
+                       BLOCK_V: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
     # loss, lse, tgt, dloss: (R,) for this chunk; logits: (R, V), with GRAD turned into dlogits in place.
-    # Each program takes rows pid, pid + programs, ...; BLOCK_V >= V holds the whole row in registers (one read).
+    # Each program takes rows pid, pid + programs, ...; BLOCKS: _lse_blocks, else _lse_lanes.
     for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):  # int64: row * V passes 2^31
         ptr = logits_ptr + row * V
+        if BLOCKS:
+            lse = _lse_blocks(ptr, V, BLOCK_V, STAGES)
+        else:
+            lse = _lse_lanes(ptr, V, BLOCK_V, STAGES)
         tgt = tl.load(tgt_ptr + row)
         logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
-        dloss = 0.0
-        if GRAD:
-            dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-        if BLOCK_V >= V:
-            lse = _lse_whole(ptr, tgt, dloss, V, GRAD, BLOCK_V)
-        else:
-            lse = _lse_blocks(ptr, V, BLOCK_V)
-            if GRAD:
-                _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V)
         tl.store(lse_ptr + row, lse)
         tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+        if GRAD:
+            _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V, STAGES)
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, R, V, BLOCK_V: tl.constexpr):
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, R, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     # logits: (R, V) in place -> dlogits; dloss, lse, tgt: (R,)
     for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):
         tgt = tl.load(tgt_ptr + row)
         dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-        _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
+        _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V, STAGES)
 
 
-# Launch configurations of the row kernels (BLOCK_V, warps, programs per SM): BLOCK_V 0 holds the whole row in
-# registers (one read of the logits instead of two; V <= 65,536), programs 0 gives every row its own program;
-# fewer programs each loop over rows, so the second read of a row finds it in L2. Timed once per GPU, V and
-# dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their lse
-# agree to the bit. The interpreter takes the first (MICROGPT_CROSSENTROPY=name another).
-ROW_CONFIGS = {"b4096w8": (4096, 8, 0), "b4096w8-sm2": (4096, 8, 2), "b4096w8-sm4": (4096, 8, 4),
-               "whole-w16": (0, 16, 0), "whole-w32": (0, 32, 0), "whole-w16-sm1": (0, 16, 1)}  # fmt: skip
-INTERPRET_ROW_CONFIGS = {"blocks": (64, 4, 2), "whole": (0, 4, 0)}
-MAX_WHOLE_ROW = 65536
+# Launch configurations of the row kernels (BLOCK_V, warps, programs per SM, BLOCKS, STAGES): programs 0 gives
+# every row its own program, fewer each loop over rows (so the second read of a row may find it in L2); BLOCKS
+# keeps one running max per block instead of per lane; STAGES > 1 pipelines the loads. Timed once per GPU, V
+# and dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their lse
+# agree to the bit. Untimed runs take the first (MICROGPT_CROSSENTROPY=name forces one).
+ROW_CONFIGS = {"b4096w8": (4096, 8, 0, False, 1), "b4096w8-sm4": (4096, 8, 4, False, 1),
+               "b4096w8-s3": (4096, 8, 0, False, 3), "blk4096w8": (4096, 8, 0, True, 1),
+               "blk4096w8-s3": (4096, 8, 0, True, 3), "blk8192w16-s2": (8192, 16, 0, True, 2),
+               "blk2048w4-s3": (2048, 4, 0, True, 3), "blk4096w8-sm4-s3": (4096, 8, 4, True, 3),
+               "blk4096w4-s2": (4096, 4, 0, True, 2)}  # fmt: skip
+INTERPRET_ROW_CONFIGS = {"lanes": (64, 4, 2, False, 1), "blocks": (64, 4, 0, True, 2)}
 _sms: list[int] = []
 
 
 def _row_launch(r: int, V: int, dtype: torch.dtype, launch) -> None:
-    """launch(grid, BLOCK_V, num_warps) with the configuration chosen for (V, dtype)."""
+    """launch(grid, BLOCK_V, num_warps, BLOCKS, STAGES) with the configuration chosen for (V, dtype)."""
     if tuning.INTERPRET or not torch.cuda.is_available():
         configs, sms = INTERPRET_ROW_CONFIGS, 2
     else:
@@ -111,13 +111,10 @@ def _row_launch(r: int, V: int, dtype: torch.dtype, launch) -> None:
         if not _sms:
             _sms.append(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
         sms = _sms[0]
-    whole = triton.next_power_of_2(V)
-    if whole > MAX_WHOLE_ROW:
-        configs = {name: c for name, c in configs.items() if c[0]}
 
-    def run(block_v: int, warps: int, per_sm: int):
+    def run(block_v: int, warps: int, per_sm: int, blocks: bool, stages: int):
         grid = (min(r, per_sm * sms) if per_sm else r,)
-        return lambda: launch(grid, min(block_v, whole) if block_v else whole, warps)
+        return lambda: launch(grid, min(block_v, triton.next_power_of_2(V)), warps, blocks, stages)
 
     candidates = {name: run(*c) for name, c in configs.items()}
     candidates[tuning.choose("crossentropy", f"{V}:{dtype}", candidates)]()
@@ -149,8 +146,9 @@ def crossentropy_forward(
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
         # without GRAD the kernel never reads its dloss pointer: lse stands in
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_fwd[grid](
-            losses[r0:], lse[r0:], lg, tg[r0:], lse, r, V, GRAD=False, BLOCK_V=bv, num_warps=w))  # fmt: skip
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_fwd[grid](
+            losses[r0:], lse[r0:], lg, tg[r0:], lse, r, V, GRAD=False, BLOCK_V=bv, BLOCKS=blocks, STAGES=stages,
+            num_warps=w))  # fmt: skip
 
 
 def crossentropy_backward(
@@ -170,8 +168,8 @@ def crossentropy_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_bwd[grid](
-            lg, dlosses[r0:], lse[r0:], tg[r0:], r, V, BLOCK_V=min(bv, 4096), num_warps=min(w, 8)))  # fmt: skip
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_bwd[grid](
+            lg, dlosses[r0:], lse[r0:], tg[r0:], r, V, BLOCK_V=bv, STAGES=stages, num_warps=w))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
@@ -194,8 +192,9 @@ def crossentropy_forward_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w: k_crossentropy_fwd[grid](
-            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], r, V, GRAD=True, BLOCK_V=bv, num_warps=w))  # fmt: skip
+        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_fwd[grid](
+            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], r, V, GRAD=True, BLOCK_V=bv, BLOCKS=blocks,
+            STAGES=stages, num_warps=w))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 

@@ -1,15 +1,16 @@
-"""The Triton GEMM tile every matmul kernel of the engine is built from (linear.py's, fp8.py's scaled one, and
-mlp.py's with GELU in its epilogue)."""
+"""The Triton GEMM tile every matmul kernel of the engine is built from (linear.py's, and fp8.py's scaled one)."""
 
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def gemm_acc(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, pid, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """The fp32 sums of one (BM, BN) tile of a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse: returns
-    (acc, offs_m, offs_n) for the caller's epilogue."""
+def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
+               ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               GROUP_M: tl.constexpr, IEEE: tl.constexpr,
+               sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
+    """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse. SCALED (fp8):
+    c (+)= (a @ b) * sa * sb, the inverse scales read from sa_ptr, sb_ptr."""
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     group = GROUP_M * num_n
@@ -33,17 +34,6 @@ def gemm_acc(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, pid, BM: tl.constexpr, B
             acc = tl.dot(a, b, acc)
         a_ptrs += BK * sak
         b_ptrs += BK * sbk
-    return acc, offs_m, offs_n
-
-
-@triton.jit
-def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
-               ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               GROUP_M: tl.constexpr, IEEE: tl.constexpr,
-               sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
-    """One (BM, BN) tile of c (+)= a @ b (gemm_acc's order). SCALED (fp8): c (+)= (a @ b) * sa * sb, the inverse
-    scales read from sa_ptr, sb_ptr."""
-    acc, offs_m, offs_n = gemm_acc(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, pid, BM, BN, BK, GROUP_M, IEEE)
     if SCALED:
         acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * scm + offs_n[None, :].to(tl.int64) * scn

@@ -151,38 +151,6 @@ def test_mlp_gpu(dtype):
     close("dw2", dw2 - dw20, r2.grad, dtype)
 
 
-def _mlp_gelu_candidates():
-    from microgpt.kernels.mlp import FUSED_CONFIGS
-
-    return [*FUSED_CONFIGS, "unfused"]
-
-
-@pytest.mark.parametrize("impl", _mlp_gelu_candidates())
-def test_mlp_gelu_candidates_gpu(impl, monkeypatch):
-    """Each candidate the warm-up may pick for the GEMMs that meet GELU, at a shape no tile divides: h, a = gelu(h)
-    and dh = (dout @ w2.T) * gelu'(h) against float64 on the stored h (a is garbage before backward recomputes it)."""
-    from microgpt.kernels import mlp as k
-
-    monkeypatch.setenv("MICROGPT_MLP_GELU", impl)
-    torch.manual_seed(5)
-    n, c, dtype = 1000, 200, torch.bfloat16
-    x, dout = rnd(n, c, dtype=dtype), rnd(n, c, dtype=dtype)
-    w1, w2 = rnd(c, 4 * c, dtype=dtype, scale=0.1), rnd(4 * c, c, dtype=dtype, scale=0.05)
-    out, h, a, dh = (torch.empty(n, m, device="cuda", dtype=dtype) for m in (c, 4 * c, 4 * c, 4 * c))
-    k.mlp_forward(out, h, a, x, w1, w2)
-    close("h", h, x.double() @ w1.double(), dtype)
-    close("a", a, F.gelu(h.double(), approximate="tanh"), dtype)
-    dx = torch.zeros_like(x)
-    (dw1, _), (dw2, _) = wgrad(c, 4 * c), wgrad(4 * c, c)
-    a.fill_(7.0)
-    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
-    hd = h.double()
-    close("a (recomputed)", a, F.gelu(hd, approximate="tanh"), dtype)
-    t = torch.tanh(math.sqrt(2 / math.pi) * (hd + 0.044715 * hd**3))
-    dgelu = 0.5 * (1 + t) + 0.5 * hd * (1 - t * t) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * hd * hd)
-    close("dh", dh, (dout.double() @ w2.double().t()) * dgelu, dtype)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_residual_gpu(dtype):
     from microgpt.kernels import residual as k
