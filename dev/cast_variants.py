@@ -104,7 +104,8 @@ def main() -> None:
 
                     def run() -> None:
                         fp8.k_cast[grid + (1,)](x3, x3, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False,
-                                                HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, num_warps=w)  # fmt: skip
+                                                HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, PACK=1, HW=False,
+                                                num_warps=w)  # fmt: skip
                 else:
                     args = {**dict(REC=True, TRANS_T=False, FLAT=False, ROWS=True, TRANS=True), **kw}
 

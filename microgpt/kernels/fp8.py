@@ -47,6 +47,7 @@ from microgpt.kernels.gelu import gelu, gelu_grad
 from microgpt.kernels.gemm import k_mm_scaled
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
+HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
 SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
 
 
@@ -79,9 +80,21 @@ def _e4m3_bits(y):
 
 
 @triton.jit
+def _e4m3(y, HW: tl.constexpr):
+    """_e4m3_bits(y); HW: by the GPU's own conversion (cvt.rn.satfinite, two values an instruction) of y clamped to
+    +-448, non-finite y set to NaN after: a third of the instructions, and the same byte for every fp32 (the GPU
+    suite checks all 2^32). The interpreter rounds E4M3 subnormals otherwise, so it runs the bits."""
+    if HW:
+        q = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return tl.where(tl.abs(y) <= 3.4028234663852886e38, q, 0x7F).to(tl.uint8)
+    else:
+        return _e4m3_bits(y)
+
+
+@triton.jit
 def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.constexpr,
            AMAX_ONLY: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr,
-           BC: tl.constexpr, PACK: tl.constexpr):  # fmt: skip
+           BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
     # y = op(x (G, R, Cc), x2 the same shape and strides) -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R):
     # t[g, c, r]. slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre = max(pre, finite max |y|), no
     # stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite max |y|). PACK (R % PACK == 0):
@@ -101,7 +114,8 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
     else:
         y = x
     ay = tl.abs(y)
-    m = tl.max(tl.max(tl.where(mask & (ay <= 3.4028234663852886e38), ay, 0.0), axis=1), axis=0)  # finite only
+    # finite only; masked-off elements load as 0, which every op maps to 0
+    m = tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0)
     if AMAX_ONLY:
         tl.atomic_max(slot_ptr + 1, m)
     else:
@@ -112,7 +126,7 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
         if (pid_r == 0) & (pid_c == 0) & (g == 0):
             tl.store(slot_ptr, inv)
         tl.atomic_max(slot_ptr + 2, m)
-        q = _e4m3_bits(y * s)
+        q = _e4m3(y * s, HW)
         G = tl.num_programs(2)
         if ROWS:
             tl.store(rows_ptr + r64[:, None] * (G * Cc) + g64 * Cc + c64[None, :], q, mask=mask)
@@ -164,7 +178,7 @@ def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: 
             return lambda: k_cast[grid](x3, y2, rows_p, trans_p, slot, R, Cc, *x3.stride(), OP=op,
                                         AMAX_ONLY=amax_only, HIST=hist, ROWS=rows is not None and not amax_only,
                                         TRANS=trans is not None and not amax_only, BR=br, BC=bc,
-                                        PACK=pack if R % pack == 0 else 1, num_warps=warps)  # fmt: skip
+                                        PACK=pack if R % pack == 0 else 1, HW=HW_CVT, num_warps=warps)  # fmt: skip
 
         return make
 

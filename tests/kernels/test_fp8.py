@@ -119,6 +119,27 @@ def test_gelu_casts_match_numpy(prime: bool) -> None:
         np.testing.assert_allclose(got_slot[1:3], want_slot[1:3], rtol=1e-6)  # the amaxes met
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the GPU's conversion instruction (the interpreter runs the bits)")
+def test_gpu_conversion_equals_the_bit_rule_for_every_fp32() -> None:
+    """k_cast's E4M3 byte by the GPU's conversion (clamped, non-finite made NaN) against _e4m3_bits, the rule the
+    NumPy reference and the interpreter follow, for all 2^32 fp32 bit patterns (scale 1: history 448)."""
+    rows, cols = 1 << 14, 1 << 12
+    x = torch.empty(rows, cols, dtype=torch.int32, device=DEVICE)
+    got, want = (torch.empty(rows, cols, dtype=F8, device=DEVICE) for _ in range(2))
+    slot = t(oslot([448.0]))
+    step = torch.arange(rows * cols, dtype=torch.int32, device=DEVICE).view(rows, cols)
+    for chunk in range((1 << 32) // (rows * cols)):
+        torch.add(step, chunk * rows * cols - (1 << 31), out=x)  # int32 wraps: every pattern once over the chunks
+        for hw, out in ((True, got), (False, want)):
+            k8.HW_CVT = hw
+            try:
+                k8.cast(x.view(torch.float32), slot, out, None)
+            finally:
+                k8.HW_CVT = True
+        bad = (got.view(torch.uint8) != want.view(torch.uint8)).nonzero()
+        assert len(bad) == 0, (chunk, x[bad[0, 0], bad[0, 1]].item(), got.view(torch.uint8)[bad[0, 0], bad[0, 1]])
+
+
 def test_roll_history_matches_numpy() -> None:
     rng = np.random.default_rng(3)
     slots = rng.uniform(0, 5, (2, 4, 2, fp8.OSLOT)).astype(np.float32)
