@@ -7,7 +7,7 @@
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), the kernels this round added forced off
-#           ("before": MICROGPT_CROSSENTROPY=b4096w8) then chosen ("after"), in one call;
+#           ("before": MICROGPT_CROSSENTROPY=lanes4096w8) then chosen ("after"), in one call;
 #           the warm-up's candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
@@ -44,7 +44,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-tabl
                    python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
                  | tee "$OUT/sanitizer.txt" ;;
     ab) for mb in ${MBS:-32 8}; do for p in ${PRECISIONS:-bf16}; do for v in before after; do
-          env $([ $v = before ] && echo MICROGPT_CROSSENTROPY=b4096w8) MICROGPT_TUNING_LOG=1 \
+          env $([ $v = before ] && echo MICROGPT_CROSSENTROPY=lanes4096w8) MICROGPT_TUNING_LOG=1 \
             timeout 170 python3 bench/bench.py --impl microgpt --mb $mb --precision $p --steps ${STEPS:-30} --warmup 8 \
             2>"$OUT/ab-$v-$p-$mb.err" | python3 -c 'import json, sys
 for line in sys.stdin:

@@ -61,60 +61,50 @@ def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
 
 
 @triton.jit
-def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, R, V, GRAD: tl.constexpr,
+def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    # loss, lse, tgt, dloss: (R,) for this chunk; logits: (R, V), with GRAD turned into dlogits in place.
-    # Each program takes rows pid, pid + programs, ...; BLOCKS: _lse_blocks, else _lse_lanes.
-    for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):  # int64: row * V passes 2^31
-        ptr = logits_ptr + row * V
-        if BLOCKS:
-            lse = _lse_blocks(ptr, V, BLOCK_V, STAGES)
-        else:
-            lse = _lse_lanes(ptr, V, BLOCK_V, STAGES)
-        tgt = tl.load(tgt_ptr + row)
-        logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
-        tl.store(lse_ptr + row, lse)
-        tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
-        if GRAD:
-            _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V, STAGES)
+    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place; one
+    # program per row. BLOCKS: _lse_blocks, else _lse_lanes.
+    row = tl.program_id(0).to(tl.int64)
+    ptr = logits_ptr + row * V
+    if BLOCKS:
+        lse = _lse_blocks(ptr, V, BLOCK_V, STAGES)
+    else:
+        lse = _lse_lanes(ptr, V, BLOCK_V, STAGES)
+    tgt = tl.load(tgt_ptr + row)
+    logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
+    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
+    if GRAD:
+        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V, STAGES)
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, R, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    # logits: (R, V) in place -> dlogits; dloss, lse, tgt: (R,)
-    for row in range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0)):
-        tgt = tl.load(tgt_ptr + row)
-        dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-        _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V, STAGES)
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+    # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
+    row = tl.program_id(0).to(tl.int64)
+    tgt = tl.load(tgt_ptr + row)
+    dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
+    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V, STAGES)
 
 
-# Launch configurations of the row kernels (BLOCK_V, warps, programs per SM, BLOCKS, STAGES): programs 0 gives
-# every row its own program, fewer each loop over rows (so the second read of a row may find it in L2); BLOCKS
-# keeps one running max per block instead of per lane; STAGES > 1 pipelines the loads. Timed once per GPU, V
-# and dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their lse
-# agree to the bit. Untimed runs take the first (MICROGPT_CROSSENTROPY=name forces one).
-ROW_CONFIGS = {"b4096w8": (4096, 8, 0, False, 1), "b4096w8-sm4": (4096, 8, 4, False, 1),
-               "b4096w8-s3": (4096, 8, 0, False, 3), "blk4096w8": (4096, 8, 0, True, 1),
-               "blk4096w8-s3": (4096, 8, 0, True, 3), "blk8192w16-s2": (8192, 16, 0, True, 2),
-               "blk2048w4-s3": (2048, 4, 0, True, 3), "blk4096w8-sm4-s3": (4096, 8, 4, True, 3),
-               "blk4096w4-s2": (4096, 4, 0, True, 2)}  # fmt: skip
-INTERPRET_ROW_CONFIGS = {"lanes": (64, 4, 2, False, 1), "blocks": (64, 4, 0, True, 2)}
-_sms: list[int] = []
+# Launch configurations of the row kernels (BLOCK_V, warps, BLOCKS, STAGES): BLOCKS keeps one running max per
+# block instead of one per lane (an exp per element instead of two), STAGES > 1 pipelines the loads. Timed once per
+# GPU, V and dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their
+# lse agree to the bit. Untimed runs take the first (MICROGPT_CROSSENTROPY=name forces one). On an H200 at
+# ANDREA-120M's vocabulary (4,096 rows of 50,304 bf16 logits, GRAD): lanes4096w8 0.461 ms, blocks4096w8 0.393,
+# blocks2048w4s3 0.436, blocks4096w4s2 0.458 (per_sm row loops and whole rows in registers were slower).
+ROW_CONFIGS = {"lanes4096w8": (4096, 8, False, 1), "blocks4096w8": (4096, 8, True, 1),
+               "blocks2048w4s3": (2048, 4, True, 3), "blocks4096w4s2": (4096, 4, True, 2)}  # fmt: skip
+INTERPRET_ROW_CONFIGS = {"lanes": (64, 4, False, 1), "blocks": (64, 4, True, 2)}
 
 
-def _row_launch(r: int, V: int, dtype: torch.dtype, launch) -> None:
-    """launch(grid, BLOCK_V, num_warps, BLOCKS, STAGES) with the configuration chosen for (V, dtype)."""
-    if tuning.INTERPRET or not torch.cuda.is_available():
-        configs, sms = INTERPRET_ROW_CONFIGS, 2
-    else:
-        configs = ROW_CONFIGS
-        if not _sms:
-            _sms.append(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-        sms = _sms[0]
+def _row_launch(V: int, dtype: torch.dtype, launch) -> None:
+    """launch(BLOCK_V, num_warps, BLOCKS, STAGES) with the configuration chosen for (V, dtype)."""
+    configs = INTERPRET_ROW_CONFIGS if tuning.INTERPRET or not torch.cuda.is_available() else ROW_CONFIGS
 
-    def run(block_v: int, warps: int, per_sm: int, blocks: bool, stages: int):
-        grid = (min(r, per_sm * sms) if per_sm else r,)
-        return lambda: launch(grid, min(block_v, triton.next_power_of_2(V)), warps, blocks, stages)
+    def run(block_v: int, warps: int, blocks: bool, stages: int):
+        return lambda: launch(min(block_v, triton.next_power_of_2(V)), warps, blocks, stages)
 
     candidates = {name: run(*c) for name, c in configs.items()}
     candidates[tuning.choose("crossentropy", f"{V}:{dtype}", candidates)]()
@@ -146,8 +136,8 @@ def crossentropy_forward(
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
         # without GRAD the kernel never reads its dloss pointer: lse stands in
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_fwd[grid](
-            losses[r0:], lse[r0:], lg, tg[r0:], lse, r, V, GRAD=False, BLOCK_V=bv, BLOCKS=blocks, STAGES=stages,
+        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_fwd[(r,)](
+            losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=bv, BLOCKS=blocks, STAGES=stages,
             num_warps=w))  # fmt: skip
 
 
@@ -168,8 +158,8 @@ def crossentropy_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_bwd[grid](
-            lg, dlosses[r0:], lse[r0:], tg[r0:], r, V, BLOCK_V=bv, STAGES=stages, num_warps=w))  # fmt: skip
+        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_bwd[(r,)](
+            lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=bv, STAGES=stages, num_warps=w))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
@@ -192,8 +182,8 @@ def crossentropy_forward_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(r, V, lg.dtype, lambda grid, bv, w, blocks, stages: k_crossentropy_fwd[grid](
-            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], r, V, GRAD=True, BLOCK_V=bv, BLOCKS=blocks,
+        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_fwd[(r,)](
+            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True, BLOCK_V=bv, BLOCKS=blocks,
             STAGES=stages, num_warps=w))  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 

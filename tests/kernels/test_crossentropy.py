@@ -15,8 +15,8 @@ SHAPES = [(21, 16, 100, 8), (5, 8, 1100, 4), (6, 12, 33, 16)]
 
 @pytest.fixture(params=list(kc.INTERPRET_ROW_CONFIGS) if not ON_GPU else [None])
 def row_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each launch configuration of the row kernels the interpreter has: a running max per lane with rows looped
-    over by fewer programs, and one per block with a program per row."""
+    """Each launch configuration of the row kernels the interpreter has: a running max per lane, and one per block
+    with pipelined loads."""
     if request.param:
         monkeypatch.setenv("MICROGPT_CROSSENTROPY", request.param)
 
