@@ -47,7 +47,7 @@ from microgpt.kernels.gelu import gelu, gelu_grad
 from microgpt.kernels.gemm import k_mm_scaled
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
-HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3), GELU by its tanh
+HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
 SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
 
 
@@ -108,9 +108,9 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
     at = g64 * sg + r64[:, None] * sr + c64[None, :] * sc
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     if OP == 1:
-        y = gelu(x, HW)
+        y = gelu(x)
     elif OP == 2:
-        y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x, HW)
+        y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
     else:
         y = x
     ay = tl.abs(y)

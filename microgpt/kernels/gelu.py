@@ -12,24 +12,18 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def tanh(u, FAST: tl.constexpr = False):
-    # through exp: saturates cleanly to +-1 (exp overflows to inf, 2/inf = 0). FAST: the GPU's tanh.approx.f32,
-    # one instruction (relative error ~2^-11, below bf16's rounding), for the FP8 casts, whose math is what they
-    # spend their time on; the interpreter has no PTX
-    if FAST:
-        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True,
-                                         pack=1)  # fmt: skip
-    else:
-        return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+def tanh(u):
+    # through exp: saturates cleanly to +-1 (exp overflows to inf, 2/inf = 0)
+    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
 
 
 @triton.jit
-def gelu(h, FAST: tl.constexpr = False):
-    t = tanh(SQRT_2_OVER_PI * (h + 0.044715 * h * h * h), FAST)
+def gelu(h):
+    t = tanh(SQRT_2_OVER_PI * (h + 0.044715 * h * h * h))
     return 0.5 * h * (1.0 + t)
 
 
 @triton.jit
-def gelu_grad(h, FAST: tl.constexpr = False):
-    t = tanh(SQRT_2_OVER_PI * (h + 0.044715 * h * h * h), FAST)
+def gelu_grad(h):
+    t = tanh(SQRT_2_OVER_PI * (h + 0.044715 * h * h * h))
     return 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * h * h)
