@@ -6,9 +6,9 @@
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
-#   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), the kernels this round added forced off
-#           ("before": MICROGPT_CROSSENTROPY=lanes4096w8) then chosen ("after"), in one call;
-#           the warm-up's candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
+#   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
+#           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
+#           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
@@ -44,14 +44,14 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-tabl
                    python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
                  | tee "$OUT/sanitizer.txt" ;;
     ab) for mb in ${MBS:-32 8}; do for p in ${PRECISIONS:-bf16}; do for v in before after; do
-          env $([ $v = before ] && echo MICROGPT_CROSSENTROPY=lanes4096w8) MICROGPT_TUNING_LOG=1 \
+          env $([ $v = before ] && echo ${AB_ENV:-}) MICROGPT_TUNING_LOG=1 \
             timeout 170 python3 bench/bench.py --impl microgpt --mb $mb --precision $p --steps ${STEPS:-30} --warmup 8 \
             2>"$OUT/ab-$v-$p-$mb.err" | python3 -c 'import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
           "loss_first", "loss_last", "peak_steady", "planned")}}))' $v | tee -a "$OUT/ab.jsonl"
-          grep -E "^tuning crossentropy" "$OUT/ab-$v-$p-$mb.err" | cut -c1-300
+          grep -E "^tuning ${AB_TABLES:-}" "$OUT/ab-$v-$p-$mb.err" | cut -c1-300
           tail -2 "$OUT/ab-$v-$p-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done; done ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;

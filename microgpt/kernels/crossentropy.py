@@ -21,9 +21,9 @@ from microgpt.kernels.linear import mm
 
 
 @triton.jit
-def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
     # one row of logits at ptr, in place -> (softmax - onehot(tgt)) * dloss
-    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
+    for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
         g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
@@ -31,11 +31,14 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, STAGES: tl.cons
 
 
 @triton.jit
-def _lse_lanes(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    # log-sum-exp of one row: a running max and sum per lane over V in blocks, reduced across lanes at the end
+def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
+                       BLOCK_V: tl.constexpr):  # fmt: skip
+    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place
+    row = tl.program_id(0).to(tl.int64)
+    ptr = logits_ptr + row * V
     m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
+    for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
@@ -43,71 +46,26 @@ def _lse_lanes(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
         m = m_new
         s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
     mx = tl.max(m, axis=0)
-    return mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
-
-
-@triton.jit
-def _lse_blocks(ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    # log-sum-exp of one row: a running max and sum per block (one exp per element instead of the lanes' two)
-    m = float("-inf")
-    s = 0.0
-    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: every block holds at least one column
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
-    return m + tl.log(s)
-
-
-@triton.jit
-def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place; one
-    # program per row. BLOCKS: _lse_blocks, else _lse_lanes.
-    row = tl.program_id(0).to(tl.int64)
-    ptr = logits_ptr + row * V
-    if BLOCKS:
-        lse = _lse_blocks(ptr, V, BLOCK_V, STAGES)
-    else:
-        lse = _lse_lanes(ptr, V, BLOCK_V, STAGES)
+    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
     tgt = tl.load(tgt_ptr + row)
     logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
     if GRAD:
-        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V, STAGES)
+        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V)
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
     # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
     row = tl.program_id(0).to(tl.int64)
     tgt = tl.load(tgt_ptr + row)
     dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V, STAGES)
+    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
 
 
-# Launch configurations of the row kernels (BLOCK_V, warps, BLOCKS, STAGES): BLOCKS keeps one running max per
-# block instead of one per lane (an exp per element instead of two), STAGES > 1 pipelines the loads. Timed once per
-# GPU, V and dtype in the warm-up (tuning.py, table "crossentropy"); forward and training share the choice, so their
-# lse agree to the bit. Untimed runs take the first (MICROGPT_CROSSENTROPY=name forces one). On an H200 at
-# ANDREA-120M's vocabulary (4,096 rows of 50,304 bf16 logits, GRAD): lanes4096w8 0.461 ms, blocks4096w8 0.393,
-# blocks2048w4s3 0.436, blocks4096w4s2 0.458 (per_sm row loops and whole rows in registers were slower).
-ROW_CONFIGS = {"lanes4096w8": (4096, 8, False, 1), "blocks4096w8": (4096, 8, True, 1),
-               "blocks2048w4s3": (2048, 4, True, 3), "blocks4096w4s2": (4096, 4, True, 2)}  # fmt: skip
-INTERPRET_ROW_CONFIGS = {"lanes": (64, 4, False, 1), "blocks": (64, 4, True, 2)}
-
-
-def _row_launch(V: int, dtype: torch.dtype, launch) -> None:
-    """launch(BLOCK_V, num_warps, BLOCKS, STAGES) with the configuration chosen for (V, dtype)."""
-    configs = INTERPRET_ROW_CONFIGS if tuning.INTERPRET or not torch.cuda.is_available() else ROW_CONFIGS
-
-    def run(block_v: int, warps: int, blocks: bool, stages: int):
-        return lambda: launch(min(block_v, triton.next_power_of_2(V)), warps, blocks, stages)
-
-    candidates = {name: run(*c) for name, c in configs.items()}
-    candidates[tuning.choose("crossentropy", f"{V}:{dtype}", candidates)]()
+def _block_v(V: int) -> int:
+    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else 4096)
 
 
 def _chunks(N: int, R: int):
@@ -136,9 +94,8 @@ def crossentropy_forward(
         lg = logits[:r]
         mm(lg, x2[r0 : r0 + r], wte.t())
         # without GRAD the kernel never reads its dloss pointer: lse stands in
-        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_fwd[(r,)](
-            losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=bv, BLOCKS=blocks, STAGES=stages,
-            num_warps=w))  # fmt: skip
+        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
+                                 num_warps=8)  # fmt: skip
 
 
 def crossentropy_backward(
@@ -158,8 +115,7 @@ def crossentropy_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_bwd[(r,)](
-            lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=bv, STAGES=stages, num_warps=w))  # fmt: skip
+        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 
@@ -182,9 +138,8 @@ def crossentropy_forward_backward(
         lg = logits[:r]
         xr = x2[r0 : r0 + r]
         mm(lg, xr, wte.t())
-        _row_launch(V, lg.dtype, lambda bv, w, blocks, stages: k_crossentropy_fwd[(r,)](
-            losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True, BLOCK_V=bv, BLOCKS=blocks,
-            STAGES=stages, num_warps=w))  # fmt: skip
+        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
+                                 BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
         _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
 
 

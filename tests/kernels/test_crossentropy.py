@@ -7,23 +7,15 @@ import torch
 from microgpt.kernels import crossentropy as kc
 from microgpt.ops import crossentropy as ref
 
-from ._kutil import DEVICE, DTYPES, ON_GPU, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, compare, rounded, t
 
 # (N, C, V, R): several chunks with a short last one; V above the interpreter's 1024-wide block; R >= N
 SHAPES = [(21, 16, 100, 8), (5, 8, 1100, 4), (6, 12, 33, 16)]
 
 
-@pytest.fixture(params=list(kc.INTERPRET_ROW_CONFIGS) if not ON_GPU else [None])
-def row_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each launch configuration of the row kernels the interpreter has: a running max per lane, and one per block
-    with pipelined loads."""
-    if request.param:
-        monkeypatch.setenv("MICROGPT_CROSSENTROPY", request.param)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,C,V,R", SHAPES)
-def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype, row_config: None) -> None:
+def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype) -> None:
     rng = np.random.default_rng(N * C + V)
     x, wte = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((V, C)) * 0.5, dtype)
     targets = rng.integers(0, V, size=N).astype(np.int32)
@@ -48,7 +40,7 @@ def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype, row_co
 
 
 @pytest.mark.parametrize("N,C,V,R", SHAPES)
-def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int, row_config: None) -> None:
+def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int) -> None:
     """The training call against the NumPy one, and bit for bit against the kernel pair's two calls."""
     dtype = torch.float32
     rng = np.random.default_rng(N * C + V + 7)
