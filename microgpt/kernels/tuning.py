@@ -111,7 +111,8 @@ def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> s
         try:
             times[name] = _time(fn)
         except Exception as e:  # one this GPU or compiler cannot run (shared memory, an unsupported feature) is out
-            failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
+            lines = str(e).strip().splitlines() or [""]
+            failed[name] = f"{type(e).__name__}: {lines[-1][:200]}"
     if not times:
         raise RuntimeError(f"no candidate of {table} {key} runs: {failed}")
     best = cache[key] = min(times, key=times.__getitem__)
