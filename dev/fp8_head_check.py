@@ -1,0 +1,112 @@
+"""Does the tied LM head keep the loss in FP8? The NumPy reference in precision "fp8" trains twice on the same data
+and seed: once as it is (the head's three GEMMs in fp32, the block linears in E4M3), once with the head's GEMMs on
+E4M3 operands too: logits = x8 @ wte8^T, dx += g8 @ wte8, dwte += g8^T @ x8, each operand cast per chunk by its own
+amax (current scaling, the rule of microgpt/fp8.py), fp32 sums. Evaluation runs the same head as training.
+
+    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR]    # default ANDREA-tiny, 300 steps
+
+Prints one JSON line per run (validation loss at every eval, train losses) and the relative differences. This is
+a measurement on the CPU reference, not a feature: the triton backend has no FP8 head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from microgpt import config, fp8  # noqa: E402
+from microgpt.ops import crossentropy as ce  # noqa: E402
+from microgpt.ops.fp8 import cast, mm8  # noqa: E402
+from microgpt.trainer import Trainer  # noqa: E402
+
+EXACT = {name: getattr(ce, name) for name in ("crossentropy_forward", "crossentropy_forward_backward")}
+
+
+def _e4m3(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """x by its own amax (a fresh slot: current scaling)."""
+    return cast(x, np.zeros(fp8.OSLOT, np.float32), current=True)
+
+
+def _chunk_fp8(x: np.ndarray, wte8: tuple, tgt: np.ndarray, losses: np.ndarray, lse: np.ndarray, z: np.ndarray):
+    """ce._chunk_exp with the logits GEMM on E4M3 operands; returns (row sums, x's E4M3 copy)."""
+    x8 = _e4m3(x)
+    z[...] = mm8(x8[0], x8[1], wte8[0].T, wte8[1])
+    valid = tgt >= 0
+    target_logit = z[np.arange(len(z)), np.where(valid, tgt, 0)]
+    m = z.max(axis=1)
+    z -= m[:, None]
+    np.exp(z, out=z)
+    sums = z.sum(axis=1)
+    np.log(sums, out=lse)
+    lse += m
+    np.subtract(lse, target_logit, out=losses)
+    losses[~valid] = 0.0
+    return sums, x8
+
+
+def forward_fp8(losses, lse, x, wte, targets, logits) -> None:
+    N, R = x.shape[0], logits.shape[0]
+    wte8 = _e4m3(wte)
+    for i in range(0, N, R):
+        j = min(i + R, N)
+        _chunk_fp8(x[i:j], wte8, targets[i:j], losses[i:j], lse[i:j], logits[: j - i])
+
+
+def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits) -> None:
+    N, R = x.shape[0], logits.shape[0]
+    wte8 = _e4m3(wte)
+    for i in range(0, N, R):
+        j = min(i + R, N)
+        z, tgt = logits[: j - i], targets[i:j]
+        sums, x8 = _chunk_fp8(x[i:j], wte8, tgt, losses[i:j], lse[i:j], z)
+        valid = tgt >= 0
+        dl = np.where(valid, dlosses[i:j], 0.0)
+        z *= (dl / sums)[:, None]
+        rows = np.flatnonzero(valid)
+        z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
+        g8 = _e4m3(z)
+        dx[i:j] += mm8(g8[0], g8[1], wte8[0], wte8[1])
+        dwte += mm8(g8[0].T, g8[1], x8[0], x8[1])
+
+
+def run(exp_path: str, steps: int, out: Path, head: str) -> dict:
+    for name, fn in EXACT.items():
+        setattr(ce, name, fn)
+    if head == "fp8":
+        ce.crossentropy_forward, ce.crossentropy_forward_backward = forward_fp8, forward_backward_fp8
+    exp = config.load(exp_path)
+    for field in (f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
+        exp = config.override(exp, field)
+    t0 = time.time()
+    tr = Trainer(exp, out / head)
+    val, train = {}, []
+    while tr.step < steps:
+        train.append(tr.train_step()["loss"])
+        if tr.step % exp.train.eval_every == 0 or tr.step == steps:
+            val[tr.step] = round(tr.evaluate()["val_loss"], 5)
+    return {"head": head, "seconds": round(time.time() - t0), "val": val,
+            "train_last20": round(float(np.mean(train[-20:])), 5)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("experiment", nargs="?", default="experiments/ANDREA-tiny-TRAIN.json")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--out", default="/tmp/fp8_head")
+    a = p.parse_args()
+    res = [run(a.experiment, a.steps, Path(a.out), head) for head in ("fp32", "fp8")]
+    for r in res:
+        print(json.dumps(r), flush=True)
+    base, f8 = res[0]["val"], res[1]["val"]
+    print(json.dumps({"val fp8 head / fp32 head - 1": {s: f"{f8[s] / base[s] - 1:+.2%}" for s in base if s in f8},
+                      "train mean of last 20 steps": [res[0]["train_last20"], res[1]["train_last20"]]}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
