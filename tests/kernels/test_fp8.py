@@ -120,7 +120,7 @@ def test_gelu_casts_match_numpy(prime: bool) -> None:
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the GPU's conversion instruction (the interpreter runs the bits)")
-def test_gpu_conversion_equals_the_bit_rule_for_every_fp32() -> None:
+def test_gpu_conversion_equals_the_bit_rule_for_every_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """k_cast's E4M3 byte by the GPU's conversion (clamped, non-finite made NaN) against _e4m3_bits, the rule the
     NumPy reference and the interpreter follow, for all 2^32 fp32 bit patterns (scale 1: history 448)."""
     rows, cols = 1 << 14, 1 << 12
@@ -131,11 +131,8 @@ def test_gpu_conversion_equals_the_bit_rule_for_every_fp32() -> None:
     for chunk in range((1 << 32) // (rows * cols)):
         torch.add(step, chunk * rows * cols - (1 << 31), out=x)  # int32 wraps: every pattern once over the chunks
         for hw, out in ((True, got), (False, want)):
-            k8.HW_CVT = hw
-            try:
-                k8.cast(x.view(torch.float32), slot, out, None)
-            finally:
-                k8.HW_CVT = True
+            monkeypatch.setattr(k8, "HW_CVT", hw)
+            k8.cast(x.view(torch.float32), slot, out, None)
         bad = (got.view(torch.uint8) != want.view(torch.uint8)).nonzero()
         assert len(bad) == 0, (chunk, x[bad[0, 0], bad[0, 1]].item(), got.view(torch.uint8)[bad[0, 0], bad[0, 1]])
 
