@@ -9,6 +9,8 @@
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
+#   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU, N, N at normal
+#           NCCL priority
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
@@ -61,7 +63,11 @@ for line in sys.stdin:
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
     dp-speed) timeout 560 python3 dev/dp_check.py speed --gpus ${GPUS:-2} --mbs ${MBS:-32 8} \
                 ${BEFORE:+--before $BEFORE} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab bench-mg bench-torch dp-agree dp-resume dp-speed)" ;;
+    dp-profile) mkdir -p "$OUT/dp-profile"; for v in "--gpus 1" "--gpus ${GPUS:-2}" "--gpus ${GPUS:-2} --normal-priority"; do
+                  d="$OUT/dp-profile/$(echo $v | tr -d ' -')"; echo "== dp_profile $v"
+                  timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} $v --out "$d" 2>"$d.err" \
+                    | tee "$d.jsonl" | cut -c1-1200 || tail -5 "$d.err"; done ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

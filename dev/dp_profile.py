@@ -1,0 +1,166 @@
+"""Where a data-parallel step's time goes: the kernels of three captured replays on every rank, side by side.
+
+    python3 dev/dp_profile.py [--gpus 2] [--mb 32] [--precision bf16] [--normal-priority] [--out DIR]
+    python3 dev/dp_profile.py --summarize DIR            # the summary again, from the traces a run left in DIR
+
+Each rank builds the ANDREA-120M state (bench/bench.py's shape, random tokens), prepares the step (warm-up and
+capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock, times the
+per-step host exchange the trainer does (DataParallel.gather of three scalars), then records the kernels of three
+replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json. Rank 0 then prints, per rank and replay:
+- span: first kernel's start to last kernel's end; compute: the time some non-NCCL kernel runs (their union);
+- nccl: the NCCL kernels' summed time, and `exposed`, the part of it during which no compute kernel runs;
+- each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one.
+The NCCL group is built as the engine builds it (distributed.nccl_options: a high-priority stream);
+--normal-priority builds it with torch's defaults instead.
+--gpus 1 gives the one-GPU replay to compare with. CUPTI timestamps come from one host clock, so the ranks'
+replays can be set against each other (`skew`: rank r's replay start minus rank 0's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def rank_main(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.bench import SHAPE, batches
+    from microgpt import distributed
+    from microgpt.backend import triton_backend
+    from microgpt.config import TrainConfig
+    from microgpt.distributed import DataParallel
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    torch.cuda.set_device(rank)
+    dp = None
+    if world > 1:
+        kw = {} if a.normal_priority else distributed.nccl_options()
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank), **kw)
+        dp = DataParallel(rank, world, dist.new_group(backend="gloo"))
+    t = TrainConfig(micro_batch=a.mb, n_micro=1, precision=a.precision, backend="triton", seed=0)
+    S = make_state(SHAPE, t, triton_backend(a.precision))
+    step = Step(S, dp)
+    data = batches(a.mb, SHAPE)
+    for i in range(6):
+        step([data[i % 4]], 6e-4)
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        step([data[i % 4]], 6e-4)
+        times.append(time.perf_counter() - t0)
+    host = []
+    if dp is not None:
+        for _ in range(50):
+            t0 = time.perf_counter()
+            dp.gather([1.0, 0, 0])
+            host.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(3):
+            step([data[i % 4]], 6e-4)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
+    (out / f"host_rank{rank}.json").write_text(json.dumps({
+        "step_ms_median": 1e3 * statistics.median(times),
+        "gather_ms_median": 1e3 * statistics.median(host) if host else None,
+        "world": world, "mb": a.mb, "precision": a.precision, "normal_priority": a.normal_priority}))  # fmt: skip
+    step.release()
+    if dp is not None:
+        dp.barrier()
+        dp.close()
+    if rank == 0:
+        summarize(out)
+
+
+def replays(path: Path) -> list[list[tuple[float, float, str]]]:
+    """The graph replays in a chrome trace: each a list of (start us, end us, name) by start. CUPTI gives every
+    kernel of one graph launch that launch's correlation id, so a replay is a correlation id with many kernels
+    (the host's copies between replays have ids of their own)."""
+    events = json.loads(path.read_text())["traceEvents"]
+    acts = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    groups: dict[int, list] = {}
+    for e in acts:
+        groups.setdefault(e.get("args", {}).get("correlation", -1), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    found = sorted(sorted(g) for g in groups.values() if len(g) > 50)
+    if not found:  # no shared ids: split where the GPU idles 300 us (the host's work between replays)
+        for k in sorted(k for g in groups.values() for k in g):
+            if not found or k[0] - max(e for _, e, _ in found[-1]) > 300:
+                found.append([])
+            found[-1].append(k)
+        found = [g for g in found if len(g) > 50]
+    return found
+
+
+def union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for s, e in sorted(iv):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def covered(s: float, e: float, by: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(e, b) - max(s, a)) for a, b in by)
+
+
+def summarize(out: Path) -> None:
+    traces = sorted(out.glob("trace_rank*.json"))
+    starts = {}
+    for path in traces:
+        rank = int(path.stem.removeprefix("trace_rank"))
+        host = json.loads((out / f"host_rank{rank}.json").read_text())
+        for i, rep in enumerate(replays(path)):
+            t0 = rep[0][0]
+            starts.setdefault(i, {})[rank] = t0
+            nccl = [k for k in rep if "nccl" in k[2].lower()]
+            comp = union([(s, e) for s, e, n in rep if "nccl" not in n.lower()])
+            busy = sum(e - s for s, e in comp)
+            exposed = sum((e - s) - covered(s, e, comp) for s, e, _ in nccl)
+            last = max((e for _, e, _ in nccl), default=t0)
+            after = [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f} {n[:40]}" for s, e, n in rep if s >= last][:6]
+            row = {"rank": rank, "replay": i, "span_ms": (max(e for _, e, _ in rep) - t0) / 1e3,
+                   "compute_ms": busy / 1e3, "nccl_ms": sum(e - s for s, e, _ in nccl) / 1e3,
+                   "exposed_ms": exposed / 1e3, "n_kernels": len(rep),
+                   "skew_ms": (t0 - starts[i].get(0, t0)) / 1e3,
+                   "allreduce_start+dur_ms": [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f}" for s, e, _ in nccl],
+                   "after_last_allreduce": after, "step_ms_median": host["step_ms_median"],
+                   "gather_ms_median": host["gather_ms_median"]}  # fmt: skip
+            print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--mb", type=int, default=32)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--normal-priority", action="store_true", help="NCCL on a stream of torch's default priority")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp") + "/dp_profile")
+    p.add_argument("--summarize", metavar="DIR", help="print the summary of the traces in DIR and stop")
+    a = p.parse_args()
+    if a.summarize:
+        summarize(Path(a.summarize))
+    elif "RANK" in os.environ or a.gpus == 1:
+        rank_main(a)
+    else:
+        from microgpt import distributed
+
+        sys.exit(distributed.launch([sys.executable, __file__, *sys.argv[1:]], a.gpus))
+
+
+if __name__ == "__main__":
+    main()
