@@ -11,7 +11,8 @@
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU, N, N at normal
 #           NCCL priority
-#   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; BEFORE=DIR adds an earlier package
+#   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
+#           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
@@ -62,7 +63,7 @@ for line in sys.stdin:
     dp-agree|dp-resume) timeout 300 python3 dev/dp_check.py ${s#dp-} --gpus ${GPUS:-2} 2>&1 | tail -4 \
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
     dp-speed) timeout 560 python3 dev/dp_check.py speed --gpus ${GPUS:-2} --mbs ${MBS:-32 8} \
-                ${BEFORE:+--before $BEFORE} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
+                ${BEFORE:+--before $BEFORE} ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
     dp-profile) mkdir -p "$OUT/dp-profile"; for v in "--gpus 1" "--gpus ${GPUS:-2}" "--gpus ${GPUS:-2} --normal-priority"; do
                   d="$OUT/dp-profile/$(echo $v | tr -d ' -')"; echo "== dp_profile $v"
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} $v --out "$d" 2>"$d.err" \
