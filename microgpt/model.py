@@ -85,7 +85,11 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
                  layer_done: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Adds this micro-batch's gradients into G (weights) using what gpt_forward(..., G) saved, starting from
     d lnf, which that call left in A["dln"] (the module docstring says why). layer_done(l), if given, is called
-    once layer l's gradients are complete (data parallel starts their all-reduce there)."""
+    once layer l's gradients are complete (data parallel starts their all-reduce there): layer 0's at the end,
+    layer l's (l > 0) just before layer l-1's attention backward. An all-reduce takes some SMs for its time; beside
+    the attention kernel's many short blocks that costs the attention its share of those SMs, while beside a GEMM
+    of one wave of persistent blocks (cuBLAS's at these shapes) the GEMM's last blocks wait for the all-reduce to
+    end (bench/RESULTS.md: 2 GPUs' compute 2-3 ms a step slower when the sums started as each layer ended)."""
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
@@ -106,13 +110,15 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         q, k, v = A["qkv"][layer]
         dq, dk, dv = dqkv
         K.zero_(dqkv)
+        if layer_done is not None and layer + 1 < m.n_layer:
+            layer_done(layer + 1)
         K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
                              _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H)  # fmt: skip
         K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
         K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
-        if layer_done is not None:
-            layer_done(layer)
+    if layer_done is not None:
+        layer_done(0)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
 
 
