@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 
 def rank_main(a: argparse.Namespace) -> None:
+    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -61,6 +62,24 @@ def rank_main(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         step([data[i % 4]], 6e-4)
         times.append(time.perf_counter() - t0)
+    phases = []  # Step.__call__'s parts, timed apart: host copies, the replay's launch, the wait for the report
+    K, A = S.K, S.arena
+    gscale = 1.0 / (t.n_micro * world * S.scaler.scale)
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(20):
+        t0 = time.perf_counter()
+        K.copy_in(A["tokens"], data[i % 4][0][None])
+        K.copy_in(A["targets"], data[i % 4][1][None])
+        K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
+        step._hyper(6e-4, gscale)
+        t1 = time.perf_counter()
+        ev0.record()
+        step.run()
+        ev1.record()
+        t2 = time.perf_counter()
+        K.to_numpy(A["report"])
+        t3 = time.perf_counter()
+        phases.append((t1 - t0, t2 - t1, t3 - t2, ev0.elapsed_time(ev1) / 1e3, t3 - t0))
     host = []
     if dp is not None:
         for _ in range(50):
@@ -68,13 +87,15 @@ def rank_main(a: argparse.Namespace) -> None:
             dp.gather([1.0, 0, 0])
             host.append(time.perf_counter() - t0)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(3):
+        for i in range(a.replays):
             step([data[i % 4]], 6e-4)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
     (out / f"host_rank{rank}.json").write_text(json.dumps({
         "step_ms_median": 1e3 * statistics.median(times),
+        **{f"{name}_ms_median": 1e3 * statistics.median(p[j] for p in phases)
+           for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "phases_wall"))},
         "gather_ms_median": 1e3 * statistics.median(host) if host else None,
         "world": world, "mb": a.mb, "precision": a.precision, "normal_priority": a.normal_priority}))  # fmt: skip
     step.release()
@@ -82,7 +103,7 @@ def rank_main(a: argparse.Namespace) -> None:
         dp.barrier()
         dp.close()
     if rank == 0:
-        summarize(out)
+        summarize(out, Path(a.baseline) if a.baseline else None)
 
 
 def replays(path: Path) -> list[list[tuple[float, float, str]]]:
@@ -118,8 +139,33 @@ def covered(s: float, e: float, by: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(e, b) - max(s, a)) for a, b in by)
 
 
-def summarize(out: Path) -> None:
+def against(rep: list[tuple[float, float, str]], base: list[list[tuple[float, float, str]]]) -> dict:
+    """rep's compute kernels against the same kernels of the one-GPU replays `base` (the median of their times):
+    the extra time of those that ran beside an NCCL kernel, of the others, and the kernels that gained most."""
+    comp = [k for k in rep if "nccl" not in k[2].lower()]
+    nccl = [(s, e) for s, e, n in rep if "nccl" in n.lower()]
+    ref = [[k for k in r if "nccl" not in k[2].lower()] for r in base]
+    ref = [r for r in ref if [k[2] for k in r] == [k[2] for k in comp]]
+    if not ref:
+        return {"against_1gpu": "the kernel sequences differ"}
+    extra = {True: 0.0, False: 0.0}
+    count = {True: 0, False: 0}
+    by_name: dict[str, float] = {}
+    for i, (s, e, name) in enumerate(comp):
+        d = (e - s) - statistics.median(r[i][1] - r[i][0] for r in ref)
+        beside = covered(s, e, nccl) > 0
+        extra[beside] += d
+        count[beside] += 1
+        by_name[name[:48]] = by_name.get(name[:48], 0.0) + d
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
+    return {"extra_beside_nccl_ms": extra[True] / 1e3, "kernels_beside_nccl": count[True],
+            "extra_elsewhere_ms": extra[False] / 1e3,
+            "most_extra": [f"{n} {d / 1e3:+.3f}" for n, d in top]}  # fmt: skip
+
+
+def summarize(out: Path, baseline: Path | None = None) -> None:
     traces = sorted(out.glob("trace_rank*.json"))
+    base = replays(baseline / "trace_rank0.json") if baseline else []
     starts = {}
     for path in traces:
         rank = int(path.stem.removeprefix("trace_rank"))
@@ -138,8 +184,10 @@ def summarize(out: Path) -> None:
                    "exposed_ms": exposed / 1e3, "n_kernels": len(rep),
                    "skew_ms": (t0 - starts[i].get(0, t0)) / 1e3,
                    "allreduce_start+dur_ms": [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f}" for s, e, _ in nccl],
-                   "after_last_allreduce": after, "step_ms_median": host["step_ms_median"],
-                   "gather_ms_median": host["gather_ms_median"]}  # fmt: skip
+                   "after_last_allreduce": after,
+                   **{k: v for k, v in host.items() if k.endswith("_ms_median")}}  # fmt: skip
+            if base:
+                row.update(against(rep, base))
             print(json.dumps(row), flush=True)
 
 
@@ -148,12 +196,14 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--mb", type=int, default=32)
     p.add_argument("--precision", default="bf16")
+    p.add_argument("--replays", type=int, default=3, help="replays recorded by the profiler")
+    p.add_argument("--baseline", metavar="DIR", help="a one-GPU run's traces: each kernel's time against it")
     p.add_argument("--normal-priority", action="store_true", help="NCCL on a stream of torch's default priority")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp") + "/dp_profile")
     p.add_argument("--summarize", metavar="DIR", help="print the summary of the traces in DIR and stop")
     a = p.parse_args()
     if a.summarize:
-        summarize(Path(a.summarize))
+        summarize(Path(a.summarize), Path(a.baseline) if a.baseline else None)
     elif "RANK" in os.environ or a.gpus == 1:
         rank_main(a)
     else:
