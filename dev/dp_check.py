@@ -9,8 +9,8 @@ speed: `microgpt train experiments/ANDREA-120M-TRAIN.json` on random-token shard
 corpus of that vocabulary; throughput does not depend on the token values), micro-batch b per GPU, n_micro 1
 (one all-reduce per micro-batch: the case where data parallel costs most) and 4, on 1 GPU and on N; tokens/s
 is read off the wall clock between the step records after the first 10. Variants on N GPUs: the grads not summed
-(what data parallel costs besides the all-reduce), one all-reduce after backward (no overlap), NCCL's stream at
-torch's default priority (the engine asks for high), NCCL limited to 8 CTAs, and with --before DIR the package in
+(what data parallel costs besides the all-reduce), one all-reduce after backward (no overlap), NCCL limited to
+8 CTAs, and with --before DIR the package in
 DIR (e.g. a `git archive` of an earlier commit).
 agree / resume: the built-in corpus (bpe 4096), as dev/train_check.py does.
 """
@@ -111,7 +111,6 @@ PATCHES = {  # a variant's change to the engine, applied by WRAP in each rank
     "distributed.DataParallel.check_replicas = lambda self, step, arrays: None",
     "one bucket": "distributed.GradReduce.layer_done = lambda self, layer: None\n"
     "distributed.GradReduce.finish = lambda self: self.dp.all_reduce_async(self.g).wait()",
-    "normal priority": "distributed.nccl_options = lambda: {}",
 }
 
 
@@ -122,7 +121,6 @@ def speed(a: argparse.Namespace) -> None:
     variants = [("1 GPU", 1, 1, {}, REPO, ""), (f"{n} GPUs", n, 1, {}, REPO, ""),
                 (f"{n} GPUs, grads not summed", n, 1, {}, REPO, "not summed"),
                 (f"{n} GPUs, one bucket after backward", n, 1, {}, REPO, "one bucket"),
-                (f"{n} GPUs, NCCL stream at normal priority", n, 1, {}, REPO, "normal priority"),
                 (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, "")]  # fmt: skip
     if a.before:
         variants.append((f"{n} GPUs before", n, 1, {}, Path(a.before).resolve(), ""))

@@ -1,6 +1,6 @@
 """Where a data-parallel step's time goes: the kernels of three captured replays on every rank, side by side.
 
-    python3 dev/dp_profile.py [--gpus 2] [--mb 32] [--precision bf16] [--normal-priority] [--out DIR]
+    python3 dev/dp_profile.py [--gpus 2] [--mb 32] [--precision bf16] [--out DIR]
     python3 dev/dp_profile.py --summarize DIR            # the summary again, from the traces a run left in DIR
 
 Each rank builds the ANDREA-120M state (bench/bench.py's shape, random tokens), prepares the step (warm-up and
@@ -10,8 +10,6 @@ replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json. Rank 0 then prints,
 - span: first kernel's start to last kernel's end; compute: the time some non-NCCL kernel runs (their union);
 - nccl: the NCCL kernels' summed time, and `exposed`, the part of it during which no compute kernel runs;
 - each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one.
-The NCCL group is built as the engine builds it (distributed.nccl_options: a high-priority stream);
---normal-priority builds it with torch's defaults instead.
 --gpus 1 gives the one-GPU replay to compare with. CUPTI timestamps come from one host clock, so the ranks'
 replays can be set against each other (`skew`: rank r's replay start minus rank 0's).
 """
@@ -37,7 +35,6 @@ def rank_main(a: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from bench.bench import SHAPE, batches
-    from microgpt import distributed
     from microgpt.backend import triton_backend
     from microgpt.config import TrainConfig
     from microgpt.distributed import DataParallel
@@ -48,8 +45,7 @@ def rank_main(a: argparse.Namespace) -> None:
     torch.cuda.set_device(rank)
     dp = None
     if world > 1:
-        kw = {} if a.normal_priority else distributed.nccl_options()
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank), **kw)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
         dp = DataParallel(rank, world, dist.new_group(backend="gloo"))
     t = TrainConfig(micro_batch=a.mb, n_micro=1, precision=a.precision, backend="triton", seed=0)
     S = make_state(SHAPE, t, triton_backend(a.precision))
@@ -97,7 +93,7 @@ def rank_main(a: argparse.Namespace) -> None:
         **{f"{name}_ms_median": 1e3 * statistics.median(p[j] for p in phases)
            for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "phases_wall"))},
         "gather_ms_median": 1e3 * statistics.median(host) if host else None,
-        "world": world, "mb": a.mb, "precision": a.precision, "normal_priority": a.normal_priority}))  # fmt: skip
+        "world": world, "mb": a.mb, "precision": a.precision}))  # fmt: skip
     step.release()
     if dp is not None:
         dp.barrier()
@@ -198,7 +194,6 @@ def main() -> None:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--replays", type=int, default=3, help="replays recorded by the profiler")
     p.add_argument("--baseline", metavar="DIR", help="a one-GPU run's traces: each kernel's time against it")
-    p.add_argument("--normal-priority", action="store_true", help="NCCL on a stream of torch's default priority")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp") + "/dp_profile")
     p.add_argument("--summarize", metavar="DIR", help="print the summary of the traces in DIR and stop")
     a = p.parse_args()

@@ -9,8 +9,7 @@
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
-#   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU, N, N at normal
-#           NCCL priority
+#   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU then N
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
 #           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
@@ -64,10 +63,12 @@ for line in sys.stdin:
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
     dp-speed) timeout 560 python3 dev/dp_check.py speed --gpus ${GPUS:-2} --mbs ${MBS:-32 8} \
                 ${BEFORE:+--before $BEFORE} ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/dp-speed.txt" | tail -16 ;;
-    dp-profile) mkdir -p "$OUT/dp-profile"; for v in "--gpus 1" "--gpus ${GPUS:-2}" "--gpus ${GPUS:-2} --normal-priority"; do
-                  d="$OUT/dp-profile/$(echo $v | tr -d ' -')"; echo "== dp_profile $v"
-                  timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} $v --out "$d" 2>"$d.err" \
-                    | tee "$d.jsonl" | cut -c1-1200 || tail -5 "$d.err"; done ;;
+    dp-profile) d="/tmp/dp-profile-${PROFILE_MB:-32}"; mkdir -p "$OUT/dp-profile"
+                for n in 1 ${GPUS:-2}; do echo "== dp_profile --gpus $n"; base=""
+                  [ "$n" -gt 1 ] && base="--baseline $d/gpus1"
+                  timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
+                    $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
+                tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
     *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done

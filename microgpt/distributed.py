@@ -272,8 +272,7 @@ def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     if backend == "triton" and torch.cuda.is_available():  # grads on the GPU: NCCL; host scalars: a gloo group
         torch.cuda.set_device(local)  # before the backend allocates the arena
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local),
-                                **nccl_options())  # fmt: skip
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
         ctrl = dist.new_group(backend="gloo")
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -283,20 +282,6 @@ def from_env(backend: str, procs: int | None = None) -> DataParallel | None:
         os.dup2(devnull, 1)
         os.close(devnull)
     return DataParallel(rank, world, ctrl)
-
-
-def nccl_options() -> dict[str, Any]:
-    """init_process_group's keyword for the NCCL group: its stream at high priority, so an all-reduce's blocks are
-    scheduled ahead of the compute stream's waiting ones as the backward's kernels leave the SMs, rather than
-    queued behind them."""
-    import inspect
-
-    import torch.distributed as dist
-
-    opts = dist.ProcessGroupNCCL.Options()
-    opts.is_high_priority_stream = True
-    params = inspect.signature(dist.init_process_group).parameters
-    return {"pg_options" if "pg_options" in params else "backend_options": opts}
 
 
 def _die_with_launcher() -> None:
