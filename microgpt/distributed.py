@@ -19,7 +19,8 @@ nodes on localhost with gloo (tests/test_distributed.py).
 One step on every rank:
   rank r reads rows [r*b, (r+1)*b) of the global micro-batch of N*b rows (data.Loader's shard), for each micro
   forward + backward as usual; during the last micro-batch's backward, each layer's grads are summed over ranks
-  (one all-reduce per layer, started as backward leaves the layer, overlapping the layers below: GradReduce),
+  (one all-reduce per layer, started beside the attention backward of the layer below, overlapping the layers
+  below: GradReduce and model.gpt_backward),
   then the embedding's -> scale by 1/(n_micro*N) (AdamW's gscale) -> grad norm, clip, AdamW.
 The summed grads are bit-identical on every rank (NCCL's and gloo's ring and tree all-reduces reduce each
 element in one place, then copy it; the replica check below catches one that would not), so norm, clip and
@@ -215,9 +216,10 @@ def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]
 
 
 class GradReduce:
-    """The gradient all-reduce of one optimizer step, bucket by bucket: layer l's grads start their sum as soon
-    as the last micro-batch's backward leaves layer l (`layer_done`), overlapping the backward of the layers
-    below; `finish` starts the embedding's bucket and waits for every sum. The result is the same sum over ranks
+    """The gradient all-reduce of one optimizer step, bucket by bucket: layer l's grads start their sum once the
+    last micro-batch's backward has finished them (`layer_done`, called by model.gpt_backward beside the next
+    attention backward), overlapping the backward of the layers below; `finish` starts the embedding's bucket
+    and waits for every sum. The result is the same sum over ranks
     for every element as one all-reduce of the whole array (each element is still reduced in one place)."""
 
     def __init__(self, dp: DataParallel, m: ModelConfig, g: Any) -> None:
