@@ -12,10 +12,11 @@ default bf16) and microgpt-fp8 (microgpt with precision fp8).
 Shape: ANDREA-120M (d 768, 12 layers, 12 heads, T 1024, vocab 50304), bf16, AdamW (fused), clip 1.0, one
 micro-batch per optimizer step. Each step: copy a batch in, forward, backward, clip, AdamW, zero; tokens/s is
 the median over the timed steps (host clock around each step, synchronized). MFU uses FLOPs/token =
-6*N + 12*L*T*d against 989 TFLOP/s dense bf16. Peak = torch.cuda.max_memory_allocated over the whole run. For
-microgpt also: the planned bytes (memory.role_bytes of the state's plan: the arena plus cuBLAS's workspace), the
-peak over the first step (warm-up, graph capture, first replay; from just before make_state) and the steady peak
-over the timed steps, each as a percentage over (+) or under (-) the plan.
+6*N + 12*L*T*d against 989 TFLOP/s dense bf16. SM MHz and W: the GPU's mean SM clock and power draw over the
+timed steps (NVML; the H200 keeps its power limit by lowering the clock). Peak = torch.cuda.max_memory_allocated
+over the whole run. For microgpt also: the planned bytes (memory.role_bytes of the state's plan: the arena plus
+cuBLAS's workspace), the peak over the first step (warm-up, graph capture, first replay; from just before
+make_state) and the steady peak over the timed steps, each as a percentage over (+) or under (-) the plan.
 Inputs rotate over 4 random batches (not zeros: zeros run faster than real data).
 """
 
@@ -27,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,15 +53,56 @@ def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.nd
     return [tuple(rng.integers(0, m.vocab_size, (mb, m.seq_len)).astype(np.int32) for _ in range(2)) for _ in range(n)]
 
 
-def timed(step, n_warmup: int, n_steps: int) -> list[float]:
-    times = []
-    for i in range(n_warmup + n_steps):
-        t0 = time.perf_counter()
-        step(i)
-        torch.cuda.synchronize()
-        if i >= n_warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+def timed(step, n_warmup: int, n_steps: int) -> dict:
+    """{"times": each timed step's seconds, "sm_mhz" and "watts": the GPU's mean SM clock and power draw over the
+    timed steps}. The H200 holds its board power limit by lowering the SM clock (at micro-batch 32 our step draws
+    ~690 W at 1,550-1,800 MHz of 1,980: bench/RESULTS.md), so the clock says how much of a difference between two
+    rows is the power limit's."""
+    times: list[float] = []
+    with Clocks() as clocks:
+        for i in range(n_warmup + n_steps):
+            if i == n_warmup:
+                clocks.start()
+            t0 = time.perf_counter()
+            step(i)
+            torch.cuda.synchronize()
+            if i >= n_warmup:
+                times.append(time.perf_counter() - t0)
+    return {"times": times, **clocks.means()}
+
+
+class Clocks:
+    """The GPU's SM clock and power draw read every 50 ms on a thread from start() to the end of the `with`
+    (NVML through torch.cuda; nothing where NVML is missing)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.samples.append((torch.cuda.clock_rate(), torch.cuda.power_draw() / 1e3))
+            except Exception:  # no NVML (pynvml) here: the table leaves the columns empty
+                return
+
+    def __enter__(self) -> "Clocks":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def means(self) -> dict:
+        if not self.samples:
+            return {}
+        return {"sm_mhz": statistics.fmean(c for c, _ in self.samples),
+                "watts": statistics.fmean(w for _, w in self.samples)}  # fmt: skip
 
 
 def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
@@ -83,9 +126,9 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
     one(0)  # warm-up (compiles, times the GEMM and attention choices in planned memory), capture, first replay
     peak_first = torch.cuda.max_memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    times = timed(one, n_warmup, n_steps)
+    res = timed(one, n_warmup, n_steps)
     peak_steady = torch.cuda.max_memory_allocated()
-    return {"times": times, "planned": planned, "arena": S.arena.nbytes, "loss_first": losses[0],
+    return {**res, "planned": planned, "arena": S.arena.nbytes, "loss_first": losses[0],
             "loss_last": losses[-1], "peak_first": peak_first, "peak_steady": peak_steady,
             "first_vs_plan": peak_first / planned, "steady_vs_plan": peak_steady / planned,
             "gemm": linear.gemm_choices()}  # fmt: skip
@@ -117,8 +160,8 @@ def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConf
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
 
-    times = timed(one, n_warmup, n_steps)
-    return {"times": times, "planned": None, "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
+    res = timed(one, n_warmup, n_steps)
+    return {**res, "planned": None, "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -146,21 +189,22 @@ def vs_plan(r: dict, key: str) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| impl | precision | micro-batch | tokens/s | vs eager | vs compile | vs microgpt bf16 | MFU | step ms "
-             "| peak GiB | steady peak GiB | planned GiB | first step vs plan | steady vs plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| SM MHz | W | peak GiB | steady peak GiB | planned GiB | first step vs plan | steady vs plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(r["impl"], r["mb"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
     for r in rows:
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['impl']} | | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | | | | |")
+            lines.append(f"| {r['impl']} | | {r['mb']} | failed: {r.get('error', '?')[:60]} | | | | | | | | | | | | |")
             continue
         ratio = [f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
                  for b in ("eager", "compile", "microgpt")]  # fmt: skip
         planned = f"{r['planned'] / 2**30:.2f}" if r.get("planned") else "-"
         steady = f"{r['peak_steady'] / 2**30:.2f}" if r.get("peak_steady") else "-"
         peak = f"{r['peak'] / 2**30:.2f}"
+        clocks = f"{r['sm_mhz']:,.0f} | {r['watts']:.0f}" if "sm_mhz" in r else "- | -"
         lines.append(f"| {r['impl']} | {r.get('precision', '')} | {r['mb']} | {r['tokens_per_s']:,.0f} | {ratio[0]} | "
                      f"{ratio[1]} | {ratio[2]} | "
-                     f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {peak} | {steady} | {planned} | "
+                     f"{100 * r['mfu']:.1f}% | {r['step_ms']:.1f} | {clocks} | {peak} | {steady} | {planned} | "
                      f"{vs_plan(r, 'peak_first')} | {vs_plan(r, 'peak_steady')} |")  # fmt: skip
     return "\n".join(lines)
 
