@@ -23,7 +23,6 @@ from microgpt.kernels import layernorm, linear, tuning
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8, "f8": torch.float8_e4m3fn}
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
-STAGED_BYTES = 16 << 20  # copy_in stages buffers up to this size in pinned host memory (a step's inputs)
 
 
 def fp8_unsupported() -> str | None:
@@ -55,7 +54,6 @@ class Runtime:
         self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
         self.workspace_bytes = self._one_stream() if self.cuda else 0
-        self._staged: dict[tuple, tuple[torch.Tensor, torch.cuda.Event]] = {}  # copy_in's pinned host copies
 
     def _one_stream(self) -> int:
         """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS
@@ -113,26 +111,11 @@ class Runtime:
     def zero_(x: torch.Tensor) -> None:
         x.zero_()
 
-    def copy_in(self, dst: torch.Tensor, src: np.ndarray) -> None:
+    @staticmethod
+    def copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
         """Host array -> device buffer, converted to the buffer's dtype on the host: a copy that converts on the
-        way would stage the host dtype on the device, outside the memory plan.
-
-        On a GPU a small buffer (a step's tokens, targets, hyper: up to STAGED_BYTES) goes through its own pinned
-        host copy, so the transfer is queued on the stream and the host goes on (to the graph's launch) instead
-        of waiting for it; a pageable copy waits. The pinned copy is written again only once its last transfer
-        has ended (an event per buffer), so src may change as soon as this returns."""
-        host = torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape).to(dst.dtype)
-        if not self.cuda or dst.nbytes > STAGED_BYTES:
-            dst.copy_(host)
-            return
-        key = (dst.data_ptr(), dst.dtype, tuple(dst.shape))
-        if key not in self._staged:
-            self._staged[key] = (torch.empty_like(host).pin_memory(), torch.cuda.Event())
-        pinned, sent = self._staged[key]
-        sent.synchronize()  # at once when no transfer from it is queued
-        pinned.copy_(host)
-        dst.copy_(pinned, non_blocking=True)
-        sent.record()
+        way would stage the host dtype on the device, outside the memory plan."""
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape).to(dst.dtype))
 
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:
