@@ -54,7 +54,8 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
     d lnf in A["dln"] and the head's share of G["wte"], which gpt_backward then continues from."""
     B, T = tokens.shape
     N, H = B * T, m.n_head
-    resid, proj, a = A["resid"], A["proj"], A["a"]
+    resid, proj = A["resid"], A["proj"]
+    a = A["a"] if "a" in A else None  # none planned where fp8's cast computes GELU (memory.gelu_output_planned)
     K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
     for layer in range(m.n_layer):
         h, x = f"h{layer}.", resid[layer]
@@ -101,7 +102,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
         K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
-                       A["a"], A["dh"])  # fmt: skip
+                       A["a"] if "a" in A else None, A["dh"])  # fmt: skip
         K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
                              A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])

@@ -63,3 +63,14 @@ def test_a_buffer_the_plan_lacks_is_one_line() -> None:
     with pytest.raises(memory.PlanError, match="no buffer 'nonsense'"):
         arena["nonsense"]
     assert arena["tokens"].dtype == np.int32 and arena["hyper"].shape == (memory.HYPER,)
+
+
+def test_fp8_on_the_triton_backend_plans_no_gelu_output() -> None:
+    """The triton backend's fp8 MLP computes a = gelu(h) inside the cast to E4M3, so its plan has no (N, 4C) `a`;
+    the NumPy reference of fp8, and every other precision, keeps it."""
+    B, C = 2, M.d_model
+    for backend, precision, planned in [("triton", "fp8", False), ("numpy", "fp8", True), ("triton", "bf16", True)]:
+        t = config.TrainConfig(micro_batch=B, backend=backend, precision=precision)
+        rows = {b.name: b.shape for b in memory.plan(M, t, 5)}
+        assert ("a" in rows) == planned == memory.gelu_output_planned(t), (backend, precision)
+        assert rows["dh"] == (B * M.seq_len, 4 * C)

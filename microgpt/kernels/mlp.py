@@ -43,13 +43,17 @@ def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
     tl.store(a_ptr + offs, gelu(h).to(a_ptr.dtype.element_ty), mask=mask)
 
 
-def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor, x: torch.Tensor, w1: torch.Tensor | Fp8Weight,
-                w2: torch.Tensor | Fp8Weight, q: fp8.Scratch | None = None) -> None:  # fmt: skip
+def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: torch.Tensor,
+                w1: torch.Tensor | Fp8Weight, w2: torch.Tensor | Fp8Weight,
+                q: fp8.Scratch | None = None) -> None:  # fmt: skip
+    """out = gelu(x @ w1) @ w2, keeping h = x @ w1 for backward; a receives gelu(h), except in fp8, where GELU's
+    output exists only in E4M3 (a may be None: the plan has no such buffer then)."""
     C, H = w1.shape
-    h2, a2, x2 = h.view(-1, H), a.view(-1, H), x.view(-1, C)
+    h2, x2 = h.view(-1, H), x.view(-1, C)
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
         _mlp_forward_fp8(out.view(-1, C), h2, x2, w1, w2, q)
         return
+    a2 = a.view(-1, H)
     mm(h2, x2, w1)
     n = h2.numel()
     k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
@@ -78,16 +82,17 @@ def mlp_backward(
     h: torch.Tensor,
     w1: torch.Tensor | Fp8Weight,
     w2: torch.Tensor | Fp8Weight,
-    a: torch.Tensor,
+    a: torch.Tensor | None,
     dh: torch.Tensor,
     q: fp8.Scratch | None = None,
 ) -> None:
     C, H = w1.shape
-    h2, a2, dh2 = h.view(-1, H), a.view(-1, H), dh.view(-1, H)
+    h2, dh2 = h.view(-1, H), dh.view(-1, H)
     dout2, x2 = dout.view(-1, C), x.view(-1, C)
-    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
+    if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):  # a: unused (None where unplanned)
         _mlp_backward_fp8(dx.view(-1, C), dw1, dw2, dout2, x2, h2, w1, w2, dh2, q)
         return
+    a2 = a.view(-1, H)
     mm(dh2, dout2, w2.t())
     n = h2.numel()
     k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, BLOCK=BLOCK)
