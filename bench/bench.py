@@ -56,7 +56,7 @@ def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.nd
 def timed(step, n_warmup: int, n_steps: int) -> dict:
     """{"times": each timed step's seconds, "sm_mhz" and "watts": the GPU's mean SM clock and power draw over the
     timed steps}. The H200 holds its board power limit by lowering the SM clock (at micro-batch 32 our step draws
-    ~690 W at 1,550-1,800 MHz of 1,980: bench/RESULTS.md), so the clock says how much of a difference between two
+    686-702 W at 1,545-1,800 MHz of 1,980: bench/RESULTS.md), so the clock says how much of a difference between two
     rows is the power limit's."""
     times: list[float] = []
     with Clocks() as clocks:

@@ -219,8 +219,8 @@ class GradReduce:
     """The gradient all-reduce of one optimizer step, bucket by bucket: layer l's grads start their sum once the
     last micro-batch's backward has finished them (`layer_done`, called by model.gpt_backward beside the next
     attention backward), overlapping the backward of the layers below; `finish` starts the embedding's bucket
-    and waits for every sum. The result is the same sum over ranks
-    for every element as one all-reduce of the whole array (each element is still reduced in one place)."""
+    and waits for every sum. The result is the same sum over ranks for every element as one all-reduce of the
+    whole array (each element is still reduced in one place)."""
 
     def __init__(self, dp: DataParallel, m: ModelConfig, g: Any) -> None:
         layers, self.rest = grad_buckets(m)
