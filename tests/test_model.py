@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt import config, memory, model
+from microgpt import config, distributed, memory, model
 from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig
 
@@ -89,3 +89,18 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
     assert len(names) == 4 + 10 * M.n_layer
     for name in names:
         check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
+
+
+def test_layer_done_comes_once_a_layer_when_its_gradients_are_final() -> None:
+    """Data parallel starts the sum of layer l's bucket (distributed.grad_buckets) at layer_done(l), beside a later
+    kernel: by then every gradient in the bucket must hold its final value, and each layer comes once, top first."""
+    K, A, P, G = engine_state(np.float32, seed=0)
+    grads, (layers, _) = A.flat("grads"), distributed.grad_buckets(M)
+    seen: list[tuple[int, np.ndarray]] = []
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    model.gpt_forward(K, M, P, A, tokens, targets, G)
+    model.gpt_backward(K, M, P, G, A, tokens, lambda layer: seen.append((layer, grads[slice(*layers[layer])].copy())))
+    assert [layer for layer, _ in seen] == list(reversed(range(M.n_layer)))
+    for layer, at_call in seen:
+        assert np.abs(at_call).max() > 0
+        np.testing.assert_array_equal(at_call, grads[slice(*layers[layer])], err_msg=f"layer {layer}")
