@@ -1,15 +1,19 @@
-"""Where a data-parallel step's time goes: the kernels of three captured replays on every rank, side by side.
+"""Where a data-parallel step's time goes: the kernels of captured replays on every rank, side by side.
 
-    python3 dev/dp_profile.py [--gpus 2] [--mb 32] [--precision bf16] [--out DIR]
-    python3 dev/dp_profile.py --summarize DIR            # the summary again, from the traces a run left in DIR
+    python3 dev/dp_profile.py [--gpus 2] [--mb 32] [--precision bf16] [--replays 3] [--baseline DIR] [--out DIR]
+    python3 dev/dp_profile.py --summarize DIR [--baseline DIR]   # the summary again, from the traces left in DIR
 
 Each rank builds the ANDREA-120M state (bench/bench.py's shape, random tokens), prepares the step (warm-up and
-capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock, times the
-per-step host exchange the trainer does (DataParallel.gather of three scalars), then records the kernels of three
-replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json. Rank 0 then prints, per rank and replay:
+capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock, then 20 more with
+Step's parts timed apart (the inputs' copies, the replay's launch, the wait for the report, and the replay itself
+by CUDA events), times the per-step host exchange the trainer does (DataParallel.gather of three scalars), then
+records the kernels of --replays replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json. Rank 0 then prints,
+per rank and replay:
 - span: first kernel's start to last kernel's end; compute: the time some non-NCCL kernel runs (their union);
 - nccl: the NCCL kernels' summed time, and `exposed`, the part of it during which no compute kernel runs;
-- each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one.
+- each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one;
+- with --baseline (a `--gpus 1` run's DIR): each compute kernel against the same kernel's median time there, summed
+  over the kernels that ran beside an all-reduce and over the others, and the kernels that gained most.
 --gpus 1 gives the one-GPU replay to compare with. CUPTI timestamps come from one host clock, so the ranks'
 replays can be set against each other (`skew`: rank r's replay start minus rank 0's).
 """

@@ -94,6 +94,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
+    a = A["a"] if "a" in A else None  # as in gpt_forward
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
@@ -102,7 +103,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
         K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
-                       A["a"] if "a" in A else None, A["dh"])  # fmt: skip
+                       a, A["dh"])  # fmt: skip
         K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
                              A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
