@@ -3,7 +3,8 @@ and seed: once as it is (the head's three GEMMs in fp32, the block linears in E4
 E4M3 operands too: logits = x8 @ wte8^T, dx += g8 @ wte8, dwte += g8^T @ x8, each operand cast per chunk by its own
 amax (current scaling, the rule of microgpt/fp8.py), fp32 sums. Evaluation runs the same head as training.
 
-    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR]    # default ANDREA-tiny, 300 steps
+    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR] [--heads fp32 fp8 fp8-g32]
+                                                                    # default ANDREA-tiny, 300 steps, fp32 fp8
 
 Prints one JSON line per run (validation loss at every eval, train losses) and the relative differences. This is
 a measurement on the CPU reference, not a feature: the triton backend has no FP8 head.
@@ -26,6 +27,7 @@ from microgpt.ops.fp8 import cast  # noqa: E402
 from microgpt.trainer import Trainer  # noqa: E402
 
 EXACT = {name: getattr(ce, name) for name in ("crossentropy_forward", "crossentropy_forward_backward")}
+GRAD_EXACT = [False]  # head "fp8-g32": x and wte in E4M3, the logits' gradient left in fp32
 
 
 def _e4m3(x: np.ndarray) -> np.ndarray:
@@ -61,7 +63,7 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
         z *= (dl / sums)[:, None]
         rows = np.flatnonzero(valid)
         z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
-        g8 = _e4m3(z)
+        g8 = z if GRAD_EXACT[0] else _e4m3(z)
         dx[i:j] += g8 @ wte8
         dwte += g8.T @ x8
 
@@ -69,8 +71,9 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
 def run(exp_path: str, steps: int, out: Path, head: str) -> dict:
     for name, fn in EXACT.items():
         setattr(ce, name, fn)
-    if head == "fp8":
+    if head in ("fp8", "fp8-g32"):
         ce.crossentropy_forward, ce.crossentropy_forward_backward = forward_fp8, forward_backward_fp8
+    GRAD_EXACT[0] = head == "fp8-g32"
     exp = config.load(exp_path)
     for field in (f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
         exp = config.override(exp, field)
@@ -90,13 +93,19 @@ def main() -> None:
     p.add_argument("experiment", nargs="?", default="experiments/ANDREA-tiny-TRAIN.json")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--out", default="/tmp/fp8_head")
+    p.add_argument("--heads", nargs="+", default=["fp32", "fp8"], choices=["fp32", "fp8", "fp8-g32"],
+                   help="fp32: the exact head; fp8: its GEMMs on E4M3 operands; fp8-g32: the same with the "
+                   "logits' gradient left in fp32 (which operand costs the loss)")  # fmt: skip
     a = p.parse_args()
-    res = [run(a.experiment, a.steps, Path(a.out), head) for head in ("fp32", "fp8")]
-    for r in res:
-        print(json.dumps(r), flush=True)
-    base, f8 = res[0]["val"], res[1]["val"]
-    print(json.dumps({"val fp8 head / fp32 head - 1": {s: f"{f8[s] / base[s] - 1:+.2%}" for s in base if s in f8},
-                      "train mean of last 20 steps": [res[0]["train_last20"], res[1]["train_last20"]]}))  # fmt: skip
+    res = []
+    for head in a.heads:
+        res.append(run(a.experiment, a.steps, Path(a.out), head))
+        print(json.dumps(res[-1]), flush=True)
+    base = res[0]["val"]
+    for r in res[1:]:
+        print(json.dumps({f"val {r['head']} head / {res[0]['head']} head - 1": {
+            s: f"{r['val'][s] / base[s] - 1:+.2%}" for s in base if s in r["val"]},
+            "train mean of last 20 steps": [res[0]["train_last20"], r["train_last20"]]}))  # fmt: skip
 
 
 if __name__ == "__main__":
