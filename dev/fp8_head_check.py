@@ -3,7 +3,7 @@ and seed: once as it is (the head's three GEMMs in fp32, the block linears in E4
 E4M3 operands too: logits = x8 @ wte8^T, dx += g8 @ wte8, dwte += g8^T @ x8, each operand cast per chunk by its own
 amax (current scaling, the rule of microgpt/fp8.py), fp32 sums. Evaluation runs the same head as training.
 
-    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR] [--heads fp32 fp8 fp8-g32]
+    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR] [--heads fp32 fp8 fp8-g32] [--set K=V]
                                                                     # default ANDREA-tiny, 300 steps, fp32 fp8
 
 Prints one JSON line per run (validation loss at every eval, train losses) and the relative differences. This is
@@ -68,14 +68,14 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
         dwte += g8.T @ x8
 
 
-def run(exp_path: str, steps: int, out: Path, head: str) -> dict:
+def run(exp_path: str, steps: int, out: Path, head: str, sets: list[str] = ()) -> dict:
     for name, fn in EXACT.items():
         setattr(ce, name, fn)
     if head in ("fp8", "fp8-g32"):
         ce.crossentropy_forward, ce.crossentropy_forward_backward = forward_fp8, forward_backward_fp8
     GRAD_EXACT[0] = head == "fp8-g32"
     exp = config.load(exp_path)
-    for field in (f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
+    for field in (*sets, f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
         exp = config.override(exp, field)
     t0 = time.time()
     tr = Trainer(exp, out / head)
@@ -96,10 +96,12 @@ def main() -> None:
     p.add_argument("--heads", nargs="+", default=["fp32", "fp8"], choices=["fp32", "fp8", "fp8-g32"],
                    help="fp32: the exact head; fp8: its GEMMs on E4M3 operands; fp8-g32: the same with the "
                    "logits' gradient left in fp32 (which operand costs the loss)")  # fmt: skip
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE for the experiment, as train's --set "
+                   "(e.g. model.vocab_size=50304: the built-in corpus gets a BPE of that size)")  # fmt: skip
     a = p.parse_args()
     res = []
     for head in a.heads:
-        res.append(run(a.experiment, a.steps, Path(a.out), head))
+        res.append(run(a.experiment, a.steps, Path(a.out), head, a.set))
         print(json.dumps(res[-1]), flush=True)
     base = res[0]["val"]
     for r in res[1:]:
