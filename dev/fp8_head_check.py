@@ -13,6 +13,7 @@ a measurement on the CPU reference, not a feature: the triton backend has no FP8
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -27,7 +28,6 @@ from microgpt.ops.fp8 import cast  # noqa: E402
 from microgpt.trainer import Trainer  # noqa: E402
 
 EXACT = {name: getattr(ce, name) for name in ("crossentropy_forward", "crossentropy_forward_backward")}
-GRAD_EXACT = [False]  # head "fp8-g32": x and wte in E4M3, the logits' gradient left in fp32
 
 
 def _e4m3(x: np.ndarray) -> np.ndarray:
@@ -51,7 +51,8 @@ def forward_fp8(losses, lse, x, wte, targets, logits) -> None:
         _chunk_fp8(x[i:j], wte8, targets[i:j], losses[i:j], lse[i:j], logits[: j - i])
 
 
-def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits) -> None:
+def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits, exact_grad: bool = False) -> None:
+    """exact_grad (head "fp8-g32"): x and wte in E4M3, the logits' gradient left in fp32."""
     N, R = x.shape[0], logits.shape[0]
     wte8 = _e4m3(wte)
     for i in range(0, N, R):
@@ -63,7 +64,7 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
         z *= (dl / sums)[:, None]
         rows = np.flatnonzero(valid)
         z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
-        g8 = z if GRAD_EXACT[0] else _e4m3(z)
+        g8 = z if exact_grad else _e4m3(z)
         dx[i:j] += g8 @ wte8
         dwte += g8.T @ x8
 
@@ -72,8 +73,8 @@ def run(exp_path: str, steps: int, out: Path, head: str, sets: list[str] = ()) -
     for name, fn in EXACT.items():
         setattr(ce, name, fn)
     if head in ("fp8", "fp8-g32"):
-        ce.crossentropy_forward, ce.crossentropy_forward_backward = forward_fp8, forward_backward_fp8
-    GRAD_EXACT[0] = head == "fp8-g32"
+        ce.crossentropy_forward = forward_fp8
+        ce.crossentropy_forward_backward = functools.partial(forward_backward_fp8, exact_grad=head == "fp8-g32")
     exp = config.load(exp_path)
     for field in (*sets, f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
         exp = config.override(exp, field)
