@@ -4,11 +4,11 @@
     python3 dev/dp_profile.py --summarize DIR [--baseline DIR]   # the summary again, from the traces left in DIR
 
 Each rank builds the ANDREA-120M state (bench/bench.py's shape, random tokens), prepares the step (warm-up and
-capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock, then 20 more with
-Step's parts timed apart (the inputs' copies, the replay's launch, the wait for the report, and the replay itself
-by CUDA events), times the per-step host exchange the trainer does (DataParallel.gather of three scalars), then
-records the kernels of --replays replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json. Rank 0 then prints,
-per rank and replay:
+capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock with Step's parts
+timed apart (the inputs' copies up to the replay's launch, the launch, the wait for the report after it, and the
+replay itself by CUDA events), times the per-step host exchange the trainer does (DataParallel.gather of three
+scalars), then records the kernels of --replays replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json.
+Rank 0 then prints, per rank and replay:
 - span: first kernel's start to last kernel's end; compute: the time some non-NCCL kernel runs (their union);
 - nccl: the NCCL kernels' summed time, and `exposed`, the part of it during which no compute kernel runs;
 - each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one;
@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO))
 
 
 def rank_main(a: argparse.Namespace) -> None:
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -57,29 +56,25 @@ def rank_main(a: argparse.Namespace) -> None:
     data = batches(a.mb, SHAPE)
     for i in range(6):
         step([data[i % 4]], 6e-4)
-    times = []
+    run, marks = step.run, {}  # Step.__call__'s parts, timed apart: the replay's launch marked inside the call
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def marked_run() -> None:
+        marks["launch"] = time.perf_counter()
+        ev0.record()
+        run()
+        ev1.record()
+        marks["launched"] = time.perf_counter()
+
+    step.run = marked_run
+    phases = []  # (inputs' copies, launch, wait for the report, the replay by CUDA events, the whole call)
     for i in range(20):
         t0 = time.perf_counter()
         step([data[i % 4]], 6e-4)
-        times.append(time.perf_counter() - t0)
-    phases = []  # Step.__call__'s parts, timed apart: host copies, the replay's launch, the wait for the report
-    K, A = S.K, S.arena
-    gscale = 1.0 / (t.n_micro * world * S.scaler.scale)
-    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(20):
-        t0 = time.perf_counter()
-        K.copy_in(A["tokens"], data[i % 4][0][None])
-        K.copy_in(A["targets"], data[i % 4][1][None])
-        K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
-        step._hyper(6e-4, gscale)
         t1 = time.perf_counter()
-        ev0.record()
-        step.run()
-        ev1.record()
-        t2 = time.perf_counter()
-        K.to_numpy(A["report"])
-        t3 = time.perf_counter()
-        phases.append((t1 - t0, t2 - t1, t3 - t2, ev0.elapsed_time(ev1) / 1e3, t3 - t0))
+        phases.append((marks["launch"] - t0, marks["launched"] - marks["launch"], t1 - marks["launched"],
+                       ev0.elapsed_time(ev1) / 1e3, t1 - t0))  # fmt: skip
+    step.run = run
     host = []
     if dp is not None:
         for _ in range(50):
@@ -93,9 +88,8 @@ def rank_main(a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
     (out / f"host_rank{rank}.json").write_text(json.dumps({
-        "step_ms_median": 1e3 * statistics.median(times),
         **{f"{name}_ms_median": 1e3 * statistics.median(p[j] for p in phases)
-           for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "phases_wall"))},
+           for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "step"))},
         "gather_ms_median": 1e3 * statistics.median(host) if host else None,
         "world": world, "mb": a.mb, "precision": a.precision}))  # fmt: skip
     step.release()

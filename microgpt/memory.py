@@ -322,6 +322,10 @@ class Arena:
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
+    def get(self, name: str) -> Any:
+        """The buffer, or None where this plan has none (a row only some backends or precisions plan)."""
+        return self._by_name.get(name)
+
     def __getitem__(self, name: str) -> Any:
         try:
             return self._by_name[name]

@@ -55,7 +55,7 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
     B, T = tokens.shape
     N, H = B * T, m.n_head
     resid, proj = A["resid"], A["proj"]
-    a = A["a"] if "a" in A else None  # none planned where fp8's cast computes GELU (memory.gelu_output_planned)
+    a = A.get("a")  # None where fp8's cast computes GELU (memory.gelu_output_planned)
     K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
     for layer in range(m.n_layer):
         h, x = f"h{layer}.", resid[layer]
@@ -94,7 +94,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
-    a = A["a"] if "a" in A else None  # as in gpt_forward
+    a = A.get("a")  # None where fp8's cast computes GELU
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
