@@ -11,6 +11,7 @@
 #            prep-big runs as well on the CPU machine (PATH=.venv/bin:$PATH DIR=.venv/lib/python3.11/site-packages)
 #            and data/sitepy then travels with `carry`
 #   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
+#   limits:  dev/cast_limits.py (what holds a cast: variants without a part) and ncu on k_cast, where it reads counters
 #   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
 set -u
@@ -62,6 +63,12 @@ for line in sys.stdin:
               python3 -c 'import json; m = json.load(open("data/sitepy/manifest.json")); print(m["splits"])' ;;
     parity12|parity120|resume) timeout ${CHECK_TIMEOUT:-300} python3 dev/fp8_check.py $s ${DATA:+--data $DATA} 2>&1 \
                | tee "$OUT/$s.jsonl" | cut -c1-1500 ;;
+    limits) timeout 300 python3 dev/cast_limits.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_limits.txt"
+            timeout 200 ncu --clock-control none -k regex:k_ --section SpeedOfLight --section MemoryWorkloadAnalysis \
+              --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+              python3 dev/cast_limits.py ${PROFILE_MB:-32} --ncu > "$OUT/cast_ncu.txt" 2>&1
+            grep -E "^  [a-z_]+|Duration|Throughput|DRAM|Warp Cycles|Stall|Registers|Achieved Occ|Eligible" \
+              "$OUT/cast_ncu.txt" | head -${NCU_LINES:-90} | cut -c1-160 ;;
     cast) timeout 120 python3 dev/cast_bench.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_bench.txt" ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
@@ -70,7 +77,7 @@ for line in sys.stdin:
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
-    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast bench)" ;;
+    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast limits bench)" ;;
   esac
 done
 log done

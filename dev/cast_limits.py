@@ -1,0 +1,146 @@
+"""Experiment: what holds k_cast at ~2.4 TB/s (bench/RESULTS.md) where a copy moves ~4.3. Each variant below
+leaves one part of the cast out or does it differently, at ANDREA-120M's shapes (micro-batch B, default 32), with
+the GPU's E4M3 conversion (as shipped); every variant is timed at several tiles and its best is printed with the
+bytes it must move per second.
+
+    ceilings   torch's bf16 copy (read 2 + write 2 bytes an element) and torch's cast to E4M3 (2 + 1)
+    shipped    kernels/fp8.cast at each of CAST_CONFIGS (rows + packed transpose, amax by an acq_rel atomic)
+    relaxed    the amax atomic with relaxed ordering       noamax   no amax at all
+    rows       the rows only                                trans    the transpose only
+    tiles=T    each program casts T row tiles (one scale, one reduction and one atomic for all)
+
+    python3 dev/cast_limits.py [B] [--ncu]     --ncu: launch the shipped cast of each shape a few times, untimed,
+                                               for `ncu -k regex:k_cast` to read
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from microgpt.fp8 import OSLOT  # noqa: E402
+from microgpt.kernels import fp8  # noqa: E402
+from microgpt.kernels.fp8 import _e4m3, _scale  # noqa: E402
+from microgpt.kernels.gelu import gelu, gelu_grad  # noqa: E402
+
+
+@triton.jit
+def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMAX: tl.constexpr,
+          ROWS: tl.constexpr, TRANS: tl.constexpr, TILES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+          PACK: tl.constexpr):  # fmt: skip
+    # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as shipped), 2 relaxed
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    c = pid_c * BC + tl.arange(0, BC)
+    c64 = c.to(tl.int64)
+    amax = tl.maximum(tl.load(slot_ptr + 1), tl.max(tl.load(slot_ptr + 4 + tl.arange(0, 16)), axis=0))
+    s, inv = _scale(amax)
+    m = 0.0
+    for t in tl.static_range(TILES):
+        r = (pid_r * TILES + t) * BR + tl.arange(0, BR)
+        mask = (r[:, None] < R) & (c[None, :] < Cc)
+        r64 = r.to(tl.int64)
+        at = r64[:, None] * Cc + c64[None, :]
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        if OP == 1:
+            y = gelu(x)
+        elif OP == 2:
+            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
+        else:
+            y = x
+        if AMAX > 0:
+            ay = tl.abs(y)
+            m = tl.maximum(m, tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0))
+        q = _e4m3(y * s, True)
+        if ROWS:
+            tl.store(rows_ptr + at, q, mask=mask)
+        if TRANS:
+            word = tl.uint64 if PACK == 8 else tl.uint32
+            shifts = (tl.arange(0, PACK) * 8).to(word)
+            words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
+            i = (pid_r * TILES + t) * (BR // PACK) + tl.arange(0, BR // PACK)
+            t_words = t_ptr.to(tl.pointer_type(word))
+            tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
+                     mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(slot_ptr, inv)
+    if AMAX == 1:
+        tl.atomic_max(slot_ptr + 2, m)
+    elif AMAX == 2:
+        tl.atomic_max(slot_ptr + 2, m, sem="relaxed")
+
+
+TILES_TRIED = [(32, 128, 4, 4), (64, 128, 8, 8), (128, 64, 8, 8), (64, 256, 8, 8)]  # (BR, BC, warps, PACK)
+
+
+def best(fns: dict[str, object]) -> tuple[float, str]:
+    out = (1e9, "-")
+    for name, fn in fns.items():
+        try:
+            out = min(out, (triton.testing.do_bench(fn, warmup=10, rep=50), name))
+        except Exception as e:  # noqa: BLE001
+            print(f"    {name}: {type(e).__name__}: {str(e)[:120]}")
+    return out
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    B = int(args[0]) if args else 32
+    N, C = B * 1024, 768
+    cases = [("x of a site (N, C)", C, fp8.COPY), ("gelu(h) (N, 4C)", 4 * C, fp8.GELU),
+             ("da * gelu'(h) (N, 4C)", 4 * C, fp8.GELU_GRAD)]  # fmt: skip
+    for what, H, op in cases:
+        x = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
+        x2 = torch.randn(N, H, device="cuda", dtype=torch.bfloat16) if op == fp8.GELU_GRAD else x
+        rows = torch.empty(N, H, device="cuda", dtype=torch.float8_e4m3fn)
+        trans = torch.empty(H, N, device="cuda", dtype=torch.float8_e4m3fn)
+        slot = torch.zeros(OSLOT, device="cuda")
+        slot[4] = 3.0
+        if "--ncu" in sys.argv:  # the shipped cast at one configuration, then its rows alone without the amax
+            br, bc, w, pack = fp8.CAST_CONFIGS["64x128w8"]
+            x3 = x.unsqueeze(0)
+            fp8.k_cast[(N // br, H // bc, 1)](x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False,
+                                              HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, PACK=pack, HW=True,
+                                              num_warps=w)  # fmt: skip
+            k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=0, ROWS=True, TRANS=False, TILES=1,
+                                      BR=br, BC=bc, PACK=pack, num_warps=w)  # fmt: skip
+            torch.cuda.synchronize()
+            continue
+        reads = 2 * x.numel() * (2 if op == fp8.GELU_GRAD else 1)
+        print(f"{what}: {x.numel() / 1e6:.1f} M elements", flush=True)
+
+        def show(name: str, res: tuple[float, str], nbytes: int) -> None:
+            print(f"  {name:14s} {res[0] * 1e3:7.1f} us  {nbytes / res[0] / 1e6:6.0f} GB/s  {res[1]}", flush=True)
+
+        show("copy bf16", best({"torch": lambda: torch.clone(x)}), 4 * x.numel())
+        show("torch to e4m3", best({"torch": lambda: rows.copy_(x)}), 3 * x.numel())
+        shipped = {}
+        for name, (br, bc, w, pack) in fp8.CAST_CONFIGS.items():
+            grid, x3 = (triton.cdiv(N, br), triton.cdiv(H, bc), 1), x.unsqueeze(0)
+            shipped[name] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: fp8.k_cast[grid](
+                x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False, HIST=16, ROWS=True, TRANS=True,
+                BR=br, BC=bc, PACK=pack, HW=True, num_warps=w)
+        show("shipped", best(shipped), reads + 2 * x.numel())
+        variants = {"as shipped": dict(AMAX=1), "relaxed": dict(AMAX=2), "noamax": dict(AMAX=0),
+                    "rows": dict(AMAX=2, TRANS=False), "trans": dict(AMAX=2, ROWS=False),
+                    "rows noamax": dict(AMAX=0, TRANS=False), "tiles=2": dict(AMAX=2, TILES=2),
+                    "tiles=4": dict(AMAX=2, TILES=4)}  # fmt: skip
+        for vname, kw in variants.items():
+            kw = {"ROWS": True, "TRANS": True, "TILES": 1, **kw}
+            fns = {}
+            for br, bc, w, pack in TILES_TRIED:
+                grid = (triton.cdiv(N, br * kw["TILES"]), triton.cdiv(H, bc))
+                fns[f"{br}x{bc}w{pack}n{w}"] = (
+                    lambda grid=grid, br=br, bc=bc, w=w, pack=pack: k_try[grid](
+                        x, x2, rows, trans, slot, N, H, OP=op, BR=br, BC=bc, PACK=pack, num_warps=w, **kw))
+            stored = int(kw["ROWS"]) + int(kw["TRANS"])
+            show(vname, best(fns), reads + stored * x.numel())
+
+
+if __name__ == "__main__":
+    main()
