@@ -4,10 +4,15 @@ the GPU's E4M3 conversion (as shipped); every variant is timed at several tiles 
 bytes it must move per second.
 
     ceilings   torch's bf16 copy (read 2 + write 2 bytes an element) and torch's cast to E4M3 (2 + 1)
-    shipped    kernels/fp8.cast at each of CAST_CONFIGS (rows + packed transpose, amax by an acq_rel atomic)
+    shipped    kernels/fp8.k_cast at each of CAST_CONFIGS
+    as shipped k_cast before: amax by abs, a finiteness test and max; clamp, convert, NaN fix; acq_rel atomic
     relaxed    the amax atomic with relaxed ordering       noamax   no amax at all
     rows       the rows only                                trans    the transpose only
     tiles=T    each program casts T row tiles (one scale, one reduction and one atomic for all)
+    bytes, tl.trans, tl.trans words: the transpose stored as single bytes (the compiler changes the layout), as
+               bytes of tl.trans(q), or tl.trans(q) packed into words
+    fast       as k_cast now (the amax on the bits; the conversion alone where the tile is finite); tanh: GELU's
+               tanh by the GPU's tanh.approx.f32
 
     python3 dev/cast_limits.py [B] [--ncu]     --ncu: launch the shipped cast of each shape a few times, untimed,
                                                for `ncu -k regex:k_cast` to read
@@ -26,15 +31,33 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt.fp8 import OSLOT  # noqa: E402
 from microgpt.kernels import fp8  # noqa: E402
-from microgpt.kernels.fp8 import _e4m3, _scale  # noqa: E402
+from microgpt.kernels.fp8 import _e4m3, _finite_amax, _scale  # noqa: E402
 from microgpt.kernels.gelu import gelu, gelu_grad  # noqa: E402
+
+
+@triton.jit
+def tanh_approx(u):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def gelu_fast(h):
+    return 0.5 * h * (1.0 + tanh_approx(0.7978845608028654 * (h + 0.044715 * h * h * h)))
+
+
+@triton.jit
+def gelu_grad_fast(h):
+    t = tanh_approx(0.7978845608028654 * (h + 0.044715 * h * h * h))
+    return 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
 
 
 @triton.jit
 def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMAX: tl.constexpr,
           ROWS: tl.constexpr, TRANS: tl.constexpr, TILES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-          PACK: tl.constexpr):  # fmt: skip
-    # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as shipped), 2 relaxed
+          PACK: tl.constexpr, TMODE: tl.constexpr = 0, FAST: tl.constexpr = False, TANH: tl.constexpr = False):  # fmt: skip
+    # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as shipped), 2 relaxed;
+    # TMODE, how the transpose is stored: 0 PACK-byte words (as shipped), 1 bytes, 2 bytes of tl.trans(q),
+    # 3 tl.trans(q) packed into PACK-byte words
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     c = pid_c * BC + tl.arange(0, BC)
     c64 = c.to(tl.int64)
@@ -48,18 +71,39 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         at = r64[:, None] * Cc + c64[None, :]
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         if OP == 1:
-            y = gelu(x)
+            y = gelu_fast(x) if TANH else gelu(x)
         elif OP == 2:
-            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
+            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * (gelu_grad_fast(x) if TANH else gelu_grad(x))
         else:
             y = x
-        if AMAX > 0:
-            ay = tl.abs(y)
-            m = tl.maximum(m, tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0))
-        q = _e4m3(y * s, True)
+        if FAST:  # as kernels/fp8.k_cast now: the amax on the bits, the conversion alone where all is finite
+            mt, finite = _finite_amax(y)
+            m = tl.maximum(m, mt)
+            if finite:
+                q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+            else:
+                q = _e4m3(y * s, True)
+        else:
+            if AMAX > 0:
+                ay = tl.abs(y)
+                m = tl.maximum(m, tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0))
+            q = _e4m3(y * s, True)
         if ROWS:
             tl.store(rows_ptr + at, q, mask=mask)
-        if TRANS:
+        if TRANS and TMODE == 1:  # single bytes, the pointer contiguous along r: the compiler's own layout change
+            tl.store(t_ptr + c64[None, :] * R + r64[:, None], q, mask=mask)
+        elif TRANS and TMODE == 2:  # single bytes of tl.trans(q): a [BC, BR] tile, contiguous along its last axis
+            tl.store(t_ptr + c64[:, None] * R + r64[None, :], tl.trans(q), mask=tl.trans(mask))
+        elif TRANS and TMODE == 3:  # tl.trans(q), then PACK bytes along its last axis into a word
+            word = tl.uint64 if PACK == 8 else tl.uint32
+            shifts = (tl.arange(0, PACK) * 8).to(word)
+            qt = tl.reshape(tl.trans(q), [BC, BR // PACK, PACK])
+            words = tl.sum(qt.to(word) << shifts[None, None, :], axis=2)
+            i = (pid_r * TILES + t) * (BR // PACK) + tl.arange(0, BR // PACK)
+            t_words = t_ptr.to(tl.pointer_type(word))
+            tl.store(t_words + c64[:, None] * (R // PACK) + i.to(tl.int64)[None, :], words,
+                     mask=(i[None, :] < R // PACK) & (c[:, None] < Cc))  # fmt: skip
+        elif TRANS:
             word = tl.uint64 if PACK == 8 else tl.uint32
             shifts = (tl.arange(0, PACK) * 8).to(word)
             words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
@@ -75,7 +119,7 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         tl.atomic_max(slot_ptr + 2, m, sem="relaxed")
 
 
-TILES_TRIED = [(32, 128, 4, 4), (64, 128, 8, 8), (128, 64, 8, 8), (64, 256, 8, 8)]  # (BR, BC, warps, PACK)
+TILES_TRIED = [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 8, 8), (128, 64, 8, 8)]  # fmt: skip  # (BR, BC, warps, PACK)
 
 
 def best(fns: dict[str, object]) -> tuple[float, str]:
@@ -97,18 +141,19 @@ def main() -> None:
     for what, H, op in cases:
         x = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
         x2 = torch.randn(N, H, device="cuda", dtype=torch.bfloat16) if op == fp8.GELU_GRAD else x
-        rows = torch.empty(N, H, device="cuda", dtype=torch.float8_e4m3fn)
-        trans = torch.empty(H, N, device="cuda", dtype=torch.float8_e4m3fn)
+        rows = torch.empty(N, H, device="cuda", dtype=torch.uint8)  # E4M3 bytes, as kernels/fp8.cast passes them
+        trans = torch.empty(H, N, device="cuda", dtype=torch.uint8)
         slot = torch.zeros(OSLOT, device="cuda")
         slot[4] = 3.0
-        if "--ncu" in sys.argv:  # the shipped cast at one configuration, then its rows alone without the amax
+        if "--ncu" in sys.argv:  # the shipped cast at one configuration, then with the transpose as bytes
             br, bc, w, pack = fp8.CAST_CONFIGS["64x128w8"]
             x3 = x.unsqueeze(0)
             fp8.k_cast[(N // br, H // bc, 1)](x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False,
                                               HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, PACK=pack, HW=True,
                                               num_warps=w)  # fmt: skip
-            k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=0, ROWS=True, TRANS=False, TILES=1,
-                                      BR=br, BC=bc, PACK=pack, num_warps=w)  # fmt: skip
+            for tmode in (1, 2):
+                k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=2, ROWS=True, TRANS=True, TILES=1,
+                                          BR=br, BC=bc, PACK=pack, TMODE=tmode, num_warps=w)  # fmt: skip
             torch.cuda.synchronize()
             continue
         reads = 2 * x.numel() * (2 if op == fp8.GELU_GRAD else 1)
@@ -118,7 +163,7 @@ def main() -> None:
             print(f"  {name:14s} {res[0] * 1e3:7.1f} us  {nbytes / res[0] / 1e6:6.0f} GB/s  {res[1]}", flush=True)
 
         show("copy bf16", best({"torch": lambda: torch.clone(x)}), 4 * x.numel())
-        show("torch to e4m3", best({"torch": lambda: rows.copy_(x)}), 3 * x.numel())
+        show("torch to e4m3", best({"torch": lambda: rows.view(torch.float8_e4m3fn).copy_(x)}), 3 * x.numel())
         shipped = {}
         for name, (br, bc, w, pack) in fp8.CAST_CONFIGS.items():
             grid, x3 = (triton.cdiv(N, br), triton.cdiv(H, bc), 1), x.unsqueeze(0)
@@ -126,10 +171,11 @@ def main() -> None:
                 x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False, HIST=16, ROWS=True, TRANS=True,
                 BR=br, BC=bc, PACK=pack, HW=True, num_warps=w)
         show("shipped", best(shipped), reads + 2 * x.numel())
-        variants = {"as shipped": dict(AMAX=1), "relaxed": dict(AMAX=2), "noamax": dict(AMAX=0),
-                    "rows": dict(AMAX=2, TRANS=False), "trans": dict(AMAX=2, ROWS=False),
-                    "rows noamax": dict(AMAX=0, TRANS=False), "tiles=2": dict(AMAX=2, TILES=2),
-                    "tiles=4": dict(AMAX=2, TILES=4)}  # fmt: skip
+        variants = {"as shipped": dict(AMAX=1), "rows noamax": dict(AMAX=0, TRANS=False),
+                    "bytes": dict(AMAX=2, TMODE=1), "tl.trans words": dict(AMAX=2, TMODE=3),
+                    "fast": dict(AMAX=2, FAST=True), "fast bytes": dict(AMAX=2, FAST=True, TMODE=1),
+                    "fast tanh": dict(AMAX=2, FAST=True, TANH=True),
+                    "fast bytes tanh": dict(AMAX=2, FAST=True, TMODE=1, TANH=True)}  # fmt: skip
         for vname, kw in variants.items():
             kw = {"ROWS": True, "TRANS": True, "TILES": 1, **kw}
             fns = {}

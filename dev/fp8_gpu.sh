@@ -11,6 +11,8 @@
 #            prep-big runs as well on the CPU machine (PATH=.venv/bin:$PATH DIR=.venv/lib/python3.11/site-packages)
 #            and data/sitepy then travels with `carry`
 #   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
+#   ab:      microgpt (PRECISION, default fp8) at MBS, BEFORE (default .before: `git archive C microgpt bench`) then
+#            this tree, each with its own tuning cache
 #   limits:  dev/cast_limits.py (what holds a cast: variants without a part) and ncu on k_cast, where it reads counters
 #   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
@@ -67,8 +69,18 @@ for line in sys.stdin:
             timeout 200 ncu --clock-control none -k regex:k_ --section SpeedOfLight --section MemoryWorkloadAnalysis \
               --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
               python3 dev/cast_limits.py ${PROFILE_MB:-32} --ncu > "$OUT/cast_ncu.txt" 2>&1
-            grep -E "^  [a-z_]+|Duration|Throughput|DRAM|Warp Cycles|Stall|Registers|Achieved Occ|Eligible" \
+            grep -E "^  [a-z_]+|Duration|L1/TEX Cache|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occ" \
               "$OUT/cast_ncu.txt" | head -${NCU_LINES:-90} | cut -c1-160 ;;
+    ab) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR: an earlier package (microgpt + bench)
+          root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
+          MICROGPT_CACHE="$PWD/.cache/$v" timeout 170 python3 $root/bench/bench.py --impl microgpt --mb $mb \
+            --precision ${PRECISION:-fp8} --steps ${STEPS:-30} --warmup 8 2>"$OUT/ab-$v-$mb.err" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
+          "sm_mhz", "watts", "loss_first", "loss_last", "steady_vs_plan")}}))' $v | tee -a "$OUT/ab.jsonl"
+          tail -2 "$OUT/ab-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
     cast) timeout 120 python3 dev/cast_bench.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_bench.txt" ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
@@ -77,7 +89,7 @@ for line in sys.stdin:
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
-    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast limits bench)" ;;
+    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast limits ab bench)" ;;
   esac
 done
 log done
