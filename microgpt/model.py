@@ -17,9 +17,7 @@ over micro-batches); an activation gradient is written by its one writer where i
 input gradients) and added where several ops contribute (dresid, attention's dq, dk, dv, lnf's d).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
 w_v (adjacent in the canonical order; `with_qkv` adds it to a dict of views), so the three projections share one
-call, and in fp8 one cast of their input and one input-gradient GEMM. In fp8 the LayerNorms under QKV and W_1 are
-given that site: they cast the linear's input themselves (on the GPU writing only its E4M3 copies), and the linear
-is told so (cast_x=False). `K` is the backend (microgpt/backend.py): the
+call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
 NumPy reference or the Triton kernels, with the same names and arguments.
 
 P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch), tokens and
@@ -34,7 +32,6 @@ from typing import Any
 from microgpt import memory
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig
-from microgpt.fp8 import Fp8Weight
 from microgpt.memory import Arena
 
 
@@ -63,18 +60,16 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
     for layer in range(m.n_layer):
         h, x = f"h{layer}.", resid[layer]
         ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
-        site = _fp8_site(P[h + "w_qkv"])
-        K.layernorm_forward(ln1, A["ln1_mean"][layer], A["ln1_rstd"][layer], x, P[h + "ln1_w"], P[h + "ln1_b"],
-                            site)  # fmt: skip
-        K.linear_forward(A["qkv"][layer], ln1, P[h + "w_qkv"], site is None)
+        K.layernorm_forward(ln1, A["ln1_mean"][layer], A["ln1_rstd"][layer], x, P[h + "ln1_w"], P[h + "ln1_b"])
+        K.linear_forward(A["qkv"][layer], ln1, P[h + "w_qkv"])
         att = A["att"][layer]
         K.attention_forward(_btc(att, B, T), A["att_lse"][layer], _btc(q, B, T), _btc(k, B, T), _btc(v, B, T), H)
         K.linear_forward(proj, att, P[h + "w_o"])
         K.residual_forward(A["resid2"][layer], x, proj)
-        ln2, site = A["ln2"][layer], _fp8_site(P[h + "w_1"])
+        ln2 = A["ln2"][layer]
         K.layernorm_forward(ln2, A["ln2_mean"][layer], A["ln2_rstd"][layer], A["resid2"][layer], P[h + "ln2_w"],
-                            P[h + "ln2_b"], site)  # fmt: skip
-        K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"], site is None)
+                            P[h + "ln2_b"])  # fmt: skip
+        K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"])
         K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
     K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
     targets = targets.reshape(N)
@@ -138,11 +133,6 @@ def with_qkv(views: dict[str, Any], flat: Any, m: ModelConfig) -> dict[str, Any]
         o = offsets[f"h{layer}.w_q"]
         out[f"h{layer}.w_qkv"] = flat[o : o + 3 * C * C].reshape(3, C, C)
     return out
-
-
-def _fp8_site(w: Any) -> Fp8Weight | None:
-    """The linear, if it runs in FP8, whose input a LayerNorm produces: that LayerNorm casts the operand itself."""
-    return w if isinstance(w, Fp8Weight) else None
 
 
 def _btc(x: Any, B: int, T: int) -> Any:

@@ -48,7 +48,7 @@ from microgpt.kernels.gemm import k_mm_scaled
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
 HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
-SCRATCH_TAKERS = ("layernorm_forward", "linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
+SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
 
 
 @triton.jit
@@ -106,67 +106,20 @@ def _finite_amax(y):
 
 
 @triton.jit
-def slot_scale(slot_ptr, HIST: tl.constexpr):
-    """(2^k, 2^-k) of a cast into this slot: k from the larger of its pre word and its history (HIST words)."""
-    amax = tl.load(slot_ptr + 1)
-    if HIST > 0:
-        amax = tl.maximum(amax, tl.max(tl.load(slot_ptr + 4 + tl.arange(0, HIST)), axis=0))
-    return _scale(amax)
-
-
-@triton.jit
-def quantize(y, s, slot_ptr, HW: tl.constexpr):
-    """A tile of y in E4M3 bytes at scale s; its finite max |y| goes into the slot's amax word (0 where masked off
-    adds nothing)."""
-    m, finite = _finite_amax(y)
-    tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
-    if finite & HW:  # the conversion alone: it saturates finite values at +-448 itself
-        q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        q = _e4m3(y * s, HW)
-    return q
-
-
-@triton.jit
-def store_e4m3(q, rows_ptr, t_ptr, r0, c, R, Cc, row_words, R_PACKED: tl.constexpr, PACK: tl.constexpr):
-    """Store a (BR, BC) tile q of E4M3 bytes for rows r = r0 .. r0 + BR - 1 (r0 and BR multiples of PACK) and
-    columns c: rows_ptr (None: not stored) at rows_ptr[r * row_words + c]; t_ptr (None: not stored)
-    transposed, t[c, r] of a (Cc, R) block, as PACK-byte words of PACK consecutive r (byte j of a word is r = PACK
-    i + j, little-endian) where R_PACKED (R % PACK == 0), else byte by byte: byte stores down a column are what make
-    a transposing cast slow."""
-    BR: tl.constexpr = q.shape[0]
-    BC: tl.constexpr = q.shape[1]
-    r = r0 + tl.arange(0, BR)
-    mask = (r[:, None] < R) & (c[None, :] < Cc)
-    r64, c64 = r.to(tl.int64), c.to(tl.int64)
-    if rows_ptr is not None:
-        tl.store(rows_ptr + r64[:, None] * row_words + c64[None, :], q, mask=mask)
-    if t_ptr is not None:
-        if R_PACKED and PACK > 1:
-            word = tl.uint64 if PACK == 8 else tl.uint32
-            shifts = (tl.arange(0, PACK) * 8).to(word)
-            words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
-            i = r0 // PACK + tl.arange(0, BR // PACK)
-            tl.store(t_ptr.to(tl.pointer_type(word)) + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
-                     mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
-        else:
-            tl.store(t_ptr + c64[None, :] * R + r64[:, None], q, mask=mask)
-
-
-@triton.jit
 def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.constexpr,
-           AMAX_ONLY: tl.constexpr, HIST: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr,
-           HW: tl.constexpr):  # fmt: skip
+           AMAX_ONLY: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr,
+           BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
     # y = op(x (G, R, Cc), x2 the same shape and strides) -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R):
-    # t[g, c, r] (either None: not stored). slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre =
-    # max(pre, finite max |y|), no stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite
-    # max |y|). PACK > 1 (R % PACK == 0): the transpose as PACK-byte words (store_e4m3)
+    # t[g, c, r]. slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre = max(pre, finite max |y|), no
+    # stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite max |y|). PACK (R % PACK == 0):
+    # the transpose is stored as PACK-byte words, PACK consecutive r of a column each (byte j of a word is r = PACK
+    # i + j, little-endian): byte stores down a column are what make a transposing cast slow
     pid_r, pid_c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = pid_r * BR + tl.arange(0, BR)
     c = pid_c * BC + tl.arange(0, BC)
     mask = (r[:, None] < R) & (c[None, :] < Cc)
-    g64 = g.to(tl.int64)
-    at = g64 * sg + r.to(tl.int64)[:, None] * sr + c.to(tl.int64)[None, :] * sc
+    g64, r64, c64 = g.to(tl.int64), r.to(tl.int64), c.to(tl.int64)
+    at = g64 * sg + r64[:, None] * sr + c64[None, :] * sc
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     if OP == 1:
         y = gelu(x)
@@ -174,16 +127,35 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
         y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
     else:
         y = x
-    if AMAX_ONLY:  # masked-off elements load as 0, which every op maps to 0
-        tl.atomic_max(slot_ptr + 1, _finite_amax(y)[0], sem="relaxed")
+    m, finite = _finite_amax(y)  # masked-off elements load as 0, which every op maps to 0
+    if AMAX_ONLY:
+        tl.atomic_max(slot_ptr + 1, m, sem="relaxed")
     else:
-        s, inv = slot_scale(slot_ptr, HIST)
+        amax = tl.load(slot_ptr + 1)
+        if HIST > 0:
+            amax = tl.maximum(amax, tl.max(tl.load(slot_ptr + 4 + tl.arange(0, HIST)), axis=0))
+        s, inv = _scale(amax)
         if (pid_r == 0) & (pid_c == 0) & (g == 0):
             tl.store(slot_ptr, inv)
-        q = quantize(y, s, slot_ptr, HW)
+        tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
+        if finite & HW:  # the conversion alone: it saturates finite values at +-448 itself
+            q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            q = _e4m3(y * s, HW)
         G = tl.num_programs(2)
-        store_e4m3(q, rows_ptr + g64 * Cc if rows_ptr is not None else None,
-                   t_ptr + g64 * Cc * R if t_ptr is not None else None, pid_r * BR, c, R, Cc, G * Cc, PACK > 1, PACK)  # fmt: skip
+        if ROWS:
+            tl.store(rows_ptr + r64[:, None] * (G * Cc) + g64 * Cc + c64[None, :], q, mask=mask)
+        if TRANS:
+            if PACK > 1:
+                word = tl.uint64 if PACK == 8 else tl.uint32
+                shifts = (tl.arange(0, PACK) * 8).to(word)
+                words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
+                i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
+                t_words = t_ptr.to(tl.pointer_type(word)) + g64 * Cc * (R // PACK)
+                tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
+                         mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+            else:
+                tl.store(t_ptr + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
 
 
 @triton.jit
@@ -212,22 +184,23 @@ def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: 
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     y2 = x3 if x2 is None else x2.view(x3.shape)
     G, R, Cc = x3.shape
+    # a layout not asked for (and both in the amax launch) is never stored through: x stands in for its pointer
+    rows_p, trans_p = (x3 if a is None else a.view(torch.uint8) for a in (rows, trans))
 
     def launch(amax_only: bool) -> Callable[[int, int, int, int], Callable[[], None]]:
-        rows_p, trans_p = (None if a is None or amax_only else a.view(torch.uint8) for a in (rows, trans))
-
         def make(br: int, bc: int, warps: int, pack: int) -> Callable[[], None]:
             grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), G)
             return lambda: k_cast[grid](x3, y2, rows_p, trans_p, slot, R, Cc, *x3.stride(), OP=op,
-                                        AMAX_ONLY=amax_only, HIST=hist, BR=br, BC=bc,
+                                        AMAX_ONLY=amax_only, HIST=hist, ROWS=rows is not None and not amax_only,
+                                        TRANS=trans is not None and not amax_only, BR=br, BC=bc,
                                         PACK=pack if R % pack == 0 else 1, HW=HW_CVT, num_warps=warps)  # fmt: skip
 
         return make
 
     key = f"{G}x{R}x{Cc}:{x3.stride()}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
     if prime:
-        run_tuned(launch(True), CAST_CONFIGS, "fp8_amax", key)
-    run_tuned(launch(False), CAST_CONFIGS, "fp8_cast", key)
+        _run(launch(True), CAST_CONFIGS, "fp8_amax", key)
+    _run(launch(False), CAST_CONFIGS, "fp8_cast", key)
 
 
 # Launch configurations of k_cast (BR, BC, warps, PACK: the transpose's word bytes, 1 where R is not a multiple),
@@ -240,7 +213,7 @@ CAST_CONFIGS = {"32x32w4": (32, 32, 4, 4), "64x64w4": (64, 64, 4, 4), "32x128w4"
                 "64x128w4n4": (64, 128, 4, 4), "32x128w1": (32, 128, 4, 1)}  # fmt: skip
 
 
-def run_tuned(make: Callable[..., Callable[[], None]], configs: dict[str, tuple[int, ...]], table: str, key: str) -> None:
+def _run(make: Callable[..., Callable[[], None]], configs: dict[str, tuple[int, ...]], table: str, key: str) -> None:
     """Launch with the configuration chosen for this key (every candidate computes the same bytes: the casts are
     exact and the amaxes maxima, so the warm-up may run each several times)."""
     if tuning.INTERPRET:
@@ -311,13 +284,13 @@ def saved_rows(N: int, C: int, L: int) -> list[tuple[str, tuple[int, ...], str]]
 
 
 # --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------
-def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch, cast_x: bool = True) -> None:
-    """out (N,OC) = x @ w, or out (G,N,OC) = x @ w[g]. cast_x=False: the producer of x wrote x8 and w.xt."""
+def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch) -> None:
+    """out (N,OC) = x @ w, or out (G,N,OC) = x @ w[g]."""
     G, C, OC = w.master.shape
-    N = x.numel() // C
+    x2 = x.view(-1, C)
+    N = x2.shape[0]
     x8 = q.view(q.x8, N, C)
-    if cast_x:
-        cast(x.view(N, C), w.xslot, x8, w.xt.view(C, N), w.priming.on)  # the transpose waits for the weight grad
+    cast(x2, w.xslot, x8, w.xt.view(C, N), w.priming.on)  # the transposed copy waits for the weight gradient
     out3 = out.view(G, N, OC)
     for g in range(G):
         mm8(out3[g], x8, w.xslot[:1], w.w8t[g].t(), w.scale[:1])

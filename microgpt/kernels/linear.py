@@ -117,12 +117,11 @@ def gemm_choices() -> dict[str, str]:
     return dict(_chosen)
 
 
-def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Fp8Weight, cast_x: bool = True,
+def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Fp8Weight,
                    q: fp8.Scratch | None = None) -> None:  # fmt: skip
-    """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC). An Fp8Weight: E4M3 (fp8.py);
-    cast_x=False: x's producer wrote the E4M3 operand already (layernorm_forward(site=w)), x itself is not read."""
+    """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC). An Fp8Weight: E4M3 (fp8.py)."""
     if isinstance(w, Fp8Weight):
-        fp8.linear_forward(out, x, w, q, cast_x)
+        fp8.linear_forward(out, x, w, q)
         return
     w3 = w if w.dim() == 3 else w.unsqueeze(0)
     C, OC = w3.shape[1:]

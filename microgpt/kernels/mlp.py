@@ -44,15 +44,14 @@ def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
 
 
 def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: torch.Tensor,
-                w1: torch.Tensor | Fp8Weight, w2: torch.Tensor | Fp8Weight, cast_x: bool = True,
+                w1: torch.Tensor | Fp8Weight, w2: torch.Tensor | Fp8Weight,
                 q: fp8.Scratch | None = None) -> None:  # fmt: skip
     """out = gelu(x @ w1) @ w2, keeping h = x @ w1 for backward; a receives gelu(h), except in fp8, where GELU's
-    output exists only in E4M3 (a may be None: the plan has no such buffer then). cast_x=False (fp8): x's producer
-    wrote w1's E4M3 operand already (layernorm_forward(site=w1))."""
+    output exists only in E4M3 (a may be None: the plan has no such buffer then)."""
     C, H = w1.shape
     h2, x2 = h.view(-1, H), x.view(-1, C)
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        _mlp_forward_fp8(out.view(-1, C), h2, x2, w1, w2, q, cast_x)
+        _mlp_forward_fp8(out.view(-1, C), h2, x2, w1, w2, q)
         return
     a2 = a.view(-1, H)
     mm(h2, x2, w1)
@@ -62,14 +61,13 @@ def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: t
 
 
 def _mlp_forward_fp8(out: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w1: Fp8Weight, w2: Fp8Weight,
-                     q: fp8.Scratch, cast_x: bool) -> None:  # fmt: skip
+                     q: fp8.Scratch) -> None:  # fmt: skip
     """mlp_forward's two GEMMs on E4M3 operands (2D views: x, out (N,C); h (N,H)). Each input is cast once, into the
     rows its GEMM reads and the transpose its site keeps for the weight gradient; a = gelu(h) only ever exists in
     E4M3 (its cast computes GELU)."""
     (N, C), H = x.shape, h.shape[1]
     x8, a8 = q.view(q.x8, N, C), q.view(q.x8, N, H)
-    if cast_x:
-        fp8.cast(x, w1.xslot, x8, w1.xt.view(C, N), w1.priming.on)
+    fp8.cast(x, w1.xslot, x8, w1.xt.view(C, N), w1.priming.on)
     fp8.mm8(h, x8, w1.xslot[:1], w1.w8t[0].t(), w1.scale[:1])
     fp8.cast(h, w2.xslot, a8, w2.xt.view(H, N), w2.priming.on, op=fp8.GELU)
     fp8.mm8(out, a8, w2.xslot[:1], w2.w8t[0].t(), w2.scale[:1])

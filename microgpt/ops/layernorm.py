@@ -21,17 +21,11 @@ The last line is the derivative through both the mean and the variance of the ro
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import Fp8Weight
-from microgpt.ops import fp8
-
 EPS = 1e-5
 
 
-def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray,
-                      site: Fp8Weight | None = None) -> None:  # fmt: skip
-    """out (N,C) = layernorm(x) * w + b; writes mean, rstd (N,) for backward. site (precision "fp8"): the block
-    linear whose input out is: the operand's cast happens here (its amax recorded in site.xslot, as the GPU, whose
-    forward writes the E4M3 operand instead of out), and that linear then takes it with cast_x=False."""
+def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray) -> None:
+    """out (N,C) = layernorm(x) * w + b; writes mean, rstd (N,) for backward."""
     C = x.shape[1]
     np.mean(x, axis=1, out=mean)
     np.subtract(x, mean[:, None], out=out)  # out holds x - mean for now
@@ -41,8 +35,6 @@ def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w:
     out *= rstd[:, None]  # out = xhat
     out *= w
     out += b
-    if site is not None:
-        fp8.cast(out, site.xslot, current=site.priming.on)
 
 
 def layernorm_backward(

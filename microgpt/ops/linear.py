@@ -22,12 +22,11 @@ from microgpt.fp8 import INV, Fp8Weight
 from microgpt.ops import fp8
 
 
-def linear_forward(out: NDArray, x: NDArray, w: NDArray | Fp8Weight, cast_x: bool = True) -> None:
-    """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC). cast_x=False (fp8): x's producer
-    cast it already (layernorm_forward(site=w)); this takes that operand, at the scale it was cast with."""
+def linear_forward(out: NDArray, x: NDArray, w: NDArray | Fp8Weight) -> None:
+    """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC)."""
     if isinstance(w, Fp8Weight):
         G = w.master.shape[0]
-        x8, ix = fp8.cast(x, w.xslot, current=w.priming.on) if cast_x else fp8.recast(x, w.xslot)
+        x8, ix = fp8.cast(x, w.xslot, current=w.priming.on)
         for g in range(G):
             (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[INV])
         return

@@ -72,12 +72,10 @@ def _gelu_backward(dh: NDArray, h: NDArray, t: NDArray) -> None:
 
 
 def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray | Fp8Weight,
-                w2: NDArray | Fp8Weight, cast_x: bool = True) -> None:  # fmt: skip
-    """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch. cast_x=False (fp8):
-    x's producer cast it for w1 already (ops/linear.py's linear_forward says the same)."""
+                w2: NDArray | Fp8Weight) -> None:  # fmt: skip
+    """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) for backward, uses a (N,4C) as scratch."""
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
-        x8, ix = fp8.cast(x, w1.xslot, current=w1.priming.on) if cast_x else fp8.recast(x, w1.xslot)
-        h[...] = fp8.mm8(x8, ix, w1.w8t[0].T, w1.scale[INV])
+        h[...] = fp8.mm8(*fp8.cast(x, w1.xslot, current=w1.priming.on), w1.w8t[0].T, w1.scale[INV])
         _gelu(a, h)
         out[...] = fp8.mm8(*fp8.cast(a, w2.xslot, current=w2.priming.on), w2.w8t[0].T, w2.scale[INV])
         return

@@ -257,7 +257,7 @@ def test_linear_fp8_gpu():
                         for n, s, k in fp8.scratch_rows(N, C)})  # fmt: skip
     x, dout = rnd(N, C, dtype=torch.bfloat16), rnd(G, N, C, dtype=torch.bfloat16, scale=1e-3)
     out = torch.empty(G, N, C, dtype=torch.bfloat16, device="cuda")
-    linear.linear_forward(out, x, w, q=q)
+    linear.linear_forward(out, x, w, q)
     dx, (dw, dw0) = rnd(N, C, dtype=torch.bfloat16), wgrad(G, C, C)
     linear.linear_backward(dx, dw, dout, x, w, q)
     rx, rw = _dq(x), _dq(master)

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from microgpt import fp8
 from microgpt.fp8 import Fp8Weight
 from microgpt.ops import fp8 as ref
-from microgpt.ops.layernorm import layernorm_forward
 from microgpt.ops.linear import linear_backward, linear_forward
 from microgpt.ops.mlp import mlp_backward, mlp_forward
 
@@ -221,27 +220,3 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
     check("dw2", dw2, w2q.grad, 2e-3)
     check("dw1", dw1, w1q.grad, 2e-3)
     check("dx", dx, xq.grad, 2e-3)
-
-
-@pytest.mark.parametrize("priming", [True, False])
-def test_layernorm_cast_for_its_site_equals_the_linear_casting(priming: bool) -> None:
-    """layernorm_forward(site=w) then linear_forward(cast_x=False) (fp8's LayerNorm under QKV and W_1) gives the
-    output, slot words and backward of the linear casting its input itself: the same cast, taken in one place."""
-    rng = np.random.default_rng(31)
-    N, C, OC = 12, 8, 16
-    x = rng.standard_normal((N, C)).astype(np.float32) * 3
-    lw, lb = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
-    dout = rng.standard_normal((N, OC)).astype(np.float32) * 0.1
-    results = []
-    for fused in (False, True):
-        r = np.random.default_rng(5)
-        w = weight(r, 1, C, OC, priming=priming, histories=(0.0, 0.0) if priming else (2.5, 0.3))
-        ln, mean, rstd = np.zeros((N, C), np.float32), np.zeros(N, np.float32), np.zeros(N, np.float32)
-        layernorm_forward(ln, mean, rstd, x, lw, lb, site=w if fused else None)
-        out = np.zeros((N, OC), np.float32)
-        linear_forward(out, ln, w, cast_x=not fused)
-        dx, dw = np.zeros((N, C), np.float32), np.zeros((C, OC), np.float32)
-        linear_backward(dx, dw, dout, ln, w)
-        results.append((out, dx, dw, w.xslot.copy(), w.gslot.copy()))
-    for got, want in zip(results[1], results[0], strict=True):
-        np.testing.assert_array_equal(got, want)
