@@ -54,7 +54,8 @@ def gelu_grad_fast(h):
 @triton.jit
 def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMAX: tl.constexpr,
           ROWS: tl.constexpr, TRANS: tl.constexpr, TILES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-          PACK: tl.constexpr, TMODE: tl.constexpr = 0, FAST: tl.constexpr = False, TANH: tl.constexpr = False):  # fmt: skip
+          PACK: tl.constexpr, TMODE: tl.constexpr = 0, FAST: tl.constexpr = False,
+          TANH: tl.constexpr = False):  # fmt: skip
     # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as shipped), 2 relaxed;
     # TMODE, how the transpose is stored: 0 PACK-byte words (as shipped), 1 bytes, 2 bytes of tl.trans(q),
     # 3 tl.trans(q) packed into PACK-byte words
@@ -73,7 +74,8 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         if OP == 1:
             y = gelu_fast(x) if TANH else gelu(x)
         elif OP == 2:
-            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * (gelu_grad_fast(x) if TANH else gelu_grad(x))
+            d = gelu_grad_fast(x) if TANH else gelu_grad(x)
+            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * d
         else:
             y = x
         if FAST:  # as kernels/fp8.k_cast now: the amax on the bits, the conversion alone where all is finite
@@ -119,7 +121,8 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         tl.atomic_max(slot_ptr + 2, m, sem="relaxed")
 
 
-TILES_TRIED = [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 8, 8), (128, 64, 8, 8)]  # fmt: skip  # (BR, BC, warps, PACK)
+# (BR, BC, warps, PACK)
+TILES_TRIED = [(32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 8, 8), (128, 64, 8, 8)]
 
 
 def best(fns: dict[str, object]) -> tuple[float, str]:
@@ -168,8 +171,25 @@ def main() -> None:
         for name, (br, bc, w, pack) in fp8.CAST_CONFIGS.items():
             grid, x3 = (triton.cdiv(N, br), triton.cdiv(H, bc), 1), x.unsqueeze(0)
             shipped[name] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: fp8.k_cast[grid](
-                x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False, HIST=16, ROWS=True, TRANS=True,
-                BR=br, BC=bc, PACK=pack, HW=True, num_warps=w)
+                x3,
+                x2,
+                rows,
+                trans,
+                slot,
+                N,
+                H,
+                *x3.stride(),
+                OP=op,
+                AMAX_ONLY=False,
+                HIST=16,
+                ROWS=True,
+                TRANS=True,
+                BR=br,
+                BC=bc,
+                PACK=pack,
+                HW=True,
+                num_warps=w,
+            )
         show("shipped", best(shipped), reads + 2 * x.numel())
         variants = {"as shipped": dict(AMAX=1), "rows noamax": dict(AMAX=0, TRANS=False),
                     "bytes": dict(AMAX=2, TMODE=1), "tl.trans words": dict(AMAX=2, TMODE=3),
@@ -181,9 +201,9 @@ def main() -> None:
             fns = {}
             for br, bc, w, pack in TILES_TRIED:
                 grid = (triton.cdiv(N, br * kw["TILES"]), triton.cdiv(H, bc))
-                fns[f"{br}x{bc}w{pack}n{w}"] = (
-                    lambda grid=grid, br=br, bc=bc, w=w, pack=pack: k_try[grid](
-                        x, x2, rows, trans, slot, N, H, OP=op, BR=br, BC=bc, PACK=pack, num_warps=w, **kw))
+                fns[f"{br}x{bc}w{pack}n{w}"] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: k_try[grid](
+                    x, x2, rows, trans, slot, N, H, OP=op, BR=br, BC=bc, PACK=pack, num_warps=w, **kw
+                )
             stored = int(kw["ROWS"]) + int(kw["TRANS"])
             show(vname, best(fns), reads + stored * x.numel())
 
