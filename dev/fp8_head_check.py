@@ -3,7 +3,7 @@ and seed: once as it is (the head's three GEMMs in fp32, the block linears in E4
 E4M3 operands too: logits = x8 @ wte8^T, dx += g8 @ wte8, dwte += g8^T @ x8, each operand cast per chunk by its own
 amax (current scaling, the rule of microgpt/fp8.py), fp32 sums. Evaluation runs the same head as training.
 
-    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR] [--heads fp32 fp8 fp8-g32] [--set K=V]
+    python3 dev/fp8_head_check.py [EXPERIMENT] [--steps N] [--out DIR] [--heads fp32 fp8 fp8-g32 fp8-fwd] [--set K=V]
                                                                     # default ANDREA-tiny, 300 steps, fp32 fp8
 
 Prints one JSON line per run (validation loss at every eval, train losses) and the relative differences. This is
@@ -51,8 +51,9 @@ def forward_fp8(losses, lse, x, wte, targets, logits) -> None:
         _chunk_fp8(x[i:j], wte8, targets[i:j], losses[i:j], lse[i:j], logits[: j - i])
 
 
-def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits, exact_grad: bool = False) -> None:
-    """exact_grad (head "fp8-g32"): x and wte in E4M3, the logits' gradient left in fp32."""
+def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits, grads: str = "fp8") -> None:
+    """grads: "fp8" every operand in E4M3; "fp8-g32" x and wte in E4M3, the logits' gradient left in fp32;
+    "fp8-fwd" only the logits' GEMM on E4M3 operands, both gradient GEMMs exact (x, wte and the gradient in fp32)."""
     N, R = x.shape[0], logits.shape[0]
     wte8 = _e4m3(wte)
     for i in range(0, N, R):
@@ -64,7 +65,11 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
         z *= (dl / sums)[:, None]
         rows = np.flatnonzero(valid)
         z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
-        g8 = z if exact_grad else _e4m3(z)
+        if grads == "fp8-fwd":
+            dx[i:j] += z @ wte
+            dwte += z.T @ x[i:j]
+            continue
+        g8 = z if grads == "fp8-g32" else _e4m3(z)
         dx[i:j] += g8 @ wte8
         dwte += g8.T @ x8
 
@@ -72,9 +77,9 @@ def forward_backward_fp8(losses, lse, dx, dwte, dlosses, x, wte, targets, logits
 def run(exp_path: str, steps: int, out: Path, head: str, sets: list[str] = ()) -> dict:
     for name, fn in EXACT.items():
         setattr(ce, name, fn)
-    if head in ("fp8", "fp8-g32"):
+    if head in ("fp8", "fp8-g32", "fp8-fwd"):
         ce.crossentropy_forward = forward_fp8
-        ce.crossentropy_forward_backward = functools.partial(forward_backward_fp8, exact_grad=head == "fp8-g32")
+        ce.crossentropy_forward_backward = functools.partial(forward_backward_fp8, grads=head)
     exp = config.load(exp_path)
     for field in (*sets, f"train.steps={steps}", "train.precision=fp8", "train.backend=numpy"):
         exp = config.override(exp, field)
@@ -94,9 +99,10 @@ def main() -> None:
     p.add_argument("experiment", nargs="?", default="experiments/ANDREA-tiny-TRAIN.json")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--out", default="/tmp/fp8_head")
-    p.add_argument("--heads", nargs="+", default=["fp32", "fp8"], choices=["fp32", "fp8", "fp8-g32"],
+    p.add_argument("--heads", nargs="+", default=["fp32", "fp8"], choices=["fp32", "fp8", "fp8-g32", "fp8-fwd"],
                    help="fp32: the exact head; fp8: its GEMMs on E4M3 operands; fp8-g32: the same with the "
-                   "logits' gradient left in fp32 (which operand costs the loss)")  # fmt: skip
+                   "logits' gradient left in fp32 (which operand costs the loss); fp8-fwd: only the logits' GEMM "
+                   "in E4M3")  # fmt: skip
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for the experiment, as train's --set "
                    "(e.g. model.vocab_size=50304: the built-in corpus gets a BPE of that size)")  # fmt: skip
     a = p.parse_args()
