@@ -123,8 +123,8 @@ def test_gelu_casts_match_numpy(prime: bool) -> None:
 def test_gpu_conversion_equals_the_bit_rule_for_every_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """k_cast's E4M3 byte by the GPU's conversion against _e4m3_bits, the rule the NumPy reference and the
     interpreter follow, for all 2^32 fp32 bit patterns (scale 1: history 448): tiles of finite values take the
-    conversion alone, tiles with an inf or a NaN (the patterns of exponent 255 are whole tiles here, and the
-    tiles at their edges mixed) the clamped one with non-finite values made NaN."""
+    conversion alone, tiles with an inf or a NaN the clamped one with non-finite values made NaN (here the patterns
+    of exponent 255 fill whole tiles; test_delayed_cast_matches_numpy_byte_for_byte mixes them with finite ones)."""
     rows, cols = 1 << 14, 1 << 12
     x = torch.empty(rows, cols, dtype=torch.int32, device=DEVICE)
     got, want = (torch.empty(rows, cols, dtype=F8, device=DEVICE) for _ in range(2))
