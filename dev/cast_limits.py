@@ -5,12 +5,10 @@ bytes it must move per second.
 
     ceilings   torch's bf16 copy (read 2 + write 2 bytes an element) and torch's cast to E4M3 (2 + 1)
     shipped    kernels/fp8.k_cast at each of CAST_CONFIGS
-    as shipped k_cast before: amax by abs, a finiteness test and max; clamp, convert, NaN fix; acq_rel atomic
-    relaxed    the amax atomic with relaxed ordering       noamax   no amax at all
-    rows       the rows only                                trans    the transpose only
-    tiles=T    each program casts T row tiles (one scale, one reduction and one atomic for all)
-    bytes, tl.trans, tl.trans words: the transpose stored as single bytes (the compiler changes the layout), as
-               bytes of tl.trans(q), or tl.trans(q) packed into words
+    before     k_cast up to 2026-12-01: amax by abs, a finiteness test and max; clamp, convert, NaN fix; acq_rel atomic
+    rows noamax  the rows only, no amax (what a cast costs without its transpose and amax)
+    bytes, tl.trans words: the transpose stored as single bytes (the compiler changes the layout) or tl.trans(q)
+               packed into words (k_try's TMODE; TMODE 2, bytes of tl.trans(q), runs in --ncu)
     fast       as k_cast now (the amax on the bits; the conversion alone where the tile is finite); tanh: GELU's
                tanh by the GPU's tanh.approx.f32
 
@@ -53,11 +51,11 @@ def gelu_grad_fast(h):
 
 @triton.jit
 def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMAX: tl.constexpr,
-          ROWS: tl.constexpr, TRANS: tl.constexpr, TILES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+          ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
           PACK: tl.constexpr, TMODE: tl.constexpr = 0, FAST: tl.constexpr = False,
           TANH: tl.constexpr = False):  # fmt: skip
-    # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as shipped), 2 relaxed;
-    # TMODE, how the transpose is stored: 0 PACK-byte words (as shipped), 1 bytes, 2 bytes of tl.trans(q),
+    # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as before), 2 relaxed;
+    # TMODE, how the transpose is stored: 0 PACK-byte words (as k_cast), 1 bytes, 2 bytes of tl.trans(q),
     # 3 tl.trans(q) packed into PACK-byte words
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     c = pid_c * BC + tl.arange(0, BC)
@@ -65,54 +63,52 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
     amax = tl.maximum(tl.load(slot_ptr + 1), tl.max(tl.load(slot_ptr + 4 + tl.arange(0, 16)), axis=0))
     s, inv = _scale(amax)
     m = 0.0
-    for t in tl.static_range(TILES):
-        r = (pid_r * TILES + t) * BR + tl.arange(0, BR)
-        mask = (r[:, None] < R) & (c[None, :] < Cc)
-        r64 = r.to(tl.int64)
-        at = r64[:, None] * Cc + c64[None, :]
-        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        if OP == 1:
-            y = gelu_fast(x) if TANH else gelu(x)
-        elif OP == 2:
-            d = gelu_grad_fast(x) if TANH else gelu_grad(x)
-            y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * d
+    r = pid_r * BR + tl.arange(0, BR)
+    mask = (r[:, None] < R) & (c[None, :] < Cc)
+    r64 = r.to(tl.int64)
+    at = r64[:, None] * Cc + c64[None, :]
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    if OP == 1:
+        y = gelu_fast(x) if TANH else gelu(x)
+    elif OP == 2:
+        d = gelu_grad_fast(x) if TANH else gelu_grad(x)
+        y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * d
+    else:
+        y = x
+    if FAST:  # as kernels/fp8.k_cast now: the amax on the bits, the conversion alone where all is finite
+        m, finite = _finite_amax(y)
+        if finite:
+            q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
-            y = x
-        if FAST:  # as kernels/fp8.k_cast now: the amax on the bits, the conversion alone where all is finite
-            mt, finite = _finite_amax(y)
-            m = tl.maximum(m, mt)
-            if finite:
-                q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-            else:
-                q = _e4m3(y * s, True)
-        else:
-            if AMAX > 0:
-                ay = tl.abs(y)
-                m = tl.maximum(m, tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0))
             q = _e4m3(y * s, True)
-        if ROWS:
-            tl.store(rows_ptr + at, q, mask=mask)
-        if TRANS and TMODE == 1:  # single bytes, the pointer contiguous along r: the compiler's own layout change
-            tl.store(t_ptr + c64[None, :] * R + r64[:, None], q, mask=mask)
-        elif TRANS and TMODE == 2:  # single bytes of tl.trans(q): a [BC, BR] tile, contiguous along its last axis
-            tl.store(t_ptr + c64[:, None] * R + r64[None, :], tl.trans(q), mask=tl.trans(mask))
-        elif TRANS and TMODE == 3:  # tl.trans(q), then PACK bytes along its last axis into a word
-            word = tl.uint64 if PACK == 8 else tl.uint32
-            shifts = (tl.arange(0, PACK) * 8).to(word)
-            qt = tl.reshape(tl.trans(q), [BC, BR // PACK, PACK])
-            words = tl.sum(qt.to(word) << shifts[None, None, :], axis=2)
-            i = (pid_r * TILES + t) * (BR // PACK) + tl.arange(0, BR // PACK)
-            t_words = t_ptr.to(tl.pointer_type(word))
-            tl.store(t_words + c64[:, None] * (R // PACK) + i.to(tl.int64)[None, :], words,
-                     mask=(i[None, :] < R // PACK) & (c[:, None] < Cc))  # fmt: skip
-        elif TRANS:
-            word = tl.uint64 if PACK == 8 else tl.uint32
-            shifts = (tl.arange(0, PACK) * 8).to(word)
-            words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
-            i = (pid_r * TILES + t) * (BR // PACK) + tl.arange(0, BR // PACK)
-            t_words = t_ptr.to(tl.pointer_type(word))
-            tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
-                     mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+    else:
+        if AMAX > 0:
+            ay = tl.abs(y)
+            m = tl.max(tl.max(tl.where(ay <= 3.4028234663852886e38, ay, 0.0), axis=1), axis=0)
+        q = _e4m3(y * s, True)
+    if ROWS:
+        tl.store(rows_ptr + at, q, mask=mask)
+    if TRANS and TMODE == 1:  # single bytes, the pointer contiguous along r: the compiler's own layout change
+        tl.store(t_ptr + c64[None, :] * R + r64[:, None], q, mask=mask)
+    elif TRANS and TMODE == 2:  # single bytes of tl.trans(q): a [BC, BR] tile, contiguous along its last axis
+        tl.store(t_ptr + c64[:, None] * R + r64[None, :], tl.trans(q), mask=tl.trans(mask))
+    elif TRANS and TMODE == 3:  # tl.trans(q), then PACK bytes along its last axis into a word
+        word = tl.uint64 if PACK == 8 else tl.uint32
+        shifts = (tl.arange(0, PACK) * 8).to(word)
+        qt = tl.reshape(tl.trans(q), [BC, BR // PACK, PACK])
+        words = tl.sum(qt.to(word) << shifts[None, None, :], axis=2)
+        i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
+        t_words = t_ptr.to(tl.pointer_type(word))
+        tl.store(t_words + c64[:, None] * (R // PACK) + i.to(tl.int64)[None, :], words,
+                 mask=(i[None, :] < R // PACK) & (c[:, None] < Cc))  # fmt: skip
+    elif TRANS:
+        word = tl.uint64 if PACK == 8 else tl.uint32
+        shifts = (tl.arange(0, PACK) * 8).to(word)
+        words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
+        i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
+        t_words = t_ptr.to(tl.pointer_type(word))
+        tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
+                 mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
     if (pid_r == 0) & (pid_c == 0):
         tl.store(slot_ptr, inv)
     if AMAX == 1:
@@ -155,7 +151,7 @@ def main() -> None:
                                               HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, PACK=pack, HW=True,
                                               num_warps=w)  # fmt: skip
             for tmode in (1, 2):
-                k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=2, ROWS=True, TRANS=True, TILES=1,
+                k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=2, ROWS=True, TRANS=True,
                                           BR=br, BC=bc, PACK=pack, TMODE=tmode, num_warps=w)  # fmt: skip
             torch.cuda.synchronize()
             continue
@@ -191,16 +187,16 @@ def main() -> None:
                 num_warps=w,
             )
         show("shipped", best(shipped), reads + 2 * x.numel())
-        variants = {"as shipped": dict(AMAX=1), "rows noamax": dict(AMAX=0, TRANS=False),
+        variants = {"before": dict(AMAX=1), "rows noamax": dict(AMAX=0, TRANS=False),
                     "bytes": dict(AMAX=2, TMODE=1), "tl.trans words": dict(AMAX=2, TMODE=3),
                     "fast": dict(AMAX=2, FAST=True), "fast bytes": dict(AMAX=2, FAST=True, TMODE=1),
                     "fast tanh": dict(AMAX=2, FAST=True, TANH=True),
                     "fast bytes tanh": dict(AMAX=2, FAST=True, TMODE=1, TANH=True)}  # fmt: skip
         for vname, kw in variants.items():
-            kw = {"ROWS": True, "TRANS": True, "TILES": 1, **kw}
+            kw = {"ROWS": True, "TRANS": True, **kw}
             fns = {}
             for br, bc, w, pack in TILES_TRIED:
-                grid = (triton.cdiv(N, br * kw["TILES"]), triton.cdiv(H, bc))
+                grid = (triton.cdiv(N, br), triton.cdiv(H, bc))
                 fns[f"{br}x{bc}w{pack}n{w}"] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: k_try[grid](
                     x, x2, rows, trans, slot, N, H, OP=op, BR=br, BC=bc, PACK=pack, num_warps=w, **kw
                 )
