@@ -165,6 +165,9 @@ def validate(exp: Experiment, src: str) -> Experiment:
     if t.backend == "numpy" and t.precision not in ("fp32", "fp8"):
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
                           "fp32, with fp8's E4M3 linears as the reference)")  # fmt: skip
+    if t.precision == "fp8" and m.d_model % 16:
+        raise ConfigError(f"{src}: model.d_model ({m.d_model}) must be a multiple of 16 for train.precision 'fp8' "
+                          "(the FP8 GEMMs' operand dimensions)")  # fmt: skip
     if d.max_bytes <= 0:
         raise ConfigError(f"{src}: data.max_bytes must be > 0, got {brief(d.max_bytes)}")
     if not 0 < d.val_fraction < 1:

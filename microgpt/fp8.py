@@ -1,9 +1,13 @@
-"""FP8 E4M3 for the block linears (precision "fp8"): the number format, the scale rule, and where the copies live.
+"""FP8 E4M3 for the block linears and the LM head's logits (precision "fp8"): the number format, the scale rule, and
+where the copies live.
 
 With precision "fp8" the four GEMM sites of every block -- QKV (one linear of three weights), O, W_1 and W_2 --
-run all three of their GEMMs (forward, input gradient, weight gradient) on E4M3 operands with fp32 accumulation.
-Everything else (attention, layernorm, GELU, residual, the tied LM head and cross-entropy) runs as in bf16; master
-weights, gradients and Adam's m and v stay fp32, so the checkpoint is the same file as in every other precision.
+run all three of their GEMMs (forward, input gradient, weight gradient) on E4M3 operands with fp32 accumulation,
+and the tied LM head runs its logits GEMM (logits = lnf @ wte^T) on E4M3 operands while its two gradient GEMMs
+(d lnf, d wte) stay on the compute copies: an E4M3 logits gradient costs the loss at a 50,304-token vocabulary,
+the logits' GEMM alone does not (bench/RESULTS.md). Everything else (attention, layernorm, GELU, residual and
+cross-entropy) runs as in bf16; master weights, gradients and Adam's m and v stay fp32, so the checkpoint is the
+same file as in every other precision.
 
 Scaling: per tensor, a power of two. A tensor's scale is 2^k with k the largest integer such that
 amax * 2^k <= 448 (E4M3's largest finite value), clamped to [-126, 126] so that 2^k and 2^-k are normal fp32
@@ -26,6 +30,11 @@ saturates at +-448. The history is the only state across steps: it rides in the 
 checkpoint of another precision) primes it: its first micro-batch takes each tensor's own amax first (current
 scaling, one more pass on the GPU) and records it as the first entry. With data parallel the recorded amaxes are
 the max over ranks, so every rank keeps the same history.
+
+The LM head (`Fp8Head`) takes current scaling for both operands and so carries no state: wte is cast with the
+block linears' weights after AdamW, lnf in each call of the loss head (its amax pass, then the cast). Its GEMM
+needs the vocabulary to be a multiple of 16 (cuBLASLt's FP8 GEMM); a model whose vocabulary is not keeps its head
+in the compute dtype (`head_in_fp8`).
 
 The QKV site shares one scale over its three weights and one over its three output gradients, so its input
 gradient is one GEMM over K = 3C. Evaluation (a forward without the loss's backward) casts with the histories and
@@ -103,3 +112,28 @@ class Fp8Weight:
         """The shape of the weight the linear computes with: (C_in, C_out), or (G, C_in, C_out) for G > 1."""
         G, C, OC = self.master.shape
         return (C, OC) if G == 1 else (G, C, OC)
+
+
+def head_in_fp8(vocab_size: int) -> bool:
+    """Whether precision "fp8" runs the LM head's logits GEMM in E4M3: the FP8 GEMM needs both dimensions of its
+    column-major operand (wte^T: C x V) to be multiples of 16, and d_model already is one for the block linears."""
+    return vocab_size % 16 == 0
+
+
+@dataclass(frozen=True)
+class Fp8Head:
+    """The tied LM head as the loss head reads it in fp8: logits = (x8 @ w8^T) * 2^-kx * 2^-kw, fp32 sums, out in the
+    compute dtype; the gradient GEMMs read w. w: the compute copy of wte (V, C) (the fp32 masters on the NumPy
+    backend); master: the fp32 wte (V, C); w8: its E4M3 copy (V, C), the optimizer step's; scale: w8's SLOT; xslot:
+    the SLOT of x (lnf), cleared and filled by each call (current scaling)."""
+
+    w: Any
+    master: Any
+    w8: Any
+    scale: Any
+    xslot: Any
+
+    @property
+    def name(self) -> str:
+        """The model's name for it (model.gpt_forward reads P["lm_head"] where it exists, else wte)."""
+        return "lm_head"

@@ -5,7 +5,8 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     params, grads, adam_m, adam_v   fp32, one flat array each, in the canonical parameter order
     compute_params                  the weights in the compute dtype (bf16/fp16/fp8 runs on the GPU), same order;
                                     AdamW writes it
-    fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts (microgpt/fp8.py)
+    fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts, and the LM
+                                    head's E4M3 wte (microgpt/fp8.py)
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
                                     and what it reports back (report), the evaluation's loss sum
     acts                            saved activations: written in forward, read in backward
@@ -216,7 +217,10 @@ def gelu_output_planned(t: TrainConfig) -> bool:
 
 def fp8_rows(m: ModelConfig) -> list[Buf]:
     """fp8: every block linear site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input
-    and of its output gradient with their amax histories, which carry across steps (microgpt/fp8.py)."""
+    and of its output gradient with their amax histories, which carry across steps (microgpt/fp8.py); the LM head's
+    E4M3 wte and its two slots (wte's, lnf's) where its logits GEMM runs in E4M3."""
+    head = [Buf("lm_head.w8", (m.vocab_size, m.d_model), "fp8_weights", "f8"),
+            Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32")] if fp8.head_in_fp8(m.vocab_size) else []  # fmt: skip
     bufs = []
     for layer in range(m.n_layer):
         for site, (G, C, OC) in fp8.site_shapes(m.d_model).items():
@@ -226,6 +230,7 @@ def fp8_rows(m: ModelConfig) -> list[Buf]:
     return bufs + [
         Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), fp8.SLOT), "optim", "f32"),
         Buf("fp8_slots", (m.n_layer, len(fp8.SITES), 2, fp8.OSLOT), "optim", "f32"),
+        *head,
     ]
 
 

@@ -73,12 +73,13 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
         K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
     K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
     targets = targets.reshape(N)
+    head = P.get("lm_head", P["wte"])  # the tied head: wte, or in fp8 its Fp8Head (E4M3 logits GEMM)
     if G is None:
-        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
+        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], head, targets, A["logits"])
         return
     K.loss_weights(A["dlosses"], targets, A["loss_scale"])
     K.zero_(A["dln"])
-    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], P["wte"],
+    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], head,
                                     targets, A["logits"])  # fmt: skip
 
 

@@ -64,7 +64,8 @@ class TrainState:
     adam_m: Any
     adam_v: Any
     p_compute: Any  # flat compute copy, or None in fp32
-    w8: list[fp8.Fp8Weight]  # fp8: every block linear site's E4M3 copies, which the optimizer step refreshes
+    w8: list[fp8.Fp8Weight | fp8.Fp8Head]  # fp8: every block linear site's E4M3 copies and the LM head's, which the
+    # optimizer step refreshes
     priming: fp8.Priming  # fp8: whether the operands' amax histories are still empty (read by every site)
     scaler: LossScaler = field(default_factory=LossScaler)
     step: int = 0  # optimizer steps completed
@@ -140,10 +141,16 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     compute = "compute_params" if memory.has_compute_copy(t) else "params"
     p = arena.flat("params")
     priming = fp8.Priming(on=t.precision == "fp8")
-    w8 = fp8_weights(m, arena, p, priming) if t.precision == "fp8" else []
+    P_compute = model.with_qkv(arena.role(compute), arena.flat(compute), m)
+    w8: list[fp8.Fp8Weight | fp8.Fp8Head] = []
+    if t.precision == "fp8":
+        w8 += fp8_weights(m, arena, p, priming)
+        if fp8.head_in_fp8(m.vocab_size):
+            w8.append(fp8.Fp8Head(P_compute["wte"], arena.role("params")["wte"], arena["lm_head.w8"],
+                                  *arena["fp8_head_slots"]))  # fmt: skip
+        P_compute.update({w.name: w for w in w8})
     S = TrainState(
-        K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"),
-        P_compute={**model.with_qkv(arena.role(compute), arena.flat(compute), m), **{w.name: w for w in w8}},
+        K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"), P_compute=P_compute,
         G=model.with_qkv(arena.role("grads"), arena.flat("grads"), m),
         p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
         p_compute=arena.flat(compute) if compute != "params" else None, w8=w8, priming=priming,

@@ -45,6 +45,7 @@ def test_family_sizes() -> None:
         ({"train": {"precision": "fp4"}}, "train.precision must be one of fp32, bf16, fp16, fp8"),
         ({"train": {"beta2": 1.0}}, "train.beta1 and train.beta2"),
         ({"model": {"vocab_size": 70000}}, "uint16"),
+        ({"model": {"d_model": 200, "n_head": 5}, "train": {"precision": "fp8"}}, "multiple of 16 for train.precision"),
         ({"model": []}, "model: must be a JSON object"),
     ],
 )

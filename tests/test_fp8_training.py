@@ -19,7 +19,7 @@ from microgpt.state import make_state
 from microgpt.step import Step
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
-M = config.ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=16)
+M = config.ModelConfig(vocab_size=64, d_model=16, n_layer=2, n_head=2, seq_len=16)  # a multiple of 16: E4M3 head
 
 
 def state(precision: str, **train):
@@ -45,8 +45,14 @@ def test_plan_has_the_fp8_rows_and_the_state_reads_them() -> None:
             assert S.P_compute[f"h{layer}.{site}"] is next(w for w in S.w8 if w.name == f"h{layer}.{site}")
     assert memory.role_bytes(S.plan, S.t)["fp8_weights"] >= 2 * 12 * M.d_model**2 * M.n_layer
     assert "compute_params" not in {b.role for b in S.plan}  # the NumPy backend computes on the fp32 masters
+    assert names["lm_head.w8"].shape == (M.vocab_size, M.d_model) and names["fp8_head_slots"].shape == (2, fp8.SLOT)
+    head = S.P_compute["lm_head"]
+    assert head is S.w8[-1] and head.master is S.P["wte"] and head.w8 is S.arena["lm_head.w8"]
     t = config.TrainConfig(micro_batch=2, precision="fp8", backend="triton")
     assert "compute_params" in {b.role for b in memory.plan(M, t, 7)}  # the GPU reads bf16 beside the E4M3 copies
+    odd = dataclasses.replace(M, vocab_size=61)  # not a multiple of 16: the head stays in the compute dtype
+    S = make_state(odd, S.t, get_backend("numpy", "fp8"))
+    assert "lm_head" not in S.P_compute and "lm_head.w8" not in {b.name for b in S.plan}
 
 
 def test_fp8_trains_next_to_fp32_and_recasts_the_weights_each_step() -> None:
@@ -56,9 +62,10 @@ def test_fp8_trains_next_to_fp32_and_recasts_the_weights_each_step() -> None:
         step = Step(S)
         runs[precision] = [step(b, 1e-2).loss for b in batches(0, 30)]
         if precision == "fp8":
-            for w in S.w8:  # the copies are the masters' cast after the last update
+            for w in S.w8:  # the copies (the LM head's too) are the masters' cast after the last update
                 q, inv = ref.cast(w.master, np.zeros(fp8.SLOT, np.float32), current=True)
-                np.testing.assert_array_equal(w.w8t.view(np.uint8), q.transpose(0, 2, 1).view(np.uint8))
+                got, want = (w.w8, q) if isinstance(w, fp8.Fp8Head) else (w.w8t, q.transpose(0, 2, 1))
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
                 assert w.scale[0] == inv
     f32, f8 = np.array(runs["fp32"]), np.array(runs["fp8"])
     assert f8[-4:].mean() < f8[:4].mean() - 0.5, "fp8 should learn the repeated batches"

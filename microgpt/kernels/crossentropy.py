@@ -8,15 +8,20 @@ turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlog
 Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
 GEMM, k_crossentropy_fwd with GRAD (lse and loss, then a second pass over the row writes dlogits in place), and
 the two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
+With an Fp8Head in place of wte (precision "fp8") the logits GEMM runs on E4M3 operands (fp8.head_logits: x cast
+into the fp8 scratch `q` at its own amax, wte from the optimizer step's copy); the rest reads the head's bf16 copy.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels import tuning
+from microgpt.fp8 import Fp8Head
+from microgpt.kernels import fp8, tuning
 from microgpt.kernels.linear import mm
 
 
@@ -73,6 +78,14 @@ def _chunks(N: int, R: int):
         yield r0, min(R, N - r0)
 
 
+def _head(x2: torch.Tensor, wte: torch.Tensor | Fp8Head, q: fp8.Scratch | None,
+          ) -> tuple[Callable[[torch.Tensor, int, int], None], torch.Tensor]:  # fmt: skip
+    """(logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r, the wte the gradient GEMMs read)."""
+    if isinstance(wte, Fp8Head):
+        return fp8.head_logits(x2, wte, q), wte.w
+    return (lambda lg, r0, r: mm(lg, x2[r0 : r0 + r], wte.t())), wte
+
+
 def _add_grads(dx: torch.Tensor, dwte: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, wte: torch.Tensor) -> None:
     """One chunk's two gradient GEMMs: dx += dlogits @ wte ; dwte += dlogits.T @ x."""
     mm(dx, dlogits, wte, accumulate=True)
@@ -83,16 +96,18 @@ def crossentropy_forward(
     losses: torch.Tensor,
     lse: torch.Tensor,
     x: torch.Tensor,
-    wte: torch.Tensor,
+    wte: torch.Tensor | Fp8Head,
     targets: torch.Tensor,
     logits: torch.Tensor,
+    q: fp8.Scratch | None = None,
 ) -> None:
-    V, C = wte.shape
+    V, C = logits.shape[1], x.shape[-1]
     x2, tg = x.view(-1, C), targets.view(-1)
     losses, lse = losses.view(-1), lse.view(-1)
+    chunk_logits, _ = _head(x2, wte, q)
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
-        mm(lg, x2[r0 : r0 + r], wte.t())
+        chunk_logits(lg, r0, r)
         # without GRAD the kernel never reads its dloss pointer: lse stands in
         k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
                                  num_warps=8)  # fmt: skip
@@ -103,20 +118,21 @@ def crossentropy_backward(
     dwte: torch.Tensor,
     dlosses: torch.Tensor,
     x: torch.Tensor,
-    wte: torch.Tensor,
+    wte: torch.Tensor | Fp8Head,
     targets: torch.Tensor,
     lse: torch.Tensor,
     logits: torch.Tensor,
+    q: fp8.Scratch | None = None,
 ) -> None:
-    V, C = wte.shape
+    V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     dlosses, lse = dlosses.view(-1), lse.view(-1)
+    chunk_logits, w = _head(x2, wte, q)
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
-        xr = x2[r0 : r0 + r]
-        mm(lg, xr, wte.t())
+        chunk_logits(lg, r0, r)
         k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
-        _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
+        _add_grads(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], w)
 
 
 def crossentropy_forward_backward(
@@ -126,21 +142,22 @@ def crossentropy_forward_backward(
     dwte: torch.Tensor,
     dlosses: torch.Tensor,
     x: torch.Tensor,
-    wte: torch.Tensor,
+    wte: torch.Tensor | Fp8Head,
     targets: torch.Tensor,
     logits: torch.Tensor,
+    q: fp8.Scratch | None = None,
 ) -> None:
     """crossentropy_forward, then crossentropy_backward with dlosses, without recomputing any chunk's logits."""
-    V, C = wte.shape
+    V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     losses, lse, dlosses = losses.view(-1), lse.view(-1), dlosses.view(-1)
+    chunk_logits, w = _head(x2, wte, q)
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
-        xr = x2[r0 : r0 + r]
-        mm(lg, xr, wte.t())
+        chunk_logits(lg, r0, r)
         k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
                                  BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
-        _add_grads(dx2[r0 : r0 + r], dwte, lg, xr, wte)
+        _add_grads(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], w)
 
 
 @triton.jit

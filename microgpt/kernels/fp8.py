@@ -46,14 +46,15 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import HISTORY, OSLOT, Fp8Weight, site_shapes
+from microgpt.fp8 import HISTORY, OSLOT, Fp8Head, Fp8Weight, site_shapes
 from microgpt.kernels import tuning
 from microgpt.kernels.gelu import gelu, gelu_grad
 from microgpt.kernels.gemm import k_mm_scaled
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
 HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
-SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward")
+SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",
+                  "crossentropy_backward", "crossentropy_forward_backward")  # fmt: skip
 
 
 @triton.jit
@@ -316,9 +317,19 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
         mm8(dw3[g], w.xt.view(C, N), w.xslot[:1], g8t[g].t(), w.gslot[:1], accumulate=True, wgrad=q.wgrad)
 
 
-def cast_weights(weights: list[Fp8Weight]) -> None:
+def cast_weights(weights: list[Fp8Weight | Fp8Head]) -> None:
     """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
-    (current scaling: the slot ends [2^-k, amax, amax, 0])."""
+    (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C) likewise."""
     for w in weights:
         w.scale.zero_()
-        cast(w.master, w.scale, w.w8, w.w8t, prime=True, hist=0)
+        cast(w.master, w.scale, w.w8, None if isinstance(w, Fp8Head) else w.w8t, prime=True, hist=0)
+
+
+def head_logits(x: torch.Tensor, head: Fp8Head, q: Scratch) -> Callable[[torch.Tensor, int, int], None]:
+    """The loss head's logits GEMM in E4M3 (ops/crossentropy.py): x (N, C) is cast here, at its own amax, into the
+    activation scratch; the returned logits(lg, r0, r) writes lg (r, V) = the logits of rows r0 .. r0 + r."""
+    N, C = x.shape
+    x8 = q.view(q.x8, N, C)
+    head.xslot.zero_()
+    cast(x, head.xslot, x8, None, prime=True, hist=0)
+    return lambda lg, r0, r: mm8(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])

@@ -25,10 +25,19 @@ Backward, per chunk, with dlosses the upstream gradient of each row's loss:
     dwte   += dlogits.T @ x
 
 Chunks run in order, so dwte is summed in a fixed order: deterministic.
+
+With an Fp8Head in place of wte (precision "fp8", microgpt/fp8.py) the logits GEMM runs on E4M3 operands: x
+cast whole at its own amax (current scaling), wte from the optimizer step's E4M3 copy, fp32 sums times the two
+inverse scales. Everything after the logits, and both gradient GEMMs, run as above on the head's compute copy.
 """
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
+
+from microgpt.fp8 import Fp8Head
+from microgpt.ops import fp8
 
 
 def _chunks(n: int, r: int) -> range:
@@ -36,10 +45,21 @@ def _chunks(n: int, r: int) -> range:
     return range(0, n, r)
 
 
-def _chunk_exp(z: NDArray, x: NDArray, wte: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray) -> NDArray:
-    """One chunk's forward: z = x @ wte.T, then losses and lse of its rows; leaves z = exp(z - rowmax)
-    and returns the row sums of z (softmax = z / sums)."""
-    np.matmul(x, wte.T, out=z)
+def _head(x: NDArray, wte: NDArray | Fp8Head) -> tuple[Callable[[NDArray, int, int], None], NDArray]:
+    """(logits(z, i, j): z = the logits of rows i..j, the wte the gradient GEMMs read). In fp8 x is cast to E4M3
+    here, once for all chunks."""
+    if isinstance(wte, Fp8Head):
+        return fp8.head_logits(x, wte), wte.w
+
+    def logits(z: NDArray, i: int, j: int) -> None:
+        np.matmul(x[i:j], wte.T, out=z)
+
+    return logits, wte
+
+
+def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray) -> NDArray:
+    """One chunk's forward from its logits in z: losses and lse of its rows; leaves z = exp(z - rowmax) and returns
+    the row sums of z (softmax = z / sums)."""
     valid = tgt >= 0
     target_logit = z[np.arange(len(z)), np.where(valid, tgt, 0)]  # copy, taken before z is overwritten
     m = z.max(axis=1)
@@ -67,13 +87,16 @@ def _add_grads(z: NDArray, norm, dx: NDArray, dwte: NDArray, dl: NDArray, x: NDA
 
 
 def crossentropy_forward(
-    losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray
+    losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray | Fp8Head, targets: NDArray, logits: NDArray
 ) -> None:
     """losses (N,) = per-token cross-entropy of x @ wte.T against targets; writes lse (N,) for backward."""
     N, R = x.shape[0], logits.shape[0]
+    chunk_logits, _ = _head(x, wte)
     for i in _chunks(N, R):
         j = min(i + R, N)
-        _chunk_exp(logits[: j - i], x[i:j], wte, targets[i:j], losses[i:j], lse[i:j])  # leading rows: contiguous
+        z = logits[: j - i]  # leading rows: contiguous
+        chunk_logits(z, i, j)
+        _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
 
 
 def crossentropy_backward(
@@ -81,20 +104,21 @@ def crossentropy_backward(
     dwte: NDArray,
     dlosses: NDArray,
     x: NDArray,
-    wte: NDArray,
+    wte: NDArray | Fp8Head,
     targets: NDArray,
     lse: NDArray,
     logits: NDArray,
 ) -> None:
     """dx (N,C), dwte (V,C) += gradients of the losses weighted by dlosses (N,); logits (R,V) is scratch."""
     N, R = x.shape[0], logits.shape[0]
+    chunk_logits, w = _head(x, wte)
     for i in _chunks(N, R):
         j = min(i + R, N)
         z = logits[: j - i]
-        np.matmul(x[i:j], wte.T, out=z)  # recomputed, see the module docstring
+        chunk_logits(z, i, j)  # recomputed, see the module docstring
         z -= lse[i:j, None]
         np.exp(z, out=z)  # z = softmax
-        _add_grads(z, 1.0, dx[i:j], dwte, dlosses[i:j], x[i:j], wte, targets[i:j])
+        _add_grads(z, 1.0, dx[i:j], dwte, dlosses[i:j], x[i:j], w, targets[i:j])
 
 
 def crossentropy_forward_backward(
@@ -104,17 +128,19 @@ def crossentropy_forward_backward(
     dwte: NDArray,
     dlosses: NDArray,
     x: NDArray,
-    wte: NDArray,
+    wte: NDArray | Fp8Head,
     targets: NDArray,
     logits: NDArray,
 ) -> None:
     """crossentropy_forward, then crossentropy_backward with dlosses, chunk by chunk without recomputing z."""
     N, R = x.shape[0], logits.shape[0]
+    chunk_logits, w = _head(x, wte)
     for i in _chunks(N, R):
         j = min(i + R, N)
         z = logits[: j - i]
-        sums = _chunk_exp(z, x[i:j], wte, targets[i:j], losses[i:j], lse[i:j])
-        _add_grads(z, 1.0 / sums, dx[i:j], dwte, dlosses[i:j], x[i:j], wte, targets[i:j])
+        chunk_logits(z, i, j)
+        sums = _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
+        _add_grads(z, 1.0 / sums, dx[i:j], dwte, dlosses[i:j], x[i:j], w, targets[i:j])
 
 
 def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:

@@ -1,5 +1,6 @@
-"""FP8 E4M3 operands for the block linears: the NumPy reference of what the GPU casts and multiplies.
-(linear.py and mlp.py run their GEMMs through these when handed an Fp8Weight.)
+"""FP8 E4M3 operands for the block linears and the LM head's logits: the NumPy reference of what the GPU casts and
+multiplies. (linear.py and mlp.py run their GEMMs through these when handed an Fp8Weight, crossentropy.py its
+logits GEMM when handed an Fp8Head.)
 
 microgpt/fp8.py gives the format, the scale rule and the slots. Here each operand is cast exactly as the triton
 backend casts it (same amax, same history, same power-of-two scale, E4M3 round-to-nearest-even through
@@ -9,7 +10,9 @@ the GPU's FP8 GEMM does: the two sides differ only in the order the fp32 sums ar
     cast(x, slot, current)  -> (q, 2^-k)     k from the slot (current: x's own amax first); records max |x|
     recast(x, slot)         -> (q, 2^-k)     x again at the scale of the slot's last cast, nothing recorded
     mm8(a, ia, b, ib)       -> (a @ b) * (ia * ib) in fp32
-    cast_weights(ws)        each site's master weights -> its two E4M3 layouts and scale slot (optimizer step)
+    cast_weights(ws)        each site's master weights -> its two E4M3 layouts and scale slot, the LM head's wte
+                            -> its E4M3 copy (optimizer step)
+    head_logits(x, head)    the LM head's logits GEMM on E4M3 x (cast here, current scaling) and E4M3 wte
     roll_history(slots, shift) the end of a micro-batch: each slot's amax into its history (shift) or forgotten
 
 ml_dtypes (the NumPy dtype of E4M3) is imported on first use: runs in other precisions never need it.
@@ -17,12 +20,13 @@ ml_dtypes (the NumPy dtype of E4M3) is imported on first use: runs in other prec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Weight, reference_amax, scale_exponent
+from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Head, Fp8Weight, reference_amax, scale_exponent
 
 
 def e4m3() -> Any:
@@ -76,14 +80,29 @@ def groups(dout: NDArray, G: int) -> NDArray:
     return dout if G == 1 else np.concatenate(list(dout), axis=1)
 
 
-def cast_weights(weights: list[Fp8Weight]) -> None:
+def cast_weights(weights: list[Fp8Weight | Fp8Head]) -> None:
     """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3, scaled by their own amax; the
-    slot ends [2^-k, amax, amax, 0]."""
+    slot ends [2^-k, amax, amax, 0]. The LM head's wte (V, C) -> its w8 (V, C) likewise."""
     for w in weights:
         w.scale[...] = 0.0
         q, _ = cast(np.asarray(w.master, np.float32), w.scale, current=True)
+        if isinstance(w, Fp8Head):
+            w.w8[...] = q
+            continue
         w.w8[...] = np.concatenate(list(q), axis=1)
         w.w8t[...] = q.transpose(0, 2, 1)
+
+
+def head_logits(x: NDArray, head: Fp8Head) -> Callable[[NDArray, int, int], None]:
+    """The loss head's logits GEMM in E4M3 (ops/crossentropy.py): x (N, C) is cast here, at its own amax (the slot
+    cleared first: current scaling); the returned logits(z, i, j) writes z = the logits of rows i .. j."""
+    head.xslot[...] = 0.0
+    x8, ix = cast(x, head.xslot, current=True)
+
+    def logits(z: NDArray, i: int, j: int) -> None:
+        z[...] = mm8(x8[i:j], ix, head.w8.T, head.scale[INV])
+
+    return logits
 
 
 def roll_history(slots: NDArray, shift: bool = True) -> None:

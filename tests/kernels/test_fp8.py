@@ -254,3 +254,49 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_names_the_field(monkeypatch) -> N
     monkeypatch.setattr(runtime.torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(config.ConfigError, match=r"^train.precision 'fp8' needs FP8 tensor cores .* A100.* is 8\.0"):
         backend.get_backend("triton", "fp8")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", ACTS)
+def test_head_fp8_matches_numpy(dtype: torch.dtype, fused: bool) -> None:
+    """The LM head's logits GEMM on E4M3 operands (wte's copy from cast_weights, x cast in the call at its own
+    amax): the same E4M3 wte bytes and scale words as the reference, then losses, lse and both gradients (which
+    read the exact wte) as the reference's, chunk by chunk (R does not divide N)."""
+    from microgpt.kernels import crossentropy as kce
+    from microgpt.ops import crossentropy as rce
+
+    rng = np.random.default_rng(11)
+    N, C, V, R = 40, 32, 64, 16
+    wte = rounded((rng.standard_normal((V, C)) * 0.5).astype(np.float32), dtype).astype(np.float32)
+    x = rounded(rng.standard_normal((N, C)).astype(np.float32), dtype).astype(np.float32)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    targets[::3] = -1
+    dlosses = (rng.random(N) / N).astype(np.float32)
+    nh = fp8.Fp8Head(wte, wte, np.zeros((V, C), ref.e4m3()), np.zeros(fp8.SLOT, np.float32),
+                     np.zeros(fp8.SLOT, np.float32))  # fmt: skip
+    th = fp8.Fp8Head(t(wte, dtype), t(wte), torch.empty(V, C, dtype=F8, device=DEVICE),
+                     torch.zeros(fp8.SLOT, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
+    ref.cast_weights([nh])
+    k8.cast_weights([th])
+    np.testing.assert_array_equal(bytes_of(th.w8), nh.w8.view(np.uint8))
+    assert h(th.scale).tolist() == nh.scale.tolist()
+
+    dx0, dwte0 = rng.standard_normal((N, C)).astype(np.float32), rng.standard_normal((V, C)).astype(np.float32)
+    losses, lse, dx, dwte = np.zeros(N, np.float32), np.zeros(N, np.float32), dx0.copy(), dwte0.copy()
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    g = [torch.zeros(N, **f32), torch.zeros(N, **f32), t(dx0.copy(), dtype), t(dwte0.copy())]  # t() may share memory
+    gx, gt, gdl, q = t(x, dtype), t(targets), t(dlosses), scratch(N, C)
+    logits = torch.zeros(R, V, dtype=dtype, device=DEVICE)
+    if fused:
+        rce.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, nh, targets, np.zeros((R, V), np.float32))
+        kce.crossentropy_forward_backward(*g, gdl, gx, th, gt, logits, q=q)
+    else:
+        rce.crossentropy_forward(losses, lse, x, nh, targets, np.zeros((R, V), np.float32))
+        rce.crossentropy_backward(dx, dwte, dlosses, x, nh, targets, lse, np.zeros((R, V), np.float32))
+        kce.crossentropy_forward(g[0], g[1], gx, th, gt, logits, q=q)
+        kce.crossentropy_backward(g[2], g[3], gdl, gx, th, gt, g[1], logits, q=q)
+    np.testing.assert_array_equal(h(th.xslot), nh.xslot)  # x's scale and amax: the same values cast
+    x8, _ = ref.cast(x, np.zeros(fp8.SLOT, np.float32), current=True)
+    np.testing.assert_array_equal(bytes_of(q.view(q.x8, N, C)), x8.view(np.uint8))
+    for name, got, want, base in zip(("losses", "lse", "dx", "dwte"), g, (losses, lse, dx, dwte), (0, 0, dx0, dwte0)):
+        check(name, h(got) - base, want - base, TOL[dtype])  # the gradients: what the head added

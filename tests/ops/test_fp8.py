@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from microgpt import fp8
 from microgpt.fp8 import Fp8Weight
 from microgpt.ops import fp8 as ref
+from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward, crossentropy_forward_backward
 from microgpt.ops.linear import linear_backward, linear_forward
 from microgpt.ops.mlp import mlp_backward, mlp_forward
 
@@ -220,3 +221,53 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
     check("dw2", dw2, w2q.grad, 2e-3)
     check("dw1", dw1, w1q.grad, 2e-3)
     check("dx", dx, xq.grad, 2e-3)
+
+
+def head(rng: np.random.Generator, V: int, C: int) -> fp8.Fp8Head:
+    """An LM head with its E4M3 copy cast (the NumPy backend's: the compute copy is the fp32 masters)."""
+    wte = (rng.standard_normal((V, C)) * 0.5).astype(np.float32)
+    hd = fp8.Fp8Head(wte, wte, np.zeros((V, C), E4M3), np.zeros(fp8.SLOT, np.float32), np.zeros(fp8.SLOT, np.float32))
+    ref.cast_weights([hd])
+    return hd
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("N,C,V,R", [(21, 16, 48, 8), (9, 8, 33, 9), (6, 32, 16, 64)])
+def test_head_fp8_against_torch_float64(N: int, C: int, V: int, R: int, fused: bool) -> None:
+    """The LM head in fp8: the logits from E4M3 x (its own amax) and E4M3 wte (the optimizer step's copy), the
+    losses, lse and both gradients from those logits, the gradient GEMMs on the exact x and wte. The float64 side
+    takes the logits' value from its own E4M3 operands and their gradient through the exact ones (a straight-through
+    sum); chunks of R rows, ignored rows, and the forward then backward pair as well as the fused call."""
+    rng = np.random.default_rng(N * V + R)
+    hd = head(rng, V, C)
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    targets[::4] = -1
+    dlosses = rng.standard_normal(N).astype(np.float32)
+    losses, lse = np.zeros(N, np.float32), np.zeros(N, np.float32)
+    dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: the head adds into both gradients
+    dwte = rng.standard_normal((V, C)).astype(np.float32)
+    dx0, dwte0 = dx.copy(), dwte.copy()
+    logits = np.zeros((R, V), np.float32)
+    if fused:
+        crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, hd, targets, logits)
+    else:
+        crossentropy_forward(losses, lse, x, hd, targets, logits)
+        crossentropy_backward(dx, dwte, dlosses, x, hd, targets, lse, logits)
+    ax, aw = np.abs(x).max(), np.abs(hd.master).max()
+    assert hd.xslot.tolist() == [2.0 ** -fp8.scale_exponent(float(ax)), ax, ax, 0]  # current scaling: its own amax
+    np.testing.assert_array_equal(hd.w8.view(np.uint8), torch_e4m3(hd.master, fp8.scale_exponent(float(aw))))
+
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    wt = torch.tensor(hd.w, dtype=torch.float64, requires_grad=True)
+    exact = xt @ wt.T
+    z = (tq(x, ax) @ tq(hd.master, aw).T).detach() + exact - exact.detach()  # E4M3 value, exact gradient
+    tgt = torch.from_numpy(targets).long()
+    want = F.cross_entropy(z, tgt, reduction="none", ignore_index=-1)
+    (want * torch.from_numpy(dlosses.astype(np.float64))).sum().backward()
+    check("losses", losses, want, 1e-6)
+    check("lse", lse, torch.logsumexp(z, dim=1), 1e-6)
+    check("dx", dx - dx0, xt.grad, 1e-5)
+    check("dwte", dwte - dwte0, wt.grad, 1e-5)
+    exact_losses = F.cross_entropy(exact.detach(), tgt, reduction="none", ignore_index=-1).numpy()
+    assert not np.allclose(losses, exact_losses, rtol=1e-5, atol=0), "the logits must come from the E4M3 operands"
