@@ -78,9 +78,11 @@ def _chunks(N: int, R: int):
         yield r0, min(R, N - r0)
 
 
-def _head(x2: torch.Tensor, wte: torch.Tensor | Fp8Head, q: fp8.Scratch | None,
-          ) -> tuple[Callable[[torch.Tensor, int, int], None], torch.Tensor]:  # fmt: skip
-    """(logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r, the wte the gradient GEMMs read)."""
+ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
+
+
+def _head(x2: torch.Tensor, wte: torch.Tensor | Fp8Head, q: fp8.Scratch | None) -> tuple[ChunkLogits, torch.Tensor]:
+    """(the chunks' logits GEMM, the wte the gradient GEMMs read)."""
     if isinstance(wte, Fp8Head):
         return fp8.head_logits(x2, wte, q), wte.w
     return (lambda lg, r0, r: mm(lg, x2[r0 : r0 + r], wte.t())), wte

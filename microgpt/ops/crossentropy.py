@@ -45,9 +45,12 @@ def _chunks(n: int, r: int) -> range:
     return range(0, n, r)
 
 
-def _head(x: NDArray, wte: NDArray | Fp8Head) -> tuple[Callable[[NDArray, int, int], None], NDArray]:
-    """(logits(z, i, j): z = the logits of rows i..j, the wte the gradient GEMMs read). In fp8 x is cast to E4M3
-    here, once for all chunks."""
+ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
+
+
+def _head(x: NDArray, wte: NDArray | Fp8Head) -> tuple[ChunkLogits, NDArray]:
+    """(the chunks' logits GEMM, the wte the gradient GEMMs read). In fp8 x is cast to E4M3 here, once for all
+    chunks."""
     if isinstance(wte, Fp8Head):
         return fp8.head_logits(x, wte), wte.w
 
