@@ -139,18 +139,17 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     arena = memory.Arena(plan, K)
     K = K.bind(arena)
     compute = "compute_params" if memory.has_compute_copy(t) else "params"
-    p = arena.flat("params")
+    P, p = arena.role("params"), arena.flat("params")
     priming = fp8.Priming(on=t.precision == "fp8")
     P_compute = model.with_qkv(arena.role(compute), arena.flat(compute), m)
     w8: list[fp8.Fp8Weight | fp8.Fp8Head] = []
     if t.precision == "fp8":
         w8 += fp8_weights(m, arena, p, priming)
         if fp8.head_in_fp8(m.vocab_size):
-            w8.append(fp8.Fp8Head(P_compute["wte"], arena.role("params")["wte"], arena["lm_head.w8"],
-                                  *arena["fp8_head_slots"]))  # fmt: skip
+            w8.append(fp8.Fp8Head(P_compute["wte"], P["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"]))
         P_compute.update({w.name: w for w in w8})
     S = TrainState(
-        K=K, m=m, t=t, plan=plan, arena=arena, P=arena.role("params"), P_compute=P_compute,
+        K=K, m=m, t=t, plan=plan, arena=arena, P=P, P_compute=P_compute,
         G=model.with_qkv(arena.role("grads"), arena.flat("grads"), m),
         p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
         p_compute=arena.flat(compute) if compute != "params" else None, w8=w8, priming=priming,
@@ -179,7 +178,7 @@ def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any, priming: fp8.Primin
             o = offsets[f"h{layer}.{fp8.SITES[site][0]}"]
             name = f"h{layer}.{site}"
             slots = arena["fp8_slots"][layer, i]
-            xt = arena[name + ".xt"] if name + ".xt" in arena else None  # the triton backend's (kernels/fp8.py)
+            xt = arena.get(name + ".xt")  # the triton backend's (kernels/fp8.py); None on NumPy
             out.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
                                      arena[name + ".w8t"], arena["fp8_wscales"][layer, i], slots[0], slots[1],
                                      priming, xt))  # fmt: skip
