@@ -15,7 +15,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt.fp8 import OSLOT  # noqa: E402
-from microgpt.kernels import fp8  # noqa: E402
+from microgpt.kernels import fp8, tuning  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,8 @@ def main() -> None:
         nbytes = x.numel() * (2 + (2 if with2 else 0) + 2)
         res = {}
         for name, cfg in configs.items():  # fp8.cast itself, offered one configuration at a time
-            fp8.CAST_CONFIGS, fp8._chosen = {name: cfg}, {}
+            fp8.CAST_CONFIGS = {name: cfg}
+            tuning._launches.clear()
             res[name] = triton.testing.do_bench(lambda: fp8.cast(x, slot, rows, trans, op=op, x2=x2), warmup=10, rep=50)
         best = min(res, key=res.get)
         total_best += res[best] * per_layer * 12

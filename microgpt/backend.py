@@ -41,6 +41,7 @@ class Backend:
     embedding_backward: Fn
     layernorm_forward: Fn
     layernorm_backward: Fn
+    residual_layernorm_forward: Fn
     linear_forward: Fn
     linear_backward: Fn
     attention_forward: Fn

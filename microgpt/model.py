@@ -14,7 +14,8 @@ for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
 activation-gradient buffer that a backward adds into). Weight gradients are always added (+=: they accumulate
 over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
-input gradients) and added where several ops contribute (dresid, attention's dq, dk, dv, lnf's d).
+input gradients, attention's dq, dk, dv) and added where several ops contribute (dresid) and by the loss head's
+pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
 w_v (adjacent in the canonical order; `with_qkv` adds it to a dict of views), so the three projections share one
 call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
@@ -57,21 +58,20 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
     resid, proj = A["resid"], A["proj"]
     a = A.get("a")  # None where fp8's cast computes GELU (memory.gelu_output_planned)
     K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
-    for layer in range(m.n_layer):
-        h, x = f"h{layer}.", resid[layer]
+    out, mean, rstd, w, b = _norm(m, P, A, "ln1", 0)
+    K.layernorm_forward(out, mean, rstd, resid[0], w, b)
+    for layer in range(m.n_layer):  # each residual add runs with the LayerNorm that reads its sum, in one call
+        h, x, resid2 = f"h{layer}.", resid[layer], A["resid2"][layer]
         ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
-        K.layernorm_forward(ln1, A["ln1_mean"][layer], A["ln1_rstd"][layer], x, P[h + "ln1_w"], P[h + "ln1_b"])
         K.linear_forward(A["qkv"][layer], ln1, P[h + "w_qkv"])
         att = A["att"][layer]
         K.attention_forward(_btc(att, B, T), A["att_lse"][layer], _btc(q, B, T), _btc(k, B, T), _btc(v, B, T), H)
         K.linear_forward(proj, att, P[h + "w_o"])
-        K.residual_forward(A["resid2"][layer], x, proj)
-        ln2 = A["ln2"][layer]
-        K.layernorm_forward(ln2, A["ln2_mean"][layer], A["ln2_rstd"][layer], A["resid2"][layer], P[h + "ln2_w"],
-                            P[h + "ln2_b"])  # fmt: skip
+        ln2, mean, rstd, w, b = _norm(m, P, A, "ln2", layer)
+        K.residual_layernorm_forward(resid2, ln2, mean, rstd, x, proj, w, b)  # resid2 = x + proj; ln2 of it
         K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"])
-        K.residual_forward(resid[layer + 1], A["resid2"][layer], proj)
-    K.layernorm_forward(A["lnf"], A["lnf_mean"], A["lnf_rstd"], resid[m.n_layer], P["lnf_w"], P["lnf_b"])
+        out, mean, rstd, w, b = _norm(m, P, A, "ln1", layer + 1)  # the next layer's LN1; lnf after the last layer
+        K.residual_layernorm_forward(resid[layer + 1], out, mean, rstd, resid2, proj, w, b)
     targets = targets.reshape(N)
     head = P.get("lm_head", P["wte"])  # the tied head: wte, or in fp8 its Fp8Head (E4M3 logits GEMM)
     if G is None:
@@ -112,7 +112,6 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
         q, k, v = A["qkv"][layer]
         dq, dk, dv = dqkv
-        K.zero_(dqkv)
         if layer_done is not None and layer + 1 < m.n_layer:
             layer_done(layer + 1)
         K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
@@ -123,6 +122,15 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     if layer_done is not None:
         layer_done(0)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
+
+
+def _norm(m: ModelConfig, P: dict[str, Any], A: Arena, name: str, layer: int) -> tuple[Any, ...]:
+    """LayerNorm `name` ("ln1" or "ln2") of `layer` as (out, mean, rstd, w, b); ("ln1", n_layer) is lnf, the one
+    after the last layer, so the LayerNorm reading resid[l] is always ("ln1", l)."""
+    if layer == m.n_layer:
+        return A["lnf"], A["lnf_mean"], A["lnf_rstd"], P["lnf_w"], P["lnf_b"]
+    h = f"h{layer}.{name}"
+    return A[name][layer], A[f"{name}_mean"][layer], A[f"{name}_rstd"][layer], P[h + "_w"], P[h + "_b"]
 
 
 def with_qkv(views: dict[str, Any], flat: Any, m: ModelConfig) -> dict[str, Any]:

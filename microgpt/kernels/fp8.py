@@ -206,8 +206,8 @@ def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: 
 
     key = f"{G}x{R}x{Cc}:{x3.stride()}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
     if prime:
-        _run(launch(True), CAST_CONFIGS, "fp8_amax", key)
-    _run(launch(False), CAST_CONFIGS, "fp8_cast", key)
+        tuning.launch("fp8_amax", key, CAST_CONFIGS, launch(True))
+    tuning.launch("fp8_cast", key, CAST_CONFIGS, launch(False))
 
 
 # Launch configurations of k_cast (BR, BC, warps, PACK: the transpose's word bytes, 1 where R is not a multiple;
@@ -219,23 +219,6 @@ CAST_CONFIGS = {"32x32w4": (32, 32, 4, 4), "64x64w4": (64, 64, 4, 4), "32x128w4"
                 "64x128w4": (64, 128, 8, 4), "64x64w8": (64, 64, 4, 8), "32x128w8": (32, 128, 4, 8),
                 "64x128w8": (64, 128, 8, 8), "128x64w8": (128, 64, 8, 8), "64x64w1": (64, 64, 4, 1),
                 "64x128w4n4": (64, 128, 4, 4), "32x128w1": (32, 128, 4, 1)}  # fmt: skip
-
-
-def _run(make: Callable[..., Callable[[], None]], configs: dict[str, tuple[int, ...]], table: str, key: str) -> None:
-    """Launch with the configuration chosen for this key (every candidate computes the same bytes: the casts are
-    exact and the amaxes maxima, so the warm-up may run each several times)."""
-    if tuning.INTERPRET:
-        make(*next(iter(configs.values())))()
-        return
-    choice = _chosen.get((table, key))
-    if choice is None:
-        choice = tuning.choose(table, key, {c: make(*configs[c]) for c in configs})
-        if tuning.is_open() or key in tuning.choices(table):  # outside the warm-up: the first, not kept
-            _chosen[(table, key)] = choice
-    make(*configs[choice])()
-
-
-_chosen: dict[tuple[str, str], str] = {}
 
 
 def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,

@@ -1,6 +1,9 @@
 """LayerNorm over the last axis (eps 1e-5, biased variance, as torch.nn.LayerNorm). x:(N,C), w,b:(C,).
 
 Forward saves mean and rstd (N,) in fp32: two floats a row make the backward one pass over x and dout.
+residual_layernorm_forward is the residual add fused into the LayerNorm that reads the sum: s = x + y is stored
+(rounded to s's type) and normalized as stored, so it equals residual_forward then layernorm_forward bit for bit,
+one pass over the rows instead of two (the sum is not read back).
 Backward: dx += ..., and dw, db accumulate deterministically: each program sums its rows' contributions into
 its own row of `partials` (P, 2, C) fp32, and a second kernel adds the P rows in a fixed order.
 """
@@ -18,14 +21,19 @@ PARTS = 16 if tuning.INTERPRET else 528  # programs of the backward (4 per H200 
 
 
 @triton.jit
-def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, N, C, eps, ROWS: tl.constexpr,
-                    BLOCK_C: tl.constexpr):  # fmt: skip
+def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, C, eps, RESID: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     # out, x: (N, C); mean, rstd: (N,) fp32; w, b: (C,); ROWS rows per program
+    # RESID: y, s (N, C); the rows normalized are s = x + y, stored first (y, s unused otherwise)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_C)
     mask = (rows < N)[:, None] & (cols < C)[None, :]
     off = rows[:, None] * C + cols[None, :]
     x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if RESID:
+        x = (x + tl.load(y_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + off, x, mask=mask)
+        x = x.to(tl.float32)  # the sum as stored: what layernorm_forward would read back
     mean = tl.sum(x, axis=1) / C
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
@@ -92,19 +100,41 @@ def k_layernorm_bwd_dwdb(dw_ptr, db_ptr, part_ptr, P, C, BLOCK_P: tl.constexpr, 
     )
 
 
-ROWS = 16 if tuning.INTERPRET else 4  # rows per tile: the interpreter pays per program, the GPU per launch wave
-
-
-def _warps(C: int) -> int:
-    return 1 if tuning.INTERPRET else min(16, max(4, ROWS * triton.next_power_of_2(C) // 1024))
+# Launch configurations, timed once per GPU and shape in the warm-up (tuning.launch); the first is the default
+# outside it. Forward and backward: (rows a tile, warps); the weight-gradient reduction: (columns a program, warps).
+# The interpreter pays per program, so it takes 16 rows on one warp.
+if tuning.INTERPRET:
+    FWD_CONFIGS = BWD_CONFIGS = {"r16w1": (16, 1)}
+    DWDB_CONFIGS = {"c128w1": (128, 1)}
+else:
+    FWD_CONFIGS = BWD_CONFIGS = {"r4w4": (4, 4), "r1w2": (1, 2), "r1w4": (1, 4), "r2w4": (2, 4), "r2w8": (2, 8),
+                                 "r4w8": (4, 8), "r8w8": (8, 8)}  # fmt: skip
+    DWDB_CONFIGS = {"c32w4": (32, 4), "c8w1": (8, 1), "c8w2": (8, 2), "c16w1": (16, 1), "c16w2": (16, 2),
+                    "c16w4": (16, 4), "c64w4": (64, 4)}  # fmt: skip
 
 
 def layernorm_forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
                       w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
+    _forward(out, mean, rstd, x, w, b, None, None)
+
+
+def residual_layernorm_forward(s: torch.Tensor, out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                               x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
+    """s = x + y (the residual stream's next value), then out = layernorm(s), in one pass."""
+    _forward(out, mean, rstd, x, w, b, y, s)
+
+
+def _forward(out, mean, rstd, x, w, b, y, s) -> None:
     C = w.shape[0]
     N = x.numel() // C
-    k_layernorm_fwd[(triton.cdiv(N, ROWS),)](out, mean, rstd, x, w, b, N, C, EPS, ROWS=ROWS,
-                                             BLOCK_C=triton.next_power_of_2(C), num_warps=_warps(C))  # fmt: skip
+    resid = y is not None
+
+    def make(rows: int, warps: int):
+        return lambda: k_layernorm_fwd[(triton.cdiv(N, rows),)](
+            out, mean, rstd, x, w, b, y if resid else x, s if resid else x, N, C, EPS, RESID=resid, ROWS=rows,
+            BLOCK_C=triton.next_power_of_2(C), num_warps=warps)  # fmt: skip
+
+    tuning.launch("layernorm_fwd", f"{N}:{C}:{x.dtype}:r{int(resid)}", FWD_CONFIGS, make)
 
 
 def scratch_numel(C: int) -> int:
@@ -130,6 +160,15 @@ def layernorm_backward(
     rows = triton.cdiv(N, PARTS)
     P = triton.cdiv(N, rows)
     BC = triton.next_power_of_2(C)
-    k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=ROWS, BLOCK_C=BC, num_warps=_warps(C))
-    BCR = min(BC, 128 if tuning.INTERPRET else 32)  # 24 programs for C=768: the reduction is latency-bound
-    k_layernorm_bwd_dwdb[(triton.cdiv(C, BCR),)](dw, db, partials, P, C, BLOCK_P=128, BLOCK_C=BCR)
+
+    def bwd(tile: int, warps: int):
+        return lambda: k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=tile, BLOCK_C=BC,
+                                             num_warps=warps)  # fmt: skip
+
+    def dwdb(cols: int, warps: int):  # latency-bound: narrow column blocks give more programs (C/32 = 24 at 768)
+        cols = min(cols, BC)
+        return lambda: k_layernorm_bwd_dwdb[(triton.cdiv(C, cols),)](dw, db, partials, P, C, BLOCK_P=128,
+                                                                     BLOCK_C=cols, num_warps=warps)  # fmt: skip
+
+    tuning.launch("layernorm_bwd", f"{N}:{C}:{x.dtype}", BWD_CONFIGS, bwd)
+    tuning.launch("layernorm_dwdb", f"{P}:{C}", DWDB_CONFIGS, dwdb)

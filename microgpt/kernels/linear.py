@@ -2,7 +2,9 @@
 
 Backward: dx = dout @ w.T (written: its one writer) ; dw += x.T @ dout (accumulated over micro-batches). Nothing
 is saved beyond x (the caller keeps it). The attention's input projection is one linear of G = 3 weights
-(G,C,OC); an Fp8Weight (precision "fp8") runs the three GEMMs on E4M3 operands (fp8.py).
+(G,C,OC): its forward and its weight gradients are one batched GEMM each (`bmm`), its input gradient three GEMMs
+summed (the weights' layout, fixed by the checkpoint, gives no single matrix for it); an Fp8Weight (precision
+"fp8") runs the GEMMs on E4M3 operands (fp8.py).
 
 Every GEMM of the engine (here, the MLP and the LM head) goes through `mm`, which runs either our Triton
 tile kernel or cuBLAS through torch.mm/addmm(out=...), whichever measured faster for that shape, dtypes and
@@ -112,6 +114,26 @@ def mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = F
     _IMPLS[impl](out, a, b, accumulate)
 
 
+def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
+    """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one cuBLAS strided-batched GEMM. a may repeat one matrix by a zero
+    batch stride (x.expand(G, ...): the QKV projection's input, read once per weight): at micro-batch 8 the three
+    (N, 768) x (768, 768) GEMMs take 88 us one by one and 59 us as one launch, the weight gradients 89 and 71
+    (dev/qkv_gemm_bench.py, an H200), and allocate nothing. The interpreter loops over mm."""
+    if tuning.INTERPRET or not out.is_cuda:
+        for g in range(out.shape[0]):
+            mm(out[g], a[g], b[g], accumulate)
+        return
+    if out.dtype == a.dtype:
+        if accumulate:
+            out.baddbmm_(a, b)
+        else:
+            torch.bmm(a, b, out=out)
+    elif accumulate:  # bf16/fp16 operands into fp32 grads, as cublas_mm
+        torch.ops.aten.baddbmm.dtype_out(out, a, b, out.dtype, out=out)
+    else:
+        torch.ops.aten.bmm.dtype_out(a, b, out.dtype, out=out)
+
+
 def gemm_choices() -> dict[str, str]:
     """Shape key -> backend for every GEMM this process ran (printed with the memory plan)."""
     return dict(_chosen)
@@ -123,11 +145,12 @@ def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Fp8Weig
     if isinstance(w, Fp8Weight):
         fp8.linear_forward(out, x, w, q)
         return
-    w3 = w if w.dim() == 3 else w.unsqueeze(0)
-    C, OC = w3.shape[1:]
-    out3, x2 = out.view(w3.shape[0], -1, OC), x.view(-1, C)
-    for g in range(w3.shape[0]):
-        mm(out3[g], x2, w3[g])
+    if w.dim() == 2:
+        mm(out.view(-1, w.shape[1]), x.view(-1, w.shape[0]), w)
+        return
+    G, C, OC = w.shape
+    x2 = x.view(-1, C)
+    bmm(out.view(G, -1, OC), x2.expand(G, *x2.shape), w)
 
 
 def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor,
@@ -139,14 +162,18 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
     w3, dw3 = (w, dw) if w.dim() == 3 else (w.unsqueeze(0), dw.unsqueeze(0))
     G, C, OC = w3.shape
     dout3, x2, dx2 = dout.view(G, -1, OC), x.view(-1, C), dx.view(-1, C)
-    for g in range(G):
-        if tuning.INTERPRET or not dx.is_cuda:
-            cfg = _config(x.dtype)
-            NR = x2.shape[0]
-            n_dx = triton.cdiv(NR, cfg["BM"]) * triton.cdiv(C, cfg["BN"])
-            n_dw = triton.cdiv(C, cfg["BM"]) * triton.cdiv(OC, cfg["BN"])
+    if tuning.INTERPRET or not dx.is_cuda:  # one Triton launch per weight: its dx tiles and its dw tiles
+        cfg = _config(x.dtype)
+        NR = x2.shape[0]
+        n_dx = triton.cdiv(NR, cfg["BM"]) * triton.cdiv(C, cfg["BN"])
+        n_dw = triton.cdiv(C, cfg["BM"]) * triton.cdiv(OC, cfg["BN"])
+        for g in range(G):
             k_linear_bwd[(n_dx + n_dw,)](dx2, dw3[g], dout3[g], x2, w3[g], NR, C, OC, n_dx, DX_ACC=g > 0,
                                          IEEE=x.dtype == torch.float32, **cfg)  # fmt: skip
-            continue
+        return
+    for g in range(G):
         mm(dx2, dout3[g], w3[g].t(), accumulate=g > 0)
-        mm(dw3[g], x2.t(), dout3[g], accumulate=True)
+    if G == 1:
+        mm(dw3[0], x2.t(), dout3[0], accumulate=True)
+    else:
+        bmm(dw3, x2.t().expand(G, C, x2.shape[0]), dout3, accumulate=True)

@@ -15,7 +15,10 @@ The tied LM head is fused into crossentropy, so the (N,V) logits never exist at 
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
 head's two small helpers (loss_weights, loss_sum) live in the same modules. GELU lives inside the mlp pair,
-which saves the pre-GELU activation and recomputes GELU in backward.
+which saves the pre-GELU activation and recomputes GELU in backward. The residual add and the LayerNorm that reads
+its sum run as one call, residual_layernorm_forward in the layernorm modules (one pass over the rows on the GPU);
+the residual pair stays the add's specification, and its backward is folded into the residual stream's gradient
+(microgpt/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py) and fp8
@@ -67,7 +70,7 @@ def _helpers(name: str, functions: tuple[str, ...]) -> Helpers:
 
 OPS: dict[str, OpPair] = {
     "embedding": _pair("embedding"),
-    "layernorm": _pair("layernorm"),
+    "layernorm": _pair("layernorm", ("residual_layernorm_forward",)),
     "linear": _pair("linear"),
     "attention": _pair("attention"),
     "mlp": _pair("mlp"),

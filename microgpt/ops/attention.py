@@ -14,11 +14,14 @@ quadratic in T, while recomputing it from S and lse is one matmul and one exp (a
 Backward, with dO the head's slice of dout:
 
     P   = exp(S - lse[:, None])              recomputed
-    dV += P.T @ dO
+    dV  = P.T @ dO
     dP  = dO @ V.T
     D   = (dO * O).sum(1)                    (T,) equals (dP * P).sum(1), the softmax's row term
     dS  = P * (dP - D[:, None])
-    dQ += dS @ K / sqrt(hs) ;  dK += dS.T @ Q / sqrt(hs)
+    dQ  = dS @ K / sqrt(hs) ;  dK  = dS.T @ Q / sqrt(hs)
+
+dq, dk and dv are written, not added: attention is their one writer (the q, k, v projections read them), so
+nobody has to zero them first.
 
 The reference loops over the batch and keeps the heads as a leading axis: memory is NH*T*T per
 batch element, not B*NH*T*T.
@@ -80,7 +83,7 @@ def attention_backward(
     lse: NDArray,
     n_head: int,
 ) -> None:
-    """dq, dk, dv (B,T,C) += gradients of attention, given dout (B,T,C); P is recomputed from lse."""
+    """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse."""
     hs = q.shape[2] // n_head
     scale = 1.0 / math.sqrt(hs)
     for b in range(q.shape[0]):
@@ -89,11 +92,11 @@ def attention_backward(
         p = _scores(qh, kh)
         p -= lse[b][:, :, None]
         np.exp(p, out=p)  # masked entries: exp(-inf) = 0
-        _heads(dv[b], n_head)[...] += _mT(p) @ doh
+        _heads(dv[b], n_head)[...] = _mT(p) @ doh
         dp = doh @ _mT(vh)  # (NH,T,T)
         D = np.einsum("htd,htd->ht", doh, oh)  # (NH,T)
         dp -= D[:, :, None]
         dp *= p  # dp = dS
         dp *= scale  # fold the score scale in once for both dq and dk
-        _heads(dq[b], n_head)[...] += dp @ kh
-        _heads(dk[b], n_head)[...] += _mT(dp) @ qh
+        _heads(dq[b], n_head)[...] = dp @ kh
+        _heads(dk[b], n_head)[...] = _mT(dp) @ qh

@@ -16,6 +16,12 @@ Backward, with g = dout * w (the gradient reaching xhat):
     dx += rstd * (g - g.mean(1) - xhat * (g * xhat).mean(1))
 
 The last line is the derivative through both the mean and the variance of the row.
+
+residual_layernorm_forward is the residual add (microgpt/ops/residual.py) and the LayerNorm that reads its sum,
+in one call: s = x + y, then out = layernorm(s). The model calls it at every LayerNorm after the first, where the
+residual stream's next value is made; the GPU kernel does both in one pass over the rows (the sum is not read
+back). Its backward needs nothing of its own: the add's backward is folded into the residual stream's gradient
+(microgpt/model.py), the LayerNorm's is layernorm_backward on s.
 """
 
 import numpy as np
@@ -35,6 +41,13 @@ def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w:
     out *= rstd[:, None]  # out = xhat
     out *= w
     out += b
+
+
+def residual_layernorm_forward(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray,
+                               w: NDArray, b: NDArray) -> None:  # fmt: skip
+    """s (N,C) = x + y, then out = layernorm(s) * w + b; writes mean, rstd (N,) for backward."""
+    np.add(x, y, out=s)
+    layernorm_forward(out, mean, rstd, s, w, b)
 
 
 def layernorm_backward(

@@ -15,6 +15,7 @@ from microgpt.fp8 import Fp8Weight
 from microgpt.kernels import fp8 as k8
 from microgpt.kernels import linear as klinear
 from microgpt.kernels import mlp as kmlp
+from microgpt.kernels import tuning
 from microgpt.ops import fp8 as ref
 from microgpt.ops import linear as rlinear
 from microgpt.ops import mlp as rmlp
@@ -76,7 +77,7 @@ def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: 
     and NaN, and the slot's words (2^-k, the finite amax recorded) as the reference leaves them; with the
     transpose stored as 4-byte, 8-byte words and single bytes (40 rows: a partial tile of words)."""
     monkeypatch.setattr(k8, "CAST_CONFIGS", {config: k8.CAST_CONFIGS[config]})
-    monkeypatch.setattr(k8, "_chosen", {})
+    monkeypatch.setattr(tuning, "_launches", {})
     rng = np.random.default_rng(len(history))
     x = (rng.standard_normal((40, 24)) * 5).astype(np.float32)
     x[3, :3] = [np.inf, -np.inf, np.nan]
@@ -246,7 +247,7 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_names_the_field(monkeypatch) -> N
     """An A100 (compute capability 8.0) has no FP8 tensor cores: get_backend refuses with one ConfigError naming
     train.precision. (No such GPU here: the device queries are what is replaced, the check is the real one.)"""
     from microgpt import backend, config
-    from microgpt.kernels import runtime, tuning
+    from microgpt.kernels import runtime
 
     monkeypatch.setattr(tuning, "INTERPRET", False)
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)

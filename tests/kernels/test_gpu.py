@@ -103,6 +103,27 @@ def test_linear_gpu(dtype, OC):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_qkv_gpu(dtype):
+    """The attention's input projection: three weights, one batched GEMM forward and for the weight gradients, the
+    input gradient summed over the three (written over what dx held)."""
+    from microgpt.kernels import linear as k
+
+    torch.manual_seed(5)
+    x, w, dout = rnd(N, C, dtype=dtype), rnd(3, C, C, dtype=dtype, scale=0.05), rnd(3, N, C, dtype=dtype)
+    out = torch.empty(3, N, C, device="cuda", dtype=dtype)
+    k.linear_forward(out, x, w)
+    dx = rnd(N, C, dtype=dtype)
+    dw, dw0 = wgrad(3, C, C)
+    k.linear_backward(dx, dw, dout, x, w)
+    rx, rw = leaf(x), leaf(w)
+    ref = torch.stack([rx @ rw[g] for g in range(3)])
+    (ref * dout.double()).sum().backward()
+    close("out", out, ref, dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dw", dw - dw0, rw.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_gpu(dtype):
     from microgpt.kernels import attention as k
 
@@ -110,7 +131,7 @@ def test_attention_gpu(dtype):
     q, kk, v, dout = (rnd(B, T, C, dtype=dtype) for _ in range(4))
     out, lse = torch.empty_like(q), torch.empty(B, NH, T, device="cuda")
     k.attention_forward(out, lse, q, kk, v, NH)
-    dq, dk, dv = (torch.zeros_like(q) for _ in range(3))
+    dq, dk, dv = (torch.randn_like(q) for _ in range(3))  # written, not added: what they held must not matter
     delta = torch.empty(B * NH * T, device="cuda")
     k.attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, NH, delta=delta)
     rq, rk, rv = leaf(q), leaf(kk), leaf(v)
@@ -125,7 +146,7 @@ def test_attention_gpu(dtype):
     close("dq", dq, rq.grad, dtype)
     close("dk", dk, rk.grad, dtype)
     close("dv", dv, rv.grad, dtype)
-    dq2, dk2, dv2 = (torch.zeros_like(q) for _ in range(3))
+    dq2, dk2, dv2 = (torch.randn_like(q) for _ in range(3))
     k.attention_backward(dq2, dk2, dv2, dout, q, kk, v, out, lse, NH, delta=delta)
     assert torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2), "backward is deterministic"
 

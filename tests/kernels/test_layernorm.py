@@ -1,10 +1,11 @@
-"""layernorm kernels (k_layernorm_fwd/bwd) against the NumPy pair."""
+"""layernorm kernels (k_layernorm_fwd/bwd, and the residual add fused into the forward) against the NumPy pair."""
 
 import numpy as np
 import pytest
 import torch
 
 from microgpt.kernels import layernorm as kl
+from microgpt.kernels import residual as kr
 from microgpt.ops import layernorm as ref
 
 from ._kutil import DEVICE, DTYPES, compare, rounded, t
@@ -37,3 +38,34 @@ def test_layernorm(N: int, C: int, dtype: torch.dtype) -> None:
     compare("dx", gdx, dx, dtype)
     compare("dw", gdw, dw, dtype)
     compare("db", gdb, db, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_residual_layernorm_forward(N: int, C: int, dtype: torch.dtype) -> None:
+    """The fused kernel against the NumPy entry point, and byte for byte against the kernels it replaces
+    (k_residual_fwd, then k_layernorm_fwd reading the stored sum)."""
+    rng = np.random.default_rng(7 + N * C)
+    x, y = (rounded(rng.standard_normal((N, C)) * 2 + 0.5, dtype) for _ in range(2))
+    w, b = rounded(rng.standard_normal(C), dtype), rounded(rng.standard_normal(C), dtype)
+    s, out, mean, rstd = np.empty((N, C)), np.empty((N, C)), np.empty(N), np.empty(N)
+    ref.residual_layernorm_forward(s, out, mean, rstd, x, y, w, b)
+    s = rounded(s, dtype)  # the kernel stores the sum in dtype and normalizes it as stored
+    ref.layernorm_forward(out, mean, rstd, s, w, b)
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        g = [t(rng.standard_normal((N, C)), dtype), t(rng.standard_normal((N, C)), dtype)]  # s, out: overwritten
+        g += [t(rng.standard_normal(N).astype(np.float32)) for _ in range(2)]  # mean, rstd
+        args = (t(x, dtype), t(y, dtype)), (t(w, dtype), t(b, dtype))
+        if fused:
+            kl.residual_layernorm_forward(*g, *args[0], *args[1])
+        else:
+            kr.residual_forward(g[0], *args[0])
+            kl.layernorm_forward(*g[1:], g[0], *args[1])
+        return g
+
+    fused, two = run(True), run(False)
+    for name, got, want in zip(("s", "out", "mean", "rstd"), fused, (s, out, mean, rstd)):
+        compare(name, got, want, dtype if name in ("s", "out") else torch.float32)
+    for name, a, c in zip(("s", "out", "mean", "rstd"), fused, two):
+        assert torch.equal(a, c), f"{name}: the fused kernel differs from residual + layernorm"

@@ -40,3 +40,24 @@ def test_mm_transposed_accumulate() -> None:
     c = t(c0, torch.float32)
     kl.mm(c, t(a, torch.float32).t(), t(b, torch.float32).t(), accumulate=True)
     compare("c", c, c0 + a.T @ b.T, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_three_weights(dtype: torch.dtype) -> None:
+    """The attention's input projection: w (3,C,OC), out (3,N,OC); dx written (the sum over the three), dw added."""
+    rng = np.random.default_rng(11)
+    N, C, OC = 37, 24, 24
+    x, w = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((3, C, OC)), dtype)
+    dout = rounded(rng.standard_normal((3, N, OC)), dtype)
+    dx0, dw0 = rounded(rng.standard_normal((N, C)), dtype), rng.standard_normal((3, C, OC))
+    out = np.empty((3, N, OC))
+    ref.linear_forward(out, x, w)
+    dx, dw = dx0.copy(), dw0.copy()
+    ref.linear_backward(dx, dw, dout, x, w)
+    gout = torch.empty(3, N, OC, dtype=dtype, device=DEVICE)
+    kl.linear_forward(gout, t(x, dtype), t(w, dtype))
+    compare("out", gout, out, dtype)
+    gdx, gdw = t(dx0, dtype), t(dw0, torch.float32)
+    kl.linear_backward(gdx, gdw, t(dout, dtype), t(x, dtype), t(w, dtype))
+    compare("dx", gdx, dx, dtype)
+    compare("dw", gdw, dw, dtype)

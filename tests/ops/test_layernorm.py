@@ -1,11 +1,12 @@
-"""layernorm pair against torch autograd (F.layer_norm, eps 1e-5)."""
+"""layernorm pair against torch autograd (F.layer_norm, eps 1e-5), and its fused residual entry point."""
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt.ops.layernorm import EPS, layernorm_backward, layernorm_forward
+from microgpt.ops.layernorm import EPS, layernorm_backward, layernorm_forward, residual_layernorm_forward
+from microgpt.ops.residual import residual_forward
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -60,3 +61,25 @@ def test_layernorm_float32(N: int, C: int) -> None:
     ref = torch_reference(inp)
     for k in ref:
         check(k, got[k], ref[k], F32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_residual_layernorm_forward(N: int, C: int, dtype) -> None:
+    """The residual add fused with the LayerNorm of its sum: s = x + y and out = layernorm(s) against torch, and
+    bit for bit the two calls it replaces (residual_forward, then layernorm_forward on the sum)."""
+    rng = np.random.default_rng(3000 + N * C)
+    inp = make_inputs(rng, N, C)
+    y = rng.standard_normal((N, C)) * 0.7 - 0.2
+    x, w, b = (inp[k].astype(dtype) for k in ("x", "w", "b"))
+    got = {k: noise_like(rng, shape, dtype) for k, shape in (("s", (N, C)), ("out", (N, C)), ("mean", N), ("rstd", N))}
+    residual_layernorm_forward(got["s"], got["out"], got["mean"], got["rstd"], x, y.astype(dtype), w, b)
+    s = tt(inp["x"]) + tt(y)
+    ref = {"s": s, "out": F.layer_norm(s, (C,), tt(inp["w"]), tt(inp["b"]), eps=EPS)}
+    for k in ref:
+        check(k, got[k], ref[k], F64_TOL if dtype == np.float64 else F32_TOL)
+    two = {k: np.empty_like(v) for k, v in got.items()}
+    residual_forward(two["s"], x, y.astype(dtype))
+    layernorm_forward(two["out"], two["mean"], two["rstd"], two["s"], w, b)
+    for k in got:
+        np.testing.assert_array_equal(got[k], two[k], err_msg=k)
