@@ -9,6 +9,10 @@
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
+#   ab-dir: microgpt at MBS (PRECISION, default bf16), BEFORE (default .before: `git archive C microgpt bench`, carried)
+#           then this tree, each with its own tuning cache
+#   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
+#           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin)
 #   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU then N
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
 #           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
@@ -55,6 +59,23 @@ for line in sys.stdin:
           "loss_first", "loss_last", "peak_steady", "planned")}}))' $v | tee -a "$OUT/ab.jsonl"
           grep -E "^tuning ${AB_TABLES:-}" "$OUT/ab-$v-$p-$mb.err" | cut -c1-300
           tail -2 "$OUT/ab-$v-$p-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done; done ;;
+    ab-dir) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR (default .before): microgpt + bench
+          root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
+          MICROGPT_CACHE="$PWD/.cache/$v" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl microgpt \
+            --mb $mb --precision ${PRECISION:-bf16} --steps ${STEPS:-20} --warmup 5 2>"$OUT/abdir-$v-$mb.err" \
+            | python3 -c 'import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
+          "sm_mhz", "watts", "loss_last", "steady_vs_plan")}}))' $v | tee -a "$OUT/ab.jsonl"
+          tail -2 "$OUT/abdir-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
+    loss12) for v in before after; do  # ANDREA-12M bf16, LOSS_STEPS steps, BEFORE's package then this one: one cache
+          root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
+          (cd $root && MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
+             timeout 240 python3 -m microgpt train "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
+             --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
+             2>"$OUT/loss12-$v.err") | grep '"eval"' | sed "s/^/$v /" | tee -a "$OUT/loss12.txt"
+          tail -2 "$OUT/loss12-$v.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
@@ -69,7 +90,7 @@ for line in sys.stdin:
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
                     $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
                 tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
