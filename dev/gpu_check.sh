@@ -12,7 +12,8 @@
 #   ab-dir: microgpt at MBS (PRECISION, default bf16), BEFORE (default .before: `git archive C microgpt bench`, carried)
 #           then this tree, each with its own tuning cache
 #   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
-#           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin)
+#           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin);
+#           AFTER_ENV: the after run's environment (e.g. a tuning choice forced: MICROGPT_LAYERNORM_BWD=r4w4)
 #   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU then N
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
 #           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
@@ -71,7 +72,7 @@ for line in sys.stdin:
           tail -2 "$OUT/abdir-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
     loss12) for v in before after; do  # ANDREA-12M bf16, LOSS_STEPS steps, BEFORE's package then this one: one cache
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
-          (cd $root && MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
+          (cd $root && env $([ $v = after ] && echo ${AFTER_ENV:-}) MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
              timeout 240 python3 -m microgpt train "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
              --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
              2>"$OUT/loss12-$v.err") | grep '"eval"' | sed "s/^/$v /" | tee -a "$OUT/loss12.txt"

@@ -1,19 +1,7 @@
-"""The Triton GEMM tile every matmul kernel of the engine is built from (linear.py's, and fp8.py's scaled one), and the
-order its programs take the output tiles in."""
+"""The Triton GEMM tile every matmul kernel of the engine is built from (linear.py's, and fp8.py's scaled one)."""
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def tile_coords(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row, column) of output tile `pid`, tiles ordered in groups of GROUP_M rows for L2 reuse."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (pid % group) % gsize, (pid % group) // gsize
 
 
 @triton.jit
@@ -23,7 +11,13 @@ def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
                sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
     """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse. SCALED (fp8):
     c (+)= (a @ b) * sa * sb, the inverse scales read from sa_ptr, sb_ptr."""
-    pid_m, pid_n = tile_coords(pid, M, N, BM, BN, GROUP_M)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gsize
+    pid_n = (pid % group) // gsize
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)

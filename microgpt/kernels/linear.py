@@ -2,9 +2,10 @@
 
 Backward: dx = dout @ w.T (written: its one writer) ; dw += x.T @ dout (accumulated over micro-batches). Nothing
 is saved beyond x (the caller keeps it). The attention's input projection is one linear of G = 3 weights
-(G,C,OC): its forward and its weight gradients are one batched GEMM each (`bmm`), its input gradient the sum of
-three (`mm_sum`: the weights' layout, fixed by the checkpoint, makes no single matrix of them for cuBLAS); an
-Fp8Weight (precision "fp8") runs the GEMMs on E4M3 operands (fp8.py).
+(G,C,OC): its forward and its weight gradients are one batched GEMM each (`bmm`), its input gradient three GEMMs
+adding into dx (the weights' layout, fixed by the checkpoint, makes no single matrix of them for cuBLAS; one Triton
+GEMM looping K over the three lost to the three: bench/RESULTS.md); an Fp8Weight (precision "fp8") runs the GEMMs
+on E4M3 operands (fp8.py).
 
 Every GEMM of the engine (here, the MLP and the LM head) goes through `mm`, which runs either our Triton
 tile kernel or cuBLAS through torch.mm/addmm(out=...), whichever measured faster for that shape, dtypes and
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from microgpt.fp8 import Fp8Weight
 from microgpt.kernels import fp8, tuning
-from microgpt.kernels.gemm import gemm_tile, tile_coords
+from microgpt.kernels.gemm import gemm_tile
 
 
 @triton.jit
@@ -45,63 +46,6 @@ def k_linear_bwd(dx_ptr, dw_ptr, dout_ptr, x_ptr, w_ptr, NR, C, OC, n_dx_tiles, 
     else:
         gemm_tile(x_ptr, dout_ptr, dw_ptr, C, OC, NR, 1, C, OC, 1, OC, 1, pid - n_dx_tiles,
                    True, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
-
-
-@triton.jit
-def k_mm_planes(c_ptr, a_ptr, b_ptr, M, N, K, G, sag, sam, sak, sbg, sbk, sbn, scm, scn,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                IEEE: tl.constexpr):  # fmt: skip
-    # c (M,N) = sum over g < G of a[g] (M,K) @ b[g] (K,N): one K loop over the G planes (K % BK == 0), written
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    a_tile = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :] * sak
-    b_tile = b_ptr + offs_k[:, None] * sbk + offs_n[None, :].to(tl.int64) * sbn
-    m_in, n_in = offs_m[:, None] < M, offs_n[None, :] < N
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kk in range(0, G * K, BK):
-        g = kk // K
-        k = kk - g * K
-        a = tl.load(a_tile + g.to(tl.int64) * sag + k * sak, mask=m_in, other=0.0)
-        b = tl.load(b_tile + g.to(tl.int64) * sbg + k * sbk, mask=n_in, other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-    c = c_ptr + offs_m[:, None].to(tl.int64) * scm + offs_n[None, :].to(tl.int64) * scn
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_in & n_in)
-
-
-# mm_sum's candidates: () the G GEMMs through mm, one after another; else k_mm_planes as (BM, BN, BK, warps, stages)
-SUM_CONFIGS = {"mm": (), "128x128w8s4": (128, 128, 64, 8, 4), "128x128w4s4": (128, 128, 64, 4, 4),
-               "128x256w8s3": (128, 256, 64, 8, 3), "256x128w8s3": (256, 128, 64, 8, 3),
-               "64x128w4s4": (64, 128, 64, 4, 4), "128x64w4s5": (128, 64, 64, 4, 5)}  # fmt: skip
-
-
-def mm_sum(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """out (M,N) = sum over g of a[g] (M,K) @ b[g] (K,N) (written): the G GEMMs through mm, each adding into out, or
-    one Triton GEMM whose K loop runs over the G planes (one launch of G times the work a tile: at micro-batch 8
-    the three (8192, 768) x (768, 768) GEMMs of the QKV input gradient take 101 us, one cuBLAS GEMM of their
-    concatenation 55, dev/qkv_gemm_bench.py), whichever the warm-up times faster for the shape."""
-    G, M, K = a.shape
-    N = b.shape[2]
-
-    def each() -> None:
-        for g in range(G):
-            mm(out, a[g], b[g], accumulate=g > 0)
-
-    def make(*cfg: int):
-        if not cfg or K % cfg[2]:
-            return each
-        bm, bn, bk, warps, stages = cfg
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-        return lambda: k_mm_planes[grid](out, a, b, M, N, K, G, *a.stride(), *b.stride(), *out.stride(), BM=bm,
-                                         BN=bn, BK=bk, GROUP_M=8, IEEE=a.dtype == torch.float32, num_warps=warps,
-                                         num_stages=stages)  # fmt: skip
-
-    key = f"{G}x{M}x{K}x{N}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}"
-    tuning.launch("gemm_sum", key, SUM_CONFIGS, make)
 
 
 def _config(dtype: torch.dtype) -> dict:
@@ -232,5 +176,6 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
         mm(dx2, dout3[0], w3[0].t())
         mm(dw3[0], x2.t(), dout3[0], accumulate=True)
     else:
-        mm_sum(dx2, dout3, w3.transpose(1, 2))
+        for g in range(G):
+            mm(dx2, dout3[g], w3[g].t(), accumulate=g > 0)
         bmm(dw3, x2.t().expand(G, C, x2.shape[0]), dout3, accumulate=True)

@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from microgpt.kernels import linear as kl
-from microgpt.kernels import tuning
 from microgpt.ops import linear as ref
 
-from ._kutil import DEVICE, DTYPES, ON_GPU, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, compare, rounded, t
 
 SHAPES = [(37, 24, 40), (5, 3, 7), (64, 64, 96)]  # (N, C, OC): partial tiles in every dimension
 
@@ -62,19 +61,3 @@ def test_linear_three_weights(dtype: torch.dtype) -> None:
     kl.linear_backward(gdx, gdw, t(dout, dtype), t(x, dtype), t(w, dtype))
     compare("dx", gdx, dx, dtype)
     compare("dw", gdw, dw, dtype)
-
-
-@pytest.mark.parametrize("config", sorted(kl.SUM_CONFIGS))
-def test_mm_sum(config: str, monkeypatch) -> None:
-    """mm_sum under each of its candidates (forced by name, as MICROGPT_GEMM_SUM does): out is written with the sum
-    over the planes of a[g] @ b[g], b a transposed view as in the QKV input gradient."""
-    if not ON_GPU and kl.SUM_CONFIGS[config]:  # the interpreter: the plane loop at tile sizes it runs quickly
-        monkeypatch.setitem(kl.SUM_CONFIGS, config, (16, 32, 16, 1, 1))
-    monkeypatch.setenv("MICROGPT_GEMM_SUM", config)
-    monkeypatch.setattr(tuning, "INTERPRET", False)  # tuning.launch takes the forced candidate, not the first
-    rng = np.random.default_rng(12)
-    dtype = torch.float32
-    a, w = rounded(rng.standard_normal((3, 37, 64)), dtype), rounded(rng.standard_normal((3, 40, 64)), dtype)
-    out = t(rng.standard_normal((37, 40)), dtype)  # written: what it held must not matter
-    kl.mm_sum(out, t(a, dtype), t(w, dtype).transpose(1, 2))
-    compare("out", out, np.einsum("gmk,gnk->mn", a, w), dtype)
