@@ -72,6 +72,7 @@ for line in sys.stdin:
           tail -2 "$OUT/abdir-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
     loss12) for v in before after; do  # ANDREA-12M bf16, LOSS_STEPS steps, BEFORE's package then this one: one cache
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
+          rm -rf /tmp/loss12-$v  # a warm machine keeps the last call's run folders
           (cd $root && env $([ $v = after ] && echo ${AFTER_ENV:-}) MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
              timeout 240 python3 -m microgpt train "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
              --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \

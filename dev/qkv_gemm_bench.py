@@ -2,6 +2,9 @@
 input broadcast over the three weights by a zero batch stride) and against one GEMM of the concatenated weights
 (the bound: a layout the checkpoint's separate w_q, w_k, w_v do not give). Forward, weight gradient (fp32 out,
 accumulated) and input gradient, at ANDREA-120M's width; the memory each variant allocates beside its operands.
+Each call is timed alone between two events, so a variant of three launches carries the host's latency between
+them, which a graph replay does not pay: the warm-up's timing (tuning.py, kernels queued behind a spin) is the
+measure of what a step gets.
 
 python3 dev/qkv_gemm_bench.py [N ...]       # rows (micro-batch x 1,024); default 8192 32768
 """

@@ -124,7 +124,8 @@ def residual_layernorm_forward(s: torch.Tensor, out: torch.Tensor, mean: torch.T
     _forward(out, mean, rstd, x, w, b, y, s)
 
 
-def _forward(out, mean, rstd, x, w, b, y, s) -> None:
+def _forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+             b: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None) -> None:  # fmt: skip
     C = w.shape[0]
     N = x.numel() // C
     resid = y is not None

@@ -116,10 +116,11 @@ def mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = F
 
 
 def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
-    """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one cuBLAS strided-batched GEMM. a may repeat one matrix by a zero
-    batch stride (x.expand(G, ...): the QKV projection's input, read once per weight): at micro-batch 8 the three
-    (N, 768) x (768, 768) GEMMs take 88 us one by one and 59 us as one launch, the weight gradients 89 and 71
-    (dev/qkv_gemm_bench.py, an H200), and allocate nothing. The interpreter loops over mm."""
+    """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one cuBLAS strided-batched GEMM, allocating nothing. a may repeat
+    one matrix by a zero batch stride (x.expand(G, ...): the QKV projection's input, read once per weight). One
+    launch of three times the tiles fills the GPU better than three: at micro-batch 8 the step's GEMMs went from
+    8.93 to 8.54 ms with the QKV forward and weight gradients batched (an H200, bench/RESULTS.md). The interpreter
+    loops over mm."""
     if tuning.INTERPRET or not out.is_cuda:
         for g in range(out.shape[0]):
             mm(out[g], a[g], b[g], accumulate)
