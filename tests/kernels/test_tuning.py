@@ -1,6 +1,7 @@
 """tuning.choose inside the warm-up's window: a candidate that cannot run on this GPU (it fails to compile, or
 asks for more shared memory than there is) is left out and the fastest of the others is recorded; if none runs,
-one error names them all. The CUDA-event timer is replaced by each candidate's own figure (no GPU in CI)."""
+one error names them all. tuning.launch on top of it: timed once, then remembered; outside the window the first
+configuration, nothing kept. The CUDA-event timer is replaced by each candidate's own figure (no GPU in CI)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,48 @@ def test_no_candidate_runs_is_one_error_naming_them(window) -> None:
     with pytest.raises(RuntimeError, match="no candidate of demo k2 runs: .*'a': .*'b': "):
         tuning.choose("demo", "k2", {"a": fails("1"), "b": fails("2")})
     assert not tuning.cache_path().exists()
+
+
+def _recording(launched: list[str]):
+    """make(name, ms) for tuning.launch: the launch records its name and returns its time (the fake timer's)."""
+
+    def make(name: str, ms: float):
+        def run() -> float:
+            launched.append(name)
+            return ms
+
+        return run
+
+    return make
+
+
+CONFIGS = {"first": ("first", 3.0), "best": ("best", 1.0), "other": ("other", 2.0)}
+
+
+def test_launch_times_once_in_the_window_then_remembers(window, monkeypatch) -> None:
+    """Inside the window every configuration is timed and the fastest runs and is recorded; later launches of the
+    key run it without timing anything again."""
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    monkeypatch.setattr(tuning, "_launches", {})
+    launched: list[str] = []
+    tuning.launch("demo_launch", "k", CONFIGS, _recording(launched))
+    assert launched == ["first", "best", "other", "best"]  # each timed (the fake timer runs it once), then the best
+    assert json.loads(tuning.cache_path().read_text())["demo_launch"] == {"k": "best"}
+    launched.clear()
+    tuning.launch("demo_launch", "k", CONFIGS, _recording(launched))
+    assert launched == ["best"]
+
+
+def test_launch_outside_the_window_takes_the_first_and_keeps_nothing(tmp_path, monkeypatch) -> None:
+    """Outside the warm-up an unrecorded key runs the first configuration untimed and remembers nothing, so the
+    next warm-up still times it; MICROGPT_<TABLE> forces a configuration by name."""
+    monkeypatch.setenv("MICROGPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_cache", None)
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    monkeypatch.setattr(tuning, "_launches", {})
+    launched: list[str] = []
+    tuning.launch("demo_launch", "k", CONFIGS, _recording(launched))
+    assert launched == ["first"] and tuning._launches == {}
+    monkeypatch.setenv("MICROGPT_DEMO_LAUNCH", "other")
+    tuning.launch("demo_launch", "k", CONFIGS, _recording(launched))
+    assert launched == ["first", "other"]
