@@ -12,7 +12,7 @@
 #            and data/sitepy then travels with `carry`
 #   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
 #   ab:      microgpt (PRECISION, default fp8) at MBS, BEFORE (default .before: `git archive C microgpt bench`) then
-#            this tree, each with its own tuning cache
+#            this tree, each with its own tuning cache (dev/gpu_check.sh ab-dir at 30 steps, warm-up 8)
 #   limits:  dev/cast_limits.py (what holds a cast: variants without a part) and ncu on k_cast, where it reads counters
 #   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).
@@ -71,16 +71,7 @@ for line in sys.stdin:
               python3 dev/cast_limits.py ${PROFILE_MB:-32} --ncu > "$OUT/cast_ncu.txt" 2>&1
             grep -E "^  [a-z_]+|Duration|L1/TEX Cache|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occ" \
               "$OUT/cast_ncu.txt" | head -${NCU_LINES:-90} | cut -c1-160 ;;
-    ab) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR: an earlier package (microgpt + bench)
-          root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
-          MICROGPT_CACHE="$PWD/.cache/$v" timeout 170 python3 $root/bench/bench.py --impl microgpt --mb $mb \
-            --precision ${PRECISION:-fp8} --steps ${STEPS:-30} --warmup 8 2>"$OUT/ab-$v-$mb.err" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
-          "sm_mhz", "watts", "loss_first", "loss_last", "steady_vs_plan")}}))' $v | tee -a "$OUT/ab.jsonl"
-          tail -2 "$OUT/ab-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
+    ab) PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-30} WARMUP=8 OUT="$OUT" bash dev/gpu_check.sh ab-dir ;;
     cast) timeout 120 python3 dev/cast_bench.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_bench.txt" ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \

@@ -9,8 +9,8 @@
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
-#   ab-dir: microgpt at MBS (PRECISION, default bf16), BEFORE (default .before: `git archive C microgpt bench`, carried)
-#           then this tree, each with its own tuning cache
+#   ab-dir: microgpt at MBS (PRECISION, default bf16; STEPS 20, WARMUP 5), BEFORE (default .before: `git archive C
+#           microgpt bench`, carried) then this tree, each with its own tuning cache (dev/fp8_gpu.sh ab runs it too)
 #   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
 #           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin);
 #           AFTER_ENV: the after run's environment (e.g. a tuning choice forced: MICROGPT_LAYERNORM_BWD=r4w4)
@@ -63,12 +63,12 @@ for line in sys.stdin:
     ab-dir) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR (default .before): microgpt + bench
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
           MICROGPT_CACHE="$PWD/.cache/$v" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl microgpt \
-            --mb $mb --precision ${PRECISION:-bf16} --steps ${STEPS:-20} --warmup 5 2>"$OUT/abdir-$v-$mb.err" \
+            --mb $mb --precision ${PRECISION:-bf16} --steps ${STEPS:-20} --warmup ${WARMUP:-5} 2>"$OUT/abdir-$v-$mb.err" \
             | python3 -c 'import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(json.dumps({"run": sys.argv[1], **{k: r.get(k) for k in ("mb", "precision", "tokens_per_s", "step_ms",
-          "sm_mhz", "watts", "loss_last", "steady_vs_plan")}}))' $v | tee -a "$OUT/ab.jsonl"
+          "sm_mhz", "watts", "loss_first", "loss_last", "steady_vs_plan")}}))' $v | tee -a "$OUT/ab.jsonl"
           tail -2 "$OUT/abdir-$v-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done ;;
     loss12) for v in before after; do  # ANDREA-12M bf16, LOSS_STEPS steps, BEFORE's package then this one: one cache
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)

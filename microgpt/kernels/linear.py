@@ -173,10 +173,9 @@ def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: t
             k_linear_bwd[(n_dx + n_dw,)](dx2, dw3[g], dout3[g], x2, w3[g], NR, C, OC, n_dx, DX_ACC=g > 0,
                                          IEEE=x.dtype == torch.float32, **cfg)  # fmt: skip
         return
+    for g in range(G):
+        mm(dx2, dout3[g], w3[g].t(), accumulate=g > 0)
     if G == 1:
-        mm(dx2, dout3[0], w3[0].t())
         mm(dw3[0], x2.t(), dout3[0], accumulate=True)
     else:
-        for g in range(G):
-            mm(dx2, dout3[g], w3[g].t(), accumulate=g > 0)
         bmm(dw3, x2.t().expand(G, C, x2.shape[0]), dout3, accumulate=True)

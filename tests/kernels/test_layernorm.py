@@ -43,26 +43,25 @@ def test_layernorm(N: int, C: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,C", SHAPES)
 def test_residual_layernorm_forward(N: int, C: int, dtype: torch.dtype) -> None:
-    """The fused kernel against the NumPy entry point, and byte for byte against the kernels it replaces
-    (k_residual_fwd, then k_layernorm_fwd reading the stored sum)."""
+    """The fused kernel against the NumPy LayerNorm of the rounded sum (tests/ops checks the NumPy entry point),
+    and byte for byte against the kernels it replaces (k_residual_fwd, then k_layernorm_fwd reading the sum)."""
     rng = np.random.default_rng(7 + N * C)
     x, y = (rounded(rng.standard_normal((N, C)) * 2 + 0.5, dtype) for _ in range(2))
     w, b = rounded(rng.standard_normal(C), dtype), rounded(rng.standard_normal(C), dtype)
-    s, out, mean, rstd = np.empty((N, C)), np.empty((N, C)), np.empty(N), np.empty(N)
-    ref.residual_layernorm_forward(s, out, mean, rstd, x, y, w, b)
-    s = rounded(s, dtype)  # the kernel stores the sum in dtype and normalizes it as stored
+    s = rounded(x + y, dtype)  # the kernel stores the sum in dtype and normalizes it as stored
+    out, mean, rstd = np.empty((N, C)), np.empty(N), np.empty(N)
     ref.layernorm_forward(out, mean, rstd, s, w, b)
+    gx, gy, gw, gb = t(x, dtype), t(y, dtype), t(w, dtype), t(b, dtype)
 
     def run(fused: bool) -> list[torch.Tensor]:
-        g = [t(rng.standard_normal((N, C)), dtype), t(rng.standard_normal((N, C)), dtype)]  # s, out: overwritten
-        g += [t(rng.standard_normal(N).astype(np.float32)) for _ in range(2)]  # mean, rstd
-        args = (t(x, dtype), t(y, dtype)), (t(w, dtype), t(b, dtype))
+        gs, gout = t(rng.standard_normal((N, C)), dtype), t(rng.standard_normal((N, C)), dtype)  # overwritten
+        gmean, grstd = (t(rng.standard_normal(N).astype(np.float32)) for _ in range(2))
         if fused:
-            kl.residual_layernorm_forward(*g, *args[0], *args[1])
+            kl.residual_layernorm_forward(gs, gout, gmean, grstd, gx, gy, gw, gb)
         else:
-            kr.residual_forward(g[0], *args[0])
-            kl.layernorm_forward(*g[1:], g[0], *args[1])
-        return g
+            kr.residual_forward(gs, gx, gy)
+            kl.layernorm_forward(gout, gmean, grstd, gs, gw, gb)
+        return [gs, gout, gmean, grstd]
 
     fused, two = run(True), run(False)
     for name, got, want in zip(("s", "out", "mean", "rstd"), fused, (s, out, mean, rstd)):
