@@ -37,21 +37,36 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr):  # fmt: skip
-    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place
+                       BLOCK_V: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
+    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place.
+    # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
+    # exponential an element and two a block); the two sum in another order.
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * V
-    m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
+    if PER_BLOCK:
+        cols = tl.arange(0, BLOCK_V)  # the first block holds a logit: its max is finite
         x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-        s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
-    mx = tl.max(m, axis=0)
-    lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
+        mx = tl.max(x, axis=0)
+        total = tl.sum(tl.exp(x - mx), axis=0)
+        for v0 in range(BLOCK_V, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(mx, tl.max(x, axis=0))
+            total = total * tl.exp(mx - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            mx = m_new
+        lse = mx + tl.log(total)
+    else:
+        m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+        s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
+            s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
+        mx = tl.max(m, axis=0)
+        lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
     tgt = tl.load(tgt_ptr + row)
     logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
     tl.store(lse_ptr + row, lse)
@@ -69,8 +84,34 @@ def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.c
     _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
 
 
-def _block_v(V: int) -> int:
-    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else 4096)
+def _block_v(V: int, block: int = 4096) -> int:
+    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else block)
+
+
+# k_crossentropy_fwd's launch configurations (max per block, BLOCK_V, warps), timed once per GPU and shape in the
+# warm-up (tuning.launch); the first is the default outside it. They differ in the order of a row's sum, so in the
+# last bits of lse (the per-block max also needs one exponential an element where the per-lane max needs two).
+ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "block8192w16": (True, 8192, 16),
+               "block2048w4": (True, 2048, 4), "block4096w16": (True, 4096, 16), "block8192w8": (True, 8192, 8),
+               "block16384w16": (True, 16384, 16)}  # fmt: skip
+
+
+def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+                dlosses: torch.Tensor | None, V: int) -> None:  # fmt: skip
+    """k_crossentropy_fwd on a chunk of logits (r, V): loss and lse per row and, given dlosses, dlogits in place.
+    Under the warm-up the configurations run several times on one chunk (turning its dlogits into others: values
+    the warm-up discards)."""
+    r, grad = logits.shape[0], dlosses is not None
+
+    dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
+
+    def make(per_block: bool, block: int, warps: int):
+        bv = _block_v(V, block)
+        return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
+                                                PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+
+    # one choice with and without the gradient: the forward alone gives the lse the fused call gives
+    tuning.launch("crossentropy_row", f"{r}:{V}:{logits.dtype}", ROW_CONFIGS, make)
 
 
 def _chunks(N: int, R: int):
@@ -110,9 +151,7 @@ def crossentropy_forward(
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
         chunk_logits(lg, r0, r)
-        # without GRAD the kernel never reads its dloss pointer: lse stands in
-        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], lse, V, GRAD=False, BLOCK_V=_block_v(V),
-                                 num_warps=8)  # fmt: skip
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V)
 
 
 def crossentropy_backward(
@@ -157,8 +196,7 @@ def crossentropy_forward_backward(
     for r0, r in _chunks(x2.shape[0], logits.shape[0]):
         lg = logits[:r]
         chunk_logits(lg, r0, r)
-        k_crossentropy_fwd[(r,)](losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, GRAD=True,
-                                 BLOCK_V=_block_v(V), num_warps=8)  # fmt: skip
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V)
         _add_grads(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], w)
 
 

@@ -64,3 +64,32 @@ def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int) -> None:
     kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits)
     for name, a, b in zip(("losses", "lse", "dx", "dwte"), fused, pair):
         assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"
+
+
+@pytest.mark.parametrize("per_block", [False, True], ids=["max-per-lane", "max-per-block"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_kernel_both_maxima(per_block: bool, dtype: torch.dtype) -> None:
+    """k_crossentropy_fwd as ROW_CONFIGS runs it, its running max kept per lane or per block, on rows of several
+    blocks (the last one short) whose logits spread over +-60 (so the max moves between blocks): loss, lse and the
+    dlogits written in place against NumPy."""
+    rng = np.random.default_rng(11 + per_block)
+    r, V, block = 6, 300, 64
+    logits = rounded(rng.standard_normal((r, V)) * 8 + np.linspace(-30, 30, V) * rng.choice([-1, 1], (r, 1)), dtype)
+    targets = rng.integers(0, V, size=r).astype(np.int32)
+    targets[2] = -1
+    dloss = rng.random(r)
+    mx = logits.max(axis=1, keepdims=True)
+    lse = (mx + np.log(np.exp(logits - mx).sum(axis=1, keepdims=True)))[:, 0]
+    rows = np.arange(r)
+    loss = np.where(targets >= 0, lse - logits[rows, np.maximum(targets, 0)], 0.0)
+    onehot = np.zeros((r, V))
+    onehot[rows[targets >= 0], targets[targets >= 0]] = 1.0
+    dlogits = (np.exp(logits - lse[:, None]) - onehot) * np.where(targets >= 0, dloss, 0.0)[:, None]
+
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    glosses, glse, g = torch.empty(r, **f32), torch.empty(r, **f32), t(logits, dtype)
+    kc.k_crossentropy_fwd[(r,)](glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block,
+                                PER_BLOCK=per_block)  # fmt: skip
+    compare("losses", glosses, loss, dtype)
+    compare("lse", glse, lse, dtype)
+    compare("dlogits", g, dlogits, dtype)

@@ -53,3 +53,17 @@ def test_embedding_backward_is_deterministic() -> None:
         runs = [run_kernels(tokens, wte, wpe, dout, np.zeros_like(wte), np.zeros_like(wpe), torch.float32, chunk)
                 for _ in "ab"]  # fmt: skip
         np.testing.assert_array_equal(h(runs[0][1]), h(runs[1][1]))
+
+
+@pytest.mark.parametrize("vocab", [97, 2**30], ids=["int32-keys", "int64-keys"])
+def test_sort_is_the_stable_order_per_chunk(vocab: int) -> None:
+    """k_embedding_sort against NumPy's stable argsort, chunk by chunk (the last one short), with keys token * S +
+    position in 32 bits and, where vocab * S may pass 2^31, in 64."""
+    rng = np.random.default_rng(vocab)
+    S, N = 48, 130
+    values = rng.choice(vocab, size=7, replace=False)  # few distinct tokens (long runs), spread over the vocabulary
+    tokens = values[rng.integers(0, 7, size=N)].astype(np.int32)
+    order = torch.empty(N, dtype=torch.int32, device=DEVICE)
+    ke.sort_tokens(order, t(tokens), S, vocab)
+    want = np.concatenate([np.argsort(tokens[c : c + S], kind="stable") for c in range(0, N, S)])
+    np.testing.assert_array_equal(h(order), want)
