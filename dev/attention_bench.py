@@ -84,6 +84,16 @@ def main() -> None:
 
         t = do_bench(one, rep=100)
         print(f"  {cfg}: {t:.3f} ms, {2.5 * fwd_flops / t / 1e9:.0f} TFLOP/s (without the delta kernel)")
+    print("forward by config (the tuner's candidates):")
+    for cfg in attention.FWD_CONFIGS:
+
+        def one_fwd(cfg: dict = cfg) -> None:
+            grid = (triton.cdiv(T, cfg["BM"]), B * H)
+            attention.k_attention_fwd[grid](out, lse, q, k, v, T, C, H, hs, attention.LOG2E * hs**-0.5, BD=64,
+                                            IEEE=False, **cfg)  # fmt: skip
+
+        t = do_bench(one_fwd, rep=100)
+        print(f"  {cfg}: {t:.3f} ms, {fwd_flops / t / 1e9:.0f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
                _cfg(4, 5, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64), _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64),
-               _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
+               _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=64)]  # fmt: skip
 # fp32 (checks, not speed) and the interpreter: one fixed config each, no tuning
 FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)),
          "fp32": (dict(BM=64, BN=32, num_warps=4, num_stages=2),

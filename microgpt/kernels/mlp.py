@@ -7,6 +7,13 @@ Backward (all grads accumulate):
     dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx = dh @ w1.T (written: its one writer)
 The GEMMs go through linear.mm (Triton or cuBLAS, chosen once per shape); with Fp8Weights (precision "fp8")
 through fp8.mm8 on E4M3 operands, and GELU and its backward run inside the casts of a and dh (fp8.py).
+In bf16 and fp16 on a GPU the forward's first GEMM may instead write h and a = gelu(h) itself (cuBLASLt's GELU_AUX
+epilogue, cublaslt.py), which saves the pass; the warm-up times that GEMM under each algorithm cuBLASLt offers
+against GEMM + pass and keeps the fastest (at micro-batch 8 on an H200, 65 against 82 us a layer:
+dev/gelu_epilogue_bench.py). h is the same either way; a is not quite: cuBLASLt applies its GELU (tanh-GELU to
+within 6e-6) to the fp32 sum where the pass applies ours to h rounded, so a moves by about a unit in its last place
+(30% of a's values at micro-batch 8). Backward recomputes a from h with the pass's GELU. cuBLASLt's DGELU epilogue
+(dh from the backward GEMM) measured 3.8x that GEMM + pass, so backward keeps the pass.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import triton
 import triton.language as tl
 
 from microgpt.fp8 import Fp8Weight
-from microgpt.kernels import fp8
+from microgpt.kernels import cublaslt, fp8, tuning
 from microgpt.kernels.gelu import gelu, gelu_grad
 from microgpt.kernels.linear import mm
 
@@ -54,10 +61,36 @@ def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: t
         _mlp_forward_fp8(out.view(-1, C), h2, x2, w1, w2, q)
         return
     a2 = a.view(-1, H)
-    mm(h2, x2, w1)
-    n = h2.numel()
-    k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a2, h2, n, BLOCK=BLOCK)
+    _gelu_forward(a2, h2, x2, w1)
     mm(out.view(-1, C), a2, w2)
+
+
+_gelu_ways: dict[str, dict[str, tuple[int]]] = {}
+
+
+def _gelu_forward(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor) -> None:
+    """h = x @ w1 and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and fp16
+    on a GPU), whichever the warm-up timed fastest for this shape (tuning.launch: the pass outside the warm-up)."""
+    key = f"{tuple(x.shape)}x{w1.shape[1]}:{x.dtype}"
+    ways = _gelu_ways.get(key)
+    if ways is None:
+        ways = {"pass": (-1,)}
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and cublaslt.available():
+            ways |= {f"lt{i}": (i,) for i in range(cublaslt.n_algos(a, x, w1, h, cublaslt.GELU_AUX))}
+        _gelu_ways[key] = ways
+
+    def make(algo: int):
+        if algo >= 0:
+            return lambda: cublaslt.gelu_aux(a, h, x, w1, algo)
+
+        def gemm_and_pass() -> None:
+            mm(h, x, w1)
+            n = h.numel()
+            k_mlp_fwd[(triton.cdiv(n, BLOCK),)](a, h, n, BLOCK=BLOCK)
+
+        return gemm_and_pass
+
+    tuning.launch("mlp_gelu", key, ways, make)
 
 
 def _mlp_forward_fp8(out: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w1: Fp8Weight, w2: Fp8Weight,

@@ -144,9 +144,10 @@ _launches: dict[tuple[str, str], str] = {}
 def launch(table: str, key: str, configs: dict[str, tuple[Any, ...]],
            make: Callable[..., Callable[[], None]]) -> None:  # fmt: skip
     """Run make(*configs[name]) with the configuration `choose` gives for key, for kernels whose launch
-    configurations agree up to the order of a sum (the fp8 casts give the same bytes under every one; the LayerNorm
-    backward's weight-gradient sums differ in their last bits) and which may run several times on the warm-up's
-    buffers. The interpreter takes the first. A choice is remembered for the process: a launch costs a lookup."""
+    configurations agree up to rounding (the fp8 casts give the same bytes under every one; the LayerNorm
+    backward's weight-gradient sums differ in their last bits, the MLP's GELU in the GEMM's epilogue in a's last bit)
+    and which may run several times on the warm-up's buffers. The interpreter takes the first. A choice is remembered
+    for the process: a launch costs a lookup."""
     if INTERPRET:
         make(*next(iter(configs.values())))()
         return

@@ -172,6 +172,116 @@ def test_mlp_gpu(dtype):
     close("dw2", dw2 - dw20, r2.grad, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
+    """cuBLASLt's GELU_AUX epilogue under every algorithm its heuristic offers, against the GEMM + pass: h bit for
+    bit; a within one unit in the last place of tanh-GELU of the exact product plus 1e-5 (cuBLASLt's GELU is within
+    6e-6 of tanh-GELU in fp32: dev/gelu_epilogue_bench.py); then mlp_forward and mlp_backward with the epilogue
+    forced, against autograd."""
+    from microgpt.kernels import cublaslt, tuning
+    from microgpt.kernels import mlp as k
+
+    assert cublaslt.available()
+    monkeypatch.setattr(tuning, "_launches", {})  # no remembered choice overrides the forced ones
+    torch.manual_seed(5)
+    x, w1, w2 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
+    h0, a0, h, a = (torch.empty(N, 4 * C, device="cuda", dtype=dtype) for _ in range(4))
+    monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")
+    k._gelu_forward(a0, h0, x, w1)
+    ref = F.gelu(x.double() @ w1.double(), approximate="tanh")
+    ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0**-14))) - (7 if dtype == torch.bfloat16 else 10))
+    n = cublaslt.n_algos(a, x, w1, h, cublaslt.GELU_AUX)
+    assert n >= 1
+    for i in range(n):
+        h.fill_(float("nan"))
+        a.fill_(float("nan"))
+        cublaslt.gelu_aux(a, h, x, w1, i)
+        assert torch.equal(h, h0), f"algorithm {i}: h differs from the GEMM's"
+        worst = ((a.double() - ref).abs() / (ulp + 1e-5)).max().item()
+        assert worst <= 1.0, f"algorithm {i}: a is {worst:.2f} x (one unit in the last place + 1e-5) from tanh-GELU"
+    monkeypatch.setenv("MICROGPT_MLP_GELU", "lt0")
+    dout = rnd(N, C, dtype=dtype)
+    out, dh = torch.empty(N, C, device="cuda", dtype=dtype), torch.empty(N, 4 * C, device="cuda", dtype=dtype)
+    k.mlp_forward(out, h, a, x, w1, w2)
+    dx = torch.zeros_like(x)
+    (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
+    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
+    rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
+    (F.gelu(rx @ r1, approximate="tanh") @ r2 * dout.double()).sum().backward()
+    close("out", out, F.gelu(rx @ r1, approximate="tanh") @ r2, dtype)
+    close("dx", dx, rx.grad, dtype)
+    close("dw1", dw1 - dw10, r1.grad, dtype)
+    close("dw2", dw2 - dw20, r2.grad, dtype)
+
+
+def test_attention_every_configuration_gpu(monkeypatch):
+    """Each tile configuration the warm-up may choose for attention, forced, against autograd (bf16, T 1024)."""
+    from microgpt.kernels import attention as k
+
+    torch.manual_seed(6)
+    q, kk, v, dout = (rnd(1, T, C, dtype=torch.bfloat16) for _ in range(4))
+    rq, rk, rv = leaf(q), leaf(kk), leaf(v)
+    hs = C // NH
+    qh, kh, vh = (z.view(1, T, NH, hs).transpose(1, 2) for z in (rq, rk, rv))
+    s = ((qh @ kh.transpose(-1, -2)) / math.sqrt(hs)).masked_fill(
+        torch.ones(T, T, dtype=torch.bool, device="cuda").triu(1), float("-inf"))  # fmt: skip
+    ref = (torch.softmax(s, -1) @ vh).transpose(1, 2).reshape(1, T, C)
+    (ref * dout.double()).sum().backward()
+    out, lse, delta = torch.empty_like(q), torch.empty(1, NH, T, device="cuda"), torch.empty(NH * T, device="cuda")
+    for half, n in (("FWD", len(k.FWD_CONFIGS)), ("BWD", len(k.BWD_CONFIGS))):
+        for i in range(n):
+            monkeypatch.setenv(f"MICROGPT_ATTENTION_{half}", str(i))
+            dq, dk, dv = (torch.randn_like(q) for _ in range(3))
+            k.attention_forward(out, lse, q, kk, v, NH)
+            k.attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, NH, delta=delta)
+            for name, got, want in (("out", out, ref), ("dq", dq, rq.grad), ("dk", dk, rk.grad), ("dv", dv, rv.grad)):
+                close(f"{half.lower()} config {i}: {name}", got, want, torch.bfloat16)
+        monkeypatch.delenv(f"MICROGPT_ATTENTION_{half}")
+
+
+def test_crossentropy_every_configuration_gpu():
+    """Each launch configuration of the cross-entropy row kernel (max per lane or per block) at the vocabulary of
+    50,304: loss, lse and dlogits against float64."""
+    from microgpt.kernels import crossentropy as k
+
+    torch.manual_seed(7)
+    r = 64
+    logits = rnd(r, V, dtype=torch.bfloat16, scale=3.0)
+    targets = torch.randint(0, V, (r,), device="cuda", dtype=torch.int32)
+    targets[5] = -1
+    dloss = torch.rand(r, device="cuda")
+    lg = logits.double()
+    lse_ref = torch.logsumexp(lg, -1)
+    valid = targets >= 0
+    loss_ref = torch.where(valid, lse_ref - lg.gather(1, targets.clamp_min(0).long()[:, None])[:, 0], 0.0)
+    onehot = torch.zeros_like(lg).scatter_(1, targets.clamp_min(0).long()[:, None], 1.0)
+    d_ref = (torch.softmax(lg, -1) - onehot) * torch.where(valid, dloss.double(), 0.0)[:, None]
+    for name, (per_block, block, warps) in k.ROW_CONFIGS.items():
+        g, loss, lse = logits.clone(), torch.empty(r, device="cuda"), torch.empty(r, device="cuda")
+        k.k_crossentropy_fwd[(r,)](loss, lse, g, targets, dloss, V, GRAD=True, BLOCK_V=k._block_v(V, block),
+                                   PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+        close(f"{name}: lse", lse, lse_ref, torch.float32)
+        close(f"{name}: loss", loss, loss_ref, torch.float32)
+        close(f"{name}: dlogits", g, d_ref, torch.bfloat16)
+
+
+def test_embedding_sort_every_configuration_gpu(monkeypatch):
+    """Each launch configuration of the embedding's sort gives the stable order by token, chunk by chunk."""
+    from microgpt.kernels import embedding as k
+    from microgpt.kernels import tuning
+
+    torch.manual_seed(8)
+    S, n = k.CHUNK, 2 * k.CHUNK + 3 * T
+    tok = torch.randint(0, 300, (n,), device="cuda", dtype=torch.int32)  # few distinct tokens: long runs
+    want = torch.cat([torch.argsort(tok[c : c + S], stable=True) for c in range(0, n, S)]).to(torch.int32)
+    for name in k.SORT_CONFIGS:
+        monkeypatch.setattr(tuning, "_launches", {})
+        monkeypatch.setenv("MICROGPT_EMBEDDING_SORT", name)
+        order = torch.full((n,), -1, device="cuda", dtype=torch.int32)
+        k.sort_tokens(order, tok, S, V)
+        assert torch.equal(order, want), f"sort configuration {name}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_residual_gpu(dtype):
     from microgpt.kernels import residual as k

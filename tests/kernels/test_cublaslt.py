@@ -1,0 +1,33 @@
+"""cuBLASLt's GELU epilogue (microgpt/kernels/cublaslt.py) where CI can check it: the row-major to column-major
+mapping of operands, and the MLP keeping its GEMM + pass where cuBLASLt cannot run. The GEMMs themselves run on the
+GPU only (tests/kernels/test_gpu.py: test_mlp_gelu_epilogue_gpu)."""
+
+import pytest
+import torch
+
+from microgpt.kernels import cublaslt
+from microgpt.kernels import mlp as km
+
+
+def test_operand_views_map_to_column_major():
+    """A row-major x (r, c) is x^T column-major as it lies; its transposed view is column-major x, transposed by
+    cuBLASLt; a view with no unit stride is refused, not copied."""
+    x = torch.empty(6, 10)
+    assert cublaslt._operand(x) == (cublaslt._OP_N, 10, 6, 10)
+    assert cublaslt._operand(x.t()) == (cublaslt._OP_T, 10, 6, 10)  # (10, 6) column-major, ld 10
+    wide = torch.empty(6, 16)[:, :10]  # rows padded: the leading dimension is the row stride
+    assert cublaslt._operand(wide) == (cublaslt._OP_N, 10, 6, 16)
+    with pytest.raises(ValueError, match="strides"):
+        cublaslt._operand(torch.empty(6, 20)[:, ::2])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without cuBLASLt")
+def test_mlp_keeps_the_pass_without_cublaslt():
+    """No CUDA: the MLP's forward offers the GEMM + pass only, and runs it."""
+    assert not cublaslt.available()
+    x, w1 = torch.randn(8, 4), torch.randn(4, 16)
+    h, a = torch.empty(8, 16), torch.empty(8, 16)
+    km._gelu_forward(a, h, x, w1)
+    assert list(km._gelu_ways[f"{tuple(x.shape)}x16:{x.dtype}"]) == ["pass"]
+    torch.testing.assert_close(h, x @ w1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a, torch.nn.functional.gelu(h, approximate="tanh"), rtol=1e-5, atol=1e-5)
