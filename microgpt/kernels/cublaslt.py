@@ -8,8 +8,9 @@ library torch has loaded (found in the process's own mappings): no build step, n
 is the tanh approximation, ANDREA's (docs/ANDREA.md), to within 6e-6 absolute in fp32 (dev/gelu_epilogue_bench.py);
 it is applied to the fp32 sum before rounding, where the elementwise pass rounds h first (tests/kernels/test_gpu.py
 bounds the difference).
-Each (shape, strides, dtype, epilogue) gets its descriptors and heuristic algorithm once, with no workspace (so
-nothing to plan and no memset before the GEMM); a call sets the pointers and queues the GEMM on the current stream,
+Each (shape, strides, dtype, epilogue) gets its descriptors and heuristic algorithms once, with no workspace (so
+nothing to plan and no memset before the GEMM) and no split-K reduction (whose in-place form adds with atomics:
+training must repeat bit for bit); a call sets the pointers and queues the GEMM on the current stream,
 which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them a
 transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T.
 `available()` says whether this process can use them (a CUDA build whose cuBLASLt is found); where not, the MLP
@@ -30,7 +31,8 @@ _R_32F, _R_16F, _R_16BF = 0, 2, 14
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE = 3, 4, 7
 _DESC_AUX_POINTER, _DESC_AUX_LD, _DESC_AUX_DATA_TYPE = 11, 12, 22
-_PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = 1, 3
+_REDUCTION_SCHEME_NONE = 0  # no split-K reduction: the ones that add partial sums in place do it with atomics
 GELU_AUX, DGELU = 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_DGELU
 _DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF}
 
@@ -162,6 +164,8 @@ def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor
     _check(_lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     zero = ctypes.c_uint64(0)  # no workspace: nothing outside the memory plan
     _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(zero), 8), "pref")
+    none = ctypes.c_uint32(_REDUCTION_SCHEME_NONE)  # deterministic: a run repeats another bit for bit
+    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(none), 4), "pref")
     results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
     _check(_lib.cublasLtMatmulAlgoGetHeuristic(_handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
                                                MAX_ALGOS, results, ctypes.byref(found)), "heuristic")  # fmt: skip

@@ -197,6 +197,9 @@ def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
         a.fill_(float("nan"))
         cublaslt.gelu_aux(a, h, x, w1, i)
         assert torch.equal(h, h0), f"algorithm {i}: h differs from the GEMM's"
+        a1 = a.clone()
+        cublaslt.gelu_aux(a, h, x, w1, i)
+        assert torch.equal(a, a1) and torch.equal(h, h0), f"algorithm {i}: a second run differs (not deterministic)"
         worst = ((a.double() - ref).abs() / (ulp + 1e-5)).max().item()
         assert worst <= 1.0, f"algorithm {i}: a is {worst:.2f} x (one unit in the last place + 1e-5) from tanh-GELU"
     monkeypatch.setenv("MICROGPT_MLP_GELU", "lt0")
