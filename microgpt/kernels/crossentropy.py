@@ -102,7 +102,6 @@ def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, t
     Under the warm-up the configurations run several times on one chunk (turning its dlogits into others: values
     the warm-up discards)."""
     r, grad = logits.shape[0], dlosses is not None
-
     dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
 
     def make(per_block: bool, block: int, warps: int):
