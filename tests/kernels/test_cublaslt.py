@@ -31,3 +31,16 @@ def test_mlp_keeps_the_pass_without_cublaslt():
     assert list(km._gelu_ways[f"{tuple(x.shape)}x16:{x.dtype}"]) == ["pass"]
     torch.testing.assert_close(h, x @ w1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, torch.nn.functional.gelu(h, approximate="tanh"), rtol=1e-5, atol=1e-5)
+
+
+def test_mismatched_shapes_and_strided_outputs_are_refused():
+    """A GEMM whose shapes do not chain, or whose output or aux rows are not contiguous, stops with a message
+    before cuBLASLt is asked for anything."""
+    x, w = torch.empty(8, 4), torch.empty(4, 16)
+    out, aux = torch.empty(8, 16), torch.empty(8, 16)
+    with pytest.raises(ValueError, match=r"\(8, 16\) = \(8, 4\) @ \(5, 16\)"):
+        cublaslt.gelu_aux(out, aux, x, torch.empty(5, 16))
+    with pytest.raises(ValueError, match="aux"):
+        cublaslt.gelu_aux(out, torch.empty(8, 12), x, w)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        cublaslt.dgelu(torch.empty(16, 8).t(), x, w, aux)
