@@ -18,6 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dev.gemm_memset import captured  # noqa: E402
 from microgpt.kernels import cublaslt, mlp  # noqa: E402
 from microgpt.kernels.linear import cublas_mm  # noqa: E402
 
@@ -38,25 +39,7 @@ def gelu_erf(h: torch.Tensor) -> torch.Tensor:
 
 
 def graph_us(fn) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / REPS)
-    return sorted(times)[2]
+    return captured(fn, REPS)[1]
 
 
 def main() -> None:

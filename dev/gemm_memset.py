@@ -34,20 +34,18 @@ def ways(mb: int) -> dict[str, tuple]:
     }
 
 
-def measure(name: str, gemm, pad: torch.Tensor) -> None:
-    def pair() -> None:
-        pad.mul_(1.0001)  # ~12 MB read and written, as the LayerNorm before these GEMMs
-        gemm()
-
+def captured(fn, reps: int = REPS) -> tuple[torch.cuda.CUDAGraph, float]:
+    """fn captured reps times in one CUDA graph (after one run on a side stream, as capture wants), and the median of
+    five replays in us per call (dev/gelu_epilogue_bench.py times with it too)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        pair()
+        fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(REPS):
-            pair()
+        for _ in range(reps):
+            fn()
     g.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,14 +55,23 @@ def measure(name: str, gemm, pad: torch.Tensor) -> None:
         g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / REPS)
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return g, sorted(times)[2]
+
+
+def measure(name: str, gemm, pad: torch.Tensor) -> None:
+    def pair() -> None:
+        pad.mul_(1.0001)  # ~12 MB read and written, as the LayerNorm before these GEMMs
+        gemm()
+
+    g, us = captured(pair)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         g.replay()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     memsets = sum("Memset" in n for n in names) / REPS
     kernels = sorted({n[:60] for n in names if "nvjet" in n or "gemm" in n.lower() or "splitK" in n})
-    print(f"{name:26s} {sorted(times)[2]:7.1f} us a pair, {memsets:.0f} memsets a pair, {kernels}", flush=True)
+    print(f"{name:26s} {us:7.1f} us a pair, {memsets:.0f} memsets a pair, {kernels}", flush=True)
 
 
 def main() -> None:
