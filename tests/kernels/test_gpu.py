@@ -123,6 +123,19 @@ def test_linear_qkv_gpu(dtype):
     close("dw", dw - dw0, rw.grad, dtype)
 
 
+def attention_reference(q, kk, v, dout):
+    """Causal attention in float64 autograd on (b, T, C) inputs: (leaves q, k, v with their grads of sum(out *
+    dout), out, the masked scores s)."""
+    b, hs = q.shape[0], C // NH
+    rq, rk, rv = leaf(q), leaf(kk), leaf(v)
+    qh, kh, vh = (z.view(b, T, NH, hs).transpose(1, 2) for z in (rq, rk, rv))
+    s = (qh @ kh.transpose(-1, -2)) / math.sqrt(hs)
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = (torch.softmax(s, -1) @ vh).transpose(1, 2).reshape(b, T, C)
+    (ref * dout.double()).sum().backward()
+    return rq, rk, rv, ref, s
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_gpu(dtype):
     from microgpt.kernels import attention as k
@@ -134,13 +147,7 @@ def test_attention_gpu(dtype):
     dq, dk, dv = (torch.randn_like(q) for _ in range(3))  # written, not added: what they held must not matter
     delta = torch.empty(B * NH * T, device="cuda")
     k.attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, NH, delta=delta)
-    rq, rk, rv = leaf(q), leaf(kk), leaf(v)
-    hs = C // NH
-    qh, kh, vh = (z.view(B, T, NH, hs).transpose(1, 2) for z in (rq, rk, rv))
-    s = (qh @ kh.transpose(-1, -2)) / math.sqrt(hs)
-    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-    ref = (torch.softmax(s, -1) @ vh).transpose(1, 2).reshape(B, T, C)
-    (ref * dout.double()).sum().backward()
+    rq, rk, rv, ref, s = attention_reference(q, kk, v, dout)
     close("out", out, ref, dtype)
     close("lse", lse, torch.logsumexp(s, -1), dtype)
     close("dq", dq, rq.grad, dtype)
@@ -223,13 +230,7 @@ def test_attention_every_configuration_gpu(monkeypatch):
 
     torch.manual_seed(6)
     q, kk, v, dout = (rnd(1, T, C, dtype=torch.bfloat16) for _ in range(4))
-    rq, rk, rv = leaf(q), leaf(kk), leaf(v)
-    hs = C // NH
-    qh, kh, vh = (z.view(1, T, NH, hs).transpose(1, 2) for z in (rq, rk, rv))
-    s = ((qh @ kh.transpose(-1, -2)) / math.sqrt(hs)).masked_fill(
-        torch.ones(T, T, dtype=torch.bool, device="cuda").triu(1), float("-inf"))  # fmt: skip
-    ref = (torch.softmax(s, -1) @ vh).transpose(1, 2).reshape(1, T, C)
-    (ref * dout.double()).sum().backward()
+    rq, rk, rv, ref, _ = attention_reference(q, kk, v, dout)
     out, lse, delta = torch.empty_like(q), torch.empty(1, NH, T, device="cuda"), torch.empty(NH * T, device="cuda")
     for half, n in (("FWD", len(k.FWD_CONFIGS)), ("BWD", len(k.BWD_CONFIGS))):
         for i in range(n):
@@ -244,7 +245,7 @@ def test_attention_every_configuration_gpu(monkeypatch):
 
 def test_crossentropy_every_configuration_gpu():
     """Each launch configuration of the cross-entropy row kernel (max per lane or per block) at the vocabulary of
-    50,304: loss, lse and dlogits against float64."""
+    50,304: loss, lse and dlogits against float64 autograd."""
     from microgpt.kernels import crossentropy as k
 
     torch.manual_seed(7)
@@ -253,12 +254,10 @@ def test_crossentropy_every_configuration_gpu():
     targets = torch.randint(0, V, (r,), device="cuda", dtype=torch.int32)
     targets[5] = -1
     dloss = torch.rand(r, device="cuda")
-    lg = logits.double()
-    lse_ref = torch.logsumexp(lg, -1)
-    valid = targets >= 0
-    loss_ref = torch.where(valid, lse_ref - lg.gather(1, targets.clamp_min(0).long()[:, None])[:, 0], 0.0)
-    onehot = torch.zeros_like(lg).scatter_(1, targets.clamp_min(0).long()[:, None], 1.0)
-    d_ref = (torch.softmax(lg, -1) - onehot) * torch.where(valid, dloss.double(), 0.0)[:, None]
+    lg = leaf(logits)
+    loss_ref = F.cross_entropy(lg, targets.long(), ignore_index=-1, reduction="none")
+    (loss_ref * dloss.double()).sum().backward()
+    lse_ref, d_ref = torch.logsumexp(lg, -1), lg.grad
     for name, (per_block, block, warps) in k.ROW_CONFIGS.items():
         g, loss, lse = logits.clone(), torch.empty(r, device="cuda"), torch.empty(r, device="cuda")
         k.k_crossentropy_fwd[(r,)](loss, lse, g, targets, dloss, V, GRAD=True, BLOCK_V=k._block_v(V, block),
