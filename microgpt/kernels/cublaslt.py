@@ -1,20 +1,24 @@
-"""cuBLASLt's GELU epilogues: the MLP's GELU (and its derivative) inside the GEMMs around it.
+"""cuBLASLt GEMMs: plain ones under an algorithm the warm-up picks, and the MLP's GELU in their epilogues.
 
-    gelu_aux(a, h, x, w)    h = x @ w and a = gelu(h) from one GEMM       (CUBLASLT_EPILOGUE_GELU_AUX)
-    dgelu(dh, dout, w, h)   dh = (dout @ w) * gelu'(h) from one GEMM      (CUBLASLT_EPILOGUE_DGELU)
+    gemm(out, a, b, acc, algo)   out (+)= a @ b, 2D or batched (3D, a batch stride may be 0)  (EPILOGUE_DEFAULT)
+    gelu_aux(a, h, x, w)         h = x @ w and a = gelu(h) from one GEMM                      (EPILOGUE_GELU_AUX)
+    dgelu(dh, dout, w, h)        dh = (dout @ w) * gelu'(h) from one GEMM                     (EPILOGUE_DGELU)
 
-torch exposes no GEMM with an auxiliary output, so these call cuBLASLt itself, through ctypes, on the copy of the
-library torch has loaded (found in the process's own mappings): no build step, no extra dependency. cuBLASLt's GELU
-is the tanh approximation, ANDREA's (docs/ANDREA.md), to within 6e-6 absolute in fp32 (dev/gelu_epilogue_bench.py);
-it is applied to the fp32 sum before rounding, where the elementwise pass rounds h first (tests/kernels/test_gpu.py
-bounds the difference).
-Each (shape, strides, dtype, epilogue) gets its descriptors and heuristic algorithms once, with no workspace (so
-nothing to plan and no memset before the GEMM) and no split-K reduction (whose in-place form adds with atomics:
-training must repeat bit for bit); a call sets the pointers and queues the GEMM on the current stream,
-which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them a
-transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T.
-`available()` says whether this process can use them (a CUDA build whose cuBLASLt is found); where not, the MLP
-keeps the GEMM and the elementwise pass (mlp.py, which also times the two ways once per shape).
+torch's GEMMs take whatever algorithm cuBLAS's heuristic puts first, and expose no GEMM with an auxiliary output,
+so these call cuBLASLt itself, through ctypes, on the copy of the library torch has loaded (found in the process's
+own mappings): no build step, no extra dependency. cuBLASLt's GELU is the tanh approximation, ANDREA's
+(docs/ANDREA.md), to within 6e-6 absolute in fp32 (dev/gelu_epilogue_bench.py); it is applied to the fp32 sum
+before rounding, where the elementwise pass rounds h first (tests/kernels/test_gpu.py bounds the difference).
+Each (shapes, strides, dtypes, alignments, epilogue) gets its descriptors and the heuristic's first MAX_ALGOS
+algorithms once,
+with no workspace (so nothing to plan and no memset before the GEMM) and no split-K reduction (whose in-place form
+adds with atomics: training must repeat bit for bit); `n_algos` says how many there are, and the callers time them
+in the warm-up (tuning.py). A call sets the pointers and queues the GEMM on the current stream, which CUDA graph
+capture records like any kernel. Operands are torch tensors in row-major terms, any of them a transposed view;
+cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16 operands may
+write (or add into) an fp32 out: the weight gradients' GEMMs.
+`available()` says whether this process can use them (a CUDA build whose cuBLASLt is found); where not, the
+engine keeps torch's GEMMs and the elementwise GELU pass (linear.py and mlp.py time the ways once per shape).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE = 3, 4, 7
+_LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6
 _DESC_AUX_POINTER, _DESC_AUX_LD, _DESC_AUX_DATA_TYPE = 11, 12, 22
-_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = 1, 3
+_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK, _PREF_MIN_ALIGNMENT_A = 1, 3, 5  # B, C, D: 6, 7, 8
 _REDUCTION_SCHEME_NONE = 0  # no split-K reduction: the ones that add partial sums in place do it with atomics
-GELU_AUX, DGELU = 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_DGELU
+DEFAULT, GELU_AUX, DGELU = 1, 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_DEFAULT, _GELU_AUX, _DGELU
 _DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF}
 
 
@@ -79,6 +84,7 @@ def _load() -> ctypes.CDLL:
         "cublasLtMatmulDescCreate": [ctypes.POINTER(p), ctypes.c_int, ctypes.c_int],
         "cublasLtMatmulDescSetAttribute": [p, ctypes.c_int, p, size],
         "cublasLtMatrixLayoutCreate": [ctypes.POINTER(p), ctypes.c_int, u64, u64, i64],
+        "cublasLtMatrixLayoutSetAttribute": [p, ctypes.c_int, p, size],
         "cublasLtMatmulPreferenceCreate": [ctypes.POINTER(p)],
         "cublasLtMatmulPreferenceSetAttribute": [p, ctypes.c_int, p, size],
         "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, ctypes.c_int, results, ctypes.POINTER(ctypes.c_int)],
@@ -92,7 +98,7 @@ def _load() -> ctypes.CDLL:
 
 
 def available() -> bool:
-    """Whether the GELU epilogues can run here (a CUDA GPU and cuBLASLt found in this process)."""
+    """Whether these GEMMs can run here (a CUDA GPU and cuBLASLt found in this process)."""
     if not torch.cuda.is_available():
         return False
     try:
@@ -121,19 +127,26 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _operand(x: torch.Tensor) -> tuple[int, int, int, int]:
-    """(op, rows, cols, ld) of cuBLASLt's view of x^T: a row-major x (r, c) is x^T column-major as it lies (op N);
-    a transposed view is x column-major, so cuBLASLt transposes it (op T)."""
-    r, c = x.shape
-    if x.stride(1) == 1:
-        return _OP_N, c, r, x.stride(0)
-    if x.stride(0) == 1:
-        return _OP_T, r, c, x.stride(1)
-    raise ValueError(f"cuBLASLt operand with strides {x.stride()}: one of them must be 1")
+    """(op, rows, cols, ld) of cuBLASLt's view of x^T (the last two axes of x): a row-major x (r, c) is x^T
+    column-major as it lies (op N); a transposed view is x column-major, so cuBLASLt transposes it (op T)."""
+    r, c = x.shape[-2:]
+    sr, sc = x.stride()[-2:]
+    if sc == 1:
+        return _OP_N, c, r, sr
+    if sr == 1:
+        return _OP_T, r, c, sc
+    raise ValueError(f"cuBLASLt operand with strides {x.stride()}: one of the last two must be 1")
 
 
-def _layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+def _layout(x: torch.Tensor, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    """x's layout; for a 3D x a strided batch of x.shape[0] matrices, x.stride(0) apart (0: one matrix, repeated)."""
     layout = ctypes.c_void_p()
-    _check(_lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[dtype], rows, cols, ld), "layout")
+    _check(_lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[x.dtype], rows, cols, ld), "layout")
+    if x.dim() == 3:
+        for attr, value in ((_LAYOUT_BATCH_COUNT, ctypes.c_int32(x.shape[0])),
+                            (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(x.stride(0)))):  # fmt: skip
+            _check(_lib.cublasLtMatrixLayoutSetAttribute(layout, attr, ctypes.byref(value), ctypes.sizeof(value)),
+                   "layout attribute")  # fmt: skip
     return layout
 
 
@@ -141,14 +154,21 @@ def _set(desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
     _check(_lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)), "attribute")
 
 
-def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor, epilogue: int) -> _Plan:
-    key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), aux.stride(), out.dtype, a.dtype,
-           epilogue)  # fmt: skip
+def alignment(*xs: torch.Tensor) -> tuple[int, ...]:
+    """Each tensor's address alignment in bytes, up to 256: the heuristic offers only algorithms that run at the
+    alignments it is told, so a plan (and a timed choice among its algorithms) holds for one such tuple."""
+    return tuple(min(256, (x.data_ptr() & -x.data_ptr()) or 256) for x in xs)
+
+
+def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int) -> _Plan:
+    aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
+    key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype, epilogue,
+           aligned, aux is not None and (aux.stride(), alignment(aux)))  # fmt: skip
     plan = _plans.get(key)
     if plan is not None:
         return plan
     _load()
-    (M, K), N = a.shape, b.shape[1]
+    M, N = out.shape[-2:]
     op_b, rb, cb, ldb = _operand(b)  # cuBLASLt's A: b^T (N, K)
     op_a, ra, ca, lda = _operand(a)  # cuBLASLt's B: a^T (K, M)
     desc = ctypes.c_void_p()
@@ -156,21 +176,26 @@ def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor
     _set(desc, _DESC_TRANSA, ctypes.c_int32(op_b))
     _set(desc, _DESC_TRANSB, ctypes.c_int32(op_a))
     _set(desc, _DESC_EPILOGUE, ctypes.c_uint32(epilogue))
-    _set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
-    _set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
-    _set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
-    layouts = (_layout(b.dtype, rb, cb, ldb), _layout(a.dtype, ra, ca, lda), _layout(out.dtype, N, M, out.stride(0)))
+    if aux is not None:
+        _set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
+        _set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
+        _set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
+    layouts = (_layout(b, rb, cb, ldb), _layout(a, ra, ca, lda), _layout(out, N, M, out.stride(-2)))
     pref = ctypes.c_void_p()
     _check(_lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     zero = ctypes.c_uint64(0)  # no workspace: nothing outside the memory plan
     _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(zero), 8), "pref")
     none = ctypes.c_uint32(_REDUCTION_SCHEME_NONE)  # deterministic: a run repeats another bit for bit
     _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(none), 4), "pref")
+    for i, bytes_ in enumerate((*aligned, aligned[2])):  # A, B, C, D
+        value = ctypes.c_uint32(bytes_)
+        _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MIN_ALIGNMENT_A + i, ctypes.byref(value), 4),
+               "pref")  # fmt: skip
     results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
     _check(_lib.cublasLtMatmulAlgoGetHeuristic(_handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
                                                MAX_ALGOS, results, ctypes.byref(found)), "heuristic")  # fmt: skip
     if found.value < 1:
-        raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N}x{K} {out.dtype}")
+        raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N} {a.dtype}->{out.dtype}")
     plan = _plans[key] = _Plan(desc, layouts, list(results[: found.value]))
     return plan
 
@@ -178,26 +203,37 @@ def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
-def n_algos(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor, epilogue: int) -> int:
+def n_algos(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None = None,
+            epilogue: int = DEFAULT) -> int:  # fmt: skip
     """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1."""
     return len(_plan(out, a, b, aux, epilogue).algos)
 
 
-def _matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor, epilogue: int,
-            algo: int = 0) -> None:  # fmt: skip
-    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]) or aux.shape != out.shape:
-        raise ValueError(f"cuBLASLt GEMM shapes {tuple(out.shape)} = {tuple(a.shape)} @ {tuple(b.shape)}, "
-                         f"aux {tuple(aux.shape)}")  # fmt: skip
-    if out.stride(1) != 1 or aux.stride(1) != 1:
+def _matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int,
+            algo: int = 0, accumulate: bool = False) -> None:  # fmt: skip
+    chained = out.dim() == a.dim() == b.dim() and out.dim() in (2, 3) and a.shape[-1] == b.shape[-2]
+    chained = chained and out.shape[:-2] == a.shape[:-2] == b.shape[:-2]
+    if not chained or out.shape[-2:] != (a.shape[-2], b.shape[-1]) or (aux is not None and aux.shape != out.shape):
+        raise ValueError(f"cuBLASLt GEMM shapes {tuple(out.shape)} = {tuple(a.shape)} @ {tuple(b.shape)}"
+                         + (f", aux {tuple(aux.shape)}" if aux is not None else ""))  # fmt: skip
+    if out.stride(-1) != 1 or (aux is not None and aux.stride(-1) != 1):
         raise ValueError("cuBLASLt GEMM: out and aux need contiguous rows")
     plan = _plan(out, a, b, aux, epilogue)
-    _set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
+    if aux is not None:
+        _set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
     A, B, D = plan.layouts
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    ptr = ctypes.c_void_p
+    ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
     _check(_lib.cublasLtMatmul(_handle, plan.desc, ctypes.byref(_ONE), ptr(b.data_ptr()), A, ptr(a.data_ptr()), B,
-                               ctypes.byref(_ZERO), ptr(out.data_ptr()), D, ptr(out.data_ptr()), D,
+                               ctypes.byref(_ONE if accumulate else _ZERO), d, D, d, D,
                                ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
+
+
+def gemm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False, algo: int = 0) -> None:
+    """out (M,N) (+)= a (M,K) @ b (K,N); or batched, out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), where a batch stride
+    may be 0 (one matrix for every batch). Rows of out contiguous; out may be fp32 with bf16/fp16 a and b.
+    algo: the heuristic's candidate (n_algos)."""
+    _matmul(out, a, b, None, DEFAULT, algo, accumulate)
 
 
 def gelu_aux(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:

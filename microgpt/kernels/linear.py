@@ -7,10 +7,14 @@ adding into dx (the weights' layout, fixed by the checkpoint, makes no single ma
 GEMM looping K over the three lost to the three: bench/RESULTS.md); an Fp8Weight (precision "fp8") runs the GEMMs
 on E4M3 operands (fp8.py).
 
-Every GEMM of the engine (here, the MLP and the LM head) goes through `mm`, which runs either our Triton
-tile kernel or cuBLAS through torch.mm/addmm(out=...), whichever measured faster for that shape, dtypes and
-layout; the choice is made once and recorded on disk (tuning.py). Under TRITON_INTERPRET=1 (CI) `mm` always
-runs the Triton kernels. Operands may be any strided view (w.T, x.T): both backends take transposes for free.
+Every GEMM of the engine (here, the MLP and the LM head) goes through `mm` (or `bmm`), which runs our Triton
+tile kernel, cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the algorithms its heuristic offers
+(cublaslt.py), whichever measured fastest for that shape, dtypes and layout; the choice is made once, in the
+warm-up, and recorded on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, which at
+ANDREA-120M's shapes is often not the fastest: the step's GEMMs took 8.41 ms at micro-batch 8 under torch's calls and
+7.84 under the fastest algorithm of each (an H200, `python3 dev/gemm_algos.py 8 32`; 33.59 against 31.00 at 32).
+Under TRITON_INTERPRET=1 (CI) `mm` always runs the Triton kernels. Operands may be any strided view (w.T, x.T):
+every way takes transposes for free.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import triton
 import triton.language as tl
 
 from microgpt.fp8 import Fp8Weight
-from microgpt.kernels import fp8, tuning
+from microgpt.kernels import cublaslt, fp8, tuning
 from microgpt.kernels.gemm import gemm_tile
 
 
@@ -76,55 +80,11 @@ def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
         torch.ops.aten.mm.dtype_out(a, b, out.dtype, out=out)
 
 
-_IMPLS = {"triton": _triton_mm, "cublas": cublas_mm}
 _chosen: dict[str, str] = {}
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
 
 
-def _pick(key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
-    """Choose the implementation for this shape. Inside the tuning window (the warm-up step, whose values are
-    thrown away) both candidates run into `out` itself, and cuBLAS is a candidate only if its first rows agree
-    with the Triton kernel's (compared in the planned probe buffer): nothing beyond the plan is allocated."""
-    live = {"triton": lambda: _triton_mm(out, a, b, accumulate)}
-    if a.dtype == b.dtype and tuning.is_open():
-        rows, cols = min(PROBE_ROWS, out.shape[0]), out.shape[1]
-        ref, got = tuning.probe()[: 2 * rows * cols].view(2, rows, cols)
-        _triton_mm(out, a, b, False)
-        ref.copy_(out[:rows])
-        try:
-            cublas_mm(out, a, b, False)
-            got.copy_(out[:rows])
-            if got.sub_(ref).norm() <= (1e-4 if a.dtype == torch.float32 else 2e-2) * ref.norm():
-                live["cublas"] = lambda: cublas_mm(out, a, b, accumulate)
-        except (RuntimeError, TypeError):
-            pass  # this torch or dtype combination has no cuBLAS path
-    elif a.dtype == b.dtype:
-        live["cublas"] = lambda: cublas_mm(out, a, b, accumulate)
-    return tuning.choose("gemm", key, live)
-
-
-def mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
-    """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
-    if tuning.INTERPRET or not out.is_cuda:
-        _triton_mm(out, a, b, accumulate)
-        return
-    key = f"{tuple(a.shape)}x{b.shape[1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
-    impl = _chosen.get(key)
-    if impl is None:
-        impl = _chosen[key] = _pick(key, out, a, b, accumulate)
-    _IMPLS[impl](out, a, b, accumulate)
-
-
-def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
-    """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one cuBLAS strided-batched GEMM, allocating nothing. a may repeat
-    one matrix by a zero batch stride (x.expand(G, ...): the QKV projection's input, read once per weight). One
-    launch of three times the tiles fills the GPU better than three: at micro-batch 8 the step's GEMMs went from
-    8.93 to 8.54 ms with the QKV forward and weight gradients batched (an H200, bench/RESULTS.md). The interpreter
-    loops over mm."""
-    if tuning.INTERPRET or not out.is_cuda:
-        for g in range(out.shape[0]):
-            mm(out[g], a[g], b[g], accumulate)
-        return
+def _torch_bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
     if out.dtype == a.dtype:
         if accumulate:
             out.baddbmm_(a, b)
@@ -134,6 +94,87 @@ def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = 
         torch.ops.aten.baddbmm.dtype_out(out, a, b, out.dtype, out=out)
     else:
         torch.ops.aten.bmm.dtype_out(a, b, out.dtype, out=out)
+
+
+def _run(way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>" (cuBLASLt
+    under the i-th algorithm its heuristic offers for this shape)."""
+    if way == "triton":
+        _triton_mm(out, a, b, accumulate)
+    elif way == "cublas":
+        (_torch_bmm if out.dim() == 3 else cublas_mm)(out, a, b, accumulate)
+    else:
+        cublaslt.gemm(out, a, b, accumulate, int(way[2:]))
+
+
+def _ways(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    """The ways this GEMM can run here, the reference first: our Triton kernel (2D) or torch's batched GEMM (3D)."""
+    if out.dim() == 3:
+        ways = ["cublas"]
+    else:
+        ways = ["triton", "cublas"] if a.dtype == b.dtype else ["triton"]
+    if a.dtype == b.dtype and cublaslt.available():
+        try:
+            ways += [f"lt{i}" for i in range(cublaslt.n_algos(out, a, b))]
+        except (RuntimeError, ValueError):
+            pass  # no cuBLASLt algorithm for these dtypes or strides
+    return ways
+
+
+def _pick(key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
+    """Choose the way for this GEMM. Inside the tuning window (the warm-up step, whose values are thrown away) every
+    way runs into `out` itself, and a way other than the reference is a candidate only if the first rows of its
+    output agree with the reference's (compared in the planned probe buffer): nothing beyond the plan is allocated."""
+    ways = _ways(out, a, b)
+    if tuning.is_open() and len(ways) > 1:
+        flat = out.view(-1, out.shape[-1])
+        rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]
+        ref, got = tuning.probe()[: 2 * rows * cols].view(2, rows, cols)
+        _run(ways[0], out, a, b, False)
+        ref.copy_(flat[:rows])
+        agree = ways[:1]
+        for way in ways[1:]:
+            try:
+                _run(way, out, a, b, False)
+            except (RuntimeError, TypeError):
+                continue  # this torch, library or dtype combination has no such path
+            got.copy_(flat[:rows])
+            if got.sub_(ref).norm() <= (1e-4 if a.dtype == torch.float32 else 2e-2) * ref.norm():
+                agree.append(way)
+        ways = agree
+    return tuning.choose("gemm", key, {way: lambda way=way: _run(way, out, a, b, accumulate) for way in ways})
+
+
+def _tuned(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
+    key += ":a{}.{}.{}".format(*cublaslt.alignment(a, b, out))  # cuBLASLt's algorithms depend on them
+    way = _chosen.get(key)
+    if way is None:
+        way = _pick(key, out, a, b, accumulate)
+        if tuning.is_open() or key in tuning.choices("gemm"):  # an untimed default is not kept: the warm-up may come
+            _chosen[key] = way
+    _run(way, out, a, b, accumulate)
+
+
+def mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
+    """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
+    if tuning.INTERPRET or not out.is_cuda:
+        _triton_mm(out, a, b, accumulate)
+        return
+    _tuned(out, a, b, accumulate)
+
+
+def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
+    """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one strided-batched GEMM (torch's or cuBLASLt's, chosen as mm's),
+    allocating nothing. a may repeat one matrix by a zero batch stride (x.expand(G, ...): the QKV projection's input,
+    read once per weight). One launch of three times the tiles fills the GPU better than three: at micro-batch 8 the
+    step's GEMMs went from 8.93 to 8.54 ms with the QKV forward and weight gradients batched (an H200,
+    bench/RESULTS.md). The interpreter loops over mm."""
+    if tuning.INTERPRET or not out.is_cuda:
+        for g in range(out.shape[0]):
+            mm(out[g], a[g], b[g], accumulate)
+        return
+    _tuned(out, a, b, accumulate)
 
 
 def gemm_choices() -> dict[str, str]:

@@ -71,7 +71,7 @@ _gelu_ways: dict[str, dict[str, tuple[int]]] = {}
 def _gelu_forward(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor) -> None:
     """h = x @ w1 and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and fp16
     on a GPU), whichever the warm-up timed fastest for this shape (tuning.launch: the pass outside the warm-up)."""
-    key = f"{tuple(x.shape)}x{w1.shape[1]}:{x.dtype}"
+    key = f"{tuple(x.shape)}x{w1.shape[1]}:{x.dtype}:a" + ".".join(map(str, cublaslt.alignment(x, w1, a, h)))
     ways = _gelu_ways.get(key)
     if ways is None:
         ways = {"pass": (-1,)}

@@ -1,7 +1,7 @@
 """Choices made once per GPU and shape, cached on disk: never per call, so a step never pays for a choice.
 
 The cache is one JSON file per device name under $MICROGPT_CACHE (default ~/.cache/microgpt):
-{"gemm": {"<key>": "cublas" | "triton", ...}, "attention_fwd": {"<key>": "<config index>"}, ...}.
+{"gemm": {"<key>": "cublas" | "triton" | "lt<i>", ...}, "attention_fwd": {"<key>": "<config index>"}, ...}.
 
 A choice not in the cache is timed only inside `window()`, which the runtime opens around the warm-up run of the
 optimizer step (kernels/runtime.py): the candidates run on the warm-up's own buffers, whose values the step throws
@@ -34,10 +34,15 @@ _open = False
 _probe: torch.Tensor | None = None
 
 
+# Raised when a table gains candidates, so that choices made without them are timed again rather than kept
+# (2: cuBLASLt's algorithms for every GEMM).
+CACHE_VERSION = 2
+
+
 def cache_path() -> Path:
     root = Path(os.environ.get("MICROGPT_CACHE", Path.home() / ".cache" / "microgpt"))
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return root / f"tuning-{name.replace(' ', '_').replace('/', '_')}.json"
+    return root / f"tuning-v{CACHE_VERSION}-{name.replace(' ', '_').replace('/', '_')}.json"
 
 
 def _load() -> dict[str, dict[str, str]]:
@@ -103,7 +108,7 @@ def _time(fn: Callable[[], None]) -> float:
 
 def choose(table: str, key: str, candidates: dict[str, Callable[[], None]]) -> str:
     """The recorded choice for key; or, inside the window, time every candidate and record the fastest; or else
-    the first candidate. MICROGPT_<TABLE>=name forces a choice without timing (MICROGPT_GEMM=cublas|triton);
+    the first candidate. MICROGPT_<TABLE>=name forces a choice without timing (MICROGPT_GEMM=cublas|triton|lt0);
     MICROGPT_TUNING_LOG=1 prints every candidate's time to stderr as it is chosen."""
     forced = os.environ.get("MICROGPT_" + table.upper())
     if forced in candidates:

@@ -1,6 +1,6 @@
-"""cuBLASLt's GELU epilogue (microgpt/kernels/cublaslt.py) where CI can check it: the row-major to column-major
-mapping of operands, and the MLP keeping its GEMM + pass where cuBLASLt cannot run. The GEMMs themselves run on the
-GPU only (tests/kernels/test_gpu.py: test_mlp_gelu_epilogue_gpu)."""
+"""cuBLASLt's GEMMs (microgpt/kernels/cublaslt.py) where CI can check them: the row-major to column-major mapping of
+operands, the refusals, and the MLP keeping its GEMM + pass where cuBLASLt cannot run. The GEMMs themselves run on
+the GPU only (tests/kernels/test_gpu.py: test_gemm_every_way_gpu, test_mlp_gelu_epilogue_gpu)."""
 
 import pytest
 import torch
@@ -19,16 +19,20 @@ def test_operand_views_map_to_column_major():
     assert cublaslt._operand(wide) == (cublaslt._OP_N, 10, 6, 16)
     with pytest.raises(ValueError, match="strides"):
         cublaslt._operand(torch.empty(6, 20)[:, ::2])
+    # batched: the last two axes map as above; a batch stride of 0 (one matrix repeated) is the layout's business
+    assert cublaslt._operand(x.expand(3, 6, 10)) == (cublaslt._OP_N, 10, 6, 10)
+    assert cublaslt._operand(x.t().expand(3, 10, 6)) == (cublaslt._OP_T, 10, 6, 10)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without cuBLASLt")
-def test_mlp_keeps_the_pass_without_cublaslt():
+def test_mlp_keeps_the_pass_without_cublaslt(monkeypatch):
     """No CUDA: the MLP's forward offers the GEMM + pass only, and runs it."""
     assert not cublaslt.available()
+    monkeypatch.setattr(km, "_gelu_ways", {})
     x, w1 = torch.randn(8, 4), torch.randn(4, 16)
     h, a = torch.empty(8, 16), torch.empty(8, 16)
     km._gelu_forward(a, h, x, w1)
-    assert list(km._gelu_ways[f"{tuple(x.shape)}x16:{x.dtype}"]) == ["pass"]
+    assert [list(ways) for ways in km._gelu_ways.values()] == [["pass"]]
     torch.testing.assert_close(h, x @ w1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, torch.nn.functional.gelu(h, approximate="tanh"), rtol=1e-5, atol=1e-5)
 
@@ -44,3 +48,7 @@ def test_mismatched_shapes_and_strided_outputs_are_refused():
         cublaslt.gelu_aux(out, torch.empty(8, 12), x, w)
     with pytest.raises(ValueError, match="contiguous rows"):
         cublaslt.dgelu(torch.empty(16, 8).t(), x, w, aux)
+    with pytest.raises(ValueError, match=r"\(3, 8, 16\) = \(2, 8, 4\) @ \(3, 4, 16\)"):  # batch counts differ
+        cublaslt.gemm(torch.empty(3, 8, 16), torch.empty(2, 8, 4), torch.empty(3, 4, 16))
+    with pytest.raises(ValueError, match="shapes"):  # a batched output from 2D operands
+        cublaslt.gemm(torch.empty(3, 8, 16), x, w)

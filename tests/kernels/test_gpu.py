@@ -224,6 +224,43 @@ def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
     close("dw2", dw2 - dw20, r2.grad, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_every_way_gpu(dtype):
+    """Every way linear.mm and linear.bmm may choose (Triton, torch's cuBLAS call, cuBLASLt under each algorithm
+    its heuristic offers) for the kinds of GEMM a step runs: plain, a transposed operand, low-precision operands
+    added into fp32 weight gradients (the randn outputs), batched with one input repeated by a zero batch stride,
+    and an input only 8-byte aligned. Each against float64, each run twice (the same bits: no way may add with
+    atomics); where it adds, what it added is compared."""
+    from microgpt.kernels import linear as k
+
+    torch.manual_seed(8)
+    x, dout, w = rnd(N, C, dtype=dtype), rnd(N, 3 * C, dtype=dtype, scale=0.1), rnd(C, 3 * C, dtype=dtype, scale=0.05)
+    w3, dq3 = rnd(3, C, C, dtype=dtype, scale=0.05), rnd(3, N, C, dtype=dtype)
+    empty = dict(device="cuda", dtype=dtype)
+    shifted = torch.empty(N * C + 8, **empty)[8 // x.element_size() :][: N * C].view(N, C)
+    shifted.copy_(x)  # 8 bytes past a 256-byte boundary: the heuristic must offer only algorithms that run there
+    kinds = {  # name: (out, a, b, accumulate)
+        "x @ w": (torch.empty(N, 3 * C, **empty), x, w, False),
+        "dout @ w^T": (torch.empty(N, C, **empty), dout, w.t(), False),
+        "dw += x^T @ dout": (torch.randn(C, 3 * C, device="cuda"), x.t(), dout, True),
+        "qkv = x @ w[g]": (torch.empty(3, N, C, **empty), x.expand(3, N, C), w3, False),
+        "dw[g] += x^T @ dq[g]": (torch.randn(3, C, C, device="cuda"), x.t().expand(3, C, N), dq3, True),
+        "x (8-byte aligned) @ w": (torch.empty(N, 3 * C, **empty), shifted, w, False),
+    }
+    for name, (out, a, b, acc) in kinds.items():
+        start, ref = out.clone(), a.double() @ b.double()
+        ways = k._ways(out, a, b)
+        assert any(w.startswith("lt") for w in ways) or a is shifted, f"{name}: no cuBLASLt algorithm offered"
+        for way in ways:
+            out.copy_(start)
+            k._run(way, out, a, b, acc)
+            first = out.clone()
+            out.copy_(start)
+            k._run(way, out, a, b, acc)
+            assert torch.equal(out, first), f"{name} by {way}: a second run differs"
+            close(f"{name} by {way}", out.double() - start.double() if acc else out, ref, dtype)
+
+
 def test_attention_every_configuration_gpu(monkeypatch):
     """Each tile configuration the warm-up may choose for attention, forced, against autograd (bf16, T 1024)."""
     from microgpt.kernels import attention as k
