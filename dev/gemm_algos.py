@@ -2,12 +2,11 @@
 offers (one H200).
 
     python3 dev/gemm_algos.py [MB ...]        # default micro-batches 8 32
-    GEMM_ALGOS=16 GEMM_WORKSPACE_MIB=32 python3 dev/gemm_algos.py 8   # more candidates; a workspace (split-K)
+    GEMM_ALGOS=16 python3 dev/gemm_algos.py 8     # the heuristic's first 16 algorithms instead of its first 8
 
 Per micro-batch and GEMM (the step's own shapes, strides and dtypes, as linear.py, mlp.py and crossentropy.py call
 them): us per call of torch's GEMM (linear.cublas_mm / linear.bmm, what the engine runs today) and of
-cublaslt.gemm under each algorithm (no workspace, no split-K reduction; or GEMM_ALGOS of them, and a workspace of
-GEMM_WORKSPACE_MIB with split-K reduced in it), from a CUDA graph of 20 calls; the
+cublaslt.gemm under each algorithm (no workspace, no split-K reduction), from a CUDA graph of 20 calls; the
 fastest, its relative difference from torch's output, and per step (times the GEMM's count a step) the time
 torch's calls take and what the fastest algorithms would take instead.
 """
@@ -79,10 +78,6 @@ def main() -> None:
     mbs = [int(x) for x in sys.argv[1:]] or [8, 32]
     torch.manual_seed(0)
     cublaslt.MAX_ALGOS = int(os.environ.get("GEMM_ALGOS", cublaslt.MAX_ALGOS))
-    mib = int(os.environ.get("GEMM_WORKSPACE_MIB", 0))
-    if mib:
-        cublaslt.set_workspace(torch.empty(mib << 20, dtype=torch.uint8, device="cuda"))
-    print(f"cuBLASLt: up to {cublaslt.MAX_ALGOS} algorithms a GEMM, workspace {mib} MiB")
     for mb in mbs:
         total_torch = total_best = 0.0
         print(f"--- micro-batch {mb}")

@@ -38,7 +38,6 @@ _LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6
 _DESC_AUX_POINTER, _DESC_AUX_LD, _DESC_AUX_DATA_TYPE = 11, 12, 22
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK, _PREF_MIN_ALIGNMENT_A = 1, 3, 5  # B, C, D: 6, 7, 8
 _REDUCTION_SCHEME_NONE = 0  # no split-K reduction: the ones that add partial sums in place do it with atomics
-_REDUCTION_IN_WORKSPACE = 2 | 4  # split-K partial sums kept in the workspace, then reduced in a fixed order
 DEFAULT, GELU_AUX, DGELU = 1, 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_DEFAULT, _GELU_AUX, _DGELU
 _DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF}
 
@@ -125,18 +124,6 @@ class _Plan:
 
 
 _plans: dict[tuple, _Plan] = {}
-_workspace: torch.Tensor | None = None
-
-
-def set_workspace(buf: torch.Tensor | None) -> None:
-    """A device buffer the GEMMs planned from now on may use (split-K with its partial sums reduced in it), or None
-    (no workspace)."""
-    global _workspace
-    _workspace = buf
-
-
-def _workspace_bytes() -> int:
-    return 0 if _workspace is None else _workspace.numel() * _workspace.element_size()
 
 
 def _operand(x: torch.Tensor) -> tuple[int, int, int, int]:
@@ -176,7 +163,7 @@ def alignment(*xs: torch.Tensor) -> tuple[int, ...]:
 def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int) -> _Plan:
     aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
     key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype, epilogue,
-           aligned, aux is not None and (aux.stride(), alignment(aux)), _workspace_bytes())  # fmt: skip
+           aligned, aux is not None and (aux.stride(), alignment(aux)))  # fmt: skip
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -196,11 +183,10 @@ def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor
     layouts = (_layout(b, rb, cb, ldb), _layout(a, ra, ca, lda), _layout(out, N, M, out.stride(-2)))
     pref = ctypes.c_void_p()
     _check(_lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-    ws = ctypes.c_uint64(_workspace_bytes())
-    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8), "pref")
-    # deterministic: a run repeats another bit for bit
-    mask = ctypes.c_uint32(_REDUCTION_SCHEME_NONE if _workspace is None else _REDUCTION_IN_WORKSPACE)
-    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(mask), 4), "pref")
+    zero = ctypes.c_uint64(0)  # no workspace: nothing outside the memory plan
+    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(zero), 8), "pref")
+    none = ctypes.c_uint32(_REDUCTION_SCHEME_NONE)  # deterministic: a run repeats another bit for bit
+    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(none), 4), "pref")
     for i, bytes_ in enumerate((*aligned, aligned[2])):  # A, B, C, D
         value = ctypes.c_uint32(bytes_)
         _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MIN_ALIGNMENT_A + i, ctypes.byref(value), 4),
@@ -236,15 +222,11 @@ def _matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tens
     if aux is not None:
         _set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
     A, B, D = plan.layouts
-    ws, ws_bytes = (
-        None if _workspace is None else ctypes.c_void_p(_workspace.data_ptr()),
-        plan.algos[algo].workspace_size,
-    )
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
     _check(_lib.cublasLtMatmul(_handle, plan.desc, ctypes.byref(_ONE), ptr(b.data_ptr()), A, ptr(a.data_ptr()), B,
                                ctypes.byref(_ONE if accumulate else _ZERO), d, D, d, D,
-                               ctypes.byref(plan.algos[algo].algo), ws, ws_bytes, stream), "matmul")  # fmt: skip
+                               ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
 
 
 def gemm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False, algo: int = 0) -> None:
