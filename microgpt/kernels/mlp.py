@@ -5,7 +5,7 @@ Backward (all grads accumulate):
     dh = dout @ w2.T                       (GEMM into the dh scratch)
     a = gelu(h); dh *= gelu'(h)            (k_mlp_bwd: one pass over h and dh writes a and dh)
     dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx = dh @ w1.T (written: its one writer)
-The GEMMs go through linear.mm (Triton or cuBLAS, chosen once per shape); with Fp8Weights (precision "fp8")
+The GEMMs go through linear.mm (Triton, cuBLAS or cuBLASLt, chosen once per shape); with Fp8Weights (precision "fp8")
 through fp8.mm8 on E4M3 operands, and GELU and its backward run inside the casts of a and dh (fp8.py).
 In bf16 and fp16 on a GPU the forward's first GEMM may instead write h and a = gelu(h) itself (cuBLASLt's GELU_AUX
 epilogue, cublaslt.py), which saves the pass; the warm-up times that GEMM under each algorithm cuBLASLt offers
