@@ -80,7 +80,7 @@ def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
         torch.ops.aten.mm.dtype_out(a, b, out.dtype, out=out)
 
 
-_chosen: dict[str, str] = {}
+_chosen: dict[str, tuple[str, bool]] = {}  # key -> (way, settled: timed or recorded, not a default outside the warm-up)
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
 
 
@@ -136,8 +136,8 @@ def _pick(key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumul
         for way in ways[1:]:
             try:
                 _run(way, out, a, b, False)
-            except (RuntimeError, TypeError):
-                continue  # this torch, library or dtype combination has no such path
+            except (RuntimeError, TypeError, ValueError):
+                continue  # this torch, library, dtype or layout combination has no such path
             got.copy_(flat[:rows])
             if got.sub_(ref).norm() <= (1e-4 if a.dtype == torch.float32 else 2e-2) * ref.norm():
                 agree.append(way)
@@ -148,11 +148,10 @@ def _pick(key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumul
 def _tuned(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
     key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
     key += ":a{}.{}.{}".format(*cublaslt.alignment(a, b, out))  # cuBLASLt's algorithms depend on them
-    way = _chosen.get(key)
-    if way is None:
+    way, settled = _chosen.get(key, (None, False))
+    if way is None or (not settled and tuning.is_open()):  # an untimed default is timed once the warm-up comes
         way = _pick(key, out, a, b, accumulate)
-        if tuning.is_open() or key in tuning.choices("gemm"):  # an untimed default is not kept: the warm-up may come
-            _chosen[key] = way
+        _chosen[key] = (way, tuning.is_open() or tuning.choices("gemm").get(key) == way)
     _run(way, out, a, b, accumulate)
 
 
@@ -178,8 +177,8 @@ def bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = 
 
 
 def gemm_choices() -> dict[str, str]:
-    """Shape key -> backend for every GEMM this process ran (printed with the memory plan)."""
-    return dict(_chosen)
+    """Shape key -> way (triton, cublas, lt<i>) for every GEMM this process ran (printed with the memory plan)."""
+    return {key: way for key, (way, _) in _chosen.items()}
 
 
 def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Fp8Weight,

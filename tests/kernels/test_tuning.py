@@ -87,3 +87,34 @@ def test_launch_outside_the_window_takes_the_first_and_keeps_nothing(tmp_path, m
     monkeypatch.setenv("MICROGPT_DEMO_LAUNCH", "other")
     tuning.launch("demo_launch", "k", CONFIGS, _recording(launched))
     assert launched == ["first", "other"]
+
+
+def test_gemm_default_before_the_warm_up_is_kept_until_the_warm_up_times_it(tmp_path, monkeypatch) -> None:
+    """linear's GEMM choice: before any warm-up (sampling, evaluation) a shape takes the reference way untimed and
+    keeps it, so later calls choose nothing again; the warm-up, when it comes, still times it and records the
+    fastest, which the process then keeps."""
+    import torch
+
+    from microgpt.kernels import linear
+
+    monkeypatch.setenv("MICROGPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_cache", None)
+    monkeypatch.setattr(tuning, "_time", lambda fn: fn())  # each way returns its own time
+    monkeypatch.setattr(tuning, "_probe", torch.zeros(64))
+    monkeypatch.setattr(linear, "_chosen", {})
+    asked: list[int] = []
+    monkeypatch.setattr(linear, "_ways", lambda out, a, b: asked.append(1) or ["triton", "cublas"])
+    ran: list[str] = []
+    monkeypatch.setattr(linear, "_run", lambda way, *args: ran.append(way) or {"triton": 2.0, "cublas": 1.0}[way])
+    out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
+    linear._tuned(out, a, b, False)
+    linear._tuned(out, a, b, False)
+    assert ran == ["triton", "triton"] and len(asked) == 1
+    with tuning.window():
+        linear._tuned(out, a, b, False)
+    assert ran[-1] == "cublas" and len(asked) == 2
+    (key,) = linear.gemm_choices()
+    assert linear.gemm_choices() == {key: "cublas"}
+    assert json.loads(tuning.cache_path().read_text())["gemm"] == {key: "cublas"}
+    linear._tuned(out, a, b, False)
+    assert ran[-1] == "cublas" and len(asked) == 2
