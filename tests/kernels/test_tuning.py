@@ -90,9 +90,9 @@ def test_launch_outside_the_window_takes_the_first_and_keeps_nothing(tmp_path, m
 
 
 def test_gemm_default_before_the_warm_up_is_kept_until_the_warm_up_times_it(tmp_path, monkeypatch) -> None:
-    """linear's GEMM choice: before any warm-up (sampling, evaluation) a shape takes the reference way untimed and
-    keeps it, so later calls choose nothing again; the warm-up, when it comes, still times it and records the
-    fastest, which the process then keeps."""
+    """linear's GEMM choice: before any warm-up (a kernel called outside a training step) a shape takes the
+    reference way untimed and keeps it, so later calls choose nothing again; the warm-up, when it comes, still times
+    it and records the fastest, which the process then keeps."""
     import torch
 
     from microgpt.kernels import linear
