@@ -5,7 +5,7 @@ offers (one H200).
     GEMM_ALGOS=16 python3 dev/gemm_algos.py 8     # the heuristic's first 16 algorithms instead of its first 8
 
 Per micro-batch and GEMM (the step's own shapes, strides and dtypes, as linear.py, mlp.py and crossentropy.py call
-them): us per call of torch's GEMM (linear.cublas_mm / linear.bmm, what the engine runs today) and of
+them): us per call of torch's GEMM (linear.cublas_mm, what the engine ran before the cuBLASLt ways) and of
 cublaslt.gemm under each algorithm (no workspace, no split-K reduction), from a CUDA graph of 20 calls; the
 fastest, its relative difference from torch's output, and per step (times the GEMM's count a step) the time
 torch's calls take and what the fastest algorithms would take instead.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.gemm_memset import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
 from microgpt.kernels import cublaslt  # noqa: E402
-from microgpt.kernels.linear import bmm, cublas_mm  # noqa: E402
+from microgpt.kernels.linear import cublas_mm  # noqa: E402
 
 REPS = 20
 
@@ -68,12 +68,6 @@ def gemms(mb: int) -> list[tuple[str, int, torch.Tensor, torch.Tensor, torch.Ten
     ]
 
 
-def torch_call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, acc: bool):
-    if out.dim() == 3:
-        return lambda: bmm(out, a, b, acc)
-    return lambda: cublas_mm(out, a, b, acc)
-
-
 def main() -> None:
     mbs = [int(x) for x in sys.argv[1:]] or [8, 32]
     torch.manual_seed(0)
@@ -83,9 +77,9 @@ def main() -> None:
         print(f"--- micro-batch {mb}")
         for name, count, out, a, b, acc in gemms(mb):
             keep = out.clone()
-            torch_call(out, a, b, False)()
+            cublas_mm(out, a, b, False)
             ref = out.float().clone()
-            us = {"torch": captured(torch_call(out, a, b, acc), REPS)[1]}
+            us = {"torch": captured(lambda: cublas_mm(out, a, b, acc), REPS)[1]}
             n = cublaslt.n_algos(out, a, b)
             err = {}
             for i in range(n):

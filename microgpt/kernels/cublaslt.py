@@ -183,14 +183,14 @@ def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor
     layouts = (_layout(b, rb, cb, ldb), _layout(a, ra, ca, lda), _layout(out, N, M, out.stride(-2)))
     pref = ctypes.c_void_p()
     _check(_lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-    zero = ctypes.c_uint64(0)  # no workspace: nothing outside the memory plan
-    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(zero), 8), "pref")
-    none = ctypes.c_uint32(_REDUCTION_SCHEME_NONE)  # deterministic: a run repeats another bit for bit
-    _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(none), 4), "pref")
-    for i, bytes_ in enumerate((*aligned, aligned[2])):  # A, B, C, D
-        value = ctypes.c_uint32(bytes_)
-        _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MIN_ALIGNMENT_A + i, ctypes.byref(value), 4),
-               "pref")  # fmt: skip
+    # no workspace (nothing outside the memory plan), no split-K reduction (a run repeats another bit for bit), and
+    # the minimum alignments of A, B, C, D
+    settings = [(_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
+                (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE))]  # fmt: skip
+    settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate((*aligned, aligned[2]))]
+    for attr, value in settings:
+        _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), ctypes.sizeof(value)),
+               "preference attribute")  # fmt: skip
     results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
     _check(_lib.cublasLtMatmulAlgoGetHeuristic(_handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
                                                MAX_ALGOS, results, ctypes.byref(found)), "heuristic")  # fmt: skip

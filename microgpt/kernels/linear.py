@@ -69,31 +69,21 @@ def _triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: 
 
 
 def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """torch's cuBLAS call: out (+)= a @ b, 2D (mm, addmm) or batched 3D (bmm, baddbmm)."""
+    aten, batched = torch.ops.aten, out.dim() == 3
     if out.dtype == a.dtype:
         if accumulate:
-            out.addmm_(a, b)
+            (out.baddbmm_ if batched else out.addmm_)(a, b)
         else:
-            torch.mm(a, b, out=out)
+            (torch.bmm if batched else torch.mm)(a, b, out=out)
     elif accumulate:  # bf16/fp16 operands into fp32 grads: cuBLAS's fp32-output path (torch >= 2.8)
-        torch.ops.aten.addmm.dtype_out(out, a, b, out.dtype, out=out)
+        (aten.baddbmm if batched else aten.addmm).dtype_out(out, a, b, out.dtype, out=out)
     else:
-        torch.ops.aten.mm.dtype_out(a, b, out.dtype, out=out)
+        (aten.bmm if batched else aten.mm).dtype_out(a, b, out.dtype, out=out)
 
 
 _chosen: dict[str, tuple[str, bool]] = {}  # key -> (way, settled: timed or recorded, not a default outside the warm-up)
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
-
-
-def _torch_bmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
-    if out.dtype == a.dtype:
-        if accumulate:
-            out.baddbmm_(a, b)
-        else:
-            torch.bmm(a, b, out=out)
-    elif accumulate:  # bf16/fp16 operands into fp32 grads, as cublas_mm
-        torch.ops.aten.baddbmm.dtype_out(out, a, b, out.dtype, out=out)
-    else:
-        torch.ops.aten.bmm.dtype_out(a, b, out.dtype, out=out)
 
 
 def _run(way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
@@ -102,7 +92,7 @@ def _run(way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumula
     if way == "triton":
         _triton_mm(out, a, b, accumulate)
     elif way == "cublas":
-        (_torch_bmm if out.dim() == 3 else cublas_mm)(out, a, b, accumulate)
+        cublas_mm(out, a, b, accumulate)
     else:
         cublaslt.gemm(out, a, b, accumulate, int(way[2:]))
 

@@ -61,3 +61,18 @@ def test_linear_three_weights(dtype: torch.dtype) -> None:
     kl.linear_backward(gdx, gdw, t(dout, dtype), t(x, dtype), t(w, dtype))
     compare("dx", gdx, dx, dtype)
     compare("dw", gdw, dw, dtype)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_torch_way_writes_and_adds_in_2d_and_batched(batched: bool) -> None:
+    """linear.cublas_mm (the "cublas" way: torch's mm/addmm, or bmm/baddbmm for a batch) writes a @ b, and adds it
+    to what out held, against NumPy in float64 (on the CPU here; the GPU test runs it beside every other way)."""
+    rng = np.random.default_rng(11)
+    lead = (3,) if batched else ()
+    a, b, start = (rng.standard_normal(lead + s) for s in ((5, 4), (4, 6), (5, 6)))
+    out = torch.tensor(start, dtype=torch.float32)
+    kl.cublas_mm(out, torch.tensor(a, dtype=torch.float32), torch.tensor(b, dtype=torch.float32), False)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    out = torch.tensor(start, dtype=torch.float32)
+    kl.cublas_mm(out, torch.tensor(a, dtype=torch.float32), torch.tensor(b, dtype=torch.float32), True)
+    np.testing.assert_allclose(out.numpy(), start + a @ b, rtol=1e-5, atol=1e-5)
