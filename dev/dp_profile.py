@@ -12,6 +12,8 @@ Rank 0 then prints, per rank and replay:
 - span: first kernel's start to last kernel's end; compute: the time some non-NCCL kernel runs (their union);
 - nccl: the NCCL kernels' summed time, and `exposed`, the part of it during which no compute kernel runs;
 - each all-reduce's start (ms after the replay's first kernel) and duration, and what runs after the last one;
+- idle: the time inside the span when no kernel, copy or memset runs, and its largest pieces, each named by the
+  kernels before and after it (where a one-GPU replay's span goes beyond its kernels' time);
 - with --baseline (a `--gpus 1` run's DIR): each compute kernel against the same kernel's median time there, summed
   over the kernels that ran beside an all-reduce and over the others, and the kernels that gained most.
 --gpus 1 gives the one-GPU replay to compare with. CUPTI timestamps come from one host clock, so the ranks'
@@ -157,6 +159,25 @@ def against(rep: list[tuple[float, float, str]], base: list[list[tuple[float, fl
             "most_extra": [f"{n} {d / 1e3:+.3f}" for n, d in top]}  # fmt: skip
 
 
+def idle(rep: list[tuple[float, float, str]], top: int = 8) -> dict:
+    """The replay's idle time (no activity on the GPU) and its `top` largest gaps, each with what ends before it and
+    what starts after it, and the idle summed by the kernel that starts after it."""
+    gaps, end, before = [], rep[0][1], rep[0][2]
+    for s, e, n in rep[1:]:
+        if s > end:
+            gaps.append((s - end, before[:36], n[:36]))
+        if e > end:
+            end, before = e, n
+    by_next: dict[str, float] = {}
+    for d, _, n in gaps:
+        by_next[n] = by_next.get(n, 0.0) + d
+    by_next_top = sorted(by_next.items(), key=lambda kv: -kv[1])[:top]
+    return {"idle_ms": sum(d for d, _, _ in gaps) / 1e3, "gaps": len(gaps),
+            "gaps_over_5us": sum(d > 5 for d, _, _ in gaps),
+            "largest_gaps_us": [f"{d:.1f} {b} -> {n}" for d, b, n in sorted(gaps, reverse=True)[:top]],
+            "idle_by_next_ms": [f"{d / 1e3:.3f} {n}" for n, d in by_next_top]}  # fmt: skip
+
+
 def summarize(out: Path, baseline: Path | None = None) -> None:
     traces = sorted(out.glob("trace_rank*.json"))
     base = replays(baseline / "trace_rank0.json") if baseline else []
@@ -180,6 +201,7 @@ def summarize(out: Path, baseline: Path | None = None) -> None:
                    "allreduce_start+dur_ms": [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f}" for s, e, _ in nccl],
                    "after_last_allreduce": after,
                    **{k: v for k, v in host.items() if k.endswith("_ms_median")}}  # fmt: skip
+            row.update(idle(rep))
             if base:
                 row.update(against(rep, base))
             print(json.dumps(row), flush=True)

@@ -96,21 +96,27 @@ ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "
                "block16384w16": (True, 16384, 16)}  # fmt: skip
 
 
+def row_launch(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+               dlosses: torch.Tensor | None, V: int, per_block: bool, block: int,
+               warps: int) -> Callable[[], None]:  # fmt: skip
+    """k_crossentropy_fwd on a chunk of logits (r, V) under one configuration of ROW_CONFIGS, as a closure: loss and
+    lse per row and, given dlosses, dlogits in place."""
+    r, grad, bv = logits.shape[0], dlosses is not None, _block_v(V, block)
+    dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
+    return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
+                                            PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+
+
 def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
                 dlosses: torch.Tensor | None, V: int) -> None:  # fmt: skip
-    """k_crossentropy_fwd on a chunk of logits (r, V): loss and lse per row and, given dlosses, dlogits in place.
-    Under the warm-up the configurations run several times on one chunk (turning its dlogits into others: values
-    the warm-up discards)."""
-    r, grad = logits.shape[0], dlosses is not None
-    dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
+    """k_crossentropy_fwd under the configuration the warm-up chose for this chunk's shape. Under the warm-up the
+    configurations run several times on one chunk (turning its dlogits into others: values the warm-up discards)."""
 
-    def make(per_block: bool, block: int, warps: int):
-        bv = _block_v(V, block)
-        return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
-                                                PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+    def make(*config):
+        return row_launch(losses, lse, logits, targets, dlosses, V, *config)
 
     # one choice with and without the gradient: the forward alone gives the lse the fused call gives
-    tuning.launch("crossentropy_row", f"{r}:{V}:{logits.dtype}", ROW_CONFIGS, make)
+    tuning.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}", ROW_CONFIGS, make)
 
 
 def _chunks(N: int, R: int):

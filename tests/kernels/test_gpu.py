@@ -295,10 +295,9 @@ def test_crossentropy_every_configuration_gpu():
     loss_ref = F.cross_entropy(lg, targets.long(), ignore_index=-1, reduction="none")
     (loss_ref * dloss.double()).sum().backward()
     lse_ref, d_ref = torch.logsumexp(lg, -1), lg.grad
-    for name, (per_block, block, warps) in k.ROW_CONFIGS.items():
+    for name, config in k.ROW_CONFIGS.items():
         g, loss, lse = logits.clone(), torch.empty(r, device="cuda"), torch.empty(r, device="cuda")
-        k.k_crossentropy_fwd[(r,)](loss, lse, g, targets, dloss, V, GRAD=True, BLOCK_V=k._block_v(V, block),
-                                   PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+        k.row_launch(loss, lse, g, targets, dloss, V, *config)()
         close(f"{name}: lse", lse, lse_ref, torch.float32)
         close(f"{name}: loss", loss, loss_ref, torch.float32)
         close(f"{name}: dlogits", g, d_ref, torch.bfloat16)
