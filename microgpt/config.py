@@ -58,6 +58,9 @@ class TrainConfig:
     eval_batches: int = 8
     ckpt_every: int = 100
     log_every: int = 1
+    # False: the MLP keeps a = gelu(h) per layer from forward to backward (L x (N, 4C) more saved activations, one
+    # pass fewer over them in backward); True: one (N, 4C) scratch, and backward recomputes a from h
+    recompute_gelu: bool = False
 
 
 @dataclass

@@ -183,7 +183,8 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
         ("ln2", (L, N, C), "compute"),
         ("ln2_mean", (L, N), "f32"),
         ("ln2_rstd", (L, N), "f32"),
-        ("h", (L, N, 4 * C), "compute"),  # pre-GELU activation; GELU output is recomputed in backward
+        ("h", (L, N, 4 * C), "compute"),  # pre-GELU activation
+        *([("a", (L, N, 4 * C), "compute")] if gelu_output_saved(t) else []),  # GELU output, read by dW_2's GEMM
         ("lnf", (N, C), "compute"),
         ("lnf_mean", (N,), "f32"),
         ("lnf_rstd", (N,), "f32"),
@@ -194,7 +195,7 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in act]
     scratch = [
         ("proj", (N, C)),  # output of W_O and of the MLP before the residual add
-        *([("a", (N, 4 * C))] if gelu_output_planned(t) else []),  # GELU output (forward and backward recompute)
+        *([("a", (N, 4 * C))] if gelu_output_planned(t) and t.recompute_gelu else []),  # GELU output, recomputed
         ("dh", (N, 4 * C)),
         ("dresid", (N, C)),  # gradient of the residual stream, updated in place from the top layer down
         ("dln", (N, C)),
@@ -209,10 +210,18 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
 
 
 def gelu_output_planned(t: TrainConfig) -> bool:
-    """Whether the MLP's a = gelu(h) has a (N, 4C) compute buffer. The triton backend in fp8 never makes one: its
+    """Whether the MLP's a = gelu(h) has a compute buffer (one per layer or one scratch: gelu_output_saved). The
+    triton backend in fp8 never makes one: its
     cast computes GELU on the way to the E4M3 copy the next GEMM reads (microgpt/kernels/mlp.py); the NumPy
     reference of fp8 rounds a itself and keeps the buffer."""
     return not (t.backend == "triton" and t.precision == "fp8")
+
+
+def gelu_output_saved(t: TrainConfig) -> bool:
+    """Whether a = gelu(h) is kept per layer from forward to backward (saved activations, L x (N, 4C)): W_2's weight
+    gradient reads the forward's own a, and GELU's backward pass writes dh alone. With train.recompute_gelu the plan
+    has one (N, 4C) scratch instead, and backward recomputes a from h (a pass that also writes a)."""
+    return gelu_output_planned(t) and not t.recompute_gelu
 
 
 def fp8_rows(m: ModelConfig) -> list[Buf]:

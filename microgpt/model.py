@@ -56,7 +56,7 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
     B, T = tokens.shape
     N, H = B * T, m.n_head
     resid, proj = A["resid"], A["proj"]
-    a = A.get("a")  # None where fp8's cast computes GELU (memory.gelu_output_planned)
+    a, _ = _gelu_outputs(A, m.n_layer)
     K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
     out, mean, rstd, w, b = _norm(m, P, A, "ln1", 0)
     K.layernorm_forward(out, mean, rstd, resid[0], w, b)
@@ -69,7 +69,7 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
         K.linear_forward(proj, att, P[h + "w_o"])
         ln2, mean, rstd, w, b = _norm(m, P, A, "ln2", layer)
         K.residual_layernorm_forward(resid2, ln2, mean, rstd, x, proj, w, b)  # resid2 = x + proj; ln2 of it
-        K.mlp_forward(proj, A["h"][layer], a, ln2, P[h + "w_1"], P[h + "w_2"])
+        K.mlp_forward(proj, A["h"][layer], a[layer], ln2, P[h + "w_1"], P[h + "w_2"])
         out, mean, rstd, w, b = _norm(m, P, A, "ln1", layer + 1)  # the next layer's LN1; lnf after the last layer
         K.residual_layernorm_forward(resid[layer + 1], out, mean, rstd, resid2, proj, w, b)
     targets = targets.reshape(N)
@@ -95,7 +95,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
-    a = A.get("a")  # None where fp8's cast computes GELU
+    a, recompute = _gelu_outputs(A, m.n_layer)
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
@@ -104,7 +104,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
         K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
-                       a, A["dh"])  # fmt: skip
+                       a[layer], A["dh"], recompute=recompute)  # fmt: skip
         K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
                              A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
@@ -122,6 +122,16 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     if layer_done is not None:
         layer_done(0)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
+
+
+def _gelu_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
+    """Each layer's buffer for a = gelu(h), and whether backward recomputes a from h: a layer's own (N, 4C) plane
+    where the plan saves a (memory.gelu_output_saved), else the one (N, 4C) scratch all layers share, or None where
+    fp8's cast computes GELU (memory.gelu_output_planned)."""
+    a = A.get("a")
+    if a is None or a.ndim == 2:
+        return [a] * n_layer, True
+    return list(a), False
 
 
 def _norm(m: ModelConfig, P: dict[str, Any], A: Arena, name: str, layer: int) -> tuple[Any, ...]:

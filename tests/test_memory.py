@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import config, memory, trainer
+from microgpt import config, memory, model, trainer
 from microgpt.backend import numpy_backend
 from tests.conftest import TINY
 
@@ -74,3 +74,25 @@ def test_fp8_on_the_triton_backend_plans_no_gelu_output() -> None:
         rows = {b.name: b.shape for b in memory.plan(M, t, 5)}
         assert ("a" in rows) == planned == memory.gelu_output_planned(t), (backend, precision)
         assert rows["dh"] == (B * M.seq_len, 4 * C)
+
+
+def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
+    """By default a = gelu(h) is a saved activation, one (N, 4C) plane per layer, which the model hands each layer's
+    MLP backward as the forward's; with train.recompute_gelu it is one (N, 4C) scratch all layers share, and
+    backward recomputes it. The plans differ by exactly the L - 1 planes more."""
+    B, C, L = 2, M.d_model, M.n_layer
+    N = B * M.seq_len
+    sizes = {}
+    for recompute in (False, True):
+        t = config.TrainConfig(micro_batch=B, recompute_gelu=recompute)
+        bufs = memory.plan(M, t, 5)
+        (a,) = [b for b in bufs if b.name == "a"]
+        assert (a.role, a.shape) == (("scratch", (N, 4 * C)) if recompute else ("acts", (L, N, 4 * C)))
+        assert memory.gelu_output_saved(t) is not recompute
+        arena = memory.Arena(bufs, numpy_backend())
+        per_layer, recomputes = model._gelu_outputs(arena, L)
+        assert recomputes is recompute and len(per_layer) == L
+        assert all(x.shape == (N, 4 * C) for x in per_layer)
+        assert (per_layer[0] is per_layer[-1]) is recompute  # one shared scratch, or a plane per layer
+        sizes[recompute] = sum(b.numel for b in bufs)
+    assert sizes[False] - sizes[True] == (L - 1) * N * 4 * C

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from microgpt import checkpoint, config, memory
-from microgpt.backend import numpy_backend
+from microgpt.backend import get_backend, numpy_backend
 from microgpt.state import GROWTH_INTERVAL, LossScaler, make_state
 from microgpt.step import Step
 
@@ -68,3 +68,20 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path) -> None:
     path = a.save_checkpoint(tmp_path / "step-00000000.bin", {"config": {"model": {**vars(M), "n_head": 4}}})
     with pytest.raises(checkpoint.CheckpointError, match="model.n_head differs"):
         make_state(M, t, numpy_backend()).load_checkpoint(path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
+def test_recomputing_gelu_trains_the_same_bits_on_numpy(precision: str) -> None:
+    """train.recompute_gelu changes where a = gelu(h) lives (a saved plane per layer, or one scratch that backward
+    refills), not what the reference computes: the same GELU of the same h. Three steps of two micro-batches each
+    (so a is overwritten between a forward and its backward's neighbours) give the same losses, norms and weights."""
+    rng = np.random.default_rng(5)
+    data = [[batch(rng, 2) for _ in range(2)] for _ in range(3)]
+    runs = []
+    for recompute in (False, True):
+        t = config.TrainConfig(micro_batch=2, n_micro=2, seed=3, precision=precision, recompute_gelu=recompute)
+        S = make_state(M, t, get_backend("numpy", precision))
+        step = Step(S)
+        results = [step(d, 1e-2) for d in data]
+        runs.append(([(r.loss, r.grad_norm) for r in results], S.p.tobytes()))
+    assert runs[0] == runs[1]

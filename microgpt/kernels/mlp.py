@@ -1,10 +1,12 @@
-"""MLP: h = x @ w1 (saved, pre-GELU), a = gelu_tanh(h) (scratch), out = a @ w2. x:(N,C), w1:(C,4C), w2:(4C,C).
+"""MLP: h = x @ w1 (saved, pre-GELU), a = gelu_tanh(h) (saved), out = a @ w2. x:(N,C), w1:(C,4C), w2:(4C,C).
 
-Saving h and recomputing a in backward costs one elementwise pass and saves an (N,4C) activation per layer.
 Backward (all grads accumulate):
     dh = dout @ w2.T                       (GEMM into the dh scratch)
-    a = gelu(h); dh *= gelu'(h)            (k_mlp_bwd: one pass over h and dh writes a and dh)
+    dh *= gelu'(h)                         (k_mlp_bwd: one pass over h and dh writes dh)
     dw2 += a.T @ dout ; dw1 += x.T @ dh ; dx = dh @ w1.T (written: its one writer)
+With train.recompute_gelu the plan keeps h only (one (N,4C) activation less per layer) and the same pass also
+writes a = gelu(h) into a scratch for dw2's GEMM: a fourth (N,4C) array through the pass (at micro-batch 32 on an
+H200, 197 against 140 us a layer: dev/pass_bench.py).
 The GEMMs go through linear.mm (Triton, cuBLAS or cuBLASLt, chosen once per shape); with Fp8Weights (precision "fp8")
 through fp8.mm8 on E4M3 operands, and GELU and its backward run inside the casts of a and dh (fp8.py).
 In bf16 and fp16 on a GPU the forward's first GEMM may instead write h and a = gelu(h) itself (cuBLASLt's GELU_AUX
@@ -12,8 +14,9 @@ epilogue, cublaslt.py), which saves the pass; the warm-up times that GEMM under 
 against GEMM + pass and keeps the fastest (at micro-batch 8 on an H200, 65 against 82 us a layer:
 dev/gelu_epilogue_bench.py). h is the same either way; a is not quite: cuBLASLt applies its GELU (tanh-GELU to
 within 6e-6) to the fp32 sum where the pass applies ours to h rounded, so a moves by about a unit in its last place
-(30% of a's values at micro-batch 8). Backward recomputes a from h with the pass's GELU. cuBLASLt's DGELU epilogue
-(dh from the backward GEMM) measured 3.8x that GEMM + pass, so backward keeps the pass.
+(30% of a's values at micro-batch 8). A kept a is the one the forward multiplied by w2; a recomputed one is the
+pass's. cuBLASLt's DGELU epilogue (dh from the backward GEMM) measured 3.8x that GEMM + pass, so backward keeps the
+pass.
 """
 
 from __future__ import annotations
@@ -40,14 +43,15 @@ def k_mlp_fwd(a_ptr, h_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
-    # a, dh, h: (n,); in: dh holds d(gelu output); out: a = gelu(h), dh = dh * gelu'(h)
+def k_mlp_bwd(a_ptr, dh_ptr, h_ptr, n, RECOMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    # a, dh, h: (n,); in: dh holds d(gelu output); out: dh = dh * gelu'(h) and, RECOMPUTE, a = gelu(h)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
     da = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
     tl.store(dh_ptr + offs, (da * gelu_grad(h)).to(dh_ptr.dtype.element_ty), mask=mask)
-    tl.store(a_ptr + offs, gelu(h).to(a_ptr.dtype.element_ty), mask=mask)
+    if RECOMPUTE:
+        tl.store(a_ptr + offs, gelu(h).to(a_ptr.dtype.element_ty), mask=mask)
 
 
 def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: torch.Tensor,
@@ -118,7 +122,11 @@ def mlp_backward(
     a: torch.Tensor | None,
     dh: torch.Tensor,
     q: fp8.Scratch | None = None,
+    *,
+    recompute: bool,
 ) -> None:
+    """recompute: a holds nothing of this layer (scratch) and the pass writes gelu(h) into it before dW_2's GEMM
+    reads it; else a is the forward's gelu(h), kept (memory.gelu_output_saved)."""
     C, H = w1.shape
     h2, dh2 = h.view(-1, H), dh.view(-1, H)
     dout2, x2 = dout.view(-1, C), x.view(-1, C)
@@ -128,7 +136,7 @@ def mlp_backward(
     a2 = a.view(-1, H)
     mm(dh2, dout2, w2.t())
     n = h2.numel()
-    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, BLOCK=BLOCK)
+    k_mlp_bwd[(triton.cdiv(n, BLOCK),)](a2, dh2, h2, n, RECOMPUTE=recompute, BLOCK=BLOCK)
     mm(dw2, a2.t(), dout2, accumulate=True)
     mm(dw1, x2.t(), dh2, accumulate=True)
     mm(dx.view(-1, C), dh2, w1.t())

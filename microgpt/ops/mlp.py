@@ -1,13 +1,13 @@
 """MLP block: two bias-free linears with GELU (tanh approximation, as GPT-2) between them.
 
     h   = x @ w1                             (N,4C)  pre-activation, saved
-    a   = gelu(h)                            (N,4C)  scratch
+    a   = gelu(h)                            (N,4C)  saved (or, train.recompute_gelu, scratch)
     out = a @ w2                             (N,C)
     gelu(h) = 0.5 h (1 + tanh(u)),  u = sqrt(2/pi) (h + 0.044715 h^3)
 
 Shapes: x, out (N,C); w1 (C,4C); w2 (4C,C); h, a, dh (N,4C).
-Forward saves h only. Backward recomputes a = gelu(h) into the scratch buffer: one elementwise pass
-is cheaper than keeping a second (N,4C) activation per layer alive until backward.
+Forward saves h and a (memory.gelu_output_saved). With train.recompute_gelu it saves h only and backward
+recomputes a = gelu(h) into a scratch: one (N,4C) activation less per layer, one elementwise pass more.
 
 Backward, with t = tanh(u):
 
@@ -95,9 +95,14 @@ def mlp_backward(
     w2: NDArray,
     a: NDArray,
     dh: NDArray,
+    *,
+    recompute: bool,
 ) -> None:
-    """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; a and dh (N,4C) are scratch."""
-    _gelu(a, h)  # recomputed, see the module docstring
+    """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; dh (N,4C) is scratch. a (N,4C) is the
+    forward's gelu(h), or with recompute a scratch this call fills with it first; either way this call overwrites a
+    (its last reader) with temporaries."""
+    if recompute:
+        _gelu(a, h)
     if isinstance(w1, Fp8Weight) and isinstance(w2, Fp8Weight):
         dy8, idy = fp8.cast(dout, w2.gslot, current=w2.priming.on)
         a8, ia = fp8.recast(a, w2.xslot)

@@ -158,8 +158,9 @@ def test_attention_gpu(dtype):
     assert torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2), "backward is deterministic"
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["a-kept", "a-recomputed"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mlp_gpu(dtype):
+def test_mlp_gpu(dtype, recompute):
     from microgpt.kernels import mlp as k
 
     torch.manual_seed(4)
@@ -167,9 +168,11 @@ def test_mlp_gpu(dtype):
     w1, w2 = rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
     out, h, a, dh = (torch.empty(N, n, device="cuda", dtype=dtype) for n in (C, 4 * C, 4 * C, 4 * C))
     k.mlp_forward(out, h, a, x, w1, w2)
+    if recompute:
+        a.normal_()  # a scratch between the calls: backward must not read what forward left there
     dx = torch.zeros_like(x)
     (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
-    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
+    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, recompute=recompute)
     rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
     ref = F.gelu(rx @ r1, approximate="tanh") @ r2
     (ref * dout.double()).sum().backward()
@@ -215,7 +218,7 @@ def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
     k.mlp_forward(out, h, a, x, w1, w2)
     dx = torch.zeros_like(x)
     (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
-    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
+    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, recompute=False)
     rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
     (F.gelu(rx @ r1, approximate="tanh") @ r2 * dout.double()).sum().backward()
     close("out", out, F.gelu(rx @ r1, approximate="tanh") @ r2, dtype)
@@ -476,3 +479,36 @@ def test_fp8_step_gpu():
         got, want = (w.w8, q) if w.name == "lm_head" else (w.w8t, q.transpose(1, 2).contiguous())
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), w.name
         assert w.scale[0].item() == inv
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_recompute_gelu_step_gpu(precision, monkeypatch):
+    """Three optimizer steps of two micro-batches on the triton backend with a = gelu(h) saved per layer and with
+    train.recompute_gelu: the same losses, norms and weights, bit for bit, once both compute a the same way (GELU as
+    the pass: cuBLASLt's epilogue rounds differently; one GEMM way: the plans' buffers have other alignments)."""
+    import numpy as np
+
+    from microgpt.backend import triton_backend
+    from microgpt.config import ModelConfig, TrainConfig
+    from microgpt.kernels import linear, tuning
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    monkeypatch.setattr(tuning, "_launches", {})
+    monkeypatch.setattr(linear, "_chosen", {})
+    monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")
+    monkeypatch.setenv("MICROGPT_GEMM", "cublas")
+    m = ModelConfig(vocab_size=128, d_model=64, n_layer=3, n_head=2, seq_len=64)
+    rng = np.random.default_rng(9)
+    steps = [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
+             for _ in range(3)]  # fmt: skip
+    runs = []
+    for recompute in (False, True):
+        t = TrainConfig(micro_batch=2, n_micro=2, precision=precision, backend="triton", recompute_gelu=recompute)
+        S = make_state(m, t, triton_backend(precision))
+        assert (S.arena["a"].dim() == 2) is recompute
+        step = Step(S)
+        results = [step(b, 1e-3) for b in steps]
+        runs.append(([(r.loss, r.grad_norm) for r in results], S.K.to_numpy(S.p).tobytes()))
+        step.release()
+    assert runs[0] == runs[1]

@@ -190,7 +190,7 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
         out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
         mlp_forward(out, h, a, x, w1, w2)
         mlp_backward(np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32),
-                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh)  # fmt: skip
+                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh, recompute=False)  # fmt: skip
         for w in (w1, w2):
             for s, fac in ((w.xslot, f[0]), (w.gslot, f[1])):
                 s[fp8.HIST] = s[fp8.AMAX] * fac
@@ -201,7 +201,7 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
     mlp_forward(out, h, a, x, w1, w2)
     dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: backward writes dx
     dw1, dw2 = np.zeros((C, 4 * C), np.float32), np.zeros((4 * C, C), np.float32)
-    mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh)
+    mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, recompute=False)
 
     def scale_of(i: int, j: str) -> float:  # the amax the reference scaled by: its own (primed), or the history's
         s = hist[(i, j)]

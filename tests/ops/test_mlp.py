@@ -29,15 +29,18 @@ def torch_reference(inp: dict) -> dict:
     return {"out": out, "h": h, "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad}
 
 
-def run_numpy(inp: dict, dtype, grads: dict, rng: np.random.Generator) -> dict:
+def run_numpy(inp: dict, dtype, grads: dict, rng: np.random.Generator, recompute: bool) -> dict:
+    """The pair as the model runs it: with recompute, a is a scratch whose contents between the calls must not
+    matter (backward recomputes a); without, a is kept from forward to backward (memory.gelu_output_saved)."""
     x, w1, w2, dout = (inp[k].astype(dtype) for k in ("x", "w1", "w2", "dout"))
     N, C = x.shape
     out, h = np.empty((N, C), dtype), np.empty((N, 4 * C), dtype)
-    a = noise_like(rng, (N, 4 * C), dtype)  # scratch: its contents must not matter
+    a = noise_like(rng, (N, 4 * C), dtype)  # forward writes a: its contents before must not matter
     mlp_forward(out, h, a, x, w1, w2)
-    a[...] = noise_like(rng, (N, 4 * C), dtype)  # backward must recompute a, not trust forward's
+    if recompute:
+        a[...] = noise_like(rng, (N, 4 * C), dtype)  # backward must recompute a, not trust forward's
     dh = noise_like(rng, (N, 4 * C), dtype)
-    mlp_backward(grads["dx"], grads["dw1"], grads["dw2"], dout, x, h, w1, w2, a, dh)
+    mlp_backward(grads["dx"], grads["dw1"], grads["dw2"], dout, x, h, w1, w2, a, dh, recompute=recompute)
     return {"out": out, "h": h, **grads}
 
 
@@ -45,21 +48,23 @@ def grad_shapes(inp: dict) -> dict:
     return {"dx": inp["x"].shape, "dw1": inp["w1"].shape, "dw2": inp["w2"].shape}
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["a-kept", "a-recomputed"])
 @pytest.mark.parametrize("N,C", SHAPES)
-def test_mlp_float64(N: int, C: int) -> None:
+def test_mlp_float64(N: int, C: int, recompute: bool) -> None:
     rng = np.random.default_rng(1100 + N * C)
     inp = make_inputs(rng, N, C)
     noise = {k: noise_like(rng, s, np.float64) for k, s in grad_shapes(inp).items()}
-    got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()}, rng)
+    got = run_numpy(inp, np.float64, {k: v.copy() for k, v in noise.items()}, rng, recompute)
     ref = torch_reference(inp)
     check_outputs_and_added_grads(got, ref, noise, ("out", "h"), F64_TOL, written=("dx",))
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["a-kept", "a-recomputed"])
 @pytest.mark.parametrize("N,C", SHAPES)
-def test_mlp_float32(N: int, C: int) -> None:
+def test_mlp_float32(N: int, C: int, recompute: bool) -> None:
     rng = np.random.default_rng(1200 + N * C)
     inp = {k: v.astype(np.float32).astype(np.float64) for k, v in make_inputs(rng, N, C).items()}
-    got = run_numpy(inp, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng)
+    got = run_numpy(inp, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}, rng, recompute)
     ref = torch_reference(inp)
     for k in ref:
         check(k, got[k], ref[k], F32_TOL)
