@@ -211,9 +211,8 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
 
 def gelu_output_planned(t: TrainConfig) -> bool:
     """Whether the MLP's a = gelu(h) has a compute buffer (one per layer or one scratch: gelu_output_saved). The
-    triton backend in fp8 never makes one: its
-    cast computes GELU on the way to the E4M3 copy the next GEMM reads (microgpt/kernels/mlp.py); the NumPy
-    reference of fp8 rounds a itself and keeps the buffer."""
+    triton backend in fp8 never makes one: its cast computes GELU on the way to the E4M3 copy the next GEMM reads
+    (microgpt/kernels/mlp.py); the NumPy reference of fp8 rounds a itself and keeps the buffer."""
     return not (t.backend == "triton" and t.precision == "fp8")
 
 
