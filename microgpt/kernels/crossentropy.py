@@ -36,61 +36,14 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _segment_len(V, SEGS: tl.constexpr, BLOCK_V: tl.constexpr):
-    # the row as SEGS contiguous segments of this many columns (a multiple of BLOCK_V, which the hint tells the
-    # compiler, so that a segment's tiles load as wide vectors; the last segments may end past V)
-    return tl.multiple_of(tl.cdiv(tl.cdiv(V, SEGS), BLOCK_V) * BLOCK_V, BLOCK_V)
-
-
-@triton.jit
-def _lse_row_segments(ptr, V, SEGS: tl.constexpr, BLOCK_V: tl.constexpr):
-    # log-sum-exp of one row, its SEGS segments side by side (a warp each): a (SEGS, BLOCK_V) tile a step, an online
-    # max and sum per segment (no reduction across warps until the end), the next step's tile loaded before this
-    # step's arithmetic
-    seg_len = _segment_len(V, SEGS, BLOCK_V)
-    first = tl.arange(0, SEGS)[:, None] * seg_len + tl.arange(0, BLOCK_V)[None, :]
-    m = tl.full((SEGS,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((SEGS,), dtype=tl.float32)
-    x = tl.load(ptr + first, mask=first < V, other=float("-inf")).to(tl.float32)
-    for j in range(BLOCK_V, seg_len + BLOCK_V, BLOCK_V):
-        cols = first + j
-        ahead = tl.load(ptr + cols, mask=(cols < V) & (j < seg_len), other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
-        s = tl.where(m_new == float("-inf"), 0.0, s)  # a segment that saw only padding stays empty, not NaN
-        m = m_new
-        x = ahead
-    mx = tl.max(m, axis=0)  # segment 0 holds a logit: finite
-    return mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
-
-
-@triton.jit
-def _dlogits_row_segments(ptr, lse, tgt, dloss, V, SEGS: tl.constexpr, BLOCK_V: tl.constexpr):
-    # _dlogits_row over _lse_row_segments' tiles, the next tile loaded before this one is written
-    seg_len = _segment_len(V, SEGS, BLOCK_V)
-    cols = tl.arange(0, SEGS)[:, None] * seg_len + tl.arange(0, BLOCK_V)[None, :]
-    x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
-    for j in range(BLOCK_V, seg_len + BLOCK_V, BLOCK_V):
-        nxt = cols + BLOCK_V
-        ahead = tl.load(ptr + nxt, mask=(nxt < V) & (j < seg_len), other=0.0).to(tl.float32)
-        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
-        tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
-        x, cols = ahead, nxt
-
-
-@triton.jit
 def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr, MAX: tl.constexpr, SEGS: tl.constexpr):  # fmt: skip
+                       BLOCK_V: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
     # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place.
-    # The online max is kept per lane (MAX 0: two exponentials an element), per block of BLOCK_V (MAX 1: one
-    # exponential an element and two a block, two reductions across the program's warps a block), or per segment
-    # (MAX 2: the row as SEGS contiguous segments, one a warp, with no reduction across warps inside the loop and
-    # each tile loaded a step ahead: one exponential an element and one a segment step). Each sums in its own order.
+    # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
+    # exponential an element and two a block); the two sum in another order.
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * V
-    if MAX == 2:
-        lse = _lse_row_segments(ptr, V, SEGS, BLOCK_V)
-    elif MAX == 1:
+    if PER_BLOCK:
         cols = tl.arange(0, BLOCK_V)  # the first block holds a logit: its max is finite
         x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         mx = tl.max(x, axis=0)
@@ -119,11 +72,7 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
     if GRAD:
-        dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-        if MAX == 2:
-            _dlogits_row_segments(ptr, lse, tgt, dloss, V, SEGS, BLOCK_V)
-        else:
-            _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V)
+        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V)
 
 
 @triton.jit
@@ -139,25 +88,23 @@ def _block_v(V: int, block: int = 4096) -> int:
     return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else block)
 
 
-# k_crossentropy_fwd's launch configurations (where the online max is kept: 0 per lane, 1 per block, 2 per
-# segment; BLOCK_V; warps, which are the segments for MAX 2), timed once per GPU and shape in the warm-up
-# (tuning.launch); the first is the default outside it. They differ in the order of a row's sum, so in the last bits
-# of lse. The segment configurations read each row's tiles a step ahead and hold few rows in flight per SM.
-ROW_CONFIGS = {"lane4096w8": (0, 4096, 8), "block4096w8": (1, 4096, 8), "block8192w16": (1, 8192, 16),
-               "block2048w4": (1, 2048, 4), "block4096w16": (1, 4096, 16), "block8192w8": (1, 8192, 8),
-               "block16384w16": (1, 16384, 16), "seg256w8": (2, 256, 8), "seg256w16": (2, 256, 16),
-               "seg256w32": (2, 256, 32), "seg128w16": (2, 128, 16)}  # fmt: skip
+# k_crossentropy_fwd's launch configurations (max per block, BLOCK_V, warps), timed once per GPU and shape in the
+# warm-up (tuning.launch); the first is the default outside it. They differ in the order of a row's sum, so in the
+# last bits of lse (the per-block max also needs one exponential an element where the per-lane max needs two).
+ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "block8192w16": (True, 8192, 16),
+               "block2048w4": (True, 2048, 4), "block4096w16": (True, 4096, 16), "block8192w8": (True, 8192, 8),
+               "block16384w16": (True, 16384, 16)}  # fmt: skip
 
 
 def row_launch(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-               dlosses: torch.Tensor | None, V: int, max_kept: int, block: int,
+               dlosses: torch.Tensor | None, V: int, per_block: bool, block: int,
                warps: int) -> Callable[[], None]:  # fmt: skip
     """k_crossentropy_fwd on a chunk of logits (r, V) under one configuration of ROW_CONFIGS, as a closure: loss and
     lse per row and, given dlosses, dlogits in place."""
     r, grad, bv = logits.shape[0], dlosses is not None, _block_v(V, block)
     dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
     return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
-                                            MAX=max_kept, SEGS=warps, num_warps=warps)  # fmt: skip
+                                            PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
 
 
 def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,

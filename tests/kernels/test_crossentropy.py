@@ -66,19 +66,14 @@ def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int) -> None:
         assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"
 
 
-@pytest.mark.parametrize(
-    "max_kept,segs,block",
-    [(0, 1, 64), (1, 1, 64), (2, 4, 16), (2, 8, 64)],
-    ids=["max-per-lane", "max-per-block", "max-per-segment", "segments-past-the-row"],
-)
+@pytest.mark.parametrize("per_block", [False, True], ids=["max-per-lane", "max-per-block"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_row_kernel_every_max(max_kept: int, segs: int, block: int, dtype: torch.dtype) -> None:
-    """k_crossentropy_fwd as ROW_CONFIGS runs it, its running max kept per lane, per block or per segment (the row
-    as `segs` contiguous segments side by side, each tile loaded a step ahead), on rows of several blocks (the last
-    one short) whose logits spread over +-60 (so the max moves between blocks): loss, lse and the dlogits written in
-    place against NumPy."""
-    rng = np.random.default_rng(11 + max_kept)
-    r, V = 6, 300  # with 8 segments of 64 columns the last three lie wholly past the row (padding only)
+def test_row_kernel_both_maxima(per_block: bool, dtype: torch.dtype) -> None:
+    """k_crossentropy_fwd as ROW_CONFIGS runs it, its running max kept per lane or per block, on rows of several
+    blocks (the last one short) whose logits spread over +-60 (so the max moves between blocks): loss, lse and the
+    dlogits written in place against NumPy."""
+    rng = np.random.default_rng(11 + per_block)
+    r, V, block = 6, 300, 64
     logits = rounded(rng.standard_normal((r, V)) * 8 + np.linspace(-30, 30, V) * rng.choice([-1, 1], (r, 1)), dtype)
     targets = rng.integers(0, V, size=r).astype(np.int32)
     targets[2] = -1
@@ -92,7 +87,7 @@ def test_row_kernel_every_max(max_kept: int, segs: int, block: int, dtype: torch
     f32 = dict(dtype=torch.float32, device=DEVICE)
     glosses, glse, g = torch.empty(r, **f32), torch.empty(r, **f32), t(logits, dtype)
     kc.k_crossentropy_fwd[(r,)](glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block,
-                                MAX=max_kept, SEGS=segs)  # fmt: skip
+                                PER_BLOCK=per_block)  # fmt: skip
     compare("losses", glosses, loss, dtype)
     compare("lse", glse, lse, dtype)
     compare("dlogits", g, dlogits, dtype)
