@@ -8,8 +8,8 @@ Cross-entropy, per configuration of crossentropy.ROW_CONFIGS, on one (R, 50,304)
 makes it for MB): us per call of the row kernel with the gradient, alone and after the logits GEMM that writes the
 chunk in a step (`after gemm`: GEMM + kernel minus the GEMM alone), and TB/s counting one read and one write of the
 chunk (the floor: a row read twice costs a second read unless it is still in L2).
-GELU's backward pass at (MB x 1024, 3072): k_mlp_bwd (reads h and dh, writes dh and a = gelu(h)) against the same
-pass that leaves a alone (what it would be if the forward's a were kept per layer): us per call and TB/s.
+GELU's backward pass at (MB x 1024, 3072): k_mlp_bwd as train.recompute_gelu runs it (reads h and dh, writes dh and
+a = gelu(h)) against the default, which keeps the forward's a and writes dh alone: us per call and TB/s.
 Times are medians of CUDA-graph replays (dev/gemm_memset.captured).
 """
 
@@ -20,24 +20,12 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.gemm_memset import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
 from microgpt.kernels import crossentropy, mlp  # noqa: E402
-from microgpt.kernels.gelu import gelu_grad  # noqa: E402
 from microgpt.kernels.linear import cublas_mm  # noqa: E402
-
-
-@triton.jit
-def k_gelu_bwd_kept(dh_ptr, h_ptr, n, BLOCK: tl.constexpr):
-    # dh = dh * gelu'(h): k_mlp_bwd without writing a (a kept from the forward)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
-    da = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(dh_ptr + offs, (da * gelu_grad(h)).to(dh_ptr.dtype.element_ty), mask=mask)
 
 
 def crossentropy_rows(mb: int, ncu: bool) -> None:
@@ -83,9 +71,12 @@ def gelu_backward(mb: int, ncu: bool) -> None:
     bf = dict(device="cuda", dtype=torch.bfloat16)
     h, dh, a = torch.randn(n, **bf), torch.randn(n, **bf), torch.empty(n, **bf)
     grid = (triton.cdiv(n, mlp.BLOCK),)
-    ways = {"k_mlp_bwd (writes a)": (lambda: mlp.k_mlp_bwd[grid](a, dh, h, n, BLOCK=mlp.BLOCK), 4),
-            "a kept (no a written)": (lambda: k_gelu_bwd_kept[grid](dh, h, n, BLOCK=mlp.BLOCK), 3)}  # fmt: skip
-    for name, (fn, arrays) in ways.items():
+    ways = {"a recomputed (written)": (True, 4), "a kept (not written)": (False, 3)}  # (RECOMPUTE, arrays moved)
+    for name, (recompute, arrays) in ways.items():
+
+        def fn(recompute=recompute) -> None:
+            mlp.k_mlp_bwd[grid](a, dh, h, n, RECOMPUTE=recompute, BLOCK=mlp.BLOCK)
+
         if ncu:
             fn()
             continue
