@@ -18,11 +18,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dev.gemm_memset import captured  # noqa: E402
+from dev.timing import captured  # noqa: E402
 from microgpt.kernels import cublaslt, mlp  # noqa: E402
 from microgpt.kernels.linear import cublas_mm  # noqa: E402
-
-REPS = 20
 
 
 def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
@@ -39,7 +37,7 @@ def gelu_erf(h: torch.Tensor) -> torch.Tensor:
 
 
 def graph_us(fn) -> float:
-    return captured(fn, REPS)[1]
+    return captured(fn)[1]
 
 
 def main() -> None:

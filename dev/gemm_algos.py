@@ -20,12 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dev.gemm_memset import captured  # noqa: E402
+from dev.timing import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
 from microgpt.kernels import cublaslt  # noqa: E402
 from microgpt.kernels.linear import cublas_mm  # noqa: E402
-
-REPS = 20
 
 
 def gemms(mb: int) -> list[tuple[str, int, torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
@@ -79,14 +77,14 @@ def main() -> None:
             keep = out.clone()
             cublas_mm(out, a, b, False)
             ref = out.float().clone()
-            us = {"torch": captured(lambda: cublas_mm(out, a, b, acc), REPS)[1]}
+            us = {"torch": captured(lambda: cublas_mm(out, a, b, acc))[1]}
             n = cublaslt.n_algos(out, a, b)
             err = {}
             for i in range(n):
                 try:
                     cublaslt.gemm(out, a, b, False, i)
                     err[f"lt{i}"] = ((out.float() - ref).norm() / ref.norm()).item()
-                    us[f"lt{i}"] = captured(lambda i=i: cublaslt.gemm(out, a, b, acc, i), REPS)[1]
+                    us[f"lt{i}"] = captured(lambda i=i: cublaslt.gemm(out, a, b, acc, i))[1]
                 except RuntimeError as e:
                     print(f"  {name}: lt{i} failed: {e}")
             out.copy_(keep)

@@ -11,11 +11,13 @@ printed: us per pair by CUDA events, memsets per pair and the GEMM kernel the pr
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPS = 20
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dev.timing import REPS, captured  # noqa: E402
 
 
 def ways(mb: int) -> dict[str, tuple]:
@@ -32,31 +34,6 @@ def ways(mb: int) -> dict[str, tuple]:
         "qkv bmm": lambda: torch.bmm(x.expand(3, N, C), wq, out=qkv),
         "qkv 3 mm": lambda: [torch.mm(x, wq[g], out=qkv[g]) for g in range(3)],
     }
-
-
-def captured(fn, reps: int = REPS) -> tuple[torch.cuda.CUDAGraph, float]:
-    """fn captured reps times in one CUDA graph (after one run on a side stream, as capture wants), and the median of
-    five replays in us per call (dev/gelu_epilogue_bench.py times with it too)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return g, sorted(times)[2]
 
 
 def measure(name: str, gemm, pad: torch.Tensor) -> None:

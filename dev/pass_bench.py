@@ -10,7 +10,7 @@ chunk in a step (`after gemm`: GEMM + kernel minus the GEMM alone), and TB/s cou
 chunk (the floor: a row read twice costs a second read unless it is still in L2).
 GELU's backward pass at (MB x 1024, 3072): k_mlp_bwd as train.recompute_gelu runs it (reads h and dh, writes dh and
 a = gelu(h)) against the default, which keeps the forward's a and writes dh alone: us per call and TB/s.
-Times are medians of CUDA-graph replays (dev/gemm_memset.captured).
+Times are medians of CUDA-graph replays (dev/timing.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dev.gemm_memset import captured  # noqa: E402
+from dev.timing import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
 from microgpt.kernels import crossentropy, mlp  # noqa: E402
 from microgpt.kernels.linear import cublas_mm  # noqa: E402
