@@ -10,13 +10,12 @@ own mappings): no build step, no extra dependency. cuBLASLt's GELU is the tanh a
 (docs/ANDREA.md), to within 6e-6 absolute in fp32 (dev/gelu_epilogue_bench.py); it is applied to the fp32 sum
 before rounding, where the elementwise pass rounds h first (tests/kernels/test_gpu.py bounds the difference).
 Each (shapes, strides, dtypes, alignments, epilogue) gets its descriptors and the heuristic's first MAX_ALGOS
-algorithms once,
-with no workspace (so nothing to plan and no memset before the GEMM) and no split-K reduction (whose in-place form
-adds with atomics: training must repeat bit for bit); `n_algos` says how many there are, and the callers time them
-in the warm-up (tuning.py). A call sets the pointers and queues the GEMM on the current stream, which CUDA graph
-capture records like any kernel. Operands are torch tensors in row-major terms, any of them a transposed view;
-cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16 operands may
-write (or add into) an fp32 out: the weight gradients' GEMMs.
+algorithms once, with no workspace (so nothing to plan and no memset before the GEMM) and no split-K reduction
+(whose in-place form adds with atomics: training must repeat bit for bit); `n_algos` says how many there are, and
+the callers time them in the warm-up (tuning.py). A call sets the pointers and queues the GEMM on the current
+stream, which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them
+a transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16
+operands may write (or add into) an fp32 out: the weight gradients' GEMMs.
 `available()` says whether this process can use them (a CUDA build whose cuBLASLt is found); where not, the
 engine keeps torch's GEMMs and the elementwise GELU pass (linear.py and mlp.py time the ways once per shape).
 """

@@ -444,6 +444,15 @@ def test_linear_fp8_gpu():
     assert err < 5e-4, f"dw: rel err {err:.2e}"
 
 
+def _three_steps(rng) -> list:
+    """Three optimizer steps' inputs for the small step tests: two micro-batches of (tokens, targets), each (2, 64)
+    over a vocabulary of 128."""
+    import numpy as np
+
+    return [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
+            for _ in range(3)]  # fmt: skip
+
+
 def test_fp8_step_gpu():
     """Three optimizer steps of a small model, fp8 on the GPU (bf16 activations, cuBLASLt FP8 GEMMs; the first step
     primes the amax histories eagerly, the others replay the CUDA graph) against the NumPy reference's fp8 (fp32
@@ -457,9 +466,7 @@ def test_fp8_step_gpu():
     from microgpt.step import Step
 
     m = ModelConfig(vocab_size=128, d_model=64, n_layer=2, n_head=2, seq_len=64)
-    rng = np.random.default_rng(8)
-    steps = [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
-             for _ in range(3)]  # fmt: skip
+    steps = _three_steps(np.random.default_rng(8))
     res, hist = {}, {}
     for name in ("numpy", "triton"):
         t = TrainConfig(micro_batch=2, n_micro=2, precision="fp8", backend=name, grad_clip=1.0)
@@ -499,9 +506,7 @@ def test_recompute_gelu_step_gpu(precision, monkeypatch):
     monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")
     monkeypatch.setenv("MICROGPT_GEMM", "cublas")
     m = ModelConfig(vocab_size=128, d_model=64, n_layer=3, n_head=2, seq_len=64)
-    rng = np.random.default_rng(9)
-    steps = [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
-             for _ in range(3)]  # fmt: skip
+    steps = _three_steps(np.random.default_rng(9))
     runs = []
     for recompute in (False, True):
         t = TrainConfig(micro_batch=2, n_micro=2, precision=precision, backend="triton", recompute_gelu=recompute)
