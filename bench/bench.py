@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import memory  # noqa: E402
+from microgpt import memory, params  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
 
 PEAK_FLOPS = 989e12  # dense bf16; fp8 runs are counted against it too, so their MFU compares with bf16's
@@ -45,7 +45,7 @@ SHAPE = ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_le
 
 
 def flops_per_token(m: ModelConfig) -> int:
-    return 6 * memory.n_params(m) + 12 * m.n_layer * m.seq_len * m.d_model
+    return 6 * params.n_params(m) + 12 * m.n_layer * m.seq_len * m.d_model
 
 
 def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -139,7 +139,7 @@ def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConf
     from bench.torch_gpt import GPT, make_optimizer
 
     torch.manual_seed(0)
-    net = GPT(m.vocab_size, m.d_model, m.n_layer, m.n_head, m.seq_len).cuda()
+    net = GPT(m).cuda()
     if float8:  # torchao float8 training: every nn.Linear (the block linears) swapped for Float8Linear
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 

@@ -2,16 +2,34 @@
 
 Pre-LN GPT: token + position embedding; per block LN -> separate q, k, v projections (no bias) -> causal
 F.scaled_dot_product_attention -> output projection -> residual; LN -> Linear(C,4C) -> GELU(tanh) ->
-Linear(4C,C) -> residual; final LN; LM head tied to wte; mean cross-entropy. Init as microgpt.model.init_params.
+Linear(4C,C) -> residual; final LN; LM head tied to wte; mean cross-entropy. The weights start as microgpt's do
+(microgpt/params.py: the same init from the same seed, loaded by name; nn.Linear stores [out, in], microgpt [in, out]).
 """
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from microgpt import params
+from microgpt.config import ModelConfig
+
+# microgpt's block leaf -> this module's parameter (per block); embeddings and the final LayerNorm by TOP
+BLOCK_NAMES = {
+    "ln1_w": "ln1.weight",
+    "ln1_b": "ln1.bias",
+    "w_q": "q.weight",
+    "w_k": "k.weight",
+    "w_v": "v.weight",
+    "w_o": "o.weight",
+    "ln2_w": "ln2.weight",
+    "ln2_b": "ln2.bias",
+    "w_1": "fc.weight",
+    "w_2": "proj.weight",
+}
+TOP_NAMES = {"wte": "wte.weight", "wpe": "wpe.weight", "lnf_w": "lnf.weight", "lnf_b": "lnf.bias"}
 
 
 class Block(nn.Module):
@@ -32,15 +50,24 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, V: int, C: int, L: int, NH: int, T: int) -> None:
+    def __init__(self, m: ModelConfig, seed: int = 0) -> None:
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
+        C = m.d_model
+        self.wte, self.wpe = nn.Embedding(m.vocab_size, C), nn.Embedding(m.seq_len, C)
+        self.blocks = nn.ModuleList(Block(C, m.n_head) for _ in range(m.n_layer))
         self.lnf = nn.LayerNorm(C)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * L) if name.endswith(("o.weight", "proj.weight")) else 0.02
-                nn.init.normal_(p, 0.0, std)
+        self.load_flat(params.init_weights(m, seed), m)
+
+    @torch.no_grad()
+    def load_flat(self, flat: np.ndarray, m: ModelConfig) -> None:
+        """Weights from microgpt's flat (n_params,) fp32 array in the canonical order."""
+        mine = dict(self.named_parameters())
+        offsets = params.param_offsets(m)
+        for name, shape in params.param_shapes(m):
+            block, _, leaf = name.rpartition(".")
+            target = mine[f"blocks.{block[1:]}.{BLOCK_NAMES[leaf]}" if block else TOP_NAMES[name]]
+            w = torch.from_numpy(flat[offsets[name] : offsets[name] + int(np.prod(shape))].reshape(shape))
+            target.copy_(w.t() if len(shape) == 2 and block else w)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]

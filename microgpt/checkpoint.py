@@ -2,7 +2,7 @@
 
     [int32 step][int32 n_params][n_params f32 weights][n_params f32 adam m][n_params f32 adam v]
 
-little-endian, parameters in the canonical order (memory.param_shapes). The file is the same for every
+little-endian, parameters in the canonical order (microgpt/params.py). The file is the same for every
 backend and precision. Writes are atomic: a temp file in the same folder, fsync, rename, fsync of the
 folder; so a reader (or a crash) never sees half a checkpoint and an existing file is only ever
 replaced by a complete one. Readers check the size (8 + 12 * n_params) and n_params against the model
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import config, memory
+from microgpt import config, params
 from microgpt.errors import InputError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
 
@@ -248,13 +248,8 @@ class Trained:
     side: dict[str, Any]
 
     def params(self) -> dict[str, np.ndarray]:
-        """Named views of the weights, in the canonical order (memory.param_shapes)."""
-        P, off = {}, 0
-        for name, shape in memory.param_shapes(self.exp.model):
-            n = int(np.prod(shape))
-            P[name] = self.weights[off : off + n].reshape(shape)
-            off += n
-        return P
+        """Named views of the weights, in the canonical order (microgpt/params.py)."""
+        return params.named(self.weights, self.exp.model)
 
 
 def load_trained(where: str | Path) -> Trained:
@@ -266,11 +261,11 @@ def load_trained(where: str | Path) -> Trained:
         raise CheckpointError(f"{sidecar_path(path)}: the checkpoint's sidecar {what}: cannot rebuild the model")
     exp = config.from_dict(side["config"], f"{sidecar_path(path)}: field 'config'")
     saved = side.get("params")
-    if saved is not None and [(k, tuple(v)) for k, v in saved] != memory.param_shapes(exp.model):
+    if saved is not None and [(k, tuple(v)) for k, v in saved] != params.param_shapes(exp.model):
         raise CheckpointError(f"{sidecar_path(path)}: field 'params' does not match its 'config.model'; "
                               "checkpoint is for another model")  # fmt: skip
     ck, side = load(path)
-    if ck.weights.size != memory.n_params(exp.model):
+    if ck.weights.size != params.n_params(exp.model):
         raise CheckpointError(f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
-                              f"{memory.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip
+                              f"{params.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip
     return Trained(path, exp, ck.step, ck.weights, side)

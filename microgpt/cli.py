@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import microgpt
-from microgpt import checkpoint, config, memory, runlock
+from microgpt import checkpoint, config, memory, params, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
 
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
@@ -54,7 +54,7 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
 
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
-        found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
+        found = checkpoint.latest_valid_checkpoint(out / "ckpt", params.n_params(exp.model))
         if existing and found is None:
             return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
                         f"(newest {existing[0].name}); choose another --out")  # fmt: skip
@@ -93,7 +93,7 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
 def finished(args: argparse.Namespace, exp: config.Experiment) -> int:
     """--resume from a checkpoint at or past train.steps: nothing to train. At it, the run is complete (exit 0,
     its final checkpoint left as it is); past it, --steps (or train.steps) is wrong: one `error:` line."""
-    ck, _ = checkpoint.load(args.resume, memory.n_params(exp.model))  # a step read from a valid checkpoint only
+    ck, _ = checkpoint.load(args.resume, params.n_params(exp.model))  # a step read from a valid checkpoint only
     steps = f"--steps {args.steps}" if args.steps is not None else f"{args.experiment}: train.steps {exp.train.steps}"
     if ck.step > exp.train.steps:
         return fail(f"{steps}: the checkpoint {args.resume} is at step {ck.step}, beyond it; "

@@ -65,7 +65,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from microgpt import memory
+from microgpt import params
 from microgpt.config import ConfigError, ModelConfig
 
 CHECK_EVERY = 100  # steps between replica checks (plus the first step and every checkpoint)
@@ -202,12 +202,12 @@ class _Pending:
 def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     """Where backward finishes the flat gradients: ([(first, end) of layer l's grads for l in 0..L-1], the rest).
 
-    In the canonical order (memory.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf]. The
+    In the canonical order (params.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf]. The
     last micro-batch's backward finishes lnf first, then layer L-1, ..., layer 0, and the embedding (wte, also
     the tied head, wpe) last; so layer L-1's bucket runs to the end (lnf with it), and the rest is wte + wpe."""
     first: dict[str, int] = {}
     at = 0
-    for name, shape in memory.param_shapes(m):
+    for name, shape in params.param_shapes(m):
         first[name] = at
         at += math.prod(shape)
     starts = [first[f"h{layer}.ln1_w"] for layer in range(m.n_layer)] + [at]

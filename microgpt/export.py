@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, memory
+from microgpt import checkpoint, config, params
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError
 from microgpt.fileio import atomic_write_json
@@ -43,20 +43,23 @@ class ExportError(InputError):
     """An export that cannot be written (the --out folder, the checkpoint). str(err) is one line."""
 
 
+# microgpt's name -> GPT-2's (transformers' GPT2LMHeadModel), per block leaf or GEMM site; a linear's bias is zeros
+HF_TOP = {"wte": "transformer.wte.weight", "wpe": "transformer.wpe.weight", "lnf_w": "transformer.ln_f.weight",
+          "lnf_b": "transformer.ln_f.bias"}  # fmt: skip
+HF_NORMS = {"ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "ln2_w": "ln_2.weight", "ln2_b": "ln_2.bias"}
+HF_SITES = {"w_qkv": "attn.c_attn", "w_o": "attn.c_proj", "w_1": "mlp.c_fc", "w_2": "mlp.c_proj"}
+
+
 def hf_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
-    """microgpt's named weights -> GPT2LMHeadModel's (lm_head tied, so not stored)."""
-    C = m.d_model
-    out = {"transformer.wte.weight": P["wte"], "transformer.wpe.weight": P["wpe"]}
+    """microgpt's named weights (params.views) -> GPT2LMHeadModel's (lm_head tied, so not stored). A GEMM site of G
+    weights (G, C, OC) is GPT-2's one Conv1D weight (C, G*OC): the G side by side along the output dimension."""
+    out = {hf: P[name] for name, hf in HF_TOP.items()}
     for i in range(m.n_layer):
         h, o = f"h{i}.", f"transformer.h.{i}."
-        out[o + "ln_1.weight"], out[o + "ln_1.bias"] = P[h + "ln1_w"], P[h + "ln1_b"]
-        out[o + "attn.c_attn.weight"] = np.concatenate([P[h + "w_q"], P[h + "w_k"], P[h + "w_v"]], axis=1)
-        out[o + "attn.c_attn.bias"] = np.zeros(3 * C, np.float32)
-        out[o + "attn.c_proj.weight"], out[o + "attn.c_proj.bias"] = P[h + "w_o"], np.zeros(C, np.float32)
-        out[o + "ln_2.weight"], out[o + "ln_2.bias"] = P[h + "ln2_w"], P[h + "ln2_b"]
-        out[o + "mlp.c_fc.weight"], out[o + "mlp.c_fc.bias"] = P[h + "w_1"], np.zeros(4 * C, np.float32)
-        out[o + "mlp.c_proj.weight"], out[o + "mlp.c_proj.bias"] = P[h + "w_2"], np.zeros(C, np.float32)
-    out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = P["lnf_w"], P["lnf_b"]
+        out |= {o + hf: P[h + leaf] for leaf, hf in HF_NORMS.items()}
+        for site, leaves in params.SITES.items():
+            w = np.concatenate([P[h + leaf] for leaf in leaves], axis=1)
+            out[o + HF_SITES[site] + ".weight"], out[o + HF_SITES[site] + ".bias"] = w, np.zeros(w.shape[1], np.float32)
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
@@ -157,7 +160,7 @@ def model_card(ld: checkpoint.Trained, dtype: str) -> str:
         "A small GPT (ANDREA architecture = GPT-2 with zero linear biases) trained with "
         "microgpt and exported with `microgpt export`.", "",
         f"- model: d_model {m.d_model}, n_layer {m.n_layer}, n_head {m.n_head}, context {m.seq_len}, "
-        f"vocab {m.vocab_size} ({memory.n_params(m):,} parameters), weights {dtype}",
+        f"vocab {m.vocab_size} ({params.n_params(m):,} parameters), weights {dtype}",
         f"- tokenizer: {tok.get('kind', 'bytes')}",
         f"- data: {json.dumps(data, sort_keys=True)}",
         f"- steps: {ld.step} (checkpoint {ld.path.name})",

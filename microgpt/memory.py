@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from microgpt import fp8
+from microgpt import fp8, params
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.errors import InputError
 
@@ -70,34 +70,6 @@ class Buf:
         return math.prod(self.shape)
 
 
-def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """The canonical parameter order (docs/ANDREA.md): arena, checkpoint, optimizer and export share it."""
-    C, V, T = m.d_model, m.vocab_size, m.seq_len
-    shapes: list[tuple[str, tuple[int, ...]]] = [("wte", (V, C)), ("wpe", (T, C))]
-    for layer in range(m.n_layer):
-        h = f"h{layer}."
-        shapes += [(h + "ln1_w", (C,)), (h + "ln1_b", (C,))]
-        shapes += [(h + "w_q", (C, C)), (h + "w_k", (C, C)), (h + "w_v", (C, C)), (h + "w_o", (C, C))]
-        shapes += [(h + "ln2_w", (C,)), (h + "ln2_b", (C,)), (h + "w_1", (C, 4 * C)), (h + "w_2", (4 * C, C))]
-    shapes += [("lnf_w", (C,)), ("lnf_b", (C,))]
-    return shapes
-
-
-def n_params(m: ModelConfig) -> int:
-    """The sum over param_shapes, in closed form: a hostile n_layer must not build a billion-row table first."""
-    C = m.d_model
-    return (m.vocab_size + m.seq_len) * C + m.n_layer * (12 * C * C + 4 * C) + 2 * C
-
-
-def param_offsets(m: ModelConfig) -> dict[str, int]:
-    """Each parameter's element offset in the flat arrays (the canonical order)."""
-    offsets, off = {}, 0
-    for name, shape in param_shapes(m):
-        offsets[name] = off
-        off += math.prod(shape)
-    return offsets
-
-
 def has_compute_copy(t: TrainConfig) -> bool:
     """Whether the weights have a compute-dtype copy beside the fp32 masters: on the GPU in every precision but
     fp32 (the NumPy backend computes in fp32, fp8 runs included)."""
@@ -126,7 +98,7 @@ def check_fits(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] |
         sizes = "model.d_model, model.n_layer, model.seq_len"
         raise PlanError(f"the memory plan needs {total:,} bytes but the device ({device}) has {available:,} bytes; "
                         f"lower train.micro_batch or the model's sizes ({sizes})")  # fmt: skip
-    n = n_params(m)
+    n = params.n_params(m)
     if n > CKPT_MAX_PARAMS:
         raise PlanError(f"the model has {n:,} parameters; the checkpoint format holds at most {CKPT_MAX_PARAMS:,}; "
                         "lower the model's sizes")  # fmt: skip
@@ -158,8 +130,8 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if has_compute_copy(t) else [])
     for role in roles:
         kind = "compute" if role == "compute_params" else "f32"
-        bufs += [Buf(name, shape, role, kind) for name, shape in param_shapes(m)]
-    n = n_params(m)
+        bufs += [Buf(name, shape, role, kind) for name, shape in params.param_shapes(m)]
+    n = params.n_params(m)
     optim = [
         ("decay_mask", (n,), "u8"),  # 1 where AdamW decays (matrices), 0 for LN params
         ("norm_partials", ((n + NORM_BLOCK - 1) // NORM_BLOCK,), "f32"),
@@ -231,13 +203,13 @@ def fp8_rows(m: ModelConfig) -> list[Buf]:
             Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32")] if fp8.head_in_fp8(m.vocab_size) else []  # fmt: skip
     bufs = []
     for layer in range(m.n_layer):
-        for site, (G, C, OC) in fp8.site_shapes(m.d_model).items():
+        for site, (G, C, OC) in params.site_shapes(m.d_model).items():
             name = f"h{layer}.{site}"
             bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
                      Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
     return bufs + [
-        Buf("fp8_wscales", (m.n_layer, len(fp8.SITES), fp8.SLOT), "optim", "f32"),
-        Buf("fp8_slots", (m.n_layer, len(fp8.SITES), 2, fp8.OSLOT), "optim", "f32"),
+        Buf("fp8_wscales", (m.n_layer, len(params.SITES), fp8.SLOT), "optim", "f32"),
+        Buf("fp8_slots", (m.n_layer, len(params.SITES), 2, fp8.OSLOT), "optim", "f32"),
         *head,
     ]
 
@@ -327,10 +299,6 @@ class Arena:
             first = next((b for b in bufs if b.role == role), None)
             if first is not None:
                 self._flat[role] = device.view(self.pool, offsets[(role, first.name)], (n,), first.kind)
-
-    def role(self, role: str) -> dict[str, Any]:
-        """name -> view for one role, in plan order (for parameter-shaped roles: the canonical order)."""
-        return {b.name: self.views[(role, b.name)] for b in self.bufs if b.role == role}
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name

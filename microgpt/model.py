@@ -17,11 +17,11 @@ over micro-batches); an activation gradient is written by its one writer where i
 input gradients, attention's dq, dk, dv) and added where several ops contribute (dresid) and by the loss head's
 pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
-w_v (adjacent in the canonical order; `with_qkv` adds it to a dict of views), so the three projections share one
+w_v (adjacent in the canonical order: microgpt/params.py), so the three projections share one
 call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
 NumPy reference or the Triton kernels, with the same names and arguments.
 
-P: parameter views, G: gradient views (memory.param_shapes names), A: the arena (activations, scratch), tokens and
+P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
 """
 
@@ -30,23 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from microgpt import memory
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig
 from microgpt.memory import Arena
-
-
-def init_params(P: dict[str, Any], m: ModelConfig, rng: Any) -> None:
-    """GPT-2 init, in place: N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L); LN w=1, b=0."""
-    for name, p in P.items():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf.endswith("_w"):
-            p[...] = 1.0
-        elif leaf.endswith("_b"):
-            p[...] = 0.0
-        else:
-            std = 0.02 / (2 * m.n_layer) ** 0.5 if leaf in ("w_o", "w_2") else 0.02
-            p[...] = rng.normal(0.0, std, size=p.shape)
 
 
 def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any,
@@ -141,17 +127,6 @@ def _norm(m: ModelConfig, P: dict[str, Any], A: Arena, name: str, layer: int) ->
         return A["lnf"], A["lnf_mean"], A["lnf_rstd"], P["lnf_w"], P["lnf_b"]
     h = f"h{layer}.{name}"
     return A[name][layer], A[f"{name}_mean"][layer], A[f"{name}_rstd"][layer], P[h + "_w"], P[h + "_b"]
-
-
-def with_qkv(views: dict[str, Any], flat: Any, m: ModelConfig) -> dict[str, Any]:
-    """views (name -> parameter-shaped view of the flat array `flat`) plus each layer's "h{l}.w_qkv": the (3, C, C)
-    view of its w_q, w_k, w_v, which lie one after another in the canonical order."""
-    offsets, C = memory.param_offsets(m), m.d_model
-    out = dict(views)
-    for layer in range(m.n_layer):
-        o = offsets[f"h{layer}.w_q"]
-        out[f"h{layer}.w_qkv"] = flat[o : o + 3 * C * C].reshape(3, C, C)
-    return out
 
 
 def _btc(x: Any, B: int, T: int) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, fp8, memory, model
+from microgpt import checkpoint, config, fp8, memory, params
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig, TrainConfig
 
@@ -56,7 +56,7 @@ class TrainState:
     plan: list[memory.Buf]
     arena: memory.Arena
     P: dict[str, Any]  # fp32 master weights, named views in the canonical order
-    P_compute: dict[str, Any]  # the weights the model reads (model.with_qkv): the compute-dtype copy, or P itself in
+    P_compute: dict[str, Any]  # the weights the model reads (params.views): the compute-dtype copy, or P itself in
     # fp32; in fp8 the block linears' entries are Fp8Weights
     G: dict[str, Any]  # gradients, same names and shapes (and each layer's "h{l}.w_qkv")
     p: Any  # flat views of the same four arrays: n_params long
@@ -72,7 +72,7 @@ class TrainState:
 
     @property
     def n_params(self) -> int:
-        return memory.n_params(self.m)
+        return params.n_params(self.m)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Weights, m, v, step and loss scaler from a checkpoint of this model; returns its sidecar."""
@@ -101,7 +101,7 @@ class TrainState:
         self.K.synchronize()
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
         meta = {**meta, "loss_scale": self.scaler.scale, "loss_scale_good_steps": self.scaler.good_steps,
-                "params": [[n, list(s)] for n, s in memory.param_shapes(self.m)]}  # fmt: skip
+                "params": [[n, list(s)] for n, s in params.param_shapes(self.m)]}  # fmt: skip
         if self.w8 and not self.priming.on:
             meta["fp8_amax_history"] = self._history().reshape(-1).tolist()
         return checkpoint.write_checkpoint(path, self.step, *host, meta)
@@ -139,9 +139,10 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     arena = memory.Arena(plan, K)
     K = K.bind(arena)
     compute = "compute_params" if memory.has_compute_copy(t) else "params"
-    P, p = arena.role("params"), arena.flat("params")
+    p = arena.flat("params")
+    P = params.named(p, m)
     priming = fp8.Priming(on=t.precision == "fp8")
-    P_compute = model.with_qkv(arena.role(compute), arena.flat(compute), m)
+    P_compute = params.views(arena.flat(compute), m)
     w8: list[fp8.Fp8Weight | fp8.Fp8Head] = []
     if t.precision == "fp8":
         w8 += fp8_weights(m, arena, p, priming)
@@ -150,32 +151,29 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         P_compute.update({w.name: w for w in w8})
     S = TrainState(
         K=K, m=m, t=t, plan=plan, arena=arena, P=P, P_compute=P_compute,
-        G=model.with_qkv(arena.role("grads"), arena.flat("grads"), m),
+        G=params.views(arena.flat("grads"), m),
         p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
         p_compute=arena.flat(compute) if compute != "params" else None, w8=w8, priming=priming,
         scaler=LossScaler.for_precision(t.precision),
     )  # fmt: skip
-    host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
-    model.init_params(host, m, np.random.default_rng(t.seed))
-    weights = np.concatenate([a.reshape(-1) for a in host.values()])
+    weights = params.init_weights(m, t.seed)
     K.copy_in(S.p, weights)
     if S.p_compute is not None:
         K.copy_in(S.p_compute, weights)
     if S.w8:
         K.cast_weights(S.w8)
-    mask = np.concatenate([np.full(math.prod(s), len(s) == 2, np.uint8) for _, s in memory.param_shapes(m)])
-    K.copy_in(arena["decay_mask"], mask)
+    K.copy_in(arena["decay_mask"], params.decay_mask(m))
     return S
 
 
 def fp8_weights(m: ModelConfig, arena: memory.Arena, p: Any, priming: fp8.Priming) -> list[fp8.Fp8Weight]:
     """Each block linear site's Fp8Weight: its fp32 masters as one (G, C, OC) view of the flat params `p`, its
     planned E4M3 copies and slots (memory.fp8_rows), in layer then fp8.SITES order."""
-    offsets = memory.param_offsets(m)
+    offsets = params.param_offsets(m)
     out = []
     for layer in range(m.n_layer):
-        for i, (site, (G, C, OC)) in enumerate(fp8.site_shapes(m.d_model).items()):
-            o = offsets[f"h{layer}.{fp8.SITES[site][0]}"]
+        for i, (site, (G, C, OC)) in enumerate(params.site_shapes(m.d_model).items()):
+            o = offsets[f"h{layer}.{params.SITES[site][0]}"]
             name = f"h{layer}.{site}"
             slots = arena["fp8_slots"][layer, i]
             xt = arena.get(name + ".xt")  # the triton backend's (kernels/fp8.py); None on NumPy

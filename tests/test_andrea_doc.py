@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from microgpt import config, memory, trainer
+from microgpt import config, memory, params, trainer
 from tests.conftest import REPO, cli
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
@@ -25,7 +25,7 @@ def test_doc_matches_the_experiment(name: str) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1].split()[0] == f"{m.vocab_size:,}", (cells[1], m.vocab_size)
     assert cells[2:6] == [str(m.d_model), str(m.n_layer), str(m.n_head), f"{m.seq_len:,}"], cells
-    assert cells[6] == f"{memory.n_params(m):,}", (cells[6], memory.n_params(m))
+    assert cells[6] == f"{params.n_params(m):,}", (cells[6], params.n_params(m))
     assert cells[7:10] == [
         f"{t.micro_batch} x {t.n_micro}",
         f"{t.micro_batch * t.n_micro * m.seq_len:,}",

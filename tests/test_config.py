@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import cli, config, memory
+from microgpt import cli, config, params
 from microgpt.config import ConfigError
 from microgpt.proxy import supervisor
 from tests.conftest import REPO, write_experiment
@@ -23,7 +23,7 @@ def test_shipped_experiments_load(path: Path) -> None:
 
 
 def test_family_sizes() -> None:
-    n = {name: memory.n_params(config.load(REPO / f"experiments/ANDREA-{name}-TRAIN.json").model)
+    n = {name: params.n_params(config.load(REPO / f"experiments/ANDREA-{name}-TRAIN.json").model)
          for name in ("tiny", "12M", "120M")}  # fmt: skip
     assert 1e6 <= n["tiny"] <= 3e6 and 11e6 <= n["12M"] <= 14e6 and 120e6 <= n["120M"] <= 128e6
     big = config.load(REPO / "experiments/ANDREA-120M-TRAIN.json")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import checkpoint, memory
+from microgpt import checkpoint, params
 from microgpt.config import from_dict
 from microgpt.errors import EXIT_WRITE
 from tests.conftest import TINY, cli, write_experiment
 from tests.proxy._helpers import ENV
 
-CKPT_BYTES = 8 + 12 * memory.n_params(from_dict(TINY).model)  # about 400 KB
+CKPT_BYTES = 8 + 12 * params.n_params(from_dict(TINY).model)  # about 400 KB
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_disk_full_during_a_checkpoint(tmp_path: Path, small_disk: Path) -> None
     good = checkpoint.list_checkpoints(ckpt)
     assert len(good) == 2, names  # steps 1 and 2 fit; step 3 did not, and left nothing behind
     assert str(ckpt / checkpoint.ckpt_name(3)) in errors[0]
-    ck, side = checkpoint.load(good[0], memory.n_params(from_dict(TINY).model))
+    ck, side = checkpoint.load(good[0], params.n_params(from_dict(TINY).model))
     assert ck.step == 2 and side["step"] == 2
     # The folder is usable as it is: the run resumes from the intact checkpoint (to step 2: already complete).
     again = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", "2", env=ENV)

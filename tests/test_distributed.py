@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, distributed, memory
+from microgpt import checkpoint, config, data, distributed, params
 from tests.conftest import REPO, TINY, cli, json_lines, write_experiment
 
 B = 4  # per-process micro-batch; the one-process runs use 2 * B
@@ -175,10 +175,10 @@ def test_grad_buckets_are_the_layers_in_the_canonical_order() -> None:
     tile the flat gradient array once."""
     for m in (config.from_dict(TINY).model, config.load(REPO / "experiments/ANDREA-120M-TRAIN.json").model):
         layers, rest = distributed.grad_buckets(m)
-        sizes = {name: int(np.prod(shape)) for name, shape in memory.param_shapes(m)}
+        sizes = {name: int(np.prod(shape)) for name, shape in params.param_shapes(m)}
         assert rest == (0, sizes["wte"] + sizes["wpe"])
         assert [b[0] for b in layers[1:]] == [b[1] for b in layers[:-1]] and layers[0][0] == rest[1]
-        assert layers[-1][1] == memory.n_params(m)
+        assert layers[-1][1] == params.n_params(m)
         for layer, (first, end) in enumerate(layers):
             own = sum(n for name, n in sizes.items() if name.startswith(f"h{layer}."))
             tail = sizes["lnf_w"] + sizes["lnf_b"] if layer == m.n_layer - 1 else 0

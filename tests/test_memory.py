@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import config, memory, model, trainer
+from microgpt import config, memory, model, params, trainer
 from microgpt.backend import numpy_backend
 from tests.conftest import TINY
 
@@ -24,7 +24,7 @@ def test_memory_plan_is_the_allocation(tmp_path) -> None:
         assert view.base is not None and lo <= view.ctypes.data and view.ctypes.data + view.nbytes <= hi, name
     spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
-    assert S.p.size == memory.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
+    assert S.p.size == params.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
     total = memory.format_plan(S.plan, S.t).splitlines()[-1]
     assert total.split()[1] == f"{S.arena.nbytes:,}"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt import config, distributed, memory, model
+from microgpt import config, distributed, memory, model, params
 from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig
 
@@ -44,13 +44,11 @@ def engine_state(dtype: type, seed: int):
     K = numpy_backend({"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8})
     t = config.TrainConfig(micro_batch=B)
     arena = memory.Arena(memory.plan(M, t, 7), K)
-    P, G = arena.role("params"), arena.role("grads")
     rng = np.random.default_rng(seed)
-    model.init_params(P, M, rng)
-    for p in P.values():
-        p += rng.normal(0, 0.1, size=p.shape)
-    # the model reads the attention's input projection as one (3, C, C) weight
-    P, G = model.with_qkv(P, arena.flat("params"), M), model.with_qkv(G, arena.flat("grads"), M)
+    flat = arena.flat("params")
+    flat[...] = params.init_weights(M, seed) + rng.normal(0, 0.1, size=flat.shape)
+    # named views; the model reads the attention's input projection as one (3, C, C) weight ("h{l}.w_qkv")
+    P, G = params.views(flat, M), params.views(arena.flat("grads"), M)
     arena["tokens"][0] = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets = rng.integers(0, M.vocab_size, size=(B, M.seq_len))
     targets[0, :3] = -1  # ignored positions (loss masks) take part too
@@ -67,7 +65,7 @@ def check_close(name: str, got: np.ndarray, want: np.ndarray, tol: float) -> Non
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 1e-4)])
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
     K, A, P, G = engine_state(dtype, seed=0)
-    names = [name for name, _ in memory.param_shapes(M)]
+    names = [name for name, _ in params.param_shapes(M)]
     for name in names:  # gradients accumulate: start from noise and subtract it afterwards
         G[name][...] = np.random.default_rng(1).normal(size=G[name].shape)
     noise = {n: G[n].copy() for n in names}

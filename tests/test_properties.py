@@ -21,7 +21,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from microgpt import checkpoint, config, data, memory, sample
+from microgpt import checkpoint, config, data, params, sample
 from microgpt.backend import numpy_backend
 from microgpt.data import shards
 from microgpt.errors import InputError
@@ -141,13 +141,13 @@ SMALL = {**TINY, "model": {"vocab_size": 256, "d_model": 4, "n_layer": 1, "n_hea
 def small_ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, dict]:
     """A valid checkpoint of a 1,256-parameter model, with the sidecar the trainer writes."""
     exp = config.from_dict(SMALL)
-    n = memory.n_params(exp.model)
+    n = params.n_params(exp.model)
     rng = np.random.default_rng(0)
     w, m, v = rng.normal(size=n), rng.normal(size=n), np.abs(rng.normal(size=n))
     meta = {"config": exp.to_dict(), "seed": 7, "tokenizer": {"kind": "bytes", "vocab_size": 256},
             "data": {"source": "builtin"}, "backend": "numpy", "precision": "fp32", "reason": "final",
             "val_loss": 3.5, "val_step": 2, "loss_scale": 1.0, "loss_scale_good_steps": 0,
-            "params": [[k, list(s)] for k, s in memory.param_shapes(exp.model)]}  # fmt: skip
+            "params": [[k, list(s)] for k, s in params.param_shapes(exp.model)]}  # fmt: skip
     path = checkpoint.write_checkpoint(tmp_path_factory.mktemp("ck") / "step-00000002.bin", 2, w, m, v, meta)
     side = json.loads(checkpoint.sidecar_path(path).read_text())
     return path, path.read_bytes(), side

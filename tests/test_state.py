@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, memory
+from microgpt import checkpoint, config, params
 from microgpt.backend import get_backend, numpy_backend
 from microgpt.state import GROWTH_INTERVAL, LossScaler, make_state
 from microgpt.step import Step
@@ -21,11 +21,11 @@ def batch(rng: np.random.Generator, B: int) -> tuple[np.ndarray, np.ndarray]:
 def test_make_state_initialises_from_the_seed() -> None:
     t = config.TrainConfig(micro_batch=2, seed=11)
     a, b = make_state(M, t, numpy_backend()), make_state(M, t, numpy_backend())
-    assert a.p.tobytes() == b.p.tobytes() and a.p.size == memory.n_params(M)
+    assert a.p.tobytes() == b.p.tobytes() and a.p.size == params.n_params(M)
     assert not a.g.any() and not a.adam_m.any() and not a.adam_v.any() and a.step == 0
     mask = a.arena["decay_mask"]
     assert mask[: M.vocab_size * M.d_model].all() and mask.sum() == sum(
-        np.prod(s) for _, s in memory.param_shapes(M) if len(s) == 2
+        np.prod(s) for _, s in params.param_shapes(M) if len(s) == 2
     )
     other = make_state(M, config.TrainConfig(micro_batch=2, seed=12), numpy_backend())
     assert other.p.tobytes() != a.p.tobytes()

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from microgpt import backend, memory, model, ops
+from microgpt import backend, memory, model, ops, params
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.state import make_state
 from microgpt.step import Step
@@ -108,7 +108,7 @@ def test_plan_is_every_byte_the_backend_uses() -> None:
     runtime = sum(b.numel for b in S.plan if b.role == "runtime")
     assert sum(sizes.values()) == S.arena.nbytes + runtime
     assert S.arena.pool.numel() == S.arena.nbytes
-    assert sizes["kernel"] > 0 and sizes["compute_params"] == (memory.n_params(M) * 2 + 255) // 256 * 256
+    assert sizes["kernel"] > 0 and sizes["compute_params"] == (params.n_params(M) * 2 + 255) // 256 * 256
     lo, hi = S.arena.pool.data_ptr(), S.arena.pool.data_ptr() + S.arena.nbytes
     for fn, kw, buf in S.K.scratch_args:
         view = getattr(S.K, fn).keywords[kw]
