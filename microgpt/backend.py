@@ -48,8 +48,6 @@ class Backend:
     attention_backward: Fn
     mlp_forward: Fn
     mlp_backward: Fn
-    residual_forward: Fn
-    residual_backward: Fn
     crossentropy_forward: Fn
     crossentropy_backward: Fn
     crossentropy_forward_backward: Fn

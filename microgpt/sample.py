@@ -89,10 +89,10 @@ class KVModel:
             ops.linear_forward(self.v[layer, t : t + 1], b["ln"], P[h + "w_v"])
             b["att"][...] = self._attend(layer, b["q"][0])
             ops.linear_forward(b["proj"], b["att"], P[h + "w_o"])
-            ops.residual_forward(b["x2"], x, b["proj"])
-            ops.layernorm_forward(b["ln"], self.mean, self.rstd, b["x2"], P[h + "ln2_w"], P[h + "ln2_b"])
+            ops.residual_layernorm_forward(b["x2"], b["ln"], self.mean, self.rstd, x, b["proj"], P[h + "ln2_w"],
+                                           P[h + "ln2_b"])  # fmt: skip
             ops.mlp_forward(b["proj"], self.h, self.a, b["ln"], P[h + "w_1"], P[h + "w_2"])
-            ops.residual_forward(x, b["x2"], b["proj"])
+            np.add(b["x2"], b["proj"], out=x)
         ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P["lnf_w"], P["lnf_b"])
         self.pos += 1
         return P["wte"] @ b["ln"][0]  # the tied LM head

@@ -6,19 +6,19 @@
     linear        out = x @ w                 nothing (x is the caller's)
     attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
-    residual      out = x + y                 nothing
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
 
-Why seven pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair
-applied to the last residual stream, so it needs no pair of its own.
+Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
+last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
+own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
 head's two small helpers (loss_weights, loss_sum) live in the same modules. GELU lives inside the mlp pair,
 which saves the pre-GELU activation and GELU's output (or, train.recompute_gelu, recomputes the output in
 backward). The residual add and the LayerNorm that reads its sum run as one call, residual_layernorm_forward in the
-layernorm modules (one pass over the rows on the GPU); the residual pair stays the add's specification, and its
-backward is folded into the residual stream's gradient (microgpt/model.py).
+layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
+inputs, which the model folds into the residual stream's one gradient buffer (microgpt/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py) and fp8
@@ -74,7 +74,6 @@ OPS: dict[str, OpPair] = {
     "linear": _pair("linear"),
     "attention": _pair("attention"),
     "mlp": _pair("mlp"),
-    "residual": _pair("residual"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "loss_weights", "loss_sum")),
 }
 

@@ -17,7 +17,7 @@ Backward, with g = dout * w (the gradient reaching xhat):
 
 The last line is the derivative through both the mean and the variance of the row.
 
-residual_layernorm_forward is the residual add (microgpt/ops/residual.py) and the LayerNorm that reads its sum,
+residual_layernorm_forward is the residual add and the LayerNorm that reads its sum,
 in one call: s = x + y, then out = layernorm(s). The model calls it at every LayerNorm after the first, where the
 residual stream's next value is made; the GPU kernel does both in one pass over the rows (the sum is not read
 back). Its backward needs nothing of its own: the add's backward is folded into the residual stream's gradient

@@ -324,20 +324,6 @@ def test_embedding_sort_every_configuration_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_residual_gpu(dtype):
-    from microgpt.kernels import residual as k
-
-    x, y, dout = rnd(N, C, dtype=dtype), rnd(N, C, dtype=dtype), rnd(N, C, dtype=dtype)
-    out = torch.empty_like(x)
-    k.residual_forward(out, x, y)
-    dx, dy = torch.zeros_like(x), torch.zeros_like(x)
-    k.residual_backward(dx, dy, dout)
-    close("out", out, x.double() + y.double(), dtype)
-    close("dx", dx, dout, dtype)
-    close("dy", dy, dout, dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 def test_crossentropy_gpu(dtype):
     from microgpt.kernels import crossentropy as k
 

@@ -1,4 +1,4 @@
-"""The registry lists the seven pairs and the step's helpers, each row naming both halves, and the ops package
+"""The registry lists the six pairs and the step's helpers, each row naming both halves, and the ops package
 stays free of torch and triton."""
 
 import importlib
@@ -8,8 +8,8 @@ import sys
 from microgpt.ops import HELPERS, OPS, OpPair
 
 
-def test_registry_has_the_seven_pairs() -> None:
-    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "residual", "crossentropy"]
+def test_registry_has_the_six_pairs() -> None:
+    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy"]
     assert list(OPS) == expected
     for name, pair in OPS.items():
         assert isinstance(pair, OpPair) and pair.name == name
