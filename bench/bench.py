@@ -107,7 +107,6 @@ class Clocks:
 
 def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE) -> dict:
     from microgpt.backend import triton_backend
-    from microgpt.kernels import linear
     from microgpt.state import make_state
     from microgpt.step import Step
 
@@ -115,7 +114,7 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
     K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now
     torch.cuda.reset_peak_memory_stats()  # the peak starts from what is allocated: the workspace, nothing else
     S = make_state(m, t, K)
-    planned = sum(memory.role_bytes(S.plan, t).values())
+    planned = sum(memory.role_bytes(S.plan, S.K.precision).values())
     step = Step(S)
     data = batches(mb, m)
     losses = []
@@ -131,7 +130,7 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
     return {**res, "planned": planned, "arena": S.arena.nbytes, "loss_first": losses[0],
             "loss_last": losses[-1], "peak_first": peak_first, "peak_steady": peak_steady,
             "first_vs_plan": peak_first / planned, "steady_vs_plan": peak_steady / planned,
-            "gemm": linear.gemm_choices()}  # fmt: skip
+            "gemm": S.K.tuned()["gemm_run"]}  # fmt: skip
 
 
 def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,

@@ -61,7 +61,7 @@ def main() -> None:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     torch.cuda.reset_peak_memory_stats()
     tr = trainer(a.experiment, a.steps, out / "run", a.precision)
-    planned = sum(memory.role_bytes(tr.S.plan, tr.t).values())  # the arena and cuBLAS's workspace
+    planned = sum(memory.role_bytes(tr.S.plan, tr.K.precision).values())  # the arena and cuBLAS's workspace
 
     losses, mem, ckpt, t0 = [], {}, None, time.time()
     for _ in range(a.steps):

@@ -4,11 +4,13 @@ A `Backend` is one frozen dataclass with a field per function of the op registry
 `<op>_forward`, `<op>_backward`, the loss head's extra entry points, the step's helpers) and the device functions
 the state and the step need (allocation, views, copies, the step's preparation). Both backends are built by the
 same loop over the registry's rows: the NumPy one from each row's NumPy module (the reference, the CPU path, no
-torch), the Triton one from each row's Triton module (imported only when asked for).
+torch), the Triton one from each row's Triton module (imported only when asked for). Each is made for one precision
+(microgpt/precision.py), which it carries.
 
-A backend is bound to one memory plan (`bind`): launchers that take kernel scratch (the triton backend's
-embedding sort order, LayerNorm partial sums, attention delta) get their planned views as keyword arguments, so
-model.py calls both backends with the same arguments.
+A backend is bound to one memory plan (`bind`), which gives every launcher what it takes beyond the spec's arguments
+as keyword arguments, so model.py calls both backends alike: the precision's Matmul (`mm`, the GEMM sites:
+ops.MATMUL_TAKERS), planned scratch (the triton backend's embedding sort order, LayerNorm partial sums, attention
+delta: `scratch_args`) and the runtime's tuner (`tuner`: kernels/runtime.py TUNER_TAKERS).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import memory, ops
+from microgpt import memory, ops, precision
 from microgpt.config import ConfigError, ModelConfig, TrainConfig
 from microgpt.memory import Buf
+from microgpt.ops.fp8 import e4m3
+from microgpt.precision import Precision, PrecisionState
 
 Fn = Callable[..., Any]
 
@@ -32,7 +36,7 @@ Fn = Callable[..., Any]
 @dataclass(frozen=True)
 class Backend:
     name: str  # "numpy" | "triton"
-    precision: str  # fp32, bf16, fp16, or fp8 (E4M3 block linears: microgpt/fp8.py)
+    precision: Precision  # what it computes in (microgpt/precision.py)
     device: str  # what it runs on, in words
     versions: dict[str, str]
     kind_bytes: dict[str, int]  # bytes per element of each memory-plan kind
@@ -57,8 +61,6 @@ class Backend:
     grad_norm_partial: Fn
     grad_norm_final: Fn
     adamw_step: Fn
-    cast_weights: Fn  # fp8: the block linears' E4M3 weight copies from the masters
-    roll_history: Fn  # fp8: the end of a micro-batch: each operand's amax into its history (or forgotten)
     # the device
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view
@@ -70,22 +72,25 @@ class Backend:
     logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
     rows: Callable[[ModelConfig, TrainConfig], list[Buf]]  # the backend's own plan rows ("kernel", "runtime")
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
-    # (function, keyword, make) bound by bind() to make(arena): scratch that is more than one buffer (fp8's)
-    arena_args: tuple[tuple[str, str, Callable[[memory.Arena], Any]], ...] = ()
+    kernel_args: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # function -> keywords
+    matmul_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the precision's Matmul takes
     # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
     memory_bytes: Callable[[], int | None] = lambda: None
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
+    tuned: Callable[[], dict[str, dict[str, str]]] = dict  # the device's recorded choices (bench prints them)
 
-    def bind(self, arena: memory.Arena) -> Backend:
-        """This backend with each scratch-taking launcher given its planned buffer (the plan's "kernel" rows)."""
+    def bind(self, arena: memory.Arena, m: ModelConfig) -> tuple[Backend, PrecisionState]:
+        """This backend with every launcher given what it takes beyond the spec (the precision's Matmul, planned
+        scratch, the runtime's tuner), and the precision bound to the arena."""
         self.on_bind(arena)
-        kwargs: dict[str, dict[str, Any]] = {}
+        state = self.precision.bind(arena, m, arena.flat("params"), self, **self.matmul_args)
+        kwargs: dict[str, dict[str, Any]] = {fn: {"mm": state.mm} for fn in ops.MATMUL_TAKERS}
+        for fn, kws in self.kernel_args.items():
+            kwargs.setdefault(fn, {}).update(kws)
         for fn, kw, buf in self.scratch_args:
             kwargs.setdefault(fn, {})[kw] = arena[buf]
-        for fn, kw, make in self.arena_args:
-            kwargs.setdefault(fn, {})[kw] = make(arena)
         bound = {fn: functools.partial(getattr(self, fn), **kws) for fn, kws in kwargs.items()}
-        return dataclasses.replace(self, **bound)
+        return dataclasses.replace(self, **bound), state
 
 
 def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> dict[str, Fn]:
@@ -102,17 +107,16 @@ def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> 
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
 
-def numpy_backend(dtypes: dict[str, type] | None = None, precision: str = "fp32") -> Backend:
+def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "fp32") -> Backend:
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
     in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py)."""
+    prec = precision.make(precision_name, "numpy")
+    if why := precision.matmul_class(prec.matmul).unsupported():
+        raise ConfigError(f"train.precision {precision_name!r} {why}")
     dtypes = dict(dtypes or NUMPY_DTYPES)
-    if precision == "fp8":
-        from microgpt.ops.fp8 import e4m3
-
-        dtypes["f8"] = e4m3()
 
     def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
-        dtype = np.dtype(dtypes[kind])
+        dtype = np.dtype(e4m3() if kind == "f8" else dtypes[kind])  # E4M3: ml_dtypes, only where a plan has it
         return pool[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def copy_in(dst: np.ndarray, src: np.ndarray) -> None:
@@ -122,8 +126,8 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision: str = "fp32"
         return np.zeros(nbytes, np.uint8)
 
     return Backend(
-        name="numpy", precision=precision, device="cpu", versions={"numpy": np.__version__},
-        kind_bytes={kind: np.dtype(t).itemsize for kind, t in dtypes.items()},
+        name="numpy", precision=prec, device="cpu", versions={"numpy": np.__version__},
+        kind_bytes={**{kind: np.dtype(t).itemsize for kind, t in dtypes.items()}, "f8": 1},
         **registry_functions(lambda row: row.numpy),
         alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_in=copy_in, to_numpy=np.asarray,
         synchronize=lambda: None, prepare=lambda run, graph: run,
@@ -132,13 +136,14 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision: str = "fp32"
 
 
 # --- triton --------------------------------------------------------------------------------------------------
-def triton_backend(precision: str) -> Backend:
+def triton_backend(precision_name: str) -> Backend:
     """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1)."""
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
-    if precision == "fp8" and (why := runtime.fp8_unsupported()):
-        raise ConfigError(f"train.precision 'fp8' {why}")
-    rt = runtime.Runtime(precision)
+    prec = precision.make(precision_name, "triton")
+    if why := precision.matmul_class(prec.matmul).unsupported():
+        raise ConfigError(f"train.precision {precision_name!r} {why}")
+    rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
     def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
         scratch = rt.scratch(t.micro_batch, m.seq_len, m.d_model, m.n_head)
@@ -146,43 +151,27 @@ def triton_backend(precision: str) -> Backend:
         out.append(Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
         if rt.workspace_bytes:
             out.append(Buf("cublas_workspace", (rt.workspace_bytes,), "runtime", "u8"))
-        return out + fp8_rows(m, t)
-
-    scratch_args = tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items())
-    if precision == "fp8":
-        from microgpt.kernels import fp8
-
-        def fp8_rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
-            N = t.micro_batch * m.seq_len
-            scratch = [Buf(name, shape, "kernel", kind) for name, shape, kind in fp8.scratch_rows(N, m.d_model)]
-            saved = [Buf(name, shape, "acts", kind) for name, shape, kind in fp8.saved_rows(N, m.d_model, m.n_layer)]
-            return scratch + saved
-
-        fp8_args = tuple((fn, "q", fp8.Scratch.of) for fn in fp8.SCRATCH_TAKERS)
-    else:
-        fp8_rows, fp8_args = (lambda m, t: []), ()
+        return out
 
     return Backend(
-        name="triton", precision=precision, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
+        name="triton", precision=prec, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
         **registry_functions(lambda row: row.triton),
         alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows,
-        scratch_args=scratch_args, arena_args=fp8_args,
-        on_bind=lambda arena: rt.set_probe(arena["gemm_probe"]),
+        scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
+        kernel_args={fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS}, matmul_args={"gemm": rt.gemm},
+        on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned,
     )  # fmt: skip
 
 
-def get_backend(name: str, precision: str) -> Backend:
+def get_backend(name: str, precision_name: str) -> Backend:
     """The backend by name; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
     if name == "numpy":
-        try:
-            return numpy_backend(precision=precision)
-        except ImportError as e:
-            raise ConfigError(str(e)) from None
+        return numpy_backend(precision_name=precision_name)
     if name == "triton":
         try:
-            return triton_backend(precision)
+            return triton_backend(precision_name)
         except ImportError as e:
             raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip

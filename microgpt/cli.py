@@ -81,7 +81,7 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if tr.rank == 0 else None)
         if tr.rank == 0:
-            print(memory.format_plan(tr.S.plan, exp.train), file=sys.stderr)
+            print(memory.format_plan(tr.S.plan, tr.K.precision), file=sys.stderr)
         return tr.run()
     finally:
         if dp is not None:

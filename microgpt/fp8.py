@@ -18,18 +18,18 @@ numbers (amax = 0 gives k = 0):
 
 Weights: current scaling. The optimizer step casts each site's fp32 masters once per step, after AdamW, with the
 amax of the masters themselves, into two copies, one per GEMM layout (W for the input gradient, W^T for the
-forward); the model reads them through `Fp8Weight`.
+forward); the model hands them to the GEMM sites as `Fp8Weight`s, each site's handle.
 
-Activations and output gradients: delayed scaling. Each site's input (x) and output gradient (g) has a slot with
-an amax history of the last HISTORY micro-batches; a cast takes its amax from the largest entry, so the scale is
-known before the tensor exists and its producer can write E4M3 itself (the GELU kernels do: no bf16 copy, no amax
-pass, no separate cast pass). While casting, it records the finite max |x| it met; at the end of each
-micro-batch `roll_history` pushes that amax into the history (the oldest falls out). A value above the history's range
-saturates at +-448. The history is the only state across steps: it rides in the checkpoint's sidecar
-(`fp8_amax_history`), so resume is bit-exact. A run with no history yet (a fresh one, or one resumed from a
-checkpoint of another precision) primes it: its first micro-batch takes each tensor's own amax first (current
-scaling, one more pass on the GPU) and records it as the first entry. With data parallel the recorded amaxes are
-the max over ranks, so every rank keeps the same history.
+Activations and output gradients: delayed scaling. Each site's input (x) and output gradient (g) has a slot with an
+amax history of the last HISTORY micro-batches; a cast takes its amax from the largest entry, so the scale is known
+before the tensor exists and its producer can write E4M3 itself (the casts computing GELU do: no bf16 copy, no amax
+pass, no separate cast pass). While casting, it records the finite max |x| it met; the end of each micro-batch
+(microgpt/precision.py: Fp8State.end_micro_batch) pushes that amax into the history (the oldest falls out). A value
+above the history's range saturates at +-448. The history is the only state across steps: it rides in the checkpoint's
+sidecar (`fp8_amax_history`), so resume is bit-exact. A run with no history yet (a fresh one, or one resumed from a
+checkpoint of another precision) primes it: its first micro-batch takes each tensor's own amax first (current scaling,
+one more pass on the GPU) and records it as the first entry. With data parallel the recorded amaxes are the max over
+ranks, so every rank keeps the same history.
 
 The LM head (`Fp8Head`) takes current scaling for both operands and so carries no state: wte is cast with the
 block linears' weights after AdamW, lnf in each call of the loss head (its amax pass, then the cast). Its GEMM
@@ -38,7 +38,7 @@ in the compute dtype (`head_in_fp8`).
 
 The QKV site shares one scale over its three weights and one over its three output gradients, so its input
 gradient is one GEMM over K = 3C. Evaluation (a forward without the loss's backward) casts with the histories and
-records nothing (`roll_history(..., shift=False)` forgets what it met).
+records nothing (Fp8State.end_eval forgets what it met).
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ HISTORY = 16  # micro-batches of amax an activation's or gradient's scale looks 
 INV, PRE, AMAX, HIST = 0, 1, 2, 4  # word offsets in a slot
 SLOT = 4  # a weight's slot (current scaling: no history)
 OSLOT = HIST + HISTORY  # an operand's slot: an activation's or an output gradient's
-# each block's GEMM sites, by the model's name for the weight (model.py), and the parameters each one holds
-SITES = {"w_qkv": ("w_q", "w_k", "w_v"), "w_o": ("w_o",), "w_1": ("w_1",), "w_2": ("w_2",)}
+SCRATCH = ("fp8_x", "fp8_g", "fp8_gt")  # the GPU's E4M3 operand scratch: activation rows, gradient rows, transposed
 
 
 def scale_exponent(amax: float) -> int:
@@ -67,11 +66,6 @@ def scale_exponent(amax: float) -> int:
         return 0
     f, e = math.frexp(amax)  # amax = f * 2^e, 0.5 <= f < 1; 448 = 0.875 * 2^9
     return min(max((9 if f <= 0.875 else 8) - e, K_MIN), K_MAX)
-
-
-def site_shapes(C: int) -> dict[str, tuple[int, int, int]]:
-    """Each site's weight as (G, C_in, C_out): G weights of (C_in, C_out) that share a scale."""
-    return {"w_qkv": (3, C, C), "w_o": (1, C, C), "w_1": (1, C, 4 * C), "w_2": (1, 4 * C, C)}
 
 
 def reference_amax(slot: Any) -> Any:
@@ -83,7 +77,7 @@ def reference_amax(slot: Any) -> Any:
 @dataclass
 class Priming:
     """Whether the operand histories still need priming (a fresh run): shared by every site of a state, read by
-    the casts (operands then take their own amax first), cleared after the first micro-batch's roll_history."""
+    the casts (operands then take their own amax first), cleared after the first micro-batch's roll."""
 
     on: bool = True
 
@@ -125,15 +119,12 @@ class Fp8Head:
     """The tied LM head as the loss head reads it in fp8: logits = (x8 @ w8^T) * 2^-kx * 2^-kw, fp32 sums, out in the
     compute dtype; the gradient GEMMs read w. w: the compute copy of wte (V, C) (the fp32 masters on the NumPy
     backend); master: the fp32 wte (V, C); w8: its E4M3 copy (V, C), the optimizer step's; scale: w8's SLOT; xslot:
-    the SLOT of x (lnf), cleared and filled by each call (current scaling)."""
+    the SLOT of x (lnf), cleared and filled by each call (current scaling). The weights' cast treats it as a site of
+    one weight (V, C) with no transposed layout (w8t None): its GEMM reads w8 only."""
 
     w: Any
     master: Any
     w8: Any
     scale: Any
     xslot: Any
-
-    @property
-    def name(self) -> str:
-        """The model's name for it (model.gpt_forward reads P["lm_head"] where it exists, else wte)."""
-        return "lm_head"
+    w8t: Any = None

@@ -6,7 +6,7 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     compute_params                  the weights in the compute dtype (bf16/fp16/fp8 runs on the GPU), same order;
                                     AdamW writes it
     fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts, and the LM
-                                    head's E4M3 wte (microgpt/fp8.py)
+                                    head's E4M3 wte (the precision's rows: microgpt/precision.py)
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
                                     and what it reports back (report), the evaluation's loss sum
     acts                            saved activations: written in forward, read in backward
@@ -18,8 +18,9 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     runtime                         bytes the device runtime allocates itself (cuBLAS's workspace): counted, not
                                     carved from the arena
 
-Kinds give the element type: "f32" (always float32), "compute" (the run's compute dtype: float32 on the NumPy
-backend, bf16/fp16 on the GPU, bf16 in fp8 runs), "i32", "u8", "f8" (E4M3). The Arena makes ONE allocation for
+Kinds give the element type: "f32" (always float32), "compute" (the precision's compute dtype: float32 on the NumPy
+backend, bf16/fp16 on the GPU, bf16 in fp8 runs), "i32", "u8", "f8" (E4M3). The plan's rows are the model's
+(params.py's table), the precision's (`Precision.rows`) and the backend's own. The Arena makes ONE allocation for
 every role but "runtime" and carves each buffer out of it as a view: each (role, kind) group is contiguous and
 256-byte aligned, so a flat grads array makes the gradient norm and AdamW one call each, and the parameter-shaped
 groups are exactly the checkpoint's layout. Nothing is allocated during training, and the plan printed before the
@@ -35,7 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from microgpt import fp8, params
+from microgpt import params
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.errors import InputError
 
@@ -49,7 +50,7 @@ LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "op
           "inputs": "step inputs", "kernel": "kernel scratch", "rounding": "allocator rounding",
           "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
-COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # on the GPU; the NumPy backend computes in fp32
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # the precisions' compute dtypes
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
 HYPER = 8  # the step's per-step host values (microgpt/ops/adamw.py: lr, bias1, bias2, gscale; the rest spare)
 
@@ -70,10 +71,21 @@ class Buf:
         return math.prod(self.shape)
 
 
-def has_compute_copy(t: TrainConfig) -> bool:
-    """Whether the weights have a compute-dtype copy beside the fp32 masters: on the GPU in every precision but
-    fp32 (the NumPy backend computes in fp32, fp8 runs included)."""
-    return t.precision != "fp32" and t.backend != "numpy"
+class Precision(Protocol):
+    """What the plan needs of a precision (microgpt/precision.py makes them): its compute dtype, whether the weights
+    have a copy in it, whether GELU's output has a buffer, its own rows, and the plan's title."""
+
+    compute: str
+
+    @property
+    def compute_copy(self) -> bool: ...
+
+    @property
+    def gelu_planned(self) -> bool: ...
+
+    def rows(self, m: ModelConfig, N: int) -> list[Buf]: ...
+
+    def label(self) -> str: ...
 
 
 CKPT_MAX_PARAMS = 2**31 - 1  # the checkpoint header's int32 n_params
@@ -87,13 +99,13 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...],
+def check_fits(m: ModelConfig, t: TrainConfig, prec: Precision, R: int, backend_rows: list[Buf] | tuple[Buf, ...],
                available: int | None, device: str) -> list[Buf]:  # fmt: skip
     """The plan, once it is known to fit: PlanError, before anything is allocated, naming the plan's total and the
     device's memory when it is larger than `available` bytes, or for a model the checkpoint format cannot hold.
     (The table has a few dozen rows per layer and model.n_layer is at most 1024: cheap at any sizes.)"""
-    bufs = plan(m, t, R, backend_rows)
-    total = sum(role_bytes(bufs, t).values())
+    bufs = plan(m, t, prec, R, backend_rows)
+    total = sum(role_bytes(bufs, prec).values())
     if available is not None and total > available:
         sizes = "model.d_model, model.n_layer, model.seq_len"
         raise PlanError(f"the memory plan needs {total:,} bytes but the device ({device}) has {available:,} bytes; "
@@ -120,14 +132,15 @@ def gpu_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = 5
     return R
 
 
-def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:
-    """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk, then the backend's
-    own rows (launcher scratch, runtime bytes)."""
+def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
+         backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:  # fmt: skip
+    """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk in precision prec,
+    then the backend's own rows (launcher scratch, runtime bytes)."""
     B, U = t.micro_batch, t.n_micro
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
     N = B * T
     bufs = []
-    roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if has_compute_copy(t) else [])
+    roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if prec.compute_copy else [])
     for role in roles:
         kind = "compute" if role == "compute_params" else "f32"
         bufs += [Buf(name, shape, role, kind) for name, shape in params.param_shapes(m)]
@@ -141,8 +154,7 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
         ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
-    if t.precision == "fp8":
-        bufs += fp8_rows(m)
+    bufs += prec.rows(m, N)
     act = [
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
@@ -156,7 +168,7 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
         ("ln2_mean", (L, N), "f32"),
         ("ln2_rstd", (L, N), "f32"),
         ("h", (L, N, 4 * C), "compute"),  # pre-GELU activation
-        *([("a", (L, N, 4 * C), "compute")] if gelu_output_saved(t) else []),  # GELU output, read by dW_2's GEMM
+        *([("a", (L, N, 4 * C), "compute")] if gelu_output_saved(prec, t) else []),  # GELU output, read by dW_2's GEMM
         ("lnf", (N, C), "compute"),
         ("lnf_mean", (N,), "f32"),
         ("lnf_rstd", (N,), "f32"),
@@ -167,7 +179,7 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in act]
     scratch = [
         ("proj", (N, C)),  # output of W_O and of the MLP before the residual add
-        *([("a", (N, 4 * C))] if gelu_output_planned(t) and t.recompute_gelu else []),  # GELU output, recomputed
+        *([("a", (N, 4 * C))] if prec.gelu_planned and t.recompute_gelu else []),  # GELU output, recomputed
         ("dh", (N, 4 * C)),
         ("dresid", (N, C)),  # gradient of the residual stream, updated in place from the top layer down
         ("dln", (N, C)),
@@ -181,42 +193,17 @@ def plan(m: ModelConfig, t: TrainConfig, R: int, backend_rows: list[Buf] | tuple
     return bufs + list(backend_rows)
 
 
-def gelu_output_planned(t: TrainConfig) -> bool:
-    """Whether the MLP's a = gelu(h) has a compute buffer (one per layer or one scratch: gelu_output_saved). The
-    triton backend in fp8 never makes one: its cast computes GELU on the way to the E4M3 copy the next GEMM reads
-    (microgpt/kernels/mlp.py); the NumPy reference of fp8 rounds a itself and keeps the buffer."""
-    return not (t.backend == "triton" and t.precision == "fp8")
-
-
-def gelu_output_saved(t: TrainConfig) -> bool:
+def gelu_output_saved(prec: Precision, t: TrainConfig) -> bool:
     """Whether a = gelu(h) is kept per layer from forward to backward (saved activations, L x (N, 4C)): W_2's weight
     gradient reads the forward's own a, and GELU's backward pass writes dh alone. With train.recompute_gelu the plan
-    has one (N, 4C) scratch instead, and backward recomputes a from h (a pass that also writes a)."""
-    return gelu_output_planned(t) and not t.recompute_gelu
+    has one (N, 4C) scratch instead, and backward recomputes a from h; where the precision casts GELU straight to
+    its operand (fp8 on the GPU: Precision.gelu_planned) there is neither."""
+    return prec.gelu_planned and not t.recompute_gelu
 
 
-def fp8_rows(m: ModelConfig) -> list[Buf]:
-    """fp8: every block linear site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input
-    and of its output gradient with their amax histories, which carry across steps (microgpt/fp8.py); the LM head's
-    E4M3 wte and its two slots (wte's, lnf's) where its logits GEMM runs in E4M3."""
-    head = [Buf("lm_head.w8", (m.vocab_size, m.d_model), "fp8_weights", "f8"),
-            Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32")] if fp8.head_in_fp8(m.vocab_size) else []  # fmt: skip
-    bufs = []
-    for layer in range(m.n_layer):
-        for site, (G, C, OC) in params.site_shapes(m.d_model).items():
-            name = f"h{layer}.{site}"
-            bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
-                     Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
-    return bufs + [
-        Buf("fp8_wscales", (m.n_layer, len(params.SITES), fp8.SLOT), "optim", "f32"),
-        Buf("fp8_slots", (m.n_layer, len(params.SITES), 2, fp8.OSLOT), "optim", "f32"),
-        *head,
-    ]
-
-
-def kind_sizes(t: TrainConfig) -> dict[str, int]:
-    """Bytes per element of each kind for a run's backend and precision."""
-    return {**KIND_BYTES, "compute": 4 if t.backend == "numpy" else COMPUTE_BYTES[t.precision]}
+def kind_sizes(prec: Precision) -> dict[str, int]:
+    """Bytes per element of each kind in a precision."""
+    return {**KIND_BYTES, "compute": COMPUTE_BYTES[prec.compute]}
 
 
 def _round(nbytes: int) -> int:
@@ -248,20 +235,19 @@ def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str]
     return offsets, role_sizes, total
 
 
-def role_bytes(bufs: list[Buf], t: TrainConfig) -> dict[str, int]:
+def role_bytes(bufs: list[Buf], prec: Precision) -> dict[str, int]:
     """Bytes per role, alignment included: they add up to the arena plus the runtime's rows."""
-    sizes = kind_sizes(t)
+    sizes = kind_sizes(prec)
     _, out, _ = layout(bufs, sizes)
     out["runtime"] = sum(b.numel * sizes[b.kind] for b in bufs if b.role == "runtime")
     return out
 
 
-def format_plan(bufs: list[Buf], t: TrainConfig) -> str:
+def format_plan(bufs: list[Buf], prec: Precision) -> str:
     """The table printed before the first step: every role's bytes and their total."""
-    sizes = role_bytes(bufs, t)
+    sizes = role_bytes(bufs, prec)
     total = sum(sizes.values())
-    compute = "fp32" if t.backend == "numpy" else {"fp8": "bf16 + fp8 linears"}.get(t.precision, t.precision)
-    lines = [f"memory plan ({compute} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
+    lines = [f"memory plan ({prec.label()} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
     for role in ROLES:
         if sizes[role] or role in ("params", "grads", "adam_m", "adam_v"):
             lines.append(f"{LABELS.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")

@@ -59,13 +59,12 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
         out, mean, rstd, w, b = _norm(m, P, A, "ln1", layer + 1)  # the next layer's LN1; lnf after the last layer
         K.residual_layernorm_forward(resid[layer + 1], out, mean, rstd, resid2, proj, w, b)
     targets = targets.reshape(N)
-    head = P.get("lm_head", P["wte"])  # the tied head: wte, or in fp8 its Fp8Head (E4M3 logits GEMM)
     if G is None:
-        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], head, targets, A["logits"])
+        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
         return
     K.loss_weights(A["dlosses"], targets, A["loss_scale"])
     K.zero_(A["dln"])
-    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], head,
+    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], P["wte"],
                                     targets, A["logits"])  # fmt: skip
 
 
@@ -113,7 +112,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
 def _gelu_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
     """Each layer's buffer for a = gelu(h), and whether backward recomputes a from h: a layer's own (N, 4C) plane
     where the plan saves a (memory.gelu_output_saved), else the one (N, 4C) scratch all layers share, or None where
-    fp8's cast computes GELU (memory.gelu_output_planned)."""
+    the precision's cast computes GELU (Precision.gelu_planned)."""
     a = A.get("a")
     if a is None or a.ndim == 2:
         return [a] * n_layer, True

@@ -19,6 +19,7 @@ from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, brief, check_finite
+from microgpt.ops.linear import Matmul
 
 
 class SampleError(InputError):
@@ -64,6 +65,7 @@ class KVModel:
         self.h, self.a = np.zeros((1, 4 * C), np.float32), np.zeros((1, 4 * C), np.float32)
         self.mean, self.rstd = np.zeros(1, np.float32), np.zeros(1, np.float32)
         self.K = numpy_backend()
+        self.mm = Matmul()  # fp32's GEMM sites
 
     def _attend(self, layer: int, q: np.ndarray) -> np.ndarray:
         """One query (C,) against cached positions [0, pos]: causal by construction."""
@@ -84,14 +86,14 @@ class KVModel:
         for layer in range(self.m.n_layer):
             h = f"h{layer}."
             ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P[h + "ln1_w"], P[h + "ln1_b"])
-            ops.linear_forward(b["q"], b["ln"], P[h + "w_q"])
-            ops.linear_forward(self.k[layer, t : t + 1], b["ln"], P[h + "w_k"])
-            ops.linear_forward(self.v[layer, t : t + 1], b["ln"], P[h + "w_v"])
+            ops.linear_forward(b["q"], b["ln"], P[h + "w_q"], mm=self.mm)
+            ops.linear_forward(self.k[layer, t : t + 1], b["ln"], P[h + "w_k"], mm=self.mm)
+            ops.linear_forward(self.v[layer, t : t + 1], b["ln"], P[h + "w_v"], mm=self.mm)
             b["att"][...] = self._attend(layer, b["q"][0])
-            ops.linear_forward(b["proj"], b["att"], P[h + "w_o"])
+            ops.linear_forward(b["proj"], b["att"], P[h + "w_o"], mm=self.mm)
             ops.residual_layernorm_forward(b["x2"], b["ln"], self.mean, self.rstd, x, b["proj"], P[h + "ln2_w"],
                                            P[h + "ln2_b"])  # fmt: skip
-            ops.mlp_forward(b["proj"], self.h, self.a, b["ln"], P[h + "w_1"], P[h + "w_2"])
+            ops.mlp_forward(b["proj"], self.h, self.a, b["ln"], P[h + "w_1"], P[h + "w_2"], mm=self.mm)
             np.add(b["x2"], b["proj"], out=x)
         ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P["lnf_w"], P["lnf_b"])
         self.pos += 1

@@ -7,8 +7,8 @@ function is captured once as a CUDA graph and replayed (one launch per step from
     norm = ||g||                                                                 of the raw sum, two fixed passes
     AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
     and the compute copy of the weights refreshed, the grads zeroed              in the same pass
-    fp8: after each micro-batch the operands' amaxes into their histories        max over ranks first
-    fp8: the block linears' E4M3 weight copies cast from the new masters          amax pass + cast pass per site
+    the precision's end of each micro-batch (fp8: the operands' amaxes into       max over ranks first
+    their histories) and its weights after AdamW (fp8: the E4M3 copies)           amax pass + cast pass per site
 
 The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
 folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
@@ -46,8 +46,7 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
         K.loss_sum(report[2 + i :], A["losses"], targets.reshape(-1), 1.0, True)
         last = reduce is not None and i == t.n_micro - 1
         model.gpt_backward(K, m, S.P_compute, S.G, A, tokens, reduce.layer_done if last else None)
-        if S.w8:
-            roll_history(S, dp)
+        S.prec.end_micro_batch(dp)
     if reduce is not None:
         reduce.finish()
     norm = report[1:2]
@@ -56,17 +55,7 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
     K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1, t.beta2,
                  t.eps, t.weight_decay, max_norm)  # fmt: skip
-    if S.w8:
-        K.cast_weights(S.w8)  # fp8: the block linears' E4M3 copies of the updated masters
-
-
-def roll_history(S: TrainState, dp: Any = None) -> None:
-    """fp8, the end of a micro-batch: what the casts met becomes the newest entry of each operand's amax history,
-    the same on every rank (the max over ranks); a fresh run's histories are primed from then on."""
-    if dp is not None:
-        dp.all_reduce_max(S.arena["fp8_slots"])
-    S.K.roll_history(S.arena["fp8_slots"], True)
-    S.priming.on = False
+    S.prec.cast_weights()  # fp8: the E4M3 copies of the updated masters
 
 
 @dataclass
@@ -98,8 +87,8 @@ class Step:
         if self.run is None:
             self._prepare(lr)
         self._hyper(lr, gscale)
-        if S.priming.on:  # only ever on in fp8
-            optimizer_step(S, self.dp)  # fp8's first step of a fresh run: its casts prime the histories first
+        if S.prec.priming:  # fp8's first step of a fresh run: its casts prime the amax histories first
+            optimizer_step(S, self.dp)
         else:
             self.run()
         loss, raw_norm, *micro = K.to_numpy(A["report"]).tolist()
@@ -108,16 +97,15 @@ class Step:
         return StepResult(loss, raw_norm * gscale, micro)
 
     def _prepare(self, lr: float) -> None:
-        """backend.prepare on the steady-state step: fp8's amax slots and priming are put back as they were, since
-        the warm-up's casts and rolls must leave no trace in the run's scales."""
+        """backend.prepare on the steady-state step (a step not priming the precision's state); what the precision
+        keeps is put back as it was after it (fp8's amax slots: the warm-up's casts and rolls must leave no trace in
+        the run's scales)."""
         S = self.S
-        slots = S.K.to_numpy(S.arena["fp8_slots"]).copy() if S.w8 else None
-        priming, S.priming.on = S.priming.on, False
+        snap = S.prec.snapshot()
+        S.prec.steady()
         self._hyper(lr, math.inf)
         self.run = S.K.prepare(lambda: optimizer_step(S, self.dp), self.graph)
-        S.priming.on = priming
-        if slots is not None:
-            S.K.copy_in(S.arena["fp8_slots"], slots)
+        S.prec.restore(snap)
 
     def release(self) -> None:
         """Drop the prepared run (on a GPU, the CUDA graph, freed now); the next call prepares it again."""

@@ -116,8 +116,7 @@ class Trainer:
             K.copy_in(A["tokens"][0], x)
             K.copy_in(A["targets"][0], y)
             model.gpt_forward(K, self.m, self.S.P_compute, A, A["tokens"][0], A["targets"][0])
-            if self.S.w8:  # fp8: evaluation scales by the amax histories and leaves nothing in them
-                K.roll_history(A["fp8_slots"], False)
+            self.S.prec.end_eval()  # fp8: evaluation scales by the amax histories and leaves nothing in them
             K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
             s, c = K.to_numpy(A["loss_sum"]).tolist()
             total, count = total + s, count + int(c)
@@ -180,7 +179,7 @@ class Trainer:
     def start_record(self) -> dict[str, Any]:
         versions = {"python": platform.python_version(), "numpy": np.__version__, **self.K.versions}
         return {"event": "start", "run": self.exp.name, "config": self.exp.to_dict(), "n_params": self.S.n_params,
-                "memory": memory.role_bytes(self.S.plan, self.t), "versions": versions,
+                "memory": memory.role_bytes(self.S.plan, self.K.precision), "versions": versions,
                 "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world}  # fmt: skip
 
     def run(self) -> int:

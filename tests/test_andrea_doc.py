@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from microgpt import config, memory, params, trainer
+from microgpt import config, memory, params, precision, trainer
 from tests.conftest import REPO, cli
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
@@ -37,7 +37,8 @@ def test_doc_matches_the_experiment(name: str) -> None:
         rows = memory.gpu_logits_rows(m, t.micro_batch, itemsize)
     else:
         rows = memory.cpu_logits_rows(m, t.micro_batch)
-    plan = memory.format_plan(memory.plan(m, t, rows), t)  # without the backend's own rows
+    prec = precision.make(t.precision, t.backend)
+    plan = memory.format_plan(memory.plan(m, t, prec, rows), prec)  # without the backend's own rows
     assert plan in DOC, f"docs/ANDREA.md lacks the memory plan the engine prints for ANDREA-{name}:\n{plan}"
 
 

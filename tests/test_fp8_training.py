@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, fp8, memory, trainer
+from microgpt import checkpoint, config, fp8, memory, params, precision, trainer
 from microgpt.backend import get_backend
 from microgpt.ops import fp8 as ref
 from microgpt.state import make_state
@@ -39,32 +39,35 @@ def test_plan_has_the_fp8_rows_and_the_state_reads_them() -> None:
     S = state("fp8")
     names = {b.name: b for b in S.plan}
     for layer in range(M.n_layer):
-        for site, (G, C, OC) in fp8.site_shapes(M.d_model).items():
+        for site, (G, C, OC) in params.site_shapes(M.d_model).items():
             assert names[f"h{layer}.{site}.w8"].shape == (C, G * OC) and names[f"h{layer}.{site}.w8"].kind == "f8"
             assert names[f"h{layer}.{site}.w8t"].shape == (G, OC, C)
-            assert S.P_compute[f"h{layer}.{site}"] is next(w for w in S.w8 if w.name == f"h{layer}.{site}")
-    assert memory.role_bytes(S.plan, S.t)["fp8_weights"] >= 2 * 12 * M.d_model**2 * M.n_layer
+            assert S.P_compute[f"h{layer}.{site}"] is next(w for w in S.prec.sites if w.name == f"h{layer}.{site}")
+    assert memory.role_bytes(S.plan, S.K.precision)["fp8_weights"] >= 2 * 12 * M.d_model**2 * M.n_layer
     assert "compute_params" not in {b.role for b in S.plan}  # the NumPy backend computes on the fp32 masters
     assert names["lm_head.w8"].shape == (M.vocab_size, M.d_model) and names["fp8_head_slots"].shape == (2, fp8.SLOT)
-    head = S.P_compute["lm_head"]
-    assert head is S.w8[-1] and head.master is S.P["wte"] and head.w8 is S.arena["lm_head.w8"]
+    head = S.prec.head
+    assert head is S.prec.mm.head and head.master.base is not None and head.w8 is S.arena["lm_head.w8"]
+    np.testing.assert_array_equal(head.master, S.P["wte"])
+    assert np.shares_memory(head.master, S.P["wte"]) and np.shares_memory(head.w, S.P_compute["wte"])
     t = config.TrainConfig(micro_batch=2, precision="fp8", backend="triton")
-    assert "compute_params" in {b.role for b in memory.plan(M, t, 7)}  # the GPU reads bf16 beside the E4M3 copies
+    gpu = precision.make("fp8", "triton")  # the GPU reads bf16 beside the E4M3 copies
+    assert "compute_params" in {b.role for b in memory.plan(M, t, gpu, 7)}
     odd = dataclasses.replace(M, vocab_size=61)  # not a multiple of 16: the head stays in the compute dtype
     S = make_state(odd, S.t, get_backend("numpy", "fp8"))
-    assert "lm_head" not in S.P_compute and "lm_head.w8" not in {b.name for b in S.plan}
+    assert S.prec.head is None and "lm_head.w8" not in {b.name for b in S.plan}
 
 
 def test_fp8_trains_next_to_fp32_and_recasts_the_weights_each_step() -> None:
     runs = {}
-    for precision in ("fp32", "fp8"):
-        S = state(precision)
+    for name in ("fp32", "fp8"):
+        S = state(name)
         step = Step(S)
-        runs[precision] = [step(b, 1e-2).loss for b in batches(0, 30)]
-        if precision == "fp8":
-            for w in S.w8:  # the copies (the LM head's too) are the masters' cast after the last update
+        runs[name] = [step(b, 1e-2).loss for b in batches(0, 30)]
+        if name == "fp8":
+            for w in [*S.prec.sites, S.prec.head]:  # the copies (the LM head's too): the masters' cast after the update
                 q, inv = ref.cast(w.master, np.zeros(fp8.SLOT, np.float32), current=True)
-                got, want = (w.w8, q) if isinstance(w, fp8.Fp8Head) else (w.w8t, q.transpose(0, 2, 1))
+                got, want = (w.w8, q) if w.w8t is None else (w.w8t, q.transpose(0, 2, 1))
                 np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
                 assert w.scale[0] == inv
     f32, f8 = np.array(runs["fp32"]), np.array(runs["fp8"])
@@ -77,11 +80,11 @@ def test_histories_are_primed_once_then_rolled_every_micro_batch() -> None:
     """A fresh state primes (its first micro-batch scales operands by their own amax); every micro-batch then adds
     one entry to each operand's history, the oldest dropping out after fp8.HISTORY."""
     S = state("fp8")
-    assert S.priming.on and not S.arena["fp8_slots"].any()
+    assert S.prec.priming and not S.arena["fp8_slots"].any()
     step = Step(S)
     for i, b in enumerate(batches(1, 10)):
         step(b, 1e-2)
-        assert not S.priming.on
+        assert not S.prec.priming
         hist = S.arena["fp8_slots"][..., fp8.HIST :]
         filled = min(2 * (i + 1), fp8.HISTORY)  # n_micro = 2 entries a step
         assert (hist[..., :filled] > 0).all() and not hist[..., filled:].any(), i
@@ -95,7 +98,7 @@ def test_the_warm_up_leaves_no_trace_in_the_scales() -> None:
     runs, held, priming_when_prepared = {}, {}, []
 
     def prepare(run, graph):
-        priming_when_prepared.append(held["S"].priming.on)
+        priming_when_prepared.append(held["S"].prec.priming)
         run()
         return run
 
@@ -162,7 +165,7 @@ def fp8_run(tmp_path_factory) -> tuple[Path, Path]:
 def test_checkpoint_carries_the_histories(fp8_run: tuple[Path, Path]) -> None:
     exp, run = fp8_run
     side = checkpoint.read_sidecar(run / "ckpt" / checkpoint.ckpt_name(2))
-    L, n_sites = TINY["model"]["n_layer"], len(fp8.SITES)
+    L, n_sites = TINY["model"]["n_layer"], len(params.SITES)
     hist = np.array(side["fp8_amax_history"]).reshape(L, n_sites, 2, fp8.HISTORY)
     assert (hist[..., :4] > 0).all() and not hist[..., 4:].any()  # 2 steps of 2 micro-batches
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import config, memory, model, params, trainer
+from microgpt import config, memory, model, params, precision, trainer
 from microgpt.backend import numpy_backend
 from tests.conftest import TINY
 
@@ -17,7 +17,7 @@ def test_memory_plan_is_the_allocation(tmp_path) -> None:
     """Every buffer is a view into the one arena allocation, and the printed plan's total is its size."""
     tr = trainer.Trainer(config.from_dict(TINY), tmp_path)
     S = tr.S
-    assert sum(memory.role_bytes(S.plan, S.t).values()) == S.arena.nbytes == S.arena.pool.nbytes
+    assert sum(memory.role_bytes(S.plan, S.K.precision).values()) == S.arena.nbytes == S.arena.pool.nbytes
     pool = S.arena.pool
     lo, hi = pool.ctypes.data, pool.ctypes.data + pool.nbytes
     for (role, name), view in S.arena.views.items():
@@ -25,7 +25,7 @@ def test_memory_plan_is_the_allocation(tmp_path) -> None:
     spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for (role, _), v in S.arena.views.items())
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "views overlap"
     assert S.p.size == params.n_params(tr.m) and S.p.ctypes.data == S.P["wte"].ctypes.data
-    total = memory.format_plan(S.plan, S.t).splitlines()[-1]
+    total = memory.format_plan(S.plan, S.K.precision).splitlines()[-1]
     assert total.split()[1] == f"{S.arena.nbytes:,}"
 
 
@@ -44,8 +44,9 @@ def test_layout_packs_parameter_roles_and_aligns_the_rest() -> None:
     """Parameter-shaped roles are contiguous in the canonical order (the flat array is the checkpoint's layout);
     every other view starts on ALIGN bytes; the arena is a whole number of ARENA_GRANULE."""
     t = config.TrainConfig(micro_batch=3, n_micro=2, precision="bf16", backend="triton")
-    bufs = memory.plan(M, t, 7)
-    sizes = memory.kind_sizes(t)
+    prec = precision.make(t.precision, t.backend)
+    bufs = memory.plan(M, t, prec, 7)
+    sizes = memory.kind_sizes(prec)
     offsets, roles, total = memory.layout(bufs, sizes)
     for role in memory.PACKED:
         rows = [b for b in bufs if b.role == role]
@@ -59,7 +60,8 @@ def test_layout_packs_parameter_roles_and_aligns_the_rest() -> None:
 
 
 def test_a_buffer_the_plan_lacks_is_one_line() -> None:
-    arena = memory.Arena(memory.plan(M, config.TrainConfig(micro_batch=2), 5), numpy_backend())
+    K = numpy_backend()
+    arena = memory.Arena(memory.plan(M, config.TrainConfig(micro_batch=2), K.precision, 5), K)
     with pytest.raises(memory.PlanError, match="no buffer 'nonsense'"):
         arena["nonsense"]
     assert arena["tokens"].dtype == np.int32 and arena["hyper"].shape == (memory.HYPER,)
@@ -69,10 +71,11 @@ def test_fp8_on_the_triton_backend_plans_no_gelu_output() -> None:
     """The triton backend's fp8 MLP computes a = gelu(h) inside the cast to E4M3, so its plan has no (N, 4C) `a`;
     the NumPy reference of fp8, and every other precision, keeps it."""
     B, C = 2, M.d_model
-    for backend, precision, planned in [("triton", "fp8", False), ("numpy", "fp8", True), ("triton", "bf16", True)]:
-        t = config.TrainConfig(micro_batch=B, backend=backend, precision=precision)
-        rows = {b.name: b.shape for b in memory.plan(M, t, 5)}
-        assert ("a" in rows) == planned == memory.gelu_output_planned(t), (backend, precision)
+    for backend, name, planned in [("triton", "fp8", False), ("numpy", "fp8", True), ("triton", "bf16", True)]:
+        t = config.TrainConfig(micro_batch=B, backend=backend, precision=name)
+        prec = precision.make(t.precision, t.backend)
+        rows = {b.name: b.shape for b in memory.plan(M, t, prec, 5)}
+        assert ("a" in rows) == planned == prec.gelu_planned, (backend, t.precision)
         assert rows["dh"] == (B * M.seq_len, 4 * C)
 
 
@@ -85,11 +88,12 @@ def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
     sizes = {}
     for recompute in (False, True):
         t = config.TrainConfig(micro_batch=B, recompute_gelu=recompute)
-        bufs = memory.plan(M, t, 5)
+        K = numpy_backend()
+        bufs = memory.plan(M, t, K.precision, 5)
         (a,) = [b for b in bufs if b.name == "a"]
         assert (a.role, a.shape) == (("scratch", (N, 4 * C)) if recompute else ("acts", (L, N, 4 * C)))
-        assert memory.gelu_output_saved(t) is not recompute
-        arena = memory.Arena(bufs, numpy_backend())
+        assert memory.gelu_output_saved(K.precision, t) is not recompute
+        arena = memory.Arena(bufs, K)
         per_layer, recomputes = model._gelu_outputs(arena, L)
         assert recomputes is recompute and len(per_layer) == L
         assert all(x.shape == (N, 4 * C) for x in per_layer)

@@ -43,7 +43,8 @@ def engine_state(dtype: type, seed: int):
     """A NumPy-backend arena in `dtype`, params initialised then perturbed so LN weights are not all ones."""
     K = numpy_backend({"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8})
     t = config.TrainConfig(micro_batch=B)
-    arena = memory.Arena(memory.plan(M, t, 7), K)
+    arena = memory.Arena(memory.plan(M, t, K.precision, 7), K)
+    K, _ = K.bind(arena, M)
     rng = np.random.default_rng(seed)
     flat = arena.flat("params")
     flat[...] = params.init_weights(M, seed) + rng.normal(0, 0.1, size=flat.shape)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, params
+from microgpt import checkpoint, config, params, precision
 from microgpt.backend import get_backend, numpy_backend
 from microgpt.state import GROWTH_INTERVAL, LossScaler, make_state
 from microgpt.step import Step
@@ -32,14 +32,14 @@ def test_make_state_initialises_from_the_seed() -> None:
 
 
 def test_loss_scaler_halves_on_overflow_and_doubles_after_a_streak() -> None:
-    s = LossScaler.for_precision("fp16")
+    s = LossScaler.for_precision(precision.make("fp16", "triton"))
     assert s.dynamic and s.scale == 2.0**16
     s.update(False)
     assert (s.scale, s.good_steps) == (2.0**15, 0)
     for _ in range(GROWTH_INTERVAL):
         s.update(True)
     assert s.scale == 2.0**16
-    static = LossScaler.for_precision("bf16")
+    static = LossScaler.for_precision(precision.make("bf16", "triton"))
     static.update(False)
     assert (static.scale, static.dynamic) == (1.0, False)
 

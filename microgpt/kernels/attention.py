@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels import tuning
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
 LOG2E = 1.4426950408889634
 
@@ -200,13 +200,13 @@ FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16))
                   dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
 
 
-def _meta(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch) -> dict:
+def _meta(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> dict:
     """The config of one half for this dtype and (T, hs): fixed in fp32 and the interpreter, else the fastest,
     timed once inside the tuning window (on the warm-up step's buffers) and cached on disk (tuning.py)."""
-    if tuning.INTERPRET or dtype == torch.float32:
-        return FIXED["interpret" if tuning.INTERPRET else "fp32"][half == "bwd"]
+    if INTERPRET or dtype == torch.float32:
+        return FIXED["interpret" if INTERPRET else "fp32"][half == "bwd"]
     candidates = {str(i): (lambda cfg=cfg: launch(cfg)) for i, cfg in enumerate(configs)}
-    return configs[int(tuning.choose(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates))]
+    return configs[int(tuner.choose(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates))]
 
 
 def _bd(HS: int) -> int:
@@ -214,7 +214,7 @@ def _bd(HS: int) -> int:
 
 
 def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      n_head: int) -> None:  # fmt: skip
+                      n_head: int, *, tuner: Tuner) -> None:  # fmt: skip
     B, T, C = q.shape
     HS = C // n_head
 
@@ -223,16 +223,16 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
             out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
             **meta)  # fmt: skip
 
-    launch(_meta("fwd", FWD_CONFIGS, q.dtype, T, HS, launch))
+    launch(_meta("fwd", FWD_CONFIGS, q.dtype, T, HS, launch, tuner))
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
                        k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, n_head: int, *,
-                       delta: torch.Tensor) -> None:  # fmt: skip
+                       delta: torch.Tensor, tuner: Tuner) -> None:  # fmt: skip
     """delta: fp32 scratch of at least B*NH*T elements."""
     B, T, C = q.shape
     HS = C // n_head
-    BMD = 16 if tuning.INTERPRET else 64
+    BMD = 16 if INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
 
     def launch(meta: dict) -> None:
@@ -240,4 +240,4 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
             dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
             BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
-    launch(_meta("bwd", BWD_CONFIGS, q.dtype, T, HS, launch))
+    launch(_meta("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner))

@@ -8,21 +8,21 @@ turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlog
 Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
 GEMM, k_crossentropy_fwd with GRAD (lse and loss, then a second pass over the row writes dlogits in place), and
 the two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
-With an Fp8Head in place of wte (precision "fp8") the logits GEMM runs on E4M3 operands (fp8.head_logits: x cast
-into the fp8 scratch `q` at its own amax, wte from the optimizer step's copy); the rest reads the head's bf16 copy.
+The logits GEMM and the two gradient GEMMs are the precision's Matmul `mm` (microgpt/precision.py: fp8 runs the
+logits GEMM on E4M3 operands, x cast at its own amax, and the gradient GEMMs on the compute copy); the row kernel's
+launch configuration is the runtime's tuner's choice (`tuner`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import Fp8Head
-from microgpt.kernels import fp8, tuning
-from microgpt.kernels.linear import mm
+from microgpt.kernels.linear import Matmul
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.c
 
 
 def _block_v(V: int, block: int = 4096) -> int:
-    return min(triton.next_power_of_2(V), 1024 if tuning.INTERPRET else block)
+    return min(triton.next_power_of_2(V), 1024 if INTERPRET else block)
 
 
 # k_crossentropy_fwd's launch configurations (max per block, BLOCK_V, warps), timed once per GPU and shape in the
@@ -108,7 +108,7 @@ def row_launch(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, ta
 
 
 def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-                dlosses: torch.Tensor | None, V: int) -> None:  # fmt: skip
+                dlosses: torch.Tensor | None, V: int, tuner: Tuner) -> None:  # fmt: skip
     """k_crossentropy_fwd under the configuration the warm-up chose for this chunk's shape. Under the warm-up the
     configurations run several times on one chunk (turning its dlogits into others: values the warm-up discards)."""
 
@@ -116,93 +116,51 @@ def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, t
         return row_launch(losses, lse, logits, targets, dlosses, V, *config)
 
     # one choice with and without the gradient: the forward alone gives the lse the fused call gives
-    tuning.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}", ROW_CONFIGS, make)
+    tuner.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}", ROW_CONFIGS, make)
 
 
-def _chunks(N: int, R: int):
+def _chunks(x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor,
+            mm: Matmul) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
+    """(r0, r, lg) for each chunk of rows r0 .. r0 + r in order, lg (r, V) the leading rows of the scratch holding
+    its logits, computed by the precision's head GEMM."""
+    chunk_logits = mm.logits(x2, wte)
+    N, R = x2.shape[0], logits.shape[0]
     for r0 in range(0, N, R):
-        yield r0, min(R, N - r0)
-
-
-ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
-
-
-def _head(x2: torch.Tensor, wte: torch.Tensor | Fp8Head, q: fp8.Scratch | None) -> tuple[ChunkLogits, torch.Tensor]:
-    """(the chunks' logits GEMM, the wte the gradient GEMMs read)."""
-    if isinstance(wte, Fp8Head):
-        return fp8.head_logits(x2, wte, q), wte.w
-    return (lambda lg, r0, r: mm(lg, x2[r0 : r0 + r], wte.t())), wte
-
-
-def _add_grads(dx: torch.Tensor, dwte: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, wte: torch.Tensor) -> None:
-    """One chunk's two gradient GEMMs: dx += dlogits @ wte ; dwte += dlogits.T @ x."""
-    mm(dx, dlogits, wte, accumulate=True)
-    mm(dwte, dlogits.t(), x, accumulate=True)
-
-
-def crossentropy_forward(
-    losses: torch.Tensor,
-    lse: torch.Tensor,
-    x: torch.Tensor,
-    wte: torch.Tensor | Fp8Head,
-    targets: torch.Tensor,
-    logits: torch.Tensor,
-    q: fp8.Scratch | None = None,
-) -> None:
-    V, C = logits.shape[1], x.shape[-1]
-    x2, tg = x.view(-1, C), targets.view(-1)
-    losses, lse = losses.view(-1), lse.view(-1)
-    chunk_logits, _ = _head(x2, wte, q)
-    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
+        r = min(R, N - r0)
         lg = logits[:r]
         chunk_logits(lg, r0, r)
-        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V)
+        yield r0, r, lg
 
 
-def crossentropy_backward(
-    dx: torch.Tensor,
-    dwte: torch.Tensor,
-    dlosses: torch.Tensor,
-    x: torch.Tensor,
-    wte: torch.Tensor | Fp8Head,
-    targets: torch.Tensor,
-    lse: torch.Tensor,
-    logits: torch.Tensor,
-    q: fp8.Scratch | None = None,
-) -> None:
+def crossentropy_forward(losses: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, wte: torch.Tensor,
+                         targets: torch.Tensor, logits: torch.Tensor, *, mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
+    V, C = logits.shape[1], x.shape[-1]
+    tg, losses, lse = targets.view(-1), losses.view(-1), lse.view(-1)
+    for r0, _, lg in _chunks(x.view(-1, C), wte, logits, mm):
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V, tuner)
+
+
+def crossentropy_backward(dx: torch.Tensor, dwte: torch.Tensor, dlosses: torch.Tensor, x: torch.Tensor,
+                          wte: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, *,
+                          mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     dlosses, lse = dlosses.view(-1), lse.view(-1)
-    chunk_logits, w = _head(x2, wte, q)
-    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
-        lg = logits[:r]
-        chunk_logits(lg, r0, r)
+    for r0, r, lg in _chunks(x2, wte, logits, mm):
         k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
-        _add_grads(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], w)
+        mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
-def crossentropy_forward_backward(
-    losses: torch.Tensor,
-    lse: torch.Tensor,
-    dx: torch.Tensor,
-    dwte: torch.Tensor,
-    dlosses: torch.Tensor,
-    x: torch.Tensor,
-    wte: torch.Tensor | Fp8Head,
-    targets: torch.Tensor,
-    logits: torch.Tensor,
-    q: fp8.Scratch | None = None,
-) -> None:
+def crossentropy_forward_backward(losses: torch.Tensor, lse: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor,
+                                  dlosses: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, targets: torch.Tensor,
+                                  logits: torch.Tensor, *, mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
     """crossentropy_forward, then crossentropy_backward with dlosses, without recomputing any chunk's logits."""
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     losses, lse, dlosses = losses.view(-1), lse.view(-1), dlosses.view(-1)
-    chunk_logits, w = _head(x2, wte, q)
-    for r0, r in _chunks(x2.shape[0], logits.shape[0]):
-        lg = logits[:r]
-        chunk_logits(lg, r0, r)
-        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V)
-        _add_grads(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], w)
+    for r0, r, lg in _chunks(x2, wte, logits, mm):
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, tuner)
+        mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
 @triton.jit

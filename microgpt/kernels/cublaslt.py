@@ -16,8 +16,9 @@ the callers time them in the warm-up (tuning.py). A call sets the pointers and q
 stream, which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them
 a transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16
 operands may write (or add into) an fp32 out: the weight gradients' GEMMs.
-`available()` says whether this process can use them (a CUDA build whose cuBLASLt is found); where not, the
-engine keeps torch's GEMMs and the elementwise GELU pass (linear.py and mlp.py time the ways once per shape).
+`CublasLt.load()` gives the runtime its one handle where this process can use them (a CUDA build whose cuBLASLt is
+found), None where not: the engine then keeps torch's GEMMs and the elementwise GELU pass (gemm.py times the ways
+once per shape).
 """
 
 from __future__ import annotations
@@ -46,9 +47,22 @@ class _HeuristicResult(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
                 ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]  # fmt: skip
 
 
-_lib: ctypes.CDLL | None = None
-_handle = ctypes.c_void_p()
-_load_error: str | None = None
+MAX_ALGOS = 8  # the heuristic's first candidates kept per GEMM: its first is not always the fastest
+ONE, ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)  # alpha and beta (read by the library, never written)
+# the library's functions this module calls: name -> argument types (all return a status, 0 for success)
+_P, _I64, _U64, _SIZE = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_size_t
+SIGNATURES = {
+    "cublasLtCreate": [ctypes.POINTER(_P)],
+    "cublasLtMatmulDescCreate": [ctypes.POINTER(_P), ctypes.c_int, ctypes.c_int],
+    "cublasLtMatmulDescSetAttribute": [_P, ctypes.c_int, _P, _SIZE],
+    "cublasLtMatrixLayoutCreate": [ctypes.POINTER(_P), ctypes.c_int, _U64, _U64, _I64],
+    "cublasLtMatrixLayoutSetAttribute": [_P, ctypes.c_int, _P, _SIZE],
+    "cublasLtMatmulPreferenceCreate": [ctypes.POINTER(_P)],
+    "cublasLtMatmulPreferenceSetAttribute": [_P, ctypes.c_int, _P, _SIZE],
+    "cublasLtMatmulAlgoGetHeuristic": [_P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.POINTER(_HeuristicResult),
+                                       ctypes.POINTER(ctypes.c_int)],
+    "cublasLtMatmul": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _SIZE, _P],
+}  # fmt: skip
 
 
 def _library_path() -> str | None:
@@ -63,56 +77,9 @@ def _library_path() -> str | None:
     return None
 
 
-def _load() -> ctypes.CDLL:
-    global _lib, _load_error
-    if _lib is not None:
-        return _lib
-    if _load_error is not None:
-        raise RuntimeError(_load_error)
-    torch.cuda.current_blas_handle()  # cuBLAS (and with it cuBLASLt) is loaded and initialised
-    path = _library_path()
-    try:
-        lib = ctypes.CDLL(path or "libcublasLt.so")
-    except OSError as e:
-        _load_error = f"cuBLASLt not found ({e})"
-        raise RuntimeError(_load_error) from e
-    p, i64, u64, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_size_t
-    results = ctypes.POINTER(_HeuristicResult)
-    for name, args in {
-        "cublasLtCreate": [ctypes.POINTER(p)],
-        "cublasLtMatmulDescCreate": [ctypes.POINTER(p), ctypes.c_int, ctypes.c_int],
-        "cublasLtMatmulDescSetAttribute": [p, ctypes.c_int, p, size],
-        "cublasLtMatrixLayoutCreate": [ctypes.POINTER(p), ctypes.c_int, u64, u64, i64],
-        "cublasLtMatrixLayoutSetAttribute": [p, ctypes.c_int, p, size],
-        "cublasLtMatmulPreferenceCreate": [ctypes.POINTER(p)],
-        "cublasLtMatmulPreferenceSetAttribute": [p, ctypes.c_int, p, size],
-        "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, ctypes.c_int, results, ctypes.POINTER(ctypes.c_int)],
-        "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, size, p],
-    }.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, ctypes.c_int
-    _check(lib.cublasLtCreate(ctypes.byref(_handle)), "cublasLtCreate")
-    _lib = lib
-    return lib
-
-
-def available() -> bool:
-    """Whether these GEMMs can run here (a CUDA GPU and cuBLASLt found in this process)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        _load()
-    except RuntimeError:
-        return False
-    return True
-
-
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
-
-
-MAX_ALGOS = 8  # the heuristic's first candidates kept per GEMM: its first is not always the fastest
 
 
 @dataclass
@@ -120,9 +87,6 @@ class _Plan:
     desc: ctypes.c_void_p
     layouts: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # A, B, D in cuBLASLt's (column-major) terms
     algos: list[_HeuristicResult]  # in the heuristic's order
-
-
-_plans: dict[tuple, _Plan] = {}
 
 
 def _operand(x: torch.Tensor) -> tuple[int, int, int, int]:
@@ -137,79 +101,15 @@ def _operand(x: torch.Tensor) -> tuple[int, int, int, int]:
     raise ValueError(f"cuBLASLt operand with strides {x.stride()}: one of the last two must be 1")
 
 
-def _layout(x: torch.Tensor, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
-    """x's layout; for a 3D x a strided batch of x.shape[0] matrices, x.stride(0) apart (0: one matrix, repeated)."""
-    layout = ctypes.c_void_p()
-    _check(_lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[x.dtype], rows, cols, ld), "layout")
-    if x.dim() == 3:
-        for attr, value in ((_LAYOUT_BATCH_COUNT, ctypes.c_int32(x.shape[0])),
-                            (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(x.stride(0)))):  # fmt: skip
-            _check(_lib.cublasLtMatrixLayoutSetAttribute(layout, attr, ctypes.byref(value), ctypes.sizeof(value)),
-                   "layout attribute")  # fmt: skip
-    return layout
-
-
-def _set(desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
-    _check(_lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)), "attribute")
-
-
 def alignment(*xs: torch.Tensor) -> tuple[int, ...]:
     """Each tensor's address alignment in bytes, up to 256: the heuristic offers only algorithms that run at the
     alignments it is told, so a plan (and a timed choice among its algorithms) holds for one such tuple."""
     return tuple(min(256, (x.data_ptr() & -x.data_ptr()) or 256) for x in xs)
 
 
-def _plan(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int) -> _Plan:
-    aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
-    key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype, epilogue,
-           aligned, aux is not None and (aux.stride(), alignment(aux)))  # fmt: skip
-    plan = _plans.get(key)
-    if plan is not None:
-        return plan
-    _load()
-    M, N = out.shape[-2:]
-    op_b, rb, cb, ldb = _operand(b)  # cuBLASLt's A: b^T (N, K)
-    op_a, ra, ca, lda = _operand(a)  # cuBLASLt's B: a^T (K, M)
-    desc = ctypes.c_void_p()
-    _check(_lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "descriptor")
-    _set(desc, _DESC_TRANSA, ctypes.c_int32(op_b))
-    _set(desc, _DESC_TRANSB, ctypes.c_int32(op_a))
-    _set(desc, _DESC_EPILOGUE, ctypes.c_uint32(epilogue))
-    if aux is not None:
-        _set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
-        _set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
-        _set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
-    layouts = (_layout(b, rb, cb, ldb), _layout(a, ra, ca, lda), _layout(out, N, M, out.stride(-2)))
-    pref = ctypes.c_void_p()
-    _check(_lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-    # no workspace (nothing outside the memory plan), no split-K reduction (a run repeats another bit for bit), and
-    # the minimum alignments of A, B, C, D
-    settings = [(_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
-                (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE))]  # fmt: skip
-    settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate((*aligned, aligned[2]))]
-    for attr, value in settings:
-        _check(_lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), ctypes.sizeof(value)),
-               "preference attribute")  # fmt: skip
-    results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
-    _check(_lib.cublasLtMatmulAlgoGetHeuristic(_handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
-                                               MAX_ALGOS, results, ctypes.byref(found)), "heuristic")  # fmt: skip
-    if found.value < 1:
-        raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N} {a.dtype}->{out.dtype}")
-    plan = _plans[key] = _Plan(desc, layouts, list(results[: found.value]))
-    return plan
-
-
-_ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
-
-
-def n_algos(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None = None,
-            epilogue: int = DEFAULT) -> int:  # fmt: skip
-    """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1."""
-    return len(_plan(out, a, b, aux, epilogue).algos)
-
-
-def _matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int,
-            algo: int = 0, accumulate: bool = False) -> None:  # fmt: skip
+def _chained(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None) -> None:
+    """ValueError unless out = a @ b (2D, or batched 3D) with contiguous rows of out and aux, before any library
+    call."""
     chained = out.dim() == a.dim() == b.dim() and out.dim() in (2, 3) and a.shape[-1] == b.shape[-2]
     chained = chained and out.shape[:-2] == a.shape[:-2] == b.shape[:-2]
     if not chained or out.shape[-2:] != (a.shape[-2], b.shape[-1]) or (aux is not None and aux.shape != out.shape):
@@ -217,30 +117,131 @@ def _matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tens
                          + (f", aux {tuple(aux.shape)}" if aux is not None else ""))  # fmt: skip
     if out.stride(-1) != 1 or (aux is not None and aux.stride(-1) != 1):
         raise ValueError("cuBLASLt GEMM: out and aux need contiguous rows")
-    plan = _plan(out, a, b, aux, epilogue)
-    if aux is not None:
-        _set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
-    A, B, D = plan.layouts
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
-    _check(_lib.cublasLtMatmul(_handle, plan.desc, ctypes.byref(_ONE), ptr(b.data_ptr()), A, ptr(a.data_ptr()), B,
-                               ctypes.byref(_ONE if accumulate else _ZERO), d, D, d, D,
-                               ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
 
 
-def gemm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False, algo: int = 0) -> None:
-    """out (M,N) (+)= a (M,K) @ b (K,N); or batched, out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), where a batch stride
-    may be 0 (one matrix for every batch). Rows of out contiguous; out may be fp32 with bf16/fp16 a and b.
-    algo: the heuristic's candidate (n_algos)."""
-    _matmul(out, a, b, None, DEFAULT, algo, accumulate)
+class CublasLt:
+    """The library torch has loaded, one handle on it, and the plans made so far (descriptors, layouts and the
+    heuristic's algorithms per GEMM shape): the runtime's, made once per process and device."""
 
+    def __init__(self) -> None:
+        """RuntimeError where cuBLASLt cannot be found in this process (`load` says None instead)."""
+        torch.cuda.current_blas_handle()  # cuBLAS (and with it cuBLASLt) is loaded and initialised
+        path = _library_path()
+        try:
+            self.lib = ctypes.CDLL(path or "libcublasLt.so")
+        except OSError as e:
+            raise RuntimeError(f"cuBLASLt not found ({e})") from e
+        for name, args in SIGNATURES.items():
+            fn = getattr(self.lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        self.handle = ctypes.c_void_p()
+        _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self.plans: dict[tuple, _Plan] = {}
 
-def gelu_aux(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
-    """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows
-    contiguous for a and h; algo: the heuristic's candidate."""
-    _matmul(a, x, w, h, GELU_AUX, algo)
+    @classmethod
+    def load(cls) -> CublasLt | None:
+        """The library on this process's GPU, or None (no CUDA GPU, or no cuBLASLt found): the engine then keeps
+        torch's GEMMs and the elementwise GELU pass."""
+        if not torch.cuda.is_available():
+            return None
+        try:
+            return cls()
+        except RuntimeError:
+            return None
 
+    def _layout(self, x: torch.Tensor, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+        """x's layout; for a 3D x a strided batch of x.shape[0] matrices, x.stride(0) apart (0: one matrix,
+        repeated)."""
+        layout = ctypes.c_void_p()
+        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[x.dtype], rows, cols, ld),
+               "layout")  # fmt: skip
+        if x.dim() == 3:
+            for attr, value in ((_LAYOUT_BATCH_COUNT, ctypes.c_int32(x.shape[0])),
+                                (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(x.stride(0)))):  # fmt: skip
+                status = self.lib.cublasLtMatrixLayoutSetAttribute(layout, attr, ctypes.byref(value),
+                                                                   ctypes.sizeof(value))  # fmt: skip
+                _check(status, "layout attribute")
+        return layout
 
-def dgelu(dh: torch.Tensor, dout: torch.Tensor, w: torch.Tensor, h: torch.Tensor, algo: int = 0) -> None:
-    """dh = (dout @ w) * gelu'(h), from one GEMM reading h (cuBLASLt's aux input). 2D; w may be a transposed view."""
-    _matmul(dh, dout, w, h, DGELU, algo)
+    def _set(self, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
+        _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
+               "attribute")  # fmt: skip
+
+    def _preference(self, aligned: tuple[int, ...]) -> ctypes.c_void_p:
+        """No workspace (nothing outside the memory plan), no split-K reduction (a run repeats another bit for
+        bit), and the minimum alignments of A, B, C, D."""
+        pref = ctypes.c_void_p()
+        _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+        settings = [(_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
+                    (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE))]  # fmt: skip
+        settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate((*aligned, aligned[2]))]
+        for attr, value in settings:
+            size = ctypes.sizeof(value)
+            _check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), size), "preference")
+        return pref
+
+    def _plan(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None,
+              epilogue: int) -> _Plan:  # fmt: skip
+        aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
+        key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype,
+               epilogue, aligned, aux is not None and (aux.stride(), alignment(aux)))  # fmt: skip
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        M, N = out.shape[-2:]
+        op_b, rb, cb, ldb = _operand(b)  # cuBLASLt's A: b^T (N, K)
+        op_a, ra, ca, lda = _operand(a)  # cuBLASLt's B: a^T (K, M)
+        desc = ctypes.c_void_p()
+        _check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "descriptor")
+        for attr, value in ((_DESC_TRANSA, ctypes.c_int32(op_b)), (_DESC_TRANSB, ctypes.c_int32(op_a)),
+                            (_DESC_EPILOGUE, ctypes.c_uint32(epilogue))):  # fmt: skip
+            self._set(desc, attr, value)
+        if aux is not None:
+            self._set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
+            self._set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
+            self._set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
+        layouts = (self._layout(b, rb, cb, ldb), self._layout(a, ra, ca, lda), self._layout(out, N, M, out.stride(-2)))
+        results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
+        _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, layouts[0], layouts[1], layouts[2],
+                                                       layouts[2], self._preference(aligned), MAX_ALGOS, results,
+                                                       ctypes.byref(found)), "heuristic")  # fmt: skip
+        if found.value < 1:
+            raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N} {a.dtype}->{out.dtype}")
+        plan = self.plans[key] = _Plan(desc, layouts, list(results[: found.value]))
+        return plan
+
+    def n_algos(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None = None,
+                epilogue: int = DEFAULT) -> int:  # fmt: skip
+        """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1."""
+        _chained(out, a, b, aux)
+        return len(self._plan(out, a, b, aux, epilogue).algos)
+
+    def _matmul(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int,
+                algo: int = 0, accumulate: bool = False) -> None:  # fmt: skip
+        _chained(out, a, b, aux)
+        plan = self._plan(out, a, b, aux, epilogue)
+        if aux is not None:
+            self._set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
+        A, B, D = plan.layouts
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
+        _check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(ONE), ptr(b.data_ptr()), A,
+                                       ptr(a.data_ptr()), B, ctypes.byref(ONE if accumulate else ZERO), d, D, d, D,
+                                       ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
+
+    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False,
+             algo: int = 0) -> None:  # fmt: skip
+        """out (M,N) (+)= a (M,K) @ b (K,N); or batched, out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), where a batch
+        stride may be 0 (one matrix for every batch). Rows of out contiguous; out may be fp32 with bf16/fp16 a and
+        b. algo: the heuristic's candidate (n_algos)."""
+        self._matmul(out, a, b, None, DEFAULT, algo, accumulate)
+
+    def gelu_aux(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
+        """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows
+        contiguous for a and h; algo: the heuristic's candidate."""
+        self._matmul(a, x, w, h, GELU_AUX, algo)
+
+    def dgelu(self, dh: torch.Tensor, dout: torch.Tensor, w: torch.Tensor, h: torch.Tensor, algo: int = 0) -> None:
+        """dh = (dout @ w) * gelu'(h), from one GEMM reading h (cuBLASLt's aux input). 2D; w may be a transposed
+        view."""
+        self._matmul(dh, dout, w, h, DGELU, algo)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels import tuning
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
 
 @triton.jit
@@ -103,7 +103,7 @@ CHUNK = 8192  # tokens per sort chunk (rounded down to whole sequences): the sor
 # The sort's launch configurations (keys a program, keys a step of its loop, warps), timed once per GPU and shape
 # in the warm-up (tuning.launch): each gives the same order (a rank is exact). The first is the default outside the
 # warm-up; the interpreter pays per program, so it takes few, small ones.
-if tuning.INTERPRET:
+if INTERPRET:
     SORT_CONFIGS = {"i16j16w1": (16, 16, 1)}
 else:
     SORT_CONFIGS = {"i64j256w4": (64, 256, 4), "i32j256w4": (32, 256, 4), "i16j256w4": (16, 256, 4),
@@ -111,7 +111,7 @@ else:
                     "i16j128w2": (16, 128, 2)}  # fmt: skip
 
 
-def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int) -> None:
+def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int, tuner: Tuner) -> None:
     """order[c*S : (c+1)*S] = the stable order of chunk c of tok (N,) int32 by token, chunk-relative indices."""
     N, wide = tok.numel(), vocab * S >= 2**31 - S
 
@@ -119,17 +119,17 @@ def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int) -> N
         grid = (triton.cdiv(min(S, N), bi), triton.cdiv(N, S))
         return lambda: k_embedding_sort[grid](order, tok, N, S, BLOCK_I=bi, BLOCK_J=bj, WIDE=wide, num_warps=warps)
 
-    tuning.launch("embedding_sort", f"{N}:{S}:w{int(wide)}", SORT_CONFIGS, sort)
+    tuner.launch("embedding_sort", f"{N}:{S}:w{int(wide)}", SORT_CONFIGS, sort)
 
 
 def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor, dout: torch.Tensor, tokens: torch.Tensor, *,
-                       order: torch.Tensor, chunk: int = CHUNK) -> None:  # fmt: skip
+                       order: torch.Tensor, tuner: Tuner, chunk: int = CHUNK) -> None:  # fmt: skip
     """order: int32 scratch of at least N = B*T elements."""
     T, C = tokens.shape[-1], dwte.shape[1]
     N = tokens.numel()
     S = T * max(1, chunk // T)
     tok, d = tokens.reshape(N), dout.reshape(N, C)
-    sort_tokens(order, tok, S, dwte.shape[0])
+    sort_tokens(order, tok, S, dwte.shape[0], tuner)
     # whole rows per program (C <= 1024): the scatter is latency-bound (order -> token -> row loads per run,
     # and runs are short: one token each on random data), so fewer, wider programs finish in fewer waves
     BC = _block_c(C)

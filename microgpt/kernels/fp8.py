@@ -40,21 +40,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import HISTORY, OSLOT, Fp8Head, Fp8Weight, site_shapes
-from microgpt.kernels import tuning
-from microgpt.kernels.gelu import gelu, gelu_grad
-from microgpt.kernels.gemm import k_mm_scaled
+from microgpt.fp8 import HISTORY, OSLOT, Fp8Head, Fp8Weight
+from microgpt.kernels import linear
+from microgpt.kernels.gelu import gelu, gelu_forward, gelu_grad
+from microgpt.kernels.gemm import Gemm, k_mm_scaled
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
-HW_CVT = not tuning.INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
-SCRATCH_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",
-                  "crossentropy_backward", "crossentropy_forward_backward")  # fmt: skip
+HW_CVT = not INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
 
 
 @triton.jit
@@ -178,12 +177,7 @@ def k_roll(slots_ptr, SHIFT: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexp
     tl.store(base + 2, 0.0)
 
 
-def roll_history(slots: torch.Tensor, shift: bool = True) -> None:
-    """slots (..., OSLOT): the end of a micro-batch (ops/fp8.roll_history)."""
-    k_roll[(slots.numel() // OSLOT,)](slots, SHIFT=shift, SLOT=OSLOT, HIST=HISTORY)
-
-
-def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None,
+def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None,
          prime: bool = False, op: int = COPY, x2: torch.Tensor | None = None, hist: int = HISTORY) -> None:  # fmt: skip
     """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of the GELU backward, shaped and strided as x) -> E4M3 into
     rows (R, G*Cc) and/or trans (G, Cc, R) (either may be None), scaled by the slot (hist: the words of history it
@@ -206,8 +200,8 @@ def cast(x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: 
 
     key = f"{G}x{R}x{Cc}:{x3.stride()}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
     if prime:
-        tuning.launch("fp8_amax", key, CAST_CONFIGS, launch(True))
-    tuning.launch("fp8_cast", key, CAST_CONFIGS, launch(False))
+        tuner.launch("fp8_amax", key, CAST_CONFIGS, launch(True))
+    tuner.launch("fp8_cast", key, CAST_CONFIGS, launch(False))
 
 
 # Launch configurations of k_cast (BR, BC, warps, PACK: the transpose's word bytes, 1 where R is not a multiple;
@@ -225,7 +219,7 @@ def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, i
         accumulate: bool = False, wgrad: torch.Tensor | None = None) -> None:  # fmt: skip
     """out (M,N) (+)= (a (M,K) @ b (K,N)) * ia * ib: E4M3 a (row-major) and b (column-major), fp32 sums; ia, ib
     the (1,) inverse scales. Accumulating on cuBLASLt goes through `wgrad` (fp32, at least M*N)."""
-    if tuning.INTERPRET or not out.is_cuda:
+    if INTERPRET or not out.is_cuda:
         M, K = a.shape
         N = b.shape[1]
         cfg = dict(BM=32, BN=32, BK=32, GROUP_M=4)
@@ -243,16 +237,12 @@ def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, i
 
 @dataclass(frozen=True)
 class Scratch:
-    """The planned scratch of the FP8 linears (the rows of `scratch_rows`)."""
+    """The casts' planned scratch (microgpt/precision.py Fp8.rows, the "kernel" role)."""
 
     x8: torch.Tensor  # activation operand, row layout (flat, N*4C); its transpose is saved with its site (xt)
     g8: torch.Tensor  # gradient operand, row layout
     g8t: torch.Tensor  # gradient operand, transposed
     wgrad: torch.Tensor  # fp32 (C*4C,): cuBLASLt's weight-gradient product before the +=
-
-    @classmethod
-    def of(cls, arena: Any) -> Scratch:
-        return cls(*(arena[name] for name in ("fp8_x", "fp8_g", "fp8_gt", "fp8_wgrad")))
 
     @staticmethod
     def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -260,59 +250,82 @@ class Scratch:
         return flat[: math.prod(shape)].view(shape)
 
 
-def scratch_rows(N: int, C: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """The triton backend's fp8 scratch for N tokens a micro-batch and width C: (buffer, shape, kind) rows of the
-    plan's "kernel" role."""
-    ops = [(name, (N * 4 * C,), "f8") for name in ("fp8_x", "fp8_g", "fp8_gt")]
-    return ops + [("fp8_wgrad", (4 * C * C,), "f32")]
+class Matmul(linear.Matmul):
+    """The GEMM sites on E4M3 operands (precision "fp8"): each operand cast once into the layout its GEMM reads,
+    at its slot's scale; the head's gradient GEMMs are the base class's, on the compute copy. head: the LM head's
+    E4M3 state, None where its logits GEMM stays bf16 (fp8.head_in_fp8); scratch: the planned buffers by name."""
 
+    def __init__(self, gemm: Gemm, head: Fp8Head | None, scratch: dict[str, torch.Tensor]) -> None:
+        super().__init__(gemm)
+        self.tuner, self.head = gemm.tuner, head
+        self.q = Scratch(*(scratch[name] for name in ("fp8_x", "fp8_g", "fp8_gt", "fp8_wgrad")))
 
-def saved_rows(N: int, C: int, L: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """Each site's E4M3 input as the forward cast it, transposed (C_in, N), for its weight gradient in backward:
-    (buffer, shape, kind) rows of the plan's "acts" role."""
-    return [(f"h{layer}.{site}.xt", (C_in * N,), "f8") for layer in range(L)
-            for site, (_, C_in, _) in site_shapes(C).items()]  # fmt: skip
+    @staticmethod
+    def unsupported() -> str | None:
+        """Why this machine cannot run precision "fp8" (it needs FP8 tensor cores), or None where it can. The
+        interpreter runs the FP8 kernels on the CPU (CI)."""
+        if INTERPRET:
+            return None
+        if not torch.cuda.is_available():
+            return ("needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no "
+                    "CUDA GPU; train.backend 'numpy' runs fp8's CPU reference")  # fmt: skip
+        cc, name = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+        if cc < FP8_CAPABILITY:
+            return f"needs FP8 tensor cores (compute capability >= 8.9); {name} is {cc[0]}.{cc[1]}"
+        return None
 
+    def forward(self, y: torch.Tensor, x: torch.Tensor | None, w: Fp8Weight, *,
+                gelu_out: torch.Tensor | None = None, gelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+        """y (N,OC) = x @ w, or y (G,N,OC) = x @ w[g]. The input is cast once, into the rows its GEMM reads and the
+        transpose its site keeps for the weight gradient; x None: the input is gelu(gelu_of), which the cast
+        computes on the way (gelu(h) then exists in E4M3 only)."""
+        G, C, OC = w.master.shape
+        src, op = (gelu_of, GELU) if x is None else (x, COPY)
+        x2 = src.view(-1, C)
+        N = x2.shape[0]
+        x8 = self.q.view(self.q.x8, N, C)
+        cast(self.tuner, x2, w.xslot, x8, w.xt.view(C, N), w.priming.on, op=op)
+        y3 = y.view(G, N, OC)
+        for g in range(G):
+            mm8(y3[g], x8, w.xslot[:1], w.w8t[g].t(), w.scale[:1])
+        if gelu_out is not None:
+            gelu_forward(gelu_out, y)
 
-# --- the ops' FP8 paths (linear.py and mlp.py call these when handed an Fp8Weight) -------------------------------
-def linear_forward(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, q: Scratch) -> None:
-    """out (N,OC) = x @ w, or out (G,N,OC) = x @ w[g]."""
-    G, C, OC = w.master.shape
-    x2 = x.view(-1, C)
-    N = x2.shape[0]
-    x8 = q.view(q.x8, N, C)
-    cast(x2, w.xslot, x8, w.xt.view(C, N), w.priming.on)  # the transposed copy waits for the weight gradient
-    out3 = out.view(G, N, OC)
-    for g in range(G):
-        mm8(out3[g], x8, w.xslot[:1], w.w8t[g].t(), w.scale[:1])
+    def backward(self, dx: torch.Tensor, dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor | None,
+                 w: Fp8Weight, *, dgelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+        """dx = sum_g dy[g] @ w[g].T (one GEMM over K = G*OC, the G gradients cast at one scale) ; dw[g] += x.T @
+        dy[g] from the forward's transposed E4M3 copy of x (x itself unused: None where unplanned). dgelu_of = h:
+        dy holds the gradient reaching gelu(h), and the cast computes dy * gelu'(h) (which exists in E4M3 only)."""
+        G, C, OC = w.master.shape
+        N = dy.numel() // (G * OC)
+        g8, g8t = self.q.view(self.q.g8, N, G * OC), self.q.view(self.q.g8t, G, OC, N)
+        if dgelu_of is None:
+            cast(self.tuner, dy.view(G, N, OC), w.gslot, g8, g8t, w.priming.on)
+        else:
+            cast(self.tuner, dgelu_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=GELU_GRAD, x2=dy)
+        mm8(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
+        dw3 = dw.view(G, C, OC)
+        for g in range(G):
+            mm8(dw3[g], w.xt.view(C, N), w.xslot[:1], g8t[g].t(), w.gslot[:1], accumulate=True, wgrad=self.q.wgrad)
 
+    def logits(self, x: torch.Tensor, wte: torch.Tensor) -> linear.ChunkLogits:
+        """The head's logits GEMM in E4M3 where the head runs in fp8: x (N, C) cast at its own amax into the
+        activation scratch, wte from the optimizer step's copy; lg (r, V) = the logits of rows r0 .. r0 + r."""
+        if self.head is None:
+            return super().logits(x, wte)
+        N, C = x.shape
+        x8, head = self.q.view(self.q.x8, N, C), self.head
+        head.xslot.zero_()
+        cast(self.tuner, x, head.xslot, x8, None, prime=True, hist=0)
+        return lambda lg, r0, r: mm8(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])
 
-def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: Fp8Weight,
-                    q: Scratch) -> None:  # fmt: skip
-    """dx = sum_g dout[g] @ w[g].T (one GEMM over K = G*OC) ; dw[g] += x.T @ dout[g]."""
-    G, C, OC = w.master.shape
-    N = x.numel() // C
-    g8, g8t = q.view(q.g8, N, G * OC), q.view(q.g8t, G, OC, N)
-    cast(dout.view(G, N, OC), w.gslot, g8, g8t, w.priming.on)
-    mm8(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
-    dw3 = dw.view(G, C, OC)
-    for g in range(G):
-        mm8(dw3[g], w.xt.view(C, N), w.xslot[:1], g8t[g].t(), w.gslot[:1], accumulate=True, wgrad=q.wgrad)
+    def cast_weights(self, weights: list[Fp8Weight | Fp8Head]) -> None:
+        """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
+        (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C)."""
+        for w in weights:
+            w.scale.zero_()
+            cast(self.tuner, w.master, w.scale, w.w8, w.w8t, prime=True, hist=0)
 
-
-def cast_weights(weights: list[Fp8Weight | Fp8Head]) -> None:
-    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
-    (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C) likewise."""
-    for w in weights:
-        w.scale.zero_()
-        cast(w.master, w.scale, w.w8, None if isinstance(w, Fp8Head) else w.w8t, prime=True, hist=0)
-
-
-def head_logits(x: torch.Tensor, head: Fp8Head, q: Scratch) -> Callable[[torch.Tensor, int, int], None]:
-    """The loss head's logits GEMM in E4M3 (ops/crossentropy.py): x (N, C) is cast here, at its own amax, into the
-    activation scratch; the returned logits(lg, r0, r) writes lg (r, V) = the logits of rows r0 .. r0 + r."""
-    N, C = x.shape
-    x8 = q.view(q.x8, N, C)
-    head.xslot.zero_()
-    cast(x, head.xslot, x8, None, prime=True, hist=0)
-    return lambda lg, r0, r: mm8(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])
+    def roll(self, slots: torch.Tensor, shift: bool = True) -> None:
+        """slots (..., OSLOT): the end of a micro-batch (ops/fp8.Matmul.roll)."""
+        k_roll[(slots.numel() // OSLOT,)](slots, SHIFT=shift, SLOT=OSLOT, HIST=HISTORY)

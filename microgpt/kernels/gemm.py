@@ -1,7 +1,29 @@
-"""The Triton GEMM tile every matmul kernel of the engine is built from (linear.py's, and fp8.py's scaled one)."""
+"""Every GEMM of the engine: the Triton tile they are built from, and the router that picks a way for each shape.
 
+    Gemm.mm(out, a, b, acc)        out (M,N) (+)= a (M,K) @ b (K,N)
+    Gemm.bmm(out, a, b, acc)       out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), one strided-batched GEMM
+    Gemm.mm_gelu(a, h, x, w)       h = x @ w and a = gelu(h): GEMM + GELU pass, or one cuBLASLt GEMM with its epilogue
+
+A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the
+algorithms its heuristic offers (cublaslt.py), whichever measured fastest for that shape, dtypes, layout and
+alignment; the choice is made once, in the warm-up, and recorded on disk (tuning.py). torch's cuBLAS call takes its
+heuristic's first algorithm, which at ANDREA-120M's shapes is often not the fastest (bench/RESULTS.md). A `Gemm` is
+the runtime's (kernels/runtime.py): it holds the device's tuner and cuBLASLt handle and the ways this process has
+settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every GEMM runs the Triton tile. Operands may be any strided
+view (w.T, x.T): every way takes transposes for free.
+"""
+
+from __future__ import annotations
+
+import torch
 import triton
 import triton.language as tl
+
+from microgpt.kernels import gelu
+from microgpt.kernels.cublaslt import GELU_AUX, CublasLt, alignment
+from microgpt.kernels.tuning import INTERPRET, Tuner
+
+PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
 
 
 @triton.jit
@@ -44,9 +66,164 @@ def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
 
 
 @triton.jit
+def k_gemm(c_ptr, a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+           ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    # c (M,N) (+)= a (M,K) @ b (K,N); any strides
+    gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
+              ACC, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
+
+
+@triton.jit
 def k_mm_scaled(c_ptr, a_ptr, b_ptr, sa_ptr, sb_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
                 ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 GROUP_M: tl.constexpr):  # fmt: skip
     # c (M,N) (+)= (a (M,K) @ b (K,N)) * sa * sb: the FP8 GEMM (E4M3 a, b; fp32 sums), any strides
     gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
-               ACC, BM, BN, BK, GROUP_M, False, sa_ptr, sb_ptr, True)  # fmt: skip
+              ACC, BM, BN, BK, GROUP_M, False, sa_ptr, sb_ptr, True)  # fmt: skip
+
+
+def tile_config(dtype: torch.dtype) -> dict:
+    """k_gemm's tile for an operand dtype (the interpreter: few programs, since it runs them one by one)."""
+    if INTERPRET:
+        return dict(BM=64, BN=64, BK=32, GROUP_M=4)
+    if dtype == torch.float32:
+        return dict(BM=128, BN=64, BK=32, GROUP_M=8, num_warps=8, num_stages=3)
+    return dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=4)
+
+
+def triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """out (M,N) (+)= a (M,K) @ b (K,N) by k_gemm."""
+    (M, K), N = a.shape, b.shape[1]
+    cfg = tile_config(a.dtype)
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+    k_gemm[grid](out, a, b, M, N, K, *a.stride(), *b.stride(), *out.stride(),
+                 ACC=accumulate, IEEE=a.dtype == torch.float32, **cfg)  # fmt: skip
+
+
+def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """torch's cuBLAS call: out (+)= a @ b, 2D (mm, addmm) or batched 3D (bmm, baddbmm)."""
+    aten, batched = torch.ops.aten, out.dim() == 3
+    if out.dtype == a.dtype:
+        if accumulate:
+            (out.baddbmm_ if batched else out.addmm_)(a, b)
+        else:
+            (torch.bmm if batched else torch.mm)(a, b, out=out)
+    elif accumulate:  # bf16/fp16 operands into fp32 grads: cuBLAS's fp32-output path (torch >= 2.8)
+        (aten.baddbmm if batched else aten.addmm).dtype_out(out, a, b, out.dtype, out=out)
+    else:
+        (aten.bmm if batched else aten.mm).dtype_out(a, b, out.dtype, out=out)
+
+
+class Gemm:
+    """The GEMM router of one device: its tuner, its cuBLASLt (None where there is none), and per shape key the
+    way chosen, with whether it is settled (timed or recorded, not a default taken outside the warm-up)."""
+
+    def __init__(self, tuner: Tuner, lt: CublasLt | None) -> None:
+        self.tuner, self.lt = tuner, lt
+        self._chosen: dict[str, tuple[str, bool]] = {}
+        self._gelu_ways: dict[str, dict[str, tuple[int]]] = {}
+
+    def _run(self, way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+        """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>"
+        (cuBLASLt under the i-th algorithm its heuristic offers for this shape)."""
+        if way == "triton":
+            triton_mm(out, a, b, accumulate)
+        elif way == "cublas":
+            cublas_mm(out, a, b, accumulate)
+        else:
+            self.lt.gemm(out, a, b, accumulate, int(way[2:]))
+
+    def _ways(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> list[str]:
+        """The ways this GEMM can run here, the reference first: the Triton tile (2D) or torch's batched GEMM."""
+        if out.dim() == 3:
+            ways = ["cublas"]
+        else:
+            ways = ["triton", "cublas"] if a.dtype == b.dtype else ["triton"]
+        if a.dtype == b.dtype and self.lt is not None:
+            try:
+                ways += [f"lt{i}" for i in range(self.lt.n_algos(out, a, b))]
+            except (RuntimeError, ValueError):
+                pass  # no cuBLASLt algorithm for these dtypes or strides
+        return ways
+
+    def _pick(self, key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
+        """Choose the way for this GEMM. Inside the tuning window (the warm-up step, whose values are thrown away)
+        every way runs into `out` itself, and a way other than the reference is a candidate only if the first rows
+        of its output agree with the reference's (compared in the planned probe buffer): nothing beyond the plan
+        is allocated."""
+        ways = self._ways(out, a, b)
+        if self.tuner.is_open and len(ways) > 1:
+            flat = out.view(-1, out.shape[-1])
+            rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]
+            ref, got = self.tuner.probe()[: 2 * rows * cols].view(2, rows, cols)
+            self._run(ways[0], out, a, b, False)
+            ref.copy_(flat[:rows])
+            agree = ways[:1]
+            for way in ways[1:]:
+                try:
+                    self._run(way, out, a, b, False)
+                except (RuntimeError, TypeError, ValueError):
+                    continue  # this torch, library, dtype or layout combination has no such path
+                got.copy_(flat[:rows])
+                if got.sub_(ref).norm() <= (1e-4 if a.dtype == torch.float32 else 2e-2) * ref.norm():
+                    agree.append(way)
+            ways = agree
+        candidates = {way: lambda way=way: self._run(way, out, a, b, accumulate) for way in ways}
+        return self.tuner.choose("gemm", key, candidates)
+
+    def _tuned(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+        key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
+        key += ":a{}.{}.{}".format(*alignment(a, b, out))  # cuBLASLt's algorithms depend on them
+        way, settled = self._chosen.get(key, (None, False))
+        if way is None or (not settled and self.tuner.is_open):  # an untimed default is timed when the warm-up comes
+            way = self._pick(key, out, a, b, accumulate)
+            self._chosen[key] = (way, self.tuner.is_open or self.tuner.choices("gemm").get(key) == way)
+        self._run(way, out, a, b, accumulate)
+
+    def mm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
+        """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
+        if INTERPRET or not out.is_cuda:
+            triton_mm(out, a, b, accumulate)
+            return
+        self._tuned(out, a, b, accumulate)
+
+    def bmm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
+        """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one strided-batched GEMM (torch's or cuBLASLt's, chosen as mm's),
+        allocating nothing. a may repeat one matrix by a zero batch stride (x.expand(G, ...): the QKV projection's
+        input, read once per weight). One launch of three times the tiles fills the GPU better than three
+        (bench/RESULTS.md). The interpreter loops over mm."""
+        if INTERPRET or not out.is_cuda:
+            for g in range(out.shape[0]):
+                self.mm(out[g], a[g], b[g], accumulate)
+            return
+        self._tuned(out, a, b, accumulate)
+
+    def mm_gelu(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+        """h = x @ w and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and
+        fp16 on a GPU), whichever the warm-up timed fastest for this shape (the pass outside the warm-up). cuBLASLt
+        applies its GELU to the fp32 sum where the pass reads h rounded, so a may differ by a unit in its last
+        place; h is the same either way."""
+        key = f"{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, a, h)))
+        ways = self._gelu_ways.get(key)
+        if ways is None:
+            ways = {"pass": (-1,)}
+            if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:
+                ways |= {f"lt{i}": (i,) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
+            self._gelu_ways[key] = ways
+
+        def make(algo: int):
+            if algo >= 0:
+                return lambda: self.lt.gelu_aux(a, h, x, w, algo)
+
+            def gemm_and_pass() -> None:
+                self.mm(h, x, w)
+                gelu.gelu_forward(a, h)
+
+            return gemm_and_pass
+
+        self.tuner.launch("mlp_gelu", key, ways, make)
+
+    def choices(self) -> dict[str, str]:
+        """Shape key -> way (triton, cublas, lt<i>) for every GEMM this process ran (printed with the memory plan)."""
+        return {key: way for key, (way, _) in self._chosen.items()}

@@ -5,7 +5,9 @@ residual_layernorm_forward is the residual add fused into the LayerNorm that rea
 (rounded to s's type) and normalized as stored, so it equals residual_forward then layernorm_forward bit for bit,
 one pass over the rows instead of two (the sum is not read back).
 Backward: dx += ..., and dw, db accumulate deterministically: each program sums its rows' contributions into
-its own row of `partials` (P, 2, C) fp32, and a second kernel adds the P rows in a fixed order.
+its own row of `partials` (P, 2, C) fp32, and a second kernel adds the P rows in a fixed order. The runtime sizes
+`partials` by the device (PARTS_PER_SM programs an SM, kernels/runtime.py), and the backward's grid follows it.
+Launch configurations are the runtime's tuner's choices (`tuner`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels import tuning
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
 EPS = 1e-5
-PARTS = 16 if tuning.INTERPRET else 528  # programs of the backward (4 per H200 SM); rows of `partials`
+PARTS_PER_SM = 4  # programs of the backward a streaming multiprocessor: rows of `partials`
 
 
 @triton.jit
@@ -103,7 +105,7 @@ def k_layernorm_bwd_dwdb(dw_ptr, db_ptr, part_ptr, P, C, BLOCK_P: tl.constexpr, 
 # Launch configurations, timed once per GPU and shape in the warm-up (tuning.launch); the first is the default
 # outside it. Forward and backward: (rows a tile, warps); the weight-gradient reduction: (columns a program, warps).
 # The interpreter pays per program, so it takes 16 rows on one warp.
-if tuning.INTERPRET:
+if INTERPRET:
     FWD_CONFIGS = BWD_CONFIGS = {"r16w1": (16, 1)}
     DWDB_CONFIGS = {"c128w1": (128, 1)}
 else:
@@ -114,18 +116,19 @@ else:
 
 
 def layernorm_forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
-                      w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
-    _forward(out, mean, rstd, x, w, b, None, None)
+                      w: torch.Tensor, b: torch.Tensor, *, tuner: Tuner) -> None:  # fmt: skip
+    _forward(out, mean, rstd, x, w, b, None, None, tuner)
 
 
 def residual_layernorm_forward(s: torch.Tensor, out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                               x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:  # fmt: skip
+                               x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *,
+                               tuner: Tuner) -> None:  # fmt: skip
     """s = x + y (the residual stream's next value), then out = layernorm(s), in one pass."""
-    _forward(out, mean, rstd, x, w, b, y, s)
+    _forward(out, mean, rstd, x, w, b, y, s, tuner)
 
 
 def _forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-             b: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None) -> None:  # fmt: skip
+             b: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None, tuner: Tuner) -> None:  # fmt: skip
     C = w.shape[0]
     N = x.numel() // C
     resid = y is not None
@@ -135,12 +138,12 @@ def _forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch
             out, mean, rstd, x, w, b, y if resid else x, s if resid else x, N, C, EPS, RESID=resid, ROWS=rows,
             BLOCK_C=triton.next_power_of_2(C), num_warps=warps)  # fmt: skip
 
-    tuning.launch("layernorm_fwd", f"{N}:{C}:{x.dtype}:r{int(resid)}", FWD_CONFIGS, make)
+    tuner.launch("layernorm_fwd", f"{N}:{C}:{x.dtype}:r{int(resid)}", FWD_CONFIGS, make)
 
 
-def scratch_numel(C: int) -> int:
-    """fp32 elements of the backward's `partials` scratch."""
-    return PARTS * 2 * C
+def scratch_numel(C: int, sm_count: int) -> int:
+    """fp32 elements of the backward's `partials` scratch on a device of sm_count multiprocessors."""
+    return PARTS_PER_SM * sm_count * 2 * C
 
 
 def layernorm_backward(
@@ -154,11 +157,12 @@ def layernorm_backward(
     rstd: torch.Tensor,
     *,
     partials: torch.Tensor,
+    tuner: Tuner,
 ) -> None:
-    """partials: fp32 scratch of at least scratch_numel(C) elements."""
+    """partials: fp32 scratch of (P, 2, C) elements or more (scratch_numel): its rows bound the programs."""
     C = w.shape[0]
     N = x.numel() // C
-    rows = triton.cdiv(N, PARTS)
+    rows = triton.cdiv(N, partials.numel() // (2 * C))
     P = triton.cdiv(N, rows)
     BC = triton.next_power_of_2(C)
 
@@ -171,5 +175,5 @@ def layernorm_backward(
         return lambda: k_layernorm_bwd_dwdb[(triton.cdiv(C, cols),)](dw, db, partials, P, C, BLOCK_P=128,
                                                                      BLOCK_C=cols, num_warps=warps)  # fmt: skip
 
-    tuning.launch("layernorm_bwd", f"{N}:{C}:{x.dtype}", BWD_CONFIGS, bwd)
-    tuning.launch("layernorm_dwdb", f"{P}:{C}", DWDB_CONFIGS, dwdb)
+    tuner.launch("layernorm_bwd", f"{N}:{C}:{x.dtype}", BWD_CONFIGS, bwd)
+    tuner.launch("layernorm_dwdb", f"{P}:{C}", DWDB_CONFIGS, dwdb)

@@ -1,9 +1,16 @@
 """The triton backend's device runtime: one arena allocation and typed views into it, one stream, cuBLAS's
-workspace, the launchers' scratch sizes, and the optimizer step prepared for replay as a CUDA graph.
+workspace, the launchers' scratch sizes, the device's kernel state, and the optimizer step prepared for replay as
+a CUDA graph.
+
+The kernel state is the runtime's and lives as long as it does: the device's tuner (tuning.Tuner: recorded and
+timed choices, keyed by GPU name and compute capability), its cuBLASLt handle and plans (cublaslt.CublasLt), the
+GEMM router over both (gemm.Gemm), and the device's multiprocessor count, which sizes the grids and scratch that
+depend on it. The backend hands the tuner to the launchers that make a choice (TUNER_TAKERS) as it hands out
+planned scratch, and the router to the precision's Matmul.
 
 PyTorch is only the device runtime here (memory, stream, CUDA graph; cuBLAS GEMMs). Everything runs on one side
 stream made current at start (warm-up, evaluation and graph capture): cuBLAS then keeps one workspace, measured here
-so the memory plan can count it. The first run of the step on a GPU is a warm-up inside `tuning.window()`: every
+so the memory plan can count it. The first run of the step on a GPU is a warm-up inside the tuner's window: every
 kernel compiles and every once-per-shape choice (GEMM implementation, attention tile sizes) is timed on the
 warm-up's own buffers, whose values the step throws away, so nothing is compiled, timed or allocated later, inside
 the graph or outside the plan.
@@ -18,42 +25,40 @@ import numpy as np
 import torch
 import triton
 
-from microgpt.kernels import layernorm, linear, tuning
+from microgpt.kernels import layernorm
+from microgpt.kernels.cublaslt import CublasLt
+from microgpt.kernels.gemm import PROBE_ROWS, Gemm, cublas_mm
+from microgpt.kernels.tuning import INTERPRET, Tuner
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KIND_DTYPES = {"f32": torch.float32, "i32": torch.int32, "u8": torch.uint8, "f8": torch.float8_e4m3fn}
-FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
-
-
-def fp8_unsupported() -> str | None:
-    """Why this machine cannot run precision "fp8" (it needs FP8 tensor cores), or None where it can. The
-    interpreter runs the FP8 kernels on the CPU (CI)."""
-    if tuning.INTERPRET:
-        return None
-    if not torch.cuda.is_available():
-        return ("needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no CUDA "
-                "GPU; train.backend 'numpy' runs fp8's CPU reference")  # fmt: skip
-    cc = torch.cuda.get_device_capability()
-    if cc < FP8_CAPABILITY:
-        return f"needs FP8 tensor cores (compute capability >= 8.9); {torch.cuda.get_device_name()} is {cc[0]}.{cc[1]}"
-    return None
+INTERPRET_SMS = 4  # the multiprocessors the interpreter stands in for: few programs, since it runs them one by one
+# the launchers that make a once-per-shape choice: they take the runtime's tuner (keyword `tuner`)
+TUNER_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "embedding_backward",
+                "attention_forward", "attention_backward", "crossentropy_forward", "crossentropy_backward",
+                "crossentropy_forward_backward")  # fmt: skip
 
 
 class Runtime:
-    def __init__(self, precision: str) -> None:
-        if precision not in DTYPES:
-            raise ValueError(f"precision {precision!r} is not supported by the triton backend ({', '.join(DTYPES)})")
-        self.cuda = torch.cuda.is_available() and not tuning.INTERPRET
-        if not self.cuda and not tuning.INTERPRET:
+    def __init__(self, compute: str, scaled_mm: bool = False) -> None:
+        """compute: the compute dtype's name (DTYPES); scaled_mm: the run's GEMMs include E4M3 ones
+        (torch._scaled_mm), whose cuBLASLt workspace the plan counts too."""
+        if compute not in DTYPES:
+            raise ValueError(f"compute dtype {compute!r} is not supported by the triton backend ({', '.join(DTYPES)})")
+        self.cuda = torch.cuda.is_available() and not INTERPRET
+        if not self.cuda and not INTERPRET:
             raise RuntimeError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)")
-        self.fp8 = precision == "fp8"
-        self.dtype = DTYPES[precision]
+        self.scaled_mm = scaled_mm
+        self.dtype = DTYPES[compute]
         self.dtypes = {**KIND_DTYPES, "compute": self.dtype}
         self.kind_bytes = {kind: dtype.itemsize for kind, dtype in self.dtypes.items()}
         self.dev = torch.device("cuda" if self.cuda else "cpu")
         self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
         self.workspace_bytes = self._one_stream() if self.cuda else 0
+        self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count if self.cuda else INTERPRET_SMS
+        self.tuner = Tuner()
+        self.gemm = Gemm(self.tuner, CublasLt.load() if self.cuda else None)
 
     def _one_stream(self) -> int:
         """Make one side stream current for everything this backend runs, and return the bytes of the cuBLAS
@@ -65,11 +70,11 @@ class Runtime:
         out, acc = torch.empty_like(a), torch.zeros(64, 64, dtype=torch.float32, device=self.dev)
         a8, one = a.to(torch.float8_e4m3fn), torch.ones(1, device=self.dev)  # fp8's GEMMs: cuBLASLt's workspace
         before = torch.cuda.memory_allocated()
-        linear.cublas_mm(out, a, a.t(), False)
-        linear.cublas_mm(out, a, a.t(), True)
+        cublas_mm(out, a, a.t(), False)
+        cublas_mm(out, a, a.t(), True)
         if self.dtype != torch.float32:
-            linear.cublas_mm(acc, a.t(), a, True)  # low-precision operands into fp32 grads
-        if self.fp8:
+            cublas_mm(acc, a.t(), a, True)  # low-precision operands into fp32 grads
+        if self.scaled_mm:
             torch._scaled_mm(a8, a8.t(), one, one, out_dtype=self.dtype, out=out)
             torch._scaled_mm(a8, a8.t(), one, one, out_dtype=torch.float32, out=acc)
         torch.cuda.synchronize()
@@ -89,22 +94,21 @@ class Runtime:
         n = int(np.prod(shape)) * dtype.itemsize
         return pool[offset : offset + n].view(dtype).view(shape)
 
-    @staticmethod
-    def scratch(B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
+    def scratch(self, B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
         """The launchers' scratch for a micro-batch of B sequences: function -> (keyword, buffer, elements, kind)."""
         N = B * T
         return {"embedding_backward": ("order", "emb_order", N, "i32"),
-                "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C), "f32"),
+                "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, self.sm_count), "f32"),
                 "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
 
     @staticmethod
     def probe_numel(C: int, V: int) -> int:
-        """fp32 elements the GEMM choice compares results in (tuning.set_probe): rows of the widest output."""
-        return 2 * linear.PROBE_ROWS * max(V, 4 * C)
+        """fp32 elements the GEMM choice compares results in (Tuner.set_probe): rows of the widest output."""
+        return 2 * PROBE_ROWS * max(V, 4 * C)
 
-    @staticmethod
-    def set_probe(probe: torch.Tensor) -> None:
-        tuning.set_probe(probe)
+    def tuned(self) -> dict[str, dict[str, str]]:
+        """Every choice this runtime knows: the GEMMs it ran (shape -> way) and every table its tuner recorded."""
+        return {**self.tuner.recorded(), "gemm_run": self.gemm.choices()}
 
     # --- host <-> device -------------------------------------------------------------------------------------
     @staticmethod
@@ -132,7 +136,7 @@ class Runtime:
         discard), then the CUDA graph of it when `graph`, else `run` itself; elsewhere `run`, untouched."""
         if not self.cuda:
             return run
-        with tuning.window():
+        with self.tuner.window():
             run()
         torch.cuda.synchronize()
         if not graph:

@@ -21,9 +21,11 @@ layernorm modules (one pass over the rows on the GPU); the add's backward sends 
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
-grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py) and fp8
-(cast_weights: the block linears' E4M3 weight copies; roll_history: the end of a micro-batch for the operands'
-amax histories; precision "fp8" only: microgpt/fp8.py).
+grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py).
+
+The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
+(microgpt/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
+with the arena, so the model calls every pair alike in every precision.
 
 Each row names the NumPy module (the reference, imported by the CPU path without torch) and the Triton module
 (microgpt/kernels/, imported only when the triton backend is asked for), as strings so that reading the
@@ -80,5 +82,8 @@ OPS: dict[str, OpPair] = {
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
-    "fp8": _helpers("fp8", ("cast_weights", "roll_history")),
 }
+
+# the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
+MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",
+                 "crossentropy_backward", "crossentropy_forward_backward")  # fmt: skip

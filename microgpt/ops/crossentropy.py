@@ -26,38 +26,28 @@ Backward, per chunk, with dlosses the upstream gradient of each row's loss:
 
 Chunks run in order, so dwte is summed in a fixed order: deterministic.
 
-With an Fp8Head in place of wte (precision "fp8", microgpt/fp8.py) the logits GEMM runs on E4M3 operands: x
-cast whole at its own amax (current scaling), wte from the optimizer step's E4M3 copy, fp32 sums times the two
-inverse scales. Everything after the logits, and both gradient GEMMs, run as above on the head's compute copy.
+The logits GEMM and the two gradient GEMMs are the precision's (its Matmul `mm`, microgpt/precision.py: in fp8
+the logits GEMM runs on E4M3 operands, x cast whole at its own amax; the gradient GEMMs stay on the compute copy).
 """
 
-from collections.abc import Callable
+from collections.abc import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import Fp8Head
-from microgpt.ops import fp8
+from microgpt.ops.linear import Matmul
 
 
-def _chunks(n: int, r: int) -> range:
-    """Start rows of the chunks of r rows covering n rows."""
-    return range(0, n, r)
-
-
-ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
-
-
-def _head(x: NDArray, wte: NDArray | Fp8Head) -> tuple[ChunkLogits, NDArray]:
-    """(the chunks' logits GEMM, the wte the gradient GEMMs read). In fp8 x is cast to E4M3 here, once for all
-    chunks."""
-    if isinstance(wte, Fp8Head):
-        return fp8.head_logits(x, wte), wte.w
-
-    def logits(z: NDArray, i: int, j: int) -> None:
-        np.matmul(x[i:j], wte.T, out=z)
-
-    return logits, wte
+def _chunks(x: NDArray, wte: NDArray, logits: NDArray, mm: Matmul) -> Iterator[tuple[int, int, NDArray]]:
+    """(i, j, z) for each chunk of rows i .. j in order, z (j - i, V) the leading rows of the scratch holding its
+    logits, computed by the precision's head GEMM."""
+    N, R = x.shape[0], logits.shape[0]
+    chunk_logits = mm.logits(x, wte)
+    for i in range(0, N, R):
+        j = min(i + R, N)
+        z = logits[: j - i]  # leading rows: contiguous
+        chunk_logits(z, i, j)
+        yield i, j, z
 
 
 def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray) -> NDArray:
@@ -76,74 +66,40 @@ def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray) -> NDArr
     return sums
 
 
-def _add_grads(z: NDArray, norm, dx: NDArray, dwte: NDArray, dl: NDArray, x: NDArray, wte: NDArray,
-               tgt: NDArray) -> None:  # fmt: skip
-    """One chunk's backward from z * norm = softmax: z becomes dlogits, then dx += dlogits @ wte and
-    dwte += dlogits.T @ x (ignored rows: dlogits 0)."""
+def _dlogits(z: NDArray, norm, dl: NDArray, tgt: NDArray) -> None:
+    """One chunk's dlogits in place from z * norm = softmax: (softmax - onehot) * dl (ignored rows: 0)."""
     valid = tgt >= 0
     dl = np.where(valid, dl, 0.0)
     z *= (dl * norm)[:, None]  # softmax * dloss
     rows = np.flatnonzero(valid)
-    z[rows, tgt[rows]] -= dl[rows]  # z = dlogits
-    dx += z @ wte
-    dwte += z.T @ x
+    z[rows, tgt[rows]] -= dl[rows]
 
 
-def crossentropy_forward(
-    losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray | Fp8Head, targets: NDArray, logits: NDArray
-) -> None:
+def crossentropy_forward(losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray,
+                         *, mm: Matmul) -> None:  # fmt: skip
     """losses (N,) = per-token cross-entropy of x @ wte.T against targets; writes lse (N,) for backward."""
-    N, R = x.shape[0], logits.shape[0]
-    chunk_logits, _ = _head(x, wte)
-    for i in _chunks(N, R):
-        j = min(i + R, N)
-        z = logits[: j - i]  # leading rows: contiguous
-        chunk_logits(z, i, j)
+    for i, j, z in _chunks(x, wte, logits, mm):
         _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
 
 
-def crossentropy_backward(
-    dx: NDArray,
-    dwte: NDArray,
-    dlosses: NDArray,
-    x: NDArray,
-    wte: NDArray | Fp8Head,
-    targets: NDArray,
-    lse: NDArray,
-    logits: NDArray,
-) -> None:
+def crossentropy_backward(dx: NDArray, dwte: NDArray, dlosses: NDArray, x: NDArray, wte: NDArray, targets: NDArray,
+                          lse: NDArray, logits: NDArray, *, mm: Matmul) -> None:  # fmt: skip
     """dx (N,C), dwte (V,C) += gradients of the losses weighted by dlosses (N,); logits (R,V) is scratch."""
-    N, R = x.shape[0], logits.shape[0]
-    chunk_logits, w = _head(x, wte)
-    for i in _chunks(N, R):
-        j = min(i + R, N)
-        z = logits[: j - i]
-        chunk_logits(z, i, j)  # recomputed, see the module docstring
+    for i, j, z in _chunks(x, wte, logits, mm):  # the logits recomputed, see the module docstring
         z -= lse[i:j, None]
         np.exp(z, out=z)  # z = softmax
-        _add_grads(z, 1.0, dx[i:j], dwte, dlosses[i:j], x[i:j], w, targets[i:j])
+        _dlogits(z, 1.0, dlosses[i:j], targets[i:j])
+        mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
-def crossentropy_forward_backward(
-    losses: NDArray,
-    lse: NDArray,
-    dx: NDArray,
-    dwte: NDArray,
-    dlosses: NDArray,
-    x: NDArray,
-    wte: NDArray | Fp8Head,
-    targets: NDArray,
-    logits: NDArray,
-) -> None:
+def crossentropy_forward_backward(losses: NDArray, lse: NDArray, dx: NDArray, dwte: NDArray, dlosses: NDArray,
+                                  x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray, *,
+                                  mm: Matmul) -> None:  # fmt: skip
     """crossentropy_forward, then crossentropy_backward with dlosses, chunk by chunk without recomputing z."""
-    N, R = x.shape[0], logits.shape[0]
-    chunk_logits, w = _head(x, wte)
-    for i in _chunks(N, R):
-        j = min(i + R, N)
-        z = logits[: j - i]
-        chunk_logits(z, i, j)
+    for i, j, z in _chunks(x, wte, logits, mm):
         sums = _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
-        _add_grads(z, 1.0 / sums, dx[i:j], dwte, dlosses[i:j], x[i:j], w, targets[i:j])
+        _dlogits(z, 1.0 / sums, dlosses[i:j], targets[i:j])
+        mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
 def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:

@@ -1,6 +1,5 @@
 """FP8 E4M3 operands for the block linears and the LM head's logits: the NumPy reference of what the GPU casts and
-multiplies. (linear.py and mlp.py run their GEMMs through these when handed an Fp8Weight, crossentropy.py its
-logits GEMM when handed an Fp8Head.)
+multiplies, as precision "fp8"'s Matmul (microgpt/precision.py), which the linear, MLP and head pairs call.
 
 microgpt/fp8.py gives the format, the scale rule and the slots. Here each operand is cast exactly as the triton
 backend casts it (same amax, same history, same power-of-two scale, E4M3 round-to-nearest-even through
@@ -10,10 +9,10 @@ the GPU's FP8 GEMM does: the two sides differ only in the order the fp32 sums ar
     cast(x, slot, current)  -> (q, 2^-k)     k from the slot (current: x's own amax first); records max |x|
     recast(x, slot)         -> (q, 2^-k)     x again at the scale of the slot's last cast, nothing recorded
     mm8(a, ia, b, ib)       -> (a @ b) * (ia * ib) in fp32
-    cast_weights(ws)        each site's master weights -> its two E4M3 layouts and scale slot, the LM head's wte
+    Matmul                  the GEMM sites on E4M3 operands: forward, backward, the head's logits
+    Matmul.cast_weights(ws) each site's master weights -> its two E4M3 layouts and scale slot, the LM head's wte
                             -> its E4M3 copy (optimizer step)
-    head_logits(x, head)    the LM head's logits GEMM on E4M3 x (cast here, current scaling) and E4M3 wte
-    roll_history(slots, shift) the end of a micro-batch: each slot's amax into its history (shift) or forgotten
+    Matmul.roll(slots, shift)  the end of a micro-batch: each slot's amax into its history (shift) or forgotten
 
 ml_dtypes (the NumPy dtype of E4M3) is imported on first use: runs in other precisions never need it.
 """
@@ -27,14 +26,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Head, Fp8Weight, reference_amax, scale_exponent
+from microgpt.ops import linear
+from microgpt.ops.gelu import gelu, gelu_backward
 
 
 def e4m3() -> Any:
-    """The NumPy dtype of E4M3 (ml_dtypes.float8_e4m3fn)."""
+    """The NumPy dtype of E4M3 (ml_dtypes.float8_e4m3fn), imported on first use: other precisions never need it."""
     try:
         import ml_dtypes
     except ImportError:
-        raise ImportError("train.precision 'fp8' on the numpy backend needs ml_dtypes: pip install ml_dtypes") from None
+        raise ImportError("on the numpy backend needs ml_dtypes: pip install ml_dtypes") from None
     return ml_dtypes.float8_e4m3fn
 
 
@@ -80,22 +81,9 @@ def groups(dout: NDArray, G: int) -> NDArray:
     return dout if G == 1 else np.concatenate(list(dout), axis=1)
 
 
-def cast_weights(weights: list[Fp8Weight | Fp8Head]) -> None:
-    """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3, scaled by their own amax; the
-    slot ends [2^-k, amax, amax, 0]. The LM head's wte (V, C) -> its w8 (V, C) likewise."""
-    for w in weights:
-        w.scale[...] = 0.0
-        q, _ = cast(np.asarray(w.master, np.float32), w.scale, current=True)
-        if isinstance(w, Fp8Head):
-            w.w8[...] = q
-            continue
-        w.w8[...] = np.concatenate(list(q), axis=1)
-        w.w8t[...] = q.transpose(0, 2, 1)
-
-
 def head_logits(x: NDArray, head: Fp8Head) -> Callable[[NDArray, int, int], None]:
-    """The loss head's logits GEMM in E4M3 (ops/crossentropy.py): x (N, C) is cast here, at its own amax (the slot
-    cleared first: current scaling); the returned logits(z, i, j) writes z = the logits of rows i .. j."""
+    """The loss head's logits GEMM in E4M3: x (N, C) is cast here, at its own amax (the slot cleared first: current
+    scaling); the returned logits(z, i, j) writes z = the logits of rows i .. j."""
     head.xslot[...] = 0.0
     x8, ix = cast(x, head.xslot, current=True)
 
@@ -105,11 +93,68 @@ def head_logits(x: NDArray, head: Fp8Head) -> Callable[[NDArray, int, int], None
     return logits
 
 
-def roll_history(slots: NDArray, shift: bool = True) -> None:
-    """slots (..., OSLOT): shift: each amax becomes its history's newest entry (the oldest drops out); either way
-    the pre and amax words are cleared for the next micro-batch."""
-    s = slots.reshape(-1, slots.shape[-1])
-    if shift:
-        s[:, HIST + 1 :] = s[:, HIST:-1].copy()
-        s[:, HIST] = s[:, AMAX]
-    s[:, PRE] = s[:, AMAX] = 0.0
+class Matmul(linear.Matmul):
+    """The GEMM sites on E4M3 operands with fp32 sums, each operand cast as the GPU casts it; the head's gradient
+    GEMMs are the base class's, on its compute copy. head: the LM head's E4M3 state, None where its logits GEMM
+    stays in the compute dtype (fp8.head_in_fp8). w: each site's Fp8Weight."""
+
+    def __init__(self, head: Fp8Head | None) -> None:
+        self.head = head
+
+    @staticmethod
+    def unsupported() -> str | None:
+        """E4M3 on the CPU needs NumPy's E4M3 dtype (ml_dtypes, the `fp8` extra)."""
+        try:
+            e4m3()
+        except ImportError as e:
+            return str(e)
+        return None
+
+    def forward(self, y: NDArray, x: NDArray | None, w: Fp8Weight, *, gelu_out: NDArray | None = None,
+                gelu_of: NDArray | None = None) -> None:  # fmt: skip
+        """y = cast(x) @ w8: the input at its slot's scale (its own amax while priming)."""
+        if x is None:  # the input is gelu(gelu_of), not kept
+            x = np.empty_like(gelu_of)
+            gelu(x, gelu_of)
+        G = w.master.shape[0]
+        x8, ix = cast(x, w.xslot, current=w.priming.on)
+        for g in range(G):
+            (y if G == 1 else y[g])[...] = mm8(x8, ix, w.w8t[g].T, w.scale[INV])
+        if gelu_out is not None:
+            gelu(gelu_out, y)
+
+    def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: Fp8Weight, *,
+                 dgelu_of: NDArray | None = None) -> None:  # fmt: skip
+        """The output gradient cast once, (N, G*OC) at one scale: the input gradient is one GEMM over K = G*OC; the
+        weight gradient reads the forward's input cast again at its forward scale (the GPU keeps its copy)."""
+        if dgelu_of is not None:
+            gelu_backward(dy, dgelu_of)
+        G, _, OC = w.master.shape
+        dy8, idy = cast(groups(dy, G), w.gslot, current=w.priming.on)
+        dx[...] = mm8(dy8, idy, w.w8.T, w.scale[INV])
+        x8, ix = recast(x, w.xslot)
+        for g in range(G):
+            (dw if G == 1 else dw[g])[...] += mm8(x8.T, ix, dy8[:, g * OC : (g + 1) * OC], idy)
+
+    def logits(self, x: NDArray, wte: NDArray) -> Callable[[NDArray, int, int], None]:
+        return super().logits(x, wte) if self.head is None else head_logits(x, self.head)
+
+    def cast_weights(self, weights: list[Fp8Weight | Fp8Head]) -> None:
+        """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC), w8t (G, OC, C) in E4M3, scaled by their own amax;
+        the slot ends [2^-k, amax, amax, 0]. The LM head's wte (V, C) -> its w8 (V, C) likewise."""
+        for w in weights:
+            w.scale[...] = 0.0
+            master = np.asarray(w.master, np.float32)
+            q, _ = cast(master.reshape(-1, *master.shape[-2:]), w.scale, current=True)  # (G, C, OC)
+            w.w8[...] = np.concatenate(list(q), axis=1)
+            if w.w8t is not None:
+                w.w8t[...] = q.transpose(0, 2, 1)
+
+    def roll(self, slots: NDArray, shift: bool = True) -> None:
+        """slots (..., OSLOT): shift: each amax becomes its history's newest entry (the oldest drops out); either
+        way the pre and amax words are cleared for the next micro-batch."""
+        s = slots.reshape(-1, slots.shape[-1])
+        if shift:
+            s[:, HIST + 1 :] = s[:, HIST:-1].copy()
+            s[:, HIST] = s[:, AMAX]
+        s[:, PRE] = s[:, AMAX] = 0.0

@@ -12,44 +12,71 @@ Backward:
     dx  = dout @ w.T      (N,C)     written: this backward is dx's only writer (G > 1: the sum over g)
     dw += x.T @ dout      (C,OC)    added: weight gradients accumulate over micro-batches
 
-With an Fp8Weight (precision "fp8") the same three GEMMs run on E4M3 operands (microgpt/fp8.py, ops/fp8.py).
+A linear is one GEMM site, so the pair is its precision's Matmul (microgpt/precision.py), handed in as `mm`.
+`Matmul` below is fp32's, the reference (float64 in the gradient checks); ops/fp8.py holds fp8's.
 """
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from microgpt.fp8 import INV, Fp8Weight
-from microgpt.ops import fp8
+from microgpt.ops.gelu import gelu, gelu_backward
+
+ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
 
 
-def linear_forward(out: NDArray, x: NDArray, w: NDArray | Fp8Weight) -> None:
+class Matmul:
+    """The GEMM sites in the arrays' own dtype: numpy's matmul, GELU as a separate pass on either side."""
+
+    @staticmethod
+    def unsupported() -> str | None:
+        """Why this machine cannot run this precision here (None: it can)."""
+        return None
+
+    def forward(self, y: NDArray, x: NDArray, w: NDArray, *, gelu_out: NDArray | None = None,
+                gelu_of: NDArray | None = None) -> None:  # fmt: skip
+        """y = x @ w (w (G,C,OC): y (G,N,OC) by broadcasting); gelu_out: also gelu(y). gelu_of: x holds gelu of it
+        already (this precision keeps a)."""
+        np.matmul(x, w, out=y)
+        if gelu_out is not None:
+            gelu(gelu_out, y)
+
+    def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: NDArray, *,
+                 dgelu_of: NDArray | None = None) -> None:  # fmt: skip
+        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dgelu_of: dy
+        is first turned into dy * gelu'(dgelu_of), in place."""
+        if dgelu_of is not None:
+            gelu_backward(dy, dgelu_of)
+        if w.ndim == 2:
+            np.matmul(dy, w.T, out=dx)
+            dw += x.T @ dy
+            return
+        np.matmul(dy[0], w[0].T, out=dx)
+        for g in range(1, w.shape[0]):
+            dx += dy[g] @ w[g].T
+        for g in range(w.shape[0]):
+            dw[g] += x.T @ dy[g]
+
+    def logits(self, x: NDArray, wte: NDArray) -> ChunkLogits:
+        """The tied head's logits GEMM, chunk by chunk: z = x[i:j] @ wte.T."""
+
+        def chunk(z: NDArray, i: int, j: int) -> None:
+            np.matmul(x[i:j], wte.T, out=z)
+
+        return chunk
+
+    def logits_backward(self, dx: NDArray, dwte: NDArray, dz: NDArray, x: NDArray, wte: NDArray) -> None:
+        """One chunk's two head gradient GEMMs: dx += dz @ wte ; dwte += dz.T @ x."""
+        dx += dz @ wte
+        dwte += dz.T @ x
+
+
+def linear_forward(out: NDArray, x: NDArray, w: NDArray, *, mm: Matmul) -> None:
     """out (N,OC) = x (N,C) @ w (C,OC); out (G,N,OC) = x @ w[g] for w (G,C,OC)."""
-    if isinstance(w, Fp8Weight):
-        G = w.master.shape[0]
-        x8, ix = fp8.cast(x, w.xslot, current=w.priming.on)
-        for g in range(G):
-            (out if G == 1 else out[g])[...] = fp8.mm8(x8, ix, w.w8t[g].T, w.scale[INV])
-        return
-    np.matmul(x, w, out=out)
+    mm.forward(out, x, w)
 
 
-def linear_backward(dx: NDArray, dw: NDArray, dout: NDArray, x: NDArray, w: NDArray | Fp8Weight) -> None:
+def linear_backward(dx: NDArray, dw: NDArray, dout: NDArray, x: NDArray, w: NDArray, *, mm: Matmul) -> None:
     """dx (N,C) = dout @ w.T ; dw (C,OC) += x.T @ dout. With G weights: dx = sum_g dout[g] @ w[g].T, dw[g] +=."""
-    if isinstance(w, Fp8Weight):
-        G, _, OC = w.master.shape
-        # (N, G*OC), one scale: the input gradient is one GEMM over K = G*OC
-        dy8, idy = fp8.cast(fp8.groups(dout, G), w.gslot, current=w.priming.on)
-        dx[...] = fp8.mm8(dy8, idy, w.w8.T, w.scale[INV])
-        x8, ix = fp8.recast(x, w.xslot)  # the forward's operand again (the GPU keeps its transposed copy)
-        for g in range(G):
-            (dw if G == 1 else dw[g])[...] += fp8.mm8(x8.T, ix, dy8[:, g * OC : (g + 1) * OC], idy)
-        return
-    if w.ndim == 2:
-        np.matmul(dout, w.T, out=dx)
-        dw += x.T @ dout
-        return
-    np.matmul(dout[0], w[0].T, out=dx)
-    for g in range(1, w.shape[0]):
-        dx += dout[g] @ w[g].T
-    for g in range(w.shape[0]):
-        dw[g] += x.T @ dout[g]
+    mm.backward(dx, dw, dout, x, w)

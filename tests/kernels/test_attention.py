@@ -7,7 +7,7 @@ import torch
 from microgpt.kernels import attention as ka
 from microgpt.ops import attention as ref
 
-from ._kutil import DEVICE, DTYPES, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, TUNER, compare, rounded, t
 
 # (B, T, C, NH): hs = 12 (padded to 16 lanes), 16, 4; T not a multiple of the tiles; T = 1
 SHAPES = [(2, 37, 24, 2), (1, 64, 32, 2), (2, 5, 8, 2), (1, 1, 16, 1)]
@@ -27,13 +27,13 @@ def test_attention(B: int, T: int, C: int, NH: int, dtype: torch.dtype) -> None:
     gq, gk, gv = t(q, dtype), t(k, dtype), t(v, dtype)
     gout = torch.empty(B, T, C, dtype=dtype, device=DEVICE)
     glse = torch.empty(B, NH, T, dtype=torch.float32, device=DEVICE)
-    ka.attention_forward(gout, glse, gq, gk, gv, NH)
+    ka.attention_forward(gout, glse, gq, gk, gv, NH, tuner=TUNER)
     compare("out", gout, out, dtype)
     compare("lse", glse, lse, dtype)
     gd = {n: t(x, dtype) for n, x in d0.items()}
     delta = torch.empty(B * NH * T, dtype=torch.float32, device=DEVICE)
     # backward from the reference's out (rounded like the kernel's): isolates the backward's own error
     ka.attention_backward(gd["dq"], gd["dk"], gd["dv"], t(dout, dtype), gq, gk, gv, t(out, dtype), glse, NH,
-                          delta=delta)  # fmt: skip
+                          delta=delta, tuner=TUNER)  # fmt: skip
     for n in d:
         compare(n, gd[n], d[n], dtype)

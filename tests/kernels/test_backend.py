@@ -104,7 +104,7 @@ def test_plan_is_every_byte_the_backend_uses() -> None:
     """The printed plan's total is the arena plus the runtime rows; the launchers' scratch are planned views."""
     t = TrainConfig(micro_batch=B, n_micro=3, precision="fp16", backend="triton")
     S = make_state(M, t, backend.triton_backend("fp16"))
-    sizes = memory.role_bytes(S.plan, S.t)
+    sizes = memory.role_bytes(S.plan, S.K.precision)
     runtime = sum(b.numel for b in S.plan if b.role == "runtime")
     assert sum(sizes.values()) == S.arena.nbytes + runtime
     assert S.arena.pool.numel() == S.arena.nbytes

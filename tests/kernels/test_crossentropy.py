@@ -7,7 +7,7 @@ import torch
 from microgpt.kernels import crossentropy as kc
 from microgpt.ops import crossentropy as ref
 
-from ._kutil import DEVICE, DTYPES, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, MM, REF_MM, TUNER, compare, rounded, t
 
 # (N, C, V, R): several chunks with a short last one; V above the interpreter's 1024-wide block; R >= N
 SHAPES = [(21, 16, 100, 8), (5, 8, 1100, 4), (6, 12, 33, 16)]
@@ -23,18 +23,18 @@ def test_crossentropy(N: int, C: int, V: int, R: int, dtype: torch.dtype) -> Non
     dlosses = rng.random(N) / N
     dx0, dwte0 = rounded(rng.standard_normal((N, C)), dtype), rng.standard_normal((V, C))
     losses, lse = np.empty(N), np.empty(N)
-    ref.crossentropy_forward(losses, lse, x, wte, targets, np.empty((R, V)))
+    ref.crossentropy_forward(losses, lse, x, wte, targets, np.empty((R, V)), mm=REF_MM)
     dx, dwte = dx0.copy(), dwte0.copy()
-    ref.crossentropy_backward(dx, dwte, dlosses, x, wte, targets, lse, np.empty((R, V)))
+    ref.crossentropy_backward(dx, dwte, dlosses, x, wte, targets, lse, np.empty((R, V)), mm=REF_MM)
 
     f32 = dict(dtype=torch.float32, device=DEVICE)
     glosses, glse, logits = torch.empty(N, **f32), torch.empty(N, **f32), torch.empty(R, V, dtype=dtype, device=DEVICE)
     gx, gwte, gt = t(x, dtype), t(wte, dtype), t(targets)
-    kc.crossentropy_forward(glosses, glse, gx, gwte, gt, logits)
+    kc.crossentropy_forward(glosses, glse, gx, gwte, gt, logits, mm=MM, tuner=TUNER)
     compare("losses", glosses, losses, dtype)
     compare("lse", glse, lse, dtype)
     gdx, gdwte = t(dx0, dtype), t(dwte0, torch.float32)
-    kc.crossentropy_backward(gdx, gdwte, t(dlosses, torch.float32), gx, gwte, gt, glse, logits)
+    kc.crossentropy_backward(gdx, gdwte, t(dlosses, torch.float32), gx, gwte, gt, glse, logits, mm=MM, tuner=TUNER)
     compare("dx", gdx, dx, dtype)
     compare("dwte", gdwte, dwte, dtype)
 
@@ -50,18 +50,18 @@ def test_crossentropy_forward_backward(N: int, C: int, V: int, R: int) -> None:
     dlosses = rng.random(N) / N
     dx0, dwte0 = rng.standard_normal((N, C)), rng.standard_normal((V, C))
     losses, lse, dx, dwte = np.empty(N), np.empty(N), dx0.copy(), dwte0.copy()
-    ref.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, wte, targets, np.empty((R, V)))
+    ref.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, wte, targets, np.empty((R, V)), mm=REF_MM)
 
     f32 = dict(dtype=dtype, device=DEVICE)
     gx, gwte, gt, gdl = t(x, dtype), t(wte, dtype), t(targets), t(dlosses, dtype)
     fused = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, dtype)]
-    kc.crossentropy_forward_backward(*fused, gdl, gx, gwte, gt, torch.randn(R, V, **f32))
+    kc.crossentropy_forward_backward(*fused, gdl, gx, gwte, gt, torch.randn(R, V, **f32), mm=MM, tuner=TUNER)
     for name, got, want in zip(("losses", "lse", "dx", "dwte"), fused, (losses, lse, dx, dwte)):
         compare(name, got, want, dtype)
     pair = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, dtype)]
     logits = torch.empty(R, V, **f32)
-    kc.crossentropy_forward(pair[0], pair[1], gx, gwte, gt, logits)
-    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits)
+    kc.crossentropy_forward(pair[0], pair[1], gx, gwte, gt, logits, mm=MM, tuner=TUNER)
+    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits, mm=MM, tuner=TUNER)
     for name, a, b in zip(("losses", "lse", "dx", "dwte"), fused, pair):
         assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"
 
@@ -81,7 +81,7 @@ def test_row_kernel_both_maxima(per_block: bool, dtype: torch.dtype) -> None:
     # the NumPy pair on logits = I @ (logits^T)^T: its dwte (from zero) is then dlogits^T
     loss, lse, dwte = np.empty(r), np.empty(r), np.zeros((V, r))
     ref.crossentropy_forward_backward(loss, lse, np.zeros((r, r)), dwte, dloss, np.eye(r), logits.T.copy(), targets,
-                                      np.empty((r, V)))  # fmt: skip
+                                      np.empty((r, V)), mm=REF_MM)  # fmt: skip
     dlogits = dwte.T
 
     f32 = dict(dtype=torch.float32, device=DEVICE)

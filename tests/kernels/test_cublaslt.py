@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from microgpt.kernels import cublaslt
-from microgpt.kernels import mlp as km
+from microgpt.kernels.gemm import Gemm
+from microgpt.kernels.tuning import Tuner
 
 
 def test_operand_views_map_to_column_major():
@@ -25,14 +26,15 @@ def test_operand_views_map_to_column_major():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without cuBLASLt")
-def test_mlp_keeps_the_pass_without_cublaslt(monkeypatch):
-    """No CUDA: the MLP's forward offers the GEMM + pass only, and runs it."""
-    assert not cublaslt.available()
-    monkeypatch.setattr(km, "_gelu_ways", {})
+def test_mlp_keeps_the_pass_without_cublaslt():
+    """No CUDA: there is no cuBLASLt to load, and the router's GELU epilogue offers the GEMM + pass only, and runs
+    it."""
+    assert cublaslt.CublasLt.load() is None
+    gemm = Gemm(Tuner("test-device"), None)
     x, w1 = torch.randn(8, 4), torch.randn(4, 16)
     h, a = torch.empty(8, 16), torch.empty(8, 16)
-    km._gelu_forward(a, h, x, w1)
-    assert [list(ways) for ways in km._gelu_ways.values()] == [["pass"]]
+    gemm.mm_gelu(a, h, x, w1)
+    assert [list(ways) for ways in gemm._gelu_ways.values()] == [["pass"]]
     torch.testing.assert_close(h, x @ w1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, torch.nn.functional.gelu(h, approximate="tanh"), rtol=1e-5, atol=1e-5)
 
@@ -43,12 +45,12 @@ def test_mismatched_shapes_and_strided_outputs_are_refused():
     x, w = torch.empty(8, 4), torch.empty(4, 16)
     out, aux = torch.empty(8, 16), torch.empty(8, 16)
     with pytest.raises(ValueError, match=r"\(8, 16\) = \(8, 4\) @ \(5, 16\)"):
-        cublaslt.gelu_aux(out, aux, x, torch.empty(5, 16))
+        cublaslt._chained(out, x, torch.empty(5, 16), aux)
     with pytest.raises(ValueError, match="aux"):
-        cublaslt.gelu_aux(out, torch.empty(8, 12), x, w)
+        cublaslt._chained(out, x, w, torch.empty(8, 12))
     with pytest.raises(ValueError, match="contiguous rows"):
-        cublaslt.dgelu(torch.empty(16, 8).t(), x, w, aux)
+        cublaslt._chained(torch.empty(16, 8).t(), x, w, aux)
     with pytest.raises(ValueError, match=r"\(3, 8, 16\) = \(2, 8, 4\) @ \(3, 4, 16\)"):  # batch counts differ
-        cublaslt.gemm(torch.empty(3, 8, 16), torch.empty(2, 8, 4), torch.empty(3, 4, 16))
+        cublaslt._chained(torch.empty(3, 8, 16), torch.empty(2, 8, 4), torch.empty(3, 4, 16), None)
     with pytest.raises(ValueError, match="shapes"):  # a batched output from 2D operands
-        cublaslt.gemm(torch.empty(3, 8, 16), x, w)
+        cublaslt._chained(torch.empty(3, 8, 16), x, w, None)

@@ -7,7 +7,7 @@ import torch
 from microgpt.kernels import embedding as ke
 from microgpt.ops import embedding as ref
 
-from ._kutil import DEVICE, DTYPES, compare, h, rounded, t
+from ._kutil import DEVICE, DTYPES, TUNER, compare, h, rounded, t
 
 # (B, T, C, V, Tmax): V far below B*T gives runs of one token longer than the kernel's SEG rows
 SHAPES = [(3, 7, 12, 5, 11), (1, 1, 5, 3, 1), (4, 16, 37, 2, 16), (2, 24, 8, 97, 32)]
@@ -19,7 +19,7 @@ def run_kernels(tokens, wte, wpe, dout, dwte0, dwpe0, dtype, chunk=ke.CHUNK):
     ke.embedding_forward(out, t(tokens), t(wte, dtype), t(wpe, dtype))
     dwte, dwpe = t(dwte0, torch.float32), t(dwpe0, torch.float32)
     order = torch.empty(B * T, dtype=torch.int32, device=DEVICE)
-    ke.embedding_backward(dwte, dwpe, t(dout, dtype), t(tokens), order=order, chunk=chunk)
+    ke.embedding_backward(dwte, dwpe, t(dout, dtype), t(tokens), order=order, chunk=chunk, tuner=TUNER)
     return out, dwte, dwpe
 
 
@@ -64,6 +64,6 @@ def test_sort_is_the_stable_order_per_chunk(vocab: int) -> None:
     values = rng.choice(vocab, size=7, replace=False)  # few distinct tokens (long runs), spread over the vocabulary
     tokens = values[rng.integers(0, 7, size=N)].astype(np.int32)
     order = torch.empty(N, dtype=torch.int32, device=DEVICE)
-    ke.sort_tokens(order, t(tokens), S, vocab)
+    ke.sort_tokens(order, t(tokens), S, vocab, tuner=TUNER)
     want = np.concatenate([np.argsort(tokens[c : c + S], kind="stable") for c in range(0, N, S)])
     np.testing.assert_array_equal(h(order), want)

@@ -15,12 +15,12 @@ from microgpt.fp8 import Fp8Weight
 from microgpt.kernels import fp8 as k8
 from microgpt.kernels import linear as klinear
 from microgpt.kernels import mlp as kmlp
-from microgpt.kernels import tuning
+from microgpt.kernels.tuning import Tuner
 from microgpt.ops import fp8 as ref
 from microgpt.ops import linear as rlinear
 from microgpt.ops import mlp as rmlp
 
-from ._kutil import DEVICE, ON_GPU, check, h, rounded, t
+from ._kutil import DEVICE, GEMM, ON_GPU, TUNER, check, h, rounded, t
 
 F8 = torch.float8_e4m3fn
 # activations as the kernels get them: fp32 everywhere, bf16 (the fp8 runs' compute dtype) on the GPU
@@ -52,7 +52,7 @@ def test_cast_matches_torch_byte_for_byte() -> None:
     x[1, 1, :4] = [0.0, -0.0, 1e-30, -1e-30]
     slot = torch.zeros(fp8.OSLOT, device=DEVICE)
     rows, trans = torch.empty(R, G * C, dtype=F8, device=DEVICE), torch.empty(G, C, R, dtype=F8, device=DEVICE)
-    k8.cast(t(x), slot, rows, trans, prime=True)
+    k8.cast(TUNER, t(x), slot, rows, trans, prime=True)
     k = fp8.scale_exponent(float(np.abs(x).max()))
     want = torch.from_numpy(x * np.float32(2.0**k)).to(F8).view(torch.uint8).numpy()
     np.testing.assert_array_equal(bytes_of(rows), np.concatenate(list(want), axis=1))
@@ -66,7 +66,7 @@ def test_cast_scale_follows_the_rule_at_the_edges() -> None:
     for amax in [448.0, 449.0, 1.75, 1.7500001, 3e-20, 5e4, 2.0**-126, 1e-40, 3e38]:
         x = np.array([[amax, -amax / 3]], np.float32)
         slot = torch.zeros(fp8.OSLOT, device=DEVICE)
-        k8.cast(t(x), slot, torch.empty(1, 2, dtype=F8, device=DEVICE), None, prime=True)
+        k8.cast(TUNER, t(x), slot, torch.empty(1, 2, dtype=F8, device=DEVICE), None, prime=True)
         assert h(slot)[0] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
 
 
@@ -77,7 +77,7 @@ def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: 
     and NaN, and the slot's words (2^-k, the finite amax recorded) as the reference leaves them; with the
     transpose stored as 4-byte, 8-byte words and single bytes (40 rows: a partial tile of words)."""
     monkeypatch.setattr(k8, "CAST_CONFIGS", {config: k8.CAST_CONFIGS[config]})
-    monkeypatch.setattr(tuning, "_launches", {})
+    tuner = Tuner()  # its own: a choice the shared tuner made under another configuration table is not remembered
     rng = np.random.default_rng(len(history))
     x = (rng.standard_normal((40, 24)) * 5).astype(np.float32)
     x[3, :3] = [np.inf, -np.inf, np.nan]
@@ -85,7 +85,7 @@ def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: 
     want, _ = ref.cast(x, ns)
     slot = t(oslot(history))
     rows, trans = torch.empty(40, 24, dtype=F8, device=DEVICE), torch.empty(1, 24, 40, dtype=F8, device=DEVICE)
-    k8.cast(t(x), slot, rows, trans)
+    k8.cast(tuner, t(x), slot, rows, trans)
     np.testing.assert_array_equal(bytes_of(rows), want.view(np.uint8))
     np.testing.assert_array_equal(bytes_of(trans)[0], want.view(np.uint8).T)
     assert h(slot).tolist() == ns.tolist()
@@ -96,21 +96,21 @@ def test_gelu_casts_match_numpy(prime: bool) -> None:
     """The MLP's casts that compute their operand: a = gelu(h), dh = da * gelu'(h), against ops/mlp.py's GELU in
     fp32 cast by the reference. The two tanh differ in the last fp32 bit now and then, which can move an element
     to the neighbouring E4M3 value: at most one step, in a small fraction of elements."""
-    from microgpt.ops.mlp import _gelu, _gelu_backward
+    from microgpt.ops.gelu import gelu, gelu_backward
 
     rng = np.random.default_rng(7)
     hh = (rng.standard_normal((64, 48)) * 2).astype(np.float32)
     da = (rng.standard_normal((64, 48)) * 0.05).astype(np.float32)
-    a, dh, scratch_ = np.empty_like(hh), da.copy(), np.empty_like(hh)
-    _gelu(a, hh)
-    _gelu_backward(dh, hh, scratch_)
+    a, dh = np.empty_like(hh), da.copy()
+    gelu(a, hh)
+    gelu_backward(dh, hh)
     for op, y, x2 in ((k8.GELU, a, None), (k8.GELU_GRAD, dh, da)):
         history = None if prime else [float(np.abs(y).max()) * 0.7]
         ns = oslot(history)
         want, _ = ref.cast(y, ns, current=prime)
         slot = t(oslot(history))
         rows, trans = torch.empty(64, 48, dtype=F8, device=DEVICE), torch.empty(1, 48, 64, dtype=F8, device=DEVICE)
-        k8.cast(t(hh), slot, rows, trans, prime, op=op, x2=None if x2 is None else t(x2))
+        k8.cast(TUNER, t(hh), slot, rows, trans, prime, op=op, x2=None if x2 is None else t(x2))
         got = bytes_of(rows).astype(np.int16)
         np.testing.assert_array_equal(bytes_of(trans)[0].T, got)
         diff = np.abs((got & 0x7F) - (want.view(np.uint8).astype(np.int16) & 0x7F))
@@ -135,18 +135,18 @@ def test_gpu_conversion_equals_the_bit_rule_for_every_fp32(monkeypatch: pytest.M
         torch.add(step, chunk * rows * cols - (1 << 31), out=x)  # int32 wraps: every pattern once over the chunks
         for hw, out in ((True, got), (False, want)):
             monkeypatch.setattr(k8, "HW_CVT", hw)
-            k8.cast(x.view(torch.float32), slot, out, None)
+            k8.cast(TUNER, x.view(torch.float32), slot, out, None)
         bad = (got.view(torch.uint8) != want.view(torch.uint8)).nonzero()
         assert len(bad) == 0, (chunk, x[bad[0, 0], bad[0, 1]].item(), got.view(torch.uint8)[bad[0, 0], bad[0, 1]])
 
 
-def test_roll_history_matches_numpy() -> None:
+def test_roll_matches_numpy() -> None:
     rng = np.random.default_rng(3)
     slots = rng.uniform(0, 5, (2, 4, 2, fp8.OSLOT)).astype(np.float32)
     for shift in (True, False, True):
         ts = t(slots)
-        k8.roll_history(ts, shift)
-        ref.roll_history(slots, shift)
+        matmul8(1, 1).roll(ts, shift)
+        ref.Matmul(None).roll(slots, shift)
         np.testing.assert_array_equal(h(ts), slots)
         slots[..., fp8.PRE : fp8.AMAX + 1] = rng.uniform(0, 5, (2, 4, 2, 2))
 
@@ -164,17 +164,18 @@ def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int, N: int,
                    torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE),
                    t(oslot(hx)), t(oslot(hg)), fp8.Priming(history is None),
                    torch.empty(C * N, dtype=F8, device=DEVICE))  # fmt: skip
-    ref.cast_weights([nw])
-    k8.cast_weights([tw])
+    ref.Matmul(None).cast_weights([nw])
+    matmul8(1, 1).cast_weights([tw])
     np.testing.assert_array_equal(bytes_of(tw.w8), nw.w8.view(np.uint8))
     np.testing.assert_array_equal(bytes_of(tw.w8t), nw.w8t.view(np.uint8))
     assert h(tw.scale).tolist() == nw.scale.tolist()
     return nw, tw
 
 
-def scratch(N: int, C: int) -> k8.Scratch:
-    dt = {"f8": F8, "f32": torch.float32}
-    return k8.Scratch.of({n: torch.zeros(s, dtype=dt[k], device=DEVICE) for n, s, k in k8.scratch_rows(N, C)})
+def matmul8(N: int, C: int, head: fp8.Fp8Head | None = None) -> k8.Matmul:
+    """fp8's GEMM sites over the planned scratch for N tokens of width C (as precision.Fp8.rows plans it)."""
+    scratch = {name: torch.zeros(N * 4 * C, dtype=F8, device=DEVICE) for name in fp8.SCRATCH}
+    return k8.Matmul(GEMM, head, {**scratch, "fp8_wgrad": torch.zeros(4 * C * C, device=DEVICE)})
 
 
 # the histories' one entry for the delayed cases: x outgrew its history (saturates), dout did not
@@ -194,19 +195,19 @@ def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype, scaling: str) -> N
         rounded(rng.standard_normal((N, C)).astype(np.float32), dtype).astype(np.float32),
         rounded(rng.standard_normal(shape).astype(np.float32) * 0.1, dtype).astype(np.float32),
     )
-    q = scratch(N, C)
+    mm = matmul8(N, C)
     out_n, dx_n, dw_n = (
         np.zeros(shape, np.float32),
         np.zeros((N, C), np.float32),
         np.ones(tw.master.shape)[0 if G == 1 else slice(None)].astype(np.float32),
     )
-    rlinear.linear_forward(out_n, x, nw)
-    rlinear.linear_backward(dx_n, dw_n, dout, x, nw)
+    rlinear.linear_forward(out_n, x, nw, mm=ref.Matmul(None))
+    rlinear.linear_backward(dx_n, dw_n, dout, x, nw, mm=ref.Matmul(None))
     out_t = torch.zeros(shape, dtype=dtype, device=DEVICE)
     dx_t = t(rng.standard_normal((N, C)).astype(np.float32), dtype)  # noise: backward writes dx
     dw_t = torch.ones(dw_n.shape, device=DEVICE)
-    klinear.linear_forward(out_t, t(x, dtype), tw, q)
-    klinear.linear_backward(dx_t, dw_t, t(dout, dtype), t(x, dtype), tw, q)
+    klinear.linear_forward(out_t, t(x, dtype), tw, mm=mm)
+    klinear.linear_backward(dx_t, dw_t, t(dout, dtype), t(x, dtype), tw, mm=mm)
     check("out", h(out_t), out_n, TOL[dtype])
     check("dx", h(dx_t), dx_n, TOL[dtype])
     check("dw", h(dw_t) - 1, dw_n - 1, TOL[dtype])
@@ -225,15 +226,16 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype, scaling: str) -> None:
     dout = rounded(rng.standard_normal((N, C)).astype(np.float32) * 0.1, dtype).astype(np.float32)
     out_n, h_n, a_n, dh_n = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
     dx_n, dw1_n, dw2_n = np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32), np.zeros((4 * C, C))
-    rmlp.mlp_forward(out_n, h_n, a_n, x, w1n, w2n)
-    rmlp.mlp_backward(dx_n, dw1_n, dw2_n, dout, x, h_n, w1n, w2n, a_n, dh_n, recompute=False)
-    q = scratch(N, C)
+    rmlp.mlp_forward(out_n, h_n, a_n, x, w1n, w2n, mm=ref.Matmul(None))
+    rmlp.mlp_backward(dx_n, dw1_n, dw2_n, dout, x, h_n, w1n, w2n, a_n, dh_n, mm=ref.Matmul(None), recompute=False)
+    mm = matmul8(N, C)
     out_t, dx_t = torch.zeros(N, C, dtype=dtype, device=DEVICE), torch.zeros(N, C, dtype=dtype, device=DEVICE)
     h_t, dh_t = (torch.zeros(N, 4 * C, dtype=dtype, device=DEVICE) for _ in range(2))
     dw1_t, dw2_t = torch.zeros(C, 4 * C, device=DEVICE), torch.zeros(4 * C, C, device=DEVICE)
-    # no buffer for a = gelu(h): in fp8 it exists only in E4M3 (the plan has none: memory.gelu_output_planned)
-    kmlp.mlp_forward(out_t, h_t, None, t(x, dtype), w1t, w2t, q)
-    kmlp.mlp_backward(dx_t, dw1_t, dw2_t, t(dout, dtype), t(x, dtype), h_t, w1t, w2t, None, dh_t, q, recompute=True)
+    # no buffer for a = gelu(h): in fp8 it exists only in E4M3 (the plan has none: Precision.gelu_planned)
+    kmlp.mlp_forward(out_t, h_t, None, t(x, dtype), w1t, w2t, mm=mm)
+    kmlp.mlp_backward(dx_t, dw1_t, dw2_t, t(dout, dtype), t(x, dtype), h_t, w1t, w2t, None, dh_t, mm=mm,
+                      recompute=True)  # fmt: skip
     # bf16 rounds h before a = gelu(h) is cast, and on the GPU the FP8 tensor cores' narrower sums (TOL) reach the
     # casts of a and dh: either moves a few elements to a neighbouring E4M3 value (measured on the GPU with fp32
     # activations: dx rel err 1.4e-3)
@@ -247,12 +249,11 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_names_the_field(monkeypatch) -> N
     """An A100 (compute capability 8.0) has no FP8 tensor cores: get_backend refuses with one ConfigError naming
     train.precision. (No such GPU here: the device queries are what is replaced, the check is the real one.)"""
     from microgpt import backend, config
-    from microgpt.kernels import runtime
 
-    monkeypatch.setattr(tuning, "INTERPRET", False)
-    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    monkeypatch.setattr(runtime.torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(k8, "INTERPRET", False)
+    monkeypatch.setattr(k8.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(k8.torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(k8.torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(config.ConfigError, match=r"^train.precision 'fp8' needs FP8 tensor cores .* A100.* is 8\.0"):
         backend.get_backend("triton", "fp8")
 
@@ -277,8 +278,8 @@ def test_head_fp8_matches_numpy(dtype: torch.dtype, fused: bool) -> None:
                      np.zeros(fp8.SLOT, np.float32))  # fmt: skip
     th = fp8.Fp8Head(t(wte, dtype), t(wte), torch.empty(V, C, dtype=F8, device=DEVICE),
                      torch.zeros(fp8.SLOT, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
-    ref.cast_weights([nh])
-    k8.cast_weights([th])
+    ref.Matmul(None).cast_weights([nh])
+    matmul8(1, 1).cast_weights([th])
     np.testing.assert_array_equal(bytes_of(th.w8), nh.w8.view(np.uint8))
     assert h(th.scale).tolist() == nh.scale.tolist()
 
@@ -289,18 +290,18 @@ def test_head_fp8_matches_numpy(dtype: torch.dtype, fused: bool) -> None:
     losses, lse, dx, dwte = np.zeros(N, np.float32), np.zeros(N, np.float32), dx0.copy(), dwte0.copy()
     f32 = dict(dtype=torch.float32, device=DEVICE)
     g = [torch.zeros(N, **f32), torch.zeros(N, **f32), t(dx0.copy(), dtype), t(dwte0.copy())]  # t() may share memory
-    gx, gt, gdl, q = t(x, dtype), t(targets), t(dlosses), scratch(N, C)
-    logits = torch.zeros(R, V, dtype=dtype, device=DEVICE)
+    gx, gt, gdl, mm, rmm = t(x, dtype), t(targets), t(dlosses), matmul8(N, C, th), ref.Matmul(nh)
+    logits, rlogits = torch.zeros(R, V, dtype=dtype, device=DEVICE), np.zeros((R, V), np.float32)
     if fused:
-        rce.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, nh, targets, np.zeros((R, V), np.float32))
-        kce.crossentropy_forward_backward(*g, gdl, gx, th, gt, logits, q=q)
+        rce.crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, nh.w, targets, rlogits, mm=rmm)
+        kce.crossentropy_forward_backward(*g, gdl, gx, th.w, gt, logits, mm=mm, tuner=TUNER)
     else:
-        rce.crossentropy_forward(losses, lse, x, nh, targets, np.zeros((R, V), np.float32))
-        rce.crossentropy_backward(dx, dwte, dlosses, x, nh, targets, lse, np.zeros((R, V), np.float32))
-        kce.crossentropy_forward(g[0], g[1], gx, th, gt, logits, q=q)
-        kce.crossentropy_backward(g[2], g[3], gdl, gx, th, gt, g[1], logits, q=q)
+        rce.crossentropy_forward(losses, lse, x, nh.w, targets, rlogits, mm=rmm)
+        rce.crossentropy_backward(dx, dwte, dlosses, x, nh.w, targets, lse, rlogits, mm=rmm)
+        kce.crossentropy_forward(g[0], g[1], gx, th.w, gt, logits, mm=mm, tuner=TUNER)
+        kce.crossentropy_backward(g[2], g[3], gdl, gx, th.w, gt, g[1], logits, mm=mm, tuner=TUNER)
     np.testing.assert_array_equal(h(th.xslot), nh.xslot)  # x's scale and amax: the same values cast
     x8, _ = ref.cast(x, np.zeros(fp8.SLOT, np.float32), current=True)
-    np.testing.assert_array_equal(bytes_of(q.view(q.x8, N, C)), x8.view(np.uint8))
+    np.testing.assert_array_equal(bytes_of(mm.q.view(mm.q.x8, N, C)), x8.view(np.uint8))
     for name, got, want, base in zip(("losses", "lse", "dx", "dwte"), g, (losses, lse, dx, dwte), (0, 0, dx0, dwte0)):
         check(name, h(got) - base, want - base, TOL[dtype])  # the gradients: what the head added

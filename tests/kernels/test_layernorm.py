@@ -7,7 +7,7 @@ import torch
 from microgpt.kernels import layernorm as kl
 from microgpt.ops import layernorm as ref
 
-from ._kutil import DEVICE, DTYPES, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, SMS, TUNER, compare, rounded, t
 
 SHAPES = [(7, 37), (33, 64), (1, 5), (40, 130)]  # (N, C): odd widths exercise the column masks
 
@@ -26,14 +26,14 @@ def test_layernorm(N: int, C: int, dtype: torch.dtype) -> None:
 
     g = {"out": torch.empty(N, C, dtype=dtype, device=DEVICE), "mean": t(np.empty(N, np.float32))}
     g["rstd"] = t(np.empty(N, np.float32))
-    kl.layernorm_forward(g["out"], g["mean"], g["rstd"], t(x, dtype), t(w, dtype), t(b, dtype))
+    kl.layernorm_forward(g["out"], g["mean"], g["rstd"], t(x, dtype), t(w, dtype), t(b, dtype), tuner=TUNER)
     compare("out", g["out"], out, dtype)
     compare("mean", g["mean"], mean, torch.float32)
     compare("rstd", g["rstd"], rstd, torch.float32)
     gdx, gdw, gdb = t(dx0, dtype), t(dw0, torch.float32), t(db0, torch.float32)
-    partials = torch.empty(kl.scratch_numel(C), dtype=torch.float32, device=DEVICE)
+    partials = torch.empty(kl.scratch_numel(C, SMS), dtype=torch.float32, device=DEVICE)
     kl.layernorm_backward(gdx, gdw, gdb, t(dout, dtype), t(x, dtype), t(w, dtype), g["mean"], g["rstd"],
-                          partials=partials)  # fmt: skip
+                          partials=partials, tuner=TUNER)  # fmt: skip
     compare("dx", gdx, dx, dtype)
     compare("dw", gdw, dw, dtype)
     compare("db", gdb, db, dtype)
@@ -56,10 +56,10 @@ def test_residual_layernorm_forward(N: int, C: int, dtype: torch.dtype) -> None:
         gs, gout = t(rng.standard_normal((N, C)), dtype), t(rng.standard_normal((N, C)), dtype)  # overwritten
         gmean, grstd = (t(rng.standard_normal(N).astype(np.float32)) for _ in range(2))
         if fused:
-            kl.residual_layernorm_forward(gs, gout, gmean, grstd, gx, gy, gw, gb)
+            kl.residual_layernorm_forward(gs, gout, gmean, grstd, gx, gy, gw, gb, tuner=TUNER)
         else:
             torch.add(gx, gy, out=gs)  # the add in the operands' dtype, as the fused kernel rounds it
-            kl.layernorm_forward(gout, gmean, grstd, gs, gw, gb)
+            kl.layernorm_forward(gout, gmean, grstd, gs, gw, gb, tuner=TUNER)
         return [gs, gout, gmean, grstd]
 
     fused, two = run(True), run(False)

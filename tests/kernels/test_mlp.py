@@ -1,4 +1,4 @@
-"""mlp kernels (GELU tanh: k_mlp_fwd, k_mlp_bwd, around the GEMMs) against the NumPy pair."""
+"""mlp kernels (GELU tanh: k_gelu_fwd, k_gelu_bwd, around the GEMMs) against the NumPy pair."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 from microgpt.kernels import mlp as km
 from microgpt.ops import mlp as ref
 
-from ._kutil import DEVICE, DTYPES, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, MM, REF_MM, compare, rounded, t
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["a-kept", "a-recomputed"])
@@ -25,12 +25,12 @@ def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool) -> None:
         rng.standard_normal((H, C)),
     )
     out, hh, a = np.empty((N, C)), np.empty((N, H)), np.empty((N, H))
-    ref.mlp_forward(out, hh, a, x, w1, w2)
+    ref.mlp_forward(out, hh, a, x, w1, w2, mm=REF_MM)
     dx, dw1, dw2 = dx0.copy(), dw10.copy(), dw20.copy()
-    ref.mlp_backward(dx, dw1, dw2, dout, x, hh, w1, w2, a.copy(), np.empty((N, H)), recompute=False)
+    ref.mlp_backward(dx, dw1, dw2, dout, x, hh, w1, w2, a.copy(), np.empty((N, H)), recompute=False, mm=REF_MM)
 
     g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in (("out", (N, C)), ("h", (N, H)), ("a", (N, H)))}
-    km.mlp_forward(g["out"], g["h"], g["a"], t(x, dtype), t(w1, dtype), t(w2, dtype))
+    km.mlp_forward(g["out"], g["h"], g["a"], t(x, dtype), t(w1, dtype), t(w2, dtype), mm=MM)
     compare("h", g["h"], hh, dtype)
     compare("a", g["a"], a, dtype)
     compare("out", g["out"], out, dtype)
@@ -39,7 +39,7 @@ def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool) -> None:
     if recompute:
         g["a"].normal_()
     km.mlp_backward(gdx, gdw1, gdw2, t(dout, dtype), t(x, dtype), t(hh, dtype), t(w1, dtype), t(w2, dtype), g["a"], dh,
-                    recompute=recompute)  # fmt: skip
+                    recompute=recompute, mm=MM)  # fmt: skip
     compare("dx", gdx, dx, dtype)
     compare("dw1", gdw1, dw1, dtype)
     compare("dw2", gdw2, dw2, dtype)

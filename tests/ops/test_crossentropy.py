@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from microgpt.ops.crossentropy import crossentropy_backward, crossentropy_forward, crossentropy_forward_backward
+from microgpt.ops.linear import Matmul
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -42,9 +43,9 @@ def run_numpy(inp: dict, R: int, dtype, grads: dict, rng: np.random.Generator) -
     N, V = x.shape[0], wte.shape[0]
     losses, lse = noise_like(rng, N, dtype), noise_like(rng, N, dtype)  # forward writes with =
     logits = noise_like(rng, (R, V), dtype)  # scratch: its contents must not matter
-    crossentropy_forward(losses, lse, x, wte, targets, logits)
+    crossentropy_forward(losses, lse, x, wte, targets, logits, mm=Matmul())
     logits[...] = noise_like(rng, (R, V), dtype)
-    crossentropy_backward(grads["dx"], grads["dwte"], dlosses, x, wte, targets, lse, logits)
+    crossentropy_backward(grads["dx"], grads["dwte"], dlosses, x, wte, targets, lse, logits, mm=Matmul())
     return {"losses": losses, "lse": lse, **grads}
 
 
@@ -54,7 +55,8 @@ def run_numpy_fused(inp: dict, R: int, dtype, grads: dict, rng: np.random.Genera
     N, V = x.shape[0], wte.shape[0]
     losses, lse = noise_like(rng, N, dtype), noise_like(rng, N, dtype)
     logits = noise_like(rng, (R, V), dtype)
-    crossentropy_forward_backward(losses, lse, grads["dx"], grads["dwte"], dlosses, x, wte, inp["targets"], logits)
+    crossentropy_forward_backward(losses, lse, grads["dx"], grads["dwte"], dlosses, x, wte, inp["targets"], logits,
+                                  mm=Matmul())  # fmt: skip
     return {"losses": losses, "lse": lse, **grads}
 
 

@@ -85,9 +85,9 @@ def test_delayed_cast_scales_by_the_history_and_saturates() -> None:
             assert np.abs(q.astype(np.float32)[finite]).max() == 448.0  # saturated, not NaN
 
 
-def test_roll_history_pushes_the_amax_and_forgets_on_request() -> None:
+def test_roll_pushes_the_amax_and_forgets_on_request() -> None:
     """Each micro-batch's amax becomes the newest entry; after HISTORY more the oldest is gone; the scale follows
-    the largest entry still held. roll_history(shift=False) (evaluation) clears what was met and keeps the history."""
+    the largest entry still held. roll(shift=False) (evaluation) clears what was met and keeps the history."""
     slots = np.zeros((2, 3, fp8.OSLOT), np.float32)
     amaxes = np.linspace(1.0, 50.0, fp8.HISTORY + 3).astype(np.float32)[::-1]  # decreasing: the first is the largest
     for i, a in enumerate(amaxes):
@@ -95,14 +95,14 @@ def test_roll_history_pushes_the_amax_and_forgets_on_request() -> None:
         _, inv = ref.cast(x, slots[1, 2], current=(i == 0))
         want = amaxes[0] if i <= fp8.HISTORY else amaxes[i - fp8.HISTORY]  # the largest of the last HISTORY
         assert inv == np.float32(2.0 ** -fp8.scale_exponent(float(want))), i
-        ref.roll_history(slots)
+        ref.Matmul(None).roll(slots)
         held = amaxes[max(0, i - fp8.HISTORY + 1) : i + 1][::-1]
         np.testing.assert_array_equal(slots[1, 2, fp8.HIST : fp8.HIST + len(held)], held)
         assert slots[1, 2, fp8.PRE] == slots[1, 2, fp8.AMAX] == 0
     assert not slots[0].any() and not slots[1, :2].any()  # only the slot that was cast into moved
     before = slots.copy()
     ref.cast(np.array([1e4], np.float32), slots[1, 2])
-    ref.roll_history(slots, shift=False)
+    ref.Matmul(None).roll(slots, shift=False)
     np.testing.assert_array_equal(slots[..., 1:], before[..., 1:])
 
 
@@ -125,7 +125,7 @@ def weight(rng: np.random.Generator, G: int, C: int, OC: int, priming: bool = Tr
     master = (rng.standard_normal((G, C, OC)) * 0.3).astype(np.float32)
     w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(fp8.SLOT, np.float32),
                   slot([histories[0]]), slot([histories[1]]), fp8.Priming(priming))  # fmt: skip
-    ref.cast_weights([w])
+    ref.Matmul(None).cast_weights([w])
     return w
 
 
@@ -159,11 +159,11 @@ def test_linear_fp8_against_torch_float64(G: int, N: int, C: int, OC: int, scali
     hx, hd = (ax, ad) if f is None else (ax * f[0], ad * f[1])
     w = weight(rng, G, C, OC, priming=f is None, histories=(0.0, 0.0) if f is None else (hx, hd))
     out = np.zeros(shape, np.float32)
-    linear_forward(out, x, w)
+    linear_forward(out, x, w, mm=ref.Matmul(None))
     dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: backward writes dx
     noise = rng.standard_normal(w.master.shape if G > 1 else (C, OC)).astype(np.float32)
     dw = noise.copy()
-    linear_backward(dx, dw, dout, x, w)
+    linear_backward(dx, dw, dout, x, w, mm=ref.Matmul(None))
     assert w.xslot[fp8.AMAX] == np.float32(ax) and w.gslot[fp8.AMAX] == np.float32(ad)  # recorded for the roll
 
     xq, wq = tq(x, hx), tq(w.master, np.abs(w.master).max())
@@ -188,9 +188,10 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
     f = SCALING[scaling]
     if f is not None:  # histories: the amaxes a primed pass over the same inputs met, moved by the factors
         out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
-        mlp_forward(out, h, a, x, w1, w2)
+        mlp_forward(out, h, a, x, w1, w2, mm=ref.Matmul(None))
         mlp_backward(np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32),
-                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh, recompute=False)  # fmt: skip
+                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh, mm=ref.Matmul(None),
+                     recompute=False)  # fmt: skip
         for w in (w1, w2):
             for s, fac in ((w.xslot, f[0]), (w.gslot, f[1])):
                 s[fp8.HIST] = s[fp8.AMAX] * fac
@@ -198,10 +199,10 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
             w.priming.on = False
     hist = {(i, j): w.xslot if j == "x" else w.gslot for i, w in ((1, w1), (2, w2)) for j in "xg"}
     out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
-    mlp_forward(out, h, a, x, w1, w2)
+    mlp_forward(out, h, a, x, w1, w2, mm=ref.Matmul(None))
     dx = rng.standard_normal((N, C)).astype(np.float32)  # noise: backward writes dx
     dw1, dw2 = np.zeros((C, 4 * C), np.float32), np.zeros((4 * C, C), np.float32)
-    mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, recompute=False)
+    mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, mm=ref.Matmul(None), recompute=False)
 
     def scale_of(i: int, j: str) -> float:  # the amax the reference scaled by: its own (primed), or the history's
         s = hist[(i, j)]
@@ -227,7 +228,7 @@ def head(rng: np.random.Generator, V: int, C: int) -> fp8.Fp8Head:
     """An LM head with its E4M3 copy cast (the NumPy backend's: the compute copy is the fp32 masters)."""
     wte = (rng.standard_normal((V, C)) * 0.5).astype(np.float32)
     hd = fp8.Fp8Head(wte, wte, np.zeros((V, C), E4M3), np.zeros(fp8.SLOT, np.float32), np.zeros(fp8.SLOT, np.float32))
-    ref.cast_weights([hd])
+    ref.Matmul(None).cast_weights([hd])
     return hd
 
 
@@ -249,11 +250,12 @@ def test_head_fp8_against_torch_float64(N: int, C: int, V: int, R: int, fused: b
     dwte = rng.standard_normal((V, C)).astype(np.float32)
     dx0, dwte0 = dx.copy(), dwte.copy()
     logits = np.zeros((R, V), np.float32)
+    mm = ref.Matmul(hd)  # the head's logits GEMM in E4M3; its gradient GEMMs read the compute copy hd.w
     if fused:
-        crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, hd, targets, logits)
+        crossentropy_forward_backward(losses, lse, dx, dwte, dlosses, x, hd.w, targets, logits, mm=mm)
     else:
-        crossentropy_forward(losses, lse, x, hd, targets, logits)
-        crossentropy_backward(dx, dwte, dlosses, x, hd, targets, lse, logits)
+        crossentropy_forward(losses, lse, x, hd.w, targets, logits, mm=mm)
+        crossentropy_backward(dx, dwte, dlosses, x, hd.w, targets, lse, logits, mm=mm)
     ax, aw = np.abs(x).max(), np.abs(hd.master).max()
     assert hd.xslot.tolist() == [2.0 ** -fp8.scale_exponent(float(ax)), ax, ax, 0]  # current scaling: its own amax
     np.testing.assert_array_equal(hd.w8.view(np.uint8), torch_e4m3(hd.master, fp8.scale_exponent(float(aw))))

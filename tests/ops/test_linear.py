@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from microgpt.ops.linear import linear_backward, linear_forward
+from microgpt.ops.linear import Matmul, linear_backward, linear_forward
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -28,8 +28,8 @@ def torch_reference(inp: dict) -> dict:
 def run_numpy(inp: dict, dtype, grads: dict) -> dict:
     x, w, dout = (inp[k].astype(dtype) for k in ("x", "w", "dout"))
     out = np.empty(dout.shape, dtype)
-    linear_forward(out, x, w)
-    linear_backward(grads["dx"], grads["dw"], dout, x, w)
+    linear_forward(out, x, w, mm=Matmul())
+    linear_backward(grads["dx"], grads["dw"], dout, x, w, mm=Matmul())
     return {"out": out, **grads}
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from microgpt.ops.linear import Matmul
 from microgpt.ops.mlp import mlp_backward, mlp_forward
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
@@ -36,11 +37,11 @@ def run_numpy(inp: dict, dtype, grads: dict, rng: np.random.Generator, recompute
     N, C = x.shape
     out, h = np.empty((N, C), dtype), np.empty((N, 4 * C), dtype)
     a = noise_like(rng, (N, 4 * C), dtype)  # forward writes a: its contents before must not matter
-    mlp_forward(out, h, a, x, w1, w2)
+    mlp_forward(out, h, a, x, w1, w2, mm=Matmul())
     if recompute:
         a[...] = noise_like(rng, (N, 4 * C), dtype)  # backward must recompute a, not trust forward's
     dh = noise_like(rng, (N, 4 * C), dtype)
-    mlp_backward(grads["dx"], grads["dw1"], grads["dw2"], dout, x, h, w1, w2, a, dh, recompute=recompute)
+    mlp_backward(grads["dx"], grads["dw1"], grads["dw2"], dout, x, h, w1, w2, a, dh, mm=Matmul(), recompute=recompute)
     return {"out": out, "h": h, **grads}
 
 

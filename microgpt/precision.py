@@ -1,0 +1,275 @@
+"""Precision as one object: what a run computes in, what it plans for that, and the matmul its GEMM sites call.
+
+    precision   compute   compute copy   loss scaler   GEMMs of the block linears and the head's logits
+    fp32        fp32      no             no            fp32 (cuBLAS, cuBLASLt or our Triton tile on the GPU)
+    bf16        bf16      yes            no            bf16 operands, fp32 sums
+    fp16        fp16      yes            dynamic       fp16 operands, fp32 sums
+    fp8         bf16      yes            no            E4M3 operands, fp32 sums (microgpt/fp8.py; the head's
+                                                       gradient GEMMs stay bf16)
+
+The NumPy backend computes in fp32 whatever the precision (its fp8 rounds every E4M3 operand as the GPU does, so it
+specifies fp8 too). `make(name, backend)` gives the one `Precision` for a (precision, backend) pair; the memory plan
+asks it for its rows and its compute dtype, the backend binds it to the arena (`Precision.bind`), and what comes
+back, a `PrecisionState`, is all a run holds of its precision:
+
+    state.mm                 the Matmul the linear, MLP and head pairs call (their keyword `mm`)
+    state.weights(views)     the weights as the model hands them to those pairs (fp8: each site's E4M3 handle)
+    state.cast_weights()     after AdamW: whatever the precision keeps besides the compute copy (fp8's E4M3)
+    state.end_micro_batch()  the end of a training micro-batch (fp8: the amax histories roll)
+    state.end_eval()         the end of an evaluation forward (fp8: what the casts met is forgotten)
+    state.priming            whether the first step must run eagerly to prime state (fp8's empty histories)
+    state.snapshot() / steady() / restore()   around the warm-up and capture of the steady-state step
+    state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories)
+
+A Matmul (one class per precision and backend: ops/linear.py and kernels/linear.py for fp32/bf16/fp16, ops/fp8.py
+and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs:
+
+    forward(y, x, w, *, gelu_out=None, gelu_of=None)   y = x @ w (w (C,OC), or (G,C,OC) and y (G,N,OC));
+                                                       gelu_out: also a = gelu(y) (an epilogue it may fuse);
+                                                       gelu_of: x is gelu(gelu_of) (None where it casts gelu)
+    backward(dx, dw, dy, x, w, *, dgelu_of=None)       dx = dy @ w^T (written; G weights summed), dw += x^T @ dy;
+                                                       dgelu_of: dy *= gelu'(dgelu_of) first (a pass or a cast)
+    logits(x, wte) -> fn(z, i, j)                      z = x[i:j] @ wte^T, the tied head's logits chunk by chunk
+    logits_backward(dx, dwte, dz, x, wte)              dx += dz @ wte ; dwte += dz^T @ x
+
+`w` is what `state.weights` made of the weight: the tensor itself, or the precision's own handle. The pairs never
+look inside it. docs/ANDREA.md section 4 lists the files a new precision touches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from microgpt import checkpoint, fp8, params
+from microgpt.config import PRECISIONS, ConfigError, ModelConfig
+from microgpt.memory import Arena, Buf
+
+COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MATMULS = {  # (precision family, backend) -> "module:Class"
+    ("plain", "numpy"): "microgpt.ops.linear:Matmul",
+    ("plain", "triton"): "microgpt.kernels.linear:Matmul",
+    ("fp8", "numpy"): "microgpt.ops.fp8:Matmul",
+    ("fp8", "triton"): "microgpt.kernels.fp8:Matmul",
+}
+
+
+def matmul_class(path: str) -> type:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class PrecisionState:
+    """fp32, bf16 and fp16 bound to an arena: the matmul, and nothing else to keep."""
+
+    priming = False
+
+    def __init__(self, mm: Any) -> None:
+        self.mm = mm
+
+    def weights(self, views: dict[str, Any]) -> dict[str, Any]:
+        return views
+
+    def cast_weights(self) -> None:
+        pass
+
+    def end_micro_batch(self, dp: Any = None) -> None:
+        pass
+
+    def end_eval(self) -> None:
+        pass
+
+    def sidecar(self) -> dict[str, Any]:
+        return {}
+
+    def load_sidecar(self, side: dict[str, Any], where: str) -> None:
+        pass
+
+    def snapshot(self) -> Any:
+        """What the warm-up run may change and must leave as it found it."""
+        return None
+
+    def steady(self) -> None:
+        """Stop priming for a run of the steady-state step (the warm-up and the graph capture)."""
+
+    def restore(self, snap: Any) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision on one backend (`make`)."""
+
+    name: str  # fp32 | bf16 | fp16 | fp8
+    backend: str  # numpy | triton
+    compute: str  # the compute copy's and the activations' dtype: fp32 | bf16 | fp16
+    loss_scaling: bool  # fp16's dynamic loss scale (microgpt/state.py LossScaler)
+    matmul: str  # MATMULS' "module:Class"
+    scaled_mm: bool = False  # E4M3 GEMMs through torch._scaled_mm (the runtime measures their workspace)
+
+    @property
+    def compute_copy(self) -> bool:
+        """Whether the weights have a compute-dtype copy beside the fp32 masters (plan role compute_params)."""
+        return self.compute != "fp32"
+
+    @property
+    def gelu_planned(self) -> bool:
+        """Whether the MLP's a = gelu(h) has a compute buffer (memory.py): it does unless the matmul casts GELU."""
+        return True
+
+    def label(self) -> str:
+        """What the memory plan's title says the run computes in."""
+        return self.compute
+
+    def rows(self, m: ModelConfig, N: int) -> list[Buf]:
+        """The plan rows this precision adds for N tokens a micro-batch."""
+        return []
+
+    def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
+        """This precision on an arena of its plan. p: the flat fp32 master weights; device: the backend's copy_in,
+        to_numpy and zero_; kernel_state: what the backend's Matmul takes (the triton backend's GEMM router and
+        tuner)."""
+        return PrecisionState(matmul_class(self.matmul)(**kernel_state))
+
+
+@dataclass(frozen=True)
+class Fp8(Precision):
+    """E4M3 block linears and head logits (microgpt/fp8.py: the format, the scale rule and the slots)."""
+
+    @property
+    def gelu_planned(self) -> bool:
+        return self.backend != "triton"  # the GPU's cast computes gelu(h) on the way to E4M3: a exists in E4M3 only
+
+    def label(self) -> str:
+        return f"{self.compute} + fp8 linears"
+
+    def rows(self, m: ModelConfig, N: int) -> list[Buf]:
+        """Every block GEMM site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input and
+        of its output gradient with their amax histories (carried across steps); the LM head's E4M3 wte and its two
+        slots where its logits GEMM runs in E4M3. On the GPU also the casts' scratch ("kernel": E4M3 operands in
+        row and transposed layouts, the fp32 weight-gradient product) and each site's input as its forward cast
+        it, transposed, for the weight gradient in backward ("acts")."""
+        sites = params.site_shapes(m.d_model)
+        bufs = []
+        for layer in range(m.n_layer):
+            for site, (G, C, OC) in sites.items():
+                name = f"h{layer}.{site}"
+                bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
+                         Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
+        bufs += [Buf("fp8_wscales", (m.n_layer, len(sites), fp8.SLOT), "optim", "f32"),
+                 Buf("fp8_slots", (m.n_layer, len(sites), 2, fp8.OSLOT), "optim", "f32")]  # fmt: skip
+        if fp8.head_in_fp8(m.vocab_size):
+            bufs += [Buf("lm_head.w8", (m.vocab_size, m.d_model), "fp8_weights", "f8"),
+                     Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32")]  # fmt: skip
+        if self.backend == "triton":
+            C = m.d_model
+            bufs += [Buf(name, (N * 4 * C,), "kernel", "f8") for name in fp8.SCRATCH]
+            bufs += [Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]
+            bufs += [Buf(f"h{layer}.{site}.xt", (C_in * N,), "acts", "f8") for layer in range(m.n_layer)
+                     for site, (_, C_in, _) in sites.items()]  # fmt: skip
+        return bufs
+
+    def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
+        priming = fp8.Priming()
+        offsets, sites = params.param_offsets(m), params.site_shapes(m.d_model)
+        weights = []
+        for layer in range(m.n_layer):
+            for i, (site, (G, C, OC)) in enumerate(sites.items()):
+                o, name = offsets[f"h{layer}.{params.SITES[site][0]}"], f"h{layer}.{site}"
+                slots = arena["fp8_slots"][layer, i]
+                weights.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
+                                             arena[name + ".w8t"], arena["fp8_wscales"][layer, i], slots[0],
+                                             slots[1], priming, arena.get(name + ".xt")))  # fmt: skip
+        head = None
+        if fp8.head_in_fp8(m.vocab_size):
+            wte = params.named(arena.flat("compute_params" if self.compute_copy else "params"), m)["wte"]
+            head = fp8.Fp8Head(wte, params.named(p, m)["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"])
+        if self.backend == "triton":  # the casts' planned scratch (rows above)
+            kernel_state["scratch"] = {name: arena[name] for name in (*fp8.SCRATCH, "fp8_wgrad")}
+        mm = matmul_class(self.matmul)(head=head, **kernel_state)
+        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"])
+
+
+class Fp8State(PrecisionState):
+    """fp8 bound to an arena: each site's handle, the head's, the operands' slots and whether they are primed."""
+
+    def __init__(self, mm: Any, device: Any, weights: list[fp8.Fp8Weight], head: fp8.Fp8Head | None,
+                 priming: fp8.Priming, slots: Any) -> None:  # fmt: skip
+        super().__init__(mm)
+        self.device, self.sites, self.head, self._priming, self.slots = device, weights, head, priming, slots
+
+    @property
+    def priming(self) -> bool:
+        return self._priming.on
+
+    def weights(self, views: dict[str, Any]) -> dict[str, Any]:
+        return {**views, **{w.name: w for w in self.sites}}
+
+    def cast_weights(self) -> None:
+        self.mm.cast_weights([*self.sites, *([self.head] if self.head is not None else [])])
+
+    def end_micro_batch(self, dp: Any = None) -> None:
+        """What the casts met becomes the newest entry of each operand's amax history, the same on every rank (the
+        max over ranks); a fresh run's histories are primed from then on."""
+        if dp is not None:
+            dp.all_reduce_max(self.slots)
+        self.mm.roll(self.slots, True)
+        self._priming.on = False
+
+    def end_eval(self) -> None:
+        self.mm.roll(self.slots, False)  # evaluation scales by the histories and leaves nothing in them
+
+    def _history(self) -> np.ndarray:
+        """Every operand slot's amax history, (L, sites, 2, HISTORY) fp32, newest first."""
+        return self.device.to_numpy(self.slots)[..., fp8.HIST :].astype(np.float32)
+
+    def sidecar(self) -> dict[str, Any]:
+        return {} if self.priming else {"fp8_amax_history": self._history().reshape(-1).tolist()}
+
+    def load_sidecar(self, side: dict[str, Any], where: str) -> None:
+        """The histories from the sidecar (the run goes on scaling as it did); none saved (a checkpoint of another
+        precision, or of a run that never stepped): they are primed by the first micro-batch. where: the sidecar's
+        path, for the error."""
+        saved = side.get("fp8_amax_history")
+        self.device.zero_(self.slots)
+        self._priming.on = saved is None
+        if saved is None:
+            return
+        where = f"{where}: field 'fp8_amax_history'"
+        want = self._history().shape
+        if not isinstance(saved, list) or not all(type(x) in (int, float) for x in saved):
+            raise checkpoint.CheckpointError(f"{where} must be a list of numbers")
+        hist = np.array(saved, dtype=np.float64)
+        if hist.shape != (math.prod(want),):
+            raise checkpoint.CheckpointError(f"{where} must hold {math.prod(want)} numbers (this model's amax "
+                                             f"histories), got {hist.size}")  # fmt: skip
+        if not (np.isfinite(hist).all() and (hist >= 0).all() and (hist <= np.finfo(np.float32).max).all()):
+            raise checkpoint.CheckpointError(f"{where} must hold finite non-negative numbers")
+        slots = np.zeros(self.slots.shape, np.float32)
+        slots[..., fp8.HIST :] = hist.reshape(want)
+        self.device.copy_in(self.slots, slots)
+
+    def snapshot(self) -> tuple[np.ndarray, bool]:
+        """The slots and the priming flag: the warm-up's casts and rolls must leave no trace in the run's scales."""
+        return self.device.to_numpy(self.slots).copy(), self._priming.on
+
+    def steady(self) -> None:
+        self._priming.on = False
+
+    def restore(self, snap: tuple[np.ndarray, bool]) -> None:
+        self.device.copy_in(self.slots, snap[0])
+        self._priming.on = snap[1]
+
+
+def make(name: str, backend: str) -> Precision:
+    """The precision `name` on `backend` ("numpy" or "triton"); ConfigError naming train.precision otherwise."""
+    if name not in PRECISIONS:
+        raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
+    compute = "fp32" if backend == "numpy" else {"fp8": "bf16"}.get(name, name)
+    if name == "fp8":
+        return Fp8(name, backend, compute, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton")
+    return Precision(name, backend, compute, name == "fp16", MATMULS[("plain", backend)])
