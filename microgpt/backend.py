@@ -50,11 +50,13 @@ class Backend:
     linear_backward: Fn
     attention_forward: Fn
     attention_backward: Fn
+    attention_forward_cached: Fn
     mlp_forward: Fn
     mlp_backward: Fn
     crossentropy_forward: Fn
     crossentropy_backward: Fn
     crossentropy_forward_backward: Fn
+    head_logits: Fn
     loss_weights: Fn
     loss_sum: Fn
     # the step's helpers over the flat arrays
@@ -65,12 +67,14 @@ class Backend:
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view
     zero_: Callable[[Any], None]
+    copy_: Callable[[Any, Any], None]  # buffer -> buffer of the same shape (the inference step's KV cache writes)
     copy_in: Callable[[Any, np.ndarray], None]  # host array -> buffer (casting to the buffer's dtype)
     to_numpy: Callable[[Any], np.ndarray]
     synchronize: Callable[[], None]
     prepare: Callable[[Callable[[], None], bool], Callable[[], None]]  # (step, graph ok) -> what to call per step
     logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
     rows: Callable[[ModelConfig, TrainConfig], list[Buf]]  # the backend's own plan rows ("kernel", "runtime")
+    infer_rows: Callable[[ModelConfig, int], list[Buf]]  # its rows in an inference plan of B sequences
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
     kernel_args: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # function -> keywords
     matmul_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the precision's Matmul takes
@@ -88,7 +92,8 @@ class Backend:
         for fn, kws in self.kernel_args.items():
             kwargs.setdefault(fn, {}).update(kws)
         for fn, kw, buf in self.scratch_args:
-            kwargs.setdefault(fn, {})[kw] = arena[buf]
+            if buf in arena:  # an inference plan has no backward: none of its scratch
+                kwargs.setdefault(fn, {})[kw] = arena[buf]
         bound = {fn: functools.partial(getattr(self, fn), **kws) for fn, kws in kwargs.items()}
         return dataclasses.replace(self, **bound), state
 
@@ -129,9 +134,10 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
         name="numpy", precision=prec, device="cpu", versions={"numpy": np.__version__},
         kind_bytes={**{kind: np.dtype(t).itemsize for kind, t in dtypes.items()}, "f8": 1},
         **registry_functions(lambda row: row.numpy),
-        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_in=copy_in, to_numpy=np.asarray,
+        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_=np.copyto, copy_in=copy_in, to_numpy=np.asarray,
         synchronize=lambda: None, prepare=lambda run, graph: run,
-        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], memory_bytes=memory.host_memory_bytes,
+        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], infer_rows=lambda m, B: [],
+        memory_bytes=memory.host_memory_bytes,
     )  # fmt: skip
 
 
@@ -145,20 +151,22 @@ def triton_backend(precision_name: str) -> Backend:
         raise ConfigError(f"train.precision {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
-    def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
-        scratch = rt.scratch(t.micro_batch, m.seq_len, m.d_model, m.n_head)
-        out = [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()]
-        out.append(Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
+    def infer_rows(m: ModelConfig, B: int) -> list[Buf]:
+        out = [Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32")]
         if rt.workspace_bytes:
             out.append(Buf("cublas_workspace", (rt.workspace_bytes,), "runtime", "u8"))
         return out
 
+    def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
+        scratch = rt.scratch(t.micro_batch, m.seq_len, m.d_model, m.n_head)
+        return [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()] + infer_rows(m, t.micro_batch)
+
     return Backend(
         name="triton", precision=prec, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
         **registry_functions(lambda row: row.triton),
-        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
+        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
         synchronize=rt.synchronize, prepare=rt.prepare,
-        logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows,
+        logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
         kernel_args={fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS}, matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned,

@@ -5,8 +5,9 @@ trained on) plus an open `<|im_start|>assistant\\n` header, and the model contin
 seq_len minus the room a reply needs: the oldest user/assistant turns are dropped first, the system prompt is kept.
 
 The KV cache is reused across turns: the new prompt usually starts with the tokens already in the cache (the last
-prompt and the reply), so only the new suffix runs through the model; the cache is rewound to the longest common
-prefix, which also covers a dropped turn or a reply that re-tokenizes differently.
+prompt and the reply), so only the new suffix runs through the model, in one window of the inference step
+(model.gpt_infer); the cache is rewound to the longest common prefix, which also covers a dropped turn or a reply
+that re-tokenizes differently.
 
 A reply stops at `<|im_end|>` (or `<|endoftext|>`), at --tokens, or when the context is full. The stop is found in
 the decoded text, so it works for byte tokenizers (where `<|im_end|>` is ten ordinary tokens) as for BPE (one
@@ -81,12 +82,12 @@ class Stream:
 class Chat:
     """One conversation: the history, the model with its cache, and the tokens the cache holds."""
 
-    def __init__(self, kv: sample.KVModel, tok: Any, args: argparse.Namespace, system: str | None = None):
-        self.kv, self.tok, self.args = kv, tok, args
+    def __init__(self, gen: sample.Generator, tok: Any, args: argparse.Namespace, system: str | None = None):
+        self.gen, self.tok, self.args = gen, tok, args
         self.messages: list[Message] = [{"role": "system", "content": system}] if system else []
-        self.fed: list[int] = []  # the token at each cached position 0..kv.pos-1
+        self.fed: list[int] = []  # the token at each cached position 0..gen.pos-1
         self.rng = np.random.default_rng(args.seed)
-        T = kv.m.seq_len
+        T = gen.m.seq_len
         self.budget = T - min(args.tokens, T // 2)  # the prompt's share of the context; the rest is the reply's
 
     def prefill(self, ids: list[int]) -> np.ndarray:
@@ -94,11 +95,8 @@ class Chat:
         same = 0
         while same < min(len(ids) - 1, len(self.fed)) and ids[same] == self.fed[same]:  # feed at least one
             same += 1
-        self.kv.pos, self.fed = same, list(ids[:same])
-        for t in ids[same:]:
-            logits = self.kv.step(t)
-            self.fed.append(t)
-        return logits
+        self.gen.pos, self.fed = same, list(ids)
+        return self.gen.feed(ids[same:])
 
     def turn(self, text: str, out: IO[str]) -> str:
         """Add a user turn, stream the reply to out (flushed per piece), add it to the history and return it."""
@@ -113,9 +111,9 @@ class Chat:
             piece, stopped = stream.push(reply)
             out.write(piece)
             out.flush()
-            if stopped or self.kv.pos == self.kv.m.seq_len:
+            if stopped or self.gen.pos == self.gen.m.seq_len:
                 break
-            logits = self.kv.step(reply[-1])
+            logits = self.gen.feed(reply[-1:])
             self.fed.append(reply[-1])
         if not stopped:
             out.write(stream.push(reply, last=True)[0])
@@ -160,11 +158,11 @@ def parser() -> ArgParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sample.check_flags(args)
-    kv, tok, _ = sample.load(args.checkpoint)
+    gen, tok, _ = sample.load(args.checkpoint)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")  # a bad byte is reported by line, not as a traceback
     try:
-        return run(Chat(kv, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
+        return run(Chat(gen, tok, args, args.system), sys.stdin, sys.stdout, "> " if sys.stdin.isatty() else "")
     except KeyboardInterrupt:  # Ctrl-C at the prompt or mid-reply: end quietly, with the shell's code for SIGINT
         print()
         return 130
@@ -173,8 +171,8 @@ def main(argv: list[str]) -> int:
 def sample_chat(args: argparse.Namespace) -> int:
     """`sample --chat`: the prompt is one user turn, formatted as chat formats it; print the assistant reply."""
     sample.check_flags(args)
-    kv, tok, step = sample.load(args.checkpoint)
-    chat, buf = Chat(kv, tok, args), io.StringIO()
+    gen, tok, step = sample.load(args.checkpoint)
+    chat, buf = Chat(gen, tok, args), io.StringIO()
     reply = chat.turn(args.prompt, buf if args.json else sys.stdout)
     if args.json:
         rec = {"step": step, "prompt": args.prompt, "text": reply, "temperature": args.temperature, "chat": True}

@@ -1,7 +1,8 @@
 """`microgpt eval`: loss, perplexity and bits per byte of a checkpoint on shards or a text file; HellaSwag accuracy.
 
-The model runs on the NumPy backend through the training forward (model.gpt_forward on a make_state arena with
-micro-batch B), so a shard split scores exactly as the trainer's validation loss does: windows of seq_len + 1
+The model runs on the NumPy backend through the inference step (model.gpt_infer on an inference plan of B
+sequences), whose losses for a window from position 0 are the training forward's bit for bit, so a shard split
+scores exactly as the trainer's validation loss does: windows of seq_len + 1
 tokens at stride seq_len from token 0, batch i = windows i*B .. i*B + B - 1 (wrapping, as Loader.val_batch), loss =
 sum of token losses / count of scored targets (masked targets, y = -1, are not scored).
 
@@ -19,7 +20,6 @@ https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jso
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, model
-from microgpt.backend import get_backend
+from microgpt import checkpoint
+from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError
-from microgpt.state import make_state
+from microgpt.state import make_infer_state
 
 
 class EvalError(InputError):
@@ -39,14 +39,12 @@ class EvalError(InputError):
 
 
 class Scorer:
-    """The checkpoint's model on a NumPy arena of micro-batch B: per-token losses of (B, T) windows."""
+    """The checkpoint's model on a NumPy inference plan of B sequences: per-token losses of (B, T) windows."""
 
     def __init__(self, ld: checkpoint.Trained, B: int):
-        t = dataclasses.replace(ld.exp.train, micro_batch=B, backend="numpy", precision="fp32")
         self.m, self.B, self.T = ld.exp.model, B, ld.exp.model.seq_len
-        self.S = make_state(self.m, t, get_backend("numpy", "fp32"))
+        self.S = make_infer_state(self.m, numpy_backend(), B, ld.weights)
         self.K, self.A = self.S.K, self.S.arena
-        self.K.copy_in(self.S.p, ld.weights)
 
     def forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, np.ndarray]:
         """x, y (b <= B, T) int32; rows past b are padding. (sum of losses, scored count, losses (B, T))."""
@@ -55,10 +53,10 @@ class Scorer:
             pad = B - len(x)
             x = np.concatenate([x, np.zeros((pad, T), np.int32)])
             y = np.concatenate([y, np.full((pad, T), -1, np.int32)])
-        K.copy_in(A["tokens"][0], x)
-        K.copy_in(A["targets"][0], y)
-        model.gpt_forward(K, self.m, self.S.P_compute, A, A["tokens"][0], A["targets"][0])
-        K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))  # as the trainer's _val_loss
+        K.copy_in(A["tokens"], x)
+        K.copy_in(A["targets"], y)
+        self.S.run(A["tokens"], 0, A["targets"])
+        K.loss_sum(A["loss_sum"], A["losses"], A["targets"].reshape(-1))  # as the trainer's _val_loss
         s, c = K.to_numpy(A["loss_sum"]).tolist()
         return s, int(c), K.to_numpy(A["losses"]).reshape(B, T).copy()
 

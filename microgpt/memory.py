@@ -1,4 +1,4 @@
-"""The memory plan: every byte the training step touches, as a table, allocated once at start.
+"""The memory plan: every byte the training step (or the inference step) touches, as a table, allocated once.
 
 A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetime and purpose:
 
@@ -12,6 +12,8 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     acts                            saved activations: written in forward, read in backward
     scratch                         per-layer temporaries and activation gradients, reused by every layer
     inputs                          the tokens and targets of every micro-batch of a step
+    kv_cache                        inference: every layer's keys and values of every position (the inference
+                                    plan's; its activations are one layer's, reused by every layer)
     kernel                          the backend's launcher scratch (the triton backend's; none on NumPy)
     rounding                        the arena's size rounded up to ARENA_GRANULE, as PyTorch's caching allocator
                                     rounds a large allocation (so the plan is what the device reports allocated)
@@ -43,11 +45,11 @@ from microgpt.errors import InputError
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
 ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch rounds large blocks up to 2 MiB)
 ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "acts", "scratch", "inputs",
-         "kernel", "rounding", "runtime")  # fmt: skip
+         "kv_cache", "kernel", "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
 LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step",
           "acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v",
-          "inputs": "step inputs", "kernel": "kernel scratch", "rounding": "allocator rounding",
+          "inputs": "step inputs", "kv_cache": "kv cache", "kernel": "kernel scratch", "rounding": "allocator rounding",
           "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # the precisions' compute dtypes
@@ -99,12 +101,11 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits(m: ModelConfig, t: TrainConfig, prec: Precision, R: int, backend_rows: list[Buf] | tuple[Buf, ...],
-               available: int | None, device: str) -> list[Buf]:  # fmt: skip
-    """The plan, once it is known to fit: PlanError, before anything is allocated, naming the plan's total and the
-    device's memory when it is larger than `available` bytes, or for a model the checkpoint format cannot hold.
-    (The table has a few dozen rows per layer and model.n_layer is at most 1024: cheap at any sizes.)"""
-    bufs = plan(m, t, prec, R, backend_rows)
+def check_fits(bufs: list[Buf], prec: Precision, m: ModelConfig, available: int | None, device: str) -> list[Buf]:
+    """A plan (training's or inference's), once it is known to fit: PlanError, before anything is allocated, naming
+    the plan's total and the device's memory when it is larger than `available` bytes, or for a model the
+    checkpoint format cannot hold. (The table has a few dozen rows per layer and model.n_layer is at most 1024:
+    cheap at any sizes.)"""
     total = sum(role_bytes(bufs, prec).values())
     if available is not None and total > available:
         sizes = "model.d_model, model.n_layer, model.seq_len"
@@ -190,6 +191,38 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
     ]
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
     bufs += [Buf("tokens", (U, B, T), "inputs", "i32"), Buf("targets", (U, B, T), "inputs", "i32")]
+    return bufs + list(backend_rows)
+
+
+def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int,
+                   backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:  # fmt: skip
+    """Every buffer of the inference step (model.gpt_infer) for up to B sequences of up to seq_len tokens: the
+    weights, the KV cache, and one layer's activations for N = B*T rows, which every layer reuses (nothing is
+    saved for a backward); then the backend's own rows."""
+    C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
+    N = B * T
+    roles = ["params"] + (["compute_params"] if prec.compute_copy else [])
+    bufs = [Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
+            for role in roles for name, shape in params.param_shapes(m)]  # fmt: skip
+    bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N)
+    bufs += [Buf("ln_mean", (N,), "scratch", "f32"), Buf("ln_rstd", (N,), "scratch", "f32"),
+             Buf("att_lse", (B * NH * T,), "scratch", "f32"), Buf("losses", (N,), "scratch", "f32"),
+             Buf("ce_lse", (N,), "scratch", "f32")]  # fmt: skip
+    scratch = [
+        ("x", (N, C)),  # the residual stream entering a layer, then leaving it
+        ("x2", (N, C)),  # the residual stream between attention and MLP
+        ("ln", (N, C)),  # every LayerNorm's output
+        ("qkv", (3, N, C)),
+        ("att", (N, C)),
+        ("proj", (N, C)),
+        ("h", (N, 4 * C)),
+        *([("a", (N, 4 * C))] if prec.gelu_planned else []),
+        ("logits", (R, V)),  # the loss head's chunk
+        ("next_logits", (B, V)),  # each sequence's next-token logits
+    ]
+    bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
+    bufs += [Buf("kv", (L, 2, B, T, C), "kv_cache", "compute")]
+    bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
     return bufs + list(backend_rows)
 
 

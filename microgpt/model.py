@@ -1,4 +1,4 @@
-"""GPT forward and backward as flat lists of op-pair calls over the planned buffers.
+"""GPT forward and backward as flat lists of op-pair calls over the planned buffers, and the inference step.
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
 read side by side, with two exceptions. The loss head: the backward of the whole model starts at the loss,
@@ -20,6 +20,12 @@ The attention's input projection is one linear of three weights: P[h + "w_qkv"] 
 w_v (adjacent in the canonical order: microgpt/params.py), so the three projections share one
 call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
 NumPy reference or the Triton kernels, with the same names and arguments.
+
+`gpt_infer` is the inference step over the same pairs (memory.inference_plan's buffers): a window of t new
+positions of b sequences, whose keys and values go into the plan's KV cache; prefill is a window from position 0
+(attention then is the training forward's over the window), decoding a window of one position at pos (attention over
+the cache). Its per-token losses are the training forward's, bit for bit, for the same window at position 0.
+Evaluation, sampling and chat all run it (microgpt/evaluate.py, sample.py, chat.py).
 
 P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
@@ -131,3 +137,40 @@ def _norm(m: ModelConfig, P: dict[str, Any], A: Arena, name: str, layer: int) ->
 def _btc(x: Any, B: int, T: int) -> Any:
     """(N, C) view -> (B, T, C) view."""
     return x.reshape(B, T, -1)
+
+
+def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, pos: int,
+              targets: Any = None) -> None:  # fmt: skip
+    """tokens (b, t), contiguous: positions pos .. pos + t - 1 of b sequences (b <= the plan's B, pos + t <=
+    seq_len), whose keys and values are written into the KV cache A["kv"] (L, 2, B, T, C) beside those of the
+    positions before them.
+    With targets (b, t): the per-token losses in A["losses"][:b*t]; without, each sequence's next-token logits (from
+    its last position) in A["next_logits"][:b]."""
+    b, t = tokens.shape
+    N, C, H = b * t, m.d_model, m.n_head
+    x, x2, ln, att, proj = (A[name][:N] for name in ("x", "x2", "ln", "att", "proj"))
+    qkv, h, mean, rstd = A["qkv"][:, :N], A["h"][:N], A["ln_mean"][:N], A["ln_rstd"][:N]
+    a = A.get("a")
+    a = None if a is None else a[:N]
+    K.embedding_forward(x.reshape(b, t, C), tokens, P["wte"], P["wpe"][pos:])
+    K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
+    for layer in range(m.n_layer):
+        hl = f"h{layer}."
+        K.linear_forward(qkv, ln, P[hl + "w_qkv"])
+        q, k, v = (_btc(z, b, t) for z in qkv)
+        cache_k, cache_v = A["kv"][layer, 0, :b], A["kv"][layer, 1, :b]  # (b, T, C)
+        K.copy_(cache_k[:, pos : pos + t], k)
+        K.copy_(cache_v[:, pos : pos + t], v)
+        if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
+            K.attention_forward(_btc(att, b, t), A["att_lse"][: b * H * t].reshape(b, H, t), q, k, v, H)
+        else:
+            K.attention_forward_cached(_btc(att, b, t), q, cache_k, cache_v, pos, H)
+        K.linear_forward(proj, att, P[hl + "w_o"])
+        K.residual_layernorm_forward(x2, ln, mean, rstd, x, proj, P[hl + "ln2_w"], P[hl + "ln2_b"])
+        K.mlp_forward(proj, h, a, ln, P[hl + "w_1"], P[hl + "w_2"])
+        nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"  # the next layer's LN1; lnf after the last
+        K.residual_layernorm_forward(x, ln, mean, rstd, x2, proj, P[nxt + "_w"], P[nxt + "_b"])
+    if targets is not None:
+        K.crossentropy_forward(A["losses"][:N], A["ce_lse"][:N], ln, P["wte"], targets.reshape(N), A["logits"])
+    else:
+        K.head_logits(A["next_logits"][:b], _btc(ln, b, t)[:, -1], P["wte"])

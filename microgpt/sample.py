@@ -1,10 +1,8 @@
-"""Text generation from a checkpoint, on the CPU, with a KV cache.
+"""Text generation from a checkpoint, through the model's inference step (model.gpt_infer) on the NumPy backend.
 
-Each new token runs one position through the model: the layernorm, linear and mlp forwards of the op
-pairs on a (1, C) row, and attention of that one query against the cached keys and values of all
-earlier positions (the training attention op is for whole causal sequences, so the single-query case is
-written out here). The context slides when it reaches seq_len: the cache is rebuilt from the last
-seq_len - 1 tokens.
+The prompt is prefilled in one window from position 0 (the training forward's attention over it), then each new
+token runs one position through the same op pairs, attending to the KV cache of every earlier position. The
+context slides when it reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config
+from microgpt import checkpoint
 from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, brief, check_finite
-from microgpt.ops.linear import Matmul
+from microgpt.state import InferState, make_infer_state
 
 
 class SampleError(InputError):
@@ -52,52 +50,21 @@ def check_flags(args: argparse.Namespace) -> None:
         check_text(getattr(args, flag, None), f"--{flag}")
 
 
-class KVModel:
-    """A model's weights plus a (L, T, C) key/value cache for one sequence."""
+class Generator:
+    """One sequence through the inference step (model.gpt_infer) on an inference state of one sequence: `pos`
+    positions of its KV cache hold the tokens fed so far (rewinding `pos` forgets those after it)."""
 
-    def __init__(self, m: config.ModelConfig, P: dict[str, np.ndarray]):
-        self.m, self.P = m, P  # named weights (checkpoint.Trained.params)
-        C = m.d_model
-        self.k = np.zeros((m.n_layer, m.seq_len, C), np.float32)
-        self.v = np.zeros_like(self.k)
-        self.pos = 0
-        self.buf = {n: np.zeros((1, C), np.float32) for n in ("x", "ln", "q", "att", "proj", "x2")}
-        self.h, self.a = np.zeros((1, 4 * C), np.float32), np.zeros((1, 4 * C), np.float32)
-        self.mean, self.rstd = np.zeros(1, np.float32), np.zeros(1, np.float32)
-        self.K = numpy_backend()
-        self.mm = Matmul()  # fp32's GEMM sites
+    def __init__(self, S: InferState) -> None:
+        self.S, self.m, self.pos = S, S.m, 0
 
-    def _attend(self, layer: int, q: np.ndarray) -> np.ndarray:
-        """One query (C,) against cached positions [0, pos]: causal by construction."""
-        H, T = self.m.n_head, self.pos + 1
-        hs = self.m.d_model // H
-        k = self.k[layer, :T].reshape(T, H, hs)
-        v = self.v[layer, :T].reshape(T, H, hs)
-        scores = np.einsum("hd,thd->ht", q.reshape(H, hs), k) / np.sqrt(hs)
-        p = np.exp(scores - scores.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        return np.einsum("ht,thd->hd", p, v).reshape(1, -1)
-
-    def step(self, token: int) -> np.ndarray:
-        """Feed one token at the next position; return the next-token logits (V,)."""
-        P, b, t, ops = self.P, self.buf, self.pos, self.K
-        x = b["x"]
-        x[0] = P["wte"][token] + P["wpe"][t]
-        for layer in range(self.m.n_layer):
-            h = f"h{layer}."
-            ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P[h + "ln1_w"], P[h + "ln1_b"])
-            ops.linear_forward(b["q"], b["ln"], P[h + "w_q"], mm=self.mm)
-            ops.linear_forward(self.k[layer, t : t + 1], b["ln"], P[h + "w_k"], mm=self.mm)
-            ops.linear_forward(self.v[layer, t : t + 1], b["ln"], P[h + "w_v"], mm=self.mm)
-            b["att"][...] = self._attend(layer, b["q"][0])
-            ops.linear_forward(b["proj"], b["att"], P[h + "w_o"], mm=self.mm)
-            ops.residual_layernorm_forward(b["x2"], b["ln"], self.mean, self.rstd, x, b["proj"], P[h + "ln2_w"],
-                                           P[h + "ln2_b"])  # fmt: skip
-            ops.mlp_forward(b["proj"], self.h, self.a, b["ln"], P[h + "w_1"], P[h + "w_2"], mm=self.mm)
-            np.add(b["x2"], b["proj"], out=x)
-        ops.layernorm_forward(b["ln"], self.mean, self.rstd, x, P["lnf_w"], P["lnf_b"])
-        self.pos += 1
-        return P["wte"] @ b["ln"][0]  # the tied LM head
+    def feed(self, ids: list[int]) -> np.ndarray:
+        """Run ids (at least one) at positions pos .. pos + len - 1; return the next-token logits (V,) after them."""
+        S, t = self.S, len(ids)
+        tokens, _ = S.inputs(1, t)
+        S.K.copy_in(tokens, np.asarray(ids, np.int32)[None])
+        S.run(tokens, self.pos)
+        self.pos += t
+        return S.K.to_numpy(S.arena["next_logits"][0]).copy()
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator) -> int:
@@ -110,40 +77,43 @@ def pick(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Gene
     return int(rng.choice(z.size, p=p / p.sum()))
 
 
-def generate(kv: KVModel, prompt: list[int], n_tokens: int, temperature: float, top_k: int, seed: int) -> list[int]:
-    """Continue a non-empty prompt by n_tokens tokens."""
+def generate(gen: Generator, prompt: list[int], n_tokens: int, temperature: float, top_k: int,
+             seed: int) -> list[int]:  # fmt: skip
+    """Continue a non-empty prompt by n_tokens tokens. A full context slides: the cache is rebuilt from the last
+    seq_len - 1 tokens."""
     rng = np.random.default_rng(seed)
-    ids, T = list(prompt), kv.m.seq_len
-    for tok in ids[-(T - 1) :]:
-        logits = kv.step(tok)
+    ids, T = list(prompt), gen.m.seq_len
+    gen.pos = 0
+    logits = gen.feed(ids[-(T - 1) :])
     out = []
     for _ in range(n_tokens):
         nxt = pick(logits, temperature, top_k, rng)
         out.append(nxt)
         ids.append(nxt)
-        if kv.pos == T:  # context full: rebuild the cache from the last T - 1 tokens
-            kv.pos = 0
-            for tok in ids[-(T - 1) : -1]:
-                kv.step(tok)
-        logits = kv.step(nxt)
+        if gen.pos == T:  # context full: rebuild the cache from the last T - 1 tokens
+            gen.pos = 0
+            logits = gen.feed(ids[-(T - 1) :])
+        else:
+            logits = gen.feed([nxt])
     return out
 
 
-def load(where: str) -> tuple[KVModel, Any, int]:
-    """The model of a checkpoint or run folder with an empty cache, its tokenizer, and the checkpoint's step."""
+def load(where: str) -> tuple[Generator, Any, int]:
+    """The model of a checkpoint or run folder on the NumPy backend (fp32) with an empty cache of one sequence, its
+    tokenizer, and the checkpoint's step."""
     ld = checkpoint.load_trained(where)
     try:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
     except InputError as e:
         raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
-    return KVModel(ld.exp.model, ld.params()), tok, ld.step
+    return Generator(make_infer_state(ld.exp.model, numpy_backend(), 1, ld.weights)), tok, ld.step
 
 
 def main(args: argparse.Namespace) -> int:
     check_flags(args)
-    kv, tok, step = load(args.checkpoint)
+    gen, tok, step = load(args.checkpoint)
     prompt = tok.encode(args.prompt) or [getattr(tok, "bos_id", 0)]  # empty prompt: start a new document
-    out = generate(kv, prompt, args.tokens, args.temperature, args.top_k, args.seed)
+    out = generate(gen, prompt, args.tokens, args.temperature, args.top_k, args.seed)
     text = tok.decode(out)
     if args.json:
         print(json.dumps({"step": step, "prompt": args.prompt, "text": text, "temperature": args.temperature}))

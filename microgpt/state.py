@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint, config, memory, params
+import numpy as np
+
+from microgpt import checkpoint, config, memory, model, params
 from microgpt.backend import Backend
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.precision import Precision, PrecisionState
@@ -103,7 +105,8 @@ class TrainState:
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
     prec = K.precision
-    plan = memory.check_fits(m, t, prec, K.logits_rows(m, t.micro_batch), K.rows(m, t), K.memory_bytes(), K.device)
+    bufs = memory.plan(m, t, prec, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+    plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device)
     arena = memory.Arena(plan, K)
     K, bound = K.bind(arena, m)
     compute = "compute_params" if prec.compute_copy else "params"
@@ -121,4 +124,49 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         K.copy_in(S.p_compute, weights)
     bound.cast_weights()
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
+    return S
+
+
+@dataclass
+class InferState:
+    """A model for the inference step (model.gpt_infer): the inference plan's arena (weights, KV cache and one layer's
+    activations for up to B sequences of seq_len), the backend and the precision bound to it."""
+
+    K: Backend  # bound to this state's arena
+    m: ModelConfig
+    B: int  # sequences the plan holds
+    plan: list[memory.Buf]
+    arena: memory.Arena
+    P_compute: dict[str, Any]  # the weights the model reads, as TrainState's
+    prec: PrecisionState
+
+    def load_weights(self, weights: np.ndarray) -> None:
+        """The flat fp32 weights (n_params,), canonical order, into the masters and what the precision computes
+        with."""
+        self.K.copy_in(self.arena.flat("params"), weights)
+        if self.K.precision.compute_copy:
+            self.K.copy_in(self.arena.flat("compute_params"), weights)
+        self.prec.cast_weights()
+
+    def inputs(self, b: int, t: int) -> tuple[Any, Any]:
+        """The planned tokens and targets as contiguous (b, t) windows, for b <= B sequences of t <= seq_len."""
+        return tuple(self.arena[name].reshape(-1)[: b * t].reshape(b, t) for name in ("tokens", "targets"))
+
+    def run(self, tokens: Any, pos: int, targets: Any = None) -> None:
+        """One inference step (model.gpt_infer) on planned tokens (b, t) at positions pos .. pos + t - 1, then the
+        precision's end of an evaluation forward (fp8: what its casts met is forgotten)."""
+        model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets)
+        self.prec.end_eval()
+
+
+def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray) -> InferState:
+    """The inference plan for B sequences allocated once, the backend bound to it, the weights loaded."""
+    prec = K.precision
+    bufs = memory.inference_plan(m, prec, B, K.logits_rows(m, B), K.infer_rows(m, B))
+    plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device)
+    arena = memory.Arena(plan, K)
+    K, bound = K.bind(arena, m)
+    compute = "compute_params" if prec.compute_copy else "params"
+    S = InferState(K, m, B, plan, arena, bound.weights(params.views(arena.flat(compute), m)), bound)
+    S.load_weights(weights)
     return S

@@ -49,12 +49,12 @@ def test_fit_history_drops_oldest_turns_keeps_system() -> None:
 
 
 def test_second_turn_prompt_holds_first_turn_and_reply(run_dir: Path) -> None:
-    kv, tok, _ = sample.load(str(run_dir))
-    c = chat.Chat(kv, tok, flags(), system="Be brief.")
+    gen, tok, _ = sample.load(str(run_dir))
+    c = chat.Chat(gen, tok, flags(), system="Be brief.")
     first = c.turn("hi", io.StringIO())
     calls = []
-    step = kv.step
-    kv.step = lambda t: calls.append(t) or step(t)  # type: ignore[method-assign]
+    feed = gen.feed
+    gen.feed = lambda ids: calls.extend(ids) or feed(ids)  # type: ignore[method-assign]
     c.turn("more", io.StringIO())
     seen = tok.decode(c.fed)
     history = c.messages[:3]
@@ -64,25 +64,26 @@ def test_second_turn_prompt_holds_first_turn_and_reply(run_dir: Path) -> None:
 
 
 def test_a_long_conversation_stays_within_the_context(run_dir: Path) -> None:
-    kv, tok, _ = sample.load(str(run_dir))
-    c = chat.Chat(kv, tok, flags(), system="Be brief.")
+    gen, tok, _ = sample.load(str(run_dir))
+    c = chat.Chat(gen, tok, flags(), system="Be brief.")
     for i in range(8):  # ~45 byte tokens a turn: the 256-token context holds about five
         c.turn(f"question number {i}", io.StringIO())
-        assert len(c.fed) <= kv.m.seq_len and c.messages[0]["content"] == "Be brief."
+        assert len(c.fed) <= gen.m.seq_len and c.messages[0]["content"] == "Be brief."
     assert c.messages[1]["content"] != "question number 0" and c.messages[-2]["content"] == "question number 7"
 
 
 class Scripted:
-    """A stand-in for KVModel whose greedy continuation is a fixed byte string."""
+    """A stand-in for sample.Generator whose greedy continuation is a fixed byte string."""
 
     def __init__(self, text: str, seq_len: int = 4096):
         self.script, self.m, self.pos, self.n = list(text.encode()), argparse.Namespace(seq_len=seq_len), 0, 0
 
-    def step(self, token: int) -> np.ndarray:
-        self.pos += 1
+    def feed(self, ids: list[int]) -> np.ndarray:
+        """The script's byte at the count of tokens fed so far (n counts them, from where the test set it)."""
+        self.pos += len(ids)
+        self.n += len(ids)
         logits = np.zeros(256, np.float32)
-        logits[self.script[min(max(self.n, 0), len(self.script) - 1)]] = 1.0
-        self.n += 1
+        logits[self.script[min(max(self.n - 1, 0), len(self.script) - 1)]] = 1.0
         return logits
 
 

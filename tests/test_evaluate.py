@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, sample
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.sample import KVModel
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 HELLASWAG = [
@@ -63,14 +62,14 @@ def test_text_bits_per_byte(trained, tmp_path: Path) -> None:
     n_bytes = len(text.encode("utf-8"))
     assert got["bytes"] == n_bytes and got["windows"] == math.ceil(got["tokens"] / 32)
     assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / n_bytes / math.log(2), rel=1e-9)
-    ld = checkpoint.load_trained(run)  # the same loss from the KV model, token by token after <|endoftext|>
+    ld = checkpoint.load_trained(run)  # the same loss from the decode step, token by token after <|endoftext|>
     tok = load_tokenizer(ld.side["tokenizer"])
     ids = [tok.eot_id, *tok.encode(text)]
     losses = []
     for start in range(0, len(ids) - 1, 32):
-        kv, w = KVModel(ld.exp.model, ld.params()), ids[start : start + 33]
+        gen, w = sample.load(str(run))[0], ids[start : start + 33]
         for a, b in zip(w[:-1], w[1:]):
-            z = kv.step(a).astype(np.float64)
+            z = gen.feed([a]).astype(np.float64)
             losses.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[b])
     assert got["tokens"] == len(losses) and got["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
 
@@ -87,9 +86,9 @@ def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:
         sums, means = [], []
         for ending in ex["endings"]:
             ctx, end = tok.encode(ex["ctx"]), tok.encode(" " + ending)
-            kv, seq, ls = KVModel(ld.exp.model, ld.params()), ctx + end, []
+            gen, seq, ls = sample.load(str(run))[0], ctx + end, []
             for i in range(len(seq) - 1):
-                z = kv.step(seq[i]).astype(np.float64)
+                z = gen.feed([seq[i]]).astype(np.float64)
                 if i + 1 >= len(ctx):
                     ls.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[seq[i + 1]])
             sums.append(sum(ls))

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, sample
 from microgpt.data.chat import render
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.sample import KVModel, generate
+from microgpt.sample import generate
 from tests.conftest import cli, write_experiment
 
 torch = pytest.importorskip("torch")
@@ -69,8 +69,8 @@ def test_logits_match_microgpt(run: Path, hf: Path) -> None:
     tok = load_tokenizer(ld.side["tokenizer"])
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
-        kv = KVModel(ld.exp.model, ld.params())
-        ours = np.stack([kv.step(t) for t in ids])
+        gen = sample.load(str(run))[0]  # one position at a time: the decode step over the cache
+        ours = np.stack([gen.feed([t]) for t in ids])
         np.testing.assert_allclose(hf_logits(model, ids), ours, atol=1e-4, rtol=0)
 
 
@@ -84,7 +84,7 @@ def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
         with torch.no_grad():
             got = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
         got = got[0, len(ids) :].tolist()
-        assert got == generate(KVModel(ld.exp.model, ld.params()), ids, n, 0.0, 0, 0)
+        assert got == generate(sample.load(str(run))[0], ids, n, 0.0, 0, 0)
         res = cli("sample", str(run), "--prompt", prompt, "--temperature", "0", "--tokens", str(n), "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["text"] == tok.decode(got)
@@ -121,10 +121,9 @@ def test_byte_model_exports(tmp_path: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "héllo\n\tx"
     assert tok.encode(text, add_special_tokens=False) == list(text.encode()) and tok.decode(list(text.encode())) == text
-    ld = checkpoint.load_trained(run)
-    kv = KVModel(ld.exp.model, ld.params())
+    gen = sample.load(str(run))[0]
     ids = list(text.encode())
-    ours = np.stack([kv.step(t) for t in ids])
+    ours = np.stack([gen.feed([t]) for t in ids])
     np.testing.assert_allclose(hf_logits(hf_model(tmp_path / "hf"), ids), ours, atol=1e-4, rtol=0)
 
 

@@ -11,6 +11,12 @@ Exponentials run in base 2 with the scale folded in (exp2 is the native instruct
 the tiles that straddle the diagonal (masked) and the rest (no mask), so the hot loop carries no causal test.
 Tile sizes are chosen once per GPU, dtype and (T, hs) by timing inside the warm-up step (tuning.py, cached on
 disk); fp32 and the interpreter use one fixed config each.
+
+attention_forward_cached is the inference step's (microgpt/model.py gpt_infer, ops/attention.py says what it
+computes): queries at positions pos .. pos + t - 1 against the KV cache's keys and values of positions 0 .. pos +
+t - 1, one program per (sequence, head, block of queries) over the cached keys with the same online softmax. It is
+the plain first version: a decode step (t = 1) fills one row of its 16-row tile and does not split the keys over
+programs.
 """
 
 from __future__ import annotations
@@ -241,3 +247,48 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
             BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
     launch(_meta("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner))
+
+
+@triton.jit
+def k_attention_cached(out_ptr, q_ptr, k_ptr, v_ptr, t, pos, sqb, sob, skb, C, NH, HS, qk_scale,
+                       BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    # q, out: (B, t, C) rows (batch strides sqb, sob); k, v: the cache (B, Tmax, C) (batch stride skb); query i
+    # sits at position pos + i and sees keys 0 .. pos + i
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, head = bh // NH, bh % NH
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    qmask = (offs_m < t)[:, None] & (offs_d < HS)[None, :]
+    rows = offs_m[:, None].to(tl.int64) * C + head * HS + offs_d[None, :]
+    q = tl.load(q_ptr + b.to(tl.int64) * sqb + rows, mask=qmask, other=0.0)
+    kv = b.to(tl.int64) * skb + head * HS
+    hi = tl.minimum(pos + (pid_m + 1) * BM, pos + t)  # past the last key a query of this block sees
+    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        kt = tl.load(k_ptr + kv + cols[None, :].to(tl.int64) * C + offs_d[:, None],
+                     mask=(offs_d < HS)[:, None] & (cols < hi)[None, :], other=0.0)  # fmt: skip
+        s = _dot(q, kt, IEEE)
+        s = tl.where((cols[None, :] <= pos + offs_m[:, None]) & (cols < hi)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # finite: key 0 is seen by every query
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv + cols[:, None].to(tl.int64) * C + offs_d[None, :],
+                    mask=(cols < hi)[:, None] & (offs_d < HS)[None, :], other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    tl.store(out_ptr + b.to(tl.int64) * sob + rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def attention_forward_cached(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             pos: int, n_head: int) -> None:  # fmt: skip
+    """out (B,t,C) = attention of q (B,t,C) at positions pos .. pos + t - 1 over k_cache, v_cache (B,Tmax,C)."""
+    B, t, C = q.shape
+    HS = C // n_head
+    BM, BN = 16, 16 if INTERPRET else 64
+    k_attention_cached[(triton.cdiv(t, BM), B * n_head)](
+        out, q, k_cache, v_cache, t, pos, q.stride(0), out.stride(0), k_cache.stride(0), C, n_head, HS,
+        LOG2E / math.sqrt(HS), BM=BM, BN=BN, BD=_bd(HS), IEEE=q.dtype == torch.float32)  # fmt: skip

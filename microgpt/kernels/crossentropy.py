@@ -163,6 +163,11 @@ def crossentropy_forward_backward(losses: torch.Tensor, lse: torch.Tensor, dx: t
         mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
+def head_logits(out: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, *, mm: Matmul) -> None:
+    """out (b,V) = x (b,C) @ wte.T: the next-token logits of the inference step's last positions (no loss)."""
+    mm.logits(x, wte)(out, 0, x.shape[0])
+
+
 @triton.jit
 def k_loss_weights(dloss_ptr, tgt_ptr, scale_ptr, N, BLOCK: tl.constexpr):
     # dloss: (N,) = scale / count where target >= 0, else 0 (the gradient of the mean loss); one program

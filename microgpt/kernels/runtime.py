@@ -116,6 +116,10 @@ class Runtime:
         x.zero_()
 
     @staticmethod
+    def copy_(dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    @staticmethod
     def copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
         """Host array -> device buffer, converted to the buffer's dtype on the host: a copy that converts on the
         way would stage the host dtype on the device, outside the memory plan."""

@@ -14,7 +14,8 @@ own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
-head's two small helpers (loss_weights, loss_sum) live in the same modules. GELU lives inside the mlp pair,
+head's small helpers (loss_weights, loss_sum, and head_logits: the inference step's next-token logits) live in the
+same modules. GELU lives inside the mlp pair,
 which saves the pre-GELU activation and GELU's output (or, train.recompute_gelu, recomputes the output in
 backward). The residual add and the LayerNorm that reads its sum run as one call, residual_layernorm_forward in the
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
@@ -74,9 +75,9 @@ OPS: dict[str, OpPair] = {
     "embedding": _pair("embedding"),
     "layernorm": _pair("layernorm", ("residual_layernorm_forward",)),
     "linear": _pair("linear"),
-    "attention": _pair("attention"),
+    "attention": _pair("attention", ("attention_forward_cached",)),
     "mlp": _pair("mlp"),
-    "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "loss_weights", "loss_sum")),
+    "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
 }
 
 HELPERS: dict[str, Helpers] = {
@@ -86,4 +87,4 @@ HELPERS: dict[str, Helpers] = {
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",
-                 "crossentropy_backward", "crossentropy_forward_backward")  # fmt: skip
+                 "crossentropy_backward", "crossentropy_forward_backward", "head_logits")  # fmt: skip

@@ -25,6 +25,10 @@ nobody has to zero them first.
 
 The reference loops over the batch and keeps the heads as a leading axis: memory is NH*T*T per
 batch element, not B*NH*T*T.
+
+attention_forward_cached is the inference step's (microgpt/model.py gpt_infer): queries at positions pos .. pos +
+t - 1 of each sequence against the keys and values of positions 0 .. pos + t - 1 held in the KV cache (the same
+function as attention_forward over the whole sequence, for those t rows); forward only, nothing saved.
 """
 
 import math
@@ -100,3 +104,21 @@ def attention_backward(
         dp *= scale  # fold the score scale in once for both dq and dk
         _heads(dq[b], n_head)[...] = dp @ kh
         _heads(dk[b], n_head)[...] = _mT(dp) @ qh
+
+
+def attention_forward_cached(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, pos: int,
+                             n_head: int) -> None:  # fmt: skip
+    """out (B,t,C) = causal attention of q (B,t,C), the queries at positions pos .. pos + t - 1, over the cached keys
+    and values k_cache, v_cache (B,Tmax,C) of positions 0 .. pos + t - 1: query i sees keys 0 .. pos + i."""
+    B, t, C = q.shape
+    n = pos + t
+    hs = C // n_head
+    mask = np.triu(np.full((t, n), -np.inf, dtype=q.dtype), k=pos + 1)  # query i: keys j <= pos + i
+    for b in range(B):
+        s = _heads_copy(q[b], n_head) @ _mT(_heads_copy(k_cache[b, :n], n_head))  # (NH, t, n)
+        s *= 1.0 / math.sqrt(hs)
+        s += mask
+        s -= s.max(axis=2, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=2, keepdims=True)
+        _heads(out[b], n_head)[...] = s @ _heads_copy(v_cache[b, :n], n_head)

@@ -102,6 +102,11 @@ def crossentropy_forward_backward(losses: NDArray, lse: NDArray, dx: NDArray, dw
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
+def head_logits(out: NDArray, x: NDArray, wte: NDArray, *, mm: Matmul) -> None:
+    """out (b,V) = x (b,C) @ wte.T: the next-token logits of the inference step's last positions (no loss)."""
+    mm.logits(x, wte)(out, 0, x.shape[0])
+
+
 def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:
     """dlosses (N,) = d(mean loss over targets >= 0) / d(per-token loss), times scale[0] (the fp16 loss scale:
     1 in fp32 and bf16), the loss's upstream gradient; 0 on ignored tokens."""

@@ -37,3 +37,20 @@ def test_attention(B: int, T: int, C: int, NH: int, dtype: torch.dtype) -> None:
                           delta=delta, tuner=TUNER)  # fmt: skip
     for n in d:
         compare(n, gd[n], d[n], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Tmax,C,NH,pos,n", [(2, 40, 24, 2, 33, 1), (1, 48, 16, 2, 9, 21), (2, 20, 8, 1, 0, 20)])
+def test_attention_cached(B: int, Tmax: int, C: int, NH: int, pos: int, n: int, dtype: torch.dtype) -> None:
+    """The inference step's attention over the KV cache against the NumPy pair's (decode, a window inside the
+    sequence, a prefill filling the cache); the cache past pos + n holds noise the kernel must not read."""
+    rng = np.random.default_rng(B * Tmax + pos + n)
+    q = rounded(rng.standard_normal((B, n, C)), dtype)
+    kc, vc = (rounded(rng.standard_normal((B, Tmax, C)), dtype) for _ in range(2))
+    out = np.empty((B, n, C))
+    ref.attention_forward_cached(out, q, kc, vc, pos, NH)
+    gk, gv = t(kc, dtype), t(vc, dtype)
+    gk[:, pos + n :], gv[:, pos + n :] = 1e4, -1e4
+    gout = torch.full((B, n, C), float("nan"), dtype=dtype, device=DEVICE)
+    ka.attention_forward_cached(gout, t(q, dtype), gk, gv, pos, NH)
+    compare("out", gout, out, dtype)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.ops.attention import attention_backward, attention_forward
+from microgpt.ops.attention import attention_backward, attention_forward, attention_forward_cached
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -60,3 +60,25 @@ def test_attention_float32(B: int, T: int, C: int, NH: int) -> None:
     ref = torch_reference(inp, NH)
     for k in ref:
         check(k, got[k], ref[k], F32_TOL)
+
+
+# (B, Tmax, C, NH, pos, t): one query at a time (decode), a window inside the sequence (chat's new turn), a window
+# from position 0 (prefill) and one filling the cache to its end
+CACHED = [(2, 9, 12, 3, 5, 1), (1, 16, 8, 2, 7, 6), (3, 7, 10, 2, 0, 4), (2, 11, 6, 3, 3, 8)]
+
+
+@pytest.mark.parametrize("B,Tmax,C,NH,pos,t", CACHED)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+def test_attention_cached_is_the_causal_attention_of_its_rows(B, Tmax, C, NH, pos, t, dtype, tol) -> None:
+    """The inference step's attention: queries at positions pos .. pos + t - 1 over a cache holding the keys and
+    values of positions 0 .. pos + t - 1 (and noise past them, which it must not read) are the rows pos .. pos + t
+    - 1 of the causal attention over the whole sequence so far, against torch."""
+    rng = np.random.default_rng(40 + pos * 7 + t)
+    n = pos + t
+    q_all, k_all, v_all = (rng.standard_normal((B, n, C)) for _ in range(3))
+    kc, vc = rng.standard_normal((B, Tmax, C)) * 1e3, rng.standard_normal((B, Tmax, C)) * 1e3  # noise past n
+    kc[:, :n], vc[:, :n] = k_all, v_all
+    out = noise_like(rng, (B, t, C), dtype)
+    attention_forward_cached(out, q_all[:, pos:].astype(dtype), kc.astype(dtype), vc.astype(dtype), pos, NH)
+    ref = torch_reference({"q": q_all, "k": k_all, "v": v_all, "dout": np.zeros((B, n, C))}, NH)["out"]
+    check("out", out, ref[:, pos:], tol)

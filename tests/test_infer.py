@@ -1,0 +1,103 @@
+"""The inference step (model.gpt_infer) on the NumPy backend: a prefill's losses are the training forward's bit for
+bit, decoding over the KV cache gives the logits of a prefill of the whole sequence, and its plan holds the cache
+and no training state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from microgpt import memory, model, params
+from microgpt.backend import numpy_backend
+from microgpt.config import ModelConfig, TrainConfig
+from microgpt.sample import Generator, generate
+from microgpt.state import make_infer_state, make_state
+
+M = ModelConfig(vocab_size=96, d_model=32, n_layer=2, n_head=4, seq_len=24)
+
+
+def weights(seed: int = 0) -> np.ndarray:
+    """The init, moved off it (LayerNorms off 1/0, larger logits) so the checks see a model that has trained."""
+    w = params.init_weights(M, seed)
+    return w + np.random.default_rng(seed).standard_normal(w.shape).astype(np.float32) * 0.05
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8"])
+def test_a_prefill_scores_as_the_training_forward(precision: str) -> None:
+    """Windows of B sequences from position 0 with targets: the inference plan's per-token losses equal the
+    training forward's (make_state's arena, gpt_forward without gradients) bit for bit."""
+    B = 3
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, M.vocab_size, (B, M.seq_len)).astype(np.int32)
+    y = rng.integers(0, M.vocab_size, (B, M.seq_len)).astype(np.int32)
+    y[1, :5] = -1
+    w = weights()
+    S = make_state(M, TrainConfig(micro_batch=B, precision=precision), numpy_backend(precision_name=precision))
+    S.K.copy_in(S.p, w)
+    S.prec.cast_weights()
+    S.arena["tokens"][0], S.arena["targets"][0] = x, y
+    model.gpt_forward(S.K, M, S.P_compute, S.arena, S.arena["tokens"][0], S.arena["targets"][0])
+    inf = make_infer_state(M, numpy_backend(precision_name=precision), B, w)
+    inf.arena["tokens"][...], inf.arena["targets"][...] = x, y
+    inf.run(inf.arena["tokens"], 0, inf.arena["targets"])
+    np.testing.assert_array_equal(inf.arena["losses"], S.arena["losses"])
+
+
+def prefill_logits(ids: list[int], w: np.ndarray) -> np.ndarray:
+    """The next-token logits after ids, from a prefill of the whole sequence in a fresh state (no cache reused)."""
+    return Generator(make_infer_state(M, numpy_backend(), 1, w)).feed(ids).astype(np.float64)
+
+
+def test_decoding_over_the_cache_gives_the_prefills_logits() -> None:
+    """After a prompt, each token fed alone (the decode step over the cache) gives the logits a prefill of the
+    whole sequence so far gives, to fp32 rounding; so does a window of several new tokens at a later position
+    (chat's new turn); and greedy decoding picks the same tokens."""
+    w = weights(2)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, M.vocab_size, 20).tolist()
+    gen = Generator(make_infer_state(M, numpy_backend(), 1, w))
+    got = [gen.feed(ids[:6])] + [gen.feed([t]) for t in ids[6:12]] + [gen.feed(ids[12:20])]
+    ends = [6, *range(7, 13), 20]
+    for end, logits in zip(ends, got):
+        want = prefill_logits(ids[:end], w)
+        err = np.linalg.norm(logits - want) / np.linalg.norm(want)
+        assert err < 1e-5, (end, err)
+    assert gen.pos == 20
+    gen.pos = 0
+    greedy = generate(gen, ids[:5], 10, 0.0, 0, 0)
+    seq = ids[:5]
+    for _ in range(10):  # the same continuation from prefills alone
+        seq.append(int(np.argmax(prefill_logits(seq, w))))
+    assert greedy == seq[5:]
+
+
+def test_the_context_slides_when_full() -> None:
+    """Past seq_len the cache is rebuilt from the last seq_len - 1 tokens: generation goes on without error and a
+    rebuilt step's logits are a prefill's of those tokens."""
+    w = weights(4)
+    gen = Generator(make_infer_state(M, numpy_backend(), 1, w))
+    ids = list(range(1, 11))
+    out = generate(gen, ids, 3 * M.seq_len, 1.0, 0, 7)
+    assert len(out) == 3 * M.seq_len and all(0 <= t < M.vocab_size for t in out)
+    assert 1 <= gen.pos <= M.seq_len
+
+
+def test_the_inference_plan_holds_the_cache_and_no_training_state() -> None:
+    """A KV cache row of (L, 2, B, T, C), one layer's activations for B*T rows, no gradients, Adam moments or saved
+    activations; smaller than the training plan of the same batch; refused in one line where it cannot fit."""
+    B = 4
+    K = numpy_backend()
+    bufs = memory.inference_plan(M, K.precision, B, 8)
+    roles = {b.role for b in bufs}
+    assert {"grads", "adam_m", "adam_v", "acts"}.isdisjoint(roles)
+    (kv,) = [b for b in bufs if b.role == "kv_cache"]
+    assert kv.shape == (M.n_layer, 2, B, M.seq_len, M.d_model)
+    assert [b.shape for b in bufs if b.name == "h"] == [(B * M.seq_len, 4 * M.d_model)]
+    train = memory.plan(M, TrainConfig(micro_batch=B), K.precision, 8)
+
+    def used(plan: list[memory.Buf]) -> int:  # the bytes of its buffers, before the arena's rounding
+        return sum(n for role, n in memory.role_bytes(plan, K.precision).items() if role != "rounding")
+
+    assert used(bufs) < used(train) / 2
+    with pytest.raises(memory.PlanError, match=r"^the memory plan needs [\d,]+ bytes but the device \(cpu\)"):
+        memory.check_fits(bufs, K.precision, M, 1000, "cpu")
