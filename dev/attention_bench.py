@@ -3,8 +3,9 @@
     python3 dev/attention_bench.py [B]      # T 1024, 12 heads of 64, bf16, causal; B defaults to 96
 
 Prints milliseconds and TFLOP/s (causal FLOPs: forward 2 * 2*B*H*T*T*hs / 2, backward 2.5x that) for the
-forward and the backward of each, and the tile configs the tuner chose (kernels/tuning.py). The backward of SDPA
-is timed as (forward + backward) - forward, since autograd runs the forward first.
+forward and the backward of each, and the tile configs the tuner chose (a tuning.Tuner of this GPU, reading and
+writing the engine's cache: kernels/tuning.py). The backward of SDPA is timed as (forward + backward) - forward,
+since autograd runs the forward first.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ def main() -> None:
     out, dq, dk, dv = (torch.zeros(B, T, C, **dev) for _ in range(4))
     lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
     delta = torch.empty_like(lse)
+    tuner = tuning.Tuner()
 
     def ours_fwd() -> None:
-        attention.attention_forward(out, lse, q, k, v, H)
+        attention.attention_forward(out, lse, q, k, v, H, tuner=tuner)
 
     def ours_bwd() -> None:
-        attention.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, H, delta=delta)
+        attention.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, H, delta=delta, tuner=tuner)
 
-    with tuning.window():  # the tile choices, timed here as in the engine's warm-up (or taken from the cache)
+    with tuner.window():  # the tile choices, timed here as in the engine's warm-up (or taken from the cache)
         ours_fwd()
         ours_bwd()
     rows = [("microgpt", do_bench(ours_fwd, rep=200), do_bench(ours_bwd, rep=200))]
@@ -72,7 +74,7 @@ def main() -> None:
     for name, tf, tb in rows:
         print(f"{name:<12}{tf:>9.3f}{fwd_flops / tf / 1e9:>9.0f}{tb:>9.3f}{2.5 * fwd_flops / tb / 1e9:>9.0f}")
     for half in ("fwd", "bwd"):
-        print(f"attention_{half} choices (config index):", tuning.choices(f"attention_{half}"))
+        print(f"attention_{half} choices (config index):", tuner.choices(f"attention_{half}"))
     print("backward by config (the tuner's candidates):")
     for cfg in attention.BWD_CONFIGS:
 

@@ -45,8 +45,9 @@ def main() -> None:
         res = {}
         for name, cfg in configs.items():  # fp8.cast itself, offered one configuration at a time
             fp8.CAST_CONFIGS = {name: cfg}
-            tuning._launches.clear()
-            res[name] = triton.testing.do_bench(lambda: fp8.cast(x, slot, rows, trans, op=op, x2=x2), warmup=10, rep=50)
+            tuner = tuning.Tuner()  # its own: no launch choice remembered from another configuration
+            res[name] = triton.testing.do_bench(lambda: fp8.cast(tuner, x, slot, rows, trans, op=op, x2=x2),
+                                                warmup=10, rep=50)  # fmt: skip
         best = min(res, key=res.get)
         total_best += res[best] * per_layer * 12
         cells = "  ".join(f"{k} {v * 1e3:6.1f}us" for k, v in sorted(res.items(), key=lambda kv: kv[1])[:5])

@@ -4,8 +4,13 @@
 
 Per micro-batch: which GELU cuBLASLt computes (its fp32 outputs against tanh-GELU and erf-GELU in float64), how far
 its bf16 outputs are from the pass's, and the time of each way, us per call from a CUDA graph of 20 calls:
-- forward:  mm(h = x @ W_1) + k_mlp_fwd (a = gelu(h))       vs  gelu_aux (h and a from one GEMM)
-- backward: mm(dh = dout @ W_2^T) + k_mlp_bwd (a, dh *= gelu'(h))  vs  dgelu (dh from one GEMM) + k_mlp_fwd (a)
+- forward:  mm(h = x @ W_1) + k_gelu_fwd (a = gelu(h))      vs  gelu_aux (h and a from one GEMM)
+- backward: k_gelu_fwd (a) + mm(dh = dout @ W_2^T) + k_gelu_bwd (dh *= gelu'(h))  vs  dgelu (dh from one GEMM) +
+  k_gelu_fwd (a)
+Both backward ways write dh and a, as the MLP's backward does under train.recompute_gelu (kernels/mlp.py: a =
+gelu(h) first, by k_gelu_fwd, for dW_2's GEMM; the default keeps the forward's a and runs the GEMM and k_gelu_bwd
+alone, a pairing this script does not time). mm is torch's cuBLAS call (gemm.cublas_mm), the epilogues cuBLASLt's
+(cublaslt.CublasLt); k_gelu_fwd and k_gelu_bwd run through their launchers (gelu.gelu_forward, gelu.gelu_backward).
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.timing import captured  # noqa: E402
-from microgpt.kernels import cublaslt, mlp  # noqa: E402
-from microgpt.kernels.linear import cublas_mm  # noqa: E402
+from microgpt.kernels import cublaslt  # noqa: E402
+from microgpt.kernels.gelu import gelu_backward, gelu_forward  # noqa: E402
+from microgpt.kernels.gemm import cublas_mm  # noqa: E402
 
 
 def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
@@ -43,6 +48,9 @@ def graph_us(fn) -> float:
 def main() -> None:
     mbs = [int(x) for x in sys.argv[1:]] or [8, 32]
     torch.manual_seed(0)
+    lt = cublaslt.CublasLt.load()
+    if lt is None:
+        sys.exit("error: no CUDA GPU with cuBLASLt in this process (dev/gelu_epilogue_bench.py times its epilogues)")
     for mb in mbs:
         N, C, H = mb * 1024, 768, 3072
         bf = dict(device="cuda", dtype=torch.bfloat16)
@@ -51,35 +59,34 @@ def main() -> None:
         f32 = dict(device="cuda", dtype=torch.float32)
         # which GELU: fp32 outputs, against float64 math on cuBLASLt's own pre-activation
         a32, h32, dh32 = torch.empty(N, H, **f32), torch.empty(N, H, **f32), torch.empty(N, H, **f32)
-        cublaslt.gelu_aux(a32, h32, x, w1)
+        lt.gelu_aux(a32, h32, x, w1)
         hd = h32.double()
         print(f"mb {mb}: |h| max {hd.abs().max():.2f}; fp32 a against tanh-GELU: max abs "
               f"{(a32.double() - gelu_tanh(hd)).abs().max():.2e}, against erf-GELU: "
               f"{(a32.double() - gelu_erf(hd)).abs().max():.2e}")  # fmt: skip
-        cublaslt.dgelu(dh32, dout, w2.t(), h32)
+        lt.dgelu(dh32, dout, w2.t(), h32)
         want = (dout.double() @ w2.t().double()) * gelu_tanh_grad(hd)
         print(f"  fp32 dh against (dout @ W2^T) * tanh-GELU'(h): max abs {(dh32.double() - want).abs().max():.2e} "
               f"(|dh| max {want.abs().max():.2e})")  # fmt: skip
         # bf16: the epilogue's outputs against the pass's
         h, a, dh = torch.empty(N, H, **bf), torch.empty(N, H, **bf), torch.empty(N, H, **bf)
         h2, a2, dh2 = torch.empty_like(h), torch.empty_like(a), torch.empty_like(dh)
-        n = N * H
-        grid = (triton.cdiv(n, mlp.BLOCK),)
 
         def fwd_pass() -> None:
             cublas_mm(h, x, w1, False)
-            mlp.k_mlp_fwd[grid](a, h, n, BLOCK=mlp.BLOCK)
+            gelu_forward(a, h)
 
         def fwd_lt() -> None:
-            cublaslt.gelu_aux(a2, h2, x, w1)
+            lt.gelu_aux(a2, h2, x, w1)
 
         def bwd_pass() -> None:
+            gelu_forward(a, h)
             cublas_mm(dh, dout, w2.t(), False)
-            mlp.k_mlp_bwd[grid](a, dh, h, n, BLOCK=mlp.BLOCK)
+            gelu_backward(dh, h)
 
         def bwd_lt() -> None:
-            cublaslt.dgelu(dh2, dout, w2.t(), h)
-            mlp.k_mlp_fwd[grid](a2, h, n, BLOCK=mlp.BLOCK)
+            lt.dgelu(dh2, dout, w2.t(), h)
+            gelu_forward(a2, h)
 
         fwd_pass()
         fwd_lt()
@@ -98,10 +105,10 @@ def main() -> None:
             print(f"  {name:14s} {graph_us(fn):7.1f} us", flush=True)
         print("  each of the heuristic's algorithms, the GEMM alone (us):")
         w2t = w2.t()
-        for name, ep, call in (("gelu_aux", cublaslt.GELU_AUX, lambda i: cublaslt.gelu_aux(a2, h2, x, w1, i)),
-                               ("dgelu", cublaslt.DGELU, lambda i: cublaslt.dgelu(dh2, dout, w2t, h, i))):  # fmt: skip
+        for name, ep, call in (("gelu_aux", cublaslt.GELU_AUX, lambda i: lt.gelu_aux(a2, h2, x, w1, i)),
+                               ("dgelu", cublaslt.DGELU, lambda i: lt.dgelu(dh2, dout, w2t, h, i))):  # fmt: skip
             out, ina, inb, aux = (a2, x, w1, h2) if ep == cublaslt.GELU_AUX else (dh2, dout, w2.t(), h)
-            n_alg = cublaslt.n_algos(out, ina, inb, aux, ep)
+            n_alg = lt.n_algos(out, ina, inb, aux, ep)
             print(f"    {name}: " + " ".join(f"{graph_us(lambda i=i: call(i)):.1f}" for i in range(n_alg)), flush=True)
         print(f"    plain mm dout @ W2^T: {graph_us(lambda: cublas_mm(dh, dout, w2.t(), False)):.1f}, "
               f"x @ W1: {graph_us(lambda: cublas_mm(h, x, w1, False)):.1f}")  # fmt: skip

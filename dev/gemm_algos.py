@@ -4,11 +4,12 @@ offers (one H200).
     python3 dev/gemm_algos.py [MB ...]        # default micro-batches 8 32
     GEMM_ALGOS=16 python3 dev/gemm_algos.py 8     # the heuristic's first 16 algorithms instead of its first 8
 
-Per micro-batch and GEMM (the step's own shapes, strides and dtypes, as linear.py, mlp.py and crossentropy.py call
-them): us per call of torch's GEMM (linear.cublas_mm, what the engine ran before the cuBLASLt ways) and of
-cublaslt.gemm under each algorithm (no workspace, no split-K reduction), from a CUDA graph of 20 calls; the
-fastest, its relative difference from torch's output, and per step (times the GEMM's count a step) the time
-torch's calls take and what the fastest algorithms would take instead.
+Per micro-batch and GEMM (the step's own shapes, strides and dtypes, as the GEMM sites of kernels/linear.Matmul call
+them for the linears, the MLP and the head): us per call of torch's GEMM (gemm.cublas_mm, what the engine ran
+before the cuBLASLt ways) and of cuBLASLt's GEMM (cublaslt.CublasLt.gemm) under each algorithm (no workspace, no
+split-K reduction), from a CUDA graph of 20 calls; the fastest, its relative difference from torch's output, and
+per step (times the GEMM's count a step) the time torch's calls take and what the fastest algorithms would take
+instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.timing import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
 from microgpt.kernels import cublaslt  # noqa: E402
-from microgpt.kernels.linear import cublas_mm  # noqa: E402
+from microgpt.kernels.gemm import cublas_mm  # noqa: E402
 
 
 def gemms(mb: int) -> list[tuple[str, int, torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
@@ -69,7 +70,10 @@ def gemms(mb: int) -> list[tuple[str, int, torch.Tensor, torch.Tensor, torch.Ten
 def main() -> None:
     mbs = [int(x) for x in sys.argv[1:]] or [8, 32]
     torch.manual_seed(0)
-    cublaslt.MAX_ALGOS = int(os.environ.get("GEMM_ALGOS", cublaslt.MAX_ALGOS))
+    cublaslt.MAX_ALGOS = int(os.environ.get("GEMM_ALGOS", cublaslt.MAX_ALGOS))  # read by each plan CublasLt makes
+    lt = cublaslt.CublasLt.load()
+    if lt is None:
+        sys.exit("error: no CUDA GPU with cuBLASLt in this process (dev/gemm_algos.py times cuBLASLt's algorithms)")
     for mb in mbs:
         total_torch = total_best = 0.0
         print(f"--- micro-batch {mb}")
@@ -78,13 +82,13 @@ def main() -> None:
             cublas_mm(out, a, b, False)
             ref = out.float().clone()
             us = {"torch": captured(lambda: cublas_mm(out, a, b, acc))[1]}
-            n = cublaslt.n_algos(out, a, b)
+            n = lt.n_algos(out, a, b)
             err = {}
             for i in range(n):
                 try:
-                    cublaslt.gemm(out, a, b, False, i)
+                    lt.gemm(out, a, b, False, i)
                     err[f"lt{i}"] = ((out.float() - ref).norm() / ref.norm()).item()
-                    us[f"lt{i}"] = captured(lambda i=i: cublaslt.gemm(out, a, b, acc, i))[1]
+                    us[f"lt{i}"] = captured(lambda i=i: lt.gemm(out, a, b, acc, i))[1]
                 except RuntimeError as e:
                     print(f"  {name}: lt{i} failed: {e}")
             out.copy_(keep)

@@ -8,8 +8,11 @@ Cross-entropy, per configuration of crossentropy.ROW_CONFIGS, on one (R, 50,304)
 makes it for MB): us per call of the row kernel with the gradient, alone and after the logits GEMM that writes the
 chunk in a step (`after gemm`: GEMM + kernel minus the GEMM alone), and TB/s counting one read and one write of the
 chunk (the floor: a row read twice costs a second read unless it is still in L2).
-GELU's backward pass at (MB x 1024, 3072): k_mlp_bwd as train.recompute_gelu runs it (reads h and dh, writes dh and
-a = gelu(h)) against the default, which keeps the forward's a and writes dh alone: us per call and TB/s.
+GELU's backward passes at (MB x 1024, 3072), as the MLP's backward runs them (kernels/mlp.py, kernels/gelu.py): the
+default keeps the forward's a, so k_gelu_bwd alone (reads h and dh, writes dh: three arrays); train.recompute_gelu
+first writes a = gelu(h) for dW_2's GEMM by a k_gelu_fwd pass (reads h, writes a), then the same k_gelu_bwd: five
+arrays over two passes. us per call of the pair or the pass, and TB/s over the arrays they move. (Before 2c08f39 the
+recompute plan ran one pass, k_mlp_bwd with RECOMPUTE, writing a and dh from one read of h: four arrays.)
 Times are medians of CUDA-graph replays (dev/timing.py).
 """
 
@@ -19,13 +22,12 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.timing import captured  # noqa: E402
 from microgpt import memory  # noqa: E402
-from microgpt.kernels import crossentropy, mlp  # noqa: E402
-from microgpt.kernels.linear import cublas_mm  # noqa: E402
+from microgpt.kernels import crossentropy, gelu  # noqa: E402
+from microgpt.kernels.gemm import cublas_mm  # noqa: E402
 
 
 def crossentropy_rows(mb: int, ncu: bool) -> None:
@@ -70,12 +72,13 @@ def gelu_backward(mb: int, ncu: bool) -> None:
     n = mb * 1024 * 3072
     bf = dict(device="cuda", dtype=torch.bfloat16)
     h, dh, a = torch.randn(n, **bf), torch.randn(n, **bf), torch.empty(n, **bf)
-    grid = (triton.cdiv(n, mlp.BLOCK),)
-    ways = {"a recomputed (written)": (True, 4), "a kept (not written)": (False, 3)}  # (RECOMPUTE, arrays moved)
+    ways = {"a recomputed (written)": (True, 5), "a kept (not written)": (False, 3)}  # (recompute, arrays moved)
     for name, (recompute, arrays) in ways.items():
 
         def fn(recompute=recompute) -> None:
-            mlp.k_mlp_bwd[grid](a, dh, h, n, RECOMPUTE=recompute, BLOCK=mlp.BLOCK)
+            if recompute:
+                gelu.gelu_forward(a, h)
+            gelu.gelu_backward(dh, h)
 
         if ncu:
             fn()

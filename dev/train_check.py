@@ -79,7 +79,7 @@ def main() -> None:
     val = tr.evaluate()
     print(json.dumps({"event": "run", "steps": a.steps, "wall_s": time.time() - t0, "first": losses[:5],
                       "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem,
-                      "precision": tr.K.precision, "loss_scale": tr.S.scaler.scale}))  # fmt: skip
+                      "precision": tr.K.precision.name, "loss_scale": tr.S.scaler.scale}))  # fmt: skip
     del tr
     tr2 = trainer(a.experiment, a.steps, out / "run2", a.precision)
     again = [tr2.train_step()["loss"] for _ in range(30)]
