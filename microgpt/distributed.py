@@ -124,30 +124,33 @@ class DataParallel:
         return [float(v) for v in self.gather(values).sum(axis=0)]
 
     # --- the step boundary -----------------------------------------------------------------------------------
-    def agree(self, trainer: Any, rec: dict[str, Any]) -> None:
-        """Right after each optimizer step: average the step's loss over ranks and agree on the signals seen.
+    def agree(self, loss: float, received: Sequence[str]) -> float:
+        """Right after each optimizer step: the step's loss averaged over ranks, with the signals this rank
+        received since the last call ("SIGTERM", "SIGUSR1") counted into the agreement.
 
         One small all-reduce. A signal may reach the ranks on either side of a step boundary; counting signals
         per rank and taking the maximum over ranks acts on each one once, after the first step where any rank
-        had seen it. act() acts on them once the step's records are out.
+        had seen it. `to_act` hands them out once the step's records are out.
         """
-        while trainer._pending:
-            self._signals[trainer._pending.pop(0)] += 1
-        table = self.gather([rec["loss"], self._signals["SIGTERM"], self._signals["SIGUSR1"]])
-        rec["loss"] = float(table[:, 0].sum()) / self.world_size
+        for reason in received:
+            self._signals[reason] += 1
+        table = self.gather([loss, self._signals["SIGTERM"], self._signals["SIGUSR1"]])
         self._agreed = (table[:, 1].max() > 0, int(table[:, 2].max()))
+        return float(table[:, 0].sum()) / self.world_size
 
-    def act(self, trainer: Any) -> None:
-        """At the end of the step: check the replicas now and then; the agreed signals (every rank, same step)."""
-        due = self._checked_step is None or trainer.step % CHECK_EVERY == 0
-        if due and self._checked_step != trainer.step:  # a checkpoint of this step checked them already
-            self.check_replicas(trainer.step, (trainer.S.p, trainer.S.adam_m, trainer.S.adam_v))
+    def to_act(self, step: int, replicas: Sequence[Any]) -> list[str]:
+        """At the end of step `step`: check the replicas (weights, m, v) now and then, and return the agreed
+        signals to act on now, the same list on every rank: SIGTERM (rank 0 checkpoints, every rank stops), then a
+        SIGUSR1 not yet acted on (rank 0 checkpoints, the run goes on)."""
+        due = self._checked_step is None or step % CHECK_EVERY == 0
+        if due and self._checked_step != step:  # a checkpoint of this step checked them already
+            self.check_replicas(step, replicas)
         term, usr1 = self._agreed
-        if term:
-            trainer._handle("SIGTERM")  # rank 0 writes the checkpoint, then every rank raises Terminate
+        out = ["SIGTERM"] if term else []
         if usr1 > self._usr1_done:
             self._usr1_done = usr1
-            trainer._handle("SIGUSR1")
+            out.append("SIGUSR1")
+        return out
 
     def check_replicas(self, step: int, arrays: Sequence[Any]) -> None:
         """Raise DivergenceError unless every rank holds the same bits in each of arrays (weights, m, v)."""

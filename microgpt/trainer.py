@@ -4,8 +4,10 @@ signals, and the JSON lines the world reads.
 Weights, Adam m and v change only inside the step, so at any other moment they are the state after the last
 completed step: a signal handler may checkpoint right away (SIGTERM then exits 0, SIGUSR1 carries on); a signal
 that lands inside the step is handled as soon as it ends.
-Data parallel (dp, microgpt/distributed.py): grads are summed over ranks after the last micro-batch, ranks
-agree on signals at the step boundary, and rank 0 alone writes checkpoints.
+Data parallel (dp, microgpt/distributed.py): each layer's grads are summed over ranks during the last micro-batch's
+backward (step.py), the ranks agree on the step's loss and on the signals received at the step boundary (dp.agree,
+dp.to_act: the trainer hands over what it received and acts on what comes back), and rank 0 alone writes
+checkpoints.
 Everything the engine tells the world goes out as one JSON object per line on stdout.
 A checkpoint that cannot be written (a full disk) ends the run with one `error:` line and exit code EXIT_WRITE (4),
 the temp file removed and the previous checkpoints intact; the proxy does not restart it.
@@ -166,6 +168,11 @@ class Trainer:
         if reason == "SIGTERM":
             raise Terminate
 
+    def _take_pending(self) -> list[str]:
+        """The signals received during the step, handed to the data-parallel group to agree on."""
+        taken, self._pending = self._pending, []
+        return taken
+
     def _leave_critical(self) -> None:
         self._critical = False
         while self._pending and self.dp is None:
@@ -190,8 +197,8 @@ class Trainer:
             clock = _Clock(self.step, t.steps)
             while self.step < t.steps:
                 rec = self.train_step()
-                if self.dp is not None:
-                    self.dp.agree(self, rec)  # the mean loss over ranks; the signals every rank acts on below
+                if self.dp is not None:  # the mean loss over ranks; the signals every rank acts on below
+                    rec["loss"] = self.dp.agree(rec["loss"], self._take_pending())
                 if not math.isfinite(rec["loss"]):
                     print(f"error: loss is {rec['loss']} at step {self.step}; stopping", file=sys.stderr)
                     return 3
@@ -209,8 +216,9 @@ class Trainer:
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
                     self._leave_critical()  # a signal that came during the write is handled now, not a step later
-                if self.dp is not None:
-                    self.dp.act(self)  # agreed signals (rank 0 checkpoints; SIGTERM stops all); replica checks
+                if self.dp is not None:  # agreed signals (rank 0 checkpoints; SIGTERM stops all); replica checks
+                    for reason in self.dp.to_act(self.step, (self.S.p, self.S.adam_m, self.S.adam_v)):
+                        self._handle(reason)
             self.save("final")
         except Terminate:
             emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
