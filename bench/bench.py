@@ -17,7 +17,8 @@ timed steps (NVML; the H200 keeps its power limit by lowering the clock). Peak =
 over the whole run. For microgpt also: the planned bytes (memory.role_bytes of the state's plan: the arena plus
 cuBLAS's workspace), the peak over the first step (warm-up, graph capture, first replay; from just before
 make_state) and the steady peak over the timed steps, each as a percentage over (+) or under (-) the plan.
-Inputs rotate over 4 random batches (not zeros: zeros run faster than real data).
+Inputs rotate over 4 random batches, never zeros: a GPU's power draw, and so its clock under the power limit,
+depends on the values it multiplies.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.nd
 
 def timed(step, n_warmup: int, n_steps: int) -> dict:
     """{"times": each timed step's seconds, "sm_mhz" and "watts": the GPU's mean SM clock and power draw over the
-    timed steps}. The H200 holds its board power limit by lowering the SM clock (at micro-batch 32 our step draws
-    686-702 W at 1,545-1,800 MHz of 1,980: bench/RESULTS.md), so the clock says how much of a difference between two
-    rows is the power limit's."""
+    timed steps}. A GPU holds its board power limit by lowering the SM clock (the H200 does at micro-batch 32:
+    bench/RESULTS.md, "Where it stands"), so the clock says how much of a difference between two rows is the power
+    limit's."""
     times: list[float] = []
     with Clocks() as clocks:
         for i in range(n_warmup + n_steps):

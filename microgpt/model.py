@@ -82,7 +82,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     layer l's (l > 0) just before layer l-1's attention backward. An all-reduce takes some SMs for its time; beside
     the attention kernel's many short blocks that costs the attention its share of those SMs, while beside a GEMM
     of one wave of persistent blocks (cuBLAS's at these shapes) the GEMM's last blocks wait for the all-reduce to
-    end (bench/RESULTS.md: 2 GPUs' compute 2-3 ms a step slower when the sums started as each layer ended)."""
+    end, which slowed the 2-GPU step when the sums started as each layer ended (bench/RESULTS.md)."""
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]

@@ -132,7 +132,7 @@ def write_split(
     zero = np.zeros(1, dtype=np.uint8)
     for lo in range(0, len(docs), chunk):
         batch = docs[lo : lo + chunk]
-        # Offsets (for the mask) cost about 2x; only chat documents need them.
+        # Offsets (for the mask) make tokenizing slower; only chat documents need them.
         chat = [i for i, (_, d) in enumerate(batch) if writer.with_mask and d.spans]
         plain = [i for i in range(len(batch)) if not (writer.with_mask and batch[i][1].spans)]
         pairs: list = [None] * len(batch)

@@ -2,6 +2,9 @@
 NumPy reference's functions), the step's helpers (gradclip, adamw), the device runtime (runtime.py) and the
 once-per-GPU choices (tuning.py). Modules here import nothing of the project above kernels/: microgpt/backend.py
 builds the backend from them through the op registry. Launchers write into the buffers they are given and never
-allocate; the three that need scratch beyond the spec's arguments take it as a keyword argument, planned in the
-memory plan's "kernel" rows (runtime.Runtime.scratch).
+allocate. What a launcher takes beyond the spec's arguments it gets as a keyword argument, bound by the backend
+with the arena: planned scratch (runtime.Runtime.scratch: embedding, LayerNorm and attention backward), the
+runtime's tuner (runtime.TUNER_TAKERS), and the precision's Matmul (`mm`: linear.Matmul, fp8.Matmul), which holds
+the GEMM router (gemm.py) and, in fp8, the casts' planned scratch. No module here keeps mutable state: the choices,
+plans and handles belong to the runtime's Tuner, Gemm and CublasLt (tests/kernels/test_module_state.py).
 """

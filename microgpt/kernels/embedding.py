@@ -5,9 +5,9 @@ deterministic without float atomics: k_embedding_sort ranks the unique keys (tok
 (a stable counting sort done as an all-pairs rank, no V-sized scratch and no atomics), so equal tokens sit side
 by side in position order; then one program per run of equal tokens sums its rows in that fixed order and adds
 the sum to dwte once. The rank is taken within chunks of CHUNK tokens (whole sequences), all chunks in one
-launch, so the sort costs O(N * CHUNK) compares instead of O(N^2) (at N=32K on an H200, when a pair took four
-compares: 0.6 ms as one chunk, 0.24 ms as four; one chunk would be ~12 ms at N=152K; with one compare on the key
-token * S + position and the warm-up's launch configuration, 0.086 ms as four: bench/RESULTS.md). The scatter
+launch, so the sort costs O(N * CHUNK) compares instead of O(N^2), which keeps it a small part of backward at large
+micro-batches (bench/RESULTS.md has its history); each pair is one compare, on the key token * S + position. The
+scatter
 then runs chunk after chunk (one launch each, stream-ordered, so two chunks never update one dwte row at once),
 adding each chunk's per-token sums in chunk order: deterministic, and for N <= CHUNK the same sums as one sort.
 """

@@ -206,9 +206,9 @@ def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor |
 
 # Launch configurations of k_cast (BR, BC, warps, PACK: the transpose's word bytes, 1 where R is not a multiple;
 # named BRxBC, wPACK, and nWARPS where the name would otherwise repeat one),
-# timed once per GPU and shape in the warm-up (tuning.py); the interpreter takes the first. Each cast has its own
-# winner (an H200 at micro-batch 32, dev/cast_limits.py): x (N x 768) 64x128 on 4 warps (34.2 us), gelu(h)
-# (N x 3072) 64x64 with 4-byte words (141.8 us), the GELU backward 32x128 as single bytes (181.0 us).
+# timed once per GPU and shape in the warm-up (tuning.py); the interpreter takes the first. No one configuration
+# wins every cast: the casts differ in width and in what they compute on the way, so each takes its own
+# (dev/cast_limits.py; the H200's winners are in bench/RESULTS.md).
 CAST_CONFIGS = {"32x32w4": (32, 32, 4, 4), "64x64w4": (64, 64, 4, 4), "32x128w4": (32, 128, 4, 4),
                 "64x128w4": (64, 128, 8, 4), "64x64w8": (64, 64, 4, 8), "32x128w8": (32, 128, 4, 8),
                 "64x128w8": (64, 128, 8, 8), "128x64w8": (128, 64, 8, 8), "64x64w1": (64, 64, 4, 1),

@@ -116,8 +116,8 @@ class Tuner:
     def _time(self, fn: Callable[[], None]) -> float:
         """Milliseconds a run of fn takes on the GPU: REPS runs between two events on the current stream, queued
         behind a spin of the GPU (torch.cuda._sleep) so that the events time the kernels, not the host launching
-        them (a 10-30 us kernel launched alone from Python times as its launch; the step replays them from a CUDA
-        graph, back to back). The median of three such batches; allocates nothing."""
+        them (a short kernel launched alone from Python times as its launch, not as itself; the step replays them
+        from a CUDA graph, back to back). The median of three such batches; allocates nothing."""
         fn()
         times = []
         for _ in range(3):

@@ -257,7 +257,8 @@ def _parse(raw: bytes, version: str) -> Columns:
 def _appended(old: Columns | None, raw: bytes, version: str) -> Columns | None:
     """The new version when it only appends train rows to the old one (a live run: the proxy rewrites the whole
     file, the same bytes up to the old last row), parsing only what follows; None otherwise. A 200K-row file then
-    costs a byte comparison and the parse of the new rows and the val/marks tail, not a 2-4 s parse."""
+    costs a byte comparison and the parse of the new rows and the val/marks tail instead of a parse of the whole file
+    (commit a753da9 measured both)."""
     if old is None or old.rows_end < 0 or raw[: old.rows_end] != old.raw[: old.rows_end]:
         return None
     sep = raw[old.rows_end : old.rows_end + 1]
