@@ -1,0 +1,146 @@
+"""Do two identical GPU runs report the same losses? (issue 35: the printed loss must repeat to the bit.)
+
+    python3 dev/loss_repeat.py [--steps 80] [--precision bf16] [--mb 16] [--n-micro 4] [--env K=V ...]
+
+Runs ANDREA-12M's shape on fixed random batches (no data files) twice, each in a fresh process with one tuning cache
+(the second reuses the first's recorded choices, as a rerun on one machine does), and prints one JSON line: the
+steps whose reported loss, micro-batch losses or gradient norm differ, and whether the final weights are the same
+bits. --env sets variables for both runs (e.g. MICROGPT_GEMM=triton forces a GEMM way; LOSS_REPEAT_FP8_TILE=1 runs fp8's
+GEMMs on the Triton scaled tile instead of torch._scaled_mm), to bisect a difference.
+A run is `--child`: it prints its per-step report and the weights' sha256.
+
+    python3 dev/loss_repeat.py --replays 20 [--precision fp8]
+
+replays one step's CUDA graph on the same batch with nothing updated (gscale = inf, as the warm-up; fp8's
+histories first filled by 8 replays), and says for
+each buffer on the way to the reported loss (lnf, the logits chunk, lse, losses, report) in how many replays and
+elements it differed from the first: where a difference starts is where the order varies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def fp8_gemms_on_the_tile() -> None:
+    """Replace fp8's torch._scaled_mm by the Triton scaled tile (gemm.k_mm_scaled, as the interpreter runs it): to
+    see whether a difference comes from the library's FP8 GEMM."""
+    import triton
+
+    from microgpt.kernels import fp8
+
+    def mm8(out, a, ia, b, ib, accumulate=False, wgrad=None):  # noqa: ANN001, ANN202
+        (M, K), N = a.shape, b.shape[1]
+        cfg = dict(BM=64, BN=64, BK=64, GROUP_M=8)
+        grid = (triton.cdiv(M, 64) * triton.cdiv(N, 64),)
+        fp8.k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(), ACC=accumulate,
+                              **cfg)  # fmt: skip
+
+    fp8.mm8 = mm8
+
+
+def child(a: argparse.Namespace) -> None:
+    import numpy as np
+
+    if os.environ.get("LOSS_REPEAT_FP8_TILE") == "1":
+        fp8_gemms_on_the_tile()
+
+    from microgpt.backend import triton_backend
+    from microgpt.config import ModelConfig, TrainConfig
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
+    t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
+    S = make_state(m, t, triton_backend(a.precision))
+    step = Step(S)
+    rng = np.random.default_rng(0)
+    data = [[tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
+             for _ in range(a.n_micro)] for _ in range(8)]  # fmt: skip
+    rows = []
+    for i in range(a.steps):
+        r = step(data[i % len(data)], 1e-3)
+        rows.append([r.loss, r.grad_norm, *r.micro_losses])
+    sha = hashlib.sha256(S.K.to_numpy(S.p).tobytes()).hexdigest()
+    print(json.dumps({"rows": rows, "sha": sha}))
+
+
+def replays(a: argparse.Namespace) -> None:
+    import math
+
+    import numpy as np
+
+    from microgpt.backend import triton_backend
+    from microgpt.config import ModelConfig, TrainConfig
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
+    t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
+    S = make_state(m, t, triton_backend(a.precision))
+    step = Step(S)
+    rng = np.random.default_rng(0)
+    batch = [tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
+             for _ in range(a.n_micro)]  # fmt: skip
+    for _ in range(3):  # past fp8's priming step, onto the graph
+        step(batch, 1e-3)
+    step._hyper(1e-3, math.inf)  # nothing updated from here on: every replay sees the same weights and inputs
+    for _ in range(8):  # and fp8's amax histories (16 micro-batches) hold only these replays' amaxes
+        step.run()
+    names = ("lnf", "logits", "ce_lse", "losses", "report")
+    seen: dict[str, list] = {n: [] for n in names}
+    for _ in range(a.replays):
+        step.run()
+        for n in names:
+            seen[n].append(S.K.to_numpy(S.arena[n]).copy())
+    out = {}
+    for n in names:
+        diffs = [int((x != seen[n][0]).sum()) for x in seen[n][1:]]
+        out[n] = {"replays_differing": sum(d > 0 for d in diffs), "max_elements": max(diffs, default=0)}
+    print(json.dumps({"precision": a.precision, "replays": a.replays, "env": a.env, **out}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--mb", type=int, default=16)
+    p.add_argument("--n-micro", type=int, default=4)
+    p.add_argument("--env", action="append", default=[])
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--replays", type=int, default=0)
+    a = p.parse_args()
+    if a.child:
+        child(a)
+        return
+    if a.replays:
+        os.environ.update(dict(kv.split("=", 1) for kv in a.env))
+        replays(a)
+        return
+    env = {**os.environ, **dict(kv.split("=", 1) for kv in a.env)}
+    env.setdefault("MICROGPT_CACHE", tempfile.mkdtemp(prefix="loss-repeat-"))
+    args = [sys.executable, __file__, "--child", "--steps", str(a.steps), "--precision", a.precision, "--mb",
+            str(a.mb), "--n-micro", str(a.n_micro)]  # fmt: skip
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    (x, y) = (r["rows"] for r in runs)
+    diff = [i + 1 for i, (u, v) in enumerate(zip(x, y)) if u != v]
+    first = diff[0] - 1 if diff else None
+    print(json.dumps({"precision": a.precision, "env": a.env, "steps": a.steps, "differ_at": diff,
+                      "weights_equal": runs[0]["sha"] == runs[1]["sha"],
+                      "first": None if first is None else {"a": x[first], "b": y[first]}}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
