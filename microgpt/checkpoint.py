@@ -116,7 +116,7 @@ def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint
         raise CheckpointError(f"{path}: {what} checkpoint: {len(data)} bytes, expected {expected} for n_params {n}")
     if n_params is not None and n != n_params:
         raise CheckpointError(f"{path}: checkpoint holds {n} parameters but the model has {n_params}")
-    flat = np.frombuffer(data, dtype="<f4", offset=HEADER.size).astype(np.float32)
+    flat = np.frombuffer(data, dtype="<f4", offset=HEADER.size)  # read-only views of the one read: no copy
     w, m, v = flat[:n], flat[n : 2 * n], flat[2 * n :]
     if not np.isfinite(w).all():
         raise CheckpointError(f"{path}: weights contain NaN or inf")
@@ -206,16 +206,18 @@ def remove_temp_files(folder: str | Path) -> list[Path]:
     return found
 
 
-def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
-                            on_skip: Callable[[Path, str], None] | None = None) -> Path | None:  # fmt: skip
-    """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar; corrupt ones are
-    skipped and kept on disk, each reported to on_skip(path, reason)."""
+Loaded = tuple[Checkpoint, dict[str, Any]]  # a checkpoint and its sidecar, as load gives them
+
+
+def latest_valid(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
+                 on_skip: Callable[[Path, str], None] | None = None) -> Loaded | None:  # fmt: skip
+    """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar, with its sidecar, as
+    load gives them; corrupt ones are skipped and kept on disk, each reported to on_skip(path, reason)."""
     for path in list_checkpoints(folder):
         if max_step is not None and step_of(path) > max_step:
             continue
         try:
-            load(path, n_params)
-            return path
+            return load(path, n_params)
         except CheckpointError as e:
             reason = str(e)
         if on_skip is not None:
@@ -223,18 +225,40 @@ def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max
     return None
 
 
-def resolve(where: str | Path) -> Path:
-    """A step-*.bin as given, or a run folder's (or a ckpt folder's) newest valid checkpoint."""
+def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
+                            on_skip: Callable[[Path, str], None] | None = None) -> Path | None:  # fmt: skip
+    """The path of latest_valid's checkpoint, or None."""
+    found = latest_valid(folder, n_params, max_step, on_skip)
+    return None if found is None else found[0].path
+
+
+def _folder_or_file(where: str | Path) -> tuple[Path, bool]:
+    """(where, whether it is a run or ckpt folder); CheckpointError where it is neither a folder nor a file."""
     p = Path(where)
     if p.is_dir():
-        found = latest_valid_checkpoint(p / "ckpt" if (p / "ckpt").is_dir() else p)
-        if found is None:
-            raise CheckpointError(f"{p}: no valid checkpoint in this folder")
-        return found
+        return (p / "ckpt" if (p / "ckpt").is_dir() else p), True
     if not p.exists():
         what = "checkpoint" if p.suffix == ".bin" else "run folder or checkpoint"
         raise CheckpointError(f"{p}: no such {what}")
-    return p
+    return p, False
+
+
+def resolve_loaded(where: str | Path) -> Loaded:
+    """A step-*.bin as given, or a run folder's (or a ckpt folder's) newest valid checkpoint, read once and checked
+    against its sidecar (load)."""
+    p, folder = _folder_or_file(where)
+    if not folder:
+        return load(p)
+    found = latest_valid(p)
+    if found is None:
+        raise CheckpointError(f"{where}: no valid checkpoint in this folder")
+    return found
+
+
+def resolve(where: str | Path) -> Path:
+    """A step-*.bin as given, or a run folder's (or a ckpt folder's) newest valid checkpoint."""
+    p, folder = _folder_or_file(where)
+    return resolve_loaded(p)[0].path if folder else p
 
 
 @dataclass
@@ -253,9 +277,9 @@ class Trained:
 
 
 def load_trained(where: str | Path) -> Trained:
-    """A step-*.bin or a run folder (its newest valid checkpoint), checked against its sidecar's model."""
-    path = resolve(where)
-    side = read_sidecar(path)
+    """A step-*.bin or a run folder (its newest valid checkpoint), read once, checked against its sidecar's model."""
+    ck, side = resolve_loaded(where)
+    path = ck.path
     if "config" not in side:
         what = "has no field 'config'" if sidecar_path(path).exists() else "is missing"
         raise CheckpointError(f"{sidecar_path(path)}: the checkpoint's sidecar {what}: cannot rebuild the model")
@@ -264,7 +288,6 @@ def load_trained(where: str | Path) -> Trained:
     if saved is not None and [(k, tuple(v)) for k, v in saved] != params.param_shapes(exp.model):
         raise CheckpointError(f"{sidecar_path(path)}: field 'params' does not match its 'config.model'; "
                               "checkpoint is for another model")  # fmt: skip
-    ck, side = load(path)
     if ck.weights.size != params.n_params(exp.model):
         raise CheckpointError(f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
                               f"{params.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip

@@ -92,3 +92,22 @@ def test_latest_valid_skips_corrupt_and_keeps_it(tmp_path) -> None:
     assert checkpoint.latest_valid_checkpoint(tmp_path, 8) == tmp_path / checkpoint.ckpt_name(100)
     assert newest.exists() and middle.exists()
     assert checkpoint.latest_valid_checkpoint(tmp_path / "missing") is None
+
+
+def test_a_run_folder_is_read_once(tmp_path, monkeypatch) -> None:
+    """load_trained on a run folder reads its newest valid checkpoint once: the read that validates it is the one
+    the model is built from (a 1.5 GB ANDREA-120M checkpoint was read twice)."""
+    from microgpt import config, params
+
+    m = config.ModelConfig(vocab_size=20, d_model=8, n_layer=1, n_head=2, seq_len=4)
+    exp = config.Experiment(model=m)
+    n = params.n_params(m)
+    meta = {"config": exp.to_dict(), "params": [[k, list(s)] for k, s in params.param_shapes(m)]}
+    for step in (1, 2):
+        checkpoint.write_checkpoint(tmp_path / "ckpt" / checkpoint.ckpt_name(step), step, *arrays(n, step), meta)
+    reads = []
+    real = checkpoint.read_checkpoint
+    monkeypatch.setattr(checkpoint, "read_checkpoint", lambda path, n=None: reads.append(path) or real(path, n))
+    ld = checkpoint.load_trained(tmp_path)
+    assert ld.step == 2 and reads == [tmp_path / "ckpt" / checkpoint.ckpt_name(2)]
+    np.testing.assert_array_equal(ld.weights, arrays(n, 2)[0])
