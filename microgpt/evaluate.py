@@ -39,26 +39,30 @@ class EvalError(InputError):
 
 
 class Scorer:
-    """The checkpoint's model on a NumPy inference plan of B sequences: per-token losses of (B, T) windows."""
+    """The checkpoint's model on a NumPy inference plan of B windows of T tokens without a KV cache (every window
+    starts at position 0): the per-token losses of (b, t) batches of at most B * T tokens."""
 
     def __init__(self, ld: checkpoint.Trained, B: int):
         self.m, self.B, self.T = ld.exp.model, B, ld.exp.model.seq_len
-        self.S = make_infer_state(self.m, numpy_backend(), B, ld.weights)
+        self.S = make_infer_state(self.m, numpy_backend(), B, ld.weights, cache=False)
         self.K, self.A = self.S.K, self.S.arena
 
     def forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, np.ndarray]:
-        """x, y (b <= B, T) int32; rows past b are padding. (sum of losses, scored count, losses (B, T))."""
-        K, A, B, T = self.K, self.A, self.B, self.T
-        if len(x) < B:
-            pad = B - len(x)
-            x = np.concatenate([x, np.zeros((pad, T), np.int32)])
-            y = np.concatenate([y, np.full((pad, T), -1, np.int32)])
-        K.copy_in(A["tokens"], x)
-        K.copy_in(A["targets"], y)
-        self.S.run(A["tokens"], 0, A["targets"])
-        K.loss_sum(A["loss_sum"], A["losses"], A["targets"].reshape(-1))  # as the trainer's _val_loss
+        """x, y (b, t) int32, b * t <= B * T; full windows (t = T) are padded to B rows, as the trainer's
+        evaluation batches are. (sum of losses, scored count, losses (b, t))."""
+        K, A, (b, t) = self.K, self.A, x.shape
+        if t == self.T and b < self.B:
+            pad = self.B - b
+            x = np.concatenate([x, np.zeros((pad, t), np.int32)])
+            y = np.concatenate([y, np.full((pad, t), -1, np.int32)])
+        tokens, targets = self.S.inputs(*x.shape)
+        K.copy_in(tokens, x)
+        K.copy_in(targets, y)
+        self.S.run(tokens, 0, targets)
+        n = x.size
+        K.loss_sum(A["loss_sum"], A["losses"][:n], targets.reshape(-1))  # as the trainer's _val_loss
         s, c = K.to_numpy(A["loss_sum"]).tolist()
-        return s, int(c), K.to_numpy(A["losses"]).reshape(B, T).copy()
+        return s, int(c), K.to_numpy(A["losses"][:n]).reshape(x.shape)[:b].copy()
 
 
 def token_bytes(tok: Any, V: int) -> np.ndarray:
@@ -145,25 +149,44 @@ def read_hellaswag(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def hellaswag_rows(ex: dict[str, Any], tok: Any, T: int) -> tuple[list[list[int]], list[int]]:
+    """An example's 4 scored sequences (context + " " + ending, the last T + 1 tokens where longer: the ending must
+    fit) and the number of ending tokens each scores."""
+    ctx, seqs, n_end = tok.encode(ex["ctx"]), [], []
+    for ending in ex["endings"]:
+        end = tok.encode(" " + ending)
+        seq = (ctx + end)[-(T + 1) :]
+        seqs.append(seq)
+        n_end.append(min(len(end), len(seq) - 1))
+    return seqs, n_end
+
+
 def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
+    """Examples packed to their own length: each batch holds as many whole examples (4 rows each) as fit the plan's
+    4 * T tokens at the batch's longest row, so a 60-token example costs 60 positions, not seq_len."""
     examples = read_hellaswag(path)[:limit]
-    sc, T = Scorer(ld, 4), ld.exp.model.seq_len
-    correct = correct_norm = 0
-    for ex in examples:
-        ctx = tok.encode(ex["ctx"])
-        x, y = np.zeros((4, T), np.int32), np.full((4, T), -1, np.int32)
-        for r, ending in enumerate(ex["endings"]):
-            end = tok.encode(" " + ending)
-            seq = (ctx + end)[-(T + 1) :]  # too long: keep the end (the ending must fit)
-            n_end = min(len(end), len(seq) - 1)
-            x[r, : len(seq) - 1] = seq[:-1]
-            y[r, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
+    T = ld.exp.model.seq_len
+    sc, rows = Scorer(ld, 4), [hellaswag_rows(ex, tok, T) for ex in examples]
+    correct = correct_norm = i = 0
+    while i < len(examples):
+        j, t = i, 1
+        while j < len(examples) and 4 * (j - i + 1) * max(t, *(len(s) - 1 for s in rows[j][0])) <= 4 * T:
+            t = max(t, *(len(s) - 1 for s in rows[j][0]))
+            j += 1
+        x, y = np.zeros((4 * (j - i), t), np.int32), np.full((4 * (j - i), t), -1, np.int32)
+        for e in range(i, j):
+            for r, (seq, n_end) in enumerate(zip(*rows[e])):
+                k = 4 * (e - i) + r
+                x[k, : len(seq) - 1] = seq[:-1]
+                y[k, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
         _, _, losses = sc.forward(x, y)
         scored = y >= 0
-        sums = np.where(scored, losses, 0.0).sum(axis=1, dtype=np.float64)
-        means = sums / scored.sum(axis=1)
-        correct += int(np.argmin(sums) == ex["label"])
-        correct_norm += int(np.argmin(means) == ex["label"])
+        sums = np.where(scored, losses, 0.0).sum(axis=1, dtype=np.float64).reshape(-1, 4)
+        means = sums / scored.sum(axis=1).reshape(-1, 4)
+        labels = np.array([examples[e]["label"] for e in range(i, j)])
+        correct += int((np.argmin(sums, axis=1) == labels).sum())
+        correct_norm += int((np.argmin(means, axis=1) == labels).sum())
+        i = j
     n = len(examples)
     return {"examples": n, "acc": correct / n, "acc_norm": correct_norm / n, "correct": correct,
             "correct_norm": correct_norm}  # fmt: skip

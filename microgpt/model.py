@@ -143,24 +143,28 @@ def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: A
               targets: Any = None) -> None:  # fmt: skip
     """tokens (b, t), contiguous: positions pos .. pos + t - 1 of b sequences (b <= the plan's B, pos + t <=
     seq_len), whose keys and values are written into the KV cache A["kv"] (L, 2, B, T, C) beside those of the
-    positions before them.
+    positions before them. A plan without a cache scores windows from position 0 alone, b x t of them up to its
+    N rows.
     With targets (b, t): the per-token losses in A["losses"][:b*t]; without, each sequence's next-token logits (from
     its last position) in A["next_logits"][:b]."""
     b, t = tokens.shape
     N, C, H = b * t, m.d_model, m.n_head
     x, x2, ln, att, proj = (A[name][:N] for name in ("x", "x2", "ln", "att", "proj"))
     qkv, h, mean, rstd = A["qkv"][:, :N], A["h"][:N], A["ln_mean"][:N], A["ln_rstd"][:N]
-    a = A.get("a")
+    a, cache = A.get("a"), A.get("kv")
     a = None if a is None else a[:N]
+    if cache is None and pos > 0:
+        raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
     K.embedding_forward(x.reshape(b, t, C), tokens, P["wte"], P["wpe"][pos:])
     K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
     for layer in range(m.n_layer):
         hl = f"h{layer}."
         K.linear_forward(qkv, ln, P[hl + "w_qkv"])
         q, k, v = (_btc(z, b, t) for z in qkv)
-        cache_k, cache_v = A["kv"][layer, 0, :b], A["kv"][layer, 1, :b]  # (b, T, C)
-        K.copy_(cache_k[:, pos : pos + t], k)
-        K.copy_(cache_v[:, pos : pos + t], v)
+        if cache is not None:
+            cache_k, cache_v = cache[layer, 0, :b], cache[layer, 1, :b]  # (b, T, C)
+            K.copy_(cache_k[:, pos : pos + t], k)
+            K.copy_(cache_v[:, pos : pos + t], v)
         if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
             K.attention_forward(_btc(att, b, t), A["att_lse"][: b * H * t].reshape(b, H, t), q, k, v, H)
         else:

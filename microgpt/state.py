@@ -149,7 +149,8 @@ class InferState:
         self.prec.cast_weights()
 
     def inputs(self, b: int, t: int) -> tuple[Any, Any]:
-        """The planned tokens and targets as contiguous (b, t) windows, for b <= B sequences of t <= seq_len."""
+        """The planned tokens and targets as contiguous (b, t) windows, for b * t <= B * seq_len tokens (and b <= B
+        where the plan has a KV cache)."""
         return tuple(self.arena[name].reshape(-1)[: b * t].reshape(b, t) for name in ("tokens", "targets"))
 
     def run(self, tokens: Any, pos: int, targets: Any = None) -> None:
@@ -159,10 +160,11 @@ class InferState:
         self.prec.end_eval()
 
 
-def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray) -> InferState:
-    """The inference plan for B sequences allocated once, the backend bound to it, the weights loaded."""
+def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, cache: bool = True) -> InferState:
+    """The inference plan for B sequences (memory.inference_plan; cache False: windows from position 0 only)
+    allocated once, the backend bound to it, the weights loaded."""
     prec = K.precision
-    bufs = memory.inference_plan(m, prec, B, K.logits_rows(m, B), K.infer_rows(m, B))
+    bufs = memory.inference_plan(m, prec, B, K.logits_rows(m, B), K.infer_rows(m, B), cache)
     plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device)
     arena = memory.Arena(plan, K)
     K, bound = K.bind(arena, m)
