@@ -76,6 +76,10 @@ class Backend:
     arena_args: tuple[tuple[str, str, Callable[[memory.Arena], Any]], ...] = ()
     # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
     memory_bytes: Callable[[], int | None] = lambda: None
+    # the device memory held at its peak so far, in bytes, and how it is measured; None: not measured here (the
+    # CPU, where the trainer reports the process's peak resident memory instead)
+    peak_memory: Callable[[], int | None] = lambda: None
+    peak_memory_name: str = ""
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
 
     def bind(self, arena: memory.Arena) -> Backend:
@@ -172,6 +176,7 @@ def triton_backend(precision: str) -> Backend:
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows,
         scratch_args=scratch_args, arena_args=fp8_args,
         on_bind=lambda arena: rt.set_probe(arena["gemm_probe"]),
+        peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
     )  # fmt: skip
 
 

@@ -84,17 +84,25 @@ class TrainState:
             diff = next((k for k in saved if saved[k] != asdict(self.m)[k]), None)
             if diff is not None:
                 raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff} differs)")
-        for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
+        self.set_weights(ck.weights)
+        for dst, src in ((self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
-        if self.p_compute is not None:
-            self.K.copy_in(self.p_compute, ck.weights)  # the compute copy follows the loaded masters
         if self.w8:
-            self.K.cast_weights(self.w8)
             self._load_history(path, side.get("fp8_amax_history"))
         self.step = ck.step
         self.scaler.scale = float(side.get("loss_scale", self.scaler.scale))
         self.scaler.good_steps = int(side.get("loss_scale_good_steps", 0))
         return side
+
+    def set_weights(self, weights: np.ndarray) -> None:
+        """The fp32 masters from (n_params,) weights in the canonical order, and what follows them: the compute copy,
+        fp8's E4M3 copies. Adam m and v, the step and the loss scaler are left as they are (make_state's, for
+        `train --init`: another run's weights, a new run's optimizer)."""
+        self.K.copy_in(self.p, weights)
+        if self.p_compute is not None:
+            self.K.copy_in(self.p_compute, weights)
+        if self.w8:
+            self.K.cast_weights(self.w8)
 
     def save_checkpoint(self, path: Path, meta: dict[str, Any]) -> Path:
         """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar."""
@@ -157,12 +165,7 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     )  # fmt: skip
     host = {name: np.zeros(shape, np.float32) for name, shape in memory.param_shapes(m)}
     model.init_params(host, m, np.random.default_rng(t.seed))
-    weights = np.concatenate([a.reshape(-1) for a in host.values()])
-    K.copy_in(S.p, weights)
-    if S.p_compute is not None:
-        K.copy_in(S.p_compute, weights)
-    if S.w8:
-        K.cast_weights(S.w8)
+    S.set_weights(np.concatenate([a.reshape(-1) for a in host.values()]))
     mask = np.concatenate([np.full(math.prod(s), len(s) == 2, np.uint8) for _, s in memory.param_shapes(m)])
     K.copy_in(arena["decay_mask"], mask)
     return S

@@ -75,6 +75,11 @@ class Runtime:
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() - before
 
+    def peak_memory(self) -> int | None:
+        """Bytes torch's allocator has held at its peak (the arena, the cuBLAS workspace, torch's own); None on the
+        interpreter's CPU tensors."""
+        return torch.cuda.max_memory_allocated(self.dev) if self.cuda else None
+
     # --- the arena -----------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> torch.Tensor:
         """The one device allocation of the memory plan (zeroed)."""
