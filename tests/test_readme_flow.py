@@ -104,6 +104,13 @@ def test_make_train_then_run_with_the_dashboard_then_make_train(tmp_path: Path, 
         assert 0 < shown < time.time() - t_start  # training time of both commands: never since the epoch
         assert loss["train"][0]["elapsed_s"] > 0 and all(r["time"] > t_start for r in loss["train"])
         browser.screenshot(ARTIFACTS / "readme-flow-1-run-dashboard.png")
+        # A zoom on the steps past make train's schedule (lr at min_lr) refits every chart's y axis to them.
+        full = browser.eval("charts['c-lr'].scales.y.max")
+        t10 = next(r["elapsed_s"] for r in loss["train"] if r["step"] == 10)
+        browser.eval(f"charts['c-loss'].setScale('x', {{min: {t10}, max: {last['elapsed_s']}}})")
+        ds = browser.wait_dataset(lambda d: d.get("zoomLo"), "the zoom")
+        assert full >= 3e-3 > 1e-3 > browser.eval("charts['c-lr'].scales.y.max")  # 3e-4 shown, not 0..3e-3
+        browser.eval("unzoom()")
         os.kill(engine, signal.SIGCONT)
         assert proxy.wait(300) == 0, proxy.output()
     finally:

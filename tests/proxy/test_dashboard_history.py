@@ -57,6 +57,8 @@ def write_run(folder: Path, run: str, steps: int, seed: int = 0) -> LossHistory:
     (folder / f"{run}.state.json").write_text(json.dumps(state))
     samples = [{"step": s, "phase": "main", "prompt": "def ", "temperature": 0.8, "text": f"f{s}():<|im_end|>x"}
                for s in (1000, 2000)]  # fmt: skip
+    samples.append({"step": 2000, "phase": "main", "prompt": [{"role": "user", "content": "Say hi."}],
+                    "temperature": 0.8, "text": "Hi there!<|im_end|>\n<|im_start|>user\nmore"})  # fmt: skip
     (folder / f"{run}.samples.json").write_text(json.dumps({"format": "microgpt-samples-1", "samples": samples}))
     return hist
 
@@ -184,6 +186,17 @@ def test_a_folder_of_runs_is_overlaid(tmp_path: Path, browser: Chromium) -> None
     try:
         browser.open(f"{server.url}")  # the root: every run of the folder
         browser.wait_dataset(lambda ds: ds.get("runs") == "2" and ds.get("lastStep") == "3000", "two runs")
+        assert browser.eval("document.querySelectorAll('#heads .runhead').length") == 2  # a header per run
+        heads = browser.eval("[...document.querySelectorAll('#heads .runhead .name')].map((e) => e.textContent)")
+        assert heads == ["lr-3e-4/andrea", "lr-6e-4/andrea"]
+        ds = browser.dataset()
+        assert ds["markLabels"] == "main|stop, resume"  # both runs' marks at one step: one line, one label each
+        left, right = map(int, ds["plotBox"].split(":"))
+        boxes = [tuple(map(int, b.split(":"))) for b in ds["markBoxes"].split("|")]
+        assert all(left <= a < b <= right for a, b, _ in boxes)  # inside the chart: nothing cut at its edge
+        assert all(b1 <= a2 for (a1, b1, r1), (a2, b2, r2) in zip(boxes, boxes[1:]) if r1 == r2)  # none overprints
+        chat = browser.eval("[...document.querySelectorAll('#sample-list .turn')].map((t) => t.textContent)")
+        assert chat == ["userSay hi.", "assistantHi there!"]  # turns; the reply stopped at <|im_end|>
         labels = browser.eval("charts['c-loss'].series.map((s) => s.label)")
         assert {"lr-3e-4/andrea train", "lr-6e-4/andrea train", "lr-3e-4/andrea val"} <= set(labels), labels
         assert browser.eval("document.querySelectorAll('#run-picker input:checked').length") == 2
