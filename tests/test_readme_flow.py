@@ -122,6 +122,8 @@ def test_make_train_then_run_with_the_dashboard_then_make_train(tmp_path: Path, 
     ds = browser.wait_dataset(lambda d: d.get("offline") == "ended", "the final state kept", timeout=30)
     assert ds["status"] == "done" and ds["lastStep"] == str(PROXY_STEPS) == str(final["step"])
     assert elapsed_shown(browser) == (hms(final["elapsed_s"]), final["elapsed_s"])
+    x_max = browser.eval("charts['c-loss'].scales.x.max")  # the whole run is drawn, to its last step's time
+    assert abs(x_max - final["elapsed_s"]) < 0.05 * final["elapsed_s"], (x_max, final["elapsed_s"])
     browser.screenshot(ARTIFACTS / "readme-flow-2-finished.png")
 
     again = make_train(venv, run_dir, env)  # the README: `make train` after the proxy run
