@@ -1,32 +1,46 @@
-# Two commands (README): `make train` and `make test`. Each sets up .venv first; `make test` also installs
-# Chromium for the dashboard's browser tests where it can, or says that it skips them (scripts/test-browser.sh).
-# `make train` keeps the engine's JSON lines in runs/ANDREA-tiny/train.jsonl; progress goes to the terminal.
+# Two commands (README): `make train` and `make test`, each in its own virtual environment, so one never changes
+# the other's packages: .venv (what `make train` uses, and the README's later commands: the engine's own needs,
+# any NumPy from 1.26) and .venv-test (the test extra, whose Triton interpreter pins NumPy below 2.3). Each is set up
+# once: a stamp file inside it is newer than pyproject.toml until pyproject.toml changes.
+# `make test` also installs Chromium for the dashboard's browser tests where it can, or says that it skips them
+# (scripts/test-browser.sh). `train` writes runs/ANDREA-tiny/train.jsonl (its log) and report.md itself.
+# RUN, EXP and TRAIN_FLAGS let a test run this same recipe on a small run elsewhere (tests/test_readme_flow.py).
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
+TEST_VENV ?= .venv-test
 BIN := $(VENV)/bin
+TEST_BIN := $(TEST_VENV)/bin
+EXP ?= experiments/ANDREA-tiny-TRAIN.json
+RUN ?= runs/ANDREA-tiny
+TRAIN_FLAGS ?=
+SAMPLE_TOKENS ?= 200
 
 .PHONY: train test check setup setup-test
 
-$(BIN)/python:
-	$(PY) -m venv $(VENV)
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-
-setup: $(BIN)/python
 	$(BIN)/pip install -q -e .
+	touch $@
 
-setup-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(TEST_VENV)/.installed: pyproject.toml
+	test -x $(TEST_BIN)/python || $(PY) -m venv $(TEST_VENV)
+	$(TEST_BIN)/pip install -q --upgrade pip
+	$(TEST_BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+setup-test: $(TEST_VENV)/.installed
 
 train: setup
-	@mkdir -p runs/ANDREA-tiny
-	$(BIN)/microgpt train experiments/ANDREA-tiny-TRAIN.json --out runs/ANDREA-tiny --resume latest \
-	  >> runs/ANDREA-tiny/train.jsonl
+	$(BIN)/microgpt train $(EXP) --out $(RUN) --resume latest $(TRAIN_FLAGS)
 	@for prompt in "def " "class " "import "; do \
-	  echo "--- sample: $$prompt"; $(BIN)/microgpt sample runs/ANDREA-tiny --prompt "$$prompt" --tokens 200; done
+	  echo "--- sample: $$prompt"; $(BIN)/microgpt sample $(RUN) --prompt "$$prompt" --tokens $(SAMPLE_TOKENS) || exit; done
 
 test: setup-test
-	@. scripts/test-browser.sh && $(BIN)/python -m pytest -q
+	@. scripts/test-browser.sh && $(TEST_BIN)/python -m pytest -q
 
 check: setup-test
-	$(BIN)/ruff format --check microgpt tests bench scripts dev
-	$(BIN)/ruff check microgpt tests bench scripts dev
+	$(TEST_BIN)/ruff format --check microgpt tests bench scripts dev
+	$(TEST_BIN)/ruff check microgpt tests bench scripts dev

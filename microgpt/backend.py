@@ -80,6 +80,10 @@ class Backend:
     matmul_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the precision's Matmul takes
     # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
     memory_bytes: Callable[[], int | None] = lambda: None
+    # the device memory held at its peak so far, in bytes, and how it is measured; None: not measured here (the
+    # CPU, where the trainer reports the process's peak resident memory instead)
+    peak_memory: Callable[[], int | None] = lambda: None
+    peak_memory_name: str = ""
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
     tuned: Callable[[], dict[str, dict[str, str]]] = dict  # the device's recorded choices (bench prints them)
 
@@ -170,6 +174,7 @@ def triton_backend(precision_name: str) -> Backend:
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
         kernel_args={fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS}, matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned,
+        peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
     )  # fmt: skip
 
 

@@ -27,16 +27,11 @@ from typing import IO, Any
 import numpy as np
 
 from microgpt import sample
-from microgpt.data.chat import Message, render
-from microgpt.data.tokenizer import EOT, IM_END, IM_START
+from microgpt.data.chat import Message, prompt_text
+from microgpt.data.tokenizer import EOT, IM_END
 from microgpt.errors import ArgParser
 
 STOPS = (IM_END, EOT)
-
-
-def prompt_text(messages: list[Message]) -> str:
-    """The ChatML history and an open assistant header: what the model continues."""
-    return render(messages)[0] + f"{IM_START}assistant\n"
 
 
 def fit_history(

@@ -7,13 +7,17 @@ flag, and exit code 2; nothing already written is touched before the input has b
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import microgpt
 from microgpt import checkpoint, config, memory, params, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
+from microgpt.runlog import LOG_NAME, RunLog
 
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
 DELEGATED = {
@@ -30,7 +34,23 @@ def train_parser() -> ArgParser:
     p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
     config.add_experiment_flags(p)  # the flags `microgpt run` takes too
     p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
+    p.add_argument("--json", action="store_true",
+                   help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
+                   "the proxy asks for them)")  # fmt: skip
     return p
+
+
+def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """How the run was asked for: the command, the experiment file (and its sha256) and what overrides it."""
+    try:
+        sha = hashlib.sha256(Path(args.experiment).read_bytes()).hexdigest()
+    except OSError:
+        sha = None
+    overrides = [f"--set {a}" for a in args.set]
+    overrides += [f"--{name} {value}" for name, value in config.train_flags(args).items() if value is not None]
+    overrides += [f"--init {args.init}"] if args.init else []
+    return {"command": shlex.join(["microgpt", "train", *argv]), "experiment": args.experiment,
+            "experiment_sha256": sha, "overrides": overrides}  # fmt: skip
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -50,7 +70,8 @@ def cmd_train(argv: list[str]) -> int:
 def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],
              lock: runlock.RunLock | None = None) -> int:  # fmt: skip
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
-    from microgpt import data, distributed, trainer
+    from microgpt import data, distributed, report, trainer
+    from microgpt import trackers as tracking
 
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
@@ -66,6 +87,8 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         raise checkpoint.CheckpointError(f"--resume {args.resume}: no such checkpoint file")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
+    if args.init and not args.resume:  # checked before anything is built or written
+        checkpoint.resolve(args.init)
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
         cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
         return distributed.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
@@ -74,16 +97,31 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     try:
         if dp is not None and exp.data.source == "builtin":
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
-        tr = trainer.Trainer(exp, out, dp=dp)
+        rank0 = distributed.rank() == 0
+        trackers = tracking.make(args.track, out, exp.name, exp.to_dict()) if rank0 else []
+        log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers)
+        tr = trainer.Trainer(exp, out, dp=dp, log=log)
         if args.resume:
             tr.load(args.resume)
+        elif args.init:
+            tr.init_from(args.init)
+            check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
         trainer.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
-        tr.tokenizer_info = data.tokenizer_info(exp, out if tr.rank == 0 else None)
-        if tr.rank == 0:
+        tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
+        tr.recipe = recipe(args, argv)
+        log.open()
+        if rank0:
             print(memory.format_plan(tr.S.plan, tr.K.precision), file=sys.stderr)
-        return tr.run()
+        rc = tr.run()
+        if rank0 and tr.outcome in ("done", "stopped"):
+            path = report.write(tr, tr.last_checkpoint)
+            log.emit({"event": "report", "step": tr.step, "path": str(path)})
+            log.say(f"report card: {path}")
+        return rc
     finally:
+        if tr is not None:
+            tr.log.close()
         if dp is not None:
             if tr is not None:
                 tr.step_fn.release()  # its CUDA graph holds NCCL work: destroying the communicator first hangs
@@ -91,16 +129,29 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
 
 
 def finished(args: argparse.Namespace, exp: config.Experiment) -> int:
-    """--resume from a checkpoint at or past train.steps: nothing to train. At it, the run is complete (exit 0,
-    its final checkpoint left as it is); past it, --steps (or train.steps) is wrong: one `error:` line."""
+    """--resume from a checkpoint at or past train.steps: nothing to train, the run is complete (exit 0, its
+    checkpoints left as they are). Past it, the run was trained on further (`run --steps N`, `train --steps N`)."""
     ck, _ = checkpoint.load(args.resume, params.n_params(exp.model))  # a step read from a valid checkpoint only
     steps = f"--steps {args.steps}" if args.steps is not None else f"{args.experiment}: train.steps {exp.train.steps}"
     if ck.step > exp.train.steps:
-        return fail(f"{steps}: the checkpoint {args.resume} is at step {ck.step}, beyond it; "
-                    "pass a larger --steps to train on, or resume an earlier checkpoint")  # fmt: skip
+        print(f"already complete: {args.resume} is at step {ck.step}, past this run's last ({steps}): it was "
+              f"trained on further; nothing to train (--steps above {ck.step} trains on, at the schedule's final "
+              "lr)", file=sys.stderr)  # fmt: skip
+        return 0
     print(f"already complete: {args.resume} is at step {ck.step}, the run's last ({steps}); nothing to train",
           file=sys.stderr)  # fmt: skip
     return 0
+
+
+def check_init_tokenizer(where: str, saved: dict[str, Any], info: dict[str, Any]) -> None:
+    """--init: the new run's data must be tokenized as the weights were trained (the same token ids)."""
+    new = {k: info[k] for k in ("kind", "sha256") if k in info}
+    if saved and info.get("kind") != "unknown" and saved != new:
+        raise checkpoint.CheckpointError(
+            f"--init {where}: its tokenizer ({saved.get('kind')} {saved.get('sha256', '')[:12]}) is not the data's "
+            f"({new.get('kind')} {new.get('sha256', '')[:12]}); prepare the data with `microgpt prep --tokenizer "
+            f"{Path(where) / 'tokenizer.json' if Path(where).is_dir() else 'RUN/tokenizer.json'}`"
+        )
 
 
 def cmd_sample(argv: list[str]) -> int:

@@ -46,6 +46,7 @@ class TrainConfig:
     min_lr: float = 3e-4
     warmup_steps: int = 20
     schedule_start: int = 0  # the step the lr schedule counts from (a phase's first step)
+    schedule_steps: int = 0  # the step the lr schedule ends at (min_lr from there on); 0: train.steps
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -155,6 +156,9 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
     if not 0 <= t.schedule_start < t.steps:
         raise ConfigError(f"{src}: train.schedule_start must be in [0, steps), got {t.schedule_start}")
+    if t.schedule_steps and not t.schedule_start < t.schedule_steps <= INT_MAX:
+        raise ConfigError(f"{src}: train.schedule_steps must be 0 (train.steps) or in (schedule_start, "
+                          f"{INT_MAX}], got {brief(t.schedule_steps)}")  # fmt: skip
     if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
         raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     for name, value in (("eps", t.eps), ("weight_decay", -t.weight_decay), ("grad_clip", -t.grad_clip)):
@@ -255,6 +259,7 @@ def override(exp: Experiment, assignment: str) -> Experiment:
 
 
 TRAIN_FLAGS = ("steps", "seed", "backend", "precision")  # each sets the train field of the same name
+TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/trackers.py)
 
 
 def add_experiment_flags(p: argparse.ArgumentParser) -> None:
@@ -267,6 +272,16 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
+    p.add_argument(
+        "--track",
+        action="append",
+        default=[],
+        metavar="tensorboard|wandb|trackio",
+        help="also send the run's records to a tracker (microgpt/trackers.py; the 'trackers' extra)",
+    )
+    p.add_argument("--init", metavar="CKPT_OR_RUN_DIR",
+                   help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
+                   "optimizer state, step 0, its own schedule; unused when resuming")  # fmt: skip
     p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
                    help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
                    "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
@@ -278,6 +293,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--steps must be > 0, got {args.steps}")
     if args.procs is not None and args.procs < 1:
         raise ConfigError(f"--procs {args.procs}: must be >= 1")
+    for name in args.track:
+        if name not in TRACKERS:
+            raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")
 
 
 def train_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -82,16 +82,23 @@ class TrainState:
             diff = next((k for k in saved if saved[k] != asdict(self.m)[k]), None)
             if diff is not None:
                 raise checkpoint.CheckpointError(f"{path}: checkpoint is for another model (model.{diff} differs)")
-        for dst, src in ((self.p, ck.weights), (self.adam_m, ck.m), (self.adam_v, ck.v)):
+        self.set_weights(ck.weights)
+        for dst, src in ((self.adam_m, ck.m), (self.adam_v, ck.v)):
             self.K.copy_in(dst, src)
-        if self.p_compute is not None:
-            self.K.copy_in(self.p_compute, ck.weights)  # the compute copy follows the loaded masters
-        self.prec.cast_weights()
         self.prec.load_sidecar(side, str(checkpoint.sidecar_path(path)))
         self.step = ck.step
         self.scaler.scale = float(side.get("loss_scale", self.scaler.scale))
         self.scaler.good_steps = int(side.get("loss_scale_good_steps", 0))
         return side
+
+    def set_weights(self, weights: np.ndarray) -> None:
+        """The fp32 masters from (n_params,) weights in the canonical order, and what follows them: the compute copy,
+        what the precision keeps of them (fp8's E4M3 copies). Adam m and v, the step and the loss scaler are left as
+        they are (make_state's, for `train --init`: another run's weights, a new run's optimizer)."""
+        self.K.copy_in(self.p, weights)
+        if self.p_compute is not None:
+            self.K.copy_in(self.p_compute, weights)
+        self.prec.cast_weights()
 
     def save_checkpoint(self, path: Path, meta: dict[str, Any]) -> Path:
         """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar."""
@@ -118,11 +125,7 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         p_compute=arena.flat(compute) if compute != "params" else None, prec=bound,
         scaler=LossScaler.for_precision(prec),
     )  # fmt: skip
-    weights = params.init_weights(m, t.seed)
-    K.copy_in(S.p, weights)
-    if S.p_compute is not None:
-        K.copy_in(S.p_compute, weights)
-    bound.cast_weights()
+    S.set_weights(params.init_weights(m, t.seed))
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
     return S
 

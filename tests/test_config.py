@@ -83,7 +83,7 @@ def test_not_utf8_is_one_line(tmp_path: Path) -> None:
 
 # The flags `microgpt train` and `microgpt run` share: declared once (config.add_experiment_flags), read by one
 # loader (config.apply_overrides), so the same bad input gets the same line from both.
-SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "set", "procs"}
+SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "set", "track", "init", "procs"}
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
@@ -98,7 +98,7 @@ def test_train_and_run_take_the_shared_flags_as_declared_once() -> None:
     train, run = flag_table(cli.train_parser()), flag_table(supervisor.run_parser())
     assert set(shared) == SHARED_FLAGS
     assert {k: train[k] for k in shared} == shared and {k: run[k] for k in shared} == shared
-    assert set(train) - SHARED_FLAGS == {"resume"}
+    assert set(train) - SHARED_FLAGS == {"resume", "json"}
     assert set(run) - SHARED_FLAGS == {"dashboard", "hang_timeout", "max_restarts"}
 
 

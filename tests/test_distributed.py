@@ -65,13 +65,13 @@ def assert_same_state(path_a: Path, path_b: Path) -> None:
 
 
 def train(exp: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-    res = cli("train", str(exp), "--out", str(out), *args)
+    res = cli("train", str(exp), "--out", str(out), "--json", *args)
     assert res.returncode == 0, res.stderr
     return res
 
 
 def start(exp: Path, out: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(out), *args]
+    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(out), "--json", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
 
@@ -195,7 +195,7 @@ def test_two_simulated_nodes_under_torchrun_train_what_the_launcher_trains(runs)
         cmd = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
                "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
                sys.executable, "-m", "microgpt.cli", "train", str(runs["exp"]), "--out", str(tmp / f"node{rank}"),
-               "--steps", "6"]  # fmt: skip
+               "--steps", "6", "--json"]  # fmt: skip
         nodes.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
     results = [p.communicate(timeout=240) for p in nodes]
     for p, (out, err) in zip(nodes, results):
@@ -225,7 +225,8 @@ def test_four_processes_match_one_and_resume_bit_exactly_after_sigterm(runs) -> 
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    stopped = json.loads(out.splitlines()[-1])
+    stopped, report = (json.loads(line) for line in out.splitlines()[-2:])  # then the report card of the stop
+    assert report["event"] == "report" and report["step"] == stopped["step"]
     assert stopped["event"] == "stopped" and stopped["reason"] == "SIGTERM" and stopped["step"] < 6, stopped
     train(exp, tmp / "four_cut", "--steps", "6", *half, "--resume", "latest")
     assert (tmp / "four/ckpt" / name).read_bytes() == (tmp / "four_cut/ckpt" / name).read_bytes()
@@ -264,7 +265,8 @@ def test_signals_to_the_launcher_reach_every_rank(runs) -> None:
     assert proc.returncode == 0 and elapsed < 10, (proc.returncode, elapsed, err)
     ck = [r for r in recs if r["event"] == "checkpoint"]
     assert [r["reason"] for r in ck] == ["SIGUSR1", "SIGTERM"], ck
-    assert recs[-1] == {"event": "stopped", "step": ck[1]["step"], "reason": "SIGTERM"}
+    stop = {k: v for k, v in recs[-2].items() if k != "time"}
+    assert stop == {"event": "stopped", "step": ck[1]["step"], "reason": "SIGTERM"} and recs[-1]["event"] == "report"
     steps = [r["step"] for r in recs if r["event"] == "step"]
     assert steps == list(range(4, ck[1]["step"] + 1))  # every step once: one rank prints
     for r in ck:

@@ -26,7 +26,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float
     """(run folder, shard folder, the trainer's last val_loss) of a tiny BPE run."""
     folder = tmp_path_factory.mktemp("eval")
     exp = write_experiment(folder, model={"vocab_size": 512}, data={"path": str(folder / "data")})
-    res = cli("train", str(exp), "--out", str(folder / "run"))
+    res = cli("train", str(exp), "--out", str(folder / "run"), "--json")
     assert res.returncode == 0, res.stderr
     val = [r["val_loss"] for r in json_lines(res.stdout) if r.get("event") == "eval"][-1]
     return folder / "run", folder / "data", val

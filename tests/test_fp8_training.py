@@ -130,9 +130,11 @@ def test_fp8_resume_is_bit_exact(tmp_path: Path) -> None:
     exp = write_experiment(tmp_path, train={"precision": "fp8", "backend": "numpy"})
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stderr
-    half = cli("train", str(exp), "--steps", "3", "--out", str(tmp_path / "b"))
+    half = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--set", "train.ckpt_every=3")
     assert half.returncode == 0, half.stderr
-    resumed = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--resume", "latest")
+    for late in ("step-00000006.bin", "step-00000006.state.json"):  # as if stopped after step 3's checkpoint
+        (tmp_path / "b/ckpt" / late).unlink()
+    resumed = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--resume", "latest", "--json")
     assert resumed.returncode == 0, resumed.stderr
     final = checkpoint.ckpt_name(6)
     assert (tmp_path / "a/ckpt" / final).read_bytes() == (tmp_path / "b/ckpt" / final).read_bytes()

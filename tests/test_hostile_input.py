@@ -126,12 +126,17 @@ def test_explicit_resume_checks_the_sha256(run: tuple[Path, Path, Path]) -> None
     assert snapshot(out) == before
 
 
-def test_resume_beyond_steps_names_the_flag_or_the_field(run: tuple[Path, Path, Path]) -> None:
+def test_resume_beyond_steps_is_complete_and_names_the_flag_or_the_field(run: tuple[Path, Path, Path]) -> None:
+    """A checkpoint past --steps (the run was trained on further, `run --steps N`): complete, exit 0, nothing
+    rewritten; the line names the flag or the field and how to train on."""
     exp, out, ck = run
     before = snapshot(out)
-    refused(cli("train", str(exp), "--out", str(out), "--steps", "2", "--resume", str(ck)), "--steps 2", "step 3")
-    refused(cli("train", str(exp), "--out", str(out), "--set", "train.steps=2", "--resume", "latest"),
-            "train.steps 2", "step 3")  # fmt: skip
+    for args, named in ((["--steps", "2", "--resume", str(ck)], "--steps 2"),
+                        (["--set", "train.steps=2", "--resume", "latest"], "train.steps 2")):  # fmt: skip
+        res = cli("train", str(exp), "--out", str(out), *args)
+        lines = res.stderr.splitlines()
+        assert res.returncode == 0 and len(lines) == 1 and lines[0].startswith("already complete: "), res.stderr
+        assert named in lines[0] and "step 3" in lines[0] and "--steps above 3 trains on" in lines[0]
     assert snapshot(out) == before
 
 

@@ -59,7 +59,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert commands[-1] == "make test"
     assert not any("pytest" in c or "apt-get" in c for c in commands)
     makefile = (REPO / "Makefile").read_text()
-    assert "\t@. scripts/test-browser.sh && $(BIN)/python -m pytest -q\n" in makefile
+    assert "\t@. scripts/test-browser.sh && $(TEST_BIN)/python -m pytest -q\n" in makefile
 
 
 def test_numpy_below_2_3_is_a_test_pin_only() -> None:
@@ -68,3 +68,32 @@ def test_numpy_below_2_3_is_a_test_pin_only() -> None:
     runtime = [d for d in project["dependencies"] if d.startswith("numpy")]
     assert runtime == ["numpy>=1.26"]
     assert "numpy>=1.26,<2.3" in project["optional-dependencies"]["test"]
+
+
+def fake_venv(tmp_path: Path, name: str) -> Path:
+    """A virtual environment as the Makefile sees one: bin/python, bin/pip that logs its calls, and the stamp."""
+    venv = tmp_path / name
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(shutil.which("true"))
+    pip = venv / "bin" / "pip"
+    pip.write_text(f'#!/bin/sh\necho "$@" >> {venv / "pip.log"}\n')
+    pip.chmod(0o755)
+    return venv
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_train_and_test_have_their_own_environments_each_set_up_once(tmp_path: Path) -> None:
+    """`make test` installs the test extra (NumPy < 2.3) in .venv-test, never into .venv, which `make train` and the
+    README's later commands use; each is installed once, again only when pyproject.toml changes."""
+    train, test = fake_venv(tmp_path, "train"), fake_venv(tmp_path, "test")
+    flags = [f"VENV={train}", f"TEST_VENV={test}"]
+    assert make("setup", *flags).returncode == 0 and make("setup-test", *flags).returncode == 0
+    assert (train / "pip.log").read_text().splitlines() == ["install -q --upgrade pip", "install -q -e ."]
+    assert (test / "pip.log").read_text().splitlines() == ["install -q --upgrade pip", "install -q -e .[test]"]
+    assert make("-q", "setup", *flags).returncode == 0  # up to date: a second `make train` installs nothing
+    assert make("-q", "setup-test", *flags).returncode == 0
+    os.utime(train / ".installed", (0, 0))  # pyproject.toml is newer than the stamp: install again
+    assert make("-q", "setup", *flags).returncode == 1

@@ -18,7 +18,7 @@ from tests.test_hostile_input import refused
 
 
 def start_train(exp: Path, out: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "microgpt", "train", str(exp), "--out", str(out), *args]
+    cmd = [sys.executable, "-m", "microgpt", "train", str(exp), "--out", str(out), "--json", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -48,11 +48,12 @@ def test_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Pat
     ckpts = checkpoint.list_checkpoints(out / "ckpt")
     newest = int(checkpoint.CKPT_RE.match(ckpts[0].name).group(1))
     assert newest >= step
-    third = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", str(newest + 2), env=ENV)
+    third = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", str(newest + 2), "--json",
+                env=ENV)  # fmt: skip
     assert third.returncode == 0, third.stderr
     records = json_lines(third.stdout)
     assert records[0]["event"] == "start" and records[0]["step"] == newest
-    assert records[-1] == {"event": "done", "step": newest + 2}
+    assert [(r["event"], r["step"]) for r in records[-2:]] == [("done", newest + 2), ("report", newest + 2)]
     assert not stale.exists() and f"removed {stale}" in third.stderr
     assert (out / runlock.NAME).read_bytes() == b""  # taking the lock writes nothing
 

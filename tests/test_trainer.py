@@ -1,12 +1,12 @@
-"""The trainer's own pieces: the learning-rate schedule and the terminal's progress lines (the run loop, checkpoints
-and signals are exercised end to end in tests/test_cli.py, tests/test_distributed.py and tests/proxy)."""
+"""The trainer's own pieces: the learning-rate schedule, the run's log and the terminal's progress lines (the run
+loop, checkpoints and signals are exercised end to end in tests/test_cli.py, tests/test_distributed.py and
+tests/proxy)."""
 
 from __future__ import annotations
 
-import json
 import re
 
-from microgpt import checkpoint, config, trainer
+from microgpt import checkpoint, config, runlog, trainer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 
@@ -27,29 +27,59 @@ def test_lr_schedule_restarts_at_schedule_start() -> None:
     assert base.schedule_start == 0
 
 
-def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path, capfd) -> None:
+def test_past_the_schedules_end_the_lr_stays_at_min_lr() -> None:
+    """train.schedule_steps ends the cosine early: the steps after it run at min_lr, never back up."""
+    t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 400, "schedule_steps": 300}}).train
+    short = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300}}).train
+    assert [trainer.lr_at(s, t) for s in range(300)] == [trainer.lr_at(s, short) for s in range(300)]
+    assert {trainer.lr_at(s, t) for s in range(300, 400)} == {t.min_lr}
+    assert trainer.lr_at(299, t) > t.min_lr
+
+
+def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path) -> None:
     """The sidecar carries the latest eval (the exported model card quotes it)."""
     exp = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 3, "eval_every": 3}})
-    assert trainer.Trainer(exp, tmp_path).run() == 0
-    evals = [json.loads(line) for line in capfd.readouterr().out.splitlines() if '"event":"eval"' in line]
+    log = runlog.RunLog(tmp_path / "train.jsonl")
+    log.open()
+    assert trainer.Trainer(exp, tmp_path, log=log).run() == 0
+    log.close()
+    evals = [r for r in runlog.read_log(tmp_path / "train.jsonl") if r["event"] == "eval"]
     side = checkpoint.read_sidecar(checkpoint.list_checkpoints(tmp_path / "ckpt")[0])
     assert (side["val_loss"], side["val_step"]) == (evals[-1]["val_loss"], 3)
 
 
 def test_the_terminal_shows_validation_loss_elapsed_time_and_eta(tmp_path) -> None:
-    """stderr: each step line ends with elapsed time and an ETA, and each evaluation has its own line with the same
-    val_loss as the JSON eval line; stdout's step lines keep their fields."""
+    """stderr: each step line ends with elapsed time and an ETA, each evaluation has its own line with the same
+    val_loss as the log's eval record and says which windows it scored, each checkpoint says it is written; no JSON
+    on stdout unless asked (--json: the same records as the log's)."""
     exp = write_experiment(tmp_path)
     r = cli("train", str(exp), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
-    events = json_lines(r.stdout)
+    assert r.stdout == ""
+    events = runlog.read_log(tmp_path / "run" / "train.jsonl")
     step_lines = [line for line in r.stderr.splitlines() if re.match(r"step +\d+/", line)]
     assert len(step_lines) == TINY["train"]["steps"]
     assert all(re.search(r"\| \d+:\d\d elapsed, ETA \d+:\d\d$", line) for line in step_lines), step_lines
     assert step_lines[-1].endswith("ETA 0:00")  # nothing left after the last step
     evals = [e for e in events if e["event"] == "eval"]
     eval_lines = [line for line in r.stderr.splitlines() if line.startswith("eval ")]
-    assert eval_lines == [f"eval {e['step']:>6}/6 | val_loss {e['val_loss']:.4f}" for e in evals]
-    assert len(evals) == 2
+    windows = r"the first 8 of [\d,]+ val windows"  # eval_batches 2 x micro_batch 4 of the val split's windows
+    want = [f"eval {e['step']:>6}/6 | val_loss {e['val_loss']:.4f} | " for e in evals]
+    assert len(evals) == 2 and all(re.fullmatch(re.escape(w) + windows, line) for w, line in zip(want, eval_lines))
+    final = tmp_path / "run" / "ckpt" / "step-00000006.bin"
+    assert f"checkpoint step 6 written (final): {final}" in r.stderr.splitlines()
     steps = [e for e in events if e["event"] == "step"]
-    assert set(steps[0]) == {"event", "step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens"}
+    assert set(steps[0]) == {"event", "step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "time",
+                             "elapsed_s", "memory_peak"}  # fmt: skip
+    assert [e["event"] for e in events] == ["start"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + [
+        "eval",
+        "checkpoint",
+        "done",
+        "report",
+    ]
+    times = [e["time"] for e in events]
+    assert times == sorted(times) and all(t > 1.7e9 for t in times)  # real Unix times, in order
+    again = cli("train", str(exp), "--out", str(tmp_path / "json"), "--json")
+    drop = ("time", "elapsed_s", "memory_peak", "tokens_per_s", "dt_ms", "path")
+    same = lambda recs: [{k: v for k, v in e.items() if k not in drop} for e in recs if e["event"] in ("step", "eval")]  # noqa: E731
+    assert same(json_lines(again.stdout)) == same(events)

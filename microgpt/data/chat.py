@@ -36,6 +36,14 @@ def render(messages: list[Message]) -> tuple[str, list[tuple[int, int]]]:
     return "".join(parts), spans
 
 
+def prompt_text(prompt: str | list[Message]) -> str:
+    """A sampling prompt as text: a string as it is, chat messages rendered and ended by an open assistant turn (so
+    the model writes the assistant's reply, up to its <|im_end|>)."""
+    if isinstance(prompt, str):
+        return prompt
+    return render(prompt)[0] + f"{IM_START}assistant\n"
+
+
 def parse_record(record: object) -> list[Message] | str:
     """A ShareGPT or OpenAI-messages record -> messages, or the reason it is skipped."""
     if not isinstance(record, dict):

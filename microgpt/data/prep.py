@@ -7,7 +7,9 @@ write train/val token shards (llm.c layout), optional loss-mask shards and a man
     microgpt prep --builtin --per-source --out data/builtin-split       # one subfolder of shards per source
 
 Sources: ShareGPT (Hermes-3) or OpenAI-`messages` records in .jsonl/.json/.parquet, {"text": ...} JSONL,
-or plain text (a file is one document; a folder gives one document per .txt/.md/.py/.rst file).
+or plain text (a file is one document; a folder gives one document per .txt/.md/.py/.rst file). A source of one
+document is split in two (split_document: at the paragraph, else the line, nearest to val_fraction of its
+characters from the end), so every source has val text; a document too short to split is refused, one line.
 PATH@W weights a source: each document is repeated floor(W) times, plus once more with probability
 frac(W), so W=0.5 keeps a random half and W=2 doubles it. Documents are split into train/val per
 source before weighting (no copy of a val document reaches train), shuffled, and written as
@@ -65,18 +67,47 @@ class PrepSettings:
     tokenizer_bytes: int = 50_000_000  # text used to train BPE
     chunk: int = 512  # documents per parallel tokenize call
     quiet: bool = False
+    window: int = 2  # tokens each split must hold: train reads windows of model.seq_len + 1 (--experiment's)
+    window_of: str = ""  # where `window` comes from, for the error line
     build: dict = field(default_factory=dict)
+
+
+def split_document(doc: Doc, val_fraction: float, where: str) -> list[Doc]:
+    """One document as two, [train part, val part]: cut at the paragraph break (a blank line) nearest to
+    val_fraction of its characters from the end, else at the nearest line break, else at that character. A chat
+    document's assistant spans are cut with it. PrepError when it has fewer than two characters."""
+    text = doc.text
+    if len(text) < 2:
+        raise PrepError(f"--source {where}: a single document of {len(text)} characters cannot be split into train and "
+                        "val text; give the source more text (or more documents)")  # fmt: skip
+    at = min(len(text) - 1, max(1, round(len(text) * (1 - val_fraction))))
+    for sep in ("\n\n", "\n"):
+        before, after = text.rfind(sep, 0, at + len(sep)), text.find(sep, at + 1)  # breaks starting <= at, > at
+        cuts = [c + len(sep) for c in (before, after) if c >= 0 and 0 < c + len(sep) < len(text)]
+        if cuts:
+            at = min(cuts, key=lambda c: abs(c - at))
+            break
+    if doc.spans is None:
+        return [Doc(text[:at]), Doc(text[at:])]
+    head = [(a, min(b, at)) for a, b in doc.spans if a < at]
+    tail = [(max(a, at) - at, b - at) for a, b in doc.spans if b > at]
+    return [Doc(text[:at], head), Doc(text[at:], tail)]
 
 
 def split_and_weight(
     sources: list[tuple[Source, list[Doc]]], val_fraction: float, seed: int
 ) -> dict[str, list[tuple[Source, Doc]]]:
-    """Per-source train/val split of distinct documents, then the weights, then one shuffle per split."""
+    """Per-source train/val split of distinct documents, then the weights, then one shuffle per split. A source of
+    one document gives a train and a val part of it (split_document): no split is ever empty."""
     rng = np.random.default_rng([seed, 0xDA7A])
     out: dict[str, list[tuple[Source, Doc]]] = {"train": [], "val": []}
     for src, docs in sources:
-        order = rng.permutation(len(docs))
-        n_val = max(1, round(val_fraction * len(docs))) if len(docs) > 1 else 0
+        if len(docs) == 1:
+            docs = split_document(docs[0], val_fraction, src.name)
+            order = np.array([1, 0])  # the val part first: it is the tail
+        else:
+            order = rng.permutation(len(docs))
+        n_val = max(1, round(val_fraction * len(docs)))
         for split, idx in (("val", order[:n_val]), ("train", order[n_val:])):
             reps = np.floor(src.weight) + (rng.random(len(idx)) < src.weight % 1)
             picked = [(src, docs[i]) for i, r in zip(idx, reps) for _ in range(int(r))]
@@ -203,6 +234,7 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
                 write_split(tok, [d for d in splits[split] if src in (None, d[0])], writer, s.chunk, s.quiet)
                 names, total = names + [f"{sub}/{n}" if sub else n for n in writer.close()], total + writer.total
             written[split] = {"shards": names, "tokens": total, "documents": len(splits[split])}
+        check_windows(written, s)
         val_bytes = sum(src.bytes.get("val", 0) for src, _ in sources)
         manifest = {
             "format": "microgpt-shards-v1",
@@ -231,6 +263,16 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def check_windows(written: dict[str, dict], s: PrepSettings) -> None:
+    """Refuse (before anything is moved into place) a corpus whose train or val split holds less than one window of
+    the experiment's model.seq_len + 1 tokens: `microgpt train` would refuse it."""
+    for split, info in written.items():
+        if info["tokens"] < s.window:
+            raise PrepError(f"{split} split: {info['tokens']:,} tokens, fewer than one window of {s.window:,} "
+                            f"({s.window_of or 'two tokens'}) that train reads; add text, or change --val-fraction "
+                            f"({s.val_fraction})")  # fmt: skip
 
 
 def source_folders(sources: list[tuple[Source, list[Doc]]]) -> dict[str, Source]:
@@ -321,6 +363,7 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
         loss_mask=args.loss_mask or args.builtin,  # the built-in corpus always carries masks (1 byte a token)
         per_source=args.per_source, shard_tokens=args.shard_tokens, tokenizer_bytes=args.tokenizer_bytes,
         chunk=args.chunk, quiet=args.quiet,
+        window=exp.model.seq_len + 1 if exp else 2, window_of=f"{args.experiment}: model.seq_len + 1" if exp else "",
     )  # fmt: skip
     return settings, max_bytes
 

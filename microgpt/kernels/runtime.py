@@ -80,6 +80,11 @@ class Runtime:
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() - before
 
+    def peak_memory(self) -> int | None:
+        """Bytes torch's allocator has held at its peak (the arena, the cuBLAS workspace, torch's own); None on the
+        interpreter's CPU tensors."""
+        return torch.cuda.max_memory_allocated(self.dev) if self.cuda else None
+
     # --- the arena -----------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> torch.Tensor:
         """The one device allocation of the memory plan (zeroed)."""
@@ -123,7 +128,9 @@ class Runtime:
     def copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
         """Host array -> device buffer, converted to the buffer's dtype on the host: a copy that converts on the
         way would stage the host dtype on the device, outside the memory plan."""
-        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape).to(dst.dtype))
+        src = np.ascontiguousarray(src)
+        src = src if src.flags.writeable else src.copy()  # torch wraps only writable arrays (a checkpoint's are not)
+        dst.copy_(torch.from_numpy(src).reshape(dst.shape).to(dst.dtype))
 
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:

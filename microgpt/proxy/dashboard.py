@@ -1,6 +1,7 @@
 """A read-only HTTP server for the live loss dashboard, on 127.0.0.1: the page, uPlot, and the runs of a folder.
 
-    GET /                              302 to the page, naming the run (or every run of a folder of runs)
+    GET /?QUERY                        302 to the page with the same QUERY (?x=time, ?interval=...), plus the run
+                                       when QUERY names none (none at all: every run of a folder of runs)
     GET /live-loss-dashboard.html      the page, package data beside this module (scripts/ links to it)
     GET /vendor/uplot/uPlot.*          the vendored chart library (package data; the page needs no network)
     GET /api/runs                      {"runs": [name...]}: <run> for <root>/<run>.loss.json, <sub>/<run> for
@@ -8,7 +9,9 @@
     GET /api/loss?run=R&width=W        the loss history downsampled to W buckets per series (dashdata.py);
                   &since=S&vsince=V    only the train rows after step S and val rows after V (the live poll)
                   &from=A&to=B         the steps in [A, B] (the page's zoom)
-    GET /api/state?run=R, /api/samples?run=R   that run's .state.json / .samples.json as they are
+    GET /api/state?run=R, /api/samples?run=R   that run's .state.json / .samples.json as they are; a folder
+                                       `microgpt train` wrote (train.jsonl, no proxy files) gets a state made from
+                                       its log (RunFolder.log_state), so a finished or a live `train` run is served
     GET /<name>.json                   a regular file directly inside the root folder (loss, samples, state)
 
 Nothing else is served: no listing, no other subfolder (checkpoints, archive), no path that resolves outside
@@ -18,26 +21,31 @@ listing, never joined into a path. Only GET and HEAD; any other method gets 405.
 File answers carry an ETag (mtime and size): an unchanged file costs a 304, not a download.
 
 One thread per request (daemon threads) with at most MAX_HANDLERS at once; further connections wait in a
-listen backlog of BACKLOG. A client that goes away mid-answer is not an error and prints nothing.
+listen backlog of BACKLOG. A client that goes away mid-answer is not an error and prints nothing. Requests are not
+logged (a page polls several times a second), server errors (5xx) are; --verbose logs every request.
 
-Standalone: `python -m microgpt.proxy.dashboard FOLDER [--port N]`, FOLDER a run folder or a folder of them.
+Standalone: `python -m microgpt.proxy.dashboard FOLDER [--port N] [--verbose]`, FOLDER a run folder (a proxy's or
+`microgpt train`'s, live or finished) or a folder of them.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import re
 import sys
 import threading
+import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlsplit
 
 from microgpt.errors import ArgParser, InputError, exit_on_input_error
 from microgpt.proxy.dashdata import RunFolder, RunNotReady, RunUnavailable, view
+from microgpt.runlog import LOG_NAME
 
 PAGE_NAME = "live-loss-dashboard.html"
 PAGE = Path(__file__).resolve().with_name(PAGE_NAME)  # package data: a non-editable install serves it too
@@ -47,6 +55,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.json$")
 MAX_URL = 2048  # longer request targets get 414 (no file or run name here comes near it)
 MAX_HANDLERS = 32  # requests answered at once; more wait in the backlog
 BACKLOG = 256
+LINGER_S = 5.0  # after the run: how long an open page gets to read its final state (DashboardServer.linger)
 QUIET = (ConnectionError, TimeoutError)  # a client that went away: BrokenPipe, ConnectionReset, a stalled socket
 
 
@@ -94,9 +103,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_error(414, "URI too long")
         url = urlsplit(self.path)
         if url.path == "/":
-            query = f"?run={quote(self.server.run, safe='/')}" if self.server.run else ""  # none: every run
+            pairs = parse_qsl(url.query, keep_blank_values=True)  # the README's ?x=time and friends, kept
+            if self.server.run and not any(k == "run" for k, _ in pairs):
+                pairs.insert(0, ("run", self.server.run))  # the run the server opens on; none: every run
+            query = urlencode(pairs, safe="/", quote_via=quote)
             self.send_response(302)
-            self.send_header("Location", f"/{PAGE_NAME}{query}")
+            self.send_header("Location", f"/{PAGE_NAME}" + (f"?{query}" if query else ""))
             self.send_header("Content-Length", "0")
             return self.end_headers()
         if url.path.startswith("/api/"):
@@ -145,7 +157,12 @@ class Handler(BaseHTTPRequestHandler):
         run = (query.get("run") or [""])[0]
         try:
             if path in ("/api/state", "/api/samples"):
-                return self._send_file(folder.path(run, path.removeprefix("/api/")), body)
+                if path == "/api/state":
+                    self.server.state_read = time.monotonic()  # a page is open (linger() waits for its next read)
+                target = folder.path(run, path.removeprefix("/api/"))
+                if path == "/api/state" and not target.exists() and folder.path(run, "loss").name == LOG_NAME:
+                    return self._json(folder.log_state(run), etag=True)
+                return self._send_file(target, body)
             if path != "/api/loss":
                 return self.send_error(404, "not found")
             args = {k: _int_arg(query, k) for k in ("since", "vsince", "from", "to", "width")}
@@ -165,10 +182,16 @@ class Handler(BaseHTTPRequestHandler):
                             "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
                             "bytes": sent})  # fmt: skip
 
-    def _json(self, obj: Any) -> int:
+    def _json(self, obj: Any, etag: bool = False) -> int:
+        """obj as JSON; with etag, tagged by its content (the page tells a new state from an old one by the tag)."""
         data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
-        self._send(200, "application/json", data)
+        self._send(200, "application/json", data, etag=f'"{hashlib.sha256(data).hexdigest()[:16]}"' if etag else "")
         return len(data)
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Every request with --verbose; otherwise only the server's own errors (a page polls all the time)."""
+        if self.server.verbose or (isinstance(code, int) and code >= 500):  # an HTTPStatus is an int
+            BaseHTTPRequestHandler.log_message(self, '"%s" %s %s', self.requestline, str(code), str(size))
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -195,6 +218,7 @@ class DashboardHTTPServer(ThreadingHTTPServer):
         self.folder = RunFolder(root)
         self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
         self.requests: deque[dict[str, Any]] = deque(maxlen=1000)  # /api/loss answers, newest last (tests read it)
+        self.state_read = -1e9  # time.monotonic() of the last /api/state answer
         super().__init__(("127.0.0.1", port), Handler)
         self.port = self.server_address[1]
         self.hosts = {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
@@ -276,6 +300,16 @@ class DashboardServer:
             except RunUnavailable:
                 pass
 
+    def linger(self, timeout: float = LINGER_S) -> None:
+        """The run has ended and its files are final: when a page is open (it read the state in the last minute),
+        serve until it has read the state once more (the final one: done, stopped), at most timeout seconds, so it
+        keeps the finished run's last state when the server is gone."""
+        start = time.monotonic()
+        while start - self.httpd.state_read < 60 and time.monotonic() - start < timeout:
+            if self.httpd.state_read > start:
+                return
+            time.sleep(0.02)
+
     def close(self) -> None:
         if self.thread is not None:
             self.httpd.shutdown()
@@ -292,17 +326,18 @@ def serve(argv: list[str]) -> int:
     p.add_argument("folder", help="a run folder (holding <run>.loss.json) or a folder of run folders")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--run", help="the run the page opens on (default: the folder's only run, else all of them)")
+    p.add_argument("--verbose", action="store_true", help="log every request (default: only server errors)")
     args = p.parse_args(argv)
     root = Path(args.folder)
     if not root.is_dir():
         raise ServeError(f"{root}: no such folder")
     runs = list(RunFolder(root).runs())
     if not runs:
-        raise ServeError(f"{root}: no <run>.loss.json here or in its subfolders")
+        raise ServeError(f"{root}: no run here or in its subfolders (a <run>.loss.json or a train.jsonl)")
     if args.run is not None and args.run not in runs:
         raise ServeError(f"--run {args.run}: not a run in {root} (runs: {', '.join(runs[:10])})")
     run = args.run or (runs[0] if len(runs) == 1 else None)
-    server = DashboardServer(root, run, args.port, verbose=True)
+    server = DashboardServer(root, run, args.port, verbose=args.verbose)
     print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
     threading.Thread(target=server.warm, daemon=True).start()
     try:

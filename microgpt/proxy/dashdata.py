@@ -11,8 +11,14 @@ per version (mtime, size, inode) into columns, and answers
     view(columns, width, lo=A, hi=B)      the steps in [A, B] at full detail up to 2*width (the page's zoom)
 
 Each series is its own (step, y) pair of lists because min and max fall on different steps per series. Rows
-whose value is null (a diverged loss) are left out of that series. `clock` maps step to cumulative tokens and
-wall time, for the page's tokens and time x axes.
+whose value is null (a diverged loss) are left out of that series. `clock` maps step to cumulative tokens, wall
+time (`time`, Unix seconds) and training time (`elapsed`: the engine's elapsed_s, seconds of training up to the
+step across resumes), for the page's tokens and time x axes; a row that does not say its time (a log of an older
+version) has null there, and the page leaves a gap rather than draw it at the Unix epoch.
+
+A run folder `microgpt train` wrote (its log `train.jsonl`, microgpt/runlog.py, and no `.loss.json`) is a run here
+too: its history is the log's, read by the proxy's own rules (runfiles.replay_engine_log), so the same page shows
+a `make train` run, live or finished.
 
 The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
 person, a copy in progress) may leave half a file, in which case the last good version is served, and with
@@ -26,8 +32,13 @@ import os
 import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from microgpt.proxy.runfiles import replay_engine_log
+from microgpt.runlock import pid_alive
+from microgpt.runlog import LOG_NAME, read_log
 
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
 KINDS = ("loss", "samples", "state")
@@ -53,8 +64,10 @@ class Columns:
     steps: list[int]  # every train row's step, ascending
     series: dict[str, tuple[list[int], list[float]]]
     tokens: list[float]  # cumulative tokens at each train row
-    times: list[float]  # each train row's wall time (unix seconds)
+    times: list[float | None]  # each train row's wall time (unix seconds); None: unknown
+    elapsed: list[float | None]  # each train row's training time (elapsed_s); None: unknown
     val: tuple[list[int], list[float]]
+    memory_peak: float | None = None  # the last row's measured peak memory (bytes; the page's header shows it)
     views: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # memoized full-range answers
     raw: bytes = b""  # the file as read, and the offset just past its last train row (-1: not found)
     rows_end: int = -1
@@ -69,20 +82,24 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
     with `base`, obj's train rows are the ones after base's and are appended to copies of its columns."""
     steps: list[int] = list(base.steps) if base else []
     tokens: list[float] = list(base.tokens) if base else []
-    times: list[float] = list(base.times) if base else []
+    times: list[float | None] = list(base.times) if base else []
+    elapsed: list[float | None] = list(base.elapsed) if base else []
     series = {key: (list(xs), list(ys)) for key, (xs, ys) in base.series.items()} if base else {}
     for key in SERIES:
         series.setdefault(key, ([], []))
     cols = [(key, *series[key]) for key in SERIES]
     total = tokens[-1] if tokens else 0.0
+    memory_peak = base.memory_peak if base else None
     for r in obj.get("train") or []:
         if not isinstance(r, dict) or not _number(step := r.get("step")):
             continue
+        memory_peak = r["memory_peak"] if _number(r.get("memory_peak")) else memory_peak
         steps.append(step)
         total += r["tokens"] if _number(r.get("tokens")) else 0
         tokens.append(total)
-        t = r.get("time")
-        times.append(float(t) if _number(t) else 0.0)
+        t, e = r.get("time"), r.get("elapsed_s")
+        times.append(float(t) if _number(t) else None)
+        elapsed.append(float(e) if _number(e) else None)
         for key, xs, ys in cols:
             y = r.get(key)
             if y is not None and _number(y):
@@ -99,7 +116,8 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
            if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
     marks = [m for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
     meta = base.meta if base else obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
-    return Columns(version, meta, marks, steps, series, tokens, times, ([s for s, _ in val], [y for _, y in val]))
+    vals = ([s for s, _ in val], [y for _, y in val])
+    return Columns(version, meta, marks, steps, series, tokens, times, elapsed, vals, memory_peak)
 
 
 def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: float, width: int) -> tuple[list, list]:
@@ -148,18 +166,18 @@ def view(c: Columns, width: int, since: int | None = None, vsince: int | None = 
         sx, sy = downsample(xs, ys, a, b, x0, x1, width)
         out_series[name] = {"step": sx, "y": sy}
     a, b = bisect_left(c.steps, first), bisect_right(c.steps, last)
-    clock = {"step": [], "tokens": [], "time": []}
-    if b > a:  # step -> tokens and time are monotone: every bucket's first row is enough to interpolate
+    clock: dict[str, list] = {"step": [], "tokens": [], "time": [], "elapsed": []}
+    if b > a:  # step -> tokens and times are monotone: every bucket's first row is enough to interpolate
         stride = max(1, (b - a) // (2 * width))
         idx = list(range(a, b, stride)) + ([b - 1] if (b - 1 - a) % stride else [])
         clock = {"step": [c.steps[i] for i in idx], "tokens": [c.tokens[i] for i in idx],
-                 "time": [c.times[i] for i in idx]}  # fmt: skip
+                 "time": [c.times[i] for i in idx], "elapsed": [c.elapsed[i] for i in idx]}  # fmt: skip
     vx, vy = c.val
     va = bisect_right(vx, vsince) if vsince is not None else 0
     ans = {
         "version": c.version, "meta": c.meta, "marks": c.marks, "rows": len(c.steps),
         "first_step": c.steps[0] if c.steps else 0, "last_step": c.steps[-1] if c.steps else 0,
-        "first_time": c.times[0] if c.times else None,
+        "first_time": next((t for t in c.times if t is not None), None), "memory_peak": c.memory_peak,
         "last_val_step": vx[-1] if vx else 0, "width": width, "since": since, "lo": lo, "hi": hi,
         "series": out_series, "clock": clock, "val": {"step": vx[va:], "y": vy[va:]},
         "points": sum(len(s["step"]) for s in out_series.values()),
@@ -181,7 +199,8 @@ class RunFolder:
         self.lock = threading.Lock()  # one parse per file version, whatever the number of polling pages
 
     def runs(self) -> dict[str, Path]:
-        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear."""
+        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear. A folder
+        without a .loss.json whose train.jsonl names a run is that run (`microgpt train`'s folder)."""
         found: dict[str, Path] = {}
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
@@ -190,6 +209,8 @@ class RunFolder:
         for e in entries:
             if e.name.endswith(".loss.json") and e.is_file():
                 found[e.name.removesuffix(".loss.json")] = self.root
+        if not found and (name := log_run(self.root)):
+            found[name] = self.root
         for e in entries:
             if e.name.startswith(".") or e.name in SKIP_DIRS or not e.is_dir(follow_symlinks=False):
                 continue
@@ -197,18 +218,23 @@ class RunFolder:
                 subs = sorted(os.listdir(e.path))
             except OSError:
                 continue
-            for name in subs:
-                if name.endswith(".loss.json") and not name.startswith("."):
-                    found[f"{e.name}/{name.removesuffix('.loss.json')}"] = Path(e.path)
+            names = [n.removesuffix(".loss.json") for n in subs if n.endswith(".loss.json") and not n.startswith(".")]
+            if not names and LOG_NAME in subs and (name := log_run(Path(e.path))):
+                names = [name]
+            for name in names:
+                found[f"{e.name}/{name}"] = Path(e.path)
         return found
 
     def path(self, run: str, kind: str) -> Path:
         """The file of one run; RunUnavailable for a name that is not a run here (so no path is ever built from
-        what the request says: only from what the listing found)."""
+        what the request says: only from what the listing found). A `train` folder's history is its log."""
         folder = self.runs().get(run)
         if folder is None or kind not in KINDS:
             raise RunUnavailable(f"no run {run!r} here")
-        return folder / f"{run.rsplit('/', 1)[-1]}.{kind}.json"
+        path = folder / f"{run.rsplit('/', 1)[-1]}.{kind}.json"
+        if kind == "loss" and not path.exists() and (folder / LOG_NAME).is_file():
+            return folder / LOG_NAME
+        return path
 
     def loss(self, run: str) -> Columns:
         path = self.path(run, "loss")
@@ -219,12 +245,52 @@ class RunFolder:
                 version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
                 if cached is not None and cached.version == version:
                     return cached
-                raw = path.read_bytes()
-                cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
+                if path.name == LOG_NAME:
+                    hist = replay_engine_log(path, run.rsplit("/", 1)[-1])
+                    cached = self.cache[path] = columns(hist.data if hist else {}, version)
+                else:
+                    raw = path.read_bytes()
+                    cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
             except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
                 if cached is None:
                     raise RunNotReady(f"{path.name}: not readable yet ({type(e).__name__})") from None
             return cached
+
+    def log_state(self, run: str) -> dict[str, Any]:
+        """A `train` folder's state, as the proxy's state file would say it, from its log: status done or stopped
+        from its last records, else running while the process that wrote its last start record lives (else
+        crashed); the step, the target step."""
+        folder = self.runs().get(run)
+        if folder is None or not (folder / LOG_NAME).is_file():
+            raise RunUnavailable(f"no run {run!r} here")
+        last: dict[str, Any] = {}
+        for rec in read_log(folder / LOG_NAME):
+            if rec["event"] == "start":
+                last = {"start": rec}
+            last[rec["event"]] = rec
+        start = last.get("start", {})
+        ended = "done" if "done" in last else "stopped" if "stopped" in last else None
+        status = ended or ("running" if pid_alive(start.get("pid")) else "crashed")
+        steps = [
+            r["step"] for k, r in last.items() if k in ("step", "done", "stopped") and isinstance(r.get("step"), int)
+        ]
+        target = (start.get("config") or {}).get("train", {}).get("steps")
+        updated = max((r.get("time") or 0 for r in last.values()), default=0)
+        return {"format": "microgpt-proxy-state-1", "run": run.rsplit("/", 1)[-1], "status": status,
+                "step": max(steps, default=start.get("step", 0)), "target_step": target, "phase": None,
+                "restarts": 0, "source": LOG_NAME,
+                "updated": datetime.fromtimestamp(updated, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}  # fmt: skip
+
+
+def log_run(folder: Path) -> str | None:
+    """The run a folder's train.jsonl belongs to (its first record, the start record, names it); None: no log."""
+    try:
+        with open(folder / LOG_NAME, "rb") as f:
+            first = json.loads(f.readline(1 << 22))
+    except (OSError, ValueError):
+        return None
+    name = first.get("run") if isinstance(first, dict) else None
+    return name if isinstance(name, str) and name and "/" not in name else None
 
 
 TRAIN_START, TRAIN_END = b'"train":[', b'],"val":['  # the proxy's compact writer: meta, train, val, marks

@@ -15,8 +15,9 @@ leaves the previous complete version.
     step k, rows after k are dropped first, and the resumed engine writes them again (bit-exact resume
     makes them equal), so a restart leaves no gap and no duplicate.
     A folder `microgpt train` wrote (checkpoints past the history) is adopted: the rows of those steps come
-    from the engine's own JSON lines in <out>/train.jsonl (ENGINE_LOG, where `make train` keeps them) with
-    "time": null, else only the val rows the checkpoints' sidecars carry; an "adopt" mark records which.
+    from the engine's own log <out>/train.jsonl (ENGINE_LOG, microgpt/runlog.py: the same rows, times included;
+    a log of an older version has none, "time": null), else only the val rows the checkpoints' sidecars carry;
+    an "adopt" mark records which.
 
     <run>.samples.json   {"format": "microgpt-samples-1", "run", "phase", "settings", "samples": [...]}
     <run>.state.json     {"format": "microgpt-proxy-state-1", "run", "status", "phase", "step", ...}; a run
@@ -38,13 +39,25 @@ from typing import Any
 from microgpt.errors import InputError, WriteError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json
 from microgpt.fileio import read_json as read_json_file
+from microgpt.runlog import LOG_NAME
 
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
 STATE_FORMAT = "microgpt-proxy-state-1"
-ENGINE_LOG = "train.jsonl"  # the engine's stdout as `make train` keeps it in the run folder (README)
+ENGINE_LOG = LOG_NAME  # the engine's own log in the run folder (microgpt/runlog.py)
 # the fields of the engine's start line kept as the history's "meta"
-META_FIELDS = ("n_params", "device", "memory", "versions", "git", "config", "world_size")
+META_FIELDS = (
+    "n_params",
+    "device",
+    "memory",
+    "versions",
+    "git",
+    "config",
+    "world_size",
+    "flops_per_token",
+    "peak_flops",
+    "memory_measure",
+)
 
 
 class RunFileError(InputError):

@@ -18,18 +18,10 @@ import threading
 import time
 from typing import Any, Callable
 
+from microgpt.data.chat import prompt_text
 from microgpt.errors import WriteError
 from microgpt.proxy.phases import ProxySettings
 from microgpt.proxy.runfiles import JsonDoc
-
-
-def prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    from microgpt.data.chat import render
-    from microgpt.data.tokenizer import IM_START
-
-    return render(prompt)[0] + f"{IM_START}assistant\n"
 
 
 def sample_cmd(ckpt: str, prompt: str, settings: ProxySettings, step: int) -> list[str]:

@@ -79,8 +79,10 @@ class Outcome:
 
 class Supervisor:
     def __init__(self, schedule: Schedule, out: Path, experiment: str, procs: int | None = None,
-                 lock: runlock.RunLock | None = None):  # fmt: skip
+                 lock: runlock.RunLock | None = None, init: str | None = None, track: list[str] = ()):  # fmt: skip
         self.schedule, self.out, self.settings, self.procs = schedule, out, schedule.settings, procs
+        self.init = init  # --init: the weights the run's first engine starts from (when there is no checkpoint)
+        self.track = list(track)  # --track: the trackers every engine feeds
         self.run_lock = lock  # the run folder's lock (microgpt/runlock.py), passed to every engine
         self.paths = run_paths(out, schedule.run)
         self.loss = LossHistory(self.paths["loss"], schedule.run)
@@ -151,7 +153,7 @@ class Supervisor:
             rows = {"train": [], "val": self._sidecar_val_rows(last, step)}
         for key in ("train", "val"):
             for row in rows[key]:
-                self.loss.add(key, {**row, "phase": self._phase_name(row["step"]), "time": None})
+                self.loss.add(key, {**row, "phase": self._phase_name(row["step"]), "time": row.get("time")})
         self.loss.mark("adopt", step, checkpoint=str(newest), history=source)
         log(f"continuing from {newest}, written by `microgpt train`; history of steps {last + 1}..{step} from {source}")
 
@@ -300,9 +302,12 @@ class Supervisor:
         return not self.stops
 
     def engine_cmd(self, ph: Phase, ckpt: Path | None) -> list[str]:
+        """`microgpt train` of the phase, its records as JSON lines on stdout (--json: what watch() reads)."""
         cmd = [sys.executable, "-m", "microgpt.cli", "train", str(self.out / "phases" / f"{ph.name}.json"),
-               "--out", str(self.out)]  # fmt: skip
-        return cmd + (["--resume", str(ckpt)] if ckpt else []) + (["--procs", str(self.procs)] if self.procs else [])
+               "--out", str(self.out), "--json"]  # fmt: skip
+        cmd += ["--resume", str(ckpt)] if ckpt else ["--init", self.init] if self.init else []
+        cmd += [flag for name in self.track for flag in ("--track", name)]
+        return cmd + (["--procs", str(self.procs)] if self.procs else [])
 
     def run_engine(self, ph: Phase, ckpt: Path | None, step: int) -> Outcome:
         log(f"phase {ph.name!r}: engine from step {step} to {ph.end}" + (f", resuming {ckpt}" if ckpt else ""))
@@ -376,7 +381,7 @@ class Supervisor:
         except (ValueError, TypeError, KeyError):
             print(f"engine: {raw.decode(errors='replace').rstrip()}", file=sys.stderr, flush=True)
             return
-        now = time.time()
+        now = ev.get("time", time.time())  # the engine stamps each record (runlog.py); the history keeps that time
         if kind == "start":
             dropped = self.loss.truncate_after(ev["step"])
             if dropped:
@@ -450,7 +455,7 @@ def supervise(argv: list[str]) -> int:
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
     try:
         with runlock.acquire(out) as lock:
-            sup = Supervisor(schedule, out, args.experiment, args.procs, lock)
+            sup = Supervisor(schedule, out, args.experiment, args.procs, lock, args.init, args.track)
             if server is not None:
                 sup.state.update(dashboard=server.url)
                 server.start()
@@ -458,6 +463,7 @@ def supervise(argv: list[str]) -> int:
             return sup.run()
     finally:
         if server is not None:
+            server.linger()  # an open page reads the run's final state before the server goes
             server.close()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from microgpt.data import prep, pull, shards
 from microgpt.data.chat import parse_record, render
-from microgpt.data.sources import SourceError
+from microgpt.data.sources import Doc, SourceError
 from microgpt.data.tokenizer import EOT, IM_END, TokenizerError, load_tokenizer
 from tests.conftest import cli
 from tests.data.fixtures import GOOD_JSONL, write_jsonl
@@ -46,7 +46,8 @@ def run_prep(tmp: Path, out: str, *extra: str) -> Path:
 
 def expected_docs() -> Counter:
     chats = [render(parse_record(r))[0] for r in GOOD_JSONL] * 2  # weight 2
-    chats += [render(parse_record(OPENAI[0]))[0]]
+    # oa.jsonl keeps one conversation: a source of one document is split into train and val parts
+    chats += [d.text for d in prep.split_document(Doc(*render(parse_record(OPENAI[0]))), 0.3, "oa.jsonl")]
     return Counter(chats + TEXTS)
 
 
@@ -101,7 +102,7 @@ def test_loss_mask_keeps_assistant_content_and_im_end(corpus: Path) -> None:
     want: Counter = Counter()
     for record in GOOD_JSONL * 2 + OPENAI[:1]:
         want["".join(m["content"] + IM_END for m in parse_record(record) if m["role"] == "assistant")] += 1
-    want[""] += len(TEXTS)  # plain text has no assistant tokens
+    want[""] += len(TEXTS) + 1  # plain text has no assistant tokens, nor the user half of oa.jsonl's conversation
     assert kept == want
 
 

@@ -111,7 +111,7 @@ def test_train_on_llmc_tinystories_named_shards(tmp_path: Path) -> None:
     llmc_write_datafile(folder / "TinyStories_val.bin", rng.integers(0, 256, size=700).tolist())
     exp = write_experiment(tmp_path, data={"source": "shards", "path": str(folder), "tokenizer": "bytes"},
                            train={"steps": 2, "eval_every": 2})  # fmt: skip
-    r = cli("train", str(exp), "--out", str(tmp_path / "run"))
+    r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--json")
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]

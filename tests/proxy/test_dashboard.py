@@ -109,7 +109,7 @@ def test_standalone_without_a_run_is_one_line_exit_2(tmp_path: Path) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
-    assert lines[0] == f"error: {tmp_path}: no <run>.loss.json here or in its subfolders"
+    assert lines[0] == f"error: {tmp_path}: no run here or in its subfolders (a <run>.loss.json or a train.jsonl)"
 
 
 def test_the_vendored_chart_library_is_served_as_shipped(served: DashboardServer) -> None:

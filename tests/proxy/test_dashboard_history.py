@@ -34,7 +34,7 @@ def rows(first: int, last: int, seed: int = 0) -> list[dict]:
         loss = 50.0 if s == SPIKE else 2.5 + 8 / (1 + s / 2000) + rng.gauss(0, 0.05)
         out.append({"step": s, "loss": loss, "lr": 6e-4 * min(1, s / 2000), "grad_norm": 0.3 + abs(rng.gauss(0, 0.2)),
                     "tokens_per_s": 5e5 + rng.gauss(0, 5e3), "dt_ms": 262.0, "tokens": 131072, "phase": "main",
-                    "time": T0 + s * 0.26})  # fmt: skip
+                    "time": T0 + s * 0.26, "elapsed_s": s * 0.26})  # fmt: skip
     return out
 
 
@@ -43,7 +43,8 @@ def write_run(folder: Path, run: str, steps: int, seed: int = 0) -> LossHistory:
     folder.mkdir(parents=True, exist_ok=True)
     hist = LossHistory(folder / f"{run}.loss.json", run)
     config = {"model": {"n_layer": 12, "d_model": 768, "seq_len": 1024}, "train": {"precision": "bf16", "grad_clip": 1}}
-    hist.set_meta({"n_params": 124_000_000, "device": "NVIDIA H200", "world_size": 1, "config": config})
+    hist.set_meta({"n_params": 124_000_000, "device": "NVIDIA H200", "world_size": 1, "config": config,
+                   "flops_per_token": 6 * 124_000_000 + 12 * 12 * 1024 * 768, "peak_flops": 989e12})  # fmt: skip
     hist.data["train"] = rows(1, steps, seed)
     hist.data["val"] = [{"step": s, "val_loss": 2.6 + 8 / (1 + s / 2000), "phase": "main", "time": T0 + s * 0.26}
                         for s in range(1000, steps + 1, 1000)]  # fmt: skip
@@ -56,6 +57,8 @@ def write_run(folder: Path, run: str, steps: int, seed: int = 0) -> LossHistory:
     (folder / f"{run}.state.json").write_text(json.dumps(state))
     samples = [{"step": s, "phase": "main", "prompt": "def ", "temperature": 0.8, "text": f"f{s}():<|im_end|>x"}
                for s in (1000, 2000)]  # fmt: skip
+    samples.append({"step": 2000, "phase": "main", "prompt": [{"role": "user", "content": "Say hi."}],
+                    "temperature": 0.8, "text": "Hi there!<|im_end|>\n<|im_start|>user\nmore"})  # fmt: skip
     (folder / f"{run}.samples.json").write_text(json.dumps({"format": "microgpt-samples-1", "samples": samples}))
     return hist
 
@@ -183,6 +186,17 @@ def test_a_folder_of_runs_is_overlaid(tmp_path: Path, browser: Chromium) -> None
     try:
         browser.open(f"{server.url}")  # the root: every run of the folder
         browser.wait_dataset(lambda ds: ds.get("runs") == "2" and ds.get("lastStep") == "3000", "two runs")
+        assert browser.eval("document.querySelectorAll('#heads .runhead').length") == 2  # a header per run
+        heads = browser.eval("[...document.querySelectorAll('#heads .runhead .name')].map((e) => e.textContent)")
+        assert heads == ["lr-3e-4/andrea", "lr-6e-4/andrea"]
+        ds = browser.dataset()
+        assert ds["markLabels"] == "main|stop, resume"  # both runs' marks at one step: one line, one label each
+        left, right = map(int, ds["plotBox"].split(":"))
+        boxes = [tuple(map(int, b.split(":"))) for b in ds["markBoxes"].split("|")]
+        assert all(left <= a < b <= right for a, b, _ in boxes)  # inside the chart: nothing cut at its edge
+        assert all(b1 <= a2 for (a1, b1, r1), (a2, b2, r2) in zip(boxes, boxes[1:]) if r1 == r2)  # none overprints
+        chat = browser.eval("[...document.querySelectorAll('#sample-list .turn')].map((t) => t.textContent)")
+        assert chat == ["userSay hi.", "assistantHi there!"]  # turns; the reply stopped at <|im_end|>
         labels = browser.eval("charts['c-loss'].series.map((s) => s.label)")
         assert {"lr-3e-4/andrea train", "lr-6e-4/andrea train", "lr-3e-4/andrea val"} <= set(labels), labels
         assert browser.eval("document.querySelectorAll('#run-picker input:checked').length") == 2
@@ -193,6 +207,7 @@ def test_a_folder_of_runs_is_overlaid(tmp_path: Path, browser: Chromium) -> None
         browser.eval("(() => { const s = document.getElementById('xmode'); s.value = 'time';"
                      "s.dispatchEvent(new Event('input')); })()")  # fmt: skip
         assert browser.eval("location.search").endswith("x=time")
-        assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(2999 * 0.26 / 3600, rel=0.01)  # hours
+        assert browser.eval("document.body.dataset.timeUnit") == "min"  # 13 minutes of training: in minutes
+        assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(3000 * 0.26 / 60, rel=0.01)
     finally:
         server.close()

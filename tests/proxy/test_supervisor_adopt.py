@@ -8,21 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from microgpt.runlog import read_log
 from tests.proxy._helpers import ENV, REPO, assert_every_step_once, ckpt_bytes, run_to_end, write_exp
 
 TRAIN = {"steps": 40, "ckpt_every": 20, "eval_every": 10}
 
 
-def train(exp: Path, out: Path, *args: str, log: Path | None = None) -> list[dict]:
-    """`microgpt train EXP --out OUT ARGS`, its stdout appended to `log` as the Makefile does; its JSON lines."""
+def train(exp: Path, out: Path, *args: str) -> list[dict]:
+    """`microgpt train EXP --out OUT ARGS` (as `make train` runs it); the records it appended to out/train.jsonl."""
+    before = len(read_log(out / "train.jsonl"))
     cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(out), *args]
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f:
-            f.write(r.stdout)
-    return [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.stdout == ""  # no JSON on stdout unless asked: the log holds the records
+    return read_log(out / "train.jsonl")[before:]
 
 
 def adopt_marks(loss: dict) -> list[dict]:
@@ -31,7 +30,7 @@ def adopt_marks(loss: dict) -> list[dict]:
 
 def test_run_continues_a_folder_make_train_wrote(tmp_path: Path) -> None:
     exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
-    lines = train(exp, out, "--steps", "20", "--resume", "latest", log=out / "train.jsonl")
+    lines = train(exp, out, "--steps", "20", "--resume", "latest")
     run = run_to_end(exp, out)
     assert f"continuing from {out / 'ckpt' / 'step-00000020.bin'}" in run.output()
     assert "from step 20 to 40, resuming" in run.output()
@@ -40,7 +39,9 @@ def test_run_continues_a_folder_make_train_wrote(tmp_path: Path) -> None:
     assert_every_step_once([r["step"] for r in loss["train"]], 40)
     train_rows = {e["step"]: e["loss"] for e in lines if e["event"] == "step"}
     assert {r["step"]: r["loss"] for r in loss["train"][:20]} == train_rows  # taken from train.jsonl as they were
-    assert all(r["time"] is None for r in loss["train"][:20]) and all(r["time"] for r in loss["train"][20:])
+    times = [r["time"] for r in loss["train"]]  # the log's real times, then the proxy's engine's: one clock
+    assert times[:20] == [e["time"] for e in lines if e["event"] == "step"] and times == sorted(times)
+    assert [r["elapsed_s"] for r in loss["train"]] == sorted(r["elapsed_s"] for r in loss["train"])
     assert [r["step"] for r in loss["val"]] == [10, 20, 30, 40]
     (mark,) = adopt_marks(loss)
     assert (mark["step"], mark["history"]) == (20, str(out / "train.jsonl"))
@@ -56,6 +57,7 @@ def test_without_train_jsonl_the_history_starts_at_the_checkpoint(tmp_path: Path
     the val loss the checkpoint's sidecar recorded is the one val row before it."""
     exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
     train(exp, out, "--steps", "20")
+    (out / "train.jsonl").unlink()  # as a folder of a version that kept no log
     run = run_to_end(exp, out)
     loss = run.file("loss")
     assert [r["step"] for r in loss["train"]] == list(range(21, 41))
@@ -67,9 +69,9 @@ def test_without_train_jsonl_the_history_starts_at_the_checkpoint(tmp_path: Path
 def test_train_resume_latest_after_run_and_run_again(tmp_path: Path) -> None:
     exp, out = write_exp(tmp_path, train=TRAIN), tmp_path / "run"
     run_to_end(exp, out, "--steps", "20")
-    lines = train(exp, out, "--resume", "latest", log=out / "train.jsonl")
+    lines = train(exp, out, "--resume", "latest")
     assert lines[0]["event"] == "start" and lines[0]["step"] == 20  # continued from the proxy's checkpoint
-    assert lines[-1] == {"event": "done", "step": 40}
+    assert [(e["event"], e["step"]) for e in lines[-2:]] == [("done", 40), ("report", 40)]
     run = run_to_end(exp, out)
     assert "engine from step" not in run.output().split("continuing from")[-1]  # complete: no engine started
     loss = run.file("loss")

@@ -1,0 +1,95 @@
+"""Trackers: a run's records sent to the tools people already watch. An optional extra (`pip install -e
+'.[trackers]'`), off by default; `--track NAME` (repeatable, `train` and `run`) turns one on:
+
+    tensorboard   event files under <out>/tb/, written by TensorBoard's own writer (EventFileWriter); open them
+                  with `tensorboard --logdir <out>/tb`
+    wandb         Weights & Biases: wandb.init(project="microgpt", name=<run>, id=<the run folder's>, resume="allow",
+                  dir=<out>), wandb.log(metrics, step=step); WANDB_MODE=offline needs no account (`wandb sync` later)
+    trackio       the same calls on trackio (`import trackio as wandb`), which keeps runs on this machine
+
+Each tracker gets the records the run's log holds (microgpt/runlog.py), in order, from the queue the run loop drains
+between steps, and sends these scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/elapsed_s,
+train/memory_peak (step records), val/loss and val/<source> (eval records), tagged by the global step. A resumed run
+(a new process) appends to the same TensorBoard folder and the same W&B run id, so a tracker shows one run. A missing
+package is one `error:` line naming the flag and the extra, before anything is trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Any
+
+from microgpt.config import ConfigError
+
+STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "memory_peak")
+
+
+def scalars(rec: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one record, by tag; {} for records that carry none (start, checkpoint, ...)."""
+    if rec.get("event") == "step":
+        return {f"train/{k}": float(rec[k]) for k in STEP_FIELDS if isinstance(rec.get(k), (int, float))}
+    if rec.get("event") == "eval":
+        out = {"val/loss": float(rec["val_loss"])}
+        out.update({f"val/{name}": float(v) for name, v in (rec.get("source_val_loss") or {}).items()})
+        return out
+    return {}
+
+
+def _import(name: str, flag: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(
+            f"--track {flag}: the {name} package is not installed (pip install -e '.[trackers]')"
+        ) from None
+
+
+class TensorBoard:
+    """Scalars as TensorBoard event files in `<out>/tb` (a new file per process; TensorBoard reads them as one run)."""
+
+    def __init__(self, out: Path):
+        writer = _import("tensorboard.summary.writer.event_file_writer", "tensorboard")
+        self.pb = _import("tensorboard.compat.proto.summary_pb2", "tensorboard")
+        self.event_pb = _import("tensorboard.compat.proto.event_pb2", "tensorboard")
+        self.writer = writer.EventFileWriter(str(out / "tb"))
+
+    def record(self, rec: dict[str, Any]) -> None:
+        values = scalars(rec)
+        if values:
+            summary = self.pb.Summary(value=[self.pb.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+            self.writer.add_event(self.event_pb.Event(wall_time=rec["time"], step=rec["step"], summary=summary))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbAPI:
+    """W&B, or trackio (the same API): one run per run folder, resumed by every process of it."""
+
+    def __init__(self, module: str, out: Path, run: str, config: dict[str, Any]):
+        self.lib = _import(module, module)
+        run_id = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]  # the same run for every resume
+        if module == "wandb":
+            self.run = self.lib.init(project="microgpt", name=run, id=run_id, resume="allow", dir=str(out),
+                                     config=config)  # fmt: skip
+        else:
+            self.run = self.lib.init(project="microgpt", name=run, config=config, resume="allow")
+
+    def record(self, rec: dict[str, Any]) -> None:
+        values = scalars(rec)
+        if values:
+            self.lib.log(values, step=rec["step"])
+
+    def close(self) -> None:
+        self.lib.finish()
+
+
+def make(names: list[str], out: Path, run: str, config: dict[str, Any]) -> list[Any]:
+    """The trackers `--track` names (each once, in order; config.check_flags knows them: TRACKERS); ConfigError for a
+    missing package."""
+    made = []
+    for name in dict.fromkeys(names):
+        made.append(TensorBoard(out) if name == "tensorboard" else WandbAPI(name, out, run, config))
+    return made

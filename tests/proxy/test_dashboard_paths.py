@@ -1,0 +1,82 @@
+"""The dashboard right on every path, server side: `/` keeps the URL's parameters, a folder `microgpt train` wrote
+(train.jsonl only, live or finished) is a run with real times and a state made from its log, rows without a time
+are gaps (never the Unix epoch), and the standalone server is quiet."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from microgpt.proxy.dashboard import DashboardServer
+from microgpt.proxy.dashdata import columns, view
+from microgpt.runlog import read_log
+from tests.conftest import REPO, cli, write_experiment
+from tests.proxy.test_dashboard import request
+
+
+def test_the_root_keeps_the_urls_parameters(tmp_path: Path) -> None:
+    (tmp_path / "r.loss.json").write_text('{"format": "microgpt-loss-1"}')
+    server = DashboardServer(tmp_path, "r", 0)
+    server.start()
+    try:
+        for path, want in (("/?x=time", "?run=r&x=time"), ("/?x=time&interval=500", "?run=r&x=time&interval=500"),
+                           ("/?run=other&x=tokens", "?run=other&x=tokens"), ("/", "?run=r")):  # fmt: skip
+            resp = request(server, "GET", path)
+            assert resp.status == 302 and resp.getheader("Location") == f"/live-loss-dashboard.html{want}", path
+    finally:
+        server.close()
+
+
+def test_a_folder_train_wrote_is_served_from_its_log(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path)
+    out = tmp_path / "run"
+    assert cli("train", str(exp), "--out", str(out)).returncode == 0
+    log = read_log(out / "train.jsonl")
+    server = DashboardServer(out, None, 0)
+    server.start()
+    try:
+        runs = json.loads(request(server, "GET", "/api/runs").body)["runs"]
+        assert runs == ["tiny-test"]
+        ans = json.loads(request(server, "GET", "/api/loss?run=tiny-test&width=100").body)
+        steps = [e for e in log if e["event"] == "step"]
+        assert ans["series"]["loss"]["y"] == [e["loss"] for e in steps]
+        assert ans["clock"]["time"] == [e["time"] for e in steps] and ans["first_time"] == steps[0]["time"]
+        assert ans["clock"]["elapsed"] == [e["elapsed_s"] for e in steps]
+        assert ans["meta"]["peak_flops"] is None and ans["meta"]["flops_per_token"] > 0
+        first = request(server, "GET", "/api/state?run=tiny-test")
+        state = json.loads(first.body)
+        assert (state["status"], state["step"], state["target_step"]) == ("done", 6, 6)
+        again = request(server, "GET", "/api/state?run=tiny-test")
+        assert again.getheader("ETag") == first.getheader("ETag")  # unchanged log: the same tag
+    finally:
+        server.close()
+
+
+def test_rows_without_a_time_are_gaps_not_the_epoch() -> None:
+    """A log of an older version adopted by the proxy: its rows say no time; they stay unknown (null)."""
+    rows = [{"step": 1, "loss": 3.0, "tokens": 8, "time": None}, {"step": 2, "loss": 2.9, "tokens": 8},
+            {"step": 3, "loss": 2.8, "tokens": 8, "time": 1.8e9, "elapsed_s": 4.5}]  # fmt: skip
+    ans = view(columns({"train": rows, "val": [], "marks": []}, "v1"), 100)
+    assert ans["clock"]["time"] == [None, None, 1.8e9] and ans["clock"]["elapsed"] == [None, None, 4.5]
+    assert ans["first_time"] == 1.8e9
+
+
+def test_the_standalone_server_does_not_log_every_request(tmp_path: Path) -> None:
+    (tmp_path / "r.loss.json").write_text('{"format": "microgpt-loss-1", "train": [], "val": [], "marks": []}')
+    cmd = [sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path), "--port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        first = proc.stderr.readline()
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/", first).group(1))
+        server = type("S", (), {"httpd": type("H", (), {"port": port})()})()  # what request() reads
+        for _ in range(5):
+            assert request(server, "GET", "/api/loss?run=r&width=50").status == 200
+        assert request(server, "GET", "/nope.json").status == 404
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    assert first.startswith("dashboard: http://127.0.0.1:") and rest.strip() == "", rest

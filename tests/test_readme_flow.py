@@ -1,0 +1,145 @@
+"""The README's flow end to end, as a new user runs it: `make train` -> `microgpt run EXP --dashboard --steps N` ->
+`make train`, with the real Makefile, the real CLI, the proxy's real HTTP server and headless Chromium. ANDREA-tiny
+keeps its shape and is made small with --set (a small corpus, few steps), so CI stays fast.
+
+Checked: every exit code; the URL the README documents keeps its parameters through `/`; the page's elapsed time
+is the run's training time (the log's and the proxy's elapsed_s, across the two commands), never the Unix epoch;
+the page keeps the finished run's final state after `run` exits; `make train` after the longer proxy run says the
+run is complete and exits 0. Screenshots go to test-artifacts/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from microgpt import runlog
+from tests.conftest import REPO
+from tests.proxy._cdp import Chromium
+from tests.proxy._helpers import ENV, ProxyRun
+from tests.proxy.test_dashboard_browser import ARTIFACTS, browser  # noqa: F401  (the fixture)
+
+EXP = "experiments/ANDREA-tiny-TRAIN.json"
+SETS = ["--set", "data.max_bytes=200000", "--set", "model.vocab_size=512", "--set", "train.micro_batch=4",
+        "--set", "train.steps=8", "--set", "train.eval_every=4", "--set", "train.ckpt_every=4"]  # fmt: skip
+PROXY_STEPS = 60
+
+
+def hms(seconds: float) -> str:
+    """The page's hms(): minutes and seconds below an hour."""
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def make_train(venv: Path, run: Path, env: dict) -> subprocess.CompletedProcess:
+    flags = [f"VENV={venv}", f"RUN={run}", f"TRAIN_FLAGS={' '.join(SETS)}", "SAMPLE_TOKENS=16"]
+    return subprocess.run(["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+
+
+def this_venv(tmp_path: Path) -> Path:
+    """The Makefile's .venv, set up already: this interpreter's microgpt, and the stamp newer than pyproject.toml."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "bin" / "microgpt").symlink_to(Path(sys.executable).parent / "microgpt")
+    (venv / ".installed").touch()
+    return venv
+
+
+def redirect(url: str) -> str:
+    """The Location of a GET that answers 302 (not followed)."""
+
+    class Keep(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kw: object) -> None:
+            return None
+
+    try:
+        urllib.request.build_opener(Keep).open(url, timeout=10)
+    except urllib.error.HTTPError as e:
+        assert e.code == 302, e.code
+        return e.headers["Location"]
+    raise AssertionError(f"{url}: no redirect")
+
+
+def elapsed_shown(chrome: Chromium) -> tuple[str, float]:
+    return chrome.eval("document.getElementById('elapsed').textContent"), float(chrome.dataset()["elapsedS"])
+
+
+def test_make_train_then_run_with_the_dashboard_then_make_train(tmp_path: Path, browser: Chromium) -> None:  # noqa: F811
+    t_start = time.time()
+    env = {**ENV, "MICROGPT_DATA_DIR": str(tmp_path / "cache")}
+    venv, run_dir = this_venv(tmp_path), tmp_path / "runs" / "ANDREA-tiny"
+    first = make_train(venv, run_dir, env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.count("--- sample: ") == 3 and "report card: " in first.stderr
+    log = runlog.read_log(run_dir / "train.jsonl")
+    assert [e["step"] for e in log if e["event"] == "step"] == list(range(1, 9))
+
+    proxy = ProxyRun(REPO / EXP, run_dir, "--dashboard", "0", "--steps", str(PROXY_STEPS), *SETS, run="ANDREA-tiny")
+    engine = None
+    try:
+        url = proxy.wait_for(lambda: proxy.file("state")["dashboard"], "the dashboard URL")
+        engine = proxy.engine_pid()
+        proxy.wait_for(lambda: len(proxy.steps()) >= 12, "the proxy's engine past step 12")
+        os.kill(engine, signal.SIGSTOP)  # hold the run while the page is looked at
+        time.sleep(0.3)  # the proxy flushes its history at most every flush_s
+        assert redirect(f"{url}?x=time&interval=200") == "/live-loss-dashboard.html?run=ANDREA-tiny&x=time&interval=200"
+        browser.open(f"{url}?x=time&interval=200")  # the URL the CLI prints, with the README's parameters
+        loss = proxy.file("loss")
+        last = loss["train"][-1]
+        ds = browser.wait_dataset(lambda d: d.get("lastStep") == str(last["step"]), f"step {last['step']} drawn")
+        assert browser.eval("location.search") == "?run=ANDREA-tiny&x=time&interval=200"
+        assert browser.eval("document.getElementById('xmode').value") == "time" and ds["timeUnit"] == "s"
+        text, shown = elapsed_shown(browser)
+        assert shown == last["elapsed_s"] and text == hms(last["elapsed_s"])
+        assert 0 < shown < time.time() - t_start  # training time of both commands: never since the epoch
+        assert loss["train"][0]["elapsed_s"] > 0 and all(r["time"] > t_start for r in loss["train"])
+        browser.screenshot(ARTIFACTS / "readme-flow-1-run-dashboard.png")
+        # A zoom on the steps past make train's schedule (lr at min_lr) refits every chart's y axis to them.
+        full = browser.eval("charts['c-lr'].scales.y.max")
+        t10 = next(r["elapsed_s"] for r in loss["train"] if r["step"] == 10)
+        browser.eval(f"charts['c-loss'].setScale('x', {{min: {t10}, max: {last['elapsed_s']}}})")
+        ds = browser.wait_dataset(lambda d: d.get("zoomLo"), "the zoom")
+        assert full >= 3e-3 > 1e-3 > browser.eval("charts['c-lr'].scales.y.max")  # 3e-4 shown, not 0..3e-3
+        browser.eval("unzoom()")
+        os.kill(engine, signal.SIGCONT)
+        assert proxy.wait(300) == 0, proxy.output()
+    finally:
+        if engine is not None and proxy.proc.poll() is None:
+            os.kill(engine, signal.SIGCONT)
+        proxy.kill()
+    # The server went with the run; the page keeps the finished run's final state.
+    final = proxy.file("loss")["train"][-1]
+    ds = browser.wait_dataset(lambda d: d.get("offline") == "ended", "the final state kept", timeout=30)
+    assert ds["status"] == "done" and ds["lastStep"] == str(PROXY_STEPS) == str(final["step"])
+    assert elapsed_shown(browser) == (hms(final["elapsed_s"]), final["elapsed_s"])
+    x_max = browser.eval("charts['c-loss'].scales.x.max")  # the whole run is drawn, to its last step's time
+    assert abs(x_max - final["elapsed_s"]) < 0.05 * final["elapsed_s"], (x_max, final["elapsed_s"])
+    browser.screenshot(ARTIFACTS / "readme-flow-2-finished.png")
+
+    again = make_train(venv, run_dir, env)  # the README: `make train` after the proxy run
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(rf"already complete: .*step-000000{PROXY_STEPS}\.bin is at step {PROXY_STEPS}, past", again.stderr)
+    served = subprocess.Popen([sys.executable, "-m", "microgpt.proxy.dashboard", str(run_dir), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)  # fmt: skip
+    try:
+        line = served.stderr.readline()
+        page = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
+        browser.open(f"{page}?x=time")
+        ds = browser.wait_dataset(lambda d: d.get("lastStep") == str(PROXY_STEPS) and d.get("status") == "done",
+                                  "the finished run served again")  # fmt: skip
+        browser.screenshot(ARTIFACTS / "readme-flow-3-served-again.png")
+    finally:
+        served.send_signal(signal.SIGINT)
+        _, err = served.communicate(timeout=30)
+    assert err.strip() == "", err  # quiet: no line per request
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)

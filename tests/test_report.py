@@ -1,0 +1,97 @@
+"""The report card (microgpt/report.py): written by `train` at the end of a run and on SIGTERM, its numbers taken
+from the run's log and checked here against the log, the checkpoints and the FLOPs formula; and `--steps` beyond a
+finished run's schedule, under `train` and under `run`: the steps past it run at the schedule's final lr."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from microgpt import config, params, runlog
+from tests.conftest import REPO, TINY, cli, write_experiment
+from tests.proxy._helpers import run_to_end
+
+
+def test_the_report_card_of_a_run_says_what_its_log_and_checkpoints_say(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path, train={"ckpt_every": 3})
+    out = tmp_path / "run"
+    r = cli("train", str(exp), "--out", str(out), "--set", "train.lr=0.02")
+    assert r.returncode == 0, r.stderr
+    assert f"report card: {out / 'report.md'}" in r.stderr.splitlines()
+    card = json.loads((out / "report.json").read_text())
+    log = runlog.read_log(out / "train.jsonl")
+    steps = [e for e in log if e["event"] == "step"]
+    evals = [e for e in log if e["event"] == "eval"]
+    assert card["outcome"] == "done" and card["step"] == 6 and card["recipe"]["overrides"] == ["--set train.lr=0.02"]
+    assert card["recipe"]["command"] == f"microgpt train {exp} --out {out} --set train.lr=0.02"
+    t, m = TINY["train"], TINY["model"]
+    per_step = t["n_micro"] * t["micro_batch"] * m["seq_len"]
+    assert card["tokens"] == {"seen": 6 * per_step, "per_step": per_step}
+    loss = card["loss"]
+    assert loss["train"] == steps[-1]["loss"] and loss["val"] == evals[-1]["val_loss"] and loss["val_step"] == 6
+    assert math.isclose(loss["train_mean_last"], sum(e["loss"] for e in steps) / 6)
+    # the byte tokenizer (vocab 256): one byte per scored token, so bits per byte is the loss in bits
+    assert math.isclose(loss["val_bits_per_byte"], loss["val"] / math.log(2))
+    assert math.isclose(loss["train_bits_per_byte"], loss["train"] / math.log(2))
+    n = params.n_params(config.from_dict(TINY).model)
+    assert card["speed"]["flops_per_token"] == 6 * n + 12 * m["n_layer"] * m["seq_len"] * m["d_model"]
+    assert card["speed"]["mfu"] is None and "cpu" in card["speed"]["mfu_missing"]  # no known peak on the CPU
+    assert card["speed"]["tokens_per_s"] == sorted(e["tokens_per_s"] for e in steps[1:])[2]  # the median of 5
+    (total,) = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("total ")]  # the printed plan
+    assert card["memory"]["plan_bytes"] == int(total.replace(",", "")) < card["memory"]["peak_bytes"]
+    assert [(c["step"], c["reason"]) for c in card["checkpoints"]] == [(6, "final"), (3, "periodic")]
+    assert card["versions"]["numpy"] and card["device"] == "cpu"
+    assert len(card["samples"]) == 3 and all(s["text"] and s["seed"] == 6 for s in card["samples"])
+    md = (out / "report.md").read_text()
+    for needle in (f"{loss['val']:.4f} nats/token at step 6", "6N + 12*L*T*d", "step-00000006.bin (final)",
+                   "`--set train.lr=0.02`", "## Samples"):  # fmt: skip
+        assert needle in md, needle
+
+
+def test_sigterm_writes_the_report_card_of_the_stopped_run(tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--steps", "100000", "--out", str(out), "--json"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    for line in proc.stdout:
+        if json.loads(line).get("step", 0) >= 3:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out_rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    card = json.loads((out / "report.json").read_text())
+    stop = [json.loads(x) for x in out_rest.splitlines() if '"stopped"' in x][0]
+    assert card["outcome"] == "stopped" and card["step"] == stop["step"] >= 3
+    assert card["checkpoints"][0]["reason"] == "SIGTERM" and card["checkpoints"][0]["step"] == card["step"]
+    assert f"stopped (SIGTERM) at step {card['step']}" in err and "report card:" in err
+
+
+def lrs(out: Path) -> dict[int, float]:
+    return {e["step"]: e["lr"] for e in runlog.read_log(out / "train.jsonl") if e["event"] == "step"}
+
+
+def test_steps_beyond_a_finished_run_continue_at_its_final_lr_under_train_and_run(tmp_path: Path) -> None:
+    """`--steps 10` after a finished 6-step run: steps 7..10 at min_lr (never back up), the same under `train
+    --resume latest` and under `run`; then the 6-step command says the run is complete (exit 0), as `make train`
+    does after a longer proxy run."""
+    exp = write_experiment(tmp_path, train={"warmup_steps": 1})
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert cli("train", str(exp), "--out", str(out)).returncode == 0
+    t = cli("train", str(exp), "--out", str(a), "--resume", "latest", "--steps", "10")
+    assert t.returncode == 0, t.stderr
+    run_to_end(exp, b, "--steps", "10")
+    min_lr = TINY["train"]["min_lr"]
+    for out in (a, b):
+        got = lrs(out)
+        assert [got[s] for s in range(7, 11)] == [min_lr] * 4 and got[6] > min_lr
+        assert all(got[s] >= got[s + 1] - 1e-15 for s in range(1, 10))  # never back up
+    assert (a / "ckpt" / "step-00000010.bin").read_bytes() == (b / "ckpt" / "step-00000010.bin").read_bytes()
+    again = cli("train", str(exp), "--out", str(b), "--resume", "latest")
+    assert again.returncode == 0 and "already complete" in again.stderr and "step 10" in again.stderr
