@@ -52,12 +52,15 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
     from microgpt import data, distributed, trainer
 
+    trainer.check_out_dir(out)
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
-        found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model))
+        skipped: list[str] = []
+        found = checkpoint.latest_valid_checkpoint(out / "ckpt", memory.n_params(exp.model),
+                                                   on_skip=lambda path, why: skipped.append(why))  # fmt: skip
         if existing and found is None:
             return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
-                        f"(newest {existing[0].name}); choose another --out")  # fmt: skip
+                        f"(newest: {skipped[0]}); choose another --out")  # fmt: skip
         args.resume = str(found) if found else None
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
@@ -77,7 +80,6 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         tr = trainer.Trainer(exp, out, dp=dp)
         if args.resume:
             tr.load(args.resume)
-        trainer.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if tr.rank == 0 else None)
         if tr.rank == 0:

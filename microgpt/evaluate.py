@@ -22,15 +22,18 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, model
+from microgpt import checkpoint, config, model
 from microgpt.backend import get_backend
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import ArgParser, InputError
+from microgpt.errors import ArgParser, InputError, brief, check_number
+from microgpt.fileio import parse_json
 from microgpt.state import make_state
 
 
@@ -78,23 +81,30 @@ def token_bytes(tok: Any, V: int) -> np.ndarray:
     return out
 
 
-def score_windows(sc: Scorer, windows: list[tuple[np.ndarray, np.ndarray]], nbytes: np.ndarray) -> dict[str, Any]:
+@dataclass
+class Windows:
+    """n windows of T tokens, made batch by batch: get(lo, hi) is windows lo..hi-1 as (x, y), each (hi - lo, T)
+    int32. A split of any size, and a --windows past its end (which wraps, as Loader.val_batch), then cost one
+    batch of memory at a time, never n windows at once."""
+
+    n: int
+    get: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+def score_windows(sc: Scorer, windows: Windows, nbytes: np.ndarray) -> dict[str, Any]:
     total, count, byte_count = 0.0, 0, 0
-    for i in range(0, len(windows), sc.B):
-        chunk = windows[i : i + sc.B]
-        x, y = np.stack([w[0] for w in chunk]), np.stack([w[1] for w in chunk])
+    for i in range(0, windows.n, sc.B):
+        x, y = windows.get(i, min(windows.n, i + sc.B))
         s, c, _ = sc.forward(x, y)
         total, count = total + s, count + c
         byte_count += int(nbytes[y[y >= 0]].sum())
     loss = total / max(1, count)
     bpb = total / math.log(2) / byte_count if byte_count else None
     return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bpb,
-            "tokens": count, "bytes": byte_count, "windows": len(windows)}  # fmt: skip
+            "tokens": count, "bytes": byte_count, "windows": windows.n}  # fmt: skip
 
 
-def shard_windows(
-    ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
+def shard_windows(ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int) -> Windows:
     """The validation loader's windows 0 .. n-1 (all of them by default; past the end they wrap, as val_batch)."""
     from microgpt.data.loader import Loader, open_split
 
@@ -102,23 +112,27 @@ def shard_windows(
         raise EvalError(f"--data {folder}: not a folder")
     parts, masks = open_split(folder, split, ld.exp)
     ld_ = Loader(parts, B, ld.exp.model.seq_len, ld.exp.train.seed, 1, masks, f"{folder} {split}")
-    n = ld_.n_windows if n is None else n
-    x, y = ld_._windows(np.arange(n, dtype=np.int64) % ld_.n_windows)
-    return list(zip(x, y))
+    return Windows(ld_.n_windows if n is None else n,
+                   lambda lo, hi: ld_._windows(np.arange(lo, hi, dtype=np.int64) % ld_.n_windows))  # fmt: skip
 
 
-def text_windows(ids: list[int], T: int, n: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
+def text_windows(ids: list[int], T: int, n: int | None) -> Windows:
+    xs, ys = [], []
     for start in range(0, max(1, len(ids) - 1), T):
         w = ids[start : start + T + 1]
         x, y = np.zeros(T, np.int32), np.full(T, -1, np.int32)
         x[: len(w) - 1], y[: len(w) - 1] = w[:-1], w[1:]
-        out.append((x, y))
-    return out if n is None else out[:n]
+        xs.append(x)
+        ys.append(y)
+    return Windows(len(xs) if n is None else min(n, len(xs)), lambda lo, hi: (np.stack(xs[lo:hi]), np.stack(ys[lo:hi])))
+
+
+LABELS = {0: 0, 1: 1, 2: 2, 3: 3, "0": 0, "1": 1, "2": 2, "3": 3}  # the data set writes its label as a string
 
 
 def read_hellaswag(path: Path) -> list[dict[str, Any]]:
-    """Every line checked before any scoring: one error naming the file and line."""
+    """Every line checked before any scoring (fileio's strict reader: nesting, duplicate keys, NaN); one error
+    naming the file and line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -127,30 +141,28 @@ def read_hellaswag(path: Path) -> list[dict[str, Any]]:
     for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            ex = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{k}: not JSON ({e.msg})") from None
+        ex = parse_json(line, f"{path}:{k}", EvalError, allow_nan=False)
         if not isinstance(ex, dict) or not isinstance(ex.get("ctx"), str):
             raise EvalError(f"{path}:{k}: field 'ctx' missing or not a string")
         ends = ex.get("endings")
         if not isinstance(ends, list) or len(ends) != 4 or not all(isinstance(e, str) and e for e in ends):
             raise EvalError(f"{path}:{k}: field 'endings' must be a list of 4 non-empty strings")
         label = ex.get("label")
-        if isinstance(label, str) and label.isdigit():
-            label = int(label)
-        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 4:
-            raise EvalError(f"{path}:{k}: field 'label' must be 0, 1, 2 or 3")
-        out.append({"ctx": ex["ctx"], "endings": ends, "label": label})
+        if isinstance(label, bool) or not isinstance(label, (int, str)) or label not in LABELS:
+            raise EvalError(f"{path}:{k}: field 'label' must be 0, 1, 2 or 3, got {brief(label)}")
+        out.append({"ctx": ex["ctx"], "endings": ends, "label": LABELS[label]})
     if not out:
         raise EvalError(f"--hellaswag {path}: no examples")
     return out
 
 
 def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
+    """acc and acc_norm over the examples; an example where some ending has no token to score (an empty context
+    and a one-token ending: the ending's only token is the first of the sequence, predicted by nothing) cannot be
+    judged: it counts among the examples, never as correct, and is reported as unscored."""
     examples = read_hellaswag(path)[:limit]
     sc, T = Scorer(ld, 4), ld.exp.model.seq_len
-    correct = correct_norm = 0
+    correct = correct_norm = unscored = 0
     for ex in examples:
         ctx = tok.encode(ex["ctx"])
         x, y = np.zeros((4, T), np.int32), np.full((4, T), -1, np.int32)
@@ -159,16 +171,20 @@ def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -
             seq = (ctx + end)[-(T + 1) :]  # too long: keep the end (the ending must fit)
             n_end = min(len(end), len(seq) - 1)
             x[r, : len(seq) - 1] = seq[:-1]
-            y[r, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
-        _, _, losses = sc.forward(x, y)
+            if n_end > 0:
+                y[r, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
         scored = y >= 0
+        if not scored.any(axis=1).all():
+            unscored += 1
+            continue
+        _, _, losses = sc.forward(x, y)
         sums = np.where(scored, losses, 0.0).sum(axis=1, dtype=np.float64)
         means = sums / scored.sum(axis=1)
         correct += int(np.argmin(sums) == ex["label"])
         correct_norm += int(np.argmin(means) == ex["label"])
     n = len(examples)
     return {"examples": n, "acc": correct / n, "acc_norm": correct_norm / n, "correct": correct,
-            "correct_norm": correct_norm}  # fmt: skip
+            "correct_norm": correct_norm, "unscored": unscored}  # fmt: skip
 
 
 def parser() -> ArgParser:
@@ -186,13 +202,14 @@ def parser() -> ArgParser:
 
 def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
-    if args.windows is not None and args.windows < 1:
-        raise EvalError(f"--windows {args.windows}: must be at least 1")
+    if args.windows is not None:
+        check_number(args.windows, "--windows", 1, config.INT_MAX, integer=True, error=EvalError)
     ld = checkpoint.load_trained(args.checkpoint)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
         res = hellaswag(ld, tok, Path(args.hellaswag), args.windows)
         text = f"hellaswag: {res['examples']} examples | acc {res['acc']:.4f} | acc_norm {res['acc_norm']:.4f}"
+        text += f" | {res['unscored']} with nothing to score (counted wrong)" if res["unscored"] else ""
     else:
         m, B = ld.exp.model, ld.exp.train.micro_batch
         if args.data:

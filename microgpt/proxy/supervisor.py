@@ -45,7 +45,7 @@ from typing import Any
 
 from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
-from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, exit_on_input_error
+from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, check_number, exit_on_input_error
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit
 from microgpt.proxy.dashboard import DashboardServer
@@ -373,7 +373,7 @@ class Supervisor:
         try:
             ev = json.loads(raw)
             kind = ev["event"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             print(f"engine: {raw.decode(errors='replace').rstrip()}", file=sys.stderr, flush=True)
             return
         now = time.time()
@@ -427,11 +427,7 @@ def run_parser() -> ArgParser:
 def main(argv: list[str] | None = None) -> int:
     """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2; a run file
     the disk refuses (full, read-only) is one `error:` line and exit 4, the engine stopped first."""
-    try:
-        return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
-    except WriteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_WRITE
+    return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
 
 
 def supervise(argv: list[str]) -> int:
@@ -439,12 +435,12 @@ def supervise(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     config.check_flags(args)
     schedule = load_schedule(args.experiment, sets=args.set, **config.train_flags(args))
-    for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
-        value = getattr(args, flag)
-        if value is not None:
-            if value < 0 or (value == 0 and flag == "hang_timeout"):
-                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-            setattr(schedule.settings, name, value)
+    if args.hang_timeout is not None:
+        check_number(args.hang_timeout, "--hang-timeout", 0, lo_open=True, error=ConfigError)
+        schedule.settings.hang_timeout_s = args.hang_timeout
+    if args.max_restarts is not None:
+        check_number(args.max_restarts, "--max-restarts", 0, config.INT_MAX, integer=True, error=ConfigError)
+        schedule.settings.max_restarts = args.max_restarts
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
