@@ -70,6 +70,7 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
+        distributed.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
         cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
         return distributed.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
     dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import

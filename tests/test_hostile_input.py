@@ -7,6 +7,7 @@ Sections follow the issue's classes: 1 checkpoints and sidecars, 2 experiment va
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, config, memory
 from tests.conftest import REPO, TINY, cli, write_experiment
 
 
@@ -344,6 +345,41 @@ def test_a_subnormal_temperature_samples_greedily(run: tuple[Path, Path, Path]) 
 def test_prep_numbers_out_of_range(tmp_path: Path, texts: Path, flags: list[str], needle: str) -> None:
     refused(cli("prep", "--source", str(texts), "--out", str(tmp_path / "o"), "--tokenizer", "bytes", *flags), needle)
     assert not (tmp_path / "o").exists()
+
+
+# --- 6. --procs: bounded by the machine and checked with the backend before any rank starts ------------------------
+def half_the_host() -> list[str]:
+    """--set flags giving TINY a NumPy plan of 30-60% of this machine's memory: one arena fits, four do not."""
+    exp, host = config.from_dict(TINY), memory.host_memory_bytes()
+
+    def plan_bytes(B: int) -> int:
+        t = dataclasses.replace(exp.train, micro_batch=B)
+        return sum(memory.role_bytes(memory.plan(exp.model, t, memory.cpu_logits_rows(exp.model, B), []), t).values())
+
+    B = exp.train.micro_batch
+    while plan_bytes(2 * B) <= 0.6 * host:
+        B *= 2
+    assert host / 4 < plan_bytes(B) <= host
+    return ["--set", f"train.micro_batch={B}"]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--procs", "1000"], "--procs 1000: this machine has"),
+        (["--procs", "2", "--backend", "triton"], "--procs 2: train.backend 'triton' needs a CUDA GPU per rank"),
+        (["--procs", "4", "half the host"], "1/4 for each rank"),
+    ],
+)  # fmt: skip
+def test_procs_are_checked_once_before_any_rank(tmp_path: Path, flags: list[str], needle: str) -> None:
+    """One `error:` line (not one per rank), for `train` and for `run`, and no rank's output at all."""
+    pytest.importorskip("torch")
+    flags = [f for flag in flags for f in (half_the_host() if flag == "half the host" else [flag])]
+    exp = write_experiment(tmp_path)
+    env = {"TRITON_INTERPRET": "0"}  # the triton case is about a machine without CUDA and without the interpreter
+    for command in ("train", "run"):
+        refused(cli(command, str(exp), "--out", str(tmp_path / command), *flags, env=env), needle)
+    assert not list(tmp_path.glob("*/ckpt"))
 
 
 # --- 7. readers: every file checked before use (fileio's strict reader, then each field's type and range) ---------

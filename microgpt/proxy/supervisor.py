@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint, config, runlock
+from microgpt import checkpoint, config, distributed, runlock
 from microgpt.config import ConfigError
 from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, check_number, exit_on_input_error
 from microgpt.fileio import atomic_write_json
@@ -441,6 +441,8 @@ def supervise(argv: list[str]) -> int:
     if args.max_restarts is not None:
         check_number(args.max_restarts, "--max-restarts", 0, config.INT_MAX, integer=True, error=ConfigError)
         schedule.settings.max_restarts = args.max_restarts
+    for ph in schedule.phases if (args.procs or 1) > 1 else []:  # one line now, not one per rank later
+        distributed.check_job(config.from_dict(ph.engine), args.procs)
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
