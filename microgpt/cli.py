@@ -14,6 +14,7 @@ from pathlib import Path
 import microgpt
 from microgpt import checkpoint, config, memory, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
+from microgpt.events import Heartbeat
 
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
 DELEGATED = {
@@ -41,7 +42,8 @@ def cmd_train(argv: list[str]) -> int:
     out = Path(args.out or Path("runs") / exp.name)
     if distributed.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
-    with runlock.acquire(out) as lock:
+    launcher = (args.procs or 1) > 1 and not distributed.launched()  # its rank 0 beats, on the same stdout
+    with runlock.acquire(out) as lock, Heartbeat(on=not launcher):
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
             print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
         return train_in(out, exp, args, argv, lock)

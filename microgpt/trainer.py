@@ -13,9 +13,7 @@ the temp file removed and the previous checkpoints intact; the proxy does not re
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import platform
 import signal
 import sys
@@ -29,17 +27,9 @@ from microgpt import checkpoint, data, memory, model
 from microgpt.backend import Backend, get_backend
 from microgpt.config import ConfigError, Experiment
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
+from microgpt.events import emit
 from microgpt.state import make_state
 from microgpt.step import Step
-
-STDOUT_FD = 1
-
-
-def emit(obj: dict[str, Any]) -> None:
-    """One JSON line on stdout, written with one os.write: safe from a signal handler, flushed at once."""
-    line = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-    while line:
-        line = line[os.write(STDOUT_FD, line) :]
 
 
 def lr_at(step: int, t: Any) -> float:

@@ -49,7 +49,7 @@ PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup
 TRAIN_SHORTHANDS = ("lr", "min_lr", "warmup_steps")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 OWN_SECTIONS = ("phases", "proxy")  # read here, never passed to the engine
-TIMES = ("hang_timeout_s", "startup_timeout_s", "stop_timeout_s", "flush_s", "sample_timeout_s")
+TIMES = ("hang_timeout_s", "startup_timeout_s", "silence_timeout_s", "stop_timeout_s", "flush_s", "sample_timeout_s")
 
 
 @dataclass
@@ -61,8 +61,9 @@ class ProxySettings:
     sample_tokens: int = 64
     temperature: float = 0.8
     sample_timeout_s: float = 300.0
-    hang_timeout_s: float = 900.0  # no JSON line for this long after the first step: hung, kill and restart
+    hang_timeout_s: float = 900.0  # no JSON line but heartbeats for this long after the first step: hung, restart
     startup_timeout_s: float = 1800.0  # the same before the first step (imports, compile, autotune)
+    silence_timeout_s: float = 300.0  # no line at all, not even the engine's heartbeat: stopped or frozen, restart
     max_restarts: int = 5  # consecutive failures without a new checkpoint before giving up
     backoff_s: float = 5.0  # wait before restart k: backoff_s * 2**(k-1), at most backoff_max_s
     backoff_max_s: float = 300.0
