@@ -16,18 +16,28 @@ wall time, for the page's tokens and time x axes.
 
 The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
 person, a copy in progress) may leave half a file, in which case the last good version is served, and with
-none yet, RunNotReady (a 503 the page retries).
+none yet, RunNotReady (a 503 the page retries). Values that are not finite numbers (NaN, Infinity, 1e999 in a
+file the proxy did not write) are left out of the series, and become null in meta and marks: the answer is
+always valid JSON.
+
+Every file is opened through RunFolder.open, the one resolver: relative to the root, one path component at a
+time, never through a symbolic link; a run whose files are links is not listed. Nothing outside the folder is
+ever read, whatever the links in it point to.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from microgpt.fileio import finite
 
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
 KINDS = ("loss", "samples", "state")
@@ -61,7 +71,10 @@ class Columns:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A value the page can draw: a finite float, or an int that a JavaScript number holds exactly."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53
 
 
 def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> Columns:
@@ -97,8 +110,8 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
                     ys.append(w)
     val = [(r["step"], float(r["val_loss"])) for r in obj.get("val") or []
            if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
-    marks = [m for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
-    meta = base.meta if base else obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
+    marks = [finite(m) for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
+    meta = base.meta if base else finite(obj.get("meta")) if isinstance(obj.get("meta"), dict) else {}
     return Columns(version, meta, marks, steps, series, tokens, times, ([s for s, _ in val], [y for _, y in val]))
 
 
@@ -177,53 +190,84 @@ class RunFolder:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.cache: dict[Path, Columns] = {}
+        self.cache: dict[Path, Columns] = {}  # by the file's path: one parse per version
         self.lock = threading.Lock()  # one parse per file version, whatever the number of polling pages
 
     def runs(self) -> dict[str, Path]:
-        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear."""
+        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear. Symbolic
+        links are never followed: a linked history or a linked folder of runs is not a run here."""
         found: dict[str, Path] = {}
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
         except OSError:
             return found
         for e in entries:
-            if e.name.endswith(".loss.json") and e.is_file():
+            if e.name.endswith(".loss.json") and e.is_file(follow_symlinks=False):
                 found[e.name.removesuffix(".loss.json")] = self.root
         for e in entries:
             if e.name.startswith(".") or e.name in SKIP_DIRS or not e.is_dir(follow_symlinks=False):
                 continue
             try:
-                subs = sorted(os.listdir(e.path))
+                subs = sorted(os.scandir(e.path), key=lambda s: s.name)
             except OSError:
                 continue
-            for name in subs:
-                if name.endswith(".loss.json") and not name.startswith("."):
-                    found[f"{e.name}/{name.removesuffix('.loss.json')}"] = Path(e.path)
+            for sub in subs:
+                if (
+                    sub.name.endswith(".loss.json")
+                    and not sub.name.startswith(".")
+                    and sub.is_file(follow_symlinks=False)
+                ):
+                    found[f"{e.name}/{sub.name.removesuffix('.loss.json')}"] = Path(e.path)
         return found
 
-    def path(self, run: str, kind: str) -> Path:
-        """The file of one run; RunUnavailable for a name that is not a run here (so no path is ever built from
-        what the request says: only from what the listing found)."""
-        folder = self.runs().get(run)
-        if folder is None or kind not in KINDS:
+    def parts(self, run: str, kind: str) -> tuple[str, ...]:
+        """The path below the root of one run's file; RunUnavailable for a name that is not a run here (so no path
+        is ever built from what the request says: only from what the listing found)."""
+        if run not in self.runs() or kind not in KINDS:
             raise RunUnavailable(f"no run {run!r} here")
-        return folder / f"{run.rsplit('/', 1)[-1]}.{kind}.json"
+        *sub, name = run.split("/")
+        return (*sub, f"{name}.{kind}.json")
+
+    def open(self, *parts: str) -> tuple[BinaryIO, os.stat_result]:
+        """The regular file root/parts[0]/.../parts[-1], open for reading, and its stat: opened relative to the root
+        one component at a time with O_NOFOLLOW (a link anywhere below the root is refused, as ".." is) and
+        O_NONBLOCK (a FIFO cannot hang the reader); RunUnavailable for anything else."""
+        if not parts or any(p in ("", ".", "..") or "/" in p or "\0" in p for p in parts):
+            raise RunUnavailable(f"{'/'.join(parts)}: not a file of this folder")
+        opened: list[int] = []
+        try:
+            opened.append(os.open(self.root, os.O_RDONLY | os.O_DIRECTORY))
+            for part in parts[:-1]:
+                opened.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=opened[-1])
+        except OSError as e:  # ELOOP: a link; ENAMETOOLONG, EACCES...: not something we serve
+            raise RunUnavailable(f"{'/'.join(parts)}: not a file of this folder ({e.strerror or e})") from None
+        finally:
+            for d in opened:
+                os.close(d)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RunUnavailable(f"{'/'.join(parts)}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st
 
     def loss(self, run: str) -> Columns:
-        path = self.path(run, "loss")
+        parts = self.parts(run, "loss")
+        key = self.root.joinpath(*parts)
         with self.lock:
-            cached = self.cache.get(path)
+            cached = self.cache.get(key)
             try:
-                st = path.stat()
-                version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
-                if cached is not None and cached.version == version:
-                    return cached
-                raw = path.read_bytes()
-                cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
-            except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+                f, st = self.open(*parts)
+                with f:
+                    version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+                    if cached is not None and cached.version == version:
+                        return cached
+                    raw = f.read()
+                cached = self.cache[key] = _appended(cached, raw, version) or _parse(raw, version)
+            except (RunUnavailable, OSError, ValueError, TypeError, KeyError, RecursionError) as e:
                 if cached is None:
-                    raise RunNotReady(f"{path.name}: not readable yet ({type(e).__name__})") from None
+                    raise RunNotReady(f"{parts[-1]}: not readable yet ({type(e).__name__})") from None
             return cached
 
 
