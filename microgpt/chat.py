@@ -136,7 +136,7 @@ def run(chat: Chat, stdin: IO[str], stdout: IO[str], marker: str = "") -> int:
             stdout.flush()
         try:
             line = stdin.readline()
-        except OSError as e:  # stdin a folder (`< /`), or a device that fails
+        except OSError as e:  # fd 0 open for writing only (EBADF), a device that fails (EIO)
             raise sample.SampleError(f"stdin line {n + 1}: cannot read ({e.strerror or e})") from None
         n += 1
         if not line:
