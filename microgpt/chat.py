@@ -127,7 +127,10 @@ def run(chat: Chat, stdin: IO[str], stdout: IO[str], marker: str = "") -> int:
         if marker:
             stdout.write(marker)
             stdout.flush()
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except OSError as e:  # fd 0 open for writing only (EBADF), a device that fails (EIO)
+            raise sample.SampleError(f"stdin line {n + 1}: cannot read ({e.strerror or e})") from None
         n += 1
         if not line:
             if marker:
@@ -153,6 +156,8 @@ def parser() -> ArgParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sample.check_flags(args)
+    if sys.stdin is None:  # started with fd 0 closed (`<&-`): Python has no stdin object at all
+        raise sample.SampleError("stdin is closed: chat reads one user turn per line of stdin (pipe them in)")
     gen, tok, _ = sample.load(args.checkpoint)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")  # a bad byte is reported by line, not as a traceback

@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from microgpt import config, params
-from microgpt.errors import InputError, brief
+from microgpt.errors import InputError, brief, check_number
 from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
 
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
+F32_MAX = float(np.finfo(np.float32).max)
 TEMP_RE = re.compile(r"^\.step-\d{8}\.(bin|state\.json)\.tmp\d+$")  # fileio's temp files of checkpoint writes
 
 
@@ -159,6 +160,8 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
                and all(isinstance(d, int) and not isinstance(d, bool) for d in p[1]) for p in params):  # fmt: skip
         raise CheckpointError(f"{side}: field 'params' must be a list of [name, [sizes...]] pairs")
+    for i, amax in enumerate(obj.get("fp8_amax_history", [])):  # a string "1.5" or true would pass numpy's cast
+        check_number(amax, f"{side}: field 'fp8_amax_history' item {i}", 0, F32_MAX, error=CheckpointError)
     return obj
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import microgpt
 from microgpt import checkpoint, config, memory, params, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
+from microgpt.events import Heartbeat
 from microgpt.runlog import LOG_NAME, RunLog
 
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
@@ -61,7 +62,8 @@ def cmd_train(argv: list[str]) -> int:
     out = Path(args.out or Path("runs") / exp.name)
     if distributed.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
-    with runlock.acquire(out) as lock:
+    launcher = (args.procs or 1) > 1 and not distributed.launched()  # its rank 0 beats, on the same stdout
+    with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
             print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
         return train_in(out, exp, args, argv, lock)
@@ -73,12 +75,15 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     from microgpt import data, distributed, report, trainer
     from microgpt import trackers as tracking
 
+    trainer.check_out_dir(out)
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
-        found = checkpoint.latest_valid_checkpoint(out / "ckpt", params.n_params(exp.model))
+        skipped: list[str] = []
+        found = checkpoint.latest_valid_checkpoint(out / "ckpt", params.n_params(exp.model),
+                                                   on_skip=lambda path, why: skipped.append(why))  # fmt: skip
         if existing and found is None:
             return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
-                        f"(newest {existing[0].name}); choose another --out")  # fmt: skip
+                        f"(newest: {skipped[0]}); choose another --out")  # fmt: skip
         args.resume = str(found) if found else None
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
@@ -90,6 +95,7 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     if args.init and not args.resume:  # checked before anything is built or written
         checkpoint.resolve(args.init)
     if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
+        distributed.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
         cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
         return distributed.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
     dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
@@ -106,7 +112,6 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         elif args.init:
             tr.init_from(args.init)
             check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
-        trainer.check_out_dir(out)
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
         tr.recipe = recipe(args, argv)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from microgpt.errors import InputError, brief, check_finite
+from microgpt.errors import InputError, brief, check_finite, check_number
 from microgpt.fileio import parse_json, read_json
 
 
@@ -101,6 +101,7 @@ BACKENDS = ("numpy", "triton")
 
 INT_MAX = 2**31 - 1  # the checkpoint header's int32: steps, and every count a step multiplies
 SEED_MAX = 2**63 - 1
+MAX_TOKENS = 1_000_000  # tokens sampled at once (--tokens, proxy.sample_tokens): more is a typo, not a request
 MAX_LAYERS = 1024  # the plan is a table with rows per layer: a hostile n_layer must not build a billion rows
 
 
@@ -289,10 +290,9 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The shared flags' own limits, checked before the experiment is read."""
-    if args.steps is not None and args.steps <= 0:
-        raise ConfigError(f"--steps must be > 0, got {args.steps}")
-    if args.procs is not None and args.procs < 1:
-        raise ConfigError(f"--procs {args.procs}: must be >= 1")
+    for flag in ("steps", "procs"):  # --procs: the machine's own bound is distributed.check_job's
+        if getattr(args, flag) is not None:
+            check_number(getattr(args, flag), f"--{flag}", 1, INT_MAX, integer=True, error=ConfigError)
     for name in args.track:
         if name not in TRACKERS:
             raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")

@@ -65,8 +65,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from microgpt import params
-from microgpt.config import ConfigError, ModelConfig
+from microgpt import memory, params, precision
+from microgpt.config import ConfigError, Experiment, ModelConfig
 
 CHECK_EVERY = 100  # steps between replica checks (plus the first step and every checkpoint)
 LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
@@ -240,6 +240,38 @@ class GradReduce:
         for p in self.pending:
             p.wait()
         self.pending.clear()
+
+
+# --- before the job --------------------------------------------------------------------------------------------
+CPU_RANKS_PER_CORE = 4  # CPU ranks beyond this many per core only contend for the cores (CI runs 4 on 2)
+
+
+def check_job(exp: Experiment, n: int, flag: str = "--procs") -> None:
+    """Whether this machine can run the experiment as n ranks, checked once before any rank starts (one `error:`
+    line for the job, not one per rank): the backend is here (triton: a CUDA GPU, or the interpreter), n fits the
+    machine (one GPU a rank on CUDA; at most CPU_RANKS_PER_CORE CPU ranks a core otherwise), and on the NumPy
+    backend n arenas of the plan fit in the host's memory together. ConfigError or memory.PlanError otherwise."""
+    t = exp.train
+    require_torch()
+    if t.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{flag} {n}: train.backend 'triton' needs a CUDA GPU per rank and this machine has "
+                              "none (TRITON_INTERPRET=1 runs the kernels on the CPU; train.backend 'numpy' is "
+                              "the CPU engine)")  # fmt: skip
+        limit, what = torch.cuda.device_count(), "CUDA GPU(s), one per rank"
+    else:
+        cores = os.cpu_count() or 1
+        limit, what = CPU_RANKS_PER_CORE * cores, f"{cores} CPU core(s), for at most {CPU_RANKS_PER_CORE} ranks each"
+    if n > limit:
+        raise ConfigError(f"{flag} {n}: this machine has {what}: at most {limit} ranks")
+    if t.backend == "numpy":
+        m, host = exp.model, memory.host_memory_bytes()
+        share = None if host is None else host // n  # the NumPy backend's plan: no rows of its own (backend.py)
+        prec = precision.make(t.precision, "numpy")
+        bufs = memory.plan(m, t, prec, memory.cpu_logits_rows(m, t.micro_batch))
+        memory.check_fits(bufs, prec, m, share, f"cpu, 1/{n} for each rank")
 
 
 # --- joining a job ------------------------------------------------------------------------------------------

@@ -1,14 +1,23 @@
 """The root of every bad-input error, and the one place that turns it into what the user sees.
 
 Bad input (an experiment field, a flag, a checkpoint, a shard, a tokenizer, a data source, a run file) raises a
-subclass of `InputError` whose str() is the whole message: one line naming the file, field or flag. Every
-subcommand's entry point runs under `exit_on_input_error`, which prints `error: <message>` on stderr and returns
-exit code 2. Anything else is a bug and keeps its traceback.
+subclass of `InputError` whose str() is the whole message: one line naming the file, field or flag. An output the
+disk refuses (full, read-only) raises `WriteError`. Every subcommand's entry point runs under
+`exit_on_input_error`, which prints `error: <message>` on stderr and returns exit code 2 (bad input) or 4 (the
+write). Anything else is a bug and keeps its traceback.
+
+Two checks live here because every reader needs them the same way:
+- `check_number` is the one check of a number from a flag, a file or a URL (`parse_number` for one written as
+  text): its type, finite, and its range, with one message shape, `<name> must be <what>, got <value>`;
+- `output_error` is the one mapping of an OS error on an output path: the disk or the filesystem refusing (full,
+  read-only, no permission) is a WriteError, exit 4; anything else (a parent that is a file, a name too long, a
+  link loop) is the path's fault, an InputError, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 from collections.abc import Callable
@@ -66,6 +75,71 @@ def check_finite(value: Any, name: str, error: type[InputError] = InputError) ->
     return number
 
 
+def _what(integer: bool, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    """What check_number wants, for its message: 'an integer in [0, 10]', 'a finite number > 0'."""
+
+    def num(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
+    if lo is not None and hi is not None:
+        span = f" in {'(' if lo_open else '['}{num(lo)}, {num(hi)}{')' if hi_open else ']'}"
+    elif lo is not None:
+        span = f" {'>' if lo_open else '>='} {num(lo)}"
+    else:
+        span = f" {'<' if hi_open else '<='} {num(hi)}" if hi is not None else ""
+    return ("an integer" if integer else "a finite number") + span
+
+
+def check_number(value: Any, name: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,
+                 lo_open: bool = False, hi_open: bool = False, error: type[InputError] = InputError,
+                 ) -> Any:  # fmt: skip
+    """value, checked to be an int (integer=True) or a finite real number (an int or a float; never a bool or a
+    string that looks like one) within lo..hi (inclusive unless lo_open / hi_open); `error` naming `name` (the
+    flag, the file and field, or the query parameter) otherwise: `<name> must be <what>, got <value>`. The one
+    range check of numbers from flags, files and URLs, so none of them reaches arithmetic as NaN, inf, a bool or
+    an integer of 5,000 digits."""
+    what = _what(integer, lo, hi, lo_open, hi_open)
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise error(f"{name} must be {what}, got {type(value).__name__} {brief(value)}")
+    if not integer:
+        check_finite(value, name, error)
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    above = hi is not None and (value >= hi if hi_open else value > hi)
+    if below or above:
+        raise error(f"{name} must be {what}, got {brief(value)}")
+    return value
+
+
+def parse_number(text: str, name: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,
+                 error: type[InputError] = InputError) -> Any:  # fmt: skip
+    """A number written as text (a query parameter), then check_number. An integer may be written as a float
+    with no fraction ("100.0", as a page's script may format it); "inf", "nan" and "1e999" are never numbers."""
+    value: Any = None
+    try:
+        value = int(text) if integer and text.strip().lstrip("+-").isdigit() else float(text)
+    except ValueError:  # not a number, or an integer of more than 4,300 digits
+        pass
+    if isinstance(value, float) and not math.isfinite(value):
+        value = None
+    if value is None:
+        raise error(f"{name} must be {_what(integer, lo, hi, False, False)}, got {brief(text)}")
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return check_number(value, name, lo, hi, integer=integer, error=error)
+
+
+# errnos of an output path that say the disk or filesystem refuses the write, not that the path is wrong
+REFUSED_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def output_error(e: OSError, what: str) -> InputError | WriteError:
+    """The error to raise for OSError e on an output path: WriteError (exit 4) when the disk or the filesystem
+    refuses (full, read-only, no permission), else InputError (exit 2: a parent that is a file, a name too long,
+    a symbolic link loop). `what` says what could not be written and where; the message adds the OS's reason."""
+    reason = e.strerror or str(e)
+    return WriteError(f"{what} ({reason})") if e.errno in REFUSED_WRITES else InputError(f"{what} ({reason})")
+
+
 def brief(value: Any, limit: int = 60) -> str:
     """repr(value) for an error line, cut to `limit` characters (a hostile value can be megabytes long)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
@@ -81,8 +155,12 @@ def fail(message: str) -> int:
 
 
 def exit_on_input_error(main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """main(argv), with any InputError turned into one `error:` line and exit code 2."""
+    """main(argv), with any InputError turned into one `error:` line and exit code 2, and a WriteError (an output
+    the disk refused) into one `error:` line and exit code 4."""
     try:
         return main(argv)
     except InputError as e:
         return fail(str(e))
+    except WriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_WRITE

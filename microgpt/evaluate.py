@@ -22,15 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint
+from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import ArgParser, InputError
+from microgpt.errors import ArgParser, InputError, brief, check_number
+from microgpt.fileio import parse_json
 from microgpt.state import make_infer_state
 
 
@@ -80,23 +83,30 @@ def token_bytes(tok: Any, V: int) -> np.ndarray:
     return out
 
 
-def score_windows(sc: Scorer, windows: list[tuple[np.ndarray, np.ndarray]], nbytes: np.ndarray) -> dict[str, Any]:
+@dataclass
+class Windows:
+    """n windows of T tokens, made batch by batch: get(lo, hi) is windows lo..hi-1 as (x, y), each (hi - lo, T)
+    int32. A split of any size, and a --windows past its end (which wraps, as Loader.val_batch), then cost one
+    batch of memory at a time, never n windows at once."""
+
+    n: int
+    get: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+def score_windows(sc: Scorer, windows: Windows, nbytes: np.ndarray) -> dict[str, Any]:
     total, count, byte_count = 0.0, 0, 0
-    for i in range(0, len(windows), sc.B):
-        chunk = windows[i : i + sc.B]
-        x, y = np.stack([w[0] for w in chunk]), np.stack([w[1] for w in chunk])
+    for i in range(0, windows.n, sc.B):
+        x, y = windows.get(i, min(windows.n, i + sc.B))
         s, c, _ = sc.forward(x, y)
         total, count = total + s, count + c
         byte_count += int(nbytes[y[y >= 0]].sum())
     loss = total / max(1, count)
     bpb = total / math.log(2) / byte_count if byte_count else None
     return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bpb,
-            "tokens": count, "bytes": byte_count, "windows": len(windows)}  # fmt: skip
+            "tokens": count, "bytes": byte_count, "windows": windows.n}  # fmt: skip
 
 
-def shard_windows(
-    ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
+def shard_windows(ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int) -> Windows:
     """The validation loader's windows 0 .. n-1 (all of them by default; past the end they wrap, as val_batch)."""
     from microgpt.data.loader import Loader, open_split
 
@@ -104,23 +114,27 @@ def shard_windows(
         raise EvalError(f"--data {folder}: not a folder")
     parts, masks = open_split(folder, split, ld.exp)
     ld_ = Loader(parts, B, ld.exp.model.seq_len, ld.exp.train.seed, 1, masks, f"{folder} {split}")
-    n = ld_.n_windows if n is None else n
-    x, y = ld_._windows(np.arange(n, dtype=np.int64) % ld_.n_windows)
-    return list(zip(x, y))
+    return Windows(ld_.n_windows if n is None else n,
+                   lambda lo, hi: ld_._windows(np.arange(lo, hi, dtype=np.int64) % ld_.n_windows))  # fmt: skip
 
 
-def text_windows(ids: list[int], T: int, n: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
+def text_windows(ids: list[int], T: int, n: int | None) -> Windows:
+    xs, ys = [], []
     for start in range(0, max(1, len(ids) - 1), T):
         w = ids[start : start + T + 1]
         x, y = np.zeros(T, np.int32), np.full(T, -1, np.int32)
         x[: len(w) - 1], y[: len(w) - 1] = w[:-1], w[1:]
-        out.append((x, y))
-    return out if n is None else out[:n]
+        xs.append(x)
+        ys.append(y)
+    return Windows(len(xs) if n is None else min(n, len(xs)), lambda lo, hi: (np.stack(xs[lo:hi]), np.stack(ys[lo:hi])))
+
+
+LABELS = {0: 0, 1: 1, 2: 2, 3: 3, "0": 0, "1": 1, "2": 2, "3": 3}  # the data set writes its label as a string
 
 
 def read_hellaswag(path: Path) -> list[dict[str, Any]]:
-    """Every line checked before any scoring: one error naming the file and line."""
+    """Every line checked before any scoring (fileio's strict reader: nesting, duplicate keys, NaN); one error
+    naming the file and line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -129,21 +143,16 @@ def read_hellaswag(path: Path) -> list[dict[str, Any]]:
     for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            ex = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{k}: not JSON ({e.msg})") from None
+        ex = parse_json(line, f"{path}:{k}", EvalError, allow_nan=False)
         if not isinstance(ex, dict) or not isinstance(ex.get("ctx"), str):
             raise EvalError(f"{path}:{k}: field 'ctx' missing or not a string")
         ends = ex.get("endings")
         if not isinstance(ends, list) or len(ends) != 4 or not all(isinstance(e, str) and e for e in ends):
             raise EvalError(f"{path}:{k}: field 'endings' must be a list of 4 non-empty strings")
         label = ex.get("label")
-        if isinstance(label, str) and label.isdigit():
-            label = int(label)
-        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 4:
-            raise EvalError(f"{path}:{k}: field 'label' must be 0, 1, 2 or 3")
-        out.append({"ctx": ex["ctx"], "endings": ends, "label": label})
+        if isinstance(label, bool) or not isinstance(label, (int, str)) or label not in LABELS:
+            raise EvalError(f"{path}:{k}: field 'label' must be 0, 1, 2 or 3, got {brief(label)}")
+        out.append({"ctx": ex["ctx"], "endings": ends, "label": LABELS[label]})
     if not out:
         raise EvalError(f"--hellaswag {path}: no examples")
     return out
@@ -162,34 +171,38 @@ def hellaswag_rows(ex: dict[str, Any], tok: Any, T: int) -> tuple[list[list[int]
 
 
 def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
-    """Examples packed to their own length: each batch holds as many whole examples (4 rows each) as fit the plan's
-    4 * T tokens at the batch's longest row, so a 60-token example costs 60 positions, not seq_len."""
+    """acc and acc_norm over the examples, packed to their own length: each batch holds as many whole examples (4
+    rows each) as fit the plan's 4 * T tokens at the batch's longest row, so a 60-token example costs 60 positions,
+    not seq_len. An example where some ending has no token to score (an empty context and a one-token ending: the
+    ending's only token is the first of the sequence, predicted by nothing) cannot be judged: it counts among the
+    examples, never as correct, and is reported as unscored."""
     examples = read_hellaswag(path)[:limit]
     T = ld.exp.model.seq_len
-    sc, rows = Scorer(ld, 4), [hellaswag_rows(ex, tok, T) for ex in examples]
-    correct = correct_norm = i = 0
-    while i < len(examples):
+    rows = [hellaswag_rows(ex, tok, T) for ex in examples]
+    judged = [e for e, (_, n_end) in enumerate(rows) if min(n_end) > 0]
+    sc, correct, correct_norm, i = Scorer(ld, 4), 0, 0, 0
+    while i < len(judged):
         j, t = i, 1
-        while j < len(examples) and 4 * (j - i + 1) * max(t, *(len(s) - 1 for s in rows[j][0])) <= 4 * T:
-            t = max(t, *(len(s) - 1 for s in rows[j][0]))
+        while j < len(judged) and 4 * (j - i + 1) * max(t, *(len(s) - 1 for s in rows[judged[j]][0])) <= 4 * T:
+            t = max(t, *(len(s) - 1 for s in rows[judged[j]][0]))
             j += 1
         x, y = np.zeros((4 * (j - i), t), np.int32), np.full((4 * (j - i), t), -1, np.int32)
-        for e in range(i, j):
+        for k, e in enumerate(judged[i:j]):
             for r, (seq, n_end) in enumerate(zip(*rows[e])):
-                k = 4 * (e - i) + r
-                x[k, : len(seq) - 1] = seq[:-1]
-                y[k, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
+                x[4 * k + r, : len(seq) - 1] = seq[:-1]
+                y[4 * k + r, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
         _, _, losses = sc.forward(x, y)
         scored = y >= 0
         sums = np.where(scored, losses, 0.0).sum(axis=1, dtype=np.float64).reshape(-1, 4)
         means = sums / scored.sum(axis=1).reshape(-1, 4)
-        labels = np.array([examples[e]["label"] for e in range(i, j)])
+        labels = np.array([examples[e]["label"] for e in judged[i:j]])
         correct += int((np.argmin(sums, axis=1) == labels).sum())
         correct_norm += int((np.argmin(means, axis=1) == labels).sum())
         i = j
+    unscored = len(examples) - len(judged)
     n = len(examples)
     return {"examples": n, "acc": correct / n, "acc_norm": correct_norm / n, "correct": correct,
-            "correct_norm": correct_norm}  # fmt: skip
+            "correct_norm": correct_norm, "unscored": unscored}  # fmt: skip
 
 
 def parser() -> ArgParser:
@@ -207,13 +220,14 @@ def parser() -> ArgParser:
 
 def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
-    if args.windows is not None and args.windows < 1:
-        raise EvalError(f"--windows {args.windows}: must be at least 1")
+    if args.windows is not None:
+        check_number(args.windows, "--windows", 1, config.INT_MAX, integer=True, error=EvalError)
     ld = checkpoint.load_trained(args.checkpoint)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
         res = hellaswag(ld, tok, Path(args.hellaswag), args.windows)
         text = f"hellaswag: {res['examples']} examples | acc {res['acc']:.4f} | acc_norm {res['acc_norm']:.4f}"
+        text += f" | {res['unscored']} with nothing to score (counted wrong)" if res["unscored"] else ""
     else:
         m, B = ld.exp.model, ld.exp.train.micro_batch
         if args.data:

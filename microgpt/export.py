@@ -29,8 +29,8 @@ import numpy as np
 
 from microgpt import checkpoint, config, params
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import ArgParser, InputError
-from microgpt.fileio import atomic_write_json
+from microgpt.errors import ArgParser, InputError, output_error
+from microgpt.fileio import atomic_write_json, check_parents
 
 # ChatML as microgpt/data/chat.py render writes it; add_generation_prompt opens the assistant's turn.
 CHAT_TEMPLATE = (
@@ -70,18 +70,20 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
 
 
 def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+    """Serialized in memory, then written by us: a full disk is then an OSError with its errno (exit 4), not the
+    library's own error type."""
     meta = {"format": "pt"}
     if dtype == "fp32":
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
-        save_file(tensors, str(path), metadata=meta)
+        path.write_bytes(save(tensors, metadata=meta))
         return
-    from safetensors import TensorSpec, serialize_file
+    from safetensors import TensorSpec, serialize
 
     bits = {k: to_bf16_bits(v) for k, v in tensors.items()}
     specs = {k: TensorSpec(dtype="bfloat16", shape=b.shape, data_ptr=b.ctypes.data, data_len=b.nbytes)
              for k, b in bits.items()}  # fmt: skip
-    serialize_file(specs, str(path), metadata=meta)
+    path.write_bytes(serialize(specs, metadata=meta))
 
 
 def byte_tokenizer_json() -> dict[str, Any]:
@@ -172,18 +174,30 @@ def model_card(ld: checkpoint.Trained, dtype: str) -> str:
 
 
 def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
-    """Write the folder; --out must not exist or be empty. Everything is written to a temp folder next to it and
-    renamed into place, so a failed export leaves nothing behind."""
+    """Write the folder; --out must not exist or be empty, and not be a symbolic link (live or dangling: the
+    export is never written through one). Everything is written to a temp folder next to it and renamed into
+    place, so a failed export leaves nothing behind; an output the disk refuses is a WriteError (exit 4), a path
+    that cannot be a folder an ExportError (exit 2)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.is_symlink():
+        raise ExportError(f"--out {out}: is a symbolic link; give the folder to write itself (nothing written)")
+    check_parents(out, "--out", ExportError)
+    try:
+        taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    except OSError as e:
+        raise output_error(e, f"--out {out}: cannot list the folder") from None
+    if taken:
         raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing overwritten)")
     if dtype not in ("fp32", "bf16"):
         raise ExportError(f"--dtype {dtype}: expected fp32 or bf16")
     ld = checkpoint.load_trained(where)
     m = ld.exp.model
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise output_error(e, f"--out {out}: cannot create a folder in {out.parent}") from None
     try:
         save_safetensors(hf_state_dict(ld.params(), m), tmp / "model.safetensors", dtype)
         atomic_write_json(tmp / "config.json", hf_config(m, special, dtype))
@@ -194,6 +208,9 @@ def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)
+    except OSError as e:  # a full or read-only disk mid-export: the temp folder goes too
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise output_error(e, f"--out {out}: cannot write the export") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

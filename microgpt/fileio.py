@@ -7,13 +7,15 @@ temp file and leaves the old file as it was.
 
 Every JSON file the project reads (experiments, checkpoint sidecars, run files, manifests) goes through
 `read_json`: UTF-8, valid JSON, no key twice in one object (json.loads would silently keep the last), nesting at
-most MAX_DEPTH deep; anything else is the caller's InputError subclass naming the file. Each format's reader then
-checks the shape of what it got.
+most MAX_DEPTH deep, and (for the files that refuse NaN) no number that overflows to infinity (`1e999`);
+anything else is the caller's InputError subclass naming the file. Each format's reader then checks the shape of
+what it got. JSON Lines (HellaSwag, pulled data sets, the engine's log) go through `parse_json` line by line.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,6 +56,14 @@ def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_di
         _fsync_dir(path.parent)
 
 
+def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -> None:
+    """An output path's folders can exist: the nearest existing one above `path` is a folder, not a file (which
+    would make every write below it fail with "File exists" or "Not a directory"); error naming `flag` otherwise."""
+    parent = next((p for p in Path(path).parents if p.exists() or p.is_symlink()), None)
+    if parent is not None and not parent.is_dir():
+        raise error(f"{flag} {path}: {parent} is not a folder")
+
+
 def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True) -> None:
     """obj as JSON (indented and key-sorted for people, or compact for files rewritten every second); NaN and
     infinities are refused (ValueError) rather than written as invalid JSON."""
@@ -80,6 +90,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} overflows a double")
+    return value
+
+
+def finite(value: Any) -> Any:
+    """value with every float that is NaN or infinite replaced by None (JSON has no NaN: a diverged loss is
+    written as null), in nested lists and objects too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def _depth(value: Any) -> int:
     """How deep lists and objects nest (iteratively: no recursion on hostile input)."""
     deepest, todo = 0, [(value, 1)]
@@ -92,11 +121,12 @@ def _depth(value: Any) -> int:
 
 
 def parse_json(text: str, where: str, error: type[InputError] = InputError, allow_nan: bool = True) -> Any:
-    """Strict json.loads: no duplicate keys, nesting at most MAX_DEPTH, NaN/Infinity only with allow_nan (the
-    experiment loader lets them through so the field's own check names the field); error(...) naming where."""
+    """Strict json.loads: no duplicate keys, nesting at most MAX_DEPTH, NaN/Infinity (and numbers that overflow to
+    it) only with allow_nan (the experiment loader lets them through so the field's own check names the field);
+    error(...) naming where."""
     hooks: dict[str, Any] = {"object_pairs_hook": _no_duplicates}
     if not allow_nan:
-        hooks["parse_constant"] = _reject_constant
+        hooks["parse_constant"], hooks["parse_float"] = _reject_constant, _finite_float
     try:
         value = json.loads(text, **hooks)
     except json.JSONDecodeError as e:

@@ -1,23 +1,32 @@
-"""One writer per run folder: an exclusive flock on `<out>/.lock`, held for the writer's whole life.
+"""One writer per run folder: an exclusive flock on the folder itself, held for the writer's whole life.
 
 `microgpt train` and `microgpt run` take the lock before they look at the folder's checkpoints, so two of them on
 one `--out` can no longer both pass the "already holds checkpoints" check and overwrite each other: the second
-gets one `error:` line naming the holder's pid (read from /proc/locks, so the lock file stays empty and taking
-the lock writes nothing), exit 2. The kernel drops a flock when the last descriptor of its open file closes, so a
-writer killed with SIGKILL leaves no stale lock.
+gets one `error:` line naming the holder's pid (read from /proc/locks, so taking the lock writes nothing), exit 2.
+The kernel drops a flock when the last descriptor of its open file closes, so a writer killed with SIGKILL leaves
+no stale lock.
+
+The lock is on the folder's own inode (a descriptor opened with O_DIRECTORY), not on a file in it: a lock file can
+be deleted or replaced while it is held (a second writer then locks the new file and gets in), a folder cannot be
+replaced under the paths the writer uses. After the flock, the descriptor is checked to be the folder the path
+names now. Where the filesystem cannot lock a folder (NFS emulates flock with byte-range locks, which need a file
+open for writing), the lock falls back to `<out>/.lock`, opened without following a symbolic link (a dangling
+`.lock` link must not create a file elsewhere) and checked, after the flock, to be the file at that path.
 
 Children that write the same folder hold the same lock: `microgpt run` starts `microgpt train` on its folder, and
 `train --procs N` starts N ranks. The parent passes its lock's descriptor to the child (pass_fds) and names it in
 MICROGPT_RUN_LOCK; a flock belongs to the open file, not the process, so the child's flock on that descriptor
 succeeds and the folder stays locked while the child lives, even if its parent is killed first (an orphaned
-engine still writing keeps a new supervisor out). Anyone else, a second `run` or a stray `train`, opens the file
-anew and is refused while any of them lives.
+engine still writing keeps a new supervisor out). Anyone else, a second `run` or a stray `train`, opens the
+folder anew and is refused while any of them lives.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -25,6 +34,7 @@ from microgpt.errors import InputError
 
 NAME = ".lock"
 ENV = "MICROGPT_RUN_LOCK"  # the inherited descriptor of the parent's lock on this folder
+PID_MAX = 2**31 - 1  # pid_t: a larger "pid" names no process (and os.kill would overflow on it)
 
 
 class LockError(InputError):
@@ -70,8 +80,8 @@ def holder_pid(fd: int) -> str:
 
 
 def pid_alive(pid: object) -> bool:
-    """Whether process `pid` (an int) exists: another user's counts; anything but a positive int does not."""
-    if not isinstance(pid, int) or pid <= 0:
+    """Whether process `pid` (an int) exists: another user's counts; anything but an int in [1, PID_MAX] does not."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= PID_MAX:
         return False
     try:
         os.kill(pid, 0)
@@ -82,21 +92,35 @@ def pid_alive(pid: object) -> bool:
     return True
 
 
+def _same(fd: int, st: os.stat_result) -> bool:
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _inherited(folder: Path) -> RunLock | None:
-    """The lock our parent passed down for this folder, if MICROGPT_RUN_LOCK names a descriptor of its lock file
-    and we hold the flock through it (a descriptor of another open file of it would fail the flock)."""
+    """The lock our parent passed down for this folder, if MICROGPT_RUN_LOCK names a descriptor of this folder (or
+    of its .lock file) and we hold the flock through it (a descriptor of another open file of it would fail)."""
     value = os.environ.get(ENV, "")
     if not value.isdigit():
         return None
-    fd, path = int(value), folder / NAME
-    try:
-        mine, lock = os.fstat(fd), os.stat(path)
-        if (mine.st_dev, mine.st_ino) != (lock.st_dev, lock.st_ino):
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return None
-    return RunLock(fd, path)
+    fd = int(value)
+    for path, stat in ((folder, os.stat), (folder / NAME, os.lstat)):
+        try:
+            if not _same(fd, stat(path)):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue
+        return RunLock(fd, path)
+    return None
+
+
+# errnos of a flock on a folder that the filesystem does not support (NFS: EBADF without write access)
+NO_FOLDER_LOCKS = {errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+
+
+class _NoFolderLock(Exception):
+    """This filesystem cannot flock a folder: use the lock file."""
 
 
 def acquire(folder: Path, flag: str = "--out") -> RunLock:
@@ -108,11 +132,33 @@ def acquire(folder: Path, flag: str = "--out") -> RunLock:
         return inherited
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise LockError(f"{flag} {folder}: cannot use it as a run folder ({e.strerror or e})") from None
     try:
+        return _take(fd, folder, folder, flag, os.stat)
+    except _NoFolderLock:
+        return _lock_file(folder, flag)
+
+
+def _lock_file(folder: Path, flag: str) -> RunLock:
+    """The fallback where a folder cannot be locked: <folder>/.lock, never through a symbolic link."""
+    path = folder / NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        why = "is a symbolic link; remove it" if e.errno == errno.ELOOP else e.strerror or str(e)
+        raise LockError(f"{flag} {folder}: cannot use {path} as the run folder's lock ({why})") from None
+    return _take(fd, folder, path, flag, os.lstat)
+
+
+def _take(fd: int, folder: Path, path: Path, flag: str, stat: Callable[[Path], os.stat_result]) -> RunLock:
+    """The flock on fd (opened on `path`: the folder, or its .lock), then fd checked to be what `path` names now
+    (`stat(path)`); LockError naming the holder otherwise; _NoFolderLock where the filesystem cannot flock it."""
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _same(fd, stat(path)):  # replaced between our open and our flock: what we hold guards nothing
+            raise LockError(f"{flag} {folder}: {path} was replaced while it was being locked; try again")
     except BlockingIOError:
         pid = holder_pid(fd)
         os.close(fd)
@@ -120,7 +166,12 @@ def acquire(folder: Path, flag: str = "--out") -> RunLock:
         who = f"a process started by pid {pid}, which has exited" if exited else f"pid {pid}"
         raise LockError(f"{flag} {folder}: the run folder is in use by another microgpt process ({who}); "
                         "wait for it to end or stop it") from None  # fmt: skip
+    except LockError:
+        os.close(fd)
+        raise
     except OSError as e:
         os.close(fd)
+        if e.errno in NO_FOLDER_LOCKS and path == folder:
+            raise _NoFolderLock from None
         raise LockError(f"{flag} {folder}: cannot lock the run folder ({e.strerror or e})") from None
-    return RunLock(fd, folder / NAME)
+    return RunLock(fd, path)

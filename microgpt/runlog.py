@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from microgpt import events
 from microgpt.errors import WriteError
 
 LOG_NAME = "train.jsonl"
-STDOUT_FD, STDERR_FD = 1, 2
+STDERR_FD = 2
 
 
 class Tracker(Protocol):
@@ -72,8 +73,8 @@ class RunLog:
                 write_all(self.fd, line)
             except OSError as e:  # a full disk: earlier lines are intact (appends), this one may be cut short
                 raise WriteError(f"{self.path}: cannot append to the run's log ({e.strerror or e})") from None
-        if self.json_stdout:
-            write_all(STDOUT_FD, line)
+        if self.json_stdout:  # under the events' lock: a heartbeat line never lands inside this one
+            events.write_line(line)
         if self.trackers:
             self.queue.append(rec)
         return rec
@@ -101,12 +102,16 @@ class RunLog:
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """The records of a log, in order; lines that are not JSON objects with an event (a line cut short by a full
-    disk or a kill, other output appended by hand) are passed over. [] when there is no log."""
+    """The records of a log, in order (parse_log); [] when there is no log."""
     try:
-        text = path.read_text(errors="replace")
+        return parse_log(path.read_text(errors="replace"))
     except FileNotFoundError:
         return []
+
+
+def parse_log(text: str) -> list[dict[str, Any]]:
+    """The records of a log's text, in order; lines that are not JSON objects with an event (a line cut short by a
+    full disk or a kill, other output appended by hand) are passed over."""
     out = []
     for line in text.splitlines():
         try:

@@ -13,18 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint
+from microgpt import checkpoint, config
 from microgpt.backend import numpy_backend
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import InputError, brief, check_finite
+from microgpt.errors import InputError, check_number
 from microgpt.state import InferState, make_infer_state
 
 
 class SampleError(InputError):
     """A sampling flag out of range: --tokens, --temperature, --top-k, --seed, or a prompt that is not UTF-8."""
-
-
-MAX_TOKENS = 1_000_000  # --tokens: more is a typo, not a request (a million tokens is hours on the CPU)
 
 
 def check_text(text: str | None, flag: str) -> None:
@@ -37,15 +34,10 @@ def check_text(text: str | None, flag: str) -> None:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags `sample` and `chat` share, checked before the model is loaded."""
-    if not 0 <= args.tokens <= MAX_TOKENS:
-        raise SampleError(f"--tokens must be in [0, {MAX_TOKENS:,}], got {brief(args.tokens)}")
-    temperature = check_finite(args.temperature, "--temperature", SampleError)
-    if temperature < 0:
-        raise SampleError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
-    if args.top_k < 0:
-        raise SampleError(f"--top-k must be >= 0 (0: off), got {args.top_k}")
-    if args.seed < 0:
-        raise SampleError(f"--seed must be >= 0, got {brief(args.seed)}")
+    check_number(args.tokens, "--tokens", 0, config.MAX_TOKENS, integer=True, error=SampleError)
+    check_number(args.temperature, "--temperature (0: greedy)", 0, error=SampleError)
+    check_number(args.top_k, "--top-k (0: off)", 0, config.INT_MAX, integer=True, error=SampleError)
+    check_number(args.seed, "--seed", 0, config.SEED_MAX, integer=True, error=SampleError)
     for flag in ("prompt", "system"):
         check_text(getattr(args, flag, None), f"--{flag}")
 
@@ -70,7 +62,9 @@ class Generator:
 def pick(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator) -> int:
     if temperature <= 0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
+    z = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # shifted first: a subnormal temperature gives -inf and 0, never inf - inf
+        z = (z - z.max()) / temperature
     if 0 < top_k < z.size:
         z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
     p = np.exp(z - z.max())

@@ -371,7 +371,14 @@ def _git_commit() -> str | None:
 
 
 def check_out_dir(out: Path) -> None:
+    """--out can hold the run before anything is built or trained: a folder (made if missing) whose ckpt, if there,
+    is a folder (or a link to one): a file or a dangling link there would fail the first checkpoint write only
+    after training. ConfigError naming it otherwise."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--out {out}: cannot create the output folder ({e.strerror})") from None
+    ckpt = out / "ckpt"
+    if (ckpt.exists() or ckpt.is_symlink()) and not ckpt.is_dir():
+        what = "a link to nothing" if ckpt.is_symlink() else "not a folder"
+        raise ConfigError(f"--out {out}: {ckpt} is {what}; checkpoints are written there (move it away)")

@@ -330,4 +330,4 @@ def test_procs_must_match_the_job(monkeypatch, tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="--procs 3"):
         distributed.from_env("numpy", procs=3)
     res = cli("train", str(write_experiment(tmp_path)), "--procs", "0")
-    assert res.returncode == 2 and res.stderr.startswith("error: --procs 0"), res.stderr
+    assert res.returncode == 2 and res.stderr.startswith("error: --procs must be an integer"), res.stderr

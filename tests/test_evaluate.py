@@ -99,15 +99,39 @@ def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:
     assert got["acc"] == correct / 3 and got["acc_norm"] == correct_norm / 3
 
 
+ENDS = '"endings": ["b", "c", "d", "e"]'
+
+
 @pytest.mark.parametrize(
     "line",
     ['{"ctx": "a", "endings": ["b", "c", "d"], "label": 0}', '{"ctx": "a", "endings": ["b", "c", "d", "e"]}',
-     "not json", '{"endings": ["b", "c", "d", "e"], "label": 1}'],
+     "not json", '{"endings": ["b", "c", "d", "e"], "label": 1}',
+     "[" * 100_000 + "]" * 100_000, '{"ctx": "a", ' + ENDS + ', "label": ' + "1" * 5000 + "}",
+     '{"ctx": "a", ' + ENDS + ', "label": "' + "0" * 4999 + '1"}', '{"ctx": "a", ' + ENDS + ', "label": true}',
+     '{"ctx": "a", ' + ENDS + ', "label": 1.0}', '{"ctx": "a", ' + ENDS + ', "label": NaN}',
+     '{"ctx": "a", "ctx": "b", ' + ENDS + ', "label": 1}', '{"ctx": "a", ' + ENDS + ', "label": "-0"}'],
 )  # fmt: skip
 def test_malformed_hellaswag_line(trained, tmp_path: Path, line: str) -> None:
+    """Every line read by the strict reader (nesting, duplicate keys, NaN, 5,000-digit numbers) and checked before
+    anything is scored: one line naming the file and the line."""
     path = tmp_path / "hs.jsonl"
     path.write_text(json.dumps(HELLASWAG[0]) + "\n" + line + "\n")
     assert f"{path}:2:" in one_error_line(cli("eval", str(trained[0]), "--hellaswag", str(path)))
+
+
+def test_an_example_with_nothing_to_score_is_not_correct(trained, tmp_path: Path) -> None:
+    """An empty context and one-token endings: each ending's only token starts the sequence and nothing predicts
+    it. Such an example counts among the examples, never as correct (label 0 used to win every tie of zeros)."""
+    tok = load_tokenizer(checkpoint.load_trained(trained[0]).side["tokenizer"])
+    words = [w for w in ("def", "return", "self", "import", "class", "if", "in", "for", "not", "is", "None")
+             if len(tok.encode(" " + w)) == 1][:4]  # fmt: skip
+    assert len(words) == 4, words
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps({"ctx": "", "endings": words, "label": 0}) + "\n" + json.dumps(HELLASWAG[0]) + "\n")
+    got = run_eval(str(trained[0]), "--hellaswag", str(path))
+    alone = run_eval(str(trained[0]), "--hellaswag", str(path), "--windows", "1")
+    assert alone["examples"] == 1 and alone["unscored"] == 1 and alone["correct"] == alone["correct_norm"] == 0
+    assert got["examples"] == 2 and got["unscored"] == 1 and got["correct"] <= 1
 
 
 def test_checkpoint_for_another_model(trained, tmp_path: Path) -> None:

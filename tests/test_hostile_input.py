@@ -7,6 +7,7 @@ Sections follow the issue's classes: 1 checkpoints and sidecars, 2 experiment va
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, config, memory, precision
 from tests.conftest import REPO, TINY, cli, write_experiment
 
 
@@ -305,3 +306,137 @@ def test_eval_and_export_share_the_checked_loader(run: tuple[Path, Path, Path], 
     refused(cli("export", str(ck), "--out", str(tmp_path / "hf")), str(side), "tokenizer")
     refused(cli("eval", str(ck), "--text", str(tmp_path / "t.txt")), str(side), "tokenizer")
     assert snapshot(out) == before and not (tmp_path / "hf").exists()
+
+
+# --- 5. numbers from flags: type and range checked in one place (errors.check_number), issue 35 -------------------
+@pytest.mark.parametrize(
+    "command, flags, needle",
+    [
+        ("sample", ["--top-k", "1" + "0" * 30], "--top-k (0: off) must be an integer in [0, 2147483647]"),
+        ("sample", ["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
+        ("sample", ["--tokens", "1" + "0" * 20], "--tokens must be an integer in [0, 1000000]"),
+        ("chat", ["--temperature=-inf"], "--temperature (0: greedy) must be a finite number"),
+        ("eval", ["--text", "t.txt", "--windows", str(10**12)], "--windows must be an integer in [1, 2147483647]"),
+        ("eval", ["--text", "t.txt", "--windows", "0"], "--windows must be an integer in [1, 2147483647], got 0"),
+    ],
+)  # fmt: skip
+def test_numbers_out_of_range(run: tuple[Path, Path, Path], command: str, flags: list[str], needle: str) -> None:
+    _, out, _ = run
+    (out.parent / "t.txt").write_text("some text " * 20)
+    before = snapshot(out)
+    refused(cli(command, str(out), *flags, input="", cwd=out.parent), needle)
+    assert snapshot(out) == before
+
+
+def test_a_subnormal_temperature_samples_greedily(run: tuple[Path, Path, Path]) -> None:
+    """5e-324 > 0 is a valid temperature: the logits are shifted before the division, so no inf - inf (NaN)."""
+    _, out, _ = run
+    tiny = cli("sample", str(out), "--temperature", "5e-324", "--tokens", "8", "--prompt", "ab", "--json")
+    greedy = cli("sample", str(out), "--temperature", "0", "--tokens", "8", "--prompt", "ab", "--json")
+    assert tiny.returncode == 0 and tiny.stderr == "", tiny.stderr
+    assert json.loads(tiny.stdout)["text"] == json.loads(greedy.stdout)["text"]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--shard-tokens", "1" + "0" * 20], "--shard-tokens must be an integer in [1, 2147483647]"),
+        (["--chunk", "0"], "--chunk must be an integer in [1, 2147483647], got 0"),
+        (["--tokenizer-bytes", "-1"], "--tokenizer-bytes must be an integer in [1, 2147483647]"),
+        (["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
+        (["--val-fraction", "nan"], "--val-fraction must be a finite number"),
+    ],
+)  # fmt: skip
+def test_prep_numbers_out_of_range(tmp_path: Path, texts: Path, flags: list[str], needle: str) -> None:
+    refused(cli("prep", "--source", str(texts), "--out", str(tmp_path / "o"), "--tokenizer", "bytes", *flags), needle)
+    assert not (tmp_path / "o").exists()
+
+
+# --- 6. --procs: bounded by the machine and checked with the backend before any rank starts ------------------------
+def half_the_host() -> list[str]:
+    """--set flags giving TINY a NumPy plan of 30-60% of this machine's memory: one arena fits, four do not."""
+    exp, host = config.from_dict(TINY), memory.host_memory_bytes()
+    prec = precision.make(exp.train.precision, exp.train.backend)
+
+    def plan_bytes(B: int) -> int:
+        t = dataclasses.replace(exp.train, micro_batch=B)
+        bufs = memory.plan(exp.model, t, prec, memory.cpu_logits_rows(exp.model, B))
+        return sum(memory.role_bytes(bufs, prec).values())
+
+    B = exp.train.micro_batch
+    while plan_bytes(2 * B) <= 0.6 * host:
+        B *= 2
+    assert host / 4 < plan_bytes(B) <= host
+    return ["--set", f"train.micro_batch={B}"]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--procs", "1000"], "--procs 1000: this machine has"),
+        (["--procs", "2", "--backend", "triton"], "--procs 2: train.backend 'triton' needs a CUDA GPU per rank"),
+        (["--procs", "4", "half the host"], "1/4 for each rank"),
+    ],
+)  # fmt: skip
+def test_procs_are_checked_once_before_any_rank(tmp_path: Path, flags: list[str], needle: str) -> None:
+    """One `error:` line (not one per rank), for `train` and for `run`, and no rank's output at all."""
+    pytest.importorskip("torch")
+    flags = [f for flag in flags for f in (half_the_host() if flag == "half the host" else [flag])]
+    exp = write_experiment(tmp_path)
+    env = {"TRITON_INTERPRET": "0"}  # the triton case is about a machine without CUDA and without the interpreter
+    for command in ("train", "run"):
+        refused(cli(command, str(exp), "--out", str(tmp_path / command), *flags, env=env), needle)
+    assert not list(tmp_path.glob("*/ckpt"))
+
+
+# --- 7. readers: every file checked before use (fileio's strict reader, then each field's type and range) ---------
+AMAX = {"numeric strings": ["1.5", "2"], "booleans": [True, False], "an integer of 400 digits": [10**400],
+        "a negative number": [-1.0], "a list": [[1.0]]}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(AMAX))
+def test_fp8_amax_history_in_a_sidecar(run: tuple[Path, Path, Path], kind: str) -> None:
+    exp, out, ck = run
+    side = checkpoint.sidecar_path(ck)
+    side.write_text(json.dumps({**json.loads(side.read_text()), "fp8_amax_history": AMAX[kind]}))
+    before = snapshot(out)
+    needle = "field 'fp8_amax_history' item 0"
+    resume = ["--resume", str(ck), "--steps", "5", "--precision", "fp8"]
+    refused(cli("train", str(exp), "--out", str(out), *resume), str(side), needle)
+    refused(cli("sample", str(ck), "--tokens", "1"), str(side), needle)
+    assert snapshot(out) == before
+
+
+def test_a_sidecar_number_that_overflows_is_refused(run: tuple[Path, Path, Path]) -> None:
+    """1e999 parses to infinity; the strict reader refuses it where it refuses NaN."""
+    exp, out, ck = run
+    side = checkpoint.sidecar_path(ck)
+    side.write_text(side.read_text().replace('"val_loss": ', '"val_loss": 1e999, "was": '))
+    before = snapshot(out)
+    refused(cli("sample", str(ck), "--tokens", "1"), str(side), "overflows")
+    refused(cli("train", str(exp), "--out", str(out), "--resume", str(ck), "--steps", "5"), str(side), "overflows")
+    assert snapshot(out) == before
+
+
+def test_pull_skips_a_line_nested_100000_deep(tmp_path: Path) -> None:
+    good = json.dumps({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
+    src = tmp_path / "in.jsonl"
+    src.write_text(good + "\n" + "[" * 100_000 + "]" * 100_000 + "\n" + '{"a": 1, "a": 2}\n')
+    res = cli("pull-hermes3", "--from", str(src), "--out", str(tmp_path / "out.jsonl"))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    report = json.loads((tmp_path / "out.jsonl.report.json").read_text())
+    assert report["kept"] == 1 and report["skipped_by_reason"] == {"invalid json": 2}
+    src.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    before = snapshot(tmp_path)
+    refused(cli("pull-hermes3", "--from", str(src), "--out", str(tmp_path / "out.jsonl")), "no valid conversation")
+    assert snapshot(tmp_path) == before
+
+
+# --- 8. chat with a closed or unreadable stdin ---------------------------------------------------------------------
+@pytest.mark.parametrize("redirect, needle", [("<&-", "stdin is closed"), ("0>stdin.txt", "stdin line 1: cannot read")])
+def test_chat_without_a_readable_stdin(run: tuple[Path, Path, Path], redirect: str, needle: str) -> None:
+    """fd 0 closed (Python then has no sys.stdin), or open for writing only (its read fails with EBADF)."""
+    _, out, _ = run
+    cmd = f"{sys.executable} -m microgpt chat {out} --tokens 2 {redirect}"
+    res = subprocess.run(cmd, shell=True, capture_output=True, text=True, cwd=out.parent, timeout=300)
+    refused(res, needle)

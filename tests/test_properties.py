@@ -1,8 +1,10 @@
 """Property tests of the readers of hostile files: experiments, checkpoints with their sidecars, token shards and
-the proxy's run files. Thousands of random mutations of a valid file (a JSON value replaced, deleted or added; a
-key doubled; bytes flipped, cut or inserted; a float set to NaN, inf or a negative number) must give a valid
-result or an InputError (the CLI's one `error:` line, exit 2), never another exception. The readers run in this
-process, so thousands of examples take seconds; a few subprocess checks at the end cover the CLI wrapper.
+the proxy's run files; since issue 35 also numbers written as text, the dashboard's answers to any query, history
+and request head, HellaSwag lines, the engine's log as `run` adopts it, and pulled JSON Lines. Thousands of random
+mutations of a valid file (a JSON value replaced, deleted or added; a key doubled; bytes flipped, cut or inserted;
+a float set to NaN, inf or a negative number) must give a valid result or an InputError (the CLI's one `error:`
+line, exit 2), never another exception. The readers run in this process, so thousands of examples take seconds; a
+few subprocess checks at the end cover the CLI wrapper.
 
 Deterministic: the hypothesis profile in tests/conftest.py (derandomize, no database, no deadline).
 """
@@ -15,18 +17,20 @@ import math
 import struct
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from microgpt import checkpoint, config, data, params, sample
+from microgpt import checkpoint, config, data, errors, evaluate, params, sample
 from microgpt.backend import numpy_backend
 from microgpt.data import shards
+from microgpt.data.sources import iter_records
 from microgpt.errors import InputError
-from microgpt.proxy import phases
-from microgpt.proxy.runfiles import LOSS_FORMAT, SAMPLES_FORMAT, STATE_FORMAT, JsonDoc, LossHistory
+from microgpt.proxy import dashboard, httpd, phases
+from microgpt.proxy.runfiles import LOSS_FORMAT, SAMPLES_FORMAT, STATE_FORMAT, JsonDoc, LossHistory, replay_engine_log
 from microgpt.state import make_state
 from tests.conftest import TINY, cli
 
@@ -311,3 +315,149 @@ def test_sample_cli_on_hostile_checkpoints(small_ckpt: tuple[Path, bytes, dict],
     res = cli("sample", str(path), "--tokens", "1")
     if res.returncode != 0:
         exit_2_one_line(res)
+
+
+# --- issue 35: numbers, query strings, request heads, JSON Lines, engine logs -------------------------------------
+NUMBER_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "inf",
+            "-inf",
+            "nan",
+            "1e999",
+            "-1e999",
+            "1e308",
+            "0x10",
+            "1_000",
+            " 7 ",
+            "+3",
+            "--1",
+            "1.0",
+            "9" * 4400,
+            "-0",
+            "4.5",
+            "1e3",
+            "\u0663",
+        ]
+    ),  # fmt: skip
+    st.integers(min_value=-(2**80), max_value=2**80).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+
+
+@settings(max_examples=2000)
+@given(text=NUMBER_TEXT, bounds=st.sampled_from([(0, 10), (-(2**53), 2**53), (1, 2**31 - 1), (None, None)]))
+def test_parse_number_gives_an_int_in_range_or_one_line(text: str, bounds: tuple) -> None:
+    lo, hi = bounds
+    got = valid_or_input_error(lambda t: errors.parse_number(t, "since", lo, hi, integer=True), text)
+    if got is not None:
+        assert type(got) is int and (lo is None or lo <= got) and (hi is None or got <= hi)
+
+
+@settings(max_examples=2000)
+@given(value=JSON_VALUES, integer=st.booleans())
+def test_check_number_gives_a_number_in_range_or_one_line(value: Any, integer: bool) -> None:
+    got = valid_or_input_error(lambda v: errors.check_number(v, "field 'x'", 0, 2**31 - 1, integer=integer), value)
+    if got is not None:
+        assert not isinstance(got, bool) and isinstance(got, int if integer else (int, float))
+        assert math.isfinite(got) and 0 <= got <= 2**31 - 1
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The dashboard's answers (no sockets), over a folder with one good run, one hostile history slot and a link."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "r.loss.json").write_text(json.dumps(LOSS))
+    (root / "h.loss.json").write_text(json.dumps(LOSS))
+    (root / "r.state.json").write_text(json.dumps(STATE))
+    (root / "l.loss.json").symlink_to(root / "r.loss.json")
+    s = dashboard.Site(root, None, dashboard.PAGE)
+    s.bind(8765)
+    return s
+
+
+def answer_of(site: Any, target: str) -> Any:
+    ans = site.answer(httpd.Request("GET", target, {"host": "127.0.0.1:8765"}))
+    if ans.file is not None:
+        ans.file.close()
+    assert ans.code in (200, 302, 304, 400, 404, 414, 503), (target, ans.code, ans.body)
+    if ans.code == 200 and ans.file is None:
+        json.loads(ans.body, parse_constant=lambda c: pytest.fail(f"{c} in an answer to {target}"))
+    return ans
+
+
+QUERY = st.lists(st.tuples(st.sampled_from(["run", *dashboard.QUERY_NUMBERS, "x"]),
+                           st.one_of(NUMBER_TEXT, st.sampled_from(["r", "h", "l", "../r", "a/r", "☃"]))),
+                 max_size=6)  # fmt: skip
+
+
+@settings(max_examples=1500)
+@given(path=st.sampled_from(["/api/loss", "/api/state", "/api/samples", "/api/runs", "/api/x"]), query=QUERY)
+def test_every_dashboard_query_is_answered(site: Any, path: str, query: list[tuple[str, str]]) -> None:
+    """Any query string (numbers that overflow, names in any script, links): an answer, never a 500."""
+    answer_of(site, path + "?" + urlencode(query))
+    answer_of(site, path + "?" + "&".join(f"{k}={v}" for k, v in query))  # not even percent-encoded
+
+
+@settings(max_examples=500)
+@given(raw=hostile_json(LOSS))
+def test_every_hostile_history_is_answered_with_valid_json(site: Any, raw: bytes) -> None:
+    """A history another writer left (NaN, 1e999, keys twice, torn bytes): a strict-JSON 200 or a 503, never a
+    dead handler. A fresh mtime each time, so every example is parsed anew."""
+    path = site.folder.root / "h.loss.json"
+    path.write_bytes(raw.replace(b"3.1", b"NaN").replace(b"1e-3", b"1e999"))
+    site.folder.cache.clear()
+    for query in ("", "&since=1", "&from=1&to=2&width=16"):
+        answer_of(site, "/api/loss?run=h" + query)
+
+
+@settings(max_examples=3000)
+@given(head=st.one_of(st.binary(max_size=200), mutated_bytes(b"GET /api/loss?run=r HTTP/1.1\r\nHost: 127.0.0.1:8765\r\n"
+                                                             b"If-None-Match: x\r\n\r\n")))  # fmt: skip
+def test_every_request_head_parses_or_is_refused(site: Any, head: bytes) -> None:
+    req = httpd.parse_head(head)
+    if req is not None:
+        assert req.target.startswith("/") and all(k == k.lower() for k in req.headers)
+        answer_of(site, req.target) if req.method == "GET" else site.answer(req)
+
+
+HS = {"ctx": "a man", "endings": ["runs", "sits", "eats", "b"], "label": "2"}
+
+
+@settings(max_examples=800)
+@given(raw=hostile_json(HS))
+def test_hellaswag_lines(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
+    path = tmp_path_factory.getbasetemp() / "hs.jsonl"
+    path.write_bytes(json.dumps(HS).encode() + b"\n" + raw + b"\n")
+    got = valid_or_input_error(evaluate.read_hellaswag, path)
+    if got is not None:
+        assert all(ex["label"] in (0, 1, 2, 3) and len(ex["endings"]) == 4 for ex in got)
+
+
+STEP_EVENT = {"event": "step", "step": 3, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 1e4,
+              "dt_ms": 3.0, "tokens": 256}  # fmt: skip
+
+
+@settings(max_examples=800)
+@given(raw=hostile_json(STEP_EVENT))
+def test_engine_logs(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
+    """train.jsonl as `run` adopts it: a step line of any shape gives a history (then used as the proxy uses one)
+    or one RunFileError line."""
+    log = tmp_path_factory.getbasetemp() / "train.jsonl"
+    start = json.dumps({"event": "start", "run": "r", "step": 2}).encode()
+    log.write_bytes(start + b"\n" + raw + b"\n" + json.dumps({**STEP_EVENT, "step": 4}).encode() + b"\n")
+    hist = valid_or_input_error(replay_engine_log, log, "r")
+    if hist is not None:
+        assert all(isinstance(r["step"], int) for r in hist.data["train"])
+        hist.truncate_after(hist.covered_step - 1)
+        json.dumps(hist.data, allow_nan=False)
+
+
+@settings(max_examples=800)
+@given(raw=hostile_json({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}))
+def test_pulled_records(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
+    path = tmp_path_factory.getbasetemp() / "in.jsonl"
+    path.write_bytes(raw + b"\n" + b"[" * 5000 + b"]" * 5000 + b"\n")
+    got = valid_or_input_error(lambda p: list(iter_records(p)), path)
+    assert got is not None and got[-1][2] == "invalid json"  # a line never stops the file; the deep one is skipped

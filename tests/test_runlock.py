@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from microgpt import checkpoint, runlock
 from tests.conftest import REPO, cli, json_lines, write_experiment
 from tests.proxy._helpers import ENV, ProxyRun, write_exp
@@ -55,7 +57,7 @@ def test_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Pat
     assert records[0]["event"] == "start" and records[0]["step"] == newest
     assert [(r["event"], r["step"]) for r in records[-2:]] == [("done", newest + 2), ("report", newest + 2)]
     assert not stale.exists() and f"removed {stale}" in third.stderr
-    assert (out / runlock.NAME).read_bytes() == b""  # taking the lock writes nothing
+    assert not (out / runlock.NAME).exists()  # taking the lock writes nothing: the flock is on the folder
 
 
 def test_the_proxy_engine_works_under_the_proxy_lock(tmp_path: Path) -> None:
@@ -92,3 +94,53 @@ def test_lock_is_inherited_only_through_the_passed_descriptor(tmp_path: Path) ->
         assert held.fd >= 0
     with runlock.acquire(folder):  # released: free again
         pass
+
+
+def test_a_replaced_lock_file_lets_no_second_trainer_in(tmp_path: Path) -> None:
+    """The lock is the folder itself: deleting or replacing a `.lock` in it (an older version's lock file, or one a
+    person made) while a trainer holds the folder changes nothing; a second trainer is still refused."""
+    exp = write_experiment(tmp_path, train={"steps": 100_000, "ckpt_every": 5})
+    out = tmp_path / "run"
+    first = start_train(exp, out)
+    try:
+        wait_for_checkpoint(first)
+        for replace in ("create", "replace", "delete"):
+            lock = out / runlock.NAME
+            if replace == "create":
+                lock.write_bytes(b"")
+            elif replace == "replace":
+                (tmp_path / "new").write_bytes(b"")
+                os.replace(tmp_path / "new", lock)
+            else:
+                lock.unlink()
+            second = cli("train", str(exp), "--out", str(out), "--resume", "latest", env=ENV)
+            refused(second, f"--out {out}", f"pid {first.pid}")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+
+
+def test_a_dangling_lock_link_creates_nothing_outside(tmp_path: Path) -> None:
+    out, target = tmp_path / "run", tmp_path / "elsewhere" / "made-by-the-lock"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / runlock.NAME).symlink_to(target)
+    res = cli("train", str(write_experiment(tmp_path, train={"steps": 1})), "--out", str(out), env=ENV)
+    assert res.returncode == 0, res.stderr
+    assert not target.exists() and list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_the_lock_file_of_a_folder_that_cannot_be_locked(tmp_path: Path) -> None:
+    """The fallback for filesystems that cannot flock a folder (NFS), run here on a real folder: it opens
+    <out>/.lock without following a link, and it is checked to be the file at that path."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / runlock.NAME).symlink_to(tmp_path / "nowhere")
+    with pytest.raises(runlock.LockError, match="is a symbolic link"):
+        runlock._lock_file(folder, "--out")
+    assert not (tmp_path / "nowhere").exists()
+    (folder / runlock.NAME).unlink()
+    with runlock._lock_file(folder, "--out") as held:
+        assert held.path == folder / runlock.NAME
+        with pytest.raises(runlock.LockError, match=f"pid {os.getpid()}"):
+            runlock._lock_file(folder, "--out")

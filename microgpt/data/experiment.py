@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -27,6 +26,8 @@ from microgpt.data import corpus, mixing, prep
 from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
 from microgpt.data.loader import Batches, Loader, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
+from microgpt.errors import InputError
+from microgpt.fileio import read_json
 
 
 def validate(exp: Experiment, src: str) -> Experiment:
@@ -51,11 +52,12 @@ def shard_dir(exp: Experiment) -> Path:
 def built_with(folder: Path, settings: dict) -> bool | None:
     """True if folder holds a finished corpus built with these settings, False if another, None if none."""
     try:
-        return json.loads((folder / "manifest.json").read_text()).get("build") == settings
+        manifest = read_json(folder / "manifest.json", "corpus manifest")  # the strict reader; a bad one: another
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError):
+    except InputError:
         return False
+    return isinstance(manifest, dict) and manifest.get("build") == settings
 
 
 def ensure_builtin(exp: Experiment, folder: Path) -> None:

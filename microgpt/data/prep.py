@@ -43,7 +43,7 @@ from microgpt import config
 from microgpt.data import corpus, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
-from microgpt.errors import ArgParser, InputError, check_finite, exit_on_input_error
+from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, output_error
 from microgpt.runlock import pid_alive
 
 Tokenizer = BPETokenizer | ByteTokenizer
@@ -221,8 +221,8 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
     splits = split_and_weight(sources, s.val_fraction, s.seed)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         tok, trained = get_tokenizer(splits["train"], tmp, s)
         groups = source_folders(sources) if s.per_source else {"": None}  # folder -> its source (all: None)
         written = {}
@@ -260,6 +260,8 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
             out.rename(old)
         tmp.rename(out)
         shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:  # a full disk (exit 4), a parent that is a file (exit 2): an existing corpus is intact
+        raise output_error(e, f"--out {out}: cannot write the corpus") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
@@ -348,15 +350,13 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
             "(256 bytes + special tokens) and at most 65536; a vocabulary of 256 trains on raw bytes "
             "(--tokenizer bytes)"
         )
-    if not 0 < check_finite(val_fraction, "--val-fraction", PrepError) < 1:
-        raise PrepError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    for flag in ("shard_tokens", "tokenizer_bytes", "chunk"):
-        if getattr(args, flag) <= 0:
-            raise PrepError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    if args.max_bytes is not None and args.max_bytes <= 0:
-        raise PrepError(f"--max-bytes must be > 0, got {args.max_bytes}")
-    if args.seed is not None and args.seed < 0:
-        raise PrepError(f"--seed must be >= 0, got {args.seed}")
+    check_number(val_fraction, "--val-fraction", 0, 1, lo_open=True, hi_open=True, error=PrepError)
+    for flag in ("shard_tokens", "tokenizer_bytes", "chunk", "max_bytes"):  # a shard's header counts in int32
+        if getattr(args, flag) is not None:
+            check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", 1, config.INT_MAX, integer=True,
+                         error=PrepError)  # fmt: skip
+    if args.seed is not None:
+        check_number(args.seed, "--seed", 0, config.SEED_MAX, integer=True, error=PrepError)
     settings = PrepSettings(
         tokenizer=tokenizer or "", vocab_size=vocab_size, val_fraction=val_fraction,
         seed=corpus.CORPUS_SEED if args.seed is None else args.seed,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from microgpt.data.chat import parse_record, to_sharegpt
 from microgpt.data.sources import SUFFIXES, Report, SourceError, input_files, iter_records
-from microgpt.errors import ArgParser, exit_on_input_error
-from microgpt.fileio import atomic_write_bytes
+from microgpt.errors import ArgParser, exit_on_input_error, output_error
+from microgpt.fileio import atomic_write_bytes, check_parents
 
 REPO_ID = "NousResearch/Hermes-3-Dataset"
 
@@ -68,9 +68,7 @@ def check_out(out: Path) -> None:
     """--out must name a file (new, or one to replace), not a folder or a path through a file."""
     if out.is_dir():
         raise SourceError(f"--out {out}: is a folder; pull-hermes3 writes one JSONL file")
-    parent = next((p for p in out.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise SourceError(f"--out {out}: {parent} is not a folder")
+    check_parents(out, "--out", SourceError)
 
 
 def pull(paths: list[Path], out: Path) -> Report:
@@ -90,9 +88,14 @@ def pull(paths: list[Path], out: Path) -> Report:
             raise SourceError(f"{len(report.bad_files)} input file(s) unreadable (listed above); {out} was left "
                               "as it was")  # fmt: skip
 
-    atomic_write_bytes(out, lines(), sync_dir=False)
-    report_text = json.dumps(report.to_dict(), indent=1) + "\n"
-    atomic_write_bytes(out.with_name(out.name + ".report.json"), [report_text.encode()], sync_dir=False)
+    target = out
+    try:
+        atomic_write_bytes(out, lines(), sync_dir=False)
+        target = out.with_name(out.name + ".report.json")
+        report_text = json.dumps(report.to_dict(), indent=1) + "\n"
+        atomic_write_bytes(target, [report_text.encode()], sync_dir=False)
+    except OSError as e:  # a full disk (exit 4), a parent that is a file (exit 2): the temp file is gone
+        raise output_error(e, f"--out {out}: cannot write {target}") from None
     return report
 
 

@@ -9,7 +9,6 @@ Used by prep (microgpt/data/prep.py) and pull-hermes3 (microgpt/data/pull.py).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from microgpt.data.chat import parse_record, render
 from microgpt.errors import InputError, brief, check_finite
+from microgpt.fileio import parse_json
 
 SUFFIXES = (".jsonl", ".json", ".parquet")  # record files (chat or {"text": ...})
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".text"}
@@ -93,15 +93,17 @@ def _jsonl(path: Path) -> Iterator[tuple[str, object | None, str]]:
                 yield loc, None, "invalid utf-8"
                 continue
             try:
-                yield loc, json.loads(text), ""
-            except json.JSONDecodeError:
+                record = parse_json(text, loc)  # the strict reader: nesting, duplicate keys
+            except InputError:
                 yield loc, None, "invalid json"
+                continue
+            yield loc, record, ""
 
 
 def _json(path: Path) -> Iterator[tuple[str, object | None, str]]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = parse_json(path.read_bytes().decode("utf-8"), str(path))
+    except (UnicodeDecodeError, InputError):
         # Many ".json" files on the hub are JSON Lines; read them as such (per-line errors then count).
         yield from _jsonl(path)
         return

@@ -16,7 +16,6 @@ sha256 (of the file's bytes) is what the manifest and a checkpoint's .state.json
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from numpy.typing import NDArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from microgpt.errors import InputError, brief
+from microgpt.fileio import parse_json
 
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -77,8 +77,8 @@ class BPETokenizer:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise TokenizerError(f"{path}: cannot read tokenizer ({getattr(e, 'strerror', None) or e})") from None
+        parse_json(text, f"{path}: not a tokenizers tokenizer.json", TokenizerError)  # strict: nesting, duplicates
         try:
-            json.loads(text)
             tok = Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception for schema errors
             first = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -15,14 +15,20 @@
     GET /<name>.json                   a regular file directly inside the root folder (loss, samples, state)
 
 Nothing else is served: no listing, no other subfolder (checkpoints, archive), no path that resolves outside
-the folder (`..`, encoded separators, symlinks out), each a 4xx; a run name is looked up in the folder's
-listing, never joined into a path. Only GET and HEAD; any other method gets 405. Requests whose Host is not
-127.0.0.1:PORT or localhost:PORT get 403, so a web page elsewhere cannot read the run through DNS rebinding.
-File answers carry an ETag (mtime and size): an unchanged file costs a 304, not a download.
+the folder (`..`, encoded separators, symbolic links anywhere below the root, in or out), each a 4xx. Every
+route, /api included, reads through one resolver (dashdata.RunFolder.open: one component at a time, O_NOFOLLOW),
+and a run name is looked up in the folder's listing (which lists no linked run), never joined into a path.
+Only GET and HEAD; any other method gets 405. Requests whose Host is not 127.0.0.1:PORT or localhost:PORT get
+403, so a web page elsewhere cannot read the run through DNS rebinding. Every malformed request gets a 4xx: a
+query number that is not a finite integer in range (`since=inf`, `width=1e999`) 400, a name in any script 404
+(the message is in the body, UTF-8; the status line stays ASCII). File answers carry an ETag (mtime and size):
+an unchanged file costs a 304, not a download.
 
-One thread per request (daemon threads) with at most MAX_HANDLERS at once; further connections wait in a
-listen backlog of BACKLOG. A client that goes away mid-answer is not an error and prints nothing. Requests are not
-logged (a page polls several times a second), server errors (5xx) are; --verbose logs every request.
+The transport is httpd.py: one event loop holds every connection (a deadline for the request head, one request
+each, a deadline to take the answer, a cap on connections that drops the slowest head first), so slow or
+half-open clients cannot stall the others. A client that goes away mid-answer is not an error and prints nothing.
+Requests are not logged (a page polls several times a second) unless --verbose; a server error prints its
+traceback.
 
 Standalone: `python -m microgpt.proxy.dashboard FOLDER [--port N] [--verbose]`, FOLDER a run folder (a proxy's or
 `microgpt train`'s, live or finished) or a folder of them.
@@ -33,18 +39,19 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import re
 import sys
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlsplit
 
-from microgpt.errors import ArgParser, InputError, exit_on_input_error
+from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, parse_number
 from microgpt.proxy.dashdata import RunFolder, RunNotReady, RunUnavailable, view
+from microgpt.proxy.httpd import Answer, BoundedHTTPServer, Request, error
 from microgpt.runlog import LOG_NAME
 
 PAGE_NAME = "live-loss-dashboard.html"
@@ -53,242 +60,159 @@ VENDOR = PAGE.parent / "vendor" / "uplot"
 VENDOR_FILES = {"/vendor/uplot/uPlot.iife.min.js": "text/javascript", "/vendor/uplot/uPlot.min.css": "text/css"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.json$")
 MAX_URL = 2048  # longer request targets get 414 (no file or run name here comes near it)
-MAX_HANDLERS = 32  # requests answered at once; more wait in the backlog
-BACKLOG = 256
+QUERY_NUMBERS = ("since", "vsince", "from", "to", "width")
+STEP_LIMIT = 2**53  # a query number the page's JavaScript numbers cannot hold exactly is no step of a run
 LINGER_S = 5.0  # after the run: how long an open page gets to read its final state (DashboardServer.linger)
-QUIET = (ConnectionError, TimeoutError)  # a client that went away: BrokenPipe, ConnectionReset, a stalled socket
+CSP = "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'"
+Opened = tuple[BinaryIO, os.stat_result]
 
 
 class ServeError(InputError):
     """The dashboard cannot serve (port in use, page missing, no run in the folder); str(err) is one line."""
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: DashboardHTTPServer
-    server_version = "microgpt-dashboard"
-    sys_version = ""
-    timeout = 30  # an idle or stalled client frees its handler slot after this
+class QueryError(InputError):
+    """A query parameter of /api/loss out of type or range (a 400)."""
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("do_"):  # every method but GET and HEAD: 405, not http.server's 501
-            return self._not_allowed
-        raise AttributeError(name)
 
-    def _not_allowed(self) -> None:
-        self.send_error(405, "read-only: GET and HEAD only", extra={"Allow": "GET, HEAD"})
+def query_number(query: dict[str, list[str]], key: str) -> int | None:
+    """One integer query parameter (since, vsince, from, to, width), None when absent; QueryError otherwise."""
+    raw = (query.get(key) or [""])[0]
+    return None if raw == "" else parse_number(raw, key, -STEP_LIMIT, STEP_LIMIT, integer=True, error=QueryError)
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None,
-                   extra: dict[str, str] | None = None) -> None:  # fmt: skip
-        body = f"{code} {message or ''}\n".encode()
-        self.send_response(code, message)
-        for key, value in (extra or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD" and code >= 200 and code not in (204, 304):
-            self.wfile.write(body)
 
-    def do_GET(self) -> None:
-        self._serve(body=True)
+def json_answer(obj: Any, etag: bool = False) -> Answer:
+    """obj as JSON; with etag, tagged by its content (the page tells a new state from an old one by the tag)."""
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    tag = {"ETag": f'"{hashlib.sha256(data).hexdigest()[:16]}"'} if etag else {}
+    return Answer(200, {"Content-Type": "application/json", "Cache-Control": "no-cache", **tag}, data)
 
-    def do_HEAD(self) -> None:
-        self._serve(body=False)
 
-    def _serve(self, body: bool) -> None:
-        if self.headers.get("Host", "") not in self.server.hosts:
-            return self.send_error(403, "unexpected Host header")
-        if len(self.path) > MAX_URL:
-            return self.send_error(414, "URI too long")
-        url = urlsplit(self.path)
+def open_package(path: Path) -> Opened:
+    """A file of the package (the page, uPlot), opened as it is: it is ours, not the run folder's."""
+    f = open(path, "rb")
+    return f, os.fstat(f.fileno())
+
+
+class Site:
+    """The answers: every route of the module docstring, each run file through the folder's resolver. No sockets
+    here (httpd.py calls answer() from its workers); `requests` keeps the last /api/loss answers (the tests')."""
+
+    def __init__(self, root: Path, run: str | None, page: Path):
+        self.run, self.page = run, page
+        self.folder = RunFolder(root)
+        self.requests: deque[dict[str, Any]] = deque(maxlen=1000)
+        self.port = 0
+        self.hosts: set[str] = set()  # the Host headers a request may carry: ours (no DNS rebinding)
+        self.state_read = -1e9  # time.monotonic() of the last /api/state answer (DashboardServer.linger)
+
+    def bind(self, port: int) -> None:
+        self.port, self.hosts = port, {f"127.0.0.1:{port}", f"localhost:{port}"}
+
+    def answer(self, req: Request) -> Answer:
+        if req.method not in ("GET", "HEAD"):
+            return error(405, "read-only: GET and HEAD only", Allow="GET, HEAD")
+        if req.headers.get("host", "") not in self.hosts:
+            return error(403, "unexpected Host header")
+        if len(req.target) > MAX_URL:
+            return error(414, "URI too long")
+        url = urlsplit(req.target)
         if url.path == "/":
             pairs = parse_qsl(url.query, keep_blank_values=True)  # the README's ?x=time and friends, kept
-            if self.server.run and not any(k == "run" for k, _ in pairs):
-                pairs.insert(0, ("run", self.server.run))  # the run the server opens on; none: every run
+            if self.run and not any(k == "run" for k, _ in pairs):
+                pairs.insert(0, ("run", self.run))  # the run the server opens on; none: every run
             query = urlencode(pairs, safe="/", quote_via=quote)
-            self.send_response(302)
-            self.send_header("Location", f"/{PAGE_NAME}" + (f"?{query}" if query else ""))
-            self.send_header("Content-Length", "0")
-            return self.end_headers()
-        if url.path.startswith("/api/"):
-            return self._api(url.path, parse_qs(url.query), body)
-        target = self.server.resolve(url.path)
-        if target is None:
-            return self.send_error(404, "not found")
-        self._send_file(target, body)
+            ans = Answer(302, {"Location": f"/{PAGE_NAME}" + (f"?{query}" if query else "")})
+        elif url.path.startswith("/api/"):
+            ans = self._api(url.path, url.query, req)
+        else:
+            ans = self._static(unquote(url.path), req)
+        ans.send_body = ans.send_body and req.method == "GET"
+        return ans
 
-    def _send_file(self, target: Path, body: bool) -> None:
+    def _static(self, name: str, req: Request) -> Answer:
+        """The page, uPlot, and a regular *.json file directly in the root folder."""
+        if name in VENDOR_FILES:
+            return self._file(open_package(VENDOR / name.rsplit("/", 1)[1]), req, VENDOR_FILES[name])
+        if name == f"/{PAGE_NAME}":
+            return self._file(open_package(self.page), req, "text/html; charset=utf-8", CSP)
+        if not name.startswith("/") or not NAME_RE.match(name[1:]):
+            return error(404, "not found")
         try:
-            stat = target.stat()
-            etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
-            if self.headers.get("If-None-Match") == etag:  # unchanged: answered without reading the file
-                self.send_response(304)
-                self.send_header("ETag", etag)
-                return self.end_headers()
-            data = target.read_bytes() if body else b""
-        except OSError:
-            return self.send_error(404, "not found")
-        ctype = VENDOR_FILES.get(f"/vendor/uplot/{target.name}") if target.parent == VENDOR else None
-        html = target.suffix == ".html"
-        ctype = ctype or ("text/html; charset=utf-8" if html else "application/json")
-        self._send(200, ctype, data, etag=etag, length=stat.st_size if not body else len(data), html=html)
+            return self._file(self.folder.open(name[1:]), req, "application/json")
+        except RunUnavailable:
+            return error(404, "not found")
 
-    def _send(self, code: int, ctype: str, data: bytes, etag: str = "", length: int | None = None,
-              html: bool = False) -> None:  # fmt: skip
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data) if length is None else length))
-        if etag:
-            self.send_header("ETag", etag)
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        if html:
-            self.send_header("Content-Security-Policy", "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                             "style-src 'self' 'unsafe-inline'")  # fmt: skip
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+    def _file(self, opened: Opened, req: Request, ctype: str, csp: str = "") -> Answer:
+        f, st = opened
+        etag = f'"{st.st_mtime_ns:x}-{st.st_size:x}"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        if req.headers.get("if-none-match") == etag:  # unchanged: answered without reading the file
+            f.close()
+            return Answer(304, headers, send_body=False)
+        return Answer(200, {"Content-Type": ctype, **headers, **({"Content-Security-Policy": csp} if csp else {})},
+                      file=f, length=st.st_size)  # fmt: skip
 
-    def _api(self, path: str, query: dict[str, list[str]], body: bool) -> None:
-        folder = self.server.folder
+    def _api(self, path: str, text: str, req: Request) -> Answer:
         if path == "/api/runs":
-            return self._json({"runs": list(folder.runs())})
+            return json_answer({"runs": list(self.folder.runs())})
+        try:
+            query = parse_qs(text, max_num_fields=16)
+        except ValueError:
+            return error(400, "too many query parameters")
         run = (query.get("run") or [""])[0]
         try:
             if path in ("/api/state", "/api/samples"):
-                if path == "/api/state":
-                    self.server.state_read = time.monotonic()  # a page is open (linger() waits for its next read)
-                target = folder.path(run, path.removeprefix("/api/"))
-                if path == "/api/state" and not target.exists() and folder.path(run, "loss").name == LOG_NAME:
-                    return self._json(folder.log_state(run), etag=True)
-                return self._send_file(target, body)
+                kind = path.removeprefix("/api/")
+                if kind == "state":
+                    self.state_read = time.monotonic()  # a page is open (linger() waits for its next read)
+                    if self.folder.parts(run, "loss")[-1] == LOG_NAME:  # a `train` folder: no state file
+                        return json_answer(self.folder.log_state(run), etag=True)
+                opened = self.folder.open(*self.folder.parts(run, kind))
+                return self._file(opened, req, "application/json")
             if path != "/api/loss":
-                return self.send_error(404, "not found")
-            args = {k: _int_arg(query, k) for k in ("since", "vsince", "from", "to", "width")}
-        except RunUnavailable:
-            return self.send_error(404, "no such run")
-        except ValueError as e:
-            return self.send_error(400, str(e))
-        try:
-            ans = view(folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"],
+                return error(404, "not found")
+            args = {k: query_number(query, k) for k in QUERY_NUMBERS}
+            ans = view(self.folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"],
                        args["to"])  # fmt: skip
+        except QueryError as e:
+            return error(400, str(e))
         except RunNotReady as e:
-            return self.send_error(503, str(e), extra={"Retry-After": "1"})
+            return error(503, str(e), **{"Retry-After": "1"})
         except RunUnavailable as e:
-            return self.send_error(404, str(e))
-        sent = self._json(ans)
-        self.server.record({"path": self.path, "run": run, "since": args["since"], "points": ans["points"],
-                            "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
-                            "bytes": sent})  # fmt: skip
-
-    def _json(self, obj: Any, etag: bool = False) -> int:
-        """obj as JSON; with etag, tagged by its content (the page tells a new state from an old one by the tag)."""
-        data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
-        self._send(200, "application/json", data, etag=f'"{hashlib.sha256(data).hexdigest()[:16]}"' if etag else "")
-        return len(data)
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        """Every request with --verbose; otherwise only the server's own errors (a page polls all the time)."""
-        if self.server.verbose or (isinstance(code, int) and code >= 500):  # an HTTPStatus is an int
-            BaseHTTPRequestHandler.log_message(self, '"%s" %s %s', self.requestline, str(code), str(size))
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.verbose:
-            super().log_message(format, *args)
-
-
-def _int_arg(query: dict[str, list[str]], key: str) -> int | None:
-    raw = (query.get(key) or [None])[0]
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(float(raw))
-    except ValueError:
-        raise ValueError(f"{key}={raw[:40]!r}: not a number") from None
-
-
-class DashboardHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = False  # a port someone else holds must fail, not be shared
-    request_queue_size = BACKLOG
-
-    def __init__(self, root: Path, run: str | None, port: int, page: Path, verbose: bool):
-        self.root, self.run, self.page, self.verbose = root, run, page, verbose
-        self.folder = RunFolder(root)
-        self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
-        self.requests: deque[dict[str, Any]] = deque(maxlen=1000)  # /api/loss answers, newest last (tests read it)
-        self.state_read = -1e9  # time.monotonic() of the last /api/state answer
-        super().__init__(("127.0.0.1", port), Handler)
-        self.port = self.server_address[1]
-        self.hosts = {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
-
-    def record(self, entry: dict[str, Any]) -> None:
-        self.requests.append(entry)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self.slots.acquire()  # at the cap, the accept loop waits here and new connections wait in the backlog
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], QUIET):
-            return  # the client closed the connection (a page reload, a cancelled fetch): nothing to report
-        super().handle_error(request, client_address)
-
-    def resolve(self, url_path: str) -> Path | None:
-        """The file a URL path names, or None: the page, uPlot, and *.json directly in the root folder."""
-        name = unquote(url_path)
-        if name in VENDOR_FILES:
-            return VENDOR / name.rsplit("/", 1)[1]
-        if not name.startswith("/") or "/" in name[1:] or "\\" in name or "\0" in name:
-            return None
-        name = name[1:]
-        if name == PAGE_NAME:
-            return self.page
-        if not NAME_RE.match(name):
-            return None
-        try:
-            root = self.root.resolve()
-            target = (root / name).resolve()
-            if target.parent != root or not target.is_file():
-                return None
-        except OSError:  # ENAMETOOLONG, ELOOP, EACCES...: not something we serve
-            return None
-        return target
+            return error(404, str(e))
+        sent = json_answer(ans)
+        self.requests.append({"path": req.target, "run": run, "since": args["since"], "points": ans["points"],
+                              "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
+                              "bytes": len(sent.body)})  # fmt: skip
+        return sent
 
 
 class DashboardServer:
     """Bind at construction (so a busy port is an error before the run starts); serve in a thread.
 
-    `root` is a run folder or a folder of run folders; `run` is the run the page opens on (None: every run)."""
+    `root` is a run folder or a folder of run folders; `run` is the run the page opens on (None: every run).
+    `httpd` is the Site: its port, folder and the recorded /api/loss answers."""
 
     def __init__(self, root: Path, run: str | None, port: int, page: Path = PAGE, verbose: bool = False):
         if not page.is_file():
             raise ServeError(f"{page}: dashboard page not found (an install without its package data)")
-        if not 0 <= port <= 65535:
-            raise ServeError(f"--dashboard {port}: not a TCP port (0-65535; 0 picks a free one)")
+        check_number(port, "--dashboard (a TCP port, 0 picks a free one)", 0, 65535, integer=True, error=ServeError)
+        self.httpd = Site(Path(root), run, page)
+        log = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose else None
         try:
-            self.httpd = DashboardHTTPServer(Path(root), run, port, page, verbose)
+            self.server = BoundedHTTPServer(port, self.httpd.answer, log)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ServeError(f"--dashboard {port}: port {port} on 127.0.0.1 is in use; pick another "
                                  "or 0 for a free one") from None  # fmt: skip
             raise ServeError(f"--dashboard {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
-        self.url = f"http://127.0.0.1:{self.httpd.port}/"
+        self.httpd.bind(self.server.port)
+        self.url = f"http://127.0.0.1:{self.server.port}/"
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="dashboard", daemon=True)
         self.thread.start()
         threading.Thread(target=self.warm, daemon=True).start()
 
@@ -311,9 +235,11 @@ class DashboardServer:
             time.sleep(0.02)
 
     def close(self) -> None:
+        """Stop serving; an answer under way (linger()'s last read) is still sent, for at most a second."""
         if self.thread is not None:
-            self.httpd.shutdown()
-        self.httpd.server_close()
+            self.server.shutdown(grace=1.0)
+            self.thread.join(timeout=10)
+        self.server.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,7 +252,7 @@ def serve(argv: list[str]) -> int:
     p.add_argument("folder", help="a run folder (holding <run>.loss.json) or a folder of run folders")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--run", help="the run the page opens on (default: the folder's only run, else all of them)")
-    p.add_argument("--verbose", action="store_true", help="log every request (default: only server errors)")
+    p.add_argument("--verbose", action="store_true", help="log every request (default: none; errors always)")
     args = p.parse_args(argv)
     root = Path(args.folder)
     if not root.is_dir():
@@ -341,10 +267,10 @@ def serve(argv: list[str]) -> int:
     print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
     threading.Thread(target=server.warm, daemon=True).start()
     try:
-        server.httpd.serve_forever(poll_interval=0.2)
+        server.server.serve_forever()
     except KeyboardInterrupt:
         pass
-    server.httpd.server_close()
+    server.server.close()
     return 0
 
 

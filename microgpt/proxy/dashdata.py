@@ -17,28 +17,38 @@ step across resumes), for the page's tokens and time x axes; a row that does not
 version) has null there, and the page leaves a gap rather than draw it at the Unix epoch.
 
 A run folder `microgpt train` wrote (its log `train.jsonl`, microgpt/runlog.py, and no `.loss.json`) is a run here
-too: its history is the log's, read by the proxy's own rules (runfiles.replay_engine_log), so the same page shows
+too: its history is the log's, read by the proxy's own rules (runfiles.replay_engine_lines), so the same page shows
 a `make train` run, live or finished.
 
 The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
 person, a copy in progress) may leave half a file, in which case the last good version is served, and with
-none yet, RunNotReady (a 503 the page retries).
+none yet, RunNotReady (a 503 the page retries). Values that are not finite numbers (NaN, Infinity, 1e999 in a
+file the proxy did not write) are left out of the series, and become null in meta and marks: the answer is
+always valid JSON.
+
+Every file is opened through RunFolder.open, the one resolver: relative to the root, one path component at a
+time, never through a symbolic link; a run whose files are links is not listed. Nothing outside the folder is
+ever read, whatever the links in it point to.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from microgpt.proxy.runfiles import replay_engine_log
+from microgpt.errors import InputError
+from microgpt.fileio import finite
+from microgpt.proxy.runfiles import replay_engine_lines
 from microgpt.runlock import pid_alive
-from microgpt.runlog import LOG_NAME, read_log
+from microgpt.runlog import LOG_NAME, parse_log
 
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
 KINDS = ("loss", "samples", "state")
@@ -74,7 +84,10 @@ class Columns:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A value the page can draw: a finite float, or an int that a JavaScript number holds exactly."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53
 
 
 def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> Columns:
@@ -114,8 +127,8 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
                     ys.append(w)
     val = [(r["step"], float(r["val_loss"])) for r in obj.get("val") or []
            if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
-    marks = [m for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
-    meta = base.meta if base else obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
+    marks = [finite(m) for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
+    meta = base.meta if base else finite(obj.get("meta")) if isinstance(obj.get("meta"), dict) else {}
     vals = ([s for s, _ in val], [y for _, y in val])
     return Columns(version, meta, marks, steps, series, tokens, times, elapsed, vals, memory_peak)
 
@@ -195,102 +208,139 @@ class RunFolder:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.cache: dict[Path, Columns] = {}
+        self.cache: dict[Path, Columns] = {}  # by the file's path: one parse per version
         self.lock = threading.Lock()  # one parse per file version, whatever the number of polling pages
 
     def runs(self) -> dict[str, Path]:
-        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear. A folder
-        without a .loss.json whose train.jsonl names a run is that run (`microgpt train`'s folder)."""
+        """Run name -> folder; rescanned on each call (a listing, cheap), so runs started later appear. Symbolic
+        links are never followed: a linked history or a linked folder of runs is not a run here."""
         found: dict[str, Path] = {}
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
         except OSError:
             return found
         for e in entries:
-            if e.name.endswith(".loss.json") and e.is_file():
+            if e.name.endswith(".loss.json") and e.is_file(follow_symlinks=False):
                 found[e.name.removesuffix(".loss.json")] = self.root
-        if not found and (name := log_run(self.root)):
+        if not found and (name := self.log_run()):
             found[name] = self.root
         for e in entries:
             if e.name.startswith(".") or e.name in SKIP_DIRS or not e.is_dir(follow_symlinks=False):
                 continue
             try:
-                subs = sorted(os.listdir(e.path))
+                subs = sorted(os.scandir(e.path), key=lambda s: s.name)
             except OSError:
                 continue
-            names = [n.removesuffix(".loss.json") for n in subs if n.endswith(".loss.json") and not n.startswith(".")]
-            if not names and LOG_NAME in subs and (name := log_run(Path(e.path))):
+            names = [sub.name.removesuffix(".loss.json") for sub in subs
+                     if sub.name.endswith(".loss.json") and not sub.name.startswith(".")
+                     and sub.is_file(follow_symlinks=False)]  # fmt: skip
+            if not names and any(sub.name == LOG_NAME for sub in subs) and (name := self.log_run(e.name)):
                 names = [name]
             for name in names:
                 found[f"{e.name}/{name}"] = Path(e.path)
         return found
 
-    def path(self, run: str, kind: str) -> Path:
-        """The file of one run; RunUnavailable for a name that is not a run here (so no path is ever built from
-        what the request says: only from what the listing found). A `train` folder's history is its log."""
+    def log_run(self, *sub: str) -> str | None:
+        """The run a folder's train.jsonl belongs to (its first record, the start record, names it); None: no log
+        (or a linked one: it is opened through open() like every other file)."""
+        try:
+            f, _ = self.open(*sub, LOG_NAME)
+        except RunUnavailable:
+            return None
+        try:
+            with f:
+                first = json.loads(f.readline(1 << 22))
+        except (OSError, ValueError, RecursionError):
+            return None
+        name = first.get("run") if isinstance(first, dict) else None
+        ok = isinstance(name, str) and 0 < len(name) <= 250 and not name.startswith(".") and "/" not in name
+        return name if ok and "\0" not in name else None
+
+    def parts(self, run: str, kind: str) -> tuple[str, ...]:
+        """The path below the root of one run's file; RunUnavailable for a name that is not a run here (so no path
+        is ever built from what the request says: only from what the listing found)."""
         folder = self.runs().get(run)
         if folder is None or kind not in KINDS:
             raise RunUnavailable(f"no run {run!r} here")
-        path = folder / f"{run.rsplit('/', 1)[-1]}.{kind}.json"
-        if kind == "loss" and not path.exists() and (folder / LOG_NAME).is_file():
-            return folder / LOG_NAME
-        return path
+        *sub, name = run.split("/")
+        if kind == "loss" and not os.path.lexists(folder / f"{name}.loss.json"):
+            return (*sub, LOG_NAME)  # a `microgpt train` folder: its history is its log
+        return (*sub, f"{name}.{kind}.json")
+
+    def open(self, *parts: str) -> tuple[BinaryIO, os.stat_result]:
+        """The regular file root/parts[0]/.../parts[-1], open for reading, and its stat: opened relative to the root
+        one component at a time with O_NOFOLLOW (a link anywhere below the root is refused, as ".." is) and
+        O_NONBLOCK (a FIFO cannot hang the reader); RunUnavailable for anything else."""
+        if not parts or any(p in ("", ".", "..") or "/" in p or "\0" in p for p in parts):
+            raise RunUnavailable(f"{'/'.join(parts)}: not a file of this folder")
+        opened: list[int] = []
+        try:
+            opened.append(os.open(self.root, os.O_RDONLY | os.O_DIRECTORY))
+            for part in parts[:-1]:
+                opened.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=opened[-1])
+        except OSError as e:  # ELOOP: a link; ENAMETOOLONG, EACCES...: not something we serve
+            raise RunUnavailable(f"{'/'.join(parts)}: not a file of this folder ({e.strerror or e})") from None
+        finally:
+            for d in opened:
+                os.close(d)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RunUnavailable(f"{'/'.join(parts)}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st
 
     def loss(self, run: str) -> Columns:
-        path = self.path(run, "loss")
+        parts = self.parts(run, "loss")
+        key = self.root.joinpath(*parts)
         with self.lock:
-            cached = self.cache.get(path)
+            cached = self.cache.get(key)
             try:
-                st = path.stat()
-                version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
-                if cached is not None and cached.version == version:
-                    return cached
-                if path.name == LOG_NAME:
-                    hist = replay_engine_log(path, run.rsplit("/", 1)[-1])
-                    cached = self.cache[path] = columns(hist.data if hist else {}, version)
+                f, st = self.open(*parts)
+                with f:
+                    version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+                    if cached is not None and cached.version == version:
+                        return cached
+                    raw = f.read()
+                if parts[-1] == LOG_NAME:
+                    hist = replay_engine_lines(raw.decode().splitlines(), run.rsplit("/", 1)[-1], "/".join(parts))
+                    cached = self.cache[key] = columns(hist.data, version)
                 else:
-                    raw = path.read_bytes()
-                    cached = self.cache[path] = _appended(cached, raw, version) or _parse(raw, version)
-            except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+                    cached = self.cache[key] = _appended(cached, raw, version) or _parse(raw, version)
+            except (InputError, RunUnavailable, OSError, ValueError, TypeError, KeyError, RecursionError) as e:
                 if cached is None:
-                    raise RunNotReady(f"{path.name}: not readable yet ({type(e).__name__})") from None
+                    raise RunNotReady(f"{parts[-1]}: not readable yet ({type(e).__name__})") from None
             return cached
 
     def log_state(self, run: str) -> dict[str, Any]:
         """A `train` folder's state, as the proxy's state file would say it, from its log: status done or stopped
         from its last records, else running while the process that wrote its last start record lives (else
         crashed); the step, the target step."""
-        folder = self.runs().get(run)
-        if folder is None or not (folder / LOG_NAME).is_file():
+        parts = self.parts(run, "loss")
+        if parts[-1] != LOG_NAME:
             raise RunUnavailable(f"no run {run!r} here")
+        f, _ = self.open(*parts)
+        with f:
+            text = f.read().decode(errors="replace")
         last: dict[str, Any] = {}
-        for rec in read_log(folder / LOG_NAME):
+        for rec in parse_log(text):
             if rec["event"] == "start":
                 last = {"start": rec}
             last[rec["event"]] = rec
         start = last.get("start", {})
         ended = "done" if "done" in last else "stopped" if "stopped" in last else None
         status = ended or ("running" if pid_alive(start.get("pid")) else "crashed")
-        steps = [
-            r["step"] for k, r in last.items() if k in ("step", "done", "stopped") and isinstance(r.get("step"), int)
-        ]
-        target = (start.get("config") or {}).get("train", {}).get("steps")
-        updated = max((r.get("time") or 0 for r in last.values()), default=0)
+        steps = [r["step"] for k, r in last.items() if k in ("step", "done", "stopped") and _number(r.get("step"))]
+        config = start.get("config")
+        train = config.get("train") if isinstance(config, dict) else None
+        target = train.get("steps") if isinstance(train, dict) and _number(train.get("steps")) else None
+        times = [r["time"] for r in last.values() if isinstance(r.get("time"), float) and math.isfinite(r["time"])]
+        updated = datetime.fromtimestamp(max(times, default=0.0), timezone.utc)
+        first = start.get("step")
         return {"format": "microgpt-proxy-state-1", "run": run.rsplit("/", 1)[-1], "status": status,
-                "step": max(steps, default=start.get("step", 0)), "target_step": target, "phase": None,
-                "restarts": 0, "source": LOG_NAME,
-                "updated": datetime.fromtimestamp(updated, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}  # fmt: skip
-
-
-def log_run(folder: Path) -> str | None:
-    """The run a folder's train.jsonl belongs to (its first record, the start record, names it); None: no log."""
-    try:
-        with open(folder / LOG_NAME, "rb") as f:
-            first = json.loads(f.readline(1 << 22))
-    except (OSError, ValueError):
-        return None
-    name = first.get("run") if isinstance(first, dict) else None
-    return name if isinstance(name, str) and name and "/" not in name else None
+                "step": max(steps, default=first if _number(first) else 0), "target_step": target, "phase": None,
+                "restarts": 0, "source": LOG_NAME, "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}  # fmt: skip
 
 
 TRAIN_START, TRAIN_END = b'"train":[', b'],"val":['  # the proxy's compact writer: meta, train, val, marks
@@ -323,8 +373,7 @@ def _parse(raw: bytes, version: str) -> Columns:
 def _appended(old: Columns | None, raw: bytes, version: str) -> Columns | None:
     """The new version when it only appends train rows to the old one (a live run: the proxy rewrites the whole
     file, the same bytes up to the old last row), parsing only what follows; None otherwise. A 200K-row file then
-    costs a byte comparison and the parse of the new rows and the val/marks tail instead of a parse of the whole file
-    (commit a753da9 measured both)."""
+    costs a byte comparison and the parse of the new rows and the val/marks tail, not a 2-4 s parse."""
     if old is None or old.rows_end < 0 or raw[: old.rows_end] != old.raw[: old.rows_end]:
         return None
     sep = raw[old.rows_end : old.rows_end + 1]

@@ -42,12 +42,14 @@ from typing import Any
 
 from microgpt import config, data
 from microgpt.config import ConfigError
+from microgpt.errors import check_number
 
 PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup_steps": int, "loss_mask": bool,
                 "data": dict, "train": dict}  # fmt: skip
 TRAIN_SHORTHANDS = ("lr", "min_lr", "warmup_steps")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 OWN_SECTIONS = ("phases", "proxy")  # read here, never passed to the engine
+TIMES = ("hang_timeout_s", "startup_timeout_s", "silence_timeout_s", "stop_timeout_s", "flush_s", "sample_timeout_s")
 
 
 @dataclass
@@ -59,8 +61,9 @@ class ProxySettings:
     sample_tokens: int = 64
     temperature: float = 0.8
     sample_timeout_s: float = 300.0
-    hang_timeout_s: float = 900.0  # no JSON line for this long after the first step: hung, kill and restart
+    hang_timeout_s: float = 900.0  # no JSON line but heartbeats for this long after the first step: hung, restart
     startup_timeout_s: float = 1800.0  # the same before the first step (imports, compile, autotune)
+    silence_timeout_s: float = 300.0  # no line at all, not even the engine's heartbeat: stopped or frozen, restart
     max_restarts: int = 5  # consecutive failures without a new checkpoint before giving up
     backoff_s: float = 5.0  # wait before restart k: backoff_s * 2**(k-1), at most backoff_max_s
     backoff_max_s: float = 300.0
@@ -95,12 +98,13 @@ class Schedule:
 def load_settings(raw: Any, src: str) -> ProxySettings:
     where = f"{src}: proxy"
     settings = config.build_section(ProxySettings, raw, where)
-    for name in ("sample_tokens", "max_restarts"):
-        if getattr(settings, name) < 0:
-            raise ConfigError(f"{where}.{name} must be >= 0, got {getattr(settings, name)}")
-    for name in ("hang_timeout_s", "startup_timeout_s", "stop_timeout_s", "flush_s", "sample_timeout_s"):
-        if getattr(settings, name) <= 0:
-            raise ConfigError(f"{where}.{name} must be > 0, got {getattr(settings, name)}")
+    for name, hi in (("sample_tokens", config.MAX_TOKENS), ("max_restarts", config.INT_MAX)):
+        check_number(getattr(settings, name), f"{where}.{name}", 0, hi, integer=True, error=ConfigError)
+    check_number(settings.temperature, f"{where}.temperature", 0, error=ConfigError)
+    for name in TIMES:
+        check_number(getattr(settings, name), f"{where}.{name}", 0, lo_open=True, error=ConfigError)
+    for name in ("backoff_s", "backoff_max_s"):
+        check_number(getattr(settings, name), f"{where}.{name}", 0, error=ConfigError)
     for i, prompt in enumerate(settings.prompts):
         if not (isinstance(prompt, str) or _is_chat(prompt)):
             raise ConfigError(f"{where}.prompts[{i}]: a prompt is a string or a list of {{role, content}} messages")

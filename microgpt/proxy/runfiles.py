@@ -29,16 +29,16 @@ and fresh ones start; see archive().
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from microgpt.config import INT_MAX
 from microgpt.errors import InputError, WriteError, brief
-from microgpt.fileio import atomic_write_bytes, atomic_write_json
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite, parse_json
 from microgpt.fileio import read_json as read_json_file
+from microgpt.runlock import PID_MAX
 from microgpt.runlog import LOG_NAME
 
 LOSS_FORMAT = "microgpt-loss-1"
@@ -69,21 +69,57 @@ def utc_now() -> str:
 
 
 NULL = type(None)
+NUMBER = (int, float, NULL)  # a number, or null (a diverged loss)
 # The fields each run file's readers use, and their JSON types; other fields are kept as they are.
 FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     LOSS_FORMAT: {"run": (str,), "meta": (dict,), "train": (list,), "val": (list,), "marks": (list,)},
     STATE_FORMAT: {"run": (str,), "status": (str,), "phase": (str, NULL), "phase_index": (int, NULL),
                    "step": (int,), "restarts": (int,), "restart_log": (list,), "skipped_checkpoints": (list,),
-                   "archived": (list,), "experiment": (str, NULL), "out": (str, NULL)},
+                   "archived": (list,), "experiment": (str, NULL), "out": (str, NULL), "engine_pid": (int, NULL),
+                   "proxy_pid": (int, NULL)},
     SAMPLES_FORMAT: {"run": (str,), "phase": (str, NULL), "settings": (dict,), "samples": (list,)},
 }  # fmt: skip
 ROWS = {LOSS_FORMAT: ("train", "val", "marks"), STATE_FORMAT: ("restart_log", "skipped_checkpoints"),
         SAMPLES_FORMAT: ("samples",)}  # fmt: skip
+# Each row list's fields the proxy and the dashboard read, and their types; "step" is checked for every row
+# (required in the loss history's rows), "kind" is required in a mark.
+ROW_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "train": {"loss": NUMBER, "lr": NUMBER, "grad_norm": NUMBER, "tokens_per_s": NUMBER, "dt_ms": NUMBER,
+              "tokens": NUMBER, "time": NUMBER, "phase": (str, NULL), "mixture": (dict, NULL)},
+    "val": {"val_loss": NUMBER, "time": NUMBER, "phase": (str, NULL)},
+    "marks": {"kind": (str,), "time": NUMBER},
+    "skipped_checkpoints": {"path": (str,), "reason": (str,)},
+}  # fmt: skip
+STEPPED = ("train", "val", "marks")
+
+
+def _types(types: tuple[type, ...]) -> str:
+    """A field's JSON types for a message: 'str or null', 'a number or null' (an int is a number)."""
+    shown = [t for t in types if not (t is int and float in types)]
+    return " or ".join({NULL: "null", float: "a number"}.get(t, t.__name__) for t in shown)
+
+
+def row_problem(row: Any, key: str) -> str | None:
+    """What is wrong with one row of the row list `key` (ROW_FIELDS), or None: checked before any reader uses it."""
+    if not isinstance(row, dict):
+        return f"must be an object, got {brief(row)}"
+    if "step" not in row and key in STEPPED:
+        return "has no step"
+    step = row.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= INT_MAX:
+        return f"field 'step' must be an integer in [0, {INT_MAX}], got {brief(step)}"
+    fields = ROW_FIELDS.get(key, {})
+    if key == "marks" and "kind" not in row:
+        return "has no field 'kind'"
+    for name, types in fields.items():
+        if name in row and (not isinstance(row[name], types) or isinstance(row[name], bool)):
+            return f"field '{name}' must be {_types(types)}, got {brief(row[name])}"
+    return None
 
 
 def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
     """The file's object, None when it does not exist; RunFileError when it exists but is not a `fmt` file whose
-    fields (FIELDS) and rows (objects; a loss row's step an int) have the types the proxy relies on."""
+    fields (FIELDS), pids and rows (row_problem) have the types and ranges the proxy relies on."""
     try:
         obj = read_json_file(path, "run file", RunFileError, allow_nan=False)
     except FileNotFoundError:
@@ -95,33 +131,21 @@ def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
         raise RunFileError(f"{path}: not a {fmt} file (format {found}); move it away to start over")
     for name, types in FIELDS[fmt].items():
         if name in obj and (not isinstance(obj[name], types) or isinstance(obj[name], bool)):
-            raise RunFileError(f"{path}: field '{name}' must be {' or '.join(t.__name__ for t in types)}, got "
+            raise RunFileError(f"{path}: field '{name}' must be {_types(types)}, got {brief(obj[name])}; move it "
+                               "away to start over")  # fmt: skip
+    for name in ("engine_pid", "proxy_pid"):
+        if obj.get(name) is not None and not 0 < obj[name] <= PID_MAX:
+            raise RunFileError(f"{path}: field '{name}' must be a process id in [1, {PID_MAX}], got "
                                f"{brief(obj[name])}; move it away to start over")  # fmt: skip
     for name in ROWS[fmt]:
         for i, row in enumerate(obj.get(name, [])):
-            step = row.get("step", 0) if isinstance(row, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-                raise RunFileError(f"{path}: field '{name}' row {i} must be an object with a step >= 0, got "
-                                   f"{brief(row)}; move it away to start over")  # fmt: skip
-    if fmt == LOSS_FORMAT and any("step" not in r for key in ("train", "val") for r in obj.get(key, [])):
-        raise RunFileError(f"{path}: a train or val row has no step; move it away to start over")
+            if (problem := row_problem(row, name)) is not None:
+                raise RunFileError(f"{path}: field '{name}' row {i} {problem}; move it away to start over")
     return obj
 
 
 def run_paths(out: Path, run: str) -> dict[str, Path]:
     return {kind: out / f"{run}.{kind}.json" for kind in ("loss", "samples", "state")}
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN/inf: a diverged loss is stored as null so the file stays valid (the dashboard skips it).
-    Recursive: engine records may carry nested fields (per-source losses, mixture weights)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 class LossHistory:
@@ -159,7 +183,7 @@ class LossHistory:
     def add(self, key: str, row: dict[str, Any]) -> None:
         """Append a train or val row; a row at or before the last step of its kind replaces the rows from there."""
         self.truncate_after(row["step"] - 1, (key,))
-        self.data[key].append(_finite(row))
+        self.data[key].append(finite(row))
         self.dirty = True
 
     def mark(self, kind: str, step: int, **info: Any) -> None:
@@ -190,27 +214,38 @@ def write_run_file(path: Path | None, data: dict[str, Any]) -> None:
 
 def replay_engine_log(path: Path, run: str) -> LossHistory | None:
     """The history the engine's JSON lines in `path` (ENGINE_LOG) tell, by the proxy's own rules (a start at step k
-    drops the rows after k); lines of another run and lines that are not JSON are passed over. None: no such file."""
+    drops the rows after k); lines of another run and lines that are not JSON (fileio's strict reader) are passed
+    over; a step or eval line of this run whose fields are wrong (row_problem) is a RunFileError naming the line.
+    None: no such file."""
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as e:
         raise RunFileError(f"{path}: unreadable engine log ({e}); move it away to start over") from None
+    return replay_engine_lines(text.splitlines(), run, str(path))
+
+
+def replay_engine_lines(lines: list[str], run: str, where: str) -> LossHistory:
+    """replay_engine_log on lines already read; `where` names the file in errors."""
     hist, ours = LossHistory(None, run), False
-    for line in lines:
+    for lineno, line in enumerate(lines, 1):
         try:
-            ev = json.loads(line)
-            kind = ev["event"]
-        except (ValueError, TypeError, KeyError):
+            ev = parse_json(line, f"{where}:{lineno}")
+        except InputError:
             continue
+        kind = ev.get("event") if isinstance(ev, dict) else None
         if kind == "start":
-            ours = ev.get("run") == run and isinstance(ev.get("step"), int)
+            ours = ev.get("run") == run and row_problem({"step": ev.get("step")}, "train") is None
             if ours:
                 hist.truncate_after(ev["step"])
                 hist.set_meta({k: ev.get(k) for k in META_FIELDS})
         elif ours and kind in ("step", "eval"):
-            hist.add("train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"})
+            key, row = "train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"}
+            if (problem := row_problem(row, key)) is not None:
+                raise RunFileError(f"{where}:{lineno}: the engine's {kind} line {problem}; move the log away to "
+                                   "continue from the checkpoints' sidecars")  # fmt: skip
+            hist.add(key, row)
     return hist
 
 

@@ -11,9 +11,10 @@ Signals: SIGTERM or Ctrl-C -> the engine checkpoints and exits, the proxy record
 second one kills the engine at once). SIGUSR1 -> the engine checkpoints and keeps training. The engine
 runs in its own session, so a terminal's Ctrl-C reaches only the proxy, which forwards it as SIGTERM.
 
-Crash recovery: the engine dying before `done` (killed, OOM, NaN abort), or printing no JSON line for
-hang_timeout_s (startup_timeout_s before its first step), is a failure: the engine is killed if still
-there and restarted from the newest valid checkpoint, after backoff_s * 2**(k-1) seconds, at most
+Crash recovery: the engine dying before `done` (killed, OOM, NaN abort), printing no JSON line but heartbeats
+for hang_timeout_s (startup_timeout_s before its first step), or not even a heartbeat (microgpt/events.py) for
+silence_timeout_s (a stopped or frozen process, found in minutes even mid warm-up), is a failure: the engine is
+killed if still there and restarted from the newest valid checkpoint, after backoff_s * 2**(k-1) seconds, at most
 max_restarts times in a row without a new checkpoint; every restart is recorded in the state file and
 marked in the loss history. A corrupt checkpoint is skipped for the one before (and kept on disk). Exit
 code 2 from the engine (bad input) and 4 (a checkpoint it cannot write: a full disk) are failures a restart
@@ -33,6 +34,7 @@ line `error: ...`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
@@ -43,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint, config, runlock
+from microgpt import checkpoint, config, distributed, runlock
 from microgpt.config import ConfigError
-from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, exit_on_input_error
+from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, check_number, exit_on_input_error
+from microgpt.events import HEARTBEAT_ENV, HEARTBEAT_S
 from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit
 from microgpt.proxy.dashboard import DashboardServer
@@ -311,9 +314,10 @@ class Supervisor:
 
     def run_engine(self, ph: Phase, ckpt: Path | None, step: int) -> Outcome:
         log(f"phase {ph.name!r}: engine from step {step} to {ph.end}" + (f", resuming {ckpt}" if ckpt else ""))
+        held = self.run_lock
+        env = {**(held.child_env() if held else {}), HEARTBEAT_ENV: f"{self.heartbeat_s():g}"}
         try:
-            held = self.run_lock
-            eng = Engine(self.engine_cmd(ph, ckpt), held.child_env() if held else {}, (held.fd,) if held else ())
+            eng = Engine(self.engine_cmd(ph, ckpt), env, (held.fd,) if held else ())
         except OSError as e:
             return Outcome("failed", f"cannot start the engine: {e}")
         writable = True
@@ -333,10 +337,25 @@ class Supervisor:
             if writable:
                 self.flush()
 
+    def heartbeat_s(self) -> float:
+        """The engine's heartbeat interval: a tenth of the silence limit, at most events.HEARTBEAT_S."""
+        return min(HEARTBEAT_S, self.settings.silence_timeout_s / 10)
+
+    def hung(self, now: float, last_line: float, last_heard: float, first_step: bool) -> str | None:
+        """Why the engine counts as hung (then it is killed and restarted), or None: no line at all for
+        silence_timeout_s (stopped, frozen), or no line but heartbeats for the progress limit (a deadlock whose
+        heartbeat thread still runs): startup_timeout_s before the first step, hang_timeout_s after it."""
+        s = self.settings
+        if now - last_heard > s.silence_timeout_s:
+            return f"silent: not even a heartbeat for {s.silence_timeout_s:g} s (stopped or frozen)"
+        limit = s.hang_timeout_s if first_step else s.startup_timeout_s
+        return f"hung: no output for {limit:g} s" if now - last_line > limit else None
+
     def watch(self, eng: Engine, ph: Phase) -> Outcome:
         """Read the engine's lines until it exits or hangs; forward signals; keep the files current."""
         s, seen = self.settings, {"step": False, "done": False}
-        last_line, term_sent, killed = time.monotonic(), None, False
+        last_line = last_heard = time.monotonic()
+        term_sent, killed = None, False
         while True:
             now = time.monotonic()
             if self.stops and term_sent is None:
@@ -352,18 +371,19 @@ class Supervisor:
             try:
                 raw = eng.lines.get(timeout=0.05)
             except queue.Empty:
-                limit = s.hang_timeout_s if seen["step"] else s.startup_timeout_s
-                if term_sent is None and now - last_line > limit:
+                why = self.hung(now, last_line, last_heard, seen["step"]) if term_sent is None else None
+                if why is not None:
                     eng.signal(signal.SIGKILL)
-                    return Outcome("failed", f"hung: no output for {limit:g} s")
+                    return Outcome("failed", why)
                 if eng.proc.poll() is not None:  # it exited, but a child of it (a data-parallel rank) holds stdout
                     eng.signal(signal.SIGKILL)
                 self.flush(force=False)
                 continue
             if raw is None:
                 break
-            last_line = time.monotonic()
-            self.on_line(raw, ph, seen)
+            last_heard = time.monotonic()
+            if self.on_line(raw, ph, seen) != "heartbeat":
+                last_line = last_heard
         rc = eng.wait()
         self.flush()
         if self.stops:
@@ -374,14 +394,16 @@ class Supervisor:
         reason = f"engine {describe_exit(rc)}" + (f": {tail}" if tail else "")
         return Outcome("fatal" if rc in (EXIT_INPUT, EXIT_WRITE) else "failed", reason)
 
-    def on_line(self, raw: bytes, ph: Phase, seen: dict[str, bool]) -> None:
+    def on_line(self, raw: bytes, ph: Phase, seen: dict[str, bool]) -> str | None:
+        """Act on one line of the engine's stdout; its event kind (None: not an event, passed to stderr)."""
         try:
             ev = json.loads(raw)
             kind = ev["event"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             print(f"engine: {raw.decode(errors='replace').rstrip()}", file=sys.stderr, flush=True)
-            return
-        now = ev.get("time", time.time())  # the engine stamps each record (runlog.py); the history keeps that time
+            return None
+        stamp = ev.get("time") if isinstance(ev, dict) else None  # the engine stamps each record (runlog.py)
+        now = stamp if isinstance(stamp, float) and math.isfinite(stamp) else time.time()  # the history keeps it
         if kind == "start":
             dropped = self.loss.truncate_after(ev["step"])
             if dropped:
@@ -411,6 +433,7 @@ class Supervisor:
             with self.lock:
                 self.samples.data["samples"].append({**ev, "phase": ph.name, "time": now})
                 self.samples.flush()
+        return kind
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.stops += 1
@@ -432,11 +455,7 @@ def run_parser() -> ArgParser:
 def main(argv: list[str] | None = None) -> int:
     """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2; a run file
     the disk refuses (full, read-only) is one `error:` line and exit 4, the engine stopped first."""
-    try:
-        return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
-    except WriteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_WRITE
+    return exit_on_input_error(supervise, sys.argv[1:] if argv is None else argv)
 
 
 def supervise(argv: list[str]) -> int:
@@ -444,12 +463,14 @@ def supervise(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     config.check_flags(args)
     schedule = load_schedule(args.experiment, sets=args.set, **config.train_flags(args))
-    for flag, name in (("hang_timeout", "hang_timeout_s"), ("max_restarts", "max_restarts")):
-        value = getattr(args, flag)
-        if value is not None:
-            if value < 0 or (value == 0 and flag == "hang_timeout"):
-                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-            setattr(schedule.settings, name, value)
+    if args.hang_timeout is not None:
+        check_number(args.hang_timeout, "--hang-timeout", 0, lo_open=True, error=ConfigError)
+        schedule.settings.hang_timeout_s = args.hang_timeout
+    if args.max_restarts is not None:
+        check_number(args.max_restarts, "--max-restarts", 0, config.INT_MAX, integer=True, error=ConfigError)
+        schedule.settings.max_restarts = args.max_restarts
+    for ph in schedule.phases if (args.procs or 1) > 1 else []:  # one line now, not one per rank later
+        distributed.check_job(config.from_dict(ph.engine), args.procs)
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None

@@ -203,7 +203,7 @@ def test_prep_builtin_with_experiment_fills_the_train_cache(tmp_path: Path, monk
         (["--source", "nope.jsonl", "--out", "o"], "error: nope.jsonl: source not found (--source nope.jsonl)"),
         (
             ["--builtin", "--vocab-size", "300", "--val-fraction", "1.5"],
-            "error: --val-fraction must be in (0, 1), got 1.5",
+            "error: --val-fraction must be a finite number in (0, 1), got 1.5",
         ),
         (["--check", "empty"], "error: empty: no train_*.bin or val_*.bin shards found"),
         (["--out", "o"], "error: prep needs --builtin or --source PATH[@W] (and --out DIR with --source)"),

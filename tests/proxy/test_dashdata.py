@@ -100,7 +100,7 @@ def test_runs_are_the_folder_and_its_run_folders(tmp_path: Path) -> None:
     (tmp_path / "a" / "second.loss.json").write_text("{}")
     (tmp_path / "link").symlink_to(tmp_path / "a")
     assert list(RunFolder(tmp_path).runs()) == ["top", "a/arun", "a/second", "b/brun"]
-    assert RunFolder(tmp_path).path("a/second", "samples") == tmp_path / "a" / "second.samples.json"
+    assert RunFolder(tmp_path).parts("a/second", "samples") == ("a", "second.samples.json")
     assert RunFolder(tmp_path / "missing").runs() == {}
 
 

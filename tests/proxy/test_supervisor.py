@@ -126,6 +126,24 @@ def test_hung_engine_is_killed_and_restarted(tmp_path: Path, reference: SimpleNa
     check_same_as_reference(run, reference)
 
 
+def test_an_engine_stopped_before_its_first_step_is_found_by_its_missing_heartbeat(
+    tmp_path: Path, reference: SimpleNamespace
+) -> None:
+    """SIGSTOP as soon as the engine exists, inside its warm-up (imports, data, the first step): no line comes,
+    not even the heartbeat (microgpt/events.py), so after proxy.silence_timeout_s (here 3 s; the start-up limit,
+    600 s here, never comes into it) the engine is killed and a new one trains the run to the same end."""
+    proxy = {**EXP["proxy"], "silence_timeout_s": 3, "startup_timeout_s": 600, "hang_timeout_s": 600}
+    run = ProxyRun(write_exp(tmp_path, proxy=proxy), tmp_path / "run")
+    pid = run.engine_pid()
+    os.kill(pid, signal.SIGSTOP)
+    assert run.wait() == 0, run.output()
+    state = run.file("state")
+    assert state["restarts"] == 1, state["restart_log"]
+    assert state["restart_log"][0]["reason"] == "silent: not even a heartbeat for 3 s (stopped or frozen)"
+    assert state["restart_log"][0]["step"] == 0  # stopped before the first step: no row of it in the history
+    check_same_as_reference(run, reference)
+
+
 def test_phases_run_in_order_and_polish_archives_samples_and_state(tmp_path: Path) -> None:
     phases = [{"name": "pretrain", "steps": 40},
               {"name": "polish", "steps": 20, "lr": 1e-3, "min_lr": 1e-4, "train": {"eval_every": 10}}]  # fmt: skip

@@ -3,10 +3,15 @@ each continues from the other's newest checkpoint, and the proxy's loss history 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from microgpt.runlog import read_log
 from tests.proxy._helpers import ENV, REPO, assert_every_step_once, ckpt_bytes, run_to_end, write_exp
@@ -94,3 +99,89 @@ def test_checkpoints_of_another_run_are_refused(tmp_path: Path) -> None:
     assert r.stderr.splitlines() == [f"error: {out / 'ckpt' / 'step-00000020.bin'}: a checkpoint of run "
                                      "'proxy-test', not 'other-run'; use another --out"]  # fmt: skip
     assert sorted(str(p) for p in out.rglob("*")) == before  # nothing written
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(experiment, run folder) of a 20-step `make train` (its JSON lines kept in train.jsonl), trained once."""
+    folder = tmp_path_factory.mktemp("made")
+    exp, out = write_exp(folder, train=TRAIN), folder / "run"
+    train(exp, out, "--steps", "20")
+    return exp, out
+
+
+def refused_run(exp: Path, out: Path, *needles: str) -> None:
+    """`microgpt run` on the folder: exit 2, one `error:` line holding every needle, every file as it was."""
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    cmd = [sys.executable, "-m", "microgpt.cli", "run", str(exp), "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert all(n in lines[0] for n in needles), (needles, lines[0])
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()} == before
+
+
+def with_line(out: Path, n: int, edit: Callable[[dict], object]) -> int:
+    """train.jsonl with its n-th step line replaced by edit(line); that line's number in the file (1-based)."""
+    log = out / "train.jsonl"
+    lines = log.read_text().splitlines()
+    i = [i for i, line in enumerate(lines) if json.loads(line)["event"] == "step"][n - 1]
+    lines[i] = json.dumps(edit(json.loads(lines[i])))
+    log.write_text("\n".join(lines) + "\n")
+    return i + 1
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda ev: {k: v for k, v in ev.items() if k != "step"}, "has no step"),
+        (lambda ev: {**ev, "step": "5"}, "field 'step' must be an integer"),
+        (lambda ev: {**ev, "step": 2**40}, "field 'step' must be an integer in [0, 2147483647]"),
+        (lambda ev: {**ev, "loss": "low"}, "field 'loss' must be a number or null"),
+        (lambda ev: {**ev, "lr": True}, "field 'lr' must be a number or null"),
+        (lambda ev: {**ev, "mixture": [1, 2]}, "field 'mixture' must be dict or null"),
+    ],
+)  # fmt: skip
+def test_adopting_an_engine_log_with_a_bad_row(made: tuple[Path, Path], tmp_path: Path, edit, needle: str) -> None:
+    """A step line of this run whose fields are wrong is refused before any of it is used, naming the line."""
+    exp, out = made
+    shutil.copytree(out, tmp_path / "run")
+    line = with_line(tmp_path / "run", 5, edit)
+    refused_run(exp, tmp_path / "run", f"train.jsonl:{line}: the engine's step line", needle)
+
+
+def test_a_line_nested_100000_deep_in_the_engine_log_is_passed_over(made: tuple[Path, Path], tmp_path: Path) -> None:
+    exp, out = made
+    shutil.copytree(out, tmp_path / "run")
+    with open(tmp_path / "run" / "train.jsonl", "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    run = run_to_end(exp, tmp_path / "run")
+    assert_every_step_once([r["step"] for r in run.file("loss")["train"]], 40)
+
+
+LOSS_ROWS = [
+    ("marks", {"step": 3, "time": 1.0}, "field 'marks' row 0 has no field 'kind'"),
+    ("train", {"step": 1.5, "loss": 2.0}, "field 'train' row 0 field 'step' must be an integer"),
+    ("train", {"step": 1, "loss": "2.0"}, "field 'train' row 0 field 'loss' must be a number or null"),
+    ("val", {"step": 1, "val_loss": [2.0]}, "field 'val' row 0 field 'val_loss' must be a number or null"),
+    ("train", {"loss": 2.0}, "field 'train' row 0 has no step"),
+]
+
+
+@pytest.mark.parametrize("key, row, needle", LOSS_ROWS)
+def test_a_loss_history_with_a_bad_row(made: tuple[Path, Path], tmp_path: Path, key: str, row: dict,
+                                       needle: str) -> None:  # fmt: skip
+    exp, out = made
+    shutil.copytree(out, tmp_path / "run")
+    history = {"format": "microgpt-loss-1", "run": "proxy-test", "meta": {}, "train": [], "val": [], "marks": []}
+    (tmp_path / "run" / "proxy-test.loss.json").write_text(json.dumps({**history, key: [row]}))
+    refused_run(exp, tmp_path / "run", "proxy-test.loss.json", needle, "move it away")
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**63, 10**30, 0, -1, "123", True])
+def test_a_state_with_a_pid_out_of_range(made: tuple[Path, Path], tmp_path: Path, pid: object) -> None:
+    exp, out = made
+    shutil.copytree(out, tmp_path / "run")
+    state = {"format": "microgpt-proxy-state-1", "run": "proxy-test", "status": "running", "proxy_pid": pid}
+    (tmp_path / "run" / "proxy-test.state.json").write_text(json.dumps(state))
+    refused_run(exp, tmp_path / "run", "proxy-test.state.json", "field 'proxy_pid' must be")

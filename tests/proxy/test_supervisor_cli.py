@@ -87,8 +87,13 @@ def test_another_experiment_in_the_same_folder(tmp_path: Path, finished: Path) -
 
 @pytest.mark.parametrize(
     "args, needle",
-    [(["--steps", "abc"], "--steps"), (["--steps", "0"], "--steps must be > 0"), (["--dashboard", "99999"], "99999"),
-     (["--hang-timeout", "0"], "--hang-timeout"), (["--seed", "-"], "--seed"), (["--procs", "0"], "--procs 0"),
+    [(["--steps", "abc"], "--steps"), (["--steps", "0"], "--steps must be an integer in [1, 2147483647], got 0"),
+     (["--dashboard", "99999"], "99999"), (["--hang-timeout", "0"], "--hang-timeout"), (["--seed", "-"], "--seed"),
+     (["--hang-timeout", "nan"], "--hang-timeout must be a finite number"),
+     (["--hang-timeout", "inf"], "--hang-timeout must be a finite number"),
+     (["--max-restarts", "-1"], "--max-restarts must be an integer in [0, 2147483647]"),
+     (["--max-restarts", "1" + "0" * 30], "--max-restarts must be an integer in [0, 2147483647]"),
+     (["--procs", "0"], "--procs must be an integer in [1, 2147483647], got 0"),
      (["--set", "model.d_model=33"], "d_model (33) must be divisible"), (["--set", "nope"], "--set 'nope'")],
 )  # fmt: skip
 def test_bad_flags(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -88,3 +88,24 @@ def test_an_engine_that_ignores_sigterm_is_killed_after_stop_timeout(tmp_path: P
     assert sup.run() == 0
     assert time.monotonic() - t0 < 10 and sup.state.data["status"] == "stopped"
     assert sup.loss.last_step == 1
+
+
+BEAT = json.dumps({"event": "heartbeat", "uptime_s": 0.0})
+
+
+def test_heartbeats_keep_a_long_warm_up_alive_but_are_no_progress(tmp_path: Path) -> None:
+    """An engine that only beats (a warm-up longer than the silence limit) is not silent; one that beats and never
+    steps is hung after startup_timeout_s: heartbeats reset the silence clock, never the progress one."""
+    warm = f"import time, sys\nfor _ in range(15):\n    print({BEAT!r}, flush=True); time.sleep(0.1)\nsys.exit(5)"
+    sup = supervisor(tmp_path / "a", warm, silence_timeout_s=0.5, max_restarts=0)
+    assert sup.run() == 1 and sup.state.data["last_error"] == "engine exit code 5"  # 1.5 s of beats: alive
+    forever = f"import time\nwhile True:\n    print({BEAT!r}, flush=True); time.sleep(0.05)"
+    sup = supervisor(tmp_path / "b", forever, silence_timeout_s=0.5, startup_timeout_s=1.0, max_restarts=0)
+    assert sup.run() == 1 and sup.state.data["last_error"] == "hung: no output for 1 s"
+
+
+def test_no_line_at_all_is_silence_found_before_the_startup_limit(tmp_path: Path) -> None:
+    script = f"import time; print({BEAT!r}, flush=True); time.sleep(60)"
+    sup = supervisor(tmp_path, script, silence_timeout_s=0.5, startup_timeout_s=600, max_restarts=0)
+    assert sup.run() == 1
+    assert sup.state.data["last_error"] == "silent: not even a heartbeat for 0.5 s (stopped or frozen)"

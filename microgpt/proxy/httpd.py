@@ -1,0 +1,224 @@
+"""A small HTTP/1.0 server that no client can stall: the dashboard's transport (dashboard.py holds its routes).
+
+One asyncio event loop (in one thread) holds every connection; what to answer is computed in a small thread pool
+(file reads, a history's parse), off the loop. A connection costs the loop a few kilobytes and no thread, so a
+hundred slow or half-open clients leave the others' answers as fast as before. What one connection may hold:
+
+    its request head     at most MAX_HEAD bytes (else 431), all of it within HEAD_DEADLINE_S of connecting (else 408:
+                         a client that sends a byte a minute is dropped at the deadline, not at each byte)
+    one request          then the answer and the connection closes (HTTP/1.0, no keep-alive)
+    its answer           taken within WRITE_DEADLINE_S (a client that does not read is dropped); a file answer is sent
+                         from the open file (loop.sendfile), never read whole into memory first
+    a place              at most MAX_CONNECTIONS are open; a new one beyond that closes the connection that has waited
+                         longest for its head to arrive (a flood of slow clients cannot lock a new client out), or, with
+                         none waiting, gets 503 at once
+
+Malformed requests (no request line, a header without a colon, a target that is not a path) get 400; an exception
+in the handler (a bug) gets 500 and its traceback on stderr; a client that goes away is not an error and prints
+nothing. Bound at construction (a port in use is an error before anything starts); serve_forever() runs the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import BinaryIO
+
+MAX_HEAD = 16 * 1024
+HEAD_DEADLINE_S = 10.0
+WRITE_DEADLINE_S = 60.0
+MAX_CONNECTIONS = 512
+WORKERS = 8  # answers computed at once; the rest queue for a worker, their connections held by the loop alone
+BACKLOG = 256  # connections the kernel queues before the loop accepts them (a burst of page loads)
+REQUEST_LINE = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+) (\S+) HTTP/(\d)\.(\d)$")
+QUIET = (ConnectionError, TimeoutError, asyncio.IncompleteReadError)  # a client that went away or stalled
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    headers: dict[str, str]  # names lower-cased; a name given twice is a 400 before any handler sees it
+
+
+@dataclass
+class Answer:
+    """What to send: a status, headers, and a body (bytes, or an open file of `length` bytes sent as it is)."""
+
+    code: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    file: BinaryIO | None = None
+    length: int = 0
+    send_body: bool = True  # False for HEAD (and 304): the headers only, Content-Length as for GET
+
+
+def error(code: int, message: str = "", **headers: str) -> Answer:
+    """A plain-text error answer; the message goes in the body (UTF-8), never in the status line."""
+    body = f"{code} {message}\n".encode()
+    return Answer(code, {"Content-Type": "text/plain; charset=utf-8", **headers}, body)
+
+
+def parse_head(head: bytes) -> Request | None:
+    """The request in a head (request line and headers, CRLF-separated, ending with an empty line); None when it is
+    not one (an absent or malformed request line, a header without a name, a header line folded, a name twice)."""
+    lines = head.decode("latin-1").split("\r\n")
+    match = REQUEST_LINE.match(lines[0])
+    if match is None or not match.group(2).startswith("/"):
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or name.lower() in headers:
+            return None
+        headers[name.lower()] = value.strip()
+    return Request(match.group(1), match.group(2), headers)
+
+
+def printable(text: str) -> str:
+    """text for a log line: control characters (a hostile target's CR, LF, ESC) written as escapes."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class BoundedHTTPServer:
+    """Listens on 127.0.0.1:port at construction; serve_forever() answers with handler(request) until shutdown()."""
+
+    def __init__(self, port: int, handler: Callable[[Request], Answer], log: Callable[[str], None] | None = None):
+        self.handler, self.log = handler, log
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # no SO_REUSEADDR: a port in use must fail
+        try:
+            self.sock.bind(("127.0.0.1", port))
+            self.sock.listen(BACKLOG)
+        except OSError:
+            self.sock.close()
+            raise
+        self.port = self.sock.getsockname()[1]
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="dashboard")
+        self.waiting: dict[asyncio.StreamWriter, float] = {}  # connections whose head has not arrived yet
+        self.open = 0
+        self.answering = 0  # connections whose head has arrived and whose answer is not yet sent
+        self.grace = 0.0  # shutdown(): seconds those get to finish
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopped: asyncio.Event | None = None
+        self.ready = threading.Event()
+
+    def serve_forever(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop, self.stopped = asyncio.get_running_loop(), asyncio.Event()
+        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD, backlog=BACKLOG)
+        self.ready.set()
+        async with server:
+            await self.stopped.wait()
+            server.close()  # no new connection; the answers under way get the grace to finish
+            deadline = time.monotonic() + self.grace
+            while self.answering and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+    def shutdown(self, grace: float = 0.0) -> None:
+        """Stop serve_forever (from another thread): an answer under way gets up to `grace` seconds to be sent (the
+        page's last read of a finished run), every other connection is dropped."""
+        self.ready.wait(5)
+        if self.loop is not None and self.stopped is not None:
+            self.grace = grace
+            self.loop.call_soon_threadsafe(self.stopped.set)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _make_room(self) -> bool:
+        """At MAX_CONNECTIONS: close the connection that has waited longest for its head; False if none waits."""
+        if self.open < MAX_CONNECTIONS:
+            return True
+        if not self.waiting:
+            return False
+        oldest = min(self.waiting, key=self.waiting.__getitem__)
+        del self.waiting[oldest]
+        oldest.transport.abort()
+        return True
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._make_room():
+            answer = error(503, "too many connections")
+            writer.write(self._head(answer, answer.body))
+            writer.close()
+            return
+        self.open += 1
+        done = False
+        try:
+            await self._exchange(reader, writer)
+            done = True
+        except QUIET:
+            pass
+        finally:
+            self.open -= 1
+            self.waiting.pop(writer, None)
+            if done:
+                writer.close()  # all of the answer is with the kernel: close at once
+            else:
+                writer.transport.abort()  # a client that went away or stalled: drop what it did not take
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.waiting[writer] = time.monotonic()
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_DEADLINE_S)
+        except asyncio.TimeoutError:
+            return await self._send(writer, error(408, f"the request head must arrive within {HEAD_DEADLINE_S:g} s"))
+        except asyncio.LimitOverrunError:
+            return await self._send(writer, error(431, f"the request head must be at most {MAX_HEAD} bytes"))
+        finally:
+            self.waiting.pop(writer, None)
+        request = parse_head(head)
+        if request is None:
+            return await self._send(writer, error(400, "malformed request"))
+        self.answering += 1
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, request)
+            if self.log is not None:
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                self.log(f'127.0.0.1 - - [{time.strftime("%d/%b/%Y %H:%M:%S")}] "{printable(line)}" {answer.code} -')
+            await self._send(writer, answer)
+        finally:
+            self.answering -= 1
+
+    def _answer(self, request: Request) -> Answer:
+        try:
+            return self.handler(request)
+        except Exception:  # a bug: answered, and shown
+            traceback.print_exc(file=sys.stderr)
+            return error(500, "internal error (see the server's stderr)")
+
+    @staticmethod
+    def _head(answer: Answer, extra: bytes) -> bytes:
+        length = answer.length if answer.file is not None else len(answer.body)
+        lines = [f"HTTP/1.0 {answer.code} {HTTPStatus(answer.code).phrase}", "Server: microgpt-dashboard",
+                 *(f"{k}: {v}" for k, v in answer.headers.items()), f"Content-Length: {length}",
+                 "Connection: close"]  # fmt: skip
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
+
+    async def _send(self, writer: asyncio.StreamWriter, answer: Answer) -> None:
+        try:
+            body = answer.body if answer.send_body and answer.file is None else b""
+            writer.write(self._head(answer, body))
+            await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+            if answer.file is not None and answer.send_body and answer.length:
+                if writer.transport.is_closing():  # the client hung up while the head went out
+                    raise ConnectionResetError
+                loop = asyncio.get_running_loop()
+                await asyncio.wait_for(loop.sendfile(writer.transport, answer.file, 0, answer.length), WRITE_DEADLINE_S)
+        finally:
+            if answer.file is not None:
+                answer.file.close()
