@@ -116,7 +116,7 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
     in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py)."""
     prec = precision.make(precision_name, "numpy")
-    if why := precision.matmul_class(prec.matmul).unsupported():
+    if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"train.precision {precision_name!r} {why}")
     dtypes = dict(dtypes or NUMPY_DTYPES)
 
@@ -147,7 +147,7 @@ def triton_backend(precision_name: str) -> Backend:
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
     prec = precision.make(precision_name, "triton")
-    if why := precision.matmul_class(prec.matmul).unsupported():
+    if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"train.precision {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
