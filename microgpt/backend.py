@@ -78,7 +78,8 @@ class Backend:
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
     kernel_args: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # function -> keywords
     matmul_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the precision's Matmul takes
-    # the device's memory in bytes, which the plan must fit (memory.check_fits); None: the allocation decides
+    # the bytes the plan may take on the device (memory.check_fits, less train.memory_margin): the host's memory on
+    # NumPy, the GPU's free memory on triton; None: the allocation decides (the interpreter)
     memory_bytes: Callable[[], int | None] = lambda: None
     # the device memory held at its peak so far, in bytes, and how it is measured; None: not measured here (the
     # CPU, where the trainer reports the process's peak resident memory instead)
@@ -120,7 +121,7 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
     in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py)."""
     prec = precision.make(precision_name, "numpy")
-    if why := precision.matmul_class(prec.matmul).unsupported():
+    if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"train.precision {precision_name!r} {why}")
     dtypes = dict(dtypes or NUMPY_DTYPES)
 
@@ -151,19 +152,15 @@ def triton_backend(precision_name: str) -> Backend:
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
     prec = precision.make(precision_name, "triton")
-    if why := precision.matmul_class(prec.matmul).unsupported():
+    if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"train.precision {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
     def infer_rows(m: ModelConfig, B: int) -> list[Buf]:
-        out = [Buf("gemm_probe", (rt.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32")]
-        if rt.workspace_bytes:
-            out.append(Buf("cublas_workspace", (rt.workspace_bytes,), "runtime", "u8"))
-        return out
+        return triton_rows(m, None, rt.sm_count, rt.workspace_bytes)
 
     def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
-        scratch = rt.scratch(t.micro_batch, m.seq_len, m.d_model, m.n_head)
-        return [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()] + infer_rows(m, t.micro_batch)
+        return triton_rows(m, t.micro_batch, rt.sm_count, rt.workspace_bytes)
 
     return Backend(
         name="triton", precision=prec, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
@@ -173,9 +170,25 @@ def triton_backend(precision_name: str) -> Backend:
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
         kernel_args={fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS}, matmul_args={"gemm": rt.gemm},
-        on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned,
+        on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,
         peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
     )  # fmt: skip
+
+
+def triton_rows(m: ModelConfig, B: int | None, sm_count: int, workspace_bytes: int) -> list[Buf]:
+    """The triton backend's own rows of a plan on a device of sm_count multiprocessors whose cuBLAS workspace is
+    workspace_bytes: the launchers' scratch for a training micro-batch of B sequences (none in an inference plan, B
+    None), the GEMM choice's probe and the workspace (kernels/runtime.py)."""
+    from microgpt.kernels import runtime  # torch: only on this path, never on the CPU path
+
+    out = []
+    if B is not None:
+        scratch = runtime.scratch(B, m.seq_len, m.d_model, m.n_head, sm_count)
+        out = [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()]
+    out.append(Buf("gemm_probe", (runtime.Runtime.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
+    if workspace_bytes:
+        out.append(Buf("cublas_workspace", (workspace_bytes,), "runtime", "u8"))
+    return out
 
 
 def get_backend(name: str, precision_name: str) -> Backend:

@@ -39,7 +39,9 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    micro_batch: int = 16
+    # sequences a micro-batch; "auto": the largest whose memory plan fits the device, n_micro then counting the
+    # step's sequences (microgpt/state.py auto_micro_batch; --micro-batch auto keeps the recipe's micro_batch x n_micro)
+    micro_batch: int | str = 16
     n_micro: int = 1
     steps: int = 300
     lr: float = 3e-3
@@ -62,6 +64,9 @@ class TrainConfig:
     # False: the MLP keeps a = gelu(h) per layer from forward to backward (L x (N, 4C) more saved activations, one
     # pass fewer over them in backward); True: one (N, 4C) scratch, and backward recomputes a from h
     recompute_gelu: bool = False
+    # GiB of the device's free memory the plan leaves to what is allocated outside it: the CUDA graph's pool, Triton's
+    # loaded kernels, NCCL's buffers, other processes (the plan is checked against the free memory less this)
+    memory_margin: float = 0.5
 
 
 @dataclass
@@ -95,6 +100,7 @@ class Experiment:
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 EXTRA_SECTIONS = ("phases", "mixing", "description", "proxy")
+AUTO = "auto"  # train.micro_batch's one non-number
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgpt/fp8.py)
 BACKENDS = ("numpy", "triton")
 
@@ -125,9 +131,28 @@ def build_section(cls: type, raw: Any, where: str) -> Any:
         if name not in fields:
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown field {brief(name)} (known: {known})")
+        if cls is TrainConfig and name == "micro_batch":
+            setattr(obj, name, micro_batch_value(where, value))
+            continue
         typ = {"int": int, "float": float, "str": str, "bool": bool, "list[Any]": list}[str(fields[name].type)]
         setattr(obj, name, check_type(where, name, value, typ))
     return obj
+
+
+def micro_batch_value(where: str, value: Any) -> int | str:
+    """train.micro_batch: an int (its bounds: validate) or "auto"; ConfigError naming where otherwise."""
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{where}: field 'micro_batch' must be an int or {AUTO!r}, got {type(value).__name__} "
+                      f"{brief(value)}")  # fmt: skip
+
+
+def check_data_parallel(t: TrainConfig) -> None:
+    """What a data-parallel job needs of train: a micro-batch given as a number (with "auto" each rank would pick
+    by its own card's free memory); ConfigError otherwise."""
+    if t.micro_batch == AUTO:
+        raise ConfigError("train.micro_batch 'auto' is one process's choice: under data parallel give it as a number "
+                          "(the one `microgpt train --micro-batch auto` prints on one card)")  # fmt: skip
 
 
 def validate(exp: Experiment, src: str) -> Experiment:
@@ -139,6 +164,8 @@ def validate(exp: Experiment, src: str) -> Experiment:
     for sec, obj, names in positive:
         for name in names:
             value = getattr(obj, name)
+            if value == AUTO:
+                continue
             if value <= 0:
                 raise ConfigError(f"{src}: {sec}.{name} must be > 0, got {brief(value)}")
             if value > INT_MAX and sec == "train":  # model sizes: the memory plan refuses what cannot fit
@@ -155,6 +182,8 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.warmup_steps must be in [0, {INT_MAX}], got {brief(t.warmup_steps)}")
     if not 0 <= t.seed <= SEED_MAX:
         raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
+    if not 0 <= t.memory_margin <= 1 << 20:
+        raise ConfigError(f"{src}: train.memory_margin must be in [0, 2**20] GiB, got {t.memory_margin}")
     if not 0 <= t.schedule_start < t.steps:
         raise ConfigError(f"{src}: train.schedule_start must be in [0, steps), got {t.schedule_start}")
     if t.schedule_steps and not t.schedule_start < t.schedule_steps <= INT_MAX:
@@ -237,7 +266,9 @@ def apply_overrides(raw: Any, src: str, sets: Sequence[str] = (), **train: Any) 
     whole (an impossible combination names the file and the flags that changed it)."""
     exp = from_dict(raw, src)
     changes = [(*parse_assignment(a), f"--set {a.partition('=')[0]}") for a in sets]
-    changes += [("train", name, value, f"--{name}") for name, value in train.items() if value is not None]
+    changes += [
+        ("train", name, value, "--" + name.replace("_", "-")) for name, value in train.items() if value is not None
+    ]
     if not changes:
         return raw, exp
     amended = _set_fields(raw, changes[: len(sets)])
@@ -250,7 +281,11 @@ def _set_fields(raw: dict[str, Any], changes: list[tuple[str, str, Any, str]]) -
     raw = copy.deepcopy(raw)
     for section, name, value, flag in changes:
         build_section(SECTIONS[section], {name: value}, f"{flag}: {section}")
-        raw.setdefault(section, {})[name] = value
+        fields = raw.setdefault(section, {})
+        before = fields.get(name, TrainConfig.micro_batch) if (section, name) == ("train", "micro_batch") else None
+        if value == AUTO and before not in (None, AUTO):  # auto keeps the step's sequences: n_micro counts them
+            fields["n_micro"] = before * fields.get("n_micro", TrainConfig.n_micro)
+        fields[name] = value
     return raw
 
 
@@ -259,7 +294,7 @@ def override(exp: Experiment, assignment: str) -> Experiment:
     return apply_overrides(exp.to_dict(), "<config>", [assignment])[1]
 
 
-TRAIN_FLAGS = ("steps", "seed", "backend", "precision")  # each sets the train field of the same name
+TRAIN_FLAGS = ("steps", "seed", "backend", "precision", "micro_batch", "memory_margin")  # each sets that train field
 TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/trackers.py)
 
 
@@ -271,6 +306,12 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="override train.seed")
     p.add_argument("--backend", choices=BACKENDS, help="override train.backend")
     p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
+    p.add_argument("--micro-batch", type=_micro_batch_flag, metavar="N|auto",
+                   help="override train.micro_batch; auto: the largest whose memory plan fits the device, with the "
+                   "n_micro that keeps the recipe's sequences a step")  # fmt: skip
+    p.add_argument("--memory-margin", type=float, metavar="GIB",
+                   help="override train.memory_margin: the GiB of free device memory the plan leaves to what runs "
+                   f"beside it ({TrainConfig.memory_margin})")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
     p.add_argument(
@@ -286,6 +327,15 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
                    help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
                    "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
+
+
+def _micro_batch_flag(text: str) -> int | str:
+    if text == AUTO:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or {AUTO!r}, got {text!r}") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:

@@ -65,7 +65,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from microgpt import memory, params, precision
+from microgpt import config, memory, params, precision
 from microgpt.config import ConfigError, Experiment, ModelConfig
 
 CHECK_EVERY = 100  # steps between replica checks (plus the first step and every checkpoint)
@@ -252,6 +252,7 @@ def check_job(exp: Experiment, n: int, flag: str = "--procs") -> None:
     machine (one GPU a rank on CUDA; at most CPU_RANKS_PER_CORE CPU ranks a core otherwise), and on the NumPy
     backend n arenas of the plan fit in the host's memory together. ConfigError or memory.PlanError otherwise."""
     t = exp.train
+    config.check_data_parallel(t)
     require_torch()
     if t.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         import torch

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from microgpt import params
-from microgpt.config import ModelConfig, TrainConfig
+from microgpt.config import INT_MAX, ModelConfig, TrainConfig
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
@@ -101,21 +102,46 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits(bufs: list[Buf], prec: Precision, m: ModelConfig, available: int | None, device: str) -> list[Buf]:
-    """A plan (training's or inference's), once it is known to fit: PlanError, before anything is allocated, naming
-    the plan's total and the device's memory when it is larger than `available` bytes, or for a model the
-    checkpoint format cannot hold. (The table has a few dozen rows per layer and model.n_layer is at most 1024:
-    cheap at any sizes.)"""
+GIB = 1 << 30
+
+
+def check_fits(bufs: list[Buf], prec: Precision, m: ModelConfig, room: int | None, device: str, margin: int = 0,
+               hint: Callable[[], str] | None = None) -> list[Buf]:  # fmt: skip
+    """A plan (training's or inference's), once it is known to fit: PlanError, before anything is allocated, when
+    it is larger than the `room` bytes the device has for it less `margin` (what the plan leaves to others: the
+    run's train.memory_margin), naming the plan's total, the device's room and what hint() says would fit; or for a
+    model the checkpoint format cannot hold. (The table has a few dozen rows per layer and model.n_layer is at
+    most 1024: cheap at any sizes.)"""
     total = sum(role_bytes(bufs, prec).values())
-    if available is not None and total > available:
-        sizes = "model.d_model, model.n_layer, model.seq_len"
-        raise PlanError(f"the memory plan needs {total:,} bytes but the device ({device}) has {available:,} bytes; "
-                        f"lower train.micro_batch or the model's sizes ({sizes})")  # fmt: skip
+    if room is not None and total > room - margin:
+        less = f" less train.memory_margin {margin / GIB:.2f} GiB" if margin else ""
+        fix = hint() if hint else "lower the model's sizes (model.d_model, model.n_layer, model.seq_len)"
+        raise PlanError(
+            f"the memory plan needs {total:,} bytes but the device ({device}) has {max(0, room - margin):,}"
+            f" bytes for it ({total / GIB:.2f} GiB against {room / GIB:.2f} GiB available{less}); {fix}"
+        )
     n = params.n_params(m)
     if n > CKPT_MAX_PARAMS:
         raise PlanError(f"the model has {n:,} parameters; the checkpoint format holds at most {CKPT_MAX_PARAMS:,}; "
                         "lower the model's sizes")  # fmt: skip
     return bufs
+
+
+MAX_MICRO_BATCH = 1 << 20  # the largest micro-batch the fitting search considers (sequences)
+
+
+def largest_fitting(plan_bytes: Callable[[int], int], sequences: int, available: int,
+                    below: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+    """(B, its plan's bytes) for the largest micro-batch B that divides `sequences` (the step's, so that n_micro =
+    sequences / B keeps them; n_micro at most INT_MAX), is under `below` if given, and whose plan_bytes(B) fits
+    `available`; None where not even B = 1 does. The divisors are tried from the largest down: a plan grows with B
+    but not strictly (the loss head's logits chunk can shrink as B passes its budget). A number up to 2^20 has at
+    most 240 divisors."""
+    top = min(sequences, MAX_MICRO_BATCH, below - 1 if below is not None else sequences)
+    for b in range(top, 0, -1):
+        if sequences % b == 0 and sequences // b <= INT_MAX and (nbytes := plan_bytes(b)) <= available:
+            return b, nbytes
+    return None
 
 
 def cpu_logits_rows(m: ModelConfig, B: int, budget_bytes: int = 8 << 20) -> int:

@@ -9,6 +9,8 @@ precision keeps across steps (fp8: the operands' amax histories) ride in the sid
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,11 +111,73 @@ class TrainState:
         return checkpoint.write_checkpoint(path, self.step, *host, meta)
 
 
+def training_plan(m: ModelConfig, t: TrainConfig, K: Backend) -> list[memory.Buf]:
+    """Every buffer of a training step of t.micro_batch sequences on K: the model's, its precision's, its own."""
+    return memory.plan(m, t, K.precision, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+
+
+def _sequences(t: TrainConfig) -> int:
+    """The sequences a step takes: micro_batch x n_micro (n_micro itself under "auto": config.py)."""
+    return t.n_micro * (1 if t.micro_batch == config.AUTO else t.micro_batch)
+
+
+def _plan_bytes(m: ModelConfig, t: TrainConfig, K: Backend, B: int) -> int:
+    """The bytes of the training plan for micro-batch B, with t's sequences a step."""
+    bufs = training_plan(m, dataclasses.replace(t, micro_batch=B, n_micro=_sequences(t) // B), K)
+    return sum(memory.role_bytes(bufs, K.precision).values())
+
+
+def _fitting(m: ModelConfig, t: TrainConfig, K: Backend, available: int,
+             below: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+    """(micro-batch, plan bytes) of the largest micro-batch that fits available bytes and keeps t's sequences a
+    step (memory.largest_fitting)."""
+    return memory.largest_fitting(lambda B: _plan_bytes(m, t, K, B), _sequences(t), available, below)
+
+
+def auto_micro_batch(m: ModelConfig, t: TrainConfig, K: Backend, room: int | None, margin: int) -> TrainConfig:
+    """t with train.micro_batch "auto" resolved: the largest micro-batch whose plan fits the room the device has
+    for it less the margin, and the n_micro that keeps the step's sequences; one line on stderr says why."""
+    S, device = _sequences(t), f"{K.device}"
+    if room is None:
+        raise memory.PlanError(f"train.micro_batch 'auto': the device ({device}) does not say how much memory it has; "
+                               "give train.micro_batch as a number")  # fmt: skip
+    found = _fitting(m, t, K, room - margin)
+    if found is None:
+        need = _plan_bytes(m, t, K, 1)
+        raise memory.PlanError(f"train.micro_batch 'auto': no micro-batch fits the device ({device}): a micro-batch "
+                               f"of 1 needs {need / memory.GIB:.2f} GiB of the {room / memory.GIB:.2f} GiB available "
+                               f"(less train.memory_margin {margin / memory.GIB:.2f} GiB); lower the model's sizes "
+                               "(model.d_model, model.n_layer, model.seq_len)")  # fmt: skip
+    B, nbytes = found
+    print(f"train.micro_batch auto: {B} x n_micro {S // B} = {S} sequences a step, the largest micro-batch whose "
+          f"plan ({nbytes / memory.GIB:.2f} GiB) fits the {(room - margin) / memory.GIB:.2f} GiB {device} has for it "
+          f"({room / memory.GIB:.2f} GiB available less train.memory_margin {margin / memory.GIB:.2f} GiB)",
+          file=sys.stderr)  # fmt: skip
+    return dataclasses.replace(t, micro_batch=B, n_micro=S // B)
+
+
+def _refit(m: ModelConfig, t: TrainConfig, K: Backend, available: int) -> str:
+    """What would fit instead of t's micro-batch (the PlanError's hint)."""
+    found, S = _fitting(m, t, K, available, below=t.micro_batch), _sequences(t)
+    if found is None:
+        return (f"no micro-batch of the {S:,} sequences a step (train.micro_batch x train.n_micro) fits: lower them "
+                "or the model's sizes (model.d_model, model.n_layer, model.seq_len)")  # fmt: skip
+    B, nbytes = found
+    return (f"train.micro_batch {B} with train.n_micro {S // B} fits ({nbytes / memory.GIB:.2f} GiB) and keeps the "
+            f"{S} sequences a step (--micro-batch auto picks it)")  # fmt: skip
+
+
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
-    """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0."""
+    """The whole plan allocated once, the backend bound to it, weights from t.seed, m = v = grads = 0. The plan is
+    checked against the device's memory first (less t.memory_margin); micro_batch "auto" becomes the largest that
+    fits (S.t holds what runs)."""
     prec = K.precision
-    bufs = memory.plan(m, t, prec, K.logits_rows(m, t.micro_batch), K.rows(m, t))
-    plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device)
+    room, margin = K.memory_bytes(), round(t.memory_margin * memory.GIB)
+    if t.micro_batch == config.AUTO:
+        t = auto_micro_batch(m, t, K, room, margin)
+    bufs = training_plan(m, t, K)
+    hint = None if room is None else (lambda: _refit(m, t, K, room - margin))
+    plan = memory.check_fits(bufs, prec, m, room, K.device, margin, hint)
     arena = memory.Arena(plan, K)
     K, bound = K.bind(arena, m)
     compute = "compute_params" if prec.compute_copy else "params"
@@ -168,7 +232,8 @@ def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, ca
     allocated once, the backend bound to it, the weights loaded."""
     prec = K.precision
     bufs = memory.inference_plan(m, prec, B, K.logits_rows(m, B), K.infer_rows(m, B), cache)
-    plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device)
+    margin = round(TrainConfig.memory_margin * memory.GIB)
+    plan = memory.check_fits(bufs, prec, m, K.memory_bytes(), K.device, margin)
     arena = memory.Arena(plan, K)
     K, bound = K.bind(arena, m)
     compute = "compute_params" if prec.compute_copy else "params"

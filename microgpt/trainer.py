@@ -17,6 +17,7 @@ the temp file removed and the previous checkpoints intact; the proxy does not re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import microgpt
-from microgpt import checkpoint, data, memory, model, report
+from microgpt import checkpoint, config, data, memory, model, report
 from microgpt.backend import Backend, get_backend
 from microgpt.config import ConfigError, Experiment
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
@@ -67,14 +68,17 @@ class Terminate(Exception):
 class Trainer:
     def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None,
                  K: Backend | None = None, dp: Any = None, log: RunLog | None = None):  # fmt: skip
-        m, t = exp.model, exp.train
-        self.exp, self.m, self.t, self.out = exp, m, t, Path(out)
+        m = exp.model
+        if dp is not None:
+            config.check_data_parallel(exp.train)
         self.dp = dp  # distributed.DataParallel, or None for one process
         self.rank, self.world = (dp.rank, dp.world_size) if dp is not None else (0, 1)
-        self.S = make_state(m, t, K or get_backend(t.backend, t.precision))
+        self.S = make_state(m, exp.train, K or get_backend(exp.train.backend, exp.train.precision))
+        t = self.S.t  # micro_batch "auto" resolved: what runs, and what the checkpoints record
+        self.exp, self.m, self.t, self.out = dataclasses.replace(exp, train=t), m, t, Path(out)
         self.K = self.S.K
-        self.train_data, self.val_data = data.make_loaders(exp, t.micro_batch, shard=(self.rank, self.world))
-        self.data_info = data.data_description(exp)  # for every checkpoint's sidecar: the data do not change
+        self.train_data, self.val_data = data.make_loaders(self.exp, t.micro_batch, shard=(self.rank, self.world))
+        self.data_info = data.data_description(self.exp)  # for every checkpoint's sidecar: the data do not change
         self.tokenizer_info = tokenizer_info or {}
         self.step_fn = Step(self.S, dp)
         self._critical = False  # from the start of a step until it is reported, or in a checkpoint write

@@ -98,3 +98,48 @@ def test_dashboard_tunnel_uses_the_served_port() -> None:
 
     port = supervisor.run_parser().parse_args(["exp.json", "--dashboard"]).dashboard
     assert f"ssh -N -L {port}:127.0.0.1:{port} user@gpu-host" in DOC and f"http://127.0.0.1:{port}/" in DOC
+
+
+# "Which card, which precision, which plan": the table of planned GiB by card, made here from the plan itself.
+# The triton backend's own rows are those of a device of 132 SMs (the LayerNorm partials grow with them: 132 is the
+# most of the cards below) with the H200's measured 32 MiB cuBLAS workspace.
+CARD_GIB = {"8 GB": 8.0, "12 GB": 12.0, "16 GB": 16.0, "24 GB": 24.0, "40/48 GB": 40.0, "80 GB": 79.6, "141 GB": 140.4}
+CONTEXT_GIB = 0.5  # the CUDA context and the libraries' loaded modules (an estimate: the engine reads free memory)
+TABLE_RUNS = {"ANDREA-12M": (64, [8, 16, 32, 64]), "ANDREA-120M": (128, [1, 2, 4, 8, 16, 32, 64])}  # sequences a step
+
+
+def card_table() -> str:
+    from microgpt.backend import triton_rows
+
+    head = "| model | precision | micro-batch x n_micro | plan GiB | " + " | ".join(CARD_GIB) + " |"
+    lines = [head, "| --- " * (4 + len(CARD_GIB)) + "|"]
+    for name, (sequences, sizes) in TABLE_RUNS.items():
+        exp = config.load(REPO / "experiments" / f"{name}-TRAIN.json")
+        for prec_name in ("fp32", "bf16", "fp8"):
+            prec = precision.make(prec_name, "triton")
+            for B in sizes:
+                t = dataclasses.replace(exp.train, micro_batch=B, n_micro=sequences // B, precision=prec_name)
+                itemsize = memory.COMPUTE_BYTES[prec.compute]
+                bufs = memory.plan(exp.model, t, prec, memory.gpu_logits_rows(exp.model, B, itemsize),
+                                   triton_rows(exp.model, B, 132, 32 << 20))  # fmt: skip
+                gib = sum(memory.role_bytes(bufs, prec).values()) / 2**30
+                label = {"bf16": "bf16, fp16"}.get(prec_name, prec_name)
+                fits = ["yes" if gib + CONTEXT_GIB + t.memory_margin <= card else "-" for card in CARD_GIB.values()]
+                lines.append(f"| {name} | {label} | {B} x {sequences // B} | {gib:.2f} | " + " | ".join(fits) + " |")
+    return "\n".join(lines)
+
+
+def test_the_card_table_is_the_plan() -> None:
+    table = card_table()
+    assert table in DOC, f"docs/ANDREA.md's card table is not the plan's; regenerated:\n{table}"
+
+
+def test_the_precision_table_is_the_checks() -> None:
+    """The generations' row of docs/ANDREA.md against the capabilities the kernels check."""
+    from microgpt.kernels import fp8, linear
+
+    assert linear.BF16_CAPABILITY == (8, 0) and fp8.FP8_CAPABILITY == (8, 9)
+    rows = [line for line in DOC.splitlines() if line.startswith("| sm_")]
+    got = {cells[0]: cells[3] for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows)}
+    assert got == {"sm_75": "fp32, fp16", "sm_80": "fp32, fp16, bf16", "sm_86": "fp32, fp16, bf16",
+                   "sm_89": "fp32, fp16, bf16, fp8", "sm_90": "fp32, fp16, bf16, fp8"}  # fmt: skip

@@ -83,7 +83,8 @@ def test_not_utf8_is_one_line(tmp_path: Path) -> None:
 
 # The flags `microgpt train` and `microgpt run` share: declared once (config.add_experiment_flags), read by one
 # loader (config.apply_overrides), so the same bad input gets the same line from both.
-SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "set", "track", "init", "procs"}
+SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "micro_batch", "memory_margin", "set",
+                "track", "init", "procs"}  # fmt: skip
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
@@ -126,6 +127,12 @@ def error_line(argv: list[str], capsys: pytest.CaptureFixture) -> str:
         (["--procs", "1" + "0" * 20], "--procs must be an integer in [1, 2147483647], got 100000000000000000000"),
         (["--seed", "x"], "microgpt CMD: argument --seed: invalid int value: 'x'"),
         (["--backend", "cuda"], "microgpt CMD: argument --backend: invalid choice: 'cuda'"),
+        (["--micro-batch", "big"], "microgpt CMD: argument --micro-batch: must be an integer or 'auto', got 'big'"),
+        (["--micro-batch", "0"], "with --micro-batch: train.micro_batch must be > 0, got 0"),
+        (["--set", "train.micro_batch=\"max\""], "--set train.micro_batch: train: field 'micro_batch' must be an int "
+                                                 "or 'auto', got str 'max'"),
+        (["--memory-margin", "-1"], "with --memory-margin: train.memory_margin must be in [0, 2**20] GiB, got -1.0"),
+        (["--memory-margin", "nan"], "--memory-margin: train: field 'memory_margin' must be a finite number"),
     ],
 )  # fmt: skip
 def test_bad_shared_flags_give_the_same_line_from_train_and_run(tmp_path: Path, capsys, args, needle) -> None:
@@ -143,3 +150,18 @@ def test_a_bad_set_exits_2_with_one_line_from_both_commands(tmp_path: Path) -> N
     ]
     assert [r.returncode for r in res] == [2, 2] and res[0].stderr == res[1].stderr, res
     assert res[0].stderr == f"error: {exp} with --set model.n_layer: model.n_layer must be > 0, got 0\n"
+
+
+def test_micro_batch_auto_keeps_the_step_s_sequences(tmp_path: Path) -> None:
+    """ "auto" replaces a number and keeps micro_batch x n_micro: n_micro then counts the step's sequences (the
+    memory plan splits them: microgpt/state.py); a file that says "auto" itself gives them as n_micro. Anything
+    else but an int is refused naming the field."""
+    exp = write_experiment(tmp_path, train={"micro_batch": 8, "n_micro": 16})
+    for sets, flags in (([], {"micro_batch": "auto"}), (["train.micro_batch=auto"], {})):
+        raw, e = config.apply_overrides(config.read_raw(exp), str(exp), sets, **flags)
+        assert (e.train.micro_batch, e.train.n_micro) == ("auto", 128)
+    assert config.apply_overrides(config.read_raw(exp), str(exp), [], micro_batch=4)[1].train.n_micro == 16
+    e = config.from_dict({**config.read_raw(exp), "train": {"micro_batch": "auto", "n_micro": 64}})
+    assert (e.train.micro_batch, e.train.n_micro) == ("auto", 64)
+    with pytest.raises(ConfigError, match=r"^x.json: train: field 'micro_batch' must be an int or 'auto', got bool"):
+        config.from_dict({"train": {"micro_batch": True}}, "x.json")

@@ -100,3 +100,30 @@ def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
         assert (per_layer[0] is per_layer[-1]) is recompute  # one shared scratch, or a plane per layer
         sizes[recompute] = sum(b.numel for b in bufs)
     assert sizes[False] - sizes[True] == (L - 1) * N * 4 * C
+
+
+def test_largest_fitting_micro_batch_divides_the_step() -> None:
+    """The largest micro-batch that divides the step's sequences and whose plan fits, under `below` when given;
+    a plan that shrinks past a budget (the logits chunk) still gives the largest that fits, and none when even
+    a micro-batch of 1 is over."""
+    linear = lambda B: 1000 + 100 * B  # noqa: E731
+    assert memory.largest_fitting(linear, 128, 1000 + 100 * 40) == (32, 4200)
+    assert memory.largest_fitting(linear, 128, 10**9) == (128, 13800)
+    assert memory.largest_fitting(linear, 128, 10**9, below=16) == (8, 1800)
+    assert memory.largest_fitting(linear, 96, 1000 + 100 * 40) == (32, 4200)
+    assert memory.largest_fitting(linear, 7, 1000 + 100 * 5) == (1, 1100)  # a prime count: 1 or all of it
+    assert memory.largest_fitting(linear, 128, 1099) is None
+    bumpy = lambda B: {1: 10, 2: 20, 4: 40, 8: 30, 16: 90}[B]  # noqa: E731  (8 below 4: a smaller logits chunk)
+    assert memory.largest_fitting(bumpy, 16, 35) == (8, 30)
+
+
+def test_a_plan_over_the_device_names_its_total_the_room_and_what_fits() -> None:
+    prec = precision.make("fp32", "numpy")
+    bufs = memory.plan(M, config.TrainConfig(micro_batch=8, n_micro=2), prec, 8)
+    total = sum(memory.role_bytes(bufs, prec).values())
+    with pytest.raises(memory.PlanError) as e:
+        memory.check_fits(bufs, prec, M, total, "gpu", margin=1 << 20, hint=lambda: "try 4")
+    assert str(e.value) == (f"the memory plan needs {total:,} bytes but the device (gpu) has {total - (1 << 20):,} "
+                            f"bytes for it ({total / 2**30:.2f} GiB against {total / 2**30:.2f} GiB available less "
+                            "train.memory_margin 0.00 GiB); try 4")  # fmt: skip
+    assert memory.check_fits(bufs, prec, M, total + (1 << 20), "gpu", margin=1 << 20) is bufs

@@ -7,4 +7,6 @@ with the arena: planned scratch (runtime.Runtime.scratch: embedding, LayerNorm a
 runtime's tuner (runtime.TUNER_TAKERS), and the precision's Matmul (`mm`: linear.Matmul, fp8.Matmul), which holds
 the GEMM router (gemm.py) and, in fp8, the casts' planned scratch. No module here keeps mutable state: the choices,
 plans and handles belong to the runtime's Tuner, Gemm and CublasLt (tests/kernels/test_module_state.py).
+catalogue.py and targets.py are the check of the others against each GPU architecture, which the engine never runs:
+every launch captured, and compiled ahead of time for sm_80, sm_86, sm_89 and sm_90 on any machine.
 """

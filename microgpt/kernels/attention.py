@@ -206,13 +206,15 @@ FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16))
                   dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
 
 
-def _meta(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> dict:
-    """The config of one half for this dtype and (T, hs): fixed in fp32 and the interpreter, else the fastest,
-    timed once inside the tuning window (on the warm-up step's buffers) and cached on disk (tuning.py)."""
+def _launch(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> None:
+    """launch(config) for one half under the config of this dtype and (T, hs): fixed in fp32 and the interpreter,
+    else the fastest that fits the device, timed once inside the tuning window (on the warm-up step's buffers) and
+    cached on disk (tuning.py; the candidates are named by their index in `configs`)."""
     if INTERPRET or dtype == torch.float32:
-        return FIXED["interpret" if INTERPRET else "fp32"][half == "bwd"]
-    candidates = {str(i): (lambda cfg=cfg: launch(cfg)) for i, cfg in enumerate(configs)}
-    return configs[int(tuner.choose(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates))]
+        launch(FIXED["interpret" if INTERPRET else "fp32"][half == "bwd"])
+        return
+    candidates = {str(i): (cfg,) for i, cfg in enumerate(configs)}
+    tuner.launch(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates, lambda cfg: lambda: launch(cfg))
 
 
 def _bd(HS: int) -> int:
@@ -229,7 +231,7 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
             out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
             **meta)  # fmt: skip
 
-    launch(_meta("fwd", FWD_CONFIGS, q.dtype, T, HS, launch, tuner))
+    _launch("fwd", FWD_CONFIGS, q.dtype, T, HS, launch, tuner)
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -246,7 +248,7 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
             dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
             BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
-    launch(_meta("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner))
+    _launch("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner)
 
 
 @triton.jit

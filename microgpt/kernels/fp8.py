@@ -261,17 +261,18 @@ class Matmul(linear.Matmul):
         self.q = Scratch(*(scratch[name] for name in ("fp8_x", "fp8_g", "fp8_gt", "fp8_wgrad")))
 
     @staticmethod
-    def unsupported() -> str | None:
-        """Why this machine cannot run precision "fp8" (it needs FP8 tensor cores), or None where it can. The
-        interpreter runs the FP8 kernels on the CPU (CI)."""
+    def unsupported(precision: str) -> str | None:
+        """Why this machine cannot run precision "fp8" (it needs FP8 tensor cores: Ada and Hopper, compute capability
+        8.9 on), or None where it can. The interpreter runs the FP8 kernels on the CPU (CI)."""
         if INTERPRET:
             return None
-        if not torch.cuda.is_available():
+        card = linear.this_card()
+        if card is None:
             return ("needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no "
                     "CUDA GPU; train.backend 'numpy' runs fp8's CPU reference")  # fmt: skip
-        cc, name = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+        cc, name = card
         if cc < FP8_CAPABILITY:
-            return f"needs FP8 tensor cores (compute capability >= 8.9); {name} is {cc[0]}.{cc[1]}"
+            return f"needs FP8 tensor cores (compute capability >= 8.9); {name} is {cc[0]}.{cc[1]}: {linear.offer(cc)}"
         return None
 
     def forward(self, y: torch.Tensor, x: torch.Tensor | None, w: Fp8Weight, *,

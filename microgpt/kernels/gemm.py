@@ -11,6 +11,10 @@ heuristic's first algorithm, which at ANDREA-120M's shapes is often not the fast
 the runtime's (kernels/runtime.py): it holds the device's tuner and cuBLASLt handle and the ways this process has
 settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every GEMM runs the Triton tile. Operands may be any strided
 view (w.T, x.T): every way takes transposes for free.
+Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
+a Triton tile that does not fit the device's shared memory (OutOfResources: its bf16/fp16 tile needs 96 KiB, of
+the 99 KiB a block of sm_86 and sm_89 has) leaves the GEMMs to cuBLAS, the warm-up's reference included; a
+cuBLASLt heuristic that offers no algorithm leaves a GEMM to torch's cuBLAS, and the MLP's GELU to its own pass.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from microgpt.kernels import gelu
 from microgpt.kernels.cublaslt import GELU_AUX, CublasLt, alignment
@@ -123,28 +128,43 @@ class Gemm:
         self.tuner, self.lt = tuner, lt
         self._chosen: dict[str, tuple[str, bool]] = {}
         self._gelu_ways: dict[str, dict[str, tuple[int]]] = {}
+        self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
 
     def _run(self, way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
         """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>"
-        (cuBLASLt under the i-th algorithm its heuristic offers for this shape)."""
-        if way == "triton":
-            triton_mm(out, a, b, accumulate)
-        elif way == "cublas":
+        (cuBLASLt under the i-th algorithm its heuristic offers for this shape). A Triton tile the device cannot
+        run (OutOfResources, raised before it launches) gives the GEMM, and every later one of its dtype, to cuBLAS
+        (operands of one dtype: mixed ones have no other way)."""
+        if way == "triton" and self._tile_fits.get(a.dtype, True):
+            try:
+                triton_mm(out, a, b, accumulate)
+                return
+            except OutOfResources as e:
+                if a.dtype != b.dtype:
+                    raise
+                self._tile_fits[a.dtype] = False
+                cfg = " ".join(f"{k}{v}" for k, v in tile_config(a.dtype).items())
+                self.tuner.note(f"tile {a.dtype}", f"the Triton GEMM tile ({cfg}) does not fit {self.tuner.key} "
+                                f"({e.name}: needs {e.required}, the device has {e.limit}); {a.dtype} GEMMs run on "
+                                "cuBLAS")  # fmt: skip
+        if way in ("triton", "cublas"):
             cublas_mm(out, a, b, accumulate)
         else:
             self.lt.gemm(out, a, b, accumulate, int(way[2:]))
 
     def _ways(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> list[str]:
         """The ways this GEMM can run here, the reference first: the Triton tile (2D) or torch's batched GEMM."""
-        if out.dim() == 3:
+        if out.dim() == 3 or not self._tile_fits.get(a.dtype, True):
             ways = ["cublas"]
         else:
             ways = ["triton", "cublas"] if a.dtype == b.dtype else ["triton"]
         if a.dtype == b.dtype and self.lt is not None:
             try:
                 ways += [f"lt{i}" for i in range(self.lt.n_algos(out, a, b))]
-            except (RuntimeError, ValueError):
-                pass  # no cuBLASLt algorithm for these dtypes or strides
+            except ValueError:
+                pass  # strides cuBLASLt cannot express
+            except RuntimeError as e:  # its heuristic offers nothing here
+                self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: torch's cuBLAS runs such GEMMs")
         return ways
 
     def _pick(self, key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
@@ -157,8 +177,10 @@ class Gemm:
             flat = out.view(-1, out.shape[-1])
             rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]
             ref, got = self.tuner.probe()[: 2 * rows * cols].view(2, rows, cols)
-            self._run(ways[0], out, a, b, False)
+            self._run(ways[0], out, a, b, False)  # a tile that does not fit: cuBLAS runs the reference
             ref.copy_(flat[:rows])
+            if ways[0] == "triton" and not self._tile_fits.get(a.dtype, True):
+                ways = ways[1:]
             agree = ways[:1]
             for way in ways[1:]:
                 try:
@@ -208,8 +230,11 @@ class Gemm:
         ways = self._gelu_ways.get(key)
         if ways is None:
             ways = {"pass": (-1,)}
-            if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:
-                ways |= {f"lt{i}": (i,) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
+            if x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:  # (lt: a CUDA device's)
+                try:
+                    ways |= {f"lt{i}": (i,) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
+                except (RuntimeError, ValueError) as e:  # no such epilogue here: the pass it is
+                    self.tuner.note(f"gelu_aux {x.dtype}", f"{e}: the MLP's GELU runs as its own pass")
             self._gelu_ways[key] = ways
 
         def make(algo: int):

@@ -17,8 +17,24 @@ import torch
 
 from microgpt.kernels import gelu
 from microgpt.kernels.gemm import Gemm
+from microgpt.kernels.tuning import INTERPRET
 
 ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
+BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores: Ampere (8.0, 8.6), Ada (8.9), Hopper (9.0) on
+
+
+def this_card() -> tuple[tuple[int, int], str] | None:
+    """(compute capability, name) of this process's GPU; None without one."""
+    if not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability()), torch.cuda.get_device_name()
+
+
+def offer(cc: tuple[int, int]) -> str:
+    """The precisions a refused one gives way to on a card of compute capability cc."""
+    if cc >= BF16_CAPABILITY:
+        return "train.precision 'bf16' runs here (or 'fp16')"
+    return "train.precision 'fp16' runs here (with its dynamic loss scale)"
 
 
 class Matmul:
@@ -29,9 +45,14 @@ class Matmul:
         self.gemm = gemm
 
     @staticmethod
-    def unsupported() -> str | None:
-        """Why this machine cannot run this precision here (None: it can)."""
-        return None
+    def unsupported(precision: str) -> str | None:
+        """Why this machine's GPU cannot run `precision` (None: it can): bf16 needs bfloat16 tensor cores, Ampere
+        (compute capability 8.0) on; fp32 and fp16 are not refused. The interpreter runs every one (CI)."""
+        card = None if INTERPRET or precision != "bf16" else this_card()
+        if card is None or card[0] >= BF16_CAPABILITY:
+            return None
+        (major, minor), name = card
+        return f"needs bfloat16 tensor cores (compute capability >= 8.0); {name} is {major}.{minor}: {offer(card[0])}"
 
     def forward(self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, gelu_out: torch.Tensor | None = None,
                 gelu_of: torch.Tensor | None = None) -> None:  # fmt: skip

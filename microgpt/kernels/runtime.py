@@ -20,6 +20,7 @@ Under TRITON_INTERPRET=1 everything runs on the CPU (CI) and nothing is timed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,22 @@ TUNER_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_ba
                 "crossentropy_forward_backward")  # fmt: skip
 
 
+def describe(props: Any) -> str:
+    """A GPU (torch.cuda.get_device_properties) in words, with what the kernels' choices depend on: "NVIDIA GeForce
+    RTX 4090, sm_89, 128 SMs, 24.0 GiB"."""
+    sms, gib = props.multi_processor_count, props.total_memory / 2**30
+    return f"{props.name}, sm_{props.major}{props.minor}, {sms} SMs, {gib:.1f} GiB"
+
+
+def scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[str, str, int, str]]:
+    """The launchers' scratch for a micro-batch of B sequences on a device of sm_count multiprocessors: function ->
+    (keyword, buffer, elements, kind)."""
+    N = B * T
+    return {"embedding_backward": ("order", "emb_order", N, "i32"),
+            "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, sm_count), "f32"),
+            "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
+
+
 class Runtime:
     def __init__(self, compute: str, scaled_mm: bool = False) -> None:
         """compute: the compute dtype's name (DTYPES); scaled_mm: the run's GEMMs include E4M3 ones
@@ -53,7 +70,7 @@ class Runtime:
         self.dtypes = {**KIND_DTYPES, "compute": self.dtype}
         self.kind_bytes = {kind: dtype.itemsize for kind, dtype in self.dtypes.items()}
         self.dev = torch.device("cuda" if self.cuda else "cpu")
-        self.device = torch.cuda.get_device_name() if self.cuda else "cpu (triton interpreter)"
+        self.device = describe(torch.cuda.get_device_properties(self.dev)) if self.cuda else "cpu (triton interpreter)"
         self.versions = {"torch": torch.__version__, "triton": triton.__version__}
         self.workspace_bytes = self._one_stream() if self.cuda else 0
         self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count if self.cuda else INTERPRET_SMS
@@ -94,17 +111,26 @@ class Runtime:
             free, total = torch.cuda.mem_get_info()
             raise MemoryError(f"{self.device} has {free:,} of {total:,} bytes free") from None
 
+    def memory_bytes(self) -> int | None:
+        """The bytes a memory plan may take on this device now, before its arena is allocated: the device's free
+        memory (within the process's cap where torch.cuda.set_per_process_memory_fraction set one), plus what the
+        plan counts that is allocated already (cuBLAS's workspace). None under the interpreter."""
+        if not self.cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.dev)
+        fraction = torch.cuda.get_per_process_memory_fraction(self.dev)
+        if fraction < 1:
+            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(self.dev))
+        return free + self.workspace_bytes
+
     def view(self, pool: torch.Tensor, offset: int, shape: tuple[int, ...], kind: str) -> torch.Tensor:
         dtype = self.dtypes[kind]
         n = int(np.prod(shape)) * dtype.itemsize
         return pool[offset : offset + n].view(dtype).view(shape)
 
     def scratch(self, B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
-        """The launchers' scratch for a micro-batch of B sequences: function -> (keyword, buffer, elements, kind)."""
-        N = B * T
-        return {"embedding_backward": ("order", "emb_order", N, "i32"),
-                "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, self.sm_count), "f32"),
-                "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
+        """The launchers' scratch for a micro-batch of B sequences on this device (`scratch`)."""
+        return scratch(B, T, C, NH, self.sm_count)
 
     @staticmethod
     def probe_numel(C: int, V: int) -> int:

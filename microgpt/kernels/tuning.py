@@ -15,6 +15,13 @@ first candidate, untimed and unrecorded. The one device buffer the choices use, 
 (memory.py "kernel" role) and handed over with `set_probe`.
 Interpreted runs (TRITON_INTERPRET=1, CI) never time anything and always run the first candidate, so CI exercises
 the real kernels.
+
+Candidates differ by device. Triton compares a compiled kernel's shared memory (and, once loaded, its threads'
+registers) with the device's own limits before it launches anything, and raises OutOfResources: a candidate that
+raises it does not fit this device, and is neither timed nor run here (a note on stderr says so once); `launch` then
+runs the next that fits. So a device is offered exactly the candidates that fit it, whatever its architecture
+(the H200's 227 KB of shared memory a block fits every one; sm_86 and sm_89's 99 KB not all: kernels/targets.py
+compiles them all for each architecture on the CPU, and bench/RESULTS.md has the table).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 REPS = 10  # runs per timed batch of a candidate, after one untimed
@@ -63,6 +71,18 @@ class Tuner:
         self._probe: torch.Tensor | None = None
         self._launches: dict[tuple[str, str], str] = {}
         self._spin_cycles = 0
+        self._said: set[str] = set()
+
+    def note(self, key: str, message: str) -> None:
+        """Say message on stderr once for this device (key: what it is about)."""
+        if key not in self._said:
+            self._said.add(key)
+            print(f"note: {message}", file=sys.stderr, flush=True)
+
+    def unfit(self, table: str, name: str, e: OutOfResources) -> None:
+        """Candidate `name` of `table` does not fit this device (Triton's OutOfResources, raised before launching)."""
+        self.note(f"unfit {table} {name}", f"{table} candidate {name} does not fit {self.key} ({e.name}: needs "
+                  f"{e.required}, the device has {e.limit}); it is not offered on this device")  # fmt: skip
 
     def _load(self) -> dict[str, dict[str, str]]:
         if self._cache is None:
@@ -147,6 +167,9 @@ class Tuner:
         for name, fn in candidates.items():
             try:
                 times[name] = self._time(fn)
+            except OutOfResources as e:
+                self.unfit(table, name, e)
+                failed[name] = str(e)
             except Exception as e:  # one this GPU or compiler cannot run (shared memory, an unsupported feature) is out
                 lines = str(e).strip().splitlines() or [""]
                 failed[name] = f"{type(e).__name__}: {lines[-1][:200]}"
@@ -174,14 +197,26 @@ class Tuner:
         """Run make(*configs[name]) with the configuration `choose` gives for key, for kernels whose launch
         configurations agree up to rounding (the fp8 casts give the same bytes under every one; the LayerNorm
         backward's weight-gradient sums differ in their last bits, the MLP's GELU in the GEMM's epilogue in a's
-        last bit) and which may run several times on the warm-up's buffers. The interpreter takes the first. A
-        choice is remembered for the process: a launch costs a lookup."""
+        last bit, the attention's sums in their order) and which may run several times on the warm-up's buffers.
+        The interpreter takes the first. A choice that does not fit this device (outside the warm-up: the untimed
+        first) gives way to the next configuration that does. A choice is remembered for the process: a launch costs
+        a lookup. MICROGPT_<TABLE>=name forces one at every launch."""
         if INTERPRET:
             make(*next(iter(configs.values())))()
             return
-        choice = self._launches.get((table, key))
+        forced = os.environ.get("MICROGPT_" + table.upper())  # wins at every launch (choose: no time, no record)
+        choice = forced if forced in configs else self._launches.get((table, key))
         if choice is None:
             choice = self.choose(table, key, {name: make(*cfg) for name, cfg in configs.items()})
             if self._open or key in self.choices(table):  # outside the warm-up an unrecorded key: not kept
                 self._launches[(table, key)] = choice
-        make(*configs[choice])()
+        for name in [choice, *(n for n in configs if n != choice)]:
+            try:
+                make(*configs[name])()
+            except OutOfResources as e:  # raised before anything ran
+                self.unfit(table, name, e)
+                continue
+            if name != choice and (table, key) in self._launches:  # the settled choice: the one that runs here
+                self._launches[(table, key)] = name
+            return
+        raise RuntimeError(f"no launch configuration of {table} {key} fits {self.key}")

@@ -102,7 +102,7 @@ class Matmul(linear.Matmul):
         self.head = head
 
     @staticmethod
-    def unsupported() -> str | None:
+    def unsupported(precision: str) -> str | None:
         """E4M3 on the CPU needs NumPy's E4M3 dtype (ml_dtypes, the `fp8` extra)."""
         try:
             e4m3()

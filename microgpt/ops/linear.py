@@ -30,7 +30,7 @@ class Matmul:
     """The GEMM sites in the arrays' own dtype: numpy's matmul, GELU as a separate pass on either side."""
 
     @staticmethod
-    def unsupported() -> str | None:
+    def unsupported(precision: str) -> str | None:
         """Why this machine cannot run this precision here (None: it can)."""
         return None
 

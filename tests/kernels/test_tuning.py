@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from triton.runtime.errors import OutOfResources
 
 from microgpt.kernels import tuning
 
@@ -120,3 +121,129 @@ def test_gemm_default_before_the_warm_up_is_kept_until_the_warm_up_times_it(tmp_
     assert json.loads(tuner.path.read_text())["gemm"] == {key: "cublas"}
     gemm._tuned(out, a, b, False)
     assert ran[-1] == "cublas" and len(asked) == 2
+
+
+def too_big(ms: float = 0.0):
+    """A candidate this device cannot run: Triton raises OutOfResources before launching it (here: sm_86's 99 KiB
+    of shared memory a block against a 112 KiB attention tile)."""
+
+    def run() -> float:
+        raise OutOfResources(114688, 101376, "shared memory")
+
+    return run
+
+
+def test_a_candidate_that_does_not_fit_is_not_offered_and_said_once(window, capsys) -> None:
+    for key in ("k1", "k2"):
+        assert window.choose("fit", key, {"big": too_big(), "slow": lambda: 2.0, "fast": lambda: 1.0}) == "fast"
+    err = capsys.readouterr().err
+    assert err.count("note: fit candidate big does not fit test-device (shared memory: needs 114688, the device "
+                     "has 101376); it is not offered on this device") == 1  # fmt: skip
+
+
+def test_launch_outside_the_window_runs_the_first_configuration_that_fits(tmp_path, monkeypatch, capsys) -> None:
+    """Outside the warm-up the default is the first configuration; where the device cannot run it, the next that
+    fits runs instead (nothing is kept for an unrecorded key), and the note says why once."""
+    tuner = tuner_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    launched: list[str] = []
+    configs = {"big": ("big", None), **CONFIGS}
+
+    def make(name: str, ms: float | None):
+        return too_big() if ms is None else _recording(launched)(name, ms)
+
+    tuner.launch("fit_launch", "k", configs, make)
+    tuner.launch("fit_launch", "k", configs, make)
+    assert launched == ["first", "first"] and tuner._launches == {}
+    assert capsys.readouterr().err.count("fit_launch candidate big does not fit") == 1
+    with pytest.raises(RuntimeError, match="no launch configuration of fit_launch k fits test-device"):
+        tuner.launch("fit_launch", "k", {"big": ("big", None)}, make)
+
+
+def test_a_gemm_tile_that_does_not_fit_leaves_the_gemms_to_cublas(tmp_path, monkeypatch, capsys) -> None:
+    """The warm-up's reference way is the Triton tile: where the device refuses it, cuBLAS computes the reference
+    and every GEMM of that dtype from then on, and the note says so once, instead of the run ending at step 1."""
+    import torch
+
+    from microgpt.kernels import gemm as kgemm
+
+    tuner = tuner_in(tmp_path, monkeypatch)
+    tuner.set_probe(torch.zeros(64))
+    g = kgemm.Gemm(tuner, None)
+
+    def refused(*args) -> None:
+        raise OutOfResources(98304 + 4096, 101376, "shared memory")
+
+    monkeypatch.setattr(kgemm, "triton_mm", refused)
+    torch.manual_seed(0)
+    out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
+    with tuner.window():
+        g._tuned(out, a, b, False)
+    torch.testing.assert_close(out, a @ b)
+    assert list(g.choices().values()) == ["cublas"] and g._ways(out, a, b) == ["cublas"]
+    g._tuned(out, a, b, True)
+    torch.testing.assert_close(out, 2 * (a @ b))
+    err = capsys.readouterr().err
+    assert err.count("note: the Triton GEMM tile (") == 1 and "torch.float32 GEMMs run on cuBLAS" in err
+
+
+class NoGeluAux:
+    """A cuBLASLt whose heuristic offers no algorithm for the GELU_AUX epilogue (as cublaslt.CublasLt raises it)."""
+
+    def n_algos(self, *args) -> int:
+        raise RuntimeError("cuBLASLt has no algorithm for epilogue 160 at 64x128 torch.float16->torch.float16")
+
+    def gelu_aux(self, *args) -> None:
+        raise AssertionError("no GELU_AUX algorithm: never called")
+
+
+def test_no_gelu_aux_algorithm_leaves_the_gelu_to_its_pass(tmp_path, monkeypatch, capsys) -> None:
+    import torch
+
+    from microgpt.kernels.gemm import Gemm
+
+    tuner = tuner_in(tmp_path, monkeypatch)
+    g = Gemm(tuner, NoGeluAux())
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 32).half(), (torch.randn(32, 128) / 8).half()
+    h, a = torch.empty(64, 128, dtype=torch.float16), torch.empty(64, 128, dtype=torch.float16)
+    for _ in range(2):
+        g.mm_gelu(a, h, x, w)
+    ref = x.float() @ w.float()
+    torch.testing.assert_close(h.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(a.float(), torch.nn.functional.gelu(h.float(), approximate="tanh"), rtol=1e-2,
+                               atol=1e-2)  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("epilogue 160") == 1 and "the MLP's GELU runs as its own pass" in err
+
+
+class NoAlgorithm:
+    """A cuBLASLt whose heuristic offers nothing for a plain GEMM."""
+
+    def n_algos(self, *args) -> int:
+        raise RuntimeError("cuBLASLt has no algorithm for epilogue 1 at 4x4 torch.float32->torch.float32")
+
+
+def test_no_cublaslt_algorithm_leaves_the_gemm_to_torch_s_cublas(tmp_path, monkeypatch, capsys) -> None:
+    import torch
+
+    from microgpt.kernels.gemm import Gemm
+
+    g = Gemm(tuner_in(tmp_path, monkeypatch), NoAlgorithm())
+    out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
+    assert g._ways(out, a, b) == g._ways(out, a, b) == ["triton", "cublas"]
+    assert capsys.readouterr().err.count("epilogue 1 at 4x4 torch.float32->torch.float32: torch's cuBLAS runs") == 1
+
+
+def test_a_forced_configuration_wins_at_every_launch(tmp_path, monkeypatch) -> None:
+    """MICROGPT_<TABLE> forces the configuration of each launch, even of a key whose choice the process keeps (the
+    GPU tests force each candidate in turn through one tuner)."""
+    tuner = tuner_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    launched: list[str] = []
+    with tuner.window():
+        tuner.launch("demo_forced", "k", CONFIGS, _recording(launched))
+    for name in ("other", "first"):
+        monkeypatch.setenv("MICROGPT_DEMO_FORCED", name)
+        tuner.launch("demo_forced", "k", CONFIGS, _recording(launched))
+    assert launched[-2:] == ["other", "first"]

@@ -1,0 +1,191 @@
+"""Every launch the launchers of kernels/ make for a model's shapes, captured instead of run: what the compile sweep
+(targets.py) compiles for each architecture.
+
+`launches(shape, dtype)` calls the real launchers -- a training step's, the inference step's, the optimizer's and
+precision fp8's -- on tensors of the "meta" device (shapes and strides, no memory), with a `Catalogue` standing in
+for the runtime's tuner that hands over every candidate of every choice in turn, while each Triton kernel of
+kernels/ records its launches instead of running them (`capture`). A Launch is the kernel with the arguments and
+keywords it was given, and where it came from: a fixed launch, or candidate `index` of one choice (`group`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
+from microgpt.kernels import adamw, attention, crossentropy, embedding, fp8, gelu, gemm, gradclip, layernorm, linear
+
+KERNEL_MODULES = (adamw, attention, crossentropy, embedding, fp8, gelu, gemm, gradclip, layernorm)
+SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One micro-batch of a model: B sequences of T tokens, C = d_model, NH heads, V the vocabulary."""
+
+    name: str
+    B: int
+    T: int
+    C: int
+    NH: int
+    V: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: JITFunction
+    label: str  # "<tuning table> <candidate>" for a tuned launch, "fixed" for one launch configuration
+    group: int  # the tuned choice it is a candidate of (one call of choose: one table and key); -1: fixed
+    index: int  # its place among that choice's candidates: 0 is the default outside the warm-up
+    fp8: bool  # an fp8 precision's kernel (compiled for TARGETS with fp8 only)
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+
+class Catalogue:
+    """The runtime's tuner as the sweep needs it: every candidate of a choice is launched in turn (and captured),
+    labelled by its table and name; the first is the choice."""
+
+    is_open = False
+
+    def __init__(self) -> None:
+        self.label, self.group, self.index, self.groups = "fixed", -1, 0, 0
+
+    def choose(self, table: str, key: str, candidates: dict[str, Callable[[], None]]) -> str:
+        self.group, self.groups = self.groups, self.groups + 1
+        for self.index, (name, fn) in enumerate(candidates.items()):
+            self.label = f"{table} {name}"
+            fn()
+        self.label, self.group, self.index = "fixed", -1, 0
+        return next(iter(candidates))
+
+    def launch(self, table: str, key: str, configs: dict[str, tuple[Any, ...]],
+               make: Callable[..., Callable[[], None]]) -> None:  # fmt: skip
+        self.choose(table, key, {name: make(*cfg) for name, cfg in configs.items()})
+
+
+def jit_kernels() -> dict[str, JITFunction]:
+    """Every Triton kernel (k_*) of kernels/, by name."""
+    return {name: fn for module in KERNEL_MODULES for name, fn in vars(module).items()
+            if name.startswith("k_") and isinstance(fn, JITFunction)}  # fmt: skip
+
+
+@contextmanager
+def capture(catalogue: Catalogue, fp8: bool) -> Iterator[list[Launch]]:
+    """While open, a launch of any kernel of kernels/ is recorded (with the catalogue's label; fp8: as precision
+    fp8's) and not run."""
+    got: list[Launch] = []
+    kernels = jit_kernels().values()
+
+    def recorder(kernel: JITFunction) -> Callable[..., None]:
+        def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            got.append(Launch(kernel, catalogue.label, catalogue.group, catalogue.index, fp8, args, kwargs))
+
+        return run
+
+    for kernel in kernels:
+        kernel.run = recorder(kernel)  # an instance attribute: k[grid](...) calls self.run
+    try:
+        yield got
+    finally:
+        for kernel in kernels:
+            del kernel.run
+
+
+def launches(s: Shape, dtype: torch.dtype) -> list[Launch]:
+    """Every launch one training step (and an inference step) makes for a micro-batch of shape s with activations
+    in dtype, every candidate of every tuned launch included; for bf16 and fp16 also the fp8 precision's (casts
+    from that dtype and from the fp32 masters, the interpreter's scaled GEMM tile)."""
+    cat = Catalogue()
+    with capture(cat, False) as got:
+        _training_launches(s, dtype, cat)
+    if dtype == torch.float32:
+        return got
+    with capture(cat, True) as got8:
+        _fp8_launches(s, dtype, cat)
+    return got + got8
+
+
+def _meta(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    return lambda *shape, dt=dtype: torch.empty(shape, dtype=dt, device="meta")
+
+
+def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """The launches of model.gpt_forward, gpt_backward and gpt_infer, and of the optimizer step, as the triton
+    backend makes them (the arguments' dtypes as the plan gives them: f32 grads and statistics)."""
+    e, f32, i32 = _meta(dtype), torch.float32, torch.int32
+    B, T, C, NH, V, N = s.B, s.T, s.C, s.NH, s.V, s.B * s.T
+    mm = linear.Matmul(gemm.Gemm(cat, None))
+    tok, x, stat = e(B, T, dt=i32), e(N, C), e(N, dt=f32)
+    embedding.embedding_forward(e(B, T, C), tok, e(V, C), e(T, C))
+    embedding.embedding_backward(e(V, C, dt=f32), e(T, C, dt=f32), e(B, T, C), tok, order=e(N, dt=i32), tuner=cat)
+    layernorm.layernorm_forward(e(N, C), stat, stat, x, e(C), e(C), tuner=cat)
+    layernorm.residual_layernorm_forward(e(N, C), e(N, C), stat, stat, x, x, e(C), e(C), tuner=cat)
+    partials = e(layernorm.scratch_numel(C, SWEEP_SMS), dt=f32)
+    layernorm.layernorm_backward(e(N, C), e(C, dt=f32), e(C, dt=f32), x, x, e(C), stat, stat, partials=partials,
+                                 tuner=cat)  # fmt: skip
+    mm.forward(e(3, N, C), x, e(3, C, C))
+    mm.backward(e(N, C), e(3, C, C, dt=f32), e(3, N, C), x, e(3, C, C))
+    mm.forward(e(N, 4 * C), x, e(C, 4 * C), gelu_out=e(N, 4 * C))
+    mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C), dgelu_of=e(N, 4 * C))
+    q, lse = e(B, T, C), e(B, NH, T, dt=f32)
+    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
+    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
+    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    logits, tg, wte = e(N, V), e(N, dt=i32), e(V, C)
+    crossentropy.crossentropy_forward(stat, stat, x, wte, tg, logits, mm=mm, tuner=cat)
+    crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, wte, tg, stat, logits, mm=mm, tuner=cat)
+    crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, wte, tg, logits, mm=mm,
+                                               tuner=cat)  # fmt: skip
+    crossentropy.head_logits(e(B, V), e(B, C), wte, mm=mm)
+    crossentropy.loss_weights(stat, tg, e(1, dt=f32))
+    crossentropy.loss_sum(e(2, dt=f32), stat, tg)
+    crossentropy.loss_sum(e(2, dt=f32), stat, tg, 0.5, accumulate=True)
+    n = V * C  # a flat array's length: only whether it divides by 16 reaches the compiled kernels
+    flat = e(n, dt=f32)
+    gradclip.grad_norm_partial(e(triton.cdiv(n, 1 << 16), dt=f32), flat, 1 << 16)
+    gradclip.grad_norm_final(e(1, dt=f32), e(triton.cdiv(n, 1 << 16), dt=f32))
+    compute = e(n) if dtype != f32 else None
+    adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95,
+                     1e-8, 0.1, 1.0)  # fmt: skip
+    gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
+
+
+def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """precision fp8's launches: each site's casts (input, GELU'd input, output gradient, GELU's backward), primed
+    and not, the weights' and the head's casts, the slots' roll; and the scaled GEMM tile (k_mm_scaled), which
+    only the interpreter runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same."""
+    e, f32, f8 = _meta(dtype), torch.float32, torch.float8_e4m3fn
+    C, V, N = s.C, s.V, s.B * s.T
+    scratch = {name: e(N * 4 * C, dt=f8) for name in ("fp8_x", "fp8_g", "fp8_gt")} | {"fp8_wgrad": e(4 * C * C)}
+    mm = fp8.Matmul(gemm.Gemm(cat, None), None, scratch)
+    for G, Cin, OC in ((3, C, C), (1, C, 4 * C), (1, 4 * C, C)):
+        w = Fp8Weight("site", e(G, Cin, OC, dt=f32), e(Cin, G * OC, dt=f8), e(G, OC, Cin, dt=f8), e(SLOT, dt=f32),
+                      e(OSLOT, dt=f32), e(OSLOT, dt=f32), Priming(True), e(Cin * N, dt=f8))  # fmt: skip
+        for priming in (True, False):
+            w.priming.on = priming
+            gelu_in = Cin == 4 * C  # W_2's input is gelu(h), cast as GELU computes it
+            mm.forward(e(G, N, OC), None if gelu_in else e(N, Cin), w, gelu_of=e(N, Cin) if gelu_in else None)
+            mm.backward(e(N, Cin), e(G, Cin, OC, dt=f32), e(G, N, OC), None, w,
+                        dgelu_of=e(N, OC) if OC == 4 * C else None)  # fmt: skip
+        mm.cast_weights([w])
+    fp8.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's wte
+    fp8.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
+    mm.roll(e(12, 4, 2, OSLOT, dt=f32), True)
+    mm.roll(e(12, 4, 2, OSLOT, dt=f32), False)
+
+
+# the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
+# against experiments/)
+ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))

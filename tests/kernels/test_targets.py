@@ -1,0 +1,104 @@
+"""Every Triton kernel and tuning candidate compiled for sm_80, sm_86, sm_89 and sm_90 on the CPU (kernels/targets.py),
+read against each target's limits.
+
+The sweep runs in its own process without TRITON_INTERPRET (this folder's conftest sets it, and the interpreter
+replaces every kernel by a function it runs on the CPU, which nothing can compile). CI compiles what has no
+alternative on a device (targets.select): every fixed launch and every choice's default, on all four targets. The
+other candidates are left to the full sweep, MICROGPT_SWEEP=full (about 8 minutes on a 2-core machine; its table is
+in bench/RESULTS.md), which also checks that every candidate fits sm_90, so the H200's candidate lists are what they
+were. Where a candidate does not fit a device, the tuner drops it there (tests/kernels/test_tuning.py). The table
+is printed (pytest -s shows it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from microgpt import config
+from tests.conftest import REPO
+
+FULL = os.environ.get("MICROGPT_SWEEP") == "full"
+LIMITS = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # shared memory a block (opt-in maximum)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("sweep") / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "microgpt.kernels.targets", "--json", str(out), *([] if FULL else ["--ci"])]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    print(r.stdout)
+    return json.loads(out.read_text())
+
+
+def fits(usage: dict, cc: int) -> bool:
+    return usage["shared"] <= LIMITS[cc] and usage["regs"] <= 255 and usage["regs"] * usage["threads"] <= 65536
+
+
+def test_the_limits_are_the_architectures() -> None:
+    from microgpt.kernels.targets import TARGETS
+
+    assert {cc: t.shared for cc, t in TARGETS.items()} == LIMITS
+    assert [cc for cc, t in TARGETS.items() if t.fp8] == [89, 90]
+
+
+def test_the_shapes_are_the_recipes() -> None:
+    from microgpt.kernels.catalogue import ANDREA
+
+    for shape in ANDREA:
+        exp = config.load(REPO / "experiments" / f"{shape.name}-TRAIN.json")
+        m, t = exp.model, exp.train
+        assert (shape.B, shape.T, shape.C, shape.NH, shape.V) == (t.micro_batch, m.seq_len, m.d_model, m.n_head,
+                                                                  m.vocab_size)  # fmt: skip
+
+
+def test_every_kernel_is_swept(sweep: dict) -> None:
+    """A kernel of kernels/ that no launch of the catalogue reaches would go unchecked: add its launch there."""
+    assert sorted({r["kernel"] for r in sweep["rows"]}) == sweep["kernels"]
+
+
+def test_fp8_kernels_are_built_for_fp8_targets_only(sweep: dict) -> None:
+    casts = [r for r in sweep["rows"] if r["kernel"] == "k_cast"]
+    assert casts and all(r["targets"] == [89, 90] for r in casts)
+    assert all(r["targets"] == [80, 86, 89, 90] for r in sweep["rows"] if r["kernel"] == "k_attention_fwd")
+
+
+def test_what_has_no_alternative_fits_every_target(sweep: dict) -> None:
+    """Every fixed launch (the GEMM tile, the warm-up's reference way, among them) and every choice's default
+    compiles for each of its targets within that target's shared memory and registers."""
+    checked, over = 0, []
+    for r in sweep["rows"]:
+        if not (r["fixed"] or r["default"]):
+            continue
+        for cc in r["targets"]:
+            usage = r["usage"][str(cc)]
+            checked += 1
+            if not fits(usage, cc):
+                over.append(f"{r['kernel']} {r['label']} {r['config']} on sm_{cc}: {usage}")
+    assert checked > 200, checked  # the sweep compiled them all: ~70 binaries a target
+    assert over == [], "\n".join(over)
+
+
+def test_sm80_86_89_lay_out_shared_memory_alike(sweep: dict) -> None:
+    """Ampere and Ada compile to the same tiles (sm_90 to Hopper's): where a row was compiled for all three, its shared
+    memory is the same. (A candidate over sm_86's limit is then over sm_89's, and only the limits differ.)"""
+    differ = []
+    for r in sweep["rows"]:
+        u = r["usage"]
+        if all(cc in u for cc in ("80", "86", "89")) and len({u[cc]["shared"] for cc in ("80", "86", "89")}) > 1:
+            differ.append(f"{r['kernel']} {r['label']} {r['config']}")
+    assert differ == [], differ
+
+
+@pytest.mark.skipif(not FULL, reason="the full sweep: MICROGPT_SWEEP=full")
+def test_every_candidate_fits_sm90(sweep: dict) -> None:
+    """On the H200 the tuner drops nothing: its candidates are the lists as written."""
+    over = [
+        f"{r['kernel']} {r['label']}" for r in sweep["rows"] if 90 in r["targets"] and not fits(r["usage"]["90"], 90)
+    ]
+    assert over == []
