@@ -99,7 +99,7 @@ def test_auto_micro_batch_under_a_cap_trains_within_it(tmp_path, cap_gib) -> Non
                            train={"micro_batch": 8, "n_micro": 16, "steps": 3, "backend": "triton",
                                   "precision": "bf16", "eval_every": 1000})  # fmt: skip
     cmd = [sys.executable, "dev/capped_train.py", str(cap_gib), "train", str(exp), "--out", str(tmp_path / "run"),
-           "--micro-batch", "auto"]  # fmt: skip
+           "--micro-batch", "auto", "--json"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     start = next(rec for rec in json_lines(r.stdout) if rec["event"] == "start")
@@ -108,3 +108,9 @@ def test_auto_micro_batch_under_a_cap_trains_within_it(tmp_path, cap_gib) -> Non
     capped = json.loads(next(line for line in r.stderr.splitlines() if '"event": "capped"' in line))
     assert capped["within"], capped
     assert "train.micro_batch auto: " in r.stderr
+    steps = [rec for rec in json_lines(r.stdout) if rec["event"] == "step"]
+    print(
+        next(line for line in r.stderr.splitlines() if line.startswith("train.micro_batch auto: ")),
+        capped,
+        [round(rec["tokens_per_s"]) for rec in steps],
+    )  # the evidence a run on the GPU machine keeps (-s)
