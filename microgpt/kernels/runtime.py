@@ -117,10 +117,11 @@ class Runtime:
         plan counts that is allocated already (cuBLAS's workspace). None under the interpreter."""
         if not self.cuda:
             return None
-        free, total = torch.cuda.mem_get_info(self.dev)
-        fraction = torch.cuda.get_per_process_memory_fraction(self.dev)
+        index = torch.cuda.current_device()  # the cap's getter takes an index, not the unindexed "cuda"
+        free, total = torch.cuda.mem_get_info(index)
+        fraction = torch.cuda.get_per_process_memory_fraction(index)
         if fraction < 1:
-            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(self.dev))
+            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(index))
         return free + self.workspace_bytes
 
     def view(self, pool: torch.Tensor, offset: int, shape: tuple[int, ...], kind: str) -> torch.Tensor:
