@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,32 @@ def json_lines(stdout: str) -> list[dict]:
 @pytest.fixture
 def tiny_exp(tmp_path: Path) -> Path:
     return write_experiment(tmp_path)
+
+
+@contextmanager
+def tmpfs(where: Path, size: int, read_only: bool = False) -> Iterator[Path]:
+    """A real tmpfs of `size` bytes mounted at `where` (root: CAP_SYS_ADMIN), unmounted after; the test is skipped,
+    saying why, where it cannot be mounted."""
+    where.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({(res.stderr or res.stdout).strip() or res.returncode})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def one_error(res: subprocess.CompletedProcess, code: int, *needles: str, after_progress: bool = False) -> str:
+    """Exit `code`, no traceback, and exactly one `error: ...` line on stderr holding every needle: stderr's only
+    line, or with after_progress its last (progress lines may come before it). The line."""
+    assert res.returncode == code, (res.returncode, res.stderr)
+    lines = res.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, res.stderr
+    assert lines[-1] == errors[0] if after_progress else lines == errors, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    return errors[0]

@@ -18,7 +18,7 @@ import pytest
 from microgpt import checkpoint, params
 from microgpt.config import from_dict
 from microgpt.errors import EXIT_WRITE
-from tests.conftest import TINY, cli, write_experiment
+from tests.conftest import TINY, cli, tmpfs, write_experiment
 from tests.proxy._helpers import ENV
 
 CKPT_BYTES = 8 + 12 * params.n_params(from_dict(TINY).model)  # about 400 KB
@@ -27,17 +27,8 @@ CKPT_BYTES = 8 + 12 * params.n_params(from_dict(TINY).model)  # about 400 KB
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs with room for two checkpoints of the tiny model and their sidecars, not three."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    size = 2 * CKPT_BYTES + 160 * 1024
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
-                         text=True)  # fmt: skip
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(res.stderr or res.stdout).strip() or res.returncode})")
-    try:
+    with tmpfs(tmp_path / "disk", 2 * CKPT_BYTES + 160 * 1024) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_disk_full_during_a_checkpoint(tmp_path: Path, small_disk: Path) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from microgpt import checkpoint, config, memory, precision
-from tests.conftest import REPO, TINY, cli, write_experiment
+from tests.conftest import REPO, TINY, cli, one_error, write_experiment
 
 
 def snapshot(*roots: Path) -> dict[str, str]:
@@ -34,12 +34,7 @@ def snapshot(*roots: Path) -> dict[str, str]:
 
 def refused(res: subprocess.CompletedProcess, *needles: str) -> str:
     """Exit 2 and exactly one stderr line `error: ...` holding every needle; the line."""
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+    return one_error(res, 2, *needles)
 
 
 @pytest.fixture(scope="module")

@@ -11,27 +11,13 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from microgpt.errors import EXIT_WRITE
-from tests.conftest import cli, write_experiment
+from tests.conftest import cli, one_error, tmpfs, write_experiment
 from tests.test_hostile_input import refused, snapshot
-
-
-@contextmanager
-def tmpfs(where: Path, size: int, read_only: bool = False) -> Iterator[Path]:
-    where.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if read_only else "")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(res.stderr or res.stdout).strip() or res.returncode})")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.fixture
@@ -51,13 +37,7 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
 def failed_write(res: subprocess.CompletedProcess, *needles: str) -> str:
     """Exit 4, no traceback, and exactly one `error:` line on stderr, its last (prep's progress lines may come
     before it), holding every needle."""
-    assert res.returncode == EXIT_WRITE, (res.returncode, res.stderr)
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and res.stderr.strip().splitlines()[-1] == lines[0], res.stderr
-    assert "Traceback" not in res.stderr, res.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+    return one_error(res, EXIT_WRITE, *needles, after_progress=True)
 
 
 @pytest.fixture(scope="module")
