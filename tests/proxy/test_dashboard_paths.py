@@ -56,6 +56,26 @@ def test_a_folder_train_wrote_is_served_from_its_log(tmp_path: Path) -> None:
         server.close()
 
 
+def test_a_linked_log_is_no_run(tmp_path: Path) -> None:
+    """A train.jsonl that is a symbolic link (to a log outside, in a folder or at the root) makes no run: it is read
+    through the one resolver like every run file (dashdata.RunFolder.open), never followed."""
+    exp = write_experiment(tmp_path)
+    assert cli("train", str(exp), "--out", str(tmp_path / "real")).returncode == 0
+    root = tmp_path / "runs"
+    (root / "linked").mkdir(parents=True)
+    (root / "linked" / "train.jsonl").symlink_to(tmp_path / "real" / "train.jsonl")
+    (root / "train.jsonl").symlink_to(tmp_path / "real" / "train.jsonl")
+    (root / "r.loss.json").write_text('{"format": "microgpt-loss-1"}')  # one real run, so the folder serves
+    server = DashboardServer(root, None, 0)
+    server.start()
+    try:
+        assert json.loads(request(server, "GET", "/api/runs").body)["runs"] == ["r"]
+        for path in ("/api/loss?run=linked/tiny-test", "/api/state?run=linked/tiny-test", "/api/state?run=tiny-test"):
+            assert request(server, "GET", path).status == 404, path
+    finally:
+        server.close()
+
+
 def test_rows_without_a_time_are_gaps_not_the_epoch() -> None:
     """A log of an older version adopted by the proxy: its rows say no time; they stay unknown (null)."""
     rows = [{"step": 1, "loss": 3.0, "tokens": 8, "time": None}, {"step": 2, "loss": 2.9, "tokens": 8},
