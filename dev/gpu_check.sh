@@ -12,6 +12,9 @@
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   ab-dir: microgpt at MBS (PRECISION, default bf16; STEPS 20, WARMUP 5), BEFORE (default .before: `git archive C
 #           microgpt bench`, carried) then this tree, each with its own tuning cache (dev/fp8_gpu.sh ab runs it too)
+#   capped: `--micro-batch auto` under per-process caps (CAPS, default 7.5 11.5 23.5 GiB) for MODELS (12M 120M) x
+#           PRECISIONS (bf16 fp8): the choice, the plan, the peaks against the cap, tokens/s ($OUT/capped.jsonl)
+#   repeat: dev/loss_repeat.py --runs RUNS (3) per precision (fp8 bf16): which steps' losses and buffers differ
 #   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
 #           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin);
 #           AFTER_ENV: the after run's environment (e.g. a tuning choice forced: MICROGPT_LAYERNORM_BWD=r4w4)
@@ -79,6 +82,29 @@ for line in sys.stdin:
              --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
              2>"$OUT/loss12-$v.err") | grep '"eval"' | sed "s/^/$v /" | tee -a "$OUT/loss12.txt"
           tail -2 "$OUT/loss12-$v.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
+    capped) for cap in ${CAPS:-7.5 11.5 23.5}; do for model in ${MODELS:-12M 120M}; do for p in ${PRECISIONS:-bf16 fp8}; do
+          # --micro-batch auto under a per-process cap (dev/capped_train.py), builtin data, CAPPED_STEPS steps: one
+          # JSON line each with the choice, the plan, the allocator's peaks against the cap and the last tokens/s
+          timeout 200 python3 dev/capped_train.py $cap train experiments/ANDREA-$model-TRAIN.json --out /tmp/cap-$cap-$model-$p \
+            --steps ${CAPPED_STEPS:-4} --micro-batch auto --json --set data.source=builtin --set 'data.path=""' \
+            --set train.eval_every=1000 --set train.precision=$p >/tmp/cap.out 2>/tmp/cap.err
+          rc=$?; rm -rf /tmp/cap-$cap-$model-$p
+          python3 -c 'import json, sys
+out = [json.loads(line) for line in open("/tmp/cap.out") if line.startswith("{")]
+err = open("/tmp/cap.err").read().splitlines()
+capped = [json.loads(line) for line in err if "\"event\": \"capped\"" in line]
+steps = [r for r in out if r.get("event") == "step"]
+start = next((r for r in out if r.get("event") == "start"), {})
+t = start.get("config", {}).get("train", {})
+print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precision": sys.argv[3], "rc": int(sys.argv[4]),
+      "micro_batch": t.get("micro_batch"), "n_micro": t.get("n_micro"),
+      "auto": next((line for line in err if line.startswith("train.micro_batch auto")), None),
+      **(capped[-1] if capped else {}), "tokens_per_s": [round(r["tokens_per_s"]) for r in steps],
+      "error": [line for line in err if line.startswith("error")][:1] or (err[-1:] if int(sys.argv[4]) else [])}))' $cap $model $p $rc | tee -a "$OUT/capped.jsonl"
+          done; done; done ;;
+    repeat) for p in ${PRECISIONS:-fp8 bf16}; do  # issue 35: two or more identical runs, their reported losses
+          timeout ${REPEAT_TIMEOUT:-200} python3 dev/loss_repeat.py --precision $p --runs ${RUNS:-3} --steps ${REPEAT_STEPS:-80} \
+            ${REPEAT_ARGS:-} 2>>"$OUT/repeat.err" | tee -a "$OUT/repeat.jsonl" | cut -c1-1500; done ;;
     bench-mg) timeout 400 python3 bench/bench.py --impls microgpt --mbs ${MBS:-8 32} --jsonl "$OUT/bench.jsonl" \
                 2>&1 | tail -8 ;;
     bench-torch) timeout 560 python3 bench/bench.py --impls eager compile --mbs ${MBS:-8 32} --timeout 200 \
@@ -93,7 +119,7 @@ for line in sys.stdin:
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
                     $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
                 tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir capped repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

@@ -7,7 +7,11 @@ Runs ANDREA-12M's shape on fixed random batches (no data files) twice, each in a
 steps whose reported loss, micro-batch losses or gradient norm differ, and whether the final weights are the same
 bits. --env sets variables for both runs (e.g. MICROGPT_GEMM=triton forces a GEMM way; LOSS_REPEAT_FP8_TILE=1 runs fp8's
 GEMMs on the Triton scaled tile instead of torch._scaled_mm), to bisect a difference.
-A run is `--child`: it prints its per-step report and the weights' sha256.
+--runs N runs N children (the first tunes, the others reuse its choices) and compares each with the first, and the
+second with the third: a difference only against the first points at what tuning leaves behind. For each differing
+step it names the micro-batches whose loss differs and the buffers (lnf, ce_lse, losses, dln, report, fp8's slots;
+the last micro-batch's values after the step) whose bytes differ.
+A run is `--child`: it prints its per-step report, buffer digests and the weights' sha256.
 
     python3 dev/loss_repeat.py --replays 20 [--precision fp8]
 
@@ -66,12 +70,23 @@ def child(a: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     data = [[tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
              for _ in range(a.n_micro)] for _ in range(8)]  # fmt: skip
-    rows = []
+    rows, digests = [], []
     for i in range(a.steps):
         r = step(data[i % len(data)], 1e-3)
         rows.append([r.loss, r.grad_norm, *r.micro_losses])
+        digests.append({n: digest(S.arena[n]) for n in DIGESTS if n in S.arena})
     sha = hashlib.sha256(S.K.to_numpy(S.p).tobytes()).hexdigest()
-    print(json.dumps({"rows": rows, "sha": sha}))
+    print(json.dumps({"rows": rows, "sha": sha, "digests": digests}))
+
+
+DIGESTS = ("lnf", "ce_lse", "losses", "dln", "report", "fp8_slots", "fp8_head_slots", "fp8_wscales")
+
+
+def digest(x) -> str:  # noqa: ANN001
+    """The sha1 of a device buffer's bytes (its last micro-batch's values after a step)."""
+    import torch
+
+    return hashlib.sha1(x.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:12]
 
 
 def replays(a: argparse.Namespace) -> None:
@@ -118,6 +133,7 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[])
     p.add_argument("--child", action="store_true")
     p.add_argument("--replays", type=int, default=0)
+    p.add_argument("--runs", type=int, default=2, help="children (the first tunes, the others reuse its choices)")
     a = p.parse_args()
     if a.child:
         child(a)
@@ -131,14 +147,25 @@ def main() -> None:
     args = [sys.executable, __file__, "--child", "--steps", str(a.steps), "--precision", a.precision, "--mb",
             str(a.mb), "--n-micro", str(a.n_micro)]  # fmt: skip
     runs = []
-    for _ in range(2):
+    for _ in range(a.runs):
         out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
-    (x, y) = (r["rows"] for r in runs)
+    for j in range(1, len(runs)):
+        compare(a, runs[0], runs[j], f"1-{j + 1}")
+    if len(runs) > 2:
+        compare(a, runs[1], runs[2], "2-3")
+
+
+def compare(a: argparse.Namespace, r1: dict, r2: dict, pair: str) -> None:
+    """One JSON line: the steps whose report differs between two runs, and at each which buffers (their last
+    micro-batch's values) differ."""
+    (x, y) = (r1["rows"], r2["rows"])
     diff = [i + 1 for i, (u, v) in enumerate(zip(x, y)) if u != v]
+    buffers = {i: sorted(n for n, d in r1["digests"][i - 1].items() if r2["digests"][i - 1][n] != d) for i in diff}
+    micro = {i: [j for j, (u, v) in enumerate(zip(x[i - 1][2:], y[i - 1][2:])) if u != v] for i in diff}
     first = diff[0] - 1 if diff else None
-    print(json.dumps({"precision": a.precision, "env": a.env, "steps": a.steps, "differ_at": diff,
-                      "weights_equal": runs[0]["sha"] == runs[1]["sha"],
+    print(json.dumps({"pair": pair, "precision": a.precision, "env": a.env, "steps": a.steps, "differ_at": diff,
+                      "micro_batches": micro, "buffers": buffers, "weights_equal": r1["sha"] == r2["sha"],
                       "first": None if first is None else {"a": x[first], "b": y[first]}}))  # fmt: skip
 
 
