@@ -41,16 +41,22 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
     # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place.
     # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
     # exponential an element and two a block); the two sum in another order.
+    # The target's logit is picked out of the blocks the sums load (a lane keeps it where its column is the
+    # target): a load of its own after them would race with GRAD's in-place stores, which another warp may already
+    # be making past the last reduction (it read a dlogit now and then: a loss that did not repeat, issue 35).
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * V
+    tgt = tl.load(tgt_ptr + row)
     if PER_BLOCK:
         cols = tl.arange(0, BLOCK_V)  # the first block holds a logit: its max is finite
         x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        picked = tl.where(cols == tgt, x, 0.0)
         mx = tl.max(x, axis=0)
         total = tl.sum(tl.exp(x - mx), axis=0)
         for v0 in range(BLOCK_V, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
             x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            picked = tl.where(cols == tgt, x, picked)
             m_new = tl.maximum(mx, tl.max(x, axis=0))
             total = total * tl.exp(mx - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
             mx = m_new
@@ -58,17 +64,18 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
     else:
         m = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
         s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        picked = tl.zeros((BLOCK_V,), dtype=tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
             x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            picked = tl.where(cols == tgt, x, picked)
             m_new = tl.maximum(m, x)
             s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
             m = m_new
             s = tl.where(m == float("-inf"), 0.0, s)  # lanes that saw only padding stay empty, not NaN
         mx = tl.max(m, axis=0)
         lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), axis=0))
-    tgt = tl.load(tgt_ptr + row)
-    logit = tl.load(ptr + tl.maximum(tgt, 0)).to(tl.float32)
+    logit = tl.sum(picked, axis=0)  # one lane holds the target's logit, the others 0 (x + 0 is x, bit for bit)
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
     if GRAD:

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from microgpt.kernels import crossentropy as kc
+
 from ._kutil import GEMM, MM, ON_GPU, SMS, TUNER
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (ON_GPU and torch.cuda.is_available()), reason="needs CUDA")]
@@ -503,3 +505,22 @@ def test_recompute_gelu_step_gpu(precision, monkeypatch):
         runs.append(([(r.loss, r.grad_norm) for r in results], S.K.to_numpy(S.p).tobytes()))
         step.release()
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("config", list(kc.ROW_CONFIGS))
+def test_crossentropy_row_with_gradient_repeats_gpu(config):
+    """Training's row kernel (GRAD: dlogits written in place) reports, at every launch, the losses of the kernel
+    without the gradient: its read of the target's logit cannot race with the in-place stores (issue 35)."""
+    rows = 2048
+    saved, targets = rnd(rows, V, dtype=torch.bfloat16, scale=0.3), torch.randint(0, V, (rows,), device="cuda")
+    targets = targets.to(torch.int32)
+    want, lse, losses = (torch.empty(rows, device="cuda") for _ in range(3))
+    logits = saved.clone()
+    kc.row_launch(want, lse, logits, targets, None, V, *kc.ROW_CONFIGS[config])()
+    dlosses = torch.full((rows,), 1.0 / rows, device="cuda")
+    differing = 0
+    for _ in range(64):
+        logits.copy_(saved)
+        kc.row_launch(losses, lse, logits, targets, dlosses, V, *kc.ROW_CONFIGS[config])()
+        differing += int((losses.view(torch.int32) != want.view(torch.int32)).sum())
+    assert differing == 0, f"{differing} losses of 64 x {rows} rows differ from the forward's"
