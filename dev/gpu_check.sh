@@ -14,6 +14,8 @@
 #           microgpt bench`, carried) then this tree, each with its own tuning cache (dev/fp8_gpu.sh ab runs it too)
 #   capped: `--micro-batch auto` under per-process caps (CAPS, default 7.5 11.5 23.5 GiB) for MODELS (12M 120M) x
 #           PRECISIONS (bf16 fp8): the choice, the plan, the peaks against the cap, tokens/s ($OUT/capped.jsonl)
+#   ce-race: dev/ce_race.py (the cross-entropy row kernel with GRAD against without) on BEFORE's package, then this
+#           tree's
 #   repeat: dev/loss_repeat.py --runs RUNS (3) per precision (fp8 bf16): which steps' losses and buffers differ
 #   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
 #           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin);
@@ -102,6 +104,10 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
       **(capped[-1] if capped else {}), "tokens_per_s": [round(r["tokens_per_s"]) for r in steps],
       "error": [line for line in err if line.startswith("error")][:1] or (err[-1:] if int(sys.argv[4]) else [])}))' $cap $model $p $rc | tee -a "$OUT/capped.jsonl"
           done; done; done ;;
+    ce-race) for v in before after; do  # dev/ce_race.py on BEFORE's package (default .before), then this tree's
+          root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
+          PYTHONPATH=$root timeout 150 python3 dev/ce_race.py --reps ${RACE_REPS:-200} 2>>"$OUT/ce-race.err" \
+            | sed "s/^/$v /" | tee -a "$OUT/ce-race.txt"; done ;;
     repeat) for p in ${PRECISIONS:-fp8 bf16}; do  # issue 35: two or more identical runs, their reported losses
           timeout ${REPEAT_TIMEOUT:-200} python3 dev/loss_repeat.py --precision $p --runs ${RUNS:-3} --steps ${REPEAT_STEPS:-80} \
             ${REPEAT_ARGS:-} 2>>"$OUT/repeat.err" | tee -a "$OUT/repeat.jsonl" | cut -c1-1500; done ;;
@@ -119,7 +125,7 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
                     $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
                 tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir capped repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
+    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
