@@ -28,6 +28,7 @@ DELEGATED = {
     "chat": ("microgpt.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
     "export": ("microgpt.export", "write a checkpoint as a Hugging Face transformers folder"),
     "eval": ("microgpt.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
+    "serve": ("microgpt.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
 }
 
 

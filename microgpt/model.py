@@ -30,7 +30,7 @@ cache row (serving's continuous batching: a request joins a batch whose other ro
 position-free ops (the linears, LayerNorms, MLP, head) still run once over the b rows, and the three that read the
 position (the position embedding, the cache write, attention) run once per row; a kernel taking per-row positions
 would fold that loop into one launch.
-Evaluation, sampling and chat all run it (microgpt/evaluate.py, sample.py, chat.py).
+Evaluation, sampling, chat and serving all run it (microgpt/evaluate.py, sample.py, chat.py, scheduler.py).
 
 P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.

@@ -81,7 +81,7 @@ def check_flags(args: argparse.Namespace, samples: int = 1) -> None:
 class Generator:
     """Sequences through the inference step (model.gpt_infer) on an inference state of S.B rows. `feed` and
     `feed_rows` keep rows 0 .. b-1 in step: `pos` positions of their KV cache hold the tokens fed so far (rewinding
-    `pos` forgets those after it); `run` puts each row at a position and cache row of its own (serving)."""
+    `pos` forgets those after it); `run` puts each row at a position and cache row of its own (scheduler.py)."""
 
     def __init__(self, S: InferState) -> None:
         self.S, self.m, self.pos = S, S.m, 0
