@@ -72,8 +72,8 @@ def check_flags(args: argparse.Namespace, samples: int = 1) -> None:
     check_number(args.temperature, "--temperature (0: greedy)", 0, error=SampleError)
     check_number(args.top_k, "--top-k (0: off)", 0, config.INT_MAX, integer=True, error=SampleError)
     check_number(args.top_p, "--top-p (1: off)", 0, 1, error=SampleError)
-    check_number(args.seed, f"--seed (with {samples} samples)", 0, config.SEED_MAX - samples + 1, integer=True,
-                 error=SampleError)  # fmt: skip
+    seed = "--seed" if samples == 1 else f"--seed (with {samples} samples)"
+    check_number(args.seed, seed, 0, config.SEED_MAX - samples + 1, integer=True, error=SampleError)
     for flag in ("prompt", "system"):
         check_text(getattr(args, flag, None), f"--{flag}")
 
