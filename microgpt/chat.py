@@ -21,7 +21,7 @@ import argparse
 import io
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -50,21 +50,22 @@ def fit_history(
 
 
 class Stream:
-    """Incremental decoding of a reply: push() the ids so far, get the newly final text and whether it stopped."""
+    """Incremental decoding of a reply: push() the ids so far, get the newly final text and whether it stopped (at
+    the first of `stops` in the text, which is never returned)."""
 
-    def __init__(self, decode: Callable[[list[int]], str]):
-        self.decode = decode
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = STOPS):
+        self.decode, self.stops = decode, tuple(stops)
         self.shown = 0  # characters of the reply already returned
 
     def push(self, ids: list[int], last: bool = False) -> tuple[str, bool]:
         text = self.decode(ids)
-        cut = min((i for i in (text.find(s) for s in STOPS) if i >= 0), default=-1)
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         stopped = cut >= 0
         if stopped:
             text = text[:cut]
         elif not last:
             text = text.rstrip("\ufffd")  # an incomplete multi-byte character: wait for its other bytes
-            for s in STOPS:  # a stop string may be arriving: hold back its prefix
+            for s in self.stops:  # a stop string may be arriving: hold back its prefix
                 for n in range(len(s) - 1, 0, -1):
                     if text.endswith(s[:n]):
                         text = text[:-n]
@@ -81,7 +82,7 @@ class Chat:
         self.gen, self.tok, self.args = gen, tok, args
         self.messages: list[Message] = [{"role": "system", "content": system}] if system else []
         self.fed: list[int] = []  # the token at each cached position 0..gen.pos-1
-        self.rng = np.random.default_rng(args.seed)
+        self.rng, self.sampling = np.random.default_rng(args.seed), sample.sampling(args)
         T = gen.m.seq_len
         self.budget = T - min(args.tokens, T // 2)  # the prompt's share of the context; the rest is the reply's
 
@@ -102,7 +103,7 @@ class Chat:
         a, reply, stream = self.args, [], Stream(self.tok.decode)
         stopped = False
         for _ in range(a.tokens):
-            reply.append(sample.pick(logits, a.temperature, a.top_k, self.rng))
+            reply.append(sample.pick(logits, self.sampling, self.rng))
             piece, stopped = stream.push(reply)
             out.write(piece)
             out.flush()
@@ -148,7 +149,8 @@ def parser() -> ArgParser:
     p.add_argument("--system", default=None, help="system prompt, kept when old turns are dropped")
     p.add_argument("--tokens", type=int, default=200, help="most tokens per reply")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="then among the likeliest tokens of probability P (1: all)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     return p
 
@@ -171,6 +173,8 @@ def main(argv: list[str]) -> int:
 def sample_chat(args: argparse.Namespace) -> int:
     """`sample --chat`: the prompt is one user turn, formatted as chat formats it; print the assistant reply."""
     sample.check_flags(args)
+    if args.num_samples != 1:
+        raise sample.SampleError("--num-samples: sample --chat draws one reply (chat's streaming turn)")
     gen, tok, step = sample.load(args.checkpoint)
     chat, buf = Chat(gen, tok, args), io.StringIO()
     reply = chat.turn(args.prompt, buf if args.json else sys.stdout)

@@ -28,6 +28,7 @@ DELEGATED = {
     "chat": ("microgpt.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
     "export": ("microgpt.export", "write a checkpoint as a Hugging Face transformers folder"),
     "eval": ("microgpt.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
+    "serve": ("microgpt.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
 }
 
 
@@ -165,9 +166,11 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("--prompt", default="", help="text to continue")
     p.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens")
-    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of plain text")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="then among the likeliest tokens of probability P (1: all)")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed (sample i: seed + i)")
+    p.add_argument("--num-samples", type=int, default=1, help="sequences decoded together, in one batch")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a line per sample) instead of text")
     p.add_argument("--chat", action="store_true", help="the prompt is one ChatML user turn; print the reply")
     args = p.parse_args(argv)
     from microgpt import chat, sample

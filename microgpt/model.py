@@ -25,7 +25,12 @@ NumPy reference or the Triton kernels, with the same names and arguments.
 positions of b sequences, whose keys and values go into the plan's KV cache; prefill is a window from position 0
 (attention then is the training forward's over the window), decoding a window of one position at pos (attention over
 the cache). Its per-token losses are the training forward's, bit for bit, for the same window at position 0.
-Evaluation, sampling and chat all run it (microgpt/evaluate.py, sample.py, chat.py).
+The b sequences share one position (sampling's batch, in cache rows 0 .. b-1), or each row has its own position and
+cache row (serving's continuous batching: a request joins a batch whose other rows are further on): then the
+position-free ops (the linears, LayerNorms, MLP, head) still run once over the b rows, and the three that read the
+position (the position embedding, the cache write, attention) run once per row; a kernel taking per-row positions
+would fold that loop into one launch.
+Evaluation, sampling, chat and serving all run it (microgpt/evaluate.py, sample.py, chat.py, scheduler.py).
 
 P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
@@ -33,7 +38,7 @@ targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from microgpt.backend import Backend
@@ -139,36 +144,47 @@ def _btc(x: Any, B: int, T: int) -> Any:
     return x.reshape(B, T, -1)
 
 
-def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, pos: int,
-              targets: Any = None) -> None:  # fmt: skip
+def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> list[tuple[slice, int, slice]]:
+    """The inference step's position groups as (rows of the batch, their first position, their rows of the KV cache):
+    one group when the b rows share position pos and sit in cache rows 0 .. b-1, else one group per row, row i at
+    position pos[i] (or pos) in cache row slots[i] (or i)."""
+    if isinstance(pos, int) and slots is None:
+        return [(slice(0, b), pos, slice(0, b))]
+    at = [pos] * b if isinstance(pos, int) else list(pos)
+    rows = range(b) if slots is None else slots
+    if len(at) != b or len(rows) != b:
+        raise ValueError(f"gpt_infer: {b} rows need {b} positions and cache rows, got {len(at)} and {len(rows)}")
+    return [(slice(i, i + 1), p, slice(s, s + 1)) for i, (p, s) in enumerate(zip(at, rows))]
+
+
+def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, pos: int | Sequence[int],
+              targets: Any = None, slots: Sequence[int] | None = None) -> None:  # fmt: skip
     """tokens (b, t), contiguous: positions pos .. pos + t - 1 of b sequences (b <= the plan's B, pos + t <=
     seq_len), whose keys and values are written into the KV cache A["kv"] (L, 2, B, T, C) beside those of the
-    positions before them. A plan without a cache scores windows from position 0 alone, b x t of them up to its
-    N rows.
+    positions before them: cache rows 0 .. b-1, or with pos a list of b positions and slots a list of b cache rows,
+    row i at positions pos[i] .. pos[i] + t - 1 of cache row slots[i] (`windows`). A plan without a cache scores
+    windows from position 0 alone, b x t of them up to its N rows.
     With targets (b, t): the per-token losses in A["losses"][:b*t]; without, each sequence's next-token logits (from
     its last position) in A["next_logits"][:b]."""
     b, t = tokens.shape
-    N, C, H = b * t, m.d_model, m.n_head
+    N, H = b * t, m.n_head
     x, x2, ln, att, proj = (A[name][:N] for name in ("x", "x2", "ln", "att", "proj"))
     qkv, h, mean, rstd = A["qkv"][:, :N], A["h"][:N], A["ln_mean"][:N], A["ln_rstd"][:N]
     a, cache = A.get("a"), A.get("kv")
     a = None if a is None else a[:N]
-    if cache is None and pos > 0:
+    groups = windows(b, pos, slots)
+    if cache is None and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
-    K.embedding_forward(x.reshape(b, t, C), tokens, P["wte"], P["wpe"][pos:])
+    x3 = _btc(x, b, t)
+    for rows, p, _ in groups:
+        K.embedding_forward(x3[rows], tokens[rows], P["wte"], P["wpe"][p:])
     K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
     for layer in range(m.n_layer):
         hl = f"h{layer}."
         K.linear_forward(qkv, ln, P[hl + "w_qkv"])
         q, k, v = (_btc(z, b, t) for z in qkv)
-        if cache is not None:
-            cache_k, cache_v = cache[layer, 0, :b], cache[layer, 1, :b]  # (b, T, C)
-            K.copy_(cache_k[:, pos : pos + t], k)
-            K.copy_(cache_v[:, pos : pos + t], v)
-        if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
-            K.attention_forward(_btc(att, b, t), A["att_lse"][: b * H * t].reshape(b, H, t), q, k, v, H)
-        else:
-            K.attention_forward_cached(_btc(att, b, t), q, cache_k, cache_v, pos, H)
+        for rows, p, cached in groups:
+            _attend(K, A, _btc(att, b, t)[rows], q[rows], k[rows], v[rows], p, layer, cached, H)
         K.linear_forward(proj, att, P[hl + "w_o"])
         K.residual_layernorm_forward(x2, ln, mean, rstd, x, proj, P[hl + "ln2_w"], P[hl + "ln2_b"])
         K.mlp_forward(proj, h, a, ln, P[hl + "w_1"], P[hl + "w_2"])
@@ -178,3 +194,20 @@ def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: A
         K.crossentropy_forward(A["losses"][:N], A["ce_lse"][:N], ln, P["wte"], targets.reshape(N), A["logits"])
     else:
         K.head_logits(A["next_logits"][:b], _btc(ln, b, t)[:, -1], P["wte"])
+
+
+def _attend(K: Backend, A: Arena, att: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice,
+            H: int) -> None:  # fmt: skip
+    """One position group's attention, q, k, v, att (g, t, C) at positions pos .. pos + t - 1: its keys and values
+    into cache rows `cached` of layer's KV cache (where the plan has one), then attention over the window (from
+    position 0: the training forward's) or over the cache."""
+    g, t, _ = q.shape
+    cache = A.get("kv")
+    if cache is not None:
+        cache_k, cache_v = cache[layer, 0, cached], cache[layer, 1, cached]  # (g, T, C)
+        K.copy_(cache_k[:, pos : pos + t], k)
+        K.copy_(cache_v[:, pos : pos + t], v)
+    if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
+        K.attention_forward(att, A["att_lse"][: g * H * t].reshape(g, H, t), q, k, v, H)
+    else:
+        K.attention_forward_cached(att, q, cache_k, cache_v, pos, H)

@@ -119,7 +119,7 @@ def _samples(path: Path, exp: Any) -> list[dict[str, Any]]:
     out, gen = [], sample.Generator(make_infer_state(ld.exp.model, numpy_backend(), 1, ld.weights))
     for prompt in prompts[:3]:
         ids = tok.encode(prompt_text(prompt)) or [tok.eot_id]
-        text = tok.decode(sample.generate(gen, ids, SAMPLE_TOKENS, 0.8, 40, ld.step))
+        text = tok.decode(sample.generate(gen, ids, SAMPLE_TOKENS, sample.Sampling(0.8, 40), [ld.step])[0])
         if not isinstance(prompt, str):  # a chat reply ends at its <|im_end|> (or <|endoftext|>)
             text = text[: min([text.find(s) for s in STOPS if s in text] or [len(text)])]
         out.append({"prompt": prompt, "text": text, "tokens": SAMPLE_TOKENS, "temperature": 0.8, "seed": ld.step})

@@ -1,27 +1,60 @@
-"""Text generation from a checkpoint, through the model's inference step (model.gpt_infer) on the NumPy backend.
+"""Text generation from a checkpoint, through the model's inference step (model.gpt_infer) on the backend the
+checkpoint is loaded on (`load`'s backend: the NumPy one, fp32, unless told).
 
 The prompt is prefilled in one window from position 0 (the training forward's attention over it), then each new
 token runs one position through the same op pairs, attending to the KV cache of every earlier position. The
 context slides when it reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
+
+A token is drawn from the logits by `pick`: temperature (0: greedy, the argmax), then top-k (the k likeliest
+tokens), then top-p (nucleus sampling: the likeliest tokens until their probability reaches p; the likeliest one
+always), each off at its neutral value (top_k 0, top_p 1), where the draw is exactly the one made before they
+existed. Every draw takes one number from the row's own np.random.Generator, so a seed gives one sequence.
+
+Batches: `--num-samples N` decodes N sequences of one prompt together, rows 0 .. N-1 of one inference plan of B = N
+(each linear one GEMM over N rows, not N runs one after another). Row i draws from its own stream,
+np.random.default_rng(seed + i), so sample i of `--num-samples N --seed S` is the sample `--seed S+i` draws alone:
+the same tokens wherever the GEMM over N rows rounds each row as the GEMM of one row does. NumPy's matmul of one row
+is a matrix-vector product (BLAS gemv), of several a gemm, whose sums can differ in the last bit (about 1e-7
+relative), so a near-tie between two tokens may fall the other way; at temperature 0 on a trained model that is
+rare, and tests/test_sample.py checks the tokens agree.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from microgpt import checkpoint, config
-from microgpt.backend import numpy_backend
+from microgpt.backend import Backend, get_backend
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, check_number
 from microgpt.state import InferState, make_infer_state
 
+MAX_SAMPLES = 4096  # --num-samples: sequences in one batch (the memory plan refuses what this machine cannot hold)
+
 
 class SampleError(InputError):
-    """A sampling flag out of range: --tokens, --temperature, --top-k, --seed, or a prompt that is not UTF-8."""
+    """A sampling flag out of range (--tokens, --temperature, --top-k, --top-p, --seed, --num-samples), or a prompt
+    that is not UTF-8."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How `pick` draws the next token: temperature 0 is greedy; top_k 0 and top_p 1 are off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def sampling(args: argparse.Namespace) -> Sampling:
+    """The Sampling of `sample`'s and `chat`'s flags."""
+    return Sampling(args.temperature, args.top_k, args.top_p)
 
 
 def check_text(text: str | None, flag: str) -> None:
@@ -32,85 +65,120 @@ def check_text(text: str | None, flag: str) -> None:
         raise SampleError(f"{flag}: not UTF-8 text (character {e.start})") from None
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """The flags `sample` and `chat` share, checked before the model is loaded."""
+def check_flags(args: argparse.Namespace, samples: int = 1) -> None:
+    """The flags `sample` and `chat` share, checked before the model is loaded; `samples` sequences take the seeds
+    seed .. seed + samples - 1."""
     check_number(args.tokens, "--tokens", 0, config.MAX_TOKENS, integer=True, error=SampleError)
     check_number(args.temperature, "--temperature (0: greedy)", 0, error=SampleError)
     check_number(args.top_k, "--top-k (0: off)", 0, config.INT_MAX, integer=True, error=SampleError)
-    check_number(args.seed, "--seed", 0, config.SEED_MAX, integer=True, error=SampleError)
+    check_number(args.top_p, "--top-p (1: off)", 0, 1, error=SampleError)
+    seed = "--seed" if samples == 1 else f"--seed (with {samples} samples)"
+    check_number(args.seed, seed, 0, config.SEED_MAX - samples + 1, integer=True, error=SampleError)
     for flag in ("prompt", "system"):
         check_text(getattr(args, flag, None), f"--{flag}")
 
 
 class Generator:
-    """One sequence through the inference step (model.gpt_infer) on an inference state of one sequence: `pos`
-    positions of its KV cache hold the tokens fed so far (rewinding `pos` forgets those after it)."""
+    """Sequences through the inference step (model.gpt_infer) on an inference state of S.B rows. `feed` and
+    `feed_rows` keep rows 0 .. b-1 in step: `pos` positions of their KV cache hold the tokens fed so far (rewinding
+    `pos` forgets those after it); `run` puts each row at a position and cache row of its own (scheduler.py)."""
 
     def __init__(self, S: InferState) -> None:
         self.S, self.m, self.pos = S, S.m, 0
 
+    def run(self, ids: np.ndarray, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> np.ndarray:
+        """ids (b, t) at positions pos .. pos + t - 1: one pos for rows 0 .. b-1, or one each in cache rows slots
+        (model.windows). The next-token logits after them, (b, V) float32 on the host."""
+        S = self.S
+        tokens, _ = S.inputs(*ids.shape)
+        S.K.copy_in(tokens, ids)
+        S.run(tokens, pos, slots=slots)
+        return S.K.to_numpy(S.arena["next_logits"][: ids.shape[0]]).copy()
+
+    def feed_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows 0 .. b-1 take ids (b, t) at positions pos .. pos + t - 1; their next-token logits (b, V)."""
+        logits = self.run(ids, self.pos)
+        self.pos += ids.shape[1]
+        return logits
+
     def feed(self, ids: list[int]) -> np.ndarray:
-        """Run ids (at least one) at positions pos .. pos + len - 1; return the next-token logits (V,) after them."""
-        S, t = self.S, len(ids)
-        tokens, _ = S.inputs(1, t)
-        S.K.copy_in(tokens, np.asarray(ids, np.int32)[None])
-        S.run(tokens, self.pos)
-        self.pos += t
-        return S.K.to_numpy(S.arena["next_logits"][0]).copy()
+        """One sequence (row 0): ids (at least one) at pos .. pos + len - 1; the next-token logits (V,) after them."""
+        return self.feed_rows(np.asarray(ids, np.int32)[None])[0]
 
 
-def pick(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator) -> int:
-    if temperature <= 0:
+def pick(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """The next token from logits (V,) as s says, one draw from rng (none at temperature 0)."""
+    if s.temperature <= 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64)
     with np.errstate(over="ignore"):  # shifted first: a subnormal temperature gives -inf and 0, never inf - inf
-        z = (z - z.max()) / temperature
-    if 0 < top_k < z.size:
-        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
+        z = (z - z.max()) / s.temperature
+    if 0 < s.top_k < z.size:
+        z[z < np.partition(z, -s.top_k)[-s.top_k]] = -np.inf
     p = np.exp(z - z.max())
-    return int(rng.choice(z.size, p=p / p.sum()))
+    p /= p.sum()
+    if s.top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        likelier = np.cumsum(p[order]) - p[order]  # the probability of the tokens before each, likeliest first
+        drop = likelier >= s.top_p
+        drop[0] = False  # the likeliest token always stays (top_p 0: it alone)
+        p[order[drop]] = 0
+        p /= p.sum()
+    return int(rng.choice(z.size, p=p))
 
 
-def generate(gen: Generator, prompt: list[int], n_tokens: int, temperature: float, top_k: int,
-             seed: int) -> list[int]:  # fmt: skip
-    """Continue a non-empty prompt by n_tokens tokens. A full context slides: the cache is rebuilt from the last
-    seq_len - 1 tokens."""
-    rng = np.random.default_rng(seed)
-    ids, T = list(prompt), gen.m.seq_len
+def generate(gen: Generator, prompt: list[int], n_tokens: int, s: Sampling, seeds: Sequence[int]) -> list[list[int]]:
+    """Continue a non-empty prompt by n_tokens tokens in len(seeds) sequences decoded together (rows 0 .. b-1 of
+    gen's plan, b <= its B), row i drawing from np.random.default_rng(seeds[i]). A full context slides: the rows'
+    caches are rebuilt from their last seq_len - 1 tokens (the rows stay at one position)."""
+    rngs = [np.random.default_rng(seed) for seed in seeds]
+    seqs, T = [list(prompt) for _ in seeds], gen.m.seq_len
     gen.pos = 0
-    logits = gen.feed(ids[-(T - 1) :])
-    out = []
-    for _ in range(n_tokens):
-        nxt = pick(logits, temperature, top_k, rng)
-        out.append(nxt)
-        ids.append(nxt)
+    logits = gen.feed_rows(np.array([q[-(T - 1) :] for q in seqs], np.int32))
+    for i in range(n_tokens):
+        nxt = [pick(row, s, rng) for row, rng in zip(logits, rngs)]
+        for q, token in zip(seqs, nxt):
+            q.append(token)
+        if i + 1 == n_tokens:
+            break
         if gen.pos == T:  # context full: rebuild the cache from the last T - 1 tokens
             gen.pos = 0
-            logits = gen.feed(ids[-(T - 1) :])
+            logits = gen.feed_rows(np.array([q[-(T - 1) :] for q in seqs], np.int32))
         else:
-            logits = gen.feed([nxt])
-    return out
+            logits = gen.feed_rows(np.array(nxt, np.int32)[:, None])
+    return [q[len(prompt) :] for q in seqs]
 
 
-def load(where: str) -> tuple[Generator, Any, int]:
-    """The model of a checkpoint or run folder on the NumPy backend (fp32) with an empty cache of one sequence, its
-    tokenizer, and the checkpoint's step."""
-    ld = checkpoint.load_trained(where)
+def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend = "numpy") -> tuple[Generator, Any]:
+    """A checkpoint read back (checkpoint.load_trained) as a model on `backend` (a Backend, or a name for
+    backend.get_backend at fp32) with an empty cache of `rows` sequences, and its tokenizer."""
     try:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
     except InputError as e:
         raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
-    return Generator(make_infer_state(ld.exp.model, numpy_backend(), 1, ld.weights)), tok, ld.step
+    K = get_backend(backend, "fp32") if isinstance(backend, str) else backend
+    return Generator(make_infer_state(ld.exp.model, K, rows, ld.weights)), tok
+
+
+def load(where: str, rows: int = 1, backend: str | Backend = "numpy") -> tuple[Generator, Any, int]:
+    """The model of a checkpoint or run folder on `backend` (open_trained), its tokenizer, and the checkpoint's
+    step."""
+    ld = checkpoint.load_trained(where)
+    return *open_trained(ld, rows, backend), ld.step
 
 
 def main(args: argparse.Namespace) -> int:
-    check_flags(args)
-    gen, tok, step = load(args.checkpoint)
+    n = check_number(args.num_samples, "--num-samples", 1, MAX_SAMPLES, integer=True, error=SampleError)
+    check_flags(args, n)
+    gen, tok, step = load(args.checkpoint, n)
     prompt = tok.encode(args.prompt) or [getattr(tok, "bos_id", 0)]  # empty prompt: start a new document
-    out = generate(gen, prompt, args.tokens, args.temperature, args.top_k, args.seed)
-    text = tok.decode(out)
-    if args.json:
-        print(json.dumps({"step": step, "prompt": args.prompt, "text": text, "temperature": args.temperature}))
-    else:
-        print(args.prompt + text)
+    seeds = [args.seed + i for i in range(n)]
+    outs = generate(gen, prompt, args.tokens, sampling(args), seeds)
+    for i, (seed, out) in enumerate(zip(seeds, outs)):
+        text = tok.decode(out)
+        if args.json:
+            rec = {"step": step, "prompt": args.prompt, "text": text, "temperature": args.temperature}
+            print(json.dumps(rec | ({"sample": i, "seed": seed} if n > 1 else {})))
+        else:
+            print((f"--- sample {i} (--seed {seed})\n" if n > 1 else "") + args.prompt + text)
     return 0

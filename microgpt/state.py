@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,10 +221,12 @@ class InferState:
         where the plan has a KV cache)."""
         return tuple(self.arena[name].reshape(-1)[: b * t].reshape(b, t) for name in ("tokens", "targets"))
 
-    def run(self, tokens: Any, pos: int, targets: Any = None) -> None:
-        """One inference step (model.gpt_infer) on planned tokens (b, t) at positions pos .. pos + t - 1, then the
-        precision's end of an evaluation forward (fp8: what its casts met is forgotten)."""
-        model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets)
+    def run(self, tokens: Any, pos: int | Sequence[int], targets: Any = None, slots: Sequence[int] | None = None,
+            ) -> None:  # fmt: skip
+        """One inference step (model.gpt_infer) on planned tokens (b, t) at positions pos .. pos + t - 1 (one for all
+        rows, or one per row in cache rows slots: model.windows), then the precision's end of an evaluation forward
+        (fp8: what its casts met is forgotten)."""
+        model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets, slots)
         self.prec.end_eval()
 
 

@@ -65,6 +65,17 @@ def tiny_exp(tmp_path: Path) -> Path:
     return write_experiment(tmp_path)
 
 
+@pytest.fixture(scope="session")
+def run_256(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TINY with a 256-token context (a ChatML turn in bytes is ~50 tokens), trained 3 steps: the run folder that
+    the tests of sample, chat and serve share."""
+    tmp = tmp_path_factory.mktemp("run256")
+    exp = write_experiment(tmp, model={"seq_len": 256})
+    res = cli("train", str(exp), "--steps", "3", "--out", str(tmp / "r"))
+    assert res.returncode == 0, res.stderr
+    return tmp / "r"
+
+
 @contextmanager
 def tmpfs(where: Path, size: int, read_only: bool = False) -> Iterator[Path]:
     """A real tmpfs of `size` bytes mounted at `where` (root: CAP_SYS_ADMIN), unmounted after; the test is skipped,

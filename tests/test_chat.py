@@ -13,24 +13,19 @@ import pytest
 
 from microgpt import chat, checkpoint, sample
 from microgpt.data.tokenizer import IM_END, ByteTokenizer, train_bpe
-from tests.conftest import cli, write_experiment
+from tests.conftest import cli
 from tests.test_cli import one_line_error
 
 GREEDY = ["--temperature", "0", "--tokens", "8"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ANDREA-tiny with a 256-token context (a ChatML turn in bytes is ~50 tokens), trained 3 steps."""
-    tmp = tmp_path_factory.mktemp("chat")
-    exp = write_experiment(tmp, model={"seq_len": 256})
-    res = cli("train", str(exp), "--steps", "3", "--out", str(tmp / "r"))
-    assert res.returncode == 0, res.stderr
-    return tmp / "r"
+@pytest.fixture
+def run_dir(run_256: Path) -> Path:
+    return run_256
 
 
 def flags(**kw: object) -> argparse.Namespace:
-    return argparse.Namespace(**{"tokens": 8, "temperature": 0.0, "top_k": 0, "seed": 0, **kw})
+    return argparse.Namespace(**{"tokens": 8, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, **kw})
 
 
 def test_fit_history_drops_oldest_turns_keeps_system() -> None:

@@ -84,7 +84,7 @@ def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
         with torch.no_grad():
             got = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
         got = got[0, len(ids) :].tolist()
-        assert got == generate(sample.load(str(run))[0], ids, n, 0.0, 0, 0)
+        assert got == generate(sample.load(str(run))[0], ids, n, sample.Sampling(), [0])[0]
         res = cli("sample", str(run), "--prompt", prompt, "--temperature", "0", "--tokens", str(n), "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["text"] == tok.decode(got)

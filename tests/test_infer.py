@@ -10,7 +10,7 @@ import pytest
 from microgpt import memory, model, params
 from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.sample import Generator, generate
+from microgpt.sample import Generator, Sampling, generate
 from microgpt.state import make_infer_state, make_state
 
 M = ModelConfig(vocab_size=96, d_model=32, n_layer=2, n_head=4, seq_len=24)
@@ -64,7 +64,7 @@ def test_decoding_over_the_cache_gives_the_prefills_logits() -> None:
         assert err < 1e-5, (end, err)
     assert gen.pos == 20
     gen.pos = 0
-    greedy = generate(gen, ids[:5], 10, 0.0, 0, 0)
+    (greedy,) = generate(gen, ids[:5], 10, Sampling(), [0])
     seq = ids[:5]
     for _ in range(10):  # the same continuation from prefills alone
         seq.append(int(np.argmax(prefill_logits(seq, w))))
@@ -77,7 +77,7 @@ def test_the_context_slides_when_full() -> None:
     w = weights(4)
     gen = Generator(make_infer_state(M, numpy_backend(), 1, w))
     ids = list(range(1, 11))
-    out = generate(gen, ids, 3 * M.seq_len, 1.0, 0, 7)
+    (out,) = generate(gen, ids, 3 * M.seq_len, Sampling(1.0), [7])
     assert len(out) == 3 * M.seq_len and all(0 <= t < M.vocab_size for t in out)
     assert 1 <= gen.pos <= M.seq_len
 
@@ -101,3 +101,30 @@ def test_the_inference_plan_holds_the_cache_and_no_training_state() -> None:
     assert used(bufs) < used(train) / 2
     with pytest.raises(memory.PlanError, match=r"^the memory plan needs [\d,]+ bytes but the device \(cpu\)"):
         memory.check_fits(bufs, K.precision, M, 1000, "cpu")
+
+
+def test_rows_at_their_own_positions_decode_as_each_sequence_alone() -> None:
+    """Continuous batching (serve.py): rows at positions of their own in cache rows of their own. The same rows at
+    one position give the one-group step's logits bit for bit (the same GEMMs, attention row by row); rows of
+    different lengths in permuted cache rows each give their own sequence's logits, as decoded alone."""
+    w = weights(5)
+    rng = np.random.default_rng(6)
+    B = 3
+    S = make_infer_state(M, numpy_backend(), B, w)
+    gen = Generator(S)
+    ids = rng.integers(0, M.vocab_size, (B, 9)).astype(np.int32)
+    gen.feed_rows(ids[:, :8])
+    shared = gen.run(ids[:, 8:], 8)
+    gen.feed_rows(ids[:, :8])
+    per_row = gen.run(ids[:, 8:], [8, 8, 8], [0, 1, 2])
+    np.testing.assert_array_equal(per_row, shared)
+    seqs = [rng.integers(0, M.vocab_size, n).tolist() for n in (4, 11, 7)]
+    slots = [2, 0, 1]
+    for seq, slot in zip(seqs, slots):  # each prompt prefilled alone into its own cache row
+        gen.run(np.asarray(seq[:-1], np.int32)[None], 0, [slot])
+    got = gen.run(np.asarray([[s[-1]] for s in seqs], np.int32), [len(s) - 1 for s in seqs], slots)
+    for seq, logits in zip(seqs, got):
+        want = prefill_logits(seq, w)
+        assert np.linalg.norm(logits - want) / np.linalg.norm(want) < 1e-5
+    with pytest.raises(ValueError, match="3 rows need 3 positions"):
+        gen.run(np.zeros((3, 1), np.int32), [1, 2], [0, 1, 2])

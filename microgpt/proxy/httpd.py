@@ -1,21 +1,31 @@
-"""A small HTTP/1.0 server that no client can stall: the dashboard's transport (dashboard.py holds its routes).
+"""A small HTTP/1.0 server that no client can stall: the transport of the dashboard (proxy/dashboard.py) and of
+`microgpt serve` (serve.py), which hold the routes.
 
-One asyncio event loop (in one thread) holds every connection; what to answer is computed in a small thread pool
-(file reads, a history's parse), off the loop. A connection costs the loop a few kilobytes and no thread, so a
-hundred slow or half-open clients leave the others' answers as fast as before. What one connection may hold:
+One asyncio event loop (in one thread) holds every connection; what to answer is computed in a thread pool (file
+reads, a history's parse, a completion), off the loop. A connection costs the loop a few kilobytes and no thread, so
+a hundred slow or half-open clients leave the others' answers as fast as before. What one connection may hold:
 
     its request head     at most MAX_HEAD bytes (else 431), all of it within HEAD_DEADLINE_S of connecting (else 408:
                          a client that sends a byte a minute is dropped at the deadline, not at each byte)
+    its request body     what Content-Length says, at most the server's max_body bytes (else 413, before any of it is
+                         read; 0 by default: the dashboard reads none), within BODY_DEADLINE_S (else 408); a body sent
+                         without a Content-Length (chunked) gets 411
     one request          then the answer and the connection closes (HTTP/1.0, no keep-alive)
     its answer           taken within WRITE_DEADLINE_S (a client that does not read is dropped); a file answer is sent
-                         from the open file (loop.sendfile), never read whole into memory first
+                         from the open file (loop.sendfile), never read whole into memory first; a streamed answer (an
+                         iterator of chunks, server-sent events) is written chunk by chunk as the pool computes them,
+                         with no Content-Length: the body ends when the connection closes (HTTP/1.0's close-delimited
+                         body, which every client reads), each chunk within WRITE_DEADLINE_S
     a place              at most MAX_CONNECTIONS are open; a new one beyond that closes the connection that has waited
                          longest for its head to arrive (a flood of slow clients cannot lock a new client out), or, with
                          none waiting, gets 503 at once
 
 Malformed requests (no request line, a header without a colon, a target that is not a path) get 400; an exception
 in the handler (a bug) gets 500 and its traceback on stderr; a client that goes away is not an error and prints
-nothing. Bound at construction (a port in use is an error before anything starts); serve_forever() runs the loop.
+nothing; an exception in a streamed answer's iterator ends the stream there, its traceback on stderr. The
+server's own error answers (400, 408, 411, 413, 431, 500, 503) are plain text unless the routes give an `errors`
+function (serve.py's are JSON). Bound at construction on host:port (127.0.0.1 unless told; a port in use is an
+error before anything starts); serve_forever() runs the loop.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -35,6 +45,7 @@ from typing import BinaryIO
 
 MAX_HEAD = 16 * 1024
 HEAD_DEADLINE_S = 10.0
+BODY_DEADLINE_S = 30.0
 WRITE_DEADLINE_S = 60.0
 MAX_CONNECTIONS = 512
 WORKERS = 8  # answers computed at once; the rest queue for a worker, their connections held by the loop alone
@@ -48,11 +59,15 @@ class Request:
     method: str
     target: str
     headers: dict[str, str]  # names lower-cased; a name given twice is a 400 before any handler sees it
+    body: bytes = b""
+    peer: str = ""  # the client's address
 
 
 @dataclass
 class Answer:
-    """What to send: a status, headers, and a body (bytes, or an open file of `length` bytes sent as it is)."""
+    """What to send: a status, headers, and a body (bytes; or an open file of `length` bytes sent as it is; or
+    `chunks`, an iterator of byte strings sent as they come, the body ending with the connection). `closed` is called
+    once the answer is over, sent or not (a streamed answer's client gone: serve.py frees what the request held)."""
 
     code: int
     headers: dict[str, str] = field(default_factory=dict)
@@ -60,6 +75,8 @@ class Answer:
     file: BinaryIO | None = None
     length: int = 0
     send_body: bool = True  # False for HEAD (and 304): the headers only, Content-Length as for GET
+    chunks: Iterator[bytes] | None = None
+    closed: Callable[[], None] | None = None
 
 
 def error(code: int, message: str = "", **headers: str) -> Answer:
@@ -91,20 +108,30 @@ def printable(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-class BoundedHTTPServer:
-    """Listens on 127.0.0.1:port at construction; serve_forever() answers with handler(request) until shutdown()."""
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (an IPv4 or IPv6 address, or a name); no SO_REUSEADDR: a port in use fails."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.bind(addr)
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, port: int, handler: Callable[[Request], Answer], log: Callable[[str], None] | None = None):
-        self.handler, self.log = handler, log
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # no SO_REUSEADDR: a port in use must fail
-        try:
-            self.sock.bind(("127.0.0.1", port))
-            self.sock.listen(BACKLOG)
-        except OSError:
-            self.sock.close()
-            raise
+
+class BoundedHTTPServer:
+    """Listens on host:port at construction; serve_forever() answers with handler(request) until shutdown().
+    `workers` answers are computed at once (a streamed answer holds one while it waits for its next chunk)."""
+
+    def __init__(self, port: int, handler: Callable[[Request], Answer], log: Callable[[str], None] | None = None,
+                 *, host: str = "127.0.0.1", max_body: int = 0, workers: int = WORKERS,
+                 name: str = "microgpt-dashboard", errors: Callable[..., Answer] = error) -> None:  # fmt: skip
+        self.handler, self.log, self.max_body, self.name, self.errors = handler, log, max_body, name, errors
+        self.sock = listening_socket(host, port)
         self.port = self.sock.getsockname()[1]
-        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="dashboard")
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self.waiting: dict[asyncio.StreamWriter, float] = {}  # connections whose head has not arrived yet
         self.open = 0
         self.answering = 0  # connections whose head has arrived and whose answer is not yet sent
@@ -152,7 +179,7 @@ class BoundedHTTPServer:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not self._make_room():
-            answer = error(503, "too many connections")
+            answer = self.errors(503, "too many connections")
             writer.write(self._head(answer, answer.body))
             writer.close()
             return
@@ -176,37 +203,61 @@ class BoundedHTTPServer:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_DEADLINE_S)
         except asyncio.TimeoutError:
-            return await self._send(writer, error(408, f"the request head must arrive within {HEAD_DEADLINE_S:g} s"))
+            late = self.errors(408, f"the request head must arrive within {HEAD_DEADLINE_S:g} s")
+            return await self._send(writer, late)
         except asyncio.LimitOverrunError:
-            return await self._send(writer, error(431, f"the request head must be at most {MAX_HEAD} bytes"))
+            return await self._send(writer, self.errors(431, f"the request head must be at most {MAX_HEAD} bytes"))
         finally:
             self.waiting.pop(writer, None)
         request = parse_head(head)
         if request is None:
-            return await self._send(writer, error(400, "malformed request"))
+            return await self._send(writer, self.errors(400, "malformed request"))
+        refused = await self._read_body(request, reader, writer)
+        if refused is not None:
+            return await self._send(writer, refused)
+        peer = writer.get_extra_info("peername")
+        request.peer = str(peer[0]) if isinstance(peer, tuple) else ""
         self.answering += 1
         try:
             answer = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, request)
             if self.log is not None:
                 line = head.split(b"\r\n", 1)[0].decode("latin-1")
-                self.log(f'127.0.0.1 - - [{time.strftime("%d/%b/%Y %H:%M:%S")}] "{printable(line)}" {answer.code} -')
+                when = time.strftime("%d/%b/%Y %H:%M:%S")
+                self.log(f'{request.peer or "-"} - - [{when}] "{printable(line)}" {answer.code} -')
             await self._send(writer, answer)
         finally:
             self.answering -= 1
+
+    async def _read_body(self, request: Request, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> Answer | None:  # fmt: skip
+        """Read the body Content-Length announces into request.body; the error answer where it is refused."""
+        if "transfer-encoding" in request.headers:
+            return self.errors(411, "send the request body with a Content-Length (a chunked body is not read)")
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or len(length) > 18:
+            return self.errors(400, f"Content-Length must be a number of bytes, got {printable(length[:40])!r}")
+        if int(length) > self.max_body:
+            return self.errors(413, f"the request body must be at most {self.max_body} bytes, got {int(length)}")
+        if int(length) and request.headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a large body
+        try:
+            request.body = await asyncio.wait_for(reader.readexactly(int(length)), BODY_DEADLINE_S)
+        except asyncio.TimeoutError:
+            return self.errors(408, f"the request body must arrive within {BODY_DEADLINE_S:g} s")
+        return None
 
     def _answer(self, request: Request) -> Answer:
         try:
             return self.handler(request)
         except Exception:  # a bug: answered, and shown
             traceback.print_exc(file=sys.stderr)
-            return error(500, "internal error (see the server's stderr)")
+            return self.errors(500, "internal error (see the server's stderr)")
 
-    @staticmethod
-    def _head(answer: Answer, extra: bytes) -> bytes:
-        length = answer.length if answer.file is not None else len(answer.body)
-        lines = [f"HTTP/1.0 {answer.code} {HTTPStatus(answer.code).phrase}", "Server: microgpt-dashboard",
-                 *(f"{k}: {v}" for k, v in answer.headers.items()), f"Content-Length: {length}",
-                 "Connection: close"]  # fmt: skip
+    def _head(self, answer: Answer, extra: bytes) -> bytes:
+        size = answer.length if answer.file is not None else len(answer.body)
+        length = [] if answer.chunks is not None else [f"Content-Length: {size}"]
+        lines = [f"HTTP/1.0 {answer.code} {HTTPStatus(answer.code).phrase}", f"Server: {self.name}",
+                 *(f"{k}: {v}" for k, v in answer.headers.items()), *length, "Connection: close"]  # fmt: skip
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
 
     async def _send(self, writer: asyncio.StreamWriter, answer: Answer) -> None:
@@ -214,6 +265,8 @@ class BoundedHTTPServer:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
             await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+            if answer.chunks is not None:
+                await self._stream(writer, answer.chunks)
             if answer.file is not None and answer.send_body and answer.length:
                 if writer.transport.is_closing():  # the client hung up while the head went out
                     raise ConnectionResetError
@@ -222,3 +275,26 @@ class BoundedHTTPServer:
         finally:
             if answer.file is not None:
                 answer.file.close()
+            if answer.closed is not None:
+                answer.closed()
+
+    async def _stream(self, writer: asyncio.StreamWriter, chunks: Iterator[bytes]) -> None:
+        """Each chunk as the pool computes it (next() may wait for the model), written before the next is asked."""
+        loop = asyncio.get_running_loop()
+        while True:
+            chunk = await loop.run_in_executor(self.pool, self._next, chunks)
+            if chunk is None:
+                return
+            if writer.transport.is_closing():
+                raise ConnectionResetError
+            writer.write(chunk)
+            await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+
+    @staticmethod
+    def _next(chunks: Iterator[bytes]) -> bytes | None:
+        """The next chunk; None at the end, or where the iterator raised (a bug: shown, and the stream ends)."""
+        try:
+            return next(chunks, None)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            return None

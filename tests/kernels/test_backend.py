@@ -182,7 +182,8 @@ def test_fp16_loss_scale_state_travels_with_the_checkpoint(tmp_path) -> None:
 def test_inference_step_matches_numpy() -> None:
     """The inference step (model.gpt_infer) on the triton backend against the NumPy one, fp32, same weights: a
     prefill's losses, then its next-token logits, then two decode steps over the KV cache (the cached attention
-    kernel) and a window of three at a later position."""
+    kernel), a window of three at a later position, and a decode step whose rows are at positions of their own in
+    permuted cache rows (serving's continuous batching), one of them a prefill from position 0."""
     from microgpt.state import make_infer_state
 
     w = params.init_weights(M, 3)
@@ -206,6 +207,10 @@ def test_inference_step_matches_numpy() -> None:
             S.K.copy_in(window, x[:, :n])
             S.run(window, pos)
             out.append(S.K.to_numpy(A["next_logits"]).copy())
+        window, _ = S.inputs(B, 1)
+        S.K.copy_in(window, x[:, :1])
+        S.run(window, [14 - 3 * i for i in range(B - 1)] + [0], slots=list(reversed(range(B))))
+        out.append(S.K.to_numpy(A["next_logits"]).copy())
         got[name] = out
     for i, (a, b) in enumerate(zip(got["triton"], got["numpy"])):
         check(f"step {i}", a, b, 1e-5)

@@ -1,0 +1,221 @@
+"""microgpt serve: the OpenAI-compatible API, checked with the official `openai` client as the real client against a
+real server (in this process where the test must hold the decode loop still, else the CLI in a subprocess) on a
+3-step run's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from microgpt import serve
+from microgpt.data.tokenizer import EOT
+from microgpt.sample import Sampling, generate
+from tests.conftest import REPO, cli, one_error
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@contextmanager
+def served(run: Path, *flags: str, decoding: bool = True) -> Iterator[tuple[serve.Api, openai.OpenAI, str]]:
+    """serve.build's routes and transport on a free port, the transport running; the decode loop too unless
+    decoding is False (the test starts it: requests wait in the queue until then). The api, a client, the URL."""
+    api, server = serve.build(serve.parser().parse_args([str(run), "--port", "0", *flags]))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    if decoding:
+        api.scheduler.start()
+    url = f"http://127.0.0.1:{server.port}/v1"
+    try:
+        yield api, openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), url
+    finally:
+        api.scheduler.stop()
+        server.shutdown()
+        thread.join(timeout=10)
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def api(run_256: Path) -> Iterator[tuple[serve.Api, openai.OpenAI, str]]:
+    with served(run_256, "--max-batch", "2", "--queue", "2") as s:
+        yield s
+
+
+def wait_for(what: str, cond) -> None:
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, f"waited 60 s for {what}"
+        time.sleep(0.01)
+
+
+def post(url: str, body: bytes, method: str = "POST") -> tuple[int, dict]:
+    """A raw request (what the openai client would never send); its status and JSON body."""
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as res:
+            return res.status, json.load(res)
+    except urllib.error.HTTPError as e:
+        assert e.headers["Content-Type"] == "application/json"
+        return e.code, json.load(e)
+
+
+def test_models_and_a_chat_reply_streamed_as_whole(api) -> None:
+    """GET /v1/models names the run; a seeded chat reply streamed (role first, deltas, finish, usage) is the
+    non-streamed reply of the same seed."""
+    a, client, _ = api
+    assert [m.id for m in client.models.list()] == [a.name] == ["tiny-test"]
+    assert client.models.retrieve(a.name).owned_by == "microgpt"
+    kw = {"model": a.name, "messages": HI, "max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 3}
+    whole = client.chat.completions.create(**kw)
+    (choice,) = whole.choices
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 12 and whole.usage.prompt_tokens > 10
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+
+
+def test_completions_are_samples_greedy_continuation_and_stop(api, run_256: Path) -> None:
+    """A completion at temperature 0 is sample.generate's greedy continuation of the prompt's ids (cut at the
+    end of document), streamed or not; with a stop string from that text it ends before the stop's first
+    occurrence, "stop"; an empty prompt starts a new document."""
+    a, client, _ = api
+    res = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0)
+    ids = a.tok.encode("def ")
+    greedy = generate(a.scheduler.gen, ids, 30, Sampling(), [0])[0]
+    eot = greedy.index(a.tok.eot_id) if a.tok.eot_id in greedy else len(greedy)
+    text = a.tok.decode(greedy[:eot]).split(EOT)[0]
+    assert res.choices[0].text == text and res.choices[0].finish_reason == ("stop" if eot < 30 else "length")
+    stop = text[8:10]
+    assert len(stop) == 2
+    cut = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text
+    empty = client.completions.create(model=a.name, prompt="", max_tokens=5, seed=1)  # a new document: <|endoftext|>
+    assert empty.usage.prompt_tokens == 1 and empty.usage.completion_tokens >= 1
+
+
+def test_two_concurrent_requests_decode_in_one_batch_and_a_third_gets_429(run_256: Path) -> None:
+    """With the decode loop held, two requests wait in the batch's two rows (no queue) and a third is refused at
+    once with 429 and OpenAI's error body; started, the loop admits both into one batch, and each reply is the one
+    its request gets alone."""
+    with served(run_256, "--max-batch", "2", "--queue", "0", decoding=False) as (a, client, _):
+        reqs = [{"model": a.name, "messages": [{"role": "user", "content": f"tell me {w}"}], "max_tokens": 16,
+                 "temperature": 0.8, "seed": s} for w, s in (("more", 1), ("a story", 2))]  # fmt: skip
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(client.chat.completions.create, **r) for r in reqs]
+            wait_for("two requests in flight", lambda: a.scheduler.held == 2)
+            with pytest.raises(openai.RateLimitError) as busy:
+                client.chat.completions.create(**reqs[0])
+            assert busy.value.status_code == 429 and busy.value.response.headers["Retry-After"] == "1"
+            assert busy.value.body["code"] == "rate_limit_exceeded" and "2 of its 2 rows" in busy.value.body["message"]
+            assert len(a.scheduler.waiting) == 2  # both waiting: the first pass admits them together
+            a.scheduler.start()
+            together = [f.result().choices[0].message.content for f in futures]
+        alone = [client.chat.completions.create(**r).choices[0].message.content for r in reqs]
+        assert together == alone and together[0] != together[1]
+
+
+@pytest.mark.parametrize(
+    "kw, param, code",
+    [
+        ({"model": "gpt-4"}, "model", "model_not_found"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", None),
+        ({"messages": []}, "messages", "invalid_type"),
+        ({"temperature": 3}, "temperature", "invalid_value"),
+        ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+        ({"n": 3}, "n", "invalid_value"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported"),
+        ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages", "context_length_exceeded"),
+    ],
+)
+def test_a_bad_request_gets_a_4xx_with_openais_error_body(api, kw: dict, param: str, code: str | None) -> None:
+    a, client, _ = api
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**{"model": a.name, "messages": HI, **kw})
+    assert err.value.status_code == (404 if code == "model_not_found" else 400)
+    assert err.value.body["param"] == param and err.value.body["code"] == code
+    assert err.value.body["type"] == "invalid_request_error" and err.value.body["message"]
+
+
+def test_requests_no_client_sends_get_json_errors(api) -> None:
+    """Bad JSON, a body that is no object, an unknown route or model, the wrong method, a body over the bound, a
+    chunked body: 4xx with OpenAI's error body."""
+    _, _, url = api
+    assert post(f"{url}/chat/completions", b"{bad")[0] == 400
+    code, body = post(f"{url}/chat/completions", b"[1, 2]")
+    assert code == 400 and body["error"]["code"] == "invalid_json"
+    assert post(f"{url}/embeddings", b"{}")[0] == 404
+    assert post(f"{url}/models", b"{}")[0] == 405
+    assert post(f"{url}/models/gpt-4", None, "GET")[0] == 404
+    port = int(url.split(":")[2].split("/")[0])
+    big = raw(port, f"POST /v1/completions HTTP/1.1\r\nContent-Length: {serve.MAX_BODY + 1}\r\n\r\n")
+    assert big[0] == 413 and "at most 1048576 bytes" in big[1]["message"]  # refused before the body is sent
+    chunked = raw(port, "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+    assert chunked[0] == 411 and chunked[1]["message"].startswith("send the request body with a Content-Length")
+
+
+def raw(port: int, request: str) -> tuple[int, dict]:
+    """Bytes sent as they are (a request head no client library sends); the answer's status and JSON error."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request.encode())
+        head, _, body = b"".join(iter(lambda: sock.recv(65536), b"")).partition(b"\r\n\r\n")
+    assert b"\r\nContent-Type: application/json\r\n" in head, head
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`microgpt serve` in a subprocess; the process and the URL it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0", *flags],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("serve: http://"):
+            return proc, line.split()[1]
+    raise AssertionError(f"serve exited {proc.wait()} without a URL")
+
+
+def test_the_cli_serves_on_localhost_and_stops_on_sigterm(run_256: Path) -> None:
+    """`microgpt serve RUN` binds 127.0.0.1 unless told, answers the openai client's streamed chat, and exits 0 on
+    SIGTERM."""
+    proc, url = start(run_256)
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        chunks = list(client.chat.completions.create(model="tiny-test", messages=HI, max_tokens=8, stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "serve: stopped" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bad_flags_and_a_port_in_use_are_one_line_errors(run_256: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        one_error(cli("serve", str(run_256), "--port", port), 2, f"--port {port}: the port is in use")
+    one_error(cli("serve", str(run_256), "--max-batch", "0"), 2, "--max-batch must be an integer in [1, 4096]")
+    one_error(cli("serve", str(run_256), "--port", "70000"), 2, "--port (a TCP port, 0: a free one)")
+    one_error(cli("serve", str(run_256), "--host", "no.such.host.invalid", "--port", "0"), 2, "not an address")
+    one_error(cli("serve", str(tmp_path / "nothing")), 2, "nothing")
