@@ -8,9 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from triton.runtime.errors import OutOfResources
 
+from microgpt.kernels import gemm as kgemm
 from microgpt.kernels import tuning
+from microgpt.kernels.gemm import Gemm
+
+from ._kutil import DEVICE
 
 
 def tuner_in(folder, monkeypatch: pytest.MonkeyPatch) -> tuning.Tuner:
@@ -98,10 +103,6 @@ def test_gemm_default_before_the_warm_up_is_kept_until_the_warm_up_times_it(tmp_
     """The GEMM router's choice: before any warm-up (a kernel called outside a training step) a shape takes the
     reference way untimed and keeps it, so later calls choose nothing again; the warm-up, when it comes, still times
     it and records the fastest, which the process then keeps."""
-    import torch
-
-    from microgpt.kernels.gemm import Gemm
-
     tuner = tuner_in(tmp_path, monkeypatch)
     tuner.set_probe(torch.zeros(64))
     gemm = Gemm(tuner, None)
@@ -163,10 +164,6 @@ def test_launch_outside_the_window_runs_the_first_configuration_that_fits(tmp_pa
 def test_a_gemm_tile_that_does_not_fit_leaves_the_gemms_to_cublas(tmp_path, monkeypatch, capsys) -> None:
     """The warm-up's reference way is the Triton tile: where the device refuses it, cuBLAS computes the reference
     and every GEMM of that dtype from then on, and the note says so once, instead of the run ending at step 1."""
-    import torch
-
-    from microgpt.kernels import gemm as kgemm
-
     tuner = tuner_in(tmp_path, monkeypatch)
     tuner.set_probe(torch.zeros(64))
     g = kgemm.Gemm(tuner, None)
@@ -198,15 +195,11 @@ class NoGeluAux:
 
 
 def test_no_gelu_aux_algorithm_leaves_the_gelu_to_its_pass(tmp_path, monkeypatch, capsys) -> None:
-    import torch
-
-    from microgpt.kernels.gemm import Gemm
-
     tuner = tuner_in(tmp_path, monkeypatch)
     g = Gemm(tuner, NoGeluAux())
     torch.manual_seed(0)
-    x, w = torch.randn(64, 32).half(), (torch.randn(32, 128) / 8).half()
-    h, a = torch.empty(64, 128, dtype=torch.float16), torch.empty(64, 128, dtype=torch.float16)
+    x, w = torch.randn(64, 32).half().to(DEVICE), (torch.randn(32, 128) / 8).half().to(DEVICE)
+    h, a = (torch.empty(64, 128, dtype=torch.float16, device=DEVICE) for _ in range(2))
     for _ in range(2):
         g.mm_gelu(a, h, x, w)
     ref = x.float() @ w.float()
@@ -225,10 +218,6 @@ class NoAlgorithm:
 
 
 def test_no_cublaslt_algorithm_leaves_the_gemm_to_torch_s_cublas(tmp_path, monkeypatch, capsys) -> None:
-    import torch
-
-    from microgpt.kernels.gemm import Gemm
-
     g = Gemm(tuner_in(tmp_path, monkeypatch), NoAlgorithm())
     out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
     assert g._ways(out, a, b) == g._ways(out, a, b) == ["triton", "cublas"]
