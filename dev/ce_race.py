@@ -1,7 +1,7 @@
 """Does the cross-entropy row kernel with the gradient (training's fused call) report the losses of the kernel
 without it, every launch? (issue 35: a loss that did not repeat.)
 
-    python3 dev/ce_race.py [--reps 200] [--rows 4096] [--vocab 4096 50304]
+    python3 dev/ce_race.py [--reps 200] [--rows 4096] [--vocab 4096 50304] [--configs NAME ...]
 
 For each launch configuration of crossentropy.ROW_CONFIGS and each vocabulary: a bf16 logits chunk of random values
 (the scale of a fresh model's logits), the losses of k_crossentropy_fwd without GRAD once, then `reps` launches
@@ -47,9 +47,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--vocab", type=int, nargs="+", default=[4096, 50304])
+    p.add_argument("--configs", nargs="+", default=list(kc.ROW_CONFIGS), help="ROW_CONFIGS names (default: all)")
     a = p.parse_args()
     for V in a.vocab:
-        for name in kc.ROW_CONFIGS:
+        for name in a.configs:
             print(json.dumps(count(name, a.rows, V, a.reps)), flush=True)
 
 

@@ -106,7 +106,7 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
           done; done; done ;;
     ce-race) for v in before after; do  # dev/ce_race.py on BEFORE's package (default .before), then this tree's
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
-          PYTHONPATH=$root timeout 150 python3 dev/ce_race.py --reps ${RACE_REPS:-200} 2>>"$OUT/ce-race.err" \
+          PYTHONPATH=$root timeout 150 python3 dev/ce_race.py --reps ${RACE_REPS:-200} ${RACE_ARGS:-} 2>>"$OUT/ce-race.err" \
             | sed "s/^/$v /" | tee -a "$OUT/ce-race.txt"; done ;;
     repeat) for p in ${PRECISIONS:-fp8 bf16}; do  # issue 35: two or more identical runs, their reported losses
           timeout ${REPEAT_TIMEOUT:-200} python3 dev/loss_repeat.py --precision $p --runs ${RUNS:-3} --steps ${REPEAT_STEPS:-80} \
