@@ -11,8 +11,9 @@ the row's length writes nothing. k_decode_attention_combine: program (row, head)
 one block and reduces them in a fixed order (tl.max and tl.sum over the same block shape every time): the result
 never depends on which program ran first. The number of splits is fixed by (b, T, NH, the device's SM count)
 (`split_plan`), not by the rows' positions, which the host does not read, so a captured graph holds one launch
-configuration for every step: at batch 1 enough splits to fill the GPU (WAVES programs a multiprocessor), at large
-batches one, where the rows and heads fill it already. The splits cover the cache's length T: at a short position
+configuration for every step: as many splits as make WAVES programs a multiprocessor (at batch 1, ANDREA-120M on
+132 SMs: 16 splits of one 64-key tile each; at batch 32, 3), and one from the batch where the rows and heads alone
+make that many. The splits cover the cache's length T: at a short position
 the later splits are idle. Scores and sums are fp32 (q, k, v loaded in the compute dtype and widened).
 """
 
@@ -28,7 +29,7 @@ from microgpt.kernels.tuning import INTERPRET
 
 LOG2E = 1.4426950408889634
 BN = 16 if INTERPRET else 64  # keys a tile; a split covers a whole number of tiles
-WAVES = 2  # programs a multiprocessor the splits aim for at small batches
+WAVES = 8  # programs a multiprocessor the splits aim for: a memory-bound loop wants many warps in flight
 MAX_SPLITS = 64  # the combine reads every split of a row as one block
 
 

@@ -53,14 +53,16 @@ def test_decode_attention(B, T, C, NH, positions, slots, dtype, sm_count) -> Non
 
 
 def test_the_split_plan_fills_the_device_at_batch_1() -> None:
-    """ANDREA-120M's shape on 132 multiprocessors: batch 1 splits its 1024 keys into the most tiles the bound
-    allows; batch 32 has 384 (row, head) programs already and does not split; no plan has an empty split."""
-    for b, sms in ((1, 132), (2, 132), (8, 132), (32, 132), (1, 4), (64, 8)):
+    """ANDREA-120M's shape on 132 multiprocessors: small batches split the 1024 keys until the programs fill the
+    device (at most one split a tile of keys), a batch whose (row, head) programs fill it alone does not split; no
+    plan has an empty split."""
+    for b, sms in ((1, 132), (2, 132), (8, 132), (32, 132), (128, 132), (1, 4), (64, 8)):
         S, chunk = kd.split_plan(b, 1024, 12, sms)
-        assert 1 <= S <= kd.MAX_SPLITS and (S - 1) * chunk < 1024 <= S * chunk
-        assert b * 12 * S >= min(kd.WAVES * sms, b * 12 * 1024 // kd.BN) or S == kd.MAX_SPLITS
-    assert kd.split_plan(32, 1024, 12, 132)[0] == 1
-    assert kd.split_plan(1, 1024, 12, 132)[0] > 1
+        assert 1 <= S <= kd.MAX_SPLITS and (S - 1) * chunk < 1024 <= S * chunk and chunk % kd.BN == 0
+        # whole tiles a split: rounding the split's keys up to them can halve the splits, never more
+        assert 2 * b * 12 * S >= min(kd.WAVES * sms, b * 12 * 1024 // kd.BN) or S == kd.MAX_SPLITS
+    assert kd.split_plan(1, 1024, 12, 132) == (1024 // kd.BN, kd.BN)  # batch 1: every tile its own program
+    assert kd.split_plan(128, 1024, 12, 132) == (1, 1024)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
