@@ -113,6 +113,11 @@ def decode_run(S, ids: np.ndarray, steps: int, forced: list[list[int]] | None = 
     return logits, seqs
 
 
+# logits against the NumPy step: fp32 only rounds differently; bf16 rounds every activation on the GPU side; fp8
+# casts those bf16 activations, which moves an element to a neighbouring E4M3 value now and then (a step of 1/8)
+TOL_STEP = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 5e-2}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"] if ON_GPU else ["fp32"])
 def test_the_decode_step_matches_numpy(precision: str) -> None:
     """The same weights on both backends, the same prompts and decode steps (decode_run: rows at different
@@ -125,7 +130,7 @@ def test_the_decode_step_matches_numpy(precision: str) -> None:
     want, seqs = decode_run(make_infer_state(M, numpy_backend(precision_name=precision), 3, w), ids, 6)
     got, _ = decode_run(make_infer_state(M, triton_backend(precision), 3, w), ids, 6, forced=seqs)
     for step, (a, b) in enumerate(zip(got, want)):
-        check(f"step {step}", a, b, 1e-5 if precision == "fp32" else 2e-2)
+        check(f"step {step}", a, b, TOL_STEP[precision])
     if precision == "fp32":
         _, own = decode_run(make_infer_state(M, triton_backend(precision), 3, w), ids, 6)
         assert own == seqs

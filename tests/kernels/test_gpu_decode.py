@@ -101,6 +101,11 @@ def decode_steps(S, prompt: np.ndarray, steps: list[tuple[list[int], list[int]]]
     return out
 
 
+# logits against the NumPy step: fp32 only rounds differently; bf16 rounds every activation on the GPU side; fp8
+# casts those bf16 activations, which moves an element to a neighbouring E4M3 value now and then (a step of 1/8)
+TOL_STEP = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 5e-2}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
 def test_the_graphs_equal_numpy_gpu(precision: str) -> None:
     """Rows at positions from 0 to past 600, in batches of 1, 2 and 3 (three graphs, each replayed several times),
@@ -114,7 +119,7 @@ def test_the_graphs_equal_numpy_gpu(precision: str) -> None:
     got = decode_steps(make_infer_state(MID, triton_backend(precision), 3, w), prompt, steps)
     want = decode_steps(make_infer_state(MID, numpy_backend(precision_name=precision), 3, w), prompt, steps)
     for i, (a, b) in enumerate(zip(got, want)):
-        check(f"step {i}", a, b, 1e-5 if precision == "fp32" else 2e-2)
+        check(f"step {i}", a, b, TOL_STEP[precision])
 
 
 def test_a_replay_is_the_eager_step_gpu() -> None:
