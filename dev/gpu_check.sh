@@ -7,6 +7,8 @@
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
+#   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
+#           prefill and graph-replayed decode against transformers, eager and compiled); rows in $OUT/decode.jsonl
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
@@ -45,6 +47,15 @@ for s in $stages; do
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
+    decode) timeout ${TEST_TIMEOUT:-180} python3 -m pytest -q -m "gpu or not gpu" -p no:cacheprovider \
+              tests/kernels/test_gpu_decode.py tests/kernels/test_decode.py tests/test_decode.py 2>&1 \
+              | tee "$OUT/decode-tests.txt" | tail -15
+            timeout ${BENCH_TIMEOUT:-360} python3 bench/decode.py 2>"$OUT/decode.err" | tee "$OUT/decode.jsonl" \
+              | python3 -c 'import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items() if k != "tokens"})'
+            tail -3 "$OUT/decode.err" | cut -c1-400 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
@@ -125,7 +136,7 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
                     $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
                 tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
-    *) echo "unknown stage $s (tests bench train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
+    *) echo "unknown stage $s (tests bench decode train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

@@ -63,6 +63,10 @@ class Backend:
     grad_norm_partial: Fn
     grad_norm_final: Fn
     adamw_step: Fn
+    # the decode step's position-dependent ops (model.gpt_decode)
+    decode_embedding: Fn
+    decode_kv_write: Fn
+    decode_attention: Fn
     # the device
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view
@@ -157,7 +161,9 @@ def triton_backend(precision_name: str) -> Backend:
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
     def infer_rows(m: ModelConfig, B: int) -> list[Buf]:
-        return triton_rows(m, None, rt.sm_count, rt.workspace_bytes)
+        scratch = runtime.infer_scratch(B, m.seq_len, m.d_model, m.n_head, rt.sm_count)
+        own = [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()]
+        return own + triton_rows(m, None, rt.sm_count, rt.workspace_bytes)
 
     def rows(m: ModelConfig, t: TrainConfig) -> list[Buf]:
         return triton_rows(m, t.micro_batch, rt.sm_count, rt.workspace_bytes)
@@ -169,7 +175,8 @@ def triton_backend(precision_name: str) -> Backend:
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
-        kernel_args={fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS}, matmul_args={"gemm": rt.gemm},
+        kernel_args={**{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
+                     "decode_attention": {"sm_count": rt.sm_count}}, matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,
         peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
     )  # fmt: skip

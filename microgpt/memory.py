@@ -222,10 +222,11 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
 
 def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = (),
                    cache: bool = True) -> list[Buf]:  # fmt: skip
-    """Every buffer of the inference step (model.gpt_infer) for up to B sequences of up to seq_len tokens: the
-    weights, the KV cache (unless cache is False: a plan that only scores windows from position 0, whose batches may
-    then be any b x t of at most N tokens), and one layer's activations for N = B*T rows, which every layer reuses
-    (nothing is saved for a backward); then the backend's own rows."""
+    """Every buffer of the inference step (model.gpt_infer, and the decode step model.gpt_decode) for up to B
+    sequences of up to seq_len tokens: the weights, the KV cache and the decode step's positions and cache rows
+    (unless cache is False: a plan that only scores windows from position 0, whose batches may then be any b x t of
+    at most N tokens), and one layer's activations for N = B*T rows, which every layer reuses (nothing is saved for
+    a backward); then the backend's own rows."""
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
     N = B * T
     roles = ["params"] + (["compute_params"] if prec.compute_copy else [])
@@ -250,6 +251,8 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
     bufs += [Buf("kv", (L, 2, B, T, C), "kv_cache", "compute")] if cache else []
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
+    # the decode step's rows (model.gpt_decode): each one's position and cache row, read on the device
+    bufs += [Buf("positions", (B,), "inputs", "i32"), Buf("slots", (B,), "inputs", "i32")] if cache else []
     return bufs + list(backend_rows)
 
 

@@ -28,9 +28,12 @@ the cache). Its per-token losses are the training forward's, bit for bit, for th
 The b sequences share one position (sampling's batch, in cache rows 0 .. b-1), or each row has its own position and
 cache row (serving's continuous batching: a request joins a batch whose other rows are further on): then the
 position-free ops (the linears, LayerNorms, MLP, head) still run once over the b rows, and the three that read the
-position (the position embedding, the cache write, attention) run once per row; a kernel taking per-row positions
-would fold that loop into one launch.
-Evaluation, sampling, chat and serving all run it (microgpt/evaluate.py, sample.py, chat.py, scheduler.py).
+position (the position embedding, the cache write, attention) run once per row.
+`gpt_decode` is the decode step of b rows at per-row positions and cache rows, one token a row, which it reads from
+planned buffers (device memory on the GPU) rather than from the host, so that one CUDA graph of it serves every step
+of a batch size (state.InferState.decode): the position-free ops are gpt_infer's at N = b rows, the three that read a
+row's position or cache row are the decode ops (ops/decode.py), one launch each for all rows.
+Evaluation, sampling, chat and serving all run them (microgpt/evaluate.py, sample.py, chat.py, scheduler.py).
 
 P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
@@ -211,3 +214,32 @@ def _attend(K: Backend, A: Arena, att: Any, q: Any, k: Any, v: Any, pos: int, la
         K.attention_forward(att, A["att_lse"][: g * H * t].reshape(g, H, t), q, k, v, H)
     else:
         K.attention_forward_cached(att, q, cache_k, cache_v, pos, H)
+
+
+def gpt_decode(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, positions: Any,
+               slots: Any) -> None:  # fmt: skip
+    """tokens, positions, slots (b,) int32 (b <= the plan's B): row i's token at position positions[i] (< seq_len)
+    of KV-cache row slots[i] (< B; the rows' slots distinct), whose key and value go into the cache A["kv"] beside
+    those of positions 0 .. positions[i] - 1 of that row, which its attention reads; each row's next-token logits in
+    A["next_logits"][:b]. For rows 0 .. b-1 all at position pos, the same step as gpt_infer's decode window of one
+    token at pos."""
+    b = tokens.shape[0]
+    x, x2, ln, att, proj = (A[name][:b] for name in ("x", "x2", "ln", "att", "proj"))
+    qkv, h, mean, rstd = A["qkv"][:, :b], A["h"][:b], A["ln_mean"][:b], A["ln_rstd"][:b]
+    a, cache = A.get("a"), A["kv"]
+    a = None if a is None else a[:b]
+    K.decode_embedding(x, tokens, positions, P["wte"], P["wpe"])
+    K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
+    for layer in range(m.n_layer):
+        hl = f"h{layer}."
+        K.linear_forward(qkv, ln, P[hl + "w_qkv"])
+        q, k, v = qkv
+        cache_k, cache_v = cache[layer, 0], cache[layer, 1]  # (B, T, C)
+        K.decode_kv_write(cache_k, cache_v, k, v, positions, slots)
+        K.decode_attention(att, q, cache_k, cache_v, positions, slots, m.n_head)
+        K.linear_forward(proj, att, P[hl + "w_o"])
+        K.residual_layernorm_forward(x2, ln, mean, rstd, x, proj, P[hl + "ln2_w"], P[hl + "ln2_b"])
+        K.mlp_forward(proj, h, a, ln, P[hl + "w_1"], P[hl + "w_2"])
+        nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"  # the next layer's LN1; lnf after the last
+        K.residual_layernorm_forward(x, ln, mean, rstd, x2, proj, P[nxt + "_w"], P[nxt + "_b"])
+    K.head_logits(A["next_logits"][:b], ln, P["wte"])

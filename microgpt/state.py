@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,8 +197,9 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
 
 @dataclass
 class InferState:
-    """A model for the inference step (model.gpt_infer): the inference plan's arena (weights, KV cache and one layer's
-    activations for up to B sequences of seq_len), the backend and the precision bound to it."""
+    """A model for the inference step (model.gpt_infer) and the decode step (model.gpt_decode): the inference plan's
+    arena (weights, KV cache and one layer's activations for up to B sequences of seq_len), the backend and the
+    precision bound to it, and the decode step prepared per batch size (on a GPU, each one's CUDA graph)."""
 
     K: Backend  # bound to this state's arena
     m: ModelConfig
@@ -207,6 +208,7 @@ class InferState:
     arena: memory.Arena
     P_compute: dict[str, Any]  # the weights the model reads, as TrainState's
     prec: PrecisionState
+    decoders: dict[int, Callable[[], None]] = field(default_factory=dict)  # b -> its decode step, prepared once
 
     def load_weights(self, weights: np.ndarray) -> None:
         """The flat fp32 weights (n_params,), canonical order, into the masters and what the precision computes
@@ -228,6 +230,46 @@ class InferState:
         (fp8: what its casts met is forgotten)."""
         model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets, slots)
         self.prec.end_eval()
+
+    def decode_inputs(self, b: int) -> tuple[Any, Any, Any]:
+        """The planned inputs of a decode step of b rows: tokens, positions, slots (b,) int32."""
+        return self.arena["tokens"].reshape(-1)[:b], self.arena["positions"][:b], self.arena["slots"][:b]
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> Any:
+        """One decode step (model.gpt_decode) of b = len(tokens) rows: row i's token at position positions[i] of KV
+        cache row slots[i]; returns the rows' next-token logits, the plan's next_logits[:b] (b, V). The inputs are
+        checked here (the kernels index the cache by them), then copied into the planned buffers, which the step
+        reads. The step of each b is prepared once (K.prepare: on a GPU, run once as its warm-up, which times its
+        choices, then captured as a CUDA graph) and then run, or replayed, at every call: a step run twice on the
+        same inputs writes the same keys and values, so the warm-up's run leaves the cache as the step finds it."""
+        tokens, positions, slots = (np.asarray(a).reshape(-1) for a in (tokens, positions, slots))
+        b = self._check_decode(tokens, positions, slots)
+        for dst, src in zip(self.decode_inputs(b), (tokens, positions, slots)):
+            self.K.copy_in(dst, src.astype(np.int32))
+        run = self.decoders.get(b)
+        if run is None:
+            run = self.decoders[b] = self.K.prepare(lambda: self._decode(b), True)
+        run()
+        return self.arena["next_logits"][:b]
+
+    def _decode(self, b: int) -> None:
+        model.gpt_decode(self.K, self.m, self.P_compute, self.arena, *self.decode_inputs(b))
+        self.prec.end_eval()
+
+    def _check_decode(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> int:
+        """b, once the decode inputs are known to be in range: ValueError naming what is not."""
+        b, T, V = tokens.size, self.m.seq_len, self.m.vocab_size
+        if "kv" not in self.arena:
+            raise ValueError("decode: the inference plan has no KV cache (make_infer_state(..., cache=True))")
+        if not 1 <= b <= self.B or positions.size != b or slots.size != b:
+            raise ValueError(f"decode: tokens, positions and slots need one entry a row, 1 to {self.B} rows (got "
+                             f"{tokens.size}, {positions.size}, {slots.size})")  # fmt: skip
+        for name, a, top in (("tokens", tokens, V), ("positions", positions, T), ("slots", slots, self.B)):
+            if a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= top:
+                raise ValueError(f"decode: {name} must be integers in [0, {top}) (got {a.min()} .. {a.max()})")
+        if np.unique(slots).size != b:
+            raise ValueError("decode: two rows of one step share a cache row (slots must be distinct)")
+        return b
 
 
 def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, cache: bool = True) -> InferState:

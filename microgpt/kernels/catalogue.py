@@ -20,9 +20,21 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
-from microgpt.kernels import adamw, attention, crossentropy, embedding, fp8, gelu, gemm, gradclip, layernorm, linear
+from microgpt.kernels import (
+    adamw,
+    attention,
+    crossentropy,
+    decode,
+    embedding,
+    fp8,
+    gelu,
+    gemm,
+    gradclip,
+    layernorm,
+    linear,
+)
 
-KERNEL_MODULES = (adamw, attention, crossentropy, embedding, fp8, gelu, gemm, gradclip, layernorm)
+KERNEL_MODULES = (adamw, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -143,6 +155,11 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
     attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
     attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
+    decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
+    decode.decode_kv_write(q, q, rows, rows, at, at)
+    decode.decode_attention(rows, rows, q, q, at, at, NH, sm_count=SWEEP_SMS,
+                            partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32))  # fmt: skip
     logits, tg, wte = e(N, V), e(N, dt=i32), e(V, C)
     crossentropy.crossentropy_forward(stat, stat, x, wte, tg, logits, mm=mm, tuner=cat)
     crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, wte, tg, stat, logits, mm=mm, tuner=cat)

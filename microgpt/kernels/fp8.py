@@ -285,7 +285,7 @@ class Matmul(linear.Matmul):
         x2 = src.view(-1, C)
         N = x2.shape[0]
         x8 = self.q.view(self.q.x8, N, C)
-        cast(self.tuner, x2, w.xslot, x8, w.xt.view(C, N), w.priming.on, op=op)
+        cast(self.tuner, x2, w.xslot, x8, self.q.view(w.xt, C, N), w.priming.on, op=op)
         y3 = y.view(G, N, OC)
         for g in range(G):
             mm8(y3[g], x8, w.xslot[:1], w.w8t[g].t(), w.scale[:1])
@@ -307,7 +307,15 @@ class Matmul(linear.Matmul):
         mm8(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
         dw3 = dw.view(G, C, OC)
         for g in range(G):
-            mm8(dw3[g], w.xt.view(C, N), w.xslot[:1], g8t[g].t(), w.gslot[:1], accumulate=True, wgrad=self.q.wgrad)
+            mm8(
+                dw3[g],
+                self.q.view(w.xt, C, N),
+                w.xslot[:1],
+                g8t[g].t(),
+                w.gslot[:1],
+                accumulate=True,
+                wgrad=self.q.wgrad,
+            )
 
     def logits(self, x: torch.Tensor, wte: torch.Tensor) -> linear.ChunkLogits:
         """The head's logits GEMM in E4M3 where the head runs in fp8: x (N, C) cast at its own amax into the

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import triton
 
-from microgpt.kernels import layernorm
+from microgpt.kernels import decode, layernorm
 from microgpt.kernels.cublaslt import CublasLt
 from microgpt.kernels.gemm import PROBE_ROWS, Gemm, cublas_mm
 from microgpt.kernels.tuning import INTERPRET, Tuner
@@ -54,6 +54,12 @@ def scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[s
     return {"embedding_backward": ("order", "emb_order", N, "i32"),
             "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, sm_count), "f32"),
             "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
+
+
+def infer_scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[str, str, int, str]]:
+    """The launchers' scratch of an inference plan of B sequences of T positions (as `scratch`): decode attention's
+    partial rows, for the splits of every batch of up to B rows (kernels/decode.py split_plan)."""
+    return {"decode_attention": ("partials", "dec_partials", decode.partials_numel(B, T, C, NH, sm_count), "f32")}
 
 
 class Runtime:
@@ -130,8 +136,9 @@ class Runtime:
         return pool[offset : offset + n].view(dtype).view(shape)
 
     def scratch(self, B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
-        """The launchers' scratch for a micro-batch of B sequences on this device (`scratch`)."""
-        return scratch(B, T, C, NH, self.sm_count)
+        """The launchers' scratch for a micro-batch of B sequences on this device (`scratch`), and for an inference
+        plan of B sequences (`infer_scratch`): function -> (keyword, buffer, elements, kind)."""
+        return {**scratch(B, T, C, NH, self.sm_count), **infer_scratch(B, T, C, NH, self.sm_count)}
 
     @staticmethod
     def probe_numel(C: int, V: int) -> int:

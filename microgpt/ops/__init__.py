@@ -22,7 +22,10 @@ layernorm modules (one pass over the rows on the GPU); the add's backward sends 
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
-grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py).
+grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py). And the decode
+step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
+rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
+decode_attention; ops/decode.py specifies them).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -83,6 +86,7 @@ OPS: dict[str, OpPair] = {
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
+    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
 }
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's

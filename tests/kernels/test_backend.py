@@ -8,7 +8,7 @@ import torch
 
 from microgpt import backend, memory, model, ops, params
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.state import make_state
+from microgpt.state import make_infer_state, make_state
 from microgpt.step import Step
 
 from ._kutil import check
@@ -101,7 +101,8 @@ def test_fp16_compute_copy_follows_master() -> None:
 
 
 def test_plan_is_every_byte_the_backend_uses() -> None:
-    """The printed plan's total is the arena plus the runtime rows; the launchers' scratch are planned views."""
+    """The printed plan's total is the arena plus the runtime rows; the launchers' scratch are planned views (a
+    training plan's and an inference plan's)."""
     t = TrainConfig(micro_batch=B, n_micro=3, precision="fp16", backend="triton")
     S = make_state(M, t, backend.triton_backend("fp16"))
     sizes = memory.role_bytes(S.plan, S.K.precision)
@@ -109,10 +110,15 @@ def test_plan_is_every_byte_the_backend_uses() -> None:
     assert sum(sizes.values()) == S.arena.nbytes + runtime
     assert S.arena.pool.numel() == S.arena.nbytes
     assert sizes["kernel"] > 0 and sizes["compute_params"] == (params.n_params(M) * 2 + 255) // 256 * 256
-    lo, hi = S.arena.pool.data_ptr(), S.arena.pool.data_ptr() + S.arena.nbytes
-    for fn, kw, buf in S.K.scratch_args:
-        view = getattr(S.K, fn).keywords[kw]
-        assert view is S.arena[buf] and lo <= view.data_ptr() < hi, (fn, buf)
+    inf = make_infer_state(M, backend.triton_backend("fp16"), 3, params.init_weights(M, 0))
+    # a training plan has the backward's scratch, an inference plan the decode step's
+    for St, bufs in ((S, {"emb_order", "ln_partials", "att_delta"}), (inf, {"dec_partials"})):
+        lo, hi = St.arena.pool.data_ptr(), St.arena.pool.data_ptr() + St.arena.nbytes
+        assert {buf for _, _, buf in St.K.scratch_args if buf in St.arena} == bufs
+        for fn, kw, buf in St.K.scratch_args:
+            if buf in bufs:
+                view = getattr(St.K, fn).keywords[kw]
+                assert view is St.arena[buf] and lo <= view.data_ptr() < hi, (fn, buf)
     assert S.arena["tokens"].shape == (3, B, M.seq_len)
 
 

@@ -215,6 +215,22 @@ def test_linear_fp8_matches_numpy(G: int, dtype: torch.dtype, scaling: str) -> N
         np.testing.assert_allclose(h(getattr(tw, name)), getattr(nw, name), rtol=0 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("dtype", ACTS)
+def test_linear_fp8_forward_of_fewer_rows_than_planned(dtype: torch.dtype) -> None:
+    """The inference plan's buffers are sized for its N = B*T rows and a step runs fewer (a decode step: one a
+    sequence): the QKV site's forward over 5 rows reads and writes the first 5 rows' worth of the scratch and of
+    the site's transposed copy, as the reference computes them."""
+    rng = np.random.default_rng(9)
+    N, n, C = 64, 5, 32
+    nw, tw = weights_pair(rng, 3, C, C, N)
+    x = rounded(rng.standard_normal((n, C)).astype(np.float32), dtype).astype(np.float32)
+    out_n = np.zeros((3, n, C), np.float32)
+    rlinear.linear_forward(out_n, x, nw, mm=ref.Matmul(None))
+    out_t = torch.zeros(3, n, C, dtype=dtype, device=DEVICE)
+    klinear.linear_forward(out_t, t(x, dtype), tw, mm=matmul8(N, C))
+    check("out", h(out_t), out_n, TOL[dtype])
+
+
 @pytest.mark.parametrize("scaling", HISTORIES)
 @pytest.mark.parametrize("dtype", ACTS)
 def test_mlp_fp8_matches_numpy(dtype: torch.dtype, scaling: str) -> None:

@@ -1,0 +1,56 @@
+"""The decode step's three position-dependent ops (model.gpt_decode), forward only, NumPy reference.
+
+A decode step runs b rows, one new token each: row i sits at position positions[i] of KV-cache row slots[i]
+(positions, slots (b,) int32). On the GPU both live in device memory, so that one captured CUDA graph serves every
+step of a batch size whatever the rows' positions (microgpt/state.py InferState.decode). Shapes: tokens (b,), the
+caches (B, T, C) (one layer's keys or values: memory.inference_plan's kv[l, 0] and kv[l, 1]), q, k, v, out (b, C)
+with the heads interleaved as (b, NH, hs).
+
+    decode_embedding   out[i] = wte[tokens[i]] + wpe[positions[i]]
+    decode_kv_write    k_cache[slots[i], positions[i]] = k[i] ; v_cache[slots[i], positions[i]] = v[i]
+    decode_attention   per head: out[i] = softmax(q[i] . K_i^T / sqrt(hs)) V_i, with K_i, V_i the keys and values
+                       of positions 0 .. positions[i] of cache row slots[i] (the one just written included)
+
+Nothing is saved (there is no backward), and nothing past positions[i] is read: the cache there holds noise or a
+sequence that held the slot before. The slots of one step are distinct (two rows never write one cache row), which
+InferState.decode checks on the host. For one row at position pos these are gpt_infer's embedding at pos, its copy
+into the cache and attention_forward_cached for t = 1 (tests/test_decode.py compares the steps).
+On the GPU (kernels/decode.py) the attention is split over the keys (flash-decoding) and the splits combined in a
+fixed order; here one pass per row computes the same function.
+"""
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def decode_embedding(out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray, wpe: NDArray) -> None:
+    """out (b,C) = wte[tokens] + wpe[positions]."""
+    np.take(wte, tokens, axis=0, out=out)
+    out += wpe[positions]
+
+
+def decode_kv_write(k_cache: NDArray, v_cache: NDArray, k: NDArray, v: NDArray, positions: NDArray,
+                    slots: NDArray) -> None:  # fmt: skip
+    """k_cache, v_cache (B,T,C)[slots[i], positions[i]] = k[i], v[i] (b,C)."""
+    k_cache[slots, positions] = k
+    v_cache[slots, positions] = v
+
+
+def decode_attention(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, positions: NDArray,
+                     slots: NDArray, n_head: int) -> None:  # fmt: skip
+    """out (b,C) = attention of each row's query q[i] (C,) over positions 0 .. positions[i] of cache row slots[i]."""
+    b, C = q.shape
+    hs = C // n_head
+    for i in range(b):
+        n, s = int(positions[i]) + 1, int(slots[i])
+        qh = q[i].reshape(n_head, 1, hs)
+        kh = np.ascontiguousarray(k_cache[s, :n].reshape(n, n_head, hs).transpose(1, 2, 0))  # (NH, hs, n)
+        vh = np.ascontiguousarray(v_cache[s, :n].reshape(n, n_head, hs).transpose(1, 0, 2))  # (NH, n, hs)
+        p = qh @ kh  # (NH, 1, n)
+        p *= 1.0 / math.sqrt(hs)
+        p -= p.max(axis=2, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(axis=2, keepdims=True)
+        out[i] = (p @ vh).reshape(C)

@@ -1,0 +1,136 @@
+"""The decode step's kernels (kernels/decode.py) against their NumPy twins (ops/decode.py): random rows at ragged
+positions of permuted cache rows, noise wherever a row must not read, and the attention under several split plans;
+then the whole decode step of the triton backend against the NumPy backend's (logits and greedy tokens)."""
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt import params
+from microgpt.backend import numpy_backend, triton_backend
+from microgpt.config import ModelConfig
+from microgpt.kernels import decode as kd
+from microgpt.ops import decode as ref
+from microgpt.state import make_infer_state
+
+from ._kutil import DEVICE, DTYPES, ON_GPU, check, compare, h, rounded, t
+
+# (B, T, C, NH, positions, slots): ragged rows over several tiles of keys, one at the cache's last position, one at 0;
+# one row at position 0; hs 12 (not a power of two) and hs 4
+CASES = [(4, 70, 24, 2, [69, 3, 40], [1, 3, 0]), (1, 9, 8, 2, [0], [0]), (3, 37, 16, 4, [17, 0, 36], [2, 0, 1])]
+SMS = [1, 4, 64]  # one split, a few, the most the cache's length allows
+
+
+def _inputs(rng: np.random.Generator, B: int, T: int, C: int, b: int, dtype: torch.dtype):
+    q = rounded(rng.standard_normal((b, C)), dtype)
+    kc, vc = (rounded(rng.standard_normal((B, T, C)), dtype) for _ in range(2))
+    return q, kc, vc
+
+
+@pytest.mark.parametrize("sm_count", SMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,NH,positions,slots", CASES)
+def test_decode_attention(B, T, C, NH, positions, slots, dtype, sm_count) -> None:
+    rng = np.random.default_rng(T + sm_count)
+    b = len(positions)
+    q, kc, vc = _inputs(rng, B, T, C, b, dtype)
+    pos, sl = np.array(positions, np.int32), np.array(slots, np.int32)
+    want = np.empty((b, C))
+    ref.decode_attention(want, q, kc, vc, pos, sl, NH)
+    gk, gv = t(kc, dtype), t(vc, dtype)
+    for p, s in zip(positions, slots):
+        gk[s, p + 1 :], gv[s, p + 1 :] = 1e4, -1e4  # past the row's position: never read
+    S, chunk = kd.split_plan(b, T, NH, sm_count)
+    assert S * chunk >= T and (S - 1) * chunk < T and chunk % kd.BN == 0
+    n = kd.partials_numel(B, T, C, NH, sm_count)
+    partials = torch.full((n,), float("nan"), device=DEVICE)  # a split the combine reads was written first
+    out = torch.full((b, C), float("nan"), dtype=dtype, device=DEVICE)
+    kd.decode_attention(out, t(q, dtype), gk, gv, t(pos), t(sl), NH, partials=partials, sm_count=sm_count)
+    compare("out", out, want, dtype)
+    again = torch.full_like(out, float("nan"))
+    kd.decode_attention(again, t(q, dtype), gk, gv, t(pos), t(sl), NH, partials=partials, sm_count=sm_count)
+    assert torch.equal(out, again), "the splits are combined in a fixed order"
+
+
+def test_the_split_plan_fills_the_device_at_batch_1() -> None:
+    """ANDREA-120M's shape on 132 multiprocessors: small batches split the 1024 keys until the programs fill the
+    device (at most one split a tile of keys), a batch whose (row, head) programs fill it alone does not split; no
+    plan has an empty split."""
+    for b, sms in ((1, 132), (2, 132), (8, 132), (32, 132), (128, 132), (1, 4), (64, 8)):
+        S, chunk = kd.split_plan(b, 1024, 12, sms)
+        assert 1 <= S <= kd.MAX_SPLITS and (S - 1) * chunk < 1024 <= S * chunk and chunk % kd.BN == 0
+        # whole tiles a split: rounding the split's keys up to them can halve the splits, never more
+        assert 2 * b * 12 * S >= min(kd.WAVES * sms, b * 12 * 1024 // kd.BN) or S == kd.MAX_SPLITS
+    assert kd.split_plan(1, 1024, 12, 132) == (1024 // kd.BN, kd.BN)  # batch 1: every tile its own program
+    assert kd.split_plan(128, 1024, 12, 132) == (1, 1024)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,NH,positions,slots", CASES)
+def test_decode_kv_write_and_embedding(B, T, C, NH, positions, slots, dtype) -> None:
+    """The key and value of each row at (its slot, its position) of the caches, as views of one (3, b, C)
+    projection (the decode step's k and v); nothing else of the caches changes; the embedding at each row's own
+    position."""
+    rng = np.random.default_rng(B * T)
+    b, V = len(positions), 13
+    qkv = rounded(rng.standard_normal((3, b, C)), dtype)
+    kc, vc = (rounded(rng.standard_normal((B, T, C)), dtype) for _ in range(2))
+    pos, sl = np.array(positions, np.int32), np.array(slots, np.int32)
+    gqkv, gk, gv = t(qkv, dtype), t(kc, dtype), t(vc, dtype)
+    ref.decode_kv_write(kc, vc, qkv[1], qkv[2], pos, sl)
+    kd.decode_kv_write(gk, gv, gqkv[1], gqkv[2], t(pos), t(sl))
+    np.testing.assert_array_equal(h(gk), kc)
+    np.testing.assert_array_equal(h(gv), vc)
+    wte, wpe = rounded(rng.standard_normal((V, C)), dtype), rounded(rng.standard_normal((T, C)), dtype)
+    tokens = rng.integers(0, V, b).astype(np.int32)
+    want = np.empty((b, C))
+    ref.decode_embedding(want, tokens, pos, wte, wpe)
+    out = torch.full((b, C), float("nan"), dtype=dtype, device=DEVICE)
+    kd.decode_embedding(out, t(tokens), t(pos), t(wte, dtype), t(wpe, dtype))
+    compare("embedding", out, want, dtype)
+
+
+M = ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=40)
+
+
+def decode_run(S, ids: np.ndarray, steps: int, forced: list[list[int]] | None = None) -> tuple[list, list]:
+    """A prefill of two prompts into cache rows 0 and 1, one decode step of row 0 alone (batch 1), then `steps`
+    steps of both rows at their own positions, in swapped order (batch 2): each step's logits, and each row's
+    tokens, greedy or `forced` (another run's, so that both runs see the same inputs)."""
+    tokens, _ = S.inputs(*ids.shape)
+    S.K.copy_in(tokens, ids)
+    S.run(tokens, 0)
+    seqs = [[int(z)] for z in S.K.to_numpy(S.arena["next_logits"][:2]).argmax(axis=1)]
+    if forced is not None:
+        seqs = [f[:1] for f in forced]
+    logits, t0 = [], ids.shape[1]
+    for rows in [[0]] + [[1, 0]] * steps:
+        pos = [t0 + len(seqs[i]) - 1 for i in rows]
+        z = S.K.to_numpy(S.decode([seqs[i][-1] for i in rows], pos, rows)).copy()
+        logits.append(z)
+        for r, i in enumerate(rows):
+            seqs[i].append(int(z[r].argmax()) if forced is None else forced[i][len(seqs[i])])
+    return logits, seqs
+
+
+# logits against the NumPy step: fp32 only rounds differently; bf16 rounds every activation on the GPU side; fp8
+# casts those bf16 activations, which moves an element to a neighbouring E4M3 value now and then (a step of 1/8)
+TOL_STEP = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 5e-2}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"] if ON_GPU else ["fp32"])
+def test_the_decode_step_matches_numpy(precision: str) -> None:
+    """The same weights on both backends, the same prompts and decode steps (decode_run: rows at different
+    positions, batches of 1 and 2; on a GPU each step a replay of its batch's CUDA graph): every step's logits
+    agree (fp32: to 1e-5; bf16 and fp8, on the GPU only, whose activations are bf16: to bf16's rounding). The
+    triton run is fed the NumPy run's greedy tokens; in fp32 its own greedy tokens are those."""
+    w = params.init_weights(M, 3)
+    w += np.random.default_rng(4).standard_normal(w.shape).astype(np.float32) * 0.05
+    ids = np.random.default_rng(5).integers(0, M.vocab_size, (2, 11)).astype(np.int32)
+    want, seqs = decode_run(make_infer_state(M, numpy_backend(precision_name=precision), 3, w), ids, 6)
+    got, _ = decode_run(make_infer_state(M, triton_backend(precision), 3, w), ids, 6, forced=seqs)
+    for step, (a, b) in enumerate(zip(got, want)):
+        check(f"step {step}", a, b, TOL_STEP[precision])
+    if precision == "fp32":
+        _, own = decode_run(make_infer_state(M, triton_backend(precision), 3, w), ids, 6)
+        assert own == seqs

@@ -1,0 +1,146 @@
+"""On the GPU: the decode step's kernels at ANDREA-120M's shape against float64 torch, and the decode step as a CUDA
+graph per batch size: each replay equals the eager step over the same inputs, the graphs' results equal the NumPy
+backend's, and the peak memory stays within the inference plan.
+
+Run on the GPU machine: MICROGPT_TEST_GPU=1 python3 -m pytest -m gpu tests/kernels/test_gpu_decode.py
+(tests/kernels/test_decode.py runs on the GPU too under MICROGPT_TEST_GPU=1, with bf16 and fp8 steps.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt import memory, model, params
+from microgpt.backend import numpy_backend, triton_backend
+from microgpt.config import ModelConfig
+from microgpt.kernels import decode as kd
+from microgpt.state import make_infer_state
+
+from ._kutil import ON_GPU, SMS, check
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (ON_GPU and torch.cuda.is_available()), reason="needs CUDA")]
+
+B, T, C, NH, V = 32, 1024, 768, 12, 50304
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def rows_at(b: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """b rows' positions (0 and T - 1 among them where b > 1) and distinct cache rows, int32 on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, T, (b,), generator=g)
+    if b > 1:
+        pos[0], pos[1] = 0, T - 1
+    return pos.int().cuda(), torch.randperm(B, generator=g)[:b].int().cuda()
+
+
+def attention_reference(q, kc, vc, pos, slots) -> torch.Tensor:
+    """float64: each row's query over its cache row's positions 0 .. pos[i]."""
+    hs, out = C // NH, []
+    for i, (p, s) in enumerate(zip(pos.tolist(), slots.tolist())):
+        k, v = (z[s, : p + 1].double().view(p + 1, NH, hs).transpose(0, 1) for z in (kc, vc))
+        att = torch.softmax(q[i].double().view(NH, 1, hs) @ k.transpose(1, 2) / math.sqrt(hs), dim=-1)
+        out.append((att @ v).reshape(C))
+    return torch.stack(out)
+
+
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("b", [1, 7, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernels_gpu(dtype: torch.dtype, b: int) -> None:
+    torch.manual_seed(b)
+    pos, slots = rows_at(b, b)
+    kc, vc = (torch.randn(B, T, C, device="cuda", dtype=dtype) for _ in range(2))
+    qkv = torch.randn(3, b, C, device="cuda", dtype=dtype)
+    want_k, want_v = kc.clone(), vc.clone()
+    want_k[slots.long(), pos.long()], want_v[slots.long(), pos.long()] = qkv[1], qkv[2]
+    kd.decode_kv_write(kc, vc, qkv[1], qkv[2], pos, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    partials = torch.full((kd.partials_numel(B, T, C, NH, SMS),), float("nan"), device="cuda")
+    out = torch.full((b, C), float("nan"), device="cuda", dtype=dtype)
+    kd.decode_attention(out, qkv[0], kc, vc, pos, slots, NH, partials=partials, sm_count=SMS)
+    err = rel(out, attention_reference(qkv[0], kc, vc, pos, slots))
+    assert err < TOL[dtype], f"attention: rel err {err:.2e} (splits {kd.split_plan(b, T, NH, SMS)})"
+    again = torch.empty_like(out)
+    kd.decode_attention(again, qkv[0], kc, vc, pos, slots, NH, partials=partials, sm_count=SMS)
+    assert torch.equal(out, again), "the splits are combined in a fixed order"
+    wte, wpe = torch.randn(V, C, device="cuda", dtype=dtype), torch.randn(T, C, device="cuda", dtype=dtype)
+    tokens = torch.randint(0, V, (b,), device="cuda", dtype=torch.int32)
+    emb = torch.empty(b, C, device="cuda", dtype=dtype)
+    kd.decode_embedding(emb, tokens, pos, wte, wpe)
+    err = rel(emb, wte[tokens.long()].double() + wpe[pos.long()].double())
+    assert err < TOL[dtype], f"embedding: rel err {err:.2e}"
+
+
+# a model big enough for the attention to split over a 1024-position cache, small enough for the NumPy reference
+MID = ModelConfig(vocab_size=512, d_model=128, n_layer=2, n_head=4, seq_len=1024)
+
+
+def weights(m: ModelConfig) -> np.ndarray:
+    w = params.init_weights(m, 0)
+    return w + np.random.default_rng(1).standard_normal(w.shape).astype(np.float32) * 0.05
+
+
+def decode_steps(S, prompt: np.ndarray, steps: list[tuple[list[int], list[int]]]) -> list[np.ndarray]:
+    """A prefill of prompt (b0, t) into cache rows 0 .. b0-1, then each step's rows (slots) with its tokens, each at
+    the position after what its cache row holds (the same inputs on every backend); each step's logits."""
+    tokens, _ = S.inputs(*prompt.shape)
+    S.K.copy_in(tokens, prompt)
+    S.run(tokens, 0)
+    held, out = [prompt.shape[1]] * prompt.shape[0] + [0] * (S.B - prompt.shape[0]), []
+    for slots, toks in steps:
+        out.append(S.K.to_numpy(S.decode(toks, [held[s] for s in slots], slots)).copy())
+        for s in slots:
+            held[s] += 1
+    return out
+
+
+# logits against the NumPy step: fp32 only rounds differently; bf16 rounds every activation on the GPU side; fp8
+# casts those bf16 activations, which moves an element to a neighbouring E4M3 value now and then (a step of 1/8)
+TOL_STEP = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 5e-2}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
+def test_the_graphs_equal_numpy_gpu(precision: str) -> None:
+    """Rows at positions from 0 to past 600, in batches of 1, 2 and 3 (three graphs, each replayed several times),
+    against the NumPy backend's step, to 1e-5 in fp32 and to bf16's rounding in bf16 and fp8."""
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(0, MID.vocab_size, (2, 600)).astype(np.int32)
+    steps = []
+    for i in range(4):
+        steps += [([1], [3 + i]), ([0, 2], [5, 6 + i]), ([2, 1, 0], [7, 8, 9 + i])]  # row 2 starts at position 0
+    w = weights(MID)
+    got = decode_steps(make_infer_state(MID, triton_backend(precision), 3, w), prompt, steps)
+    want = decode_steps(make_infer_state(MID, numpy_backend(precision_name=precision), 3, w), prompt, steps)
+    for i, (a, b) in enumerate(zip(got, want)):
+        check(f"step {i}", a, b, TOL_STEP[precision])
+
+
+def test_a_replay_is_the_eager_step_gpu() -> None:
+    """After its graph is captured, each replay at new inputs (positions advanced, other rows, other tokens) gives
+    what the eager step (model.gpt_decode, the same kernels and choices) gives on those inputs, bit for bit; and
+    the peak memory from before the state is made to the last replay is within the plan."""
+    m = ModelConfig(vocab_size=V, d_model=C, n_layer=12, n_head=NH, seq_len=T)
+    K, w = triton_backend("bf16"), params.init_weights(m, 0)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()  # from what is allocated: cuBLAS's workspace (a runtime row of the plan)
+    S = make_infer_state(m, K, B, w)
+    plan = sum(memory.role_bytes(S.plan, S.K.precision).values())
+    rng = np.random.default_rng(3)
+    for b in (1, 32):
+        for step in range(3):
+            toks, pos = rng.integers(0, V, b), rng.integers(0, T, b)
+            slots = rng.permutation(B)[:b]
+            got = S.decode(toks, pos, slots).cpu()  # (copies to the host allocate nothing on the device)
+            model.gpt_decode(S.K, m, S.P_compute, S.arena, *S.decode_inputs(b))
+            assert torch.equal(S.arena["next_logits"][:b].cpu(), got), (b, step)
+    assert set(S.decoders) == {1, 32}
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    assert peak <= plan, f"peak {peak:,} bytes over the plan's {plan:,}"

@@ -1,0 +1,68 @@
+"""The decode step's ops (ops/decode.py) against torch: rows at ragged positions of permuted cache rows, the cache
+past each row's position (and the rows no step uses) full of noise that must not be read."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from microgpt.ops.decode import decode_attention, decode_embedding, decode_kv_write
+
+from ._util import F32_TOL, F64_TOL, check
+
+# (B, T, C, NH, positions, slots): one row at position 0; ragged rows, one at the cache's last position; hs = 1
+CASES = [(1, 5, 8, 2, [0], [0]), (4, 9, 12, 3, [3, 8, 0], [2, 0, 3]), (3, 6, 5, 5, [5, 1], [1, 2])]
+
+
+def torch_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions, slots, n_head: int):
+    """Each row's query over its cache row's positions 0 .. positions[i], by torch's softmax, float64."""
+    C = q.shape[1]
+    hs = C // n_head
+    rows = []
+    for i, (pos, slot) in enumerate(zip(positions, slots)):
+        kh = torch.from_numpy(k_cache[slot, : pos + 1]).view(pos + 1, n_head, hs).transpose(0, 1)  # (NH, n, hs)
+        vh = torch.from_numpy(v_cache[slot, : pos + 1]).view(pos + 1, n_head, hs).transpose(0, 1)
+        qh = torch.from_numpy(q[i]).view(n_head, 1, hs)
+        att = torch.softmax(qh @ kh.transpose(1, 2) / math.sqrt(hs), dim=-1)  # (NH, 1, n)
+        rows.append((att @ vh).reshape(C))
+    return torch.stack(rows).numpy()
+
+
+@pytest.mark.parametrize("B,T,C,NH,positions,slots", CASES)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+def test_decode_attention_reads_each_rows_own_positions(B, T, C, NH, positions, slots, dtype, tol) -> None:
+    rng = np.random.default_rng(sum(positions) * 7 + B)
+    b = len(positions)
+    q = rng.standard_normal((b, C))
+    kc, vc = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    ref = torch_attention(q, kc, vc, positions, slots, NH)
+    for i, (pos, slot) in enumerate(zip(positions, slots)):  # noise past each row's position: never read
+        kc[slot, pos + 1 :], vc[slot, pos + 1 :] = 1e3, -1e3
+    out = np.full((b, C), np.nan, dtype)
+    pos, sl = np.array(positions, np.int32), np.array(slots, np.int32)
+    decode_attention(out, q.astype(dtype), kc.astype(dtype), vc.astype(dtype), pos, sl, NH)
+    check("out", out, ref, tol)
+
+
+@pytest.mark.parametrize("B,T,C,NH,positions,slots", CASES)
+def test_decode_kv_write_and_embedding(B, T, C, NH, positions, slots) -> None:
+    """Each row's key and value land at (its slot, its position) and nowhere else; its embedding is its token's row
+    plus its own position's."""
+    rng = np.random.default_rng(len(positions) + T)
+    b, V = len(positions), 11
+    kc, vc = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    k, v = rng.standard_normal((b, C)), rng.standard_normal((b, C))
+    pos, sl = np.array(positions, np.int32), np.array(slots, np.int32)
+    want_k, want_v = kc.copy(), vc.copy()
+    for i in range(b):
+        want_k[slots[i], positions[i]], want_v[slots[i], positions[i]] = k[i], v[i]
+    decode_kv_write(kc, vc, k, v, pos, sl)
+    np.testing.assert_array_equal(kc, want_k)
+    np.testing.assert_array_equal(vc, want_v)
+    wte, wpe = rng.standard_normal((V, C)), rng.standard_normal((T, C))
+    tokens = rng.integers(0, V, b).astype(np.int32)
+    out = np.full((b, C), np.nan)
+    decode_embedding(out, tokens, pos, wte, wpe)
+    want = (torch.from_numpy(wte)[torch.from_numpy(tokens).long()] + torch.from_numpy(wpe)[pos.tolist()]).numpy()
+    check("embedding", out, want, F64_TOL)
