@@ -2,8 +2,8 @@
 checkpoint is loaded on (`load`'s backend: the NumPy one, fp32, unless told).
 
 The prompt is prefilled in one window from position 0 (the training forward's attention over it), then each new
-token runs one position through the same op pairs, attending to the KV cache of every earlier position. The
-context slides when it reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
+token is one row of the decode step (model.gpt_decode: the same op pairs at one position a row, attending to the KV
+cache of every earlier position; on a GPU one CUDA graph per batch size, replayed). The context slides when it reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
 
 A token is drawn from the logits by `pick`: temperature (0: greedy, the argmax), then top-k (the k likeliest
 tokens), then top-p (nucleus sampling: the likeliest tokens until their probability reaches p; the likeliest one
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config
+from microgpt import checkpoint, config, model
 from microgpt.backend import Backend, get_backend
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, check_number
@@ -88,12 +88,21 @@ class Generator:
 
     def run(self, ids: np.ndarray, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> np.ndarray:
         """ids (b, t) at positions pos .. pos + t - 1: one pos for rows 0 .. b-1, or one each in cache rows slots
-        (model.windows). The next-token logits after them, (b, V) float32 on the host."""
-        S = self.S
-        tokens, _ = S.inputs(*ids.shape)
+        (model.windows). The next-token logits after them, (b, V) float32 on the host. One token a row (t = 1) is
+        the decode step (InferState.decode: model.gpt_decode, on a GPU one CUDA graph per b); a longer window, the
+        prefill, goes through model.gpt_infer."""
+        S, (b, t) = self.S, ids.shape
+        if t == 1:
+            at, rows = [], []
+            for group, p, cached in model.windows(b, pos, slots):
+                n = group.stop - group.start
+                at += [p] * n
+                rows += range(cached.start, cached.start + n)
+            return S.K.to_numpy(S.decode(ids[:, 0], np.array(at), np.array(rows))).copy()
+        tokens, _ = S.inputs(b, t)
         S.K.copy_in(tokens, ids)
         S.run(tokens, pos, slots=slots)
-        return S.K.to_numpy(S.arena["next_logits"][: ids.shape[0]]).copy()
+        return S.K.to_numpy(S.arena["next_logits"][:b]).copy()
 
     def feed_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows 0 .. b-1 take ids (b, t) at positions pos .. pos + t - 1; their next-token logits (b, V)."""
