@@ -3,7 +3,8 @@ checkpoint is loaded on (`load`'s backend: the NumPy one, fp32, unless told).
 
 The prompt is prefilled in one window from position 0 (the training forward's attention over it), then each new
 token is one row of the decode step (model.gpt_decode: the same op pairs at one position a row, attending to the KV
-cache of every earlier position; on a GPU one CUDA graph per batch size, replayed). The context slides when it reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
+cache of every earlier position; on a GPU one CUDA graph per batch size, replayed). The context slides when it
+reaches seq_len: the cache is rebuilt from the last seq_len - 1 tokens.
 
 A token is drawn from the logits by `pick`: temperature (0: greedy, the argmax), then top-k (the k likeliest
 tokens), then top-p (nucleus sampling: the likeliest tokens until their probability reaches p; the likeliest one
