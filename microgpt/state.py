@@ -226,6 +226,23 @@ class InferState:
         model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets)
         self.prec.end_eval()
 
+    def score(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, np.ndarray]:
+        """Windows from position 0: x, y (b, t) int32 host arrays (y -1: not scored), b * t <= B * seq_len.
+        (sum of the scored losses, their count, the per-token losses (b, t) as a host array). Full windows (t =
+        seq_len) are padded to B rows, as the trainer's evaluation batches are, so they score as its val loss does."""
+        K, A, (b, t) = self.K, self.arena, x.shape
+        if t == self.m.seq_len and b < self.B:
+            x = np.concatenate([x, np.zeros((self.B - b, t), np.int32)])
+            y = np.concatenate([y, np.full((self.B - b, t), -1, np.int32)])
+        tokens, targets = self.inputs(*x.shape)
+        K.copy_in(tokens, x)
+        K.copy_in(targets, y)
+        self.run(tokens, 0, targets)
+        n = x.size
+        K.loss_sum(A["loss_sum"], A["losses"][:n], targets.reshape(-1))  # as the trainer's _val_loss
+        s, c = K.to_numpy(A["loss_sum"]).tolist()
+        return s, int(c), K.to_numpy(A["losses"][:n]).reshape(x.shape)[:b].copy()
+
 
 def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, cache: bool = True) -> InferState:
     """The inference plan for B sequences (memory.inference_plan; cache False: windows from position 0 only)
@@ -240,3 +257,4 @@ def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, ca
     S = InferState(K, m, B, plan, arena, bound.weights(params.views(arena.flat(compute), m)), bound)
     S.load_weights(weights)
     return S
+
