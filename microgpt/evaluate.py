@@ -31,6 +31,7 @@ import numpy as np
 
 from microgpt import checkpoint, config, hellaswag
 from microgpt.backend import Backend, cuda_available, get_backend
+from microgpt.data import hellaswag as hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError, check_number
 from microgpt.state import InferState, make_infer_state
@@ -159,10 +160,11 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     K = eval_backend(ld, args.backend, args.precision)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
-        examples = hellaswag.read(Path(args.hellaswag), "--hellaswag")[: args.windows]
-        res = hellaswag.score(scorer(ld, K), hellaswag.tokenize(examples, tok, ld.exp.model.seq_len))
+        examples = hellaswag_file.read(Path(args.hellaswag), "--hellaswag")[: args.windows]
+        res = hellaswag.score(scorer(ld, K), hellaswag_file.tokenize(examples, tok, ld.exp.model.seq_len))
         text = f"hellaswag: {res['examples']} examples | acc {res['acc']:.4f} | acc_norm {res['acc_norm']:.4f}"
         text += f" | {res['unscored']} with nothing to score (counted wrong)" if res["unscored"] else ""
+        text += f" | {res['truncated']} with the context cut to fit seq_len" if res["truncated"] else ""
     else:
         res = score_windows(scorer(ld, K), *_windows(ld, args))
         bpb = res["bits_per_byte"] or float("nan")

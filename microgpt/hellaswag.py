@@ -10,84 +10,28 @@ sequence (an ending after its context) is one row of a window from position 0; r
 batches of at most `budget` tokens (the plan's rows: micro_batch x seq_len), each batch as long as its longest row,
 so a 60-token example costs 60 positions, never seq_len. The packing depends only on the examples and the budget, so
 the trainer and `eval` on the checkpoint of that step (the same micro_batch) score the same batches.
+
+Longer than the model's context (seq_len + 1 tokens, the last seq_len of them predicted): the context loses its
+first tokens, as lm-evaluation-harness cuts a context from the left, so the ending keeps every token (the example is
+counted as `truncated`). An ending that does not fit seq_len alone, or an example where some ending has no token to
+score (an empty context and a one-token ending: nothing predicts the sequence's first token), cannot be judged: it
+counts among the examples, never as correct, and is reported as `unscored`. Neither refuses the file: a small model
+of a short context still gets a number, and the counts say what it stands on.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from microgpt.errors import InputError, brief
-from microgpt.fileio import parse_json
-from microgpt.state import InferState
-
-LABELS = {0: 0, 1: 1, 2: 2, 3: 3, "0": 0, "1": 1, "2": 2, "3": 3}  # the data set writes its label as a string
-
-
-class HellaswagError(InputError):
-    """A HellaSwag file that cannot be read or has a malformed line; str(err) names the flag or field, the file
-    and the line."""
-
-
-@dataclass
-class Item:
-    """One example, tokenized: its 4 scored sequences, the ending tokens each scores (the last n_end of the
-    sequence's targets) and the right ending."""
-
-    seqs: list[list[int]]
-    n_end: list[int]
-    label: int
-
-    @property
-    def judged(self) -> bool:
-        """False where some ending has no token to score (an empty context and a one-token ending: that token starts
-        the sequence, and nothing predicts it)."""
-        return min(self.n_end) > 0
-
-
-def read(path: Path, name: str) -> list[dict[str, Any]]:
-    """Every line checked before any scoring (fileio's strict reader: nesting, duplicate keys, NaN); one
-    HellaswagError naming `name` (the flag or config field), the file and the line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HellaswagError(f"{name} {path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-    out = []
-    for k, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{name} {path}:{k}"
-        ex = parse_json(line, where, HellaswagError, allow_nan=False)
-        if not isinstance(ex, dict) or not isinstance(ex.get("ctx"), str):
-            raise HellaswagError(f"{where}: field 'ctx' missing or not a string")
-        ends = ex.get("endings")
-        if not isinstance(ends, list) or len(ends) != 4 or not all(isinstance(e, str) and e for e in ends):
-            raise HellaswagError(f"{where}: field 'endings' must be a list of 4 non-empty strings")
-        label = ex.get("label")
-        if isinstance(label, bool) or not isinstance(label, (int, str)) or label not in LABELS:
-            raise HellaswagError(f"{where}: field 'label' must be 0, 1, 2 or 3, got {brief(label)}")
-        out.append({"ctx": ex["ctx"], "endings": ends, "label": LABELS[label]})
-    if not out:
-        raise HellaswagError(f"{name} {path}: no examples")
-    return out
-
-
-def tokenize(examples: list[dict[str, Any]], tok: Any, T: int) -> list[Item]:
-    """Each example's 4 sequences: context + " " + ending, the last T + 1 tokens where longer (the ending must
-    fit: its tokens are what is scored)."""
-    items = []
-    for ex in examples:
-        ctx, seqs, n_end = tok.encode(ex["ctx"]), [], []
-        for ending in ex["endings"]:
-            end = tok.encode(" " + ending)
-            seq = (ctx + end)[-(T + 1) :]
-            seqs.append(seq)
-            n_end.append(min(len(end), len(seq) - 1))
-        items.append(Item(seqs, n_end, ex["label"]))
-    return items
+from microgpt import data
+from microgpt.config import ConfigError, Experiment
+from microgpt.data.hellaswag import Item, read, tokenize
+from microgpt.data.tokenizer import load_tokenizer
+from microgpt.state import InferState, TrainState, training_infer_state
 
 
 def batches(items: list[Item], budget: int) -> list[list[tuple[int, int]]]:
@@ -121,19 +65,86 @@ def ending_losses(S: InferState, items: list[Item]) -> np.ndarray:
     return sums
 
 
-def accuracy(items: list[Item], sums: np.ndarray) -> dict[str, Any]:
-    """acc and acc_norm over the items, from their ending loss sums. An example not judged counts among the
-    examples, never as correct, and is reported as unscored."""
-    judged = np.array([it.judged for it in items])
-    labels = np.array([it.label for it in items])
-    means = sums / np.maximum(1, np.array([it.n_end for it in items]).reshape(-1, 4))
+def counts(items: list[Item], sums: np.ndarray) -> dict[str, int]:
+    """How many items there are, how many each rule picks right, how many are unscored or were cut."""
+    judged = np.array([it.judged for it in items], dtype=bool)
+    labels = np.array([it.label for it in items], dtype=np.int64)
+    n_end = np.array([it.n_end for it in items], dtype=np.int64).reshape(-1, 4)
+    means = sums / np.maximum(1, n_end)
     correct = int((np.argmin(np.where(judged[:, None], sums, 0.0), axis=1) == labels)[judged].sum())
     correct_norm = int((np.argmin(np.where(judged[:, None], means, 0.0), axis=1) == labels)[judged].sum())
-    n = len(items)
-    return {"examples": n, "acc": correct / n, "acc_norm": correct_norm / n, "correct": correct,
-            "correct_norm": correct_norm, "unscored": n - int(judged.sum())}  # fmt: skip
+    return {"examples": len(items), "correct": correct, "correct_norm": correct_norm,
+            "unscored": len(items) - int(judged.sum()), "truncated": sum(it.truncated for it in items)}  # fmt: skip
+
+
+def accuracy(c: dict[str, int]) -> dict[str, Any]:
+    """acc and acc_norm from counts(): an example not judged counts among the examples, never as correct."""
+    n = max(1, c["examples"])
+    return {"examples": c["examples"], "acc": c["correct"] / n, "acc_norm": c["correct_norm"] / n,
+            **{k: c[k] for k in ("correct", "correct_norm", "unscored", "truncated")}}  # fmt: skip
 
 
 def score(S: InferState, items: list[Item]) -> dict[str, Any]:
     """accuracy() of the items on S's model."""
-    return accuracy(items, ending_losses(S, items))
+    return accuracy(counts(items, ending_losses(S, items)))
+
+
+@dataclass
+class DuringTraining:
+    """train.hellaswag in a run: the file's examples (the first train.hellaswag_examples; 0: all) tokenized once,
+    scored every `every` steps and at the last on the weights being trained, over the training arena
+    (state.training_infer_state: no memory beyond the training plan). Under data parallel each rank scores every
+    world-th example and the counts are summed, so the result does not depend on the number of ranks."""
+
+    path: str
+    items: list[Item]  # this rank's share
+    total: int  # examples over all ranks
+    every: int
+    seq_len: int
+    truncated: int  # over all ranks, for the start line
+    unscored: int
+
+    @classmethod
+    def make(cls, exp: Experiment, rank: int, world: int) -> DuringTraining | None:
+        """None without train.hellaswag; `every` is train.hellaswag_every, or train.eval_every where that is 0. The
+        examples are tokenized with the data's tokenizer (built by now); shards without a tokenizer.json are a
+        ConfigError naming train.hellaswag."""
+        t = exp.train
+        if not t.hellaswag:
+            return None
+        info = data.tokenizer_info(exp)
+        if info.get("kind") == "unknown":
+            raise ConfigError(f"train.hellaswag {t.hellaswag}: needs the data's tokenizer to tokenize its examples; "
+                              "these shards have no tokenizer.json (set data.tokenizer)")  # fmt: skip
+        examples = read(t.hellaswag, "train.hellaswag")[: t.hellaswag_examples or None]
+        items = tokenize(examples, load_tokenizer(info), exp.model.seq_len)
+        cut, unscored = sum(it.truncated for it in items), sum(not it.judged for it in items)
+        every = t.hellaswag_every or t.eval_every
+        return cls(t.hellaswag, items[rank::world], len(items), every, exp.model.seq_len, cut, unscored)
+
+    def due(self, step: int, last: int) -> bool:
+        return step % self.every == 0 or step == last
+
+    def describe(self) -> str:
+        """The start line: what is scored, how often, and what does not fit seq_len."""
+        notes = [f"{self.truncated} with the context cut to fit seq_len {self.seq_len}"] if self.truncated else []
+        notes += [f"{self.unscored} with nothing to score (counted wrong)"] if self.unscored else []
+        return (f"hellaswag: {self.total:,} examples of {self.path}, every {self.every} steps"
+                + (f" ({'; '.join(notes)})" if notes else ""))  # fmt: skip
+
+    def __call__(self, S: TrainState, dp: Any = None) -> dict[str, Any]:
+        """The eval record's fields: hellaswag (acc), hellaswag_acc_norm, hellaswag_examples, hellaswag_seconds."""
+        t0 = time.perf_counter()
+        c = counts(self.items, ending_losses(training_infer_state(S), self.items))
+        keys = ("correct", "correct_norm")
+        if dp is not None:
+            c.update(zip(keys, (int(v) for v in dp.sum_scalars(*(c[k] for k in keys)))))
+        n = max(1, self.total)
+        return {"hellaswag": c["correct"] / n, "hellaswag_acc_norm": c["correct_norm"] / n,
+                "hellaswag_examples": self.total, "hellaswag_seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+
+
+def progress(ev: dict[str, Any]) -> str:
+    """The terminal's words for an eval record's HellaSwag fields (DuringTraining's)."""
+    return (f"hellaswag {ev['hellaswag']:.4f} (acc_norm {ev['hellaswag_acc_norm']:.4f}, "
+            f"{ev['hellaswag_examples']:,} examples, {ev['hellaswag_seconds']:.1f} s)")  # fmt: skip

@@ -203,7 +203,7 @@ class InferState:
     m: ModelConfig
     B: int  # sequences the plan holds
     plan: list[memory.Buf]
-    arena: memory.Arena
+    arena: memory.Arena | dict[str, Any]  # or the training arena's buffers under the inference plan's names
     P_compute: dict[str, Any]  # the weights the model reads, as TrainState's
     prec: PrecisionState
 
@@ -258,3 +258,21 @@ def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, ca
     S.load_weights(weights)
     return S
 
+
+def training_infer_state(S: TrainState) -> InferState:
+    """The inference step over a training state: the weights it is training, as they are now, and the training
+    arena's layer-0 activation buffers under the names of the inference plan's one layer (N = micro_batch x seq_len
+    rows), its loss buffers and its first micro-batch's inputs. Windows from position 0 only (no KV cache).
+
+    Between optimizer steps the saved activations are dead (the next step's forward writes every one before any
+    backward reads it; the trainer's validation loss runs in them too), so scoring here costs no byte beyond the
+    training plan and the device's peak stays the plan. A planned inference row would have cost memory the run
+    could otherwise train with, for something that runs between steps only."""
+    A = S.arena
+    a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes GELU
+    view = {"x": A["resid"][0], "x2": A["resid2"][0], "ln": A["ln1"][0], "qkv": A["qkv"][0], "att": A["att"][0],
+            "proj": A["proj"], "h": A["h"][0], "ln_mean": A["ln1_mean"][0], "ln_rstd": A["ln1_rstd"][0],
+            "att_lse": A["att_lse"][0].reshape(-1), "losses": A["losses"], "ce_lse": A["ce_lse"],
+            "logits": A["logits"], "loss_sum": A["loss_sum"], "tokens": A["tokens"][0], "targets": A["targets"][0],
+            **({} if a is None else {"a": a if a.ndim == 2 else a[0]})}  # fmt: skip
+    return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from microgpt import checkpoint, config, data, errors, hellaswag, params, sample
+from microgpt import checkpoint, config, data, errors, params, sample
 from microgpt.backend import numpy_backend
-from microgpt.data import shards
+from microgpt.data import hellaswag, shards
 from microgpt.data.sources import iter_records
 from microgpt.errors import InputError
 from microgpt.proxy import dashboard, httpd, phases

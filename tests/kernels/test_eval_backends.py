@@ -12,18 +12,22 @@ import pytest
 import torch
 
 from microgpt import checkpoint, config, evaluate, hellaswag, params
+from microgpt.backend import numpy_backend, triton_backend
+from microgpt.data import hellaswag as hellaswag_file
 from microgpt.data import shards
 from microgpt.data.tokenizer import ByteTokenizer
+from microgpt.state import make_state, training_infer_state
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 from ._kutil import ON_GPU
 
 MODEL = {"vocab_size": 256, "d_model": 16, "n_layer": 2, "n_head": 2, "seq_len": 16}
 EXAMPLES = [
-    {"ctx": "def add(a, b):", "endings": ["return a+b", "zz qq", "import", "class"], "label": 0},
-    {"ctx": "The cat sat", "endings": [" on the mat.", " def", "}", "1234"], "label": 2},
-    {"ctx": "for i in", "endings": ["range(10):", "the house", "x", "a very long ending past seq_len"], "label": 1},
-]
+    {"ctx": "a+b", "endings": ["=c", "-d", "*e", "/f"], "label": 0},
+    {"ctx": "The cat sat", "endings": ["on it", "def", "}", "12"], "label": 2},
+    {"ctx": "for key, value in sorted(", "endings": ["d.items()):", "the house", "x", "yz"], "label": 1},
+    {"ctx": "a", "endings": ["an ending longer than seq_len", "b", "c", "d"], "label": 1},
+]  # the third's context is cut to fit seq_len + 1 tokens; the fourth cannot be judged (an ending past seq_len)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def test_val_text_and_hellaswag_equal_numpy(ckpt: dict[str, Path], capsys: pytes
     """fp32: the same windows, tokens and bytes, losses to 1e-5; HellaSwag's ending loss sums to 1e-5 and the same
     picks (an ending cut to its last seq_len + 1 tokens included)."""
     ld = checkpoint.load_trained(ckpt["ckpt"])
-    items = hellaswag.tokenize(hellaswag.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
+    items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     got: dict[str, dict] = {}
     for name in ("numpy", "triton"):
         out = got[name] = {}
@@ -69,10 +73,12 @@ def test_val_text_and_hellaswag_equal_numpy(ckpt: dict[str, Path], capsys: pytes
             assert gpu[what][key] == cpu[what][key], (what, key)
         assert gpu[what]["loss"] == pytest.approx(cpu[what]["loss"], rel=1e-5), what
     assert cpu["data"]["windows"] == 6 and cpu["text"]["windows"] == 3
-    assert max(len(s) for it in items for s in it.seqs) == MODEL["seq_len"] + 1  # the long ending was cut
-    np.testing.assert_allclose(gpu["sums"], cpu["sums"], rtol=1e-5)
-    assert (np.argmin(gpu["sums"], axis=1) == np.argmin(cpu["sums"], axis=1)).all()
-    assert hellaswag.accuracy(items, gpu["sums"]) == hellaswag.accuracy(items, cpu["sums"])
+    assert [it.truncated for it in items] == [False, False, True, False] and not items[3].judged
+    assert max(len(s) for it in items[:3] for s in it.seqs) == MODEL["seq_len"] + 1
+    assert np.isnan(cpu["sums"][3]).all() and np.isfinite(cpu["sums"][:3]).all()
+    np.testing.assert_allclose(gpu["sums"][:3], cpu["sums"][:3], rtol=1e-5)
+    assert (np.argmin(gpu["sums"][:3], axis=1) == np.argmin(cpu["sums"][:3], axis=1)).all()
+    assert hellaswag.counts(items, gpu["sums"]) == hellaswag.counts(items, cpu["sums"])
 
 
 def test_hellaswag_on_triton_through_the_cli(ckpt: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
@@ -80,10 +86,15 @@ def test_hellaswag_on_triton_through_the_cli(ckpt: dict[str, Path], capsys: pyte
     res = run_eval(capsys, str(ckpt["ckpt"]), "--hellaswag", str(ckpt["hs"]), "--backend", "triton",
                    "--precision", "fp32")  # fmt: skip
     ld = checkpoint.load_trained(ckpt["ckpt"])
-    items = hellaswag.tokenize(hellaswag.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
+    items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", "fp32")), items)
-    assert res == {"step": 5, **hellaswag.accuracy(items, sums), "backend": "triton", "precision": "fp32"}
-    assert res["examples"] == 3 and res["unscored"] == 0
+    assert res == {
+        "step": 5,
+        **hellaswag.accuracy(hellaswag.counts(items, sums)),
+        "backend": "triton",
+        "precision": "fp32",
+    }
+    assert (res["examples"], res["unscored"], res["truncated"]) == (4, 1, 1)
 
 
 @pytest.mark.gpu
@@ -113,3 +124,16 @@ def test_eval_data_on_the_gpu_equals_the_trainers_val_loss(tmp_path: Path, preci
     got = json.loads(res.stdout)
     assert (got["backend"], got["precision"], got["windows"]) == ("triton", precision, windows)
     assert got["loss"] == pytest.approx(val, rel=1e-6)
+
+
+def test_training_arena_scores_hellaswag_on_triton_as_numpy(ckpt: dict[str, Path]) -> None:
+    """train.hellaswag's scorer on the triton kernels (fp32): the training arena's layer-0 buffers, with the
+    launchers' scratch planned for training micro-batches, score the packed rows as a NumPy inference plan does."""
+    ld = checkpoint.load_trained(ckpt["ckpt"])
+    items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
+    S = make_state(ld.exp.model, ld.exp.train, triton_backend("fp32"))
+    S.set_weights(ld.weights)
+    got = hellaswag.ending_losses(training_infer_state(S), items)
+    want = hellaswag.ending_losses(evaluate.scorer(ld, numpy_backend()), items)
+    np.testing.assert_allclose(got[:3], want[:3], rtol=1e-5)
+    assert np.isnan(got[3]).all()
