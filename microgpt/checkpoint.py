@@ -19,6 +19,7 @@ and the two agree (sha256, step, n_params). Anything else is one CheckpointError
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import re
 import stat
@@ -150,7 +151,11 @@ def _read_hashed(f: BinaryIO, path: Path, n_params: int | None) -> tuple[np.ndar
         raise CheckpointError(f"{path}: {what} checkpoint: {size} bytes, expected {expected} for n_params {n}")
     if n_params is not None and n != n_params:
         raise CheckpointError(f"{path}: checkpoint holds {n} parameters but the model has {n_params}")
-    data = np.empty(size, np.uint8)  # allocated once the size is known to be a checkpoint's
+    # Allocated once the size is known to be a checkpoint's, as an anonymous mapping: 4 KiB pages the read faults in
+    # as it fills them. np.empty asks the kernel for transparent huge pages for a buffer this large (madvise), and
+    # on a machine whose memory is fragmented the compaction that finds them can stall the read for longer than the
+    # read itself takes.
+    data = np.frombuffer(mmap.mmap(-1, size), np.uint8)
     data[: HEADER.size] = np.frombuffer(head, np.uint8)
     view, sha = memoryview(data), hashlib.sha256(head)
     hasher = ThreadPoolExecutor(1)  # one worker: the chunks are hashed in the order they were read

@@ -109,6 +109,7 @@ def test_a_file_read_in_many_chunks_hashes_as_one(tmp_path, monkeypatch) -> None
     ck = checkpoint.read_checkpoint(path, 1001)
     assert ck.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and checkpoint.load(path)[0].step == 9
     assert all(np.array_equal(a, b) for a, b in zip((ck.weights, ck.m, ck.v), (w, m, v)))
+    assert ck.weights.flags.writeable  # the triton runtime's copy_in wraps it without a copy
     with pytest.raises(CheckpointError, match=r"a folder, not a checkpoint$"):
         checkpoint.read_checkpoint(tmp_path)
 
