@@ -158,9 +158,9 @@ def triton_backend(precision_name: str, flag: str = "train.precision") -> Backen
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
     prec = precision.make(precision_name, "triton")
-    rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)  # first: no GPU at all is the backend's error
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"{flag} {precision_name!r} {why}")
+    rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
     def infer_rows(m: ModelConfig, B: int) -> list[Buf]:
         return triton_rows(m, None, rt.sm_count, rt.workspace_bytes)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import data
-from microgpt.config import ConfigError, Experiment
+from microgpt.config import Experiment
 from microgpt.data.hellaswag import Item, read, tokenize
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.state import InferState, TrainState, training_infer_state
@@ -107,17 +107,13 @@ class DuringTraining:
     @classmethod
     def make(cls, exp: Experiment, rank: int, world: int) -> DuringTraining | None:
         """None without train.hellaswag; `every` is train.hellaswag_every, or train.eval_every where that is 0. The
-        examples are tokenized with the data's tokenizer (built by now); shards without a tokenizer.json are a
-        ConfigError naming train.hellaswag."""
+        examples are tokenized with the data's tokenizer (built by now; data.hellaswag.check has seen that there is
+        one)."""
         t = exp.train
         if not t.hellaswag:
             return None
-        info = data.tokenizer_info(exp)
-        if info.get("kind") == "unknown":
-            raise ConfigError(f"train.hellaswag {t.hellaswag}: needs the data's tokenizer to tokenize its examples; "
-                              "these shards have no tokenizer.json (set data.tokenizer)")  # fmt: skip
         examples = read(t.hellaswag, "train.hellaswag")[: t.hellaswag_examples or None]
-        items = tokenize(examples, load_tokenizer(info), exp.model.seq_len)
+        items = tokenize(examples, load_tokenizer(data.tokenizer_info(exp)), exp.model.seq_len)
         cut, unscored = sum(it.truncated for it in items), sum(not it.judged for it in items)
         every = t.hellaswag_every or t.eval_every
         return cls(t.hellaswag, items[rank::world], len(items), every, exp.model.seq_len, cut, unscored)

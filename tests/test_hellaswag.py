@@ -13,6 +13,7 @@ import pytest
 from microgpt import config, hellaswag, params, trackers
 from microgpt.backend import numpy_backend
 from microgpt.data import hellaswag as hellaswag_file
+from microgpt.data import shards
 from microgpt.data.tokenizer import ByteTokenizer
 from microgpt.state import make_infer_state, make_state, training_infer_state
 from tests.conftest import cli, json_lines, one_error, write_experiment
@@ -118,3 +119,17 @@ def test_a_bad_hellaswag_setting_is_one_line_and_writes_nothing(tmp_path: Path, 
     before = snapshot(tmp_path / "run")
     one_error(cli("train", str(exp), "--out", str(tmp_path / "run"), "--resume", "latest", *flags), 2, *needles)
     assert snapshot(tmp_path / "run") == before
+
+
+def test_shards_without_a_tokenizer_cannot_tokenize_it(tmp_path: Path) -> None:
+    """llm.c-style shards (token ids, no tokenizer.json) give nothing to tokenize the examples with: refused at the
+    start, naming train.hellaswag and data.tokenizer, before the run folder exists."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        shards.write_shard(tmp_path / "shards" / f"{split}_000000.bin", rng.integers(0, 512, 4096).astype(np.uint16))
+    exp = write_experiment(tmp_path, model={"vocab_size": 512},
+                           data={"source": "shards", "path": str(tmp_path / "shards")})  # fmt: skip
+    hs = write_examples(tmp_path / "hs.jsonl", EXAMPLES)
+    res = cli("train", str(exp), "--out", str(tmp_path / "new"), "--set", f"train.hellaswag={hs}")
+    one_error(res, 2, "train.hellaswag", "no tokenizer.json (set data.tokenizer)")
+    assert not (tmp_path / "new").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from microgpt.config import Experiment
+from microgpt.data.experiment import tokenizer_path, uses_bytes
 from microgpt.errors import InputError, brief
 from microgpt.fileio import parse_json
 
@@ -66,10 +67,16 @@ def read(path: str | Path, name: str) -> list[dict[str, Any]]:
 
 
 def check(exp: Experiment, src: str) -> None:
-    """train.hellaswag, where set, read and checked line by line before a run writes anything: a HellaswagError
-    naming src (the experiment), the field, the file and the line."""
-    if exp.train.hellaswag:
-        read(exp.train.hellaswag, f"{src}: train.hellaswag")
+    """train.hellaswag, where set, read and checked line by line before a run writes anything, and the data's
+    tokenizer there to tokenize it (shards without a tokenizer.json have none): a HellaswagError naming src (the
+    experiment), the field, the file and the line."""
+    t = exp.train
+    if not t.hellaswag:
+        return
+    read(t.hellaswag, f"{src}: train.hellaswag")
+    if exp.data.source == "shards" and not uses_bytes(exp) and tokenizer_path(exp) is None:
+        raise HellaswagError(f"{src}: train.hellaswag {t.hellaswag}: needs the data's tokenizer to tokenize its "
+                             f"examples; {exp.data.path} has no tokenizer.json (set data.tokenizer)")  # fmt: skip
 
 
 def tokenize(examples: list[dict[str, Any]], tok: Any, T: int) -> list[Item]:
