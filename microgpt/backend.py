@@ -15,9 +15,12 @@ delta: `scratch_args`) and the runtime's tuner (`tuner`: kernels/runtime.py TUNE
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
 import functools
 import importlib
+import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,12 +124,14 @@ def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> 
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
 
-def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "fp32") -> Backend:
+def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "fp32",
+                  flag: str = "train.precision") -> Backend:  # fmt: skip
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
-    in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py)."""
+    in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py). What
+    this machine cannot run is a ConfigError naming `flag`."""
     prec = precision.make(precision_name, "numpy")
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
-        raise ConfigError(f"train.precision {precision_name!r} {why}")
+        raise ConfigError(f"{flag} {precision_name!r} {why}")
     dtypes = dict(dtypes or NUMPY_DTYPES)
 
     def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
@@ -151,13 +156,14 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
 
 
 # --- triton --------------------------------------------------------------------------------------------------
-def triton_backend(precision_name: str) -> Backend:
-    """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1)."""
+def triton_backend(precision_name: str, flag: str = "train.precision") -> Backend:
+    """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1); a precision this machine
+    cannot run is a ConfigError naming `flag`."""
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
     prec = precision.make(precision_name, "triton")
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
-        raise ConfigError(f"train.precision {precision_name!r} {why}")
+        raise ConfigError(f"{flag} {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
 
     def infer_rows(m: ModelConfig, B: int) -> list[Buf]:
@@ -198,18 +204,33 @@ def triton_rows(m: ModelConfig, B: int | None, sm_count: int, workspace_bytes: i
     return out
 
 
-def get_backend(name: str, precision_name: str) -> Backend:
-    """The backend by name; what this machine cannot run is a ConfigError naming the field (CLI: exit 2)."""
+def get_backend(name: str, precision_name: str, flags: tuple[str, str] = ("train.backend", "train.precision"),
+                ) -> Backend:  # fmt: skip
+    """The backend by name; what this machine cannot run is a ConfigError naming the field or flag (CLI: exit 2):
+    flags[0] for the backend, flags[1] for the precision."""
     if name == "numpy":
-        return numpy_backend(precision_name=precision_name)
+        return numpy_backend(precision_name=precision_name, flag=flags[1])
     if name == "triton":
         try:
-            return triton_backend(precision_name)
+            return triton_backend(precision_name, flags[1])
         except ImportError as e:
-            raise ConfigError(f"train.backend 'triton' needs torch and triton ({e.name} is missing): "
+            raise ConfigError(f"{flags[0]} 'triton' needs torch and triton ({e.name} is missing): "
                               "pip install -e '.[gpu]'") from None  # fmt: skip
         except ConfigError:
             raise
         except (RuntimeError, ValueError) as e:
-            raise ConfigError(f"train.backend 'triton': {e}") from None
-    raise ConfigError(f"train.backend: unknown backend {name!r}")
+            raise ConfigError(f"{flags[0]} 'triton': {e}") from None
+    raise ConfigError(f"{flags[0]}: unknown backend {name!r}")
+
+
+def cuda_available() -> bool:
+    """Whether this machine has a CUDA GPU for the triton backend: the CUDA driver's library is there (looked up
+    without importing torch, so a machine without a driver stays on the torch-free CPU path), torch and triton are
+    installed, and torch sees a device. The interpreter (TRITON_INTERPRET=1) is not a GPU."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or ctypes.util.find_library("cuda") is None:
+        return False
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        return False
+    import torch  # only where a driver is there: the CPU path never imports torch
+
+    return torch.cuda.is_available()

@@ -19,12 +19,16 @@ and the two agree (sha256, step, n_params). Anything else is one CheckpointError
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import re
+import stat
 import struct
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -98,34 +102,79 @@ def read_step(path: str | Path) -> int | None:
 
 
 def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint:
-    """Read and validate a checkpoint; CheckpointError with one sentence on anything wrong."""
+    """Read and validate a checkpoint; CheckpointError with one sentence on anything wrong.
+
+    The header and the size are checked before the body is read (a truncated file fails at once); the body is read
+    in chunks into one buffer while a worker thread hashes each chunk as it lands (hashlib and the read both
+    release the GIL), so the sha256 costs little beyond the read; finiteness is checked by min/max reductions (a
+    NaN or an infinity propagates into them) rather than a boolean array per element."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data, digest = _read_hashed(f, path, n_params)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: checkpoint not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint") from None
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror})") from None
-    if len(data) < HEADER.size:
-        raise CheckpointError(f"{path}: truncated checkpoint: {len(data)} bytes, shorter than the 8-byte header")
+        raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
     step, n = HEADER.unpack_from(data)
+    flat = data[HEADER.size :].view("<f4")  # views of the one buffer: no copy
+    w, m, v = flat[:n], flat[n : 2 * n], flat[2 * n :]
+    if not _finite(w):
+        raise CheckpointError(f"{path}: weights contain NaN or inf")
+    if not _finite(m):
+        raise CheckpointError(f"{path}: Adam m contains NaN or inf")
+    if not (_finite(v) and v.min() >= 0):  # -0.0 passes, as a square's mean may be
+        raise CheckpointError(f"{path}: Adam v contains NaN, inf or a negative value (it is a mean of squares)")
+    return Checkpoint(step, w, m, v, path, digest.result())
+
+
+READ_CHUNK = 64 << 20  # bytes read (and handed to the hashing thread) at a time
+
+
+def _read_hashed(f: BinaryIO, path: Path, n_params: int | None) -> tuple[np.ndarray, Future[str]]:
+    """The whole file as one uint8 array and the future of its sha256 hex digest (still being computed when this
+    returns), once its header and size are known to be a checkpoint's (of n_params parameters, if given)."""
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path}: not a regular file")
+    size, head = st.st_size, f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise CheckpointError(f"{path}: truncated checkpoint: {len(head)} bytes, shorter than the 8-byte header")
+    step, n = HEADER.unpack(head)
     if n <= 0 or step < 0:
         raise CheckpointError(f"{path}: corrupt header: step {step}, n_params {n}")
     expected = HEADER.size + 12 * n
-    if len(data) != expected:
-        what = "truncated" if len(data) < expected else "oversized"
-        raise CheckpointError(f"{path}: {what} checkpoint: {len(data)} bytes, expected {expected} for n_params {n}")
+    if size != expected:
+        what = "truncated" if size < expected else "oversized"
+        raise CheckpointError(f"{path}: {what} checkpoint: {size} bytes, expected {expected} for n_params {n}")
     if n_params is not None and n != n_params:
         raise CheckpointError(f"{path}: checkpoint holds {n} parameters but the model has {n_params}")
-    flat = np.frombuffer(data, dtype="<f4", offset=HEADER.size)  # read-only views of the one read: no copy
-    w, m, v = flat[:n], flat[n : 2 * n], flat[2 * n :]
-    if not np.isfinite(w).all():
-        raise CheckpointError(f"{path}: weights contain NaN or inf")
-    if not np.isfinite(m).all():
-        raise CheckpointError(f"{path}: Adam m contains NaN or inf")
-    if not (np.isfinite(v).all() and (v >= 0).all()):
-        raise CheckpointError(f"{path}: Adam v contains NaN, inf or a negative value (it is a mean of squares)")
-    return Checkpoint(step, w, m, v, path, hashlib.sha256(data).hexdigest())
+    # Allocated once the size is known to be a checkpoint's, as an anonymous mapping: 4 KiB pages the read faults in
+    # as it fills them. np.empty asks the kernel for transparent huge pages for a buffer this large (madvise), and
+    # on a machine whose memory is fragmented the compaction that finds them can stall the read for longer than the
+    # read itself takes.
+    data = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+    data[: HEADER.size] = np.frombuffer(head, np.uint8)
+    view, sha = memoryview(data), hashlib.sha256(head)
+    hasher = ThreadPoolExecutor(1)  # one worker: the chunks are hashed in the order they were read
+    try:
+        done = HEADER.size
+        while done < size:
+            got = f.readinto(view[done : min(size, done + READ_CHUNK)])
+            if not got:
+                raise CheckpointError(f"{path}: truncated checkpoint: it shrank to {done} bytes while being read")
+            hasher.submit(sha.update, view[done : done + got])
+            done += got
+        return data, hasher.submit(sha.hexdigest)  # the caller checks the values while the last chunks hash
+    finally:
+        hasher.shutdown(wait=False)
+
+
+def _finite(x: np.ndarray) -> bool:
+    """No NaN and no infinity in x (NaN propagates into min and max; an infinity is one of them)."""
+    return bool(np.isfinite(x.min()) and np.isfinite(x.max()))
 
 
 # The sidecar's fields this project reads, and the JSON types each must have (None: null allowed). Others are kept.

@@ -58,8 +58,10 @@ def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
     from microgpt import data, distributed  # numpy-heavy imports only once the flags parse
+    from microgpt.data import hellaswag
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
+    hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
     out = Path(args.out or Path("runs") / exp.name)
     if distributed.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)

@@ -67,6 +67,11 @@ class TrainConfig:
     # GiB of the device's free memory the plan leaves to what is allocated outside it: the CUDA graph's pool, Triton's
     # loaded kernels, NCCL's buffers, other processes (the plan is checked against the free memory less this)
     memory_margin: float = 0.5
+    # a HellaSwag JSONL file (microgpt/hellaswag.py) scored during the run, every hellaswag_every steps (0: with the
+    # validation loss, every eval_every) and at the last, on its first hellaswag_examples examples (0: all); "": none
+    hellaswag: str = ""
+    hellaswag_every: int = 0
+    hellaswag_examples: int = 0
 
 
 @dataclass
@@ -107,6 +112,7 @@ BACKENDS = ("numpy", "triton")
 
 INT_MAX = 2**31 - 1  # the checkpoint header's int32: steps, and every count a step multiplies
 SEED_MAX = 2**63 - 1
+HELLASWAG_ZERO = {"hellaswag_every": "with every evaluation", "hellaswag_examples": "every example"}
 MAX_TOKENS = 1_000_000  # tokens sampled at once (--tokens, proxy.sample_tokens): more is a typo, not a request
 MAX_LAYERS = 1024  # the plan is a table with rows per layer: a hostile n_layer must not build a billion rows
 
@@ -182,6 +188,10 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.warmup_steps must be in [0, {INT_MAX}], got {brief(t.warmup_steps)}")
     if not 0 <= t.seed <= SEED_MAX:
         raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
+    for name in ("hellaswag_every", "hellaswag_examples"):
+        if not 0 <= getattr(t, name) <= INT_MAX:
+            raise ConfigError(f"{src}: train.{name} must be in [0, {INT_MAX}] (0: {HELLASWAG_ZERO[name]}), got "
+                              f"{brief(getattr(t, name))}")  # fmt: skip
     if not 0 <= t.memory_margin <= 1 << 20:
         raise ConfigError(f"{src}: train.memory_margin must be in [0, 2**20] GiB, got {t.memory_margin}")
     if not 0 <= t.schedule_start < t.steps:

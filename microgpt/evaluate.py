@@ -1,8 +1,11 @@
 """`microgpt eval`: loss, perplexity and bits per byte of a checkpoint on shards or a text file; HellaSwag accuracy.
 
-The model runs on the NumPy backend through the inference step (model.gpt_infer on an inference plan of B
-sequences), whose losses for a window from position 0 are the training forward's bit for bit, so a shard split
-scores exactly as the trainer's validation loss does: windows of seq_len + 1
+The model runs through the inference step (model.gpt_infer on an inference plan of B = the checkpoint's micro_batch
+sequences without a KV cache) on the backend `--backend` names: auto (the default) is triton where a CUDA GPU is
+there, numpy elsewhere. triton computes in bf16 unless `--precision` says fp32; numpy in fp32 (EVAL_PRECISIONS);
+fp16 and fp8 score only a checkpoint trained in them (fp8 with the run's amax histories from the sidecar). The
+inference step's losses for a window from position 0 are the training forward's on the same backend and precision,
+so a shard split scores exactly as the trainer's validation loss does: windows of seq_len + 1
 tokens at stride seq_len from token 0, batch i = windows i*B .. i*B + B - 1 (wrapping, as Loader.val_batch), loss =
 sum of token losses / count of scored targets (masked targets, y = -1, are not scored).
 
@@ -11,10 +14,7 @@ so every token of the text is predicted; its windows are cut the same way, the l
 Bits per byte = sum of token losses / ln 2 / bytes of the scored tokens (a special token counts its string's
 bytes): for a text file, its size in bytes.
 
-HellaSwag (JSONL: ctx, endings (4), label), scored as llm.c's dev/data/hellaswag.py: each ending is tokenized as
-" " + ending after the context, and only the ending's tokens are scored; acc picks the ending with the lowest sum
-of token losses, acc_norm the lowest mean loss per token. The real validation set (10,042 examples) is
-https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl.
+HellaSwag: microgpt/hellaswag.py (the same scorer the trainer runs for train.hellaswag).
 """
 
 from __future__ import annotations
@@ -29,43 +29,48 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config
-from microgpt.backend import numpy_backend
+from microgpt import checkpoint, config, hellaswag
+from microgpt.backend import Backend, cuda_available, get_backend
+from microgpt.data import hellaswag as hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.errors import ArgParser, InputError, brief, check_number
-from microgpt.fileio import parse_json
-from microgpt.state import make_infer_state
+from microgpt.errors import ArgParser, InputError, check_number
+from microgpt.state import InferState, make_infer_state
 
 
 class EvalError(InputError):
     """Bad eval input (a text or HellaSwag file, a flag). str(err) is one line naming it."""
 
 
-class Scorer:
-    """The checkpoint's model on a NumPy inference plan of B windows of T tokens without a KV cache (every window
-    starts at position 0): the per-token losses of (b, t) batches of at most B * T tokens."""
+BACKEND_CHOICES = ("auto", *config.BACKENDS)
+# What eval computes in on each backend: the first is the default; a precision in ONLY_AS_TRAINED runs only a
+# checkpoint trained in it (fp8 scales its operands by the run's amax histories, which ride in the sidecar; fp16's
+# range holds only the activations of a model trained to stay in it).
+EVAL_PRECISIONS = {"numpy": ("fp32", "fp8"), "triton": ("bf16", "fp32", "fp16", "fp8")}
+ONLY_AS_TRAINED = ("fp16", "fp8")
 
-    def __init__(self, ld: checkpoint.Trained, B: int):
-        self.m, self.B, self.T = ld.exp.model, B, ld.exp.model.seq_len
-        self.S = make_infer_state(self.m, numpy_backend(), B, ld.weights, cache=False)
-        self.K, self.A = self.S.K, self.S.arena
 
-    def forward(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, np.ndarray]:
-        """x, y (b, t) int32, b * t <= B * T; full windows (t = T) are padded to B rows, as the trainer's
-        evaluation batches are. (sum of losses, scored count, losses (b, t))."""
-        K, A, (b, t) = self.K, self.A, x.shape
-        if t == self.T and b < self.B:
-            pad = self.B - b
-            x = np.concatenate([x, np.zeros((pad, t), np.int32)])
-            y = np.concatenate([y, np.full((pad, t), -1, np.int32)])
-        tokens, targets = self.S.inputs(*x.shape)
-        K.copy_in(tokens, x)
-        K.copy_in(targets, y)
-        self.S.run(tokens, 0, targets)
-        n = x.size
-        K.loss_sum(A["loss_sum"], A["losses"][:n], targets.reshape(-1))  # as the trainer's _val_loss
-        s, c = K.to_numpy(A["loss_sum"]).tolist()
-        return s, int(c), K.to_numpy(A["losses"][:n]).reshape(x.shape)[:b].copy()
+def eval_backend(ld: checkpoint.Trained, name: str, precision: str | None) -> Backend:
+    """The backend `--backend` names ("auto": triton where a CUDA GPU is there, else numpy) in `--precision` (default:
+    bf16 on triton, fp32 on numpy; fp16 and fp8 only for a checkpoint trained in them). What this machine or this
+    checkpoint cannot run is one EvalError naming the flag."""
+    name = ("triton" if cuda_available() else "numpy") if name == "auto" else name
+    supported, trained = EVAL_PRECISIONS[name], ld.side.get("precision", ld.exp.train.precision)
+    precision = precision or supported[0]
+    if precision not in supported:
+        raise EvalError(f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
+                        "runs every precision, on a GPU)")  # fmt: skip
+    if precision in ONLY_AS_TRAINED and precision != trained:
+        raise EvalError(f"--precision {precision}: {ld.path} trained in {trained}; {precision} scores only a "
+                        f"checkpoint trained in it (--precision {supported[0]} or fp32 score any)")  # fmt: skip
+    return get_backend(name, precision, flags=("--backend", "--precision"))
+
+
+def scorer(ld: checkpoint.Trained, K: Backend) -> InferState:
+    """The checkpoint's model on an inference plan of its micro_batch windows of seq_len from position 0 (no KV
+    cache), with what its precision keeps from the run (fp8: the amax histories the run scaled by)."""
+    S = make_infer_state(ld.exp.model, K, ld.exp.train.micro_batch, ld.weights, cache=False)
+    S.prec.load_sidecar(ld.side, str(checkpoint.sidecar_path(ld.path)))
+    return S
 
 
 def token_bytes(tok: Any, V: int) -> np.ndarray:
@@ -93,11 +98,11 @@ class Windows:
     get: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 
 
-def score_windows(sc: Scorer, windows: Windows, nbytes: np.ndarray) -> dict[str, Any]:
+def score_windows(S: InferState, windows: Windows, nbytes: np.ndarray) -> dict[str, Any]:
     total, count, byte_count = 0.0, 0, 0
-    for i in range(0, windows.n, sc.B):
-        x, y = windows.get(i, min(windows.n, i + sc.B))
-        s, c, _ = sc.forward(x, y)
+    for i in range(0, windows.n, S.B):
+        x, y = windows.get(i, min(windows.n, i + S.B))
+        s, c, _ = S.score(x, y)
         total, count = total + s, count + c
         byte_count += int(nbytes[y[y >= 0]].sum())
     loss = total / max(1, count)
@@ -129,82 +134,6 @@ def text_windows(ids: list[int], T: int, n: int | None) -> Windows:
     return Windows(len(xs) if n is None else min(n, len(xs)), lambda lo, hi: (np.stack(xs[lo:hi]), np.stack(ys[lo:hi])))
 
 
-LABELS = {0: 0, 1: 1, 2: 2, 3: 3, "0": 0, "1": 1, "2": 2, "3": 3}  # the data set writes its label as a string
-
-
-def read_hellaswag(path: Path) -> list[dict[str, Any]]:
-    """Every line checked before any scoring (fileio's strict reader: nesting, duplicate keys, NaN); one error
-    naming the file and line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise EvalError(f"--hellaswag {path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-    out = []
-    for k, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        ex = parse_json(line, f"{path}:{k}", EvalError, allow_nan=False)
-        if not isinstance(ex, dict) or not isinstance(ex.get("ctx"), str):
-            raise EvalError(f"{path}:{k}: field 'ctx' missing or not a string")
-        ends = ex.get("endings")
-        if not isinstance(ends, list) or len(ends) != 4 or not all(isinstance(e, str) and e for e in ends):
-            raise EvalError(f"{path}:{k}: field 'endings' must be a list of 4 non-empty strings")
-        label = ex.get("label")
-        if isinstance(label, bool) or not isinstance(label, (int, str)) or label not in LABELS:
-            raise EvalError(f"{path}:{k}: field 'label' must be 0, 1, 2 or 3, got {brief(label)}")
-        out.append({"ctx": ex["ctx"], "endings": ends, "label": LABELS[label]})
-    if not out:
-        raise EvalError(f"--hellaswag {path}: no examples")
-    return out
-
-
-def hellaswag_rows(ex: dict[str, Any], tok: Any, T: int) -> tuple[list[list[int]], list[int]]:
-    """An example's 4 scored sequences (context + " " + ending, the last T + 1 tokens where longer: the ending must
-    fit) and the number of ending tokens each scores."""
-    ctx, seqs, n_end = tok.encode(ex["ctx"]), [], []
-    for ending in ex["endings"]:
-        end = tok.encode(" " + ending)
-        seq = (ctx + end)[-(T + 1) :]
-        seqs.append(seq)
-        n_end.append(min(len(end), len(seq) - 1))
-    return seqs, n_end
-
-
-def hellaswag(ld: checkpoint.Trained, tok: Any, path: Path, limit: int | None) -> dict[str, Any]:
-    """acc and acc_norm over the examples, packed to their own length: each batch holds as many whole examples (4
-    rows each) as fit the plan's 4 * T tokens at the batch's longest row, so a 60-token example costs 60 positions,
-    not seq_len. An example where some ending has no token to score (an empty context and a one-token ending: the
-    ending's only token is the first of the sequence, predicted by nothing) cannot be judged: it counts among the
-    examples, never as correct, and is reported as unscored."""
-    examples = read_hellaswag(path)[:limit]
-    T = ld.exp.model.seq_len
-    rows = [hellaswag_rows(ex, tok, T) for ex in examples]
-    judged = [e for e, (_, n_end) in enumerate(rows) if min(n_end) > 0]
-    sc, correct, correct_norm, i = Scorer(ld, 4), 0, 0, 0
-    while i < len(judged):
-        j, t = i, 1
-        while j < len(judged) and 4 * (j - i + 1) * max(t, *(len(s) - 1 for s in rows[judged[j]][0])) <= 4 * T:
-            t = max(t, *(len(s) - 1 for s in rows[judged[j]][0]))
-            j += 1
-        x, y = np.zeros((4 * (j - i), t), np.int32), np.full((4 * (j - i), t), -1, np.int32)
-        for k, e in enumerate(judged[i:j]):
-            for r, (seq, n_end) in enumerate(zip(*rows[e])):
-                x[4 * k + r, : len(seq) - 1] = seq[:-1]
-                y[4 * k + r, len(seq) - 1 - n_end : len(seq) - 1] = seq[len(seq) - n_end :]
-        _, _, losses = sc.forward(x, y)
-        scored = y >= 0
-        sums = np.where(scored, losses, 0.0).sum(axis=1, dtype=np.float64).reshape(-1, 4)
-        means = sums / scored.sum(axis=1).reshape(-1, 4)
-        labels = np.array([examples[e]["label"] for e in judged[i:j]])
-        correct += int((np.argmin(sums, axis=1) == labels).sum())
-        correct_norm += int((np.argmin(means, axis=1) == labels).sum())
-        i = j
-    unscored = len(examples) - len(judged)
-    n = len(examples)
-    return {"examples": n, "acc": correct / n, "acc_norm": correct_norm / n, "correct": correct,
-            "correct_norm": correct_norm, "unscored": unscored}  # fmt: skip
-
-
 def parser() -> ArgParser:
     p = ArgParser(prog="microgpt eval", description="Loss, perplexity, bits per byte, or HellaSwag accuracy.")
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
@@ -214,6 +143,11 @@ def parser() -> ArgParser:
     what.add_argument("--hellaswag", help="a HellaSwag JSONL file (ctx, endings, label)")
     p.add_argument("--split", default="val", choices=("train", "val"), help="with --data: which split")
     p.add_argument("--windows", type=int, help="score only the first N windows (HellaSwag: examples)")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)")  # fmt: skip
+    p.add_argument("--precision", choices=config.PRECISIONS,
+                   help="what it computes in (default: bf16 on triton, fp32 on numpy; fp16 and fp8 only for a "
+                        "checkpoint trained in them)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -223,31 +157,38 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     if args.windows is not None:
         check_number(args.windows, "--windows", 1, config.INT_MAX, integer=True, error=EvalError)
     ld = checkpoint.load_trained(args.checkpoint)
+    K = eval_backend(ld, args.backend, args.precision)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
-        res = hellaswag(ld, tok, Path(args.hellaswag), args.windows)
+        examples = hellaswag_file.read(Path(args.hellaswag), "--hellaswag")[: args.windows]
+        res = hellaswag.score(scorer(ld, K), hellaswag_file.tokenize(examples, tok, ld.exp.model.seq_len))
         text = f"hellaswag: {res['examples']} examples | acc {res['acc']:.4f} | acc_norm {res['acc_norm']:.4f}"
         text += f" | {res['unscored']} with nothing to score (counted wrong)" if res["unscored"] else ""
+        text += f" | {res['truncated']} with the context cut to fit seq_len" if res["truncated"] else ""
     else:
-        m, B = ld.exp.model, ld.exp.train.micro_batch
-        if args.data:
-            windows = shard_windows(ld, Path(args.data), args.split, args.windows, B)
-            info = ld.side.get("tokenizer", {})
-            tok = None if info.get("kind") == "unknown" else load_tokenizer(info)  # llm.c shards: no byte counts
-        else:
-            tok = load_tokenizer(ld.side.get("tokenizer", {}))
-            try:
-                body = Path(args.text).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise EvalError(f"--text {args.text}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-            if not body:
-                raise EvalError(f"--text {args.text}: empty file")
-            windows = text_windows([tok.eot_id, *tok.encode(body)], m.seq_len, args.windows)
-        nbytes = token_bytes(tok, m.vocab_size) if tok is not None else np.zeros(m.vocab_size, np.int64)
-        res = score_windows(Scorer(ld, B), windows, nbytes)
+        res = score_windows(scorer(ld, K), *_windows(ld, args))
         bpb = res["bits_per_byte"] or float("nan")
         text = (f"loss {res['loss']:.4f} | perplexity {res['perplexity']:.2f} | bits/byte {bpb:.4f} "
                 f"| {res['tokens']} tokens in {res['windows']} windows")  # fmt: skip
-    res = {"step": ld.step, **res}
-    print(json.dumps(res) if args.json else text)
+    res = {"step": ld.step, **res, "backend": K.name, "precision": K.precision.name}
+    print(json.dumps(res) if args.json else f"{text} | {K.name} {K.precision.name}")
     return 0
+
+
+def _windows(ld: checkpoint.Trained, args: argparse.Namespace) -> tuple[Windows, np.ndarray]:
+    """The windows `--data` or `--text` names, and the bytes each token id stands for."""
+    m, B = ld.exp.model, ld.exp.train.micro_batch
+    if args.data:
+        windows = shard_windows(ld, Path(args.data), args.split, args.windows, B)
+        info = ld.side.get("tokenizer", {})
+        tok = None if info.get("kind") == "unknown" else load_tokenizer(info)  # llm.c shards: no byte counts
+    else:
+        tok = load_tokenizer(ld.side.get("tokenizer", {}))
+        try:
+            body = Path(args.text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EvalError(f"--text {args.text}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        if not body:
+            raise EvalError(f"--text {args.text}: empty file")
+        windows = text_windows([tok.eot_id, *tok.encode(body)], m.seq_len, args.windows)
+    return windows, token_bytes(tok, m.vocab_size) if tok is not None else np.zeros(m.vocab_size, np.int64)

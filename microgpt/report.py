@@ -19,7 +19,8 @@ process of the run) and the trainer's state at its last step.
     device, versions, checkpoints, and a few samples from the final weights (SAMPLE_TOKENS tokens each, seed =
                  the step; a chat prompt's reply stops at <|im_end|>)
 
-HellaSwag is not part of the card: no experiment configures it; `microgpt eval --hellaswag FILE` measures it.
+    hellaswag    the last HellaSwag score of a run with train.hellaswag (acc, acc_norm, examples, step); without
+                 it, none (`microgpt eval --hellaswag FILE` measures a checkpoint)
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def bits_per_byte(loss: float | None, ys: list[np.ndarray], nbytes: np.ndarray |
 def _losses(tr: Any, records: list[dict[str, Any]], nbytes: np.ndarray | None) -> dict[str, Any]:
     """Final train and val losses from the log (a later record of a step replaces an earlier one: a resume)."""
     train = {r["step"]: r["loss"] for r in records if r["event"] == "step" and r["step"] <= tr.step}
-    evals = [r for r in records if r["event"] == "eval" and r["step"] <= tr.step]
+    evals = [r for r in records if r["event"] == "eval" and "val_loss" in r and r["step"] <= tr.step]
     last = [train[s] for s in sorted(train)[-LAST_STEPS:]]
     t, val = tr.t, evals[-1] if evals else None
     val_ys = [ld.val_batch(i)[1] for ld in tr.val_data.sources.values() for i in range(t.eval_batches)]
@@ -92,6 +93,16 @@ def _losses(tr: Any, records: list[dict[str, Any]], nbytes: np.ndarray | None) -
             "val": val["val_loss"] if val else None, "val_step": val["step"] if val else None,
             "val_windows": tr.eval_windows(),
             "val_bits_per_byte": bits_per_byte(val["val_loss"] if val else None, val_ys, nbytes)}  # fmt: skip
+
+
+def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last HellaSwag score in the log (train.hellaswag), or None."""
+    hs = [r for r in records if r["event"] == "eval" and "hellaswag" in r and r["step"] <= tr.step]
+    if not hs:
+        return None
+    r = hs[-1]
+    return {"acc": r["hellaswag"], "acc_norm": r.get("hellaswag_acc_norm"), "examples": r.get("hellaswag_examples"),
+            "step": r["step"], "file": tr.t.hellaswag}  # fmt: skip
 
 
 def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]:
@@ -152,7 +163,8 @@ def card(tr: Any, final: Path | None) -> dict[str, Any]:
         "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "recipe": tr.recipe,
         "init": tr.init or None, "config": tr.exp.to_dict(),
         "tokens": {"seen": tr.step * per_step, "per_step": per_step},
-        "loss": _losses(tr, records, nbytes), "speed": _speed(tr, records, starts[-1] if starts else 0),
+        "loss": _losses(tr, records, nbytes), "hellaswag": _hellaswag(tr, records),
+        "speed": _speed(tr, records, starts[-1] if starts else 0),
         "memory": {"plan_bytes": plan, "peak_bytes": peak, "measured_as": first.get("memory_measure"),
                    "peak_over_plan": peak / plan},
         "time": {"process_training_s": tr.elapsed() - tr.elapsed0, "run_training_s": tr.elapsed()},
@@ -194,7 +206,7 @@ def _recipe(r: dict[str, Any]) -> str:
 
 def markdown(c: dict[str, Any]) -> str:
     """The card for people: one table of the numbers, then the samples."""
-    loss, speed, mem, tok = c["loss"], c["speed"], c["memory"], c["tokens"]
+    loss, speed, mem, tok, hs = c["loss"], c["speed"], c["memory"], c["tokens"], c.get("hellaswag")
     v = c["versions"] or {}
     mfu = f"{100 * speed['mfu']:.1f}%" if speed["mfu"] else f"n/a ({speed['mfu_missing']})"
     rows = [
@@ -206,6 +218,8 @@ def markdown(c: dict[str, Any]) -> str:
                        f"{_num(loss['train_bits_per_byte'], '.4f')} bits/byte"),
         ("val loss", f"{_num(loss['val'], '.4f')} nats/token at step {loss['val_step']} ({loss['val_windows']}); "
                      f"{_num(loss['val_bits_per_byte'], '.4f')} bits/byte"),
+        *([("hellaswag", f"acc {hs['acc']:.4f}, acc_norm {_num(hs['acc_norm'], '.4f')} on {hs['examples']:,} "
+                         f"examples of {hs['file']} at step {hs['step']}")] if hs else []),
         ("speed", f"{_num(speed['tokens_per_s'], ',.0f')} tokens/s (median of this process's steps); MFU {mfu}"),
         ("FLOPs/token", f"{speed['flops_per_token']:,} = {speed['formula']}, N = {speed['n_params']:,} = {speed['n']}"),
         ("memory", f"plan {_mib(mem['plan_bytes'])}; measured peak {_mib(mem['peak_bytes'])}, "

@@ -205,7 +205,7 @@ class InferState:
     m: ModelConfig
     B: int  # sequences the plan holds
     plan: list[memory.Buf]
-    arena: memory.Arena
+    arena: memory.Arena | dict[str, Any]  # or the training arena's buffers under the inference plan's names
     P_compute: dict[str, Any]  # the weights the model reads, as TrainState's
     prec: PrecisionState
     decoders: dict[int, Callable[[], None]] = field(default_factory=dict)  # b -> its decode step, prepared once
@@ -230,6 +230,23 @@ class InferState:
         (fp8: what its casts met is forgotten)."""
         model.gpt_infer(self.K, self.m, self.P_compute, self.arena, tokens, pos, targets, slots)
         self.prec.end_eval()
+
+    def score(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, np.ndarray]:
+        """Windows from position 0: x, y (b, t) int32 host arrays (y -1: not scored), b * t <= B * seq_len.
+        (sum of the scored losses, their count, the per-token losses (b, t) as a host array). Full windows (t =
+        seq_len) are padded to B rows, as the trainer's evaluation batches are, so they score as its val loss does."""
+        K, A, (b, t) = self.K, self.arena, x.shape
+        if t == self.m.seq_len and b < self.B:
+            x = np.concatenate([x, np.zeros((self.B - b, t), np.int32)])
+            y = np.concatenate([y, np.full((self.B - b, t), -1, np.int32)])
+        tokens, targets = self.inputs(*x.shape)
+        K.copy_in(tokens, x)
+        K.copy_in(targets, y)
+        self.run(tokens, 0, targets)
+        n = x.size
+        K.loss_sum(A["loss_sum"], A["losses"][:n], targets.reshape(-1))  # as the trainer's _val_loss
+        s, c = K.to_numpy(A["loss_sum"]).tolist()
+        return s, int(c), K.to_numpy(A["losses"][:n]).reshape(x.shape)[:b].copy()
 
     def decode_inputs(self, b: int) -> tuple[Any, Any, Any]:
         """The planned inputs of a decode step of b rows: tokens, positions, slots (b,) int32."""
@@ -285,3 +302,22 @@ def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, ca
     S = InferState(K, m, B, plan, arena, bound.weights(params.views(arena.flat(compute), m)), bound)
     S.load_weights(weights)
     return S
+
+
+def training_infer_state(S: TrainState) -> InferState:
+    """The inference step over a training state: the weights it is training, as they are now, and the training
+    arena's layer-0 activation buffers under the names of the inference plan's one layer (N = micro_batch x seq_len
+    rows), its loss buffers and its first micro-batch's inputs. Windows from position 0 only (no KV cache).
+
+    Between optimizer steps the saved activations are dead (the next step's forward writes every one before any
+    backward reads it; the trainer's validation loss runs in them too), so scoring here costs no byte beyond the
+    training plan and the device's peak stays the plan. A planned inference row would have cost memory the run
+    could otherwise train with, for something that runs between steps only."""
+    A = S.arena
+    a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes GELU
+    view = {"x": A["resid"][0], "x2": A["resid2"][0], "ln": A["ln1"][0], "qkv": A["qkv"][0], "att": A["att"][0],
+            "proj": A["proj"], "h": A["h"][0], "ln_mean": A["ln1_mean"][0], "ln_rstd": A["ln1_rstd"][0],
+            "att_lse": A["att_lse"][0].reshape(-1), "losses": A["losses"], "ce_lse": A["ce_lse"],
+            "logits": A["logits"], "loss_sum": A["loss_sum"], "tokens": A["tokens"][0], "targets": A["targets"][0],
+            **({} if a is None else {"a": a if a.ndim == 2 else a[0]})}  # fmt: skip
+    return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)

@@ -30,9 +30,10 @@ def scalars(rec: dict[str, Any]) -> dict[str, float]:
     """The scalars of one record, by tag; {} for records that carry none (start, checkpoint, ...)."""
     if rec.get("event") == "step":
         return {f"train/{k}": float(rec[k]) for k in STEP_FIELDS if isinstance(rec.get(k), (int, float))}
-    if rec.get("event") == "eval":
-        out = {"val/loss": float(rec["val_loss"])}
+    if rec.get("event") == "eval":  # the val loss, HellaSwag (train.hellaswag), or both
+        out = {"val/loss": float(rec["val_loss"])} if "val_loss" in rec else {}
         out.update({f"val/{name}": float(v) for name, v in (rec.get("source_val_loss") or {}).items()})
+        out.update({f"val/{k}": float(rec[k]) for k in ("hellaswag", "hellaswag_acc_norm") if k in rec})
         return out
     return {}
 

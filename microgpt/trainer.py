@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import microgpt
-from microgpt import checkpoint, config, data, memory, model, report
+from microgpt import checkpoint, config, data, hellaswag, memory, model, report
 from microgpt.backend import Backend, get_backend
 from microgpt.config import ConfigError, Experiment
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
@@ -81,6 +81,7 @@ class Trainer:
         self.data_info = data.data_description(self.exp)  # for every checkpoint's sidecar: the data do not change
         self.tokenizer_info = tokenizer_info or {}
         self.step_fn = Step(self.S, dp)
+        self.hellaswag = hellaswag.DuringTraining.make(self.exp, self.rank, self.world)  # None without it
         self._critical = False  # from the start of a step until it is reported, or in a checkpoint write
         self._pending: list[str] = []
         self.last_eval: dict[str, Any] = {}  # {"val_loss", "val_step"} of the latest evaluation, for the sidecars
@@ -123,6 +124,16 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
         return self.val_data.record({name: self._val_loss(ld) for name, ld in self.val_data.sources.items()})
+
+    def evaluations(self) -> dict[str, Any]:
+        """The fields of the eval record due after this step (val loss, HellaSwag; both at the last); {}: none."""
+        last, ev = self.t.steps, {}
+        if self.step % self.t.eval_every == 0 or self.step == last:
+            ev = self.evaluate()
+            self.last_eval = {"val_loss": ev["val_loss"], "val_step": self.step}
+        if self.hellaswag is not None and self.hellaswag.due(self.step, last):
+            ev.update(self.hellaswag(self.S, self.dp))
+        return ev
 
     def _val_loss(self, loader: data.Loader) -> float:
         K, A = self.K, self.S.arena
@@ -255,6 +266,8 @@ class Trainer:
         self.install_signals()  # before the start record: a supervisor may signal as soon as it reads it
         try:
             self.log.emit(self.start_record())
+            if self.hellaswag is not None and self.rank == 0:
+                self.log.say(self.hellaswag.describe())
             clock = _Clock(self.step, t.steps)
             self.t0 = time.monotonic()
             while self.step < t.steps:
@@ -271,9 +284,8 @@ class Trainer:
                     if self.rank == 0:
                         self.log.say(_progress(rec, t.steps, clock))
                 self._leave_critical()  # a signal that came during the step is handled now
-                if self.step % t.eval_every == 0 or self.step == t.steps:
-                    ev = self.evaluate()
-                    self.last_eval = {"val_loss": ev["val_loss"], "val_step": self.step}
+                ev = self.evaluations()
+                if ev:
                     self.log.emit({"event": "eval", "step": self.step, **ev})
                     if self.rank == 0:
                         self.log.say(_progress_eval(self.step, t.steps, ev, self.eval_windows()))
@@ -351,9 +363,12 @@ def _progress(rec: dict[str, Any], steps: int, clock: _Clock) -> str:
 
 
 def _progress_eval(step: int, steps: int, ev: dict[str, Any], windows: str) -> str:
-    """The validation loss on the terminal, under the step line it follows; a mixture adds each source's."""
-    per_source = "".join(f" | {name} {loss:.4f}" for name, loss in ev.get("source_val_loss", {}).items())
-    return f"eval {step:>6}/{steps} | val_loss {ev['val_loss']:.4f}{per_source} | {windows}"
+    """The evaluation on the terminal, under the step line it follows: the validation loss (a mixture adds each
+    source's) and HellaSwag's accuracy, where each was scored."""
+    per_source = [f"{name} {loss:.4f}" for name, loss in ev.get("source_val_loss", {}).items()]
+    parts = [f"val_loss {ev['val_loss']:.4f}", *per_source, windows] if "val_loss" in ev else []
+    parts += [hellaswag.progress(ev)] if "hellaswag" in ev else []
+    return f"eval {step:>6}/{steps} | " + " | ".join(parts)
 
 
 def _git_commit() -> str | None:

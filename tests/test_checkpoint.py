@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -78,6 +79,39 @@ def test_wrong_model_size_and_nan(tmp_path) -> None:
     nan = checkpoint.write_checkpoint(tmp_path / "nan.bin", 3, w, m, v)
     with pytest.raises(CheckpointError, match="NaN"):
         checkpoint.read_checkpoint(nan)
+
+
+@pytest.mark.parametrize(
+    "which, index, value, needle",
+    [(0, 0, np.inf, "weights contain"), (0, 15, -np.inf, "weights contain"), (1, 7, np.nan, "Adam m contains"),
+     (1, 0, np.inf, "Adam m contains"), (2, 9, -1e-30, "Adam v contains"), (2, 15, np.nan, "Adam v contains"),
+     (2, 3, -0.0, None)],
+)  # fmt: skip
+def test_every_value_is_checked(tmp_path, which: int, index: int, value: float, needle: str | None) -> None:
+    """A NaN, an infinity (either sign) anywhere in any of the three arrays, or a negative Adam v, is one sentence
+    naming the array; -0.0 in v is a square's mean and passes."""
+    arrs = arrays(16)
+    arrs[which][index] = value
+    path = checkpoint.write_checkpoint(tmp_path / "a.bin", 3, *arrs)
+    if needle is None:
+        assert checkpoint.read_checkpoint(path).v[index] == 0
+        return
+    with pytest.raises(CheckpointError, match=needle):
+        checkpoint.read_checkpoint(path)
+
+
+def test_a_file_read_in_many_chunks_hashes_as_one(tmp_path, monkeypatch) -> None:
+    """The body is read in chunks while a thread hashes them: the digest is the file's, the arrays its bytes (a
+    last chunk shorter than the rest included), and a folder is one sentence."""
+    monkeypatch.setattr(checkpoint, "READ_CHUNK", 100)
+    w, m, v = arrays(1001, seed=3)
+    path = checkpoint.write_checkpoint(tmp_path / "a.bin", 9, w, m, v)
+    ck = checkpoint.read_checkpoint(path, 1001)
+    assert ck.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and checkpoint.load(path)[0].step == 9
+    assert all(np.array_equal(a, b) for a, b in zip((ck.weights, ck.m, ck.v), (w, m, v)))
+    assert ck.weights.flags.writeable  # the triton runtime's copy_in wraps it without a copy
+    with pytest.raises(CheckpointError, match=r"a folder, not a checkpoint$"):
+        checkpoint.read_checkpoint(tmp_path)
 
 
 def test_latest_valid_skips_corrupt_and_keeps_it(tmp_path) -> None:

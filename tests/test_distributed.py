@@ -23,6 +23,7 @@ import pytest
 
 from microgpt import checkpoint, config, data, distributed, params
 from tests.conftest import REPO, TINY, cli, json_lines, write_experiment
+from tests.test_hellaswag import EXAMPLES as HELLASWAG
 
 B = 4  # per-process micro-batch; the one-process runs use 2 * B
 REL = 1e-6
@@ -108,9 +109,12 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, object]:
-    """One process with micro-batch 2B, and two processes with B; 6 steps, a checkpoint at step 3."""
+    """One process with micro-batch 2B, and two processes with B; 6 steps, a checkpoint at step 3; HellaSwag with
+    each evaluation (the two ranks score every other example)."""
     tmp = tmp_path_factory.mktemp("dp")
-    exp = write_experiment(tmp, train={"micro_batch": B, "ckpt_every": 3})
+    hs = tmp / "hs.jsonl"
+    hs.write_text("".join(json.dumps(ex) + "\n" for ex in HELLASWAG))
+    exp = write_experiment(tmp, train={"micro_batch": B, "ckpt_every": 3, "hellaswag": str(hs)})
     one = train(exp, tmp / "one", "--steps", "6", "--set", f"train.micro_batch={2 * B}")
     two = train(exp, tmp / "two", "--steps", "6", "--procs", "2")
     return {"tmp": tmp, "exp": exp, "one": one, "two": two}
@@ -128,6 +132,8 @@ def test_two_processes_match_one_with_the_doubled_micro_batch(runs) -> None:
         assert b["tokens"] == a["tokens"] and b["lr"] == a["lr"]
     for a, b in zip(records(one, "eval"), records(two, "eval")):
         assert_close(b["val_loss"], a["val_loss"], f"step {a['step']} val_loss")
+        assert b["hellaswag_examples"] == a["hellaswag_examples"] == len(HELLASWAG)
+        assert (b["hellaswag"], b["hellaswag_acc_norm"]) == (a["hellaswag"], a["hellaswag_acc_norm"])
     name = checkpoint.ckpt_name(6)
     assert [r["reason"] for r in records(two, "checkpoint")] == ["periodic", "final"]
     assert_same_state(runs["tmp"] / "one/ckpt" / name, runs["tmp"] / "two/ckpt" / name)

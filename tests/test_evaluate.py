@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, sample
+from microgpt import backend, checkpoint, sample
 from microgpt.data.tokenizer import load_tokenizer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
@@ -146,3 +146,34 @@ def test_checkpoint_for_another_model(trained, tmp_path: Path) -> None:
 
 def test_needs_one_source(trained) -> None:
     one_error_line(cli("eval", str(trained[0])))
+
+
+@pytest.mark.skipif(backend.cuda_available(), reason="a CUDA GPU runs the triton backend here")
+def test_a_backend_or_precision_this_machine_cannot_run_is_one_line(trained) -> None:
+    """No CUDA GPU and no interpreter: --backend triton is one line naming the flag, exit 2, and auto picks numpy in
+    fp32; bf16 on numpy, and fp8 for a checkpoint trained in fp32, are one line naming --precision."""
+    run, data = str(trained[0]), str(trained[1])
+    res = cli("eval", run, "--data", data, "--backend", "triton", env={"TRITON_INTERPRET": "0"})
+    assert "--backend 'triton'" in one_error_line(res) and "CUDA GPU" in res.stderr
+    err = one_error_line(cli("eval", run, "--data", data, "--backend", "numpy", "--precision", "bf16"))
+    assert err.startswith("error: --precision bf16: the numpy backend runs fp32, fp8"), err
+    err = one_error_line(cli("eval", run, "--data", data, "--precision", "fp8"))
+    assert err.startswith("error: --precision fp8: ") and "trained in fp32" in err, err
+    got = run_eval(run, "--data", data, "--windows", "2")
+    assert (got["backend"], got["precision"]) == ("numpy", "fp32")
+
+
+def test_fp8_checkpoint_scores_as_its_trainer(tmp_path: Path) -> None:
+    """A run trained in fp8 (the NumPy reference's E4M3 linears): `eval --precision fp8` scales by the amax histories
+    of its sidecar, so its loss on the trainer's windows is the trainer's fp8 val_loss; fp32 scores it too."""
+    exp = write_experiment(
+        tmp_path, train={"precision": "fp8", "steps": 3, "eval_every": 3}, data={"path": str(tmp_path / "data")}
+    )
+    res = cli("train", str(exp), "--out", str(tmp_path / "run"), "--json")
+    assert res.returncode == 0, res.stderr
+    val = [r["val_loss"] for r in json_lines(res.stdout) if r.get("event") == "eval"][-1]
+    windows = str(TINY["train"]["eval_batches"] * TINY["train"]["micro_batch"])
+    args = (str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--windows", windows)
+    got = run_eval(*args, "--precision", "fp8")
+    assert got["precision"] == "fp8" and got["loss"] == pytest.approx(val, abs=1e-6)
+    assert run_eval(*args)["precision"] == "fp32"

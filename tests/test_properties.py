@@ -24,9 +24,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from microgpt import checkpoint, config, data, errors, evaluate, params, sample
+from microgpt import checkpoint, config, data, errors, params, sample
 from microgpt.backend import numpy_backend
-from microgpt.data import shards
+from microgpt.data import hellaswag, shards
 from microgpt.data.sources import iter_records
 from microgpt.errors import InputError
 from microgpt.proxy import dashboard, httpd, phases
@@ -430,7 +430,7 @@ HS = {"ctx": "a man", "endings": ["runs", "sits", "eats", "b"], "label": "2"}
 def test_hellaswag_lines(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
     path = tmp_path_factory.getbasetemp() / "hs.jsonl"
     path.write_bytes(json.dumps(HS).encode() + b"\n" + raw + b"\n")
-    got = valid_or_input_error(evaluate.read_hellaswag, path)
+    got = valid_or_input_error(lambda p: hellaswag.read(p, "--hellaswag"), path)
     if got is not None:
         assert all(ex["label"] in (0, 1, 2, 3) and len(ex["endings"]) == 4 for ex in got)
 

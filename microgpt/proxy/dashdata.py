@@ -10,6 +10,9 @@ per version (mtime, size, inode) into columns, and answers
                                           when more than 2*width are new (a page that slept)
     view(columns, width, lo=A, hi=B)      the steps in [A, B] at full detail up to 2*width (the page's zoom)
 
+The eval rows give `val` (val_loss) and `hellaswag` (acc and acc_norm, train.hellaswag's fields), whole; with
+vsince=V only their points after step V, V being the answer's `last_val_step`: the last step of any of them (an
+evaluation may score one and not the other).
 Each series is its own (step, y) pair of lists because min and max fall on different steps per series. Rows
 whose value is null (a diverged loss) are left out of that series. `clock` maps step to cumulative tokens, wall
 time (`time`, Unix seconds) and training time (`elapsed`: the engine's elapsed_s, seconds of training up to the
@@ -51,6 +54,7 @@ from microgpt.runlock import pid_alive
 from microgpt.runlog import LOG_NAME, parse_log
 
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
+HELLASWAG = {"acc": "hellaswag", "acc_norm": "hellaswag_acc_norm"}  # the eval row fields of train.hellaswag
 KINDS = ("loss", "samples", "state")
 SKIP_DIRS = {"ckpt", "archive", "phases", "data"}  # a run folder's own subfolders: never runs themselves
 MAX_WIDTH = 4096
@@ -78,6 +82,7 @@ class Columns:
     elapsed: list[float | None]  # each train row's training time (elapsed_s); None: unknown
     val: tuple[list[int], list[float]]
     memory_peak: float | None = None  # the last row's measured peak memory (bytes; the page's header shows it)
+    hellaswag: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)  # HELLASWAG's, from eval rows
     views: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # memoized full-range answers
     raw: bytes = b""  # the file as read, and the offset just past its last train row (-1: not found)
     rows_end: int = -1
@@ -125,12 +130,19 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
                     xs, ys = series.setdefault(f"mix:{name}", ([], []))
                     xs.append(step)
                     ys.append(w)
-    val = [(r["step"], float(r["val_loss"])) for r in obj.get("val") or []
-           if isinstance(r, dict) and _number(r.get("step")) and _number(r.get("val_loss"))]  # fmt: skip
+    evals = [r for r in obj.get("val") or [] if isinstance(r, dict) and _number(r.get("step"))]
     marks = [finite(m) for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
     meta = base.meta if base else finite(obj.get("meta")) if isinstance(obj.get("meta"), dict) else {}
-    vals = ([s for s, _ in val], [y for _, y in val])
-    return Columns(version, meta, marks, steps, series, tokens, times, elapsed, vals, memory_peak)
+    hellaswag = {name: _eval_series(evals, key) for name, key in HELLASWAG.items()}
+    return Columns(version, meta, marks, steps, series, tokens, times, elapsed, _eval_series(evals, "val_loss"),
+                   memory_peak, hellaswag)  # fmt: skip
+
+
+def _eval_series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the eval rows whose `key` is a number: the val loss, or a HellaSwag accuracy (the rows of
+    an evaluation that scored only the other have none)."""
+    pairs = [(r["step"], float(r[key])) for r in rows if _number(r.get(key))]
+    return [s for s, _ in pairs], [y for _, y in pairs]
 
 
 def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: float, width: int) -> tuple[list, list]:
@@ -185,14 +197,15 @@ def view(c: Columns, width: int, since: int | None = None, vsince: int | None = 
         idx = list(range(a, b, stride)) + ([b - 1] if (b - 1 - a) % stride else [])
         clock = {"step": [c.steps[i] for i in idx], "tokens": [c.tokens[i] for i in idx],
                  "time": [c.times[i] for i in idx], "elapsed": [c.elapsed[i] for i in idx]}  # fmt: skip
-    vx, vy = c.val
-    va = bisect_right(vx, vsince) if vsince is not None else 0
+    evals = [c.val, *c.hellaswag.values()]
+    last_eval = max([xs[-1] for xs, _ in evals if xs], default=0)  # the poll's vsince: every eval series' cursor
     ans = {
         "version": c.version, "meta": c.meta, "marks": c.marks, "rows": len(c.steps),
         "first_step": c.steps[0] if c.steps else 0, "last_step": c.steps[-1] if c.steps else 0,
         "first_time": next((t for t in c.times if t is not None), None), "memory_peak": c.memory_peak,
-        "last_val_step": vx[-1] if vx else 0, "width": width, "since": since, "lo": lo, "hi": hi,
-        "series": out_series, "clock": clock, "val": {"step": vx[va:], "y": vy[va:]},
+        "last_val_step": last_eval, "width": width, "since": since, "lo": lo, "hi": hi,
+        "series": out_series, "clock": clock, "val": _after(*c.val, vsince),
+        "hellaswag": {name: _after(xs, ys, vsince) for name, (xs, ys) in c.hellaswag.items()},
         "points": sum(len(s["step"]) for s in out_series.values()),
     }  # fmt: skip
     if since is None:
@@ -200,6 +213,12 @@ def view(c: Columns, width: int, since: int | None = None, vsince: int | None = 
             c.views.clear()
         c.views[key] = ans
     return ans
+
+
+def _after(xs: list[int], ys: list[float], vsince: int | None) -> dict[str, list]:
+    """An eval series' points after step vsince (all of them without one): evaluations are few, never downsampled."""
+    a = bisect_right(xs, vsince) if vsince is not None else 0
+    return {"step": xs[a:], "y": ys[a:]}
 
 
 class RunFolder:

@@ -42,6 +42,7 @@ from typing import Any
 
 from microgpt import config, data
 from microgpt.config import ConfigError
+from microgpt.data import hellaswag
 from microgpt.errors import check_number
 
 PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup_steps": int, "loss_mask": bool,
@@ -192,6 +193,7 @@ def make_schedule(raw: Any, src: str, steps: int | None = None, seed: int | None
         eng = _phase_engine(base, ph, start, end)
         exp_i = data.validate(config.from_dict(eng, where if implicit else f"{where} ({ph['name']})"), where)
         _check_paths(exp_i.to_dict()["data"], where)
+        hellaswag.check(exp_i, where)
         phases.append(Phase(ph["name"], start, end, eng))
         start = end
     if settings.sample_every < 0:

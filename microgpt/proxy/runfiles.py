@@ -8,7 +8,8 @@ leaves the previous complete version.
                           "marks": [mark...]}
         train row        {"step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "phase",
                           "time"} plus any other field the engine's step event carries (forward-compatible)
-        val row          {"step", "val_loss", "phase", "time"} plus any other field of the eval event
+        val row          {"step", "val_loss", "phase", "time"} plus any other field of the eval event (HellaSwag's;
+                         an evaluation that scored only HellaSwag has no val_loss)
         mark             {"kind": "phase"|"restart"|"resume"|"stop"|"adopt", "step", "time", ...}: the dashboard's
                           vertical lines; marks are history and are never removed
     The loss history is never archived. It holds each step exactly once: when the engine (re)starts from

@@ -8,6 +8,7 @@ machine without it; otherwise a missing browser is a failure, so CI cannot pass 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.proxy._cdp import Chromium, chromium_binary
 from tests.proxy._helpers import REPO, ProxyRun, write_exp
+from tests.test_hellaswag import EXAMPLES as HELLASWAG
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -47,23 +49,30 @@ def freeze(run: ProxyRun, pid: int) -> dict:
 
 
 def drawn(loss: dict):
-    n_train, n_val = len(loss["train"]), len(loss["val"])
+    """Every train row, every val loss and every HellaSwag accuracy of the eval rows (one row may hold both)."""
+    n_train = len(loss["train"])
+    n_val, n_hs = (sum(key in r for r in loss["val"]) for key in ("val_loss", "hellaswag"))
     return lambda ds: (
         ds.get("trainPoints") == str(n_train)
         and ds.get("lossRows") == str(n_train)
-        and (ds.get("valPoints") == str(n_val))
+        and ds.get("valPoints") == str(n_val)
+        and ds.get("hellaswagPoints") == ds.get("hellaswagNormPoints") == ds.get("hellaswagRows") == str(n_hs)
     )
 
 
 def test_live_dashboard_draws_every_point_and_follows_the_run(tmp_path: Path, browser: Chromium) -> None:
     proxy = {"sample_every": 20, "prompts": ["def "], "sample_tokens": 24}
-    exp = write_exp(tmp_path, train={"steps": 400, "eval_every": 10}, proxy=proxy)
+    hs = tmp_path / "hs.jsonl"  # HellaSwag every 15 steps, the val loss every 10: rows of one, the other, or both
+    hs.write_text("".join(json.dumps(ex) + "\n" for ex in HELLASWAG))
+    train = {"steps": 400, "eval_every": 10, "hellaswag": str(hs), "hellaswag_every": 15}
+    exp = write_exp(tmp_path, train=train, proxy=proxy)
     run = ProxyRun(exp, tmp_path / "run", "--dashboard", "0")
     try:
         url = run.wait_for(lambda: run.file("state")["dashboard"], "the dashboard URL")
         pid = run.engine_pid()
         run.wait_for(lambda: len(run.steps()) >= 25, "25 steps")
         loss1 = freeze(run, pid)
+        assert any("hellaswag" in r and "val_loss" not in r for r in loss1["val"])
         browser.open(f"{url}live-loss-dashboard.html?run=proxy-test&interval=200")
         ds = browser.wait_dataset(drawn(loss1), f"{len(loss1['train'])} train points")
         assert ds["source"] == "http" and ds["lastStep"] == str(loss1["train"][-1]["step"])
@@ -74,6 +83,8 @@ def test_live_dashboard_draws_every_point_and_follows_the_run(tmp_path: Path, br
         loss2 = freeze(run, pid)
         ds = browser.wait_dataset(drawn(loss2), f"{len(loss2['train'])} train points after the run advanced")
         assert int(ds["trainPoints"]) > len(loss1["train"]) and browser.eval("window.sameDocument") == 1
+        assert int(ds["hellaswagPoints"]) > sum("hellaswag" in r for r in loss1["val"])  # new ones, by the poll
+        assert browser.eval("document.getElementById('hs-card').hidden") is False
         assert browser.eval("document.getElementById('step').textContent").startswith(str(loss2["train"][-1]["step"]))
         browser.screenshot(ARTIFACTS / "dashboard-live.png")
         os.kill(pid, signal.SIGCONT)

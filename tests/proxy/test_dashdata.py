@@ -52,6 +52,23 @@ def test_a_poll_gets_only_the_rows_after_its_step() -> None:
     assert all(len(s["step"]) <= 202 for s in many["series"].values())
 
 
+def test_hellaswag_is_its_own_eval_series_and_moves_the_polls_cursor() -> None:
+    """Eval rows of the val loss, of HellaSwag (train.hellaswag) or of both: each series holds the rows that carry
+    it, and last_val_step (the poll's vsince) is the last step of either, so a poll gets each new point once."""
+    obj = history(500)
+    obj["val"] = [{"step": 100, "val_loss": 4.0}, {"step": 150, "hellaswag": 0.25, "hellaswag_acc_norm": 0.3},
+                  {"step": 200, "val_loss": 3.9, "hellaswag": 0.26, "hellaswag_acc_norm": None},
+                  {"step": 250, "hellaswag": 0.27, "hellaswag_acc_norm": 0.31}]  # fmt: skip
+    ans = view(columns(obj, "v"), 1000)
+    assert ans["val"] == {"step": [100, 200], "y": [4.0, 3.9]} and ans["last_val_step"] == 250
+    assert ans["hellaswag"] == {"acc": {"step": [150, 200, 250], "y": [0.25, 0.26, 0.27]},
+                                "acc_norm": {"step": [150, 250], "y": [0.3, 0.31]}}  # fmt: skip
+    poll = view(columns(obj, "v"), 1000, since=500, vsince=200)
+    assert poll["val"]["step"] == [] and poll["hellaswag"]["acc"] == {"step": [250], "y": [0.27]}
+    assert view(columns(history(500), "v"), 1000)["hellaswag"] == {"acc": {"step": [], "y": []},
+                                                                  "acc_norm": {"step": [], "y": []}}  # fmt: skip
+
+
 def test_a_zoom_gets_its_steps_at_full_detail() -> None:
     c = columns(history(200_000), "v")
     ans = view(c, 1000, lo=150_000, hi=150_500)

@@ -54,6 +54,7 @@ PHASES_BAD_FIELD = [{"name": "pretrain", "steps": 5}, {"name": "polish", "steps"
         ({"phases": [{"name": "a", "steps": 5, "train": {"steps": 9}}]}, ["train.steps is set by the proxy"]),
         ({"phases": [{"name": "a", "steps": 5, "train": {"warmup": 9}}]}, ["phases[0] (a)", "unknown field 'warmup'"]),
         ({"proxy": {"hang_timeout": 5}}, ["proxy", "unknown field 'hang_timeout'"]),
+        ({"train": {"hellaswag": "/nonexistent/hs.jsonl"}}, ["train.hellaswag /nonexistent/hs.jsonl: cannot read"]),
         ({"proxy": {"prompts": [3]}}, ["proxy.prompts[0]"]),
     ],
 )  # fmt: skip
