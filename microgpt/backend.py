@@ -15,6 +15,7 @@ delta: `scratch_args`) and the runtime's tuner (`tuner`: kernels/runtime.py TUNE
 
 from __future__ import annotations
 
+import argparse
 import ctypes.util
 import dataclasses
 import functools
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import memory, ops, precision
-from microgpt.config import ConfigError, ModelConfig, TrainConfig
+from microgpt.config import BACKENDS, PRECISIONS, ConfigError, ModelConfig, TrainConfig
 from microgpt.memory import Buf
 from microgpt.ops.fp8 import e4m3
 from microgpt.precision import Precision, PrecisionState
@@ -234,3 +235,39 @@ def cuda_available() -> bool:
     import torch  # only where a driver is there: the CPU path never imports torch
 
     return torch.cuda.is_available()
+
+
+# --- a trained model's backend (eval, sample, chat, serve) -------------------------------------------------------
+BACKEND_CHOICES = ("auto", *BACKENDS)
+# What a trained model computes in on each backend: the first is the default; a precision in ONLY_AS_TRAINED runs
+# only a checkpoint trained in it (fp8 scales its operands by the run's amax histories, which ride in the sidecar;
+# fp16's range holds only the activations of a model trained to stay in it).
+INFER_PRECISIONS = {"numpy": ("fp32", "fp8"), "triton": ("bf16", "fp32", "fp16", "fp8")}
+ONLY_AS_TRAINED = ("fp16", "fp8")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """`--backend` and `--precision` of the commands that run a trained model (eval, sample, chat, serve)."""
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)")  # fmt: skip
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="what it computes in (default: bf16 on triton, fp32 on numpy; fp16 and fp8 only for a "
+                        "checkpoint trained in them)")  # fmt: skip
+
+
+def for_trained(name: str, precision: str | None, trained: str, where: str, error: type[Exception]) -> Backend:
+    """The backend `--backend` names ("auto": triton where a CUDA GPU is there, else numpy) in `--precision`, for a
+    checkpoint at `where` trained in `trained`. What this machine or this checkpoint cannot run is one `error`
+    naming the flag (a ConfigError for what the backend itself refuses)."""
+    name = ("triton" if cuda_available() else "numpy") if name == "auto" else name
+    if name not in INFER_PRECISIONS:
+        raise ConfigError(f"--backend: unknown backend {name!r}")
+    supported = INFER_PRECISIONS[name]
+    precision = precision or supported[0]
+    if precision not in supported:
+        raise error(f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
+                    "runs every precision, on a GPU)")  # fmt: skip
+    if precision in ONLY_AS_TRAINED and precision != trained:
+        raise error(f"--precision {precision}: {where} trained in {trained}; {precision} runs only a checkpoint "
+                    f"trained in it (--precision {supported[0]} or fp32 run any)")  # fmt: skip
+    return get_backend(name, precision, flags=("--backend", "--precision"))

@@ -27,6 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from microgpt import sample
+from microgpt.backend import add_flags
 from microgpt.data.chat import Message, prompt_text
 from microgpt.data.tokenizer import EOT, IM_END
 from microgpt.errors import ArgParser
@@ -152,6 +153,7 @@ def parser() -> ArgParser:
     p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="then among the likeliest tokens of probability P (1: all)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    add_flags(p)
     return p
 
 
@@ -160,7 +162,7 @@ def main(argv: list[str]) -> int:
     sample.check_flags(args)
     if sys.stdin is None:  # started with fd 0 closed (`<&-`): Python has no stdin object at all
         raise sample.SampleError("stdin is closed: chat reads one user turn per line of stdin (pipe them in)")
-    gen, tok, _ = sample.load(args.checkpoint)
+    gen, tok, _ = sample.load(args.checkpoint, 1, args.backend, args.precision)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")  # a bad byte is reported by line, not as a traceback
     try:
@@ -175,7 +177,7 @@ def sample_chat(args: argparse.Namespace) -> int:
     sample.check_flags(args)
     if args.num_samples != 1:
         raise sample.SampleError("--num-samples: sample --chat draws one reply (chat's streaming turn)")
-    gen, tok, step = sample.load(args.checkpoint)
+    gen, tok, step = sample.load(args.checkpoint, 1, args.backend, args.precision)
     chat, buf = Chat(gen, tok, args), io.StringIO()
     reply = chat.turn(args.prompt, buf if args.json else sys.stdout)
     if args.json:

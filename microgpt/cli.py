@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import microgpt
-from microgpt import checkpoint, config, memory, params, runlock
+from microgpt import backend, checkpoint, config, memory, params, runlock
 from microgpt.errors import ArgParser, exit_on_input_error, fail
 from microgpt.events import Heartbeat
 from microgpt.runlog import LOG_NAME, RunLog
@@ -173,6 +173,7 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (sample i: seed + i)")
     p.add_argument("--num-samples", type=int, default=1, help="sequences decoded together, in one batch")
     p.add_argument("--json", action="store_true", help="print one JSON object (a line per sample) instead of text")
+    backend.add_flags(p)
     p.add_argument("--chat", action="store_true", help="the prompt is one ChatML user turn; print the reply")
     args = p.parse_args(argv)
     from microgpt import chat, sample

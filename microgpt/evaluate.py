@@ -2,10 +2,10 @@
 
 The model runs through the inference step (model.gpt_infer on an inference plan of B = the checkpoint's micro_batch
 sequences without a KV cache) on the backend `--backend` names: auto (the default) is triton where a CUDA GPU is
-there, numpy elsewhere. triton computes in bf16 unless `--precision` says fp32; numpy in fp32 (EVAL_PRECISIONS);
-fp16 and fp8 score only a checkpoint trained in them (fp8 with the run's amax histories from the sidecar). The
-inference step's losses for a window from position 0 are the training forward's on the same backend and precision,
-so a shard split scores exactly as the trainer's validation loss does: windows of seq_len + 1
+there, numpy elsewhere. triton computes in bf16 unless `--precision` says fp32; numpy in fp32
+(backend.INFER_PRECISIONS); fp16 and fp8 score only a checkpoint trained in them (fp8 with the run's amax histories
+from the sidecar). The inference step's losses for a window from position 0 are the training forward's on the same
+backend and precision, so a shard split scores exactly as the trainer's validation loss does: windows of seq_len + 1
 tokens at stride seq_len from token 0, batch i = windows i*B .. i*B + B - 1 (wrapping, as Loader.val_batch), loss =
 sum of token losses / count of scored targets (masked targets, y = -1, are not scored).
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, hellaswag
-from microgpt.backend import Backend, cuda_available, get_backend
+from microgpt import backend, checkpoint, config, hellaswag
+from microgpt.backend import Backend
 from microgpt.data import hellaswag as hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError, check_number
@@ -41,28 +41,10 @@ class EvalError(InputError):
     """Bad eval input (a text or HellaSwag file, a flag). str(err) is one line naming it."""
 
 
-BACKEND_CHOICES = ("auto", *config.BACKENDS)
-# What eval computes in on each backend: the first is the default; a precision in ONLY_AS_TRAINED runs only a
-# checkpoint trained in it (fp8 scales its operands by the run's amax histories, which ride in the sidecar; fp16's
-# range holds only the activations of a model trained to stay in it).
-EVAL_PRECISIONS = {"numpy": ("fp32", "fp8"), "triton": ("bf16", "fp32", "fp16", "fp8")}
-ONLY_AS_TRAINED = ("fp16", "fp8")
-
-
 def eval_backend(ld: checkpoint.Trained, name: str, precision: str | None) -> Backend:
-    """The backend `--backend` names ("auto": triton where a CUDA GPU is there, else numpy) in `--precision` (default:
-    bf16 on triton, fp32 on numpy; fp16 and fp8 only for a checkpoint trained in them). What this machine or this
-    checkpoint cannot run is one EvalError naming the flag."""
-    name = ("triton" if cuda_available() else "numpy") if name == "auto" else name
-    supported, trained = EVAL_PRECISIONS[name], ld.side.get("precision", ld.exp.train.precision)
-    precision = precision or supported[0]
-    if precision not in supported:
-        raise EvalError(f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
-                        "runs every precision, on a GPU)")  # fmt: skip
-    if precision in ONLY_AS_TRAINED and precision != trained:
-        raise EvalError(f"--precision {precision}: {ld.path} trained in {trained}; {precision} scores only a "
-                        f"checkpoint trained in it (--precision {supported[0]} or fp32 score any)")  # fmt: skip
-    return get_backend(name, precision, flags=("--backend", "--precision"))
+    """The backend and precision the flags name for this checkpoint (backend.for_trained); EvalError if not."""
+    trained = ld.side.get("precision", ld.exp.train.precision)
+    return backend.for_trained(name, precision, trained, str(ld.path), EvalError)
 
 
 def scorer(ld: checkpoint.Trained, K: Backend) -> InferState:
@@ -143,11 +125,7 @@ def parser() -> ArgParser:
     what.add_argument("--hellaswag", help="a HellaSwag JSONL file (ctx, endings, label)")
     p.add_argument("--split", default="val", choices=("train", "val"), help="with --data: which split")
     p.add_argument("--windows", type=int, help="score only the first N windows (HellaSwag: examples)")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)")  # fmt: skip
-    p.add_argument("--precision", choices=config.PRECISIONS,
-                   help="what it computes in (default: bf16 on triton, fp32 on numpy; fp16 and fp8 only for a "
-                        "checkpoint trained in them)")  # fmt: skip
+    backend.add_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 

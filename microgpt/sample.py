@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import checkpoint, config, model
-from microgpt.backend import Backend, get_backend
+from microgpt.backend import Backend, for_trained
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, check_number
 from microgpt.state import InferState, make_infer_state
@@ -159,28 +159,35 @@ def generate(gen: Generator, prompt: list[int], n_tokens: int, s: Sampling, seed
     return [q[len(prompt) :] for q in seqs]
 
 
-def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend = "numpy") -> tuple[Generator, Any]:
-    """A checkpoint read back (checkpoint.load_trained) as a model on `backend` (a Backend, or a name for
-    backend.get_backend at fp32) with an empty cache of `rows` sequences, and its tokenizer."""
+def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend = "numpy",
+                 precision: str | None = None) -> tuple[Generator, Any]:  # fmt: skip
+    """A checkpoint read back (checkpoint.load_trained) as a model with an empty cache of `rows` sequences, and its
+    tokenizer. `backend` is a Backend, or the name `--backend` gives (auto, numpy, triton) with `--precision`'s
+    (backend.for_trained: default fp32 on numpy, bf16 on triton); what the run's precision keeps (fp8: its amax
+    histories) comes from the sidecar."""
     try:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
     except InputError as e:
         raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
-    K = get_backend(backend, "fp32") if isinstance(backend, str) else backend
-    return Generator(make_infer_state(ld.exp.model, K, rows, ld.weights)), tok
+    if isinstance(backend, str):
+        trained = ld.side.get("precision", ld.exp.train.precision)
+        backend = for_trained(backend, precision, trained, str(ld.path), SampleError)
+    S = make_infer_state(ld.exp.model, backend, rows, ld.weights)
+    S.prec.load_sidecar(ld.side, str(checkpoint.sidecar_path(ld.path)))
+    return Generator(S), tok
 
 
-def load(where: str, rows: int = 1, backend: str | Backend = "numpy") -> tuple[Generator, Any, int]:
-    """The model of a checkpoint or run folder on `backend` (open_trained), its tokenizer, and the checkpoint's
-    step."""
+def load(where: str, rows: int = 1, backend: str | Backend = "numpy",
+         precision: str | None = None) -> tuple[Generator, Any, int]:  # fmt: skip
+    """The model of a checkpoint or run folder (open_trained), its tokenizer, and the checkpoint's step."""
     ld = checkpoint.load_trained(where)
-    return *open_trained(ld, rows, backend), ld.step
+    return *open_trained(ld, rows, backend, precision), ld.step
 
 
 def main(args: argparse.Namespace) -> int:
     n = check_number(args.num_samples, "--num-samples", 1, MAX_SAMPLES, integer=True, error=SampleError)
     check_flags(args, n)
-    gen, tok, step = load(args.checkpoint, n)
+    gen, tok, step = load(args.checkpoint, n, args.backend, args.precision)
     prompt = tok.encode(args.prompt) or [getattr(tok, "bos_id", 0)]  # empty prompt: start a new document
     seeds = [args.seed + i for i in range(n)]
     outs = generate(gen, prompt, args.tokens, sampling(args), seeds)

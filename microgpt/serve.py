@@ -27,7 +27,8 @@ for them); the context is the model's seq_len: a prompt must fit it, and a reply
 finish_reason "length" (no sliding window, unlike `sample`); a prompt is prefilled alone, so a long one delays the
 batch's next pass by its prefill; a non-streamed request whose client goes away is decoded to its end; no
 authentication (any API key is accepted) and no CORS: it binds 127.0.0.1 unless --host says otherwise. It runs on
-the backend sample.open_trained loads the checkpoint on (the NumPy backend, fp32); nothing here reads the arrays.
+the backend `--backend` and `--precision` choose (sample.open_trained: auto is triton where a CUDA GPU is there, in
+bf16, else numpy in fp32); nothing here reads the arrays.
 
 Transport: proxy/httpd.py, the dashboard's bounded asyncio HTTP/1.0 server, grown a request body and a streamed answer,
 rather than starlette + uvicorn. The API is four routes of JSON in and JSON or server-sent events out, and the work
@@ -57,6 +58,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from microgpt import checkpoint, oai, sample
+from microgpt.backend import add_flags
 from microgpt.chat import Stream
 from microgpt.errors import ArgParser, InputError, check_number
 from microgpt.oai import ApiError, Reply, Spec, json_answer, sse
@@ -190,6 +192,7 @@ def parser() -> ArgParser:
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (rows of the KV cache)")
     p.add_argument("--queue", type=int, default=32, help="more sequences that may wait for a row; past them, 429")
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
+    add_flags(p)
     return p
 
 
@@ -215,7 +218,7 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     check_number(args.max_batch, "--max-batch", 1, MAX_BATCH, integer=True, error=ServeError)
     check_number(args.queue, "--queue", 0, MAX_QUEUE, integer=True, error=ServeError)
     ld = checkpoint.load_trained(args.checkpoint)
-    gen, tok = sample.open_trained(ld, args.max_batch)
+    gen, tok = sample.open_trained(ld, args.max_batch, args.backend, args.precision)
     api = Api(ld.exp.name, int(ld.path.stat().st_mtime), tok, Scheduler(gen, args.queue), ld.exp.model.seq_len,
               args.max_batch)  # fmt: skip
     server = listen(args, api)
