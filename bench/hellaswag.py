@@ -21,7 +21,7 @@ microgpt: `python3 -m microgpt eval CKPT --hellaswag FILE --json [--backend B]` 
 its seconds are the process's wall time (start, checkpoint load, tokenizing, scoring). transformers:
 GPT2LMHeadModel.from_pretrained on the exported folder, bf16 with SDPA on a GPU or fp32 on the CPU, in this
 process; its seconds run from from_pretrained to the last score. It scores by evaluate.py's rule with
-evaluate.hellaswag_rows (context + " " + ending, the last seq_len + 1 tokens; only the ending's tokens scored) on
+data/hellaswag.tokenize (context + " " + ending, the last seq_len + 1 tokens; only the ending's tokens scored) on
 the folder's tokenizer: acc picks the lowest sum of the ending's token losses, acc_norm the lowest mean. Examples
 are sorted by length and packed, 4 rows each, into batches of at most --hf-tokens tokens, right-padded (a causal
 model: what follows a row's tokens changes nothing in them). agree counts the examples where both sides pick the
@@ -51,9 +51,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt import checkpoint, config, params  # noqa: E402
 from microgpt.data import corpus  # noqa: E402
+from microgpt.data.hellaswag import read, tokenize  # noqa: E402
 from microgpt.data.tokenizer import file_sha256, load_tokenizer, train_bpe  # noqa: E402
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, output_error  # noqa: E402
-from microgpt.evaluate import hellaswag_rows, read_hellaswag  # noqa: E402
 from microgpt.fileio import atomic_write_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ def microgpt_eval(ckpt: Path, path: Path, backend: str | None, timeout: int) -> 
 
 
 class Encoded:
-    """A tokenizer for evaluate.hellaswag_rows over strings encoded in one batched call beforehand."""
+    """A tokenizer for data/hellaswag.tokenize over strings encoded in one batched call beforehand."""
 
     def __init__(self, tok: Any, texts: list[str]) -> None:
         self.ids = dict(zip(texts, tok(texts, add_special_tokens=False)["input_ids"]))
@@ -203,7 +203,7 @@ def hf_score(folder: Path, examples: list[dict[str, Any]], device: str, budget: 
     load_s = time.perf_counter() - t0
     T = model.config.n_positions
     enc = Encoded(tok, sorted({s for ex in examples for s in [ex["ctx"], *(" " + e for e in ex["endings"])]}))
-    rows = [hellaswag_rows(ex, enc, T) for ex in examples]
+    rows = [(it.seqs, it.n_end) for it in tokenize(examples, enc, T)]
     sums, means = np.full((len(examples), 4), np.inf), np.full((len(examples), 4), np.inf)
     with torch.inference_mode():
         for batch in hf_batches(rows, budget):
@@ -261,14 +261,14 @@ def agreement(ckpt: Path, work: Path, file: Path, picks: list[int], args: argpar
 def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path, dict[str, Any]]:
     """(checkpoint, file, the file's token lengths): --ckpt and --file as given, or made in work."""
     file = Path(args.file) if args.file else work / "hellaswag.jsonl"
-    given = read_hellaswag(file) if args.file else None  # a bad file is refused before anything is made
+    given = read(file, "--file") if args.file else None  # a bad file is refused before anything is made
     ckpt = checkpoint.resolve(args.ckpt) if args.ckpt else None
     docs = corpus_docs(args.corpus_bytes) if not (ckpt and given) else []
     ckpt = ckpt or make_checkpoint(work, args.shape, args.seed, docs)
     tok = load_tokenizer(checkpoint.read_sidecar(ckpt).get("tokenizer", {}))
     if given is None:
         write_jsonl(file, make_examples(tok, docs, args.examples, args.seed))
-    stats = lengths(tok, given or read_hellaswag(file))
+    stats = lengths(tok, given or read(file, "--file"))
     print(f"hellaswag: {file} ({stats}), checkpoint {ckpt}", file=sys.stderr, flush=True)
     return ckpt, file, stats
 
@@ -302,7 +302,7 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         ckpt, file, stats = prepare(work, args)
         mine = microgpt_eval(ckpt, file, args.backend, args.timeout)
-        theirs = transformers_side(ckpt, work, read_hellaswag(file), args)
+        theirs = transformers_side(ckpt, work, read(file, "--file"), args)
         if "error" not in mine and "error" not in theirs:
             again = agreement(ckpt, work, file, theirs["picks"], args)
             if "error" in again:
