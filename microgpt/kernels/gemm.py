@@ -174,8 +174,8 @@ class Gemm:
         is allocated."""
         ways = self._ways(out, a, b)
         if self.tuner.is_open and len(ways) > 1:
-            flat = out.view(-1, out.shape[-1])
-            rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]
+            flat = out[0] if out.dim() == 3 else out  # a batched GEMM's first matrix: each is contiguous rows
+            rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]  # (out itself may be a slice of its buffer)
             ref, got = self.tuner.probe()[: 2 * rows * cols].view(2, rows, cols)
             self._run(ways[0], out, a, b, False)  # a tile that does not fit: cuBLAS runs the reference
             ref.copy_(flat[:rows])
