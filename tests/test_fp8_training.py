@@ -213,8 +213,8 @@ def test_sample_of_an_fp8_run(fp8_run: tuple[Path, Path]) -> None:
     """The run samples on the NumPy backend in fp8 (its amax histories from the sidecar) and in fp32; on the triton
     backend fp8 decoding is refused, one line (the Triton interpreter stands in for the GPU)."""
     _, run = fp8_run
-    for precision in ("fp8", "fp32"):
-        res = cli("sample", str(run), "--backend", "numpy", "--precision", precision, "--tokens", "4")
+    for prec in ("fp8", "fp32"):
+        res = cli("sample", str(run), "--backend", "numpy", "--precision", prec, "--tokens", "4")
         assert res.returncode == 0 and res.stdout.strip(), res.stderr
     res = cli("sample", str(run), "--backend", "triton", "--precision", "fp8", env={"TRITON_INTERPRET": "1"})
     one_error(res, 2, "--precision fp8: the GPU decode step in fp8 does not yet agree with its NumPy reference")
