@@ -5,7 +5,8 @@ an epilogue of W_1's forward and a prologue of W_1's backward; ops/fp8.py likewi
     gelu'(h) = 0.5 (1 + t) + 0.5 h (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 h^2)
              = 0.5 (1 + t) [1 + (1 - t) h sqrt(2/pi) (1 + 3 * 0.044715 h^2)]    (factored: 1 - t^2 = (1-t)(1+t))
 
-Shapes: h, out, dh any one shape. Arithmetic in the arrays' dtype, in place where it can be.
+Shapes: h, out, dh (N, ...), one shape. Arithmetic in the arrays' dtype, in place where it can be, range of rows by
+range of rows (ops/rows.py: the passes over one range stay in cache; several threads take a range each).
 """
 
 import math
@@ -13,11 +14,23 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.rows import SERIAL, Rows
+
 GELU_K = math.sqrt(2.0 / math.pi)
 GELU_C = 0.044715
 
 
-def gelu(out: NDArray, h: NDArray) -> None:
+def gelu(out: NDArray, h: NDArray, rows: Rows = SERIAL) -> None:
+    """out = gelu(h), range of rows by range of rows."""
+    rows.map(_gelu, out, h)
+
+
+def gelu_backward(dh: NDArray, h: NDArray, rows: Rows = SERIAL) -> None:
+    """dh *= gelu'(h) in place (dh holds the gradient reaching gelu(h)), range of rows by range of rows."""
+    rows.map(_gelu_backward, dh, h)
+
+
+def _gelu(out: NDArray, h: NDArray) -> None:
     """out = gelu(h), built up in place in out."""
     np.multiply(h, h, out=out)
     out *= h
@@ -30,8 +43,8 @@ def gelu(out: NDArray, h: NDArray) -> None:
     out *= 0.5
 
 
-def gelu_backward(dh: NDArray, h: NDArray) -> None:
-    """dh *= gelu'(h) in place (dh holds the gradient reaching gelu(h)); two (N,4C) temporaries."""
+def _gelu_backward(dh: NDArray, h: NDArray) -> None:
+    """dh *= gelu'(h) in place; two temporaries of h's shape."""
     t = np.multiply(h, h)
     t *= GELU_C
     t += 1.0
