@@ -44,15 +44,14 @@ def _gelu(out: NDArray, h: NDArray) -> None:
 
 
 def _gelu_backward(dh: NDArray, h: NDArray) -> None:
-    """dh *= gelu'(h) in place; two temporaries of h's shape."""
-    t = np.multiply(h, h)
-    t *= GELU_C
+    """dh *= gelu'(h) in place; two temporaries of h's shape (h^2 serves both factors)."""
+    inner = np.multiply(h, h)
+    t = inner * GELU_C
     t += 1.0
     t *= h
     t *= GELU_K  # t = u, the argument of tanh
     np.tanh(t, out=t)
-    inner = h * h  # h sqrt(2/pi) (1 + 3c h^2)
-    inner *= 3.0 * GELU_C
+    inner *= 3.0 * GELU_C  # h sqrt(2/pi) (1 + 3c h^2)
     inner += 1.0
     inner *= h
     inner *= GELU_K
