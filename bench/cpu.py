@@ -37,12 +37,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 SRC_VAR = "MICROGPT_BENCH_SRC"  # a config's process imports microgpt from this tree (run_all's --src), else this one
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 if os.environ.get(SRC_VAR):
     sys.path.insert(0, os.environ[SRC_VAR])
+import microgpt  # noqa: E402, F401  # before NumPy, as in `microgpt train`: the package sets what NumPy's BLAS reads
+
+# isort: split
+import numpy as np  # noqa: E402
+
 from microgpt import config, ops  # noqa: E402
 from microgpt.backend import Backend, numpy_backend  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
@@ -196,9 +199,12 @@ def table(runs: dict[tuple[int, str], list[dict]], load: tuple[float, float]) ->
 def profile(n_warmup: int, n_steps: int) -> str:
     """Where a NumPy step's wall time goes: every backend function the model and the step call, and inside them the
     precision's GEMM sites (the Matmul's methods) and GELU's passes (the names ops/linear.py calls, wrapped for
-    this run), each as ms a step over n_steps steps after n_warmup. Threads as this process's environment says."""
-    totals: dict[str, list[float]] = {}  # "op > inner > ..." -> [calls, seconds]
+    this run), each as its median over n_steps steps after n_warmup (the median, not the mean: on a shared
+    machine a few steps lose a time slice to other processes). Threads as this process's environment says."""
+    calls: dict[str, int] = {}  # "op > inner > ..." -> calls over the timed steps
+    seconds: dict[str, list[float]] = {}  # the same keys -> seconds in each timed step
     stack: list[str] = []
+    timing = [-1]  # the timed step's index (-1: warming up)
 
     def timer(name: str, f: Callable) -> Callable:
         def run(*args, **kwargs):
@@ -209,8 +215,9 @@ def profile(n_warmup: int, n_steps: int) -> str:
                 return f(*args, **kwargs)
             finally:
                 stack.pop()
-                total = totals.setdefault(key, [0, 0.0])
-                total[0], total[1] = total[0] + 1, total[1] + time.perf_counter() - t0
+                if timing[0] >= 0:
+                    calls[key] = calls.get(key, 0) + 1
+                    seconds.setdefault(key, [0.0] * n_steps)[timing[0]] += time.perf_counter() - t0
 
         return run
 
@@ -224,23 +231,24 @@ def profile(n_warmup: int, n_steps: int) -> str:
         setattr(mm, method, timer(f"mm.{method}", getattr(mm, method)))
     saved = linear.gelu, linear.gelu_backward
     linear.gelu, linear.gelu_backward = timer("gelu", linear.gelu), timer("gelu_backward", linear.gelu_backward)
+    walls = []
     try:
         for i in range(n_warmup):
             one(i)
-        totals.clear()
-        t0 = time.perf_counter()
         for i in range(n_steps):
+            timing[0] = i
+            t0 = time.perf_counter()
             one(n_warmup + i)
-        wall = (time.perf_counter() - t0) / n_steps
+            walls.append(time.perf_counter() - t0)
     finally:
         linear.gelu, linear.gelu_backward = saved
-    lines = [f"step {1000 * wall:.1f} ms (wall, the mean of {n_steps} steps); threads "
+    wall = statistics.median(walls)
+    lines = [f"step {1000 * wall:.1f} ms (wall, the median of {n_steps} steps); threads "
              f"{os.environ.get('OMP_NUM_THREADS', 'unset')}", "", "| op | calls a step | ms a step | % of the step |",
              "|---|---|---|---|"]  # fmt: skip
-    for key, (calls, secs) in sorted(totals.items()):
-        lines.append(
-            f"| {key} | {calls / n_steps:g} | {1000 * secs / n_steps:.1f} | {100 * secs / n_steps / wall:.1f} |"
-        )
+    for key in sorted(seconds):
+        secs = statistics.median(seconds[key])
+        lines.append(f"| {key} | {calls[key] / n_steps:g} | {1000 * secs:.1f} | {100 * secs / wall:.1f} |")
     return "\n".join(lines)
 
 

@@ -14,7 +14,10 @@ bit the same for any thread count and any cut (tests/ops/test_rows.py checks it)
 outside, over the whole array: LayerNorm's dw and db, sums over the rows, keep their one order.
 
 The thread count (`cpu_threads`) follows NumPy's BLAS: OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs
-this process may run on, so that one setting governs the GEMMs and the passes between them.
+this process may run on, so that one setting governs the GEMMs and the passes between them. The GEMMs and these
+passes take turns on the same cores, so OpenBLAS's idle threads must not hold them: by default they spin for 2^28
+cycles after each GEMM, which takes the core from the pool's thread in every pass; microgpt/__init__.py sets
+OPENBLAS_THREAD_TIMEOUT (2^18 cycles, then they sleep) before NumPy loads.
 """
 
 from __future__ import annotations

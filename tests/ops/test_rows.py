@@ -2,6 +2,10 @@
 the same bits for any thread count and any cut as over its whole arrays at once (the reference as it was written
 before it had ranges), so the NumPy backend's results do not depend on the machine's cores."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -50,6 +54,16 @@ def test_threads_follow_the_blas_variables() -> None:
     assert cpu_threads({"OMP_NUM_THREADS": "5"}) == 5
     assert cpu_threads({"OPENBLAS_NUM_THREADS": "0", "OMP_NUM_THREADS": " 2 "}) == 2
     assert cpu_threads({"OPENBLAS_NUM_THREADS": "many"}) == cpu_threads({}) >= 1
+
+
+def test_openblas_idle_threads_sleep_soon_unless_the_user_says() -> None:
+    """microgpt sets OpenBLAS's thread timeout when it is imported, before NumPy loads (ops/rows.py says why)."""
+    code = "import microgpt, os, sys; assert 'numpy' not in sys.modules; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    for user, seen in ((None, "18"), ("7", "7")):
+        run_env = env if user is None else {**env, "OPENBLAS_THREAD_TIMEOUT": user}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == seen
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> None:
