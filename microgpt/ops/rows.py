@@ -9,6 +9,9 @@ write their reference once, as a function of a range of rows, `fn(i, j)` over ro
     with more than one thread the ranges are dealt out as contiguous blocks, one per thread (the caller runs one
     of them), and run at once: NumPy's loops and BLAS calls release the GIL.
 
+    per_thread=True cuts one range a thread instead, for passes whose NumPy calls cost more in their fixed part
+    (the setup of a short-row reduction, during which NumPy holds the GIL) than cache misses do: LayerNorm's.
+
 Each range writes only its own rows and computes every row exactly as it would alone, so the results are bit for
 bit the same for any thread count and any cut (tests/ops/test_rows.py checks it). What is not row by row stays
 outside, over the whole array: LayerNorm's dw and db, sums over the rows, keep their one order.
@@ -57,10 +60,11 @@ class Rows:
     def make(cls, threads: int, chunk: int = CHUNK) -> Rows:
         return cls(threads, ThreadPoolExecutor(threads - 1, "microgpt-rows") if threads > 1 else None, chunk)
 
-    def run(self, fn: Callable[[int, int], None], n: int, width: int = 1) -> None:
+    def run(self, fn: Callable[[int, int], None], n: int, width: int = 1, per_thread: bool = False) -> None:
         """fn(i, j) for consecutive ranges i .. j covering rows 0 .. n - 1, each about chunk // width rows (width:
-        the elements a row). fn must not call run itself (the pool's threads would wait on each other)."""
-        step = max(1, self.chunk // max(1, width))
+        the elements a row), or with per_thread one range a thread. fn must not call run itself (the pool's threads
+        would wait on each other)."""
+        step = max(1, -(-n // self.threads) if per_thread else self.chunk // max(1, width))
         ranges = [(i, min(i + step, n)) for i in range(0, n, step)]
         if not ranges:
             return
@@ -73,11 +77,12 @@ class Rows:
             for f in futures:  # every block is done (or failed) before the caller reads the arrays
                 f.result()
 
-    def map(self, fn: Callable[..., object], *arrays: NDArray) -> None:
+    def map(self, fn: Callable[..., object], *arrays: NDArray, per_thread: bool = False) -> None:
         """fn(*(a[i:j] for a in arrays)) over ranges of rows of arrays that have the same rows (the first one's row
-        size sets the ranges)."""
+        size sets the ranges; per_thread: one range a thread)."""
         first = arrays[0]
-        self.run(lambda i, j: fn(*(a[i:j] for a in arrays)), len(first), first.size // max(1, len(first)))
+        width = first.size // max(1, len(first))
+        self.run(lambda i, j: fn(*(a[i:j] for a in arrays)), len(first), width, per_thread)
 
 
 def _run_block(fn: Callable[[int, int], None], ranges: list[tuple[int, int]]) -> None:

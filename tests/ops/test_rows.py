@@ -29,11 +29,14 @@ def rows(request) -> Rows:
 
 @pytest.mark.parametrize("n, width, threads, chunk", [(0, 5, 2, 8), (1, 5, 4, 8), (10, 1, 3, 3), (10, 4, 2, 9),
                                                       (37, 3, 4, 1), (5, 100, 8, 1 << 15)])  # fmt: skip
-def test_every_row_once_in_order_per_thread(n: int, width: int, threads: int, chunk: int) -> None:
-    seen: list[tuple[int, int]] = []
-    Rows.make(threads, chunk).run(lambda i, j: seen.append((i, j)), n, width)  # list.append is atomic
-    assert sorted(r for i, j in seen for r in range(i, j)) == list(range(n))
-    assert all(0 < j - i <= max(1, chunk // width) for i, j in seen)
+def test_every_row_once(n: int, width: int, threads: int, chunk: int) -> None:
+    for per_thread in (False, True):
+        seen: list[tuple[int, int]] = []
+        Rows.make(threads, chunk).run(lambda i, j: seen.append((i, j)), n, width, per_thread)  # append is atomic
+        assert sorted(r for i, j in seen for r in range(i, j)) == list(range(n))
+        most = -(-n // threads) if per_thread else max(1, chunk // width)
+        assert all(0 < j - i <= most for i, j in seen)
+        assert not per_thread or len(seen) == min(n, threads) or n == 0
 
 
 def test_an_error_in_a_worker_reaches_the_caller_after_every_range_ran() -> None:
