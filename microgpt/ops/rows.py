@@ -6,8 +6,8 @@ write their reference once, as a function of a range of rows, `fn(i, j)` over ro
 
     the rows 0 .. n - 1 are cut into consecutive ranges of about CHUNK elements (width elements a row, at least
     one row a range), so that the several passes an op makes over its arrays find them in the core's cache;
-    with more than one thread the ranges are dealt out as contiguous blocks, one per thread (the caller runs one
-    of them), and run at once: NumPy's loops and BLAS calls release the GIL.
+    with more than one thread each takes an equal span of the rows (the caller runs one of them) and cuts it into
+    such ranges; the spans run at once: NumPy's loops and BLAS calls release the GIL.
 
     per_thread=True cuts one range a thread instead, for passes whose NumPy calls cost more in their fixed part
     (the setup of a short-row reduction, during which NumPy holds the GIL) than cache misses do: LayerNorm's.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from numpy.typing import NDArray
 
-CHUNK = 1 << 16  # elements a range: 256 KiB an fp32 array, a few of which fit a core's L2 cache together
+CHUNK = 1 << 17  # elements a range: 512 KiB an fp32 array, two or three of which fit a core's L2 cache
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # the order OpenBLAS reads them in
 
 
@@ -61,15 +61,15 @@ class Rows:
         return cls(threads, ThreadPoolExecutor(threads - 1, "microgpt-rows") if threads > 1 else None, chunk)
 
     def run(self, fn: Callable[[int, int], None], n: int, width: int = 1, per_thread: bool = False) -> None:
-        """fn(i, j) for consecutive ranges i .. j covering rows 0 .. n - 1, each about chunk // width rows (width:
-        the elements a row), or with per_thread one range a thread. fn must not call run itself (the pool's threads
-        would wait on each other)."""
-        step = max(1, -(-n // self.threads) if per_thread else self.chunk // max(1, width))
-        ranges = [(i, min(i + step, n)) for i in range(0, n, step)]
-        if not ranges:
+        """fn(i, j) for consecutive ranges i .. j covering rows 0 .. n - 1: each thread takes an equal span of the
+        rows, cut into ranges of about chunk // width rows (width: the elements a row), or with per_thread its
+        whole span as one range. fn must not call run itself (the pool's threads would wait on each other)."""
+        if n <= 0:
             return
-        workers = min(self.threads, len(ranges)) if self.pool is not None else 1
-        blocks = [ranges[k * len(ranges) // workers : (k + 1) * len(ranges) // workers] for k in range(workers)]
+        workers = min(self.threads, n) if self.pool is not None else 1
+        step = n if per_thread else max(1, self.chunk // max(1, width))
+        spans = [(k * n // workers, (k + 1) * n // workers) for k in range(workers)]
+        blocks = [[(i, min(i + step, hi)) for i in range(lo, hi, step)] for lo, hi in spans]
         futures = [self.pool.submit(_run_block, fn, block) for block in blocks[1:]] if self.pool is not None else []
         try:
             _run_block(fn, blocks[0])
