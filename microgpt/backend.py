@@ -10,7 +10,8 @@ torch), the Triton one from each row's Triton module (imported only when asked f
 A backend is bound to one memory plan (`bind`), which gives every launcher what it takes beyond the spec's arguments
 as keyword arguments, so model.py calls both backends alike: the precision's Matmul (`mm`, the GEMM sites:
 ops.MATMUL_TAKERS), planned scratch (the triton backend's embedding sort order, LayerNorm partial sums, attention
-delta: `scratch_args`) and the runtime's tuner (`tuner`: kernels/runtime.py TUNER_TAKERS).
+delta: `scratch_args`), the runtime's tuner (`tuner`: kernels/runtime.py TUNER_TAKERS) and the NumPy backend's
+threads (`rows`: ops.ROWS_TAKERS, ops/rows.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from microgpt import memory, ops, precision
 from microgpt.config import BACKENDS, PRECISIONS, ConfigError, ModelConfig, TrainConfig
 from microgpt.memory import Buf
 from microgpt.ops.fp8 import e4m3
+from microgpt.ops.rows import Rows, cpu_threads
 from microgpt.precision import Precision, PrecisionState
 
 Fn = Callable[..., Any]
@@ -128,12 +130,14 @@ NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8":
 def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "fp32",
                   flag: str = "train.precision") -> Backend:  # fmt: skip
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
-    in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py). What
+    in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py). Its
+    passes between the GEMMs run on as many threads as NumPy's BLAS (ops/rows.py: the same bits on any number). What
     this machine cannot run is a ConfigError naming `flag`."""
     prec = precision.make(precision_name, "numpy")
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"{flag} {precision_name!r} {why}")
     dtypes = dict(dtypes or NUMPY_DTYPES)
+    rows = Rows.make(cpu_threads())
 
     def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
         dtype = np.dtype(e4m3() if kind == "f8" else dtypes[kind])  # E4M3: ml_dtypes, only where a plan has it
@@ -152,7 +156,8 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
         alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_=np.copyto, copy_in=copy_in, to_numpy=np.asarray,
         synchronize=lambda: None, prepare=lambda run, graph: run,
         logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], infer_rows=lambda m, B: [],
-        memory_bytes=memory.host_memory_bytes,
+        memory_bytes=memory.host_memory_bytes, kernel_args={fn: {"rows": rows} for fn in ops.ROWS_TAKERS},
+        matmul_args={"rows": rows},
     )  # fmt: skip
 
 

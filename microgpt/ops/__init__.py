@@ -89,6 +89,12 @@ HELPERS: dict[str, Helpers] = {
     "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
 }
 
+# the NumPy functions that take the backend's Rows (keyword `rows`, ops/rows.py): their passes run over ranges of
+# rows, on the backend's threads (the Matmul carries its own, for GELU)
+ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
+               "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
+               "crossentropy_forward_backward", "adamw_step")  # fmt: skip
+
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",
                  "crossentropy_backward", "crossentropy_forward_backward", "head_logits")  # fmt: skip

@@ -26,6 +26,8 @@ m and v are the optimizer state (kept between steps, saved in checkpoints).
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.rows import SERIAL, Rows
+
 
 def adamw_step(
     p: NDArray,
@@ -41,22 +43,31 @@ def adamw_step(
     eps: float,
     weight_decay: float,
     max_norm: float,
+    *,
+    rows: Rows = SERIAL,
 ) -> None:
-    """One AdamW step in place on p, m, v (and p_compute), reading g; leaves g zeroed."""
+    """One AdamW step in place on p, m, v (and p_compute), reading g; leaves g zeroed. Element by element, so it
+    runs over ranges of the flat arrays (ops/rows.py)."""
     dt = p.dtype.type
     lr, bias1, bias2, gscale = (dt(x) for x in hyper[:4])
     total = dt(norm[0]) * gscale
     if not np.isfinite(total):
         g.fill(0)
         return
-    g *= gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))
+    clip = gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))
     b1, b2 = dt(beta1), dt(beta2)
-    p -= lr * dt(weight_decay) * decay_mask * p
-    m *= b1
-    m += (dt(1) - b1) * g
-    v *= b2
-    v += (dt(1) - b2) * g * g
-    p -= lr * (m / bias1) / (np.sqrt(v / bias2) + dt(eps))
-    if p_compute is not None:
-        p_compute[...] = p
-    g.fill(0)
+
+    def update(i: int, j: int) -> None:
+        pr, gr, mr, vr = p[i:j], g[i:j], m[i:j], v[i:j]
+        gr *= clip
+        pr -= lr * dt(weight_decay) * decay_mask[i:j] * pr
+        mr *= b1
+        mr += (dt(1) - b1) * gr
+        vr *= b2
+        vr += (dt(1) - b2) * gr * gr
+        pr -= lr * (mr / bias1) / (np.sqrt(vr / bias2) + dt(eps))
+        if p_compute is not None:
+            p_compute[i:j] = pr
+        gr.fill(0)
+
+    rows.run(update, len(p))

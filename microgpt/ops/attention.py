@@ -24,7 +24,8 @@ dq, dk and dv are written, not added: attention is their one writer (the q, k, v
 nobody has to zero them first.
 
 The reference loops over the batch and keeps the heads as a leading axis: memory is NH*T*T per
-batch element, not B*NH*T*T.
+batch element, not B*NH*T*T. Batch elements are independent, so the loop runs over ranges of them (ops/rows.py),
+on several threads where the backend has them.
 
 attention_forward_cached is the inference step's (microgpt/model.py gpt_infer): queries at positions pos .. pos +
 t - 1 of each sequence against the keys and values of positions 0 .. pos + t - 1 held in the KV cache (the same
@@ -36,6 +37,8 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.rows import SERIAL, Rows
+
 
 def _heads(x: NDArray, n_head: int) -> NDArray:
     """(T,C) -> (NH,T,hs) view of one batch element; writes through it reach x."""
@@ -43,37 +46,57 @@ def _heads(x: NDArray, n_head: int) -> NDArray:
     return x.reshape(T, n_head, C // n_head).transpose(1, 0, 2)
 
 
-def _heads_copy(x: NDArray, n_head: int) -> NDArray:
-    """(T,C) -> contiguous (NH,T,hs): NumPy's batched matmul on the strided view leaves BLAS for its own loop,
-    many times slower (commit bca853b measured it)."""
-    return np.ascontiguousarray(_heads(x, n_head))
+def _heads_t(x: NDArray, n_head: int) -> NDArray:
+    """(T,C) -> contiguous (NH,hs,T), each head's slice transposed (K^T, V^T): BLAS takes the strided head views
+    and transposed views as they are (the same products, bit for bit), but multiplies by this right operand faster
+    as a contiguous copy."""
+    return np.ascontiguousarray(_heads(x, n_head).transpose(0, 2, 1))
 
 
 def _mT(x: NDArray) -> NDArray:
-    """Contiguous transpose of the last two axes, for the same reason as _heads_copy."""
-    return np.ascontiguousarray(x.transpose(0, 2, 1))
+    """The transpose of the last two axes, a view."""
+    return x.transpose(0, 2, 1)
 
 
-def _scores(qh: NDArray, kh: NDArray) -> NDArray:
-    """Masked, scaled scores S (NH,T,T) for one batch element."""
-    T, hs = qh.shape[1], qh.shape[2]
-    s = qh @ _mT(kh)
-    s *= 1.0 / math.sqrt(hs)
-    s += np.triu(np.full((T, T), -np.inf, dtype=s.dtype), k=1)  # query t sees keys 0..t only
+def _causal_mask(T: int, dtype: np.dtype) -> NDArray:
+    """(T,T): 0 where query t may see key u (u <= t), -inf above the diagonal."""
+    return np.triu(np.full((T, T), -np.inf, dtype=dtype), k=1)
+
+
+def _scores(qh: NDArray, kt: NDArray, mask: NDArray) -> NDArray:
+    """Masked, scaled scores S (NH,T,T) for one batch element from Q (NH,T,hs) and K^T (NH,hs,T)."""
+    s = qh @ kt
+    s *= 1.0 / math.sqrt(qh.shape[2])
+    s += mask  # query t sees keys 0..t only
     return s
 
 
-def attention_forward(out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int) -> None:
+def attention_forward(out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int, *,
+                      rows: Rows = SERIAL) -> None:  # fmt: skip
     """out (B,T,C) = causal softmax(q k^T / sqrt(hs)) v per head; lse (B,NH,T) saved for backward."""
-    for b in range(q.shape[0]):
-        s = _scores(_heads_copy(q[b], n_head), _heads_copy(k[b], n_head))
+    mask = _causal_mask(q.shape[1], q.dtype)
+
+    def one(b: int) -> None:
+        s = _scores(_heads(q[b], n_head), _heads_t(k[b], n_head), mask)
         m = s.max(axis=2, keepdims=True)  # subtract the row max so exp cannot overflow
         s -= m
         np.exp(s, out=s)
         row_sum = s.sum(axis=2, keepdims=True)
         np.add(np.log(row_sum[..., 0]), m[..., 0], out=lse[b])
         s /= row_sum  # s = P
-        _heads(out[b], n_head)[...] = s @ _heads_copy(v[b], n_head)
+        _heads(out[b], n_head)[...] = s @ _heads(v[b], n_head)
+
+    _each(rows, one, q)
+
+
+def _each(rows: Rows, one, q: NDArray) -> None:
+    """one(b) for every batch element b of q (B,T,C), over ranges of them."""
+
+    def batch_range(i: int, j: int) -> None:
+        for b in range(i, j):
+            one(b)
+
+    rows.run(batch_range, q.shape[0], q[0].size)
 
 
 def attention_backward(
@@ -87,24 +110,29 @@ def attention_backward(
     out: NDArray,
     lse: NDArray,
     n_head: int,
+    *,
+    rows: Rows = SERIAL,
 ) -> None:
     """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse."""
     hs = q.shape[2] // n_head
     scale = 1.0 / math.sqrt(hs)
-    for b in range(q.shape[0]):
-        qh, kh, vh = _heads_copy(q[b], n_head), _heads_copy(k[b], n_head), _heads_copy(v[b], n_head)
-        doh, oh = _heads_copy(dout[b], n_head), _heads(out[b], n_head)
-        p = _scores(qh, kh)
+    mask = _causal_mask(q.shape[1], q.dtype)
+
+    def one(b: int) -> None:
+        qh, kh, doh, oh = (_heads(x[b], n_head) for x in (q, k, dout, out))
+        p = _scores(qh, _heads_t(k[b], n_head), mask)
         p -= lse[b][:, :, None]
         np.exp(p, out=p)  # masked entries: exp(-inf) = 0
         _heads(dv[b], n_head)[...] = _mT(p) @ doh
-        dp = doh @ _mT(vh)  # (NH,T,T)
+        dp = doh @ _heads_t(v[b], n_head)  # (NH,T,T)
         D = np.einsum("htd,htd->ht", doh, oh)  # (NH,T)
         dp -= D[:, :, None]
         dp *= p  # dp = dS
         dp *= scale  # fold the score scale in once for both dq and dk
         _heads(dq[b], n_head)[...] = dp @ kh
         _heads(dk[b], n_head)[...] = _mT(dp) @ qh
+
+    _each(rows, one, q)
 
 
 def attention_forward_cached(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, pos: int,
@@ -116,10 +144,10 @@ def attention_forward_cached(out: NDArray, q: NDArray, k_cache: NDArray, v_cache
     hs = C // n_head
     mask = np.triu(np.full((t, n), -np.inf, dtype=q.dtype), k=pos + 1)  # query i: keys j <= pos + i
     for b in range(B):
-        s = _heads_copy(q[b], n_head) @ _mT(_heads_copy(k_cache[b, :n], n_head))  # (NH, t, n)
+        s = _heads(q[b], n_head) @ _heads_t(k_cache[b, :n], n_head)  # (NH, t, n)
         s *= 1.0 / math.sqrt(hs)
         s += mask
         s -= s.max(axis=2, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=2, keepdims=True)
-        _heads(out[b], n_head)[...] = s @ _heads_copy(v_cache[b, :n], n_head)
+        _heads(out[b], n_head)[...] = s @ _heads(v_cache[b, :n], n_head)

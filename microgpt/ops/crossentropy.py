@@ -28,6 +28,8 @@ Chunks run in order, so dwte is summed in a fixed order: deterministic.
 
 The logits GEMM and the two gradient GEMMs are the precision's (its Matmul `mm`, microgpt/precision.py: in fp8
 the logits GEMM runs on E4M3 operands, x cast whole at its own amax; the gradient GEMMs stay on the compute copy).
+Between the GEMMs, each row of a chunk is its own softmax: those passes run over ranges of the chunk's rows
+(ops/rows.py).
 """
 
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from microgpt.ops.linear import Matmul
+from microgpt.ops.rows import SERIAL, Rows
 
 
 def _chunks(x: NDArray, wte: NDArray, logits: NDArray, mm: Matmul) -> Iterator[tuple[int, int, NDArray]]:
@@ -75,30 +78,40 @@ def _dlogits(z: NDArray, norm, dl: NDArray, tgt: NDArray) -> None:
     z[rows, tgt[rows]] -= dl[rows]
 
 
+def _softmax_dlogits(z: NDArray, lse: NDArray, dl: NDArray, tgt: NDArray) -> None:
+    """Recomputed logits z -> their dlogits in place, from the forward's lse."""
+    z -= lse[:, None]
+    np.exp(z, out=z)  # z = softmax
+    _dlogits(z, 1.0, dl, tgt)
+
+
+def _loss_dlogits(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, dl: NDArray) -> None:
+    """Logits z -> the losses and lse of their rows, and z -> their dlogits in place."""
+    sums = _chunk_exp(z, tgt, losses, lse)
+    _dlogits(z, 1.0 / sums, dl, tgt)
+
+
 def crossentropy_forward(losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray,
-                         *, mm: Matmul) -> None:  # fmt: skip
+                         *, mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
     """losses (N,) = per-token cross-entropy of x @ wte.T against targets; writes lse (N,) for backward."""
     for i, j, z in _chunks(x, wte, logits, mm):
-        _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
+        rows.map(_chunk_exp, z, targets[i:j], losses[i:j], lse[i:j])
 
 
 def crossentropy_backward(dx: NDArray, dwte: NDArray, dlosses: NDArray, x: NDArray, wte: NDArray, targets: NDArray,
-                          lse: NDArray, logits: NDArray, *, mm: Matmul) -> None:  # fmt: skip
+                          lse: NDArray, logits: NDArray, *, mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
     """dx (N,C), dwte (V,C) += gradients of the losses weighted by dlosses (N,); logits (R,V) is scratch."""
     for i, j, z in _chunks(x, wte, logits, mm):  # the logits recomputed, see the module docstring
-        z -= lse[i:j, None]
-        np.exp(z, out=z)  # z = softmax
-        _dlogits(z, 1.0, dlosses[i:j], targets[i:j])
+        rows.map(_softmax_dlogits, z, lse[i:j], dlosses[i:j], targets[i:j])
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
 def crossentropy_forward_backward(losses: NDArray, lse: NDArray, dx: NDArray, dwte: NDArray, dlosses: NDArray,
                                   x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray, *,
-                                  mm: Matmul) -> None:  # fmt: skip
+                                  mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
     """crossentropy_forward, then crossentropy_backward with dlosses, chunk by chunk without recomputing z."""
     for i, j, z in _chunks(x, wte, logits, mm):
-        sums = _chunk_exp(z, targets[i:j], losses[i:j], lse[i:j])
-        _dlogits(z, 1.0 / sums, dlosses[i:j], targets[i:j])
+        rows.map(_loss_dlogits, z, targets[i:j], losses[i:j], lse[i:j], dlosses[i:j])
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 

@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Head, Fp8Weight, reference_amax, scale_exponent
 from microgpt.ops import linear
 from microgpt.ops.gelu import gelu, gelu_backward
+from microgpt.ops.rows import SERIAL, Rows
 
 
 def e4m3() -> Any:
@@ -98,7 +99,8 @@ class Matmul(linear.Matmul):
     GEMMs are the base class's, on its compute copy. head: the LM head's E4M3 state, None where its logits GEMM
     stays in the compute dtype (fp8.head_in_fp8). w: each site's Fp8Weight."""
 
-    def __init__(self, head: Fp8Head | None) -> None:
+    def __init__(self, head: Fp8Head | None, rows: Rows = SERIAL) -> None:
+        super().__init__(rows)
         self.head = head
 
     @staticmethod
@@ -115,20 +117,20 @@ class Matmul(linear.Matmul):
         """y = cast(x) @ w8: the input at its slot's scale (its own amax while priming)."""
         if x is None:  # the input is gelu(gelu_of), not kept
             x = np.empty_like(gelu_of)
-            gelu(x, gelu_of)
+            gelu(x, gelu_of, self.rows)
         G = w.master.shape[0]
         x8, ix = cast(x, w.xslot, current=w.priming.on)
         for g in range(G):
             (y if G == 1 else y[g])[...] = mm8(x8, ix, w.w8t[g].T, w.scale[INV])
         if gelu_out is not None:
-            gelu(gelu_out, y)
+            gelu(gelu_out, y, self.rows)
 
     def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: Fp8Weight, *,
                  dgelu_of: NDArray | None = None) -> None:  # fmt: skip
         """The output gradient cast once, (N, G*OC) at one scale: the input gradient is one GEMM over K = G*OC; the
         weight gradient reads the forward's input cast again at its forward scale (the GPU keeps its copy)."""
         if dgelu_of is not None:
-            gelu_backward(dy, dgelu_of)
+            gelu_backward(dy, dgelu_of, self.rows)
         G, _, OC = w.master.shape
         dy8, idy = cast(groups(dy, G), w.gslot, current=w.priming.on)
         dx[...] = mm8(dy8, idy, w.w8.T, w.scale[INV])

@@ -22,18 +22,41 @@ in one call: s = x + y, then out = layernorm(s). The model calls it at every Lay
 residual stream's next value is made; the GPU kernel does both in one pass over the rows (the sum is not read
 back). Its backward needs nothing of its own: the add's backward is folded into the residual stream's gradient
 (microgpt/model.py), the LayerNorm's is layernorm_backward on s.
+
+Every row is normalized on its own, so the passes run range of rows by range of rows (ops/rows.py: one range a
+thread, as its rows are short); the sums over the rows in backward (dw, db) run once over the whole arrays, in one
+order. A row mean is np.add.reduce, then / C: np.mean's own bits, without its Python wrapper, which holds the GIL.
 """
 
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.rows import SERIAL, Rows
+
 EPS = 1e-5
 
 
-def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray) -> None:
+def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray, *,
+                      rows: Rows = SERIAL) -> None:  # fmt: skip
     """out (N,C) = layernorm(x) * w + b; writes mean, rstd (N,) for backward."""
+    rows.map(lambda out, mean, rstd, x: _forward(out, mean, rstd, x, w, b), out, mean, rstd, x, per_thread=True)
+
+
+def residual_layernorm_forward(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray,
+                               w: NDArray, b: NDArray, *, rows: Rows = SERIAL) -> None:  # fmt: skip
+    """s (N,C) = x + y, then out = layernorm(s) * w + b; writes mean, rstd (N,) for backward."""
+
+    def one(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray) -> None:
+        np.add(x, y, out=s)
+        _forward(out, mean, rstd, s, w, b)
+
+    rows.map(one, s, out, mean, rstd, x, y, per_thread=True)
+
+
+def _forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray) -> None:
+    """The forward of the rows of x."""
     C = x.shape[1]
-    np.mean(x, axis=1, out=mean)
+    _row_mean(mean, x)
     np.subtract(x, mean[:, None], out=out)  # out holds x - mean for now
     var = np.einsum("nc,nc->n", out, out) / C  # two-pass variance: no cancellation from E[x^2] - E[x]^2
     np.sqrt(var + EPS, out=rstd)
@@ -43,26 +66,34 @@ def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w:
     out += b
 
 
-def residual_layernorm_forward(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray,
-                               w: NDArray, b: NDArray) -> None:  # fmt: skip
-    """s (N,C) = x + y, then out = layernorm(s) * w + b; writes mean, rstd (N,) for backward."""
-    np.add(x, y, out=s)
-    layernorm_forward(out, mean, rstd, s, w, b)
-
-
-def layernorm_backward(
-    dx: NDArray, dw: NDArray, db: NDArray, dout: NDArray, x: NDArray, w: NDArray, mean: NDArray, rstd: NDArray
-) -> None:
+def layernorm_backward(dx: NDArray, dw: NDArray, db: NDArray, dout: NDArray, x: NDArray, w: NDArray, mean: NDArray,
+                       rstd: NDArray, *, rows: Rows = SERIAL) -> None:  # fmt: skip
     """dx (N,C), dw (C,), db (C,) += gradients of layernorm, given dout (N,C)."""
     C = x.shape[1]
-    xhat = (x - mean[:, None]) * rstd[:, None]  # recomputed, see the module docstring
+    xhat = np.empty_like(x)  # recomputed, see the module docstring
+
+    def normalize(xhat: NDArray, x: NDArray, mean: NDArray, rstd: NDArray) -> None:
+        np.subtract(x, mean[:, None], out=xhat)
+        xhat *= rstd[:, None]
+
+    def input_grad(dx: NDArray, dout: NDArray, xhat: NDArray, rstd: NDArray) -> None:
+        g = dout * w  # gradient with respect to xhat
+        g_mean = _row_mean(np.empty(len(g), g.dtype), g)  # (N,)
+        gx_mean = np.einsum("nc,nc->n", g, xhat) / C  # (N,)
+        g -= g_mean[:, None]
+        xhat *= gx_mean[:, None]
+        g -= xhat
+        g *= rstd[:, None]
+        dx += g
+
+    rows.map(normalize, xhat, x, mean, rstd, per_thread=True)
     db += dout.sum(axis=0)
     dw += np.einsum("nc,nc->c", dout, xhat)
-    g = dout * w  # gradient with respect to xhat
-    g_mean = g.mean(axis=1)  # (N,)
-    gx_mean = np.einsum("nc,nc->n", g, xhat) / C  # (N,)
-    g -= g_mean[:, None]
-    xhat *= gx_mean[:, None]
-    g -= xhat
-    g *= rstd[:, None]
-    dx += g
+    rows.map(input_grad, dx, dout, xhat, rstd, per_thread=True)
+
+
+def _row_mean(mean: NDArray, x: NDArray) -> NDArray:
+    """mean (N,) = x.mean(1), written into mean, which it returns."""
+    np.add.reduce(x, axis=1, out=mean)
+    np.divide(mean, x.shape[1], out=mean)
+    return mean

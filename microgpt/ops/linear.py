@@ -22,12 +22,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from microgpt.ops.gelu import gelu, gelu_backward
+from microgpt.ops.rows import SERIAL, Rows
 
 ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
 
 
 class Matmul:
-    """The GEMM sites in the arrays' own dtype: numpy's matmul, GELU as a separate pass on either side."""
+    """The GEMM sites in the arrays' own dtype: numpy's matmul, GELU as a separate pass on either side (over row
+    ranges on `rows`: ops/rows.py; the backend hands in its own)."""
+
+    def __init__(self, rows: Rows = SERIAL) -> None:
+        self.rows = rows
 
     @staticmethod
     def unsupported(precision: str) -> str | None:
@@ -40,14 +45,14 @@ class Matmul:
         already (this precision keeps a)."""
         np.matmul(x, w, out=y)
         if gelu_out is not None:
-            gelu(gelu_out, y)
+            gelu(gelu_out, y, self.rows)
 
     def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: NDArray, *,
                  dgelu_of: NDArray | None = None) -> None:  # fmt: skip
         """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dgelu_of: dy
         is first turned into dy * gelu'(dgelu_of), in place."""
         if dgelu_of is not None:
-            gelu_backward(dy, dgelu_of)
+            gelu_backward(dy, dgelu_of, self.rows)
         if w.ndim == 2:
             np.matmul(dy, w.T, out=dx)
             dw += x.T @ dy

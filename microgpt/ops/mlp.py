@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from microgpt.ops.gelu import gelu
 from microgpt.ops.linear import Matmul
+from microgpt.ops.rows import SERIAL, Rows
 
 
 def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w2: NDArray, *, mm: Matmul) -> None:
@@ -35,10 +36,11 @@ def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w
 
 
 def mlp_backward(dx: NDArray, dw1: NDArray, dw2: NDArray, dout: NDArray, x: NDArray, h: NDArray, w1: NDArray,
-                 w2: NDArray, a: NDArray, dh: NDArray, *, mm: Matmul, recompute: bool) -> None:  # fmt: skip
+                 w2: NDArray, a: NDArray, dh: NDArray, *, mm: Matmul, recompute: bool,
+                 rows: Rows = SERIAL) -> None:  # fmt: skip
     """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; dh (N,4C) is scratch. a (N,4C) is the
     forward's gelu(h), or with recompute a scratch this call fills with it first."""
     if recompute:
-        gelu(a, h)
+        gelu(a, h, rows)
     mm.backward(dh, dw2, dout, a, w2)
     mm.backward(dx, dw1, dh, x, w1, dgelu_of=h)
