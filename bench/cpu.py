@@ -5,6 +5,7 @@
     python3 bench/cpu.py --impl microgpt-numpy    # one config in this process (threads from its environment)
     python3 bench/cpu.py --profile                # where a NumPy step's time goes, op by op, in this process
     python3 bench/cpu.py --impls microgpt-numpy --src ../before ../after   # two trees' NumPy backends, one run
+    python3 bench/cpu.py --gemms                  # the model's GEMMs on NumPy's BLAS and on torch's; memory copy
 
 Model and micro-batch are ANDREA-tiny's (experiments/ANDREA-tiny-TRAIN.json: d 192, 4 layers, 6 heads, T 128,
 vocab 2,048, 16 sequences); fp32, one micro-batch an optimizer step, AdamW (lr 6e-4, betas 0.9/0.95, weight decay
@@ -252,6 +253,63 @@ def profile(n_warmup: int, n_steps: int) -> str:
     return "\n".join(lines)
 
 
+def gemms(reps: int = 20) -> str:
+    """The model's GEMM sites at ANDREA-tiny's shapes (N = micro-batch x T rows; the head's in chunks of the NumPy
+    backend's logits rows), forward and both gradients, on NumPy's BLAS and on torch's, each as GFLOP/s over the
+    median thread CPU time of `reps` calls (CPU time: what other processes take does not count), at the threads the
+    environment sets; and the memory bandwidth of one np.copyto of 64 MiB."""
+    import torch
+
+    from microgpt import memory
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    m, mb = tiny()
+    N, C, V = mb * m.seq_len, m.d_model, m.vocab_size
+    R = memory.cpu_logits_rows(m, mb)
+    sites = [
+        ("w_q, w_k, w_v, w_o", N, C, C),
+        ("w_1", N, C, 4 * C),
+        ("w_2", N, 4 * C, C),
+        ("tied head (a chunk)", R, C, V),
+    ]
+    rng = np.random.default_rng(0)
+
+    def rate(f: Callable[[], object], flops: int) -> float:
+        f()
+        ts = []
+        for _ in range(reps):
+            t0 = time.thread_time()
+            f()
+            ts.append(time.thread_time() - t0)
+        return flops / statistics.median(ts) / 1e9
+
+    lines = ["| site | rows x in -> out | GEMM | NumPy GFLOP/s | torch GFLOP/s |", "|---|---|---|---|---|"]
+    for name, n, k, o in sites:
+        x, dy, w = (rng.standard_normal(shape).astype(np.float32) for shape in ((n, k), (n, o), (k, o)))
+        if name.startswith("tied"):  # the head's weight is wte (V, C): the engine's own three products
+            gemm = {"y = x @ wte.T": lambda x, dy, w: x @ w.T, "dx = dz @ wte": lambda x, dy, w: dy @ w,
+                    "dwte = dz.T @ x": lambda x, dy, w: dy.T @ x}  # fmt: skip
+            w = np.ascontiguousarray(w.T)
+        else:
+            gemm = {"y = x @ w": lambda x, dy, w: x @ w, "dx = dy @ w.T": lambda x, dy, w: dy @ w.T,
+                    "dw = x.T @ dy": lambda x, dy, w: x.T @ dy}  # fmt: skip
+        t = [torch.from_numpy(a) for a in (x, dy, w)]
+        for what, f in gemm.items():
+            flops = 2 * n * k * o
+            lines.append(f"| {name} | {n} x {k} -> {o} | {what} | {rate(lambda: f(x, dy, w), flops):.0f} | "
+                         f"{rate(lambda: f(*t), flops):.0f} |")  # fmt: skip
+    a = np.ones(16 << 20, np.float32)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        np.copyto(b, a)
+    bandwidth = 5 * 2 * a.nbytes / (time.perf_counter() - t0) / 1e9
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    lines += ["", f"threads {threads}; np.copyto of 64 MiB: {bandwidth:.1f} GB/s (read and write)"]
+    return "\n".join(lines)
+
+
 def cpu_name() -> str:
     return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
 
@@ -282,9 +340,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--profile", action="store_true", help="the NumPy step's time op by op, in this process")
+    p.add_argument("--gemms", action="store_true", help="the model's GEMMs on NumPy's BLAS and torch's, GFLOP/s")
     args = p.parse_args()
     if args.profile:
         print(profile(args.warmup, args.steps))
+    elif args.gemms:
+        print(gemms())
     elif args.impl:
         print(json.dumps(run_one(args.impl, args.warmup, args.steps)))
     else:
