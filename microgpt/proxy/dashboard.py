@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -265,12 +266,15 @@ def serve(argv: list[str]) -> int:
     run = args.run or (runs[0] if len(runs) == 1 else None)
     server = DashboardServer(root, run, args.port, verbose=args.verbose)
     print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
-    threading.Thread(target=server.warm, daemon=True).start()
-    try:
-        server.server.serve_forever()
-    except KeyboardInterrupt:
+    # The loop serves in a thread and this one waits on the signals: a SIGINT the kernel hands to a worker thread
+    # would never wake a main thread blocked in the loop's select (it hung there, the CI saw it).
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    while not stop.wait(0.5):
         pass
-    server.server.close()
+    server.close()
     return 0
 
 
