@@ -327,6 +327,11 @@ class Trained:
         """Named views of the weights, in the canonical order (microgpt/params.py)."""
         return params.named(self.weights, self.exp.model)
 
+    @property
+    def precision(self) -> str:
+        """The precision the run trained in (its sidecar's, else its experiment's)."""
+        return self.side.get("precision", self.exp.train.precision)
+
 
 def load_trained(where: str | Path) -> Trained:
     """A step-*.bin or a run folder (its newest valid checkpoint), read once, checked against its sidecar's model."""

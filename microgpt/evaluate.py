@@ -34,7 +34,7 @@ from microgpt.backend import Backend
 from microgpt.data import hellaswag as hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import ArgParser, InputError, check_number
-from microgpt.state import InferState, make_infer_state
+from microgpt.state import InferState, trained_infer_state
 
 
 class EvalError(InputError):
@@ -43,16 +43,13 @@ class EvalError(InputError):
 
 def eval_backend(ld: checkpoint.Trained, name: str, precision: str | None) -> Backend:
     """The backend and precision the flags name for this checkpoint (backend.for_trained); EvalError if not."""
-    trained = ld.side.get("precision", ld.exp.train.precision)
-    return backend.for_trained(name, precision, trained, str(ld.path), EvalError)
+    return backend.for_trained(name, precision, ld.precision, str(ld.path), EvalError)
 
 
 def scorer(ld: checkpoint.Trained, K: Backend) -> InferState:
     """The checkpoint's model on an inference plan of its micro_batch windows of seq_len from position 0 (no KV
     cache), with what its precision keeps from the run (fp8: the amax histories the run scaled by)."""
-    S = make_infer_state(ld.exp.model, K, ld.exp.train.micro_batch, ld.weights, cache=False)
-    S.prec.load_sidecar(ld.side, str(checkpoint.sidecar_path(ld.path)))
-    return S
+    return trained_infer_state(ld, K, ld.exp.train.micro_batch, cache=False)
 
 
 def token_bytes(tok: Any, V: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from microgpt import checkpoint, config, model
 from microgpt.backend import Backend, for_trained
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.errors import InputError, check_number
-from microgpt.state import InferState, make_infer_state
+from microgpt.state import InferState, trained_infer_state
 
 MAX_SAMPLES = 4096  # --num-samples: sequences in one batch (the memory plan refuses what this machine cannot hold)
 
@@ -170,14 +170,11 @@ def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend =
     except InputError as e:
         raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
     if isinstance(backend, str):
-        trained = ld.side.get("precision", ld.exp.train.precision)
-        backend = for_trained(backend, precision, trained, str(ld.path), SampleError)
+        backend = for_trained(backend, precision, ld.precision, str(ld.path), SampleError)
     if backend.name == "triton" and backend.precision.name == "fp8":
         raise SampleError("--precision fp8: the GPU decode step in fp8 does not yet agree with its NumPy reference "
                           "(tests/kernels/test_gpu_decode.py); --precision bf16 or fp32 decode an fp8 run")  # fmt: skip
-    S = make_infer_state(ld.exp.model, backend, rows, ld.weights)
-    S.prec.load_sidecar(ld.side, str(checkpoint.sidecar_path(ld.path)))
-    return Generator(S), tok
+    return Generator(trained_infer_state(ld, backend, rows)), tok
 
 
 def load(where: str, rows: int = 1, backend: str | Backend = "numpy",

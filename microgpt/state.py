@@ -321,3 +321,11 @@ def training_infer_state(S: TrainState) -> InferState:
             "logits": A["logits"], "loss_sum": A["loss_sum"], "tokens": A["tokens"][0], "targets": A["targets"][0],
             **({} if a is None else {"a": a if a.ndim == 2 else a[0]})}  # fmt: skip
     return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)
+
+
+def trained_infer_state(ld: checkpoint.Trained, K: Backend, B: int, cache: bool = True) -> InferState:
+    """A checkpoint's model on an inference plan of B sequences (make_infer_state), with what the run's precision
+    keeps read from its sidecar (fp8: the amax histories the run scaled by)."""
+    S = make_infer_state(ld.exp.model, K, B, ld.weights, cache)
+    S.prec.load_sidecar(ld.side, str(checkpoint.sidecar_path(ld.path)))
+    return S
