@@ -18,8 +18,10 @@ tokens. Prefill tokens/s: batch x prompt over one prefill and the first token's 
 the device (torch.argmax into the planned tokens buffer: the bench's glue, not the engine's); transformers' through
 generate(), whose decode time is generate(new) less generate(1). Times are medians of --repeats runs after one
 untimed (compiles, tunes, captures). Rows also give each impl's greedy tokens (every row's), peak device memory
-(torch.cuda.max_memory_allocated, from before the impl's model exists) and, for microgpt, the inference plan's
-bytes; the token record and the pick's index buffer (bench_bytes) lie outside the plan.
+(torch.cuda.max_memory_allocated less what was allocated when the row began: what earlier rows leave allocated,
+transformers' compiled graphs and caches, is not the row's) and, for microgpt, the inference plan's bytes; its peak
+adds the cuBLAS workspace the plan counts, which its backend allocated before the first row. The token record and the
+pick's index buffer (bench_bytes) lie outside the plan.
 """
 
 from __future__ import annotations
@@ -93,9 +95,6 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
     cuda = args.device == "cuda"
     b, t = prompts.shape
     record = torch.zeros(n_new, b, dtype=torch.int64, device=args.device)  # the bench's: outside the plan
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()  # from what is allocated: cuBLAS's workspace (the plan's runtime row)
     S = make_infer_state(m, K, b, w)
     plan = sum(memory.role_bytes(S.plan, K.precision).values())
     tokens, _ = S.inputs(b, t)
@@ -126,7 +125,12 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
                 record[i + 1] = torch.from_numpy(logits.argmax(-1))
 
     decode_s = timed(steps, args.repeats, cuda)
-    out = {"device": K.device, "plan_gib": plan / memory.GIB, "bench_bytes": record.numel() * 8}
+    out = {
+        "device": K.device,
+        "plan_gib": plan / memory.GIB,
+        "bench_bytes": record.numel() * 8,
+        "allocated_before": sum(b.numel for b in S.plan if b.role == "runtime"),
+    }  # cuBLAS's, with the backend
     if cuda:
         from microgpt.kernels import decode as kd  # torch and triton's: on the GPU path only
 
@@ -145,9 +149,6 @@ def run_hf(folder: Path, prompts: np.ndarray, n_new: int, args: argparse.Namespa
     from transformers import GPT2LMHeadModel
 
     cuda = args.device == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     net = GPT2LMHeadModel.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
     net.generation_config.eos_token_id = None  # every row runs --new tokens (no stop token)
@@ -175,6 +176,10 @@ def row(impl: str, b: int, args: argparse.Namespace, K: Backend | None, m: Model
     """One impl at batch b, its failure caught into "error" (torch.compile's where it does not run)."""
     prompts = np.random.default_rng(b).integers(0, m.vocab_size, (b, args.prompt)).astype(np.int32)
     base = {"impl": impl, "batch": b, "prompt": args.prompt, "new": args.new, "precision": args.precision}
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()  # what earlier rows left (compiled graphs, caches) is not this row's
     try:
         if impl == "microgpt":
             res = run_microgpt(K, m, w, prompts, args.new, args)
@@ -185,7 +190,8 @@ def row(impl: str, b: int, args: argparse.Namespace, K: Backend | None, m: Model
         lines = str(e).strip().splitlines() or [""]
         res = {"error": f"{type(e).__name__}: {lines[0][:300]}"}
     if args.device == "cuda":
-        res["peak_gib"] = torch.cuda.max_memory_allocated() / memory.GIB
+        grown = torch.cuda.max_memory_allocated() - start + res.pop("allocated_before", 0)
+        res["peak_gib"] = grown / memory.GIB
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()

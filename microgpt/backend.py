@@ -162,12 +162,12 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
 
 
 # --- triton --------------------------------------------------------------------------------------------------
-def triton_backend(precision_name: str, flag: str = "train.precision") -> Backend:
+def triton_backend(precision_name: str, flag: str = "train.precision", fp8_compute: str | None = None) -> Backend:
     """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1); a precision this machine
-    cannot run is a ConfigError naming `flag`."""
+    cannot run is a ConfigError naming `flag`. fp8_compute: precision.make's (fp8 over fp32 activations)."""
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
-    prec = precision.make(precision_name, "triton")
+    prec = precision.make(precision_name, "triton", fp8_compute)
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"{flag} {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)

@@ -261,11 +261,16 @@ class Fp8State(PrecisionState):
         self._priming.on = snap[1]
 
 
-def make(name: str, backend: str) -> Precision:
-    """The precision `name` on `backend` ("numpy" or "triton"); ConfigError naming train.precision otherwise."""
+def make(name: str, backend: str, fp8_compute: str | None = None) -> Precision:
+    """The precision `name` on `backend` ("numpy" or "triton"); ConfigError naming train.precision otherwise.
+    fp8_compute: fp8's activation dtype on the GPU where not bf16 ("fp32": E4M3 GEMMs between fp32 activations, which
+    the GPU tests compare with the NumPy reference free of bf16's rounding, to which E4M3's coarse steps are
+    sensitive: tests/kernels/test_gpu_decode.py)."""
     if name not in PRECISIONS:
         raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
-    compute = "fp32" if backend == "numpy" else {"fp8": "bf16"}.get(name, name)
+    compute = "fp32" if backend == "numpy" else {"fp8": fp8_compute or "bf16"}.get(name, name)
+    if compute not in COMPUTE_BYTES:
+        raise ValueError(f"fp8_compute: {fp8_compute!r} is not a compute dtype ({', '.join(COMPUTE_BYTES)})")
     if name == "fp8":
         return Fp8(name, backend, compute, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton")
     return Precision(name, backend, compute, name == "fp16", MATMULS[("plain", backend)])
