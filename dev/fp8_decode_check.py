@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import model, params  # noqa: E402
+from microgpt import params  # noqa: E402
 from microgpt.backend import numpy_backend, triton_backend  # noqa: E402
 from microgpt.config import ModelConfig  # noqa: E402
 from microgpt.state import InferState, make_infer_state  # noqa: E402
+from tests.kernels.test_gpu_decode import fp8_histories  # noqa: E402  # the GPU test's: one way to make them
 
 SHAPES = {
     "mid": ModelConfig(vocab_size=512, d_model=128, n_layer=2, n_head=4, seq_len=1024),
@@ -40,16 +41,6 @@ CASES = [("bf16", None, "-"), ("fp8", None, "primed"), ("fp8", None, "history"),
 def rel(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def histories(m: ModelConfig, w: np.ndarray, prompt: np.ndarray) -> dict:
-    """A sidecar's fp8 amax histories: NumPy's fp8 forward over the prompt, recorded as a training micro-batch is."""
-    S = make_infer_state(m, numpy_backend(precision_name="fp8"), 1, w, cache=False)
-    tokens, _ = S.inputs(*prompt.shape)
-    S.K.copy_in(tokens, prompt)
-    model.gpt_infer(S.K, m, S.P_compute, S.arena, tokens, 0)
-    S.prec.end_micro_batch()
-    return S.prec.sidecar()
 
 
 def prefill(S: InferState, ids: np.ndarray) -> np.ndarray:
@@ -91,7 +82,7 @@ def main() -> int:
         w = params.init_weights(m, 0)
         w += np.random.default_rng(1).standard_normal(w.shape).astype(np.float32) * 0.05
         prompt = np.random.default_rng(2).integers(0, m.vocab_size, (1, args.prompt)).astype(np.int32)
-        side = histories(m, w, prompt)
+        side = fp8_histories(m, w, prompt)
         for precision, compute, scaling in CASES:
             res = run(m, precision, compute, side if scaling == "history" else None, w, prompt, args.steps)
             print(json.dumps({"shape": shape, "precision": precision, "activations": compute or "bf16",
