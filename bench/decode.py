@@ -58,10 +58,17 @@ def weights(args: argparse.Namespace, folder: Path) -> tuple[ModelConfig, np.nda
     if args.checkpoint:
         ld = checkpoint.load_trained(args.checkpoint)
         return ld.exp.model, ld.weights, ld.path
-    m = SHAPES[args.shape]
+    return random_checkpoint(args.shape, folder)
+
+
+def random_checkpoint(shape: str, folder: Path, tokenizer: dict | None = None) -> tuple[ModelConfig, np.ndarray, Path]:
+    """SHAPES[shape] at the seeded init moved off it (so that greedy tokens are not decided by near-ties), written to
+    folder as step-0.bin with `tokenizer` as its sidecar's record (default: the byte tokenizer). bench/serve.py uses
+    it too."""
+    m = SHAPES[shape]
     w = params.init_weights(m, 0)
     w += np.random.default_rng(0).standard_normal(w.shape).astype(np.float32) * 0.05
-    meta = {"config": Experiment(name=f"bench-{args.shape}", model=m).to_dict(), "tokenizer": {"kind": "bytes"}}
+    meta = {"config": Experiment(name=f"bench-{shape}", model=m).to_dict(), "tokenizer": tokenizer or {"kind": "bytes"}}
     zeros = np.zeros_like(w)
     return m, w, checkpoint.write_checkpoint(folder / "step-0.bin", 0, w, zeros, zeros, meta)
 
