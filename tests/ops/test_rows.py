@@ -69,6 +69,19 @@ def test_openblas_idle_threads_sleep_soon_unless_the_user_says() -> None:
         assert out.stdout.strip() == seen
 
 
+def test_blas_runs_on_one_thread_inside_the_spans_and_as_before_after() -> None:
+    rows = Rows.make(2, chunk=1)
+    if rows.blas is None:
+        pytest.skip("NumPy's BLAS here is not OpenBLAS")
+    get, set_threads = rows.blas
+    before = get()
+    set_threads(2)
+    seen: list[int] = []
+    rows.run(lambda i, j: seen.append(get()), 4)
+    assert seen == [1, 1, 1, 1] and get() == 2
+    set_threads(before)
+
+
 def _same(a: np.ndarray, b: np.ndarray) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape
     assert a.tobytes() == b.tobytes()
