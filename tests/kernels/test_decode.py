@@ -113,12 +113,12 @@ def decode_run(S, ids: np.ndarray, steps: int, forced: list[list[int]] | None = 
     return logits, seqs
 
 
-# logits against the NumPy step. fp32 only rounds differently, and so does fp8 over fp32 activations (the same E4M3
-# operands at the same scales; only the sums' order differs: an operand lands on the other side of an E4M3 rounding
-# boundary almost never). bf16 rounds every activation on the GPU side; fp8 casts those bf16 activations, which moves an
-# element to a neighbouring E4M3 value now and then (a step of 1/8): several percent on a wider model, which
-# tests/kernels/test_gpu_decode.py measures against the forward's own distance.
-TOL_STEP = {("fp32", None): 1e-5, ("fp8", "fp32"): 1e-5 if not ON_GPU else 2e-3, ("bf16", None): 2e-2,
+# logits against the NumPy step. fp32 only rounds differently, and so does fp8 over fp32 activations in the interpreter
+# (the same E4M3 operands at the same scales, summed in fp32). bf16 rounds every activation on the GPU side, and the
+# FP8 tensor cores' sums differ from fp32's: either moves an operand to a neighbouring E4M3 value now and then (a step
+# of 1/8), which the next casts magnify (tests/kernels/test_gpu_decode.py holds the GPU's fp8 decode step to its own
+# forward instead).
+TOL_STEP = {("fp32", None): 1e-5, ("fp8", "fp32"): 5e-2 if ON_GPU else 1e-5, ("bf16", None): 2e-2,
             ("fp8", None): 5e-2}  # fmt: skip
 
 
