@@ -14,7 +14,7 @@ from pathlib import Path
 
 from microgpt import config, params, runlog
 from tests.conftest import REPO, TINY, cli, write_experiment
-from tests.proxy._helpers import run_to_end
+from tests.proxy._helpers import ENV, run_to_end
 
 
 def test_the_report_card_of_a_run_says_what_its_log_and_checkpoints_say(tmp_path: Path) -> None:
@@ -79,12 +79,15 @@ def lrs(out: Path) -> dict[int, float]:
 def test_steps_beyond_a_finished_run_continue_at_its_final_lr_under_train_and_run(tmp_path: Path) -> None:
     """`--steps 10` after a finished 6-step run: steps 7..10 at min_lr (never back up), the same under `train
     --resume latest` and under `run`; then the 6-step command says the run is complete (exit 0), as `make train`
-    does after a longer proxy run."""
+    does after a longer proxy run. `train` runs on the proxy's one BLAS thread (tests/proxy/_helpers.py ENV): resume
+    is bit-exact for the same thread settings (docs/ANDREA.md), and OpenBLAS's Haswell kernels (which this
+    machine's environment picks on an AMD CPU) sum some GEMMs otherwise on two threads than on one."""
     exp = write_experiment(tmp_path, train={"warmup_steps": 1})
     a, b = tmp_path / "a", tmp_path / "b"
+    threads = {"OPENBLAS_NUM_THREADS": ENV["OPENBLAS_NUM_THREADS"], "OMP_NUM_THREADS": ENV["OMP_NUM_THREADS"]}
     for out in (a, b):
-        assert cli("train", str(exp), "--out", str(out)).returncode == 0
-    t = cli("train", str(exp), "--out", str(a), "--resume", "latest", "--steps", "10")
+        assert cli("train", str(exp), "--out", str(out), env=threads).returncode == 0
+    t = cli("train", str(exp), "--out", str(a), "--resume", "latest", "--steps", "10", env=threads)
     assert t.returncode == 0, t.stderr
     run_to_end(exp, b, "--steps", "10")
     min_lr = TINY["train"]["min_lr"]
