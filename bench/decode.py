@@ -49,6 +49,8 @@ from microgpt.state import make_infer_state  # noqa: E402
 SHAPES = {
     "andrea-120m": ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024),
     "tiny": ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=2, seq_len=64),
+    # ANDREA-120M's vocabulary on a model too small to cost: what the host does per token (dev/serve_profile.py)
+    "tiny-wide": ModelConfig(vocab_size=50304, d_model=8, n_layer=1, n_head=2, seq_len=512),
 }
 IMPLS = ["microgpt", "hf", "hf-compile"]
 
