@@ -105,6 +105,17 @@ class Generator:
         S.run(tokens, pos, slots=slots)
         return S.K.to_numpy(S.arena["next_logits"][:b]).copy()
 
+    def decode(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> list[int]:
+        """One decode step of b = len(ids) rows, row i's token ids[i] at position pos[i] of cache row slots[i]; each
+        row's greedy token (the pick of temperature 0), b ints to the host. Its logits stay on the device until
+        `logits` reads a row's (serve's scheduler: only the rows that sample pay for V logits)."""
+        self.S.decode(np.asarray(ids, np.int32), np.asarray(pos, np.int32), np.asarray(slots, np.int32))
+        return self.S.greedy(len(ids))
+
+    def logits(self, row: int) -> np.ndarray:
+        """Row `row`'s next-token logits (V,) float32 of the last decode step, on the host."""
+        return self.S.K.to_numpy(self.S.arena["next_logits"][row]).copy()
+
     def feed_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows 0 .. b-1 take ids (b, t) at positions pos .. pos + t - 1; their next-token logits (b, V)."""
         logits = self.run(ids, self.pos)

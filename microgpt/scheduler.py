@@ -141,7 +141,7 @@ class Scheduler:
                 for job, c in admitted:
                     logits = self.gen.run(np.asarray(c.prompt, np.int32)[None], 0, [c.slot])[0]
                     c.pos = len(c.prompt)
-                    self._advance(job, c, logits)
+                    self._advance(job, c, pick(logits, c.sampling, c.rng))
                 if self.active:
                     self._decode()
             except Exception:  # a bug or a failing device: its rows get the error, the server goes on
@@ -165,17 +165,19 @@ class Scheduler:
         return admitted
 
     def _decode(self) -> None:
-        """One position for every row of the batch, each at its own, in one inference step."""
+        """One position for every row of the batch, each at its own, in one decode step. A greedy row's token is the
+        step's own argmax (b ints leave the device, not b x V logits); a row that samples reads its logits and
+        draws with `pick`, as sample.py does."""
         rows = list(self.active)
-        ids = np.asarray([[c.ids[-1]] for _, c in rows], np.int32)
-        logits = self.gen.run(ids, [c.pos for _, c in rows], [c.slot for _, c in rows])
-        for (job, c), row in zip(rows, logits):
+        greedy = self.gen.decode([c.ids[-1] for _, c in rows], [c.pos for _, c in rows], [c.slot for _, c in rows])
+        for i, ((job, c), token) in enumerate(zip(rows, greedy)):
             c.pos += 1
-            self._advance(job, c, row)
+            if c.sampling.temperature > 0:
+                token = pick(self.gen.logits(i), c.sampling, c.rng)
+            self._advance(job, c, token)
 
-    def _advance(self, job: Job, c: Choice, logits: np.ndarray) -> None:
-        """Draw the choice's next token; send its new text; end it where it stops."""
-        token = pick(logits, c.sampling, c.rng)
+    def _advance(self, job: Job, c: Choice, token: int) -> None:
+        """Take the choice's next token; send its new text; end it where it stops."""
         if token in c.stop_ids:
             text, finish = c.stream.push(c.ids, last=True)[0], "stop"
             c.ids.append(token)
