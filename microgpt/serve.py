@@ -179,8 +179,8 @@ class Api:
         head = reply.head(chunk=True) | ({"usage": None} if spec.include_usage else {})
         text = sse_text(head, reply)
         if spec.chat or spec.echo:
-            yield b"".join(sse({**head, "choices": [reply.choice(i, spec.echo, None, chunk=True, role=True)]})
-                           for i in range(spec.n))  # fmt: skip
+            for i in range(spec.n):
+                yield sse({**head, "choices": [reply.choice(i, spec.echo, None, chunk=True, role=True)]})
         left = spec.n
         while left:
             ready.clear()  # before take: a pass that sends after it sets it again
@@ -189,7 +189,8 @@ class Api:
                 await ready.wait()
             try:
                 for ev in map(self._checked, events):
-                    out += [text(ev.index, ev.text)] if ev.text else []
+                    if ev.text:
+                        out.append(text(ev.index, ev.text))
                     if ev.finish:
                         out.append(sse({**head, "choices": [reply.choice(ev.index, "", ev.finish, chunk=True)]}))
                         left -= 1
