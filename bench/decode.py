@@ -15,7 +15,8 @@ it (so that greedy tokens are not decided by near-ties), exported once for trans
 Each batch row has its own random prompt of --prompt tokens; every impl continues all rows greedily by --new
 tokens. Prefill tokens/s: batch x prompt over one prefill and the first token's pick. Decode tokens/s: batch x
 (new - 1) over the steps after the first. microgpt's steps run from its graph on the GPU with the greedy pick on
-the device (torch.argmax into the planned tokens buffer: the bench's glue, not the engine's); transformers' through
+the device (the step's own argmax into the plan's next_ids; the prefill's by torch.argmax, the bench's glue), fed
+back into the planned tokens buffer by the bench; transformers' through
 generate(), whose decode time is generate(new) less generate(1). Times are medians of --repeats runs after one
 untimed (compiles, tunes, captures). Rows also give each impl's greedy tokens (every row's), peak device memory
 (torch.cuda.max_memory_allocated less what was allocated when the row began: what earlier rows leave allocated,
@@ -49,6 +50,8 @@ from microgpt.state import make_infer_state  # noqa: E402
 SHAPES = {
     "andrea-120m": ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024),
     "tiny": ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=2, seq_len=64),
+    # ANDREA-120M's vocabulary on a model too small to cost: what the host does per token (dev/serve_profile.py)
+    "tiny-wide": ModelConfig(vocab_size=50304, d_model=8, n_layer=1, n_head=2, seq_len=512),
 }
 IMPLS = ["microgpt", "hf", "hf-compile"]
 
@@ -106,7 +109,7 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
     plan = sum(memory.role_bytes(S.plan, K.precision).values())
     tokens, _ = S.inputs(b, t)
     K.copy_in(tokens, prompts)
-    logits, rows = S.arena["next_logits"][:b], np.arange(b)
+    logits, greedy, rows = S.arena["next_logits"][:b], S.arena["next_ids"][:b], np.arange(b)
     run = K.prepare(lambda: S.run(tokens, 0), False)  # on a GPU: a warm-up that times the choices first
 
     def prefill() -> None:
@@ -126,10 +129,10 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
                 inputs[0].copy_(record[i])
                 inputs[1].fill_(t + i)
                 replay()
-                torch.argmax(logits, dim=-1, out=record[i + 1])
+                record[i + 1].copy_(greedy)
             else:
                 S.decode(record[i].numpy(), np.full(b, t + i), rows)
-                record[i + 1] = torch.from_numpy(logits.argmax(-1))
+                record[i + 1] = torch.from_numpy(greedy.astype(np.int64))
 
     decode_s = timed(steps, args.repeats, cuda)
     out = {

@@ -73,6 +73,8 @@ class Backend:
     decode_embedding: Fn
     decode_kv_write: Fn
     decode_attention: Fn
+    # the greedy pick after the decode step's logits (ops/argmax.py)
+    argmax_rows: Fn
     # the device
     alloc: Callable[[int], Any]  # one zeroed byte array: the arena
     view: Callable[[Any, int, tuple[int, ...], str], Any]  # (pool, byte offset, shape, kind) -> typed view

@@ -51,17 +51,31 @@ def fit_history(
 
 
 class Stream:
-    """Incremental decoding of a reply: push() the ids so far, get the newly final text and whether it stopped (at
-    the first of `stops` in the text, which is never returned)."""
+    """Incremental decoding of a reply: push() the ids so far (one list, grown between pushes), get the newly final
+    text and whether it stopped (at the first of `stops` in the text, which is never returned).
+
+    A push decodes only the ids past the last clean point: where the text so far ended on a whole character (its
+    decode did not end in U+FFFD, which both tokenizers put for bytes of a character yet to come). The tokenizers
+    decode bytes as UTF-8, which starts afresh after a whole character, so decode(ids[:k]) + decode(ids[k:]) is
+    decode(ids) at such a k. The stops are looked for from the last push's clean text on (less a stop's length), since
+    any one before it was found there. A reply's ids are then decoded once or about once, not once a token each
+    (serve pushes every token of every stream)."""
 
     def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = STOPS):
         self.decode, self.stops = decode, tuple(stops)
         self.shown = 0  # characters of the reply already returned
+        self.clean = 0  # ids whose text (`head`) no later id changes
+        self.head = ""
+        self.longest = max(map(len, self.stops), default=1)
 
     def push(self, ids: list[int], last: bool = False) -> tuple[str, bool]:
-        text = self.decode(ids)
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        tail = self.decode(ids[self.clean :])
+        text = self.head + tail
+        start = max(0, len(self.head) - self.longest + 1)  # a stop before it lies in the head: found at its push
+        cut = min((i for i in (text.find(s, start) for s in self.stops) if i >= 0), default=-1)
         stopped = cut >= 0
+        if tail and not tail.endswith("\ufffd"):
+            self.head, self.clean = text, len(ids)
         if stopped:
             text = text[:cut]
         elif not last:

@@ -251,8 +251,10 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
     bufs += [Buf("kv", (L, 2, B, T, C), "kv_cache", "compute")] if cache else []
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
-    # the decode step's rows (model.gpt_decode): each one's position and cache row, read on the device
-    bufs += [Buf("positions", (B,), "inputs", "i32"), Buf("slots", (B,), "inputs", "i32")] if cache else []
+    # the decode step's rows (model.gpt_decode), read on the device: a step of b rows finds their tokens, positions
+    # and cache rows in decode_rows[:b], [b:2b] and [2b:3b], so that one copy brings all three
+    # (state.InferState.decode); and each row's greedy token, the argmax of its logits, which the host reads instead
+    bufs += [Buf("decode_rows", (3 * B,), "inputs", "i32"), Buf("next_ids", (B,), "scratch", "i32")] if cache else []
     return bufs + list(backend_rows)
 
 

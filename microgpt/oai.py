@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,6 +213,25 @@ class Reply:
             return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
         body = {"role": "assistant", "content": text} if (role or not chunk) else {"content": text} if text else {}
         return {"index": index, ("delta" if chunk else "message"): body, "logprobs": None, "finish_reason": finish}
+
+
+def sse_text(head: dict[str, Any], reply: Reply) -> Callable[[int, str], bytes]:
+    """(index, text) -> the event sse({**head, "choices": [reply.choice(index, text, None, chunk=True)]}), the same
+    bytes, for a text that is not empty: the JSON around the text is encoded once a choice, not once a token."""
+    mark = json.dumps("\x00").encode()  # a JSON string no head holds around the text's place
+    around: dict[int, list[bytes]] = {}
+
+    def event(index: int, text: str) -> bytes:
+        parts = around.get(index)
+        if parts is None:
+            parts = around[index] = sse({**head, "choices": [reply.choice(index, "\x00", None, chunk=True)]}).split(
+                mark
+            )
+        if len(parts) != 2:  # the model's name holds the mark: encode the whole event
+            return sse({**head, "choices": [reply.choice(index, text, None, chunk=True)]})
+        return parts[0] + json.dumps(text, ensure_ascii=False).encode() + parts[1]
+
+    return event
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:

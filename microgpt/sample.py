@@ -105,6 +105,17 @@ class Generator:
         S.run(tokens, pos, slots=slots)
         return S.K.to_numpy(S.arena["next_logits"][:b]).copy()
 
+    def decode(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> list[int]:
+        """One decode step of b = len(ids) rows, row i's token ids[i] at position pos[i] of cache row slots[i]; each
+        row's greedy token (the pick of temperature 0), b ints to the host. Its logits stay on the device until
+        `logits` reads a row's (serve's scheduler: only the rows that sample pay for V logits)."""
+        self.S.decode(np.asarray(ids, np.int32), np.asarray(pos, np.int32), np.asarray(slots, np.int32))
+        return self.S.greedy(len(ids))
+
+    def logits(self, row: int) -> np.ndarray:
+        """Row `row`'s next-token logits (V,) float32 of the last decode step, on the host."""
+        return self.S.K.to_numpy(self.S.arena["next_logits"][row]).copy()
+
     def feed_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows 0 .. b-1 take ids (b, t) at positions pos .. pos + t - 1; their next-token logits (b, V)."""
         logits = self.run(ids, self.pos)
@@ -117,24 +128,60 @@ class Generator:
 
 
 def pick(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
-    """The next token from logits (V,) as s says, one draw from rng (none at temperature 0)."""
+    """The next token from logits (V,) as s says, one draw from rng (none at temperature 0).
+
+    The draw is rng.choice(V, p=p) over the softmax p in float64, written out (numpy's own steps: the cumulative sums,
+    normalized by the last, searched for one rng.random()), so the tokens of a seed are those rng.choice gives; its
+    checks of p, three more passes over V, reduce to the one that can fail (NaN logits: the same ValueError)."""
     if s.temperature <= 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64)
     with np.errstate(over="ignore"):  # shifted first: a subnormal temperature gives -inf and 0, never inf - inf
-        z = (z - z.max()) / s.temperature
+        z -= z.max()
+        z /= s.temperature
     if 0 < s.top_k < z.size:
         z[z < np.partition(z, -s.top_k)[-s.top_k]] = -np.inf
-    p = np.exp(z - z.max())
-    p /= p.sum()
+    top = z.max()
+    if top != 0:  # 0 (the shift's) unless every logit is -inf or a NaN: exp(z - 0) is exp(z)
+        z -= top
+    p = np.exp(z, out=z)
+    total = p.sum()
+    if np.isnan(total):
+        raise ValueError("Probabilities contain NaN")  # rng.choice's words
+    p /= total
     if s.top_p < 1:
-        order = np.argsort(-p, kind="stable")
-        likelier = np.cumsum(p[order]) - p[order]  # the probability of the tokens before each, likeliest first
-        drop = likelier >= s.top_p
-        drop[0] = False  # the likeliest token always stays (top_p 0: it alone)
-        p[order[drop]] = 0
+        p[~nucleus(p, s.top_p)] = 0
         p /= p.sum()
-    return int(rng.choice(z.size, p=p))
+    cdf = np.cumsum(p, out=p)
+    cdf /= cdf[-1]
+    return int(cdf.searchsorted(rng.random(), side="right"))
+
+
+NUCLEUS_MARGIN = 1e-12  # far above the rounding of a running sum of probabilities (<= ~1: ulps of 2.2e-16)
+
+
+def nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Which tokens top-p keeps (a bool mask): in np.argsort(-p, kind="stable")'s order (likeliest first, ties by
+    index), those whose likelier ones' probability (np.cumsum of that order, less their own) is below top_p, and the
+    likeliest always. Only the likeliest k are sorted (every token tied with the k-th too), k growing until their
+    running sum passes top_p by NUCLEUS_MARGIN: the sums of that prefix are the whole order's, bit for bit, and every
+    token after it has a sum of likelier ones no smaller than the prefix's, less a rounding, so it is dropped."""
+    k = 64
+    while True:
+        if k < p.size:
+            cand = np.flatnonzero(p >= np.partition(p, -k)[-k])
+            order = cand[np.argsort(-p[cand], kind="stable")]
+        else:
+            order = np.argsort(-p, kind="stable")
+        q = p[order]
+        running = np.cumsum(q)
+        if k >= p.size or running[-1] >= top_p + NUCLEUS_MARGIN:
+            break
+        k *= 8
+    keep = np.zeros(p.size, bool)
+    keep[order[running - q < top_p]] = True
+    keep[order[0]] = True
+    return keep
 
 
 def generate(gen: Generator, prompt: list[int], n_tokens: int, s: Sampling, seeds: Sequence[int]) -> list[list[int]]:

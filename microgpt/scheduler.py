@@ -13,7 +13,8 @@ One thread owns the model (a sample.Generator over an inference plan of B rows, 
 so a request arriving while others decode waits at most one pass to start, and a long request never holds a short
 one behind it. Rows are independent: a row's tokens are those it would get decoded alone (sample.py says where the
 GEMM over several rows rounds otherwise). The thread never waits on a client: a row's text goes into its job's
-queue, which the HTTP side reads as it can.
+events, and once a pass is done each job that got some is woken (Job.wake, the HTTP side's: serve.py's streams are
+read on the transport's event loop, so a token costs no hand-off between threads beyond that one wake a pass).
 
 The bound: a job holds its rows from submit() until its answer is done (release(), by the HTTP side), so at most
 B + Q rows are in flight (decoding, waiting, or being sent); one more is refused (Busy: HTTP 429). A job whose
@@ -27,8 +28,8 @@ import sys
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from queue import SimpleQueue
 
 import numpy as np
 
@@ -69,17 +70,26 @@ class Event:
 
 
 class Job:
-    """One request: its choices and the queue of their Events (read by the HTTP side)."""
+    """One request: its choices and their Events, which the decode thread sends and the HTTP side takes, woken by
+    `wake` (set by the HTTP side before it first takes) once a pass has sent it some."""
 
     def __init__(self, choices: list[Choice]) -> None:
         self.choices = choices
-        self.events: SimpleQueue[Event] = SimpleQueue()
+        self.events: deque[Event] = deque()  # appended by the decode thread, taken by the HTTP side
+        self.wake: Callable[[], None] = lambda: None
         self.released = False  # the HTTP side is done with it (answered, or its client went away)
         self.left = len(choices)  # choices not finished
 
     def send(self, event: Event) -> None:
         self.left -= event.finish is not None
-        self.events.put(event)
+        self.events.append(event)
+
+    def take(self) -> list[Event]:
+        """The events sent since the last take, in order (one reader)."""
+        out = []
+        while self.events:
+            out.append(self.events.popleft())
+        return out
 
 
 class Scheduler:
@@ -91,6 +101,7 @@ class Scheduler:
         self.free = list(range(gen.S.B))  # cache rows no choice holds
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, Choice]] = []  # the batch, in the loop thread only
+        self.sent: dict[int, Job] = {}  # the jobs this pass sent events to, woken at its end
         self.held = 0  # rows of the jobs submitted and not released
         self.stopping = False
         self.cv = threading.Condition()
@@ -141,13 +152,16 @@ class Scheduler:
                 for job, c in admitted:
                     logits = self.gen.run(np.asarray(c.prompt, np.int32)[None], 0, [c.slot])[0]
                     c.pos = len(c.prompt)
-                    self._advance(job, c, logits)
+                    self._advance(job, c, pick(logits, c.sampling, c.rng))
                 if self.active:
                     self._decode()
             except Exception:  # a bug or a failing device: its rows get the error, the server goes on
                 traceback.print_exc(file=sys.stderr)
                 for job in {id(j): j for j, _ in self.active}.values():
                     self._fail(job, "internal error (see the server's stderr)")
+            for job in self.sent.values():
+                job.wake()
+            self.sent.clear()
 
     def _admit(self) -> list[tuple[Job, Choice]]:
         """Under the lock: drop the batch's released jobs, then admit waiting jobs in order while their rows fit."""
@@ -165,17 +179,19 @@ class Scheduler:
         return admitted
 
     def _decode(self) -> None:
-        """One position for every row of the batch, each at its own, in one inference step."""
+        """One position for every row of the batch, each at its own, in one decode step. A greedy row's token is the
+        step's own argmax (b ints leave the device, not b x V logits); a row that samples reads its logits and
+        draws with `pick`, as sample.py does."""
         rows = list(self.active)
-        ids = np.asarray([[c.ids[-1]] for _, c in rows], np.int32)
-        logits = self.gen.run(ids, [c.pos for _, c in rows], [c.slot for _, c in rows])
-        for (job, c), row in zip(rows, logits):
+        greedy = self.gen.decode([c.ids[-1] for _, c in rows], [c.pos for _, c in rows], [c.slot for _, c in rows])
+        for i, ((job, c), token) in enumerate(zip(rows, greedy)):
             c.pos += 1
-            self._advance(job, c, row)
+            if c.sampling.temperature > 0:
+                token = pick(self.gen.logits(i), c.sampling, c.rng)
+            self._advance(job, c, token)
 
-    def _advance(self, job: Job, c: Choice, logits: np.ndarray) -> None:
-        """Draw the choice's next token; send its new text; end it where it stops."""
-        token = pick(logits, c.sampling, c.rng)
+    def _advance(self, job: Job, c: Choice, token: int) -> None:
+        """Take the choice's next token; send its new text; end it where it stops."""
         if token in c.stop_ids:
             text, finish = c.stream.push(c.ids, last=True)[0], "stop"
             c.ids.append(token)
@@ -188,6 +204,7 @@ class Scheduler:
                 text += c.stream.push(c.ids, last=True)[0]
         if text or finish:
             job.send(Event(c.index, text, finish))
+            self.sent[id(job)] = job
         if finish:
             self._leave(job, c)
 
@@ -202,3 +219,4 @@ class Scheduler:
                 self._leave(job, c)
         if job.left:
             job.send(Event(-1, message, "error"))
+            job.wake()

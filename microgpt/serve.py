@@ -45,13 +45,14 @@ answers under way get a second to be sent, exit 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import secrets
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,7 +62,7 @@ from microgpt import checkpoint, oai, sample
 from microgpt.backend import add_flags
 from microgpt.chat import Stream
 from microgpt.errors import ArgParser, InputError, check_number
-from microgpt.oai import ApiError, Reply, Spec, json_answer, sse
+from microgpt.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
 from microgpt.proxy.httpd import Answer, BoundedHTTPServer, Request
 from microgpt.scheduler import STOPPING, Busy, Choice, Event, Job, Scheduler
 
@@ -142,46 +143,79 @@ class Api:
                            Stream(self.tok.decode, spec.stops), self.stop_ids) for i in range(spec.n)])  # fmt: skip
 
     @staticmethod
-    def _events(job: Job) -> Iterator[Event]:
-        """The job's events until every choice has finished; ApiError for an error event."""
-        left = len(job.choices)
-        while left:
-            ev = job.events.get()
-            if ev.finish == "error":
-                raise ApiError(503 if ev.text == STOPPING else 500, ev.text)
-            left -= ev.finish is not None
-            yield ev
+    def _checked(ev: Event) -> Event:
+        """ev, or the ApiError of an error event."""
+        if ev.finish == "error":
+            raise ApiError(503 if ev.text == STOPPING else 500, ev.text)
+        return ev
 
     def _whole(self, job: Job, spec: Spec, reply: Reply) -> dict[str, Any]:
-        texts, finish = [spec.echo] * spec.n, [None] * spec.n
-        for ev in self._events(job):
-            texts[ev.index] += ev.text
-            finish[ev.index] = ev.finish or finish[ev.index]
+        """The answer once every choice has finished (in the transport's worker, woken once a pass)."""
+        ready = threading.Event()
+        job.wake = ready.set
+        texts, finish, left = [spec.echo] * spec.n, [None] * spec.n, spec.n
+        while left:
+            ready.clear()  # before take: a pass that sends after it sets it again
+            events = job.take()
+            if not events:
+                ready.wait()
+            for ev in map(self._checked, events):
+                texts[ev.index] += ev.text
+                finish[ev.index] = ev.finish or finish[ev.index]
+                left -= ev.finish is not None
         choices = [reply.choice(i, texts[i], finish[i]) for i in range(spec.n)]
         return {**reply.head(), "choices": choices, "usage": self._usage(job, spec)}
 
     def _usage(self, job: Job, spec: Spec) -> dict[str, int]:
         return oai.usage(len(spec.prompt), sum(len(c.ids) for c in job.choices))
 
-    def _chunks(self, job: Job, spec: Spec, reply: Reply) -> Iterator[bytes]:
-        """The stream: each choice's opening chunk (chat: the role; completions: the echo), a chunk per new text, one
-        with the finish reason, the usage where asked, [DONE]; an error event where the server fails or stops."""
+    async def _chunks(self, job: Job, spec: Spec, reply: Reply) -> AsyncGenerator[bytes, None]:
+        """The stream, on the transport's event loop (woken once a pass by the decode thread, never blocking): each
+        choice's opening chunk (chat: the role; completions: the echo), a chunk per new text, one with the finish
+        reason, the usage where asked, [DONE]; an error event where the server fails or stops. What one wake brings
+        is written at once."""
+        ready = asyncio.Event()
+        job.wake = waker(ready)
         head = reply.head(chunk=True) | ({"usage": None} if spec.include_usage else {})
+        text = sse_text(head, reply)
         if spec.chat or spec.echo:
             for i in range(spec.n):
                 yield sse({**head, "choices": [reply.choice(i, spec.echo, None, chunk=True, role=True)]})
-        try:
-            for ev in self._events(job):
-                if ev.text:
-                    yield sse({**head, "choices": [reply.choice(ev.index, ev.text, None, chunk=True)]})
-                if ev.finish:
-                    yield sse({**head, "choices": [reply.choice(ev.index, "", ev.finish, chunk=True)]})
-        except ApiError as e:
-            yield sse({"error": e.body()})
-            return
+        left = spec.n
+        while left:
+            ready.clear()  # before take: a pass that sends after it sets it again
+            events, out = job.take(), []
+            if not events:
+                await ready.wait()
+            try:
+                for ev in map(self._checked, events):
+                    if ev.text:
+                        out.append(text(ev.index, ev.text))
+                    if ev.finish:
+                        out.append(sse({**head, "choices": [reply.choice(ev.index, "", ev.finish, chunk=True)]}))
+                        left -= 1
+            except ApiError as e:
+                yield b"".join([*out, sse({"error": e.body()})])
+                return
+            if out:
+                yield b"".join(out)
         if spec.include_usage:
-            yield sse({**head, "choices": [], "usage": self._usage(job, spec)})
-        yield DONE
+            yield sse({**head, "choices": [], "usage": self._usage(job, spec)}) + DONE
+        else:
+            yield DONE
+
+
+def waker(ready: asyncio.Event) -> Callable[[], None]:
+    """A Job.wake for a reader on the running event loop: sets `ready` there, from the decode thread."""
+    loop = asyncio.get_running_loop()
+
+    def wake() -> None:
+        try:
+            loop.call_soon_threadsafe(ready.set)
+        except RuntimeError:  # the loop has closed (the server stopped): no one reads any more
+            pass
+
+    return wake
 
 
 def parser() -> ArgParser:

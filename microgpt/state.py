@@ -249,28 +249,37 @@ class InferState:
         return s, int(c), K.to_numpy(A["losses"][:n]).reshape(x.shape)[:b].copy()
 
     def decode_inputs(self, b: int) -> tuple[Any, Any, Any]:
-        """The planned inputs of a decode step of b rows: tokens, positions, slots (b,) int32."""
-        return self.arena["tokens"].reshape(-1)[:b], self.arena["positions"][:b], self.arena["slots"][:b]
+        """The planned inputs of a decode step of b rows: tokens, positions, slots (b,) int32, one after another in
+        decode_rows (one copy from the host brings them: on a GPU each copy from pageable memory waits for the
+        device)."""
+        rows = self.arena["decode_rows"]
+        return rows[:b], rows[b : 2 * b], rows[2 * b : 3 * b]
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> Any:
         """One decode step (model.gpt_decode) of b = len(tokens) rows: row i's token at position positions[i] of KV
-        cache row slots[i]; returns the rows' next-token logits, the plan's next_logits[:b] (b, V). The inputs are
-        checked here (the kernels index the cache by them), then copied into the planned buffers, which the step
-        reads. The step of each b is prepared once (K.prepare: on a GPU, run once as its warm-up, which times its
-        choices, then captured as a CUDA graph) and then run, or replayed, at every call: a step run twice on the
-        same inputs writes the same keys and values, so the warm-up's run leaves the cache as the step finds it."""
+        cache row slots[i]; returns the rows' next-token logits, the plan's next_logits[:b] (b, V), and leaves each
+        row's greedy token (their argmax, ops/argmax.py) in next_ids[:b] (b,) int32, for a host that wants b ints
+        rather than b x V logits (`greedy`). The inputs are checked here (the kernels index the cache by them), then
+        copied into the planned buffer, which the step reads. The step of each b is prepared once (K.prepare: on a
+        GPU, run once as its warm-up, which times its choices, then captured as a CUDA graph) and then run, or
+        replayed, at every call: a step run twice on the same inputs writes the same keys and values, so the
+        warm-up's run leaves the cache as the step finds it."""
         tokens, positions, slots = (np.asarray(a).reshape(-1) for a in (tokens, positions, slots))
         b = self._check_decode(tokens, positions, slots)
-        for dst, src in zip(self.decode_inputs(b), (tokens, positions, slots)):
-            self.K.copy_in(dst, src.astype(np.int32))
+        self.K.copy_in(self.arena["decode_rows"][: 3 * b], np.concatenate([tokens, positions, slots]).astype(np.int32))
         run = self.decoders.get(b)
         if run is None:
             run = self.decoders[b] = self.K.prepare(lambda: self._decode(b), True)
         run()
         return self.arena["next_logits"][:b]
 
+    def greedy(self, b: int) -> list[int]:
+        """The greedy tokens of the last decode step of b rows: b ints to the host."""
+        return self.K.to_numpy(self.arena["next_ids"][:b]).tolist()
+
     def _decode(self, b: int) -> None:
         model.gpt_decode(self.K, self.m, self.P_compute, self.arena, *self.decode_inputs(b))
+        self.K.argmax_rows(self.arena["next_ids"][:b], self.arena["next_logits"][:b])
         self.prec.end_eval()
 
     def _check_decode(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray) -> int:

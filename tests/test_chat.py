@@ -148,3 +148,54 @@ def test_bpe_special_tokens_frame_the_turn_and_stop_the_reply() -> None:
     tok = train_bpe(["hello world ok fine"] * 50, 300)
     assert tok.encode(chat.prompt_text([{"role": "user", "content": "hi"}]))[0] == tok.im_start_id  # one token
     assert chat.Stream(tok.decode).push([*tok.encode("ok fine"), tok.im_end_id, *tok.encode("x")]) == ("ok fine", True)
+
+
+def whole_stream(decode, stops):
+    """Stream as it was before pushes became incremental: the whole reply decoded at each push (the reference)."""
+    shown = 0
+
+    def push(ids: list[int], last: bool = False) -> tuple[str, bool]:
+        nonlocal shown
+        text = decode(ids)
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        elif not last:
+            text = text.rstrip("\ufffd")
+            for s in stops:
+                for n in range(len(s) - 1, 0, -1):
+                    if text.endswith(s[:n]):
+                        text = text[:-n]
+                        break
+        new, shown = text[shown:], max(shown, len(text))
+        return new, cut >= 0
+
+    return push
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_an_incremental_stream_streams_what_decoding_it_whole_does(kind: str) -> None:
+    """Random replies rich in what a push must get right: characters of 2 to 4 bytes split across tokens, bytes that
+    are no UTF-8 at all, U+FFFD itself, stop strings arriving token by token (a user's, one that is a prefix of
+    another, ChatML's) and special tokens: every push returns what the whole reply decoded at each push returns."""
+    text = "ab <|im_end|> é€😀 abc\ufffd x<|im" * 3
+    if kind == "bytes":
+        tok = ByteTokenizer()
+        pool = [*tok.encode(text), 0xFF, 0x80, 0xC3, 0xF0, 0x9F]
+    else:
+        tok = train_bpe(["héllo wörld € 😀 ok fine <tag> ab abc"] * 50, 330)
+        pool = list(range(tok.vocab_size)) + tok.encode(text)
+    stops = ("abc", "ab c", IM_END, "<|endoftext|>", "€😀")
+    rng, encoded = np.random.default_rng(0), tok.encode(text)
+    for trial in range(300):
+        ids = []  # pieces of the text (its stops and characters arrive whole or split), and random ids between
+        while len(ids) < 40:
+            at = int(rng.integers(len(encoded)))
+            ids += encoded[at : at + int(rng.integers(1, 12))] if rng.random() < 0.7 else [int(rng.choice(pool))]
+        inc, ref = chat.Stream(tok.decode, stops), whole_stream(tok.decode, stops)
+        for n in range(1, len(ids) + 1):
+            last = n == len(ids)
+            got = inc.push(ids[:n], last)
+            assert got == ref(ids[:n], last), (trial, ids[:n])
+            if got[1]:
+                break

@@ -128,7 +128,7 @@ def test_bad_rows_are_refused_before_anything_runs(tokens, positions, slots, mat
 
 def test_a_plan_without_a_cache_has_no_decode_step() -> None:
     S = make_infer_state(M, numpy_backend(), 2, weights(), cache=False)
-    assert "positions" not in S.arena and "slots" not in S.arena
+    assert "decode_rows" not in S.arena and "next_ids" not in S.arena
     with pytest.raises(ValueError, match="no KV cache"):
         S.decode([1], [0], [0])
 

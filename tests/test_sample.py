@@ -89,3 +89,54 @@ def test_load_takes_the_backend_by_name_or_object(run_256: Path) -> None:
     assert generate(by_name, prompt, 12, Sampling(), [0, 1]) == generate(by_object, prompt, 12, Sampling(), [0, 1])
     with pytest.raises(ConfigError, match="unknown backend 'vulkan'"):
         sample.load(str(run_256), 1, "vulkan")
+
+
+def choice_pick(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """pick as it was written before it drew without rng.choice's checks and sorted only the nucleus (the
+    reference: the tokens of a seed must not change)."""
+    if s.temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64)
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / s.temperature
+    if 0 < s.top_k < z.size:
+        z[z < np.partition(z, -s.top_k)[-s.top_k]] = -np.inf
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        likelier = np.cumsum(p[order]) - p[order]
+        drop = likelier >= s.top_p
+        drop[0] = False
+        p[order[drop]] = 0
+        p /= p.sum()
+    return int(rng.choice(z.size, p=p))
+
+
+def test_pick_draws_what_rng_choice_drew() -> None:
+    """Random logits (bf16-rounded, so with ties; some -inf; one vocabulary of ANDREA's size), every kind of sampling
+    (a subnormal temperature, top-k up to the vocabulary, top-p at 0, tiny, broad, and exactly at a running sum of
+    the sorted probabilities): the same token as the reference and the generator left in the same state."""
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        V = 50304 if trial % 50 == 0 else int(rng.integers(1, 3000))
+        logits = (rng.standard_normal(V) * rng.choice([0.1, 1, 4, 30])).astype(np.float32)
+        logits = np.round(logits * 8) / 8  # ties
+        if trial % 7 == 0:
+            logits[rng.integers(0, V, V // 3)] = -np.inf
+            logits[rng.integers(0, V)] = 0
+        temperature = float(rng.choice([1e-310, 0.3, 0.7, 1.0, 2.0]))
+        top_k = int(rng.choice([0, 0, 1, 40, V - 1, V, V + 1]))
+        top_p = float(rng.choice([1.0, 1.0, 0.0, 1e-9, 0.5, 0.9, 0.999999]))
+        if trial % 5 == 0:  # exactly where the nucleus ends: the sum of the likeliest tokens' probabilities
+            z = np.exp(logits.astype(np.float64) - logits.max())
+            p = np.sort(z / z.sum())[::-1]
+            top_p = float(np.cumsum(p)[int(rng.integers(0, min(V, 50)))])
+        s, seed = Sampling(temperature, top_k, top_p), int(rng.integers(1 << 30))
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert pick(logits, s, a) == choice_pick(logits, s, b), (trial, s)
+        assert a.bit_generator.state == b.bit_generator.state
+    nan = np.array([0.0, np.nan, 1.0], np.float32)
+    for draw in (pick, choice_pick):
+        with pytest.raises(ValueError, match="^Probabilities contain NaN$"):
+            draw(nan, Sampling(1.0), np.random.default_rng(0))

@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from microgpt import serve
+from microgpt import oai, serve
 from microgpt.data.tokenizer import EOT
 from microgpt.sample import Sampling, generate
 from tests.conftest import REPO, cli, one_error
@@ -219,3 +219,36 @@ def test_bad_flags_and_a_port_in_use_are_one_line_errors(run_256: Path, tmp_path
     one_error(cli("serve", str(run_256), "--port", "70000"), 2, "--port (a TCP port, 0: a free one)")
     one_error(cli("serve", str(run_256), "--host", "no.such.host.invalid", "--port", "0"), 2, "not an address")
     one_error(cli("serve", str(tmp_path / "nothing")), 2, "nothing")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_text_event_is_the_chunk_encoded_whole(chat: bool) -> None:
+    """oai.sse_text (the JSON around a token's text encoded once a choice) gives sse()'s bytes for any text."""
+    reply = oai.Reply.make("abc", 'a "model" \\ \x00', chat)  # the name holds the mark: encoded whole
+    for name in ("tiny-test", reply.model):
+        reply = oai.Reply(reply.id, name, chat, reply.created)
+        for head in (reply.head(chunk=True), reply.head(chunk=True) | {"usage": None}):
+            event = oai.sse_text(head, reply)
+            for index, text in [(0, "x"), (1, 'quote " and \\ back'), (0, "é 😀 \u2028\n\t\x00\x1f"), (3, "\ufffd")]:
+                want = oai.sse({**head, "choices": [reply.choice(index, text, None, chunk=True)]})
+                assert event(index, text) == want
+
+
+def test_a_stream_whose_client_goes_away_leaves_the_batch(run_256: Path) -> None:
+    """A streamed request whose client closes once the answer's head came, before the decode loop starts: the stream
+    fails at a write, its job is released unfinished and leaves the batch, and the next request is answered."""
+    with served(run_256, "--max-batch", "2", "--queue", "2", decoding=False) as (a, client, url):
+        released, release = [], a.scheduler.release
+        a.scheduler.release = lambda job: (released.append(job.left), release(job))
+        body = json.dumps({"model": a.name, "prompt": "def ", "max_tokens": 4000, "stream": True, "temperature": 0})
+        with socket.create_connection(("127.0.0.1", int(url.split(":")[2].split("/")[0])), timeout=60) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += sock.recv(65536)
+            assert got.startswith(b"HTTP/1.0 200") and a.scheduler.held == 1
+        a.scheduler.start()
+        wait_for("the stream to fail and release its job", lambda: released)
+        assert released == [1]  # its one choice unfinished: 252 positions of the context were left
+        wait_for("its row to leave the batch", lambda: a.scheduler.held == 0 and not a.scheduler.active)
+        assert client.completions.create(model=a.name, prompt="def ", max_tokens=3).usage.completion_tokens >= 1

@@ -22,6 +22,7 @@ from triton.runtime.jit import JITFunction
 from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
 from microgpt.kernels import (
     adamw,
+    argmax,
     attention,
     crossentropy,
     decode,
@@ -34,7 +35,7 @@ from microgpt.kernels import (
     linear,
 )
 
-KERNEL_MODULES = (adamw, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
+KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -166,6 +167,7 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, wte, tg, logits, mm=mm,
                                                tuner=cat)  # fmt: skip
     crossentropy.head_logits(e(B, V), e(B, C), wte, mm=mm)
+    argmax.argmax_rows(e(B, dt=i32), e(B, V))  # the decode step's greedy pick
     crossentropy.loss_weights(stat, tg, e(1, dt=f32))
     crossentropy.loss_sum(e(2, dt=f32), stat, tg)
     crossentropy.loss_sum(e(2, dt=f32), stat, tg, 0.5, accumulate=True)

@@ -168,8 +168,10 @@ class Runtime:
 
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:
-        x = x.detach()
-        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).cpu().numpy()
+        """A device buffer on the host; bf16 and fp16 widened to fp32 there, after the copy (widening on the device
+        would allocate the fp32 copy outside the memory plan, and move twice the bytes)."""
+        x = x.detach().cpu()
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).numpy()
 
     def synchronize(self) -> None:
         if self.cuda:

@@ -25,7 +25,8 @@ Helpers without a backward, over the flat gradient / parameter arrays: gradclip 
 grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py). And the decode
 step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
 rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
-decode_attention; ops/decode.py specifies them).
+decode_attention; ops/decode.py specifies them). And the greedy pick the decode step ends with: argmax (argmax_rows:
+each row's largest logit's index, so that a greedy row's token leaves the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -87,6 +88,7 @@ HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
     "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
+    "argmax": _helpers("argmax", ("argmax_rows",)),
 }
 
 # the NumPy functions that take the backend's Rows (keyword `rows`, ops/rows.py): their passes run over ranges of

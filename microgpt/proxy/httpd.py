@@ -2,8 +2,10 @@
 `microgpt serve` (serve.py), which hold the routes.
 
 One asyncio event loop (in one thread) holds every connection; what to answer is computed in a thread pool (file
-reads, a history's parse, a completion), off the loop. A connection costs the loop a few kilobytes and no thread, so
-a hundred slow or half-open clients leave the others' answers as fast as before. What one connection may hold:
+reads, a history's parse, a completion), off the loop; a streamed answer's chunks come from an async generator on the
+loop itself, which must never block (serve.py's is woken by its decode thread). A connection costs the loop a few
+kilobytes and no thread, so a hundred slow or half-open clients leave the others' answers as fast as before. What
+one connection may hold:
 
     its request head     at most MAX_HEAD bytes (else 431), all of it within HEAD_DEADLINE_S of connecting (else 408:
                          a client that sends a byte a minute is dropped at the deadline, not at each byte)
@@ -13,7 +15,7 @@ a hundred slow or half-open clients leave the others' answers as fast as before.
     one request          then the answer and the connection closes (HTTP/1.0, no keep-alive)
     its answer           taken within WRITE_DEADLINE_S (a client that does not read is dropped); a file answer is sent
                          from the open file (loop.sendfile), never read whole into memory first; a streamed answer (an
-                         iterator of chunks, server-sent events) is written chunk by chunk as the pool computes them,
+                         async generator of chunks, server-sent events) is written chunk by chunk as it yields them,
                          with no Content-Length: the body ends when the connection closes (HTTP/1.0's close-delimited
                          body, which every client reads), each chunk within WRITE_DEADLINE_S
     a place              at most MAX_CONNECTIONS are open; a new one beyond that closes the connection that has waited
@@ -22,7 +24,7 @@ a hundred slow or half-open clients leave the others' answers as fast as before.
 
 Malformed requests (no request line, a header without a colon, a target that is not a path) get 400; an exception
 in the handler (a bug) gets 500 and its traceback on stderr; a client that goes away is not an error and prints
-nothing; an exception in a streamed answer's iterator ends the stream there, its traceback on stderr. The
+nothing; an exception in a streamed answer's generator ends the stream there, its traceback on stderr. The
 server's own error answers (400, 408, 411, 413, 431, 500, 503) are plain text unless the routes give an `errors`
 function (serve.py's are JSON). Bound at construction on host:port (127.0.0.1 unless told; a port in use is an
 error before anything starts); serve_forever() runs the loop.
@@ -37,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -66,8 +68,9 @@ class Request:
 @dataclass
 class Answer:
     """What to send: a status, headers, and a body (bytes; or an open file of `length` bytes sent as it is; or
-    `chunks`, an iterator of byte strings sent as they come, the body ending with the connection). `closed` is called
-    once the answer is over, sent or not (a streamed answer's client gone: serve.py frees what the request held)."""
+    `chunks`, an async generator of byte strings, run on the event loop, each sent as it comes, the body ending with
+    the connection). `closed` is called once the answer is over, sent or not (a streamed answer's client gone:
+    serve.py frees what the request held)."""
 
     code: int
     headers: dict[str, str] = field(default_factory=dict)
@@ -75,7 +78,7 @@ class Answer:
     file: BinaryIO | None = None
     length: int = 0
     send_body: bool = True  # False for HEAD (and 304): the headers only, Content-Length as for GET
-    chunks: Iterator[bytes] | None = None
+    chunks: AsyncGenerator[bytes, None] | None = None
     closed: Callable[[], None] | None = None
 
 
@@ -278,23 +281,23 @@ class BoundedHTTPServer:
             if answer.closed is not None:
                 answer.closed()
 
-    async def _stream(self, writer: asyncio.StreamWriter, chunks: Iterator[bytes]) -> None:
-        """Each chunk as the pool computes it (next() may wait for the model), written before the next is asked."""
-        loop = asyncio.get_running_loop()
-        while True:
-            chunk = await loop.run_in_executor(self.pool, self._next, chunks)
-            if chunk is None:
-                return
-            if writer.transport.is_closing():
-                raise ConnectionResetError
-            writer.write(chunk)
-            await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
-
-    @staticmethod
-    def _next(chunks: Iterator[bytes]) -> bytes | None:
-        """The next chunk; None at the end, or where the iterator raised (a bug: shown, and the stream ends)."""
+    async def _stream(self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None]) -> None:
+        """Each chunk as the generator yields it, written before the next is asked; the generator is closed at the
+        end, whatever ended the stream. The deadline applies where a chunk waits for the client (the transport's
+        buffer not empty): a write the socket takes at once costs no timer."""
         try:
-            return next(chunks, None)
-        except Exception:
-            traceback.print_exc(file=sys.stderr)
-            return None
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except Exception:  # a bug: shown, and the stream ends
+                    traceback.print_exc(file=sys.stderr)
+                    return
+                if writer.transport.is_closing():
+                    raise ConnectionResetError
+                writer.write(chunk)
+                if writer.transport.get_write_buffer_size():
+                    await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+        finally:
+            await chunks.aclose()

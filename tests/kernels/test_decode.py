@@ -96,7 +96,8 @@ M = ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=40)
 def decode_run(S, ids: np.ndarray, steps: int, forced: list[list[int]] | None = None) -> tuple[list, list]:
     """A prefill of two prompts into cache rows 0 and 1, one decode step of row 0 alone (batch 1), then `steps`
     steps of both rows at their own positions, in swapped order (batch 2): each step's logits, and each row's
-    tokens, greedy or `forced` (another run's, so that both runs see the same inputs)."""
+    tokens, greedy or `forced` (another run's, so that both runs see the same inputs). The step's own greedy pick
+    (next_ids, InferState.greedy) is each of its rows' argmax."""
     tokens, _ = S.inputs(*ids.shape)
     S.K.copy_in(tokens, ids)
     S.run(tokens, 0)
@@ -107,6 +108,7 @@ def decode_run(S, ids: np.ndarray, steps: int, forced: list[list[int]] | None = 
     for rows in [[0]] + [[1, 0]] * steps:
         pos = [t0 + len(seqs[i]) - 1 for i in rows]
         z = S.K.to_numpy(S.decode([seqs[i][-1] for i in rows], pos, rows)).copy()
+        assert S.greedy(len(rows)) == z.argmax(axis=1).tolist()
         logits.append(z)
         for r, i in enumerate(rows):
             seqs[i].append(int(z[r].argmax()) if forced is None else forced[i][len(seqs[i])])

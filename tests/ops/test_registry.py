@@ -1,5 +1,5 @@
-"""The registry lists the six pairs, the step's helpers and the decode step's ops, each row naming both halves, and
-the ops package stays free of torch and triton."""
+"""The registry lists the six pairs, the step's helpers, the decode step's ops and its greedy pick, each row naming both
+halves, and the ops package stays free of torch and triton."""
 
 import importlib
 import subprocess
@@ -15,7 +15,7 @@ def test_registry_has_the_six_pairs() -> None:
         assert isinstance(pair, OpPair) and pair.name == name
         assert pair.numpy == f"microgpt.ops.{name}" and pair.triton == f"microgpt.kernels.{name}"
         assert pair.functions[:2] == (f"{name}_forward", f"{name}_backward")
-    assert list(HELPERS) == ["gradclip", "adamw", "decode"]
+    assert list(HELPERS) == ["gradclip", "adamw", "decode", "argmax"]
 
 
 def test_every_row_names_functions_both_halves_have() -> None:
