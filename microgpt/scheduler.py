@@ -5,10 +5,11 @@ One thread owns the model (a sample.Generator over an inference plan of B rows, 
     admit     the waiting jobs, first come first served, while the batch has free cache rows for all of a job's
               choices (a job of n choices takes n rows at once; a later job never overtakes a waiting one)
     prefill   each admitted choice's prompt, alone, into its own cache row from position 0; its first token
-    decode    one position for every row in the batch, each at its own position, in one inference step
-              (model.gpt_infer with per-row positions and cache rows), then each row's token, drawn with its own
-              sampling, seed and stops; a row that stops (a stop string, a stop token, max_tokens, the context
-              full) leaves the batch at once and its cache row takes the next waiting choice
+    decode    one position for every row in the batch, each at its own position, in one decode step
+              (InferState.decode: model.gpt_decode, on a GPU one CUDA graph per batch size), then each row's token:
+              a greedy row's is the step's own argmax (b ints leave the device), a sampling row draws from its
+              logits with its own sampling and seed; a row that stops (a stop string, a stop token, max_tokens,
+              the context full) leaves the batch at once and its cache row takes the next waiting choice
 
 so a request arriving while others decode waits at most one pass to start, and a long request never holds a short
 one behind it. Rows are independent: a row's tokens are those it would get decoded alone (sample.py says where the
