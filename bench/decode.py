@@ -135,12 +135,9 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
                 record[i + 1] = torch.from_numpy(greedy.astype(np.int64))
 
     decode_s = timed(steps, args.repeats, cuda)
-    out = {
-        "device": K.device,
-        "plan_gib": plan / memory.GIB,
-        "bench_bytes": record.numel() * 8,
-        "allocated_before": sum(b.numel for b in S.plan if b.role == "runtime"),
-    }  # cuBLAS's, with the backend
+    # allocated_before: the plan's runtime row (cuBLAS's workspace), which the backend allocated before the first row
+    out = {"device": K.device, "plan_gib": plan / memory.GIB, "bench_bytes": record.numel() * 8,
+           "allocated_before": memory.role_bytes(S.plan, K.precision)["runtime"]}  # fmt: skip
     if cuda:
         from microgpt.kernels import decode as kd  # torch and triton's: on the GPU path only
 

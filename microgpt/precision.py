@@ -268,9 +268,11 @@ def make(name: str, backend: str, fp8_compute: str | None = None) -> Precision:
     sensitive: tests/kernels/test_gpu_decode.py)."""
     if name not in PRECISIONS:
         raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
+    if fp8_compute is not None and (name != "fp8" or fp8_compute not in COMPUTE_BYTES):
+        raise ValueError(
+            f"fp8_compute {fp8_compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only"
+        )
     compute = "fp32" if backend == "numpy" else {"fp8": fp8_compute or "bf16"}.get(name, name)
-    if compute not in COMPUTE_BYTES:
-        raise ValueError(f"fp8_compute: {fp8_compute!r} is not a compute dtype ({', '.join(COMPUTE_BYTES)})")
     if name == "fp8":
         return Fp8(name, backend, compute, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton")
     return Precision(name, backend, compute, name == "fp16", MATMULS[("plain", backend)])

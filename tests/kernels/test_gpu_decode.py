@@ -87,6 +87,12 @@ def weights(m: ModelConfig) -> np.ndarray:
     return w + np.random.default_rng(1).standard_normal(w.shape).astype(np.float32) * 0.05
 
 
+# two 600-token prompts in cache rows 0 and 1, then (cache rows, tokens) of each decode step: rows at positions from 0
+# (row 2 starts there) to past 600, in batches of 1, 2 and 3 (three graphs, each replayed several times)
+MID_PROMPT = np.random.default_rng(2).integers(0, MID.vocab_size, (2, 600)).astype(np.int32)
+MID_STEPS = [step for i in range(4) for step in (([1], [3 + i]), ([0, 2], [5, 6 + i]), ([2, 1, 0], [7, 8, 9 + i]))]
+
+
 def decode_steps(S, prompt: np.ndarray, steps: list[tuple[list[int], list[int]]]) -> list[np.ndarray]:
     """A prefill of prompt (b0, t) into cache rows 0 .. b0-1, then each step's rows (slots) with its tokens, each at
     the position after what its cache row holds (the same inputs on every backend): the prefill's next-token logits
@@ -107,12 +113,7 @@ def mid_run(precision: str) -> tuple[list, list]:
     """MID's prefill of two 600-token prompts, then rows at positions from 0 to past 600 in batches of 1, 2 and 3
     (three graphs, each replayed several times), on the triton backend and on the NumPy backend: each one's
     decode_steps."""
-    rng = np.random.default_rng(2)
-    prompt = rng.integers(0, MID.vocab_size, (2, 600)).astype(np.int32)
-    steps = []
-    for i in range(4):
-        steps += [([1], [3 + i]), ([0, 2], [5, 6 + i]), ([2, 1, 0], [7, 8, 9 + i])]  # row 2 starts at position 0
-    w = weights(MID)
+    prompt, steps, w = MID_PROMPT, MID_STEPS, weights(MID)
     runs = []
     for K in (triton_backend(precision), numpy_backend(precision_name=precision)):
         runs.append(decode_steps(make_infer_state(MID, K, 3, w), prompt, steps))
@@ -159,18 +160,13 @@ def test_fp8_decode_step_is_the_forward_gpu(activations: str) -> None:
     position 0) over each row's tokens so far, on the same GPU: to TOL_FP8_SELF. (Against the NumPy reference the
     interpreter holds fp8 over fp32 activations to 1e-5: tests/kernels/test_decode.py; on the GPU the FP8 tensor
     cores' sums differ from NumPy's enough to move E4M3 operands, 4-8% of the logits for the forward alone.)"""
-    rng = np.random.default_rng(2)
-    prompt = rng.integers(0, MID.vocab_size, (2, 600)).astype(np.int32)
-    w = weights(MID)
+    prompt, steps, w = MID_PROMPT, MID_STEPS, weights(MID)
     side = fp8_histories(MID, w, prompt)
     compute = None if activations == "bf16" else activations
     states = [make_infer_state(MID, triton_backend("fp8", fp8_compute=compute), b, w, cache) for b, cache in
               ((3, True), (1, False))]  # fmt: skip
     for S in states:
         S.prec.load_sidecar(side, "the test's histories")
-    steps = []
-    for i in range(4):
-        steps += [([1], [3 + i]), ([0, 2], [5, 6 + i]), ([2, 1, 0], [7, 8, 9 + i])]  # row 2 starts at position 0
     got = decode_steps(states[0], prompt, steps)[1:]
     seqs = [list(prompt[0]), list(prompt[1]), []]
     for i, ((slots, toks), logits) in enumerate(zip(steps, got)):
@@ -192,7 +188,7 @@ def test_a_replay_is_the_eager_step_gpu() -> None:
     before = torch.cuda.memory_allocated()  # earlier tests' runtimes keep their own streams' cuBLAS workspaces
     S = make_infer_state(m, K, B, w)
     plan = sum(memory.role_bytes(S.plan, S.K.precision).values())
-    allocated = sum(b.numel for b in S.plan if b.role == "runtime")  # this runtime's workspace: allocated before
+    allocated = memory.role_bytes(S.plan, S.K.precision)["runtime"]  # this runtime's workspace: allocated before
     rng = np.random.default_rng(3)
     for b in (1, 32):
         for step in range(3):
