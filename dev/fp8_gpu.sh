@@ -11,8 +11,8 @@
 #            prep-big runs as well on the CPU machine (PATH=.venv/bin:$PATH DIR=.venv/lib/python3.11/site-packages)
 #            and data/sitepy then travels with `carry`
 #   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
-#   ab:      microgpt (PRECISION, default fp8) at MBS, BEFORE (default .before: `git archive C microgpt bench`) then
-#            this tree, each with its own tuning cache (dev/gpu_check.sh ab-dir at 30 steps, warm-up 8)
+#   ab:      microgpt (PRECISION, default fp8) at MBS, BEFORE (default .before: `git archive C microgpt bench
+#            experiments`) then this tree, each with its own tuning cache (dev/gpu_check.sh ab-dir at 30 steps, warm-up 8)
 #   limits:  dev/cast_limits.py (what holds a cast: variants without a part) and ncu on k_cast, where it reads counters
 #   bench:   bench.py's table: torch.compile, torchao float8, microgpt bf16 and fp8 at MBS (default 32 8)
 # Carry .whl (ml_dtypes: the NumPy reference the fp8 tests compare with).

@@ -16,7 +16,9 @@
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
 #   ab-dir: microgpt at MBS (PRECISION, default bf16; STEPS 20, WARMUP 5), BEFORE (default .before: `git archive C
-#           microgpt bench`, carried) then this tree, each with its own tuning cache (dev/fp8_gpu.sh ab runs it too)
+#           microgpt bench experiments`, carried) then this tree, each with its own tuning cache, or with AB_CACHE=NAME
+#           one cache for both (the choices both make are then the same: what differs is the change's own);
+#           dev/fp8_gpu.sh ab runs it too
 #   capped: `--micro-batch auto` under per-process caps (CAPS, default 7.5 11.5 23.5 GiB) for MODELS (12M 120M) x
 #           PRECISIONS (bf16 fp8): the choice, the plan, the peaks against the cap, tokens/s ($OUT/capped.jsonl)
 #   ce-race: dev/ce_race.py (the cross-entropy row kernel with GRAD against without) on BEFORE's package, then this
@@ -88,7 +90,7 @@ for line in sys.stdin:
           tail -2 "$OUT/ab-$v-$p-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done; done ;;
     ab-dir) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR (default .before): microgpt + bench
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
-          MICROGPT_CACHE="$PWD/.cache/$v" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl microgpt \
+          MICROGPT_CACHE="$PWD/.cache/${AB_CACHE:-$v}" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl microgpt \
             --mb $mb --precision ${PRECISION:-bf16} --steps ${STEPS:-20} --warmup ${WARMUP:-5} 2>"$OUT/abdir-$v-$mb.err" \
             | python3 -c 'import json, sys
 for line in sys.stdin:

@@ -36,20 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def fp8_gemms_on_the_tile() -> None:
-    """Replace fp8's torch._scaled_mm by the Triton scaled tile (gemm.k_mm_scaled, as the interpreter runs it): to
-    see whether a difference comes from the library's FP8 GEMM."""
-    import triton
+    """Replace fp8's library GEMMs (torch._scaled_mm, cuBLASLt) by the Triton scaled tile (gemm.k_mm_scaled, as the
+    interpreter runs it): to see whether a difference comes from the library's FP8 GEMM."""
+    from microgpt.kernels import gemm
 
-    from microgpt.kernels import fp8
+    def mm_scaled(self, out, a, ia, b, ib, accumulate=False, wgrad=None):  # noqa: ANN001, ANN202
+        gemm.triton_mm_scaled(out, a, ia, b, ib, accumulate)
 
-    def mm8(out, a, ia, b, ib, accumulate=False, wgrad=None):  # noqa: ANN001, ANN202
-        (M, K), N = a.shape, b.shape[1]
-        cfg = dict(BM=64, BN=64, BK=64, GROUP_M=8)
-        grid = (triton.cdiv(M, 64) * triton.cdiv(N, 64),)
-        fp8.k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(), ACC=accumulate,
-                              **cfg)  # fmt: skip
-
-    fp8.mm8 = mm8
+    gemm.Gemm.mm_scaled = mm_scaled
 
 
 def child(a: argparse.Namespace) -> None:

@@ -1,11 +1,14 @@
 """Where a microgpt step's time goes: per-kernel CUDA time of three steps, eager (same kernels as the graph)
 or, with --graph, three replays of the captured step, with the wall time per step beside the kernel time.
 
-python3 dev/profile_step.py MB [PRECISION] [--graph]     # ANDREA-120M shape; prints the top kernels
+python3 dev/profile_step.py MB [PRECISION] [--graph] [--json PATH]   # ANDREA-120M shape; prints the top kernels
+
+--json PATH also writes every kernel's name, calls and CUDA ms a step (a list of objects) for grouping by part.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -21,8 +24,14 @@ from microgpt.step import Step  # noqa: E402
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--graph"]
-    graph = "--graph" in sys.argv
+    argv = sys.argv[1:]
+    out = None
+    if "--json" in argv:
+        i = argv.index("--json")
+        out = argv[i + 1]
+        del argv[i : i + 2]
+    args = [a for a in argv if a != "--graph"]
+    graph = "--graph" in argv
     mb = int(args[0]) if args else 8
     precision = args[1] if len(args) > 1 else "bf16"
     m = SHAPE
@@ -42,6 +51,11 @@ def main() -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
     kernel = sum(e.self_device_time_total for e in prof.key_averages()) / 3 / 1e3
     print(f"{'graph' if graph else 'eager'} mb {mb}: {wall * 1e3:.1f} ms wall per step, {kernel:.1f} ms kernel time")
+    if out is not None:
+        rows = [{"name": e.key, "calls": e.count / 3, "ms": e.self_device_time_total / 3 / 1e3}
+                for e in prof.key_averages() if e.self_device_time_total > 0]  # fmt: skip
+        Path(out).write_text(json.dumps({"mb": mb, "precision": precision, "graph": graph, "wall_ms": wall * 1e3,
+                                         "kernel_ms": kernel, "kernels": rows}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """cuBLASLt GEMMs: plain ones under an algorithm the warm-up picks, and the MLP's GELU in their epilogues.
 
     gemm(out, a, b, acc, algo)   out (+)= a @ b, 2D or batched (3D, a batch stride may be 0)  (EPILOGUE_DEFAULT)
+    gemm(out, a, b, acc, algo, sa, sb)   out (+)= (a @ b) * sa * sb on E4M3 a, b (fp8's GEMMs)  (A/B_SCALE_POINTER)
     gelu_aux(a, h, x, w)         h = x @ w and a = gelu(h) from one GEMM                      (EPILOGUE_GELU_AUX)
     dgelu(dh, dout, w, h)        dh = (dout @ w) * gelu'(h) from one GEMM                     (EPILOGUE_DGELU)
 
@@ -16,6 +17,10 @@ the callers time them in the warm-up (tuning.py). A call sets the pointers and q
 stream, which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them
 a transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16
 operands may write (or add into) an fp32 out: the weight gradients' GEMMs.
+E4M3 operands (precision fp8) take their two fp32 scales from device scalars (the slots' inverse scales), which the
+library applies to the fp32 sum; Hopper's FP8 GEMM wants a row-major and b column-major (both with K contiguous),
+and adds into out (an fp32 weight gradient) in its epilogue, as the bf16 ones do: no product buffer, no add pass.
+The library's accumulation stays the precise one (CUBLASLT_MATMUL_DESC_FAST_ACCUM off, as torch._scaled_mm's).
 `CublasLt.load()` gives the runtime its one handle where this process can use them (a CUDA build whose cuBLASLt is
 found), None where not: the engine then keeps torch's GEMMs and the elementwise GELU pass (gemm.py times the ways
 once per shape).
@@ -31,15 +36,16 @@ import torch
 
 # cublasLt.h / library_types.h / cublas_api.h constants (stable across CUDA 12 and 13)
 _COMPUTE_32F = 68
-_R_32F, _R_16F, _R_16BF = 0, 2, 14
+_R_32F, _R_16F, _R_16BF, _R_8F_E4M3 = 0, 2, 14, 28
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE = 3, 4, 7
 _LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6
 _DESC_AUX_POINTER, _DESC_AUX_LD, _DESC_AUX_DATA_TYPE = 11, 12, 22
+_DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER = 17, 18
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK, _PREF_MIN_ALIGNMENT_A = 1, 3, 5  # B, C, D: 6, 7, 8
 _REDUCTION_SCHEME_NONE = 0  # no split-K reduction: the ones that add partial sums in place do it with atomics
 DEFAULT, GELU_AUX, DGELU = 1, 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_DEFAULT, _GELU_AUX, _DGELU
-_DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF}
+_DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
 
 class _HeuristicResult(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
@@ -181,10 +187,10 @@ class CublasLt:
         return pref
 
     def _plan(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None,
-              epilogue: int) -> _Plan:  # fmt: skip
+              epilogue: int, scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> _Plan:  # fmt: skip
         aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
         key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype,
-               epilogue, aligned, aux is not None and (aux.stride(), alignment(aux)))  # fmt: skip
+               epilogue, aligned, aux is not None and (aux.stride(), alignment(aux)), scales is not None)  # fmt: skip
         plan = self.plans.get(key)
         if plan is not None:
             return plan
@@ -200,6 +206,8 @@ class CublasLt:
             self._set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
             self._set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
             self._set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
+        if scales is not None:
+            self._scales(desc, *scales)
         layouts = (self._layout(b, rb, cb, ldb), self._layout(a, ra, ca, lda), self._layout(out, N, M, out.stride(-2)))
         results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
         _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, layouts[0], layouts[1], layouts[2],
@@ -210,18 +218,27 @@ class CublasLt:
         plan = self.plans[key] = _Plan(desc, layouts, list(results[: found.value]))
         return plan
 
+    def _scales(self, desc: ctypes.c_void_p, sa: torch.Tensor, sb: torch.Tensor) -> None:
+        """The scales of a and b: cuBLASLt's B and A (out^T = b^T @ a^T)."""
+        self._set(desc, _DESC_A_SCALE_POINTER, ctypes.c_void_p(sb.data_ptr()))
+        self._set(desc, _DESC_B_SCALE_POINTER, ctypes.c_void_p(sa.data_ptr()))
+
     def n_algos(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None = None,
-                epilogue: int = DEFAULT) -> int:  # fmt: skip
-        """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1."""
+                epilogue: int = DEFAULT, scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> int:  # fmt: skip
+        """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1.
+        scales: (sa, sb) for a scaled GEMM (E4M3 operands), as `gemm` takes them."""
         _chained(out, a, b, aux)
-        return len(self._plan(out, a, b, aux, epilogue).algos)
+        return len(self._plan(out, a, b, aux, epilogue, scales).algos)
 
     def _matmul(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int,
-                algo: int = 0, accumulate: bool = False) -> None:  # fmt: skip
+                algo: int = 0, accumulate: bool = False,
+                scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:  # fmt: skip
         _chained(out, a, b, aux)
-        plan = self._plan(out, a, b, aux, epilogue)
+        plan = self._plan(out, a, b, aux, epilogue, scales)
         if aux is not None:
             self._set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
+        if scales is not None:  # a plan serves every GEMM of its shapes: each brings its own scales
+            self._scales(plan.desc, *scales)
         A, B, D = plan.layouts
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
@@ -229,12 +246,13 @@ class CublasLt:
                                        ptr(a.data_ptr()), B, ctypes.byref(ONE if accumulate else ZERO), d, D, d, D,
                                        ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
 
-    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False,
-             algo: int = 0) -> None:  # fmt: skip
+    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False, algo: int = 0,
+             sa: torch.Tensor | None = None, sb: torch.Tensor | None = None) -> None:  # fmt: skip
         """out (M,N) (+)= a (M,K) @ b (K,N); or batched, out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), where a batch
         stride may be 0 (one matrix for every batch). Rows of out contiguous; out may be fp32 with bf16/fp16 a and
-        b. algo: the heuristic's candidate (n_algos)."""
-        self._matmul(out, a, b, None, DEFAULT, algo, accumulate)
+        b. algo: the heuristic's candidate (n_algos). sa, sb: E4M3 a and b's fp32 scales, (1,) device tensors:
+        out (+)= (a @ b) * sa * sb."""
+        self._matmul(out, a, b, None, DEFAULT, algo, accumulate, None if sa is None else (sa, sb))
 
     def gelu_aux(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
         """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows

@@ -24,11 +24,16 @@ cast into the layout its GEMM reads:
     input grad     dx  (N,C)   = dy8 (N,G*OC) @ w8.T          dout rows, weight rows (optimizer's copy)
     weight grad    dw  (C,OC) += xt (C,N)   @ dy8t[g].T       both transposed (the casts write them)
 
+Each runs by the GEMM router's `mm_scaled` (gemm.py): torch._scaled_mm, or cuBLASLt's FP8 GEMM under the algorithm
+the warm-up timed fastest, which runs a site of three weights as one batched GEMM and adds a weight gradient into
+its fp32 sum in its epilogue.
+
 The forward casts a site's input once, into both layouts: the rows for its own GEMM (scratch) and the transpose,
 which the site keeps (Fp8Weight.xt, a planned activation) for the weight gradient in backward. The weight gradient
-accumulates into fp32 (+=, over micro-batches): cuBLASLt writes its fp32 product into the planned `fp8_wgrad`
-buffer and one add folds it in. Under TRITON_INTERPRET=1 (CI) and off CUDA the GEMMs run our Triton tile kernel
-(gemm.gemm_tile with the two inverse scales applied to its fp32 sum), accumulating in place.
+accumulates into fp32 (+=, over micro-batches): cuBLASLt adds in its epilogue; torch._scaled_mm, which cannot,
+writes its fp32 product into the planned `fp8_wgrad` buffer and one add folds it in. Under TRITON_INTERPRET=1 (CI)
+and off CUDA the GEMMs run our Triton tile kernel (gemm.gemm_tile with the two inverse scales applied to its fp32
+sum), accumulating in place.
 
 The scratch (`Scratch`, planned by `scratch_rows`): three E4M3 operand buffers of N*4C bytes (activation rows,
 gradient rows and transposed) and the fp32 weight-gradient product; each site's saved transposed input is planned
@@ -48,7 +53,7 @@ import triton.language as tl
 from microgpt.fp8 import HISTORY, OSLOT, Fp8Head, Fp8Weight
 from microgpt.kernels import linear
 from microgpt.kernels.gelu import gelu, gelu_forward, gelu_grad
-from microgpt.kernels.gemm import Gemm, k_mm_scaled
+from microgpt.kernels.gemm import Gemm
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
@@ -215,26 +220,6 @@ CAST_CONFIGS = {"32x32w4": (32, 32, 4, 4), "64x64w4": (64, 64, 4, 4), "32x128w4"
                 "64x128w4n4": (64, 128, 4, 4), "32x128w1": (32, 128, 4, 1)}  # fmt: skip
 
 
-def mm8(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
-        accumulate: bool = False, wgrad: torch.Tensor | None = None) -> None:  # fmt: skip
-    """out (M,N) (+)= (a (M,K) @ b (K,N)) * ia * ib: E4M3 a (row-major) and b (column-major), fp32 sums; ia, ib
-    the (1,) inverse scales. Accumulating on cuBLASLt goes through `wgrad` (fp32, at least M*N)."""
-    if INTERPRET or not out.is_cuda:
-        M, K = a.shape
-        N = b.shape[1]
-        cfg = dict(BM=32, BN=32, BK=32, GROUP_M=4)
-        grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
-        k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(),
-                                 ACC=accumulate, **cfg)  # fmt: skip
-        return
-    if not accumulate:
-        torch._scaled_mm(a, b, ia, ib, out_dtype=out.dtype, out=out)
-        return
-    tmp = wgrad[: out.numel()].view(out.shape)
-    torch._scaled_mm(a, b, ia, ib, out_dtype=torch.float32, out=tmp)
-    out.add_(tmp)
-
-
 @dataclass(frozen=True)
 class Scratch:
     """The casts' planned scratch (microgpt/precision.py Fp8.rows, the "kernel" role)."""
@@ -286,9 +271,10 @@ class Matmul(linear.Matmul):
         N = x2.shape[0]
         x8 = self.q.view(self.q.x8, N, C)
         cast(self.tuner, x2, w.xslot, x8, self.q.view(w.xt, C, N), w.priming.on, op=op)
-        y3 = y.view(G, N, OC)
-        for g in range(G):
-            mm8(y3[g], x8, w.xslot[:1], w.w8t[g].t(), w.scale[:1])
+        if G == 1:
+            self.gemm.mm_scaled(y.view(N, OC), x8, w.xslot[:1], w.w8t[0].t(), w.scale[:1])
+        else:
+            self.gemm.mm_scaled(y.view(G, N, OC), x8.expand(G, N, C), w.xslot[:1], w.w8t.transpose(1, 2), w.scale[:1])
         if gelu_out is not None:
             gelu_forward(gelu_out, y)
 
@@ -304,18 +290,13 @@ class Matmul(linear.Matmul):
             cast(self.tuner, dy.view(G, N, OC), w.gslot, g8, g8t, w.priming.on)
         else:
             cast(self.tuner, dgelu_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=GELU_GRAD, x2=dy)
-        mm8(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
-        dw3 = dw.view(G, C, OC)
-        for g in range(G):
-            mm8(
-                dw3[g],
-                self.q.view(w.xt, C, N),
-                w.xslot[:1],
-                g8t[g].t(),
-                w.gslot[:1],
-                accumulate=True,
-                wgrad=self.q.wgrad,
-            )
+        self.gemm.mm_scaled(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
+        xt = self.q.view(w.xt, C, N)
+        if G == 1:
+            self.gemm.mm_scaled(dw.view(C, OC), xt, w.xslot[:1], g8t[0].t(), w.gslot[:1], True, self.q.wgrad)
+        else:
+            self.gemm.mm_scaled(dw.view(G, C, OC), xt.expand(G, C, N), w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1],
+                                True, self.q.wgrad)  # fmt: skip
 
     def logits(self, x: torch.Tensor, wte: torch.Tensor) -> linear.ChunkLogits:
         """The head's logits GEMM in E4M3 where the head runs in fp8: x (N, C) cast at its own amax into the
@@ -326,7 +307,7 @@ class Matmul(linear.Matmul):
         x8, head = self.q.view(self.q.x8, N, C), self.head
         head.xslot.zero_()
         cast(self.tuner, x, head.xslot, x8, None, prime=True, hist=0)
-        return lambda lg, r0, r: mm8(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])
+        return lambda lg, r0, r: self.gemm.mm_scaled(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])
 
     def cast_weights(self, weights: list[Fp8Weight | Fp8Head]) -> None:
         """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax

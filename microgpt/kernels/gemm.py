@@ -3,11 +3,13 @@
     Gemm.mm(out, a, b, acc)        out (M,N) (+)= a (M,K) @ b (K,N)
     Gemm.bmm(out, a, b, acc)       out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), one strided-batched GEMM
     Gemm.mm_gelu(a, h, x, w)       h = x @ w and a = gelu(h): GEMM + GELU pass, or one cuBLASLt GEMM with its epilogue
+    Gemm.mm_scaled(out, a, ia, b, ib, acc, wgrad)    out (+)= (a @ b) * ia * ib on E4M3 a, b (fp8), 2D or batched
 
 A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the
 algorithms its heuristic offers (cublaslt.py), whichever measured fastest for that shape, dtypes, layout and
-alignment; the choice is made once, in the warm-up, and recorded on disk (tuning.py). torch's cuBLAS call takes its
-heuristic's first algorithm, which at ANDREA-120M's shapes is often not the fastest (bench/RESULTS.md). A `Gemm` is
+alignment (fp8's: torch._scaled_mm or cuBLASLt's algorithms); the choice is made once, in the warm-up, and recorded
+on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, which at ANDREA-120M's shapes is
+often not the fastest (bench/RESULTS.md). A `Gemm` is
 the runtime's (kernels/runtime.py): it holds the device's tuner and cuBLASLt handle and the ways this process has
 settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every GEMM runs the Triton tile. Operands may be any strided
 view (w.T, x.T): every way takes transposes for free.
@@ -18,6 +20,8 @@ cuBLASLt heuristic that offers no algorithm leaves a GEMM to torch's cuBLAS, and
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -106,6 +110,37 @@ def triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
                  ACC=accumulate, IEEE=a.dtype == torch.float32, **cfg)  # fmt: skip
 
 
+def triton_mm_scaled(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+                     accumulate: bool) -> None:  # fmt: skip
+    """out (+)= (a @ b) * ia * ib by k_mm_scaled (E4M3 a, b; fp32 sums), 2D or each matrix of a batch: the
+    interpreter's FP8 GEMM."""
+    if out.dim() == 3:
+        for g in range(out.shape[0]):
+            triton_mm_scaled(out[g], a[g], ia, b[g], ib, accumulate)
+        return
+    (M, K), N = a.shape, b.shape[1]
+    cfg = dict(BM=32, BN=32, BK=32, GROUP_M=4)
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+    k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(), ACC=accumulate, **cfg)
+
+
+def torch_scaled_mm(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+                    accumulate: bool, wgrad: torch.Tensor | None) -> None:  # fmt: skip
+    """torch's FP8 GEMM (torch._scaled_mm: cuBLASLt under its heuristic's first algorithm, in torch's workspace),
+    one call per matrix of a batch. It cannot add into out: an accumulating GEMM writes its fp32 product into
+    `wgrad` (planned, at least one matrix of out) and one add folds it in."""
+    if out.dim() == 3:
+        for g in range(out.shape[0]):
+            torch_scaled_mm(out[g], a[g], ia, b[g], ib, accumulate, wgrad)
+        return
+    if not accumulate:
+        torch._scaled_mm(a, b, ia, ib, out_dtype=out.dtype, out=out)
+        return
+    tmp = wgrad[: out.numel()].view(out.shape)
+    torch._scaled_mm(a, b, ia, ib, out_dtype=torch.float32, out=tmp)
+    out.add_(tmp)
+
+
 def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
     """torch's cuBLAS call: out (+)= a @ b, 2D (mm, addmm) or batched 3D (bmm, baddbmm)."""
     aten, batched = torch.ops.aten, out.dim() == 3
@@ -167,48 +202,57 @@ class Gemm:
                 self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: torch's cuBLAS runs such GEMMs")
         return ways
 
-    def _pick(self, key: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
-        """Choose the way for this GEMM. Inside the tuning window (the warm-up step, whose values are thrown away)
-        every way runs into `out` itself, and a way other than the reference is a candidate only if the first rows
-        of its output agree with the reference's (compared in the planned probe buffer): nothing beyond the plan
-        is allocated."""
-        ways = self._ways(out, a, b)
+    def _pick(self, key: str, out: torch.Tensor, ways: list[str], run: Callable[[str, bool], None],
+              dtype: torch.dtype, accumulate: bool) -> str:  # fmt: skip
+        """Choose the way for this GEMM (operands of `dtype`) among `ways` (the reference first; run(way,
+        accumulate) runs one). Inside the tuning window (the warm-up step, whose values are thrown away) every way
+        runs into `out` itself, and a way other than the reference is a candidate only if the first rows of its
+        output agree with the reference's (compared in the planned probe buffer): nothing beyond the plan is
+        allocated."""
         if self.tuner.is_open and len(ways) > 1:
             flat = out[0] if out.dim() == 3 else out  # a batched GEMM's first matrix: each is contiguous rows
             rows, cols = min(PROBE_ROWS, flat.shape[0]), flat.shape[1]  # (out itself may be a slice of its buffer)
             ref, got = self.tuner.probe()[: 2 * rows * cols].view(2, rows, cols)
-            self._run(ways[0], out, a, b, False)  # a tile that does not fit: cuBLAS runs the reference
+            run(ways[0], False)  # a tile that does not fit: cuBLAS runs the reference
             ref.copy_(flat[:rows])
-            if ways[0] == "triton" and not self._tile_fits.get(a.dtype, True):
+            if ways[0] == "triton" and not self._tile_fits.get(dtype, True):
                 ways = ways[1:]
             agree = ways[:1]
             for way in ways[1:]:
                 try:
-                    self._run(way, out, a, b, False)
+                    run(way, False)
                 except (RuntimeError, TypeError, ValueError):
                     continue  # this torch, library, dtype or layout combination has no such path
                 got.copy_(flat[:rows])
-                if got.sub_(ref).norm() <= (1e-4 if a.dtype == torch.float32 else 2e-2) * ref.norm():
+                if got.sub_(ref).norm() <= (1e-4 if dtype == torch.float32 else 2e-2) * ref.norm():
                     agree.append(way)
             ways = agree
-        candidates = {way: lambda way=way: self._run(way, out, a, b, accumulate) for way in ways}
+        candidates = {way: lambda way=way: run(way, accumulate) for way in ways}
         return self.tuner.choose("gemm", key, candidates)
 
-    def _tuned(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
-        key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
-        key += ":a{}.{}.{}".format(*alignment(a, b, out))  # cuBLASLt's algorithms depend on them
+    def _tuned(self, key: str, out: torch.Tensor, ways: Callable[[], list[str]], run: Callable[[str, bool], None],
+               dtype: torch.dtype, accumulate: bool) -> None:  # fmt: skip
+        """Run this GEMM (key: its shapes, strides, dtypes and alignments) by the way chosen for it, choosing first
+        where none is settled: ways() lists the candidates, run(way, accumulate) runs one."""
         way, settled = self._chosen.get(key, (None, False))
         if way is None or (not settled and self.tuner.is_open):  # an untimed default is timed when the warm-up comes
-            way = self._pick(key, out, a, b, accumulate)
+            way = self._pick(key, out, ways(), run, dtype, accumulate)
             self._chosen[key] = (way, self.tuner.is_open or self.tuner.choices("gemm").get(key) == way)
-        self._run(way, out, a, b, accumulate)
+        run(way, accumulate)
+
+    def _plain(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+        """mm's and bmm's GEMM by the way chosen for its key."""
+        key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
+        key += ":a{}.{}.{}".format(*alignment(a, b, out))  # cuBLASLt's algorithms depend on them
+        self._tuned(key, out, lambda: self._ways(out, a, b), lambda way, acc: self._run(way, out, a, b, acc), a.dtype,
+                    accumulate)  # fmt: skip
 
     def mm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
         """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
         if INTERPRET or not out.is_cuda:
             triton_mm(out, a, b, accumulate)
             return
-        self._tuned(out, a, b, accumulate)
+        self._plain(out, a, b, accumulate)
 
     def bmm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
         """out (G,M,N) (+)= a (G,M,K) @ b (G,K,N) as one strided-batched GEMM (torch's or cuBLASLt's, chosen as mm's),
@@ -219,7 +263,39 @@ class Gemm:
             for g in range(out.shape[0]):
                 self.mm(out[g], a[g], b[g], accumulate)
             return
-        self._tuned(out, a, b, accumulate)
+        self._plain(out, a, b, accumulate)
+
+    def mm_scaled(self, out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+                  accumulate: bool = False, wgrad: torch.Tensor | None = None) -> None:  # fmt: skip
+        """out (+)= (a @ b) * ia * ib: E4M3 a (M,K) row-major and b (K,N) column-major, fp32 sums, ia and ib the
+        (1,) inverse scales; 2D, or batched (G,M,K) @ (G,K,N) where a's batch stride may be 0. The ways: torch's
+        _scaled_mm (the reference; one call a matrix, an accumulation through `wgrad`, fp32 of one matrix of out),
+        or cuBLASLt's FP8 GEMM under each algorithm its heuristic offers (one call a batch, adding in its
+        epilogue). The interpreter runs the Triton scaled tile."""
+        if INTERPRET or not out.is_cuda:
+            triton_mm_scaled(out, a, ia, b, ib, accumulate)
+            return
+        key = f"f8:{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
+        key += ":a{}.{}.{}".format(*alignment(a, b, out))
+
+        def ways() -> list[str]:
+            if self.lt is None:
+                return ["scaled_mm"]
+            try:
+                return ["scaled_mm"] + [f"lt{i}" for i in range(self.lt.n_algos(out, a, b, scales=(ia, ib)))]
+            except ValueError:
+                return ["scaled_mm"]  # strides cuBLASLt cannot express
+            except RuntimeError as e:  # its heuristic offers nothing here
+                self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: torch._scaled_mm runs such GEMMs")
+                return ["scaled_mm"]
+
+        def run(way: str, acc: bool) -> None:
+            if way == "scaled_mm":
+                torch_scaled_mm(out, a, ia, b, ib, acc, wgrad)
+            else:
+                self.lt.gemm(out, a, b, acc, int(way[2:]), ia, ib)
+
+        self._tuned(key, out, ways, run, a.dtype, accumulate)
 
     def mm_gelu(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
         """h = x @ w and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and

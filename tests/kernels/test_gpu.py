@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from microgpt.kernels import crossentropy as kc
+from microgpt.kernels.gemm import torch_scaled_mm
 
 from ._kutil import GEMM, MM, ON_GPU, SMS, TUNER
 
@@ -267,6 +268,66 @@ def test_gemm_every_way_gpu(dtype):
             GEMM._run(way, out, a, b, acc)
             assert torch.equal(out, first), f"{name} by {way}: a second run differs"
             close(f"{name} by {way}", out.double() - start.double() if acc else out, ref, dtype)
+
+
+def test_gemm_scaled_every_way_gpu():
+    """Every way the router's mm_scaled may choose for fp8's GEMMs (torch._scaled_mm; cuBLASLt's FP8 GEMM under each
+    algorithm its heuristic offers) for the kinds a step runs: the forward, the input gradient, a weight gradient
+    added into fp32 (2D, and batched with one input repeated by a zero batch stride), the QKV forward batched, and
+    the head's logits. E4M3 operands at power-of-two scales; each way against float64 on the same operands, run
+    twice (the same bits); where it adds, what it added is compared, and only cuBLASLt may add without the
+    scratch."""
+    torch.manual_seed(9)
+    f8 = torch.float8_e4m3fn
+
+    def e4m3(*shape):  # an E4M3 operand and its inverse scale, a (1,) device tensor
+        q = (torch.randn(*shape, device="cuda") * 64).to(f8)
+        return q, torch.tensor([2.0 ** -torch.randint(4, 9, ()).item()], device="cuda")
+
+    x8, ix = e4m3(N, C)  # activation rows
+    g8, ig = e4m3(N, 3 * C)  # output-gradient rows
+    xt, ixt = e4m3(C, N)  # the saved transposed activation
+    g8t, igt = e4m3(3, C, N)  # the output gradients, transposed
+    w8, iw = e4m3(C, 3 * C)  # a site's weights as the input gradient reads them
+    w8t, iwt = e4m3(3, C, C)  # ... and transposed, as the forward reads them
+    wte8, iwte = e4m3(V, C)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    kinds = {  # name: (out, a, ia, b, ib, accumulate)
+        "y = x8 @ w8t^T": (torch.empty(N, C, **bf), x8, ix, w8t[0].t(), iwt, False),
+        "qkv = x8 @ w8t[g]^T": (torch.empty(3, N, C, **bf), x8.expand(3, N, C), ix, w8t.transpose(1, 2), iwt, False),
+        "dx = g8 @ w8^T": (torch.empty(N, C, **bf), g8, ig, w8.t(), iw, False),
+        "dw += xt @ g8t^T": (torch.randn(C, C, device="cuda"), xt, ixt, g8t[0].t(), igt, True),
+        "dw[g] += xt @ g8t[g]^T": (
+            torch.randn(3, C, C, device="cuda"),
+            xt.expand(3, C, N),
+            ixt,
+            g8t.transpose(1, 2),
+            igt,
+            True,
+        ),
+        "logits = x8 @ wte8^T": (torch.empty(1024, V, **bf), x8[:1024], ix, wte8.t(), iwte, False),
+    }
+    wgrad_scratch = torch.zeros(4 * C * C, device="cuda")
+    for name, (out, a, ia, b, ib, acc) in kinds.items():
+        start = out.clone()
+        ref = (a.double() @ b.double()) * (ia.double() * ib.double())
+        ways = ["scaled_mm"] + [f"lt{i}" for i in range(GEMM.lt.n_algos(out, a, b, scales=(ia, ib)))]
+        assert len(ways) > 1, f"{name}: cuBLASLt offers no FP8 algorithm"
+        for way in ways:
+            scratch = wgrad_scratch if way == "scaled_mm" else None  # cuBLASLt adds in its epilogue: no scratch
+            for run in range(2):
+                out.copy_(start)
+                if way == "scaled_mm":
+                    torch_scaled_mm(out, a, ia, b, ib, acc, scratch)
+                else:
+                    GEMM.lt.gemm(out, a, b, acc, int(way[2:]), ia, ib)
+                if run == 0:
+                    first = out.clone()
+            assert torch.equal(out, first), f"{name} by {way}: a second run differs"
+            got = out.double() - start.double() if acc else out
+            # bf16 outputs: bf16's rounding; fp32 sums of the FP8 tensor cores, narrower than fp32's: 5e-4
+            err = ((got.double() - ref).norm() / ref.norm()).item()
+            assert err < (1e-2 if out.dtype == torch.bfloat16 else 5e-4), f"{name} by {way}: rel err {err:.2e}"
 
 
 def test_attention_every_configuration_gpu(monkeypatch):
