@@ -49,8 +49,9 @@ def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_p
 
 @triton.jit
 def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, N, C, rows_per_prog,
-                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    # dx, dout, x: (N, C); part: (P, 2, C) fp32, this program's row of dw and db partial sums
+                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    # dx, dout, x: (N, C); part: (P, 2, C) fp32, this program's row of dw and db partial sums. STAGES > 1: the
+    # loop's loads run that many tiles ahead (Triton's loop pipelining), so a program's loads overlap its sums
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -59,7 +60,7 @@ def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr
     db = tl.zeros((BLOCK_C,), dtype=tl.float32)
     start = pid.to(tl.int64) * rows_per_prog
     end = tl.minimum(start + rows_per_prog, N)
-    for i in range(0, rows_per_prog, ROWS):
+    for i in tl.range(0, rows_per_prog, ROWS, num_stages=STAGES):
         rows = start + i + tl.arange(0, ROWS)
         rmask = rows < end
         mask = rmask[:, None] & cmask[None, :]
@@ -103,14 +104,19 @@ def k_layernorm_bwd_dwdb(dw_ptr, db_ptr, part_ptr, P, C, BLOCK_P: tl.constexpr, 
 
 
 # Launch configurations, timed once per GPU and shape in the warm-up (tuning.launch); the first is the default
-# outside it. Forward and backward: (rows a tile, warps); the weight-gradient reduction: (columns a program, warps).
-# The interpreter pays per program, so it takes 16 rows on one warp.
+# outside it. Forward: (rows a tile, warps); backward: (rows a tile, warps, stages of its loop's loads); the
+# weight-gradient reduction: (columns a program, warps). The interpreter pays per program, so it takes 16 rows on
+# one warp.
 if INTERPRET:
-    FWD_CONFIGS = BWD_CONFIGS = {"r16w1": (16, 1)}
+    FWD_CONFIGS = {"r16w1": (16, 1)}
+    BWD_CONFIGS = {"r16w1": (16, 1, 1)}
     DWDB_CONFIGS = {"c128w1": (128, 1)}
 else:
-    FWD_CONFIGS = BWD_CONFIGS = {"r4w4": (4, 4), "r1w2": (1, 2), "r1w4": (1, 4), "r2w4": (2, 4), "r2w8": (2, 8),
-                                 "r4w8": (4, 8), "r8w8": (8, 8)}  # fmt: skip
+    FWD_CONFIGS = {"r4w4": (4, 4), "r1w2": (1, 2), "r1w4": (1, 4), "r2w4": (2, 4), "r2w8": (2, 8), "r4w8": (4, 8),
+                   "r8w8": (8, 8)}  # fmt: skip
+    BWD_CONFIGS = {name: (rows, warps, 1) for name, (rows, warps) in FWD_CONFIGS.items()}
+    BWD_CONFIGS |= {"r4w4s2": (4, 4, 2), "r4w4s3": (4, 4, 3), "r2w4s3": (2, 4, 3), "r4w8s2": (4, 8, 2),
+                    "r8w8s2": (8, 8, 2), "r1w2s4": (1, 2, 4)}  # fmt: skip
     DWDB_CONFIGS = {"c32w4": (32, 4), "c8w1": (8, 1), "c8w2": (8, 2), "c16w1": (16, 1), "c16w2": (16, 2),
                     "c16w4": (16, 4), "c64w4": (64, 4)}  # fmt: skip
 
@@ -166,9 +172,9 @@ def layernorm_backward(
     P = triton.cdiv(N, rows)
     BC = triton.next_power_of_2(C)
 
-    def bwd(tile: int, warps: int):
+    def bwd(tile: int, warps: int, stages: int):
         return lambda: k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=tile, BLOCK_C=BC,
-                                             num_warps=warps)  # fmt: skip
+                                             STAGES=stages, num_warps=warps)  # fmt: skip
 
     def dwdb(cols: int, warps: int):  # latency-bound: narrow column blocks give more programs (C/32 = 24 at 768)
         cols = min(cols, BC)
