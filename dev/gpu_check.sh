@@ -26,7 +26,8 @@
 #   repeat: dev/loss_repeat.py --runs RUNS (3) per precision (fp8 bf16): which steps' losses and buffers differ
 #   loss12: ANDREA-12M bf16 on the built-in corpus for LOSS_STEPS (300) steps, BEFORE's package then this tree, one
 #           tuning cache (choices both share are the same), the validation loss every 100 steps (carry data/builtin);
-#           AFTER_ENV: the after run's environment (e.g. a tuning choice forced: MICROGPT_LAYERNORM_BWD=r4w4)
+#           AFTER_ENV: the after run's environment (e.g. a tuning choice forced: MICROGPT_LAYERNORM_BWD=r4w4);
+#           LOSS_SETS: more overrides for both runs (e.g. "--set train.precision=fp8")
 #   dp-profile: the kernels of a data-parallel replay on every rank (dev/dp_profile.py), 1 GPU then N
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
 #           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
@@ -103,7 +104,7 @@ for line in sys.stdin:
           rm -rf /tmp/loss12-$v  # a warm machine keeps the last call's run folders
           (cd $root && env $([ $v = after ] && echo ${AFTER_ENV:-}) MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
              timeout 240 python3 -m microgpt train "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
-             --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
+             --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 ${LOSS_SETS:-} \
              2>"$OUT/loss12-$v.err") | grep '"eval"' | sed "s/^/$v /" | tee -a "$OUT/loss12.txt"
           tail -2 "$OUT/loss12-$v.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
     capped) for cap in ${CAPS:-7.5 11.5 23.5}; do for model in ${MODELS:-12M 120M}; do for p in ${PRECISIONS:-bf16 fp8}; do

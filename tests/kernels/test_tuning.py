@@ -111,16 +111,16 @@ def test_gemm_default_before_the_warm_up_is_kept_until_the_warm_up_times_it(tmp_
     ran: list[str] = []
     monkeypatch.setattr(gemm, "_run", lambda way, *args: ran.append(way) or {"triton": 2.0, "cublas": 1.0}[way])
     out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
-    gemm._tuned(out, a, b, False)
-    gemm._tuned(out, a, b, False)
+    gemm._plain(out, a, b, False)
+    gemm._plain(out, a, b, False)
     assert ran == ["triton", "triton"] and len(asked) == 1
     with tuner.window():
-        gemm._tuned(out, a, b, False)
+        gemm._plain(out, a, b, False)
     assert ran[-1] == "cublas" and len(asked) == 2
     (key,) = gemm.choices()
     assert gemm.choices() == {key: "cublas"}
     assert json.loads(tuner.path.read_text())["gemm"] == {key: "cublas"}
-    gemm._tuned(out, a, b, False)
+    gemm._plain(out, a, b, False)
     assert ran[-1] == "cublas" and len(asked) == 2
 
 
@@ -175,10 +175,10 @@ def test_a_gemm_tile_that_does_not_fit_leaves_the_gemms_to_cublas(tmp_path, monk
     torch.manual_seed(0)
     out, a, b = torch.zeros(4, 4), torch.randn(4, 3), torch.randn(3, 4)
     with tuner.window():
-        g._tuned(out, a, b, False)
+        g._plain(out, a, b, False)
     torch.testing.assert_close(out, a @ b)
     assert list(g.choices().values()) == ["cublas"] and g._ways(out, a, b) == ["cublas"]
-    g._tuned(out, a, b, True)
+    g._plain(out, a, b, True)
     torch.testing.assert_close(out, 2 * (a @ b))
     err = capsys.readouterr().err
     assert err.count("note: the Triton GEMM tile (") == 1 and "torch.float32 GEMMs run on cuBLAS" in err
