@@ -227,7 +227,7 @@ class Scratch:
     x8: torch.Tensor  # activation operand, row layout (flat, N*4C); its transpose is saved with its site (xt)
     g8: torch.Tensor  # gradient operand, row layout
     g8t: torch.Tensor  # gradient operand, transposed
-    wgrad: torch.Tensor  # fp32 (C*4C,): cuBLASLt's weight-gradient product before the +=
+    wgrad: torch.Tensor  # fp32 (C*4C,): torch._scaled_mm's weight-gradient product before the += (that way only)
 
     @staticmethod
     def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:

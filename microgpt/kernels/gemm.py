@@ -9,10 +9,9 @@ A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=.
 algorithms its heuristic offers (cublaslt.py), whichever measured fastest for that shape, dtypes, layout and
 alignment (fp8's: torch._scaled_mm or cuBLASLt's algorithms); the choice is made once, in the warm-up, and recorded
 on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, which at ANDREA-120M's shapes is
-often not the fastest (bench/RESULTS.md). A `Gemm` is
-the runtime's (kernels/runtime.py): it holds the device's tuner and cuBLASLt handle and the ways this process has
-settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every GEMM runs the Triton tile. Operands may be any strided
-view (w.T, x.T): every way takes transposes for free.
+often not the fastest (bench/RESULTS.md). A `Gemm` is the runtime's (kernels/runtime.py): it holds the device's
+tuner and cuBLASLt handle and the ways this process has settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every
+GEMM runs the Triton tile. Operands may be any strided view (w.T, x.T): every way takes transposes for free.
 Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
 a Triton tile that does not fit the device's shared memory (OutOfResources: its bf16/fp16 tile needs 96 KiB, of
 the 99 KiB a block of sm_86 and sm_89 has) leaves the GEMMs to cuBLAS, the warm-up's reference included; a
