@@ -206,7 +206,7 @@ class CublasLt:
             self._set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
             self._set(desc, _DESC_AUX_DATA_TYPE, ctypes.c_int32(_DATA_TYPES[aux.dtype]))
             self._set(desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))  # the heuristic reads its alignment
-        if scales is not None:
+        if scales is not None:  # the heuristic is asked for a scaled GEMM; each call sets its own scales (_matmul)
             self._scales(desc, *scales)
         layouts = (self._layout(b, rb, cb, ldb), self._layout(a, ra, ca, lda), self._layout(out, N, M, out.stride(-2)))
         results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)

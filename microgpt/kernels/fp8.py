@@ -271,10 +271,7 @@ class Matmul(linear.Matmul):
         N = x2.shape[0]
         x8 = self.q.view(self.q.x8, N, C)
         cast(self.tuner, x2, w.xslot, x8, self.q.view(w.xt, C, N), w.priming.on, op=op)
-        if G == 1:
-            self.gemm.mm_scaled(y.view(N, OC), x8, w.xslot[:1], w.w8t[0].t(), w.scale[:1])
-        else:
-            self.gemm.mm_scaled(y.view(G, N, OC), x8.expand(G, N, C), w.xslot[:1], w.w8t.transpose(1, 2), w.scale[:1])
+        self._per_weight(y.view(G, N, OC), x8.expand(G, N, C), w.xslot[:1], w.w8t.transpose(1, 2), w.scale[:1])
         if gelu_out is not None:
             gelu_forward(gelu_out, y)
 
@@ -291,12 +288,16 @@ class Matmul(linear.Matmul):
         else:
             cast(self.tuner, dgelu_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=GELU_GRAD, x2=dy)
         self.gemm.mm_scaled(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
-        xt = self.q.view(w.xt, C, N)
-        if G == 1:
-            self.gemm.mm_scaled(dw.view(C, OC), xt, w.xslot[:1], g8t[0].t(), w.gslot[:1], True, self.q.wgrad)
-        else:
-            self.gemm.mm_scaled(dw.view(G, C, OC), xt.expand(G, C, N), w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1],
-                                True, self.q.wgrad)  # fmt: skip
+        xt = self.q.view(w.xt, C, N).expand(G, C, N)
+        self._per_weight(dw.view(G, C, OC), xt, w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1], accumulate=True)
+
+    def _per_weight(self, out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+                    accumulate: bool = False) -> None:  # fmt: skip
+        """out[g] (+)= (a[g] @ b[g]) * ia * ib for a site's G weights: one batched GEMM, or one 2D GEMM for a
+        site of one weight (G = 1)."""
+        if out.shape[0] == 1:
+            out, a, b = out[0], a[0], b[0]
+        self.gemm.mm_scaled(out, a, ia, b, ib, accumulate, self.q.wgrad)
 
     def logits(self, x: torch.Tensor, wte: torch.Tensor) -> linear.ChunkLogits:
         """The head's logits GEMM in E4M3 where the head runs in fp8: x (N, C) cast at its own amax into the

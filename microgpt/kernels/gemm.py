@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from microgpt.kernels import gelu
-from microgpt.kernels.cublaslt import GELU_AUX, CublasLt, alignment
+from microgpt.kernels.cublaslt import DEFAULT, GELU_AUX, CublasLt, alignment
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
@@ -192,14 +192,31 @@ class Gemm:
             ways = ["cublas"]
         else:
             ways = ["triton", "cublas"] if a.dtype == b.dtype else ["triton"]
-        if a.dtype == b.dtype and self.lt is not None:
-            try:
-                ways += [f"lt{i}" for i in range(self.lt.n_algos(out, a, b))]
-            except ValueError:
-                pass  # strides cuBLASLt cannot express
-            except RuntimeError as e:  # its heuristic offers nothing here
-                self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: torch's cuBLAS runs such GEMMs")
+        if a.dtype == b.dtype:
+            ways += self._lt_ways(out, a, b, "torch's cuBLAS")
         return ways
+
+    def _lt_ways(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, other: str,
+                 scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[str]:  # fmt: skip
+        """cuBLASLt's ways for this GEMM ("lt<i>", one per algorithm its heuristic offers), none where there is no
+        cuBLASLt, where it cannot express the strides, or where its heuristic offers nothing (a note says that
+        `other` runs such GEMMs)."""
+        if self.lt is None:
+            return []
+        try:
+            return [f"lt{i}" for i in range(self.lt.n_algos(out, a, b, None, DEFAULT, scales))]
+        except ValueError:
+            return []  # strides cuBLASLt cannot express
+        except RuntimeError as e:  # its heuristic offers nothing here
+            self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: {other} runs such GEMMs")
+            return []
+
+    @staticmethod
+    def _key(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> str:
+        """A GEMM's key in the tuner's table: shapes, strides, dtypes, whether it adds, and the alignments
+        cuBLASLt's algorithms depend on."""
+        key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
+        return key + ":a{}.{}.{}".format(*alignment(a, b, out))
 
     def _pick(self, key: str, out: torch.Tensor, ways: list[str], run: Callable[[str, bool], None],
               dtype: torch.dtype, accumulate: bool) -> str:  # fmt: skip
@@ -241,10 +258,8 @@ class Gemm:
 
     def _plain(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
         """mm's and bmm's GEMM by the way chosen for its key."""
-        key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
-        key += ":a{}.{}.{}".format(*alignment(a, b, out))  # cuBLASLt's algorithms depend on them
-        self._tuned(key, out, lambda: self._ways(out, a, b), lambda way, acc: self._run(way, out, a, b, acc), a.dtype,
-                    accumulate)  # fmt: skip
+        self._tuned(self._key(out, a, b, accumulate), out, lambda: self._ways(out, a, b),
+                    lambda way, acc: self._run(way, out, a, b, acc), a.dtype, accumulate)  # fmt: skip
 
     def mm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
         """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
@@ -274,19 +289,9 @@ class Gemm:
         if INTERPRET or not out.is_cuda:
             triton_mm_scaled(out, a, ia, b, ib, accumulate)
             return
-        key = f"f8:{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
-        key += ":a{}.{}.{}".format(*alignment(a, b, out))
 
         def ways() -> list[str]:
-            if self.lt is None:
-                return ["scaled_mm"]
-            try:
-                return ["scaled_mm"] + [f"lt{i}" for i in range(self.lt.n_algos(out, a, b, scales=(ia, ib)))]
-            except ValueError:
-                return ["scaled_mm"]  # strides cuBLASLt cannot express
-            except RuntimeError as e:  # its heuristic offers nothing here
-                self.tuner.note(f"lt {a.dtype}->{out.dtype}", f"{e}: torch._scaled_mm runs such GEMMs")
-                return ["scaled_mm"]
+            return ["scaled_mm", *self._lt_ways(out, a, b, "torch._scaled_mm", (ia, ib))]
 
         def run(way: str, acc: bool) -> None:
             if way == "scaled_mm":
@@ -294,7 +299,7 @@ class Gemm:
             else:
                 self.lt.gemm(out, a, b, acc, int(way[2:]), ia, ib)
 
-        self._tuned(key, out, ways, run, a.dtype, accumulate)
+        self._tuned("f8:" + self._key(out, a, b, accumulate), out, ways, run, a.dtype, accumulate)
 
     def mm_gelu(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
         """h = x @ w and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and

@@ -187,8 +187,8 @@ def test_a_replay_is_the_eager_step_gpu() -> None:
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()  # earlier tests' runtimes keep their own streams' cuBLAS workspaces
     S = make_infer_state(m, K, B, w)
-    plan = sum(memory.role_bytes(S.plan, S.K.precision).values())
-    allocated = memory.role_bytes(S.plan, S.K.precision)["runtime"]  # this runtime's workspace: allocated before
+    roles = memory.role_bytes(S.plan, S.K.precision)
+    plan, allocated = sum(roles.values()), roles["runtime"]  # the runtime's row, its workspace: allocated before
     rng = np.random.default_rng(3)
     for b in (1, 32):
         for step in range(3):
