@@ -117,20 +117,26 @@ def _finite_amax(y):
 
 
 @triton.jit
-def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.constexpr,
+def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, G, sl, sg, sr, sc, lrow, lt, lq, OP: tl.constexpr,
            AMAX_ONLY: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr,
            BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+    # L casts at once, one per layer l (grid axis 2 = L * G): x advanced by l * sl elements, rows, t and slot by
+    # l * lrow, l * lt and l * lq.
     # y = op(x (G, R, Cc), x2 the same shape and strides) -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R):
     # t[g, c, r]. slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre = max(pre, finite max |y|), no
     # stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite max |y|). PACK (R % PACK == 0):
     # the transpose is stored as PACK-byte words, PACK consecutive r of a column each (byte j of a word is r = PACK
     # i + j, little-endian): byte stores down a column are what make a transposing cast slow
-    pid_r, pid_c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_r, pid_c, lg = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # lg = l * G + g
+    layer, g = lg // G, lg % G
+    l64 = layer.to(tl.int64)
+    slot_ptr += l64 * lq
+    rows_ptr += l64 * lrow
     r = pid_r * BR + tl.arange(0, BR)
     c = pid_c * BC + tl.arange(0, BC)
     mask = (r[:, None] < R) & (c[None, :] < Cc)
     g64, r64, c64 = g.to(tl.int64), r.to(tl.int64), c.to(tl.int64)
-    at = g64 * sg + r64[:, None] * sr + c64[None, :] * sc
+    at = l64 * sl + g64 * sg + r64[:, None] * sr + c64[None, :] * sc
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     if OP == 1:
         y = gelu(x)
@@ -153,7 +159,6 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
             q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
             q = _e4m3(y * s, HW)
-        G = tl.num_programs(2)
         if ROWS:
             tl.store(rows_ptr + r64[:, None] * (G * Cc) + g64 * Cc + c64[None, :], q, mask=mask)
         if TRANS:
@@ -162,11 +167,11 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, sg, sr, sc, OP: tl.c
                 shifts = (tl.arange(0, PACK) * 8).to(word)
                 words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
                 i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
-                t_words = t_ptr.to(tl.pointer_type(word)) + g64 * Cc * (R // PACK)
+                t_words = t_ptr.to(tl.pointer_type(word)) + (l64 * lt + g64 * Cc * R) // PACK
                 tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
                          mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
             else:
-                tl.store(t_ptr + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
+                tl.store(t_ptr + l64 * lt + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
 
 
 @triton.jit
@@ -186,27 +191,69 @@ def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor |
          prime: bool = False, op: int = COPY, x2: torch.Tensor | None = None, hist: int = HISTORY) -> None:  # fmt: skip
     """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of the GELU backward, shaped and strided as x) -> E4M3 into
     rows (R, G*Cc) and/or trans (G, Cc, R) (either may be None), scaled by the slot (hist: the words of history it
-    has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch)."""
-    x3 = x if x.dim() == 3 else x.unsqueeze(0)
-    y2 = x3 if x2 is None else x2.view(x3.shape)
-    G, R, Cc = x3.shape
+    has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch).
+    Or L such casts in one launch, one a layer: x (L, G, R, Cc), rows (L, R, G*Cc), trans (L, G, Cc, R), slot
+    (L, SLOT), each strided over its first axis (the weights' cast: a site's weights in every layer)."""
+    stacked = slot.dim() == 2
+    x4 = x if stacked else (x if x.dim() == 3 else x.unsqueeze(0)).unsqueeze(0)
+    y2 = x4 if x2 is None else x2.view(x4.shape)
+    L, G, R, Cc = x4.shape
     # a layout not asked for (and both in the amax launch) is never stored through: x stands in for its pointer
-    rows_p, trans_p = (x3 if a is None else a.view(torch.uint8) for a in (rows, trans))
+    rows_p, trans_p = (x4 if a is None else a.view(torch.uint8) for a in (rows, trans))
+    lrow, lt = (a.stride(0) if stacked and a is not None else 0 for a in (rows, trans))
+    lq = slot.stride(0) if stacked else 0
 
     def launch(amax_only: bool) -> Callable[[int, int, int, int], Callable[[], None]]:
         def make(br: int, bc: int, warps: int, pack: int) -> Callable[[], None]:
-            grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), G)
-            return lambda: k_cast[grid](x3, y2, rows_p, trans_p, slot, R, Cc, *x3.stride(), OP=op,
+            grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), L * G)
+            return lambda: k_cast[grid](x4, y2, rows_p, trans_p, slot, R, Cc, G, *x4.stride(), lrow, lt, lq, OP=op,
                                         AMAX_ONLY=amax_only, HIST=hist, ROWS=rows is not None and not amax_only,
                                         TRANS=trans is not None and not amax_only, BR=br, BC=bc,
-                                        PACK=pack if R % pack == 0 else 1, HW=HW_CVT, num_warps=warps)  # fmt: skip
+                                        PACK=pack if R % pack == 0 and lt % pack == 0 else 1, HW=HW_CVT,
+                                        num_warps=warps)  # fmt: skip
 
         return make
 
-    key = f"{G}x{R}x{Cc}:{x3.stride()}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
+    shape = f"{G}x{R}x{Cc}" if L == 1 else f"{L}x{G}x{R}x{Cc}"
+    key = f"{shape}:{x4.stride()[1:]}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
     if prime:
         tuner.launch("fp8_amax", key, CAST_CONFIGS, launch(True))
     tuner.launch("fp8_cast", key, CAST_CONFIGS, launch(False))
+
+
+def stack(weights: list[Fp8Weight | Fp8Head]) -> list[tuple[torch.Tensor, ...]]:
+    """The weights' cast as launches: (master, w8, w8t, scale) for each run of weights that lie at one stride from
+    each other in all four buffers (a site's weights in consecutive layers: the canonical order puts its masters one
+    block apart, and the plan lists its E4M3 layouts and slots layer by layer, all of one size), as views of
+    (L, G, C, OC), (L, C, G*OC), (L, G, OC, C) (or None) and (L, SLOT); the rest one by one, as they are."""
+    out: list[tuple[torch.Tensor, ...]] = []
+    runs: dict[str, list[Fp8Weight]] = {}
+    for w in weights:
+        if isinstance(w, Fp8Weight):
+            runs.setdefault(w.name.split(".", 1)[-1], []).append(w)
+        else:
+            out.append((w.master, w.w8, w.w8t, w.scale))
+    for run in runs.values():
+        parts = [[getattr(w, f) for w in run] for f in ("master", "w8", "w8t", "scale")]
+        steps = [_stride(ts) for ts in parts]
+        if len(run) == 1 or None in steps:
+            out += [(w.master, w.w8, w.w8t, w.scale) for w in run]
+            continue
+        out.append(tuple(t[0].as_strided((len(run), *t[0].shape), (step, *t[0].stride())) for t, step in
+                         zip(parts, steps)))  # fmt: skip
+    return out
+
+
+def _stride(ts: list[torch.Tensor]) -> int | None:
+    """The element stride between consecutive tensors of ts (one shape, strides and storage), or None where there
+    is none."""
+    t0, size = ts[0], ts[0].element_size()
+    step, rem = divmod(ts[1].data_ptr() - t0.data_ptr(), size) if len(ts) > 1 else (0, 0)
+    same = all(t.shape == t0.shape and t.stride() == t0.stride() and t.untyped_storage().data_ptr() ==
+               t0.untyped_storage().data_ptr() for t in ts)  # fmt: skip
+    if rem or step <= 0 or not same:
+        return None
+    return step if all(t.data_ptr() - t0.data_ptr() == i * step * size for i, t in enumerate(ts)) else None
 
 
 # Launch configurations of k_cast (BR, BC, warps, PACK: the transpose's word bytes, 1 where R is not a multiple;
@@ -312,10 +359,11 @@ class Matmul(linear.Matmul):
 
     def cast_weights(self, weights: list[Fp8Weight | Fp8Head]) -> None:
         """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
-        (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C)."""
-        for w in weights:
-            w.scale.zero_()
-            cast(self.tuner, w.master, w.scale, w.w8, w.w8t, prime=True, hist=0)
+        (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C). One
+        site's weights in every layer go as one amax launch and one cast launch (`stack`)."""
+        for master, w8, w8t, scale in stack(weights):
+            scale.zero_()
+            cast(self.tuner, master, scale, w8, w8t, prime=True, hist=0)
 
     def roll(self, slots: torch.Tensor, shift: bool = True) -> None:
         """slots (..., OSLOT): the end of a micro-batch (ops/fp8.Matmul.roll)."""

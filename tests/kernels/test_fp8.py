@@ -321,3 +321,41 @@ def test_head_fp8_matches_numpy(dtype: torch.dtype, fused: bool) -> None:
     np.testing.assert_array_equal(bytes_of(mm.q.view(mm.q.x8, N, C)), x8.view(np.uint8))
     for name, got, want, base in zip(("losses", "lse", "dx", "dwte"), g, (losses, lse, dx, dwte), (0, 0, dx0, dwte0)):
         check(name, h(got) - base, want - base, TOL[dtype])  # the gradients: what the head added
+
+
+def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
+    """A triton fp8 state's weights' cast: each site's weights in every layer lie at one stride in the plan, so
+    `stack` gives one launch pair per site (and the head's), and every layer's E4M3 layouts and scale equal the
+    reference's cast of its own masters. Weights that lie anywhere (here, a site's two layers swapped) go one by
+    one, to the same bytes."""
+    from microgpt import backend, config
+    from microgpt.state import make_state
+
+    m = config.ModelConfig(vocab_size=64, d_model=16, n_layer=3, n_head=2, seq_len=16)
+    S = make_state(m, config.TrainConfig(micro_batch=1, precision="fp8"), backend.get_backend("triton", "fp8"))
+    sites, head = S.prec.sites, S.prec.head
+    runs = k8.stack([*sites, head])
+    assert [tuple(r[0].shape) for r in runs] == [tuple(head.master.shape)] + [
+        (m.n_layer, *w.master.shape) for w in sites[:4]]  # fmt: skip
+
+    def assert_reference(ws: list[Fp8Weight]) -> None:
+        for w in ws:
+            nw = Fp8Weight(w.name, h(w.master), np.zeros(tuple(w.w8.shape), ref.e4m3()),
+                           np.zeros(tuple(w.w8t.shape), ref.e4m3()), np.zeros(fp8.SLOT, np.float32), None, None,
+                           fp8.Priming(False))  # fmt: skip
+            ref.Matmul(None).cast_weights([nw])
+            np.testing.assert_array_equal(bytes_of(w.w8), nw.w8.view(np.uint8), err_msg=w.name)
+            np.testing.assert_array_equal(bytes_of(w.w8t), nw.w8t.view(np.uint8), err_msg=w.name)
+            assert h(w.scale).tolist() == nw.scale.tolist(), w.name
+
+    rng = np.random.default_rng(5)
+    for w in sites:  # masters of different amaxes a layer, so a slot mixed up between layers shows
+        w.master.copy_(t(rng.standard_normal(tuple(w.master.shape)).astype(np.float32) * rng.uniform(0.05, 3)))
+    S.prec.cast_weights()
+    assert_reference(sites)
+    swapped = [sites[4], sites[0], sites[8]]  # w_qkv of layers 1, 0, 2: no one stride
+    assert [tuple(r[0].shape) for r in k8.stack(swapped)] == [tuple(w.master.shape) for w in swapped]
+    for w in swapped:
+        w.w8.zero_(), w.w8t.zero_()
+    S.prec.mm.cast_weights(swapped)
+    assert_reference(swapped)
