@@ -1,12 +1,14 @@
 """The fp8 weights' cast of one optimizer step at ANDREA-120M's shape (one H200), as the step runs it and as it ran
-before, with AdamW beside it for scale. Each way is captured in one CUDA graph (dev/timing.py), after the warm-up
-window has tuned every launch:
+before, with AdamW beside it. Each way is captured in one CUDA graph (dev/timing.py), after the warm-up window has
+tuned every launch:
 
-    per weight     one amax launch and one cast launch per site weight and the head's (98 launches, 49 memsets)
-    stacked        kernels/fp8.Matmul.cast_weights: one launch pair per site over every layer, and the head's
-    stacked, cast  the stacked cast launches alone, without their amax launches (what the weights' cast would cost if
-                   AdamW left each weight's amax in its slot)
-    adamw          kernels/adamw.adamw_step over all the parameters
+    per weight       a memset, an amax launch and a cast launch per site weight and the head's (147 launches)
+    stacked          one memset, amax launch and cast launch per site over every layer, and the head's (15)
+    stacked, taken   the step's: the stacked casts taking the amaxes AdamW recorded, then their clearing (6)
+    adamw            kernels/adamw.adamw_step over all the parameters, without fp8's amax table
+    adamw, amaxes    the step's: with the table, each E4M3 weight's amax recorded on the way
+
+The step's weights are "adamw, amaxes" + "stacked, taken"; before this change they were "adamw" + "per weight".
 
     python3 dev/weight_cast_bench.py
 """
@@ -24,6 +26,7 @@ from dev.timing import captured  # noqa: E402
 from microgpt import params  # noqa: E402
 from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
+from microgpt.kernels import adamw as kadamw  # noqa: E402
 from microgpt.kernels import fp8  # noqa: E402
 from microgpt.state import make_state  # noqa: E402
 
@@ -31,8 +34,8 @@ from microgpt.state import make_state  # noqa: E402
 def main() -> None:
     t = TrainConfig(micro_batch=1, n_micro=1, precision="fp8", backend="triton", seed=0)
     S = make_state(SHAPE, t, triton_backend("fp8"))
-    mm, weights = S.prec.mm, [*S.prec.sites, S.prec.head]
-    stacks = fp8.stack(weights)
+    mm, weights, amaxes = S.prec.mm, [*S.prec.sites, S.prec.head], S.prec.amaxes
+    assert amaxes is not None, "this plan has no amax table"
 
     def per_weight() -> None:
         for w in weights:
@@ -41,26 +44,30 @@ def main() -> None:
     def stacked() -> None:
         mm.cast_weights(weights)
 
-    def cast_only() -> None:
-        for master, w8, w8t, scale in stacks:
-            fp8.cast(mm.tuner, master, scale, w8, w8t, prime=False, hist=0)
+    def taken() -> None:
+        mm.cast_weights(weights, amaxes)
 
     A = S.arena
     A["hyper"].copy_(torch.tensor([1e-4, 0.1, 0.001, 1.0]))
     A["decay_mask"].copy_(torch.from_numpy(params.decay_mask(SHAPE)))
+    args = (S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], A["report"][1:2], 0.9, 0.95, 1e-8,
+            0.1, 1.0)  # fmt: skip
 
     def adamw() -> None:
-        S.K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], A["report"][1:2],
-                       0.9, 0.95, 1e-8, 0.1, 1.0)  # fmt: skip
+        kadamw.adamw_step(*args)
+
+    def adamw_amaxes() -> None:
+        S.K.adamw_step(*args)  # bound to the plan's table and amaxes
 
     with mm.tuner.window():
         per_weight()
         stacked()
-        cast_only()
+        taken()
     n_master = sum(w.master.numel() for w in weights)
-    print(f"{len(weights)} weights, {n_master:,} fp32 masters; {len(stacks)} stacked launch pairs")
-    for name, fn in (("per weight", per_weight), ("stacked", stacked), ("stacked, cast", cast_only),
-                     ("adamw", adamw)):  # fmt: skip
+    print(f"{len(weights)} weights, {n_master:,} fp32 masters; {len(fp8.stack(weights))} launches of each kind")
+    ways = {"per weight": per_weight, "stacked": stacked, "stacked, taken": taken, "adamw": adamw,
+            "adamw, amaxes": adamw_amaxes}  # fmt: skip
+    for name, fn in ways.items():
         _, us = captured(fn, reps=5)
         print(f"{name:16s} {us:8.1f} us")
 

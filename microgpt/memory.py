@@ -86,7 +86,7 @@ class Precision(Protocol):
     @property
     def gelu_planned(self) -> bool: ...
 
-    def rows(self, m: ModelConfig, N: int) -> list[Buf]: ...
+    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]: ...
 
     def label(self) -> str: ...
 
@@ -232,7 +232,7 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     roles = ["params"] + (["compute_params"] if prec.compute_copy else [])
     bufs = [Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
             for role in roles for name, shape in params.param_shapes(m)]  # fmt: skip
-    bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N)
+    bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N, train=False)
     bufs += [Buf("ln_mean", (N,), "scratch", "f32"), Buf("ln_rstd", (N,), "scratch", "f32"),
              Buf("att_lse", (B * NH * T,), "scratch", "f32"), Buf("losses", (N,), "scratch", "f32"),
              Buf("ce_lse", (N,), "scratch", "f32")]  # fmt: skip

@@ -14,7 +14,8 @@ back, a `PrecisionState`, is all a run holds of its precision:
 
     state.mm                 the Matmul the linear, MLP and head pairs call (their keyword `mm`)
     state.weights(views)     the weights as the model hands them to those pairs (fp8: each site's E4M3 handle)
-    state.cast_weights()     after AdamW: whatever the precision keeps besides the compute copy (fp8's E4M3)
+    state.cast_weights()     whatever the precision keeps besides the compute copy (fp8's E4M3), from the
+                             masters: after AdamW (updated=True) and wherever they are set
     state.end_micro_batch()  the end of a training micro-batch (fp8: the amax histories roll)
     state.end_eval()         the end of an evaluation forward (fp8: what the casts met is forgotten)
     state.priming            whether the first step must run eagerly to prime state (fp8's empty histories)
@@ -74,8 +75,8 @@ class PrecisionState:
     def weights(self, views: dict[str, Any]) -> dict[str, Any]:
         return views
 
-    def cast_weights(self) -> None:
-        pass
+    def cast_weights(self, updated: bool = False) -> None:
+        """updated: right after the optimizer step's AdamW (which may have recorded what the cast needs)."""
 
     def end_micro_batch(self, dp: Any = None) -> None:
         pass
@@ -125,8 +126,9 @@ class Precision:
         """What the memory plan's title says the run computes in."""
         return self.compute
 
-    def rows(self, m: ModelConfig, N: int) -> list[Buf]:
-        """The plan rows this precision adds for N tokens a micro-batch."""
+    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
+        """The plan rows this precision adds for N tokens a micro-batch (train: of a training plan, which has an
+        optimizer step; else an inference plan's)."""
         return []
 
     def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
@@ -147,12 +149,14 @@ class Fp8(Precision):
     def label(self) -> str:
         return f"{self.compute} + fp8 linears"
 
-    def rows(self, m: ModelConfig, N: int) -> list[Buf]:
+    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
         """Every block GEMM site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input and
         of its output gradient with their amax histories (carried across steps); the LM head's E4M3 wte and its two
         slots where its logits GEMM runs in E4M3. On the GPU also the casts' scratch ("kernel": E4M3 operands in
         row and transposed layouts, the fp32 weight-gradient product) and each site's input as its forward cast
-        it, transposed, for the weight gradient in backward ("acts")."""
+        it, transposed, for the weight gradient in backward ("acts"); and, in a training plan, where AdamW records
+        the weights' amaxes for their cast (`amax_blocks`: the table and the amaxes), unless a weight is too
+        short for it."""
         sites = params.site_shapes(m.d_model)
         bufs = []
         for layer in range(m.n_layer):
@@ -171,6 +175,9 @@ class Fp8(Precision):
             bufs += [Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]
             bufs += [Buf(f"h{layer}.{site}.xt", (C_in * N,), "acts", "f8") for layer in range(m.n_layer)
                      for site, (_, C_in, _) in sites.items()]  # fmt: skip
+            if train and (blocks := amax_blocks(m)) is not None:
+                bufs += [Buf("fp8_amax_blocks", blocks.shape, "optim", "i32"),
+                         Buf("fp8_wamax", (len(weight_segments(m)),), "optim", "f32")]  # fmt: skip
         return bufs
 
     def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
@@ -190,17 +197,37 @@ class Fp8(Precision):
             head = fp8.Fp8Head(wte, params.named(p, m)["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"])
         if self.backend == "triton":  # the casts' planned scratch (rows above)
             kernel_state["scratch"] = {name: arena[name] for name in (*fp8.SCRATCH, "fp8_wgrad")}
+        if "fp8_amax_blocks" in arena:  # AdamW's table (the backend hands it and the amaxes to adamw_step)
+            device.copy_in(arena["fp8_amax_blocks"], amax_blocks(m))
         mm = matmul_class(self.matmul)(head=head, **kernel_state)
-        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"])
+        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"], arena.get("fp8_wamax"))
+
+
+def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
+    """(start, end) of each E4M3 weight's masters in the flat parameters, in the order the weights' cast takes them
+    (Fp8State.cast_weights): every layer's sites (a site's G weights as one), then the head's wte where its logits
+    GEMM runs in E4M3."""
+    offsets, sites = params.param_offsets(m), params.site_shapes(m.d_model)
+    out = [(o, o + G * C * OC) for layer in range(m.n_layer) for site, (G, C, OC) in sites.items()
+           for o in [offsets[f"h{layer}.{params.SITES[site][0]}"]]]  # fmt: skip
+    if fp8.head_in_fp8(m.vocab_size):
+        out.append((offsets["wte"], offsets["wte"] + m.vocab_size * m.d_model))
+    return out
+
+
+def amax_blocks(m: ModelConfig) -> np.ndarray | None:
+    """fp8.amax_blocks of this model's E4M3 weights over its flat parameters."""
+    return fp8.amax_blocks(weight_segments(m), params.n_params(m))
 
 
 class Fp8State(PrecisionState):
     """fp8 bound to an arena: each site's handle, the head's, the operands' slots and whether they are primed."""
 
     def __init__(self, mm: Any, device: Any, weights: list[fp8.Fp8Weight], head: fp8.Fp8Head | None,
-                 priming: fp8.Priming, slots: Any) -> None:  # fmt: skip
+                 priming: fp8.Priming, slots: Any, amaxes: Any = None) -> None:  # fmt: skip
         super().__init__(mm)
         self.device, self.sites, self.head, self._priming, self.slots = device, weights, head, priming, slots
+        self.amaxes = amaxes  # where AdamW leaves the weights' amaxes (the GPU's training plans), else None
 
     @property
     def priming(self) -> bool:
@@ -209,8 +236,12 @@ class Fp8State(PrecisionState):
     def weights(self, views: dict[str, Any]) -> dict[str, Any]:
         return {**views, **{w.name: w for w in self.sites}}
 
-    def cast_weights(self) -> None:
-        self.mm.cast_weights([*self.sites, *([self.head] if self.head is not None else [])])
+    def cast_weights(self, updated: bool = False) -> None:
+        weights = [*self.sites, *([self.head] if self.head is not None else [])]
+        if updated and self.amaxes is not None:  # AdamW recorded their amaxes: no amax pass
+            self.mm.cast_weights(weights, self.amaxes)
+        else:
+            self.mm.cast_weights(weights)
 
     def end_micro_batch(self, dp: Any = None) -> None:
         """What the casts met becomes the newest entry of each operand's amax history, the same on every rank (the

@@ -8,7 +8,8 @@ function is captured once as a CUDA graph and replayed (one launch per step from
     AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
     and the compute copy of the weights refreshed, the grads zeroed              in the same pass
     the precision's end of each micro-batch (fp8: the operands' amaxes into       max over ranks first
-    their histories) and its weights after AdamW (fp8: the E4M3 copies)           amax pass + cast pass per site
+    their histories) and its weights after AdamW (fp8: the E4M3 copies)           one cast per site over the
+                                                                                 layers; AdamW took the amaxes
 
 The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
 folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
@@ -55,7 +56,7 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
     K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1, t.beta2,
                  t.eps, t.weight_decay, max_norm)  # fmt: skip
-    S.prec.cast_weights()  # fp8: the E4M3 copies of the updated masters
+    S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
 
 
 @dataclass

@@ -10,6 +10,12 @@ bf16 copy) or the GELU backward (y = da * gelu'(h): the MLP's dh likewise). Whil
 (a fresh run's first micro-batch) and for the weights (current scaling), a first launch of the same kernel with
 AMAX_ONLY puts max |y| into the pre word. k_roll ends a micro-batch (ops/fp8.roll_history).
 
+The weights' cast (Matmul.cast_weights) casts one site's weights in every layer with one launch (a layer axis on the
+grid), and after the optimizer step's AdamW it skips the amax launches: where the training plan has fp8's amax
+table (microgpt/fp8.amax_blocks), AdamW recorded each weight's finite max |p| as it stored the masters, and the cast
+takes it (TAKE) and leaves the slot as the amax launch would have. ANDREA-120M's weights then take 6 launches a step
+(5 casts and the clearing of the recorded amaxes) where they took 147 (an amax launch, a cast and a memset each).
+
 The bytes are those of the rounding rule on the fp32 bits (_e4m3_bits: round to nearest even, the rounding of
 torch's E4M3 conversion and of ml_dtypes, which the tests compare byte for byte), which the Triton interpreter (CI)
 runs. The GPU gets them cheaper, since a cast is bound by instructions, not bytes (dev/cast_limits.py; bench/
@@ -117,11 +123,13 @@ def _finite_amax(y):
 
 
 @triton.jit
-def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, G, sl, sg, sr, sc, lrow, lt, lq, OP: tl.constexpr,
-           AMAX_ONLY: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr,
-           BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    # L casts at once, one per layer l (grid axis 2 = L * G): x advanced by l * sl elements, rows, t and slot by
-    # l * lrow, l * lt and l * lq.
+def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg, sr, sc, lrow, lt, lq, lw,
+           OP: tl.constexpr, AMAX_ONLY: tl.constexpr, TAKE: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr,
+           TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+    # L casts at once, one per layer l (grid axis 2 = L * G): x advanced by l * sl elements, rows, t, slot and take
+    # by l * lrow, l * lt, l * lq and l * lw. TAKE (a weight's cast after AdamW, HIST 0): the amax is take[0], the
+    # finite max |x| AdamW recorded, and the slot is written whole ([2^-k, amax, amax, 0] as the primed cast leaves
+    # it) where it would be max-ed into.
     # y = op(x (G, R, Cc), x2 the same shape and strides) -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R):
     # t[g, c, r]. slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre = max(pre, finite max |y|), no
     # stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite max |y|). PACK (R % PACK == 0):
@@ -148,13 +156,20 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, G, sl, sg, sr, sc, l
     if AMAX_ONLY:
         tl.atomic_max(slot_ptr + 1, m, sem="relaxed")
     else:
-        amax = tl.load(slot_ptr + 1)
+        if TAKE:
+            amax = tl.load(take_ptr + l64 * lw)
+        else:
+            amax = tl.load(slot_ptr + 1)
         if HIST > 0:
             amax = tl.maximum(amax, tl.max(tl.load(slot_ptr + 4 + tl.arange(0, HIST)), axis=0))
         s, inv = _scale(amax)
         if (pid_r == 0) & (pid_c == 0) & (g == 0):
             tl.store(slot_ptr, inv)
-        tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
+            if TAKE:  # every program's tile max is at most amax, the max over them all
+                tl.store(slot_ptr + 1, amax)
+                tl.store(slot_ptr + 2, amax)
+        if not TAKE:
+            tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
         if finite & HW:  # the conversion alone: it saturates finite values at +-448 itself
             q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
@@ -188,12 +203,15 @@ def k_roll(slots_ptr, SHIFT: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexp
 
 
 def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None,
-         prime: bool = False, op: int = COPY, x2: torch.Tensor | None = None, hist: int = HISTORY) -> None:  # fmt: skip
+         prime: bool = False, op: int = COPY, x2: torch.Tensor | None = None, hist: int = HISTORY,
+         take: torch.Tensor | None = None) -> None:  # fmt: skip
     """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of the GELU backward, shaped and strided as x) -> E4M3 into
     rows (R, G*Cc) and/or trans (G, Cc, R) (either may be None), scaled by the slot (hist: the words of history it
-    has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch).
+    has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch); take (1,),
+    a weight's instead of prime: its amax as AdamW recorded it, which the slot then holds as prime leaves it.
     Or L such casts in one launch, one a layer: x (L, G, R, Cc), rows (L, R, G*Cc), trans (L, G, Cc, R), slot
-    (L, SLOT), each strided over its first axis (the weights' cast: a site's weights in every layer)."""
+    (L, SLOT) and take (L,), each strided over its first axis (the weights' cast: a site's weights in every
+    layer)."""
     stacked = slot.dim() == 2
     x4 = x if stacked else (x if x.dim() == 3 else x.unsqueeze(0)).unsqueeze(0)
     y2 = x4 if x2 is None else x2.view(x4.shape)
@@ -202,12 +220,14 @@ def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor |
     rows_p, trans_p = (x4 if a is None else a.view(torch.uint8) for a in (rows, trans))
     lrow, lt = (a.stride(0) if stacked and a is not None else 0 for a in (rows, trans))
     lq = slot.stride(0) if stacked else 0
+    lw = take.stride(0) if take is not None else 0
 
     def launch(amax_only: bool) -> Callable[[int, int, int, int], Callable[[], None]]:
         def make(br: int, bc: int, warps: int, pack: int) -> Callable[[], None]:
             grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), L * G)
-            return lambda: k_cast[grid](x4, y2, rows_p, trans_p, slot, R, Cc, G, *x4.stride(), lrow, lt, lq, OP=op,
-                                        AMAX_ONLY=amax_only, HIST=hist, ROWS=rows is not None and not amax_only,
+            return lambda: k_cast[grid](x4, y2, rows_p, trans_p, slot, slot if take is None else take, R, Cc, G,
+                                        *x4.stride(), lrow, lt, lq, lw, OP=op, AMAX_ONLY=amax_only,
+                                        TAKE=take is not None, HIST=hist, ROWS=rows is not None and not amax_only,
                                         TRANS=trans is not None and not amax_only, BR=br, BC=bc,
                                         PACK=pack if R % pack == 0 and lt % pack == 0 else 1, HW=HW_CVT,
                                         num_warps=warps)  # fmt: skip
@@ -216,31 +236,36 @@ def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor |
 
     shape = f"{G}x{R}x{Cc}" if L == 1 else f"{L}x{G}x{R}x{Cc}"
     key = f"{shape}:{x4.stride()[1:]}:{x.dtype}:op{op}:h{hist}:{int(rows is not None)}{int(trans is not None)}"
-    if prime:
+    if take is not None:
+        key += ":take"
+    elif prime:
         tuner.launch("fp8_amax", key, CAST_CONFIGS, launch(True))
     tuner.launch("fp8_cast", key, CAST_CONFIGS, launch(False))
 
 
-def stack(weights: list[Fp8Weight | Fp8Head]) -> list[tuple[torch.Tensor, ...]]:
-    """The weights' cast as launches: (master, w8, w8t, scale) for each run of weights that lie at one stride from
-    each other in all four buffers (a site's weights in consecutive layers: the canonical order puts its masters one
-    block apart, and the plan lists its E4M3 layouts and slots layer by layer, all of one size), as views of
-    (L, G, C, OC), (L, C, G*OC), (L, G, OC, C) (or None) and (L, SLOT); the rest one by one, as they are."""
-    out: list[tuple[torch.Tensor, ...]] = []
-    runs: dict[str, list[Fp8Weight]] = {}
-    for w in weights:
+def stack(weights: list[Fp8Weight | Fp8Head]) -> list[tuple[slice, tuple[torch.Tensor, ...]]]:
+    """The weights' cast as launches: for each run of weights that lie at one stride from each other in all four
+    buffers (a site's weights in consecutive layers: the canonical order puts its masters one block apart, and the
+    plan lists its E4M3 layouts and slots layer by layer, all of one size), its positions in `weights` and its
+    (master, w8, w8t, scale) as views of (L, G, C, OC), (L, C, G*OC), (L, G, OC, C) and (L, SLOT); the rest one by
+    one, as they are (w8t None for the head)."""
+    out: list[tuple[slice, tuple[torch.Tensor, ...]]] = []
+    runs: dict[str, list[int]] = {}
+    for i, w in enumerate(weights):
         if isinstance(w, Fp8Weight):
-            runs.setdefault(w.name.split(".", 1)[-1], []).append(w)
+            runs.setdefault(w.name.split(".", 1)[-1], []).append(i)
         else:
-            out.append((w.master, w.w8, w.w8t, w.scale))
+            out.append((slice(i, i + 1), (w.master, w.w8, w.w8t, w.scale)))
     for run in runs.values():
-        parts = [[getattr(w, f) for w in run] for f in ("master", "w8", "w8t", "scale")]
+        parts = [[getattr(weights[i], f) for i in run] for f in ("master", "w8", "w8t", "scale")]
         steps = [_stride(ts) for ts in parts]
-        if len(run) == 1 or None in steps:
-            out += [(w.master, w.w8, w.w8t, w.scale) for w in run]
+        step = run[1] - run[0] if len(run) > 1 else 1
+        if len(run) == 1 or None in steps or run != list(range(run[0], run[-1] + 1, step)):
+            out += [(slice(i, i + 1), (weights[i].master, weights[i].w8, weights[i].w8t, weights[i].scale))
+                    for i in run]  # fmt: skip
             continue
-        out.append(tuple(t[0].as_strided((len(run), *t[0].shape), (step, *t[0].stride())) for t, step in
-                         zip(parts, steps)))  # fmt: skip
+        views = tuple(t[0].as_strided((len(run), *t[0].shape), (d, *t[0].stride())) for t, d in zip(parts, steps))
+        out.append((slice(run[0], run[-1] + 1, step), views))
     return out
 
 
@@ -357,13 +382,19 @@ class Matmul(linear.Matmul):
         cast(self.tuner, x, head.xslot, x8, None, prime=True, hist=0)
         return lambda lg, r0, r: self.gemm.mm_scaled(lg, x8[r0 : r0 + r], head.xslot[:1], head.w8.t(), head.scale[:1])
 
-    def cast_weights(self, weights: list[Fp8Weight | Fp8Head]) -> None:
+    def cast_weights(self, weights: list[Fp8Weight | Fp8Head], amaxes: torch.Tensor | None = None) -> None:
         """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
         (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C). One
-        site's weights in every layer go as one amax launch and one cast launch (`stack`)."""
-        for master, w8, w8t, scale in stack(weights):
-            scale.zero_()
-            cast(self.tuner, master, scale, w8, w8t, prime=True, hist=0)
+        site's weights in every layer go as one launch pair (`stack`): an amax launch, then the cast. amaxes
+        (len(weights),): the amaxes AdamW left for the weights (the optimizer step's; fp8.amax_blocks), which the
+        casts take instead of their amax launches and then clear for the next step."""
+        for at, (master, w8, w8t, scale) in stack(weights):
+            if amaxes is None:
+                scale.zero_()
+            cast(self.tuner, master, scale, w8, w8t, prime=amaxes is None, hist=0,
+                 take=None if amaxes is None else amaxes[at])  # fmt: skip
+        if amaxes is not None:
+            amaxes.zero_()
 
     def roll(self, slots: torch.Tensor, shift: bool = True) -> None:
         """slots (..., OSLOT): the end of a micro-batch (ops/fp8.Matmul.roll)."""

@@ -335,8 +335,9 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     S = make_state(m, config.TrainConfig(micro_batch=1, precision="fp8"), backend.get_backend("triton", "fp8"))
     sites, head = S.prec.sites, S.prec.head
     runs = k8.stack([*sites, head])
-    assert [tuple(r[0].shape) for r in runs] == [tuple(head.master.shape)] + [
-        (m.n_layer, *w.master.shape) for w in sites[:4]]  # fmt: skip
+    at = list(range(len(sites) + 1))  # each run's positions in the list
+    assert [(at[i], tuple(r[0].shape)) for i, r in runs] == [([12], tuple(head.master.shape))] + [
+        ([i, i + 4, i + 8], (m.n_layer, *w.master.shape)) for i, w in enumerate(sites[:4])]  # fmt: skip
 
     def assert_reference(ws: list[Fp8Weight]) -> None:
         for w in ws:
@@ -354,8 +355,42 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     S.prec.cast_weights()
     assert_reference(sites)
     swapped = [sites[4], sites[0], sites[8]]  # w_qkv of layers 1, 0, 2: no one stride
-    assert [tuple(r[0].shape) for r in k8.stack(swapped)] == [tuple(w.master.shape) for w in swapped]
+    assert [tuple(r[0].shape) for _, r in k8.stack(swapped)] == [tuple(w.master.shape) for w in swapped]
     for w in swapped:
         w.w8.zero_(), w.w8t.zero_()
     S.prec.mm.cast_weights(swapped)
     assert_reference(swapped)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # the interpreter's exp2 of a masked -inf score
+def test_adamw_takes_the_weights_amaxes_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training plan whose E4M3 weights are each at least a block of AdamW long has fp8's amax table: AdamW
+    records every weight's amax and the weights' cast takes it (no amax launch). A step of it (after the warm-up's,
+    which updates nothing) against the same step with no table (every cast taking its own amax): the same loss,
+    masters, E4M3 copies and slots, bit for bit, and the recorded amaxes cleared after the cast."""
+    from microgpt import backend, config, precision
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    m = config.ModelConfig(vocab_size=64, d_model=48, n_layer=2, n_head=3, seq_len=8)  # W_O: 2,304 elements
+    t = config.TrainConfig(micro_batch=1, precision="fp8", grad_clip=1.0)
+    rng = np.random.default_rng(4)
+    draw = lambda: rng.integers(0, m.vocab_size, (1, m.seq_len)).astype(np.int32)  # noqa: E731
+    batches = [[(draw(), draw())]]
+    runs = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(precision, "amax_blocks", lambda m: None)
+        S = make_state(m, t, backend.get_backend("triton", "fp8"))
+        assert ("fp8_amax_blocks" in S.arena) == fused and (S.prec.amaxes is not None) == fused
+        step = Step(S)
+        losses = [step(b, 1e-2).loss for b in batches]
+        if fused:
+            assert not h(S.prec.amaxes).any()
+        ws = [*S.prec.sites, S.prec.head]
+        copies = [bytes_of(a) for w in ws for a in (w.w8, w.w8t) if a is not None] + [h(w.scale) for w in ws]
+        runs.append((losses, h(S.p), copies))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    for a, b in zip(runs[0][2], runs[1][2]):
+        np.testing.assert_array_equal(a, b)
