@@ -47,7 +47,19 @@ def emit(rec: dict) -> None:
 
 def train(exp: str, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     """`microgpt train` in a subprocess; its JSON lines."""
-    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(out), *DATA, *EXTRA, *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "train",
+        "--json",
+        str(REPO / exp),
+        "--out",
+        str(out),
+        *DATA,
+        *EXTRA,
+        *args,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if res.returncode != 0:
@@ -90,7 +102,19 @@ def resume(precision: str, steps: int) -> None:
     for d in (whole, cut):
         shutil.rmtree(d, ignore_errors=True)
     train(exp, whole, *quiet)
-    argv = [sys.executable, "-m", "microgpt.cli", "train", str(REPO / exp), "--out", str(cut), *DATA, *EXTRA, *quiet]
+    argv = [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "train",
+        "--json",
+        str(REPO / exp),
+        "--out",
+        str(cut),
+        *DATA,
+        *EXTRA,
+        *quiet,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert proc.stdout is not None

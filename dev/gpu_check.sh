@@ -103,7 +103,7 @@ for line in sys.stdin:
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
           rm -rf /tmp/loss12-$v  # a warm machine keeps the last call's run folders
           (cd $root && env $([ $v = after ] && echo ${AFTER_ENV:-}) MICROGPT_CACHE="$OLDPWD/.cache/loss12" MICROGPT_DATA_DIR="$OLDPWD/data" PYTHONPATH=. \
-             timeout 240 python3 -m microgpt train "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
+             timeout 240 python3 -m microgpt train --json "$OLDPWD/experiments/ANDREA-12M-TRAIN.json" --out /tmp/loss12-$v \
              --steps ${LOSS_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 ${LOSS_SETS:-} \
              2>"$OUT/loss12-$v.err") | grep '"eval"' | sed "s/^/$v /" | tee -a "$OUT/loss12.txt"
           tail -2 "$OUT/loss12-$v.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;

@@ -48,7 +48,7 @@ def main() -> None:
         mm.cast_weights(weights, amaxes)
 
     A = S.arena
-    A["hyper"].copy_(torch.tensor([1e-4, 0.1, 0.001, 1.0]))
+    A["hyper"][:4].copy_(torch.tensor([1e-4, 0.1, 0.001, 1.0]))
     A["decay_mask"].copy_(torch.from_numpy(params.decay_mask(SHAPE)))
     args = (S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], A["report"][1:2], 0.9, 0.95, 1e-8,
             0.1, 1.0)  # fmt: skip

@@ -363,34 +363,30 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # the interpreter's exp2 of a masked -inf score
-def test_adamw_takes_the_weights_amaxes_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A training plan whose E4M3 weights are each at least a block of AdamW long has fp8's amax table: AdamW
-    records every weight's amax and the weights' cast takes it (no amax launch). A step of it (after the warm-up's,
-    which updates nothing) against the same step with no table (every cast taking its own amax): the same loss,
-    masters, E4M3 copies and slots, bit for bit, and the recorded amaxes cleared after the cast."""
-    from microgpt import backend, config, precision
+def test_adamw_takes_the_weights_amaxes_bit_for_bit() -> None:
+    """A training plan whose E4M3 weights are each at least a block of AdamW long has fp8's amax table: the step's
+    AdamW records every weight's amax and the weights' cast takes it (no amax launch). After a step (and the
+    warm-up's, which updates nothing), the E4M3 copies and slots are those the casts give the same masters taking
+    their own amax, bit for bit, and the recorded amaxes are cleared."""
+    from microgpt import backend, config
     from microgpt.state import make_state
     from microgpt.step import Step
 
     m = config.ModelConfig(vocab_size=64, d_model=48, n_layer=2, n_head=3, seq_len=8)  # W_O: 2,304 elements
     t = config.TrainConfig(micro_batch=1, precision="fp8", grad_clip=1.0)
     rng = np.random.default_rng(4)
-    draw = lambda: rng.integers(0, m.vocab_size, (1, m.seq_len)).astype(np.int32)  # noqa: E731
-    batches = [[(draw(), draw())]]
-    runs = []
-    for fused in (True, False):
-        if not fused:
-            monkeypatch.setattr(precision, "amax_blocks", lambda m: None)
-        S = make_state(m, t, backend.get_backend("triton", "fp8"))
-        assert ("fp8_amax_blocks" in S.arena) == fused and (S.prec.amaxes is not None) == fused
-        step = Step(S)
-        losses = [step(b, 1e-2).loss for b in batches]
-        if fused:
-            assert not h(S.prec.amaxes).any()
-        ws = [*S.prec.sites, S.prec.head]
-        copies = [bytes_of(a) for w in ws for a in (w.w8, w.w8t) if a is not None] + [h(w.scale) for w in ws]
-        runs.append((losses, h(S.p), copies))
-    assert runs[0][0] == runs[1][0]
-    np.testing.assert_array_equal(runs[0][1], runs[1][1])
-    for a, b in zip(runs[0][2], runs[1][2]):
+    S = make_state(m, t, backend.get_backend("triton", "fp8"))
+    assert "fp8_amax_blocks" in S.arena and S.prec.amaxes is not None
+    masters = h(S.p)
+    Step(S)([(rng.integers(0, m.vocab_size, (1, m.seq_len)).astype(np.int32),) * 2], 1e-2)
+    assert not np.array_equal(h(S.p), masters), "the step updates the masters"
+    assert not h(S.prec.amaxes).any(), "the cast clears the amaxes AdamW recorded"
+    ws = [*S.prec.sites, S.prec.head]
+
+    def copies() -> list[np.ndarray]:
+        return [bytes_of(a) for w in ws for a in (w.w8, w.w8t) if a is not None] + [h(w.scale) for w in ws]
+
+    taken = copies()
+    S.prec.cast_weights()  # the same masters, each cast taking its own amax
+    for a, b in zip(taken, copies()):
         np.testing.assert_array_equal(a, b)
