@@ -47,19 +47,8 @@ def cmd(exp: str, out: Path, gpus: int, *args: str) -> list[str]:
     if "--resume" not in args:
         shutil.rmtree(out, ignore_errors=True)
     procs = ["--gpus", str(gpus)] if gpus > 1 else []
-    return [
-        sys.executable,
-        "-m",
-        "microgpt.cli",
-        "train",
-        "--json",
-        str(REPO / exp),
-        "--out",
-        str(out),
-        *procs,
-        *EXTRA,
-        *args,
-    ]
+    return [sys.executable, "-m", "microgpt.cli", "train", "--json", str(REPO / exp), "--out", str(out), *procs,
+            *EXTRA, *args]  # fmt: skip
 
 
 TIMEOUT = [200]  # seconds a run may take (--timeout)

@@ -45,21 +45,15 @@ def emit(rec: dict) -> None:
             f.write(line + "\n")
 
 
+def command(exp: str, out: Path, *args: str) -> list[str]:
+    """The argv of `microgpt train` on exp into out, its records as JSON lines on stdout."""
+    return [sys.executable, "-m", "microgpt.cli", "train", "--json", str(REPO / exp), "--out", str(out), *DATA,
+            *EXTRA, *args]  # fmt: skip
+
+
 def train(exp: str, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     """`microgpt train` in a subprocess; its JSON lines."""
-    argv = [
-        sys.executable,
-        "-m",
-        "microgpt.cli",
-        "train",
-        "--json",
-        str(REPO / exp),
-        "--out",
-        str(out),
-        *DATA,
-        *EXTRA,
-        *args,
-    ]
+    argv = command(exp, out, *args)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if res.returncode != 0:
@@ -102,19 +96,7 @@ def resume(precision: str, steps: int) -> None:
     for d in (whole, cut):
         shutil.rmtree(d, ignore_errors=True)
     train(exp, whole, *quiet)
-    argv = [
-        sys.executable,
-        "-m",
-        "microgpt.cli",
-        "train",
-        "--json",
-        str(REPO / exp),
-        "--out",
-        str(cut),
-        *DATA,
-        *EXTRA,
-        *quiet,
-    ]
+    argv = command(exp, cut, *quiet)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert proc.stdout is not None
