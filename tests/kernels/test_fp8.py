@@ -372,7 +372,7 @@ def test_adamw_takes_the_weights_amaxes_bit_for_bit() -> None:
     from microgpt.state import make_state
     from microgpt.step import Step
 
-    m = config.ModelConfig(vocab_size=64, d_model=48, n_layer=2, n_head=3, seq_len=8)  # W_O: 2,304 elements
+    m = config.ModelConfig(vocab_size=64, d_model=48, n_layer=2, n_head=3, seq_len=16)  # W_O: 2,304 elements
     t = config.TrainConfig(micro_batch=1, precision="fp8", grad_clip=1.0)
     rng = np.random.default_rng(4)
     S = make_state(m, t, backend.get_backend("triton", "fp8"))
