@@ -19,7 +19,7 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
+from microgpt.fp8 import AMAX_BLOCK, OSLOT, SLOT, Fp8Weight, Priming
 from microgpt.kernels import (
     adamw,
     argmax,
@@ -183,8 +183,9 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 
 def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """precision fp8's launches: each site's casts (input, GELU'd input, output gradient, GELU's backward), primed
-    and not, the weights' and the head's casts, the slots' roll; and the scaled GEMM tile (k_mm_scaled), which
-    only the interpreter runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same."""
+    and not, the weights' and the head's casts (one weight, and a site over L layers taking AdamW's amaxes), the
+    slots' roll, AdamW recording those amaxes; and the scaled GEMM tile (k_mm_scaled), which only the interpreter
+    runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same."""
     e, f32, f8 = _meta(dtype), torch.float32, torch.float8_e4m3fn
     C, V, N = s.C, s.V, s.B * s.T
     scratch = {name: e(N * 4 * C, dt=f8) for name in ("fp8_x", "fp8_g", "fp8_gt")} | {"fp8_wgrad": e(4 * C * C)}
@@ -199,10 +200,20 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
             mm.backward(e(N, Cin), e(G, Cin, OC, dt=f32), e(G, N, OC), None, w,
                         dgelu_of=e(N, OC) if OC == 4 * C else None)  # fmt: skip
         mm.cast_weights([w])
+        mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
+        L = 12  # a site over its layers, as the step casts it (the amaxes a site's every fourth)
+        fp8.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
+                 e(L, G, OC, Cin, dt=f8), hist=0, take=e(4 * L, dt=f32)[::4])  # fmt: skip
     fp8.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's wte
+    fp8.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, hist=0, take=e(1, dt=f32))
     fp8.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), True)
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), False)
+    n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its table: fp8.amax_blocks)
+    flat = e(n, dt=f32)
+    table = e(triton.cdiv(n, AMAX_BLOCK), 4, dt=torch.int32)
+    adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), e(n), e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8,
+                     0.1, 1.0, amax_blocks=table, amaxes=e(49, dt=f32))  # fmt: skip
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
