@@ -11,6 +11,7 @@
 #            prep-big runs as well on the CPU machine (PATH=.venv/bin:$PATH DIR=.venv/lib/python3.11/site-packages)
 #            and data/sitepy then travels with `carry`
 #   cast:    dev/cast_bench.py (every cast of a step, every launch configuration)
+#   weights: dev/weight_cast_bench.py (the weights' cast of a step, as it runs and as it ran; AdamW beside it)
 #   ab:      microgpt (PRECISION, default fp8) at MBS, BEFORE (default .before: `git archive C microgpt bench
 #            experiments`) then this tree, each with its own tuning cache (dev/gpu_check.sh ab-dir at 30 steps, warm-up 8)
 #   limits:  dev/cast_limits.py (what holds a cast: variants without a part) and ncu on k_cast, where it reads counters
@@ -73,6 +74,7 @@ for line in sys.stdin:
               "$OUT/cast_ncu.txt" | head -${NCU_LINES:-90} | cut -c1-160 ;;
     ab) PRECISION=${PRECISION:-fp8} STEPS=${STEPS:-30} WARMUP=8 OUT="$OUT" bash dev/gpu_check.sh ab-dir ;;
     cast) timeout 120 python3 dev/cast_bench.py ${PROFILE_MB:-32} 2>&1 | tee "$OUT/cast_bench.txt" ;;
+    weights) timeout 100 python3 dev/weight_cast_bench.py 2>&1 | tee "$OUT/weight_cast.txt" ;;
     bench) rm -f "$OUT/bench-table.jsonl"
            timeout ${BENCH_TIMEOUT:-560} python3 bench/bench.py --impls ${IMPLS:-compile torchao microgpt microgpt-fp8} \
              --mbs ${MBS:-32 8} --steps 20 --warmup 5 --timeout 200 --jsonl "$OUT/bench-table.jsonl" \
@@ -80,7 +82,7 @@ for line in sys.stdin:
            tail -3 "$OUT/bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/bench-table.jsonl" | tee "$OUT/bench.md" ;;
-    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast limits ab bench)" ;;
+    *) echo "unknown stage $s (probe tests quick profile suite prep-big parity12 parity120 resume cast weights limits ab bench)" ;;
   esac
 done
 log done
