@@ -182,13 +182,13 @@ class Fp8(Precision):
 
     def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
         priming = fp8.Priming()
-        offsets, sites = params.param_offsets(m), params.site_shapes(m.d_model)
+        segments = iter(weight_segments(m))  # the weights in AdamW's amax order (their index in fp8_wamax)
         weights = []
         for layer in range(m.n_layer):
-            for i, (site, (G, C, OC)) in enumerate(sites.items()):
-                o, name = offsets[f"h{layer}.{params.SITES[site][0]}"], f"h{layer}.{site}"
+            for i, (site, (G, C, OC)) in enumerate(params.site_shapes(m.d_model).items()):
+                (start, end), name = next(segments), f"h{layer}.{site}"
                 slots = arena["fp8_slots"][layer, i]
-                weights.append(fp8.Fp8Weight(name, p[o : o + G * C * OC].reshape(G, C, OC), arena[name + ".w8"],
+                weights.append(fp8.Fp8Weight(name, p[start:end].reshape(G, C, OC), arena[name + ".w8"],
                                              arena[name + ".w8t"], arena["fp8_wscales"][layer, i], slots[0],
                                              slots[1], priming, arena.get(name + ".xt")))  # fmt: skip
         head = None
