@@ -188,83 +188,6 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
-def _kv_dq_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, sem_ptr, base, row_base, sem_base,
-                 offs_n, nb, lo, hi, T, C, HS, qk_scale, sm_scale,
-                 MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr,
-                 THREADS: tl.constexpr):  # fmt: skip
-    # _dkdv_tiles' loop, which also adds dS @ K into each q block's dq in a fixed order: K/V block nb adds after
-    # every block to its right (nb + 1, nb + 2, ...) has, waiting on the q block's counter for its turn
-    offs_d = tl.arange(0, BD)
-    for start_m in range(lo, hi, BM):
-        offs_m = start_m + tl.arange(0, BM)
-        mmask = offs_m < T
-        qt = tl.load(q_ptr + base + offs_m[None, :] * C + offs_d[:, None], mask=(offs_d < HS)[:, None] & mmask[None, :],
-                     other=0.0)  # fmt: skip
-        do = tl.load(dout_ptr + base + offs_m[:, None] * C + offs_d[None, :],
-                     mask=mmask[:, None] & (offs_d < HS)[None, :], other=0.0)  # fmt: skip
-        lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
-        pt = tl.math.exp2(_dot(k, qt, IEEE) * qk_scale - lse[None, :])  # (BN, BM) = P.T
-        if MASK:
-            pt = tl.where((offs_m[None, :] >= offs_n[:, None]) & mmask[None, :], pt, 0.0)
-        dv += _dot(pt.to(do.dtype), do, IEEE)
-        dst = (pt * (_dot(v, tl.trans(do), IEEE) - delta[None, :])).to(qt.dtype)
-        dk += _dot(dst, tl.trans(qt), IEEE)
-        dq = _dot(tl.trans(dst), k, IEEE)  # (BM, BD): this K/V block's share of the q block's dS @ K
-        q_off = base + offs_m[:, None] * C + offs_d[None, :]
-        q_mask = mmask[:, None] & (offs_d < HS)[None, :]
-        sem = sem_ptr + sem_base + start_m // BM
-        turn = start_m // BN - nb  # the K/V blocks that add to this q block before this one
-        if turn > 0:
-            while tl.atomic_add(sem, 0, sem="acquire") != turn * THREADS:
-                pass
-            dq += tl.load(acc_ptr + q_off, mask=q_mask, other=0.0, cache_modifier=".cg")  # past this SM's L1
-        if nb == 0:  # the last to add: the q block's dq is complete
-            tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
-            if turn > 0:
-                tl.atomic_xchg(sem, 0, sem="relaxed")  # the counter back at 0 for the next launch
-        else:
-            tl.store(acc_ptr + q_off, dq, mask=q_mask)
-            # each thread counts itself in after its own stores (a release each): the counter reaches
-            # (turn + 1) * THREADS once the whole tile is stored. A block-wide barrier would do the same, but it
-            # keeps the compiler from pipelining the loop's loads.
-            tl.atomic_add(sem + tl.zeros([THREADS], tl.int32), 1, sem="release")
-    return dk, dv
-
-
-@triton.jit
-def k_attention_bwd_kv(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, acc_ptr, sem_ptr,
-                       T, C, NH, HS, qk_scale, sm_scale, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-                       IEEE: tl.constexpr, THREADS: tl.constexpr):  # fmt: skip
-    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32; acc: (B, T, C) fp32 dq's partial sums;
-    # sem: (B * NH, cdiv(T, BM)) int32 counters, 0 before and after a launch. One program a K/V block of BN rows,
-    # the last block first: a program waits only on the one launched before it (BN % BM == 0).
-    nb = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
-    base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
-    row_base = bh.to(tl.int64) * T
-    sem_base = bh.to(tl.int64) * tl.cdiv(T, BM)
-    offs_d = tl.arange(0, BD)
-    start_n = nb * BN
-    offs_n = start_n + tl.arange(0, BN)
-    kv_mask = (offs_n < T)[:, None] & (offs_d < HS)[None, :]
-    kv_off = base + offs_n[:, None] * C + offs_d[None, :]
-    k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-    dk = tl.zeros((BN, BD), dtype=tl.float32)
-    dv = tl.zeros((BN, BD), dtype=tl.float32)
-    mid = tl.minimum(start_n + BN, T)
-    dk, dv = _kv_dq_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, sem_ptr, base, row_base,
-                          sem_base, offs_n, nb, start_n, mid, T, C, HS, qk_scale, sm_scale, True, BM, BN, BD,
-                          IEEE, THREADS)  # fmt: skip
-    dk, dv = _kv_dq_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, sem_ptr, base, row_base,
-                          sem_base, offs_n, nb, mid, T, T, C, HS, qk_scale, sm_scale, False, BM, BN, BD,
-                          IEEE, THREADS)  # fmt: skip
-    tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
-
-
 def _cfg(num_warps: int, num_stages: int, **meta: int) -> dict:
     return dict(meta, num_warps=num_warps, num_stages=num_stages)
 
@@ -277,11 +200,6 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
                _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64), _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=64)]  # fmt: skip
-BWD_KV_CONFIGS = [_cfg(4, 3, BM=32, BN=64), _cfg(4, 2, BM=32, BN=64), _cfg(4, 4, BM=32, BN=64),
-                  _cfg(4, 3, BM=16, BN=64), _cfg(4, 3, BM=64, BN=64), _cfg(8, 3, BM=64, BN=64),
-                  _cfg(4, 3, BM=32, BN=128), _cfg(8, 3, BM=32, BN=128), _cfg(8, 3, BM=64, BN=128),
-                  _cfg(8, 2, BM=64, BN=128), _cfg(4, 3, BM=32, BN=32), _cfg(4, 2, BM=16, BN=32),
-                  _cfg(8, 4, BM=64, BN=128), _cfg(4, 3, BM=16, BN=128)]  # fmt: skip
 # The forward's default, for a length the warm-up did not time (eval's packed batches, a prompt's prefill): 5 (BM 64,
 # BN 64, 4 warps, 3 stages) spills on no target of the compile sweep, where 0 spills on sm_80-sm_89, and the H200's
 # warm-up chose it at T 1024 over every other (bench/RESULTS.md, twelfth session). The backward runs only in training,
