@@ -86,37 +86,6 @@ def main() -> None:
 
         t = do_bench(one, rep=100)
         print(f"  {cfg}: {t:.3f} ms, {2.5 * fwd_flops / t / 1e9:.0f} TFLOP/s (without the delta kernel)")
-    acc = torch.empty(B, T, C, device="cuda", dtype=torch.float32)
-    turns = torch.zeros(B * H * triton.cdiv(T, 16), device="cuda", dtype=torch.int32)
-    want = [x.clone() for x in (dq, dk, dv)]  # the last config's of the kernel above
-
-    def kv(cfg: dict) -> None:
-        attention.k_attention_bwd_kv[(triton.cdiv(T, cfg["BN"]), B * H)](
-            dq, dk, dv, q, k, v, dout, lse, delta, acc, turns, T, C, H, hs, attention.LOG2E * hs**-0.5, hs**-0.5,
-            BD=64, IEEE=False, THREADS=32 * cfg["num_warps"], **cfg)  # fmt: skip
-
-    print("backward, K/V programs adding dq in order (k_attention_bwd_kv), by config:")
-    for cfg in attention.BWD_KV_CONFIGS:
-        kv(cfg)
-        torch.cuda.synchronize()
-        got = [x.clone() for x in (dq, dk, dv)]
-        kv(cfg)
-        same = all(torch.equal(a, b) for a, b in zip(got, (dq, dk, dv)))
-        diff = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(got, want))
-        if not same:
-            print(f"  {cfg}: does not repeat bit for bit ({diff:.2e} from the fused kernel)")
-            continue
-        t = do_bench(lambda cfg=cfg: kv(cfg), rep=100)
-        print(f"  {cfg}: {t:.3f} ms, {2.5 * fwd_flops / t / 1e9:.0f} TFLOP/s (without the delta kernel); "
-              f"repeats bit for bit: {same}; max |diff| / max against the fused kernel: {diff:.2e}; "
-              f"counters at 0: {bool((turns == 0).all())}")  # fmt: skip
-    # both kernels against float64 autograd on the first sequence
-    q0, k0, v0 = (x[:1].view(1, T, H, hs).transpose(1, 2).double().requires_grad_() for x in (q, k, v))
-    F.scaled_dot_product_attention(q0, k0, v0, is_causal=True).backward(dout[:1].view(1, T, H, hs).transpose(1, 2).double())
-    ref = [x.grad.transpose(1, 2).reshape(1, T, C) for x in (q0, k0, v0)]
-    for name, got in (("fused", want), ("kv", (dq, dk, dv))):
-        errs = [((a[:1].double() - r).abs().max() / r.abs().max()).item() for a, r in zip(got, ref)]
-        print(f"  {name} against float64, dq dk dv: " + " ".join(f"{e:.2e}" for e in errs))
     print("forward by config (the tuner's candidates):")
     for cfg in attention.FWD_CONFIGS:
 

@@ -188,92 +188,6 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
-def _kv_dq_tiles(dk, dv, seen, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, prog_ptr, base, row_base,
-                 offs_n, nb, n_kv, lo, hi, T, C, HS, qk_scale, sm_scale, MASK: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr, THREADS: tl.constexpr,
-                 PUB: tl.constexpr):  # fmt: skip
-    # _dkdv_tiles' loop, which also adds dS @ K into each q block's dq in a fixed order: K/V block nb adds after
-    # block nb + 1 has, and so after every block to its right. Block nb + 1's progress counter says how many of its
-    # q blocks it has added (THREADS per PUB blocks: each thread counts itself in, a release, after its own
-    # stores); `seen` is what this program last read of it, so it reads again only when that is not enough, and a
-    # q block already added there is loaded before this block's products, not after.
-    R: tl.constexpr = BN // BM
-    offs_d = tl.arange(0, BD)
-    first = (nb + 1) * R  # q blocks before this one are block nb's own diagonal: it adds to them first
-    m_last = tl.cdiv(T, BM) - 1
-    for start_m in range(lo, hi, BM):
-        m = start_m // BM
-        offs_m = start_m + tl.arange(0, BM)
-        mmask = offs_m < T
-        q_off = base + offs_m[:, None] * C + offs_d[None, :]
-        q_mask = mmask[:, None] & (offs_d < HS)[None, :]
-        later = (m >= first) & (nb + 1 < n_kv)  # another block added to this q block before
-        need = tl.cdiv(m - first + 1, PUB) * THREADS  # block nb + 1's count once this q block is in
-        ready = later & (seen >= need)
-        acc = tl.load(acc_ptr + q_off, mask=q_mask & ready, other=0.0, cache_modifier=".cg")  # past this SM's L1
-        qt = tl.load(q_ptr + base + offs_m[None, :] * C + offs_d[:, None], mask=(offs_d < HS)[:, None] & mmask[None, :],
-                     other=0.0)  # fmt: skip
-        do = tl.load(dout_ptr + q_off, mask=q_mask, other=0.0)
-        lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
-        pt = tl.math.exp2(_dot(k, qt, IEEE) * qk_scale - lse[None, :])  # (BN, BM) = P.T
-        if MASK:
-            pt = tl.where((offs_m[None, :] >= offs_n[:, None]) & mmask[None, :], pt, 0.0)
-        dv += _dot(pt.to(do.dtype), do, IEEE)
-        dst = (pt * (_dot(v, tl.trans(do), IEEE) - delta[None, :])).to(qt.dtype)
-        dk += _dot(dst, tl.trans(qt), IEEE)
-        dq = _dot(tl.trans(dst), k, IEEE)  # (BM, BD): this K/V block's share of the q block's dS @ K
-        if later & (seen < need):
-            while seen < need:
-                seen = tl.atomic_add(prog_ptr + 1, 0, sem="acquire")
-            acc = tl.load(acc_ptr + q_off, mask=q_mask, other=0.0, cache_modifier=".cg")
-        dq += acc
-        if nb == 0:  # the last to add: the q block's dq is complete
-            tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
-        else:
-            tl.store(acc_ptr + q_off, dq, mask=q_mask)
-            if ((m - nb * R + 1) % PUB == 0) | (m == m_last):
-                tl.atomic_add(prog_ptr + tl.zeros([THREADS], tl.int32), 1, sem="release")
-    return dk, dv, seen
-
-
-@triton.jit
-def k_attention_bwd_kv(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, acc_ptr, prog_ptr,
-                       T, C, NH, HS, qk_scale, sm_scale, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-                       IEEE: tl.constexpr, THREADS: tl.constexpr, PUB: tl.constexpr):  # fmt: skip
-    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32; acc: (B, T, C) fp32, dq's partial sums;
-    # prog: (B * NH, cdiv(T, BN)) int32 progress counters, 0 before and after a launch. One program a K/V block of
-    # BN rows, the last block first: a program waits only on the one launched before it (BN % BM == 0).
-    n_kv = tl.num_programs(0)
-    nb = n_kv - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
-    base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
-    row_base = bh.to(tl.int64) * T
-    prog = prog_ptr + bh.to(tl.int64) * n_kv + nb  # this block's counter; block nb + 1's is the next
-    offs_d = tl.arange(0, BD)
-    start_n = nb * BN
-    offs_n = start_n + tl.arange(0, BN)
-    kv_mask = (offs_n < T)[:, None] & (offs_d < HS)[None, :]
-    kv_off = base + offs_n[:, None] * C + offs_d[None, :]
-    k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-    dk = tl.zeros((BN, BD), dtype=tl.float32)
-    dv = tl.zeros((BN, BD), dtype=tl.float32)
-    seen = tl.zeros((), dtype=tl.int32)
-    mid = tl.minimum(start_n + BN, T)
-    dk, dv, seen = _kv_dq_tiles(dk, dv, seen, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, prog,
-                                base, row_base, offs_n, nb, n_kv, start_n, mid, T, C, HS, qk_scale, sm_scale, True, BM,
-                                BN, BD, IEEE, THREADS, PUB)  # fmt: skip
-    dk, dv, seen = _kv_dq_tiles(dk, dv, seen, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, acc_ptr, prog,
-                                base, row_base, offs_n, nb, n_kv, mid, T, T, C, HS, qk_scale, sm_scale, False, BM, BN,
-                                BD, IEEE, THREADS, PUB)  # fmt: skip
-    tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
-    if nb + 1 < n_kv:
-        tl.atomic_xchg(prog + 1, 0, sem="relaxed")  # block nb + 1's counter, read to its end: 0 for the next launch
-
-
 def _cfg(num_warps: int, num_stages: int, **meta: int) -> dict:
     return dict(meta, num_warps=num_warps, num_stages=num_stages)
 
@@ -286,10 +200,6 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
                _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32),
                _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64), _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64),
                _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16), _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=64)]  # fmt: skip
-BWD_KV_CONFIGS = [_cfg(4, 3, BM=32, BN=64, PUB=2), _cfg(4, 3, BM=32, BN=64, PUB=1), _cfg(4, 3, BM=32, BN=64, PUB=4),
-                  _cfg(4, 2, BM=32, BN=64, PUB=2), _cfg(8, 3, BM=32, BN=128, PUB=4), _cfg(8, 3, BM=32, BN=128, PUB=2),
-                  _cfg(8, 3, BM=32, BN=128, PUB=8), _cfg(4, 3, BM=16, BN=64, PUB=4), _cfg(4, 3, BM=16, BN=64, PUB=8),
-                  _cfg(8, 3, BM=16, BN=128, PUB=8), _cfg(4, 3, BM=32, BN=32, PUB=1), _cfg(4, 3, BM=16, BN=32, PUB=2)]  # fmt: skip
 # The forward's default, for a length the warm-up did not time (eval's packed batches, a prompt's prefill): 5 (BM 64,
 # BN 64, 4 warps, 3 stages) spills on no target of the compile sweep, where 0 spills on sm_80-sm_89, and the H200's
 # warm-up chose it at T 1024 over every other (bench/RESULTS.md, twelfth session). The backward runs only in training,
