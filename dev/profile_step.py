@@ -2,8 +2,10 @@
 or, with --graph, three replays of the captured step, with the wall time per step beside the kernel time.
 
 python3 dev/profile_step.py MB [PRECISION] [--graph] [--json PATH]   # ANDREA-120M shape; prints the top kernels
+python3 dev/profile_step.py --parts PATH...                          # those files' kernels by part, a column each
 
---json PATH also writes every kernel's name, calls and CUDA ms a step (a list of objects) for grouping by part.
+--json PATH also writes every kernel's name, calls and CUDA ms a step (a list of objects); --parts groups them by
+part of the step (PARTS: the first pattern a kernel's name holds) into the markdown table bench/RESULTS.md shows.
 """
 
 from __future__ import annotations
@@ -22,9 +24,41 @@ from microgpt.config import TrainConfig  # noqa: E402
 from microgpt.state import make_state  # noqa: E402
 from microgpt.step import Step  # noqa: E402
 
+# (part, the patterns of its kernels' names), first match wins; cuBLASLt's kernels are nvjet_*, FP8 ones nvjet_*_qq*
+PARTS = (
+    ("FP8 GEMMs (cuBLASLt)", ("_qq",)),
+    ("bf16 GEMMs (cuBLAS, cuBLASLt)", ("nvjet", "gemm", "cutlass")),
+    ("attention (forward, backward, delta)", ("k_attention",)),
+    ("fp8 casts", ("k_cast", "k_roll")),
+    ("LayerNorm (forward, backward, dw/db)", ("k_layernorm",)),
+    ("cross-entropy row kernel", ("k_crossentropy",)),
+    ("GELU's backward pass", ("k_gelu",)),
+    ("AdamW + gradient norm", ("k_adamw", "k_grad_norm")),
+    ("memsets, fills, copies", ("Memcpy", "Memset", "FillFunctor")),
+    ("embedding, loss sums, other", ("",)),
+)
+
+
+def parts(paths: list[str]) -> str:
+    """The kernels of --json files as a markdown table: ms a step per part, a column per file."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    sums = [{name: 0.0 for name, _ in PARTS} for _ in runs]
+    for run, acc in zip(runs, sums):
+        for k in run["kernels"]:
+            acc[next(name for name, pats in PARTS if any(p in k["name"] for p in pats))] += k["ms"]
+    head = [f"{r['precision']} mb {r['mb']}" for r in runs]
+    lines = ["| part | " + " | ".join(head) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {name} | " + " | ".join(f"{acc[name]:.2f}" for acc in sums) + " |" for name, _ in PARTS]
+    lines.append("| all kernels | " + " | ".join(f"{r['kernel_ms']:.2f}" for r in runs) + " |")
+    lines.append("| step, wall (the same run, unprofiled) | " + " | ".join(f"{r['wall_ms']:.2f}" for r in runs) + " |")
+    return "\n".join(lines)
+
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv and argv[0] == "--parts":
+        print(parts(argv[1:]))
+        return
     out = None
     if "--json" in argv:
         i = argv.index("--json")
