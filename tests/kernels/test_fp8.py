@@ -390,3 +390,78 @@ def test_adamw_takes_the_weights_amaxes_bit_for_bit() -> None:
     S.prec.cast_weights()  # the same masters, each cast taking its own amax
     for a, b in zip(taken, copies()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ACTS)
+@pytest.mark.parametrize("B,T,NH,HS", [(2, 40, 2, 16), (1, 36, 3, 16), (2, 30, 2, 12)])
+def test_attention_backward_writes_the_qkv_gradient_as_its_cast_would(B: int, T: int, NH: int, HS: int,
+                                                                      dtype: torch.dtype) -> None:  # fmt: skip
+    """After priming, the attention backward writes the QKV site's output gradient in E4M3 itself
+    (Matmul.gradient_out): the site's operands hold the bytes, and its slot the words, that the site's cast of dq,
+    dk, dv gives; dq, dk, dv are left as they were; and the site's backward takes the operands as cast (the same dx
+    and dw). T 40 and 36 store the transpose in 8- and 4-byte words, T 30 byte by byte; HS 12 pads the heads'
+    tiles."""
+    from microgpt.kernels import attention as katt
+
+    rng = np.random.default_rng(T)
+    C, N = NH * HS, B * T
+    q, k, v, dout = (t(rng.standard_normal((B, T, C)).astype(np.float32), dtype) for _ in range(4))
+    x = t(rng.standard_normal((N, C)).astype(np.float32), dtype)  # the site's input
+    out, lse = torch.empty(B, T, C, dtype=dtype, device=DEVICE), torch.empty(B, NH, T, device=DEVICE)
+    katt.attention_forward(out, lse, q, k, v, NH, tuner=TUNER)
+    delta = torch.empty(B * NH * T, device=DEVICE)
+    noise = t(rng.standard_normal((3, N, C)).astype(np.float32), dtype)
+    runs = []
+    for fused in (False, True):
+        _, tw = weights_pair(np.random.default_rng(T), 3, C, C, N, (1.0, 0.25))
+        mm = matmul8(N, C)
+        klinear.linear_forward(torch.empty(3, N, C, dtype=dtype, device=DEVICE), x, tw, mm=mm)  # tw.xt
+        dqkv = noise.clone()
+        dq, dk, dv = (d.view(B, T, C) for d in dqkv)
+        katt.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, NH, site=tw if fused else None, delta=delta,
+                                tuner=TUNER, mm=mm)  # fmt: skip
+        assert torch.equal(dqkv, noise) == fused  # fused: the gradient went to the site's operands only
+        dx, dw = torch.zeros(N, C, dtype=dtype, device=DEVICE), torch.zeros(3, C, C, device=DEVICE)
+        klinear.linear_backward(dx, dw, dqkv, x, tw, mm=mm)  # unfused: casts dq, dk, dv
+        runs.append((bytes_of(mm.q.g8[: N * 3 * C]), bytes_of(mm.q.g8t[: N * 3 * C]), h(tw.gslot), dx, dw))
+    (g0, gt0, s0, dx0, dw0), (g1, gt1, s1, dx1, dw1) = runs
+    np.testing.assert_array_equal(g1, g0)
+    np.testing.assert_array_equal(gt1, gt0)
+    np.testing.assert_array_equal(s1, s0)
+    assert s0[fp8.AMAX] > 0 and s0[fp8.INV] > 0
+    assert torch.equal(dx1, dx0) and torch.equal(dw1, dw0)
+
+
+def test_fp8_steps_are_the_same_bits_with_attention_writing_the_qkv_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three optimizer steps of a small model in fp8 on the triton backend, with the attention backward writing the
+    QKV sites' E4M3 gradients (every step after the first, which primes) and with the sites casting them: the same
+    losses, gradient norms, masters and amax histories, bit for bit."""
+    from microgpt.backend import triton_backend
+    from microgpt.config import ModelConfig, TrainConfig
+    from microgpt.state import make_state
+    from microgpt.step import Step
+
+    m = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, seq_len=32)
+    rng = np.random.default_rng(3)
+    batches = [[tuple(rng.integers(0, 64, (2, 32)).astype(np.int32) for _ in range(2))] for _ in range(3)]
+    produced = []
+    out = k8.Matmul.gradient_out
+    runs = []
+    for fused in (True, False):
+        if fused:
+            monkeypatch.setattr(
+                k8.Matmul, "gradient_out", lambda mm, w, N: produced.append(out(mm, w, N)) or produced[-1]
+            )
+        else:
+            monkeypatch.setattr(k8.Matmul, "gradient_out", lambda mm, w, N: None)
+        t = TrainConfig(micro_batch=2, n_micro=1, precision="fp8", backend="triton", grad_clip=1.0)
+        S = make_state(m, t, triton_backend("fp8"))
+        step = Step(S)
+        res = [step(b, 1e-3) for b in batches]
+        runs.append(([(r.loss, r.grad_norm) for r in res], S.K.to_numpy(S.p).copy(),
+                     S.K.to_numpy(S.arena["fp8_slots"]).copy()))  # fmt: skip
+    # the first step primes (the casts), the other two each wrote both layers' QKV gradients
+    assert sum(p is not None for p in produced) >= 2 * m.n_layer
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    np.testing.assert_array_equal(runs[0][2], runs[1][2])
