@@ -90,9 +90,6 @@ class Backend:
     scratch_args: tuple[tuple[str, str, str], ...] = ()  # (function, keyword, planned buffer) bound by bind()
     kernel_args: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # function -> keywords
     matmul_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the precision's Matmul takes
-    # the functions bind() hands the precision's Matmul (keyword `mm`): the GEMM sites', and where a backend's
-    # kernels write a site's operand in the Matmul's format themselves, theirs (triton: the attention backward)
-    matmul_takers: tuple[str, ...] = ops.MATMUL_TAKERS
     # the bytes the plan may take on the device (memory.check_fits, less train.memory_margin): the host's memory on
     # NumPy, the GPU's free memory on triton; None: the allocation decides (the interpreter)
     memory_bytes: Callable[[], int | None] = lambda: None
@@ -108,7 +105,7 @@ class Backend:
         scratch, the runtime's tuner), and the precision bound to the arena."""
         self.on_bind(arena)
         state = self.precision.bind(arena, m, arena.flat("params"), self, **self.matmul_args)
-        kwargs: dict[str, dict[str, Any]] = {fn: {"mm": state.mm} for fn in self.matmul_takers}
+        kwargs: dict[str, dict[str, Any]] = {fn: {"mm": state.mm} for fn in ops.MATMUL_TAKERS}
         for fn, kws in self.kernel_args.items():
             kwargs.setdefault(fn, {}).update(kws)
         for fn, kw, buf in self.scratch_args:
@@ -195,7 +192,6 @@ def triton_backend(precision_name: str, flag: str = "train.precision", fp8_compu
                       ("adamw_step", "amax_blocks", "fp8_amax_blocks"), ("adamw_step", "amaxes", "fp8_wamax")),
         kernel_args={**{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
                      "decode_attention": {"sm_count": rt.sm_count}}, matmul_args={"gemm": rt.gemm},
-        matmul_takers=(*ops.MATMUL_TAKERS, "attention_backward"),
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,
         peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
     )  # fmt: skip

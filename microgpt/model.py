@@ -114,8 +114,7 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
         if layer_done is not None and layer + 1 < m.n_layer:
             layer_done(layer + 1)
         K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
-                             _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H,
-                             site=P[h + "w_qkv"])  # fmt: skip
+                             _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H)  # fmt: skip
         K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
         K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
                              A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip

@@ -22,14 +22,11 @@ programs.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from microgpt.fp8 import HISTORY
-from microgpt.kernels.fp8 import HW_CVT, finite_amax, quantize, slot_scale, store_transposed
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 LOG2E = 1.4426950408889634
@@ -146,49 +143,13 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, H
 
 
 @triton.jit
-def _store_grad(ptr, g8_ptr, g8t_ptr, slot_ptr, y, g: tl.constexpr, b, head, t0, T, C, HS, N, s, BR: tl.constexpr,
-                BD: tl.constexpr, FP8: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    # y (BR, BD) fp32: the gradient of rows t0 .. t0 + BR - 1 of sequence b, head `head`'s columns, for input g of
-    # the QKV site (0 q, 1 k, 2 v). Stored in ptr's dtype into ptr (B, T, C); FP8: that value cast instead, at the
-    # slot's scale s, into the site's E4M3 gradient rows g8 (N, 3C) and transpose g8t (3, C, N), its finite max |y|
-    # into the slot's amax word: the bytes and the slot the site's cast of the stored gradient would give
-    rows = t0 + tl.arange(0, BR)
-    offs_d = tl.arange(0, BD)
-    mask = (rows < T)[:, None] & (offs_d < HS)[None, :]
-    y = y.to(ptr.dtype.element_ty)
-    if FP8:
-        yf = tl.where(mask, y.to(tl.float32), 0.0)  # rows past T are not this sequence's
-        m, finite = finite_amax(yf)
-        tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
-        q = quantize(yf, s, finite, HW)
-        r = b.to(tl.int64) * T + rows
-        c = head * HS + offs_d
-        tl.store(g8_ptr + r[:, None] * (3 * C) + g * C + c[None, :], q, mask=mask)
-        store_transposed(g8t_ptr + C.to(tl.int64) * N * g, q, b.to(tl.int64) * T + t0, T - t0, c, offs_d < HS, N,
-                         BR, BD, PACK)  # fmt: skip
-    else:
-        off = b.to(tl.int64) * T * C + head * HS + rows[:, None] * C + offs_d[None, :]
-        tl.store(ptr + off, y, mask=mask)
-
-
-@triton.jit
-def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, g8_ptr, g8t_ptr,
-                    slot_ptr, T, C, NH, HS, qk_scale, sm_scale, BM1: tl.constexpr, BN1: tl.constexpr,
-                    BM2: tl.constexpr, BN2: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
-                    HIST: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, T, C, NH, HS,
+                    qk_scale, sm_scale, BM1: tl.constexpr, BN1: tl.constexpr, BM2: tl.constexpr, BN2: tl.constexpr,
+                    BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32
     # programs [0, cdiv(T, BN1)) own dk/dv tiles, the rest own dq tiles; BN1 % BM1 == 0 and BM2 % BN2 == 0
-    # FP8: dq, dk, dv are written as the QKV site's E4M3 output gradient instead (_store_grad): g8 (B*T, 3C) and
-    # g8t (3, C, B*T) uint8, slot the gradient's (HIST words of history); PACK: the transpose's word bytes
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    b, head = bh // NH, bh % NH
-    N = tl.num_programs(1) // NH * T
-    s = 1.0
-    if FP8:
-        s, inv = slot_scale(slot_ptr, HIST)
-        if (pid == 0) & (bh == 0):
-            tl.store(slot_ptr, inv)
     base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
     row_base = bh.to(tl.int64) * T
     offs_d = tl.arange(0, BD)
@@ -207,10 +168,8 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
                              T, C, HS, qk_scale, True, BM1, BD, IEEE)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, mid, T,
                              T, C, HS, qk_scale, False, BM1, BD, IEEE)  # fmt: skip
-        _store_grad(dk_ptr, g8_ptr, g8t_ptr, slot_ptr, dk * sm_scale, 1, b, head, start_n, T, C, HS, N, s, BN1, BD,
-                    FP8, PACK, HW)  # fmt: skip
-        _store_grad(dv_ptr, g8_ptr, g8t_ptr, slot_ptr, dv, 2, b, head, start_n, T, C, HS, N, s, BN1, BD, FP8, PACK,
-                    HW)  # fmt: skip
+        tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
         start_m = (tl.num_programs(0) - 1 - pid) * BM2  # the last rows (the longest loops) first, as dk/dv
         offs_m = start_m + tl.arange(0, BM2)
@@ -226,8 +185,7 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
                        False, BN2, BD, IEEE)  # fmt: skip
         dq = _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, start_m, tl.minimum(start_m + BM2, T), T, C,
                        HS, qk_scale, True, BN2, BD, IEEE)  # fmt: skip
-        _store_grad(dq_ptr, g8_ptr, g8t_ptr, slot_ptr, dq * sm_scale, 0, b, head, start_m, T, C, HS, N, s, BM2, BD,
-                    FP8, PACK, HW)  # fmt: skip
+        tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
 def _cfg(num_warps: int, num_stages: int, **meta: int) -> dict:
@@ -253,8 +211,7 @@ FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16))
                   dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
 
 
-def _launch(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner,
-            tag: str = "") -> None:  # fmt: skip
+def _launch(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> None:
     """launch(config) for one half under the config of this dtype and (T, hs): fixed in fp32 and the interpreter,
     else the fastest that fits the device, timed once inside the tuning window (on the warm-up step's buffers) and
     cached on disk (tuning.py; the candidates are named by their index in `configs`, the default first)."""
@@ -264,7 +221,7 @@ def _launch(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int,
     first = FWD_DEFAULT if half == "fwd" else 0
     order = [first, *(i for i in range(len(configs)) if i != first)]
     candidates = {str(i): (configs[i],) for i in order}  # named by index; the first is the default
-    tuner.launch(f"attention_{half}", f"{T}:{HS}:{dtype}{tag}", candidates, lambda cfg: lambda: launch(cfg))
+    tuner.launch(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates, lambda cfg: lambda: launch(cfg))
 
 
 def _bd(HS: int) -> int:
@@ -286,26 +243,19 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
                        k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, n_head: int, *,
-                       site: Any = None, delta: torch.Tensor, tuner: Tuner, mm: Any = None) -> None:  # fmt: skip
-    """delta: fp32 scratch of at least B*NH*T elements. site: the QKV site whose output gradient dq, dk, dv are, and
-    mm the precision's Matmul: where mm has the site's gradient written by its producer (precision fp8 after
-    priming: kernels/fp8.Matmul.gradient_out), the kernel writes the E4M3 operands the site's cast would have made of
-    dq, dk, dv, bit for bit, instead of them: dq, dk and dv are then left as they were."""
+                       delta: torch.Tensor, tuner: Tuner) -> None:  # fmt: skip
+    """delta: fp32 scratch of at least B*NH*T elements."""
     B, T, C = q.shape
     HS = C // n_head
     BMD = 16 if INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
-    e4m3 = mm.gradient_out(site, B * T) if mm is not None and site is not None else None
-    g8, g8t, slot = (e4m3.rows, e4m3.trans, e4m3.slot) if e4m3 is not None else (dq, dq, lse)  # unused when None
-    pack = next((p for p in (8, 4) if T % p == 0), 1) if e4m3 is not None else 1
 
     def launch(meta: dict) -> None:
         k_attention_bwd[(triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)](
-            dq, dk, dv, q, k, v, dout, lse, delta, g8, g8t, slot, T, C, n_head, HS, LOG2E / math.sqrt(HS),
-            1.0 / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32, FP8=e4m3 is not None, HIST=HISTORY,
-            PACK=pack if min(meta["BN1"], meta["BM2"]) % pack == 0 else 1, HW=HW_CVT, **meta)  # fmt: skip
+            dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
+            BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
-    _launch("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner, ":e4m3" if e4m3 is not None else "")
+    _launch("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner)
 
 
 @triton.jit

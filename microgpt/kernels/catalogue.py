@@ -184,9 +184,8 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """precision fp8's launches: each site's casts (input, GELU'd input, output gradient, GELU's backward), primed
     and not, the weights' and the head's casts (one weight, and a site over L layers taking AdamW's amaxes), the
-    slots' roll, AdamW recording those amaxes, the attention backward writing the QKV site's E4M3 gradient; and the
-    scaled GEMM tile (k_mm_scaled), which only the interpreter runs (on a GPU the E4M3 GEMMs are cuBLASLt's),
-    compiled all the same."""
+    slots' roll, AdamW recording those amaxes; and the scaled GEMM tile (k_mm_scaled), which only the interpreter
+    runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same."""
     e, f32, f8 = _meta(dtype), torch.float32, torch.float8_e4m3fn
     C, V, N = s.C, s.V, s.B * s.T
     scratch = {name: e(N * 4 * C, dt=f8) for name in ("fp8_x", "fp8_g", "fp8_gt")} | {"fp8_wgrad": e(4 * C * C)}
@@ -202,11 +201,6 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
                         dgelu_of=e(N, OC) if OC == 4 * C else None)  # fmt: skip
         mm.cast_weights([w])
         mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
-        if G == 3:  # the attention backward writing the QKV site's E4M3 gradient (after priming)
-            B, T, NH = s.B, s.T, s.NH
-            q, lse = e(B, T, C), e(B, NH, T, dt=f32)
-            attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, site=w, delta=e(N * NH, dt=f32), tuner=cat,
-                                         mm=mm)  # fmt: skip
         L = 12  # a site over its layers, as the step casts it (the amaxes a site's every fourth)
         fp8.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
                  e(L, G, OC, Cin, dt=f8), hist=0, take=e(4 * L, dt=f32)[::4])  # fmt: skip

@@ -21,7 +21,7 @@ torch's E4M3 conversion and of ml_dtypes, which the tests compare byte for byte)
 runs. The GPU gets them cheaper, since a cast is bound by instructions, not bytes (dev/cast_limits.py; bench/
 RESULTS.md): the amax is a max over the bits of |y| as integers, and a tile whose values are all finite (every
 tile in practice) is rounded by the conversion instruction alone, which saturates at +-448 itself; a tile with an
-inf or a NaN takes the long way (finite_amax, _e4m3). The GPU suite checks both against the rule on all 2^32 fp32.
+inf or a NaN takes the long way (_finite_amax, _e4m3). The GPU suite checks both against the rule on all 2^32 fp32.
 
 GEMMs: cuBLASLt's FP8 GEMM wants the left operand row-major and the right one column-major, so every operand is
 cast into the layout its GEMM reads:
@@ -51,7 +51,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -109,7 +108,7 @@ def _e4m3(y, HW: tl.constexpr):
 
 
 @triton.jit
-def finite_amax(y):
+def _finite_amax(y):
     """(max |y| over the tile, whether every y is finite). The max is taken on the bits of |y| as integers (for
     non-negative floats their order), two instructions an element; a tile that holds an inf or a NaN (bits >=
     0x7F800000) takes the slower finite max, which leaves them out."""
@@ -124,47 +123,6 @@ def finite_amax(y):
 
 
 @triton.jit
-def slot_scale(slot_ptr, HIST: tl.constexpr):
-    """(2^k, 2^-k) of a delayed-scaling cast: from the slot's pre word and, where it has one (HIST words), the
-    largest entry of its amax history."""
-    amax = tl.load(slot_ptr + 1)
-    if HIST > 0:
-        amax = tl.maximum(amax, tl.max(tl.load(slot_ptr + 4 + tl.arange(0, HIST)), axis=0))
-    return _scale(amax)
-
-
-@triton.jit
-def quantize(y, s, finite, HW: tl.constexpr):
-    """The E4M3 bytes of y * s (_e4m3_bits); finite: every y is (finite_amax). On the GPU (HW) a finite tile takes
-    the conversion alone: it saturates finite values at +-448 itself."""
-    if finite & HW:
-        q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        q = _e4m3(y * s, HW)
-    return q
-
-
-@triton.jit
-def store_transposed(t_ptr, q, i0, n, c, cmask, R, BR: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr):
-    """q (BR, BC), the E4M3 bytes of rows i0 .. i0 + BR - 1 and columns c, into t[c, r] (columns of R bytes): the
-    tile's first n rows and the columns of cmask. PACK > 1: as PACK-byte words, PACK consecutive rows of a column
-    each (byte j of a word is row PACK w + j, little-endian), where i0, n (if under BR) and R are multiples of
-    PACK: byte stores down a column are what make a transposing store slow."""
-    c64 = c.to(tl.int64)
-    if PACK > 1:
-        word = tl.uint64 if PACK == 8 else tl.uint32
-        shifts = (tl.arange(0, PACK) * 8).to(word)
-        words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
-        w = tl.arange(0, BR // PACK)
-        t_words = t_ptr.to(tl.pointer_type(word)) + i0 // PACK
-        tl.store(t_words + c64[None, :] * (R // PACK) + w[:, None], words,
-                 mask=(w[:, None] * PACK < n) & cmask[None, :])  # fmt: skip
-    else:
-        j = tl.arange(0, BR)
-        tl.store(t_ptr + i0 + c64[None, :] * R + j[:, None], q, mask=(j[:, None] < n) & cmask[None, :])
-
-
-@triton.jit
 def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg, sr, sc, lrow, lt, lq, lw,
            OP: tl.constexpr, AMAX_ONLY: tl.constexpr, TAKE: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr,
            TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
@@ -175,7 +133,8 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg,
     # y = op(x (G, R, Cc), x2 the same shape and strides) -> rows (R, G*Cc): rows[r, g*Cc + c]; t (G, Cc, R):
     # t[g, c, r]. slot: [2^-k, pre, amax, 0, history (HIST words)]. AMAX_ONLY: pre = max(pre, finite max |y|), no
     # stores; else k from max(pre, history), slot[0] = 2^-k, amax = max(amax, finite max |y|). PACK (R % PACK == 0):
-    # the transpose's word bytes (store_transposed)
+    # the transpose is stored as PACK-byte words, PACK consecutive r of a column each (byte j of a word is r = PACK
+    # i + j, little-endian): byte stores down a column are what make a transposing cast slow
     pid_r, pid_c, lg = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # lg = l * G + g
     layer, g = lg // G, lg % G
     l64 = layer.to(tl.int64)
@@ -193,15 +152,17 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg,
         y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
     else:
         y = x
-    m, finite = finite_amax(y)  # masked-off elements load as 0, which every op maps to 0
+    m, finite = _finite_amax(y)  # masked-off elements load as 0, which every op maps to 0
     if AMAX_ONLY:
         tl.atomic_max(slot_ptr + 1, m, sem="relaxed")
     else:
         if TAKE:
             amax = tl.load(take_ptr + l64 * lw)
-            s, inv = _scale(amax)
         else:
-            s, inv = slot_scale(slot_ptr, HIST)
+            amax = tl.load(slot_ptr + 1)
+        if HIST > 0:
+            amax = tl.maximum(amax, tl.max(tl.load(slot_ptr + 4 + tl.arange(0, HIST)), axis=0))
+        s, inv = _scale(amax)
         if (pid_r == 0) & (pid_c == 0) & (g == 0):
             tl.store(slot_ptr, inv)
             if TAKE:  # every program's tile max is at most amax, the max over them all
@@ -209,12 +170,23 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg,
                 tl.store(slot_ptr + 2, amax)
         if not TAKE:
             tl.atomic_max(slot_ptr + 2, m, sem="relaxed")  # only k_roll, a later launch, reads it
-        q = quantize(y, s, finite, HW)
+        if finite & HW:  # the conversion alone: it saturates finite values at +-448 itself
+            q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            q = _e4m3(y * s, HW)
         if ROWS:
             tl.store(rows_ptr + r64[:, None] * (G * Cc) + g64 * Cc + c64[None, :], q, mask=mask)
         if TRANS:
-            store_transposed(t_ptr + l64 * lt + g64 * Cc * R, q, pid_r * BR, R - pid_r * BR, c, c < Cc, R, BR, BC,
-                             PACK)  # fmt: skip
+            if PACK > 1:
+                word = tl.uint64 if PACK == 8 else tl.uint32
+                shifts = (tl.arange(0, PACK) * 8).to(word)
+                words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
+                i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
+                t_words = t_ptr.to(tl.pointer_type(word)) + (l64 * lt + g64 * Cc * R) // PACK
+                tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
+                         mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+            else:
+                tl.store(t_ptr + l64 * lt + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
 
 
 @triton.jit
@@ -335,15 +307,6 @@ class Scratch:
         return flat[: math.prod(shape)].view(shape)
 
 
-class GradientOut(NamedTuple):
-    """Where a site's output gradient goes in E4M3 when its producer writes it (Matmul.gradient_out): the rows
-    (N, G*OC) and transpose (G, OC, N) its backward's GEMMs read, as uint8, and the gradient's slot."""
-
-    rows: torch.Tensor
-    trans: torch.Tensor
-    slot: torch.Tensor
-
-
 class Matmul(linear.Matmul):
     """The GEMM sites on E4M3 operands (precision "fp8"): each operand cast once into the layout its GEMM reads,
     at its slot's scale; the head's gradient GEMMs are the base class's, on the compute copy. head: the LM head's
@@ -353,7 +316,6 @@ class Matmul(linear.Matmul):
         super().__init__(gemm)
         self.tuner, self.head = gemm.tuner, head
         self.q = Scratch(*(scratch[name] for name in ("fp8_x", "fp8_g", "fp8_gt", "fp8_wgrad")))
-        self._produced: set[str] = set()  # the sites whose output gradient its producer wrote in E4M3
 
     @staticmethod
     def unsupported(precision: str) -> str | None:
@@ -393,28 +355,13 @@ class Matmul(linear.Matmul):
         G, C, OC = w.master.shape
         N = dy.numel() // (G * OC)
         g8, g8t = self.q.view(self.q.g8, N, G * OC), self.q.view(self.q.g8t, G, OC, N)
-        if w.name in self._produced:  # dy's producer wrote g8 and g8t (gradient_out): dy holds nothing
-            self._produced.remove(w.name)
-        elif dgelu_of is None:
+        if dgelu_of is None:
             cast(self.tuner, dy.view(G, N, OC), w.gslot, g8, g8t, w.priming.on)
         else:
             cast(self.tuner, dgelu_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=GELU_GRAD, x2=dy)
         self.gemm.mm_scaled(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
         xt = self.q.view(w.xt, C, N).expand(G, C, N)
         self._per_weight(dw.view(G, C, OC), xt, w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1], accumulate=True)
-
-    def gradient_out(self, w: Any, N: int) -> GradientOut | None:
-        """Where the producer of site w's output gradient (N rows) writes it in E4M3 itself, as the site's cast would
-        (its slot's delayed scale, its finite amax into the slot), so that the gradient is never stored in the
-        compute dtype and `backward` skips its cast; None while the histories are being primed (the scale is then
-        the gradient's own amax, a pass before the cast) and for a site that is not E4M3. The attention backward
-        writes the QKV site's this way (kernels/attention.py)."""
-        if not isinstance(w, Fp8Weight) or w.priming.on:
-            return None
-        G, C, OC = w.master.shape
-        self._produced.add(w.name)
-        return GradientOut(self.q.view(self.q.g8, N, G * OC).view(torch.uint8),
-                           self.q.view(self.q.g8t, G, OC, N).view(torch.uint8), w.gslot)  # fmt: skip
 
     def _per_weight(self, out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
                     accumulate: bool = False) -> None:  # fmt: skip

@@ -66,11 +66,6 @@ class Matmul:
         else:
             self.gemm.bmm(y.view(w.shape[0], -1, OC), x2.expand(w.shape[0], *x2.shape), w)
 
-    def gradient_out(self, w: torch.Tensor, N: int) -> None:
-        """Where a producer writes site w's output gradient in the GEMMs' own format: nowhere here (the compute
-        dtype's gradient is the GEMMs' operand); precision fp8's Matmul has one (kernels/fp8.py)."""
-        return None
-
     def backward(self, dx: torch.Tensor, dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
                  dgelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
         """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dgelu_of: dy

@@ -33,7 +33,6 @@ function as attention_forward over the whole sequence, for those t rows); forwar
 """
 
 import math
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -112,12 +111,9 @@ def attention_backward(
     lse: NDArray,
     n_head: int,
     *,
-    site: Any = None,
     rows: Rows = SERIAL,
 ) -> None:
-    """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse. site:
-    the QKV site they are the output gradient of, whose precision may have the GPU's kernel write that gradient in
-    its GEMMs' format instead (fp8: kernels/attention.py); here linear_backward casts it, to the same bytes."""
+    """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse."""
     hs = q.shape[2] // n_head
     scale = 1.0 / math.sqrt(hs)
     mask = _causal_mask(q.shape[1], q.dtype)
