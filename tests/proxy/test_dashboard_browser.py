@@ -36,16 +36,25 @@ def browser(tmp_path: Path):
 
 
 def freeze(run: ProxyRun, pid: int) -> dict:
-    """Stop the engine (SIGSTOP) and wait until the proxy has written everything it printed."""
+    """Stop the engine (SIGSTOP) and wait until the proxy has written everything it printed: as many train and val
+    rows as the engine's own log (train.jsonl) has step and eval records, unchanged for 0.5 s (the proxy flushes
+    every 0.05 s while there is news). A busy machine can hold the proxy back longer than that with lines still in
+    its pipe, so unchanged alone is not enough. The engine appends a record to its log before it prints it: stopped
+    between the two, its log is one record ahead for good, which 3 s unchanged settles."""
     os.kill(pid, signal.SIGSTOP)
+    log = run.out / "train.jsonl"
     last, stable_since = None, time.monotonic()
-    while time.monotonic() - stable_since < 0.5:  # the proxy flushes every 0.05 s while there is news
+    while True:
         loss = run.file("loss")
         sig = (len(loss["train"]), len(loss["val"]), len(loss["marks"]))
         if sig != last:
             last, stable_since = sig, time.monotonic()
+        recs = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
+        logged = tuple(sum(r["event"] == e for r in recs) for e in ("step", "eval"))
+        still = time.monotonic() - stable_since
+        if (still >= 0.5 and sig[:2] == logged) or still >= 3:
+            return loss
         time.sleep(0.02)
-    return loss
 
 
 def drawn(loss: dict):
