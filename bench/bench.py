@@ -24,7 +24,7 @@ after the last timed step ("counter"), or where the card has no counter the mean
 ("power x time"); tokens/J = the timed steps' tokens over those joules, J/step = those joules over the timed steps.
 The counter moves in steps of the driver's update period, so a window under a second reads coarse: give a short
 step more --steps (each row's JSON line has its window_s, and joules_power, power x time, beside the counter's
-joules as a check).
+joules as a check; the table's energy column says "coarse" with the window where it is under COARSE_S).
 
 Peak = torch.cuda.max_memory_allocated over the whole run. For microgpt also: the planned bytes (memory.role_bytes
 of the state's plan: the arena plus cuBLAS's workspace), the peak over the first step (warm-up, graph capture, first
@@ -295,6 +295,17 @@ COLUMNS = ["impl", "precision", "micro-batch", "tokens/s", "tokens/J", "vs eager
            "first step vs plan", "steady vs plan", "energy"]  # fmt: skip
 
 
+COARSE_S = 1.0  # a timed window shorter than this reads NVML's energy counter in too few of its steps
+
+
+def energy(r: dict) -> str:
+    """Where a row's joules come from, and "coarse" with the window where it was too short to read them well."""
+    if "energy" not in r:
+        return "-"
+    window = r.get("window_s")
+    return f"{r['energy']}, coarse ({window:.2f} s)" if window is not None and window < COARSE_S else r["energy"]
+
+
 def gib(r: dict, key: str) -> str:
     return f"{r[key] / 2**30:.2f}" if r.get(key) else "-"
 
@@ -308,7 +319,7 @@ def cells(r: dict, base: dict) -> list[str]:
     clocks = [f"{r['sm_mhz']:,.0f}", f"{r['watts']:.0f}"] if "sm_mhz" in r else ["-", "-"]
     return [r["impl"], r.get("precision", ""), micro_batch(r), f"{r['tokens_per_s']:,.0f}", per_j, *ratio,
             f"{100 * r['mfu']:.1f}%", f"{r['step_ms']:.1f}", j_step, *clocks, gib(r, "peak"), gib(r, "peak_steady"),
-            gib(r, "planned"), vs_plan(r, "peak_first"), vs_plan(r, "peak_steady"), r.get("energy", "-")]  # fmt: skip
+            gib(r, "planned"), vs_plan(r, "peak_first"), vs_plan(r, "peak_steady"), energy(r)]  # fmt: skip
 
 
 def micro_batch(r: dict) -> str:

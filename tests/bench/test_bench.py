@@ -109,3 +109,14 @@ def test_table_shows_the_energy_columns() -> None:
     assert got["micro-batch"] == "16 x 4" and got["tokens/s"] == "600,000" and got["tokens/J"] == "1,234"
     assert got["J/step"] == "35.25" and got["W"] == "650" and got["energy"] == "counter"
     assert got["vs microgpt bf16"] == "1.00x" and got["steady vs plan"] == "+0.0%"
+
+
+def test_table_says_when_the_energy_window_was_too_short() -> None:
+    """A row timed over less than COARSE_S reads the energy counter coarsely: its energy cell says so, with the
+    window; a longer one, or one without a window, is just where the joules came from."""
+    row = {"impl": "microgpt", "mb": 8, "tokens_per_s": 500_000.0, "tokens_per_j": 700.0, "joules_per_step": 11.7,
+           "mfu": 0.45, "step_ms": 16.4, "energy": "counter"}  # fmt: skip
+    for window, want in ((0.44, "counter, coarse (0.44 s)"), (2.36, "counter"), (None, "counter")):
+        r = row if window is None else {**row, "window_s": window}
+        header, _, cells = (line.strip("|").split(" | ") for line in bench.table([r]).splitlines())
+        assert dict(zip([h.strip() for h in header], [c.strip() for c in cells]))["energy"] == want
