@@ -37,10 +37,10 @@ def browser(tmp_path: Path):
 
 def freeze(run: ProxyRun, pid: int) -> dict:
     """Stop the engine (SIGSTOP) and wait until the proxy has written everything it printed: as many train and val
-    rows as the engine's own log (train.jsonl) has step and eval records, unchanged for 0.5 s (the proxy flushes
-    every 0.05 s while there is news). A busy machine can hold the proxy back longer than that with lines still in
-    its pipe, so unchanged alone is not enough. The engine appends a record to its log before it prints it: stopped
-    between the two, its log is one record ahead for good, which 3 s unchanged settles."""
+    rows as the engine's own log (train.jsonl) has step and eval records, unchanged for 0.5 s. Unchanged alone is
+    not enough: the proxy's unforced flushes wait 10x its last write, so a busy machine's slow writes hold rows it
+    has read for longer than that. The engine appends a record to its log before it prints it: stopped between the
+    two, its log stays one record ahead, which 3 s unchanged settles."""
     os.kill(pid, signal.SIGSTOP)
     log = run.out / "train.jsonl"
     last, stable_since = None, time.monotonic()
