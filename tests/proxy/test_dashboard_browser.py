@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from microgpt.runlog import LOG_NAME, read_log
 from tests.proxy._cdp import Chromium, chromium_binary
 from tests.proxy._helpers import REPO, ProxyRun, write_exp
 from tests.test_hellaswag import EXAMPLES as HELLASWAG
@@ -42,19 +43,22 @@ def freeze(run: ProxyRun, pid: int) -> dict:
     has read for longer than that. The engine appends a record to its log before it prints it: stopped between the
     two, its log stays one record ahead, which 3 s unchanged settles."""
     os.kill(pid, signal.SIGSTOP)
-    log = run.out / "train.jsonl"
     last, stable_since = None, time.monotonic()
     while True:
         loss = run.file("loss")
         sig = (len(loss["train"]), len(loss["val"]), len(loss["marks"]))
         if sig != last:
             last, stable_since = sig, time.monotonic()
-        recs = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
-        logged = tuple(sum(r["event"] == e for r in recs) for e in ("step", "eval"))
         still = time.monotonic() - stable_since
-        if (still >= 0.5 and sig[:2] == logged) or still >= 3:
+        if still >= 3 or (still >= 0.5 and sig[:2] == logged(run.out / LOG_NAME)):
             return loss
         time.sleep(0.02)
+
+
+def logged(path: Path) -> tuple[int, int]:
+    """The step and eval records in an engine's log."""
+    recs = read_log(path)
+    return sum(r["event"] == "step" for r in recs), sum(r["event"] == "eval" for r in recs)
 
 
 def drawn(loss: dict):
