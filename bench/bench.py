@@ -51,8 +51,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import config, memory, params  # noqa: E402
+from microgpt import config  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
+from microgpt.engine import memory, params  # noqa: E402
 
 PEAK_FLOPS = 989e12  # dense bf16; fp8 runs are counted against it too, so their MFU compares with bf16's
 IMPLS = ["eager", "compile", "torchao", "torchao-rowwise", "microgpt", "microgpt-fp8"]
@@ -202,9 +203,9 @@ class Clocks:
 
 def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,
                  n_micro: int = 1) -> dict:  # fmt: skip
-    from microgpt.backend import triton_backend
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import triton_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     t = TrainConfig(micro_batch=mb, n_micro=n_micro, precision=precision, backend="triton", grad_clip=1.0, seed=0)
     K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now

@@ -48,11 +48,11 @@ import microgpt  # noqa: E402, F401  # before NumPy, as in `microgpt train`: the
 import numpy as np  # noqa: E402
 
 from microgpt import config, ops  # noqa: E402
-from microgpt.backend import Backend, numpy_backend  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
+from microgpt.engine.backend import Backend, numpy_backend  # noqa: E402
+from microgpt.engine.state import make_state  # noqa: E402
+from microgpt.engine.step import Step  # noqa: E402
 from microgpt.ops import linear  # noqa: E402
-from microgpt.state import make_state  # noqa: E402
-from microgpt.step import Step  # noqa: E402
 
 IMPLS = ["eager-cpu", "microgpt-numpy"]
 TINY = Path(__file__).resolve().parent.parent / "experiments" / "ANDREA-tiny-TRAIN.json"
@@ -260,7 +260,7 @@ def gemms(reps: int = 20) -> str:
     environment sets; and the memory bandwidth of one np.copyto of 64 MiB."""
     import torch
 
-    from microgpt import memory
+    from microgpt.engine import memory
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     m, mb = tiny()

@@ -6,7 +6,7 @@
 
 One JSON line per (impl, batch) on stdout. Impls: microgpt (the triton backend on a GPU: prefill through
 model.gpt_infer, decoding through InferState.decode, one CUDA graph per batch size, replayed per token; the NumPy
-backend on the CPU), hf (transformers' GPT2LMHeadModel from the folder microgpt/export.py writes, SDPA attention,
+backend on the CPU), hf (transformers' GPT2LMHeadModel from the folder microgpt/use/export.py writes, SDPA attention,
 generate() with its dynamic KV cache) and hf-compile (the same with a static cache, which generate() compiles with
 torch.compile on a GPU; a failure becomes the row's "error"). Weights: a checkpoint's, or the seeded init moved off
 it (so that greedy tokens are not decided by near-ties), exported once for transformers in the run's precision
@@ -42,10 +42,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import checkpoint, export, memory, params  # noqa: E402
-from microgpt.backend import Backend, numpy_backend, triton_backend  # noqa: E402
+from microgpt import checkpoint  # noqa: E402
 from microgpt.config import Experiment, ModelConfig  # noqa: E402
-from microgpt.state import make_infer_state  # noqa: E402
+from microgpt.engine import memory, params  # noqa: E402
+from microgpt.engine.backend import Backend, numpy_backend, triton_backend  # noqa: E402
+from microgpt.engine.infer import make_infer_state  # noqa: E402
+from microgpt.engine.trained import load_trained
+from microgpt.use import export  # noqa: E402
 
 SHAPES = {
     "andrea-120m": ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024),
@@ -59,7 +62,7 @@ IMPLS = ["microgpt", "hf", "hf-compile"]
 def weights(args: argparse.Namespace, folder: Path) -> tuple[ModelConfig, np.ndarray, Path]:
     """The model, its flat fp32 weights and the checkpoint they are in (written to folder for random weights)."""
     if args.checkpoint:
-        ld = checkpoint.load_trained(args.checkpoint)
+        ld = load_trained(args.checkpoint)
         return ld.exp.model, ld.weights, ld.path
     return random_checkpoint(args.shape, folder)
 

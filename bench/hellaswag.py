@@ -49,10 +49,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import checkpoint, config, params  # noqa: E402
+from microgpt import checkpoint, config  # noqa: E402
 from microgpt.data import corpus  # noqa: E402
-from microgpt.data.hellaswag import read, tokenize  # noqa: E402
+from microgpt.data.hellaswag_file import read, tokenize  # noqa: E402
 from microgpt.data.tokenizer import file_sha256, load_tokenizer, train_bpe  # noqa: E402
+from microgpt.engine import params  # noqa: E402
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, output_error  # noqa: E402
 from microgpt.fileio import atomic_write_bytes  # noqa: E402
 

@@ -3,7 +3,8 @@
 Pre-LN GPT: token + position embedding; per block LN -> separate q, k, v projections (no bias) -> causal
 F.scaled_dot_product_attention -> output projection -> residual; LN -> Linear(C,4C) -> GELU(tanh) ->
 Linear(4C,C) -> residual; final LN; LM head tied to wte; mean cross-entropy. The weights start as microgpt's do
-(microgpt/params.py: the same init from the same seed, loaded by name; nn.Linear stores [out, in], microgpt [in, out]).
+(microgpt/engine/params.py: the same init from the same seed, loaded by name; nn.Linear stores [out, in],
+microgpt [in, out]).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from microgpt import params
 from microgpt.config import ModelConfig
+from microgpt.engine import params
 
 # microgpt's block leaf -> this module's parameter (per block); embeddings and the final LayerNorm by TOP
 BLOCK_NAMES = {

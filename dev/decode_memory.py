@@ -21,10 +21,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from microgpt import memory, params  # noqa: E402
-from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import ModelConfig  # noqa: E402
-from microgpt.state import make_infer_state  # noqa: E402
+from microgpt.engine import memory, params  # noqa: E402
+from microgpt.engine.backend import triton_backend  # noqa: E402
+from microgpt.engine.infer import make_infer_state  # noqa: E402
 
 M = ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024)
 MIB = 1 << 20

@@ -102,16 +102,17 @@ def ranks(argv: list[str], n: int, env: dict[str, str], cwd: Path) -> list[tuple
 
 WRAP = """
 import sys
-from microgpt import cli, distributed
+from microgpt import cli
+from microgpt.engine import collectives
 PATCH
 sys.exit(cli.main(sys.argv[1:]))
 """
 PATCHES = {  # a variant's change to the engine, applied by WRAP in each rank
-    "not summed": "distributed.GradReduce.layer_done = lambda self, layer: None\n"
-    "distributed.GradReduce.finish = lambda self: None\n"
-    "distributed.DataParallel.check_replicas = lambda self, step, arrays: None",
-    "one bucket": "distributed.GradReduce.layer_done = lambda self, layer: None\n"
-    "distributed.GradReduce.finish = lambda self: self.dp.all_reduce_async(self.g).wait()",
+    "not summed": "collectives.GradReduce.layer_done = lambda self, layer: None\n"
+    "collectives.GradReduce.finish = lambda self: None\n"
+    "collectives.DataParallel.check_replicas = lambda self, step, arrays: None",
+    "one bucket": "collectives.GradReduce.layer_done = lambda self, layer: None\n"
+    "collectives.GradReduce.finish = lambda self: self.dp.all_reduce_async(self.g).wait()",
 }
 
 

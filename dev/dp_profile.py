@@ -4,7 +4,7 @@
     python3 dev/dp_profile.py --summarize DIR [--baseline DIR]   # the summary again, from the traces left in DIR
 
 Each rank builds the ANDREA-120M state (bench/bench.py's shape, random tokens), prepares the step (warm-up and
-capture, NCCL all-reduces inside the graph: microgpt/step.py), times 20 steps by the host clock with Step's parts
+capture, NCCL all-reduces inside the graph: microgpt/engine/step.py), times 20 steps by the host clock with Step's parts
 timed apart (the inputs' copies up to the replay's launch, the launch, the wait for the report after it, and the
 replay itself by CUDA events), times the per-step host exchange the trainer does (DataParallel.gather of three
 scalars), then records the kernels of --replays replays (torch.profiler, CUPTI) into DIR/trace_rank{r}.json.
@@ -40,11 +40,11 @@ def rank_main(a: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from bench.bench import SHAPE, batches
-    from microgpt.backend import triton_backend
     from microgpt.config import TrainConfig
-    from microgpt.distributed import DataParallel
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import triton_backend
+    from microgpt.engine.collectives import DataParallel
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     torch.cuda.set_device(rank)
@@ -222,9 +222,9 @@ def main() -> None:
     elif "RANK" in os.environ or a.gpus == 1:
         rank_main(a)
     else:
-        from microgpt import distributed
+        from microgpt.run import job
 
-        sys.exit(distributed.launch([sys.executable, __file__, *sys.argv[1:]], a.gpus))
+        sys.exit(job.launch([sys.executable, __file__, *sys.argv[1:]], a.gpus))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt import config  # noqa: E402
-from microgpt.trainer import Trainer  # noqa: E402
+from microgpt.run.trainer import Trainer  # noqa: E402
 from tests.data.test_mixing import FIREHOSE, experiment, write_sources  # noqa: E402
 
 VARIANTS = {

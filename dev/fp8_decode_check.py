@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import params  # noqa: E402
-from microgpt.backend import numpy_backend, triton_backend  # noqa: E402
 from microgpt.config import ModelConfig  # noqa: E402
-from microgpt.state import InferState, make_infer_state  # noqa: E402
+from microgpt.engine import params  # noqa: E402
+from microgpt.engine.backend import numpy_backend, triton_backend  # noqa: E402
+from microgpt.engine.infer import InferState, make_infer_state  # noqa: E402
 from tests.kernels.test_gpu_decode import fp8_histories  # noqa: E402  # the GPU test's: one way to make them
 
 SHAPES = {

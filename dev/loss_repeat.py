@@ -52,10 +52,10 @@ def child(a: argparse.Namespace) -> None:
     if os.environ.get("LOSS_REPEAT_FP8_TILE") == "1":
         fp8_gemms_on_the_tile()
 
-    from microgpt.backend import triton_backend
     from microgpt.config import ModelConfig, TrainConfig
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import triton_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
     t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
@@ -88,10 +88,10 @@ def replays(a: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from microgpt.backend import triton_backend
     from microgpt.config import ModelConfig, TrainConfig
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import triton_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
     t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)

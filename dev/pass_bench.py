@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.timing import captured  # noqa: E402
-from microgpt import memory  # noqa: E402
+from microgpt.engine import memory  # noqa: E402
 from microgpt.kernels import crossentropy, gelu  # noqa: E402
 from microgpt.kernels.gemm import cublas_mm  # noqa: E402
 

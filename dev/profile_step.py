@@ -19,10 +19,10 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench import SHAPE, batches  # noqa: E402
-from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
-from microgpt.state import make_state  # noqa: E402
-from microgpt.step import Step  # noqa: E402
+from microgpt.engine.backend import triton_backend  # noqa: E402
+from microgpt.engine.state import make_state  # noqa: E402
+from microgpt.engine.step import Step  # noqa: E402
 
 # (part, the patterns of its kernels' names), first match wins; cuBLASLt's kernels are nvjet_*, FP8 ones nvjet_*_qq*
 PARTS = (

@@ -44,13 +44,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
 from bench.serve import stream, together, tokenizer_record  # noqa: E402
-from microgpt import chat, oai, sample, scheduler, serve, state  # noqa: E402
+from microgpt.engine import infer  # noqa: E402
+from microgpt.use import chat, oai, sample, scheduler, serve  # noqa: E402
 
 # (module or class, attribute, label): the per-token path, where each exists in this tree
 TARGETS = [
     (scheduler.Scheduler, "_decode", "pass"),
-    (state.InferState, "decode", "step"),
-    (state.InferState, "run", "prefill"),
+    (infer.InferState, "decode", "step"),
+    (infer.InferState, "run", "prefill"),
     (sample.Generator, "run", "gen.run"),
     (sample.Generator, "decode", "gen.decode"),
     (sample.Generator, "greedy", "gen.greedy"),

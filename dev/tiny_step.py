@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
-from microgpt.state import make_state  # noqa: E402
-from microgpt.step import Step  # noqa: E402
+from microgpt.engine.backend import triton_backend  # noqa: E402
+from microgpt.engine.state import make_state  # noqa: E402
+from microgpt.engine.step import Step  # noqa: E402
 
 m = ModelConfig(vocab_size=384, d_model=64, n_layer=2, n_head=2, seq_len=64)
 precision = sys.argv[1] if len(sys.argv) > 1 else "bf16"

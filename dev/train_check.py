@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from microgpt import config, memory  # noqa: E402
-from microgpt.trainer import Trainer  # noqa: E402
+from microgpt import config  # noqa: E402
+from microgpt.engine import memory  # noqa: E402
+from microgpt.run.trainer import Trainer  # noqa: E402
 
 
 def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, backend: str | None = None

@@ -23,12 +23,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench import SHAPE  # noqa: E402
 from dev.timing import captured  # noqa: E402
-from microgpt import params  # noqa: E402
-from microgpt.backend import triton_backend  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
+from microgpt.engine import params  # noqa: E402
+from microgpt.engine.backend import triton_backend  # noqa: E402
+from microgpt.engine.state import make_state  # noqa: E402
 from microgpt.kernels import adamw as kadamw  # noqa: E402
 from microgpt.kernels import fp8  # noqa: E402
-from microgpt.state import make_state  # noqa: E402
 
 
 def main() -> None:

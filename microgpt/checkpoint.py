@@ -2,7 +2,7 @@
 
     [int32 step][int32 n_params][n_params f32 weights][n_params f32 adam m][n_params f32 adam v]
 
-little-endian, parameters in the canonical order (microgpt/params.py). The file is the same for every
+little-endian, parameters in the canonical order (microgpt/engine/params.py). The file is the same for every
 backend and precision. Writes are atomic: a temp file in the same folder, fsync, rename, fsync of the
 folder; so a reader (or a crash) never sees half a checkpoint and an existing file is only ever
 replaced by a complete one. Readers check the size (8 + 12 * n_params) and n_params against the model
@@ -32,7 +32,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from microgpt import config, params
 from microgpt.errors import InputError, brief, check_number
 from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
 
@@ -311,41 +310,3 @@ def resolve(where: str | Path) -> Path:
     """A step-*.bin as given, or a run folder's (or a ckpt folder's) newest valid checkpoint."""
     p, folder = _folder_or_file(where)
     return resolve_loaded(p)[0].path if folder else p
-
-
-@dataclass
-class Trained:
-    """A checkpoint read back with everything needed to use its model elsewhere (sample, chat, export, eval)."""
-
-    path: Path
-    exp: config.Experiment
-    step: int
-    weights: np.ndarray  # (n_params,) float32, canonical order
-    side: dict[str, Any]
-
-    def params(self) -> dict[str, np.ndarray]:
-        """Named views of the weights, in the canonical order (microgpt/params.py)."""
-        return params.named(self.weights, self.exp.model)
-
-    @property
-    def precision(self) -> str:
-        """The precision the run trained in (its sidecar's, else its experiment's)."""
-        return self.side.get("precision", self.exp.train.precision)
-
-
-def load_trained(where: str | Path) -> Trained:
-    """A step-*.bin or a run folder (its newest valid checkpoint), read once, checked against its sidecar's model."""
-    ck, side = resolve_loaded(where)
-    path = ck.path
-    if "config" not in side:
-        what = "has no field 'config'" if sidecar_path(path).exists() else "is missing"
-        raise CheckpointError(f"{sidecar_path(path)}: the checkpoint's sidecar {what}: cannot rebuild the model")
-    exp = config.from_dict(side["config"], f"{sidecar_path(path)}: field 'config'")
-    saved = side.get("params")
-    if saved is not None and [(k, tuple(v)) for k, v in saved] != params.param_shapes(exp.model):
-        raise CheckpointError(f"{sidecar_path(path)}: field 'params' does not match its 'config.model'; "
-                              "checkpoint is for another model")  # fmt: skip
-    if ck.weights.size != params.n_params(exp.model):
-        raise CheckpointError(f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
-                              f"{params.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip
-    return Trained(path, exp, ck.step, ck.weights, side)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import microgpt
-from microgpt import backend, checkpoint, config, memory, params, runlock
+from microgpt import checkpoint, config, runlock
+from microgpt.engine import backend, memory, params
 from microgpt.errors import ArgParser, exit_on_input_error, fail
 from microgpt.events import Heartbeat
 from microgpt.runlog import LOG_NAME, RunLog
@@ -25,10 +26,10 @@ DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
     "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
-    "chat": ("microgpt.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
-    "export": ("microgpt.export", "write a checkpoint as a Hugging Face transformers folder"),
-    "eval": ("microgpt.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
-    "serve": ("microgpt.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
+    "chat": ("microgpt.use.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
+    "export": ("microgpt.use.export", "write a checkpoint as a Hugging Face transformers folder"),
+    "eval": ("microgpt.use.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
+    "serve": ("microgpt.use.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
 }
 
 
@@ -57,15 +58,16 @@ def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
-    from microgpt import data, distributed  # numpy-heavy imports only once the flags parse
-    from microgpt.data import hellaswag
+    from microgpt import data
+    from microgpt.data import hellaswag_file as hellaswag
+    from microgpt.run import job  # numpy-heavy imports only once the flags parse
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
     out = Path(args.out or Path("runs") / exp.name)
-    if distributed.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
+    if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
-    launcher = (args.procs or 1) > 1 and not distributed.launched()  # its rank 0 beats, on the same stdout
+    launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
     with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
             print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
@@ -75,8 +77,9 @@ def cmd_train(argv: list[str]) -> int:
 def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],
              lock: runlock.RunLock | None = None) -> int:  # fmt: skip
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
-    from microgpt import data, distributed, report, trainer
-    from microgpt import trackers as tracking
+    from microgpt import data
+    from microgpt.run import job, report, trainer
+    from microgpt.run import trackers as tracking
 
     trainer.check_out_dir(out)
     existing = checkpoint.list_checkpoints(out / "ckpt")
@@ -97,16 +100,16 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         return finished(args, exp)
     if args.init and not args.resume:  # checked before anything is built or written
         checkpoint.resolve(args.init)
-    if (args.procs or 1) > 1 and not distributed.launched():  # the launcher: N copies of this command
-        distributed.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
+    if (args.procs or 1) > 1 and not job.launched():  # the launcher: N copies of this command
+        job.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
         cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
-        return distributed.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
-    dp = distributed.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
+        return job.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
+    dp = job.from_env(exp.train.backend, args.procs)  # None: one process, and no torch import
     tr = None
     try:
         if dp is not None and exp.data.source == "builtin":
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
-        rank0 = distributed.rank() == 0
+        rank0 = job.rank() == 0
         trackers = tracking.make(args.track, out, exp.name, exp.to_dict()) if rank0 else []
         log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers)
         tr = trainer.Trainer(exp, out, dp=dp, log=log)
@@ -176,7 +179,7 @@ def cmd_sample(argv: list[str]) -> int:
     backend.add_flags(p)
     p.add_argument("--chat", action="store_true", help="the prompt is one ChatML user turn; print the reply")
     args = p.parse_args(argv)
-    from microgpt import chat, sample
+    from microgpt.use import chat, sample
 
     return chat.sample_chat(args) if args.chat else sample.main(args)
 

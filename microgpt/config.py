@@ -40,7 +40,8 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     # sequences a micro-batch; "auto": the largest whose memory plan fits the device, n_micro then counting the
-    # step's sequences (microgpt/state.py auto_micro_batch; --micro-batch auto keeps the recipe's micro_batch x n_micro)
+    # step's sequences (microgpt/engine/state.py auto_micro_batch; --micro-batch auto keeps the recipe's
+    # micro_batch x n_micro)
     micro_batch: int | str = 16
     n_micro: int = 1
     steps: int = 300
@@ -67,7 +68,7 @@ class TrainConfig:
     # GiB of the device's free memory the plan leaves to what is allocated outside it: the CUDA graph's pool, Triton's
     # loaded kernels, NCCL's buffers, other processes (the plan is checked against the free memory less this)
     memory_margin: float = 0.5
-    # a HellaSwag JSONL file (microgpt/hellaswag.py) scored during the run, every hellaswag_every steps (0: with the
+    # a HellaSwag JSONL file (microgpt/use/hellaswag.py) scored during the run, every hellaswag_every steps (0: with the
     # validation loss, every eval_every) and at the last, on its first hellaswag_examples examples (0: all); "": none
     hellaswag: str = ""
     hellaswag_every: int = 0
@@ -305,7 +306,7 @@ def override(exp: Experiment, assignment: str) -> Experiment:
 
 
 TRAIN_FLAGS = ("steps", "seed", "backend", "precision", "micro_batch", "memory_margin")  # each sets that train field
-TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/trackers.py)
+TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/run/trackers.py)
 
 
 def add_experiment_flags(p: argparse.ArgumentParser) -> None:
@@ -329,7 +330,7 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="tensorboard|wandb|trackio",
-        help="also send the run's records to a tracker (microgpt/trackers.py; the 'trackers' extra)",
+        help="also send the run's records to a tracker (microgpt/run/trackers.py; the 'trackers' extra)",
     )
     p.add_argument("--init", metavar="CKPT_OR_RUN_DIR",
                    help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
@@ -350,7 +351,7 @@ def _micro_batch_flag(text: str) -> int | str:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The shared flags' own limits, checked before the experiment is read."""
-    for flag in ("steps", "procs"):  # --procs: the machine's own bound is distributed.check_job's
+    for flag in ("steps", "procs"):  # --procs: the machine's own bound is job.check_job's
         if getattr(args, flag) is not None:
             check_number(getattr(args, flag), f"--{flag}", 1, INT_MAX, integer=True, error=ConfigError)
     for name in args.track:

@@ -25,7 +25,7 @@ Activations and output gradients: delayed scaling. Each site's input (x) and out
 amax history of the last HISTORY micro-batches; a cast takes its amax from the largest entry, so the scale is known
 before the tensor exists and its producer can write E4M3 itself (the casts computing GELU do: no bf16 copy, no amax
 pass, no separate cast pass). While casting, it records the finite max |x| it met; the end of each micro-batch
-(microgpt/precision.py: Fp8State.end_micro_batch) pushes that amax into the history (the oldest falls out). A value
+(engine/precision.py: Fp8State.end_micro_batch) pushes that amax into the history (the oldest falls out). A value
 above the history's range saturates at +-448. The history is the only state across steps: it rides in the checkpoint's
 sidecar (`fp8_amax_history`), so resume is bit-exact. A run with no history yet (a fresh one, or one resumed from a
 checkpoint of another precision) primes it: its first micro-batch takes each tensor's own amax first (current scaling,

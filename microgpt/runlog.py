@@ -7,7 +7,7 @@ time (`time`, Unix seconds). Each one is
     appends after the records of the last; its start record says the step it resumed from), rank 0 only;
   - printed on stdout as one line when asked (`train --json`): the proxy's engine child asks (the proxy reads
     stdout, microgpt/proxy/child.py); a person at a terminal gets no JSON there;
-  - handed to the trackers (microgpt/trackers.py: TensorBoard, W&B, trackio), from a queue the run loop drains
+  - handed to the trackers (microgpt/run/trackers.py: TensorBoard, W&B, trackio), from a queue the run loop drains
     between steps (`pump`), so a tracker never runs inside a signal handler.
 
 The same rows are the proxy's `<run>.loss.json` rows (microgpt/proxy/runfiles.py): one history format, so a folder
@@ -36,7 +36,7 @@ STDERR_FD = 2
 
 
 class Tracker(Protocol):
-    """Where records go besides the log (microgpt/trackers.py); each gets every record, in order."""
+    """Where records go besides the log (microgpt/run/trackers.py); each gets every record, in order."""
 
     def record(self, rec: dict[str, Any]) -> None: ...
 

@@ -10,7 +10,9 @@ import re
 
 import pytest
 
-from microgpt import config, memory, params, precision, trainer
+from microgpt import config
+from microgpt.engine import memory, params, precision
+from microgpt.run import trainer
 from tests.conftest import REPO, cli
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
@@ -109,7 +111,7 @@ TABLE_RUNS = {"ANDREA-12M": (64, [8, 16, 32, 64]), "ANDREA-120M": (128, [1, 2, 4
 
 
 def card_table() -> str:
-    from microgpt.backend import triton_rows
+    from microgpt.engine.backend import triton_rows
 
     head = "| model | precision | micro-batch x n_micro | plan GiB | " + " | ".join(CARD_GIB) + " |"
     lines = [head, "| --- " * (4 + len(CARD_GIB)) + "|"]

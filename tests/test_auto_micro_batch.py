@@ -55,7 +55,8 @@ def test_auto_under_data_parallel_is_refused_naming_the_field(tmp_path: Path) ->
     """Each rank would read its own card's free memory; the ranks must agree on the micro-batch."""
     from types import SimpleNamespace
 
-    from microgpt import config, trainer
+    from microgpt import config
+    from microgpt.run import trainer
 
     exp = config.from_dict(json.loads(write_experiment(tmp_path, train={"micro_batch": "auto"}).read_text()))
     with pytest.raises(config.ConfigError, match=r"^train.micro_batch 'auto' is one process's choice: under data"):
@@ -63,7 +64,7 @@ def test_auto_under_data_parallel_is_refused_naming_the_field(tmp_path: Path) ->
 
 
 def test_auto_with_procs_is_one_line_before_any_rank(tmp_path: Path) -> None:
-    """`--procs 2 --micro-batch auto`: the job is refused where it is checked (distributed.check_job), one line."""
+    """`--procs 2 --micro-batch auto`: the job is refused where it is checked (job.check_job), one line."""
     exp = write_experiment(tmp_path)
     r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--procs", "2", "--micro-batch", "auto")
     assert r.returncode == 2 and r.stderr.splitlines() == [
@@ -71,3 +72,17 @@ def test_auto_with_procs_is_one_line_before_any_rank(tmp_path: Path) -> None:
         "`microgpt train --micro-batch auto` prints on one card)"
     ], r.stderr
     assert not list((tmp_path / "run").glob("ckpt/*")) and not (tmp_path / "run" / "train.jsonl").exists()
+
+
+def test_run_passes_the_engine_s_own_refusal_of_the_job_on(tmp_path: Path) -> None:
+    """`microgpt run --procs 2 --micro-batch auto`: the proxy builds no plan and checks no job itself; the engine it
+    starts refuses the job before any rank starts (job.check_job), and the proxy ends with the engine's exit code 2,
+    not retrying, with no checkpoint written."""
+    exp = write_experiment(tmp_path)
+    r = cli("run", str(exp), "--out", str(tmp_path / "run"), "--procs", "2", "--micro-batch", "auto")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and errors == [
+        "error: train.micro_batch 'auto' is one process's choice: under data parallel give it as a number (the one "
+        "`microgpt train --micro-batch auto` prints on one card)"
+    ], r.stderr
+    assert "not retrying" in r.stderr and not list((tmp_path / "run").glob("ckpt/*"))

@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, params
+from microgpt import checkpoint
 from microgpt.config import Experiment, ModelConfig
+from microgpt.engine import params
 from tests.conftest import REPO, json_lines
 
 pytest.importorskip("transformers")

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import chat, checkpoint, sample
+from microgpt import checkpoint
 from microgpt.data.tokenizer import IM_END, ByteTokenizer, train_bpe
+from microgpt.use import chat, sample
 from tests.conftest import cli
 from tests.test_cli import one_line_error
 

@@ -11,6 +11,7 @@ import pytest
 
 from microgpt import checkpoint, fileio
 from microgpt.checkpoint import CheckpointError
+from microgpt.engine.trained import load_trained
 
 
 def arrays(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -131,7 +132,8 @@ def test_latest_valid_skips_corrupt_and_keeps_it(tmp_path) -> None:
 def test_a_run_folder_is_read_once(tmp_path, monkeypatch) -> None:
     """load_trained on a run folder reads its newest valid checkpoint once: the read that validates it is the one
     the model is built from (a 1.5 GB ANDREA-120M checkpoint was read twice)."""
-    from microgpt import config, params
+    from microgpt import config
+    from microgpt.engine import params
 
     m = config.ModelConfig(vocab_size=20, d_model=8, n_layer=1, n_head=2, seq_len=4)
     exp = config.Experiment(model=m)
@@ -142,6 +144,6 @@ def test_a_run_folder_is_read_once(tmp_path, monkeypatch) -> None:
     reads = []
     real = checkpoint.read_checkpoint
     monkeypatch.setattr(checkpoint, "read_checkpoint", lambda path, n=None: reads.append(path) or real(path, n))
-    ld = checkpoint.load_trained(tmp_path)
+    ld = load_trained(tmp_path)
     assert ld.step == 2 and reads == [tmp_path / "ckpt" / checkpoint.ckpt_name(2)]
     np.testing.assert_array_equal(ld.weights, arrays(n, 2)[0])

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import cli, config, params
+from microgpt import cli, config
 from microgpt.config import ConfigError
+from microgpt.engine import params
 from microgpt.proxy import supervisor
 from tests.conftest import REPO, write_experiment
 from tests.conftest import cli as cli_run
@@ -154,7 +155,7 @@ def test_a_bad_set_exits_2_with_one_line_from_both_commands(tmp_path: Path) -> N
 
 def test_micro_batch_auto_keeps_the_step_s_sequences(tmp_path: Path) -> None:
     """ "auto" replaces a number and keeps micro_batch x n_micro: n_micro then counts the step's sequences (the
-    memory plan splits them: microgpt/state.py); a file that says "auto" itself gives them as n_micro. Anything
+    memory plan splits them: microgpt/engine/state.py); a file that says "auto" itself gives them as n_micro. Anything
     else but an int is refused naming the field."""
     exp = write_experiment(tmp_path, train={"micro_batch": 8, "n_micro": 16})
     for sets, flags in (([], {"micro_batch": "auto"}), (["train.micro_batch=auto"], {})):

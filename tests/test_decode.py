@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import model, params
-from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig
-from microgpt.state import InferState, make_infer_state
+from microgpt.engine import model, params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import InferState, make_infer_state
 from tests.ops._util import check
 
 M = ModelConfig(vocab_size=96, d_model=32, n_layer=2, n_head=4, seq_len=24)

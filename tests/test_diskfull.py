@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import checkpoint, params
+from microgpt import checkpoint
 from microgpt.config import from_dict
+from microgpt.engine import params
 from microgpt.errors import EXIT_WRITE
 from tests.conftest import TINY, cli, tmpfs, write_experiment
 from tests.proxy._helpers import ENV

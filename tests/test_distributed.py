@@ -1,4 +1,4 @@
-"""Data parallel (microgpt/distributed.py) on the CPU: N processes with gloo and the NumPy engine.
+"""Data parallel (microgpt/job.py) on the CPU: N processes with gloo and the NumPy engine.
 
 Two processes with micro-batch b must train the model that one process with micro-batch 2b trains: the same
 losses per step and the same final weights, to fp32 rounding (the gradient sums run in another order). Adam
@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, distributed, params
+from microgpt import checkpoint, config, data
+from microgpt.engine import collectives, params
+from microgpt.run import job
 from tests.conftest import REPO, TINY, cli, json_lines, write_experiment
 from tests.test_hellaswag import EXAMPLES as HELLASWAG
 
@@ -180,7 +182,7 @@ def test_grad_buckets_are_the_layers_in_the_canonical_order() -> None:
     """Layer l's bucket is exactly h{l}.*'s grads (the last layer's takes lnf too); with the rest (wte, wpe) they
     tile the flat gradient array once."""
     for m in (config.from_dict(TINY).model, config.load(REPO / "experiments/ANDREA-120M-TRAIN.json").model):
-        layers, rest = distributed.grad_buckets(m)
+        layers, rest = collectives.grad_buckets(m)
         sizes = {name: int(np.prod(shape)) for name, shape in params.param_shapes(m)}
         assert rest == (0, sizes["wte"] + sizes["wpe"])
         assert [b[0] for b in layers[1:]] == [b[1] for b in layers[:-1]] and layers[0][0] == rest[1]
@@ -194,7 +196,7 @@ def test_grad_buckets_are_the_layers_in_the_canonical_order() -> None:
 def test_two_simulated_nodes_under_torchrun_train_what_the_launcher_trains(runs) -> None:
     """Multi-node through torchrun's environment: two torchrun agents on localhost, one node each (gloo),
     give the final checkpoint bytes of `--procs 2`."""
-    tmp, port = runs["tmp"], distributed.free_port()
+    tmp, port = runs["tmp"], job.free_port()
     torchrun = Path(sys.executable).parent / "torchrun"
     nodes = []
     for rank in range(2):
@@ -294,8 +296,9 @@ def test_a_killed_rank_takes_the_job_down(runs) -> None:
 
 DIVERGE = """
     import numpy as np
-    from microgpt import distributed
-    dp = distributed.from_env("numpy")
+    from microgpt.engine import collectives
+    from microgpt.run import job
+    dp = job.from_env("numpy")
     w = np.linspace(-1, 1, 1000, dtype=np.float32)
     dp.check_replicas(0, [w])  # identical: passes
     if dp.rank == 1:
@@ -306,7 +309,7 @@ DIVERGE = """
 
 def test_replicas_that_diverge_stop_the_run() -> None:
     script = [sys.executable, "-c", textwrap.dedent(DIVERGE)]
-    code = f"import sys; from microgpt import distributed; sys.exit(distributed.launch({script!r}, 2))"
+    code = f"import sys; from microgpt.run import job; sys.exit(job.launch({script!r}, 2))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode != 0
     assert "DivergenceError: step 5: rank(s) [1]" in res.stderr, res.stderr
@@ -327,13 +330,13 @@ def test_more_than_one_process_needs_torch(monkeypatch) -> None:
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
     with pytest.raises(config.ConfigError, match="needs PyTorch"):
-        distributed.launch([sys.executable, "-c", "pass"], 2)
+        job.launch([sys.executable, "-c", "pass"], 2)
 
 
 def test_procs_must_match_the_job(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(config.ConfigError, match="--procs 3"):
-        distributed.from_env("numpy", procs=3)
+        job.from_env("numpy", procs=3)
     res = cli("train", str(write_experiment(tmp_path)), "--procs", "0")
     assert res.returncode == 2 and res.stderr.startswith("error: --procs must be an integer"), res.stderr

@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import backend, checkpoint, sample
 from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine import backend
+from microgpt.engine.trained import load_trained
+from microgpt.use import sample
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 HELLASWAG = [
@@ -62,7 +64,7 @@ def test_text_bits_per_byte(trained, tmp_path: Path) -> None:
     n_bytes = len(text.encode("utf-8"))
     assert got["bytes"] == n_bytes and got["windows"] == math.ceil(got["tokens"] / 32)
     assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / n_bytes / math.log(2), rel=1e-9)
-    ld = checkpoint.load_trained(run)  # the same loss from the decode step, token by token after <|endoftext|>
+    ld = load_trained(run)  # the same loss from the decode step, token by token after <|endoftext|>
     tok = load_tokenizer(ld.side["tokenizer"])
     ids = [tok.eot_id, *tok.encode(text)]
     losses = []
@@ -79,7 +81,7 @@ def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:
     path = tmp_path / "hs.jsonl"
     path.write_text("".join(json.dumps(ex) + "\n" for ex in HELLASWAG))
     got = run_eval(str(run), "--hellaswag", str(path))
-    ld = checkpoint.load_trained(run)
+    ld = load_trained(run)
     tok = load_tokenizer(ld.side["tokenizer"])
     correct = correct_norm = 0
     for ex in HELLASWAG:
@@ -122,7 +124,7 @@ def test_malformed_hellaswag_line(trained, tmp_path: Path, line: str) -> None:
 def test_an_example_with_nothing_to_score_is_not_correct(trained, tmp_path: Path) -> None:
     """An empty context and one-token endings: each ending's only token starts the sequence and nothing predicts
     it. Such an example counts among the examples, never as correct (label 0 used to win every tie of zeros)."""
-    tok = load_tokenizer(checkpoint.load_trained(trained[0]).side["tokenizer"])
+    tok = load_tokenizer(load_trained(trained[0]).side["tokenizer"])
     words = [w for w in ("def", "return", "self", "import", "class", "if", "in", "for", "not", "is", "None")
              if len(tok.encode(" " + w)) == 1][:4]  # fmt: skip
     assert len(words) == 4, words

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, sample
-from microgpt.data.chat import render
+from microgpt import checkpoint
+from microgpt.data.chatml import render
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.sample import generate
+from microgpt.engine.trained import load_trained
+from microgpt.use import sample
+from microgpt.use.sample import generate
 from tests.conftest import cli, write_experiment
 
 torch = pytest.importorskip("torch")
@@ -65,7 +67,7 @@ def test_folder_has_the_files(run: Path, hf: Path) -> None:
 
 
 def test_logits_match_microgpt(run: Path, hf: Path) -> None:
-    ld, model = checkpoint.load_trained(run), hf_model(hf)
+    ld, model = load_trained(run), hf_model(hf)
     tok = load_tokenizer(ld.side["tokenizer"])
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
@@ -75,7 +77,7 @@ def test_logits_match_microgpt(run: Path, hf: Path) -> None:
 
 
 def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
-    ld, model = checkpoint.load_trained(run), hf_model(hf)
+    ld, model = load_trained(run), hf_model(hf)
     tok = load_tokenizer(ld.side["tokenizer"])
     model.generation_config.eos_token_id = None  # microgpt sample does not stop at <|im_end|>: compare all tokens
     for prompt in PROMPTS[:2]:
@@ -91,7 +93,7 @@ def test_greedy_generate_equals_sample(run: Path, hf: Path) -> None:
 
 
 def test_tokenizer_round_trips_and_renders_chatml(run: Path, hf: Path) -> None:
-    ours = load_tokenizer(checkpoint.load_trained(run).side["tokenizer"])
+    ours = load_tokenizer(load_trained(run).side["tokenizer"])
     tok = transformers.AutoTokenizer.from_pretrained(hf)
     for text in [*PROMPTS, "héllo wörld ✓\n\t  spaces", ""]:
         ids = tok.encode(text, add_special_tokens=False)

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, runlog, trainer
+from microgpt import checkpoint, config, runlog
 from microgpt.data import corpus
+from microgpt.engine.trained import load_trained
+from microgpt.run import trainer
 from tests.conftest import TINY, cli, write_experiment
 
 
@@ -58,7 +60,7 @@ def test_init_takes_the_weights_and_nothing_else(pretrained: tuple[Path, Path], 
                             "max_bytes": 100000}})  # fmt: skip
     tr = trainer.Trainer(exp, tmp_path / "ft")
     tr.init_from(str(pre))
-    want = checkpoint.load_trained(pre).weights
+    want = load_trained(pre).weights
     np.testing.assert_array_equal(tr.K.to_numpy(tr.S.p), want)
     assert not tr.K.to_numpy(tr.S.adam_m).any() and not tr.K.to_numpy(tr.S.adam_v).any() and tr.step == 0
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, fp8, memory, params, precision, trainer
-from microgpt.backend import get_backend
+from microgpt import checkpoint, config, fp8
+from microgpt.engine import memory, params, precision
+from microgpt.engine.backend import get_backend
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
 from microgpt.ops import fp8 as ref
-from microgpt.state import make_state
-from microgpt.step import Step
+from microgpt.run import trainer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 M = config.ModelConfig(vocab_size=64, d_model=16, n_layer=2, n_head=2, seq_len=16)  # a multiple of 16: E4M3 head

@@ -10,12 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import config, hellaswag, params, trackers
-from microgpt.backend import numpy_backend
-from microgpt.data import hellaswag as hellaswag_file
-from microgpt.data import shards
+from microgpt import config
+from microgpt.data import hellaswag_file, shards
 from microgpt.data.tokenizer import ByteTokenizer
-from microgpt.state import make_infer_state, make_state, training_infer_state
+from microgpt.engine import params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import make_infer_state, training_infer_state
+from microgpt.engine.state import make_state
+from microgpt.run import trackers
+from microgpt.use import hellaswag
 from tests.conftest import cli, json_lines, one_error, write_experiment
 from tests.test_hostile_input import snapshot
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, memory, precision
+from microgpt import checkpoint, config
+from microgpt.engine import memory, precision
 from tests.conftest import REPO, TINY, cli, one_error, write_experiment
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import memory, model, params
-from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.sample import Generator, Sampling, generate
-from microgpt.state import make_infer_state, make_state
+from microgpt.engine import memory, model, params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.state import make_state
+from microgpt.use.sample import Generator, Sampling, generate
 
 M = ModelConfig(vocab_size=96, d_model=32, n_layer=2, n_head=4, seq_len=24)
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import config, memory, model, params, precision, trainer
-from microgpt.backend import numpy_backend
+from microgpt import config
+from microgpt.engine import memory, model, params, precision
+from microgpt.engine.backend import numpy_backend
+from microgpt.run import trainer
 from tests.conftest import TINY
 
 M = config.ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11)

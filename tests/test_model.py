@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from microgpt import config, distributed, memory, model, params
-from microgpt.backend import numpy_backend
+from microgpt import config
 from microgpt.config import ModelConfig
+from microgpt.engine import collectives, memory, model, params
+from microgpt.engine.backend import numpy_backend
 
 M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11)
 B = 3
@@ -91,10 +92,10 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float) -> None:
 
 
 def test_layer_done_comes_once_a_layer_when_its_gradients_are_final() -> None:
-    """Data parallel starts the sum of layer l's bucket (distributed.grad_buckets) at layer_done(l), beside a later
+    """Data parallel starts the sum of layer l's bucket (collectives.grad_buckets) at layer_done(l), beside a later
     kernel: by then every gradient in the bucket must hold its final value, and each layer comes once, top first."""
     K, A, P, G = engine_state(np.float32, seed=0)
-    grads, (layers, _) = A.flat("grads"), distributed.grad_buckets(M)
+    grads, (layers, _) = A.flat("grads"), collectives.grad_buckets(M)
     seen: list[tuple[int, np.ndarray]] = []
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets, G)

@@ -1,5 +1,5 @@
-"""The architecture's one home (microgpt/params.py): the canonical table, its closed-form size, the views over flat
-arrays, the init, and the PyTorch baseline (bench/torch_gpt.py) reading the same table."""
+"""The architecture's one home (microgpt/engine/params.py): the canonical table, its closed-form size, the views over
+flat arrays, the init, and the PyTorch baseline (bench/torch_gpt.py) reading the same table."""
 
 import math
 
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt import params
-from microgpt.backend import numpy_backend
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.model import gpt_forward
-from microgpt.state import make_state
+from microgpt.engine import params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.model import gpt_forward
+from microgpt.engine.state import make_state
 
 M = ModelConfig(vocab_size=53, d_model=12, n_layer=3, n_head=2, seq_len=9)
 

@@ -24,14 +24,18 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from microgpt import checkpoint, config, data, errors, params, sample
-from microgpt.backend import numpy_backend
-from microgpt.data import hellaswag, shards
+from microgpt import checkpoint, config, data, errors, httpd
+from microgpt.data import hellaswag_file as hellaswag
+from microgpt.data import shards
 from microgpt.data.sources import iter_records
+from microgpt.engine import params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.state import make_state
+from microgpt.engine.trained import load_trained
 from microgpt.errors import InputError
-from microgpt.proxy import dashboard, httpd, phases
+from microgpt.proxy import dashboard, phases
 from microgpt.proxy.runfiles import LOSS_FORMAT, SAMPLES_FORMAT, STATE_FORMAT, JsonDoc, LossHistory, replay_engine_log
-from microgpt.state import make_state
+from microgpt.use import sample
 from tests.conftest import TINY, cli
 
 # --- mutations ---------------------------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def read_checkpoint_everywhere(path: Path, state: Any) -> None:
         ck, _ = got
         assert np.isfinite(ck.weights).all() and np.isfinite(ck.m).all() and (ck.v >= 0).all()
     valid_or_input_error(state.load_checkpoint, path)
-    valid_or_input_error(checkpoint.load_trained, path)
+    valid_or_input_error(load_trained, path)
     valid_or_input_error(sample.load, str(path))
     valid_or_input_error(checkpoint.latest_valid_checkpoint, path.parent, n)
 
@@ -207,7 +211,7 @@ def test_a_valid_checkpoint_reads_everywhere(small_ckpt: tuple[Path, bytes, dict
     path.write_bytes(valid_bin)
     checkpoint.sidecar_path(path).write_text(json.dumps(valid_side))
     assert checkpoint.load(path, small_state.n_params)[0].step == 2
-    assert small_state.load_checkpoint(path)["step"] == 2 and checkpoint.load_trained(path).step == 2
+    assert small_state.load_checkpoint(path)["step"] == 2 and load_trained(path).step == 2
     assert sample.load(str(path))[2] == 2
 
 

@@ -1,4 +1,4 @@
-"""The report card (microgpt/report.py): written by `train` at the end of a run and on SIGTERM, its numbers taken
+"""The report card (microgpt/run/report.py): written by `train` at the end of a run and on SIGTERM, its numbers taken
 from the run's log and checked here against the log, the checkpoints and the FLOPs formula; and `--steps` beyond a
 finished run's schedule, under `train` and under `run`: the steps past it run at the schedule's final lr."""
 
@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from microgpt import config, params, runlog
+from microgpt import config, runlog
+from microgpt.engine import params
 from tests.conftest import REPO, TINY, cli, write_experiment
 from tests.proxy._helpers import ENV, run_to_end
 

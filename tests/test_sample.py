@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, sample
-from microgpt.backend import numpy_backend
 from microgpt.config import ConfigError
-from microgpt.sample import Sampling, generate, pick
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.trained import load_trained
+from microgpt.use import sample
+from microgpt.use.sample import Sampling, generate, pick
 from tests.conftest import cli, one_error
 
 PROMPT = ["--prompt", "def "]
@@ -37,7 +38,7 @@ def test_top_p_keeps_the_nucleus_and_is_off_at_one() -> None:
 def test_a_batch_draws_each_row_as_its_seed_alone(run_256: Path) -> None:
     """N sequences decoded together (one plan of B = N) give, row by row, what each seed gives alone: greedy, and
     sampled with temperature, top-k and top-p."""
-    ld = checkpoint.load_trained(run_256)
+    ld = load_trained(run_256)
     gen1, tok = sample.open_trained(ld, 1)
     gen4, _ = sample.open_trained(ld, 4)
     prompt = tok.encode("def ")

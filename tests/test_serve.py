@@ -21,9 +21,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from microgpt import oai, serve
 from microgpt.data.tokenizer import EOT
-from microgpt.sample import Sampling, generate
+from microgpt.use import oai, serve
+from microgpt.use.sample import Sampling, generate
 from tests.conftest import REPO, cli, one_error
 
 HI = [{"role": "user", "content": "hi"}]

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, params, precision
-from microgpt.backend import get_backend, numpy_backend
-from microgpt.state import GROWTH_INTERVAL, LossScaler, make_state
-from microgpt.step import Step
+from microgpt import checkpoint, config
+from microgpt.engine import params, precision
+from microgpt.engine.backend import get_backend, numpy_backend
+from microgpt.engine.precision import GROWTH_INTERVAL, LossScaler
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
 
 M = config.ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11)
 

@@ -1,4 +1,4 @@
-"""The optimizer step (microgpt/step.py) through the trainer: N steps of forward/backward, scale, clip and AdamW
+"""The optimizer step (microgpt/engine/step.py) through the trainer: N steps of forward/backward, scale, clip and AdamW
 against PyTorch, accumulation, determinism, and the memory plan as the one allocation. In-process, on the NumPy
 backend in float64 where the comparison is with autograd."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from microgpt import config, trainer
-from microgpt.backend import numpy_backend
+from microgpt import config
+from microgpt.engine.backend import numpy_backend
+from microgpt.run import trainer
 from tests.conftest import TINY
 from tests.test_model import torch_twin_loss
 

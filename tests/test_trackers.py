@@ -1,4 +1,4 @@
-"""Trackers (microgpt/trackers.py), an optional extra off by default: `--track tensorboard` writes event files that
+"""Trackers (microgpt/run/trackers.py), an optional extra off by default: `--track tensorboard` writes event files that
 TensorBoard's own reader gives back as the scalars of the run's log; a resumed run adds to the same folder; an
 unknown tracker is one `error:` line; without --track nothing is written."""
 

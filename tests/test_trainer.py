@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from microgpt import checkpoint, config, runlog, trainer
+from microgpt import checkpoint, config, runlog
+from microgpt.run import trainer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 

@@ -10,7 +10,7 @@
     shards.py      llm.c's token-shard format, and loss-mask shards
     tokenizer.py   byte-level BPE with the chat special tokens, and the byte tokenizer
     chat.py        ChatML rendering and record validation
-    hellaswag.py   HellaSwag's JSONL examples, checked and tokenized (scored by microgpt/hellaswag.py)
+    hellaswag.py   HellaSwag's JSONL examples, checked and tokenized (scored by microgpt/use/hellaswag.py)
 
 The names the trainer and the CLI use are importable from here.
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from microgpt.config import Experiment
-from microgpt.data.chat import Message, render
+from microgpt.data.chatml import Message, render
 from microgpt.data.sources import Doc, Source, read_text_file
 from microgpt.data.tokenizer import file_sha256
 

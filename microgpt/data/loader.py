@@ -12,7 +12,7 @@ a permutation drawn from (seed, e). So every window (every token) of an epoch is
 each epoch is reshuffled, and any batch is computed without the ones before it: resume is bit-exact.
 With data.loss_mask, targets are -1 wherever the loss-mask shard is 0 (train on assistant tokens only).
 
-Data parallel (microgpt/distributed.py): `shard=(rank, world_size)` makes B the per-process micro-batch of
+Data parallel (microgpt/engine/collectives.py): `shard=(rank, world_size)` makes B the per-process micro-batch of
 a global micro-batch of world_size * B rows, of which this process reads rows [rank*B, (rank+1)*B); so N
 processes with micro-batch b read exactly the rows of one process with micro-batch N*b (validation alike).
 """

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from microgpt.data.chat import parse_record, to_sharegpt
+from microgpt.data.chatml import parse_record, to_sharegpt
 from microgpt.data.sources import SUFFIXES, Report, SourceError, input_files, iter_records
 from microgpt.errors import ArgParser, exit_on_input_error, output_error
 from microgpt.fileio import atomic_write_bytes, check_parents

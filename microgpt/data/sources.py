@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from microgpt.data.chat import parse_record, render
+from microgpt.data.chatml import parse_record, render
 from microgpt.errors import InputError, brief, check_finite
 from microgpt.fileio import parse_json
 

@@ -1,6 +1,6 @@
 """The triton backend's halves: one module per op pair (k_<op>_fwd / k_<op>_bwd and their launchers, named as the
 NumPy reference's functions), the step's helpers (gradclip, adamw), the device runtime (runtime.py) and the
-once-per-GPU choices (tuning.py). Modules here import nothing of the project above kernels/: microgpt/backend.py
+once-per-GPU choices (tuning.py). Modules here import nothing of the project above kernels/: microgpt/engine/backend.py
 builds the backend from them through the op registry. Launchers write into the buffers they are given and never
 allocate. What a launcher takes beyond the spec's arguments it gets as a keyword argument, bound by the backend
 with the arena: planned scratch (runtime.Runtime.scratch: embedding, LayerNorm and attention backward), the

@@ -12,7 +12,7 @@ the tiles that straddle the diagonal (masked) and the rest (no mask), so the hot
 Tile sizes are chosen once per GPU, dtype and (T, hs) by timing inside the warm-up step (tuning.py, cached on
 disk); fp32 and the interpreter use one fixed config each.
 
-attention_forward_cached is the inference step's (microgpt/model.py gpt_infer, ops/attention.py says what it
+attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer, ops/attention.py says what it
 computes): queries at positions pos .. pos + t - 1 against the KV cache's keys and values of positions 0 .. pos +
 t - 1, one program per (sequence, head, block of queries) over the cached keys with the same online softmax. It is
 the plain first version: a decode step (t = 1) fills one row of its 16-row tile and does not split the keys over

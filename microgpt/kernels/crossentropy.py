@@ -8,7 +8,7 @@ turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlog
 Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
 GEMM, k_crossentropy_fwd with GRAD (lse and loss, then a second pass over the row writes dlogits in place), and
 the two gradient GEMMs: the recomputing GEMM is gone, and every value equals the two-call path bit for bit.
-The logits GEMM and the two gradient GEMMs are the precision's Matmul `mm` (microgpt/precision.py: fp8 runs the
+The logits GEMM and the two gradient GEMMs are the precision's Matmul `mm` (microgpt/engine/precision.py: fp8 runs the
 logits GEMM on E4M3 operands, x cast at its own amax, and the gradient GEMMs on the compute copy); the row kernel's
 launch configuration is the runtime's tuner's choice (`tuner`).
 """

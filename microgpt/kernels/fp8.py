@@ -294,7 +294,7 @@ CAST_CONFIGS = {"32x32w4": (32, 32, 4, 4), "64x64w4": (64, 64, 4, 4), "32x128w4"
 
 @dataclass(frozen=True)
 class Scratch:
-    """The casts' planned scratch (microgpt/precision.py Fp8.rows, the "kernel" role)."""
+    """The casts' planned scratch (microgpt/engine/precision.py Fp8.rows, the "kernel" role)."""
 
     x8: torch.Tensor  # activation operand, row layout (flat, N*4C); its transpose is saved with its site (xt)
     g8: torch.Tensor  # gradient operand, row layout

@@ -2,7 +2,7 @@
 
 Backward: dx = dout @ w.T (written: its one writer) ; dw += x.T @ dout (accumulated over micro-batches). Nothing
 is saved beyond x (the caller keeps it). A linear is one GEMM site of the precision's Matmul (`mm`,
-microgpt/precision.py); `Matmul` here is fp32's, bf16's and fp16's (fp8.py holds fp8's), over the runtime's GEMM
+microgpt/engine/precision.py); `Matmul` here is fp32's, bf16's and fp16's (fp8.py holds fp8's), over the runtime's GEMM
 router (gemm.py: Triton, cuBLAS or cuBLASLt per shape). The attention's input projection is one linear of G = 3
 weights (G,C,OC): its forward and its weight gradients are one batched GEMM each (`bmm`), its input gradient three
 GEMMs into dx, the first writing and the others adding (the weights' layout, fixed by the checkpoint, makes no single

@@ -1,7 +1,7 @@
 """Choices made once per GPU and shape, cached on disk: never per call, so a step never pays for a choice.
 
 A `Tuner` holds them for one device. The runtime makes it (kernels/runtime.py) and the backend hands it to every
-launcher that makes a choice, as it hands out planned scratch (microgpt/backend.py): nothing here is module state,
+launcher that makes a choice, as it hands out planned scratch (engine/backend.py): nothing here is module state,
 so two devices, or two runtimes of one device, never share a choice they did not both time.
 
 The cache is one JSON file per device, keyed by the GPU's name and compute capability, under $MICROGPT_CACHE

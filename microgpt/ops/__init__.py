@@ -19,22 +19,22 @@ same modules. GELU lives inside the mlp pair,
 which saves the pre-GELU activation and GELU's output (or, train.recompute_gelu, recomputes the output in
 backward). The residual add and the LayerNorm that reads its sum run as one call, residual_layernorm_forward in the
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
-inputs, which the model folds into the residual stream's one gradient buffer (microgpt/model.py).
+inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
-grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: microgpt/step.py). And the decode
+grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: engine/step.py). And the decode
 step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
 rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
 decode_attention; ops/decode.py specifies them). And the greedy pick the decode step ends with: argmax (argmax_rows:
 each row's largest logit's index, so that a greedy row's token leaves the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
-(microgpt/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
+(microgpt/engine/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
 with the arena, so the model calls every pair alike in every precision.
 
 Each row names the NumPy module (the reference, imported by the CPU path without torch) and the Triton module
 (microgpt/kernels/, imported only when the triton backend is asked for), as strings so that reading the
-registry imports neither. microgpt/backend.py builds both backends from these rows with one loop, and the
+registry imports neither. microgpt/engine/backend.py builds both backends from these rows with one loop, and the
 tests iterate them. Every function writes into the arrays it is given; every backward adds (+=) into its
 parameter gradients.
 """

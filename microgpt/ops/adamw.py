@@ -1,6 +1,6 @@
 """AdamW over the flat parameter array, with torch.optim.AdamW semantics, taking the step's gradient scale and clip.
 
-The optimizer step (microgpt/step.py) sums the gradients of all micro-batches (and ranks), takes the norm of that
+The optimizer step (microgpt/engine/step.py) sums the gradients of all micro-batches (and ranks), takes the norm of that
 raw sum, and leaves scaling and clipping to this function, so the GPU does it inside the same pass. `hyper` holds
 the values that change every step, written by the host before the step runs:
 

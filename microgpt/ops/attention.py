@@ -27,7 +27,7 @@ The reference loops over the batch and keeps the heads as a leading axis: memory
 batch element, not B*NH*T*T. Batch elements are independent, so the loop runs over ranges of them (ops/rows.py),
 on several threads where the backend has them.
 
-attention_forward_cached is the inference step's (microgpt/model.py gpt_infer): queries at positions pos .. pos +
+attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer): queries at positions pos .. pos +
 t - 1 of each sequence against the keys and values of positions 0 .. pos + t - 1 held in the KV cache (the same
 function as attention_forward over the whole sequence, for those t rows); forward only, nothing saved.
 """

@@ -26,7 +26,7 @@ Backward, per chunk, with dlosses the upstream gradient of each row's loss:
 
 Chunks run in order, so dwte is summed in a fixed order: deterministic.
 
-The logits GEMM and the two gradient GEMMs are the precision's (its Matmul `mm`, microgpt/precision.py: in fp8
+The logits GEMM and the two gradient GEMMs are the precision's (its Matmul `mm`, microgpt/engine/precision.py: in fp8
 the logits GEMM runs on E4M3 operands, x cast whole at its own amax; the gradient GEMMs stay on the compute copy).
 Between the GEMMs, each row of a chunk is its own softmax: those passes run over ranges of the chunk's rows
 (ops/rows.py).

@@ -2,7 +2,7 @@
 
 A decode step runs b rows, one new token each: row i sits at position positions[i] of KV-cache row slots[i]
 (positions, slots (b,) int32). On the GPU both live in device memory, so that one captured CUDA graph serves every
-step of a batch size whatever the rows' positions (microgpt/state.py InferState.decode). Shapes: tokens (b,), the
+step of a batch size whatever the rows' positions (microgpt/engine/infer.py InferState.decode). Shapes: tokens (b,), the
 caches (B, T, C) (one layer's keys or values: memory.inference_plan's kv[l, 0] and kv[l, 1]), q, k, v, out (b, C)
 with the heads interleaved as (b, NH, hs).
 

@@ -1,5 +1,5 @@
 """FP8 E4M3 operands for the block linears and the LM head's logits: the NumPy reference of what the GPU casts and
-multiplies, as precision "fp8"'s Matmul (microgpt/precision.py), which the linear, MLP and head pairs call.
+multiplies, as precision "fp8"'s Matmul (microgpt/engine/precision.py), which the linear, MLP and head pairs call.
 
 microgpt/fp8.py gives the format, the scale rule and the slots. Here each operand is cast exactly as the triton
 backend casts it (same amax, same history, same power-of-two scale, E4M3 round-to-nearest-even through

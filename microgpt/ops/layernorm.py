@@ -21,7 +21,7 @@ residual_layernorm_forward is the residual add and the LayerNorm that reads its 
 in one call: s = x + y, then out = layernorm(s). The model calls it at every LayerNorm after the first, where the
 residual stream's next value is made; the GPU kernel does both in one pass over the rows (the sum is not read
 back). Its backward needs nothing of its own: the add's backward is folded into the residual stream's gradient
-(microgpt/model.py), the LayerNorm's is layernorm_backward on s.
+(microgpt/engine/model.py), the LayerNorm's is layernorm_backward on s.
 
 Every row is normalized on its own, so the passes run range of rows by range of rows (ops/rows.py: one range a
 thread, as its rows are short); the sums over the rows in backward (dw, db) run once over the whole arrays, in one

@@ -12,7 +12,7 @@ Backward:
     dx  = dout @ w.T      (N,C)     written: this backward is dx's only writer (G > 1: the sum over g)
     dw += x.T @ dout      (C,OC)    added: weight gradients accumulate over micro-batches
 
-A linear is one GEMM site, so the pair is its precision's Matmul (microgpt/precision.py), handed in as `mm`.
+A linear is one GEMM site, so the pair is its precision's Matmul (microgpt/engine/precision.py), handed in as `mm`.
 `Matmul` below is fp32's, the reference (float64 in the gradient checks); ops/fp8.py holds fp8's.
 """
 

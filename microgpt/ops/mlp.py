@@ -16,7 +16,7 @@ Backward:
     dw1 += x.T @ dh
     dx   = dh @ w1.T                         (written: this backward is dx's only writer)
 
-The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/precision.py), which applies GELU around
+The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies GELU around
 its GEMMs: forward(h, x, w1, gelu_out=a) writes a = gelu(h) too (an epilogue it may fuse into the GEMM), forward(out,
 a, w2, gelu_of=h) reads a = gelu(h) (a precision may compute it inside its operand cast, where a is None), and
 backward(dx, dw1, dh, x, w1, dgelu_of=h) turns dh into dh * gelu'(h) first (a pass, or inside the cast).

@@ -51,8 +51,8 @@ from typing import Any, BinaryIO
 from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlsplit
 
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, parse_number
+from microgpt.httpd import Answer, BoundedHTTPServer, Request, error
 from microgpt.proxy.dashdata import RunFolder, RunNotReady, RunUnavailable, view
-from microgpt.proxy.httpd import Answer, BoundedHTTPServer, Request, error
 from microgpt.runlog import LOG_NAME
 
 PAGE_NAME = "live-loss-dashboard.html"

@@ -42,7 +42,7 @@ from typing import Any
 
 from microgpt import config, data
 from microgpt.config import ConfigError
-from microgpt.data import hellaswag
+from microgpt.data import hellaswag_file as hellaswag
 from microgpt.errors import check_number
 
 PHASE_FIELDS = {"name": str, "steps": int, "lr": float, "min_lr": float, "warmup_steps": int, "loss_mask": bool,

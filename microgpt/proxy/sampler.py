@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from microgpt.data.chat import prompt_text
+from microgpt.data.chatml import prompt_text
 from microgpt.errors import WriteError
 from microgpt.proxy.phases import ProxySettings
 from microgpt.proxy.runfiles import JsonDoc

@@ -17,8 +17,9 @@ silence_timeout_s (a stopped or frozen process, found in minutes even mid warm-u
 killed if still there and restarted from the newest valid checkpoint, after backoff_s * 2**(k-1) seconds, at most
 max_restarts times in a row without a new checkpoint; every restart is recorded in the state file and
 marked in the loss history. A corrupt checkpoint is skipped for the one before (and kept on disk). Exit
-code 2 from the engine (bad input) and 4 (a checkpoint it cannot write: a full disk) are failures a restart
-cannot fix: not retried, the run marked crashed, exit 1. Running the same command again continues a stopped or
+code 2 from the engine (bad input: the engine checks its own job, --procs included, before any rank starts) and 4 (a
+checkpoint it cannot write: a full disk) are failures a restart cannot fix: not retried, the run marked crashed,
+and the proxy exits with the engine's code. Running the same command again continues a stopped or
 crashed run from its newest checkpoint; a different experiment in the same folder is refused.
 A folder `microgpt train` wrote (`make train`), or a run continued by it, is taken over from its newest
 checkpoint (Supervisor.adopt).
@@ -27,8 +28,8 @@ One writer per run folder (microgpt/runlock.py): the proxy locks --out before it
 the lock to each engine it starts, so a second `microgpt run` or a stray `microgpt train` on the folder is refused
 (one line naming the proxy's pid, exit 2) while the engine works.
 
-Exit codes: 0 done or stopped, 1 gave up (after restarts, or on a failure a restart cannot fix), 2 bad input (one
-line `error: ...`).
+Exit codes: 0 done or stopped, 1 gave up (after restarts), 2 bad input (one line `error: ...`, the proxy's or the
+engine's), 4 a file the disk refused (the engine's checkpoint, or the proxy's own run files).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microgpt import checkpoint, config, distributed, runlock
+from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
 from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, check_number, exit_on_input_error
 from microgpt.events import HEARTBEAT_ENV, HEARTBEAT_S
@@ -78,6 +79,7 @@ def log(message: str) -> None:
 class Outcome:
     kind: str  # "done" | "stopped" | "failed" | "fatal"
     reason: str = ""
+    code: int = 1  # fatal: the engine's exit code, which the proxy exits with
 
 
 class Supervisor:
@@ -268,7 +270,7 @@ class Supervisor:
             if outcome.kind == "fatal":
                 log(f"engine failed in a way a restart cannot fix, not retrying: {outcome.reason}")
                 self._crashed(outcome.reason)
-                return 1
+                return outcome.code
             picked = self.pick_checkpoint()
             self.failures = 1 if picked[0] != ckpt else self.failures + 1
             if self.failures > self.settings.max_restarts:
@@ -392,7 +394,9 @@ class Supervisor:
             return Outcome("done")
         tail = eng.tail[-1] if eng.tail else ""
         reason = f"engine {describe_exit(rc)}" + (f": {tail}" if tail else "")
-        return Outcome("fatal" if rc in (EXIT_INPUT, EXIT_WRITE) else "failed", reason)
+        if rc in (EXIT_INPUT, EXIT_WRITE):
+            return Outcome("fatal", reason, rc)
+        return Outcome("failed", reason)
 
     def on_line(self, raw: bytes, ph: Phase, seen: dict[str, bool]) -> str | None:
         """Act on one line of the engine's stdout; its event kind (None: not an event, passed to stderr)."""
@@ -469,8 +473,6 @@ def supervise(argv: list[str]) -> int:
     if args.max_restarts is not None:
         check_number(args.max_restarts, "--max-restarts", 0, config.INT_MAX, integer=True, error=ConfigError)
         schedule.settings.max_restarts = args.max_restarts
-    for ph in schedule.phases if (args.procs or 1) > 1 else []:  # one line now, not one per rank later
-        distributed.check_job(config.from_dict(ph.engine), args.procs)
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None

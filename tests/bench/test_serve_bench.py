@@ -16,7 +16,7 @@ from pathlib import Path
 from bench import serve
 from bench.decode import random_checkpoint
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.sample import Sampling, generate, load
+from microgpt.use.sample import Sampling, generate, load
 from tests.conftest import REPO, json_lines
 
 FIELDS = {"streams", "max_batch", "backend", "precision", "model", "completion_tokens", "total_tokens", "wall_s",

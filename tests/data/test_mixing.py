@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint, config, data, trainer
+from microgpt import checkpoint, config, data
 from microgpt.data import mixing, shards
+from microgpt.run import trainer
 from tests.conftest import REPO, TINY, json_lines
 
 SOURCES = ("a-pattern", "b-noise", "c-pattern-copy")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from microgpt.data import prep, pull, shards
-from microgpt.data.chat import parse_record, render
+from microgpt.data.chatml import parse_record, render
 from microgpt.data.sources import Doc, SourceError
 from microgpt.data.tokenizer import EOT, IM_END, TokenizerError, load_tokenizer
 from tests.conftest import cli

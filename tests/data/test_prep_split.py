@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from microgpt.data import prep
-from microgpt.data.chat import render
+from microgpt.data.chatml import render
 from microgpt.data.sources import Doc
 from tests.conftest import cli, write_experiment
 

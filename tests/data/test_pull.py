@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from microgpt.data import pull
-from microgpt.data.chat import parse_record, render
+from microgpt.data.chatml import parse_record, render
 from microgpt.data.sources import SourceError
 from tests.conftest import cli
 from tests.data.fixtures import GOOD_JSONL, normalized, write_hermes_folder, write_jsonl, write_parquet

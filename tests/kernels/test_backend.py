@@ -6,10 +6,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from microgpt import backend, memory, model, ops, params
+from microgpt import ops
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.state import make_infer_state, make_state
-from microgpt.step import Step
+from microgpt.engine import backend, memory, model, params
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
 
 from ._kutil import check
 
@@ -124,7 +126,8 @@ def test_plan_is_every_byte_the_backend_uses() -> None:
 
 def test_trainer_on_triton_matches_numpy(tmp_path) -> None:
     """The Trainer on the triton backend (fp32) follows the NumPy backend's loss line and validation loss."""
-    from microgpt import config, trainer
+    from microgpt import config
+    from microgpt.run import trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}  # the interpreter is slow
@@ -142,7 +145,8 @@ def test_trainer_on_triton_matches_numpy(tmp_path) -> None:
 def test_checkpoints_cross_backends(tmp_path) -> None:
     """One checkpoint format for every backend: a triton checkpoint resumes on NumPy and the reverse, and the
     resumed steps follow the uninterrupted NumPy run."""
-    from microgpt import config, trainer
+    from microgpt import config
+    from microgpt.run import trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}
@@ -167,7 +171,8 @@ def test_checkpoints_cross_backends(tmp_path) -> None:
 
 def test_fp16_loss_scale_state_travels_with_the_checkpoint(tmp_path) -> None:
     """fp16: the loss scale and its growth counter go into the sidecar and come back on load (bit-exact resume)."""
-    from microgpt import checkpoint, config, trainer
+    from microgpt import checkpoint, config
+    from microgpt.run import trainer
     from tests.conftest import TINY
 
     small = {"vocab_size": 256, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16}
@@ -190,7 +195,7 @@ def test_inference_step_matches_numpy() -> None:
     prefill's losses, then its next-token logits, then two decode steps over the KV cache (the cached attention
     kernel), a window of three at a later position, and a decode step whose rows are at positions of their own in
     permuted cache rows (serving's continuous batching), one of them a prefill from position 0."""
-    from microgpt.state import make_infer_state
+    from microgpt.engine.infer import make_infer_state
 
     w = params.init_weights(M, 3)
     w += np.random.default_rng(4).standard_normal(w.shape).astype(np.float32) * 0.05

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from microgpt import backend, config, memory, state
+from microgpt import config
+from microgpt.engine import backend, memory, state
 from microgpt.kernels import runtime
 from tests.conftest import write_experiment
 

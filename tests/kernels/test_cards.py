@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from microgpt import backend, cli, config
+from microgpt import cli, config
+from microgpt.engine import backend
 from microgpt.kernels import fp8 as k8
 from microgpt.kernels import linear as klinear
 from tests.conftest import write_experiment

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt import params
-from microgpt.backend import numpy_backend, triton_backend
 from microgpt.config import ModelConfig
+from microgpt.engine import params
+from microgpt.engine.backend import numpy_backend, triton_backend
+from microgpt.engine.infer import make_infer_state
 from microgpt.kernels import decode as kd
 from microgpt.ops import decode as ref
-from microgpt.state import make_infer_state
 
 from ._kutil import DEVICE, DTYPES, ON_GPU, check, compare, h, rounded, t
 

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt import checkpoint, config, evaluate, hellaswag, params
-from microgpt.backend import numpy_backend, triton_backend
-from microgpt.data import hellaswag as hellaswag_file
-from microgpt.data import shards
+from microgpt import checkpoint, config
+from microgpt.data import hellaswag_file, shards
 from microgpt.data.tokenizer import ByteTokenizer
-from microgpt.state import make_state, training_infer_state
+from microgpt.engine import params
+from microgpt.engine.backend import numpy_backend, triton_backend
+from microgpt.engine.infer import training_infer_state
+from microgpt.engine.state import make_state
+from microgpt.engine.trained import load_trained
+from microgpt.use import evaluate, hellaswag
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 from ._kutil import ON_GPU
@@ -57,7 +60,7 @@ def run_eval(capsys: pytest.CaptureFixture, *argv: str) -> dict:
 def test_val_text_and_hellaswag_equal_numpy(ckpt: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     """fp32: the same windows, tokens and bytes, losses to 1e-5; HellaSwag's ending loss sums to 1e-5 and the same
     picks (an ending cut to its last seq_len + 1 tokens included)."""
-    ld = checkpoint.load_trained(ckpt["ckpt"])
+    ld = load_trained(ckpt["ckpt"])
     items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     got: dict[str, dict] = {}
     for name in ("numpy", "triton"):
@@ -85,7 +88,7 @@ def test_hellaswag_on_triton_through_the_cli(ckpt: dict[str, Path], capsys: pyte
     """`eval --hellaswag --backend triton` reports what the scorer's sums give, on the precision asked for."""
     res = run_eval(capsys, str(ckpt["ckpt"]), "--hellaswag", str(ckpt["hs"]), "--backend", "triton",
                    "--precision", "fp32")  # fmt: skip
-    ld = checkpoint.load_trained(ckpt["ckpt"])
+    ld = load_trained(ckpt["ckpt"])
     items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", "fp32")), items)
     assert res == {
@@ -129,7 +132,7 @@ def test_eval_data_on_the_gpu_equals_the_trainers_val_loss(tmp_path: Path, preci
 def test_training_arena_scores_hellaswag_on_triton_as_numpy(ckpt: dict[str, Path]) -> None:
     """train.hellaswag's scorer on the triton kernels (fp32): the training arena's layer-0 buffers, with the
     launchers' scratch planned for training micro-batches, score the packed rows as a NumPy inference plan does."""
-    ld = checkpoint.load_trained(ckpt["ckpt"])
+    ld = load_trained(ckpt["ckpt"])
     items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     S = make_state(ld.exp.model, ld.exp.train, triton_backend("fp32"))
     S.set_weights(ld.weights)

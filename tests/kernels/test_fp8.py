@@ -264,7 +264,8 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype, scaling: str) -> None:
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_names_the_field(monkeypatch) -> None:
     """An A100 (compute capability 8.0) has no FP8 tensor cores: get_backend refuses with one ConfigError naming
     train.precision. (No such GPU here: the device queries are what is replaced, the check is the real one.)"""
-    from microgpt import backend, config
+    from microgpt import config
+    from microgpt.engine import backend
 
     monkeypatch.setattr(k8, "INTERPRET", False)
     monkeypatch.setattr(k8.torch.cuda, "is_available", lambda: True)
@@ -328,8 +329,9 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     `stack` gives one launch pair per site (and the head's), and every layer's E4M3 layouts and scale equal the
     reference's cast of its own masters. Weights that lie anywhere (here, a site's two layers swapped) go one by
     one, to the same bytes."""
-    from microgpt import backend, config
-    from microgpt.state import make_state
+    from microgpt import config
+    from microgpt.engine import backend
+    from microgpt.engine.state import make_state
 
     m = config.ModelConfig(vocab_size=64, d_model=16, n_layer=3, n_head=2, seq_len=16)
     S = make_state(m, config.TrainConfig(micro_batch=1, precision="fp8"), backend.get_backend("triton", "fp8"))
@@ -368,9 +370,10 @@ def test_adamw_takes_the_weights_amaxes_bit_for_bit() -> None:
     AdamW records every weight's amax and the weights' cast takes it (no amax launch). After a step (and the
     warm-up's, which updates nothing), the E4M3 copies and slots are those the casts give the same masters taking
     their own amax, bit for bit, and the recorded amaxes are cleared."""
-    from microgpt import backend, config
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt import config
+    from microgpt.engine import backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     m = config.ModelConfig(vocab_size=64, d_model=48, n_layer=2, n_head=3, seq_len=16)  # W_O: 2,304 elements
     t = config.TrainConfig(micro_batch=1, precision="fp8", grad_clip=1.0)

@@ -511,10 +511,10 @@ def test_fp8_step_gpu():
     weight copies are torch's cast of the updated masters."""
     import numpy as np
 
-    from microgpt.backend import numpy_backend, triton_backend
     from microgpt.config import ModelConfig, TrainConfig
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import numpy_backend, triton_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     m = ModelConfig(vocab_size=128, d_model=64, n_layer=2, n_head=2, seq_len=64)
     steps = _three_steps(np.random.default_rng(8))
@@ -546,10 +546,10 @@ def test_recompute_gelu_step_gpu(precision, monkeypatch):
     the pass: cuBLASLt's epilogue rounds differently; one GEMM way: the plans' buffers have other alignments)."""
     import numpy as np
 
-    from microgpt.backend import triton_backend
     from microgpt.config import ModelConfig, TrainConfig
-    from microgpt.state import make_state
-    from microgpt.step import Step
+    from microgpt.engine.backend import triton_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
 
     # each backend's runtime has its own tuner and router: nothing one run chose is remembered by the other
     monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt import memory, model, params
-from microgpt.backend import numpy_backend, triton_backend
 from microgpt.config import ModelConfig
+from microgpt.engine import memory, model, params
+from microgpt.engine.backend import numpy_backend, triton_backend
+from microgpt.engine.infer import make_infer_state
 from microgpt.kernels import decode as kd
-from microgpt.state import make_infer_state
 
 from ._kutil import ON_GPU, SMS, check
 

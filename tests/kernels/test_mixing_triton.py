@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from microgpt import config, trainer
+from microgpt import config
+from microgpt.run import trainer
 from tests.data.test_mixing import FIREHOSE, experiment, write_sources
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from microgpt import params
-from microgpt.backend import triton_backend
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.state import make_infer_state, make_state
-from microgpt.step import Step
+from microgpt.engine import params
+from microgpt.engine.backend import triton_backend
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
 
 KERNELS = Path(__file__).resolve().parents[2] / "microgpt" / "kernels"
 CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*$")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from microgpt import checkpoint, sample
-from microgpt.backend import numpy_backend, triton_backend
+from microgpt.engine.backend import numpy_backend, triton_backend
+from microgpt.engine.trained import load_trained
+from microgpt.use import sample
 from tests.conftest import cli, json_lines, one_error, write_experiment
 
 from ._kutil import ON_GPU, check
@@ -65,7 +66,7 @@ def test_an_fp8_run_decodes_on_triton_as_on_numpy(tmp_path: Path) -> None:
     the CLI's own fp8 run on the triton backend then answers."""
     exp = write_experiment(tmp_path, train={"precision": "fp8", "backend": "numpy", "steps": 2, "eval_every": 100})
     assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
-    ld = checkpoint.load_trained(str(tmp_path / "run"))
+    ld = load_trained(str(tmp_path / "run"))
     assert "fp8_amax_history" in ld.side
     logits = []
     for K in (numpy_backend(precision_name="fp8"), triton_backend("fp8", fp8_compute="fp32")):

@@ -29,7 +29,7 @@ LIMITS = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # share
 def sweep(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("sweep") / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "microgpt.kernels.targets", "--json", str(out), *([] if FULL else ["--ci"])]
+    cmd = [sys.executable, "-m", "microgpt.kernels.check.targets", "--json", str(out), *([] if FULL else ["--ci"])]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     assert r.returncode == 0, r.stderr[-4000:]
     print(r.stdout)
@@ -41,14 +41,14 @@ def fits(usage: dict, cc: int) -> bool:
 
 
 def test_the_limits_are_the_architectures() -> None:
-    from microgpt.kernels.targets import TARGETS
+    from microgpt.kernels.check.targets import TARGETS
 
     assert {cc: t.shared for cc, t in TARGETS.items()} == LIMITS
     assert [cc for cc, t in TARGETS.items() if t.fp8] == [89, 90]
 
 
 def test_the_shapes_are_the_recipes() -> None:
-    from microgpt.kernels.catalogue import ANDREA
+    from microgpt.kernels.check.catalogue import ANDREA
 
     for shape in ANDREA:
         exp = config.load(REPO / "experiments" / f"{shape.name}-TRAIN.json")

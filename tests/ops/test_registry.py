@@ -29,7 +29,7 @@ def test_every_row_names_functions_both_halves_have() -> None:
 def test_ops_import_no_gpu_stack() -> None:
     """The CPU path must run where torch and triton are not installed."""
     code = (
-        "import sys, microgpt.ops, microgpt.backend, microgpt.state, microgpt.step; "
-        "microgpt.backend.numpy_backend(); bad = {'torch', 'triton'} & set(sys.modules); assert not bad, bad"
+        "import sys, microgpt.ops, microgpt.engine.backend, microgpt.engine.state, microgpt.engine.step; "
+        "microgpt.engine.backend.numpy_backend(); bad = {'torch', 'triton'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

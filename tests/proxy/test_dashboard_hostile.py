@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.proxy import httpd
+from microgpt import httpd
 from microgpt.proxy.dashboard import DashboardServer
 from tests.proxy._helpers import ProxyRun, write_exp
 from tests.proxy.test_dashboard import loss_file, request

@@ -115,6 +115,6 @@ def test_the_proxy_never_imports_the_engine_side() -> None:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
     loaded = set(res.stdout.split())
     assert res.returncode == 0 and "microgpt.proxy.supervisor" in loaded, res.stderr
-    engine_side = {"microgpt.trainer", "microgpt.step", "microgpt.state", "microgpt.model", "microgpt.backend",
-                   "microgpt.cli", "microgpt.kernels"}  # fmt: skip
+    engine_side = {"microgpt.run.trainer", "microgpt.engine.step", "microgpt.engine.state", "microgpt.engine.model",
+                   "microgpt.engine.backend", "microgpt.cli", "microgpt.kernels"}  # fmt: skip
     assert not loaded & engine_side, sorted(loaded & engine_side)

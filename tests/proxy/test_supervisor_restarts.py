@@ -48,7 +48,7 @@ def test_gives_up_after_max_restarts_with_growing_backoff(tmp_path: Path) -> Non
 
 def test_bad_input_exit_code_2_is_not_retried(tmp_path: Path) -> None:
     sup = supervisor(tmp_path, "import sys; print('error: e.json: bad', file=sys.stderr); sys.exit(2)")
-    assert sup.run() == 1
+    assert sup.run() == 2
     assert sup.state.data["restarts"] == 0 and sup.state.data["last_error"] == "engine exit code 2: error: e.json: bad"
 
 
@@ -56,7 +56,7 @@ def test_a_checkpoint_the_engine_cannot_write_is_not_retried(tmp_path: Path, cap
     """Exit code 4 (errors.EXIT_WRITE: a full disk) is a failure a restart cannot fix: no restart, run crashed."""
     line = "error: run/ckpt/step-00000003.bin: cannot write the checkpoint (No space left on device)"
     sup = supervisor(tmp_path, f"import sys; print({line!r}, file=sys.stderr); sys.exit(4)", max_restarts=3)
-    assert sup.run() == 1
+    assert sup.run() == 4
     st = sup.state.data
     assert st["restarts"] == 0 and st["status"] == "crashed" and st["last_error"] == f"engine exit code 4: {line}"
     assert "a restart cannot fix, not retrying" in capfd.readouterr().err

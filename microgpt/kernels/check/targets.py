@@ -14,7 +14,7 @@ is loaded on a device.
 On a GPU the runtime reads nothing of this: Triton compares a compiled kernel's shared memory with the device's own
 limit before it launches anything and raises OutOfResources, which the tuner takes as the candidate not fitting that
 device (tuning.py). This is what CI checks (tests/kernels/test_targets.py) and bench/RESULTS.md shows:
-`python -m microgpt.kernels.targets` prints the whole sweep at the ANDREA-12M and ANDREA-120M shapes (`--ci`: the
+`python -m microgpt.kernels.check.targets` prints the whole sweep at the ANDREA-12M and ANDREA-120M shapes (`--ci`: the
 part CI compiles, `select`).
 """
 
@@ -37,7 +37,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from microgpt.kernels.catalogue import ANDREA, Launch, Shape, jit_kernels, launches
+from microgpt.kernels.check.catalogue import ANDREA, Launch, Shape, jit_kernels, launches
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def to_json(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m microgpt.kernels.targets", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m microgpt.kernels.check.targets", description=__doc__.splitlines()[0])
     p.add_argument("--cc", type=int, nargs="+", default=list(TARGETS), help="compute capabilities (86 for 8.6)")
     p.add_argument("--ci", action="store_true", help="only what the CI test compiles (fixed launches, defaults)")
     p.add_argument("--json", help="also write the rows to this file")

@@ -58,13 +58,14 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from microgpt import checkpoint, oai, sample
-from microgpt.backend import add_flags
-from microgpt.chat import Stream
+from microgpt.engine.backend import add_flags
+from microgpt.engine.trained import load_trained
 from microgpt.errors import ArgParser, InputError, check_number
-from microgpt.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
-from microgpt.proxy.httpd import Answer, BoundedHTTPServer, Request
-from microgpt.scheduler import STOPPING, Busy, Choice, Event, Job, Scheduler
+from microgpt.httpd import Answer, BoundedHTTPServer, Request
+from microgpt.use import oai, sample
+from microgpt.use.chat import Stream
+from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
+from microgpt.use.scheduler import STOPPING, Busy, Choice, Event, Job, Scheduler
 
 MAX_BODY = 1 << 20  # bytes of a request body: a context of text is a few kB of JSON
 MAX_BATCH = 4096
@@ -251,7 +252,7 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     check_number(args.port, "--port (a TCP port, 0: a free one)", 0, 65535, integer=True, error=ServeError)
     check_number(args.max_batch, "--max-batch", 1, MAX_BATCH, integer=True, error=ServeError)
     check_number(args.queue, "--queue", 0, MAX_QUEUE, integer=True, error=ServeError)
-    ld = checkpoint.load_trained(args.checkpoint)
+    ld = load_trained(args.checkpoint)
     gen, tok = sample.open_trained(ld, args.max_batch, args.backend, args.precision)
     api = Api(ld.exp.name, int(ld.path.stat().st_mtime), tok, Scheduler(gen, args.queue), ld.exp.model.seq_len,
               args.max_batch)  # fmt: skip

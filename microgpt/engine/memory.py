@@ -6,7 +6,7 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     compute_params                  the weights in the compute dtype (bf16/fp16/fp8 runs on the GPU), same order;
                                     AdamW writes it
     fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts, and the LM
-                                    head's E4M3 wte (the precision's rows: microgpt/precision.py)
+                                    head's E4M3 wte (the precision's rows: microgpt/engine/precision.py)
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
                                     and what it reports back (report), the evaluation's loss sum
     acts                            saved activations: written in forward, read in backward
@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from microgpt import params
 from microgpt.config import INT_MAX, ModelConfig, TrainConfig
+from microgpt.engine import params
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
@@ -75,8 +75,8 @@ class Buf:
 
 
 class Precision(Protocol):
-    """What the plan needs of a precision (microgpt/precision.py makes them): its compute dtype, whether the weights
-    have a copy in it, whether GELU's output has a buffer, its own rows, and the plan's title."""
+    """What the plan needs of a precision (microgpt/engine/precision.py makes them): its compute dtype, whether the
+    weights have a copy in it, whether GELU's output has a buffer, its own rows, and the plan's title."""
 
     compute: str
 
@@ -253,7 +253,7 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
     # the decode step's rows (model.gpt_decode), read on the device: a step of b rows finds their tokens, positions
     # and cache rows in decode_rows[:b], [b:2b] and [2b:3b], so that one copy brings all three
-    # (state.InferState.decode); and each row's greedy token, the argmax of its logits, which the host reads instead
+    # (infer.InferState.decode); and each row's greedy token, the argmax of its logits, which the host reads instead
     bufs += [Buf("decode_rows", (3 * B,), "inputs", "i32"), Buf("next_ids", (B,), "scratch", "i32")] if cache else []
     return bufs + list(backend_rows)
 

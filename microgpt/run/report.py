@@ -33,16 +33,19 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, memory, runlog, sample
-from microgpt.backend import numpy_backend
-from microgpt.chat import STOPS
+from microgpt import checkpoint, runlog
 from microgpt.config import ModelConfig
-from microgpt.data.chat import prompt_text
+from microgpt.data.chatml import prompt_text
 from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine import memory
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.trained import load_trained
 from microgpt.errors import InputError
-from microgpt.evaluate import token_bytes
 from microgpt.fileio import atomic_write_bytes, atomic_write_json
-from microgpt.state import make_infer_state
+from microgpt.use import sample
+from microgpt.use.chat import STOPS
+from microgpt.use.evaluate import token_bytes
 
 REPORT_FORMAT = "microgpt-report-1"
 LAST_STEPS = 10
@@ -119,7 +122,7 @@ def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]
 
 def _samples(path: Path, exp: Any) -> list[dict[str, Any]]:
     """A few continuations from the checkpoint at `path` (the final weights), on the CPU (sample.py)."""
-    ld = checkpoint.load_trained(path)
+    ld = load_trained(path)
     try:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
     except InputError as e:

@@ -11,7 +11,7 @@ linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so 
     (none)                      -> every linear bias: zeros; lm_head is tied to wte and not stored
 
 The folder: config.json, model.safetensors (fp32 or bf16), tokenizer.json + tokenizer_config.json (special tokens,
-a ChatML chat_template rendering exactly what microgpt/data/chat.py render gives), generation_config.json and a
+a ChatML chat_template rendering exactly what microgpt/data/chatml.py render gives), generation_config.json and a
 README.md model card. A byte-level model (vocab 256) gets a byte-level tokenizer.json whose ids are the bytes.
 Nothing here imports torch or transformers.
 """
@@ -27,12 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, params
+from microgpt import config
 from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine import params
+from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import ArgParser, InputError, output_error
 from microgpt.fileio import atomic_write_json, check_parents
 
-# ChatML as microgpt/data/chat.py render writes it; add_generation_prompt opens the assistant's turn.
+# ChatML as microgpt/data/chatml.py render writes it; add_generation_prompt opens the assistant's turn.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
     "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -152,7 +154,7 @@ def generation_config(special: dict[str, int]) -> dict[str, Any]:
     return {"bos_token_id": special.get(EOT, 0), "eos_token_id": eos, "pad_token_id": special.get(PAD, eos[-1])}
 
 
-def model_card(ld: checkpoint.Trained, dtype: str) -> str:
+def model_card(ld: Trained, dtype: str) -> str:
     m, side = ld.exp.model, ld.side
     data = side.get("data") or side["config"].get("data", {})
     val = side.get("val_loss")
@@ -190,7 +192,7 @@ def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
         raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing overwritten)")
     if dtype not in ("fp32", "bf16"):
         raise ExportError(f"--dtype {dtype}: expected fp32 or bf16")
-    ld = checkpoint.load_trained(where)
+    ld = load_trained(where)
     m = ld.exp.model
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
     try:

@@ -26,11 +26,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from microgpt import sample
-from microgpt.backend import add_flags
-from microgpt.data.chat import Message, prompt_text
+from microgpt.data.chatml import Message, prompt_text
 from microgpt.data.tokenizer import EOT, IM_END
+from microgpt.engine.backend import add_flags
 from microgpt.errors import ArgParser
+from microgpt.use import sample
 
 STOPS = (IM_END, EOT)
 

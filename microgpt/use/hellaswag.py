@@ -5,7 +5,7 @@ ending with the lowest sum of token losses, acc_norm the lowest mean loss per to
 (10,042 examples) is https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl.
 
 One scorer for both users: `microgpt eval --hellaswag` (an inference plan of the checkpoint's model) and the trainer
-(`train.hellaswag`: the weights it is training, over its own arena; state.training_infer_state). Each scored
+(`train.hellaswag`: the weights it is training, over its own arena; infer.training_infer_state). Each scored
 sequence (an ending after its context) is one row of a window from position 0; rows are packed by length into
 batches of at most `budget` tokens (the plan's rows: micro_batch x seq_len), each batch as long as its longest row,
 so a 60-token example costs 60 positions, never seq_len. The packing depends only on the examples and the budget, so
@@ -29,9 +29,10 @@ import numpy as np
 
 from microgpt import data
 from microgpt.config import Experiment
-from microgpt.data.hellaswag import Item, read, tokenize
+from microgpt.data.hellaswag_file import Item, read, tokenize
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.state import InferState, TrainState, training_infer_state
+from microgpt.engine.infer import InferState, training_infer_state
+from microgpt.engine.state import TrainState
 
 
 def batches(items: list[Item], budget: int) -> list[list[tuple[int, int]]]:
@@ -93,7 +94,7 @@ def score(S: InferState, items: list[Item]) -> dict[str, Any]:
 class DuringTraining:
     """train.hellaswag in a run: the file's examples (the first train.hellaswag_examples; 0: all) tokenized once,
     scored every `every` steps and at the last on the weights being trained, over the training arena
-    (state.training_infer_state: no memory beyond the training plan). Under data parallel each rank scores every
+    (infer.training_infer_state: no memory beyond the training plan). Under data parallel each rank scores every
     world-th example and the counts are summed, so the result does not depend on the number of ranks."""
 
     path: str

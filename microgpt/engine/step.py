@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import model
-from microgpt.distributed import GradReduce
-from microgpt.memory import NORM_BLOCK
-from microgpt.state import TrainState
+from microgpt.engine import model
+from microgpt.engine.collectives import GradReduce
+from microgpt.engine.memory import NORM_BLOCK
+from microgpt.engine.state import TrainState
 
 
 def optimizer_step(S: TrainState, dp: Any = None) -> None:

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from microgpt.chat import Stream
-from microgpt.sample import Generator, Sampling, pick
+from microgpt.use.chat import Stream
+from microgpt.use.sample import Generator, Sampling, pick
 
 STOPPING = "the server is shutting down"
 

@@ -1,11 +1,11 @@
-"""The run: optimizer steps (microgpt/step.py) over a TrainState (microgpt/state.py), evaluation, checkpoints,
+"""The run: optimizer steps (engine/step.py) over a TrainState (engine/state.py), evaluation, checkpoints,
 signals, and the records the world reads (microgpt/runlog.py: the run folder's train.jsonl, the terminal's human
 lines, stdout's JSON lines when asked).
 
 Weights, Adam m and v change only inside the step, so at any other moment they are the state after the last
 completed step: a signal handler may checkpoint right away (SIGTERM then exits 0, SIGUSR1 carries on); a signal
 that lands inside the step is handled as soon as it ends.
-Data parallel (dp, microgpt/distributed.py): each layer's grads are summed over ranks during the last micro-batch's
+Data parallel (dp, engine/collectives.py): each layer's grads are summed over ranks during the last micro-batch's
 backward (step.py), the ranks agree on the step's loss and on the signals received at the step boundary (dp.agree,
 dp.to_act: the trainer hands over what it received and acts on what comes back), and rank 0 alone writes
 checkpoints.
@@ -30,13 +30,17 @@ from typing import Any
 import numpy as np
 
 import microgpt
-from microgpt import checkpoint, config, data, hellaswag, memory, model, report
-from microgpt.backend import Backend, get_backend
+from microgpt import checkpoint, config, data
 from microgpt.config import ConfigError, Experiment
+from microgpt.engine import memory, model
+from microgpt.engine.backend import Backend, get_backend
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
+from microgpt.engine.trained import load_trained
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
+from microgpt.run import report
 from microgpt.runlog import RunLog
-from microgpt.state import make_state
-from microgpt.step import Step
+from microgpt.use import hellaswag
 
 
 def schedule_end(t: Any) -> int:
@@ -174,7 +178,7 @@ class Trainer:
     def init_from(self, where: str) -> None:
         """--init: a new run from another run's weights (a checkpoint, or a run folder's newest): the same model,
         fresh Adam moments, step 0, this experiment's own schedule. The provenance rides in every sidecar."""
-        ld = checkpoint.load_trained(where)
+        ld = load_trained(where)
         diff = next((k for k, v in vars(ld.exp.model).items() if vars(self.m)[k] != v), None)
         if diff is not None:
             raise checkpoint.CheckpointError(f"--init {where}: {ld.path} is a model with another model.{diff} "

@@ -14,7 +14,7 @@ so every token of the text is predicted; its windows are cut the same way, the l
 Bits per byte = sum of token losses / ln 2 / bytes of the scored tokens (a special token counts its string's
 bytes): for a text file, its size in bytes.
 
-HellaSwag: microgpt/hellaswag.py (the same scorer the trainer runs for train.hellaswag).
+HellaSwag: microgpt/use/hellaswag.py (the same scorer the trainer runs for train.hellaswag).
 """
 
 from __future__ import annotations
@@ -29,24 +29,27 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import backend, checkpoint, config, hellaswag
-from microgpt.backend import Backend
-from microgpt.data import hellaswag as hellaswag_file
+from microgpt import config
+from microgpt.data import hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine import backend
+from microgpt.engine.backend import Backend
+from microgpt.engine.infer import InferState, trained_infer_state
+from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import ArgParser, InputError, check_number
-from microgpt.state import InferState, trained_infer_state
+from microgpt.use import hellaswag
 
 
 class EvalError(InputError):
     """Bad eval input (a text or HellaSwag file, a flag). str(err) is one line naming it."""
 
 
-def eval_backend(ld: checkpoint.Trained, name: str, precision: str | None) -> Backend:
+def eval_backend(ld: Trained, name: str, precision: str | None) -> Backend:
     """The backend and precision the flags name for this checkpoint (backend.for_trained); EvalError if not."""
     return backend.for_trained(name, precision, ld.precision, str(ld.path), EvalError)
 
 
-def scorer(ld: checkpoint.Trained, K: Backend) -> InferState:
+def scorer(ld: Trained, K: Backend) -> InferState:
     """The checkpoint's model on an inference plan of its micro_batch windows of seq_len from position 0 (no KV
     cache), with what its precision keeps from the run (fp8: the amax histories the run scaled by)."""
     return trained_infer_state(ld, K, ld.exp.train.micro_batch, cache=False)
@@ -90,7 +93,7 @@ def score_windows(S: InferState, windows: Windows, nbytes: np.ndarray) -> dict[s
             "tokens": count, "bytes": byte_count, "windows": windows.n}  # fmt: skip
 
 
-def shard_windows(ld: checkpoint.Trained, folder: Path, split: str, n: int | None, B: int) -> Windows:
+def shard_windows(ld: Trained, folder: Path, split: str, n: int | None, B: int) -> Windows:
     """The validation loader's windows 0 .. n-1 (all of them by default; past the end they wrap, as val_batch)."""
     from microgpt.data.loader import Loader, open_split
 
@@ -131,7 +134,7 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     if args.windows is not None:
         check_number(args.windows, "--windows", 1, config.INT_MAX, integer=True, error=EvalError)
-    ld = checkpoint.load_trained(args.checkpoint)
+    ld = load_trained(args.checkpoint)
     K = eval_backend(ld, args.backend, args.precision)
     if args.hellaswag:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
@@ -150,7 +153,7 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     return 0
 
 
-def _windows(ld: checkpoint.Trained, args: argparse.Namespace) -> tuple[Windows, np.ndarray]:
+def _windows(ld: Trained, args: argparse.Namespace) -> tuple[Windows, np.ndarray]:
     """The windows `--data` or `--text` names, and the bytes each token id stands for."""
     m, B = ld.exp.model, ld.exp.train.micro_batch
     if args.data:

@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, fp8, params
+from microgpt import checkpoint, fp8
 from microgpt.config import PRECISIONS, ConfigError, ModelConfig
-from microgpt.memory import Arena, Buf
+from microgpt.engine import params
+from microgpt.engine.memory import Arena, Buf
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MATMULS = {  # (precision family, backend) -> "module:Class"
@@ -57,6 +58,34 @@ MATMULS = {  # (precision family, backend) -> "module:Class"
     ("fp8", "numpy"): "microgpt.ops.fp8:Matmul",
     ("fp8", "triton"): "microgpt.kernels.fp8:Matmul",
 }
+
+
+GROWTH_INTERVAL = 2000  # fp16: good steps before the loss scale doubles (as torch.amp.GradScaler)
+
+
+@dataclass
+class LossScaler:
+    """fp16's dynamic loss scale: the loss head multiplies its gradient by `scale`, AdamW divides it out again.
+    An overflow (a non-finite gradient norm: that step updated nothing) halves it; GROWTH_INTERVAL good steps in a
+    row double it. Static at 1 for fp32 and bf16."""
+
+    dynamic: bool = False
+    scale: float = 1.0
+    good_steps: int = 0
+
+    @classmethod
+    def for_precision(cls, prec: Precision) -> LossScaler:
+        return cls(dynamic=True, scale=2.0**16) if prec.loss_scaling else cls()
+
+    def update(self, finite: bool) -> None:
+        if not self.dynamic:
+            return
+        if not finite:
+            self.scale, self.good_steps = max(1.0, self.scale / 2), 0
+            return
+        self.good_steps += 1
+        if self.good_steps % GROWTH_INTERVAL == 0:
+            self.scale = min(2.0**24, self.scale * 2)
 
 
 def matmul_class(path: str) -> type:
@@ -108,7 +137,7 @@ class Precision:
     name: str  # fp32 | bf16 | fp16 | fp8
     backend: str  # numpy | triton
     compute: str  # the compute copy's and the activations' dtype: fp32 | bf16 | fp16
-    loss_scaling: bool  # fp16's dynamic loss scale (microgpt/state.py LossScaler)
+    loss_scaling: bool  # fp16's dynamic loss scale (microgpt/engine/state.py LossScaler)
     matmul: str  # MATMULS' "module:Class"
     scaled_mm: bool = False  # E4M3 GEMMs through torch._scaled_mm (the runtime measures their workspace)
 

@@ -5,7 +5,7 @@ A `Backend` is one frozen dataclass with a field per function of the op registry
 the state and the step need (allocation, views, copies, the step's preparation). Both backends are built by the
 same loop over the registry's rows: the NumPy one from each row's NumPy module (the reference, the CPU path, no
 torch), the Triton one from each row's Triton module (imported only when asked for). Each is made for one precision
-(microgpt/precision.py), which it carries.
+(microgpt/engine/precision.py), which it carries.
 
 A backend is bound to one memory plan (`bind`), which gives every launcher what it takes beyond the spec's arguments
 as keyword arguments, so model.py calls both backends alike: the precision's Matmul (`mm`, the GEMM sites:
@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import memory, ops, precision
+from microgpt import ops
 from microgpt.config import BACKENDS, PRECISIONS, ConfigError, ModelConfig, TrainConfig
-from microgpt.memory import Buf
+from microgpt.engine import memory, precision
+from microgpt.engine.memory import Buf
+from microgpt.engine.precision import Precision, PrecisionState
 from microgpt.ops.fp8 import e4m3
 from microgpt.ops.rows import Rows, cpu_threads
-from microgpt.precision import Precision, PrecisionState
 
 Fn = Callable[..., Any]
 
@@ -42,7 +43,7 @@ Fn = Callable[..., Any]
 @dataclass(frozen=True)
 class Backend:
     name: str  # "numpy" | "triton"
-    precision: Precision  # what it computes in (microgpt/precision.py)
+    precision: Precision  # what it computes in (microgpt/engine/precision.py)
     device: str  # what it runs on, in words
     versions: dict[str, str]
     kind_bytes: dict[str, int]  # bytes per element of each memory-plan kind

@@ -1,5 +1,5 @@
 """HellaSwag's file format: a JSONL file of examples (ctx, endings (4), label), checked line by line, and each example
-tokenized into the 4 sequences the scorer reads (microgpt/hellaswag.py: how they are scored, and what happens to an
+tokenized into the 4 sequences the scorer reads (microgpt/use/hellaswag.py: how they are scored, and what happens to an
 example longer than the model's context). Here in the data layer so that `microgpt run` checks train.hellaswag
 before it starts an engine, without loading one.
 """
@@ -35,7 +35,7 @@ class Item:
 
     @property
     def judged(self) -> bool:
-        """False where some ending has no token to score (microgpt/hellaswag.py says when)."""
+        """False where some ending has no token to score (microgpt/use/hellaswag.py says when)."""
         return min(self.n_end) > 0
 
 

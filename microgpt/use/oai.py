@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from microgpt import config
-from microgpt.chat import STOPS
-from microgpt.data.chat import Message, prompt_text
+from microgpt.data.chatml import Message, prompt_text
 from microgpt.data.tokenizer import EOT
 from microgpt.errors import InputError, check_number
-from microgpt.proxy.httpd import Answer
-from microgpt.sample import Sampling
+from microgpt.httpd import Answer
+from microgpt.use.chat import STOPS
+from microgpt.use.sample import Sampling
 
 MAX_STOPS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256

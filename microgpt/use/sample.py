@@ -30,11 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint, config, model
-from microgpt.backend import Backend, for_trained
+from microgpt import checkpoint, config
 from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine import model
+from microgpt.engine.backend import Backend, for_trained
+from microgpt.engine.infer import InferState, trained_infer_state
+from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import InputError, check_number
-from microgpt.state import InferState, trained_infer_state
 
 MAX_SAMPLES = 4096  # --num-samples: sequences in one batch (the memory plan refuses what this machine cannot hold)
 
@@ -206,9 +208,9 @@ def generate(gen: Generator, prompt: list[int], n_tokens: int, s: Sampling, seed
     return [q[len(prompt) :] for q in seqs]
 
 
-def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend = "numpy",
+def open_trained(ld: Trained, rows: int = 1, backend: str | Backend = "numpy",
                  precision: str | None = None) -> tuple[Generator, Any]:  # fmt: skip
-    """A checkpoint read back (checkpoint.load_trained) as a model with an empty cache of `rows` sequences, and its
+    """A checkpoint read back (load_trained) as a model with an empty cache of `rows` sequences, and its
     tokenizer. `backend` is a Backend, or the name `--backend` gives (auto, numpy, triton) with `--precision`'s
     (backend.for_trained: default fp32 on numpy, bf16 on triton); what the run's precision keeps (fp8: its amax
     histories) comes from the sidecar."""
@@ -224,7 +226,7 @@ def open_trained(ld: checkpoint.Trained, rows: int = 1, backend: str | Backend =
 def load(where: str, rows: int = 1, backend: str | Backend = "numpy",
          precision: str | None = None) -> tuple[Generator, Any, int]:  # fmt: skip
     """The model of a checkpoint or run folder (open_trained), its tokenizer, and the checkpoint's step."""
-    ld = checkpoint.load_trained(where)
+    ld = load_trained(where)
     return *open_trained(ld, rows, backend, precision), ld.step
 
 

@@ -17,8 +17,8 @@ over micro-batches); an activation gradient is written by its one writer where i
 input gradients, attention's dq, dk, dv) and added where several ops contribute (dresid) and by the loss head's
 pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
-w_v (adjacent in the canonical order: microgpt/params.py), so the three projections share one
-call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (microgpt/backend.py): the
+w_v (adjacent in the canonical order: microgpt/engine/params.py), so the three projections share one
+call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (engine/backend.py): the
 NumPy reference or the Triton kernels, with the same names and arguments.
 
 `gpt_infer` is the inference step over the same pairs (memory.inference_plan's buffers): a window of t new
@@ -31,11 +31,11 @@ position-free ops (the linears, LayerNorms, MLP, head) still run once over the b
 position (the position embedding, the cache write, attention) run once per row.
 `gpt_decode` is the decode step of b rows at per-row positions and cache rows, one token a row, which it reads from
 planned buffers (device memory on the GPU) rather than from the host, so that one CUDA graph of it serves every step
-of a batch size (state.InferState.decode): the position-free ops are gpt_infer's at N = b rows, the three that read a
+of a batch size (infer.InferState.decode): the position-free ops are gpt_infer's at N = b rows, the three that read a
 row's position or cache row are the decode ops (ops/decode.py), one launch each for all rows.
-Evaluation, sampling, chat and serving all run them (microgpt/evaluate.py, sample.py, chat.py, scheduler.py).
+Evaluation, sampling, chat and serving all run them (microgpt/use/evaluate.py, sample.py, chat.py, scheduler.py).
 
-P: parameter views, G: gradient views (microgpt/params.py names), A: the arena (activations, scratch), tokens and
+P: parameter views, G: gradient views (microgpt/engine/params.py names), A: the arena (activations, scratch), tokens and
 targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
 """
 
@@ -44,9 +44,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from microgpt.backend import Backend
 from microgpt.config import ModelConfig
-from microgpt.memory import Arena
+from microgpt.engine.backend import Backend
+from microgpt.engine.memory import Arena
 
 
 def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any,
