@@ -35,6 +35,12 @@ class ModelConfig:
     n_layer: int = 4
     n_head: int = 6
     seq_len: int = 128
+    # the block family (engine/params.py FAMILIES): "gpt2", ANDREA's (learned positions, LayerNorm, GELU, tied head),
+    # or "modern" (RMSNorm, rotary positions, QK-norm, ReLU^2, untied head, logit soft-cap; no norm weights, no biases)
+    block: str = "gpt2"
+    head_dim: int = 0  # each head's width; 0: d_model / n_head (n_head x head_dim must be d_model)
+    softcap: float = 15.0  # modern: logits -> softcap * tanh(logits / softcap) before the loss; 0: none
+    rope_base: float = 10000.0  # modern: the rotary embedding's base (angle p * base^(-2i / head_dim))
 
 
 @dataclass
@@ -73,6 +79,21 @@ class TrainConfig:
     hellaswag: str = ""
     hellaswag_every: int = 0
     hellaswag_examples: int = 0
+    # the optimizer of the block matrices: "adamw" (every parameter), or "muon" (engine/optim.py: Newton-Schulz
+    # orthogonalised momentum on each block matrix; AdamW keeps the embedding and the head)
+    optimizer: str = "adamw"
+    # the lr schedule: "cosine" (warmup, then cosine from lr to min_lr) or "warmdown" (warmup, then lr held,
+    # then a straight line down to min_lr over the last warmdown_frac of the schedule)
+    schedule: str = "cosine"
+    warmdown_frac: float = 0.4
+    # each group's lr at the schedule's peak (the schedule scales them all alike): the untied head's (0: lr) and
+    # Muon's; muon_momentum rises linearly from muon_momentum_start over muon_momentum_warmup steps
+    head_lr: float = 0.0
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_momentum_warmup: int = 300
+    muon_weight_decay: float = 0.0
 
 
 @dataclass
@@ -108,6 +129,9 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 EXTRA_SECTIONS = ("phases", "mixing", "description", "proxy")
 AUTO = "auto"  # train.micro_batch's one non-number
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgpt/fp8.py)
+BLOCKS = ("gpt2", "modern")  # model.block
+OPTIMIZERS = ("adamw", "muon")  # train.optimizer
+SCHEDULES = ("cosine", "warmdown")  # train.schedule
 BACKENDS = ("numpy", "triton")
 
 
@@ -181,6 +205,7 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: model.n_layer must be at most {MAX_LAYERS}, got {brief(m.n_layer)}")
     if m.d_model % m.n_head:
         raise ConfigError(f"{src}: model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _check_family(m, t, src)
     if m.vocab_size > 65536:
         raise ConfigError(f"{src}: model.vocab_size {m.vocab_size} does not fit the uint16 token shards (max 65536)")
     if not 0 < t.lr < 1 or not 0 <= t.min_lr <= t.lr:
@@ -221,6 +246,37 @@ def validate(exp: Experiment, src: str) -> Experiment:
     if not 0 < d.val_fraction < 1:
         raise ConfigError(f"{src}: data.val_fraction must be in (0, 1), got {d.val_fraction}")
     return exp
+
+
+def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
+    """The block family's fields and the optimizer and schedule that go with them."""
+    for sec, name, value, choices in (("model", "block", m.block, BLOCKS), ("train", "optimizer", t.optimizer,
+                                      OPTIMIZERS), ("train", "schedule", t.schedule, SCHEDULES)):  # fmt: skip
+        if value not in choices:
+            raise ConfigError(f"{src}: {sec}.{name} must be one of {', '.join(choices)}, got {brief(value)}")
+    if m.head_dim and m.head_dim * m.n_head != m.d_model:
+        raise ConfigError(f"{src}: model.head_dim ({m.head_dim}) x model.n_head ({m.n_head}) must be model.d_model "
+                          f"({m.d_model}); 0 takes d_model / n_head")  # fmt: skip
+    if m.head_dim < 0 or (m.block == "modern" and (m.d_model // m.n_head) % 2):
+        raise ConfigError(f"{src}: model.head_dim must be even for model.block 'modern' (rotary pairs), got "
+                          f"{m.d_model // m.n_head}")  # fmt: skip
+    if m.softcap < 0 or m.rope_base <= 1:
+        raise ConfigError(f"{src}: model.softcap must be >= 0 and model.rope_base > 1, got {m.softcap}, "
+                          f"{m.rope_base}")  # fmt: skip
+    if t.optimizer == "muon" and m.block != "modern":
+        raise ConfigError(f"{src}: train.optimizer 'muon' needs model.block 'modern' (its matrices are Muon's; "
+                          "ANDREA's GPT-2 block trains with adamw)")  # fmt: skip
+    if not 0 < t.warmdown_frac <= 1:
+        raise ConfigError(f"{src}: train.warmdown_frac must be in (0, 1], got {t.warmdown_frac}")
+    if not (0 <= t.head_lr < 1 and 0 < t.muon_lr < 1):
+        raise ConfigError(f"{src}: train.head_lr must be in [0, 1) and train.muon_lr in (0, 1), got {t.head_lr}, "
+                          f"{t.muon_lr}")  # fmt: skip
+    if not (0 <= t.muon_momentum_start < 1 and 0 <= t.muon_momentum < 1):
+        raise ConfigError(f"{src}: train.muon_momentum and train.muon_momentum_start must be in [0, 1), got "
+                          f"{t.muon_momentum}, {t.muon_momentum_start}")  # fmt: skip
+    if not 0 <= t.muon_momentum_warmup <= INT_MAX or t.muon_weight_decay < 0:
+        raise ConfigError(f"{src}: train.muon_momentum_warmup must be in [0, {INT_MAX}] and train.muon_weight_decay "
+                          f">= 0, got {brief(t.muon_momentum_warmup)}, {t.muon_weight_decay}")  # fmt: skip
 
 
 def from_dict(raw: Any, src: str = "<config>") -> Experiment:

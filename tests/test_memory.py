@@ -96,7 +96,7 @@ def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
         assert (a.role, a.shape) == (("scratch", (N, 4 * C)) if recompute else ("acts", (L, N, 4 * C)))
         assert memory.gelu_output_saved(K.precision, t) is not recompute
         arena = memory.Arena(bufs, K)
-        per_layer, recomputes = model._gelu_outputs(arena, L)
+        per_layer, recomputes = model._mlp_outputs(arena, L)
         assert recomputes is recompute and len(per_layer) == L
         assert all(x.shape == (N, 4 * C) for x in per_layer)
         assert (per_layer[0] is per_layer[-1]) is recompute  # one shared scratch, or a plane per layer

@@ -182,15 +182,17 @@ class _Pending:
 def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     """Where backward finishes the flat gradients: ([(first, end) of layer l's grads for l in 0..L-1], the rest).
 
-    In the canonical order (params.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf]. The
-    last micro-batch's backward finishes lnf first, then layer L-1, ..., layer 0, and the embedding (wte, also
-    the tied head, wpe) last; so layer L-1's bucket runs to the end (lnf with it), and the rest is wte + wpe."""
+    In the canonical order (params.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf] (modern:
+    [wte | h0 | ... | h(L-1) | lm_head]). The last micro-batch's backward finishes lnf (the head) first, then layer
+    L-1, ..., layer 0, and the embedding (wte, also the tied head, wpe) last; so layer L-1's bucket runs to the end
+    (lnf or lm_head with it), and the rest is the embedding."""
     first: dict[str, int] = {}
     at = 0
     for name, shape in params.param_shapes(m):
         first[name] = at
         at += math.prod(shape)
-    starts = [first[f"h{layer}.ln1_w"] for layer in range(m.n_layer)] + [at]
+    lead = params.family(m).block[0][0]  # each block's first parameter in the order
+    starts = [first[f"h{layer}.{lead}"] for layer in range(m.n_layer)] + [at]
     layers = [(starts[i], starts[i + 1]) for i in range(m.n_layer)]
     return layers, (0, starts[0])
 

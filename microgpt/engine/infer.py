@@ -16,7 +16,7 @@ from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import memory, model, params
 from microgpt.engine.backend import Backend
 from microgpt.engine.precision import PrecisionState
-from microgpt.engine.state import TrainState
+from microgpt.engine.state import TrainState, fill_tables
 from microgpt.engine.trained import Trained
 
 
@@ -134,6 +134,7 @@ def make_infer_state(m: ModelConfig, K: Backend, B: int, weights: np.ndarray, ca
     K, bound = K.bind(arena, m)
     compute = "compute_params" if prec.compute_copy else "params"
     S = InferState(K, m, B, plan, arena, bound.weights(params.views(arena.flat(compute), m)), bound)
+    fill_tables(K, m, arena)
     S.load_weights(weights)
     return S
 
@@ -150,10 +151,15 @@ def training_infer_state(S: TrainState) -> InferState:
     A = S.arena
     a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes GELU
     view = {"x": A["resid"][0], "x2": A["resid2"][0], "ln": A["ln1"][0], "qkv": A["qkv"][0], "att": A["att"][0],
-            "proj": A["proj"], "h": A["h"][0], "ln_mean": A["ln1_mean"][0], "ln_rstd": A["ln1_rstd"][0],
-            "att_lse": A["att_lse"][0].reshape(-1), "losses": A["losses"], "ce_lse": A["ce_lse"],
-            "logits": A["logits"], "loss_sum": A["loss_sum"], "tokens": A["tokens"][0], "targets": A["targets"][0],
+            "proj": A["proj"], "h": A["h"][0], "ln_rstd": A["ln1_rstd"][0], "att_lse": A["att_lse"][0].reshape(-1),
+            "losses": A["losses"], "ce_lse": A["ce_lse"], "logits": A["logits"], "loss_sum": A["loss_sum"],
+            "tokens": A["tokens"][0], "targets": A["targets"][0],
             **({} if a is None else {"a": a if a.ndim == 2 else a[0]})}  # fmt: skip
+    for name, buf in (("ln_mean", "ln1_mean"), ("qk_rstd", "qk_rstd")):  # GPT-2's LayerNorm means; modern's QK-norm
+        if buf in A:
+            view[name] = A[buf][0]
+    if "rope" in A:
+        view["rope"] = A["rope"]
     return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)
 
 

@@ -8,7 +8,8 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts, and the LM
                                     head's E4M3 wte (the precision's rows: microgpt/engine/precision.py)
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
-                                    and what it reports back (report), the evaluation's loss sum
+                                    and what it reports back (report), the evaluation's loss sum; Muon's scratch
+    tables                          constant tables the model reads (the modern block's rotary cos and sin)
     acts                            saved activations: written in forward, read in backward
     scratch                         per-layer temporaries and activation gradients, reused by every layer
     inputs                          the tokens and targets of every micro-batch of a step
@@ -45,13 +46,13 @@ from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
 ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch rounds large blocks up to 2 MiB)
-ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "acts", "scratch", "inputs",
-         "kv_cache", "kernel", "rounding", "runtime")  # fmt: skip
+ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "tables", "acts", "scratch",
+         "inputs", "kv_cache", "kernel", "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
 LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step",
           "acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v",
-          "inputs": "step inputs", "kv_cache": "kv cache", "kernel": "kernel scratch", "rounding": "allocator rounding",
-          "runtime": "cuBLAS workspace"}  # fmt: skip
+          "inputs": "step inputs", "tables": "model tables", "kv_cache": "kv cache", "kernel": "kernel scratch",
+          "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
 KIND_BYTES = {"f32": 4, "i32": 4, "u8": 1, "f8": 1}
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # the precisions' compute dtypes
 NORM_BLOCK = 1 << 16  # elements per grad-norm partial sum (the first of the two reduction stages)
@@ -163,8 +164,7 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
          backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:  # fmt: skip
     """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk in precision prec,
     then the backend's own rows (launcher scratch, runtime bytes)."""
-    B, U = t.micro_batch, t.n_micro
-    C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
+    B, U, T, V = t.micro_batch, t.n_micro, m.seq_len, m.vocab_size
     N = B * T
     bufs = []
     roles = ["params", "grads", "adam_m", "adam_v"] + (["compute_params"] if prec.compute_copy else [])
@@ -182,7 +182,23 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
     bufs += prec.rows(m, N)
-    act = [
+    acts, scratch = (_modern_rows if m.block == "modern" else _gpt2_rows)(m, t, prec, B)
+    bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in acts]
+    # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
+    bufs += [Buf(name, shape, "scratch", "compute") for name, shape in [*scratch, ("logits", (R, V))]]
+    bufs += [Buf(name, shape, "tables", "f32") for name, shape in tables(m)]
+    bufs += [Buf("tokens", (U, B, T), "inputs", "i32"), Buf("targets", (U, B, T), "inputs", "i32")]
+    return bufs + list(backend_rows)
+
+
+Rows = list[tuple[str, tuple[int, ...], str]]
+
+
+def _gpt2_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tuple[Rows, list[tuple[str, tuple]]]:
+    """ANDREA's block: the saved activations (name, shape, kind) and the scratch (name, shape) of a micro-batch."""
+    C, L, NH, T = m.d_model, m.n_layer, m.n_head, m.seq_len
+    N = B * T
+    acts = [
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
         ("ln1_mean", (L, N), "f32"),
@@ -203,7 +219,6 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
         ("ce_lse", (N,), "f32"),
         ("dlosses", (N,), "f32"),
     ]
-    bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in act]
     scratch = [
         ("proj", (N, C)),  # output of W_O and of the MLP before the residual add
         *([("a", (N, 4 * C))] if prec.gelu_planned and t.recompute_gelu else []),  # GELU output, recomputed
@@ -212,12 +227,54 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
         ("dln", (N, C)),
         ("datt", (N, C)),
         ("dqkv", (3, N, C)),
-        # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
-        ("logits", (R, V)),
     ]
-    bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
-    bufs += [Buf("tokens", (U, B, T), "inputs", "i32"), Buf("targets", (U, B, T), "inputs", "i32")]
-    return bufs + list(backend_rows)
+    return acts, scratch
+
+
+def _modern_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tuple[Rows, list[tuple[str, tuple]]]:
+    """The modern block (engine/model.py): GPT-2's rows less the norms' means, plus the embedding before its norm,
+    the QK-norm's per-head rstd, and ReLU^2's output per layer (read by W_2's weight gradient; train.recompute_gelu
+    makes it one scratch that backward refills from h, as for GELU)."""
+    C, L, NH, T = m.d_model, m.n_layer, m.n_head, m.seq_len
+    N = B * T
+    saved = not t.recompute_gelu
+    acts = [
+        ("emb", (N, C), "compute"),  # wte[tokens], before its RMSNorm (the norm's backward reads it)
+        ("emb_rstd", (N,), "f32"),
+        ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[0] = rmsnorm(emb)
+        ("ln1", (L, N, C), "compute"),  # RMSNorm of resid[l]
+        ("ln1_rstd", (L, N), "f32"),
+        ("qkv", (L, 3, N, C), "compute"),  # q, k as attention reads them: QK-normed and rotated, in place
+        ("qk_rstd", (L, 2, N, NH), "f32"),  # the QK-norm's rstd per head (its backward recomputes the rest)
+        ("att", (L, N, C), "compute"),
+        ("att_lse", (L, B, NH, T), "f32"),
+        ("resid2", (L, N, C), "compute"),
+        ("ln2", (L, N, C), "compute"),
+        ("ln2_rstd", (L, N), "f32"),
+        ("h", (L, N, 4 * C), "compute"),  # before ReLU^2
+        *([("a", (L, N, 4 * C), "compute")] if saved else []),  # relu(h)^2, read by dW_2's GEMM
+        ("lnf", (N, C), "compute"),
+        ("lnf_rstd", (N,), "f32"),
+        ("losses", (N,), "f32"),
+        ("ce_lse", (N,), "f32"),
+        ("dlosses", (N,), "f32"),
+    ]
+    scratch = [
+        ("proj", (N, C)),
+        *([] if saved else [("a", (N, 4 * C))]),
+        ("dh", (N, 4 * C)),
+        ("dresid", (N, C)),
+        ("dln", (N, C)),  # also the embedding's gradient at the end (the embedding norm's backward adds into it)
+        ("datt", (N, C)),
+        ("dqkv", (3, N, C)),
+    ]
+    return acts, scratch
+
+
+def tables(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """Constant fp32 tables the model reads, filled once when the arena is made: the modern block's rotary cos and
+    sin (2, T, head_dim / 2) (ops/qkrope.py rope_tables)."""
+    return [("rope", (2, m.seq_len, params.head_dim(m) // 2))] if m.block == "modern" else []
 
 
 def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = (),
@@ -232,10 +289,11 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     roles = ["params"] + (["compute_params"] if prec.compute_copy else [])
     bufs = [Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
             for role in roles for name, shape in params.param_shapes(m)]  # fmt: skip
+    modern = m.block == "modern"
     bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N, train=False)
-    bufs += [Buf("ln_mean", (N,), "scratch", "f32"), Buf("ln_rstd", (N,), "scratch", "f32"),
-             Buf("att_lse", (B * NH * T,), "scratch", "f32"), Buf("losses", (N,), "scratch", "f32"),
-             Buf("ce_lse", (N,), "scratch", "f32")]  # fmt: skip
+    stats = [("ln_rstd", (N,)), ("qk_rstd", (2, N, NH))] if modern else [("ln_mean", (N,)), ("ln_rstd", (N,))]
+    stats += [("att_lse", (B * NH * T,)), ("losses", (N,)), ("ce_lse", (N,))]
+    bufs += [Buf(name, shape, "scratch", "f32") for name, shape in stats]
     scratch = [
         ("x", (N, C)),  # the residual stream entering a layer, then leaving it
         ("x2", (N, C)),  # the residual stream between attention and MLP
@@ -244,11 +302,12 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
         ("att", (N, C)),
         ("proj", (N, C)),
         ("h", (N, 4 * C)),
-        *([("a", (N, 4 * C))] if prec.gelu_planned else []),
+        *([("a", (N, 4 * C))] if prec.gelu_planned or modern else []),
         ("logits", (R, V)),  # the loss head's chunk
         ("next_logits", (B, V)),  # each sequence's next-token logits
     ]
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
+    bufs += [Buf(name, shape, "tables", "f32") for name, shape in tables(m)]
     bufs += [Buf("kv", (L, 2, B, T, C), "kv_cache", "compute")] if cache else []
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
     # the decode step's rows (model.gpt_decode), read on the device: a step of b rows finds their tokens, positions

@@ -1,25 +1,34 @@
-"""GPT forward and backward as flat lists of op-pair calls over the planned buffers, and the inference step.
+"""The model as flat lists of op-pair calls over the planned buffers: one block function per family, called by the
+training forward, the inference step (prefill) and the decode step; and the training backward.
+
+A block (`gpt2_block`, `modern_block`: BLOCKS by model.block) is the same list of calls wherever it runs; what differs
+between the three uses is only where its activations live (`Layer`: a training layer's own saved buffers, or the
+inference plan's one layer that every layer reuses) and how it attends (`attend`: the training forward's attention
+over the window from position 0; the inference step's KV-cache writes and cached attention per position group; the
+decode step's per-row cache writes and attention). The modern block's rotary positions are applied inside attend,
+where the positions are known.
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
 read side by side, with two exceptions. The loss head: the backward of the whole model starts at the loss,
 whose upstream gradient (dlosses: 1/count on every scored token) is known before the forward runs, so in
 training `gpt_forward(..., G)` calls crossentropy_forward_backward, which adds the head's gradients
-(d lnf into A["dln"], the tied head's part into G["wte"]) while each logits chunk is still in the scratch:
-no second LM-head matmul in backward. `gpt_backward` starts from there. And the residual adds: their
+(d lnf into A["dln"], the head's matrix's into G["head"]: wte's when tied) while each logits chunk is still in the
+scratch: no second LM-head matmul in backward. `gpt_backward` starts from there. And the residual adds: their
 backward sends dout unchanged to both inputs (dx += dout; dy += dout), so instead of copying the residual
 stream's gradient into two zeroed buffers, the branch reads `dresid` as its output gradient and the
-LayerNorm under it adds its input gradient into `dresid` in place (as llm.c's CUDA trainer does): one
+norm under it adds its input gradient into `dresid` in place (as llm.c's CUDA trainer does): one
 buffer, updated from the top of the model down, with the same sums in the same order, so the result is bit
 for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
 activation-gradient buffer that a backward adds into). Weight gradients are always added (+=: they accumulate
 over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
-input gradients, attention's dq, dk, dv) and added where several ops contribute (dresid) and by the loss head's
-pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
+input gradients, attention's dq, dk, dv, which the modern block's QK-norm and rotary backward then rewrite in
+place) and added where several ops contribute (dresid) and by the loss head's pair, whose backward adds d lnf (one
+zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
-w_v (adjacent in the canonical order: microgpt/engine/params.py), so the three projections share one
-call, and in fp8 one cast of their input and one input-gradient GEMM. `K` is the backend (engine/backend.py): the
-NumPy reference or the Triton kernels, with the same names and arguments.
+w_v (adjacent in the canonical order: engine/params.py), so the three projections share one call, and in fp8 one
+cast of their input and one input-gradient GEMM. `K` is the backend (engine/backend.py): the NumPy reference or
+the Triton kernels, with the same names and arguments.
 
 `gpt_infer` is the inference step over the same pairs (memory.inference_plan's buffers): a window of t new
 positions of b sequences, whose keys and values go into the plan's KV cache; prefill is a window from position 0
@@ -27,59 +36,157 @@ positions of b sequences, whose keys and values go into the plan's KV cache; pre
 the cache). Its per-token losses are the training forward's, bit for bit, for the same window at position 0.
 The b sequences share one position (sampling's batch, in cache rows 0 .. b-1), or each row has its own position and
 cache row (serving's continuous batching: a request joins a batch whose other rows are further on): then the
-position-free ops (the linears, LayerNorms, MLP, head) still run once over the b rows, and the three that read the
-position (the position embedding, the cache write, attention) run once per row.
+position-free ops (the linears, norms, MLP, head) still run once over the b rows, and those that read the position
+(the position embedding or the rotary one, the cache write, attention) run once per row.
 `gpt_decode` is the decode step of b rows at per-row positions and cache rows, one token a row, which it reads from
 planned buffers (device memory on the GPU) rather than from the host, so that one CUDA graph of it serves every step
-of a batch size (infer.InferState.decode): the position-free ops are gpt_infer's at N = b rows, the three that read a
+of a batch size (infer.InferState.decode): the position-free ops are gpt_infer's at N = b rows, those that read a
 row's position or cache row are the decode ops (ops/decode.py), one launch each for all rows.
-Evaluation, sampling, chat and serving all run them (microgpt/use/evaluate.py, sample.py, chat.py, scheduler.py).
+Evaluation, sampling, chat and serving all run them (use/evaluate.py, sample.py, chat.py, scheduler.py).
 
-P: parameter views, G: gradient views (microgpt/engine/params.py names), A: the arena (activations, scratch), tokens and
-targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C d_model, L n_layer, N = B*T.
+P: parameter views, G: gradient views (engine/params.py names; "head" is the LM head's matrix), A: the arena
+(activations, scratch), tokens and targets: one micro-batch's (B,T) inputs. Shapes: B micro-batch, T seq_len, C
+d_model, L n_layer, H n_head, N = B*T.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from microgpt.config import ModelConfig
 from microgpt.engine.backend import Backend
 from microgpt.engine.memory import Arena
 
+Attend = Callable[[Any, Any], None]  # attend(att, qkv): att (n, C) from qkv (3, n, C), wherever the positions are
+
+
+@dataclass
+class Layer:
+    """One layer's buffers as its block reads and writes them: the residual stream x (n, C) and its first norm ln1
+    (written by the block below, or after the embedding), what the block writes on the way, and where it leaves the
+    next layer's x and first norm (the final norm after the last layer). mean (GPT-2's LayerNorm) is None in the
+    modern block, whose RMSNorm keeps rstd alone."""
+
+    x: Any
+    ln1: Any
+    qkv: Any  # (3, n, C)
+    att: Any
+    proj: Any  # W_O's output, then the MLP's
+    x2: Any  # between attention and MLP
+    ln2: Any
+    mean2: Any
+    rstd2: Any
+    h: Any  # (n, 4C) the MLP's pre-activation
+    a: Any  # (n, 4C) its activation (None where the fp8 cast computes GELU)
+    x_out: Any
+    ln_out: Any
+    mean_out: Any
+    rstd_out: Any
+
+
+def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
+    """ANDREA's block: LayerNorm, attention, GELU MLP; each residual add runs with the LayerNorm that reads its sum,
+    in one call, the last one with the next layer's LN1 (lnf after the last layer)."""
+    h = f"h{layer}."
+    K.linear_forward(io.qkv, io.ln1, P[h + "w_qkv"])
+    attend(io.att, io.qkv)
+    K.linear_forward(io.proj, io.att, P[h + "w_o"])
+    K.residual_layernorm_forward(io.x2, io.ln2, io.mean2, io.rstd2, io.x, io.proj, P[h + "ln2_w"], P[h + "ln2_b"])
+    K.mlp_forward(io.proj, io.h, io.a, io.ln2, P[h + "w_1"], P[h + "w_2"])
+    nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"
+    K.residual_layernorm_forward(io.x_out, io.ln_out, io.mean_out, io.rstd_out, io.x2, io.proj, P[nxt + "_w"],
+                                 P[nxt + "_b"])  # fmt: skip
+
+
+def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
+    """The modern block: RMSNorm (no weights), attention over QK-normed rotary q and k (inside attend), ReLU^2 MLP of
+    two linears; each residual add runs with the RMSNorm that reads its sum, the last with the next layer's."""
+    h = f"h{layer}."
+    K.linear_forward(io.qkv, io.ln1, P[h + "w_qkv"])
+    attend(io.att, io.qkv)
+    K.linear_forward(io.proj, io.att, P[h + "w_o"])
+    K.residual_rmsnorm_forward(io.x2, io.ln2, io.rstd2, io.x, io.proj)
+    K.linear_forward(io.h, io.ln2, P[h + "w_1"])
+    K.relu2_forward(io.a, io.h)
+    K.linear_forward(io.proj, io.a, P[h + "w_2"])
+    K.residual_rmsnorm_forward(io.x_out, io.ln_out, io.rstd_out, io.x2, io.proj)
+
+
+BLOCKS = {"gpt2": gpt2_block, "modern": modern_block}
+
+
+def head_args(m: ModelConfig) -> dict[str, Any]:
+    """The loss head's keywords beyond its arguments: the modern block's logit soft-cap."""
+    return {"softcap": m.softcap} if m.block == "modern" else {}
+
+
+# --- training ------------------------------------------------------------------------------------------------------
+def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any) -> Layer:
+    """Training layer l's own buffers (saved for backward); its output is layer l+1's input (lnf after the last)."""
+    if layer + 1 < m.n_layer:
+        out = A["ln1"][layer + 1], _at(A, "ln1_mean", layer + 1), A["ln1_rstd"][layer + 1]
+    else:
+        out = A["lnf"], A.get("lnf_mean"), A["lnf_rstd"]
+    return Layer(A["resid"][layer], A["ln1"][layer], A["qkv"][layer], A["att"][layer], A["proj"], A["resid2"][layer],
+                 A["ln2"][layer], _at(A, "ln2_mean", layer), A["ln2_rstd"][layer], A["h"][layer], a,
+                 A["resid"][layer + 1], *out)  # fmt: skip
+
+
+def _at(A: Arena, name: str, layer: int) -> Any:
+    """A per-layer buffer's layer, or None where the family has no such buffer (the modern block's norm means)."""
+    buf = A.get(name)
+    return None if buf is None else buf[layer]
+
+
+def _embed(K: Backend, m: ModelConfig, P: dict[str, Any], x: Any, ln: Any, mean: Any, rstd: Any, tokens: Any,
+           wpe: Any, emb: Any = None, emb_rstd: Any = None) -> None:  # fmt: skip
+    """The stream entering layer 0 into x (b*t, C) and its first norm into ln: GPT-2 x = wte[tokens] + wpe (wpe the
+    position table's rows from the window's position), then LN1 of layer 0; modern x = rmsnorm(wte[tokens]) with
+    wte[tokens] in emb (its rstd in emb_rstd), then layer 0's RMSNorm."""
+    b, t = tokens.shape
+    if m.block == "modern":
+        K.embedding_forward(emb.reshape(b, t, -1), tokens, P["wte"], None)
+        K.rmsnorm_forward(x, emb_rstd, emb)
+        K.rmsnorm_forward(ln, rstd, x)
+        return
+    K.embedding_forward(x.reshape(b, t, -1), tokens, P["wte"], wpe)
+    K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
+
 
 def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any,
                 G: dict[str, Any] | None = None) -> None:  # fmt: skip
     """tokens, targets (B,T) -> per-token losses (A["losses"]); with G (training), also the loss head's backward:
-    d lnf in A["dln"] and the head's share of G["wte"], which gpt_backward then continues from."""
+    d lnf in A["dln"] and the head's share of G["head"], which gpt_backward then continues from."""
     B, T = tokens.shape
-    N, H = B * T, m.n_head
-    resid, proj = A["resid"], A["proj"]
-    a, _ = _gelu_outputs(A, m.n_layer)
-    K.embedding_forward(resid[0].reshape(B, T, -1), tokens, P["wte"], P["wpe"])
-    out, mean, rstd, w, b = _norm(m, P, A, "ln1", 0)
-    K.layernorm_forward(out, mean, rstd, resid[0], w, b)
-    for layer in range(m.n_layer):  # each residual add runs with the LayerNorm that reads its sum, in one call
-        h, x, resid2 = f"h{layer}.", resid[layer], A["resid2"][layer]
-        ln1, q, k, v = A["ln1"][layer], *A["qkv"][layer]
-        K.linear_forward(A["qkv"][layer], ln1, P[h + "w_qkv"])
-        att = A["att"][layer]
-        K.attention_forward(_btc(att, B, T), A["att_lse"][layer], _btc(q, B, T), _btc(k, B, T), _btc(v, B, T), H)
-        K.linear_forward(proj, att, P[h + "w_o"])
-        ln2, mean, rstd, w, b = _norm(m, P, A, "ln2", layer)
-        K.residual_layernorm_forward(resid2, ln2, mean, rstd, x, proj, w, b)  # resid2 = x + proj; ln2 of it
-        K.mlp_forward(proj, A["h"][layer], a[layer], ln2, P[h + "w_1"], P[h + "w_2"])
-        out, mean, rstd, w, b = _norm(m, P, A, "ln1", layer + 1)  # the next layer's LN1; lnf after the last layer
-        K.residual_layernorm_forward(resid[layer + 1], out, mean, rstd, resid2, proj, w, b)
-    targets = targets.reshape(N)
+    a, _ = _mlp_outputs(A, m.n_layer)
+    _embed(K, m, P, A["resid"][0], A["ln1"][0], _at(A, "ln1_mean", 0), A["ln1_rstd"][0], tokens, P.get("wpe"),
+           A.get("emb"), A.get("emb_rstd"))  # fmt: skip
+    block = BLOCKS[m.block]
+    for layer in range(m.n_layer):
+        block(K, m, P, layer, _train_layer(m, A, layer, a[layer]), _train_attend(K, m, A, layer, B, T))
+    targets = targets.reshape(B * T)
     if G is None:
-        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["wte"], targets, A["logits"])
+        K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["head"], targets, A["logits"], **head_args(m))
         return
     K.loss_weights(A["dlosses"], targets, A["loss_scale"])
     K.zero_(A["dln"])
-    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["wte"], A["dlosses"], A["lnf"], P["wte"],
-                                    targets, A["logits"])  # fmt: skip
+    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["head"], A["dlosses"], A["lnf"], P["head"],
+                                    targets, A["logits"], **head_args(m))  # fmt: skip
+
+
+def _train_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, B: int, T: int) -> Attend:
+    """The training forward's attention of one layer over the window from position 0 (the modern block's q and k
+    QK-normed and rotated in place first, their per-head rstd saved)."""
+
+    def attend(att: Any, qkv: Any) -> None:
+        q, k, v = (_btc(z, B, T) for z in qkv)
+        if m.block == "modern":
+            K.qkrope_forward(q, k, A["qk_rstd"][layer], A["rope"], n_head=m.n_head)
+        K.attention_forward(_btc(att, B, T), A["att_lse"][layer], q, k, v, m.n_head)
+
+    return attend
 
 
 def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
@@ -91,10 +198,15 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     the attention kernel's many short blocks that costs the attention its share of those SMs, while beside a GEMM
     of one wave of persistent blocks (cuBLAS's at these shapes) the GEMM's last blocks wait for the all-reduce to
     end, which slowed the 2-GPU step when the sums started as each layer ended (bench/RESULTS.md)."""
+    (_modern_backward if m.block == "modern" else _gpt2_backward)(K, m, P, G, A, tokens, layer_done)
+
+
+def _gpt2_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
+                   layer_done: Callable[[int], None] | None) -> None:  # fmt: skip
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
-    a, recompute = _gelu_outputs(A, m.n_layer)
+    a, recompute = _mlp_outputs(A, m.n_layer)
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
     K.layernorm_backward(dresid, G["lnf_w"], G["lnf_b"], dln, x, P["lnf_w"], A["lnf_mean"], A["lnf_rstd"])
@@ -123,23 +235,52 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
 
 
-def _gelu_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
-    """Each layer's buffer for a = gelu(h), and whether backward recomputes a from h: a layer's own (N, 4C) plane
-    where the plan saves a (memory.gelu_output_saved), else the one (N, 4C) scratch all layers share, or None where
-    the precision's cast computes GELU (Precision.gelu_planned)."""
+def _modern_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
+                     layer_done: Callable[[int], None] | None) -> None:  # fmt: skip
+    """modern_block's calls reversed: the MLP's two linears and ReLU^2 as three pairs, attention's q and k through
+    the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
+    the embedding's."""
+    B, T = tokens.shape
+    H = m.n_head
+    dresid, dln, datt, dqkv, dh = A["dresid"], A["dln"], A["datt"], A["dqkv"], A["dh"]
+    a, recompute = _mlp_outputs(A, m.n_layer)
+    K.zero_(dresid)
+    K.rmsnorm_backward(dresid, dln, A["resid"][m.n_layer], A["lnf_rstd"])
+    for layer in reversed(range(m.n_layer)):
+        h = f"h{layer}."
+        # resid[l+1] = resid2 + w_2(relu(w_1(ln2(resid2)))^2): the MLP reads dresid; LN2 adds into it (-> dresid2)
+        if recompute:
+            K.relu2_forward(a[layer], A["h"][layer])
+        K.linear_backward(dh, G[h + "w_2"], dresid, a[layer], P[h + "w_2"])
+        K.relu2_backward(dh, A["h"][layer])
+        K.linear_backward(dln, G[h + "w_1"], dh, A["ln2"][layer], P[h + "w_1"])
+        K.rmsnorm_backward(dresid, dln, A["resid2"][layer], A["ln2_rstd"][layer])
+        # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
+        att = A["att"][layer]
+        K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
+        q, k, v = (_btc(z, B, T) for z in A["qkv"][layer])
+        dq, dk, dv = (_btc(z, B, T) for z in dqkv)
+        if layer_done is not None and layer + 1 < m.n_layer:
+            layer_done(layer + 1)
+        K.attention_backward(dq, dk, dv, _btc(datt, B, T), q, k, v, _btc(att, B, T), A["att_lse"][layer], H)
+        K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
+        K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
+        K.rmsnorm_backward(dresid, dln, A["resid"][layer], A["ln1_rstd"][layer])
+    if layer_done is not None:
+        layer_done(0)
+    K.zero_(dln)  # the embedding's gradient, through its RMSNorm
+    K.rmsnorm_backward(dln, dresid, A["emb"], A["emb_rstd"])
+    K.embedding_backward(G["wte"], None, dln.reshape(B, T, -1), tokens)
+
+
+def _mlp_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
+    """Each layer's buffer for the MLP's activation a, and whether backward recomputes a from h: a layer's own (N, 4C)
+    plane where the plan saves a (memory.gelu_output_saved), else the one (N, 4C) scratch all layers share, or None
+    where the precision's cast computes GELU (Precision.gelu_planned)."""
     a = A.get("a")
     if a is None or a.ndim == 2:
         return [a] * n_layer, True
     return list(a), False
-
-
-def _norm(m: ModelConfig, P: dict[str, Any], A: Arena, name: str, layer: int) -> tuple[Any, ...]:
-    """LayerNorm `name` ("ln1" or "ln2") of `layer` as (out, mean, rstd, w, b); ("ln1", n_layer) is lnf, the one
-    after the last layer, so the LayerNorm reading resid[l] is always ("ln1", l)."""
-    if layer == m.n_layer:
-        return A["lnf"], A["lnf_mean"], A["lnf_rstd"], P["lnf_w"], P["lnf_b"]
-    h = f"h{layer}.{name}"
-    return A[name][layer], A[f"{name}_mean"][layer], A[f"{name}_rstd"][layer], P[h + "_w"], P[h + "_b"]
 
 
 def _btc(x: Any, B: int, T: int) -> Any:
@@ -147,6 +288,7 @@ def _btc(x: Any, B: int, T: int) -> Any:
     return x.reshape(B, T, -1)
 
 
+# --- inference ---------------------------------------------------------------------------------------------------
 def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> list[tuple[slice, int, slice]]:
     """The inference step's position groups as (rows of the batch, their first position, their rows of the KV cache):
     one group when the b rows share position pos and sit in cache rows 0 .. b-1, else one group per row, row i at
@@ -160,6 +302,15 @@ def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None
     return [(slice(i, i + 1), p, slice(s, s + 1)) for i, (p, s) in enumerate(zip(at, rows))]
 
 
+def _infer_layer(A: Arena, n: int, a: Any) -> Layer:
+    """The inference plan's one layer of n rows, which every layer reuses: x in and out, ln every norm's output."""
+    x, x2, ln, att, proj = (A[name][:n] for name in ("x", "x2", "ln", "att", "proj"))
+    mean = A.get("ln_mean")
+    mean = None if mean is None else mean[:n]
+    rstd = A["ln_rstd"][:n]
+    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd)
+
+
 def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, pos: int | Sequence[int],
               targets: Any = None, slots: Sequence[int] | None = None) -> None:  # fmt: skip
     """tokens (b, t), contiguous: positions pos .. pos + t - 1 of b sequences (b <= the plan's B, pos + t <=
@@ -170,48 +321,63 @@ def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: A
     With targets (b, t): the per-token losses in A["losses"][:b*t]; without, each sequence's next-token logits (from
     its last position) in A["next_logits"][:b]."""
     b, t = tokens.shape
-    N, H = b * t, m.n_head
-    x, x2, ln, att, proj = (A[name][:N] for name in ("x", "x2", "ln", "att", "proj"))
-    qkv, h, mean, rstd = A["qkv"][:, :N], A["h"][:N], A["ln_mean"][:N], A["ln_rstd"][:N]
-    a, cache = A.get("a"), A.get("kv")
-    a = None if a is None else a[:N]
+    N = b * t
+    a = A.get("a")
+    io = _infer_layer(A, N, None if a is None else a[:N])
     groups = windows(b, pos, slots)
-    if cache is None and any(p > 0 for _, p, _ in groups):
+    if "kv" not in A and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
-    x3 = _btc(x, b, t)
-    for rows, p, _ in groups:
-        K.embedding_forward(x3[rows], tokens[rows], P["wte"], P["wpe"][p:])
-    K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
+    if m.block == "modern":
+        _embed(K, m, P, io.x, io.ln1, None, io.rstd2, tokens, None, io.x2, io.rstd2)
+    else:  # the position table's rows from each group's position
+        x3 = _btc(io.x, b, t)
+        for rows, p, _ in groups:
+            K.embedding_forward(x3[rows], tokens[rows], P["wte"], P["wpe"][p:])
+        K.layernorm_forward(io.ln1, io.mean2, io.rstd2, io.x, P["h0.ln1_w"], P["h0.ln1_b"])
+    block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        hl = f"h{layer}."
-        K.linear_forward(qkv, ln, P[hl + "w_qkv"])
-        q, k, v = (_btc(z, b, t) for z in qkv)
-        for rows, p, cached in groups:
-            _attend(K, A, _btc(att, b, t)[rows], q[rows], k[rows], v[rows], p, layer, cached, H)
-        K.linear_forward(proj, att, P[hl + "w_o"])
-        K.residual_layernorm_forward(x2, ln, mean, rstd, x, proj, P[hl + "ln2_w"], P[hl + "ln2_b"])
-        K.mlp_forward(proj, h, a, ln, P[hl + "w_1"], P[hl + "w_2"])
-        nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"  # the next layer's LN1; lnf after the last
-        K.residual_layernorm_forward(x, ln, mean, rstd, x2, proj, P[nxt + "_w"], P[nxt + "_b"])
+        block(K, m, P, layer, io, _infer_attend(K, m, A, layer, b, t, groups))
     if targets is not None:
-        K.crossentropy_forward(A["losses"][:N], A["ce_lse"][:N], ln, P["wte"], targets.reshape(N), A["logits"])
+        K.crossentropy_forward(A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"],
+                               **head_args(m))  # fmt: skip
     else:
-        K.head_logits(A["next_logits"][:b], _btc(ln, b, t)[:, -1], P["wte"])
+        K.head_logits(A["next_logits"][:b], _btc(io.ln1, b, t)[:, -1], P["head"], **head_args(m))
 
 
-def _attend(K: Backend, A: Arena, att: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice,
+def _infer_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, b: int, t: int,
+                  groups: list[tuple[slice, int, slice]]) -> Attend:  # fmt: skip
+    """The inference step's attention of one layer, per position group: the modern block's q and k QK-normed and
+    rotated at the group's positions, its keys and values into the group's cache rows (where the plan has a cache),
+    then attention over the window (from position 0: the training forward's) or over the cache."""
+    H = m.n_head
+
+    def attend(att: Any, qkv: Any) -> None:
+        q, k, v = (_btc(z, b, t) for z in qkv)
+        att3 = _btc(att, b, t)
+        for rows, p, cached in groups:
+            g = rows.stop - rows.start
+            if m.block == "modern":
+                rstd = A["qk_rstd"][:, rows.start * t : rows.stop * t]
+                K.qkrope_forward(q[rows], k[rows], rstd, A["rope"], n_head=H, pos=p)
+            lse = A["att_lse"][: g * H * t].reshape(g, H, t)
+            _attend(K, A, att3[rows], lse, q[rows], k[rows], v[rows], p, layer, cached, H)
+
+    return attend
+
+
+def _attend(K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice,
             H: int) -> None:  # fmt: skip
     """One position group's attention, q, k, v, att (g, t, C) at positions pos .. pos + t - 1: its keys and values
     into cache rows `cached` of layer's KV cache (where the plan has one), then attention over the window (from
     position 0: the training forward's) or over the cache."""
-    g, t, _ = q.shape
+    t = q.shape[1]
     cache = A.get("kv")
     if cache is not None:
         cache_k, cache_v = cache[layer, 0, cached], cache[layer, 1, cached]  # (g, T, C)
         K.copy_(cache_k[:, pos : pos + t], k)
         K.copy_(cache_v[:, pos : pos + t], v)
     if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
-        K.attention_forward(att, A["att_lse"][: g * H * t].reshape(g, H, t), q, k, v, H)
+        K.attention_forward(att, lse, q, k, v, H)
     else:
         K.attention_forward_cached(att, q, cache_k, cache_v, pos, H)
 
@@ -224,22 +390,31 @@ def gpt_decode(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: 
     A["next_logits"][:b]. For rows 0 .. b-1 all at position pos, the same step as gpt_infer's decode window of one
     token at pos."""
     b = tokens.shape[0]
-    x, x2, ln, att, proj = (A[name][:b] for name in ("x", "x2", "ln", "att", "proj"))
-    qkv, h, mean, rstd = A["qkv"][:, :b], A["h"][:b], A["ln_mean"][:b], A["ln_rstd"][:b]
-    a, cache = A.get("a"), A["kv"]
-    a = None if a is None else a[:b]
-    K.decode_embedding(x, tokens, positions, P["wte"], P["wpe"])
-    K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
+    a = A.get("a")
+    io = _infer_layer(A, b, None if a is None else a[:b])
+    if m.block == "modern":
+        K.decode_embedding(io.x2, tokens, positions, P["wte"], None)
+        K.rmsnorm_forward(io.x, io.rstd2, io.x2)
+        K.rmsnorm_forward(io.ln1, io.rstd2, io.x)
+    else:
+        K.decode_embedding(io.x, tokens, positions, P["wte"], P["wpe"])
+        K.layernorm_forward(io.ln1, io.mean2, io.rstd2, io.x, P["h0.ln1_w"], P["h0.ln1_b"])
+    block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        hl = f"h{layer}."
-        K.linear_forward(qkv, ln, P[hl + "w_qkv"])
+        block(K, m, P, layer, io, _decode_attend(K, m, A, layer, positions, slots))
+    K.head_logits(A["next_logits"][:b], io.ln1, P["head"], **head_args(m))
+
+
+def _decode_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, positions: Any, slots: Any) -> Attend:
+    """The decode step's attention of one layer: each row's q and k at its position (the modern block's QK-norm and
+    rotation first), its key and value into its cache row, then its attention over that row's cache."""
+    cache_k, cache_v = A["kv"][layer, 0], A["kv"][layer, 1]  # (B, T, C)
+
+    def attend(att: Any, qkv: Any) -> None:
         q, k, v = qkv
-        cache_k, cache_v = cache[layer, 0], cache[layer, 1]  # (B, T, C)
+        if m.block == "modern":
+            K.decode_qkrope(q, k, positions, A["rope"], n_head=m.n_head)
         K.decode_kv_write(cache_k, cache_v, k, v, positions, slots)
         K.decode_attention(att, q, cache_k, cache_v, positions, slots, m.n_head)
-        K.linear_forward(proj, att, P[hl + "w_o"])
-        K.residual_layernorm_forward(x2, ln, mean, rstd, x, proj, P[hl + "ln2_w"], P[hl + "ln2_b"])
-        K.mlp_forward(proj, h, a, ln, P[hl + "w_1"], P[hl + "w_2"])
-        nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"  # the next layer's LN1; lnf after the last
-        K.residual_layernorm_forward(x, ln, mean, rstd, x2, proj, P[nxt + "_w"], P[nxt + "_b"])
-    K.head_logits(A["next_logits"][:b], ln, P["wte"])
+
+    return attend

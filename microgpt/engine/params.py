@@ -1,55 +1,105 @@
-"""ANDREA's parameters, in one place: their names, shapes, the canonical order, the init and the GEMM sites.
+"""The model's parameters, in one place: their names, shapes, the canonical order, the init and the GEMM sites, for
+each block family.
 
-The memory plan, the model, the checkpoint, the optimizer, export and the PyTorch baseline (bench/torch_gpt.py) all
-read the architecture from here; nothing else lists the parameters again.
+The memory plan, the model, the checkpoint, the optimizers, export and the PyTorch baselines (bench/torch_gpt.py,
+bench/torch_modern.py) all read the architecture from here; nothing else lists the parameters again.
 
-The canonical order (docs/ANDREA.md): token and position embeddings, then per block (h0, h1, ...) its two
-LayerNorms and four linears, then the final LayerNorm. The LM head is tied to wte; linears have no bias.
+The canonical order (docs/ANDREA.md), by model.block:
 
-    wte (V,C)  wpe (T,C)
-    h{l}.ln1_w (C,)  h{l}.ln1_b (C,)  h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)
-    h{l}.ln2_w (C,)  h{l}.ln2_b (C,)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
-    lnf_w (C,)  lnf_b (C,)
+    gpt2 (ANDREA's):  wte (V,C)  wpe (T,C)
+                      h{l}.ln1_w (C,)  h{l}.ln1_b (C,)  h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)
+                      h{l}.ln2_w (C,)  h{l}.ln2_b (C,)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
+                      lnf_w (C,)  lnf_b (C,)                              the LM head is tied to wte
+    modern:           wte (V,C)
+                      h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
+                      lm_head (V,C)                                       untied; no norm weights (RMSNorm has none)
 
-Linears are stored [in, out], so a linear's forward is x @ w. A block's GEMM sites (SITES) name the weights each
-of its four linear calls reads: the attention's input projection is one linear of the three weights w_q, w_k,
-w_v, which lie one after another in the order, so "h{l}.w_qkv" is the (3, C, C) view of them (`views`).
-Shapes: V vocab_size, T seq_len, C d_model, L n_layer.
+Linears are stored [in, out], so a linear's forward is x @ w; no linear has a bias. A block's GEMM sites (SITES,
+the same in both families) name the weights each of its four linear calls reads: the attention's input projection
+is one linear of the three weights w_q, w_k, w_v, which lie one after another in the order, so "h{l}.w_qkv" is the
+(3, C, C) view of them (`views`). Shapes: V vocab_size, T seq_len, C d_model, L n_layer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from microgpt.config import ModelConfig
 
-# a block's parameters in order: leaf name -> shape in units of C (a 1-tuple: a vector of C)
-BLOCK = (("ln1_w", (1,)), ("ln1_b", (1,)), ("w_q", (1, 1)), ("w_k", (1, 1)), ("w_v", (1, 1)), ("w_o", (1, 1)),
-         ("ln2_w", (1,)), ("ln2_b", (1,)), ("w_1", (1, 4)), ("w_2", (4, 1)))  # fmt: skip
+Units = tuple[int, ...]  # a shape in units of C (a 1-tuple: a vector of C)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One block family's parameter table: what comes before the blocks, a block, what comes after, as (name,
+    shape) with shapes in units ("V", "T" or a multiple of C)."""
+
+    name: str
+    head: tuple[tuple[str, tuple[str | int, ...]], ...]  # before the blocks
+    block: tuple[tuple[str, Units], ...]
+    tail: tuple[tuple[str, tuple[str | int, ...]], ...]  # after the blocks
+    head_weight: str  # the matrix the LM head multiplies by: wte (tied) or lm_head
+    zero_init: tuple[str, ...]  # matrices that start at zero (the modern block's output projections and head)
+
+
+GPT2 = Family(
+    "gpt2",
+    head=(("wte", ("V", 1)), ("wpe", ("T", 1))),
+    block=(("ln1_w", (1,)), ("ln1_b", (1,)), ("w_q", (1, 1)), ("w_k", (1, 1)), ("w_v", (1, 1)), ("w_o", (1, 1)),
+           ("ln2_w", (1,)), ("ln2_b", (1,)), ("w_1", (1, 4)), ("w_2", (4, 1))),
+    tail=(("lnf_w", (1,)), ("lnf_b", (1,))),
+    head_weight="wte",
+    zero_init=(),
+)  # fmt: skip
+MODERN = Family(
+    "modern",
+    head=(("wte", ("V", 1)),),
+    block=(("w_q", (1, 1)), ("w_k", (1, 1)), ("w_v", (1, 1)), ("w_o", (1, 1)), ("w_1", (1, 4)), ("w_2", (4, 1))),
+    tail=(("lm_head", ("V", 1)),),
+    head_weight="lm_head",
+    zero_init=("w_o", "w_2", "lm_head"),
+)
+FAMILIES = {f.name: f for f in (GPT2, MODERN)}
+BLOCK = GPT2.block  # ANDREA's block (the default family)
 # a block's GEMM sites: the model's name for the weight a linear call reads -> the parameters it holds
 SITES = {"w_qkv": ("w_q", "w_k", "w_v"), "w_o": ("w_o",), "w_1": ("w_1",), "w_2": ("w_2",)}
-RESIDUAL_PROJECTIONS = ("w_o", "w_2")  # init std scaled by 1/sqrt(2L) (GPT-2)
+RESIDUAL_PROJECTIONS = ("w_o", "w_2")  # GPT-2: init std scaled by 1/sqrt(2L)
 INIT_STD = 0.02
+
+
+def family(m: ModelConfig) -> Family:
+    return FAMILIES[m.block]
+
+
+def head_dim(m: ModelConfig) -> int:
+    """Each attention head's width D (model.head_dim, or d_model / n_head)."""
+    return m.head_dim or m.d_model // m.n_head
+
+
+def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
+    sizes = {"V": m.vocab_size, "T": m.seq_len}
+    return tuple(sizes[u] if isinstance(u, str) else u * m.d_model for u in units)
 
 
 def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter as (name, shape), in the canonical order."""
-    C = m.d_model
-    shapes: list[tuple[str, tuple[int, ...]]] = [("wte", (m.vocab_size, C)), ("wpe", (m.seq_len, C))]
+    f = family(m)
+    shapes = [(name, _shape(units, m)) for name, units in f.head]
     for layer in range(m.n_layer):
-        shapes += [(f"h{layer}.{leaf}", tuple(k * C for k in units)) for leaf, units in BLOCK]
-    return shapes + [("lnf_w", (C,)), ("lnf_b", (C,))]
+        shapes += [(f"h{layer}.{leaf}", _shape(units, m)) for leaf, units in f.block]
+    return shapes + [(name, _shape(units, m)) for name, units in f.tail]
 
 
 def n_params(m: ModelConfig) -> int:
     """The sum over param_shapes, in closed form: a hostile n_layer must not build a billion-row table first."""
-    C = m.d_model
-    squares = sum(math.prod(units) for _, units in BLOCK if len(units) == 2)  # a block: 12 C^2 + 4 C
-    vectors = sum(units[0] for _, units in BLOCK if len(units) == 1)
-    return (m.vocab_size + m.seq_len) * C + m.n_layer * (squares * C * C + vectors * C) + 2 * C
+    f = family(m)
+    ends = sum(math.prod(_shape(units, m)) for _, units in (*f.head, *f.tail))
+    block = sum(math.prod(_shape(units, m)) for _, units in f.block)
+    return ends + m.n_layer * block
 
 
 def param_offsets(m: ModelConfig) -> dict[str, int]:
@@ -79,13 +129,15 @@ def named(flat: Any, m: ModelConfig) -> dict[str, Any]:
 
 def views(flat: Any, m: ModelConfig) -> dict[str, Any]:
     """What the model reads of a flat array: `named`, plus each block's GEMM sites of several weights
-    ("h{l}.w_qkv": the (3, C, C) view of w_q, w_k, w_v). Iterate `named` to visit each parameter once."""
+    ("h{l}.w_qkv": the (3, C, C) view of w_q, w_k, w_v), plus "head": the LM head's matrix (wte when tied).
+    Iterate `named` to visit each parameter once."""
     out, offsets = named(flat, m), param_offsets(m)
     for layer in range(m.n_layer):
         for site, (G, C, OC) in site_shapes(m.d_model).items():
             if G > 1:
                 o = offsets[f"h{layer}.{SITES[site][0]}"]
                 out[f"h{layer}.{site}"] = flat[o : o + G * C * OC].reshape(G, C, OC)
+    out["head"] = out[family(m).head_weight]
     return out
 
 
@@ -94,22 +146,40 @@ def init_std(leaf: str, n_layer: int) -> float:
     return INIT_STD / (2 * n_layer) ** 0.5 if leaf in RESIDUAL_PROJECTIONS else INIT_STD
 
 
+def modern_init_std(leaf: str, shape: tuple[int, ...]) -> float:
+    """The modern block's init for a matrix stored [in, out]: the embedding N(0, 1) (RMSNorm follows it), a linear
+    N(0, 1/sqrt(in)) shrunk by sqrt(out/in) where it narrows (the variance of x @ w then stays that of x), and the
+    output projections and head at zero (`Family.zero_init`: each residual branch starts as the identity)."""
+    if leaf == "wte":
+        return 1.0
+    fan_in, fan_out = shape
+    return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in**0.5
+
+
 def init_weights(m: ModelConfig, seed: int) -> np.ndarray:
-    """The flat fp32 weights of a fresh model from the run's seed: matrices and embeddings from init_std, drawn in the
-    canonical order from one generator; LayerNorm weights 1, biases 0."""
-    rng = np.random.default_rng(seed)
+    """The flat fp32 weights of a fresh model from the run's seed: matrices and embeddings drawn in the canonical order
+    from one generator (GPT-2: init_std; modern: modern_init_std, zero_init ones left at zero and drawing nothing);
+    LayerNorm weights 1, biases 0."""
+    rng, f = np.random.default_rng(seed), family(m)
     parts = []
     for name, shape in param_shapes(m):
         leaf = name.rsplit(".", 1)[-1]
-        if leaf.endswith("_w"):
-            parts.append(np.ones(shape, np.float32))
-        elif leaf.endswith("_b"):
+        if leaf in f.zero_init:
             parts.append(np.zeros(shape, np.float32))
+        elif len(shape) == 1:
+            parts.append((np.ones if leaf.endswith("_w") else np.zeros)(shape, np.float32))
         else:
-            parts.append(rng.normal(0.0, init_std(leaf, m.n_layer), size=shape).astype(np.float32))
+            std = modern_init_std(leaf, shape) if f is MODERN else init_std(leaf, m.n_layer)
+            parts.append(rng.normal(0.0, std, size=shape).astype(np.float32))
     return np.concatenate([p.reshape(-1) for p in parts])
 
 
 def decay_mask(m: ModelConfig) -> np.ndarray:
     """(n_params,) uint8: 1 where AdamW decays the weights (the matrices and embeddings), 0 for LayerNorm's."""
     return np.concatenate([np.full(math.prod(s), len(s) == 2, np.uint8) for _, s in param_shapes(m)])
+
+
+def matrices(m: ModelConfig) -> list[tuple[str, int, tuple[int, int]]]:
+    """Every block matrix as (name, offset, shape) in the canonical order: what Muon owns (train.optimizer "muon")."""
+    offsets = param_offsets(m)
+    return [(name, offsets[name], shape) for name, shape in param_shapes(m) if name.startswith("h") and len(shape) == 2]

@@ -22,6 +22,7 @@ from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import memory, params
 from microgpt.engine.backend import Backend
 from microgpt.engine.precision import LossScaler, PrecisionState
+from microgpt.ops.qkrope import rope_tables
 
 
 @dataclass
@@ -165,4 +166,11 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     )  # fmt: skip
     S.set_weights(params.init_weights(m, t.seed))
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
+    fill_tables(K, m, arena)
     return S
+
+
+def fill_tables(K: Backend, m: ModelConfig, arena: memory.Arena | dict[str, Any]) -> None:
+    """The plan's constant tables (memory.tables), written once: the modern block's rotary cos and sin."""
+    if "rope" in arena:
+        K.copy_in(arena["rope"], rope_tables(m.seq_len, params.head_dim(m), m.rope_base))

@@ -34,6 +34,7 @@ from microgpt import checkpoint, config, data
 from microgpt.config import ConfigError, Experiment
 from microgpt.engine import memory, model
 from microgpt.engine.backend import Backend, get_backend
+from microgpt.engine.optim import lr_at, schedule_end
 from microgpt.engine.state import make_state
 from microgpt.engine.step import Step
 from microgpt.engine.trained import load_trained
@@ -41,28 +42,6 @@ from microgpt.errors import EXIT_WRITE, InputError, WriteError
 from microgpt.run import report
 from microgpt.runlog import RunLog
 from microgpt.use import hellaswag
-
-
-def schedule_end(t: Any) -> int:
-    """The step the lr schedule ends at: train.schedule_steps, or train.steps when that is 0."""
-    return t.schedule_steps or t.steps
-
-
-def lr_at(step: int, t: Any) -> float:
-    """Linear warmup to t.lr over warmup_steps, then cosine decay to t.min_lr at schedule_end(t); past it, t.min_lr.
-    step is 0-based.
-
-    The schedule starts at t.schedule_start (0 for a plain run; a phase's first step under the proxy), so a
-    polish phase gets its own warmup and cosine instead of the tail of the pretraining one. A run trained past
-    its schedule's end (`--steps` beyond a finished run: a resume keeps the schedule, Trainer.load) continues at
-    the schedule's final lr, never back up.
-    """
-    step, steps = step - t.schedule_start, schedule_end(t) - t.schedule_start
-    warmup = min(t.warmup_steps, steps)
-    if step < warmup:
-        return t.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
 class Terminate(Exception):
