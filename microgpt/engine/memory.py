@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from microgpt.config import INT_MAX, ModelConfig, TrainConfig
 from microgpt.engine import params
+from microgpt.engine.optim import scratch as optim_scratch
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
@@ -175,12 +176,14 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
     optim = [
         ("decay_mask", (n,), "u8"),  # 1 where AdamW decays (matrices), 0 for LN params
         ("norm_partials", ((n + NORM_BLOCK - 1) // NORM_BLOCK,), "f32"),
-        ("hyper", (HYPER,), "f32"),  # written by the host before each step
+        # written by the host before each step: one row per optimizer group under Muon (engine/optim.py)
+        ("hyper", (3, HYPER) if t.optimizer == "muon" else (HYPER,), "f32"),
         ("loss_scale", (1,), "f32"),  # the fp16 loss scale the loss head multiplies its gradient by (else 1)
         ("report", (2 + U,), "f32"),  # [mean loss, raw grad norm, each micro-batch's loss]: read after each step
         ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
+    bufs += [Buf(s.buffer, (s.numel,), "optim", s.kind) for s in optim_scratch(m, t)]  # Muon's Newton-Schulz
     bufs += prec.rows(m, N)
     acts, scratch = (_modern_rows if m.block == "modern" else _gpt2_rows)(m, t, prec, B)
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in acts]

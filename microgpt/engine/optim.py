@@ -11,6 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from microgpt.config import ModelConfig, TrainConfig
+from microgpt.engine import params
+from microgpt.ops.muon import MuonGroup, MuonScratch, muon_groups, muon_scratch
+
+# the rows of the step's `hyper` (memory.HYPER floats each) under train.optimizer "muon": AdamW's embedding group,
+# AdamW's head group, Muon's; under "adamw" hyper is one row, the first
+HYPER_ROWS = {"adamw": 0, "head": 1, "muon": 2}
+
 
 def schedule_end(t: Any) -> int:
     """The step the lr schedule ends at: train.schedule_steps, or train.steps when that is 0."""
@@ -53,3 +61,31 @@ def group_lrs(lr: float, t: Any) -> dict[str, float]:
     block's untied head: train.head_lr, or train.lr when 0) and "muon"."""
     f = lr / t.lr
     return {"adamw": lr, "head": f * (t.head_lr or t.lr), "muon": f * t.muon_lr}
+
+
+def groups(m: ModelConfig) -> tuple[MuonGroup, ...]:
+    """Muon's groups: the block matrices (params.matrices) by stored shape."""
+    return muon_groups((offset, *shape) for _, offset, shape in params.matrices(m))
+
+
+def scratch(m: ModelConfig, t: TrainConfig) -> list[MuonScratch]:
+    """The planned buffers the optimizer needs beyond m and v: Muon's Newton-Schulz scratch, or none."""
+    return muon_scratch(groups(m)) if t.optimizer == "muon" else []
+
+
+def adamw_ranges(m: ModelConfig) -> list[tuple[str, int, int]]:
+    """Under train.optimizer "muon": what AdamW keeps, as (hyper row, first, end) element ranges of the flat arrays:
+    everything before the first block matrix (the embedding: "adamw") and after the last (the untied head: "head").
+    The modern block has no other parameter between its matrices (params.MODERN)."""
+    mats = params.matrices(m)
+    first, (_, last, shape) = mats[0][1], mats[-1]
+    return [("adamw", 0, first), ("head", last + math.prod(shape), params.n_params(m))]
+
+
+def hyper_rows(lr: float, t: TrainConfig, step: int, gscale: float, rows: int) -> list[list[float]]:
+    """The step's host values, one row per group (HYPER_ROWS): AdamW's [lr, 1 - beta1^n, 1 - beta2^n, gscale] for
+    its step n = step + 1, at each AdamW group's lr; Muon's [lr, momentum, gscale, weight decay]."""
+    lrs, n = group_lrs(lr, t), step + 1
+    adam = [[lrs[group], 1 - t.beta1**n, 1 - t.beta2**n, gscale] for group in ("adamw", "head")]
+    muon = [lrs["muon"], muon_momentum(step, t), gscale, t.muon_weight_decay]
+    return ([*adam, muon] if t.optimizer == "muon" else adam[:1])[:rows]

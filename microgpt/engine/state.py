@@ -10,7 +10,9 @@ precision keeps across steps (fp8: the operands' amax histories) ride in the sid
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import numpy as np
 
 from microgpt import checkpoint, config
 from microgpt.config import ModelConfig, TrainConfig
-from microgpt.engine import memory, params
+from microgpt.engine import memory, optim, params
 from microgpt.engine.backend import Backend
 from microgpt.engine.precision import LossScaler, PrecisionState
 from microgpt.ops.qkrope import rope_tables
@@ -44,6 +46,8 @@ class TrainState:
     prec: PrecisionState  # the precision bound to this arena: its matmul and what it keeps across steps
     scaler: LossScaler = field(default_factory=LossScaler)
     step: int = 0  # optimizer steps completed
+    # train.optimizer "muon": the backend's muon_step bound to this model's groups and its planned scratch
+    muon: Callable[..., None] | None = None
 
     @property
     def n_params(self) -> int:
@@ -164,6 +168,9 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         p_compute=arena.flat(compute) if compute != "params" else None, prec=bound,
         scaler=LossScaler.for_precision(prec),
     )  # fmt: skip
+    if t.optimizer == "muon":
+        work = {s.keyword: arena[s.buffer] for s in optim.scratch(m, t)}
+        S.muon = functools.partial(K.muon_step, groups=optim.groups(m), **work)
     S.set_weights(params.init_weights(m, t.seed))
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
     fill_tables(K, m, arena)

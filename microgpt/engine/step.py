@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt.engine import model
+from microgpt.engine import model, optim
 from microgpt.engine.collectives import GradReduce
 from microgpt.engine.memory import NORM_BLOCK
 from microgpt.engine.state import TrainState
@@ -54,8 +54,16 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     K.grad_norm_partial(A["norm_partials"], S.g, NORM_BLOCK)
     K.grad_norm_final(norm, A["norm_partials"])
     max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
-    K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1, t.beta2,
-                 t.eps, t.weight_decay, max_norm)  # fmt: skip
+    if t.optimizer == "muon":
+        for group, lo, hi in optim.adamw_ranges(m):  # the embedding and the head, each at its own lr
+            pc = None if S.p_compute is None else S.p_compute[lo:hi]
+            K.adamw_step(S.p[lo:hi], S.g[lo:hi], S.adam_m[lo:hi], S.adam_v[lo:hi], A["decay_mask"][lo:hi], pc,
+                         A["hyper"][optim.HYPER_ROWS[group]], norm, t.beta1, t.beta2, t.eps, t.weight_decay,
+                         max_norm)  # fmt: skip
+        S.muon(S.p, S.g, S.adam_m, S.p_compute, A["hyper"][optim.HYPER_ROWS["muon"]], norm, max_norm=max_norm)
+    else:
+        K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1,
+                     t.beta2, t.eps, t.weight_decay, max_norm)  # fmt: skip
     S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
 
 
@@ -114,8 +122,10 @@ class Step:
         gc.collect()
 
     def _hyper(self, lr: float, gscale: float) -> None:
-        """hyper = [lr, 1 - beta1^t, 1 - beta2^t, gscale] for AdamW's step t = S.step + 1."""
-        t, n = self.S.t, self.S.step + 1
-        hyper = np.zeros(self.S.arena["hyper"].shape)  # float64 here: the buffer's dtype rounds it once
-        hyper[:4] = [lr, 1 - t.beta1**n, 1 - t.beta2**n, gscale]
-        self.S.K.copy_in(self.S.arena["hyper"], hyper)
+        """hyper = [lr, 1 - beta1^t, 1 - beta2^t, gscale] for AdamW's step t = S.step + 1; under Muon one such row
+        per AdamW group and Muon's [lr, momentum, gscale, weight decay] (optim.hyper_rows)."""
+        A = self.S.arena
+        hyper = np.zeros(A["hyper"].shape).reshape(-1, A["hyper"].shape[-1])  # float64: the buffer rounds it once
+        for i, row in enumerate(optim.hyper_rows(lr, self.S.t, self.S.step, gscale, hyper.shape[0])):
+            hyper[i, : len(row)] = row
+        self.S.K.copy_in(A["hyper"], hyper.reshape(A["hyper"].shape))
