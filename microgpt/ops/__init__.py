@@ -22,7 +22,9 @@ layernorm modules (one pass over the rows on the GPU); the add's backward sends 
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
-grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: engine/step.py). And the decode
+grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: engine/step.py) and muon (muon_step,
+Muon's step over the hidden matrices it owns, scaling and clipping as AdamW does, with muon_scratch listing the
+planned buffers it takes for a set of MuonGroups, which differ by backend: ops/muon.py). And the decode
 step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
 rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
 decode_attention; ops/decode.py specifies them). And the greedy pick the decode step ends with: argmax (argmax_rows:
@@ -87,6 +89,7 @@ OPS: dict[str, OpPair] = {
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
+    "muon": _helpers("muon", ("muon_step", "muon_scratch")),
     "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
     "argmax": _helpers("argmax", ("argmax_rows",)),
 }

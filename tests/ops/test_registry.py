@@ -15,7 +15,7 @@ def test_registry_has_the_six_pairs() -> None:
         assert isinstance(pair, OpPair) and pair.name == name
         assert pair.numpy == f"microgpt.ops.{name}" and pair.triton == f"microgpt.kernels.{name}"
         assert pair.functions[:2] == (f"{name}_forward", f"{name}_backward")
-    assert list(HELPERS) == ["gradclip", "adamw", "decode", "argmax"]
+    assert list(HELPERS) == ["gradclip", "adamw", "muon", "decode", "argmax"]
 
 
 def test_every_row_names_functions_both_halves_have() -> None:
