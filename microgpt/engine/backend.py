@@ -70,6 +70,8 @@ class Backend:
     grad_norm_partial: Fn
     grad_norm_final: Fn
     adamw_step: Fn
+    muon_step: Fn
+    muon_scratch: Fn  # the planned buffers muon_step takes, for a model's Muon groups (engine/optim.py)
     # the decode step's position-dependent ops (model.gpt_decode)
     decode_embedding: Fn
     decode_kv_write: Fn

@@ -42,7 +42,6 @@ from typing import Any, Protocol
 
 from microgpt.config import INT_MAX, ModelConfig, TrainConfig
 from microgpt.engine import params
-from microgpt.engine.optim import scratch as optim_scratch
 from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
@@ -164,7 +163,7 @@ def gpu_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = 5
 def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
          backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:  # fmt: skip
     """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk in precision prec,
-    then the backend's own rows (launcher scratch, runtime bytes)."""
+    then the backend's own rows (launcher scratch, runtime bytes, the optimizer's scratch: engine/optim.py)."""
     B, U, T, V = t.micro_batch, t.n_micro, m.seq_len, m.vocab_size
     N = B * T
     bufs = []
@@ -183,7 +182,6 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
         ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
-    bufs += [Buf(s.buffer, (s.numel,), "optim", s.kind) for s in optim_scratch(m, t)]  # Muon's Newton-Schulz
     bufs += prec.rows(m, N)
     acts, scratch = (_modern_rows if m.block == "modern" else _gpt2_rows)(m, t, prec, B)
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in acts]

@@ -9,11 +9,13 @@ head at train.head_lr. The schedule scales every group's lr alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import params
-from microgpt.ops.muon import MuonGroup, MuonScratch, muon_groups, muon_scratch
+from microgpt.engine.memory import Buf
+from microgpt.ops.muon import MuonGroup, MuonScratch, muon_groups
 
 # the rows of the step's `hyper` (memory.HYPER floats each) under train.optimizer "muon": AdamW's embedding group,
 # AdamW's head group, Muon's; under "adamw" hyper is one row, the first
@@ -68,9 +70,15 @@ def groups(m: ModelConfig) -> tuple[MuonGroup, ...]:
     return muon_groups((offset, *shape) for _, offset, shape in params.matrices(m))
 
 
-def scratch(m: ModelConfig, t: TrainConfig) -> list[MuonScratch]:
-    """The planned buffers the optimizer needs beyond m and v: Muon's Newton-Schulz scratch, or none."""
+def scratch(m: ModelConfig, t: TrainConfig, muon_scratch: Callable[..., list[MuonScratch]]) -> list[MuonScratch]:
+    """The planned buffers the optimizer needs beyond m and v, as the backend's muon_scratch lists them for this
+    model's groups (Muon's Newton-Schulz scratch, and what its kernels keep), or none under AdamW alone."""
     return muon_scratch(groups(m)) if t.optimizer == "muon" else []
+
+
+def rows(m: ModelConfig, t: TrainConfig, muon_scratch: Callable[..., list[MuonScratch]]) -> list[Buf]:
+    """scratch() as rows of the memory plan (role "optim")."""
+    return [Buf(s.buffer, (s.numel,), "optim", s.kind) for s in scratch(m, t, muon_scratch)]
 
 
 def adamw_ranges(m: ModelConfig) -> list[tuple[str, int, int]]:

@@ -92,7 +92,8 @@ class TrainState:
 
 def training_plan(m: ModelConfig, t: TrainConfig, K: Backend) -> list[memory.Buf]:
     """Every buffer of a training step of t.micro_batch sequences on K: the model's, its precision's, its own."""
-    return memory.plan(m, t, K.precision, K.logits_rows(m, t.micro_batch), K.rows(m, t))
+    rows = [*K.rows(m, t), *optim.rows(m, t, K.muon_scratch)]
+    return memory.plan(m, t, K.precision, K.logits_rows(m, t.micro_batch), rows)
 
 
 def _sequences(t: TrainConfig) -> int:
@@ -169,8 +170,11 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         scaler=LossScaler.for_precision(prec),
     )  # fmt: skip
     if t.optimizer == "muon":
-        work = {s.keyword: arena[s.buffer] for s in optim.scratch(m, t)}
-        S.muon = functools.partial(K.muon_step, groups=optim.groups(m), **work)
+        work = optim.scratch(m, t, K.muon_scratch)
+        for s in work:
+            if s.fill is not None:  # what the kernels read before the first step writes (Muon's offsets)
+                K.copy_in(arena[s.buffer], np.array(s.fill, np.int32))
+        S.muon = functools.partial(K.muon_step, groups=optim.groups(m), **{s.keyword: arena[s.buffer] for s in work})
     S.set_weights(params.init_weights(m, t.seed))
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
     fill_tables(K, m, arena)

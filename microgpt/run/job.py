@@ -34,8 +34,9 @@ from typing import Any, Sequence
 
 from microgpt import config
 from microgpt.config import ConfigError, Experiment
-from microgpt.engine import memory, precision
+from microgpt.engine import memory, optim, precision
 from microgpt.engine.collectives import DataParallel
+from microgpt.ops.muon import muon_scratch
 
 LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -70,7 +71,7 @@ def check_job(exp: Experiment, n: int, flag: str = "--procs") -> None:
         m, host = exp.model, memory.host_memory_bytes()
         share = None if host is None else host // n  # the NumPy backend's plan: no rows of its own (backend.py)
         prec = precision.make(t.precision, "numpy")
-        bufs = memory.plan(m, t, prec, memory.cpu_logits_rows(m, t.micro_batch))
+        bufs = memory.plan(m, t, prec, memory.cpu_logits_rows(m, t.micro_batch), optim.rows(m, t, muon_scratch))
         memory.check_fits(bufs, prec, m, share, f"cpu, 1/{n} for each rank")
 
 
