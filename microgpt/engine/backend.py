@@ -66,6 +66,10 @@ class Backend:
     head_logits: Fn
     loss_weights: Fn
     loss_sum: Fn
+    # the modern block's (model.block "modern": MODERN.md)
+    rmsnorm_forward: Fn
+    rmsnorm_backward: Fn
+    residual_rmsnorm_forward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn

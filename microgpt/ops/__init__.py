@@ -7,6 +7,7 @@
     attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
+    rmsnorm       out = x * rstd              rstd (N,)                       (the modern block's norm, no weight)
 
 Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
 last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
@@ -82,6 +83,7 @@ OPS: dict[str, OpPair] = {
     "attention": _pair("attention", ("attention_forward_cached",)),
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
+    "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
 }
 
 HELPERS: dict[str, Helpers] = {
@@ -95,7 +97,8 @@ HELPERS: dict[str, Helpers] = {
 # rows, on the backend's threads (the Matmul carries its own, for GELU)
 ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
                "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
-               "crossentropy_forward_backward", "adamw_step")  # fmt: skip
+               "crossentropy_forward_backward", "adamw_step", "rmsnorm_forward", "residual_rmsnorm_forward",
+               "rmsnorm_backward")  # fmt: skip
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",

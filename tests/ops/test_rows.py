@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm
+from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm, rmsnorm
 from microgpt.ops.linear import Matmul
 from microgpt.ops.rows import CHUNK, Rows, cpu_threads
 
@@ -130,6 +130,19 @@ def test_layernorm_pairs(rows: Rows) -> None:
                                              rows=r)  # fmt: skip
         layernorm.layernorm_backward(a["dx"], a["dw"], a["db"], a["dout"], a["s"], a["w"], a["mean"], a["rstd"],
                                      rows=r)  # fmt: skip
+
+    _runs(run, rows, arrays)
+
+
+def test_rmsnorm_pair(rows: Rows) -> None:
+    rng = np.random.default_rng(5)
+    N, C = 45, 37
+    arrays = {k: _rand(rng, N, C) for k in ["x", "y", "s", "out", "dout", "dx"]} | {"rstd": _rand(rng, N)}
+
+    def run(a, r):
+        rmsnorm.rmsnorm_forward(a["out"], a["rstd"], a["x"], rows=r)
+        rmsnorm.residual_rmsnorm_forward(a["s"], a["out"], a["rstd"], a["x"], a["y"], rows=r)
+        rmsnorm.rmsnorm_backward(a["dx"], a["dout"], a["s"], a["rstd"], rows=r)
 
     _runs(run, rows, arrays)
 
