@@ -70,6 +70,8 @@ class Backend:
     rmsnorm_forward: Fn
     rmsnorm_backward: Fn
     residual_rmsnorm_forward: Fn
+    relu2_forward: Fn
+    relu2_backward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn

@@ -7,7 +7,8 @@
     attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
-    rmsnorm       out = x * rstd              rstd (N,)                       (the modern block's norm, no weight)
+    rmsnorm       out = x * rstd              rstd (N,)
+    relu2         a = max(h, 0)^2             nothing (h is the caller's)
 
 Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
 last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
@@ -21,6 +22,10 @@ which saves the pre-GELU activation and GELU's output (or, train.recompute_gelu,
 backward). The residual add and the LayerNorm that reads its sum run as one call, residual_layernorm_forward in the
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
+
+The modern block (model.block "modern", MODERN.md) adds two pairs: rmsnorm, its norm without a weight (with
+residual_rmsnorm_forward, the residual add fused in as layernorm's is), and relu2, its MLP's activation, a pair of its
+own for now (relu2_backward turns the gradient in place, as GELU's backward does).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: engine/step.py). And the decode
@@ -84,6 +89,7 @@ OPS: dict[str, OpPair] = {
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
     "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
+    "relu2": _pair("relu2"),
 }
 
 HELPERS: dict[str, Helpers] = {
@@ -98,7 +104,7 @@ HELPERS: dict[str, Helpers] = {
 ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
                "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
                "crossentropy_forward_backward", "adamw_step", "rmsnorm_forward", "residual_rmsnorm_forward",
-               "rmsnorm_backward")  # fmt: skip
+               "rmsnorm_backward", "relu2_forward", "relu2_backward")  # fmt: skip
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",

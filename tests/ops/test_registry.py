@@ -9,7 +9,7 @@ from microgpt.ops import HELPERS, OPS, OpPair
 
 
 def test_registry_has_the_pairs() -> None:
-    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy", "rmsnorm"]
+    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy", "rmsnorm", "relu2"]
     assert list(OPS) == expected
     for name, pair in OPS.items():
         assert isinstance(pair, OpPair) and pair.name == name

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm, rmsnorm
+from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm, relu2, rmsnorm
 from microgpt.ops.linear import Matmul
 from microgpt.ops.rows import CHUNK, Rows, cpu_threads
 
@@ -113,6 +113,17 @@ def test_gelu_and_its_backward(rows: Rows, dtype) -> None:
     def run(a, r):
         gelu.gelu(a["out"], a["h"], r)
         gelu.gelu_backward(a["dh"], a["h"], r)
+
+    _runs(run, rows, arrays)
+
+
+def test_relu2_pair(rows: Rows) -> None:
+    rng = np.random.default_rng(6)
+    arrays = {"h": _rand(rng, 67, 96), "a": np.zeros((67, 96), np.float32), "dh": _rand(rng, 67, 96)}
+
+    def run(a, r):
+        relu2.relu2_forward(a["a"], a["h"], rows=r)
+        relu2.relu2_backward(a["dh"], a["h"], rows=r)
 
     _runs(run, rows, arrays)
 
