@@ -172,8 +172,9 @@ def test_attention_pair(rows: Rows) -> None:
     _runs(run, rows, arrays)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
 @pytest.mark.parametrize("R", [64, 20])  # one logits chunk, or several with a short last one
-def test_crossentropy_head(rows: Rows, R: int) -> None:
+def test_crossentropy_head(rows: Rows, R: int, softcap: float) -> None:
     rng = np.random.default_rng(3)
     N, C, V = 50, 16, 70
     targets = rng.integers(0, V, N).astype(np.int32)
@@ -187,11 +188,12 @@ def test_crossentropy_head(rows: Rows, R: int) -> None:
     def run(a, r):
         mm = Matmul()
         crossentropy.crossentropy_forward(a["losses"], a["lse"], a["x"], a["wte"], a["targets"], a["logits"], mm=mm,
-                                          rows=r)  # fmt: skip
+                                          rows=r, softcap=softcap)  # fmt: skip
         crossentropy.crossentropy_backward(a["dx"], a["dwte"], a["dl"], a["x"], a["wte"], a["targets"], a["lse"],
-                                           a["logits"], mm=mm, rows=r)  # fmt: skip
+                                           a["logits"], mm=mm, rows=r, softcap=softcap)  # fmt: skip
         crossentropy.crossentropy_forward_backward(a["losses2"], a["lse"], a["dx2"], a["dwte2"], a["dl"], a["x"],
-                                                   a["wte"], a["targets"], a["logits"], mm=mm, rows=r)  # fmt: skip
+                                                   a["wte"], a["targets"], a["logits"], mm=mm, rows=r,
+                                                   softcap=softcap)  # fmt: skip
 
     _runs(run, rows, arrays)
 
