@@ -59,8 +59,8 @@ def k_rmsnorm_bwd(dx_ptr, dout_ptr, x_ptr, rstd_ptr, N, C, ROWS: tl.constexpr, B
 
 
 # Launch configurations (rows a tile, warps), timed once per GPU and shape in the warm-up (tuning.launch); the first
-# is the default outside it. Every one computes each row alike (a row's sums never span programs), so the choice
-# moves no bit. The interpreter pays per program, so it takes 16 rows on one warp.
+# is the default outside it. A row's sums never span programs; the configurations differ only in the order of a row's
+# sum over its lanes (its last bits). The interpreter pays per program, so it takes 16 rows on one warp.
 if INTERPRET:
     FWD_CONFIGS = {"r16w1": (16, 1)}
 else:
