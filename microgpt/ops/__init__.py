@@ -10,7 +10,7 @@
     rmsnorm       out = x * rstd              rstd (N,)
     relu2         a = max(h, 0)^2             nothing (h is the caller's)
 
-Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
+Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
 last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
 own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
@@ -25,7 +25,9 @@ inputs, which the model folds into the residual stream's one gradient buffer (mi
 
 The modern block (model.block "modern", MODERN.md) adds two pairs: rmsnorm, its norm without a weight (with
 residual_rmsnorm_forward, the residual add fused in as layernorm's is), and relu2, its MLP's activation, a pair of its
-own for now (relu2_backward turns the gradient in place, as GELU's backward does).
+own for now (relu2_backward turns the gradient in place, as GELU's backward does). Its embedding is the embedding pair
+without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
+untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: engine/step.py). And the decode
