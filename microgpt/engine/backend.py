@@ -66,7 +66,7 @@ class Backend:
     head_logits: Fn
     loss_weights: Fn
     loss_sum: Fn
-    # the modern block's (model.block "modern": MODERN.md)
+    # the modern block's (model.block "modern", issue 46)
     rmsnorm_forward: Fn
     rmsnorm_backward: Fn
     residual_rmsnorm_forward: Fn

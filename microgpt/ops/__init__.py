@@ -10,9 +10,9 @@
     rmsnorm       out = x * rstd              rstd (N,)
     relu2         a = max(h, 0)^2             nothing (h is the caller's)
 
-Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
-last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
-own.
+Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm
+pair applied to the last residual stream, and the residual add runs inside the layernorm pair (below), so neither
+needs a pair of its own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
@@ -23,7 +23,7 @@ backward). The residual add and the LayerNorm that reads its sum run as one call
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
 
-The modern block (model.block "modern", MODERN.md) adds two pairs: rmsnorm, its norm without a weight (with
+The modern block (model.block "modern", issue 46) adds two pairs: rmsnorm, its norm without a weight (with
 residual_rmsnorm_forward, the residual add fused in as layernorm's is), and relu2, its MLP's activation, a pair of its
 own for now (relu2_backward turns the gradient in place, as GELU's backward does). Its embedding is the embedding pair
 without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its

@@ -1,4 +1,4 @@
-"""Token + position embedding; the position table is optional (the modern block has none: MODERN.md).
+"""Token + position embedding; the position table is optional (the modern block has none, issue 46).
 
     out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]        (without wpe: wte[tokens[b, t], :])
 

@@ -1,4 +1,4 @@
-"""ReLU^2, the modern block's MLP activation (MODERN.md): a = max(h, 0)^2, elementwise.
+"""ReLU^2, the modern block's MLP activation (issue 46): a = max(h, 0)^2, elementwise.
 
     relu2(h)  = max(h, 0)^2
     relu2'(h) = 2 max(h, 0)

@@ -1,4 +1,4 @@
-"""RMSNorm over the last axis, without a weight (the modern block's norm: MODERN.md), eps = 1e-6.
+"""RMSNorm over the last axis, without a weight (the modern block's norm, issue 46), eps = 1e-6.
 
     rstd = 1 / sqrt((x^2).mean(1) + eps)      (N,)
     out  = x * rstd                           (N,C)

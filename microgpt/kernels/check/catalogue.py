@@ -191,11 +191,11 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
 
-SOFTCAP = 15.0  # the modern block's logit soft-cap (MODERN.md's default): a constexpr of the loss head's kernels
+SOFTCAP = 15.0  # the modern block's logit soft-cap (issue 46's default): a constexpr of the loss head's kernels
 
 
 def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
-    """The launches of the modern block's own ops (MODERN.md, issue 46), as the triton backend makes them: the
+    """The launches of the modern block's own ops (issue 46), as the triton backend makes them: the
     embedding without a position table (and the decode step's), RMSNorm (plain and fused with the residual add) and
     its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap. What the modern step shares with
     GPT-2's runs here at the modern shape once model.block "modern" has a step to enumerate: its linears, attention
@@ -260,6 +260,6 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
 # against experiments/)
 ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))
-# the modern block at ANDREA-120M's size (MODERN.md: D = 128 at C = 768, H = 6); not yet an experiment of its own, so
+# the modern block at ANDREA-120M's size (issue 46: D = 128 at C = 768, H = 6); not yet an experiment of its own, so
 # the test that reads ANDREA's shapes from experiments/ does not read it (the lead moves it there once it is one)
 MODERN = (Shape("ANDREA-120M-modern", 8, 1024, 768, 6, 50304, "modern"),)
