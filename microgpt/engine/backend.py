@@ -66,6 +66,12 @@ class Backend:
     head_logits: Fn
     loss_weights: Fn
     loss_sum: Fn
+    # the modern block's (model.block "modern", issue 46)
+    rmsnorm_forward: Fn
+    rmsnorm_backward: Fn
+    residual_rmsnorm_forward: Fn
+    relu2_forward: Fn
+    relu2_backward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn

@@ -1,4 +1,5 @@
-"""Cross-entropy fused with the tied LM head: logits = x @ wte.T, R rows at a time through the caller's (R,V) scratch.
+"""Cross-entropy fused with the LM head: logits = x @ wte.T, R rows at a time through the caller's (R,V) scratch, and
+optionally soft-capped: logits = softcap * tanh(z / softcap) (ops/crossentropy.py gives the math).
 
 x:(N,C), wte:(V,C), targets:(N,) int32 (< 0 ignored: loss 0, no gradient), losses, lse, dlosses: (N,) fp32.
 Forward per chunk: logits = x_r @ wte.T (GEMM), then k_crossentropy_fwd: one program per row, an online
@@ -11,6 +12,10 @@ the two gradient GEMMs: the recomputing GEMM is gone, and every value equals the
 The logits GEMM and the two gradient GEMMs are the precision's Matmul `mm` (microgpt/engine/precision.py: fp8 runs the
 logits GEMM on E4M3 operands, x cast at its own amax, and the gradient GEMMs on the compute copy); the row kernel's
 launch configuration is the runtime's tuner's choice (`tuner`).
+The soft-cap is applied where the row kernels load the chunk's logits (the scratch keeps the GEMM's z until a lane
+overwrites it with its own gradient), as a constexpr SOFTCAP: at 0 (GPT-2) the kernels compile as they did without it.
+The gradient pass recomputes tanh(z / softcap) from z and multiplies by its slope 1 - tanh^2: nothing more is stored.
+head_logits caps its logits in place after the GEMM (k_crossentropy_softcap, one elementwise pass).
 """
 
 from __future__ import annotations
@@ -21,24 +26,39 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.gelu import tanh
 from microgpt.kernels.linear import Matmul
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 
 @triton.jit
-def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr):
-    # one row of logits at ptr, in place -> (softmax - onehot(tgt)) * dloss
+def _load_logits(ptr, cols, V, SOFTCAP: tl.constexpr):
+    # a block of one row's logits in fp32, capped where SOFTCAP; -inf past V
+    x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    if SOFTCAP > 0:
+        x = tl.where(cols < V, SOFTCAP * tanh(x / SOFTCAP), float("-inf"))
+    return x
+
+
+@triton.jit
+def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.constexpr):
+    # one row of logits at ptr, in place -> (softmax - onehot(tgt)) * dloss, times the cap's slope where SOFTCAP
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
-        g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
+        if SOFTCAP > 0:
+            t = tanh(x / SOFTCAP)
+            g = (tl.exp(SOFTCAP * t - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss * (1.0 - t * t)
+        else:
+            g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
         tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=cols < V)
 
 
 @triton.jit
 def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
-    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place.
+                       BLOCK_V: tl.constexpr, PER_BLOCK: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):  # fmt: skip
+    # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place; SOFTCAP > 0:
+    # the logits are capped as they are loaded.
     # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
     # exponential an element and two a block); the two sum in another order.
     # The target's logit is picked out of the blocks the sums load (a lane keeps it where its column is the
@@ -49,13 +69,13 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
     tgt = tl.load(tgt_ptr + row)
     if PER_BLOCK:
         cols = tl.arange(0, BLOCK_V)  # the first block holds a logit: its max is finite
-        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        x = _load_logits(ptr, cols, V, SOFTCAP)
         picked = tl.where(cols == tgt, x, 0.0)
         mx = tl.max(x, axis=0)
         total = tl.sum(tl.exp(x - mx), axis=0)
         for v0 in range(BLOCK_V, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            x = _load_logits(ptr, cols, V, SOFTCAP)
             picked = tl.where(cols == tgt, x, picked)
             m_new = tl.maximum(mx, tl.max(x, axis=0))
             total = total * tl.exp(mx - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
@@ -67,7 +87,7 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
         picked = tl.zeros((BLOCK_V,), dtype=tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            x = _load_logits(ptr, cols, V, SOFTCAP)
             picked = tl.where(cols == tgt, x, picked)
             m_new = tl.maximum(m, x)
             s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
@@ -79,16 +99,26 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(tgt >= 0, lse - logit, 0.0))
     if GRAD:
-        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V)
+        _dlogits_row(ptr, lse, tgt, tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0), V, BLOCK_V, SOFTCAP)
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr):
-    # logits: (r, V) in place -> dlogits; dloss, lse, tgt: (r,)
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr,
+                       SOFTCAP: tl.constexpr = 0.0):  # fmt: skip
+    # logits: (r, V) in place -> dlogits (the gradient of z where SOFTCAP); dloss, lse, tgt: (r,)
     row = tl.program_id(0).to(tl.int64)
     tgt = tl.load(tgt_ptr + row)
     dloss = tl.where(tgt >= 0, tl.load(dloss_ptr + row), 0.0)
-    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V)
+    _dlogits_row(logits_ptr + row * V, tl.load(lse_ptr + row), tgt, dloss, V, BLOCK_V, SOFTCAP)
+
+
+@triton.jit
+def k_crossentropy_softcap(ptr, n, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    # ptr: (n,) logits, in place -> SOFTCAP * tanh(logits / SOFTCAP)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(ptr + offs, mask=mask).to(tl.float32)
+    tl.store(ptr + offs, (SOFTCAP * tanh(x / SOFTCAP)).to(ptr.dtype.element_ty), mask=mask)
 
 
 def _block_v(V: int, block: int = 4096) -> int:
@@ -104,26 +134,28 @@ ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "
 
 
 def row_launch(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-               dlosses: torch.Tensor | None, V: int, per_block: bool, block: int,
-               warps: int) -> Callable[[], None]:  # fmt: skip
+               dlosses: torch.Tensor | None, V: int, per_block: bool, block: int, warps: int,
+               softcap: float = 0.0) -> Callable[[], None]:  # fmt: skip
     """k_crossentropy_fwd on a chunk of logits (r, V) under one configuration of ROW_CONFIGS, as a closure: loss and
     lse per row and, given dlosses, dlogits in place."""
     r, grad, bv = logits.shape[0], dlosses is not None, _block_v(V, block)
     dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
     return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
-                                            PER_BLOCK=per_block, num_warps=warps)  # fmt: skip
+                                            PER_BLOCK=per_block, SOFTCAP=float(softcap),
+                                            num_warps=warps)  # fmt: skip
 
 
 def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-                dlosses: torch.Tensor | None, V: int, tuner: Tuner) -> None:  # fmt: skip
+                dlosses: torch.Tensor | None, V: int, tuner: Tuner, softcap: float) -> None:  # fmt: skip
     """k_crossentropy_fwd under the configuration the warm-up chose for this chunk's shape. Under the warm-up the
     configurations run several times on one chunk (turning its dlogits into others: values the warm-up discards)."""
 
     def make(*config):
-        return row_launch(losses, lse, logits, targets, dlosses, V, *config)
+        return row_launch(losses, lse, logits, targets, dlosses, V, *config, softcap=softcap)
 
     # one choice with and without the gradient: the forward alone gives the lse the fused call gives
-    tuner.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}", ROW_CONFIGS, make)
+    cap = f":c{softcap:g}" if softcap else ""  # GPT-2's keys as they were
+    tuner.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}{cap}", ROW_CONFIGS, make)
 
 
 def _chunks(x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor,
@@ -140,39 +172,50 @@ def _chunks(x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor,
 
 
 def crossentropy_forward(losses: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, wte: torch.Tensor,
-                         targets: torch.Tensor, logits: torch.Tensor, *, mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
+                         targets: torch.Tensor, logits: torch.Tensor, *, mm: Matmul, tuner: Tuner,
+                         softcap: float = 0.0) -> None:  # fmt: skip
     V, C = logits.shape[1], x.shape[-1]
     tg, losses, lse = targets.view(-1), losses.view(-1), lse.view(-1)
     for r0, _, lg in _chunks(x.view(-1, C), wte, logits, mm):
-        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V, tuner)
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V, tuner, softcap)
 
 
 def crossentropy_backward(dx: torch.Tensor, dwte: torch.Tensor, dlosses: torch.Tensor, x: torch.Tensor,
                           wte: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, *,
-                          mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
+                          mm: Matmul, tuner: Tuner, softcap: float = 0.0) -> None:  # fmt: skip
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     dlosses, lse = dlosses.view(-1), lse.view(-1)
     for r0, r, lg in _chunks(x2, wte, logits, mm):
-        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), num_warps=8)
+        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), SOFTCAP=float(softcap),
+                                 num_warps=8)  # fmt: skip
         mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
 def crossentropy_forward_backward(losses: torch.Tensor, lse: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor,
                                   dlosses: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, targets: torch.Tensor,
-                                  logits: torch.Tensor, *, mm: Matmul, tuner: Tuner) -> None:  # fmt: skip
+                                  logits: torch.Tensor, *, mm: Matmul, tuner: Tuner,
+                                  softcap: float = 0.0) -> None:  # fmt: skip
     """crossentropy_forward, then crossentropy_backward with dlosses, without recomputing any chunk's logits."""
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     losses, lse, dlosses = losses.view(-1), lse.view(-1), dlosses.view(-1)
     for r0, r, lg in _chunks(x2, wte, logits, mm):
-        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, tuner)
+        _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], dlosses[r0:], V, tuner, softcap)
         mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
-def head_logits(out: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, *, mm: Matmul) -> None:
-    """out (b,V) = x (b,C) @ wte.T: the next-token logits of the inference step's last positions (no loss)."""
+CAP_BLOCK = 2048  # elements a program of head_logits' cap: one elementwise pass, one launch configuration
+
+
+def head_logits(out: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, *, mm: Matmul, softcap: float = 0.0) -> None:
+    """out (b,V) = x (b,C) @ wte.T, capped where softcap: the next-token logits of the inference step's last positions
+    (no loss). out: contiguous rows."""
     mm.logits(x, wte)(out, 0, x.shape[0])
+    if softcap:
+        n = out.numel()
+        k_crossentropy_softcap[(triton.cdiv(n, CAP_BLOCK),)](out, n, SOFTCAP=float(softcap), BLOCK=CAP_BLOCK,
+                                                             num_warps=4)  # fmt: skip
 
 
 @triton.jit

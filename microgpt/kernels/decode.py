@@ -34,16 +34,17 @@ MAX_SPLITS = 64  # the combine reads every split of a row as one block
 
 
 @triton.jit
-def k_decode_embedding(out_ptr, tok_ptr, pos_ptr, wte_ptr, wpe_ptr, C, BLOCK_C: tl.constexpr):
-    # out: (b, C); tok, pos: (b,) int32; wte: (V, C); wpe: (Tmax, C)
+def k_decode_embedding(out_ptr, tok_ptr, pos_ptr, wte_ptr, wpe_ptr, C, BLOCK_C: tl.constexpr, POS: tl.constexpr):
+    # out: (b, C); tok, pos: (b,) int32; wte: (V, C); wpe: (Tmax, C), read (with pos) only with POS
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < C
     tok = tl.load(tok_ptr + n).to(tl.int64)
-    pos = tl.load(pos_ptr + n).to(tl.int64)
     e = tl.load(wte_ptr + tok * C + cols, mask=mask).to(tl.float32)
-    p = tl.load(wpe_ptr + pos * C + cols, mask=mask).to(tl.float32)
-    tl.store(out_ptr + n * C + cols, (e + p).to(out_ptr.dtype.element_ty), mask=mask)
+    if POS:
+        pos = tl.load(pos_ptr + n).to(tl.int64)
+        e += tl.load(wpe_ptr + pos * C + cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + n * C + cols, e.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -118,11 +119,13 @@ def _block_c(C: int) -> int:
 
 
 def decode_embedding(out: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor,
-                     wpe: torch.Tensor) -> None:  # fmt: skip
-    """out (b,C) = wte[tokens] + wpe[positions]."""
+                     wpe: torch.Tensor | None = None) -> None:  # fmt: skip
+    """out (b,C) = wte[tokens] + wpe[positions] (wpe None: wte[tokens], the modern block's)."""
     b, C = out.shape
     BC = _block_c(C)
-    k_decode_embedding[(b, triton.cdiv(C, BC))](out, tokens, positions, wte, wpe, C, BLOCK_C=BC)
+    pos = wpe is not None
+    k_decode_embedding[(b, triton.cdiv(C, BC))](out, tokens, positions, wte, wpe if pos else wte, C, BLOCK_C=BC,
+                                                POS=pos)  # fmt: skip
 
 
 def decode_kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,6 +1,7 @@
-"""Token + position embedding: out(B,T,C) = wte[tokens] + wpe[:T].
+"""Token + position embedding: out(B,T,C) = wte[tokens] + wpe[:T], or wte[tokens] without a position table (wpe None:
+the modern block's; a constexpr POS drops the table from both kernels, so GPT-2's compile as before).
 
-Backward: dwpe[t] += sum_b dout[b,t]; dwte[v] += sum of dout rows whose token is v. The scatter-add is
+Backward: dwpe[t] += sum_b dout[b,t] (not without wpe); dwte[v] += sum of dout rows whose token is v. The scatter-add is
 deterministic without float atomics: k_embedding_sort ranks the unique keys (token, position) into `order`
 (a stable counting sort done as an all-pairs rank, no V-sized scratch and no atomics), so equal tokens sit side
 by side in position order; then one program per run of equal tokens sums its rows in that fixed order and adds
@@ -22,15 +23,16 @@ from microgpt.kernels.tuning import INTERPRET, Tuner
 
 
 @triton.jit
-def k_embedding_fwd(out_ptr, tok_ptr, wte_ptr, wpe_ptr, T, C, BLOCK_C: tl.constexpr):
-    # out: (N, C); tok: (N,) int32; wte: (V, C); wpe: (Tmax, C)
+def k_embedding_fwd(out_ptr, tok_ptr, wte_ptr, wpe_ptr, T, C, BLOCK_C: tl.constexpr, POS: tl.constexpr):
+    # out: (N, C); tok: (N,) int32; wte: (V, C); wpe: (Tmax, C), read only with POS
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < C
     tok = tl.load(tok_ptr + n).to(tl.int64)
     e = tl.load(wte_ptr + tok * C + cols, mask=mask).to(tl.float32)
-    p = tl.load(wpe_ptr + (n % T) * C + cols, mask=mask).to(tl.float32)
-    tl.store(out_ptr + n * C + cols, (e + p).to(out_ptr.dtype.element_ty), mask=mask)
+    if POS:
+        e += tl.load(wpe_ptr + (n % T) * C + cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + n * C + cols, e.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -54,9 +56,9 @@ def k_embedding_sort(order_ptr, tok_ptr, N, S, BLOCK_I: tl.constexpr, BLOCK_J: t
 
 @triton.jit
 def k_embedding_bwd(dwte_ptr, dwpe_ptr, dout_ptr, tok_ptr, order_ptr, N, T, C,
-                    BLOCK_C: tl.constexpr, SEG: tl.constexpr):  # fmt: skip
+                    BLOCK_C: tl.constexpr, SEG: tl.constexpr, POS: tl.constexpr):  # fmt: skip
     # one chunk of N tokens (dout, tok, order point at it; order chunk-relative)
-    # programs [0, N): runs of equal tokens in `order` -> dwte rows; programs [N, N+T): dwpe rows
+    # programs [0, N): runs of equal tokens in `order` -> dwte rows; with POS, programs [N, N+T): dwpe rows
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -78,7 +80,7 @@ def k_embedding_bwd(dwte_ptr, dwpe_ptr, dout_ptr, tok_ptr, order_ptr, N, T, C,
                 j += SEG
             ptr = dwte_ptr + tok.to(tl.int64) * C + cols
             tl.store(ptr, (tl.load(ptr, mask=cmask).to(tl.float32) + acc).to(dwte_ptr.dtype.element_ty), mask=cmask)
-    else:
+    elif POS:
         t = pid - N
         acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
         for b in range(0, N // T):
@@ -91,12 +93,14 @@ def _block_c(C: int) -> int:
     return min(1024, triton.next_power_of_2(C))
 
 
-def embedding_forward(out: torch.Tensor, tokens: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor) -> None:
-    """out (B,T,C); tokens (B,T) int32; wte (V,C); wpe (Tmax,C)."""
+def embedding_forward(out: torch.Tensor, tokens: torch.Tensor, wte: torch.Tensor,
+                      wpe: torch.Tensor | None = None) -> None:  # fmt: skip
+    """out (B,T,C); tokens (B,T) int32; wte (V,C); wpe (Tmax,C) or None (no position table)."""
     T, C = tokens.shape[-1], wte.shape[1]
     N = tokens.numel()
     BC = _block_c(C)
-    k_embedding_fwd[(N, triton.cdiv(C, BC))](out, tokens, wte, wpe, T, C, BLOCK_C=BC)
+    pos = wpe is not None
+    k_embedding_fwd[(N, triton.cdiv(C, BC))](out, tokens, wte, wpe if pos else wte, T, C, BLOCK_C=BC, POS=pos)
 
 
 CHUNK = 8192  # tokens per sort chunk (rounded down to whole sequences): the sort is O(N * CHUNK)
@@ -122,9 +126,9 @@ def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int, tune
     tuner.launch("embedding_sort", f"{N}:{S}:w{int(wide)}", SORT_CONFIGS, sort)
 
 
-def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor, dout: torch.Tensor, tokens: torch.Tensor, *,
+def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor | None, dout: torch.Tensor, tokens: torch.Tensor, *,
                        order: torch.Tensor, tuner: Tuner, chunk: int = CHUNK) -> None:  # fmt: skip
-    """order: int32 scratch of at least N = B*T elements."""
+    """order: int32 scratch of at least N = B*T elements; dwpe None: no position table (no dwpe programs)."""
     T, C = tokens.shape[-1], dwte.shape[1]
     N = tokens.numel()
     S = T * max(1, chunk // T)
@@ -133,7 +137,9 @@ def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor, dout: torch.Tenso
     # whole rows per program (C <= 1024): the scatter is latency-bound (order -> token -> row loads per run,
     # and runs are short: one token each on random data), so fewer, wider programs finish in fewer waves
     BC = _block_c(C)
+    pos = dwpe is not None
     for n0 in range(0, N, S):
         n = min(S, N - n0)
-        k_embedding_bwd[(n + T, triton.cdiv(C, BC))](dwte, dwpe, d[n0:], tok[n0:], order[n0:], n, T, C,
-                                                     BLOCK_C=BC, SEG=4, num_warps=4)  # fmt: skip
+        k_embedding_bwd[(n + T * pos, triton.cdiv(C, BC))](dwte, dwpe if pos else dwte, d[n0:], tok[n0:], order[n0:],
+                                                           n, T, C, BLOCK_C=BC, SEG=4, POS=pos,
+                                                           num_warps=4)  # fmt: skip

@@ -37,7 +37,8 @@ INTERPRET_SMS = 4  # the multiprocessors the interpreter stands in for: few prog
 # the launchers that make a once-per-shape choice: they take the runtime's tuner (keyword `tuner`)
 TUNER_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "embedding_backward",
                 "attention_forward", "attention_backward", "crossentropy_forward", "crossentropy_backward",
-                "crossentropy_forward_backward")  # fmt: skip
+                "crossentropy_forward_backward", "rmsnorm_forward", "residual_rmsnorm_forward",
+                "rmsnorm_backward")  # fmt: skip
 
 
 def describe(props: Any) -> str:

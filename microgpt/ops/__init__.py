@@ -7,10 +7,12 @@
     attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
+    rmsnorm       out = x * rstd              rstd (N,)
+    relu2         a = max(h, 0)^2             nothing (h is the caller's)
 
-Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
-last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
-own.
+Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm
+pair applied to the last residual stream, and the residual add runs inside the layernorm pair (below), so neither
+needs a pair of its own.
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
@@ -20,6 +22,12 @@ which saves the pre-GELU activation and GELU's output (or, train.recompute_gelu,
 backward). The residual add and the LayerNorm that reads its sum run as one call, residual_layernorm_forward in the
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
+
+The modern block (model.block "modern", issue 46) adds two pairs: rmsnorm, its norm without a weight (with
+residual_rmsnorm_forward, the residual add fused in as layernorm's is), and relu2, its MLP's activation, a pair of its
+own for now (relu2_backward turns the gradient in place, as GELU's backward does). Its embedding is the embedding pair
+without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
+untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: engine/step.py) and muon (muon_step,
@@ -84,6 +92,8 @@ OPS: dict[str, OpPair] = {
     "attention": _pair("attention", ("attention_forward_cached",)),
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
+    "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
+    "relu2": _pair("relu2"),
 }
 
 HELPERS: dict[str, Helpers] = {
@@ -98,7 +108,8 @@ HELPERS: dict[str, Helpers] = {
 # rows, on the backend's threads (the Matmul carries its own, for GELU)
 ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
                "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
-               "crossentropy_forward_backward", "adamw_step")  # fmt: skip
+               "crossentropy_forward_backward", "adamw_step", "rmsnorm_forward", "residual_rmsnorm_forward",
+               "rmsnorm_backward", "relu2_forward", "relu2_backward")  # fmt: skip
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",

@@ -1,10 +1,12 @@
-"""Cross-entropy loss fused with the tied LM head.
+"""Cross-entropy loss fused with the LM head, with an optional logit soft-cap.
 
-    logits = x @ wte.T                       (N,V)  never held whole: R rows at a time
+    z      = x @ wte.T                       (N,V)  never held whole: R rows at a time
+    logits = softcap * tanh(z / softcap)     (N,V)  softcap 0 (GPT-2's): logits = z
     lse    = logsumexp(logits, axis=1)       (N,)
     loss   = lse - logits[n, targets[n]]     (N,)   0 where targets[n] < 0 (ignored)
 
-Shapes: x (N,C), wte (V,C) (the token embedding, tied as the output head), targets (N,) int32,
+Shapes: x (N,C), wte (V,C) (the head's weight: the token embedding where it is tied, as in GPT-2, else the model's
+untied lm_head; the functions call it wte either way), targets (N,) int32,
 losses and lse (N,), logits (R,V) scratch. Rows are processed in chunks of R = logits.shape[0];
 the last chunk may be shorter. With a GPT-2 vocabulary the full (N,V) logits would outweigh every
 other activation, so only one chunk exists at a time.
@@ -21,8 +23,12 @@ crossentropy_forward followed by crossentropy_backward; the separate pair stays 
 Backward, per chunk, with dlosses the upstream gradient of each row's loss:
 
     dlogits = (softmax(logits) - onehot(targets)) * dlosses[:, None]   (rows with targets < 0: 0)
-    dx     += dlogits @ wte
-    dwte   += dlogits.T @ x
+    dz      = dlogits * (1 - tanh(z / softcap)^2)                       (softcap 0: dz = dlogits)
+    dx     += dz @ wte
+    dwte   += dz.T @ x
+
+The cap is applied to each chunk where it lies, after its GEMM; its slope 1 - tanh^2 is kept for the rows of a range
+only while their dlogits are made (a temporary of the range's size), never stored.
 
 Chunks run in order, so dwte is summed in a fixed order: deterministic.
 
@@ -33,6 +39,7 @@ Between the GEMMs, each row of a chunk is its own softmax: those passes run over
 """
 
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 from numpy.typing import NDArray
@@ -53,9 +60,24 @@ def _chunks(x: NDArray, wte: NDArray, logits: NDArray, mm: Matmul) -> Iterator[t
         yield i, j, z
 
 
-def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray) -> NDArray:
-    """One chunk's forward from its logits in z: losses and lse of its rows; leaves z = exp(z - rowmax) and returns
-    the row sums of z (softmax = z / sums)."""
+def _cap(z: NDArray, softcap: float, slope: bool = False) -> NDArray | None:
+    """z -> softcap * tanh(z / softcap) in place; with slope, returns the cap's derivative 1 - tanh(z / softcap)^2
+    (a new array of z's shape)."""
+    z /= softcap
+    np.tanh(z, out=z)
+    d = None
+    if slope:
+        d = np.multiply(z, z)
+        np.subtract(1.0, d, out=d)
+    z *= softcap
+    return d
+
+
+def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, softcap: float = 0.0) -> NDArray:
+    """One chunk's forward from its logits in z (capped here first where softcap): losses and lse of its rows; leaves
+    z = exp(z - rowmax) and returns the row sums of z (softmax = z / sums)."""
+    if softcap:
+        _cap(z, softcap)
     valid = tgt >= 0
     target_logit = z[np.arange(len(z)), np.where(valid, tgt, 0)]  # copy, taken before z is overwritten
     m = z.max(axis=1)
@@ -78,46 +100,57 @@ def _dlogits(z: NDArray, norm, dl: NDArray, tgt: NDArray) -> None:
     z[rows, tgt[rows]] -= dl[rows]
 
 
-def _softmax_dlogits(z: NDArray, lse: NDArray, dl: NDArray, tgt: NDArray) -> None:
-    """Recomputed logits z -> their dlogits in place, from the forward's lse."""
+def _softmax_dlogits(z: NDArray, lse: NDArray, dl: NDArray, tgt: NDArray, softcap: float = 0.0) -> None:
+    """Recomputed logits z (before the cap) -> their gradient in place, from the forward's lse."""
+    slope = _cap(z, softcap, slope=True) if softcap else None
     z -= lse[:, None]
     np.exp(z, out=z)  # z = softmax
     _dlogits(z, 1.0, dl, tgt)
+    if slope is not None:
+        z *= slope
 
 
-def _loss_dlogits(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, dl: NDArray) -> None:
-    """Logits z -> the losses and lse of their rows, and z -> their dlogits in place."""
+def _loss_dlogits(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, dl: NDArray, softcap: float = 0.0) -> None:
+    """Logits z (before the cap) -> the losses and lse of their rows, and z -> their gradient in place."""
+    slope = _cap(z, softcap, slope=True) if softcap else None
     sums = _chunk_exp(z, tgt, losses, lse)
     _dlogits(z, 1.0 / sums, dl, tgt)
+    if slope is not None:
+        z *= slope
 
 
 def crossentropy_forward(losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray,
-                         *, mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
-    """losses (N,) = per-token cross-entropy of x @ wte.T against targets; writes lse (N,) for backward."""
+                         *, mm: Matmul, rows: Rows = SERIAL, softcap: float = 0.0) -> None:  # fmt: skip
+    """losses (N,) = per-token cross-entropy of the (capped) logits x @ wte.T against targets; writes lse (N,) for
+    backward."""
     for i, j, z in _chunks(x, wte, logits, mm):
-        rows.map(_chunk_exp, z, targets[i:j], losses[i:j], lse[i:j])
+        rows.map(partial(_chunk_exp, softcap=softcap), z, targets[i:j], losses[i:j], lse[i:j])
 
 
 def crossentropy_backward(dx: NDArray, dwte: NDArray, dlosses: NDArray, x: NDArray, wte: NDArray, targets: NDArray,
-                          lse: NDArray, logits: NDArray, *, mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
+                          lse: NDArray, logits: NDArray, *, mm: Matmul, rows: Rows = SERIAL,
+                          softcap: float = 0.0) -> None:  # fmt: skip
     """dx (N,C), dwte (V,C) += gradients of the losses weighted by dlosses (N,); logits (R,V) is scratch."""
     for i, j, z in _chunks(x, wte, logits, mm):  # the logits recomputed, see the module docstring
-        rows.map(_softmax_dlogits, z, lse[i:j], dlosses[i:j], targets[i:j])
+        rows.map(partial(_softmax_dlogits, softcap=softcap), z, lse[i:j], dlosses[i:j], targets[i:j])
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
 def crossentropy_forward_backward(losses: NDArray, lse: NDArray, dx: NDArray, dwte: NDArray, dlosses: NDArray,
                                   x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray, *,
-                                  mm: Matmul, rows: Rows = SERIAL) -> None:  # fmt: skip
+                                  mm: Matmul, rows: Rows = SERIAL, softcap: float = 0.0) -> None:  # fmt: skip
     """crossentropy_forward, then crossentropy_backward with dlosses, chunk by chunk without recomputing z."""
     for i, j, z in _chunks(x, wte, logits, mm):
-        rows.map(_loss_dlogits, z, targets[i:j], losses[i:j], lse[i:j], dlosses[i:j])
+        rows.map(partial(_loss_dlogits, softcap=softcap), z, targets[i:j], losses[i:j], lse[i:j], dlosses[i:j])
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
-def head_logits(out: NDArray, x: NDArray, wte: NDArray, *, mm: Matmul) -> None:
-    """out (b,V) = x (b,C) @ wte.T: the next-token logits of the inference step's last positions (no loss)."""
+def head_logits(out: NDArray, x: NDArray, wte: NDArray, *, mm: Matmul, softcap: float = 0.0) -> None:
+    """out (b,V) = x (b,C) @ wte.T, capped where softcap: the next-token logits of the inference step's last positions
+    (no loss)."""
     mm.logits(x, wte)(out, 0, x.shape[0])
+    if softcap:
+        _cap(out, softcap)
 
 
 def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:

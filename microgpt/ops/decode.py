@@ -6,7 +6,7 @@ step of a batch size whatever the rows' positions (microgpt/engine/infer.py Infe
 caches (B, T, C) (one layer's keys or values: memory.inference_plan's kv[l, 0] and kv[l, 1]), q, k, v, out (b, C)
 with the heads interleaved as (b, NH, hs).
 
-    decode_embedding   out[i] = wte[tokens[i]] + wpe[positions[i]]
+    decode_embedding   out[i] = wte[tokens[i]] + wpe[positions[i]]        (wpe None: wte[tokens[i]])
     decode_kv_write    k_cache[slots[i], positions[i]] = k[i] ; v_cache[slots[i], positions[i]] = v[i]
     decode_attention   per head: out[i] = softmax(q[i] . K_i^T / sqrt(hs)) V_i, with K_i, V_i the keys and values
                        of positions 0 .. positions[i] of cache row slots[i] (the one just written included)
@@ -25,10 +25,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 
-def decode_embedding(out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray, wpe: NDArray) -> None:
-    """out (b,C) = wte[tokens] + wpe[positions]."""
+def decode_embedding(out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray,
+                     wpe: NDArray | None = None) -> None:  # fmt: skip
+    """out (b,C) = wte[tokens] + wpe[positions] (wpe None: wte[tokens], the modern block's)."""
     np.take(wte, tokens, axis=0, out=out)
-    out += wpe[positions]
+    if wpe is not None:
+        out += wpe[positions]
 
 
 def decode_kv_write(k_cache: NDArray, v_cache: NDArray, k: NDArray, v: NDArray, positions: NDArray,

@@ -91,3 +91,73 @@ def test_row_kernel_both_maxima(per_block: bool, dtype: torch.dtype) -> None:
     compare("losses", glosses, loss, dtype)
     compare("lse", glse, lse, dtype)
     compare("dlogits", g, dlogits, dtype)
+
+
+SOFTCAP = 2.5  # under the logits' spread here (x @ wte.T ~ N(0, C/4)): tanh saturates on many of them
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,C,V,R", SHAPES)
+def test_crossentropy_softcap(N: int, C: int, V: int, R: int, dtype: torch.dtype) -> None:
+    """The soft-capped pair against the NumPy one (the cap applied as the row kernels load each chunk, its slope in
+    the gradient pass), and the training call bit for bit against the pair's two calls."""
+    rng = np.random.default_rng(N * C + V + 11)
+    x, wte = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((V, C)) * 0.5, dtype)
+    targets = rng.integers(0, V, size=N).astype(np.int32)
+    targets[::5] = -1
+    dlosses = rng.random(N) / N
+    dx0, dwte0 = rounded(rng.standard_normal((N, C)), dtype), rng.standard_normal((V, C))
+    losses, lse, dx, dwte = np.empty(N), np.empty(N), dx0.copy(), dwte0.copy()
+    ref.crossentropy_forward(losses, lse, x, wte, targets, np.empty((R, V)), mm=REF_MM, softcap=SOFTCAP)
+    ref.crossentropy_backward(dx, dwte, dlosses, x, wte, targets, lse, np.empty((R, V)), mm=REF_MM, softcap=SOFTCAP)
+
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    gx, gwte, gt, gdl = t(x, dtype), t(wte, dtype), t(targets), t(dlosses, torch.float32)
+    logits = torch.empty(R, V, dtype=dtype, device=DEVICE)
+    pair = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, torch.float32)]
+    kc.crossentropy_forward(pair[0], pair[1], gx, gwte, gt, logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
+    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits, mm=MM, tuner=TUNER,
+                             softcap=SOFTCAP)  # fmt: skip
+    for name, got, want in zip(("losses", "lse", "dx", "dwte"), pair, (losses, lse, dx, dwte)):
+        compare(name, got, want, dtype)
+    fused = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, torch.float32)]
+    kc.crossentropy_forward_backward(*fused, gdl, gx, gwte, gt, logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
+    for name, a, b in zip(("losses", "lse", "dx", "dwte"), fused, pair):
+        assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"
+
+
+@pytest.mark.parametrize("per_block", [False, True], ids=["max-per-lane", "max-per-block"])
+def test_row_kernel_softcap(per_block: bool) -> None:
+    """k_crossentropy_fwd with SOFTCAP on rows of several blocks, the last one short (its padding must stay out of
+    the sums: capped, -inf would become -softcap): loss, lse and the gradient of the uncapped logits in place."""
+    rng = np.random.default_rng(13 + per_block)
+    r, V, block = 5, 300, 64
+    logits = rng.standard_normal((r, V)) * 8
+    targets = rng.integers(0, V, size=r).astype(np.int32)
+    targets[3] = -1
+    dloss = rng.random(r)
+    loss, lse, dwte = np.empty(r), np.empty(r), np.zeros((V, r))  # logits = I @ logits: dwte is dz^T (as above)
+    ref.crossentropy_forward_backward(loss, lse, np.zeros((r, r)), dwte, dloss, np.eye(r), logits.T.copy(), targets,
+                                      np.empty((r, V)), mm=REF_MM, softcap=SOFTCAP)  # fmt: skip
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    glosses, glse, g = torch.empty(r, **f32), torch.empty(r, **f32), t(logits, torch.float32)
+    kc.k_crossentropy_fwd[(r,)](glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block,
+                                PER_BLOCK=per_block, SOFTCAP=SOFTCAP)  # fmt: skip
+    compare("losses", glosses, loss, torch.float32)
+    compare("lse", glse, lse, torch.float32)
+    compare("dz", g, dwte.T, torch.float32)
+
+
+@pytest.mark.parametrize("softcap", [0.0, SOFTCAP])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_logits(dtype: torch.dtype, softcap: float) -> None:
+    """The inference step's next-token logits, capped in place where softcap, against the NumPy head (V over the
+    cap pass's block: two programs, the last one short)."""
+    rng = np.random.default_rng(17)
+    b, C, V = 3, 16, 1100
+    x, wte = rounded(rng.standard_normal((b, C)), dtype), rounded(rng.standard_normal((V, C)) * 0.5, dtype)
+    want = np.empty((b, V))
+    ref.head_logits(want, x, wte, mm=REF_MM, softcap=softcap)
+    out = t(rng.standard_normal((b, V)), dtype)  # noise the head overwrites
+    kc.head_logits(out, t(x, dtype), t(wte, dtype), mm=MM, softcap=softcap)
+    compare("logits", out, want, dtype)

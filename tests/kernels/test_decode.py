@@ -88,6 +88,10 @@ def test_decode_kv_write_and_embedding(B, T, C, NH, positions, slots, dtype) -> 
     out = torch.full((b, C), float("nan"), dtype=dtype, device=DEVICE)
     kd.decode_embedding(out, t(tokens), t(pos), t(wte, dtype), t(wpe, dtype))
     compare("embedding", out, want, dtype)
+    ref.decode_embedding(want, tokens, pos, wte)  # no position table (the modern block's)
+    out = torch.full((b, C), float("nan"), dtype=dtype, device=DEVICE)
+    kd.decode_embedding(out, t(tokens), t(pos), t(wte, dtype))
+    np.testing.assert_array_equal(h(out), want)
 
 
 M = ModelConfig(vocab_size=61, d_model=16, n_layer=2, n_head=2, seq_len=40)

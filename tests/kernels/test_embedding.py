@@ -44,6 +44,31 @@ def test_embedding(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype
     np.testing.assert_array_equal(h(gdwpe)[T:], dwpe0[T:].astype(np.float32))  # rows past T untouched
 
 
+@pytest.mark.parametrize("chunk", [ke.CHUNK, 1], ids=["one-chunk", "chunk-per-sequence"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_without_positions(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype,
+                                     chunk: int) -> None:  # fmt: skip
+    """wpe None (the modern block): the token rows alone forward, dwte alone backward, against the NumPy pair; and the
+    same dwte bits as with a position table (the sort and the runs are the same)."""
+    rng = np.random.default_rng(B * T * C + V + 1)
+    tokens = rng.integers(0, V, size=(B, T)).astype(np.int32)
+    wte, dout = rounded(rng.standard_normal((V, C)), dtype), rounded(rng.standard_normal((B, T, C)), dtype)
+    dwte0 = rng.standard_normal((V, C))
+    out, dwte = np.empty((B, T, C)), dwte0.copy()
+    ref.embedding_forward(out, tokens, wte)
+    ref.embedding_backward(dwte, None, dout, tokens)
+    gout = t(rng.standard_normal((B, T, C)), dtype)  # noise the forward overwrites
+    ke.embedding_forward(gout, t(tokens), t(wte, dtype))
+    gdwte = t(dwte0, torch.float32)
+    order = torch.empty(B * T, dtype=torch.int32, device=DEVICE)
+    ke.embedding_backward(gdwte, None, t(dout, dtype), t(tokens), order=order, chunk=chunk, tuner=TUNER)
+    compare("out", gout, out, dtype)
+    compare("dwte", gdwte, dwte, dtype)
+    with_pos = run_kernels(tokens, wte, rng.standard_normal((Tmax, C)), dout, dwte0, np.zeros((Tmax, C)), dtype, chunk)
+    assert torch.equal(gdwte, with_pos[1]), "dwte differs from the run with a position table"
+
+
 def test_embedding_backward_is_deterministic() -> None:
     """Long runs of repeated tokens: two runs give bitwise-equal dwte (no float atomics)."""
     rng = np.random.default_rng(5)

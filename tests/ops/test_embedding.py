@@ -1,4 +1,4 @@
-"""embedding pair against torch autograd (indexing wte and wpe)."""
+"""embedding pair against torch autograd (indexing wte and wpe, or wte alone: no position table)."""
 
 import numpy as np
 import pytest
@@ -41,6 +41,24 @@ def run_numpy(inp: dict, dtype, grads: dict) -> dict:
 
 def grad_shapes(inp: dict) -> dict:
     return {"dwte": inp["wte"].shape, "dwpe": inp["wpe"].shape}
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_without_positions(B: int, T: int, C: int, V: int, Tmax: int, dtype, tol: float) -> None:
+    """wpe None (the modern block): out = wte[tokens], dwte += the scatter of dout, nothing else."""
+    rng = np.random.default_rng(400 + B * T * C + V)
+    inp = make_inputs(rng, B, T, C, V, Tmax)
+    inp = {k: (v.astype(dtype).astype(np.float64) if v.dtype == np.float64 else v) for k, v in inp.items()}
+    wte, tokens = tt(inp["wte"]), torch.from_numpy(inp["tokens"]).long()
+    ref = wte[tokens]
+    (ref * torch.from_numpy(inp["dout"])).sum().backward()
+    noise = noise_like(rng, inp["wte"].shape, dtype)
+    out, dwte = noise_like(rng, inp["dout"].shape, dtype), noise.copy()
+    embedding_forward(out, inp["tokens"], inp["wte"].astype(dtype))
+    embedding_backward(dwte, None, inp["dout"].astype(dtype), inp["tokens"])
+    check("out", out, ref, tol)
+    check("dwte", dwte - noise, wte.grad, tol)
 
 
 @pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)

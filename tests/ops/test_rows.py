@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm
+from microgpt.ops import adamw, attention, crossentropy, gelu, layernorm, relu2, rmsnorm
 from microgpt.ops.linear import Matmul
 from microgpt.ops.rows import CHUNK, Rows, cpu_threads
 
@@ -117,6 +117,17 @@ def test_gelu_and_its_backward(rows: Rows, dtype) -> None:
     _runs(run, rows, arrays)
 
 
+def test_relu2_pair(rows: Rows) -> None:
+    rng = np.random.default_rng(6)
+    arrays = {"h": _rand(rng, 67, 96), "a": np.zeros((67, 96), np.float32), "dh": _rand(rng, 67, 96)}
+
+    def run(a, r):
+        relu2.relu2_forward(a["a"], a["h"], rows=r)
+        relu2.relu2_backward(a["dh"], a["h"], rows=r)
+
+    _runs(run, rows, arrays)
+
+
 def test_layernorm_pairs(rows: Rows) -> None:
     rng = np.random.default_rng(1)
     N, C = 45, 40
@@ -130,6 +141,19 @@ def test_layernorm_pairs(rows: Rows) -> None:
                                              rows=r)  # fmt: skip
         layernorm.layernorm_backward(a["dx"], a["dw"], a["db"], a["dout"], a["s"], a["w"], a["mean"], a["rstd"],
                                      rows=r)  # fmt: skip
+
+    _runs(run, rows, arrays)
+
+
+def test_rmsnorm_pair(rows: Rows) -> None:
+    rng = np.random.default_rng(5)
+    N, C = 45, 37
+    arrays = {k: _rand(rng, N, C) for k in ["x", "y", "s", "out", "dout", "dx"]} | {"rstd": _rand(rng, N)}
+
+    def run(a, r):
+        rmsnorm.rmsnorm_forward(a["out"], a["rstd"], a["x"], rows=r)
+        rmsnorm.residual_rmsnorm_forward(a["s"], a["out"], a["rstd"], a["x"], a["y"], rows=r)
+        rmsnorm.rmsnorm_backward(a["dx"], a["dout"], a["s"], a["rstd"], rows=r)
 
     _runs(run, rows, arrays)
 
@@ -148,8 +172,9 @@ def test_attention_pair(rows: Rows) -> None:
     _runs(run, rows, arrays)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
 @pytest.mark.parametrize("R", [64, 20])  # one logits chunk, or several with a short last one
-def test_crossentropy_head(rows: Rows, R: int) -> None:
+def test_crossentropy_head(rows: Rows, R: int, softcap: float) -> None:
     rng = np.random.default_rng(3)
     N, C, V = 50, 16, 70
     targets = rng.integers(0, V, N).astype(np.int32)
@@ -163,11 +188,12 @@ def test_crossentropy_head(rows: Rows, R: int) -> None:
     def run(a, r):
         mm = Matmul()
         crossentropy.crossentropy_forward(a["losses"], a["lse"], a["x"], a["wte"], a["targets"], a["logits"], mm=mm,
-                                          rows=r)  # fmt: skip
+                                          rows=r, softcap=softcap)  # fmt: skip
         crossentropy.crossentropy_backward(a["dx"], a["dwte"], a["dl"], a["x"], a["wte"], a["targets"], a["lse"],
-                                           a["logits"], mm=mm, rows=r)  # fmt: skip
+                                           a["logits"], mm=mm, rows=r, softcap=softcap)  # fmt: skip
         crossentropy.crossentropy_forward_backward(a["losses2"], a["lse"], a["dx2"], a["dwte2"], a["dl"], a["x"],
-                                                   a["wte"], a["targets"], a["logits"], mm=mm, rows=r)  # fmt: skip
+                                                   a["wte"], a["targets"], a["logits"], mm=mm, rows=r,
+                                                   softcap=softcap)  # fmt: skip
 
     _runs(run, rows, arrays)
 

@@ -2,9 +2,10 @@
 (targets.py) compiles for each architecture.
 
 `launches(shape, dtype)` calls the real launchers -- a training step's, the inference step's, the optimizer's and
-precision fp8's -- on tensors of the "meta" device (shapes and strides, no memory), with a `Catalogue` standing in
-for the runtime's tuner that hands over every candidate of every choice in turn, while each Triton kernel of
-kernels/ records its launches instead of running them (`capture`). A Launch is the kernel with the arguments and
+precision fp8's (for a modern-block shape, so far its own ops' only: `_modern_launches`) -- on tensors of the "meta"
+device (shapes and strides, no memory), with a `Catalogue` standing in for the runtime's tuner that hands over every
+candidate of every choice in turn, while each Triton kernel of kernels/ records its launches instead of running them
+(`capture`). A Launch is the kernel with the arguments and
 keywords it was given, and where it came from: a fixed launch, or candidate `index` of one choice (`group`).
 """
 
@@ -33,15 +34,19 @@ from microgpt.kernels import (
     gradclip,
     layernorm,
     linear,
+    relu2,
+    rmsnorm,
 )
 
-KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
+KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm,
+                  relu2, rmsnorm)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One micro-batch of a model: B sequences of T tokens, C = d_model, NH heads, V the vocabulary."""
+    """One micro-batch of a model: B sequences of T tokens, C = d_model, NH heads, V the vocabulary, and the block
+    family (model.block: "gpt2" or "modern")."""
 
     name: str
     B: int
@@ -49,6 +54,7 @@ class Shape:
     C: int
     NH: int
     V: int
+    block: str = "gpt2"
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,10 @@ def launches(s: Shape, dtype: torch.dtype) -> list[Launch]:
     in dtype, every candidate of every tuned launch included; for bf16 and fp16 also the fp8 precision's (casts
     from that dtype and from the fp32 masters, the interpreter's scaled GEMM tile)."""
     cat = Catalogue()
+    if s.block == "modern":
+        with capture(cat, False) as got:
+            _modern_launches(s, dtype, cat)
+        return got
     with capture(cat, False) as got:
         _training_launches(s, dtype, cat)
     if dtype == torch.float32:
@@ -181,6 +191,37 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
 
+SOFTCAP = 15.0  # the modern block's logit soft-cap (issue 46's default): a constexpr of the loss head's kernels
+
+
+def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """The launches of the modern block's own ops (issue 46), as the triton backend makes them: the
+    embedding without a position table (and the decode step's), RMSNorm (plain and fused with the residual add) and
+    its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap. What the modern step shares with
+    GPT-2's runs here at the modern shape once model.block "modern" has a step to enumerate: its linears, attention
+    at D = C / NH, qkrope, the optimizers, fp8 (the lead wires them in here)."""
+    e, f32, i32 = _meta(dtype), torch.float32, torch.int32
+    B, T, C, V, N = s.B, s.T, s.C, s.V, s.B * s.T
+    mm = linear.Matmul(gemm.Gemm(cat, None))
+    tok, x, stat, h = e(B, T, dt=i32), e(N, C), e(N, dt=f32), e(N, 4 * C)
+    embedding.embedding_forward(e(B, T, C), tok, e(V, C))
+    embedding.embedding_backward(e(V, C, dt=f32), None, e(B, T, C), tok, order=e(N, dt=i32), tuner=cat)
+    rmsnorm.rmsnorm_forward(x, stat, x, tuner=cat)
+    rmsnorm.residual_rmsnorm_forward(x, x, stat, x, x, tuner=cat)
+    rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
+    relu2.relu2_forward(h, h)
+    relu2.relu2_backward(h, h)
+    rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
+    decode.decode_embedding(rows, at, at, e(V, C))
+    logits, tg, head = e(N, V), e(N, dt=i32), e(V, C)  # head: the untied lm_head
+    crossentropy.crossentropy_forward(stat, stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP)
+    crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, mm=mm, tuner=cat,
+                                       softcap=SOFTCAP)  # fmt: skip
+    crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, head, tg, logits, mm=mm,
+                                               tuner=cat, softcap=SOFTCAP)  # fmt: skip
+    crossentropy.head_logits(e(B, V), e(B, C), head, mm=mm, softcap=SOFTCAP)
+
+
 def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """precision fp8's launches: each site's casts (input, GELU'd input, output gradient, GELU's backward), primed
     and not, the weights' and the head's casts (one weight, and a site over L layers taking AdamW's amaxes), the
@@ -219,3 +260,6 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
 # against experiments/)
 ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))
+# the modern block at ANDREA-120M's size (issue 46: D = 128 at C = 768, H = 6); not yet an experiment of its own, so
+# the test that reads ANDREA's shapes from experiments/ does not read it (the lead moves it there once it is one)
+MODERN = (Shape("ANDREA-120M-modern", 8, 1024, 768, 6, 50304, "modern"),)
