@@ -66,6 +66,8 @@ class Backend:
     head_logits: Fn
     loss_weights: Fn
     loss_sum: Fn
+    qkrope_forward: Fn  # the modern block's QK-norm and rotary embedding (ops/qkrope.py)
+    qkrope_backward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn

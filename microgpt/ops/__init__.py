@@ -7,10 +7,12 @@
     attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
+    qkrope        q, k = rope(rmsnorm_head(.))  rstd (2,N,H); q, k in place, xhat recomputed by the inverse rotation
 
-Why six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm pair applied to the
-last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a pair of its
-own.
+Why six pairs for the GPT-2 block where the seed counts eight: the seed's "final layernorm path" is the layernorm pair
+applied to the last residual stream, and the residual add runs inside the layernorm pair (below), so neither needs a
+pair of its own. qkrope is the modern block's (QK-norm and rotary embedding of q and k, in place, between the QKV
+linear and attention).
 The tied LM head is fused into crossentropy, so the (N,V) logits never exist at once. Training runs
 crossentropy as one call, crossentropy_forward_backward (the pair's two halves over each logits chunk
 while it lies in the scratch), since the loss's upstream gradient is known before its forward; the loss
@@ -82,6 +84,7 @@ OPS: dict[str, OpPair] = {
     "attention": _pair("attention", ("attention_forward_cached",)),
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
+    "qkrope": _pair("qkrope"),
 }
 
 HELPERS: dict[str, Helpers] = {
@@ -95,7 +98,7 @@ HELPERS: dict[str, Helpers] = {
 # rows, on the backend's threads (the Matmul carries its own, for GELU)
 ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
                "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
-               "crossentropy_forward_backward", "adamw_step")  # fmt: skip
+               "crossentropy_forward_backward", "adamw_step", "qkrope_forward", "qkrope_backward")  # fmt: skip
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",

@@ -1,5 +1,5 @@
-"""The registry lists the six pairs, the step's helpers, the decode step's ops and its greedy pick, each row naming both
-halves, and the ops package stays free of torch and triton."""
+"""The registry lists the seven pairs (qkrope the modern block's), the step's helpers, the decode step's ops and its
+greedy pick, each row naming both halves, and the ops package stays free of torch and triton."""
 
 import importlib
 import subprocess
@@ -8,8 +8,8 @@ import sys
 from microgpt.ops import HELPERS, OPS, OpPair
 
 
-def test_registry_has_the_six_pairs() -> None:
-    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy"]
+def test_registry_has_the_seven_pairs() -> None:
+    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy", "qkrope"]
     assert list(OPS) == expected
     for name, pair in OPS.items():
         assert isinstance(pair, OpPair) and pair.name == name
