@@ -76,6 +76,7 @@ class Backend:
     decode_embedding: Fn
     decode_kv_write: Fn
     decode_attention: Fn
+    decode_qkrope: Fn  # the modern block's
     # the greedy pick after the decode step's logits (ops/argmax.py)
     argmax_rows: Fn
     # the device

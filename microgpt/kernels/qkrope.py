@@ -9,7 +9,7 @@ Sums over a head and the rotation run in fp32; the result is rounded once, to q'
 Backward recomputes xhat from the forward's output by the inverse rotation (R^T y / (cos^2 + sin^2), exact for the
 fp32 tables) rather than storing the input: two (N, C) activations a layer saved, for a few FMAs a lane.
 
-decode_qkrope (kernels/decode.py) runs the same row function (`_norm_rotate`) with the same tile and warps, so a
+decode_qkrope (kernels/decode.py) runs the same row function (`norm_rotate_row`) with the same tile and warps, so a
 decode row is this forward at its position bit for bit. The launch configuration is fixed by (H, D), not tuned:
 tuning it per shape would give the decode step a configuration of its own.
 """
@@ -24,7 +24,7 @@ EPS = 1e-6
 
 
 @triton.jit
-def _norm_rotate(x1, x2, c, s, D, eps):
+def norm_rotate_row(x1, x2, c, s, D, eps):
     # x1, x2: (BH, BD2) fp32, the heads' halves (0 where masked); c, s: (BD2,) fp32, the row's cos and sin
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
     x1 = x1 * rstd[:, None]
@@ -35,7 +35,7 @@ def _norm_rotate(x1, x2, c, s, D, eps):
 
 
 @triton.jit
-def _norm_rotate_bwd(g1, g2, y1, y2, rstd, c, s, D):
+def norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c, s, D):
     # g: the gradient reaching y; y: the forward's output; rstd (BH,); returns the gradient reaching x
     w = 1.0 / (c * c + s * s)  # the fp32 tables' cos^2 + sin^2, 1 to within rounding: R^-1 = R^T / w
     x1 = (y1 * c[None, :] + y2 * s[None, :]) * w[None, :]
@@ -47,7 +47,7 @@ def _norm_rotate_bwd(g1, g2, y1, y2, rstd, c, s, D):
 
 
 @triton.jit
-def _offsets(H, D, BH: tl.constexpr, BD2: tl.constexpr):
+def row_offsets(H, D, BH: tl.constexpr, BD2: tl.constexpr):
     # (BH, BD2) offsets of the first halves within a row, and their mask; the second halves are D/2 further
     heads = tl.arange(0, BH)
     lanes = tl.arange(0, BD2)
@@ -62,7 +62,7 @@ def k_qkrope_fwd(q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N
     # rope: (2, T, D/2) fp32; program n does row n = (n // t, n % t) at position pos + n % t
     n = tl.program_id(0).to(tl.int64)
     bi, ti = n // t, n % t
-    off, mask, lmask = _offsets(H, D, BH, BD2)
+    off, mask, lmask = row_offsets(H, D, BH, BD2)
     half = D // 2
     tab = rope_ptr + (pos + ti) * half + tl.arange(0, BD2)
     c = tl.load(tab, mask=lmask, other=0.0)
@@ -75,7 +75,7 @@ def k_qkrope_fwd(q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N
             row = k_ptr + bi * skb + ti * skt
         x1 = tl.load(row + off, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(row + half + off, mask=mask, other=0.0).to(tl.float32)
-        y1, y2, rstd = _norm_rotate(x1, x2, c, s, D, eps)
+        y1, y2, rstd = norm_rotate_row(x1, x2, c, s, D, eps)
         tl.store(row + off, y1.to(row.dtype.element_ty), mask=mask)
         tl.store(row + half + off, y2.to(row.dtype.element_ty), mask=mask)
         tl.store(rstd_ptr + (which * N + n) * H + heads, rstd, mask=heads < H)
@@ -88,7 +88,7 @@ def k_qkrope_bwd(dq_ptr, dk_ptr, q_ptr, k_ptr, rstd_ptr, rope_ptr, t, sqb, sqt, 
     # strides (sqb, sqt, 1), (skb, skt, 1); rstd: (2, N, H) fp32; rope: (2, T, D/2) fp32, row n at position n % t
     n = tl.program_id(0).to(tl.int64)
     bi, ti = n // t, n % t
-    off, mask, lmask = _offsets(H, D, BH, BD2)
+    off, mask, lmask = row_offsets(H, D, BH, BD2)
     half = D // 2
     tab = rope_ptr + ti * half + tl.arange(0, BD2)
     c = tl.load(tab, mask=lmask, other=0.0)
@@ -106,7 +106,7 @@ def k_qkrope_bwd(dq_ptr, dk_ptr, q_ptr, k_ptr, rstd_ptr, rope_ptr, t, sqb, sqt, 
         g1 = tl.load(g_row + off, mask=mask, other=0.0).to(tl.float32)
         g2 = tl.load(g_row + half + off, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + (which * N + n) * H + heads, mask=heads < H, other=0.0)
-        d1, d2 = _norm_rotate_bwd(g1, g2, y1, y2, rstd, c, s, D)
+        d1, d2 = norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c, s, D)
         tl.store(g_row + off, d1.to(g_row.dtype.element_ty), mask=mask)
         tl.store(g_row + half + off, d2.to(g_row.dtype.element_ty), mask=mask)
 

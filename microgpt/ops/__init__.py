@@ -25,10 +25,11 @@ inputs, which the model folds into the residual stream's one gradient buffer (mi
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final) and adamw (adamw_step, which also scales and clips the gradients: engine/step.py). And the decode
-step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
-rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
-decode_attention; ops/decode.py specifies them). And the greedy pick the decode step ends with: argmax (argmax_rows:
-each row's largest logit's index, so that a greedy row's token leaves the device as one int, not V logits).
+step's position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache rows,
+held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
+decode_attention, and the modern block's decode_qkrope; ops/decode.py specifies them). And the greedy pick the
+decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's token leaves
+the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/engine/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -90,7 +91,7 @@ OPS: dict[str, OpPair] = {
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
-    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
+    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope")),
     "argmax": _helpers("argmax", ("argmax_rows",)),
 }
 

@@ -1,4 +1,4 @@
-"""QK-norm then rotary position embedding, on q and k in place (the modern block, docs/MODERN.md's conventions).
+"""QK-norm then rotary position embedding, on q and k in place (the modern block; RoPE as Hugging Face's Llama).
 
 For each token row, each head h and each of q and k, with x the head's vector of D = C / H and p the row's position:
 
@@ -22,9 +22,10 @@ Backward, with g the gradient reaching y (dq or dk as attention's backward wrote
 where w = cos^2 + sin^2 of the float32 tables: 1 in exact arithmetic, off by float32's rounding in the tables, so
 the inverse divides by it (R is a rotation times sqrt(w), and R^T / w its exact inverse; w is computed in the
 compute dtype). dq, dk are rewritten in place with dx: this op is their last writer before the QKV linear's
-backward, so the buffer that held the gradient of the output holds the gradient of the input afterwards. Backward recomputes xhat by
-the inverse rotation of the output (which attention keeps anyway, as its own input) rather than storing x or xhat:
-either would cost two (N, C) activations a layer, against 2 * H floats a row for rstd.
+backward, so the buffer that held the gradient of the output holds the gradient of the input afterwards.
+Backward recomputes xhat by the inverse rotation of the output (which attention keeps anyway, as its own input)
+rather than storing x or xhat: either would cost two (N, C) activations a layer (q's and k's), against 2 * H floats
+a row for rstd.
 
 The passes are independent row by row (every reduction runs over one head of one row), so they run over ranges of
 rows (ops/rows.py), one range a thread as LayerNorm's: short rows, whose reductions cost more in NumPy's fixed part
@@ -62,7 +63,7 @@ def qkrope_forward(q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_he
     b, t, _ = q.shape
 
     def one(x: NDArray, r: NDArray, p0: int, p1: int) -> None:
-        norm_rotate(_heads(x, n_head), r, rope[0, p0:p1], rope[1, p0:p1])
+        norm_rotate(heads(x, n_head), r, rope[0, p0:p1], rope[1, p0:p1])
 
     def piece(bi: int, lo: int, hi: int) -> None:
         n0 = bi * t
@@ -79,7 +80,7 @@ def qkrope_backward(dq: NDArray, dk: NDArray, q: NDArray, k: NDArray, rstd: NDAr
     b, t, _ = q.shape
 
     def one(g: NDArray, y: NDArray, r: NDArray, lo: int, hi: int) -> None:
-        norm_rotate_backward(_heads(g, n_head), _heads(y, n_head), r, rope[0, lo:hi], rope[1, lo:hi])
+        norm_rotate_backward(heads(g, n_head), heads(y, n_head), r, rope[0, lo:hi], rope[1, lo:hi])
 
     def piece(bi: int, lo: int, hi: int) -> None:
         n0 = bi * t
@@ -130,7 +131,7 @@ def _rotate(x: NDArray, c: NDArray, s: NDArray) -> None:
     x2 += x1s
 
 
-def _heads(x: NDArray, n_head: int) -> NDArray:
+def heads(x: NDArray, n_head: int) -> NDArray:
     """(n, C) -> (n, H, D) view, whatever x's row stride; writes through it reach x (a reshape could copy)."""
     (n, C), (sn, sc) = x.shape, x.strides
     return as_strided(x, (n, n_head, C // n_head), (sn, sc * (C // n_head), sc))
