@@ -18,8 +18,9 @@ from microgpt.ops import qkrope as qkrope_ref
 from ._kutil import DEVICE, DTYPES, ON_GPU, check, compare, h, rounded, t
 
 # (B, T, C, NH, positions, slots): ragged rows over several tiles of keys, one at the cache's last position, one at 0;
-# one row at position 0; hs 12 (not a power of two) and hs 4
-CASES = [(4, 70, 24, 2, [69, 3, 40], [1, 3, 0]), (1, 9, 8, 2, [0], [0]), (3, 37, 16, 4, [17, 0, 36], [2, 0, 1])]
+# one row at position 0; hs 12 (not a power of two) and hs 4; hs 128 (the modern block's)
+CASES = [(4, 70, 24, 2, [69, 3, 40], [1, 3, 0]), (1, 9, 8, 2, [0], [0]), (3, 37, 16, 4, [17, 0, 36], [2, 0, 1]),
+         (2, 40, 256, 2, [39, 20], [1, 0])]  # fmt: skip
 SMS = [1, 4, 64]  # one split, a few, the most the cache's length allows
 
 
