@@ -133,6 +133,8 @@ def qkrope_forward(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, rope: t
     rope (2, T, D/2) fp32, T >= pos + t."""
     b, t, _ = q.shape
     D = check_views(n_head, q, k)
+    if pos + t > rope.shape[1]:
+        raise ValueError(f"qkrope: positions {pos} .. {pos + t - 1} are past the rope table's {rope.shape[1]}")
     k_qkrope_fwd[(b * t,)](q, k, rstd, rope, t, pos, q.stride(0), q.stride(1), k.stride(0), k.stride(1), b * t,
                            n_head, D, rope.shape[1], EPS, **launch_config(n_head, D))  # fmt: skip
 

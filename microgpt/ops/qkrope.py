@@ -61,6 +61,8 @@ def qkrope_forward(q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_he
                    rows: Rows = SERIAL) -> None:  # fmt: skip
     """q, k (b,t,C) <- rope(rmsnorm_head(.)) at positions pos .. pos + t - 1, in place; rstd (2, b*t, H) written."""
     b, t, _ = q.shape
+    if pos + t > rope.shape[1]:
+        raise ValueError(f"qkrope: positions {pos} .. {pos + t - 1} are past the rope table's {rope.shape[1]}")
 
     def one(x: NDArray, r: NDArray, p0: int, p1: int) -> None:
         norm_rotate(heads(x, n_head), r, rope[0, p0:p1], rope[1, p0:p1])

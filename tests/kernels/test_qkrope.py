@@ -66,10 +66,13 @@ def test_qkrope(b: int, T: int, H: int, D: int, pos: int, dtype: torch.dtype, in
 
 
 def test_views_must_split_into_even_heads() -> None:
-    """An odd head size, or q's columns not adjacent, is refused before anything is launched."""
+    """An odd head size, q's columns not adjacent, or positions past the table are refused before anything is
+    launched."""
     q = torch.zeros(1, 2, 12, device=DEVICE)
     rstd, rope = torch.zeros(2, 2, 4, device=DEVICE), t(ref.rope_tables(2, 6))
     with pytest.raises(ValueError, match="even size"):
         kq.qkrope_forward(q, q, rstd, rope, n_head=4)  # D = 3
     with pytest.raises(ValueError, match="unit column stride"):
         kq.qkrope_forward(q, torch.zeros(1, 12, 2, device=DEVICE).transpose(1, 2), rstd, rope, n_head=2)
+    with pytest.raises(ValueError, match="past the rope table"):
+        kq.qkrope_forward(q, q, rstd, rope, n_head=2, pos=1)

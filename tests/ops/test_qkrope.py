@@ -109,3 +109,9 @@ def test_the_same_bits_on_any_number_of_threads() -> None:
     for other in runs[1:]:
         for name, x in runs[0].items():
             np.testing.assert_array_equal(other[name], x, err_msg=name)
+
+
+def test_positions_past_the_table_are_refused() -> None:
+    q = np.ones((1, 3, 8))
+    with pytest.raises(ValueError, match="past the rope table"):
+        qkrope_forward(q, q.copy(), np.empty((2, 3, 2)), rope_tables(4, 4), n_head=2, pos=2)
