@@ -174,7 +174,7 @@ def k_decode_qkrope(q_ptr, k_ptr, pos_ptr, rope_ptr, sq, sk, H, D, T, eps, BH: t
     off, mask, lmask = row_offsets(H, D, BH, BD2)
     half = D // 2
     tab = rope_ptr + tl.load(pos_ptr + i).to(tl.int64) * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=0.0)
+    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
     s = tl.load(tab + T * half, mask=lmask, other=0.0)
     for which in tl.static_range(2):
         if which == 0:

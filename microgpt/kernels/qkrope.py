@@ -65,7 +65,7 @@ def k_qkrope_fwd(q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N
     off, mask, lmask = row_offsets(H, D, BH, BD2)
     half = D // 2
     tab = rope_ptr + (pos + ti) * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=0.0)
+    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
     s = tl.load(tab + T * half, mask=lmask, other=0.0)
     heads = tl.arange(0, BH)
     for which in tl.static_range(2):
@@ -91,7 +91,7 @@ def k_qkrope_bwd(dq_ptr, dk_ptr, q_ptr, k_ptr, rstd_ptr, rope_ptr, t, sqb, sqt, 
     off, mask, lmask = row_offsets(H, D, BH, BD2)
     half = D // 2
     tab = rope_ptr + ti * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=0.0)
+    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
     s = tl.load(tab + T * half, mask=lmask, other=0.0)
     heads = tl.arange(0, BH)
     for which in tl.static_range(2):

@@ -149,7 +149,7 @@ def test_the_decode_step_matches_numpy(precision: str, compute: str | None) -> N
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("H,D", [(1, 2), (3, 8), (6, 128)])
+@pytest.mark.parametrize("H,D", [(1, 2), (3, 8), (6, 128), (3, 12)])
 def test_decode_qkrope(H: int, D: int, dtype: torch.dtype) -> None:
     """The modern block's QK-norm and rotary embedding of the decode step's rows (q, k views of one (3, b, C)
     projection) at ragged positions, against the NumPy twin; v untouched. In fp32, each row equals the training

@@ -11,8 +11,10 @@ from microgpt.ops import qkrope as ref
 
 from ._kutil import DEVICE, DTYPES, compare, h, rounded, t
 
-# (b, t, H, D, pos): one row; odd t with three heads; D 128 (H 6 is the modern ANDREA-120M's) past position 0; D 2
-SHAPES = [(1, 1, 1, 2, 0), (2, 7, 3, 8, 0), (2, 5, 6, 128, 9), (1, 3, 2, 128, 0), (3, 2, 1, 2, 5)]
+# (b, t, H, D, pos): one row; odd t with three heads; D 128 (H 6 is the modern ANDREA-120M's) past position 0; D 2;
+# D 12 and 96, whose halves (6, 48 lanes) leave lanes of the tile masked
+SHAPES = [(1, 1, 1, 2, 0), (2, 7, 3, 8, 0), (2, 5, 6, 128, 9), (1, 3, 2, 128, 0), (3, 2, 1, 2, 5), (2, 3, 3, 12, 4),
+          (1, 4, 2, 96, 0)]  # fmt: skip
 
 
 def parts(buf, C: int, interleaved: bool):

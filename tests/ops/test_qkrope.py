@@ -11,8 +11,9 @@ from microgpt.ops.rows import Rows
 
 from ._util import F32_TOL, F64_TOL, check, tt
 
-# (b, t, H, D, pos): one row; odd t; one head of two lanes; three heads; D 128 at positions past 0
-SHAPES = [(1, 1, 1, 2, 0), (2, 7, 3, 8, 0), (3, 5, 1, 8, 4), (1, 9, 2, 128, 0), (2, 3, 3, 128, 17), (2, 4, 2, 2, 1)]
+# (b, t, H, D, pos): one row; odd t; one head of two lanes; three heads; D 128 at positions past 0; D 12
+SHAPES = [(1, 1, 1, 2, 0), (2, 7, 3, 8, 0), (3, 5, 1, 8, 4), (1, 9, 2, 128, 0), (2, 3, 3, 128, 17), (2, 4, 2, 2, 1),
+          (2, 3, 3, 12, 0)]  # fmt: skip
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
