@@ -72,6 +72,8 @@ class Backend:
     residual_rmsnorm_forward: Fn
     relu2_forward: Fn
     relu2_backward: Fn
+    qkrope_forward: Fn  # QK-norm and rotary embedding (ops/qkrope.py)
+    qkrope_backward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn
@@ -82,6 +84,7 @@ class Backend:
     decode_embedding: Fn
     decode_kv_write: Fn
     decode_attention: Fn
+    decode_qkrope: Fn  # the modern block's
     # the greedy pick after the decode step's logits (ops/argmax.py)
     argmax_rows: Fn
     # the device

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.qkrope import EPS, check_views, launch_config, norm_rotate_row, row_offsets
 from microgpt.kernels.tuning import INTERPRET
 
 LOG2E = 1.4426950408889634
@@ -166,3 +167,35 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, 
                                              LOG2E / math.sqrt(HS), BN=BN, BD=BD, num_warps=4)  # fmt: skip
     k_decode_attention_combine[(b, n_head)](out, partials, positions, out.stride(0), n_head, HS, chunk, S,
                                             BS=triton.next_power_of_2(S), BD=BD, num_warps=1)  # fmt: skip
+
+
+@triton.jit
+def k_decode_qkrope(q_ptr, k_ptr, pos_ptr, rope_ptr, sq, sk, H, D, T, eps, BH: tl.constexpr, BD2: tl.constexpr):
+    # q, k: (b, C) rows of strides sq, sk, rewritten; pos: (b,) int32; rope: (2, T, D/2) fp32. k_qkrope_fwd's row
+    # function on the same tile: one row here is that forward at its position bit for bit
+    i = tl.program_id(0).to(tl.int64)
+    off, mask, lmask = row_offsets(H, D, BH, BD2)
+    half = D // 2
+    tab = rope_ptr + tl.load(pos_ptr + i).to(tl.int64) * half + tl.arange(0, BD2)
+    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
+    s = tl.load(tab + T * half, mask=lmask, other=0.0)
+    for which in tl.static_range(2):
+        if which == 0:
+            row = q_ptr + i * sq
+        else:
+            row = k_ptr + i * sk
+        x1 = tl.load(row + off, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + half + off, mask=mask, other=0.0).to(tl.float32)
+        y1, y2, _ = norm_rotate_row(x1, x2, c, s, D, eps)
+        tl.store(row + off, y1.to(row.dtype.element_ty), mask=mask)
+        tl.store(row + half + off, y2.to(row.dtype.element_ty), mask=mask)
+
+
+def decode_qkrope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, *,
+                  n_head: int) -> None:  # fmt: skip
+    """q, k (b,C) <- rope(rmsnorm_head(.)) in place, row i at position positions[i] (b,) int32; rope (2, T, D/2)
+    fp32."""
+    b = q.shape[0]
+    D = check_views(n_head, q, k)
+    k_decode_qkrope[(b,)](q, k, positions, rope, q.stride(0), k.stride(0), n_head, D, rope.shape[1], EPS,
+                          **launch_config(n_head, D))  # fmt: skip

@@ -9,6 +9,7 @@
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
     rmsnorm       out = x * rstd              rstd (N,)
     relu2         a = max(h, 0)^2             nothing (h is the caller's)
+    qkrope        q, k = rope(rmsnorm_head(.))  rstd (2,N,H); q, k in place, xhat recomputed by the inverse rotation
 
 Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm
 pair applied to the last residual stream, and the residual add runs inside the layernorm pair (below), so neither
@@ -23,20 +24,22 @@ backward). The residual add and the LayerNorm that reads its sum run as one call
 layernorm modules (one pass over the rows on the GPU); the add's backward sends its gradient unchanged to both
 inputs, which the model folds into the residual stream's one gradient buffer (microgpt/engine/model.py).
 
-The modern block (model.block "modern", issue 46) adds two pairs: rmsnorm, its norm without a weight (with
-residual_rmsnorm_forward, the residual add fused in as layernorm's is), and relu2, its MLP's activation, a pair of its
-own for now (relu2_backward turns the gradient in place, as GELU's backward does). Its embedding is the embedding pair
+The modern block (model.block "modern", issue 46) adds three pairs: rmsnorm, its norm without a weight (with
+residual_rmsnorm_forward, the residual add fused in as layernorm's is), relu2, its MLP's activation, a pair of its
+own for now (relu2_backward turns the gradient in place, as GELU's backward does), and qkrope, the QK-norm and rotary
+embedding of q and k, in place between the QKV linear and attention. Its embedding is the embedding pair
 without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
 untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's).
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: engine/step.py) and muon (muon_step,
 Muon's step over the hidden matrices it owns, scaling and clipping as AdamW does, with muon_scratch listing the
-planned buffers it takes for a set of MuonGroups, which differ by backend: ops/muon.py). And the decode
-step's three position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache
-rows, held in device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
-decode_attention; ops/decode.py specifies them). And the greedy pick the decode step ends with: argmax (argmax_rows:
-each row's largest logit's index, so that a greedy row's token leaves the device as one int, not V logits).
+planned buffers it takes for a set of MuonGroups, which differ by backend: ops/muon.py). And the decode step's
+position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache rows, held in
+device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
+decode_attention, and the modern block's decode_qkrope; ops/decode.py specifies them). And the greedy pick the
+decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's token leaves
+the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/engine/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -94,13 +97,14 @@ OPS: dict[str, OpPair] = {
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
     "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
     "relu2": _pair("relu2"),
+    "qkrope": _pair("qkrope"),
 }
 
 HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
     "muon": _helpers("muon", ("muon_step", "muon_scratch")),
-    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention")),
+    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope")),
     "argmax": _helpers("argmax", ("argmax_rows",)),
 }
 
@@ -109,7 +113,7 @@ HELPERS: dict[str, Helpers] = {
 ROWS_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "attention_forward",
                "attention_backward", "mlp_backward", "crossentropy_forward", "crossentropy_backward",
                "crossentropy_forward_backward", "adamw_step", "rmsnorm_forward", "residual_rmsnorm_forward",
-               "rmsnorm_backward", "relu2_forward", "relu2_backward")  # fmt: skip
+               "rmsnorm_backward", "relu2_forward", "relu2_backward", "qkrope_forward", "qkrope_backward")  # fmt: skip
 
 # the functions that take the precision's Matmul (keyword `mm`): every GEMM site's
 MATMUL_TAKERS = ("linear_forward", "linear_backward", "mlp_forward", "mlp_backward", "crossentropy_forward",

@@ -1,4 +1,4 @@
-"""The decode step's three position-dependent ops (model.gpt_decode), forward only, NumPy reference.
+"""The decode step's position-dependent ops (model.gpt_decode), forward only, NumPy reference.
 
 A decode step runs b rows, one new token each: row i sits at position positions[i] of KV-cache row slots[i]
 (positions, slots (b,) int32). On the GPU both live in device memory, so that one captured CUDA graph serves every
@@ -10,6 +10,8 @@ with the heads interleaved as (b, NH, hs).
     decode_kv_write    k_cache[slots[i], positions[i]] = k[i] ; v_cache[slots[i], positions[i]] = v[i]
     decode_attention   per head: out[i] = softmax(q[i] . K_i^T / sqrt(hs)) V_i, with K_i, V_i the keys and values
                        of positions 0 .. positions[i] of cache row slots[i] (the one just written included)
+    decode_qkrope      q[i], k[i] = rope(rmsnorm_head(.)) at positions[i], in place (the modern block's, before
+                       the cache write; ops/qkrope.py)
 
 Nothing is saved (there is no backward), and nothing past positions[i] is read: the cache there holds noise or a
 sequence that held the slot before. The slots of one step are distinct (two rows never write one cache row), which
@@ -23,6 +25,8 @@ import math
 
 import numpy as np
 from numpy.typing import NDArray
+
+from microgpt.ops import qkrope
 
 
 def decode_embedding(out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray,
@@ -56,3 +60,13 @@ def decode_attention(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArra
         np.exp(p, out=p)
         p /= p.sum(axis=2, keepdims=True)
         out[i] = (p @ vh).reshape(C)
+
+
+def decode_qkrope(q: NDArray, k: NDArray, positions: NDArray, rope: NDArray, *, n_head: int) -> None:
+    """q, k (b,C) <- rope(rmsnorm_head(.)) in place, row i at position positions[i] (the modern block's; rope
+    (2, T, D/2) as ops/qkrope.py's). The forward's row function on rows gathered at their own positions, so one row
+    here is qkrope_forward at its position bit for bit; nothing saved."""
+    b, C = q.shape
+    rstd = np.empty((b, n_head), q.dtype)  # the forward's statistics, which no backward reads here
+    for x in (q, k):
+        qkrope.norm_rotate(qkrope.heads(x, n_head), rstd, rope[0, positions], rope[1, positions])

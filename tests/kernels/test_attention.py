@@ -9,8 +9,9 @@ from microgpt.ops import attention as ref
 
 from ._kutil import DEVICE, DTYPES, TUNER, compare, rounded, t
 
-# (B, T, C, NH): hs = 12 (padded to 16 lanes), 16, 4; T not a multiple of the tiles; T = 1
-SHAPES = [(2, 37, 24, 2), (1, 64, 32, 2), (2, 5, 8, 2), (1, 1, 16, 1)]
+# (B, T, C, NH): hs = 12 (padded to 16 lanes), 16, 4; T not a multiple of the tiles; T = 1; hs = 128 (the modern
+# block's head size: ANDREA-120M modern has 6 heads of 128) over several tiles of rows and keys
+SHAPES = [(2, 37, 24, 2), (1, 64, 32, 2), (2, 5, 8, 2), (1, 1, 16, 1), (2, 35, 256, 2), (1, 3, 128, 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -40,10 +41,12 @@ def test_attention(B: int, T: int, C: int, NH: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,Tmax,C,NH,pos,n", [(2, 40, 24, 2, 33, 1), (1, 48, 16, 2, 9, 21), (2, 20, 8, 1, 0, 20)])
+@pytest.mark.parametrize("B,Tmax,C,NH,pos,n", [(2, 40, 24, 2, 33, 1), (1, 48, 16, 2, 9, 21), (2, 20, 8, 1, 0, 20),
+                                                (2, 40, 256, 2, 21, 1), (1, 50, 256, 2, 13, 19)])  # fmt: skip
 def test_attention_cached(B: int, Tmax: int, C: int, NH: int, pos: int, n: int, dtype: torch.dtype) -> None:
     """The inference step's attention over the KV cache against the NumPy pair's (decode, a window inside the
-    sequence, a prefill filling the cache); the cache past pos + n holds noise the kernel must not read."""
+    sequence, a prefill filling the cache; head size 128 too); the cache past pos + n holds noise the kernel must
+    not read."""
     rng = np.random.default_rng(B * Tmax + pos + n)
     q = rounded(rng.standard_normal((B, n, C)), dtype)
     kc, vc = (rounded(rng.standard_normal((B, Tmax, C)), dtype) for _ in range(2))

@@ -11,13 +11,16 @@ from microgpt.engine import params
 from microgpt.engine.backend import numpy_backend, triton_backend
 from microgpt.engine.infer import make_infer_state
 from microgpt.kernels import decode as kd
+from microgpt.kernels import qkrope as qkrope_kernels
 from microgpt.ops import decode as ref
+from microgpt.ops import qkrope as qkrope_ref
 
 from ._kutil import DEVICE, DTYPES, ON_GPU, check, compare, h, rounded, t
 
 # (B, T, C, NH, positions, slots): ragged rows over several tiles of keys, one at the cache's last position, one at 0;
-# one row at position 0; hs 12 (not a power of two) and hs 4
-CASES = [(4, 70, 24, 2, [69, 3, 40], [1, 3, 0]), (1, 9, 8, 2, [0], [0]), (3, 37, 16, 4, [17, 0, 36], [2, 0, 1])]
+# one row at position 0; hs 12 (not a power of two) and hs 4; hs 128 (the modern block's)
+CASES = [(4, 70, 24, 2, [69, 3, 40], [1, 3, 0]), (1, 9, 8, 2, [0], [0]), (3, 37, 16, 4, [17, 0, 36], [2, 0, 1]),
+         (2, 40, 256, 2, [39, 20], [1, 0])]  # fmt: skip
 SMS = [1, 4, 64]  # one split, a few, the most the cache's length allows
 
 
@@ -147,3 +150,31 @@ def test_the_decode_step_matches_numpy(precision: str, compute: str | None) -> N
     if precision == "fp32" or (compute == "fp32" and not ON_GPU):
         _, own = decode_run(make_infer_state(M, triton_backend(precision, fp8_compute=compute), 3, w), ids, 6)
         assert own == seqs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("H,D", [(1, 2), (3, 8), (6, 128), (3, 12)])
+def test_decode_qkrope(H: int, D: int, dtype: torch.dtype) -> None:
+    """The modern block's QK-norm and rotary embedding of the decode step's rows (q, k views of one (3, b, C)
+    projection) at ragged positions, against the NumPy twin; v untouched. In fp32, each row equals the training
+    forward's kernel (k_qkrope_fwd) on a one-row window at that position bit for bit."""
+    rng = np.random.default_rng(H + D)
+    positions = np.array([7, 0, 30, 7, 2], np.int32)
+    b, C = len(positions), H * D
+    rope = qkrope_ref.rope_tables(33, D)
+    qkv = rounded(rng.standard_normal((3, b, C)) * 1.3 - 0.2, dtype)
+    gqkv, grope = t(qkv, dtype), t(rope)
+    ref.decode_qkrope(qkv[0], qkv[1], positions, rope, n_head=H)
+    kd.decode_qkrope(gqkv[0], gqkv[1], t(positions), grope, n_head=H)
+    compare("q", gqkv[0], qkv[0], dtype)
+    compare("k", gqkv[1], qkv[1], dtype)
+    np.testing.assert_array_equal(h(gqkv[2]), qkv[2])
+    if dtype == torch.float32:
+        want = t(rounded(rng.standard_normal((3, b, C)), dtype), dtype)
+        got = want.clone()
+        rstd = torch.empty(2, 1, H, device=DEVICE)
+        for i, p in enumerate(positions.tolist()):
+            qkrope_kernels.qkrope_forward(want[0, i : i + 1, None], want[1, i : i + 1, None], rstd, grope, n_head=H,
+                                          pos=p)  # fmt: skip
+        kd.decode_qkrope(got[0], got[1], t(positions), grope, n_head=H)
+        assert torch.equal(got, want), "a decode row is the training forward at its position, bit for bit"

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.ops.decode import decode_attention, decode_embedding, decode_kv_write
+from microgpt.ops.decode import decode_attention, decode_embedding, decode_kv_write, decode_qkrope
+from microgpt.ops.qkrope import qkrope_forward, rope_tables
 
 from ._util import F32_TOL, F64_TOL, check
 
@@ -69,3 +70,22 @@ def test_decode_kv_write_and_embedding(B, T, C, NH, positions, slots) -> None:
     out = np.full((b, C), np.nan)
     decode_embedding(out, tokens, pos, wte)  # no position table (the modern block's): the token's row alone
     np.testing.assert_array_equal(out, rows.numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H,D", [(1, 2), (3, 8), (2, 128)])
+def test_decode_qkrope_is_the_forward_at_each_rows_position(H: int, D: int, dtype) -> None:
+    """Rows of the decode step's (3, b, C) projection at ragged positions: each row's q and k are qkrope_forward's of
+    a one-row window at that position, bit for bit (the forward itself is checked against torch in
+    tests/ops/test_qkrope.py); v is untouched."""
+    rng = np.random.default_rng(H * D)
+    positions = np.array([5, 0, 12, 5], np.int32)
+    b, C = len(positions), H * D
+    rope = rope_tables(16, D)
+    qkv = (rng.standard_normal((3, b, C)) * 1.3 - 0.2).astype(dtype)
+    want = qkv.copy()
+    rstd = np.empty((2, 1, H), dtype)
+    for i, p in enumerate(positions):
+        qkrope_forward(want[0, i : i + 1, None], want[1, i : i + 1, None], rstd, rope, n_head=H, pos=int(p))
+    decode_qkrope(qkv[0], qkv[1], positions, rope, n_head=H)
+    np.testing.assert_array_equal(qkv, want)
