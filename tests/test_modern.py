@@ -1,0 +1,154 @@
+"""The modern block (model.block "modern") against a PyTorch twin written here from the recipe, autograd the oracle:
+the loss and every parameter gradient of a 2-layer model in float64 and float32 on the NumPy backend; the inference
+step and the decode step against the training forward; and the seed's checkpoint layout for it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from microgpt import config
+from microgpt.config import ModelConfig
+from microgpt.engine import memory, model, params
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.state import fill_tables
+from tests.test_model import check_close
+
+M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11, block="modern", softcap=4.0)
+B = 3
+EPS = 1e-6
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+
+
+def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding of x (B, H, T, D), the rotate-half convention, positions 0 .. T-1; cos and sin rounded to
+    float32 once, as the engine's planned table holds them."""
+    T, D = x.shape[-2], x.shape[-1]
+    inv = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = (f(ang).float().to(x.dtype) for f in (torch.cos, torch.sin))
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
+    """The modern recipe with [in, out] weights: RMSNorm without weights, QK-norm then RoPE, ReLU^2, untied head,
+    logit soft-cap, mean loss over valid targets."""
+    Bn, T = tokens.shape
+    C, H = m.d_model, m.n_head
+    D = C // H
+    x = rms(P["wte"][tokens])
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for layer in range(m.n_layer):
+        h = f"h{layer}."
+        a = rms(x)
+        q, k, v = ((a @ P[h + n]).view(Bn, T, H, D).transpose(1, 2) for n in ("w_q", "w_k", "w_v"))
+        q, k = rotate(rms(q), m.rope_base), rotate(rms(k), m.rope_base)
+        s = (q @ k.transpose(-1, -2)) / D**0.5
+        y = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        x = x + y.transpose(1, 2).reshape(Bn, T, C) @ P[h + "w_o"]
+        x = x + F.relu(rms(x) @ P[h + "w_1"]).square() @ P[h + "w_2"]
+    logits = rms(x) @ P["lm_head"].T
+    logits = m.softcap * torch.tanh(logits / m.softcap)
+    return F.cross_entropy(logits.view(-1, m.vocab_size), targets.view(-1), ignore_index=-1)
+
+
+def engine_state(dtype: type, seed: int, m: ModelConfig = M, recompute: bool = False, R: int = 7):
+    """A NumPy-backend arena in `dtype`: the init perturbed (its zero-initialised matrices would hide wiring
+    mistakes), random tokens and targets, some targets ignored."""
+    K = numpy_backend({"f32": dtype, "compute": dtype, "i32": np.int32, "u8": np.uint8})
+    t = config.TrainConfig(micro_batch=B, recompute_gelu=recompute)
+    arena = memory.Arena(memory.plan(m, t, K.precision, R), K)
+    K, _ = K.bind(arena, m)
+    fill_tables(K, m, arena)
+    rng = np.random.default_rng(seed)
+    flat = arena.flat("params")
+    flat[...] = params.init_weights(m, seed) + rng.normal(0, 0.2, size=flat.shape)
+    P, G = params.views(flat, m), params.views(arena.flat("grads"), m)
+    arena["tokens"][0] = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
+    targets = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
+    targets[0, :3] = -1
+    arena["targets"][0] = targets
+    arena["loss_scale"][0] = 1.0
+    return K, arena, P, G
+
+
+def test_the_parameter_table_is_the_recipe_s() -> None:
+    """No position table, no norm weights, an untied head; the same block budget as GPT-2's (12 C^2 a layer)."""
+    names = [name for name, _ in params.param_shapes(M)]
+    assert names[0] == "wte" and names[-1] == "lm_head" and len(names) == 2 + 6 * M.n_layer
+    assert not any(n.startswith("wpe") or "ln" in n for n in names)
+    C = M.d_model
+    assert (
+        params.n_params(M)
+        == 2 * M.vocab_size * C + M.n_layer * 12 * C * C
+        == sum(math.prod(s) for _, s in params.param_shapes(M))
+    )
+    w = params.views(params.init_weights(M, 0), M)
+    for name in ("h0.w_o", "h1.w_2", "lm_head"):  # each residual branch and the head start at zero
+        assert not w[name].any(), name
+    assert w["h0.w_q"].std() > 0 and abs(w["wte"].std() - 1) < 0.05
+    assert w["head"] is not w["wte"] and np.shares_memory(w["head"], w["lm_head"])
+
+
+@pytest.mark.parametrize("dtype, tol, recompute", [(np.float64, 1e-10, False), (np.float64, 1e-10, True),
+                                                   (np.float32, 1e-4, False)])  # fmt: skip
+def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool) -> None:
+    K, A, P, G = engine_state(dtype, 0, recompute=recompute)
+    names = [name for name, _ in params.param_shapes(M)]
+    for name in names:  # gradients accumulate: start from noise and subtract it afterwards
+        G[name][...] = np.random.default_rng(1).normal(size=G[name].shape)
+    noise = {n: G[n].copy() for n in names}
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    model.gpt_forward(K, M, P, A, tokens, targets)
+    eval_losses = A["losses"].copy()
+    for name in names:
+        np.testing.assert_array_equal(G[name], noise[name], err_msg=f"evaluation forward wrote into grad {name}")
+    model.gpt_forward(K, M, P, A, tokens, targets, G)
+    np.testing.assert_array_equal(A["losses"], eval_losses)
+    K.loss_sum(A["loss_sum"], A["losses"], targets.reshape(-1))
+    total, count = A["loss_sum"]
+    model.gpt_backward(K, M, P, G, A, tokens)
+
+    TP = {n: torch.tensor(P[n], dtype=torch.float64, requires_grad=True) for n in names}
+    loss = torch_twin_loss(TP, M, torch.tensor(tokens, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
+    loss.backward()
+    check_close("loss", np.array(total / count), loss.detach().numpy(), tol)
+    for name in names:
+        check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
+
+
+def test_inference_and_decode_are_the_training_forward() -> None:
+    """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the
+    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix."""
+    K, A, P, _ = engine_state(np.float32, 3, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    model.gpt_forward(K, M, P, A, tokens, targets)
+    weights = A.flat("params").copy()
+    S = make_infer_state(M, numpy_backend(), B, weights)
+    x, y = S.inputs(B, M.seq_len)
+    x[...], y[...] = tokens, targets
+    S.run(x, 0, y)
+    np.testing.assert_array_equal(S.arena["losses"][: B * M.seq_len], A["losses"])
+
+    ids = np.asarray(tokens[:2, :7], np.int32)
+    prefill = {}
+    for t in range(1, 8):
+        P2 = make_infer_state(M, numpy_backend(), 2, weights)
+        xx, _ = P2.inputs(2, t)
+        xx[...] = ids[:, :t]
+        P2.run(xx, 0)
+        prefill[t] = P2.arena["next_logits"][:2].copy()
+    D = make_infer_state(M, numpy_backend(), 2, weights)
+    slots = np.array([1, 0], np.int32)  # rows in other cache rows than their batch order
+    for t in range(7):
+        logits = D.decode(ids[:, t], np.full(2, t, np.int32), slots)
+        np.testing.assert_allclose(logits, prefill[t + 1], rtol=2e-5, atol=2e-5, err_msg=f"position {t}")
