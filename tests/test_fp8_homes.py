@@ -86,7 +86,6 @@ ALLOWED = {
     "microgpt.checkpoint": "leak: validates the sidecar's fp8_amax_history itself",
     "microgpt.engine.backend": "leak: binds AdamW's amax table, the E4M3 dtype, fp8_compute, the as-trained list",
     "microgpt.kernels.adamw": "leak: AdamW records fp8's amaxes by fp8's table",
-    "microgpt.run.report": "leak: which precisions have an MFU",
 }
 
 
