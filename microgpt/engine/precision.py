@@ -20,7 +20,8 @@ back, a `PrecisionState`, is all a run holds of its precision:
     state.end_eval()         the end of an evaluation forward (fp8: what the casts met is forgotten)
     state.priming            whether the first step must run eagerly to prime state (fp8's empty histories)
     state.snapshot() / steady() / restore()   around the warm-up and capture of the steady-state step
-    state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories)
+    state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories), which
+                             `check_sidecar` checks for every reader of a checkpoint
 
 A Matmul (one class per precision and backend: ops/linear.py and kernels/linear.py for fp32/bf16/fp16, ops/fp8.py
 and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs:
@@ -50,6 +51,7 @@ from microgpt import checkpoint, fp8
 from microgpt.config import PRECISIONS, ConfigError, ModelConfig
 from microgpt.engine import params
 from microgpt.engine.memory import Arena, Buf
+from microgpt.errors import brief, check_number
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MATMULS = {  # (precision family, backend) -> "module:Class"
@@ -60,6 +62,8 @@ MATMULS = {  # (precision family, backend) -> "module:Class"
 }
 
 
+HISTORY_FIELD = "fp8_amax_history"  # the sidecar's field of fp8's amax histories (Fp8State.sidecar)
+F32_MAX = float(np.finfo(np.float32).max)
 GROWTH_INTERVAL = 2000  # fp16: good steps before the loss scale doubles (as torch.amp.GradScaler)
 
 
@@ -86,6 +90,19 @@ class LossScaler:
         self.good_steps += 1
         if self.good_steps % GROWTH_INTERVAL == 0:
             self.scale = min(2.0**24, self.scale * 2)
+
+
+def check_sidecar(side: dict[str, Any], where: str) -> None:
+    """What a precision keeps in a checkpoint's sidecar, checked wherever a checkpoint is read back (resume, and
+    every use of a trained model), whatever the reader computes in, as checkpoint.read_sidecar checks the format's
+    own fields: fp8's amax histories are a list of numbers in [0, the largest fp32] (their count is this model's,
+    checked by Fp8State.load_sidecar). CheckpointError naming the sidecar `where` and the field otherwise."""
+    hist = side.get(HISTORY_FIELD, [])
+    if not isinstance(hist, list):
+        raise checkpoint.CheckpointError(f"{where}: field '{HISTORY_FIELD}' must be list, got {type(hist).__name__} "
+                                         f"{brief(hist)}")  # fmt: skip
+    for i, amax in enumerate(hist):  # a string "1.5" or true would pass numpy's cast
+        check_number(amax, f"{where}: field '{HISTORY_FIELD}' item {i}", 0, F32_MAX, error=checkpoint.CheckpointError)
 
 
 def matmul_class(path: str) -> type:
@@ -288,18 +305,18 @@ class Fp8State(PrecisionState):
         return self.device.to_numpy(self.slots)[..., fp8.HIST :].astype(np.float32)
 
     def sidecar(self) -> dict[str, Any]:
-        return {} if self.priming else {"fp8_amax_history": self._history().reshape(-1).tolist()}
+        return {} if self.priming else {HISTORY_FIELD: self._history().reshape(-1).tolist()}
 
     def load_sidecar(self, side: dict[str, Any], where: str) -> None:
         """The histories from the sidecar (the run goes on scaling as it did); none saved (a checkpoint of another
         precision, or of a run that never stepped): they are primed by the first micro-batch. where: the sidecar's
         path, for the error."""
-        saved = side.get("fp8_amax_history")
+        saved = side.get(HISTORY_FIELD)
         self.device.zero_(self.slots)
         self._priming.on = saved is None
         if saved is None:
             return
-        where = f"{where}: field 'fp8_amax_history'"  # its items are checked numbers (checkpoint.read_sidecar)
+        where = f"{where}: field '{HISTORY_FIELD}'"  # its items are checked numbers (check_sidecar)
         want = self._history().shape
         hist = np.array(saved, dtype=np.float64)
         if hist.shape != (math.prod(want),):
