@@ -84,7 +84,6 @@ ALLOWED = {
     "microgpt.kernels.check.targets": "which architectures have FP8 tensor cores (Target.fp8): the sweep's table",
     # leaks (issue 45), each leaving with its fix
     "microgpt.engine.backend": "leak: binds AdamW's amax table, the E4M3 dtype, fp8_compute, the as-trained list",
-    "microgpt.kernels.adamw": "leak: AdamW records fp8's amaxes by fp8's table",
 }
 
 

@@ -103,7 +103,8 @@ class Backend:
 
     def bind(self, arena: memory.Arena, m: ModelConfig) -> tuple[Backend, PrecisionState]:
         """This backend with every launcher given what it takes beyond the spec (the precision's Matmul, planned
-        scratch, the runtime's tuner), and the precision bound to the arena."""
+        scratch, the runtime's tuner, what the bound precision asks: PrecisionState.backend_args), and the precision
+        bound to the arena."""
         self.on_bind(arena)
         state = self.precision.bind(arena, m, arena.flat("params"), self, **self.matmul_args)
         kwargs: dict[str, dict[str, Any]] = {fn: {"mm": state.mm} for fn in ops.MATMUL_TAKERS}
@@ -112,6 +113,8 @@ class Backend:
         for fn, kw, buf in self.scratch_args:
             if buf in arena:  # an inference plan has no backward: none of its scratch
                 kwargs.setdefault(fn, {})[kw] = arena[buf]
+        for fn, kws in state.backend_args.items():
+            kwargs.setdefault(fn, {}).update(kws)
         bound = {fn: functools.partial(getattr(self, fn), **kws) for fn, kws in kwargs.items()}
         return dataclasses.replace(self, **bound), state
 
@@ -189,8 +192,7 @@ def triton_backend(precision_name: str, flag: str = "train.precision", fp8_compu
         alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
-        scratch_args=(*((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
-                      ("adamw_step", "amax_blocks", "fp8_amax_blocks"), ("adamw_step", "amaxes", "fp8_wamax")),
+        scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
         kernel_args={**{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
                      "decode_attention": {"sm_count": rt.sm_count}}, matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,

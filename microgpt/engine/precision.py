@@ -19,6 +19,8 @@ back, a `PrecisionState`, is all a run holds of its precision:
     state.end_micro_batch()  the end of a training micro-batch (fp8: the amax histories roll)
     state.end_eval()         the end of an evaluation forward (fp8: what the casts met is forgotten)
     state.priming            whether the first step must run eagerly to prime state (fp8's empty histories)
+    state.backend_args       what it asks of the backend's functions, function -> keywords (fp8 on the GPU:
+                             AdamW's segment maxima, ops/adamw.py, which are then the weights' amaxes)
     state.snapshot() / steady() / restore()   around the warm-up and capture of the steady-state step
     state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories), which
                              `check_sidecar` checks for every reader of a checkpoint
@@ -52,6 +54,7 @@ from microgpt.config import PRECISIONS, ConfigError, ModelConfig
 from microgpt.engine import params
 from microgpt.engine.memory import Arena, Buf
 from microgpt.errors import brief, check_number
+from microgpt.ops.adamw import segment_table_of
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MATMULS = {  # (precision family, backend) -> "module:Class"
@@ -115,8 +118,9 @@ class PrecisionState:
 
     priming = False
 
-    def __init__(self, mm: Any) -> None:
+    def __init__(self, mm: Any, backend_args: dict[str, dict[str, Any]] | None = None) -> None:
         self.mm = mm
+        self.backend_args = backend_args or {}
 
     def weights(self, views: dict[str, Any]) -> dict[str, Any]:
         return views
@@ -201,7 +205,7 @@ class Fp8(Precision):
         slots where its logits GEMM runs in E4M3. On the GPU also the casts' scratch ("kernel": E4M3 operands in
         row and transposed layouts, the fp32 weight-gradient product) and each site's input as its forward cast
         it, transposed, for the weight gradient in backward ("acts"); and, in a training plan, where AdamW records
-        the weights' amaxes for their cast (`amax_blocks`: the table and the amaxes), unless a weight is too
+        the weights' amaxes for their cast (`amax_blocks`: its segment table and maxima), unless a weight is too
         short for it."""
         sites = params.site_shapes(m.d_model)
         bufs = []
@@ -243,10 +247,12 @@ class Fp8(Precision):
             head = fp8.Fp8Head(wte, params.named(p, m)["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"])
         if self.backend == "triton":  # the casts' planned scratch (rows above)
             kernel_state["scratch"] = {name: arena[name] for name in (*fp8.SCRATCH, "fp8_wgrad")}
-        if "fp8_amax_blocks" in arena:  # AdamW's table (the backend hands it and the amaxes to adamw_step)
+        asked = {}
+        if "fp8_amax_blocks" in arena:  # AdamW's segment maxima over the weights: their amaxes, for their cast
             device.copy_in(arena["fp8_amax_blocks"], amax_blocks(m))
+            asked = {"adamw_step": {"segment_table": arena["fp8_amax_blocks"], "segment_max": arena["fp8_wamax"]}}
         mm = matmul_class(self.matmul)(head=head, **kernel_state)
-        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"], arena.get("fp8_wamax"))
+        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"], arena.get("fp8_wamax"), asked)
 
 
 def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
@@ -262,16 +268,18 @@ def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
 
 
 def amax_blocks(m: ModelConfig) -> np.ndarray | None:
-    """fp8.amax_blocks of this model's E4M3 weights over its flat parameters."""
-    return fp8.amax_blocks(weight_segments(m), params.n_params(m))
+    """The segment table (ops/adamw.py) of this model's E4M3 weights over its flat parameters: AdamW's segment
+    maxima are then the weights' amaxes, in weight_segments' order."""
+    return segment_table_of(weight_segments(m), params.n_params(m))
 
 
 class Fp8State(PrecisionState):
     """fp8 bound to an arena: each site's handle, the head's, the operands' slots and whether they are primed."""
 
     def __init__(self, mm: Any, device: Any, weights: list[fp8.Fp8Weight], head: fp8.Fp8Head | None,
-                 priming: fp8.Priming, slots: Any, amaxes: Any = None) -> None:  # fmt: skip
-        super().__init__(mm)
+                 priming: fp8.Priming, slots: Any, amaxes: Any = None,
+                 backend_args: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+        super().__init__(mm, backend_args)
         self.device, self.sites, self.head, self._priming, self.slots = device, weights, head, priming, slots
         self.amaxes = amaxes  # where AdamW leaves the weights' amaxes (the GPU's training plans), else None
 

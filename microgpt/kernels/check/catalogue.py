@@ -19,7 +19,7 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-from microgpt.fp8 import AMAX_BLOCK, OSLOT, SLOT, Fp8Weight, Priming
+from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
 from microgpt.kernels import (
     adamw,
     argmax,
@@ -34,6 +34,7 @@ from microgpt.kernels import (
     layernorm,
     linear,
 )
+from microgpt.ops.adamw import SEGMENT_BLOCK
 
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
@@ -209,11 +210,11 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     fp8.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), True)
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), False)
-    n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its table: fp8.amax_blocks)
+    n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its segment maxima: ops/adamw.py)
     flat = e(n, dt=f32)
-    table = e(triton.cdiv(n, AMAX_BLOCK), 4, dt=torch.int32)
+    table = e(triton.cdiv(n, SEGMENT_BLOCK), 4, dt=torch.int32)
     adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), e(n), e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8,
-                     0.1, 1.0, amax_blocks=table, amaxes=e(49, dt=f32))  # fmt: skip
+                     0.1, 1.0, segment_table=table, segment_max=e(49, dt=f32))  # fmt: skip
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
