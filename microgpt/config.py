@@ -108,6 +108,7 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 EXTRA_SECTIONS = ("phases", "mixing", "description", "proxy")
 AUTO = "auto"  # train.micro_batch's one non-number
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgpt/fp8.py)
+NUMPY_PRECISIONS = ("fp32", "fp8")  # what the numpy backend runs: it computes in fp32 (fp8: E4M3 linears' reference)
 BACKENDS = ("numpy", "triton")
 
 
@@ -210,7 +211,7 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {brief(t.precision)}")
     if t.backend not in BACKENDS:
         raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
-    if t.backend == "numpy" and t.precision not in ("fp32", "fp8"):
+    if t.backend == "numpy" and t.precision not in NUMPY_PRECISIONS:
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
                           "fp32, with fp8's E4M3 linears as the reference)")  # fmt: skip
     if t.precision == "fp8" and m.d_model % 16:

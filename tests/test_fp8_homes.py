@@ -83,7 +83,6 @@ ALLOWED = {
     "marked, so the sweep compiles them only where the card has FP8 tensor cores)",
     "microgpt.kernels.check.targets": "which architectures have FP8 tensor cores (Target.fp8): the sweep's table",
     # leaks (issue 45), each leaving with its fix
-    "microgpt.engine.backend": "leak: binds AdamW's amax table, the E4M3 dtype, fp8_compute, the as-trained list",
 }
 
 

@@ -55,6 +55,7 @@ from microgpt.engine import params
 from microgpt.engine.memory import Arena, Buf
 from microgpt.errors import brief, check_number
 from microgpt.ops.adamw import segment_table_of
+from microgpt.ops.fp8 import e4m3
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MATMULS = {  # (precision family, backend) -> "module:Class"
@@ -161,6 +162,9 @@ class Precision:
     loss_scaling: bool  # fp16's dynamic loss scale (microgpt/engine/state.py LossScaler)
     matmul: str  # MATMULS' "module:Class"
     scaled_mm: bool = False  # E4M3 GEMMs through torch._scaled_mm (the runtime measures their workspace)
+    # whether a trained model runs in it only where it was trained in it: fp16's range holds only the activations of
+    # a model trained to stay in it; fp8 scales its operands by the run's amax histories (in the sidecar)
+    only_as_trained: bool = False
 
     @property
     def compute_copy(self) -> bool:
@@ -175,6 +179,10 @@ class Precision:
     def label(self) -> str:
         """What the memory plan's title says the run computes in."""
         return self.compute
+
+    def numpy_dtype(self, kind: str) -> Any:
+        """The NumPy dtype of a plan kind this precision brings (its rows'), for the numpy backend's views."""
+        raise KeyError(f"precision {self.name} has no plan kind {kind!r}")
 
     def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
         """The plan rows this precision adds for N tokens a micro-batch (train: of a training plan, which has an
@@ -198,6 +206,10 @@ class Fp8(Precision):
 
     def label(self) -> str:
         return f"{self.compute} + fp8 linears"
+
+    def numpy_dtype(self, kind: str) -> Any:
+        """ "f8": E4M3 (ml_dtypes, imported here: only a plan of fp8 needs it)."""
+        return e4m3() if kind == "f8" else super().numpy_dtype(kind)
 
     def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
         """Every block GEMM site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input and
@@ -346,18 +358,17 @@ class Fp8State(PrecisionState):
         self._priming.on = snap[1]
 
 
-def make(name: str, backend: str, fp8_compute: str | None = None) -> Precision:
+def make(name: str, backend: str, compute: str | None = None) -> Precision:
     """The precision `name` on `backend` ("numpy" or "triton"); ConfigError naming train.precision otherwise.
-    fp8_compute: fp8's activation dtype on the GPU where not bf16 ("fp32": E4M3 GEMMs between fp32 activations, which
-    the GPU tests compare with the NumPy reference free of bf16's rounding, to which E4M3's coarse steps are
-    sensitive: tests/kernels/test_gpu_decode.py)."""
+    compute: the activations' dtype on the GPU where not the precision's own, for fp8 only (its own is bf16; "fp32":
+    E4M3 GEMMs between fp32 activations, which the GPU tests compare with the NumPy reference free of bf16's
+    rounding, to which E4M3's coarse steps are sensitive: tests/kernels/test_gpu_decode.py)."""
     if name not in PRECISIONS:
         raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
-    if fp8_compute is not None and (name != "fp8" or fp8_compute not in COMPUTE_BYTES):
-        raise ValueError(
-            f"fp8_compute {fp8_compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only"
-        )
-    compute = "fp32" if backend == "numpy" else {"fp8": fp8_compute or "bf16"}.get(name, name)
+    if compute is not None and (name != "fp8" or compute not in COMPUTE_BYTES):
+        raise ValueError(f"compute {compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only")
+    own = "fp32" if backend == "numpy" else {"fp8": compute or "bf16"}.get(name, name)
     if name == "fp8":
-        return Fp8(name, backend, compute, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton")
-    return Precision(name, backend, compute, name == "fp16", MATMULS[("plain", backend)])
+        return Fp8(name, backend, own, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton",
+                   only_as_trained=True)  # fmt: skip
+    return Precision(name, backend, own, name == "fp16", MATMULS[("plain", backend)], only_as_trained=name == "fp16")
