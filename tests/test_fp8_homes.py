@@ -82,7 +82,6 @@ ALLOWED = {
     "microgpt.kernels.check.catalogue": "the compile sweep lists every kernel's launches, fp8's included (each "
     "marked, so the sweep compiles them only where the card has FP8 tensor cores)",
     "microgpt.kernels.check.targets": "which architectures have FP8 tensor cores (Target.fp8): the sweep's table",
-    # leaks (issue 45), each leaving with its fix
 }
 
 
