@@ -159,7 +159,7 @@ class Precision:
     name: str  # fp32 | bf16 | fp16 | fp8
     backend: str  # numpy | triton
     compute: str  # the compute copy's and the activations' dtype: fp32 | bf16 | fp16
-    loss_scaling: bool  # fp16's dynamic loss scale (microgpt/engine/state.py LossScaler)
+    loss_scaling: bool  # fp16's dynamic loss scale (LossScaler, above)
     matmul: str  # MATMULS' "module:Class"
     scaled_mm: bool = False  # E4M3 GEMMs through torch._scaled_mm (the runtime measures their workspace)
     # whether a trained model runs in it only where it was trained in it: fp16's range holds only the activations of

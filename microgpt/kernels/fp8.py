@@ -137,7 +137,7 @@ class Matmul(linear.Matmul):
         """Each site's fp32 masters (G, C, OC) -> w8 (C, G*OC) and w8t (G, OC, C) in E4M3, scaled by their own amax
         (current scaling: the slot ends [2^-k, amax, amax, 0]); the LM head's wte (V, C) -> its w8 (V, C). One
         site's weights in every layer go as one launch pair (`stack`): an amax launch, then the cast. amaxes
-        (len(weights),): the amaxes AdamW left for the weights (the optimizer step's; fp8.amax_blocks), which the
+        (len(weights),): the amaxes AdamW left for the weights (the optimizer step's segment maxima), which the
         casts take instead of their amax launches and then clear for the next step."""
         for at, (master, w8, w8t, scale) in stack(weights):
             if amaxes is None:
