@@ -208,7 +208,7 @@ class Fp8(Precision):
         return f"{self.compute} + fp8 linears"
 
     def numpy_dtype(self, kind: str) -> Any:
-        """ "f8": E4M3 (ml_dtypes, imported here: only a plan of fp8 needs it)."""
+        """E4M3 for the kind "f8" (ml_dtypes, imported here: only a plan of fp8 needs it)."""
         return e4m3() if kind == "f8" else super().numpy_dtype(kind)
 
     def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
@@ -367,8 +367,8 @@ def make(name: str, backend: str, compute: str | None = None) -> Precision:
         raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
     if compute is not None and (name != "fp8" or compute not in COMPUTE_BYTES):
         raise ValueError(f"compute {compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only")
-    own = "fp32" if backend == "numpy" else {"fp8": compute or "bf16"}.get(name, name)
+    dtype = "fp32" if backend == "numpy" else {"fp8": compute or "bf16"}.get(name, name)
     if name == "fp8":
-        return Fp8(name, backend, own, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton",
+        return Fp8(name, backend, dtype, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton",
                    only_as_trained=True)  # fmt: skip
-    return Precision(name, backend, own, name == "fp16", MATMULS[("plain", backend)], only_as_trained=name == "fp16")
+    return Precision(name, backend, dtype, name == "fp16", MATMULS[("plain", backend)], only_as_trained=name == "fp16")
