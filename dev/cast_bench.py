@@ -1,5 +1,5 @@
 """The FP8 casts alone at ANDREA-120M's shapes (micro-batch B): each k_cast variant a step launches, timed for
-every launch configuration (kernels/fp8.py CAST_CONFIGS plus any given as BRxBCxWARPSxPACK), as ms and GB/s of
+every launch configuration (kernels/fp8_cast.py CAST_CONFIGS plus any given as BRxBCxWARPSxPACK), as ms and GB/s of
 the bytes it must move (reads of x and x2, one E4M3 byte per layout written).
 
     python3 dev/cast_bench.py [B] [BRxBCxWxP ...]
@@ -15,22 +15,22 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt.fp8 import OSLOT  # noqa: E402
-from microgpt.kernels import fp8, tuning  # noqa: E402
+from microgpt.kernels import fp8_cast, tuning  # noqa: E402
 
 
 def main() -> None:
     args = sys.argv[1:]
     B = int(args[0]) if args and "x" not in args[0] else 32
     extra = {a: tuple(int(v) for v in a.split("x")) for a in args if "x" in a}
-    configs = {**fp8.CAST_CONFIGS, **extra}
+    configs = {**fp8_cast.CAST_CONFIGS, **extra}
     N, C = B * 1024, 768
     dev = "cuda"
     cases = [  # (what, x shape, op, with x2, per layer a step)
-        ("x of a site (C)", (N, C), fp8.COPY, False, 3),
-        ("gelu(h) (4C)", (N, 4 * C), fp8.GELU, False, 1),
-        ("dout of QKV (3 x C)", (3, N, C), fp8.COPY, False, 1),
-        ("dout (C)", (N, C), fp8.COPY, False, 2),
-        ("da * gelu'(h) (4C)", (N, 4 * C), fp8.GELU_GRAD, True, 1),
+        ("x of a site (C)", (N, C), fp8_cast.COPY, False, 3),
+        ("gelu(h) (4C)", (N, 4 * C), fp8_cast.GELU, False, 1),
+        ("dout of QKV (3 x C)", (3, N, C), fp8_cast.COPY, False, 1),
+        ("dout (C)", (N, C), fp8_cast.COPY, False, 2),
+        ("da * gelu'(h) (4C)", (N, 4 * C), fp8_cast.GELU_GRAD, True, 1),
     ]
     total_best = 0.0
     for what, shape, op, with2, per_layer in cases:
@@ -43,10 +43,10 @@ def main() -> None:
         slot[4] = 3.0
         nbytes = x.numel() * (2 + (2 if with2 else 0) + 2)
         res = {}
-        for name, cfg in configs.items():  # fp8.cast itself, offered one configuration at a time
-            fp8.CAST_CONFIGS = {name: cfg}
+        for name, cfg in configs.items():  # fp8_cast.cast itself, offered one configuration at a time
+            fp8_cast.CAST_CONFIGS = {name: cfg}
             tuner = tuning.Tuner()  # its own: no launch choice remembered from another configuration
-            res[name] = triton.testing.do_bench(lambda: fp8.cast(tuner, x, slot, rows, trans, op=op, x2=x2),
+            res[name] = triton.testing.do_bench(lambda: fp8_cast.cast(tuner, x, slot, rows, trans, op=op, x2=x2),
                                                 warmup=10, rep=50)  # fmt: skip
         best = min(res, key=res.get)
         total_best += res[best] * per_layer * 12

@@ -4,7 +4,7 @@ the GPU's E4M3 conversion (as shipped); every variant is timed at several tiles 
 bytes it must move per second.
 
     ceilings   torch's bf16 copy (read 2 + write 2 bytes an element) and torch's cast to E4M3 (2 + 1)
-    shipped    kernels/fp8.k_cast at each of CAST_CONFIGS
+    shipped    kernels/fp8_cast.k_cast at each of CAST_CONFIGS
     before     k_cast up to 2026-12-01: amax by abs, a finiteness test and max; clamp, convert, NaN fix; acq_rel atomic
     rows noamax  the rows only, no amax (what a cast costs without its transpose and amax)
     bytes, tl.trans words: the transpose stored as single bytes (the compiler changes the layout) or tl.trans(q)
@@ -28,8 +28,8 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from microgpt.fp8 import OSLOT  # noqa: E402
-from microgpt.kernels import fp8  # noqa: E402
-from microgpt.kernels.fp8 import _e4m3, _finite_amax, _scale  # noqa: E402
+from microgpt.kernels import fp8_cast  # noqa: E402
+from microgpt.kernels.fp8_cast import _e4m3, _finite_amax, _scale  # noqa: E402
 from microgpt.kernels.gelu import gelu, gelu_grad  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * d
     else:
         y = x
-    if FAST:  # as kernels/fp8.k_cast now: the amax on the bits, the conversion alone where all is finite
+    if FAST:  # as kernels/fp8_cast.k_cast now: the amax on the bits, the conversion alone where all is finite
         m, finite = _finite_amax(y)
         if finite:
             q = (y * s).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -135,27 +135,27 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     B = int(args[0]) if args else 32
     N, C = B * 1024, 768
-    cases = [("x of a site (N, C)", C, fp8.COPY), ("gelu(h) (N, 4C)", 4 * C, fp8.GELU),
-             ("da * gelu'(h) (N, 4C)", 4 * C, fp8.GELU_GRAD)]  # fmt: skip
+    cases = [("x of a site (N, C)", C, fp8_cast.COPY), ("gelu(h) (N, 4C)", 4 * C, fp8_cast.GELU),
+             ("da * gelu'(h) (N, 4C)", 4 * C, fp8_cast.GELU_GRAD)]  # fmt: skip
     for what, H, op in cases:
         x = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
-        x2 = torch.randn(N, H, device="cuda", dtype=torch.bfloat16) if op == fp8.GELU_GRAD else x
-        rows = torch.empty(N, H, device="cuda", dtype=torch.uint8)  # E4M3 bytes, as kernels/fp8.cast passes them
+        x2 = torch.randn(N, H, device="cuda", dtype=torch.bfloat16) if op == fp8_cast.GELU_GRAD else x
+        rows = torch.empty(N, H, device="cuda", dtype=torch.uint8)  # E4M3 bytes, as kernels/fp8_cast.cast passes them
         trans = torch.empty(H, N, device="cuda", dtype=torch.uint8)
         slot = torch.zeros(OSLOT, device="cuda")
         slot[4] = 3.0
         if "--ncu" in sys.argv:  # the shipped cast at one configuration, then with the transpose as bytes
-            br, bc, w, pack = fp8.CAST_CONFIGS["64x128w8"]
+            br, bc, w, pack = fp8_cast.CAST_CONFIGS["64x128w8"]
             x3 = x.unsqueeze(0)
-            fp8.k_cast[(N // br, H // bc, 1)](x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op, AMAX_ONLY=False,
-                                              HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc, PACK=pack, HW=True,
-                                              num_warps=w)  # fmt: skip
+            fp8_cast.k_cast[(N // br, H // bc, 1)](x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op,
+                                                   AMAX_ONLY=False, HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc,
+                                                   PACK=pack, HW=True, num_warps=w)  # fmt: skip
             for tmode in (1, 2):
                 k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=2, ROWS=True, TRANS=True,
                                           BR=br, BC=bc, PACK=pack, TMODE=tmode, num_warps=w)  # fmt: skip
             torch.cuda.synchronize()
             continue
-        reads = 2 * x.numel() * (2 if op == fp8.GELU_GRAD else 1)
+        reads = 2 * x.numel() * (2 if op == fp8_cast.GELU_GRAD else 1)
         print(f"{what}: {x.numel() / 1e6:.1f} M elements", flush=True)
 
         def show(name: str, res: tuple[float, str], nbytes: int) -> None:
@@ -164,9 +164,9 @@ def main() -> None:
         show("copy bf16", best({"torch": lambda: torch.clone(x)}), 4 * x.numel())
         show("torch to e4m3", best({"torch": lambda: rows.view(torch.float8_e4m3fn).copy_(x)}), 3 * x.numel())
         shipped = {}
-        for name, (br, bc, w, pack) in fp8.CAST_CONFIGS.items():
+        for name, (br, bc, w, pack) in fp8_cast.CAST_CONFIGS.items():
             grid, x3 = (triton.cdiv(N, br), triton.cdiv(H, bc), 1), x.unsqueeze(0)
-            shipped[name] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: fp8.k_cast[grid](
+            shipped[name] = lambda grid=grid, br=br, bc=bc, w=w, pack=pack: fp8_cast.k_cast[grid](
                 x3,
                 x2,
                 rows,

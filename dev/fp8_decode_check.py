@@ -5,7 +5,7 @@ amax histories) or read from histories (a checkpoint trained in fp8).
     python3 dev/fp8_decode_check.py [--steps 8] [--prompt 600]
 
 One JSON line per (shape, precision, activations, scaling), fp8 also between fp32 activations on the GPU
-(precision.make's fp8_compute: the E4M3 operands free of bf16's rounding). `forward` is the relative error of the
+(precision.make's compute: the E4M3 operands free of bf16's rounding). `forward` is the relative error of the
 prefill's next-token logits (the training forward's window, model.gpt_infer) against NumPy's; `decode` the largest
 over the decode steps' logits against NumPy's (the same tokens fed to both); `self` the largest of the GPU decode
 step's logits against the GPU's own forward over the same tokens from position 0. The decode step is as faithful as
@@ -54,7 +54,7 @@ def prefill(S: InferState, ids: np.ndarray) -> np.ndarray:
 def run(m: ModelConfig, precision: str, compute: str | None, side: dict | None, w: np.ndarray, prompt: np.ndarray,
         steps: int) -> dict:  # fmt: skip
     states = {"numpy": make_infer_state(m, numpy_backend(precision_name=precision), 1, w),
-              "gpu": make_infer_state(m, triton_backend(precision, fp8_compute=compute), 1, w)}  # fmt: skip
+              "gpu": make_infer_state(m, triton_backend(precision, compute=compute), 1, w)}  # fmt: skip
     for S in states.values():
         if side is not None:
             S.prec.load_sidecar(side, "the check's histories")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import captured  # noqa: E402
 
 from microgpt.fp8 import OSLOT  # noqa: E402
-from microgpt.kernels import attention, fp8, tuning  # noqa: E402
+from microgpt.kernels import attention, fp8_cast, tuning  # noqa: E402
 
 T, NH, HS, V, CHUNK, LAYERS = 1024, 12, 64, 50304, 4096, 12
 C = NH * HS
@@ -165,8 +165,8 @@ def attention_rows(B: int) -> dict[str, float]:
     qk8 = torch.empty(N, 2 * C, dtype=E4M3, **dev)
 
     def casts() -> None:  # v into the layout the twin reads (vt8: the same bytes, unscaled)
-        fp8.cast(tuner, qk, slot[0], qk8, None)
-        fp8.cast(tuner, v.view(N, C), slot[1], None, vt8.view(1, C, N))
+        fp8_cast.cast(tuner, qk, slot[0], qk8, None)
+        fp8_cast.cast(tuner, v.view(N, C), slot[1], None, vt8.view(1, C, N))
 
     with tuner.window():  # the casts' launch configs, timed as in the engine's warm-up
         casts()
@@ -219,7 +219,7 @@ def head_rows() -> dict[str, float]:
     trans8 = torch.empty(1, V, CHUNK, dtype=E4M3, **dev)
 
     def cast() -> None:
-        fp8.cast(tuner, dz, slot, rows8, trans8)
+        fp8_cast.cast(tuner, dz, slot, rows8, trans8)
 
     with tuner.window():
         cast()

@@ -28,7 +28,7 @@ from microgpt.engine import params  # noqa: E402
 from microgpt.engine.backend import triton_backend  # noqa: E402
 from microgpt.engine.state import make_state  # noqa: E402
 from microgpt.kernels import adamw as kadamw  # noqa: E402
-from microgpt.kernels import fp8  # noqa: E402
+from microgpt.kernels import fp8_cast  # noqa: E402
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
         stacked()
         taken()
     n_master = sum(w.master.numel() for w in weights)
-    print(f"{len(weights)} weights, {n_master:,} fp32 masters; {len(fp8.stack(weights))} launches of each kind")
+    print(f"{len(weights)} weights, {n_master:,} fp32 masters; {len(fp8_cast.stack(weights))} launches of each kind")
     ways = {"per weight": per_weight, "stacked": stacked, "stacked, taken": taken, "adamw": adamw,
             "adamw, amaxes": adamw_amaxes}  # fmt: skip
     for name, fn in ways.items():

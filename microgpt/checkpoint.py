@@ -32,12 +32,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from microgpt.errors import InputError, brief, check_number
+from microgpt.errors import InputError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
 
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
-F32_MAX = float(np.finfo(np.float32).max)
 TEMP_RE = re.compile(r"^\.step-\d{8}\.(bin|state\.json)\.tmp\d+$")  # fileio's temp files of checkpoint writes
 
 
@@ -176,12 +175,13 @@ def _finite(x: np.ndarray) -> bool:
     return bool(np.isfinite(x.min()) and np.isfinite(x.max()))
 
 
-# The sidecar's fields this project reads, and the JSON types each must have (None: null allowed). Others are kept.
+# The sidecar's fields this module reads, and the JSON types each must have (None: null allowed). Others are kept:
+# what a precision keeps there is checked by the precision (microgpt/engine/precision.py check_sidecar).
 SIDECAR_FIELDS: dict[str, tuple[type, ...]] = {
     "format": (str,), "step": (int,), "n_params": (int,), "bin": (str,), "sha256": (str,), "config": (dict,),
     "tokenizer": (dict,), "params": (list,), "loss_scale": (int, float), "loss_scale_good_steps": (int,),
     "val_loss": (int, float, type(None)), "val_step": (int, type(None)), "mixing": (dict, type(None)),
-    "seed": (int,), "backend": (str,), "precision": (str,), "reason": (str,), "fp8_amax_history": (list,),
+    "seed": (int,), "backend": (str,), "precision": (str,), "reason": (str,),
 }  # fmt: skip
 
 
@@ -208,8 +208,6 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
                and all(isinstance(d, int) and not isinstance(d, bool) for d in p[1]) for p in params):  # fmt: skip
         raise CheckpointError(f"{side}: field 'params' must be a list of [name, [sizes...]] pairs")
-    for i, amax in enumerate(obj.get("fp8_amax_history", [])):  # a string "1.5" or true would pass numpy's cast
-        check_number(amax, f"{side}: field 'fp8_amax_history' item {i}", 0, F32_MAX, error=CheckpointError)
     return obj
 
 

@@ -132,6 +132,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgp
 BLOCKS = ("gpt2", "modern")  # model.block
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer
 SCHEDULES = ("cosine", "warmdown")  # train.schedule
+NUMPY_PRECISIONS = ("fp32", "fp8")  # what the numpy backend runs: it computes in fp32 (fp8: E4M3 linears' reference)
 BACKENDS = ("numpy", "triton")
 
 
@@ -235,7 +236,7 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.precision must be one of {', '.join(PRECISIONS)}, got {brief(t.precision)}")
     if t.backend not in BACKENDS:
         raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
-    if t.backend == "numpy" and t.precision not in ("fp32", "fp8"):
+    if t.backend == "numpy" and t.precision not in NUMPY_PRECISIONS:
         raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
                           "fp32, with fp8's E4M3 linears as the reference)")  # fmt: skip
     if t.precision == "fp8" and m.d_model % 16:

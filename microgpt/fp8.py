@@ -19,7 +19,8 @@ numbers (amax = 0 gives k = 0):
 Weights: current scaling. The optimizer step casts each site's fp32 masters once per step, after AdamW, with the
 amax of the masters themselves, into two copies, one per GEMM layout (W for the input gradient, W^T for the
 forward); the model hands them to the GEMM sites as `Fp8Weight`s, each site's handle. On the GPU AdamW records
-that amax as it writes the masters (`amax_blocks` says where each weight lies), so the cast reads them once.
+that amax as it writes the masters (its segment maxima, ops/adamw.py: the precision gives it the weights' segments),
+so the cast reads them once.
 
 Activations and output gradients: delayed scaling. Each site's input (x) and output gradient (g) has a slot with an
 amax history of the last HISTORY micro-batches; a cast takes its amax from the largest entry, so the scale is known
@@ -48,8 +49,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 E4M3_MAX = 448.0
 K_MIN, K_MAX = -126, 126  # the scale exponent's range: 2^k and 2^-k stay normal fp32 numbers
 HISTORY = 16  # micro-batches of amax an activation's or gradient's scale looks back over
@@ -61,32 +60,6 @@ INV, PRE, AMAX, HIST = 0, 1, 2, 4  # word offsets in a slot
 SLOT = 4  # a weight's slot (current scaling: no history)
 OSLOT = HIST + HISTORY  # an operand's slot: an activation's or an output gradient's
 SCRATCH = ("fp8_x", "fp8_g", "fp8_gt")  # the GPU's E4M3 operand scratch: activation rows, gradient rows, transposed
-
-
-AMAX_BLOCK = 2048  # elements of an AdamW program where AdamW takes the weights' amaxes (amax_blocks)
-
-
-def amax_blocks(segments: list[tuple[int, int]], n: int, block: int = AMAX_BLOCK) -> np.ndarray | None:
-    """Where the optimizer step's AdamW finds each E4M3 weight's elements, so that it leaves their amaxes for the
-    weights' cast (the GPU's fusion of the cast's amax pass): segments[j] = (start, end) of weight j's masters in the
-    flat parameters (a site's G weights as one), in order and disjoint. Per block of `block` elements, int32
-    [a, end_a, b, start_b]: the weight holding the block's first element (-1: none) and where it ends in the block;
-    the weight holding its last element if another (-1: none) and where it starts. None where a weight lies inside
-    one block without touching either edge (a weight shorter than a block): a block then holds three."""
-    out = np.full((-(-n // block), 4), -1, np.int32)
-    out[:, 1], out[:, 3] = 0, block
-    for j, (start, end) in enumerate(segments):
-        first, last = start // block, (end - 1) // block
-        head, tail = start - first * block, end - last * block
-        if first == last and head > 0 and tail < block:
-            return None
-        if head > 0:  # it starts inside its first block: that block's second weight
-            out[first, 2:] = j, head
-            first += 1
-        if first <= last:  # it holds the first element of each block from there on, and ends in its last
-            out[first : last + 1, :2] = j, block
-            out[last, 1] = tail
-    return out
 
 
 def scale_exponent(amax: float) -> int:

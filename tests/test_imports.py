@@ -11,14 +11,15 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "microgpt"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
+def module_name(path: Path, pkg: Path = PKG) -> str:
+    parts = path.relative_to(pkg.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the project modules it imports (`from pkg import mod` counts as importing pkg.mod)."""
-    paths = {module_name(p): p for p in PKG.rglob("*.py")}
+def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    """module -> the project modules it imports (`from pkg import mod` counts as importing pkg.mod), read from the
+    package at `pkg` (this tree's microgpt/ unless told: dev/import_graph.py reads an older commit's too)."""
+    paths = {module_name(p, pkg): p for p in pkg.rglob("*.py")}
     packages = {name for name, p in paths.items() if p.name == "__init__.py"}
     graph: dict[str, set[str]] = {name: set() for name in paths}
     for name, path in paths.items():

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from microgpt import ops
-from microgpt.config import BACKENDS, PRECISIONS, ConfigError, ModelConfig, TrainConfig
+from microgpt.config import BACKENDS, NUMPY_PRECISIONS, PRECISIONS, ConfigError, ModelConfig, TrainConfig
 from microgpt.engine import memory, precision
 from microgpt.engine.memory import Buf
 from microgpt.engine.precision import Precision, PrecisionState
-from microgpt.ops.fp8 import e4m3
+from microgpt.engine.precision import make as make_precision
 from microgpt.ops.rows import Rows, cpu_threads
 
 Fn = Callable[..., Any]
@@ -114,7 +114,8 @@ class Backend:
 
     def bind(self, arena: memory.Arena, m: ModelConfig) -> tuple[Backend, PrecisionState]:
         """This backend with every launcher given what it takes beyond the spec (the precision's Matmul, planned
-        scratch, the runtime's tuner), and the precision bound to the arena."""
+        scratch, the runtime's tuner, what the bound precision asks: PrecisionState.backend_args), and the precision
+        bound to the arena."""
         self.on_bind(arena)
         state = self.precision.bind(arena, m, arena.flat("params"), self, **self.matmul_args)
         kwargs: dict[str, dict[str, Any]] = {fn: {"mm": state.mm} for fn in ops.MATMUL_TAKERS}
@@ -123,6 +124,8 @@ class Backend:
         for fn, kw, buf in self.scratch_args:
             if buf in arena:  # an inference plan has no backward: none of its scratch
                 kwargs.setdefault(fn, {})[kw] = arena[buf]
+        for fn, kws in state.backend_args.items():
+            kwargs.setdefault(fn, {}).update(kws)
         bound = {fn: functools.partial(getattr(self, fn), **kws) for fn, kws in kwargs.items()}
         return dataclasses.replace(self, **bound), state
 
@@ -154,7 +157,7 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
     rows = Rows.make(cpu_threads())
 
     def view(pool: np.ndarray, offset: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
-        dtype = np.dtype(e4m3() if kind == "f8" else dtypes[kind])  # E4M3: ml_dtypes, only where a plan has it
+        dtype = np.dtype(dtypes[kind] if kind in dtypes else prec.numpy_dtype(kind))  # a precision's own kind
         return pool[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def copy_in(dst: np.ndarray, src: np.ndarray) -> None:
@@ -176,12 +179,13 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
 
 
 # --- triton --------------------------------------------------------------------------------------------------
-def triton_backend(precision_name: str, flag: str = "train.precision", fp8_compute: str | None = None) -> Backend:
+def triton_backend(precision_name: str, flag: str = "train.precision", compute: str | None = None) -> Backend:
     """The GPU backend (or the Triton interpreter on the CPU under TRITON_INTERPRET=1); a precision this machine
-    cannot run is a ConfigError naming `flag`. fp8_compute: precision.make's (fp8 over fp32 activations)."""
+    cannot run is a ConfigError naming `flag`. compute: precision.make's (the activations' dtype where not the
+    precision's own: the GPU tests' fp8 over fp32 activations)."""
     from microgpt.kernels import runtime  # torch and triton: only on this path, never on the CPU path
 
-    prec = precision.make(precision_name, "triton", fp8_compute)
+    prec = precision.make(precision_name, "triton", compute)
     if why := precision.matmul_class(prec.matmul).unsupported(precision_name):
         raise ConfigError(f"{flag} {precision_name!r} {why}")
     rt = runtime.Runtime(prec.compute, scaled_mm=prec.scaled_mm)
@@ -200,8 +204,7 @@ def triton_backend(precision_name: str, flag: str = "train.precision", fp8_compu
         alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
-        scratch_args=(*((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
-                      ("adamw_step", "amax_blocks", "fp8_amax_blocks"), ("adamw_step", "amaxes", "fp8_wamax")),
+        scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
         kernel_args={**{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
                      "decode_attention": {"sm_count": rt.sm_count}}, matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,
@@ -259,19 +262,18 @@ def cuda_available() -> bool:
 
 # --- a trained model's backend (eval, sample, chat, serve) -------------------------------------------------------
 BACKEND_CHOICES = ("auto", *BACKENDS)
-# What a trained model computes in on each backend: the first is the default; a precision in ONLY_AS_TRAINED runs
-# only a checkpoint trained in it (fp8 scales its operands by the run's amax histories, which ride in the sidecar;
-# fp16's range holds only the activations of a model trained to stay in it).
-INFER_PRECISIONS = {"numpy": ("fp32", "fp8"), "triton": ("bf16", "fp32", "fp16", "fp8")}
-ONLY_AS_TRAINED = ("fp16", "fp8")
+# What a trained model computes in on each backend: the first is the default; a precision whose only_as_trained is
+# set runs only a checkpoint trained in it (Precision.only_as_trained).
+INFER_PRECISIONS = {"numpy": NUMPY_PRECISIONS, "triton": ("bf16", *(p for p in PRECISIONS if p != "bf16"))}
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """`--backend` and `--precision` of the commands that run a trained model (eval, sample, chat, serve)."""
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)")  # fmt: skip
+    as_trained = " and ".join(p for p in PRECISIONS if precision.make(p, "triton").only_as_trained)
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="what it computes in (default: bf16 on triton, fp32 on numpy; fp16 and fp8 only for a "
+                   help=f"what it computes in (default: bf16 on triton, fp32 on numpy; {as_trained} only for a "
                         "checkpoint trained in them)")  # fmt: skip
 
 
@@ -287,7 +289,7 @@ def for_trained(name: str, precision: str | None, trained: str, where: str, erro
     if precision not in supported:
         raise error(f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
                     "runs every precision, on a GPU)")  # fmt: skip
-    if precision in ONLY_AS_TRAINED and precision != trained:
+    if precision != trained and make_precision(precision, name).only_as_trained:
         raise error(f"--precision {precision}: {where} trained in {trained}; {precision} runs only a checkpoint "
                     f"trained in it (--precision {supported[0]} or fp32 run any)")  # fmt: skip
     return get_backend(name, precision, flags=("--backend", "--precision"))

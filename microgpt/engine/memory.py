@@ -5,8 +5,8 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     params, grads, adam_m, adam_v   fp32, one flat array each, in the canonical parameter order
     compute_params                  the weights in the compute dtype (bf16/fp16/fp8 runs on the GPU), same order;
                                     AdamW writes it
-    fp8_weights                     fp8: each block linear site's E4M3 weight copies, two layouts, and the LM
-                                    head's E4M3 wte (the precision's rows: microgpt/engine/precision.py)
+    (the precision's own)           any role ROLES does not name is a precision's (Precision.rows; fp8's
+                                    "fp8_weights": its E4M3 weight copies), placed here, labelled by its name
     optim                           decay mask, grad-norm partial sums, the step's host values (hyper, loss scale)
                                     and what it reports back (report), the evaluation's loss sum; Muon's scratch
     tables                          constant tables the model reads (the modern block's rotary cos and sin)
@@ -46,10 +46,11 @@ from microgpt.errors import InputError
 
 ALIGN = 256  # bytes: every group and every unpacked view starts on a 256-byte boundary
 ARENA_GRANULE = 2 << 20  # bytes: the arena's size is a multiple of this (torch rounds large blocks up to 2 MiB)
-ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "fp8_weights", "optim", "tables", "acts", "scratch",
+# the roles in arena order; "precision" stands for the precision's own roles (those ROLES does not name: roles_of)
+ROLES = ("params", "grads", "adam_m", "adam_v", "compute_params", "precision", "optim", "tables", "acts", "scratch",
          "inputs", "kv_cache", "kernel", "rounding", "runtime")  # fmt: skip
 PACKED = ("params", "grads", "adam_m", "adam_v", "compute_params")  # contiguous: the flat array IS the layout
-LABELS = {"compute_params": "compute weights", "fp8_weights": "fp8 weights", "optim": "optimizer + step",
+LABELS = {"compute_params": "compute weights", "optim": "optimizer + step",
           "acts": "saved activations", "scratch": "scratch + act grads", "adam_m": "adam m", "adam_v": "adam v",
           "inputs": "step inputs", "tables": "model tables", "kv_cache": "kv cache", "kernel": "kernel scratch",
           "rounding": "allocator rounding", "runtime": "cuBLAS workspace"}  # fmt: skip
@@ -335,19 +336,28 @@ def _round(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
+def roles_of(bufs: list[Buf]) -> list[str]:
+    """The plan's roles in arena order: ROLES, with the precision's own (the roles ROLES does not name, from its
+    rows) in the order the plan first lists them where ROLES says "precision"."""
+    own = list(dict.fromkeys(b.role for b in bufs if b.role not in ROLES))
+    at = ROLES.index("precision")
+    return [*ROLES[:at], *own, *ROLES[at + 1 :]]
+
+
 def layout(bufs: list[Buf], sizes: dict[str, int]) -> tuple[dict[tuple[str, str], int], dict[str, int], int]:
     """Where everything lies in the arena: the byte offset of every buffer (by (role, name)), the bytes of every
-    role (alignment included) and the arena's size. Groups of one (role, kind) follow ROLES order, each starting on
-    ALIGN bytes; parameter-shaped roles are packed, other views start on ALIGN bytes; the whole is rounded up to
-    ARENA_GRANULE. "runtime" rows take no arena bytes."""
+    role (alignment included) and the arena's size. Groups of one (role, kind) follow the roles' order (roles_of),
+    each starting on ALIGN bytes; parameter-shaped roles are packed, other views start on ALIGN bytes; the whole is
+    rounded up to ARENA_GRANULE. "runtime" rows take no arena bytes."""
     offsets: dict[tuple[str, str], int] = {}
-    role_sizes = {role: 0 for role in ROLES}
+    order = roles_of(bufs)
+    role_sizes = {role: 0 for role in order}
     groups: dict[tuple[str, str], list[Buf]] = {}
     for b in bufs:
         if b.role != "runtime":
             groups.setdefault((b.role, b.kind), []).append(b)
     end = 0
-    for role, kind in sorted(groups, key=lambda key: ROLES.index(key[0])):
+    for role, kind in sorted(groups, key=lambda key: order.index(key[0])):
         start = end
         for b in groups[(role, kind)]:
             offsets[(role, b.name)] = end
@@ -373,9 +383,10 @@ def format_plan(bufs: list[Buf], prec: Precision) -> str:
     sizes = role_bytes(bufs, prec)
     total = sum(sizes.values())
     lines = [f"memory plan ({prec.label()} compute, fp32 master weights)", f"{'buffer':<22}{'bytes':>16}{'MiB':>12}"]
-    for role in ROLES:
+    for role in sizes:
         if sizes[role] or role in ("params", "grads", "adam_m", "adam_v"):
-            lines.append(f"{LABELS.get(role, role):<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
+            label = LABELS.get(role, role.replace("_", " "))
+            lines.append(f"{label:<22}{sizes[role]:>16,}{sizes[role] / 2**20:>12.2f}")
     lines.append(f"{'total':<22}{total:>16,}{total / 2**20:>12.2f}")
     return "\n".join(lines)
 

@@ -19,8 +19,11 @@ back, a `PrecisionState`, is all a run holds of its precision:
     state.end_micro_batch()  the end of a training micro-batch (fp8: the amax histories roll)
     state.end_eval()         the end of an evaluation forward (fp8: what the casts met is forgotten)
     state.priming            whether the first step must run eagerly to prime state (fp8's empty histories)
+    state.backend_args       what it asks of the backend's functions, function -> keywords (fp8 on the GPU:
+                             AdamW's segment maxima, ops/adamw.py, which are then the weights' amaxes)
     state.snapshot() / steady() / restore()   around the warm-up and capture of the steady-state step
-    state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories)
+    state.sidecar() / load_sidecar()   what a checkpoint's sidecar carries for it (fp8: the histories), which
+                             `check_sidecar` checks for every reader of a checkpoint
 
 A Matmul (one class per precision and backend: ops/linear.py and kernels/linear.py for fp32/bf16/fp16, ops/fp8.py
 and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs:
@@ -50,6 +53,9 @@ from microgpt import checkpoint, fp8
 from microgpt.config import PRECISIONS, ConfigError, ModelConfig
 from microgpt.engine import params
 from microgpt.engine.memory import Arena, Buf
+from microgpt.errors import brief, check_number
+from microgpt.ops.adamw import segment_table_of
+from microgpt.ops.fp8 import e4m3
 
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MATMULS = {  # (precision family, backend) -> "module:Class"
@@ -60,6 +66,8 @@ MATMULS = {  # (precision family, backend) -> "module:Class"
 }
 
 
+HISTORY_FIELD = "fp8_amax_history"  # the sidecar's field of fp8's amax histories (Fp8State.sidecar)
+F32_MAX = float(np.finfo(np.float32).max)
 GROWTH_INTERVAL = 2000  # fp16: good steps before the loss scale doubles (as torch.amp.GradScaler)
 
 
@@ -88,6 +96,19 @@ class LossScaler:
             self.scale = min(2.0**24, self.scale * 2)
 
 
+def check_sidecar(side: dict[str, Any], where: str) -> None:
+    """What a precision keeps in a checkpoint's sidecar, checked wherever a checkpoint is read back (resume, and
+    every use of a trained model), whatever the reader computes in, as checkpoint.read_sidecar checks the format's
+    own fields: fp8's amax histories are a list of numbers in [0, the largest fp32] (their count is this model's,
+    checked by Fp8State.load_sidecar). CheckpointError naming the sidecar `where` and the field otherwise."""
+    hist = side.get(HISTORY_FIELD, [])
+    if not isinstance(hist, list):
+        raise checkpoint.CheckpointError(f"{where}: field '{HISTORY_FIELD}' must be list, got {type(hist).__name__} "
+                                         f"{brief(hist)}")  # fmt: skip
+    for i, amax in enumerate(hist):  # a string "1.5" or true would pass numpy's cast
+        check_number(amax, f"{where}: field '{HISTORY_FIELD}' item {i}", 0, F32_MAX, error=checkpoint.CheckpointError)
+
+
 def matmul_class(path: str) -> type:
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
@@ -98,8 +119,9 @@ class PrecisionState:
 
     priming = False
 
-    def __init__(self, mm: Any) -> None:
+    def __init__(self, mm: Any, backend_args: dict[str, dict[str, Any]] | None = None) -> None:
         self.mm = mm
+        self.backend_args = backend_args or {}
 
     def weights(self, views: dict[str, Any]) -> dict[str, Any]:
         return views
@@ -137,9 +159,12 @@ class Precision:
     name: str  # fp32 | bf16 | fp16 | fp8
     backend: str  # numpy | triton
     compute: str  # the compute copy's and the activations' dtype: fp32 | bf16 | fp16
-    loss_scaling: bool  # fp16's dynamic loss scale (microgpt/engine/state.py LossScaler)
+    loss_scaling: bool  # fp16's dynamic loss scale (LossScaler, above)
     matmul: str  # MATMULS' "module:Class"
     scaled_mm: bool = False  # E4M3 GEMMs through torch._scaled_mm (the runtime measures their workspace)
+    # whether a trained model runs in it only where it was trained in it: fp16's range holds only the activations of
+    # a model trained to stay in it; fp8 scales its operands by the run's amax histories (in the sidecar)
+    only_as_trained: bool = False
 
     @property
     def compute_copy(self) -> bool:
@@ -154,6 +179,10 @@ class Precision:
     def label(self) -> str:
         """What the memory plan's title says the run computes in."""
         return self.compute
+
+    def numpy_dtype(self, kind: str) -> Any:
+        """The NumPy dtype of a plan kind this precision brings (its rows'), for the numpy backend's views."""
+        raise KeyError(f"precision {self.name} has no plan kind {kind!r}")
 
     def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
         """The plan rows this precision adds for N tokens a micro-batch (train: of a training plan, which has an
@@ -178,13 +207,17 @@ class Fp8(Precision):
     def label(self) -> str:
         return f"{self.compute} + fp8 linears"
 
+    def numpy_dtype(self, kind: str) -> Any:
+        """E4M3 for the kind "f8" (ml_dtypes, imported here: only a plan of fp8 needs it)."""
+        return e4m3() if kind == "f8" else super().numpy_dtype(kind)
+
     def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
         """Every block GEMM site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input and
         of its output gradient with their amax histories (carried across steps); the LM head's E4M3 wte and its two
         slots where its logits GEMM runs in E4M3. On the GPU also the casts' scratch ("kernel": E4M3 operands in
         row and transposed layouts, the fp32 weight-gradient product) and each site's input as its forward cast
         it, transposed, for the weight gradient in backward ("acts"); and, in a training plan, where AdamW records
-        the weights' amaxes for their cast (`amax_blocks`: the table and the amaxes), unless a weight is too
+        the weights' amaxes for their cast (`amax_blocks`: its segment table and maxima), unless a weight is too
         short for it."""
         sites = params.site_shapes(m.d_model)
         bufs = []
@@ -226,10 +259,12 @@ class Fp8(Precision):
             head = fp8.Fp8Head(wte, params.named(p, m)["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"])
         if self.backend == "triton":  # the casts' planned scratch (rows above)
             kernel_state["scratch"] = {name: arena[name] for name in (*fp8.SCRATCH, "fp8_wgrad")}
-        if "fp8_amax_blocks" in arena:  # AdamW's table (the backend hands it and the amaxes to adamw_step)
+        asked = {}
+        if "fp8_amax_blocks" in arena:  # AdamW's segment maxima over the weights: their amaxes, for their cast
             device.copy_in(arena["fp8_amax_blocks"], amax_blocks(m))
+            asked = {"adamw_step": {"segment_table": arena["fp8_amax_blocks"], "segment_max": arena["fp8_wamax"]}}
         mm = matmul_class(self.matmul)(head=head, **kernel_state)
-        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"], arena.get("fp8_wamax"))
+        return Fp8State(mm, device, weights, head, priming, arena["fp8_slots"], arena.get("fp8_wamax"), asked)
 
 
 def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
@@ -245,16 +280,18 @@ def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
 
 
 def amax_blocks(m: ModelConfig) -> np.ndarray | None:
-    """fp8.amax_blocks of this model's E4M3 weights over its flat parameters."""
-    return fp8.amax_blocks(weight_segments(m), params.n_params(m))
+    """The segment table (ops/adamw.py) of this model's E4M3 weights over its flat parameters: AdamW's segment
+    maxima are then the weights' amaxes, in weight_segments' order."""
+    return segment_table_of(weight_segments(m), params.n_params(m))
 
 
 class Fp8State(PrecisionState):
     """fp8 bound to an arena: each site's handle, the head's, the operands' slots and whether they are primed."""
 
     def __init__(self, mm: Any, device: Any, weights: list[fp8.Fp8Weight], head: fp8.Fp8Head | None,
-                 priming: fp8.Priming, slots: Any, amaxes: Any = None) -> None:  # fmt: skip
-        super().__init__(mm)
+                 priming: fp8.Priming, slots: Any, amaxes: Any = None,
+                 backend_args: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+        super().__init__(mm, backend_args)
         self.device, self.sites, self.head, self._priming, self.slots = device, weights, head, priming, slots
         self.amaxes = amaxes  # where AdamW leaves the weights' amaxes (the GPU's training plans), else None
 
@@ -288,18 +325,18 @@ class Fp8State(PrecisionState):
         return self.device.to_numpy(self.slots)[..., fp8.HIST :].astype(np.float32)
 
     def sidecar(self) -> dict[str, Any]:
-        return {} if self.priming else {"fp8_amax_history": self._history().reshape(-1).tolist()}
+        return {} if self.priming else {HISTORY_FIELD: self._history().reshape(-1).tolist()}
 
     def load_sidecar(self, side: dict[str, Any], where: str) -> None:
         """The histories from the sidecar (the run goes on scaling as it did); none saved (a checkpoint of another
         precision, or of a run that never stepped): they are primed by the first micro-batch. where: the sidecar's
         path, for the error."""
-        saved = side.get("fp8_amax_history")
+        saved = side.get(HISTORY_FIELD)
         self.device.zero_(self.slots)
         self._priming.on = saved is None
         if saved is None:
             return
-        where = f"{where}: field 'fp8_amax_history'"  # its items are checked numbers (checkpoint.read_sidecar)
+        where = f"{where}: field '{HISTORY_FIELD}'"  # its items are checked numbers (check_sidecar)
         want = self._history().shape
         hist = np.array(saved, dtype=np.float64)
         if hist.shape != (math.prod(want),):
@@ -321,18 +358,17 @@ class Fp8State(PrecisionState):
         self._priming.on = snap[1]
 
 
-def make(name: str, backend: str, fp8_compute: str | None = None) -> Precision:
+def make(name: str, backend: str, compute: str | None = None) -> Precision:
     """The precision `name` on `backend` ("numpy" or "triton"); ConfigError naming train.precision otherwise.
-    fp8_compute: fp8's activation dtype on the GPU where not bf16 ("fp32": E4M3 GEMMs between fp32 activations, which
-    the GPU tests compare with the NumPy reference free of bf16's rounding, to which E4M3's coarse steps are
-    sensitive: tests/kernels/test_gpu_decode.py)."""
+    compute: the activations' dtype on the GPU where not the precision's own, for fp8 only (its own is bf16; "fp32":
+    E4M3 GEMMs between fp32 activations, which the GPU tests compare with the NumPy reference free of bf16's
+    rounding, to which E4M3's coarse steps are sensitive: tests/kernels/test_gpu_decode.py)."""
     if name not in PRECISIONS:
         raise ConfigError(f"train.precision: unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
-    if fp8_compute is not None and (name != "fp8" or fp8_compute not in COMPUTE_BYTES):
-        raise ValueError(
-            f"fp8_compute {fp8_compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only"
-        )
-    compute = "fp32" if backend == "numpy" else {"fp8": fp8_compute or "bf16"}.get(name, name)
+    if compute is not None and (name != "fp8" or compute not in COMPUTE_BYTES):
+        raise ValueError(f"compute {compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only")
+    dtype = "fp32" if backend == "numpy" else {"fp8": compute or "bf16"}.get(name, name)
     if name == "fp8":
-        return Fp8(name, backend, compute, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton")
-    return Precision(name, backend, compute, name == "fp16", MATMULS[("plain", backend)])
+        return Fp8(name, backend, dtype, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton",
+                   only_as_trained=True)  # fmt: skip
+    return Precision(name, backend, dtype, name == "fp16", MATMULS[("plain", backend)], only_as_trained=name == "fp16")

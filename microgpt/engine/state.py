@@ -23,7 +23,7 @@ from microgpt import checkpoint, config
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import memory, optim, params
 from microgpt.engine.backend import Backend
-from microgpt.engine.precision import LossScaler, PrecisionState
+from microgpt.engine.precision import LossScaler, PrecisionState, check_sidecar
 from microgpt.ops.qkrope import rope_tables
 
 
@@ -56,6 +56,7 @@ class TrainState:
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Weights, m, v, step and loss scaler from a checkpoint of this model; returns its sidecar."""
         ck, side = checkpoint.load(path, self.n_params)
+        check_sidecar(side, str(checkpoint.sidecar_path(path)))
         saved = side.get("config", {}).get("model")
         if saved is not None:
             where = f"{checkpoint.sidecar_path(path)}: field 'config.model'"

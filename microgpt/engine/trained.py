@@ -15,6 +15,7 @@ import numpy as np
 from microgpt import checkpoint, config
 from microgpt.checkpoint import CheckpointError
 from microgpt.engine import params
+from microgpt.engine.precision import check_sidecar
 
 
 @dataclass
@@ -41,6 +42,7 @@ def load_trained(where: str | Path) -> Trained:
     """A step-*.bin or a run folder (its newest valid checkpoint), read once, checked against its sidecar's model."""
     ck, side = checkpoint.resolve_loaded(where)
     path, sidecar = ck.path, checkpoint.sidecar_path(ck.path)
+    check_sidecar(side, str(sidecar))
     if "config" not in side:
         what = "has no field 'config'" if sidecar.exists() else "is missing"
         raise CheckpointError(f"{sidecar}: the checkpoint's sidecar {what}: cannot rebuild the model")

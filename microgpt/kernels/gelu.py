@@ -1,6 +1,6 @@
 """GELU (tanh approximation, as GPT-2) and its derivative: Triton device functions, in fp32, and the two elementwise
 passes the MLP's GEMMs run around them (k_gelu_fwd, k_gelu_bwd). The passes (gemm.py's GELU epilogue choice, the
-GEMM sites of linear.py) and the FP8 casts that compute their operand on the way (fp8.py) share the functions.
+GEMM sites of linear.py) and the FP8 casts that compute their operand on the way (fp8_cast.py) share the functions.
 ops/mlp.py gives the math.
 
     gelu(h)  = 0.5 h (1 + t),  t = tanh(u),  u = sqrt(2/pi) (h + 0.044715 h^3)

@@ -9,7 +9,7 @@ a = gelu(h) into a scratch for dw2's GEMM (k_gelu_fwd).
 The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies GELU around
 its GEMMs (ops/mlp.py gives the contract): in bf16 and fp16 the forward's first GEMM may write h and a = gelu(h)
 itself (cuBLASLt's GELU_AUX epilogue, chosen in the warm-up against GEMM + pass: gemm.Gemm.mm_gelu); in fp8, GELU
-and its backward run inside the casts of a and dh (fp8.py), and the plan has no a (a is None).
+and its backward run inside the casts of a and dh (fp8_cast.py), and the plan has no a (a is None).
 """
 
 from __future__ import annotations

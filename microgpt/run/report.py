@@ -57,7 +57,9 @@ RSS_NAME = "peak resident memory of the process (ru_maxrss)"
 # dashboard reads the peak from the start record (peak_flops): this table is its one home.
 PEAKS = (("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("B200", 2250e12),
          ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), (" L4", 121e12), ("RTX 4090", 165e12))  # fmt: skip
-MFU_PRECISIONS = ("bf16", "fp16", "fp8")  # fp8 is counted against the bf16 peak, so its MFU compares with bf16's
+# The compute dtypes with a tensor-core peak. A run's MFU is counted against its compute dtype's peak, also where
+# its GEMMs run in a narrower format (fp8 computes in bf16), so that its MFU compares with bf16's.
+MFU_COMPUTE = ("bf16", "fp16")
 
 
 def flops_per_token(m: ModelConfig, n_params: int) -> int:
@@ -66,9 +68,10 @@ def flops_per_token(m: ModelConfig, n_params: int) -> int:
     return 6 * n_params + 12 * m.n_layer * m.seq_len * m.d_model
 
 
-def peak_flops(device: str, precision: str) -> float | None:
-    """The device's dense tensor-core peak for MFU, or None (the CPU, an unknown GPU, fp32)."""
-    if precision not in MFU_PRECISIONS:
+def peak_flops(device: str, compute: str) -> float | None:
+    """The device's dense tensor-core peak for MFU of a run computing in `compute` (its precision's compute dtype),
+    or None (the CPU, an unknown GPU, fp32)."""
+    if compute not in MFU_COMPUTE:
         return None
     return next((peak for name, peak in PEAKS if name in device), None)
 
@@ -112,7 +115,7 @@ def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]
     mine = [r["tokens_per_s"] for r in records[start:] if r["event"] == "step"]
     tps = statistics.median(mine[1:] or mine) if mine else None
     fpt = flops_per_token(tr.m, tr.S.n_params)
-    peak = peak_flops(tr.K.device, tr.t.precision)
+    peak = peak_flops(tr.K.device, tr.K.precision.compute)
     mfu = tps * fpt / (peak * tr.world) if tps and peak else None
     why = None if mfu is not None else f"no known dense peak for {tr.K.device} in {tr.t.precision}"
     return {"tokens_per_s": tps, "flops_per_token": fpt, "n_params": tr.S.n_params, "peak_flops": peak, "mfu": mfu,

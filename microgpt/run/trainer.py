@@ -236,7 +236,7 @@ class Trainer:
                 "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world,
                 "recipe": self.recipe, "init": self.init or None, "schedule_end": schedule_end(t), "pid": os.getpid(),
                 "flops_per_token": report.flops_per_token(m, self.S.n_params),
-                "peak_flops": report.peak_flops(self.K.device, t.precision),
+                "peak_flops": report.peak_flops(self.K.device, self.K.precision.compute),
                 "memory_measure": self.K.peak_memory_name or report.RSS_NAME}  # fmt: skip
 
     def memory_peak(self) -> int:

@@ -143,12 +143,12 @@ def test_the_decode_step_matches_numpy(precision: str, compute: str | None) -> N
     w += np.random.default_rng(4).standard_normal(w.shape).astype(np.float32) * 0.05
     ids = np.random.default_rng(5).integers(0, M.vocab_size, (2, 11)).astype(np.int32)
     want, seqs = decode_run(make_infer_state(M, numpy_backend(precision_name=precision), 3, w), ids, 6)
-    K = triton_backend(precision, fp8_compute=compute)
+    K = triton_backend(precision, compute=compute)
     got, _ = decode_run(make_infer_state(M, K, 3, w), ids, 6, forced=seqs)
     for step, (a, b) in enumerate(zip(got, want)):
         check(f"step {step}", a, b, TOL_STEP[(precision, compute)])
     if precision == "fp32" or (compute == "fp32" and not ON_GPU):
-        _, own = decode_run(make_infer_state(M, triton_backend(precision, fp8_compute=compute), 3, w), ids, 6)
+        _, own = decode_run(make_infer_state(M, triton_backend(precision, compute=compute), 3, w), ids, 6)
         assert own == seqs
 
 

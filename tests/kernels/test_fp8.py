@@ -13,6 +13,7 @@ import torch
 from microgpt import fp8
 from microgpt.fp8 import Fp8Weight
 from microgpt.kernels import fp8 as k8
+from microgpt.kernels import fp8_cast as kc
 from microgpt.kernels import linear as klinear
 from microgpt.kernels import mlp as kmlp
 from microgpt.kernels.tuning import Tuner
@@ -52,7 +53,7 @@ def test_cast_matches_torch_byte_for_byte() -> None:
     x[1, 1, :4] = [0.0, -0.0, 1e-30, -1e-30]
     slot = torch.zeros(fp8.OSLOT, device=DEVICE)
     rows, trans = torch.empty(R, G * C, dtype=F8, device=DEVICE), torch.empty(G, C, R, dtype=F8, device=DEVICE)
-    k8.cast(TUNER, t(x), slot, rows, trans, prime=True)
+    kc.cast(TUNER, t(x), slot, rows, trans, prime=True)
     k = fp8.scale_exponent(float(np.abs(x).max()))
     want = torch.from_numpy(x * np.float32(2.0**k)).to(F8).view(torch.uint8).numpy()
     np.testing.assert_array_equal(bytes_of(rows), np.concatenate(list(want), axis=1))
@@ -66,7 +67,7 @@ def test_cast_scale_follows_the_rule_at_the_edges() -> None:
     for amax in [448.0, 449.0, 1.75, 1.7500001, 3e-20, 5e4, 2.0**-126, 1e-40, 3e38]:
         x = np.array([[amax, -amax / 3]], np.float32)
         slot = torch.zeros(fp8.OSLOT, device=DEVICE)
-        k8.cast(TUNER, t(x), slot, torch.empty(1, 2, dtype=F8, device=DEVICE), None, prime=True)
+        kc.cast(TUNER, t(x), slot, torch.empty(1, 2, dtype=F8, device=DEVICE), None, prime=True)
         assert h(slot)[0] == 2.0 ** -fp8.scale_exponent(float(np.float32(amax))), amax
 
 
@@ -76,7 +77,7 @@ def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: 
     """Scaled by the history (the largest of its 16 words): saturation at +-448 where x outgrew it, NaN for inf
     and NaN, and the slot's words (2^-k, the finite amax recorded) as the reference leaves them; with the
     transpose stored as 4-byte, 8-byte words and single bytes (40 rows: a partial tile of words)."""
-    monkeypatch.setattr(k8, "CAST_CONFIGS", {config: k8.CAST_CONFIGS[config]})
+    monkeypatch.setattr(kc, "CAST_CONFIGS", {config: kc.CAST_CONFIGS[config]})
     tuner = Tuner()  # its own: a choice the shared tuner made under another configuration table is not remembered
     rng = np.random.default_rng(len(history))
     x = (rng.standard_normal((40, 24)) * 5).astype(np.float32)
@@ -85,7 +86,7 @@ def test_delayed_cast_matches_numpy_byte_for_byte(history: list[float], config: 
     want, _ = ref.cast(x, ns)
     slot = t(oslot(history))
     rows, trans = torch.empty(40, 24, dtype=F8, device=DEVICE), torch.empty(1, 24, 40, dtype=F8, device=DEVICE)
-    k8.cast(tuner, t(x), slot, rows, trans)
+    kc.cast(tuner, t(x), slot, rows, trans)
     np.testing.assert_array_equal(bytes_of(rows), want.view(np.uint8))
     np.testing.assert_array_equal(bytes_of(trans)[0], want.view(np.uint8).T)
     assert h(slot).tolist() == ns.tolist()
@@ -104,13 +105,13 @@ def test_gelu_casts_match_numpy(prime: bool) -> None:
     a, dh = np.empty_like(hh), da.copy()
     gelu(a, hh)
     gelu_backward(dh, hh)
-    for op, y, x2 in ((k8.GELU, a, None), (k8.GELU_GRAD, dh, da)):
+    for op, y, x2 in ((kc.GELU, a, None), (kc.GELU_GRAD, dh, da)):
         history = None if prime else [float(np.abs(y).max()) * 0.7]
         ns = oslot(history)
         want, _ = ref.cast(y, ns, current=prime)
         slot = t(oslot(history))
         rows, trans = torch.empty(64, 48, dtype=F8, device=DEVICE), torch.empty(1, 48, 64, dtype=F8, device=DEVICE)
-        k8.cast(TUNER, t(hh), slot, rows, trans, prime, op=op, x2=None if x2 is None else t(x2))
+        kc.cast(TUNER, t(hh), slot, rows, trans, prime, op=op, x2=None if x2 is None else t(x2))
         got = bytes_of(rows).astype(np.int16)
         np.testing.assert_array_equal(bytes_of(trans)[0].T, got)
         diff = np.abs((got & 0x7F) - (want.view(np.uint8).astype(np.int16) & 0x7F))
@@ -134,8 +135,8 @@ def test_gpu_conversion_equals_the_bit_rule_for_every_fp32(monkeypatch: pytest.M
     for chunk in range((1 << 32) // (rows * cols)):
         torch.add(step, chunk * rows * cols - (1 << 31), out=x)  # int32 wraps: every pattern once over the chunks
         for hw, out in ((True, got), (False, want)):
-            monkeypatch.setattr(k8, "HW_CVT", hw)
-            k8.cast(TUNER, x.view(torch.float32), slot, out, None)
+            monkeypatch.setattr(kc, "HW_CVT", hw)
+            kc.cast(TUNER, x.view(torch.float32), slot, out, None)
         bad = (got.view(torch.uint8) != want.view(torch.uint8)).nonzero()
         assert len(bad) == 0, (chunk, x[bad[0, 0], bad[0, 1]].item(), got.view(torch.uint8)[bad[0, 0], bad[0, 1]])
 
@@ -336,7 +337,7 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     m = config.ModelConfig(vocab_size=64, d_model=16, n_layer=3, n_head=2, seq_len=16)
     S = make_state(m, config.TrainConfig(micro_batch=1, precision="fp8"), backend.get_backend("triton", "fp8"))
     sites, head = S.prec.sites, S.prec.head
-    runs = k8.stack([*sites, head])
+    runs = kc.stack([*sites, head])
     at = list(range(len(sites) + 1))  # each run's positions in the list
     assert [(at[i], tuple(r[0].shape)) for i, r in runs] == [([12], tuple(head.master.shape))] + [
         ([i, i + 4, i + 8], (m.n_layer, *w.master.shape)) for i, w in enumerate(sites[:4])]  # fmt: skip
@@ -357,7 +358,7 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     S.prec.cast_weights()
     assert_reference(sites)
     swapped = [sites[4], sites[0], sites[8]]  # w_qkv of layers 1, 0, 2: no one stride
-    assert [tuple(r[0].shape) for _, r in k8.stack(swapped)] == [tuple(w.master.shape) for w in swapped]
+    assert [tuple(r[0].shape) for _, r in kc.stack(swapped)] == [tuple(w.master.shape) for w in swapped]
     for w in swapped:
         w.w8.zero_(), w.w8t.zero_()
     S.prec.mm.cast_weights(swapped)

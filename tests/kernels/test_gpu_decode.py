@@ -163,7 +163,7 @@ def test_fp8_decode_step_is_the_forward_gpu(activations: str) -> None:
     prompt, steps, w = MID_PROMPT, MID_STEPS, weights(MID)
     side = fp8_histories(MID, w, prompt)
     compute = None if activations == "bf16" else activations
-    states = [make_infer_state(MID, triton_backend("fp8", fp8_compute=compute), b, w, cache) for b, cache in
+    states = [make_infer_state(MID, triton_backend("fp8", compute=compute), b, w, cache) for b, cache in
               ((3, True), (1, False))]  # fmt: skip
     for S in states:
         S.prec.load_sidecar(side, "the test's histories")

@@ -71,31 +71,33 @@ def test_adamw_non_finite_norm_skips() -> None:
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter's inf * 0 on the inf master
 @pytest.mark.parametrize("norm", [4.0, math.inf], ids=["update", "skip"])
-def test_adamw_records_each_weights_amax(norm: float) -> None:
-    """With fp8's table (microgpt/fp8.amax_blocks), k_adamw leaves in amaxes[j] the finite max |p| of weight j's
-    masters as it stored them (updated, or as they were when the norm skips the step), for weights that start and
-    end inside blocks, lie next to each other or leave a gap (LayerNorm's parameters); everything else it writes is
-    what it writes without the table. An inf and a NaN among the masters are left out, as the casts leave them."""
-    from microgpt import fp8
-
+def test_adamw_records_each_segments_max(norm: float) -> None:
+    """With a segment table (ops/adamw.segment_table_of), k_adamw leaves in segment_max[j] the finite max |p| of
+    segment j as it stored it (updated, or as it was when the norm skips the step), for segments that start and end
+    inside blocks, lie next to each other or leave a gap (LayerNorm's parameters between fp8's weights); everything
+    else it writes is what it writes without the table. An inf and a NaN among p are left out. The NumPy half
+    records the same from the same p."""
     rng = np.random.default_rng(3)
-    n = 9000  # blocks of fp8.AMAX_BLOCK (2,048): every weight starts or ends inside one
+    n = 9000  # blocks of SEGMENT_BLOCK (2,048): every segment starts or ends inside one
     segments = [(0, 2500), (2600, 4800), (4800, 7100), (7300, 9000)]
     p, g, m, v, mask = _state(rng, n)
     for (start, end), f in zip(segments, rng.uniform(0.1, 5, len(segments))):
         p[start:end] *= f  # amaxes far apart: one weight's elements counted in another's would show
     p[100], p[5000] = np.inf, np.nan
-    table = fp8.amax_blocks(segments, n)
+    table = ref_adamw.segment_table_of(segments, n)
     hyper = t(np.array([2e-3, 0.1, 0.05, 0.5]), F32)
     runs = []
     for fused in (False, True):
         bufs = [t(a.copy(), F32) for a in (p, g, m, v)] + [torch.zeros(n, dtype=torch.bfloat16, device=DEVICE)]
-        amaxes = torch.zeros(len(segments), dtype=F32, device=DEVICE)
-        extra = {"amax_blocks": t(table), "amaxes": amaxes} if fused else {}
+        seg_max = torch.zeros(len(segments), dtype=F32, device=DEVICE)
+        extra = {"segment_table": t(table), "segment_max": seg_max} if fused else {}
         ka.adamw_step(*bufs[:4], t(mask), bufs[4], hyper, t(np.array([norm]), F32), B1, B2, EPS, WD, 1.0, **extra)
-        runs.append([h(b.float()) for b in bufs] + [h(amaxes)])
+        runs.append([h(b.float()) for b in bufs] + [h(seg_max)])
     for name, a, b in zip(("p", "g", "m", "v", "p_compute"), runs[0], runs[1]):
         np.testing.assert_array_equal(a, b, err_msg=name)
     stored = np.abs(runs[1][0])
     want = [np.max(np.where(np.isfinite(stored[s:e]), stored[s:e], 0)) for s, e in segments]
     assert runs[1][5].tolist() == np.float32(want).tolist()
+    numpy_max = np.zeros(len(segments), np.float32)
+    ref_adamw.record_segment_max(numpy_max, table, runs[1][0])
+    assert numpy_max.tolist() == runs[1][5].tolist()

@@ -61,7 +61,7 @@ def test_an_fp8_run_decodes_on_triton_as_on_numpy(tmp_path: Path) -> None:
     """A run trained in fp8 (2 steps: its sidecar carries the amax histories) through sample.open_trained on both
     backends in fp8, prompt and 12 greedy tokens of the NumPy run fed to both: each step's logits agree, so the
     triton state scales by the sidecar's histories as the NumPy one does. The triton side computes between fp32
-    activations (precision.make's fp8_compute), where the E4M3 operands are the reference's (bf16 activations move
+    activations (precision.make's compute), where the E4M3 operands are the reference's (bf16 activations move
     some across E4M3's rounding steps: tests/kernels/test_gpu_decode.py holds those to the forward's own distance);
     the CLI's own fp8 run on the triton backend then answers."""
     exp = write_experiment(tmp_path, train={"precision": "fp8", "backend": "numpy", "steps": 2, "eval_every": 100})
@@ -69,7 +69,7 @@ def test_an_fp8_run_decodes_on_triton_as_on_numpy(tmp_path: Path) -> None:
     ld = load_trained(str(tmp_path / "run"))
     assert "fp8_amax_history" in ld.side
     logits = []
-    for K in (numpy_backend(precision_name="fp8"), triton_backend("fp8", fp8_compute="fp32")):
+    for K in (numpy_backend(precision_name="fp8"), triton_backend("fp8", compute="fp32")):
         gen, tok = sample.open_trained(ld, 1, K)
         ids = tok.encode("def ")
         steps = [gen.feed(ids)]

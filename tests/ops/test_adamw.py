@@ -4,9 +4,10 @@ torch.nn.utils.clip_grad_norm_: the scale, the clip and the update in one call, 
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from microgpt.ops.adamw import adamw_step
+from microgpt.ops.adamw import adamw_step, segment_table_of
 
 from ._util import F32_TOL, F64_TOL, check
 
@@ -111,3 +112,62 @@ def test_adamw_float32_and_compute_copy() -> None:
         assert a.dtype == np.float32, f"{name} left float32"
         check(name, a, b, F32_TOL)
     np.testing.assert_array_equal(pc, got[0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_segment_table_says_whose_each_element_is(seed: int) -> None:
+    """segment_table_of on random layouts (segments next to each other, gaps between them, edges on and off block
+    boundaries, the last block short): reading each block's row as AdamW does gives every element's segment (or
+    none); a layout with a segment inside one block, touching neither edge, gets None."""
+    rng = np.random.default_rng(seed)
+    block = 16
+    segments, at = [], int(rng.integers(0, 20))
+    for _ in range(int(rng.integers(1, 8))):
+        size = int(rng.integers(block, 5 * block))
+        segments.append((at, at + size))
+        at += size + int(rng.choice([0, 0, 1, 7, 16, 40]))
+    n = at + int(rng.integers(0, 30))
+    order = rng.permutation(len(segments))  # the table takes the segments in any order: j is the position given
+    given = [segments[j] for j in order]
+    owner = np.full(n, -1)
+    for j, (start, end) in enumerate(given):
+        owner[start:end] = j
+    table = segment_table_of(given, n, block)
+    assert table is not None and table.shape == (-(-n // block), 4) and table.dtype == np.int32
+    read = np.full(n, -1)
+    for b, (a, end_a, w, start_b) in enumerate(table):
+        i = np.arange(b * block, min((b + 1) * block, n)) - b * block
+        read[b * block + i] = np.where(i < end_a, a, np.where(i >= start_b, w, -1))
+    np.testing.assert_array_equal(read, owner)
+    assert segment_table_of([(0, 40), (41, 47), (50, 90)], 100, block) is None  # (41, 47) inside block 2
+    assert segment_table_of([(0, 40), (48, 52), (64, 90)], 100, block) is not None  # (48, 52) starts a block
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the inf among p: inf - inf in its update
+@pytest.mark.parametrize("norm", [4.0, np.inf], ids=["update", "skip"])
+def test_segment_max_is_each_segments_finite_max_as_stored(norm: float) -> None:
+    """With a segment table, adamw_step max-es into segment_max[j] the finite max |p| of segment j as it leaves p
+    (updated, or untouched where the norm skips the step); everything else is what it is without the table. An inf
+    and a NaN among p are left out; a value already larger in segment_max stays."""
+    rng = np.random.default_rng(2200)
+    n = 9000  # rows of SEGMENT_BLOCK (2,048): every segment starts or ends inside one
+    segments = [(0, 2500), (2600, 4800), (4800, 7100), (7300, 9000)]
+    p = rng.standard_normal(n).astype(np.float32)
+    for (start, end), f in zip(segments, rng.uniform(0.1, 5, len(segments))):
+        p[start:end] *= f  # maxima far apart: one segment's elements counted in another's would show
+    p[100], p[5000] = np.inf, np.nan
+    g, m, v = rng.standard_normal(n).astype(np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32)
+    mask, hyper = np.ones(n, np.uint8), hyper_at(1, 1e-2, np.float32)
+    table = segment_table_of(segments, n)
+    runs = []
+    for with_table in (False, True):
+        arrays = [a.copy() for a in (p, g, m, v)]
+        seg_max = np.array([0, 0, 0, 1e9], np.float32)
+        extra = {"segment_table": table, "segment_max": seg_max} if with_table else {}
+        adamw_step(*arrays, mask, None, hyper, np.array([norm], np.float32), BETA1, BETA2, EPS, WD, MAX_NORM, **extra)
+        runs.append((arrays, seg_max))
+    for name, a, b in zip("pgmv", runs[0][0], runs[1][0]):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    stored = np.abs(runs[1][0][0])
+    want = [np.max(np.where(np.isfinite(stored[s:e]), stored[s:e], 0)) for s, e in segments[:3]] + [1e9]
+    assert runs[1][1].tolist() == np.float32(want).tolist()

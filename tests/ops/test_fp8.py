@@ -273,32 +273,3 @@ def test_head_fp8_against_torch_float64(N: int, C: int, V: int, R: int, fused: b
     check("dwte", dwte - dwte0, wt.grad, 1e-5)
     exact_losses = F.cross_entropy(exact.detach(), tgt, reduction="none", ignore_index=-1).numpy()
     assert not np.allclose(losses, exact_losses, rtol=1e-5, atol=0), "the logits must come from the E4M3 operands"
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_amax_blocks_say_whose_each_element_is(seed: int) -> None:
-    """fp8.amax_blocks on random layouts (weights next to each other, gaps between them, edges on and off block
-    boundaries, the last block short): reading each block's row as AdamW does gives every element's weight (or
-    none); a layout with a weight inside one block, touching neither edge, gets None."""
-    rng = np.random.default_rng(seed)
-    block = 16
-    segments, at = [], int(rng.integers(0, 20))
-    for _ in range(int(rng.integers(1, 8))):
-        size = int(rng.integers(block, 5 * block))
-        segments.append((at, at + size))
-        at += size + int(rng.choice([0, 0, 1, 7, 16, 40]))
-    n = at + int(rng.integers(0, 30))
-    order = rng.permutation(len(segments))  # the table takes the weights in any order: j is the position given
-    given = [segments[j] for j in order]
-    owner = np.full(n, -1)
-    for j, (start, end) in enumerate(given):
-        owner[start:end] = j
-    table = fp8.amax_blocks(given, n, block)
-    assert table is not None and table.shape == (-(-n // block), 4) and table.dtype == np.int32
-    read = np.full(n, -1)
-    for b, (a, end_a, w, start_b) in enumerate(table):
-        i = np.arange(b * block, min((b + 1) * block, n)) - b * block
-        read[b * block + i] = np.where(i < end_a, a, np.where(i >= start_b, w, -1))
-    np.testing.assert_array_equal(read, owner)
-    assert fp8.amax_blocks([(0, 40), (41, 47), (50, 90)], 100, block) is None  # (41, 47) inside block 2
-    assert fp8.amax_blocks([(0, 40), (48, 52), (64, 90)], 100, block) is not None  # (48, 52) starts a block

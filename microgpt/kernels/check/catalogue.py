@@ -20,7 +20,7 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-from microgpt.fp8 import AMAX_BLOCK, OSLOT, SLOT, Fp8Weight, Priming
+from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
 from microgpt.kernels import (
     adamw,
     argmax,
@@ -29,6 +29,7 @@ from microgpt.kernels import (
     decode,
     embedding,
     fp8,
+    fp8_cast,
     gelu,
     gemm,
     gradclip,
@@ -37,8 +38,9 @@ from microgpt.kernels import (
     relu2,
     rmsnorm,
 )
+from microgpt.ops.adamw import SEGMENT_BLOCK
 
-KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm,
+KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
                   relu2, rmsnorm)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
@@ -243,18 +245,18 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         mm.cast_weights([w])
         mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
         L = 12  # a site over its layers, as the step casts it (the amaxes a site's every fourth)
-        fp8.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
+        fp8_cast.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
                  e(L, G, OC, Cin, dt=f8), hist=0, take=e(4 * L, dt=f32)[::4])  # fmt: skip
-    fp8.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's wte
-    fp8.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, hist=0, take=e(1, dt=f32))
-    fp8.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
+    fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's wte
+    fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, hist=0, take=e(1, dt=f32))
+    fp8_cast.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), True)
     mm.roll(e(12, 4, 2, OSLOT, dt=f32), False)
-    n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its table: fp8.amax_blocks)
+    n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its segment maxima: ops/adamw.py)
     flat = e(n, dt=f32)
-    table = e(triton.cdiv(n, AMAX_BLOCK), 4, dt=torch.int32)
+    table = e(triton.cdiv(n, SEGMENT_BLOCK), 4, dt=torch.int32)
     adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), e(n), e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8,
-                     0.1, 1.0, amax_blocks=table, amaxes=e(49, dt=f32))  # fmt: skip
+                     0.1, 1.0, segment_table=table, segment_max=e(49, dt=f32))  # fmt: skip
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
