@@ -40,6 +40,9 @@ def train_parser() -> ArgParser:
     p.add_argument("--json", action="store_true",
                    help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
                    "the proxy asks for them)")  # fmt: skip
+    p.add_argument("--check", action="store_true",
+                   help="check the flags, the experiment and the job (--procs: this machine's ranks and memory), "
+                   "then exit without writing anything (microgpt run asks for it before it starts)")  # fmt: skip
     return p
 
 
@@ -64,6 +67,10 @@ def cmd_train(argv: list[str]) -> int:
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
+    if args.check:
+        if (args.procs or 1) > 1 and not job.launched():
+            job.check_job(exp, args.procs)
+        return 0
     out = Path(args.out or Path("runs") / exp.name)
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)

@@ -74,15 +74,21 @@ def test_auto_with_procs_is_one_line_before_any_rank(tmp_path: Path) -> None:
     assert not list((tmp_path / "run").glob("ckpt/*")) and not (tmp_path / "run" / "train.jsonl").exists()
 
 
-def test_run_passes_the_engine_s_own_refusal_of_the_job_on(tmp_path: Path) -> None:
-    """`microgpt run --procs 2 --micro-batch auto`: the proxy builds no plan and checks no job itself; the engine it
-    starts refuses the job before any rank starts (job.check_job), and the proxy ends with the engine's exit code 2,
-    not retrying, with no checkpoint written."""
+def test_run_asks_the_engine_to_check_the_job_before_writing(tmp_path: Path) -> None:
+    """`microgpt run --procs 2 --micro-batch auto`: the proxy builds no plan and checks no job itself; the engine's
+    own check (`microgpt train --check`) refuses it, and its line is the run's one line, exit 2, nothing written."""
     exp = write_experiment(tmp_path)
     r = cli("run", str(exp), "--out", str(tmp_path / "run"), "--procs", "2", "--micro-batch", "auto")
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert r.returncode == 2 and errors == [
+    assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: train.micro_batch 'auto' is one process's choice: under data parallel give it as a number (the one "
         "`microgpt train --micro-batch auto` prints on one card)"
     ], r.stderr
-    assert "not retrying" in r.stderr and not list((tmp_path / "run").glob("ckpt/*"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_check_writes_nothing(tmp_path: Path) -> None:
+    """`microgpt train --check`: the pre-flight alone, exit 0 and no run folder for a job this machine can run."""
+    exp = write_experiment(tmp_path)
+    r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--procs", "2", "--check")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert not (tmp_path / "run").exists()

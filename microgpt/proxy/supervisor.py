@@ -39,7 +39,9 @@ import math
 import os
 import queue
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -456,6 +458,21 @@ def run_parser() -> ArgParser:
     return p
 
 
+def preflight(engine: dict[str, Any], procs: int) -> None:
+    """The engine's own check of one phase's job as `procs` ranks (`microgpt train --check`: the machine's ranks and
+    memory), before anything is written; its `error:` line is the proxy's one line (ConfigError). The proxy builds no
+    plan itself: the engine's command line is its whole interface."""
+    with tempfile.TemporaryDirectory(prefix="microgpt-preflight-") as tmp:
+        phase = Path(tmp) / "phase.json"
+        phase.write_text(json.dumps(engine))
+        cmd = [sys.executable, "-m", "microgpt.cli", "train", str(phase), "--procs", str(procs), "--check"]
+        res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        lines = res.stderr.strip().splitlines()
+        raise ConfigError(lines[-1].removeprefix("error: ") if lines else f"--procs {procs}: the engine's check "
+                          f"ended with exit code {res.returncode}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     """`microgpt run`: bad input (flags, experiment, run files, port) is one `error:` line and exit 2; a run file
     the disk refuses (full, read-only) is one `error:` line and exit 4, the engine stopped first."""
@@ -473,6 +490,8 @@ def supervise(argv: list[str]) -> int:
     if args.max_restarts is not None:
         check_number(args.max_restarts, "--max-restarts", 0, config.INT_MAX, integer=True, error=ConfigError)
         schedule.settings.max_restarts = args.max_restarts
+    for ph in schedule.phases if (args.procs or 1) > 1 else []:  # one line now, not one per rank later
+        preflight(ph.engine, args.procs)
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
