@@ -1,0 +1,97 @@
+"""The modern block (model.block "modern") and Muon on the triton backend, end to end, against the NumPy backend:
+the training forward and backward, two whole optimizer steps (AdamW on the embedding and head, Muon on the
+matrices, the clip acting), and the decode step. Through the interpreter in CI (fp32), on the GPU where there is
+one (MICROGPT_TEST_GPU=1)."""
+
+import dataclasses
+
+import numpy as np
+
+from microgpt.config import ModelConfig, TrainConfig
+from microgpt.engine import backend, model, params
+from microgpt.engine.infer import make_infer_state
+from microgpt.engine.state import make_state
+from microgpt.engine.step import Step
+
+from ._kutil import check
+
+M = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern", softcap=6.0)
+B = 2
+
+
+def _state(name: str, t: TrainConfig):
+    """make_state on one backend, the logits chunk forced to 12 rows (3 chunks, the last short), the weights
+    perturbed off their init (its zero matrices would hide wiring mistakes), the same on both backends."""
+    K = backend.numpy_backend() if name == "numpy" else backend.triton_backend(t.precision)
+    K = dataclasses.replace(K, logits_rows=lambda m, b: 12)
+    S = make_state(M, t, K)
+    w = S.K.to_numpy(S.p).copy()
+    w += np.random.default_rng(len(w)).standard_normal(w.shape).astype(np.float32) * 0.1
+    S.K.copy_in(S.p, w)
+    if S.p_compute is not None:
+        S.K.copy_in(S.p_compute, w)
+    return S
+
+
+def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.integers(0, M.vocab_size, size=(B, M.seq_len)).astype(np.int32)
+    y = rng.integers(0, M.vocab_size, size=(B, M.seq_len)).astype(np.int32)
+    y[0, :3] = -1
+    return x, y
+
+
+def test_forward_backward_matches_numpy() -> None:
+    t = TrainConfig(micro_batch=B, optimizer="muon")
+    Sn, St = _state("numpy", t), _state("triton", t)
+    x, y = _batch(np.random.default_rng(1))
+    for S in (Sn, St):
+        K, A = S.K, S.arena
+        K.copy_in(A["tokens"][0], x)
+        K.copy_in(A["targets"][0], y)
+        K.copy_in(A["loss_scale"], np.ones(1))
+        model.gpt_forward(K, M, S.P_compute, A, A["tokens"][0], A["targets"][0], S.G)
+        model.gpt_backward(K, M, S.P_compute, S.G, A, A["tokens"][0])
+    check("losses", St.K.to_numpy(St.arena["losses"]), Sn.arena["losses"], 1e-5)
+    for name, _ in params.param_shapes(M):
+        check(name, St.K.to_numpy(St.G[name]), Sn.G[name], 1e-4)
+
+
+def test_two_muon_steps_match_numpy() -> None:
+    """step.optimizer_step on both backends: the same losses and norms, and after two steps with the clip acting
+    the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head), v zero where Muon
+    owns a parameter, the gradients left zero."""
+    t = TrainConfig(micro_batch=B, n_micro=2, grad_clip=0.05, optimizer="muon", lr=0.05, head_lr=0.01,
+                    muon_lr=0.03, weight_decay=0.0, muon_weight_decay=0.1, beta1=0.8)  # fmt: skip
+    rng = np.random.default_rng(2)
+    steps = [[_batch(rng) for _ in range(t.n_micro)] for _ in range(2)]
+    results = {}
+    for name in ("numpy", "triton"):
+        S = _state(name, t)
+        step = Step(S)
+        results[name] = (S, [step(batches, t.lr * (i + 1) / 2) for i, batches in enumerate(steps)])
+    (Sn, rn), (St, rt) = results["numpy"], results["triton"]
+    for a, b in zip(rt, rn):
+        assert abs(a.loss - b.loss) < 1e-5 * abs(b.loss)
+        assert abs(a.grad_norm - b.grad_norm) < 1e-4 * b.grad_norm
+    assert rn[0].grad_norm > t.grad_clip, "the clip should act"
+    for name in ("p", "adam_m", "adam_v"):
+        check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
+    v = params.views(Sn.adam_v, M)
+    assert not any(v[name].any() for name, _, _ in params.matrices(M)), "Muon writes nothing into v"
+    assert v["wte"].any() and v["lm_head"].any()
+    assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
+
+
+def test_decode_matches_numpy() -> None:
+    """The decode step (rotary at each row's position, from its own cache row) on both backends."""
+    w = params.init_weights(M, 3) + np.random.default_rng(4).standard_normal(params.n_params(M)).astype(np.float32)
+    w *= 0.3
+    ids = np.random.default_rng(5).integers(0, M.vocab_size, (2, 6)).astype(np.int32)
+    logits = {}
+    for name in ("numpy", "triton"):
+        K = backend.numpy_backend() if name == "numpy" else backend.triton_backend("fp32")
+        S = make_infer_state(M, K, 2, w)
+        slots = np.array([1, 0], np.int32)
+        logits[name] = [S.K.to_numpy(S.decode(ids[:, i], np.full(2, i, np.int32), slots)).copy() for i in range(6)]
+    for i, (a, b) in enumerate(zip(logits["triton"], logits["numpy"])):
+        check(f"logits at {i}", a, b, 1e-4)
