@@ -88,7 +88,7 @@ class Precision(Protocol):
     @property
     def gelu_planned(self) -> bool: ...
 
-    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]: ...
+    def rows(self, m: ModelConfig, N: int, weight_maxima: bool = True) -> list[Buf]: ...
 
     def label(self) -> str: ...
 
@@ -183,7 +183,7 @@ def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
         ("loss_sum", (2,), "f32"),  # evaluation: (sum of losses, count) of one micro-batch
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
-    bufs += prec.rows(m, N)
+    bufs += prec.rows(m, N, weight_maxima=t.optimizer == "adamw")  # one AdamW call over every parameter
     acts, scratch = (_modern_rows if m.block == "modern" else _gpt2_rows)(m, t, prec, B)
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in acts]
     # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
@@ -292,7 +292,7 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     bufs = [Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
             for role in roles for name, shape in params.param_shapes(m)]  # fmt: skip
     modern = m.block == "modern"
-    bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N, train=False)
+    bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N, weight_maxima=False)
     stats = [("ln_rstd", (N,)), ("qk_rstd", (2, N, NH))] if modern else [("ln_mean", (N,)), ("ln_rstd", (N,))]
     stats += [("att_lse", (B * NH * T,)), ("losses", (N,)), ("ce_lse", (N,))]
     bufs += [Buf(name, shape, "scratch", "f32") for name, shape in stats]

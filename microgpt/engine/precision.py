@@ -184,9 +184,10 @@ class Precision:
         """The NumPy dtype of a plan kind this precision brings (its rows'), for the numpy backend's views."""
         raise KeyError(f"precision {self.name} has no plan kind {kind!r}")
 
-    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
-        """The plan rows this precision adds for N tokens a micro-batch (train: of a training plan, which has an
-        optimizer step; else an inference plan's)."""
+    def rows(self, m: ModelConfig, N: int, weight_maxima: bool = True) -> list[Buf]:
+        """The plan rows this precision adds for N tokens a micro-batch. weight_maxima: whether the plan's optimizer
+        step can record each weight's max |w| on its way (a training plan whose one AdamW call covers every
+        parameter; not an inference plan, nor Muon's, whose matrices AdamW does not see)."""
         return []
 
     def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
@@ -211,7 +212,7 @@ class Fp8(Precision):
         """E4M3 for the kind "f8" (ml_dtypes, imported here: only a plan of fp8 needs it)."""
         return e4m3() if kind == "f8" else super().numpy_dtype(kind)
 
-    def rows(self, m: ModelConfig, N: int, train: bool = True) -> list[Buf]:
+    def rows(self, m: ModelConfig, N: int, weight_maxima: bool = True) -> list[Buf]:
         """Every block GEMM site's two E4M3 weight layouts, its weights' scale slot, and the slots of its input and
         of its output gradient with their amax histories (carried across steps); the LM head's E4M3 wte and its two
         slots where its logits GEMM runs in E4M3. On the GPU also the casts' scratch ("kernel": E4M3 operands in
@@ -237,7 +238,7 @@ class Fp8(Precision):
             bufs += [Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]
             bufs += [Buf(f"h{layer}.{site}.xt", (C_in * N,), "acts", "f8") for layer in range(m.n_layer)
                      for site, (_, C_in, _) in sites.items()]  # fmt: skip
-            if train and (blocks := amax_blocks(m)) is not None:
+            if weight_maxima and (blocks := amax_blocks(m)) is not None:
                 bufs += [Buf("fp8_amax_blocks", blocks.shape, "optim", "i32"),
                          Buf("fp8_wamax", (len(weight_segments(m)),), "optim", "f32")]  # fmt: skip
         return bufs
@@ -255,8 +256,9 @@ class Fp8(Precision):
                                              slots[1], priming, arena.get(name + ".xt")))  # fmt: skip
         head = None
         if fp8.head_in_fp8(m.vocab_size):
-            wte = params.named(arena.flat("compute_params" if self.compute_copy else "params"), m)["wte"]
-            head = fp8.Fp8Head(wte, params.named(p, m)["wte"], arena["lm_head.w8"], *arena["fp8_head_slots"])
+            hw = params.family(m).head_weight  # wte when tied, lm_head in the modern block
+            wte = params.named(arena.flat("compute_params" if self.compute_copy else "params"), m)[hw]
+            head = fp8.Fp8Head(wte, params.named(p, m)[hw], arena["lm_head.w8"], *arena["fp8_head_slots"])
         if self.backend == "triton":  # the casts' planned scratch (rows above)
             kernel_state["scratch"] = {name: arena[name] for name in (*fp8.SCRATCH, "fp8_wgrad")}
         asked = {}
@@ -269,13 +271,14 @@ class Fp8(Precision):
 
 def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
     """(start, end) of each E4M3 weight's masters in the flat parameters, in the order the weights' cast takes them
-    (Fp8State.cast_weights): every layer's sites (a site's G weights as one), then the head's wte where its logits
-    GEMM runs in E4M3."""
+    (Fp8State.cast_weights): every layer's sites (a site's G weights as one), then the head's matrix (wte, or the
+    modern block's lm_head) where its logits GEMM runs in E4M3."""
     offsets, sites = params.param_offsets(m), params.site_shapes(m.d_model)
     out = [(o, o + G * C * OC) for layer in range(m.n_layer) for site, (G, C, OC) in sites.items()
            for o in [offsets[f"h{layer}.{params.SITES[site][0]}"]]]  # fmt: skip
     if fp8.head_in_fp8(m.vocab_size):
-        out.append((offsets["wte"], offsets["wte"] + m.vocab_size * m.d_model))
+        head = offsets[params.family(m).head_weight]
+        out.append((head, head + m.vocab_size * m.d_model))
     return out
 
 

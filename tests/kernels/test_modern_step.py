@@ -95,3 +95,25 @@ def test_decode_matches_numpy() -> None:
         logits[name] = [S.K.to_numpy(S.decode(ids[:, i], np.full(2, i, np.int32), slots)).copy() for i in range(6)]
     for i, (a, b) in enumerate(zip(logits["triton"], logits["numpy"])):
         check(f"logits at {i}", a, b, 1e-4)
+
+
+def test_fp8_muon_steps_match_numpy() -> None:
+    """precision fp8 (E4M3 block linears and untied head; fp32 activations, which the interpreter runs and the NumPy
+    reference specifies without bf16's rounding): two whole steps under Muon on both backends, the same losses and
+    weights; the weights' E4M3 copies follow the masters through the cast's own amax pass."""
+    m = dataclasses.replace(M, vocab_size=64)  # a multiple of 16: the head's logits GEMM in E4M3 too
+    t = TrainConfig(micro_batch=B, n_micro=2, precision="fp8", optimizer="muon", lr=0.05, head_lr=0.01,
+                    muon_lr=0.03, weight_decay=0.0)  # fmt: skip
+    rng = np.random.default_rng(6)
+    draw = lambda: rng.integers(0, m.vocab_size, (B, m.seq_len)).astype(np.int32)  # noqa: E731
+    steps = [[(draw(), draw()) for _ in range(t.n_micro)] for _ in range(2)]
+    out = {}
+    for name, K in (("numpy", backend.numpy_backend(precision_name="fp8")),
+                    ("triton", backend.triton_backend("fp8", compute="fp32"))):  # fmt: skip
+        S = make_state(m, t, K)
+        step = Step(S)
+        out[name] = (S, [step(batches, t.lr) for batches in steps])
+    (Sn, rn), (St, rt) = out["numpy"], out["triton"]
+    for a, b in zip(rt, rn):
+        assert abs(a.loss - b.loss) < 1e-3 * abs(b.loss), (a.loss, b.loss)
+    check("p", St.K.to_numpy(St.p), Sn.p, 1e-3)
