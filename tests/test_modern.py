@@ -4,7 +4,10 @@ step and the decode step against the training forward; and the seed's checkpoint
 
 from __future__ import annotations
 
+import json
 import math
+import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +181,44 @@ def test_fp8_trains_the_modern_block_next_to_fp32() -> None:
         losses[prec] = [step(two[i % 2], t.lr).loss for i in range(12)]
     assert losses["fp32"][-1] < losses["fp32"][0] - 1.0, losses["fp32"]
     assert abs(losses["fp8"][-1] - losses["fp32"][-1]) < 0.02 * losses["fp32"][-1], losses
+
+
+MODERN_RUN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
+              "train": {"optimizer": "muon", "lr": 0.05, "head_lr": 0.01, "muon_lr": 0.02, "weight_decay": 0.0,
+                        "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
+
+
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path) -> None:
+    """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
+    --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
+    bytes of the same run never stopped."""
+    from microgpt import checkpoint
+    from tests.conftest import cli, write_experiment
+    from tests.test_cli import start_training, wait_for_step
+
+    exp = write_experiment(tmp_path, **MODERN_RUN)
+    final = checkpoint.ckpt_name(6)
+    straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
+    assert straight.returncode == 0, straight.stderr
+    proc = start_training(exp, tmp_path / "b", 6)
+    wait_for_step(proc, 2, [])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    resumed = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--resume", "latest")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (tmp_path / "a/ckpt" / final).read_bytes() == (tmp_path / "b/ckpt" / final).read_bytes()
+    ck = checkpoint.read_checkpoint(tmp_path / "a/ckpt" / final)
+    m = ModelConfig(**{**json.loads(exp.read_text())["model"]})
+    v = params.named(ck.v, m)
+    assert not any(v[name].any() for name, _, _ in params.matrices(m)) and v["wte"].any()
+
+    two = ("--procs", "2", "--set", "train.micro_batch=2")
+    whole = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "two"), *two)
+    assert whole.returncode == 0, whole.stderr
+    half = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "half"), *two, "--set",
+               "train.ckpt_every=3")  # fmt: skip
+    assert half.returncode == 0, half.stderr
+    ck3 = tmp_path / "half/ckpt" / checkpoint.ckpt_name(3)
+    again = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "again"), *two, "--resume", str(ck3))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "two/ckpt" / final).read_bytes() == (tmp_path / "again/ckpt" / final).read_bytes()
