@@ -428,6 +428,9 @@ def report(res: dict[str, Any]) -> str:
                  "b_reaches_c_final_x_sooner": "(b) reaches (c)'s final loss {:.2f}x sooner than (c) (goal >= 1.25)",
                  "b_tokens_per_s_over_a": "(b)'s tokens/s over (a)'s: {:.2f}x (goal >= 0.9)"}  # fmt: skip
     lines += [""] + [goal_text[k].format(v) for k, v in res["goals"].items()]
+    budgets = {x: s["budget_s"] for x, s in ok.items()}
+    if len(set(budgets.values())) > 1:
+        lines.append("the sides ran with different budgets: " + ", ".join(f"{x} {b:g} s" for x, b in budgets.items()))
     for x, s in ok.items():
         points = ", ".join(f"{e['train_s']:.0f} s {e['val_loss']:.3f}" for e in s["evals"])
         lines.append(f"({x}) val loss at training seconds: {points}")
