@@ -281,8 +281,7 @@ def engine_cmd(experiment: str, out: Path, sets: list[str]) -> list[str]:
 
 def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Side x: calibrate (unless --steps names it), train, and summarize; side-<x>.json's record."""
-    side = SIDES[x]
-    experiment = (args.gpt2 or shape.gpt2) if side.recipe == "gpt2" else (args.modern or shape.modern)
+    side, experiment = SIDES[x], experiment_of(x, shape, args)
     run_dir = folder / f"side-{x}"
     shutil.rmtree(run_dir, ignore_errors=True)
     sets = overrides(shape, (folder / "data").resolve()) + args.set
@@ -308,6 +307,12 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
     return {"side": x, "label": side.label, "experiment": experiment, "command": cmd, "budget_s": args.budget_s,
             "warm": args.warm, "calibration": calibration, "wall_s": round(time.monotonic() - t0, 2),
             **summarize(records, args.warm)}  # fmt: skip
+
+
+def experiment_of(x: str, shape: Shape, args: argparse.Namespace) -> str:
+    """Side x's experiment file: --gpt2 / --modern (from the working folder), else the shape's (from the repo)."""
+    given = args.gpt2 if SIDES[x].recipe == "gpt2" else args.modern
+    return str(Path(given).resolve() if given else REPO / (shape.gpt2 if SIDES[x].recipe == "gpt2" else shape.modern))
 
 
 def twin_cmd(experiment: str, sets: list[str], shape: Shape, steps: int | None, every: int | None,
@@ -492,7 +497,15 @@ def main(argv: list[str]) -> int:
     args.budget_s, args.eval_s = args.budget_s or shape.budget_s, args.eval_s or shape.eval_s
     if args.corpus_bytes:
         shape = Shape(**{**shape.__dict__, "corpus_bytes": args.corpus_bytes})
-    folder = args.out / args.shape
+    folder = args.out.resolve() / args.shape
+    missing = [
+        (x, experiment_of(x, shape, args)) for x in args.sides if not Path(experiment_of(x, shape, args)).is_file()
+    ]
+    if missing and not args.merge and not args.prep_only:  # before any device time goes to prep
+        x, path = missing[0]
+        flag = "--gpt2" if SIDES[x].recipe == "gpt2" else "--modern"
+        print(f"error: side {x}: no experiment file {path} (give one with {flag})", file=sys.stderr)
+        return 2
     if not args.merge:
         prepare(shape, folder)
         if args.prep_only:

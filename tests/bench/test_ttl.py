@@ -125,3 +125,10 @@ def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     assert "(a) val loss at training seconds:" in res.stdout and "| a | microgpt gpt-2 |" in res.stdout
     w, h, colors = read_png(folder / "ttl.png")
     assert (w, h) == (960, 600) and {plot.COLORS[0], plot.COLORS[1]} <= colors
+
+
+def test_a_missing_experiment_is_one_error_line_before_any_prep(tmp_path: Path) -> None:
+    res = run_ttl(tmp_path, "--sides", "a,b", "--modern", str(tmp_path / "nope.json"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: side b: no experiment file {tmp_path / 'nope.json'} (give one with --modern)"]  # fmt: skip
+    assert not (tmp_path / "tiny").exists()
