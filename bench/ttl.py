@@ -46,6 +46,7 @@ merged results) and ttl.png (validation loss against training seconds, every sid
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -59,7 +60,6 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ from microgpt.config import INT_MAX, TrainConfig  # noqa: E402
 MAX_FILE_BYTES = 1 << 20  # a larger .py is mostly generated data (tables), not code
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Shape:
     gpt2: str  # side (a)'s experiment
     modern: str  # sides (b) and (c)'s
@@ -87,20 +87,21 @@ class Shape:
     backend: str  # the engine sides' train.backend and train.precision
     precision: str
     sets: tuple[str, ...] = ()  # more overrides of every side's experiment
+    min_tokens: int = 0  # fewer train tokens than this: prep says so (issue 46 asks for 100M at 120M and 12M)
 
 
 SHAPES = {
     "120m": Shape("experiments/ANDREA-120M-TRAIN.json", "experiments/ANDREA-120M-MODERN-TRAIN.json", 50304, 32, 4, 16,
-                  200.0, 10.0, 450_000_000, 0.01, "triton", "bf16"),
+                  200.0, 10.0, 450_000_000, 0.01, "triton", "bf16", min_tokens=100_000_000),
     "12m": Shape("experiments/ANDREA-12M-TRAIN.json", "experiments/ANDREA-12M-MODERN-TRAIN.json", 4096, 16, 4, 32,
-                 60.0, 3.0, 450_000_000, 0.01, "triton", "bf16"),
+                 60.0, 3.0, 450_000_000, 0.01, "triton", "bf16", min_tokens=100_000_000),
     "tiny": Shape("experiments/ANDREA-tiny-TRAIN.json", "experiments/ANDREA-tiny-MODERN-TRAIN.json", 512, 8, 1, 2,
                   3.0, 0.75, 1_500_000, 0.05, "numpy", "fp32",
                   ("model.d_model=64", "model.n_layer=2", "model.n_head=4", "model.seq_len=64")),
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Side:
     label: str
     recipe: str  # "gpt2" or "modern": which of the shape's experiments
@@ -190,6 +191,9 @@ def prepare(shape: Shape, folder: Path) -> dict[str, Any]:
             "val_tokens": manifest["splits"]["val"]["tokens"],
             "val_bytes_per_token": manifest["val_bytes_per_token"]}  # fmt: skip
     record.write_text(json.dumps(info, indent=1) + "\n")
+    if info["train_tokens"] < shape.min_tokens:
+        say(f"prep: only {info['train_tokens']:,} train tokens, fewer than {shape.min_tokens:,}: this machine's "
+            f"Python sources hold {found['bytes'] / 1e6:,.0f} MB (the sides may see some tokens twice)")  # fmt: skip
     say(f"prep: train {info['train_tokens']:,} tokens, val {info['val_tokens']:,}; gather {info['gather_s']} s, "
         f"prep {info['prep_s']} s on {info['cores']} cores")  # fmt: skip
     return info
@@ -496,7 +500,7 @@ def main(argv: list[str]) -> int:
     shape = SHAPES[args.shape]
     args.budget_s, args.eval_s = args.budget_s or shape.budget_s, args.eval_s or shape.eval_s
     if args.corpus_bytes:
-        shape = Shape(**{**shape.__dict__, "corpus_bytes": args.corpus_bytes})
+        shape = dataclasses.replace(shape, corpus_bytes=args.corpus_bytes)
     folder = args.out.resolve() / args.shape
     missing = [
         (x, experiment_of(x, shape, args)) for x in args.sides if not Path(experiment_of(x, shape, args)).is_file()
