@@ -7,16 +7,19 @@
     python3 bench/ttl.py --shape tiny                 # the CPU smoke path: numpy engine, PyTorch eager, seconds
 
 Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `microgpt train` of the modern recipe (an
-experiment of model.block "modern", train.optimizer "muon"), (c) bench/torch_modern.py, the PyTorch + torch.compile twin
-of (b)'s recipe reading (b)'s experiment. Each runs in its own process, on the shape's model (--set on every side:
-shard data from the prepared folder, the shape's vocab, micro-batch and n_micro, eval_batches, no periodic checkpoint).
+experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern),
+(c) bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment. Each runs in its
+own process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab,
+micro-batch and n_micro, eval_batches, no periodic checkpoint). An engine side is stopped (SIGKILL) once its last
+evaluation is out: its final checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny
+shape is the CPU smoke path: the engine sides on the NumPy backend (fp32), the twin eager in fp32.
 
 Data: the Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine
 has no network): .py files up to --corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an
 order fixed by a hash of their paths (a spread over all packages, not the first ones alphabetically), linked into one
-folder and prepared by `microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab, a val split of
---val-fraction of the files). Every side reads these shards through microgpt.data: the same batch for (step, micro)
-and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
+folder and prepared by `microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab; the shape's share of
+the files, 1% at 120M and 12M, is the val split). Every side reads these shards through microgpt.data: the same batch
+for (step, micro) and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
 
 Training seconds, counted the same way for every side: a step's time is the host clock from before its batches are
 read to after its loss is read back to the host (which waits for the GPU): the engine's step records carry it as
@@ -30,8 +33,9 @@ Budget: each side trains for about --budget-s training seconds. The engine's lr 
 so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + calib steps (its own process, which also
 warms the kernel and tuning caches for the run), (c) in its own process before training (torch_modern.py --budget-s).
 steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last.
-The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac and
-the other fractions stay. --steps a=N,b=M skips a side's calibration.
+The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays
+a fraction, and Muon's momentum warmup stays in steps. --steps a=N,b=M skips a side's calibration (evaluations then
+every steps x eval_s / budget_s).
 
 Time to a loss: the training seconds at which a side's validation loss first reaches it, interpolated linearly in
 seconds between the two evaluations around the crossing (before the first evaluation: from ln(vocab) at 0 s, the loss
