@@ -1,4 +1,4 @@
-"""The PyTorch twin of the modern recipe (issue 46; benchmark only, never the engine): /work/wt/MODERN.md's block as an
+"""The PyTorch twin of the modern recipe (issue 46; benchmark only, never the engine): the modern block as an
 nn.Module, Muon on the block matrices and AdamW on the embedding and the head, trained by torch.compile. Side (c) of
 bench/ttl.py; written from the recipe, as bench/torch_gpt.py is for GPT-2.
 
