@@ -168,3 +168,33 @@ def test_schedule_is_the_engines() -> None:
         for s in range(steps):
             assert tm.lr_factor(s, steps, t, f) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
             assert tm.momentum_at(s, f) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_twin_on_cuda_agrees_with_the_reference() -> None:
+    """The GPU path: torch.compile of the model under bf16 autocast, and the compiled Muon update in bf16, against the
+    float64 references above (bf16's tolerance)."""
+    rng = np.random.default_rng(2)
+    w = random_weights(rng)
+    idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
+    model = tm.Modern(M, FIELDS).cuda()
+    model.load_weights(w)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = torch.compile(model)(torch.from_numpy(idx).cuda(), torch.from_numpy(targets).cuda()).item()
+    want = reference_loss(w, idx, targets, FIELDS["softcap"])
+    assert abs(got - want) / want < 2e-2, (got, want)
+    muon = tm.Muon(model, compiled=True)
+    momentum = {name: np.zeros_like(w[name]) for name in w if "." in name}
+    for p in (model.qkvo, model.fc, model.proj):
+        p.grad = torch.zeros_like(p)
+    before = {name: model.slot(name).detach().t().cpu().numpy().astype(np.float64) for name in momentum}
+    for name in momentum:
+        g = rng.normal(size=w[name].shape)
+        grad_slot(model, name).copy_(torch.from_numpy(g).t())
+        reference_muon(before[name], g, momentum[name], 0.05, 0.9, 0.0)
+    muon.step(0.05, 0.9, 0.0)
+    for name in momentum:
+        got_w = model.slot(name).detach().t().cpu().numpy()
+        step_ref, step_got = before[name] - w[name], got_w - w[name]
+        assert np.linalg.norm(step_got - step_ref) / np.linalg.norm(step_ref) < 3e-2, name
