@@ -10,7 +10,8 @@ Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `micr
 experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern),
 (c) bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment. Each runs in its
 own process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab,
-micro-batch and n_micro, eval_batches, no periodic checkpoint). An engine side is stopped (SIGKILL) once its last
+micro-batch and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side
+or on those named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last
 evaluation is out: its final checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny
 shape is the CPU smoke path: the engine sides on the NumPy backend (fp32), the twin eager in fp32.
 
@@ -292,7 +293,7 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
     side, experiment = SIDES[x], experiment_of(x, shape, args)
     run_dir = folder / f"side-{x}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    sets = overrides(shape, (folder / "data").resolve()) + args.set
+    sets = overrides(shape, (folder / "data").resolve()) + side_sets(args.set, x)
     t0, calibration, steps = time.monotonic(), {}, args.steps.get(x)
     every = None if steps is None else max(1, round(steps * args.eval_s / args.budget_s))
     if side.engine:
@@ -315,6 +316,17 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
     return {"side": x, "label": side.label, "experiment": experiment, "command": cmd, "budget_s": args.budget_s,
             "warm": args.warm, "calibration": calibration, "wall_s": round(time.monotonic() - t0, 2),
             **summarize(records, args.warm)}  # fmt: skip
+
+
+def side_sets(assignments: list[str], x: str) -> list[str]:
+    """The --set assignments for side x: those with no side prefix, and those whose "SIDES:" prefix names x."""
+    out = []
+    for a in assignments:
+        head, colon, rest = a.partition(":")
+        named = colon and "=" not in head and set(head.split(",")) <= set(SIDES)
+        if not named or x in head.split(","):
+            out.append(rest if named else a)
+    return out
 
 
 def experiment_of(x: str, shape: Shape, args: argparse.Namespace) -> str:
@@ -494,7 +506,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calib", type=int, default=10, help="steps timed to calibrate a side")
     p.add_argument("--gpt2", help="side (a)'s experiment (default: the shape's)")
     p.add_argument("--modern", help="sides (b) and (c)'s experiment (default: the shape's)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="on every side")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[SIDES:]SECTION.FIELD=VALUE",
+        help="an override on every side, or on the sides named (a:train.lr=1e-3, b,c:train.muon_lr=0.03)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a side's process may run")
     return p
 

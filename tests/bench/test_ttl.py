@@ -80,6 +80,9 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
     assert s["train_s"] == pytest.approx(0.6) and s["tokens_per_s"] == pytest.approx(1000.0)
     assert ttl.plan(200.0, 0.25, 10.0, 5) == (800, 40) and ttl.plan(1.0, 1.0, 10.0, 5) == (11, 10)
     assert ttl.scaled_warmup(TrainConfig(steps=200_000, warmup_steps=2000), 900) == 9
+    sets = ["train.seed=3", "a:train.lr=0.001", "b,c:train.muon_lr=0.03", "data.path=x:y"]
+    assert ttl.side_sets(sets, "a") == ["train.seed=3", "train.lr=0.001", "data.path=x:y"]
+    assert ttl.side_sets(sets, "c") == ["train.seed=3", "train.muon_lr=0.03", "data.path=x:y"]
 
 
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
