@@ -7,13 +7,13 @@
     python3 bench/ttl.py --shape tiny                 # the CPU smoke path: numpy engine, PyTorch eager, seconds
 
 Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `microgpt train` of the modern recipe (an
-experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern),
-(c) bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment. Each runs in its
-own process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab,
-micro-batch and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side
-or on those named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last
-evaluation is out: its final checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny
-shape is the CPU smoke path: the engine sides on the NumPy backend (fp32), the twin eager in fp32.
+experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern), (c)
+bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment. Each runs in its own
+process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab, micro-batch
+and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side or on those
+named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last evaluation is out: its final
+checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny shape is the CPU smoke path:
+the engine sides on the NumPy backend (fp32), the twin eager in fp32.
 
 Data: the Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine
 has no network): .py files up to --corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an
