@@ -1,0 +1,381 @@
+"""The PyTorch twin of the modern recipe (issue 46; benchmark only, never the engine): the modern block as an
+nn.Module, Muon on the block matrices and AdamW on the embedding and the head, trained by torch.compile. Side (c) of
+bench/ttl.py; written from the recipe, as bench/torch_gpt.py is for GPT-2.
+
+    x0 = rmsnorm(wte[tokens])                                    no position table
+    per layer: q, k, v = rmsnorm(x) @ w_q, w_k, w_v;  q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
+               x = x + causal_attention(q, k, v) @ w_o;  x = x + relu(rmsnorm(x) @ w_1)^2 @ w_2
+    loss = cross_entropy(softcap * tanh(rmsnorm(x) @ lm_head.T / softcap), targets)
+
+RMSNorm has no weight (eps 1e-6; QK-norm over each head's D); RoPE is the rotate-half convention over each head's two
+halves at base model.rope_base; attention scales by 1/sqrt(D); no biases; w_o, w_2 and lm_head start at zero. The block
+matrices are stored stacked, as torch's [out, in] (qkvo (L, 4, C, C), fc (L, 4C, C), proj (L, C, 4C)), so each
+same-shaped group is one Muon batch and its gradient comes stacked; `slot` maps microgpt's names onto them.
+
+Muon (MODERN.md): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G'); X = U / (|U|_F + 1e-7)
+in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A, X = a X + B X; then
+W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte at train.lr and lm_head at
+train.head_lr (0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings). Every lr
+follows one schedule (`lr_factor`: warmup, hold, linear warmdown over the last warmdown_frac to min_lr / lr); Muon's
+momentum rises from muon_momentum_start to muon_momentum over muon_momentum_warmup steps. The global grad norm is
+clipped at train.grad_clip before both optimizers, as microgpt's step does.
+
+Data and timing are microgpt's: the batches of (step, micro) and the validation windows come from
+microgpt.data.make_loaders of the same experiment, and a step's time (dt_ms) is the host clock from before its batches
+are read to after its loss is read back, as run/trainer.py counts it. Records are microgpt's JSON lines (start, step,
+eval, done) on stdout. On CUDA: bf16 autocast and torch.compile; on the CPU (the smoke test): fp32, eager.
+
+    python3 bench/torch_modern.py experiments/ANDREA-120M-MODERN-TRAIN.json --set data.path=data/ttl-120m \\
+        --budget-s 200 --eval-s 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.ttl import plan, scaled_warmup  # noqa: E402
+from microgpt import config, data  # noqa: E402
+from microgpt.config import Experiment, ModelConfig, TrainConfig  # noqa: E402
+from microgpt.engine import params  # noqa: E402
+from microgpt.errors import exit_on_input_error  # noqa: E402
+
+EPS = 1e-6  # RMSNorm's
+NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Newton-Schulz's quintic (a, b, c)
+NS_STEPS = 5
+NORM_EPS = 1e-7
+
+# --- Until the engine has the modern block (issue 46) ---------------------------------------------------------------
+# The modern fields and their defaults, as the lead's config declares them. While microgpt's ModelConfig lacks them,
+# load_experiment reads them from the file itself and initial_weights builds the weights from MODERN.md's table by the
+# same rule; once it has them (ENGINE_MODERN), both come from the engine and these defaults are unused.
+MODEL_FIELDS = {"block": "gpt2", "head_dim": 0, "softcap": 15.0, "rope_base": 10000.0}
+TRAIN_FIELDS = {"optimizer": "adamw", "schedule": "cosine", "warmdown_frac": 0.4, "head_lr": 0.0, "muon_lr": 0.02,
+                "muon_momentum": 0.95, "muon_momentum_start": 0.85, "muon_momentum_warmup": 300,
+                "muon_weight_decay": 0.0}  # fmt: skip
+ENGINE_MODERN = "block" in {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def load_experiment(path: str | Path, sets: list[str] = ()) -> tuple[Experiment, dict[str, Any]]:
+    """The experiment with --set applied, and its modern fields {name: value} (MODEL_FIELDS' and TRAIN_FIELDS')."""
+    if ENGINE_MODERN:
+        exp = config.load(path, sets)
+        fields = {k: getattr(exp.model, k) for k in MODEL_FIELDS} | {k: getattr(exp.train, k) for k in TRAIN_FIELDS}
+        return exp, fields
+    raw, fields = config.read_raw(path), {**MODEL_FIELDS, **TRAIN_FIELDS}
+    for section, names in (("model", MODEL_FIELDS), ("train", TRAIN_FIELDS)):
+        part = raw.get(section, {}) if isinstance(raw, dict) else {}
+        fields.update({k: part.pop(k) for k in names if k in part})
+    rest = []
+    for assignment in sets:
+        section, name, value = config.parse_assignment(assignment)
+        if name in fields:
+            fields[name] = value
+        else:
+            rest.append(assignment)
+    return config.apply_overrides(raw, str(path), rest)[1], fields
+
+
+def modern_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """MODERN.md's canonical order: wte (V,C); per block w_q, w_k, w_v, w_o (C,C), w_1 (C,4C), w_2 (4C,C); lm_head."""
+    V, C = m.vocab_size, m.d_model
+    block = (("w_q", (C, C)), ("w_k", (C, C)), ("w_v", (C, C)), ("w_o", (C, C)), ("w_1", (C, 4 * C)),
+             ("w_2", (4 * C, C)))  # fmt: skip
+    return [("wte", (V, C))] + [(f"h{i}.{leaf}", s) for i in range(m.n_layer) for leaf, s in block] + [
+        ("lm_head", (V, C))]  # fmt: skip
+
+
+def initial_weights(m: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """name -> fp32 array, microgpt's init of the modern block from the run's seed (engine/params.py when it has the
+    table; until then the same rule here: one generator in the canonical order, wte N(0, 1), a linear [in, out]
+    N(0, min(1, sqrt(out / in)) / sqrt(in)), w_o, w_2 and lm_head zero and drawing nothing)."""
+    if ENGINE_MODERN:
+        mm = dataclasses.replace(m, block="modern")
+        return {k: np.array(v) for k, v in params.named(params.init_weights(mm, seed), mm).items()}
+    rng, out = np.random.default_rng(seed), {}
+    for name, shape in modern_shapes(m):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("w_o", "w_2", "lm_head"):
+            out[name] = np.zeros(shape, np.float32)
+            continue
+        std = 1.0 if leaf == "wte" else min(1.0, (shape[1] / shape[0]) ** 0.5) / shape[0] ** 0.5
+        out[name] = rng.normal(0.0, std, size=shape).astype(np.float32)
+    return out
+
+
+# --- the model -----------------------------------------------------------------------------------------------------
+def rmsnorm(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.size(-1),), eps=EPS)
+
+
+def rope_tables(T: int, D: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, D/2) of the angles p * base^(-2i/D), in float64 (rope casts them to its input's dtype)."""
+    inv = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    return angles.cos(), angles.sin()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, D) rotated by halves: y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin; cos, sin (T, D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class Modern(nn.Module):
+    def __init__(self, m: ModelConfig, f: dict[str, Any]) -> None:
+        super().__init__()
+        V, C, L = m.vocab_size, m.d_model, m.n_layer
+        self.n_head, self.head_dim, self.softcap = m.n_head, f["head_dim"] or C // m.n_head, float(f["softcap"])
+        self.wte = nn.Parameter(torch.empty(V, C))
+        self.qkvo = nn.Parameter(torch.empty(L, 4, C, C))  # w_q^T, w_k^T, w_v^T, w_o^T per layer
+        self.fc = nn.Parameter(torch.empty(L, 4 * C, C))  # w_1^T
+        self.proj = nn.Parameter(torch.empty(L, C, 4 * C))  # w_2^T
+        self.lm_head = nn.Parameter(torch.empty(V, C))
+        cos, sin = rope_tables(m.seq_len, self.head_dim, float(f["rope_base"]))
+        self.register_buffer("cos", cos, persistent=False)  # float64; rope rounds them to its input's dtype
+        self.register_buffer("sin", sin, persistent=False)
+
+    def slot(self, name: str) -> torch.Tensor:
+        """The tensor holding microgpt's parameter `name` (a block matrix transposed: [out, in] here, [in, out] there):
+        the one place the two layouts meet."""
+        block, _, leaf = name.rpartition(".")
+        if not block:
+            return {"wte": self.wte, "lm_head": self.lm_head}[leaf]
+        i = int(block[1:])
+        return {"w_q": self.qkvo[i, 0], "w_k": self.qkvo[i, 1], "w_v": self.qkvo[i, 2], "w_o": self.qkvo[i, 3],
+                "w_1": self.fc[i], "w_2": self.proj[i]}[leaf]  # fmt: skip
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        for name, w in weights.items():
+            src = torch.from_numpy(w)
+            self.slot(name).copy_(src.t() if "." in name else src)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        H, D = self.n_head, self.head_dim
+        C = H * D
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = rmsnorm(F.embedding(idx, self.wte))
+        for i in range(self.qkvo.shape[0]):
+            q, k, v = F.linear(rmsnorm(x), self.qkvo[i, :3].reshape(3 * C, C)).view(B, T, 3, H, D).unbind(2)
+            q, k = rope(rmsnorm(q), cos, sin), rope(rmsnorm(k), cos, sin)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.qkvo[i, 3])
+            x = x + F.linear(F.relu(F.linear(rmsnorm(x), self.fc[i])).square(), self.proj[i])
+        logits = F.linear(rmsnorm(x), self.lm_head)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in fp32
+        if self.softcap:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+# --- the optimizers ------------------------------------------------------------------------------------------------
+def muon_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, hyper: torch.Tensor, scale: float, tall: bool,
+                dtype: torch.dtype) -> None:  # fmt: skip
+    """One Muon step on a stack p, g, m (k, rows, cols) in torch's [out, in] layout; hyper = (lr, mu, wd) on p's device
+    (a tensor, so a compiled update is not recompiled when they change)."""
+    lr, mu, wd = hyper[0], hyper[1], hyper[2]
+    m.lerp_(g, 1 - mu)
+    x = g.lerp(m, mu)
+    x = x.to(dtype).mT if tall else x.to(dtype)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + NORM_EPS)
+    a, b, c = NS_COEFFS
+    for _ in range(NS_STEPS):
+        A = x @ x.mT
+        x = a * x + (b * A + c * (A @ A)) @ x
+    x = x.mT if tall else x
+    p.mul_(1 - lr * wd).sub_(lr * scale * x.to(p.dtype))
+
+
+class Muon:
+    """MODERN.md's Muon over the model's stacked block matrices: one batched update per stored shape. The
+    orthogonalisation runs in `dtype` (bf16 on the GPU, as microgpt's; the CPU smoke test and the tests use fp32)."""
+
+    def __init__(self, model: Modern, compiled: bool, dtype: torch.dtype = torch.bfloat16) -> None:
+        L, C = model.qkvo.shape[0], model.qkvo.shape[-1]
+        # each parameter as a stack of (rows, cols) matrices, torch's [out, in]: rows = fan_out, cols = fan_in
+        self.groups = [(model.qkvo, (4 * L, C, C)), (model.fc, (L, 4 * C, C)), (model.proj, (L, C, 4 * C))]
+        self.momentum = [torch.zeros_like(p) for p, _ in self.groups]
+        self.hyper = torch.zeros(3, dtype=model.qkvo.dtype, device=model.qkvo.device)  # lr, mu, wd
+        self.dtype = dtype
+        self.update = torch.compile(muon_update, dynamic=False) if compiled else muon_update
+
+    @torch.no_grad()
+    def step(self, lr: float, mu: float, wd: float) -> None:
+        self.hyper.copy_(torch.tensor([lr, mu, wd], dtype=torch.float64))
+        for (p, shape), m in zip(self.groups, self.momentum):
+            _, rows, cols = shape
+            scale = math.sqrt(max(1.0, rows / cols))  # sqrt(max(1, fan_out / fan_in))
+            self.update(p.view(shape), p.grad.view(shape), m.view(shape), self.hyper, scale, rows > cols, self.dtype)
+
+
+def make_adamw(model: Modern, t: TrainConfig, f: dict[str, Any]) -> torch.optim.AdamW:
+    groups = [{"params": [model.wte], "peak": t.lr}, {"params": [model.lm_head], "peak": f["head_lr"] or t.lr}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
+                             fused=model.wte.is_cuda)  # fmt: skip
+
+
+def lr_factor(step: int, steps: int, t: TrainConfig, f: dict[str, Any]) -> float:
+    """Every group's lr over its peak at 0-based step of `steps`: linear warmup over warmup_steps, then 1 until the last
+    warmdown_frac of the steps, then a straight line to min_lr / lr ("warmdown"); or microgpt's cosine ("cosine")."""
+    warmup = min(t.warmup_steps, steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    floor = t.min_lr / t.lr
+    if f["schedule"] == "cosine":
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return floor + 0.5 * (1 - floor) * (1 + math.cos(math.pi * progress))
+    start = max(warmup, steps - round(f["warmdown_frac"] * steps))
+    progress = min(1.0, max(0, step - start) / max(1, steps - start))
+    return 1 - (1 - floor) * progress
+
+
+def momentum_at(step: int, f: dict[str, Any]) -> float:
+    """Muon's momentum at 0-based step: from muon_momentum_start up to muon_momentum over muon_momentum_warmup steps."""
+    frac = min(1.0, step / max(1, f["muon_momentum_warmup"]))
+    return f["muon_momentum_start"] + frac * (f["muon_momentum"] - f["muon_momentum_start"])
+
+
+# --- the run -------------------------------------------------------------------------------------------------------
+class Run:
+    """The twin's training run over microgpt's data: step() and evaluate() timed and recorded as run/trainer.py does."""
+
+    def __init__(self, exp: Experiment, f: dict[str, Any], device: str, compiled: bool) -> None:
+        self.exp, self.f, self.m, self.t, self.device = exp, f, exp.model, exp.train, device
+        self.model = Modern(self.m, f).to(device)
+        self.weights = initial_weights(self.m, self.t.seed)
+        # evaluation runs this same module with autograd on and no backward: one compiled graph, not a second one
+        self.fwd = torch.compile(self.model) if compiled else self.model
+        self.muon = Muon(self.model, compiled, torch.bfloat16 if device == "cuda" else torch.float32)
+        self.train_data, val = data.make_loaders(exp, self.t.micro_batch)
+        (self.val,) = val.sources.values()
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+        self.reset()
+
+    def reset(self) -> None:
+        """The initial weights and fresh optimizer state (after calibration's steps)."""
+        self.model.load_weights(self.weights)
+        self.model.zero_grad(set_to_none=True)
+        self.adamw = make_adamw(self.model, self.t, self.f)
+        for m in self.muon.momentum:
+            m.zero_()
+
+    def tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.int64)).to(self.device)
+
+    def step(self, s: int, steps: int) -> dict[str, Any]:
+        """Optimizer step s (0-based) of `steps`; its record (dt_ms: batches read to loss read back)."""
+        t, t0 = self.t, time.perf_counter()
+        batches = [self.train_data.batch(s, micro) for micro in range(t.n_micro)]
+        factor = lr_factor(s, steps, t, self.f)
+        for group in self.adamw.param_groups:
+            group["lr"] = group["peak"] * factor
+        total = torch.zeros((), device=self.device)
+        for x, y in batches:
+            with self.autocast:
+                loss = self.fwd(self.tensor(x), self.tensor(y)) / t.n_micro
+            loss.backward()
+            total += loss.detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+        self.adamw.step()
+        self.muon.step(self.f["muon_lr"] * factor, momentum_at(s, self.f), self.f["muon_weight_decay"])
+        self.model.zero_grad(set_to_none=True)
+        loss, norm = total.item(), norm.item()
+        dt = time.perf_counter() - t0
+        tokens = t.n_micro * t.micro_batch * self.m.seq_len
+        return {"event": "step", "step": s + 1, "loss": loss, "lr": t.lr * factor, "grad_norm": norm,
+                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+
+    def evaluate(self) -> float:
+        """The mean loss over the target tokens of val windows 0 .. eval_batches x micro_batch - 1 (microgpt's)."""
+        total, count = 0.0, 0
+        for i in range(self.t.eval_batches):
+            x, y = self.val.val_batch(i)
+            with self.autocast:
+                loss = self.fwd(self.tensor(x), self.tensor(y))
+            n = int((y != -1).sum())
+            total, count = total + loss.item() * n, count + n
+        return total / max(1, count)
+
+    def calibrate(self, warm: int, calib: int) -> float:
+        """The median seconds of steps warm .. warm + calib - 1 (the first `warm` compile), then reset()."""
+        times = [self.step(s, 1 << 30)["dt_ms"] / 1000 for s in range(warm + calib)]
+        self.reset()
+        return statistics.median(times[warm:])
+
+    def train(self, steps: int, eval_every: int) -> int:
+        """Steps 0 .. steps-1, an evaluation after every eval_every-th and the last; 3 on a non-finite loss."""
+        for s in range(steps):
+            rec = emit(self.step(s, steps))
+            if not math.isfinite(rec["loss"]):
+                print(f"error: loss is {rec['loss']} at step {s + 1}; stopping", file=sys.stderr)
+                return 3
+            if (s + 1) % eval_every == 0 or s + 1 == steps:
+                val = emit({"event": "eval", "step": s + 1, "val_loss": self.evaluate()})["val_loss"]
+                print(f"step {s + 1}/{steps} | loss {rec['loss']:.4f} | val_loss {val:.4f} | "
+                      f"{rec['tokens_per_s']:,.0f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
+        return 0
+
+
+def emit(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record as one JSON line on stdout, stamped like microgpt's (runlog.py)."""
+    rec = {**rec, "time": round(time.time(), 3)}
+    print(json.dumps(rec, separators=(",", ":")), flush=True)
+    return rec
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench/torch_modern.py", description=__doc__.split("\n")[0])
+    p.add_argument("experiment", help="an experiment of model.block 'modern' (its data, model and recipe)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: train.steps, or --budget-s's)")
+    p.add_argument("--budget-s", type=float, help="train for about this many seconds: steps from calibration")
+    p.add_argument("--eval-every", type=int, help="steps between evaluations (default: train.eval_every)")
+    p.add_argument("--eval-s", type=float, default=10.0, help="with --budget-s: seconds between evaluations")
+    p.add_argument("--warm", type=int, default=5, help="with --budget-s: steps not timed in calibration")
+    p.add_argument("--calib", type=int, default=10, help="with --budget-s: steps timed in calibration")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when there is one")
+    p.add_argument("--no-compile", action="store_true", help="eager on CUDA too (the CPU is always eager)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    exp, f = load_experiment(args.experiment, args.set)
+    if f["block"] != "modern":
+        raise config.ConfigError(f"{args.experiment}: model.block is {f['block']!r}; the twin trains 'modern'")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run = Run(exp, f, device, compiled=device == "cuda" and not args.no_compile)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    compiled = run.fwd is not run.model
+    emit({"event": "start", "run": exp.name, "impl": "torch", "device": device, "torch": torch.__version__,
+          "compiled": compiled, "n_params": n_params, "config": exp.to_dict(), "modern": f})  # fmt: skip
+    steps, eval_every = args.steps or exp.train.steps, args.eval_every or exp.train.eval_every
+    if args.budget_s:
+        step_s = run.calibrate(args.warm, args.calib)
+        steps, eval_every = plan(args.budget_s, step_s, args.eval_s, args.warm)
+        run.t.warmup_steps = scaled_warmup(run.t, steps)  # the schedule compressed into the budget, as ttl does
+        emit({"event": "calibrated", "step_s": step_s, "steps": steps, "eval_every": eval_every, "warm": args.warm,
+              "calib": args.calib})  # fmt: skip
+    rc = run.train(steps, eval_every)
+    emit({"event": "done" if rc == 0 else "failed", "step": steps})
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(exit_on_input_error(main, sys.argv[1:]))

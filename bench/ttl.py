@@ -1,0 +1,549 @@
+"""Time to loss (issue 46): validation loss against training seconds, side by side on one GPU, the same data.
+
+    python3 bench/ttl.py --shape 120m                 # prep if needed, sides a, b, c; the table, ttl.json, ttl.png
+    python3 bench/ttl.py --shape 120m --prep-only     # only gather the sources and prepare the shards (prep.json)
+    python3 bench/ttl.py --shape 120m --sides a       # one side (each side in its own invocation if need be) ...
+    python3 bench/ttl.py --shape 120m --merge         # ... then the table and plot of every side recorded so far
+    python3 bench/ttl.py --shape tiny                 # the CPU smoke path: numpy engine, PyTorch eager, seconds
+
+Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `microgpt train` of the modern recipe (an
+experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern), (c)
+bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment. Each runs in its own
+process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab, micro-batch
+and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side or on those
+named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last evaluation is out: its final
+checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny shape is the CPU smoke path:
+the engine sides on the NumPy backend (fp32), the twin eager in fp32.
+
+Data: the Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine
+has no network): .py files up to --corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an
+order fixed by a hash of their paths (a spread over all packages, not the first ones alphabetically), linked into one
+folder and prepared by `microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab; the shape's share of
+the files, 1% at 120M and 12M, is the val split). Every side reads these shards through microgpt.data: the same batch
+for (step, micro) and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
+
+Training seconds, counted the same way for every side: a step's time is the host clock from before its batches are
+read to after its loss is read back to the host (which waits for the GPU): the engine's step records carry it as
+dt_ms (run/trainer.py; they also carry elapsed_s, seconds since the first step with evaluations and checkpoints in,
+and time, a Unix stamp: neither is used here), the twin's the same. Evaluations and checkpoints lie outside every
+step's time. The first --warm steps (default 5) compile, tune and capture; each is counted at the median time of the
+side's later steps instead of its own. A side's training seconds at step s are the sum of its first s steps' times so
+counted.
+
+Budget: each side trains for about --budget-s training seconds. The engine's lr schedule needs its step count up front,
+so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + calib steps (its own process, which also
+warms the kernel and tuning caches for the run), (c) in its own process before training (torch_modern.py --budget-s).
+steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last.
+The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays
+a fraction, and Muon's momentum warmup stays in steps. --steps a=N,b=M skips a side's calibration (evaluations then
+every steps x eval_s / budget_s).
+
+Time to a loss: the training seconds at which a side's validation loss first reaches it, interpolated linearly in
+seconds between the two evaluations around the crossing (before the first evaluation: from ln(vocab) at 0 s, the loss
+of a uniform prediction, which the modern block's zero head starts at). The table gives, for each side, the seconds it
+needs to reach every side's final loss; the issue's goals are read off it.
+
+Outputs, under --out/<shape>/: data/ (the shards), prep.json (the corpus and prep's seconds), side-<x>.json (one
+side's records and summary), side-<x>/ (its run folder: train.jsonl, stderr.log; checkpoints removed), ttl.json (the
+merged results) and ttl.png (validation loss against training seconds, every side on one chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import site
+import statistics
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.plot import line_chart  # noqa: E402
+from microgpt import config  # noqa: E402
+from microgpt.config import INT_MAX, TrainConfig  # noqa: E402
+
+MAX_FILE_BYTES = 1 << 20  # a larger .py is mostly generated data (tables), not code
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    gpt2: str  # side (a)'s experiment
+    modern: str  # sides (b) and (c)'s
+    vocab_size: int  # the BPE prep trains, and every side's model.vocab_size
+    micro_batch: int
+    n_micro: int
+    eval_batches: int
+    budget_s: float
+    eval_s: float
+    corpus_bytes: int
+    val_fraction: float
+    backend: str  # the engine sides' train.backend and train.precision
+    precision: str
+    sets: tuple[str, ...] = ()  # more overrides of every side's experiment
+    min_tokens: int = 0  # fewer train tokens than this: prep says so (issue 46 asks for 100M at 120M and 12M)
+
+
+SHAPES = {
+    "120m": Shape("experiments/ANDREA-120M-TRAIN.json", "experiments/ANDREA-120M-MODERN-TRAIN.json", 50304, 32, 4, 16,
+                  200.0, 10.0, 450_000_000, 0.01, "triton", "bf16", min_tokens=100_000_000),
+    "12m": Shape("experiments/ANDREA-12M-TRAIN.json", "experiments/ANDREA-12M-MODERN-TRAIN.json", 4096, 16, 4, 32,
+                 60.0, 3.0, 450_000_000, 0.01, "triton", "bf16", min_tokens=100_000_000),
+    "tiny": Shape("experiments/ANDREA-tiny-TRAIN.json", "experiments/ANDREA-tiny-MODERN-TRAIN.json", 512, 8, 1, 2,
+                  3.0, 0.75, 1_500_000, 0.05, "numpy", "fp32",
+                  ("model.d_model=64", "model.n_layer=2", "model.n_head=4", "model.seq_len=64")),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    label: str
+    recipe: str  # "gpt2" or "modern": which of the shape's experiments
+    engine: bool  # `microgpt train` (True) or the PyTorch twin
+
+
+SIDES = {"a": Side("microgpt gpt-2", "gpt2", True), "b": Side("microgpt modern", "modern", True),
+         "c": Side("pytorch twin modern", "modern", False)}  # fmt: skip
+
+
+def plan(budget_s: float, step_s: float, eval_s: float, warm: int) -> tuple[int, int]:
+    """(steps, eval_every) for about budget_s training seconds at step_s a step, an evaluation every ~eval_s."""
+    return max(2 * warm + 1, round(budget_s / step_s)), max(1, round(eval_s / step_s))
+
+
+def scaled_warmup(t: TrainConfig, steps: int) -> int:
+    """The experiment's warmup steps as the same share of `steps` as of its own train.steps."""
+    return round(t.warmup_steps * steps / t.steps)
+
+
+# --- data ----------------------------------------------------------------------------------------------------------
+def source_roots() -> list[Path]:
+    """This interpreter's standard library and site-packages folders (those that exist, each once)."""
+    paths = sysconfig.get_paths()
+    found = [Path(p).resolve() for p in (paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages())]
+    return [p for i, p in enumerate(found) if p.is_dir() and p not in found[:i]]
+
+
+def python_files(roots: list[Path]) -> list[tuple[int, Path]]:
+    """(root index, file) of every regular .py file under the roots; a site-packages inside a root is its own root."""
+    out = []
+    for k, root in enumerate(roots):
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "site-packages", "dist-packages"))
+            out += [(k, Path(folder) / f) for f in sorted(files) if f.endswith(".py")]
+    return [(k, f) for k, f in out if f.is_file() and not f.is_symlink()]
+
+
+def gather(staging: Path, max_bytes: int) -> dict[str, Any]:
+    """Link up to max_bytes of distinct UTF-8 .py sources into staging/<root index>/<path>, in the order of a hash of
+    their paths; what was taken."""
+    roots = source_roots()
+    files = python_files(roots)
+    files.sort(key=lambda kf: hashlib.sha1(f"{kf[0]}/{kf[1].relative_to(roots[kf[0]])}".encode()).digest())
+    shutil.rmtree(staging, ignore_errors=True)
+    seen: set[bytes] = set()
+    taken = total = 0
+    for k, f in files:
+        try:
+            body = f.read_bytes()
+            body.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        digest = hashlib.sha1(body).digest()
+        if len(body) > MAX_FILE_BYTES or not body.strip() or digest in seen:
+            continue
+        seen.add(digest)
+        dest = staging / str(k) / f.relative_to(roots[k])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(f, dest)
+        taken, total = taken + 1, total + len(body)
+        if total >= max_bytes:
+            break
+    return {"roots": [str(r) for r in roots], "files_found": len(files), "files": taken, "bytes": total}
+
+
+def prepare(shape: Shape, folder: Path) -> dict[str, Any]:
+    """The shape's shards in folder/data (gathered and prepared unless there already); prep.json's record."""
+    data, record = folder / "data", folder / "prep.json"
+    if (data / "manifest.json").is_file() and record.is_file():
+        return json.loads(record.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    staging = folder / "sources"
+    found = gather(staging, shape.corpus_bytes)
+    t1 = time.monotonic()
+    cmd = [sys.executable, "-m", "microgpt.cli", "prep", "--source", str(staging), "--out", str(data), "--vocab-size",
+           str(shape.vocab_size), "--val-fraction", str(shape.val_fraction), "--quiet"]  # fmt: skip
+    say(f"prep: {found['files']:,} files, {found['bytes'] / 1e6:,.0f} MB of Python source; {' '.join(cmd[1:])}")
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    if res.returncode:
+        raise SystemExit(f"error: microgpt prep failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
+    manifest = json.loads((data / "manifest.json").read_text())
+    info = {**found, "gather_s": round(t1 - t0, 2), "prep_s": round(time.monotonic() - t1, 2), "cores": os.cpu_count(),
+            "command": cmd, "vocab_size": manifest["vocab_size"], "train_tokens": manifest["splits"]["train"]["tokens"],
+            "val_tokens": manifest["splits"]["val"]["tokens"],
+            "val_bytes_per_token": manifest["val_bytes_per_token"]}  # fmt: skip
+    record.write_text(json.dumps(info, indent=1) + "\n")
+    if info["train_tokens"] < shape.min_tokens:
+        say(f"prep: only {info['train_tokens']:,} train tokens, fewer than {shape.min_tokens:,}: this machine's "
+            f"Python sources hold {found['bytes'] / 1e6:,.0f} MB (the sides may see some tokens twice)")  # fmt: skip
+    say(f"prep: train {info['train_tokens']:,} tokens, val {info['val_tokens']:,}; gather {info['gather_s']} s, "
+        f"prep {info['prep_s']} s on {info['cores']} cores")  # fmt: skip
+    return info
+
+
+# --- the sides -----------------------------------------------------------------------------------------------------
+def say(text: str) -> None:
+    print(f"ttl: {text}", file=sys.stderr, flush=True)
+
+
+def overrides(shape: Shape, data: Path) -> list[str]:
+    """The --set assignments every side's experiment gets: the shape, the data, the evaluation, no checkpoints."""
+    return [*shape.sets, f"model.vocab_size={shape.vocab_size}", "data.source=shards", f"data.path={data}",
+            "data.loss_mask=false", 'data.tokenizer=""', f"train.micro_batch={shape.micro_batch}",
+            f"train.n_micro={shape.n_micro}", f"train.eval_batches={shape.eval_batches}",
+            f"train.backend={shape.backend}", f"train.precision={shape.precision}", f"train.ckpt_every={INT_MAX}",
+            "train.log_every=1", 'train.hellaswag=""', "train.schedule_start=0", "train.schedule_steps=0"]  # fmt: skip
+
+
+def schedule(experiment: str, sets: list[str], steps: int, eval_every: int) -> list[str]:
+    """The assignments of a run of `steps`: its evaluations and the experiment's warmup scaled to it. The experiment is
+    read as JSON (train.steps, train.warmup_steps): the engine checks the rest when it runs."""
+    raw = config.read_raw(experiment)
+    train = raw.get("train", {}) if isinstance(raw, dict) else {}
+    t = TrainConfig(
+        steps=train.get("steps", TrainConfig.steps), warmup_steps=train.get("warmup_steps", TrainConfig.warmup_steps)
+    )
+    return [*sets, f"train.steps={steps}", f"train.eval_every={eval_every}",
+            f"train.warmup_steps={scaled_warmup(t, steps)}"]  # fmt: skip
+
+
+def stream(cmd: list[str], log: Path, timeout: float, last: Callable[[dict[str, Any]], bool]) -> tuple[int, list]:
+    """Run cmd (stderr to log) and collect the JSON records (objects with an "event") of its stdout, up to the one
+    `last` accepts: the process is then killed (SIGKILL: the engine's final checkpoint and report card, tens of seconds
+    and GBs at 120M, are not needed here) and counts as done (exit code 0). Otherwise its exit code (killed after
+    timeout seconds: -9)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, env=env)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict) or "event" not in rec:
+                    continue
+                records.append(rec)
+                if rec["event"] == "eval":
+                    say(f"  step {rec['step']}: val_loss {rec['val_loss']:.4f}")
+                if last(rec):
+                    proc.kill()
+                    proc.wait()
+                    return 0, records
+            return proc.wait(), records
+        finally:
+            timer.cancel()
+
+
+class LastEval:
+    """Accepts the evaluation after a run's last step: of `steps`, or of the steps the twin's "calibrated" record
+    announces (it picks them itself)."""
+
+    def __init__(self, steps: int | None) -> None:
+        self.steps = steps
+
+    def __call__(self, rec: dict[str, Any]) -> bool:
+        if rec["event"] == "calibrated":
+            self.steps = rec["steps"]
+        return rec["event"] == "eval" and self.steps is not None and rec["step"] >= self.steps
+
+
+def is_step(rec: dict[str, Any], n: int) -> bool:
+    return rec["event"] == "step" and rec["step"] >= n
+
+
+def step_times(records: list[dict[str, Any]]) -> list[float]:
+    return [r["dt_ms"] / 1000 for r in records if r["event"] == "step"]
+
+
+def engine_cmd(experiment: str, out: Path, sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", "microgpt.cli", "train", experiment, "--json", "--out", str(out),
+            *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+
+
+def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Side x: calibrate (unless --steps names it), train, and summarize; side-<x>.json's record."""
+    side, experiment = SIDES[x], experiment_of(x, shape, args)
+    run_dir = folder / f"side-{x}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    sets = overrides(shape, (folder / "data").resolve()) + side_sets(args.set, x)
+    t0, calibration, steps = time.monotonic(), {}, args.steps.get(x)
+    every = None if steps is None else max(1, round(steps * args.eval_s / args.budget_s))
+    if side.engine:
+        if steps is None:
+            calibration = calibrate(experiment, sets, folder / f"side-{x}-calibrate", run_dir / "calibrate.log", args)
+            if "error" in calibration:
+                return failed(x, experiment, calibration["error"], run_dir / "calibrate.log")
+            steps, every = plan(args.budget_s, calibration["step_s"], args.eval_s, args.warm)
+        cmd = engine_cmd(experiment, run_dir, schedule(experiment, sets, steps, every))
+        say(f"side {x}: {side.label}, {steps} steps, an evaluation every {every}")
+    else:
+        cmd = twin_cmd(experiment, sets, shape, steps, every, args)
+        say(f"side {x}: {side.label}, " + ("calibrating itself" if steps is None else f"{steps} steps"))
+    rc, records = stream(cmd, run_dir / "stderr.log", args.timeout, LastEval(steps))
+    shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # whatever checkpoint the engine began: not needed here
+    if rc or not any(r["event"] == "eval" for r in records) or len(step_times(records)) <= args.warm:
+        return failed(x, experiment, f"exit {rc}", run_dir / "stderr.log")
+    cal = next((r for r in records if r["event"] == "calibrated"), None)
+    calibration = calibration if cal is None else {"step_s": cal["step_s"]}
+    return {"side": x, "label": side.label, "experiment": experiment, "command": cmd, "budget_s": args.budget_s,
+            "warm": args.warm, "calibration": calibration, "wall_s": round(time.monotonic() - t0, 2),
+            **summarize(records, args.warm)}  # fmt: skip
+
+
+def side_sets(assignments: list[str], x: str) -> list[str]:
+    """The --set assignments for side x: those with no side prefix, and those whose "SIDES:" prefix names x."""
+    out = []
+    for a in assignments:
+        head, colon, rest = a.partition(":")
+        named = colon and "=" not in head and set(head.split(",")) <= set(SIDES)
+        if not named or x in head.split(","):
+            out.append(rest if named else a)
+    return out
+
+
+def experiment_of(x: str, shape: Shape, args: argparse.Namespace) -> str:
+    """Side x's experiment file: --gpt2 / --modern (from the working folder), else the shape's (from the repo)."""
+    given = args.gpt2 if SIDES[x].recipe == "gpt2" else args.modern
+    return str(Path(given).resolve() if given else REPO / (shape.gpt2 if SIDES[x].recipe == "gpt2" else shape.modern))
+
+
+def twin_cmd(experiment: str, sets: list[str], shape: Shape, steps: int | None, every: int | None,
+             args: argparse.Namespace) -> list[str]:  # fmt: skip
+    """bench/torch_modern.py on the side's experiment: `steps` steps, or --budget-s (it calibrates itself); on the CPU
+    for the smoke shape (whose engine sides run NumPy)."""
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "torch_modern.py"),
+        experiment,
+        *[a for s in sets for a in ("--set", s)],
+    ]
+    cmd += ["--device", "cpu"] if shape.backend == "numpy" else []
+    if steps is None:
+        return cmd + ["--budget-s", str(args.budget_s), "--eval-s", str(args.eval_s), "--warm", str(args.warm),
+                      "--calib", str(args.calib)]  # fmt: skip
+    return cmd + ["--steps", str(steps), "--eval-every", str(every)]
+
+
+def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """An engine side's step time: `microgpt train` of warm + calib steps in its own run folder (removed after);
+    {"step_s", "wall_s"}, or {"error"}."""
+    t0, n = time.monotonic(), args.warm + args.calib
+    shutil.rmtree(out, ignore_errors=True)
+    say(f"calibrating: {n} steps of {experiment}")
+    cmd = engine_cmd(experiment, out, schedule(experiment, sets, n, INT_MAX))
+    rc, records = stream(cmd, log, args.timeout, lambda r: is_step(r, n))
+    shutil.rmtree(out, ignore_errors=True)
+    if rc or len(step_times(records)) < n:
+        return {"error": f"calibration exit {rc}"}
+    return {"step_s": statistics.median(step_times(records)[args.warm :]), "wall_s": round(time.monotonic() - t0, 2)}
+
+
+def failed(x: str, experiment: str, why: str, log: Path) -> dict[str, Any]:
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
+    say(f"side {x} failed ({why}); {log}: " + " | ".join(tail))
+    return {"side": x, "label": SIDES[x].label, "experiment": experiment, "error": f"{why}: {' | '.join(tail)}"}
+
+
+def summarize(records: list[dict[str, Any]], warm: int) -> dict[str, Any]:
+    """A run's step times counted (the first `warm` at the median of the rest), its evaluations at those seconds."""
+    dts = step_times(records)
+    median = statistics.median(dts[warm:])
+    counted, clock = [median] * warm + dts[warm:], [0.0]
+    for dt in counted:
+        clock.append(clock[-1] + dt)
+    steps = [r for r in records if r["event"] == "step"]
+    start = next((r for r in records if r["event"] == "start"), {})
+    evals = [{"step": r["step"], "train_s": round(clock[r["step"]], 3), "val_loss": r["val_loss"]} for r in records
+             if r["event"] == "eval"]  # fmt: skip
+    return {"steps": len(dts), "eval_every": evals[0]["step"], "tokens_per_step": steps[-1]["tokens"],
+            "step_s": median, "tokens_per_s": steps[-1]["tokens"] / median, "train_s": round(clock[-1], 3),
+            "final_val_loss": evals[-1]["val_loss"], "final_train_loss": steps[-1]["loss"], "evals": evals,
+            "n_params": start.get("n_params"), "device": start.get("device"), "step_dt_ms": [r["dt_ms"] for r in steps],
+            "first_steps_s": [round(d, 3) for d in dts[:warm]]}  # fmt: skip
+
+
+# --- the results ---------------------------------------------------------------------------------------------------
+def seconds_to(evals: list[dict[str, Any]], target: float, start_loss: float) -> float | None:
+    """The training seconds at which the evaluations first reach target (interpolated linearly between the two around
+    the crossing; before the first, from start_loss at 0 s); None if they never do."""
+    t0, l0 = 0.0, start_loss
+    for e in evals:
+        t1, l1 = e["train_s"], e["val_loss"]
+        if l1 <= target:
+            return t0 if l0 <= target else t0 + (l0 - target) / (l0 - l1) * (t1 - t0)
+        t0, l0 = t1, l1
+    return None
+
+
+def merge(folder: Path, shape_name: str) -> dict[str, Any]:
+    """Every side recorded in folder: finals, the seconds each side needs to reach each final loss, the goals."""
+    shape = SHAPES[shape_name]
+    sides = {
+        x: json.loads((folder / f"side-{x}.json").read_text()) for x in SIDES if (folder / f"side-{x}.json").is_file()
+    }
+    ok = {x: s for x, s in sides.items() if "evals" in s}
+    start = math.log(shape.vocab_size)
+    reach = {x: {y: seconds_to(ok[x]["evals"], ok[y]["final_val_loss"], start) for y in ok} for x in ok}
+    goals = {}
+    if "a" in ok and "b" in ok and reach["b"]["a"]:
+        goals["b_reaches_a_final_x_faster"] = reach["a"]["a"] / reach["b"]["a"]  # issue 46: >= 1.6
+        goals["b_tokens_per_s_over_a"] = ok["b"]["tokens_per_s"] / ok["a"]["tokens_per_s"]  # >= 0.9
+    if "b" in ok and "c" in ok and reach["b"]["c"]:
+        goals["b_reaches_c_final_x_sooner"] = reach["c"]["c"] / reach["b"]["c"]  # >= 1.25
+    prep = folder / "prep.json"
+    return {"shape": shape_name, "folder": str(folder), "definition": TIME_DEFINITION, "prep":
+            json.loads(prep.read_text()) if prep.is_file() else None,
+            "sides": {x: {k: v for k, v in s.items() if k != "step_dt_ms"} for x, s in sides.items()},
+            "seconds_to": reach, "goals": goals}  # fmt: skip
+
+
+TIME_DEFINITION = ("training seconds: each step's host-clock time from reading its batches to reading its loss back, "
+                   "the first `warm` steps counted at the median of the rest; evaluations excluded. Time to a loss: "
+                   "interpolated linearly in seconds between the evaluations around the crossing")  # fmt: skip
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else f"{v:{spec}}"
+
+
+def report(res: dict[str, Any]) -> str:
+    """The markdown tables (sides, seconds to each final loss, loss against seconds) and the goals."""
+    ok = {x: s for x, s in res["sides"].items() if "evals" in s}
+    lines = [f"time to loss, shape {res['shape']}; {res['definition']}", "",
+             "| side | recipe | steps | tokens/step | tokens/s | train s | final val loss | " +
+             " | ".join(f"s to {y}'s {ok[y]['final_val_loss']:.4f}" for y in ok) + " |",
+             "|" + "---|" * (7 + len(ok))]  # fmt: skip
+    for x, s in res["sides"].items():
+        if x not in ok:
+            lines.append(f"| {x} | {s['label']} | failed: {s.get('error', '?')[:80]} |")
+            continue
+        reach = [fmt(res["seconds_to"][x][y]) for y in ok]
+        cells = [x, s["label"], str(s["steps"]), f"{s['tokens_per_step']:,}", f"{s['tokens_per_s']:,.0f}",
+                 fmt(s["train_s"]), f"{s['final_val_loss']:.4f}", *reach]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    goal_text = {"b_reaches_a_final_x_faster": "(b) reaches (a)'s final loss {:.2f}x faster than (a) (goal >= 1.6)",
+                 "b_reaches_c_final_x_sooner": "(b) reaches (c)'s final loss {:.2f}x sooner than (c) (goal >= 1.25)",
+                 "b_tokens_per_s_over_a": "(b)'s tokens/s over (a)'s: {:.2f}x (goal >= 0.9)"}  # fmt: skip
+    lines += [""] + [goal_text[k].format(v) for k, v in res["goals"].items()]
+    budgets = {x: s["budget_s"] for x, s in ok.items()}
+    if len(set(budgets.values())) > 1:
+        lines.append("the sides ran with different budgets: " + ", ".join(f"{x} {b:g} s" for x, b in budgets.items()))
+    for x, s in ok.items():
+        points = ", ".join(f"{e['train_s']:.0f} s {e['val_loss']:.3f}" for e in s["evals"])
+        lines.append(f"({x}) val loss at training seconds: {points}")
+    return "\n".join(lines)
+
+
+def write_results(folder: Path, shape_name: str) -> dict[str, Any]:
+    res = merge(folder, shape_name)
+    (folder / "ttl.json").write_text(json.dumps(res, indent=1) + "\n")
+    ok = {x: s for x, s in res["sides"].items() if "evals" in s}
+    if ok:
+        series = {f"({x}) {s['label']}": [(e["train_s"], e["val_loss"]) for e in s["evals"]] for x, s in ok.items()}
+        hline = (ok["a"]["final_val_loss"], f"(a)'s final {ok['a']['final_val_loss']:.3f}") if "a" in ok else None
+        line_chart(folder / "ttl.png", series, f"validation loss against training seconds, {shape_name}, one gpu",
+                   "training seconds", "validation loss", hline)  # fmt: skip
+    return res
+
+
+def parse_steps(text: str) -> dict[str, int]:
+    try:
+        out = {x: int(n) for x, _, n in (item.partition("=") for item in text.split(",") if item)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SIDE=STEPS[,SIDE=STEPS], got {text!r}") from None
+    if not set(out) <= set(SIDES) or min(out.values(), default=1) < 1:
+        raise argparse.ArgumentTypeError(f"expected sides of {', '.join(SIDES)} and steps >= 1, got {text!r}")
+    return out
+
+
+def parse_sides(text: str) -> list[str]:
+    sides = [x for x in text.split(",") if x]
+    if not sides or not set(sides) <= set(SIDES):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SIDES)}, got {text!r}")
+    return sides
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench/ttl.py", description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=list(SHAPES), default="120m")
+    p.add_argument("--sides", type=parse_sides, default=list(SIDES), help="a comma list of a, b, c (default all)")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "ttl", help="results and data go in OUT/<shape>")
+    p.add_argument("--prep-only", action="store_true", help="prepare the data, train nothing")
+    p.add_argument("--merge", action="store_true", help="train nothing: the tables and plot of the recorded sides")
+    p.add_argument("--budget-s", type=float, help="training seconds a side (default: the shape's)")
+    p.add_argument("--eval-s", type=float, help="training seconds between evaluations (default: the shape's)")
+    p.add_argument("--corpus-bytes", type=int, help="Python source bytes to prepare (default: the shape's)")
+    p.add_argument("--steps", type=parse_steps, default={}, help="SIDE=N,...: N steps, no calibration, for SIDE")
+    p.add_argument("--warm", type=int, default=5, help="first steps counted at the median step time")
+    p.add_argument("--calib", type=int, default=10, help="steps timed to calibrate a side")
+    p.add_argument("--gpt2", help="side (a)'s experiment (default: the shape's)")
+    p.add_argument("--modern", help="sides (b) and (c)'s experiment (default: the shape's)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[SIDES:]SECTION.FIELD=VALUE",
+        help="an override on every side, or on the sides named (a:train.lr=1e-3, b,c:train.muon_lr=0.03)",
+    )
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a side's process may run")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    shape = SHAPES[args.shape]
+    args.budget_s, args.eval_s = args.budget_s or shape.budget_s, args.eval_s or shape.eval_s
+    if args.corpus_bytes:
+        shape = dataclasses.replace(shape, corpus_bytes=args.corpus_bytes)
+    folder = args.out.resolve() / args.shape
+    missing = [
+        (x, experiment_of(x, shape, args)) for x in args.sides if not Path(experiment_of(x, shape, args)).is_file()
+    ]
+    if missing and not args.merge and not args.prep_only:  # before any device time goes to prep
+        x, path = missing[0]
+        flag = "--gpt2" if SIDES[x].recipe == "gpt2" else "--modern"
+        print(f"error: side {x}: no experiment file {path} (give one with {flag})", file=sys.stderr)
+        return 2
+    if not args.merge:
+        prepare(shape, folder)
+        if args.prep_only:
+            return 0
+        for x in args.sides:
+            rec = run_side(x, shape, folder, args)
+            (folder / f"side-{x}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    res = write_results(folder, args.shape)
+    print(report(res))
+    say(f"wrote {folder / 'ttl.json'} and {folder / 'ttl.png'}")
+    return 0 if all("evals" in s for s in res["sides"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

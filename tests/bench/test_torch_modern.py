@@ -1,0 +1,200 @@
+"""bench/torch_modern.py, the PyTorch twin of the modern recipe, against MODERN.md written out here in NumPy float64:
+its forward (every op of the block: RMSNorm, QK-norm, rotate-half RoPE, causal attention, ReLU^2, untied soft-capped
+head) on random weights in microgpt's [in, out] layout, its Muon step in that layout (momentum, Nesterov, the tall
+transpose, Newton-Schulz, the update scale, weight decay), its initial weights and its schedule; where the engine has
+the modern block, its init and schedule must equal the engine's."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bench import torch_modern as tm
+from microgpt.config import ModelConfig, TrainConfig
+
+M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9)  # D = 12; T and V odd
+FIELDS = {**tm.MODEL_FIELDS, **tm.TRAIN_FIELDS, "block": "modern", "softcap": 3.0, "schedule": "warmdown"}
+
+
+def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Every parameter random (the zero-initialised ones too, so every branch counts), in microgpt's layout."""
+    return {name: rng.normal(0.0, 0.4, size=shape) for name, shape in tm.modern_shapes(M)}
+
+
+def rms(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + tm.EPS)
+
+
+def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarray, softcap: float) -> float:
+    """MODERN.md's model in NumPy float64."""
+    B, T = idx.shape
+    C, H = M.d_model, M.n_head
+    D = C // H
+    angles = np.arange(T)[:, None] * 10000.0 ** (-2 * np.arange(D // 2) / D)
+    cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
+
+    def rope(q: np.ndarray) -> np.ndarray:
+        q1, q2 = q[..., : D // 2], q[..., D // 2 :]
+        return np.concatenate([q1 * cos - q2 * sin, q2 * cos + q1 * sin], axis=-1)
+
+    x = rms(w["wte"][idx])
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    for layer in range(M.n_layer):
+        n = rms(x)
+        q, k, v = ((n @ w[f"h{layer}.w_{c}"]).reshape(B, T, H, D) for c in "qkv")
+        q, k = rope(rms(q)), rope(rms(k))
+        s = np.where(causal, np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D), -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        x = x + np.einsum("bhts,bshd->bthd", p, v).reshape(B, T, C) @ w[f"h{layer}.w_o"]
+        x = x + np.maximum(rms(x) @ w[f"h{layer}.w_1"], 0) ** 2 @ w[f"h{layer}.w_2"]
+    z = rms(x) @ w["lm_head"].T
+    z = softcap * np.tanh(z / softcap)
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    return float(-np.take_along_axis(logp, targets[..., None], -1).mean())
+
+
+def test_forward_is_moderns_math() -> None:
+    rng = np.random.default_rng(0)
+    w = random_weights(rng)
+    idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
+    model = tm.Modern(M, FIELDS).double()
+    model.load_weights(w)
+    got = model(torch.from_numpy(idx), torch.from_numpy(targets)).item()
+    want = reference_loss(w, idx, targets, FIELDS["softcap"])
+    assert abs(got - want) / want < 1e-10, (got, want)
+    short = reference_loss(w, idx[:, :5], targets[:, :5], FIELDS["softcap"])  # rope's tables at positions 0..4
+    assert model(torch.from_numpy(idx[:, :5]), torch.from_numpy(targets[:, :5])).item() == pytest.approx(short, 1e-10)
+
+
+def reference_muon(W: np.ndarray, G: np.ndarray, Mo: np.ndarray, lr: float, mu: float, wd: float) -> None:
+    """MODERN.md's Muon on one matrix W [in, out], in place on W and its momentum Mo."""
+    Mo += (1 - mu) * (G - Mo)
+    U = G + mu * (Mo - G)
+    tall = W.shape[0] > W.shape[1]
+    X = U.T if tall else U
+    X = X / (np.linalg.norm(X) + tm.NORM_EPS)
+    a, b, c = tm.NS_COEFFS
+    for _ in range(tm.NS_STEPS):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    W *= 1 - lr * wd
+    W -= lr * math.sqrt(max(1.0, W.shape[1] / W.shape[0])) * (X.T if tall else X)
+
+
+def grad_slot(model: tm.Modern, name: str) -> torch.Tensor:
+    """The part of its stacked parameter's grad that holds microgpt's `name`'s gradient (transposed, as slot)."""
+    view = model.slot(name)
+    return view._base.grad.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def test_muon_step_is_moderns_update_in_microgpts_layout() -> None:
+    rng = np.random.default_rng(1)
+    w = random_weights(rng)
+    model = tm.Modern(M, FIELDS).double()
+    model.load_weights(w)
+    muon = tm.Muon(model, compiled=False, dtype=torch.float64)
+    matrices = [name for name in w if "." in name]
+    momentum = {name: np.zeros_like(w[name]) for name in matrices}
+    for lr, mu, wd in ((0.05, 0.85, 0.1), (0.02, 0.95, 0.0)):  # the second step reads the first's momentum
+        for p in (model.qkvo, model.fc, model.proj):
+            p.grad = torch.zeros_like(p)
+        for name in matrices:
+            g = rng.normal(size=w[name].shape)
+            grad_slot(model, name).copy_(torch.from_numpy(g).t())
+            reference_muon(w[name], g, momentum[name], lr, mu, wd)
+        muon.step(lr, mu, wd)
+    for name in matrices:
+        got = model.slot(name).detach().t().numpy()
+        assert np.abs(got - w[name]).max() / np.abs(w[name]).max() < 1e-10, name
+
+
+def test_initial_weights_start_at_the_uniform_loss() -> None:
+    weights = tm.initial_weights(M, 1337)
+    assert [(n, w.shape) for n, w in weights.items()] == tm.modern_shapes(M)
+    for name, w in weights.items():
+        zero = name.rsplit(".", 1)[-1] in ("w_o", "w_2", "lm_head")
+        assert (not w.any()) == zero, name
+    assert weights["wte"].std() == pytest.approx(1.0, rel=0.05)
+    assert weights["h0.w_1"].std() == pytest.approx(M.d_model**-0.5, rel=0.05)
+    model = tm.Modern(M, FIELDS)
+    model.load_weights(weights)
+    assert torch.equal(model.fc[1], torch.from_numpy(weights["h1.w_1"]).t())
+    idx = torch.randint(0, M.vocab_size, (2, M.seq_len))
+    assert model(idx, idx).item() == pytest.approx(math.log(M.vocab_size), rel=1e-6)  # the zero head: uniform
+
+
+@pytest.mark.skipif(not tm.ENGINE_MODERN, reason="the engine has no model.block yet (issue 46): nothing to compare")
+def test_initial_weights_are_the_engines() -> None:
+    from microgpt.engine import params
+
+    mm = dataclasses.replace(M, block="modern")
+    engine = params.named(params.init_weights(mm, 1337), mm)
+    rng, ours = np.random.default_rng(1337), {}
+    for name, shape in tm.modern_shapes(M):  # the fallback rule, written out again, against the engine's table
+        leaf = name.rsplit(".", 1)[-1]
+        std = 0.0 if leaf in ("w_o", "w_2", "lm_head") else 1.0 if leaf == "wte" else M.d_model**-0.5
+        ours[name] = rng.normal(0.0, std, size=shape).astype(np.float32) if std else np.zeros(shape, np.float32)
+    assert list(engine) == list(ours)
+    for name in ours:
+        np.testing.assert_array_equal(engine[name], ours[name], err_msg=name)
+
+
+def test_warmdown_schedule_and_momentum() -> None:
+    t = TrainConfig(steps=100, lr=0.1, min_lr=0.01, warmup_steps=4)
+    f = {**FIELDS, "warmdown_frac": 0.25, "muon_momentum_warmup": 10}
+    factors = [tm.lr_factor(s, 100, t, f) for s in range(100)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0] and set(factors[4:75]) == {1.0}
+    assert factors[75] == 1.0 and factors[99] == pytest.approx(1 - 0.9 * 24 / 25)
+    assert all(a > b for a, b in zip(factors[75:], factors[76:]))  # a straight line down
+    assert [tm.momentum_at(s, f) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+
+
+@pytest.mark.skipif("schedule" not in {f.name for f in dataclasses.fields(TrainConfig)},
+                    reason="the engine has no train.schedule yet (issue 46): nothing to compare")  # fmt: skip
+def test_schedule_is_the_engines() -> None:
+    from microgpt.engine.optim import lr_at, muon_momentum
+
+    cases = (("warmdown", 100, 0, 0.3), ("warmdown", 37, 5, 0.3), ("warmdown", 20, 15, 0.5), ("cosine", 50, 3, 0.3))
+    for name, steps, warmup, frac in cases:
+        t = TrainConfig(steps=steps, lr=0.1, min_lr=0.01, warmup_steps=warmup, schedule=name, warmdown_frac=frac,
+                        muon_momentum_warmup=warmup)  # fmt: skip
+        f = {**FIELDS, "schedule": name, "warmdown_frac": frac, "muon_momentum_warmup": warmup}
+        for s in range(steps):
+            assert tm.lr_factor(s, steps, t, f) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
+            assert tm.momentum_at(s, f) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_twin_on_cuda_agrees_with_the_reference() -> None:
+    """The GPU path: torch.compile of the model under bf16 autocast, and the compiled Muon update in bf16, against the
+    float64 references above (bf16's tolerance)."""
+    rng = np.random.default_rng(2)
+    w = random_weights(rng)
+    idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
+    model = tm.Modern(M, FIELDS).cuda()
+    model.load_weights(w)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = torch.compile(model)(torch.from_numpy(idx).cuda(), torch.from_numpy(targets).cuda()).item()
+    want = reference_loss(w, idx, targets, FIELDS["softcap"])
+    assert abs(got - want) / want < 2e-2, (got, want)
+    muon = tm.Muon(model, compiled=True)
+    momentum = {name: np.zeros_like(w[name]) for name in w if "." in name}
+    for p in (model.qkvo, model.fc, model.proj):
+        p.grad = torch.zeros_like(p)
+    before = {name: model.slot(name).detach().t().cpu().numpy().astype(np.float64) for name in momentum}
+    for name in momentum:
+        g = rng.normal(size=w[name].shape)
+        grad_slot(model, name).copy_(torch.from_numpy(g).t())
+        reference_muon(before[name], g, momentum[name], 0.05, 0.9, 0.0)
+    muon.step(0.05, 0.9, 0.0)
+    for name in momentum:
+        got_w = model.slot(name).detach().t().cpu().numpy()
+        step_ref, step_got = before[name] - w[name], got_w - w[name]
+        assert np.linalg.norm(step_got - step_ref) / np.linalg.norm(step_ref) < 3e-2, name

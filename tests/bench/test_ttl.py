@@ -1,0 +1,137 @@
+"""bench/ttl.py on the CPU: the whole time-to-loss command on the tiny shape (prep of this machine's Python sources,
+side (a) by `microgpt train` on the NumPy engine, side (c) by the PyTorch twin in eager fp32, each in its own
+invocation over the same prepared data, then --merge), and its parts: the time to a loss, the training-seconds count,
+the budget's plan, the source gathering and the PNG writer (bench/plot.py). Side (b) runs too once the engine has
+model.block "modern" (the test asks the config for the field; until then it is left out, and says so). No timing is
+asserted: these check that the GPU run's tables and plot come out whole and say what they measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from bench import plot, ttl
+from microgpt.config import ModelConfig, TrainConfig
+from tests.conftest import REPO
+
+ENGINE_MODERN = "block" in {f.name for f in dataclasses.fields(ModelConfig)}
+MODERN_TINY = {
+    "name": "ANDREA-tiny-modern",
+    "model": {"vocab_size": 2048, "d_model": 192, "n_layer": 4, "n_head": 6, "seq_len": 128, "block": "modern"},
+    "train": {"micro_batch": 16, "n_micro": 1, "steps": 300, "lr": 0.1, "min_lr": 0.01, "warmup_steps": 0,
+              "weight_decay": 0.0, "seed": 1337, "optimizer": "muon", "schedule": "warmdown", "head_lr": 0.008,
+              "muon_lr": 0.05, "eval_every": 50, "eval_batches": 8},
+    "data": {"source": "builtin"},
+}  # fmt: skip
+
+
+def read_png(path: Path) -> tuple[int, int, set[tuple[int, int, int]]]:
+    """(width, height, the colours used) of an 8-bit RGB PNG of filter-0 rows, every chunk's CRC checked."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0] == zlib.crc32(kind + body), kind
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + n
+    w, h, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color) == (8, 2) and b"IEND" in chunks
+    raw = zlib.decompress(chunks[b"IDAT"])
+    assert len(raw) == h * (1 + 3 * w) and all(raw[y * (1 + 3 * w)] == 0 for y in range(h))
+    pixels = b"".join(raw[y * (1 + 3 * w) + 1 : (y + 1) * (1 + 3 * w)] for y in range(h))
+    return w, h, {tuple(pixels[i : i + 3]) for i in range(0, len(pixels), 3)}
+
+
+def test_line_chart_is_a_png_with_every_series(tmp_path: Path) -> None:
+    path = tmp_path / "chart.png"
+    series = {"(a) one": [(0.5, 7.1), (10.0, 5.2), (20.3, 4.0)], "(b) two": [(1.0, 6.0), (19.0, 3.5)]}
+    plot.line_chart(path, series, "a title", "seconds", "loss", hline=(4.0, "target 4.0"), size=(400, 300))
+    w, h, colors = read_png(path)
+    assert (w, h) == (400, 300)
+    assert {plot.COLORS[0], plot.COLORS[1], plot.TEXT, plot.WHITE} <= colors
+    assert plot.ticks(0.0, 21.0) == list(range(0, 21, 2)) and plot.ticks(3.37, 3.61) == [3.4, 3.45, 3.5, 3.55, 3.6]
+
+
+def test_seconds_to_a_loss_interpolates_between_evaluations() -> None:
+    evals = [{"train_s": 10.0, "val_loss": 6.0}, {"train_s": 20.0, "val_loss": 4.0}, {"train_s": 30.0, "val_loss": 3.0}]
+    assert ttl.seconds_to(evals, 5.0, 8.0) == pytest.approx(15.0)
+    assert ttl.seconds_to(evals, 3.0, 8.0) == pytest.approx(30.0)
+    assert ttl.seconds_to(evals, 7.0, 8.0) == pytest.approx(5.0)  # before the first: from (0 s, start loss)
+    assert ttl.seconds_to(evals, 2.9, 8.0) is None
+
+
+def test_training_seconds_count_the_first_steps_at_the_median() -> None:
+    steps = [{"event": "step", "step": i + 1, "dt_ms": dt, "tokens": 100, "loss": 5.0}
+             for i, dt in enumerate([9000.0, 500.0, 100.0, 110.0, 90.0, 100.0])]  # fmt: skip
+    evals = [{"event": "eval", "step": 3, "val_loss": 6.0}, {"event": "eval", "step": 6, "val_loss": 5.5}]
+    s = ttl.summarize([{"event": "start", "n_params": 7}, *steps[:3], evals[0], *steps[3:], evals[1]], warm=2)
+    assert s["step_s"] == pytest.approx(0.1) and s["first_steps_s"] == [9.0, 0.5]
+    assert [e["train_s"] for e in s["evals"]] == pytest.approx([0.3, 0.6])
+    assert s["train_s"] == pytest.approx(0.6) and s["tokens_per_s"] == pytest.approx(1000.0)
+    assert ttl.plan(200.0, 0.25, 10.0, 5) == (800, 40) and ttl.plan(1.0, 1.0, 10.0, 5) == (11, 10)
+    assert ttl.scaled_warmup(TrainConfig(steps=200_000, warmup_steps=2000), 900) == 9
+    sets = ["train.seed=3", "a:train.lr=0.001", "b,c:train.muon_lr=0.03", "data.path=x:y"]
+    assert ttl.side_sets(sets, "a") == ["train.seed=3", "train.lr=0.001", "data.path=x:y"]
+    assert ttl.side_sets(sets, "c") == ["train.seed=3", "train.muon_lr=0.03", "data.path=x:y"]
+
+
+def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
+    found = ttl.gather(tmp_path / "src", 300_000)
+    links = sorted(p for p in (tmp_path / "src").rglob("*") if p.is_symlink())
+    assert len(links) == found["files"] > 0 and found["bytes"] >= 300_000
+    assert all(p.suffix == ".py" and p.resolve().is_file() for p in links)
+    bodies = [p.read_bytes() for p in links]
+    assert len(set(bodies)) == len(bodies) and sum(map(len, bodies)) == found["bytes"]
+
+
+def run_ttl(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench" / "ttl.py"), "--shape", "tiny", "--out", str(out),
+                           "--budget-s", "2", "--eval-s", "0.5", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
+    modern = tmp_path / "modern.json"
+    modern.write_text(json.dumps(MODERN_TINY))
+    sides = ["a", "c"] + (["b"] if ENGINE_MODERN else [])  # (b): only once the engine has model.block "modern"
+    for side in sides:
+        res = run_ttl(tmp_path, "--sides", side, "--modern", str(modern))
+        assert res.returncode == 0, res.stderr[-3000:]
+    res = run_ttl(tmp_path, "--merge")
+    assert res.returncode == 0, res.stderr[-3000:]
+    folder = tmp_path / "tiny"
+    out = json.loads((folder / "ttl.json").read_text())
+    prep = json.loads((folder / "prep.json").read_text())
+    assert prep["train_tokens"] > 0 and prep["vocab_size"] == 512 and not (folder / "sources").exists()
+    assert sorted(out["sides"]) == sorted(sides)
+    for x, s in out["sides"].items():
+        assert "error" not in s, s
+        assert s["steps"] > s["warm"] and s["tokens_per_step"] == 8 * 64 and s["train_s"] > 0
+        assert [e["step"] for e in s["evals"]][-1] == s["steps"] and all(math.isfinite(e["val_loss"])
+                                                                         for e in s["evals"])  # fmt: skip
+        assert "train.eval_batches=2" in s["command"]  # every side scores the same validation windows
+        assert 0 < out["seconds_to"][x][x] <= s["train_s"]  # its own final loss: reached by its end
+    assert not (folder / "side-a" / "ckpt").exists() and not (folder / "side-a-calibrate").exists()
+    side_c = json.loads((folder / "side-c.json").read_text())
+    assert side_c["calibration"]["step_s"] > 0 and len(side_c["step_dt_ms"]) == side_c["steps"]
+    assert "(a) val loss at training seconds:" in res.stdout and "| a | microgpt gpt-2 |" in res.stdout
+    w, h, colors = read_png(folder / "ttl.png")
+    assert (w, h) == (960, 600) and {plot.COLORS[0], plot.COLORS[1]} <= colors
+
+
+def test_a_missing_experiment_is_one_error_line_before_any_prep(tmp_path: Path) -> None:
+    res = run_ttl(tmp_path, "--sides", "a,b", "--modern", str(tmp_path / "nope.json"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: side b: no experiment file {tmp_path / 'nope.json'} (give one with --modern)"]  # fmt: skip
+    assert not (tmp_path / "tiny").exists()
