@@ -56,7 +56,16 @@ from microgpt.config import ModelConfig, TrainConfig  # noqa: E402
 from microgpt.engine import memory, params  # noqa: E402
 
 PEAK_FLOPS = 989e12  # dense bf16; fp8 runs are counted against it too, so their MFU compares with bf16's
-IMPLS = ["eager", "compile", "torchao", "torchao-rowwise", "microgpt", "microgpt-fp8"]
+IMPLS = [
+    "eager",
+    "compile",
+    "torchao",
+    "torchao-rowwise",
+    "microgpt",
+    "microgpt-fp8",
+    "microgpt-modern",
+    "microgpt-modern-fp8",
+]  # microgpt-modern: the modern block and Muon at the shape's size (MODERN)
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 # shape -> (its model, the default micro-batches, the default n_micro)
 SHAPES = {
@@ -65,6 +74,11 @@ SHAPES = {
     "tiny": (ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=4, seq_len=32), [2], 2),
 }
 SHAPE = SHAPES["120m"][0]
+MODERN = {
+    "120m": config.load(EXPERIMENTS / "ANDREA-120M-MODERN-TRAIN.json").model,  # the modern twin of each shape
+    "12m": config.load(EXPERIMENTS / "ANDREA-12M-MODERN-TRAIN.json").model,
+    "tiny": ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=2, seq_len=32, block="modern"),
+}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the PyTorch rows of the tiny smoke test
 
 
@@ -84,7 +98,9 @@ def peak() -> int | None:
 
 
 def flops_per_token(m: ModelConfig) -> int:
-    return 6 * params.n_params(m) + 12 * m.n_layer * m.seq_len * m.d_model
+    """6N + 12 L T d, N every parameter a token's forward multiplies by: all but an untied embedding (a lookup)."""
+    lookup = m.vocab_size * m.d_model if params.family(m).head_weight != "wte" else 0
+    return 6 * (params.n_params(m) - lookup) + 12 * m.n_layer * m.seq_len * m.d_model
 
 
 def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -202,12 +218,13 @@ class Clocks:
 
 
 def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,
-                 n_micro: int = 1) -> dict:  # fmt: skip
+                 n_micro: int = 1, optimizer: str = "adamw") -> dict:  # fmt: skip
     from microgpt.engine.backend import triton_backend
     from microgpt.engine.state import make_state
     from microgpt.engine.step import Step
 
-    t = TrainConfig(micro_batch=mb, n_micro=n_micro, precision=precision, backend="triton", grad_clip=1.0, seed=0)
+    t = TrainConfig(micro_batch=mb, n_micro=n_micro, precision=precision, backend="triton", grad_clip=1.0, seed=0,
+                    optimizer=optimizer)  # fmt: skip
     K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now
     reset_peak()  # the peak starts from what is allocated: the workspace, nothing else
     S = make_state(m, t, K)
@@ -268,9 +285,12 @@ def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConf
 def run_one(args: argparse.Namespace) -> dict:
     m, cuda = SHAPES[args.shape][0], DEVICE == "cuda"
     reset_peak()
-    if args.impl == "microgpt-fp8":
+    if args.impl.endswith("-fp8"):
         args.precision = "fp8"
-    if args.impl in ("microgpt", "microgpt-fp8"):
+    if args.impl.startswith("microgpt-modern"):
+        m = MODERN[args.shape]
+        res = run_microgpt(args.mb, args.precision, args.warmup, args.steps, m, args.n_micro, "muon")
+    elif args.impl in ("microgpt", "microgpt-fp8"):
         res = run_microgpt(args.mb, args.precision, args.warmup, args.steps, m, args.n_micro)
     else:
         float8 = {"torchao": "tensorwise", "torchao-rowwise": "rowwise"}.get(args.impl)

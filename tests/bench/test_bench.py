@@ -5,6 +5,7 @@ timing is asserted: these check that the GPU run's table comes out whole and say
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -49,6 +50,22 @@ def test_tiny_shape_runs_both_engines_on_the_cpu(tmp_path: Path) -> None:
         got = dict(zip(header, cells))
         assert len(cells) == len(header) and got["impl"] == r["impl"] and got["micro-batch"] == "2 x 2"
         assert got["tokens/J"] == got["J/step"] == got["energy"] == "-"  # no GPU: nothing measured, and no 0 shown
+
+
+@pytest.mark.slow
+def test_the_modern_row_trains_the_modern_block_with_muon(tmp_path: Path) -> None:
+    """microgpt-modern: the shape's modern twin (bench.MODERN) under Muon, through the interpreter here; its FLOPs a
+    token leave out the untied embedding's lookup."""
+    res, rows, _ = run_bench(tmp_path, "--impls", "microgpt-modern", "--precision", "fp32", "--steps", "1",
+                             interpret=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (row,) = rows
+    assert not row["error"] and row["planned"] > 0 and row["tokens_per_s"] > 0, row
+    m = bench.MODERN["tiny"]
+    assert row["loss_first"] == pytest.approx(math.log(m.vocab_size), abs=1e-3)  # the zero head: a uniform prediction
+    assert bench.flops_per_token(m) == 6 * 12 * m.n_layer * m.d_model**2 + 6 * m.vocab_size * m.d_model + 12 * (
+        m.n_layer * m.seq_len * m.d_model
+    )
 
 
 def test_a_failed_row_stays_a_row(tmp_path: Path) -> None:
