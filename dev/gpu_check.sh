@@ -32,6 +32,13 @@
 #   dp-agree, dp-resume, dp-speed: data parallel on 2 GPUs (dev/dp_check.py; ONLY=WORD: speed runs 1 GPU, N GPUs and
 #           the variants whose label holds WORD; BEFORE=DIR adds an earlier package
 #           to dp-speed, e.g. `git archive COMMIT microgpt | tar -x -C .before`, carried)
+#   modern: the modern block's and Muon's tests on the device (every pair against NumPy, the step, decode)
+#   modern-bench: bench.py rows microgpt against microgpt-modern (the modern block and Muon at the same size) at MBS
+#           (default 32), PRECISIONS (bf16 fp8); the table in $OUT/modern-bench.md
+#   modern-parity: ANDREA-12M-modern on the built-in corpus for PARITY_STEPS (300) steps in bf16 then fp8, the
+#           validation loss every 100 steps ($OUT/parity.txt)
+#   ttl:    bench/ttl.py --shape TTL_SHAPE (120m) --sides TTL_SIDES (a,b,c) --budget-s TTL_BUDGET (200): time to loss;
+#           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
@@ -148,7 +155,28 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
                   timeout 200 python3 dev/dp_profile.py --mb ${PROFILE_MB:-32} --replays 5 --gpus $n --out "$d/gpus$n" \
                     $base 2>>"$OUT/dp-profile/err" | tee -a "$OUT/dp-profile/rows.jsonl" | cut -c1-1200; done
                 tar czf "$OUT/dp-profile/traces.tgz" -C "$d" . ;;
-    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile)" ;;
+    modern) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m "gpu or not gpu" -p no:cacheprovider \
+              tests/kernels/test_gpu_modern.py tests/kernels/test_gpu_qkrope.py tests/kernels/test_muon.py \
+              tests/kernels/test_modern_step.py tests/kernels/test_rmsnorm.py tests/kernels/test_relu2.py \
+              tests/kernels/test_qkrope.py tests/test_modern.py 2>&1 | tee "$OUT/modern-tests.txt" | tail -25 ;;
+    modern-bench) rm -f "$OUT/modern-bench.jsonl"
+           for p in ${PRECISIONS:-bf16 fp8}; do
+             impls="microgpt microgpt-modern"; [ $p = fp8 ] && impls="microgpt-fp8 microgpt-modern-fp8"
+             timeout ${BENCH_TIMEOUT:-300} python3 bench/bench.py --impls $impls --mbs ${MBS:-32} --steps ${STEPS:-20} \
+               --warmup ${WARMUP:-5} --timeout 140 --jsonl "$OUT/modern-bench.jsonl" >/dev/null 2>>"$OUT/modern-bench.err"
+           done
+           tail -3 "$OUT/modern-bench.err" | cut -c1-400
+           python3 -c 'import json, sys; from bench.bench import table
+print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-bench.jsonl" | tee "$OUT/modern-bench.md" ;;
+    modern-parity) for p in bf16 fp8; do rm -rf /tmp/parity-$p
+           timeout 240 python3 -m microgpt train --json experiments/ANDREA-12M-MODERN-TRAIN.json --out /tmp/parity-$p \
+             --steps ${PARITY_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
+             --set train.precision=$p 2>"$OUT/parity-$p.err" | grep '"eval"' | sed "s/^/$p /" | tee -a "$OUT/parity.txt"
+           tail -2 "$OUT/parity-$p.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
+    ttl) timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
+           --budget-s ${TTL_BUDGET:-200} 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
+         cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
