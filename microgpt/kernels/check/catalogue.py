@@ -33,9 +33,11 @@ from microgpt.kernels import (
     gradclip,
     layernorm,
     linear,
+    qkrope,
 )
 
-KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm)
+KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8, gelu, gemm, gradclip, layernorm,
+                  qkrope)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -49,6 +51,7 @@ class Shape:
     C: int
     NH: int
     V: int
+    block: str = "gpt2"  # "modern": the modern block's launches too (qkrope and its decode twin)
 
 
 @dataclass(frozen=True)
@@ -156,11 +159,19 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
     attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
     attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    if s.block == "modern":  # q, k (B, T, C) views of the (3, N, C) projection, as the model hands them in
+        qkv, rope, rstd = e(3, N, C), e(2, T, C // NH // 2, dt=f32), e(2, N, NH, dt=f32)
+        qk = qkv[0].view(B, T, C), qkv[1].view(B, T, C)
+        qkrope.qkrope_forward(*qk, rstd, rope, n_head=NH)
+        qkrope.qkrope_forward(qkv[0, :1].view(1, 1, C), qkv[1, :1].view(1, 1, C), rstd, rope, n_head=NH, pos=T - 1)
+        qkrope.qkrope_backward(*qk, *qk, rstd, rope, n_head=NH)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
     decode.decode_kv_write(q, q, rows, rows, at, at)
     decode.decode_attention(rows, rows, q, q, at, at, NH, sm_count=SWEEP_SMS,
                             partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32))  # fmt: skip
+    if s.block == "modern":
+        decode.decode_qkrope(rows, rows, at, e(2, T, C // NH // 2, dt=f32), n_head=NH)
     logits, tg, wte = e(N, V), e(N, dt=i32), e(V, C)
     crossentropy.crossentropy_forward(stat, stat, x, wte, tg, logits, mm=mm, tuner=cat)
     crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, wte, tg, stat, logits, mm=mm, tuner=cat)
@@ -217,5 +228,6 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
-# against experiments/)
+# against experiments/); the modern block's at ANDREA-120M's width: 6 heads of 128 (issue 46)
 ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))
+MODERN = (Shape("ANDREA-120M-modern", 8, 1024, 768, 6, 50304, "modern"),)

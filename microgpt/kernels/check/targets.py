@@ -14,8 +14,8 @@ is loaded on a device.
 On a GPU the runtime reads nothing of this: Triton compares a compiled kernel's shared memory with the device's own
 limit before it launches anything and raises OutOfResources, which the tuner takes as the candidate not fitting that
 device (tuning.py). This is what CI checks (tests/kernels/test_targets.py) and bench/RESULTS.md shows:
-`python -m microgpt.kernels.check.targets` prints the whole sweep at the ANDREA-12M and ANDREA-120M shapes (`--ci`: the
-part CI compiles, `select`).
+`python -m microgpt.kernels.check.targets` prints the whole sweep at the ANDREA-12M and ANDREA-120M shapes and the
+modern block's at ANDREA-120M's width (`--ci`: the part CI compiles, `select`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from microgpt.kernels.check.catalogue import ANDREA, Launch, Shape, jit_kernels, launches
+from microgpt.kernels.check.catalogue import ANDREA, MODERN, Launch, Shape, jit_kernels, launches
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=0, help="compiles at a time (0: one per CPU)")
     args = p.parse_args(argv)
     targets = [TARGETS[cc] for cc in args.cc]
-    rows = rows_of(list(ANDREA), list(DTYPES), targets)
+    rows = rows_of([*ANDREA, *MODERN], list(DTYPES), targets)
     compile_rows(rows, select(rows, full=not args.ci), args.jobs)
     print(format_table(rows, targets))
     if args.json:
