@@ -205,22 +205,43 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
 # warm-up chose it at T 1024 over every other (bench/RESULTS.md, twelfth session). The backward runs only in training,
 # whose warm-up times every candidate: its default is never run untimed.
 FWD_DEFAULT = 5
+# Head sizes 65 to 128 (the modern block's 128): each tile holds twice the lanes, so the lists above would put some
+# candidates over sm_90's shared memory and most of the rest spilling (the compile sweep at ANDREA-120M-modern,
+# kernels/check). These keep the tiles that spill little or nothing on sm_90, and a default first that fits every
+# target without spilling (forward BM 64 BN 64: 88 KiB on sm_80-sm_89; backward BM 32/BN 64: 58.5 KiB); the larger
+# ones fit sm_80 or sm_90 only and are dropped on the cards they do not fit (tuning.py).
+FWD_CONFIGS_D128 = [_cfg(4, 3, BM=64, BN=64), _cfg(8, 3, BM=128, BN=64), _cfg(8, 4, BM=128, BN=64),
+                    _cfg(8, 3, BM=128, BN=128), _cfg(4, 3, BM=64, BN=32), _cfg(4, 2, BM=64, BN=32),
+                    _cfg(8, 4, BM=128, BN=32)]  # fmt: skip
+BWD_CONFIGS_D128 = [_cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=32), _cfg(4, 2, BM1=16, BN1=64, BM2=64, BN2=16),
+                    _cfg(8, 3, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(8, 4, BM1=64, BN1=128, BM2=128, BN2=64),
+                    _cfg(8, 2, BM1=64, BN1=128, BM2=128, BN2=64), _cfg(4, 3, BM1=64, BN1=64, BM2=64, BN2=64),
+                    _cfg(4, 3, BM1=32, BN1=64, BM2=64, BN2=64), _cfg(8, 3, BM1=32, BN1=64, BM2=64, BN2=32),
+                    _cfg(4, 3, BM1=16, BN1=64, BM2=64, BN2=16)]  # fmt: skip
 # fp32 (checks, not speed) and the interpreter: one fixed config each, no tuning
 FIXED = {"interpret": (dict(BM=16, BN=16), dict(BM1=16, BN1=32, BM2=32, BN2=16)),
          "fp32": (dict(BM=64, BN=32, num_warps=4, num_stages=2),
                   dict(BM1=16, BN1=64, BM2=64, BN2=16, num_warps=4, num_stages=2))}  # fmt: skip
 
 
-def _launch(half: str, configs: list[dict], dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> None:
+def configs(half: str, HS: int) -> tuple[list[dict], int]:
+    """The candidates of one half ("fwd" or "bwd") at head size HS (up to 128), and the index of the default."""
+    if HS <= 64:
+        return (FWD_CONFIGS, FWD_DEFAULT) if half == "fwd" else (BWD_CONFIGS, 0)
+    return (FWD_CONFIGS_D128 if half == "fwd" else BWD_CONFIGS_D128), 0
+
+
+def _launch(half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> None:
     """launch(config) for one half under the config of this dtype and (T, hs): fixed in fp32 and the interpreter,
     else the fastest that fits the device, timed once inside the tuning window (on the warm-up step's buffers) and
-    cached on disk (tuning.py; the candidates are named by their index in `configs`, the default first)."""
+    cached on disk (tuning.py; the candidates are named by their index in `configs(half, HS)`, the default
+    first)."""
     if INTERPRET or dtype == torch.float32:
         launch(FIXED["interpret" if INTERPRET else "fp32"][half == "bwd"])
         return
-    first = FWD_DEFAULT if half == "fwd" else 0
-    order = [first, *(i for i in range(len(configs)) if i != first)]
-    candidates = {str(i): (configs[i],) for i in order}  # named by index; the first is the default
+    configs_, first = configs(half, HS)
+    order = [first, *(i for i in range(len(configs_)) if i != first)]
+    candidates = {str(i): (configs_[i],) for i in order}  # named by index; the first is the default
     tuner.launch(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates, lambda cfg: lambda: launch(cfg))
 
 
@@ -238,7 +259,7 @@ def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: 
             out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
             **meta)  # fmt: skip
 
-    _launch("fwd", FWD_CONFIGS, q.dtype, T, HS, launch, tuner)
+    _launch("fwd", q.dtype, T, HS, launch, tuner)
 
 
 def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
@@ -255,7 +276,7 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
             dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
             BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
 
-    _launch("bwd", BWD_CONFIGS, q.dtype, T, HS, launch, tuner)
+    _launch("bwd", q.dtype, T, HS, launch, tuner)
 
 
 @triton.jit
@@ -297,7 +318,9 @@ def attention_forward_cached(out: torch.Tensor, q: torch.Tensor, k_cache: torch.
     """out (B,t,C) = attention of q (B,t,C) at positions pos .. pos + t - 1 over k_cache, v_cache (B,Tmax,C)."""
     B, t, C = q.shape
     HS = C // n_head
-    BM, BN = 16, 16 if INTERPRET else 64
+    # keys a tile: 64, or 32 where a key row is over 256 bytes (fp32 at head size 128: 140 KiB a block at 64, over
+    # sm_86 and sm_89's 99 KiB)
+    BM, BN = 16, 16 if INTERPRET else (64 if _bd(HS) * q.element_size() <= 256 else 32)
     k_attention_cached[(triton.cdiv(t, BM), B * n_head)](
         out, q, k_cache, v_cache, t, pos, q.stride(0), out.stride(0), k_cache.stride(0), C, n_head, HS,
         LOG2E / math.sqrt(HS), BM=BM, BN=BN, BD=_bd(HS), IEEE=q.dtype == torch.float32)  # fmt: skip

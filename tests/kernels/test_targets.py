@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from microgpt import config
+from microgpt.kernels import attention
 from tests.conftest import REPO
 
 FULL = os.environ.get("MICROGPT_SWEEP") == "full"
@@ -48,13 +49,29 @@ def test_the_limits_are_the_architectures() -> None:
 
 
 def test_the_shapes_are_the_recipes() -> None:
-    from microgpt.kernels.check.catalogue import ANDREA
+    from microgpt.kernels.check.catalogue import ANDREA, MODERN
 
     for shape in ANDREA:
         exp = config.load(REPO / "experiments" / f"{shape.name}-TRAIN.json")
         m, t = exp.model, exp.train
         assert (shape.B, shape.T, shape.C, shape.NH, shape.V) == (t.micro_batch, m.seq_len, m.d_model, m.n_head,
                                                                   m.vocab_size)  # fmt: skip
+    # the modern block at ANDREA-120M's width, T and vocabulary: 6 heads of 128 (issue 46)
+    (modern,) = MODERN
+    big = ANDREA[1]
+    assert (modern.block, modern.T, modern.C, modern.V, modern.C // modern.NH) == ("modern", big.T, big.C, big.V, 128)
+
+
+def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
+    """The qkrope pair and its decode twin are swept at the modern shape (and only there), and attention at head size
+    128 under its own candidates (kernels/attention.py configs): every one of them, the default first."""
+    rows = sweep["rows"]
+    qk = {r["kernel"]: r["shapes"] for r in rows if "qkrope" in r["kernel"]}
+    assert qk.keys() == {"k_qkrope_fwd", "k_qkrope_bwd", "k_decode_qkrope"}
+    assert all(shapes == ["ANDREA-120M-modern"] for shapes in qk.values())
+    for half in ("fwd", "bwd"):
+        labels = {r["label"] for r in rows if r["kernel"] == f"k_attention_{half}" and "BD=128" in r["config"]}
+        assert labels == {"fixed"} | {f"attention_{half} {i}" for i in range(len(attention.configs(half, 128)[0]))}
 
 
 def test_every_kernel_is_swept(sweep: dict) -> None:

@@ -35,13 +35,14 @@ from microgpt.kernels import (
     gradclip,
     layernorm,
     linear,
+    qkrope,
     relu2,
     rmsnorm,
 )
 from microgpt.ops.adamw import SEGMENT_BLOCK
 
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
-                  relu2, rmsnorm)  # fmt: skip
+                  qkrope, relu2, rmsnorm)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -199,11 +200,12 @@ SOFTCAP = 15.0  # the modern block's logit soft-cap (issue 46's default): a cons
 def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """The launches of the modern block's own ops (issue 46), as the triton backend makes them: the
     embedding without a position table (and the decode step's), RMSNorm (plain and fused with the residual add) and
-    its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap. What the modern step shares with
-    GPT-2's runs here at the modern shape once model.block "modern" has a step to enumerate: its linears, attention
-    at D = C / NH, qkrope, the optimizers, fp8 (the lead wires them in here)."""
+    its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap; attention at D = C / NH (128:
+    its own candidates, kernels/attention.py configs) in training, over the cache and in the decode step; qkrope and
+    its decode twin. What else the modern step shares with GPT-2's runs here at the modern shape once model.block
+    "modern" has a step to enumerate: its linears, the optimizers, fp8 (the lead wires them in here)."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
-    B, T, C, V, N = s.B, s.T, s.C, s.V, s.B * s.T
+    B, T, C, NH, V, N = s.B, s.T, s.C, s.NH, s.V, s.B * s.T
     mm = linear.Matmul(gemm.Gemm(cat, None))
     tok, x, stat, h = e(B, T, dt=i32), e(N, C), e(N, dt=f32), e(N, 4 * C)
     embedding.embedding_forward(e(B, T, C), tok, e(V, C))
@@ -213,8 +215,20 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
     relu2.relu2_forward(h, h)
     relu2.relu2_backward(h, h)
+    q, lse = e(B, T, C), e(B, NH, T, dt=f32)  # attention at D = C / NH (128), its own candidates
+    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
+    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
+    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    qkv, rope, qstat = e(3, N, C), e(2, T, C // NH // 2, dt=f32), e(2, N, NH, dt=f32)  # qkrope on the projection's
+    qk = qkv[0].view(B, T, C), qkv[1].view(B, T, C)  # q, k (B, T, C) views, as the model hands them in
+    qkrope.qkrope_forward(*qk, qstat, rope, n_head=NH)
+    qkrope.qkrope_forward(qkv[0, :1].view(1, 1, C), qkv[1, :1].view(1, 1, C), qstat, rope, n_head=NH, pos=T - 1)
+    qkrope.qkrope_backward(*qk, *qk, qstat, rope, n_head=NH)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
     decode.decode_embedding(rows, at, at, e(V, C))
+    decode.decode_qkrope(rows, rows, at, rope, n_head=NH)
+    decode.decode_attention(rows, rows, q, q, at, at, NH, sm_count=SWEEP_SMS,
+                            partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32))  # fmt: skip
     logits, tg, head = e(N, V), e(N, dt=i32), e(V, C)  # head: the untied lm_head
     crossentropy.crossentropy_forward(stat, stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP)
     crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, mm=mm, tuner=cat,
@@ -260,8 +274,6 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
-# against experiments/)
+# against experiments/); the modern block's at ANDREA-120M's size: 6 heads of 128 (issue 46)
 ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))
-# the modern block at ANDREA-120M's size (issue 46: D = 128 at C = 768, H = 6); not yet an experiment of its own, so
-# the test that reads ANDREA's shapes from experiments/ does not read it (the lead moves it there once it is one)
-MODERN = (Shape("ANDREA-120M-modern", 8, 1024, 768, 6, 50304, "modern"),)
+MODERN = (Shape("ANDREA-120M-MODERN", 8, 1024, 768, 6, 50304, "modern"),)
