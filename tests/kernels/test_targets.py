@@ -68,7 +68,7 @@ def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
     rows = sweep["rows"]
     qk = {r["kernel"]: r["shapes"] for r in rows if "qkrope" in r["kernel"]}
     assert qk.keys() == {"k_qkrope_fwd", "k_qkrope_bwd", "k_decode_qkrope"}
-    assert all(shapes == ["ANDREA-120M-modern"] for shapes in qk.values())
+    assert all(shapes == ["ANDREA-120M-MODERN"] for shapes in qk.values())
     for half in ("fwd", "bwd"):
         labels = {r["label"] for r in rows if r["kernel"] == f"k_attention_{half}" and "BD=128" in r["config"]}
         assert labels == {"fixed"} | {f"attention_{half} {i}" for i in range(len(attention.configs(half, 128)[0]))}
