@@ -78,10 +78,10 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
              lock: runlock.RunLock | None = None) -> int:  # fmt: skip
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
     from microgpt import data
-    from microgpt.run import job, report, trainer
+    from microgpt.run import checkpoints, job, report, trainer
     from microgpt.run import trackers as tracking
 
-    trainer.check_out_dir(out)
+    checkpoints.check_out_dir(out)
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
         skipped: list[str] = []

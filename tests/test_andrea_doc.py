@@ -12,7 +12,7 @@ import pytest
 
 from microgpt import config
 from microgpt.engine import memory, params, precision
-from microgpt.run import trainer
+from microgpt.run import schedule
 from tests.conftest import REPO, cli
 
 DOC = (REPO / "docs" / "ANDREA.md").read_text()
@@ -64,7 +64,7 @@ def test_lr_table_is_lr_at() -> None:
     assert short.steps < t.warmup_steps
     for cols, train in ((range(1, split), t), (range(split + 1, len(h)), short)):
         for i in cols:
-            assert v[i] == f"{trainer.lr_at(int(h[i]), train):.4e}", (h[i], v[i])
+            assert v[i] == f"{schedule.lr_at(int(h[i]), train):.4e}", (h[i], v[i])
 
 
 def test_manifest_fields_are_what_prep_writes(tmp_path) -> None:

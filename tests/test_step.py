@@ -9,7 +9,7 @@ import torch
 
 from microgpt import config
 from microgpt.engine.backend import numpy_backend
-from microgpt.run import trainer
+from microgpt.run import schedule, trainer
 from tests.conftest import TINY
 from tests.test_model import torch_twin_loss
 
@@ -75,7 +75,7 @@ def test_steps_match_torch_adamw_and_clipping(tmp_path) -> None:
         norm = torch.nn.utils.clip_grad_norm_(list(TP.values()), t.grad_clip)
         clipped += norm.item() > t.grad_clip
         for group in opt.param_groups:
-            group["lr"] = trainer.lr_at(s, t)
+            group["lr"] = schedule.lr_at(s, t)
         opt.step()
         opt.zero_grad()
         assert abs(rec["loss"] - sum(losses)) < 1e-10 * abs(sum(losses)), (s, rec["loss"], sum(losses))

@@ -7,16 +7,16 @@ from __future__ import annotations
 import re
 
 from microgpt import checkpoint, config, runlog
-from microgpt.run import trainer
+from microgpt.run import schedule, trainer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:
     t = config.from_dict(TINY).train
-    lrs = [trainer.lr_at(s, t) for s in range(t.steps)]
+    lrs = [schedule.lr_at(s, t) for s in range(t.steps)]
     assert lrs[0] == t.lr / t.warmup_steps and lrs[t.warmup_steps - 1] == t.lr
     assert all(a >= b - 1e-15 for a, b in zip(lrs[t.warmup_steps - 1 :], lrs[t.warmup_steps :]))
-    assert abs(trainer.lr_at(t.steps, t) - t.min_lr) < 1e-12
+    assert abs(schedule.lr_at(t.steps, t) - t.min_lr) < 1e-12
 
 
 def test_lr_schedule_restarts_at_schedule_start() -> None:
@@ -24,7 +24,7 @@ def test_lr_schedule_restarts_at_schedule_start() -> None:
     base = config.from_dict(TINY).train
     t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300, "schedule_start": 100}}).train
     plain = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 200}}).train
-    assert [trainer.lr_at(100 + s, t) for s in range(200)] == [trainer.lr_at(s, plain) for s in range(200)]
+    assert [schedule.lr_at(100 + s, t) for s in range(200)] == [schedule.lr_at(s, plain) for s in range(200)]
     assert base.schedule_start == 0
 
 
@@ -32,9 +32,9 @@ def test_past_the_schedules_end_the_lr_stays_at_min_lr() -> None:
     """train.schedule_steps ends the cosine early: the steps after it run at min_lr, never back up."""
     t = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 400, "schedule_steps": 300}}).train
     short = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 300}}).train
-    assert [trainer.lr_at(s, t) for s in range(300)] == [trainer.lr_at(s, short) for s in range(300)]
-    assert {trainer.lr_at(s, t) for s in range(300, 400)} == {t.min_lr}
-    assert trainer.lr_at(299, t) > t.min_lr
+    assert [schedule.lr_at(s, t) for s in range(300)] == [schedule.lr_at(s, short) for s in range(300)]
+    assert {schedule.lr_at(s, t) for s in range(300, 400)} == {t.min_lr}
+    assert schedule.lr_at(299, t) > t.min_lr
 
 
 def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path) -> None:
