@@ -94,11 +94,12 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                     "pass --resume or choose another --out")  # fmt: skip
-    if args.resume and not Path(args.resume).is_file():  # before the model and the data are built
-        raise checkpoint.CheckpointError(f"--resume {args.resume}: no such checkpoint file")
+    if args.resume:  # a regular file, before the model and the data are built
+        checkpoint.check_flag_path(args.resume, "--resume")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
     if args.init and not args.resume:  # checked before anything is built or written
+        checkpoint.check_flag_path(args.init, "--init", folder=True)
         checkpoint.resolve(args.init)
     if (args.procs or 1) > 1 and not job.launched():  # the launcher: N copies of this command
         job.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
