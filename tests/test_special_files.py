@@ -56,6 +56,22 @@ def test_training_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", SPECIAL)
+def test_a_run_folder_whose_log_is_special(trained: Path, tmp_path: Path, kind: str) -> None:
+    """train.jsonl found as a named pipe or a device in the run folder: refused before anything is trained."""
+    out = tmp_path / "run"
+    out.mkdir()
+    log = out / "train.jsonl"
+    if kind == "a named pipe":
+        os.mkfifo(log)
+    else:
+        log.symlink_to("/dev/zero")
+    what = kind if kind == "a named pipe" else "a symbolic link"
+    refused(cli("train", str(trained / "exp.json"), "--out", str(out), timeout=LIMIT_S),
+            f"{log} is {what}, not a regular file; the run's log is written there")  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
 def test_use_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
     path, run = special(tmp_path, kind), trained / "run"
     refused(cli("eval", str(run), "--hellaswag", str(path), timeout=LIMIT_S),

@@ -30,6 +30,7 @@ and fresh ones start; see archive().
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,10 +38,10 @@ from typing import Any
 
 from microgpt.config import INT_MAX
 from microgpt.errors import InputError, WriteError, brief
-from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite, parse_json
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite
 from microgpt.fileio import read_json as read_json_file
 from microgpt.runlock import PID_MAX
-from microgpt.runlog import LOG_NAME
+from microgpt.runlog import LOG_NAME, Log, load_log
 
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
@@ -213,40 +214,33 @@ def write_run_file(path: Path | None, data: dict[str, Any]) -> None:
                          "the engine was stopped") from None  # fmt: skip
 
 
-def replay_engine_log(path: Path, run: str) -> LossHistory | None:
-    """The history the engine's JSON lines in `path` (ENGINE_LOG) tell, by the proxy's own rules (a start at step k
-    drops the rows after k); lines of another run and lines that are not JSON (fileio's strict reader) are passed
-    over; a step or eval line of this run whose fields are wrong (row_problem) is a RunFileError naming the line.
-    None: no such file."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+def replay_engine_log(path: Path, run: str) -> tuple[LossHistory, Log] | None:
+    """The history the engine's log at `path` (ENGINE_LOG) tells (replay_log), and the log as read (its note says
+    what was passed over); None: no such file. A log that cannot be read at all (a named pipe, a folder) is a
+    RunFileError naming it."""
+    if not os.path.lexists(path):
         return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunFileError(f"{path}: unreadable engine log ({e}); move it away to start over") from None
-    return replay_engine_lines(text.splitlines(), run, str(path))
+    try:
+        log = load_log(path)
+    except InputError as e:
+        raise RunFileError(f"{e}; move it away to continue from the checkpoints' sidecars") from None
+    return replay_log(log, run), log
 
 
-def replay_engine_lines(lines: list[str], run: str, where: str) -> LossHistory:
-    """replay_engine_log on lines already read; `where` names the file in errors."""
+def replay_log(log: Log, run: str) -> LossHistory:
+    """The history the engine's records tell, by the proxy's own rules (a start at step k drops the rows after k);
+    records of another run are passed over. The log's reader kept only records of their event's shape
+    (runlog.RECORD_FIELDS, at least as strict as ROW_FIELDS: tests/proxy/test_runfiles.py), so every row fits."""
     hist, ours = LossHistory(None, run), False
-    for lineno, line in enumerate(lines, 1):
-        try:
-            ev = parse_json(line, f"{where}:{lineno}")
-        except InputError:
-            continue
-        kind = ev.get("event") if isinstance(ev, dict) else None
+    for ev in log.records:
+        kind = ev["event"]
         if kind == "start":
-            ours = ev.get("run") == run and row_problem({"step": ev.get("step")}, "train") is None
+            ours = ev.get("run") == run
             if ours:
                 hist.truncate_after(ev["step"])
                 hist.set_meta({k: ev.get(k) for k in META_FIELDS})
         elif ours and kind in ("step", "eval"):
-            key, row = "train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"}
-            if (problem := row_problem(row, key)) is not None:
-                raise RunFileError(f"{where}:{lineno}: the engine's {kind} line {problem}; move the log away to "
-                                   "continue from the checkpoints' sidecars")  # fmt: skip
-            hist.add(key, row)
+            hist.add("train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"})
     return hist
 
 

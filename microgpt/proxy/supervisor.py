@@ -146,9 +146,12 @@ class Supervisor:
         name = checkpoint.read_sidecar(newest).get("config", {}).get("name")
         if name != self.schedule.run:
             raise RunFileError(f"{newest}: a checkpoint of run {name!r}, not {self.schedule.run!r}; use another --out")
-        engine = replay_engine_log(self.out / ENGINE_LOG, self.schedule.run)
-        rows = {"train": [], "val": []}
-        if engine is not None:
+        replayed = replay_engine_log(self.out / ENGINE_LOG, self.schedule.run)
+        rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
+        if replayed is not None:
+            engine, read = replayed
+            if (note := read.note(self.out / ENGINE_LOG)) is not None:
+                log(note)  # said once; the history keeps every record that could be read
             rows = {key: [r for r in engine.data[key] if last < r["step"] <= step] for key in rows}
         if rows["train"]:
             source = str(self.out / ENGINE_LOG)

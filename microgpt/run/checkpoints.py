@@ -9,6 +9,8 @@ file removed and the previous checkpoints intact.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +18,20 @@ from microgpt import checkpoint
 from microgpt.config import ConfigError
 from microgpt.engine.trained import load_trained
 from microgpt.errors import WriteError
+from microgpt.fileio import file_kind
+from microgpt.run import report
 from microgpt.run.schedule import keep_schedule
+from microgpt.runlog import LOG_NAME
+
+# The run folder's own files besides the checkpoints, and what each holds (for the error line).
+RUN_FILES = {LOG_NAME: "log", report.JSON_NAME: "report card", report.MD_NAME: "report card"}
 
 
 def check_out_dir(out: Path) -> None:
     """--out can hold the run before anything is built or trained: a folder (made if missing) whose ckpt, if there,
-    is a folder (or a link to one): a file or a dangling link there would fail the first checkpoint write only
-    after training. ConfigError naming it otherwise."""
+    is a folder (or a link to one), and whose log and report card, if there, are regular files: a file or a
+    dangling link as ckpt would fail the first checkpoint write only after training, a named pipe as the log would
+    hang its open, a folder as report.md would fail the card. ConfigError naming it otherwise."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -31,6 +40,17 @@ def check_out_dir(out: Path) -> None:
     if (ckpt.exists() or ckpt.is_symlink()) and not ckpt.is_dir():
         what = "a link to nothing" if ckpt.is_symlink() else "not a folder"
         raise ConfigError(f"--out {out}: {ckpt} is {what}; checkpoints are written there (move it away)")
+    for name, holds in RUN_FILES.items():
+        try:
+            mode = os.lstat(out / name).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot use {out / name} ({e.strerror or e})") from None
+        if not stat.S_ISREG(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
+            raise ConfigError(f"--out {out}: {out / name} is {what}, not a regular file; the run's {holds} is "
+                              "written there (move it away)")  # fmt: skip
 
 
 def sidecar_meta(tr: Any, reason: str) -> dict[str, Any]:
@@ -59,6 +79,7 @@ def save(tr: Any, reason: str) -> Path | None:
     was_critical, tr.signals.critical = tr.signals.critical, True
     meta = sidecar_meta(tr, reason)
     target = tr.out / "ckpt" / checkpoint.ckpt_name(tr.step)
+    tr.log.check_folder()  # the folder moved aside (another writer may hold its new one): written nowhere
     try:
         path = S.save_checkpoint(target, meta)
     except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
