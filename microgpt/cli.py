@@ -60,13 +60,14 @@ def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
     from microgpt import data
     from microgpt.data import hellaswag_file as hellaswag
-    from microgpt.run import job  # numpy-heavy imports only once the flags parse
+    from microgpt.run import job, trackers  # numpy-heavy imports only once the flags parse
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
     out = Path(args.out or Path("runs") / exp.name)
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
+    trackers.check(args.track, out)  # --track's package, folder and account, before anything is written
     launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
     with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
