@@ -129,13 +129,16 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True) -> None:
-    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder.
+def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True,
+                       make_folder: bool = True) -> None:  # fmt: skip
+    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder (made first unless
+    make_folder is False: a run file's folder must be the run folder itself, never one made again after a move).
 
     sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
     files rewritten often whose loss in a power cut costs nothing a rerun does not restore (the proxy's files).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -159,14 +162,15 @@ def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -
         raise error(f"{flag} {path}: {parent} is not a folder")
 
 
-def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True) -> None:
+def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True,
+                      make_folder: bool = True) -> None:  # fmt: skip
     """obj as JSON (indented and key-sorted for people, or compact for files rewritten every second); NaN and
     infinities are refused (ValueError) rather than written as invalid JSON."""
     if compact:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     else:
         text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
-    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir)
+    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir, make_folder=make_folder)
 
 
 class _Duplicate(Exception):

@@ -162,6 +162,7 @@ class RunLog:
             try:
                 write_all(self.fd, line)
             except OSError as e:  # a full disk: earlier lines are intact (appends), this one may be cut short
+                self.check_folder()
                 raise WriteError(f"{self.path}: cannot append to the run's log ({e.strerror or e})") from None
         if self.json_stdout:  # under the events' lock: a heartbeat line never lands inside this one
             events.write_line(line)

@@ -89,6 +89,7 @@ def test_disk_full_under_the_proxy(tmp_path: Path, small_disk: Path) -> None:
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "cannot write the run file" in last and "No space left" in last, err
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [last], err  # the engine's is demoted
     history = json.loads(loss.read_text())  # the last complete version, not a torn one
     assert len(history["train"]) >= 5
 

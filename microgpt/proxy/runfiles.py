@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,7 @@ class LossHistory:
     def __init__(self, path: Path | None, run: str):
         """The history in `path`, or a new one (path None: in memory only, see replay_engine_log)."""
         self.path, self.dirty = path, False
+        self.guard: Guard | None = None  # the run folder's lock check, before each write (write_run_file)
         fresh = {"format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}
         self.data = {**fresh, **((read_json(path, LOSS_FORMAT) if path is not None else None) or {})}
 
@@ -198,18 +200,26 @@ class LossHistory:
 
     def flush(self) -> None:
         if self.dirty:
-            write_run_file(self.path, self.data)
+            write_run_file(self.path, self.data, self.guard)
             self.dirty = False
 
 
-def write_run_file(path: Path | None, data: dict[str, Any]) -> None:
+Guard = Callable[[], None]
+
+
+def write_run_file(path: Path | None, data: dict[str, Any], guard: Guard | None = None) -> None:
     """One run file rewritten whole (atomically: the previous version stays until the new one is complete). A write
-    the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it."""
+    the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it. With
+    guard (runlock.RunLock.check), written only while the run folder is the one the proxy locked (LockError)."""
     if path is None:
         return
+    if guard is not None:
+        guard()
     try:
-        atomic_write_json(path, data, compact=True, sync_dir=False)
+        atomic_write_json(path, data, compact=True, sync_dir=False, make_folder=guard is None)
     except OSError as e:
+        if guard is not None:
+            guard()  # the folder moved away during the write: that, not the OS's word for it, is what happened
         raise WriteError(f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
                          "the engine was stopped") from None  # fmt: skip
 
@@ -249,6 +259,7 @@ class JsonDoc:
 
     def __init__(self, path: Path, fmt: str, fresh: dict[str, Any]):
         self.path, self.fmt = path, fmt
+        self.guard: Guard | None = None  # as LossHistory.guard
         self.data = {"format": fmt, **fresh, **(read_json(path, fmt) or {})}  # fields a file lacks: fresh ones
 
     def update(self, **fields: Any) -> None:
@@ -256,7 +267,7 @@ class JsonDoc:
 
     def flush(self) -> None:
         self.data["updated"] = utc_now()
-        write_run_file(self.path, self.data)
+        write_run_file(self.path, self.data, self.guard)
 
 
 def archive(paths: list[Path], phase: str) -> list[str]:

@@ -83,6 +83,7 @@ def save(tr: Any, reason: str) -> Path | None:
     try:
         path = S.save_checkpoint(target, meta)
     except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
+        tr.log.check_folder()  # or the folder moved away during the write: that is then what happened
         raise WriteError(f"{target}: cannot write the checkpoint ({e.strerror or e}); the previous "
                          "checkpoints are intact") from None  # fmt: skip
     tr.last_checkpoint = path

@@ -218,6 +218,7 @@ def write(tr: Any, final: Path | None) -> Path:
         path = tr.out / MD_NAME
         atomic_write_bytes(path, [markdown(c).encode()])
     except OSError as e:
+        tr.log.check_folder()  # the folder moved away during the write: that is then what happened
         raise output_error(e, f"{path}: cannot write the report card") from None
     return path
 
