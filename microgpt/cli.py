@@ -68,6 +68,10 @@ def cmd_train(argv: list[str]) -> int:
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
     trackers.check(args.track, out)  # --track's package, folder and account, before anything is written
+    if args.resume not in (None, "latest"):  # before the run folder is made or locked, like every flag
+        checkpoint.check_flag_path(args.resume, "--resume")
+    if args.init and Path(args.init).exists():  # a missing one may go unused (a checkpoint to resume): train_in's
+        checkpoint.check_flag_path(args.init, "--init", folder=True)
     launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
     with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
