@@ -22,7 +22,6 @@ import hashlib
 import mmap
 import os
 import re
-import stat
 import struct
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from microgpt.errors import InputError, brief
-from microgpt.fileio import atomic_write_bytes, atomic_write_json, read_json
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, input_kind, open_input, read_json
 
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
@@ -92,9 +91,9 @@ def write_checkpoint(
 def read_step(path: str | Path) -> int | None:
     """The step in a checkpoint's header (8 bytes read), None if it has none; read_checkpoint validates the rest."""
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "checkpoint", CheckpointError) as f:
             head = f.read(HEADER.size)
-    except OSError:
+    except (OSError, CheckpointError):
         return None
     return HEADER.unpack(head)[0] if len(head) == HEADER.size else None
 
@@ -108,12 +107,10 @@ def read_checkpoint(path: str | Path, n_params: int | None = None) -> Checkpoint
     NaN or an infinity propagates into them) rather than a boolean array per element."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "checkpoint", CheckpointError) as f:  # a regular file: no named pipe, no device
             data, digest = _read_hashed(f, path, n_params)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: checkpoint not found") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a folder, not a checkpoint") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
     step, n = HEADER.unpack_from(data)
@@ -134,10 +131,7 @@ READ_CHUNK = 64 << 20  # bytes read (and handed to the hashing thread) at a time
 def _read_hashed(f: BinaryIO, path: Path, n_params: int | None) -> tuple[np.ndarray, Future[str]]:
     """The whole file as one uint8 array and the future of its sha256 hex digest (still being computed when this
     returns), once its header and size are known to be a checkpoint's (of n_params parameters, if given)."""
-    st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path}: not a regular file")
-    size, head = st.st_size, f.read(HEADER.size)
+    size, head = os.fstat(f.fileno()).st_size, f.read(HEADER.size)
     if len(head) < HEADER.size:
         raise CheckpointError(f"{path}: truncated checkpoint: {len(head)} bytes, shorter than the 8-byte header")
     step, n = HEADER.unpack(head)
@@ -228,7 +222,10 @@ def load(path: str | Path, n_params: int | None = None) -> tuple[Checkpoint, dic
 def verify_sha(path: str | Path) -> bool:
     """True when the sidecar's sha256 matches the .bin (or there is no sidecar to compare with)."""
     want = read_sidecar(path).get("sha256")
-    return want is None or hashlib.sha256(Path(path).read_bytes()).hexdigest() == want
+    if want is None:
+        return True
+    with open_input(path, "checkpoint", CheckpointError) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() == want
 
 
 def step_of(path: str | Path) -> int:
@@ -281,14 +278,28 @@ def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max
     return None if found is None else found[0].path
 
 
+def check_flag_path(path: str | Path, flag: str, folder: bool = False) -> None:
+    """The checkpoint (or, with folder, the run folder) a flag names exists and is a regular file (or a folder):
+    never a named pipe or a device, whose open would hang or never end. CheckpointError naming the flag."""
+    what = "run folder or checkpoint" if folder else "checkpoint"
+    try:
+        input_kind(path, what, CheckpointError, folder)
+    except FileNotFoundError:
+        raise CheckpointError(f"{flag} {path}: no such {what}{'' if folder else ' file'}") from None
+    except CheckpointError as e:
+        raise CheckpointError(f"{flag} {e}") from None
+
+
 def _folder_or_file(where: str | Path) -> tuple[Path, bool]:
     """(where, whether it is a run or ckpt folder); CheckpointError where it is neither a folder nor a file."""
     p = Path(where)
-    if p.is_dir():
+    what = "checkpoint" if p.suffix == ".bin" else "run folder or checkpoint"
+    try:
+        kind = input_kind(p, what, CheckpointError)  # a named pipe or a device: one line, never an open that hangs
+    except FileNotFoundError:
+        raise CheckpointError(f"{p}: no such {what}") from None
+    if kind == "folder":
         return (p / "ckpt" if (p / "ckpt").is_dir() else p), True
-    if not p.exists():
-        what = "checkpoint" if p.suffix == ".bin" else "run folder or checkpoint"
-        raise CheckpointError(f"{p}: no such {what}")
     return p, False
 
 

@@ -63,7 +63,7 @@ def cmd_train(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
     from microgpt import data
     from microgpt.data import hellaswag_file as hellaswag
-    from microgpt.run import job  # numpy-heavy imports only once the flags parse
+    from microgpt.run import job, trackers  # numpy-heavy imports only once the flags parse
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
@@ -74,6 +74,11 @@ def cmd_train(argv: list[str]) -> int:
     out = Path(args.out or Path("runs") / exp.name)
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
+    trackers.check(args.track, out)  # --track's package, folder and account, before anything is written
+    if args.resume not in (None, "latest"):  # before the run folder is made or locked, like every flag
+        checkpoint.check_flag_path(args.resume, "--resume")
+    if args.init and Path(args.init).exists():  # a missing one may go unused (a checkpoint to resume): train_in's
+        checkpoint.check_flag_path(args.init, "--init", folder=True)
     launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
     with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
         for temp in checkpoint.remove_temp_files(out / "ckpt"):
@@ -85,10 +90,10 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
              lock: runlock.RunLock | None = None) -> int:  # fmt: skip
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
     from microgpt import data
-    from microgpt.run import job, report, trainer
+    from microgpt.run import checkpoints, job, report, trainer
     from microgpt.run import trackers as tracking
 
-    trainer.check_out_dir(out)
+    checkpoints.check_out_dir(out)
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
         skipped: list[str] = []
@@ -101,11 +106,12 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     if existing and not args.resume:
         return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
                     "pass --resume or choose another --out")  # fmt: skip
-    if args.resume and not Path(args.resume).is_file():  # before the model and the data are built
-        raise checkpoint.CheckpointError(f"--resume {args.resume}: no such checkpoint file")
+    if args.resume:  # a regular file, before the model and the data are built
+        checkpoint.check_flag_path(args.resume, "--resume")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
     if args.init and not args.resume:  # checked before anything is built or written
+        checkpoint.check_flag_path(args.init, "--init", folder=True)
         checkpoint.resolve(args.init)
     if (args.procs or 1) > 1 and not job.launched():  # the launcher: N copies of this command
         job.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
@@ -118,7 +124,8 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
         rank0 = job.rank() == 0
         trackers = tracking.make(args.track, out, exp.name, exp.to_dict()) if rank0 else []
-        log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers)
+        guard = lock.check if lock is not None else None  # every write: the folder is still the one locked
+        log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers, guard=guard)
         tr = trainer.Trainer(exp, out, dp=dp, log=log)
         if args.resume:
             tr.load(args.resume)

@@ -414,6 +414,8 @@ def check_flags(args: argparse.Namespace) -> None:
     for name in args.track:
         if name not in TRACKERS:
             raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")
+    if args.init is not None and not args.init.strip():  # '' would otherwise be read as no --init at all
+        raise ConfigError("--init: an empty path; give a checkpoint or a run folder, or leave --init out")
 
 
 def train_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,6 +10,13 @@ Every JSON file the project reads (experiments, checkpoint sidecars, run files, 
 most MAX_DEPTH deep, and (for the files that refuse NaN) no number that overflows to infinity (`1e999`);
 anything else is the caller's InputError subclass naming the file. Each format's reader then checks the shape of
 what it got. JSON Lines (HellaSwag, pulled data sets, the engine's log) go through `parse_json` line by line.
+
+Every path a user gives that is read (an experiment, a checkpoint and its sidecar, --init, `eval --hellaswag` and
+`--text`, `prep --source`, a tokenizer, the run's train.jsonl) is opened by `open_input`: without blocking (a named
+pipe with no writer would hang an ordinary open), then checked on the open descriptor to be a regular file (a named
+pipe, /dev/zero or any device, a socket, a folder: one line saying which); `input_kind` says whether a path that
+may be a folder is a folder or a regular file. Files read whole (`read_input`) have a size bound, so no input can
+take the memory; text is UTF-8, and a bad byte is named by its offset and line (`decode_utf8`).
 """
 
 from __future__ import annotations
@@ -17,13 +24,101 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from microgpt.errors import InputError
 
 MAX_DEPTH = 100  # our files nest a few levels; a hostile one 100,000 deep would exhaust the recursion limit
+# Files read whole: JSON (experiments, sidecars, manifests, run files: a 200,000-step loss history is tens of MB)
+# and text (a prep source's plain-text file, `eval --text`, a HellaSwag file, a tokenizer).
+MAX_JSON_BYTES = 256 << 20
+MAX_TEXT_BYTES = 2 << 30
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode names, for an error line: 'a folder', 'a named pipe', 'a character device' (/dev/zero)..."""
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def input_kind(path: str | Path, what: str, error: type[InputError] = InputError, folder: bool = True) -> str:
+    """Whether a path the user gives is a "folder" or a "file" (followed through symbolic links; stat never
+    blocks); error(...) naming the path and what it is when it is neither (a named pipe, a device, a socket), or
+    a folder where folder is False. FileNotFoundError passes through: a missing path is the caller's to judge."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode)):
+        return "folder" if stat.S_ISDIR(mode) else "file"
+    want = "a regular file or a folder" if folder else "a regular file"
+    raise error(f"{path}: {what} must be {want}, not {file_kind(mode)}")
+
+
+def open_input(path: str | Path, what: str, error: type[InputError] = InputError) -> BinaryIO:
+    """path opened for reading, checked to be a regular file: opened without blocking (O_NONBLOCK: a named pipe
+    opens at once, writer or not), then the open descriptor's own stat (no race with a rename) must say regular
+    file; a named pipe, a device (/dev/zero), a socket or a folder is error(...) naming path and what it is.
+    FileNotFoundError passes through: whether a missing file is an error is the caller's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{path}: {what} must be a regular file, not {file_kind(mode)}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str | Path, what: str, error: type[InputError] = InputError, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the regular file at path (open_input), at most `limit` of them: a larger file is error(...)
+    naming the path, its size and the bound, before it is read."""
+    try:
+        with open_input(path, what, error) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1) if size <= limit else b""  # + 1: a file that grew since the stat is caught too
+    except (FileNotFoundError, InputError):
+        raise
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if size > limit or len(data) > limit:
+        raise error(f"{path}: {what} is {max(size, len(data)):,} bytes, more than the {limit:,} it may have")
+    return data
+
+
+def decode_utf8(data: bytes, where: str, what: str, error: type[InputError] = InputError) -> str:
+    """data as UTF-8 text; error(...) naming `where` and the first bad byte (its offset and line) otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise error(f"{where}: not UTF-8 text (byte {e.start}, line {line}): the {what} must be UTF-8") from None
+
+
+def read_input_text(
+    path: str | Path, what: str, error: type[InputError] = InputError, limit: int = MAX_TEXT_BYTES
+) -> str:
+    """The UTF-8 text of the regular file at path (read_input, decode_utf8)."""
+    return decode_utf8(read_input(path, what, error, limit), str(path), what, error)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -34,13 +129,16 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True) -> None:
-    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder.
+def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True,
+                       make_folder: bool = True) -> None:  # fmt: skip
+    """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder (made first unless
+    make_folder is False: a run file's folder must be the run folder itself, never one made again after a move).
 
     sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
     files rewritten often whose loss in a power cut costs nothing a rerun does not restore (the proxy's files).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -64,14 +162,15 @@ def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -
         raise error(f"{flag} {path}: {parent} is not a folder")
 
 
-def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True) -> None:
+def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True,
+                      make_folder: bool = True) -> None:  # fmt: skip
     """obj as JSON (indented and key-sorted for people, or compact for files rewritten every second); NaN and
     infinities are refused (ValueError) rather than written as invalid JSON."""
     if compact:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     else:
         text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
-    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir)
+    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir, make_folder=make_folder)
 
 
 class _Duplicate(Exception):
@@ -109,6 +208,11 @@ def finite(value: Any) -> Any:
     return value
 
 
+def dumps_strict(obj: Any) -> str:
+    """obj as one line of strict JSON: every number that is not finite written as null (finite)."""
+    return json.dumps(finite(obj), separators=(",", ":"), allow_nan=False)
+
+
 def _depth(value: Any) -> int:
     """How deep lists and objects nest (iteratively: no recursion on hostile input)."""
     deepest, todo = 0, [(value, 1)]
@@ -143,16 +247,8 @@ def parse_json(text: str, where: str, error: type[InputError] = InputError, allo
 
 
 def read_json(path: Path, what: str, error: type[InputError] = InputError, allow_nan: bool = True) -> Any:
-    """The JSON value of the file at path (parse_json); error naming the file when it cannot be read, is not UTF-8
-    or is not strict JSON. FileNotFoundError passes through: whether a missing file is an error is the caller's."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text (byte {e.start}): the {what} must be UTF-8 JSON") from None
+    """The JSON value of the file at path (parse_json); error naming the file when it cannot be read, is not a
+    regular file of at most MAX_JSON_BYTES (read_input), is not UTF-8 or is not strict JSON. FileNotFoundError
+    passes through: whether a missing file is an error is the caller's."""
+    text = read_input_text(path, what, error, MAX_JSON_BYTES)
     return parse_json(text, str(path), error, allow_nan)

@@ -13,6 +13,11 @@ names now. Where the filesystem cannot lock a folder (NFS emulates flock with by
 open for writing), the lock falls back to `<out>/.lock`, opened without following a symbolic link (a dangling
 `.lock` link must not create a file elsewhere) and checked, after the flock, to be the file at that path.
 
+The lock guards the folder the path named when it was taken; a writer checks before each write that the path still
+names it (RunLock.check: the descriptor's device and inode against the path's). A live run folder moved aside and
+made again (where a second writer may now hold a lock of its own) stops the first writer with one LockError line:
+what it would have written (a record, a SIGTERM checkpoint, the report card) is written nowhere.
+
 Children that write the same folder hold the same lock: `microgpt run` starts `microgpt train` on its folder, and
 `train --procs N` starts N ranks. The parent passes its lock's descriptor to the child (pass_fds) and names it in
 MICROGPT_RUN_LOCK; a flock belongs to the open file, not the process, so the child's flock on that descriptor
@@ -44,8 +49,20 @@ class LockError(InputError):
 class RunLock:
     """The held lock; closing it (or the process ending) releases it unless a child still holds it too."""
 
-    def __init__(self, fd: int, path: Path):
-        self.fd, self.path = fd, path
+    def __init__(self, fd: int, path: Path, folder: Path):
+        self.fd, self.path, self.folder = fd, path, folder  # path: the folder, or its .lock file (the fallback)
+
+    def check(self) -> None:
+        """Before each write into the run folder: its path still names what this process locked (compared by
+        identity, device and inode). A folder moved aside (and perhaps made again, and locked by another writer)
+        is a LockError: the writer stops, writing nowhere else."""
+        try:
+            same = _same(self.fd, (os.stat if self.path == self.folder else os.lstat)(self.path))
+        except OSError:
+            same = False
+        if not same:
+            raise LockError(f"{self.folder}: the run folder was moved or replaced while this process wrote it; "
+                            "stopping without writing there (what was written is where the folder went)")  # fmt: skip
 
     def child_env(self) -> dict[str, str]:
         """Environment for a child that writes the same folder: with pass_fds=(self.fd,) it holds this lock."""
@@ -111,7 +128,7 @@ def _inherited(folder: Path) -> RunLock | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             continue
-        return RunLock(fd, path)
+        return RunLock(fd, path, folder)
     return None
 
 
@@ -174,4 +191,4 @@ def _take(fd: int, folder: Path, path: Path, flag: str, stat: Callable[[Path], o
         if e.errno in NO_FOLDER_LOCKS and path == folder:
             raise _NoFolderLock from None
         raise LockError(f"{flag} {folder}: cannot lock the run folder ({e.strerror or e})") from None
-    return RunLock(fd, path)
+    return RunLock(fd, path, folder)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,8 +113,23 @@ def test_a_file_read_in_many_chunks_hashes_as_one(tmp_path, monkeypatch) -> None
     assert ck.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and checkpoint.load(path)[0].step == 9
     assert all(np.array_equal(a, b) for a, b in zip((ck.weights, ck.m, ck.v), (w, m, v)))
     assert ck.weights.flags.writeable  # the triton runtime's copy_in wraps it without a copy
-    with pytest.raises(CheckpointError, match=r"a folder, not a checkpoint$"):
+    with pytest.raises(CheckpointError, match=r"checkpoint must be a regular file, not a folder$"):
         checkpoint.read_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["a named pipe", "a character device"])
+def test_a_special_file_is_refused_without_a_read(tmp_path, kind: str) -> None:
+    """A named pipe (whose plain open would wait for a writer forever) or /dev/zero (endless): one sentence, at once."""
+    path = tmp_path / "p.bin"
+    if kind == "a named pipe":
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    with pytest.raises(CheckpointError, match=f"checkpoint must be a regular file, not {kind}$"):
+        checkpoint.read_checkpoint(path)
+    assert checkpoint.read_step(path) is None
+    with pytest.raises(CheckpointError, match=f"--resume {path}: checkpoint must be a regular file, not {kind}$"):
+        checkpoint.check_flag_path(path, "--resume")
 
 
 def test_latest_valid_skips_corrupt_and_keeps_it(tmp_path) -> None:

@@ -7,6 +7,8 @@ Mounting needs root (CAP_SYS_ADMIN); where the mount fails the test is skipped a
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -21,6 +23,8 @@ from microgpt.engine import params
 from microgpt.errors import EXIT_WRITE
 from tests.conftest import TINY, cli, tmpfs, write_experiment
 from tests.proxy._helpers import ENV
+from tests.test_hostile_input import snapshot
+from tests.test_hostile_output import failed_write
 
 CKPT_BYTES = 8 + 12 * params.n_params(from_dict(TINY).model)  # about 400 KB
 
@@ -85,5 +89,47 @@ def test_disk_full_under_the_proxy(tmp_path: Path, small_disk: Path) -> None:
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "cannot write the run file" in last and "No space left" in last, err
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [last], err  # the engine's is demoted
     history = json.loads(loss.read_text())  # the last complete version, not a torn one
     assert len(history["train"]) >= 5
+
+
+PAGE = resource.getpagesize()  # tmpfs counts whole pages
+
+
+def pages(n: int) -> int:
+    return -(-n // PAGE)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Take every byte of the tmpfs at disk but `leave` (a filler file written to ENOSPC, then cut back)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * PAGE):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(filler, filler.stat().st_size - leave)
+
+
+def test_a_disk_with_room_for_the_checkpoint_but_not_the_report_card(tmp_path: Path) -> None:
+    """The resumed run's checkpoint fits and its report card does not: one `error:` line naming report.json and exit
+    4 (the README's word for a full disk), the checkpoint whole and resumable, the previous card intact, no temp
+    file left. The run folder's path is long, so the card (which lists it) is larger than the disk's slack."""
+    exp = write_experiment(tmp_path, train={"steps": 3, "ckpt_every": 100})
+    with tmpfs(tmp_path / "disk", 4 * CKPT_BYTES) as disk:
+        out = disk.joinpath(*["d" * 250] * 14, "run")
+        assert cli("train", str(exp), "--out", str(out), "--steps", "2", env=ENV).returncode == 0
+        before = snapshot(out)
+        log = pages((out / "train.jsonl").stat().st_size + 16384) - pages((out / "train.jsonl").stat().st_size)
+        fill(disk, (pages(CKPT_BYTES) + 1 + log) * PAGE)  # the checkpoint, its sidecar, the log's new records
+        res = cli("train", str(exp), "--out", str(out), "--resume", "latest", env=ENV)
+        failed_write(res, f"{out / 'report.json'}: cannot write the report card", "No space left")
+        after = snapshot(out)
+        assert {k: v for k, v in after.items() if "report" in k} == {k: v for k, v in before.items() if "report" in k}
+        assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+        ck, side = checkpoint.load(out / "ckpt" / checkpoint.ckpt_name(3), params.n_params(from_dict(TINY).model))
+        assert ck.step == 3 and side["reason"] == "final"

@@ -99,3 +99,76 @@ def test_steps_beyond_a_finished_run_continue_at_its_final_lr_under_train_and_ru
     assert (a / "ckpt" / "step-00000010.bin").read_bytes() == (b / "ckpt" / "step-00000010.bin").read_bytes()
     again = cli("train", str(exp), "--out", str(b), "--resume", "latest")
     assert again.returncode == 0 and "already complete" in again.stderr and "step 10" in again.stderr
+
+
+# --- the run folder's own records, hostile (issue 49 class 2) --------------------------------------------------
+HOSTILE_LINES = [
+    '{"event":"step","step":2,"lo',  # cut short: a kill or a full disk mid-write, no newline after it
+    '{"event":"step","loss":2.0}',
+    '{"event":"step","step":"3","loss":2.0}',
+    '{"event":"step","step":null,"loss":2.0}',
+    '{"event":"step","step":3,"loss":"low"}',
+    '{"event":"step","step":3,"loss":NaN}',
+    '{"event":"step","step":3,"loss":1e400}',
+    '{"event":"eval","step":3,"val_loss":Infinity}',
+    '{"event":"start","step":0,"versions":[1,2],"git":7}',
+]
+
+
+def test_a_resume_over_a_hostile_log_trains_and_reports(tmp_path: Path) -> None:
+    """Each hostile line (the cut-off one last, as a kill leaves it) is passed over and counted by the log's one
+    reader: the resumed run's start record is a line of its own, the report card is made from the rest, says so
+    once, and report.json is strict JSON."""
+    exp, out = write_experiment(tmp_path, train={"ckpt_every": 3}), tmp_path / "run"
+    assert cli("train", str(exp), "--out", str(out), "--steps", "3").returncode == 0
+    log = out / "train.jsonl"
+    first = len(log.read_text().splitlines()) + 1
+    with open(log, "a") as f:
+        f.write("\n".join(HOSTILE_LINES[1:]) + "\n" + HOSTILE_LINES[0])
+    r = cli("train", str(exp), "--out", str(out), "--resume", "latest")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: {log}: {len(HOSTILE_LINES)} unreadable lines were passed over (the first, line "
+                        f"{first}: its step is missing); the report card is made from the rest"]  # fmt: skip
+    card = json.loads((out / "report.json").read_text(), parse_constant=_no_constant)
+    assert card["outcome"] == "done" and card["step"] == 6 and card["log"]["unreadable"] == len(HOSTILE_LINES)
+    records = runlog.read_log(log)
+    assert [e["step"] for e in records if e["event"] == "step"] == list(range(1, 7))  # nothing glued, nothing lost
+    assert [e["step"] for e in records if e["event"] == "start"] == [0, 3]
+    assert card["loss"]["train"] == [e["loss"] for e in records if e["event"] == "step"][-1]
+    assert f"{len(HOSTILE_LINES)} unreadable line(s) of {log} passed over" in (out / "report.md").read_text()
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"report.json holds {name}: not JSON")
+
+
+def test_a_report_card_path_that_is_a_folder_is_refused_before_training(tmp_path: Path) -> None:
+    exp, out = write_experiment(tmp_path), tmp_path / "run"
+    (out / "report.md").mkdir(parents=True)
+    r = cli("train", str(exp), "--out", str(out))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: --out {out}: {out / 'report.md'} is a folder, not a regular file; the run's report card is written "
+        "there (move it away)"
+    ], r.stderr
+    assert sorted(p.name for p in out.rglob("*")) == ["report.md"]
+
+
+def test_a_report_card_path_that_became_a_folder_is_one_error(tmp_path: Path) -> None:
+    """report.md made a folder while the run trains (after the run folder was checked): the card is one error line
+    naming it (exit 2), report.json written, the final checkpoint intact."""
+    from microgpt.errors import InputError
+    from microgpt.run import report, trainer
+
+    exp = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 2}})
+    tr = trainer.Trainer(exp, tmp_path)
+    assert tr.run() == 0
+    (tmp_path / "report.md").mkdir()
+    try:
+        report.write(tr, tr.last_checkpoint)
+    except InputError as e:
+        assert str(e).startswith(f"{tmp_path / 'report.md'}: cannot write the report card (") and "\n" not in str(e)
+    else:
+        raise AssertionError("report.md, a folder, was written")
+    json.loads((tmp_path / "report.json").read_text(), parse_constant=_no_constant)
+    assert [p.name for p in (tmp_path / "report.md").iterdir()] == []

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from microgpt import checkpoint, runlock
-from tests.conftest import REPO, cli, json_lines, write_experiment
+from microgpt.runlog import read_log
+from tests.conftest import REPO, cli, json_lines, one_error, write_experiment
 from tests.proxy._helpers import ENV, ProxyRun, write_exp
 from tests.test_hostile_input import refused
 
@@ -144,3 +145,79 @@ def test_the_lock_file_of_a_folder_that_cannot_be_locked(tmp_path: Path) -> None
         assert held.path == folder / runlock.NAME
         with pytest.raises(runlock.LockError, match=f"pid {os.getpid()}"):
             runlock._lock_file(folder, "--out")
+
+
+def first_step(proc: subprocess.Popen) -> None:
+    """Read the trainer's JSON lines until its first step record."""
+    for line in proc.stdout:
+        if json.loads(line)["event"] == "step":
+            return
+    raise AssertionError(f"the trainer ended before its first step: {proc.stderr.read()}")
+
+
+def test_a_writer_whose_folder_was_moved_aside_writes_nowhere(tmp_path: Path) -> None:
+    """Issue 49 class 6: the live run folder moved aside and made again, a second trainer takes the new one (its lock
+    is free), then the first gets SIGTERM. The first compares its folder's identity before each write: it says so in
+    one line and stops (exit 2), its SIGTERM checkpoint written nowhere, neither in the new folder nor the moved one;
+    the second trains on."""
+    exp = write_experiment(tmp_path, train={"steps": 100_000, "ckpt_every": 100_000, "eval_every": 100_000})
+    out, moved = tmp_path / "run", tmp_path / "moved"
+    first = start_train(exp, out)
+    second = None
+    try:
+        first_step(first)
+        out.rename(moved)
+        out.mkdir()
+        second = start_train(exp, out)
+        first_step(second)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+        res = subprocess.CompletedProcess(first.args, first.returncode, "", err)
+        one_error(res, 2, f"{out}: the run folder was moved or replaced while this process wrote it",
+                  after_progress=True)  # fmt: skip
+        assert not (moved / "ckpt").exists() and not (out / "ckpt").exists()  # the SIGTERM checkpoint: nowhere
+        second.send_signal(signal.SIGTERM)
+        _, err2 = second.communicate(timeout=120)
+        assert second.returncode == 0, err2
+        assert [r["event"] for r in read_log(out / "train.jsonl")][0] == "start"
+        assert checkpoint.list_checkpoints(out / "ckpt")  # the second's own SIGTERM checkpoint
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_proxy_whose_folder_was_moved_aside_stops_with_one_line(tmp_path: Path) -> None:
+    """`microgpt run` and its engine share the lock: the folder moved aside, the proxy's next write finds it is no
+    longer the folder it locked and stops the engine, whose own checkpoint write finds the same (its line demoted):
+    one `error:` line, exit 2, nothing written into the folder made again."""
+    exp = write_exp(tmp_path, train={"steps": 100_000, "ckpt_every": 100_000, "eval_every": 100_000})
+    out, moved = tmp_path / "run", tmp_path / "moved"
+    run = ProxyRun(exp, out)
+    try:
+        run.wait_for(run.steps, "a step in the loss history", 120)
+        out.rename(moved)
+        out.mkdir()
+        rc = run.wait(120)
+    finally:
+        run.kill()
+    err = run.log.read_text(errors="replace")
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert f"{out}: the run folder was moved or replaced" in errors[0]
+    assert list(out.iterdir()) == []
+
+
+def test_the_lock_knows_its_folder_by_identity(tmp_path: Path) -> None:
+    """RunLock.check: passes while the path names the locked folder; a LockError naming it once the folder was
+    moved aside, and still when a folder of the same name is made again."""
+    out = tmp_path / "run"
+    with runlock.acquire(out) as lock:
+        lock.check()
+        out.rename(tmp_path / "moved")
+        with pytest.raises(runlock.LockError, match=f"^{out}: the run folder was moved or replaced"):
+            lock.check()
+        out.mkdir()
+        with pytest.raises(runlock.LockError):
+            lock.check()

@@ -13,7 +13,7 @@ from typing import Any
 from microgpt.config import Experiment
 from microgpt.data.experiment import tokenizer_path, uses_bytes
 from microgpt.errors import InputError, brief
-from microgpt.fileio import parse_json
+from microgpt.fileio import parse_json, read_input_text
 
 LABELS = {0: 0, 1: 1, 2: 2, 3: 3, "0": 0, "1": 1, "2": 2, "3": 3}  # the data set writes its label as a string
 
@@ -43,9 +43,11 @@ def read(path: str | Path, name: str) -> list[dict[str, Any]]:
     """Every line checked before any scoring (fileio's strict reader: nesting, duplicate keys, NaN); one
     HellaswagError naming `name` (the flag or config field), the file and the line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HellaswagError(f"{name} {path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        lines = read_input_text(path, "HellaSwag file", HellaswagError).splitlines()  # a regular file, size-bound
+    except FileNotFoundError:
+        raise HellaswagError(f"{name} {path}: cannot read (No such file or directory)") from None
+    except HellaswagError as e:
+        raise HellaswagError(f"{name} {e}") from None
     out = []
     for k, line in enumerate(lines, 1):
         if not line.strip():

@@ -15,8 +15,10 @@ frac(W), so W=0.5 keeps a random half and W=2 doubles it. Documents are split in
 source before weighting (no copy of a val document reaches train), shuffled, and written as
 <|endoftext|> doc <|endoftext|> doc ..., as llm.c does. Everything is deterministic for a given --seed.
 The output is written to a temporary folder and moved into place at the end, so a failed run leaves
-an existing corpus untouched. --per-source writes each source's documents (same split, same tokenizer at
-the top) into a subfolder of their own: the layout an online mixture trains on (microgpt/data/mixing.py).
+an existing corpus untouched. prep replaces only what it wrote: an existing --out must be empty or hold exactly
+the files its manifest.json lists (the manifest, tokenizer.json, each shard and its mask; --per-source folders),
+else it is refused, one line, and nothing is touched. --per-source writes each source's documents (same split, same
+tokenizer at the top) into a subfolder of their own: the layout an online mixture trains on (microgpt/data/mixing.py).
 --tokenizer bytes (implied by --vocab-size 256) writes raw UTF-8 bytes as tokens, documents separated by NUL.
 
 As a library: prepare(sources, out, PrepSettings(...)) is all of the above for documents already read
@@ -36,6 +38,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +47,7 @@ from microgpt.data import corpus, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, output_error
+from microgpt.fileio import read_json
 from microgpt.runlock import pid_alive
 
 Tokenizer = BPETokenizer | ByteTokenizer
@@ -195,14 +199,63 @@ def get_tokenizer(train: list[tuple[Source, Doc]], tmp: Path, s: PrepSettings) -
     return load_tokenizer(dest), True
 
 
+MANIFEST_FORMAT = "microgpt-shards-v1"
+
+
+def manifest_files(manifest: Any) -> tuple[set[str], set[str]] | None:
+    """(files, folders) a prep wrote, relative to its folder, as its manifest lists them: manifest.json, tokenizer.json
+    (unless bytes), every shard of each split and, with loss_mask, each shard's mask; the --per-source folders. None
+    when `manifest` is not one prep writes."""
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    splits, subs = manifest.get("splits"), manifest.get("per_source") or []
+    if not isinstance(splits, dict) or not isinstance(subs, list) or not all(isinstance(d, str) for d in subs):
+        return None
+    files = {"manifest.json"} | ({"tokenizer.json"} if manifest.get("tokenizer") == "tokenizer.json" else set())
+    for split in splits.values():
+        names = split.get("shards") if isinstance(split, dict) else None
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.endswith(".bin") for n in names):
+            return None
+        files |= set(names) | ({shards.mask_path(n).as_posix() for n in names} if manifest.get("loss_mask") else set())
+    return files, set(subs)
+
+
+def foreign_entry(out: Path) -> str | None:
+    """The first thing in folder `out` (recursively, in sorted order) that no manifest.json of a prep there lists
+    (manifest_files), as a path relative to `out`; "manifest.json" itself when there is no manifest of ours; None when
+    prep wrote all of it."""
+    try:
+        owned = manifest_files(read_json(out / "manifest.json", "corpus manifest", PrepError))
+    except (FileNotFoundError, PrepError):
+        owned = None
+    if owned is None:
+        return "manifest.json"
+    files, folders = owned
+    for entry in sorted(out.rglob("*")):
+        rel = entry.relative_to(out).as_posix()
+        plain = entry.is_file() and not entry.is_symlink()  # a link is never ours, whatever it is named
+        ours = rel in files if plain else rel in folders and entry.is_dir() and not entry.is_symlink()
+        if not ours:
+            return rel
+    return None
+
+
 def check_out(out: Path, flag: str = "--out") -> None:
-    """`out` may be replaced by a prepared corpus: it is missing, an empty folder, or a corpus (manifest.json) of an
-    earlier prep. A regular file, or a folder of other things, is refused (PrepError) and left alone."""
+    """`out` may be replaced by a prepared corpus: it is missing, an empty folder, or a corpus of an earlier prep
+    and nothing else (foreign_entry: every file there listed by its manifest.json). A regular file, or a folder that
+    holds anything prep did not write, is refused (PrepError) and left alone: prep never deletes what it did not
+    write."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise PrepError(f"{flag} {out}: exists and is not a folder; prep writes a folder of shards there")
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        raise PrepError(f"{flag} {out}: a folder that holds no prepared corpus (no manifest.json); prep would "
-                        "replace it; choose a new or empty folder")  # fmt: skip
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    foreign = foreign_entry(out)
+    if foreign == "manifest.json":
+        raise PrepError(f"{flag} {out}: a folder that holds no prepared corpus (no manifest.json of prep's); prep "
+                        "would replace it; choose a new or empty folder")  # fmt: skip
+    if foreign is not None:
+        raise PrepError(f"{flag} {out}: holds {foreign}, which its manifest.json does not list; prep replaces only a "
+                        "corpus it wrote, so it leaves this folder alone; choose a new or empty folder")  # fmt: skip
 
 
 def remove_stale(out: Path) -> None:
@@ -237,7 +290,7 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
         check_windows(written, s)
         val_bytes = sum(src.bytes.get("val", 0) for src, _ in sources)
         manifest = {
-            "format": "microgpt-shards-v1",
+            "format": MANIFEST_FORMAT,
             "shard_layout": {"magic": shards.TOKEN_MAGIC, "version": shards.VERSION, "dtype": "uint16"},
             "seed": s.seed,
             "vocab_size": tok.vocab_size,
@@ -256,6 +309,7 @@ def prepare(sources: list[tuple[Source, list[Doc]]], out: Path, s: PrepSettings)
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        check_out(out)  # again: the folder may have changed while the corpus was made
         if out.exists():
             out.rename(old)
         tmp.rename(out)

@@ -17,13 +17,14 @@ with one line naming the file and the field (ShardError).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from microgpt.errors import InputError
-from microgpt.fileio import atomic_write_bytes
+from microgpt.fileio import atomic_write_bytes, open_input
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -80,9 +81,8 @@ def read_header(path: str | Path, kind: str = "tokens") -> int:
     magic, dtype = KINDS[kind]
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
+        with open_input(path, "shard", ShardError) as f:  # a regular file: a named pipe or a device is refused
+            size, raw = os.fstat(f.fileno()).st_size, f.read(HEADER_BYTES)
     except OSError as e:
         raise ShardError(f"{path}: cannot read shard ({e.strerror})") from None
     if len(raw) < HEADER_BYTES:

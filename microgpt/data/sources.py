@@ -13,14 +13,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from microgpt.data.chatml import parse_record, render
 from microgpt.errors import InputError, brief, check_finite
-from microgpt.fileio import parse_json
+from microgpt.fileio import MAX_JSON_BYTES, input_kind, open_input, parse_json, read_input, read_input_text
 
 SUFFIXES = (".jsonl", ".json", ".parquet")  # record files (chat or {"text": ...})
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".text"}
 MAX_WHERE = 1000  # locations kept per reason in a report (counts stay exact)
+MAX_LINE_BYTES = 64 << 20  # a JSONL record longer than this is skipped ("line too long"), never held whole
 
 
 class SourceError(InputError):
@@ -71,19 +73,46 @@ class Report:
 
 
 # --- record files ----------------------------------------------------------------------------------------------
+def kind_of(path: Path) -> str:
+    """Whether a source path is a "folder" or a "file" (fileio.input_kind: a named pipe or a device is refused, one
+    line); SourceError when it is missing."""
+    try:
+        return input_kind(path, "source", SourceError)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file or folder") from None
+
+
+def files_under(folder: Path) -> list[Path]:
+    """The regular files under a folder, in sorted (deterministic) order: named pipes, devices and sockets in it are
+    passed over (is_file is a regular file's test), as folders are."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
 def input_files(path: str | Path) -> list[Path]:
     """A file, or every .jsonl/.json/.parquet file under a folder, in sorted (deterministic) order."""
     path = Path(path)
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-    if not path.exists():
-        raise SourceError(f"{path}: no such file or folder")
+    if kind_of(path) == "folder":
+        return [p for p in files_under(path) if p.suffix in SUFFIXES]
     return [path]
 
 
+def _lines(f: BinaryIO) -> Iterator[bytes | None]:
+    """The lines of f, None for one longer than MAX_LINE_BYTES (read past in bounded pieces, never held whole)."""
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        if len(raw) <= MAX_LINE_BYTES:
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(MAX_LINE_BYTES + 1)
+        yield None
+
+
 def _jsonl(path: Path) -> Iterator[tuple[str, object | None, str]]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+    with open_input(path, "source file", SourceError) as f:
+        for lineno, raw in enumerate(_lines(f), 1):
+            if raw is None:
+                yield f"{path}:{lineno}", None, "line too long"
+                continue
             if not raw.strip():
                 continue
             loc = f"{path}:{lineno}"
@@ -102,9 +131,10 @@ def _jsonl(path: Path) -> Iterator[tuple[str, object | None, str]]:
 
 def _json(path: Path) -> Iterator[tuple[str, object | None, str]]:
     try:
-        data = parse_json(path.read_bytes().decode("utf-8"), str(path))
-    except (UnicodeDecodeError, InputError):
-        # Many ".json" files on the hub are JSON Lines; read them as such (per-line errors then count).
+        data = parse_json(read_input_text(path, "source file", limit=MAX_JSON_BYTES), str(path))
+    except InputError:
+        # Many ".json" files on the hub are JSON Lines; read them as such (per-line errors then count), as is one
+        # too large to parse whole.
         yield from _jsonl(path)
         return
     if isinstance(data, dict) and isinstance(data.get("data"), list):
@@ -164,8 +194,11 @@ def parse_source(spec: str) -> tuple[Path, float]:
 
 
 def read_text_file(path: Path, src: Source) -> Doc | None:
+    """One plain-text document (a regular file of at most fileio.MAX_TEXT_BYTES: SourceError otherwise); None, counted
+    as "invalid utf-8", for a file that is not UTF-8."""
+    data = read_input(path, "source file", SourceError)
     try:
-        return Doc(path.read_bytes().decode("utf-8"))
+        return Doc(data.decode("utf-8"))
     except UnicodeDecodeError:
         src.skipped_by_reason["invalid utf-8"] = src.skipped_by_reason.get("invalid utf-8", 0) + 1
         return None
@@ -195,14 +228,15 @@ def read_source(spec: str) -> tuple[Source, list[Doc]]:
     path, weight = parse_source(spec)
     if not path.exists():
         raise SourceError(f"{path}: source not found (--source {spec})")
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    folder = kind_of(path) == "folder"  # a named pipe or /dev/zero: one line, before anything is read
+    files = files_under(path) if folder else [path]
     chat = [p for p in files if p.suffix in SUFFIXES]
     if chat:
         src = Source(str(path), "chat", weight)
         docs = read_chat(chat, src)
     else:
         src = Source(str(path), "text", weight)
-        texts = [p for p in files if p.suffix in TEXT_SUFFIXES or not path.is_dir()]
+        texts = [p for p in files if p.suffix in TEXT_SUFFIXES or not folder]
         docs = [d for d in (read_text_file(p, src) for p in texts) if d is not None]
     src.documents_read = len(docs)
     if not docs:

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from microgpt.errors import InputError, brief
-from microgpt.fileio import parse_json
+from microgpt.fileio import open_input, parse_json, read_input_text
 
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -39,11 +39,8 @@ class TokenizerError(InputError):
 
 
 def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    with open_input(path, "tokenizer", TokenizerError) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class BPETokenizer:
@@ -74,9 +71,9 @@ class BPETokenizer:
     def load(cls, path: str | Path) -> BPETokenizer:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TokenizerError(f"{path}: cannot read tokenizer ({getattr(e, 'strerror', None) or e})") from None
+            text = read_input_text(path, "tokenizer", TokenizerError)  # a regular file, size-bound
+        except FileNotFoundError:
+            raise TokenizerError(f"{path}: cannot read tokenizer (No such file or directory)") from None
         parse_json(text, f"{path}: not a tokenizers tokenizer.json", TokenizerError)  # strict: nesting, duplicates
         try:
             tok = Tokenizer.from_str(text)

@@ -49,6 +49,18 @@ def lr_at(step: int, t: Any) -> float:
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def keep_schedule(t: Any, saved: dict[str, Any]) -> None:
+    """A resume keeps the lr schedule its checkpoint was trained on (`saved`: the train section of its sidecar's
+    config): with --steps beyond it (a finished run trained on), the steps past its end run at its final lr (lr_at).
+    Not when train.schedule_steps is set (a deliberate new schedule) or the schedule starts elsewhere (the proxy's
+    next phase: a schedule of its own). Sets t.schedule_steps."""
+    end = saved.get("schedule_steps") or saved.get("steps")
+    if t.schedule_steps or saved.get("schedule_start", 0) != t.schedule_start or not isinstance(end, int):
+        return
+    if end != t.steps and end > t.schedule_start:
+        t.schedule_steps = end
+
+
 def muon_momentum(step: int, t: Any) -> float:
     """Muon's momentum at 0-based step: from train.muon_momentum_start up to train.muon_momentum, linearly over
     train.muon_momentum_warmup steps of the schedule (a fresh momentum buffer is noisy; high momentum then would

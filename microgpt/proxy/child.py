@@ -4,7 +4,8 @@ The child runs in its own session (process group), so a terminal's Ctrl-C reache
 decides what the engine gets (SIGTERM: checkpoint and exit). Its stdout lines go onto a queue read by the
 proxy's main thread (which also has to notice signals and hangs, so it never blocks on the pipe); its
 stderr (the memory plan, progress, errors) passes through to the proxy's stderr, and the last lines are
-kept to explain a crash.
+kept to explain a crash. Its `error:` lines are held until it exits (release): passed on as they are, or as
+`engine: ...` lines when the proxy ends with an error line of its own, so a run says one `error:` line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import subprocess
 import sys
 import threading
 from collections import deque
+
+ERROR = b"error: "
 
 
 def describe_exit(rc: int) -> str:
@@ -37,6 +40,7 @@ class Engine:
                                      start_new_session=True, env=env, pass_fds=pass_fds)  # fmt: skip
         self.lines: queue.Queue = queue.Queue()
         self.tail: deque[str] = deque(maxlen=5)
+        self.held: list[bytes] = []  # its `error:` lines, until release
         threading.Thread(target=self._read_stdout, daemon=True).start()
         self.err_thread = threading.Thread(target=self._read_stderr, daemon=True)
         self.err_thread.start()
@@ -48,11 +52,24 @@ class Engine:
 
     def _read_stderr(self) -> None:
         for raw in self.proc.stderr:
-            sys.stderr.buffer.write(raw)
-            sys.stderr.buffer.flush()
+            if raw.startswith(ERROR):
+                self.held.append(raw)
+            else:
+                sys.stderr.buffer.write(raw)
+                sys.stderr.buffer.flush()
             text = raw.decode(errors="replace").strip()
             if text:
                 self.tail.append(text)
+
+    def release(self, demote: bool) -> bool:
+        """After the engine exited (wait): its held `error:` lines onto the proxy's stderr, as they are, or with
+        demote as `engine: ...` lines (the proxy's own error line will be the run's); whether an `error:` line went
+        out."""
+        held, self.held = self.held, []
+        for raw in held:
+            sys.stderr.buffer.write(b"engine: " + raw[len(ERROR) :] if demote else raw)
+        sys.stderr.buffer.flush()
+        return bool(held) and not demote
 
     def signal(self, sig: int) -> None:
         """SIGTERM/SIGUSR1 go to the engine alone (a data-parallel launcher relays them to its ranks in step);

@@ -20,8 +20,8 @@ step across resumes), for the page's tokens and time x axes; a row that does not
 version) has null there, and the page leaves a gap rather than draw it at the Unix epoch.
 
 A run folder `microgpt train` wrote (its log `train.jsonl`, microgpt/runlog.py, and no `.loss.json`) is a run here
-too: its history is the log's, read by the proxy's own rules (runfiles.replay_engine_lines), so the same page shows
-a `make train` run, live or finished.
+too: its history is the log's, read by the log's one reader (runlog.parse_log: what it cannot read is passed over)
+and the proxy's own rules (runfiles.replay_log), so the same page shows a `make train` run, live or finished.
 
 The proxy rewrites its files atomically, so a read sees a whole version; anything else that writes them (a
 person, a copy in progress) may leave half a file, in which case the last good version is served, and with
@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from microgpt.errors import InputError
-from microgpt.fileio import finite
-from microgpt.proxy.runfiles import replay_engine_lines
+from microgpt.fileio import MAX_JSON_BYTES, finite
+from microgpt.proxy.runfiles import replay_log
 from microgpt.runlock import pid_alive
-from microgpt.runlog import LOG_NAME, parse_log
+from microgpt.runlog import LOG_NAME, MAX_LOG_BYTES, parse_log
 
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
 HELLASWAG = {"acc": "hellaswag", "acc_norm": "hellaswag_acc_norm"}  # the eval row fields of train.hellaswag
@@ -321,9 +321,9 @@ class RunFolder:
                     version = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
                     if cached is not None and cached.version == version:
                         return cached
-                    raw = f.read()
+                    raw = _read_bounded(f, st, parts)
                 if parts[-1] == LOG_NAME:
-                    hist = replay_engine_lines(raw.decode().splitlines(), run.rsplit("/", 1)[-1], "/".join(parts))
+                    hist = replay_log(parse_log(raw.decode(errors="replace")), run.rsplit("/", 1)[-1])
                     cached = self.cache[key] = columns(hist.data, version)
                 else:
                     cached = self.cache[key] = _appended(cached, raw, version) or _parse(raw, version)
@@ -335,15 +335,16 @@ class RunFolder:
     def log_state(self, run: str) -> dict[str, Any]:
         """A `train` folder's state, as the proxy's state file would say it, from its log: status done or stopped
         from its last records, else running while the process that wrote its last start record lives (else
-        crashed); the step, the target step."""
+        crashed); the step, the target step; the log's lines passed over as unreadable (runlog.parse_log)."""
         parts = self.parts(run, "loss")
         if parts[-1] != LOG_NAME:
             raise RunUnavailable(f"no run {run!r} here")
-        f, _ = self.open(*parts)
+        f, st = self.open(*parts)
         with f:
-            text = f.read().decode(errors="replace")
+            text = _read_bounded(f, st, parts).decode(errors="replace")
         last: dict[str, Any] = {}
-        for rec in parse_log(text):
+        log = parse_log(text)
+        for rec in log.records:
             if rec["event"] == "start":
                 last = {"start": rec}
             last[rec["event"]] = rec
@@ -359,7 +360,20 @@ class RunFolder:
         first = start.get("step")
         return {"format": "microgpt-proxy-state-1", "run": run.rsplit("/", 1)[-1], "status": status,
                 "step": max(steps, default=first if _number(first) else 0), "target_step": target, "phase": None,
-                "restarts": 0, "source": LOG_NAME, "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}  # fmt: skip
+                "restarts": 0, "source": LOG_NAME, "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                "unreadable_lines": log.unreadable}  # fmt: skip
+
+
+def _read_bounded(f: BinaryIO, st: os.stat_result, parts: tuple[str, ...]) -> bytes:
+    """A run file or log read whole, within the bound its readers have (fileio.MAX_JSON_BYTES for run files,
+    runlog.MAX_LOG_BYTES for a log): a larger one is RunUnavailable, never read into memory."""
+    limit = MAX_LOG_BYTES if parts[-1] == LOG_NAME else MAX_JSON_BYTES
+    if st.st_size > limit:
+        raise RunUnavailable(f"{'/'.join(parts)}: {st.st_size:,} bytes, more than the {limit:,} it may have")
+    raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise RunUnavailable(f"{'/'.join(parts)}: more than the {limit:,} bytes it may have")
+    return raw
 
 
 TRAIN_START, TRAIN_END = b'"train":[', b'],"val":['  # the proxy's compact writer: meta, train, val, marks

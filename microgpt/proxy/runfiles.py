@@ -30,17 +30,19 @@ and fresh ones start; see archive().
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from microgpt.config import INT_MAX
 from microgpt.errors import InputError, WriteError, brief
-from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite, parse_json
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite
 from microgpt.fileio import read_json as read_json_file
 from microgpt.runlock import PID_MAX
-from microgpt.runlog import LOG_NAME
+from microgpt.runlog import LOG_NAME, Log, load_log
 
 LOSS_FORMAT = "microgpt-loss-1"
 SAMPLES_FORMAT = "microgpt-samples-1"
@@ -155,6 +157,7 @@ class LossHistory:
     def __init__(self, path: Path | None, run: str):
         """The history in `path`, or a new one (path None: in memory only, see replay_engine_log)."""
         self.path, self.dirty = path, False
+        self.guard: Guard | None = None  # the run folder's lock check, before each write (write_run_file)
         fresh = {"format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}
         self.data = {**fresh, **((read_json(path, LOSS_FORMAT) if path is not None else None) or {})}
 
@@ -197,56 +200,57 @@ class LossHistory:
 
     def flush(self) -> None:
         if self.dirty:
-            write_run_file(self.path, self.data)
+            write_run_file(self.path, self.data, self.guard)
             self.dirty = False
 
 
-def write_run_file(path: Path | None, data: dict[str, Any]) -> None:
+Guard = Callable[[], None]
+
+
+def write_run_file(path: Path | None, data: dict[str, Any], guard: Guard | None = None) -> None:
     """One run file rewritten whole (atomically: the previous version stays until the new one is complete). A write
-    the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it."""
+    the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it. With
+    guard (runlock.RunLock.check), written only while the run folder is the one the proxy locked (LockError)."""
     if path is None:
         return
+    if guard is not None:
+        guard()
     try:
-        atomic_write_json(path, data, compact=True, sync_dir=False)
+        atomic_write_json(path, data, compact=True, sync_dir=False, make_folder=guard is None)
     except OSError as e:
+        if guard is not None:
+            guard()  # the folder moved away during the write: that, not the OS's word for it, is what happened
         raise WriteError(f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
                          "the engine was stopped") from None  # fmt: skip
 
 
-def replay_engine_log(path: Path, run: str) -> LossHistory | None:
-    """The history the engine's JSON lines in `path` (ENGINE_LOG) tell, by the proxy's own rules (a start at step k
-    drops the rows after k); lines of another run and lines that are not JSON (fileio's strict reader) are passed
-    over; a step or eval line of this run whose fields are wrong (row_problem) is a RunFileError naming the line.
-    None: no such file."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+def replay_engine_log(path: Path, run: str) -> tuple[LossHistory, Log] | None:
+    """The history the engine's log at `path` (ENGINE_LOG) tells (replay_log), and the log as read (its note says
+    what was passed over); None: no such file. A log that cannot be read at all (a named pipe, a folder) is a
+    RunFileError naming it."""
+    if not os.path.lexists(path):
         return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunFileError(f"{path}: unreadable engine log ({e}); move it away to start over") from None
-    return replay_engine_lines(text.splitlines(), run, str(path))
+    try:
+        log = load_log(path)
+    except InputError as e:
+        raise RunFileError(f"{e}; move it away to continue from the checkpoints' sidecars") from None
+    return replay_log(log, run), log
 
 
-def replay_engine_lines(lines: list[str], run: str, where: str) -> LossHistory:
-    """replay_engine_log on lines already read; `where` names the file in errors."""
+def replay_log(log: Log, run: str) -> LossHistory:
+    """The history the engine's records tell, by the proxy's own rules (a start at step k drops the rows after k);
+    records of another run are passed over. The log's reader kept only records of their event's shape
+    (runlog.RECORD_FIELDS, at least as strict as ROW_FIELDS: tests/proxy/test_runfiles.py), so every row fits."""
     hist, ours = LossHistory(None, run), False
-    for lineno, line in enumerate(lines, 1):
-        try:
-            ev = parse_json(line, f"{where}:{lineno}")
-        except InputError:
-            continue
-        kind = ev.get("event") if isinstance(ev, dict) else None
+    for ev in log.records:
+        kind = ev["event"]
         if kind == "start":
-            ours = ev.get("run") == run and row_problem({"step": ev.get("step")}, "train") is None
+            ours = ev.get("run") == run
             if ours:
                 hist.truncate_after(ev["step"])
                 hist.set_meta({k: ev.get(k) for k in META_FIELDS})
         elif ours and kind in ("step", "eval"):
-            key, row = "train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"}
-            if (problem := row_problem(row, key)) is not None:
-                raise RunFileError(f"{where}:{lineno}: the engine's {kind} line {problem}; move the log away to "
-                                   "continue from the checkpoints' sidecars")  # fmt: skip
-            hist.add(key, row)
+            hist.add("train" if kind == "step" else "val", {k: v for k, v in ev.items() if k != "event"})
     return hist
 
 
@@ -255,6 +259,7 @@ class JsonDoc:
 
     def __init__(self, path: Path, fmt: str, fresh: dict[str, Any]):
         self.path, self.fmt = path, fmt
+        self.guard: Guard | None = None  # as LossHistory.guard
         self.data = {"format": fmt, **fresh, **(read_json(path, fmt) or {})}  # fields a file lacks: fresh ones
 
     def update(self, **fields: Any) -> None:
@@ -262,7 +267,7 @@ class JsonDoc:
 
     def flush(self) -> None:
         self.data["updated"] = utc_now()
-        write_run_file(self.path, self.data)
+        write_run_file(self.path, self.data, self.guard)
 
 
 def archive(paths: list[Path], phase: str) -> list[str]:

@@ -22,6 +22,7 @@ from microgpt.data.chatml import prompt_text
 from microgpt.errors import WriteError
 from microgpt.proxy.phases import ProxySettings
 from microgpt.proxy.runfiles import JsonDoc
+from microgpt.runlock import LockError
 
 
 def sample_cmd(ckpt: str, prompt: str, settings: ProxySettings, step: int) -> list[str]:
@@ -107,7 +108,7 @@ class Sampler:
             self.doc.data["samples"].append(rec)
             try:
                 self.doc.flush()
-            except WriteError as e:  # a full disk: the proxy's own next write stops the run; sample no more
+            except (WriteError, LockError) as e:  # a full disk, a moved folder: the proxy's next write stops it
                 self.closed = True
                 self.log(f"samples not recorded: {e}")
                 return

@@ -29,7 +29,10 @@ the lock to each engine it starts, so a second `microgpt run` or a stray `microg
 (one line naming the proxy's pid, exit 2) while the engine works.
 
 Exit codes: 0 done or stopped, 1 gave up (after restarts), 2 bad input (one line `error: ...`, the proxy's or the
-engine's), 4 a file the disk refused (the engine's checkpoint, or the proxy's own run files).
+engine's), 4 a file the disk refused (the engine's checkpoint, or the proxy's own run files). A run says one
+`error:` line: the engine's are held until it exits (child.Engine.release) and become `engine: ...` lines when the
+proxy ends with its own (its run file refused, the run folder moved away: each write checks the folder is still the
+one it locked, runlock.RunLock.check); after a fatal engine's error line, the proxy's own is a `proxy: ...` line.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ class Supervisor:
         self._check_resumable()
         self.state.update(experiment=str(experiment), out=str(out), proxy_pid=os.getpid())
         self.lock = threading.Lock()
+        self.engine_said_error = False  # the last engine's `error:` line went out (a fatal one is the run's)
+        for doc in (self.loss, self.state, self.samples):
+            doc.guard = lock.check if lock is not None else None  # each write: the folder is still the locked one
         self.stops = 0  # SIGTERM/SIGINT received
         self.usr1 = False
         self.failures = 0  # consecutive failures without a new checkpoint
@@ -148,9 +154,12 @@ class Supervisor:
         name = checkpoint.read_sidecar(newest).get("config", {}).get("name")
         if name != self.schedule.run:
             raise RunFileError(f"{newest}: a checkpoint of run {name!r}, not {self.schedule.run!r}; use another --out")
-        engine = replay_engine_log(self.out / ENGINE_LOG, self.schedule.run)
-        rows = {"train": [], "val": []}
-        if engine is not None:
+        replayed = replay_engine_log(self.out / ENGINE_LOG, self.schedule.run)
+        rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
+        if replayed is not None:
+            engine, read = replayed
+            if (note := read.note(self.out / ENGINE_LOG)) is not None:
+                log(note)  # said once; the history keeps every record that could be read
             rows = {key: [r for r in engine.data[key] if last < r["step"] <= step] for key in rows}
         if rows["train"]:
             source = str(self.out / ENGINE_LOG)
@@ -239,8 +248,8 @@ class Supervisor:
         self.sampler = Sampler(self.samples, self.settings, self.lock, log)
         try:
             return self._loop(resumed)
-        except WriteError:
-            raise  # a run file cannot be written, the status included: main says so in one line (exit 4)
+        except (WriteError, runlock.LockError):
+            raise  # a run file cannot be written, the status included: main says so in one line
         except BaseException as e:
             self._crashed(f"proxy: {type(e).__name__}: {e}")
             raise
@@ -271,7 +280,12 @@ class Supervisor:
                 return self._stopped()
             if outcome.kind == "fatal":
                 log(f"engine failed in a way a restart cannot fix, not retrying: {outcome.reason}")
-                self._crashed(outcome.reason)
+                try:
+                    self._crashed(outcome.reason)
+                except (WriteError, runlock.LockError) as e:  # the same full disk, or the folder moved away
+                    if not self.engine_said_error:
+                        raise
+                    log(f"the run's state not recorded: {e}")  # the engine's error line was the run's one
                 return outcome.code
             picked = self.pick_checkpoint()
             self.failures = 1 if picked[0] != ckpt else self.failures + 1
@@ -329,7 +343,7 @@ class Supervisor:
             self.state.update(engine_pid=eng.proc.pid, status="running")
             self.flush()
             return self.watch(eng, ph)
-        except WriteError:
+        except (WriteError, runlock.LockError):  # a full disk, or the run folder moved away
             writable = False
             eng.signal(signal.SIGTERM)  # the engine checkpoints what it can (a full disk: its exit 4) and stops
             eng.wait(self.settings.hang_timeout_s)
@@ -337,6 +351,7 @@ class Supervisor:
         finally:
             eng.signal(signal.SIGKILL)  # the whole group: whatever of this engine is left, before the next one
             eng.wait()
+            self.engine_said_error = eng.release(demote=not writable)  # demoted: ours is the run's error line
             self.state.update(engine_pid=None)
             if writable:
                 self.flush()

@@ -21,6 +21,11 @@ process of the run) and the trainer's state at its last step.
 
     hellaswag    the last HellaSwag score of a run with train.hellaswag (acc, acc_norm, examples, step); without
                  it, none (`microgpt eval --hellaswag FILE` measures a checkpoint)
+    log          the log's path, its records and the lines passed over as unreadable (runlog.load_log: the card is
+                 made from the rest, and the terminal is told once)
+
+report.json is strict JSON (a number that is not finite is null). A card that cannot be written is one `error:`
+line: exit 4 when the disk refuses it (full, read-only), exit 2 when the path does (report.md a folder).
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ from microgpt.engine import memory
 from microgpt.engine.backend import numpy_backend
 from microgpt.engine.infer import make_infer_state
 from microgpt.engine.trained import load_trained
-from microgpt.errors import InputError
-from microgpt.fileio import atomic_write_bytes, atomic_write_json
+from microgpt.errors import InputError, output_error
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite
 from microgpt.use import sample
 from microgpt.use.chat import STOPS
 from microgpt.use.evaluate import token_bytes
 
 REPORT_FORMAT = "microgpt-report-1"
+JSON_NAME, MD_NAME = "report.json", "report.md"  # in the run folder
 LAST_STEPS = 10
 SAMPLE_TOKENS = 48
 DEFAULT_PROMPTS: list[Any] = ["def ", "class ", "import "]  # the proxy's defaults too (proxy/phases.py)
@@ -85,10 +91,15 @@ def bits_per_byte(loss: float | None, ys: list[np.ndarray], nbytes: np.ndarray |
     return loss / math.log(2) * len(scored) / total if total else None
 
 
+def _is_number(v: Any) -> bool:
+    """A number the log holds (runlog: null where it was not finite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _losses(tr: Any, records: list[dict[str, Any]], nbytes: np.ndarray | None) -> dict[str, Any]:
     """Final train and val losses from the log (a later record of a step replaces an earlier one: a resume)."""
     train = {r["step"]: r["loss"] for r in records if r["event"] == "step" and r["step"] <= tr.step}
-    evals = [r for r in records if r["event"] == "eval" and "val_loss" in r and r["step"] <= tr.step]
+    evals = [r for r in records if r["event"] == "eval" and _is_number(r.get("val_loss")) and r["step"] <= tr.step]
     last = [train[s] for s in sorted(train)[-LAST_STEPS:]]
     t, val = tr.t, evals[-1] if evals else None
     val_ys = [ld.val_batch(i)[1] for ld in tr.val_data.sources.values() for i in range(t.eval_batches)]
@@ -103,7 +114,7 @@ def _losses(tr: Any, records: list[dict[str, Any]], nbytes: np.ndarray | None) -
 
 def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The last HellaSwag score in the log (train.hellaswag), or None."""
-    hs = [r for r in records if r["event"] == "eval" and "hellaswag" in r and r["step"] <= tr.step]
+    hs = [r for r in records if r["event"] == "eval" and _is_number(r.get("hellaswag")) and r["step"] <= tr.step]
     if not hs:
         return None
     r = hs[-1]
@@ -112,7 +123,7 @@ def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]:
-    mine = [r["tokens_per_s"] for r in records[start:] if r["event"] == "step"]
+    mine = [r["tokens_per_s"] for r in records[start:] if r["event"] == "step" and _is_number(r.get("tokens_per_s"))]
     tps = statistics.median(mine[1:] or mine) if mine else None
     fpt = flops_per_token(tr.m, tr.S.n_params)
     peak = peak_flops(tr.K.device, tr.K.precision.compute)
@@ -154,9 +165,26 @@ def _checkpoints(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _records(tr: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The run's records from its log (runlog.load_log: what cannot be read is passed over), and what the card says
+    of the log; what was passed over is said once on the terminal."""
+    path = tr.log.path
+    if path is None:
+        return [], {"path": None, "records": 0, "unreadable": 0}
+    try:
+        log = runlog.load_log(path)
+    except InputError as e:  # a log that cannot be read at all: the card says what this process knows
+        tr.log.say(f"warning: {e}; the report card leaves the earlier records out")
+        return [], {"path": str(path), "records": 0, "unreadable": None}
+    note = log.note(path)
+    if note is not None:
+        tr.log.say(f"warning: {note}; the report card is made from the rest")
+    return log.records, {"path": str(path), "records": len(log.records), "unreadable": log.unreadable}
+
+
 def card(tr: Any, final: Path | None) -> dict[str, Any]:
     """The report card's numbers (report.json) for trainer `tr` at its last step; `final` its checkpoint."""
-    records = runlog.read_log(tr.log.path) if tr.log.path is not None else []
+    records, log = _records(tr)
     starts = [i for i, r in enumerate(records) if r["event"] == "start"]
     first = records[starts[-1]] if starts else tr.start_record()
     info = tr.tokenizer_info
@@ -177,15 +205,24 @@ def card(tr: Any, final: Path | None) -> dict[str, Any]:
         "device": tr.K.device, "backend": t.backend, "precision": t.precision, "world_size": tr.world,
         "versions": first.get("versions"), "git": first.get("git"),
         "checkpoints": _checkpoints(tr.out), "samples": _samples(final, tr.exp) if final is not None else [],
+        "log": log,
     }  # fmt: skip
 
 
 def write(tr: Any, final: Path | None) -> Path:
-    """report.json and report.md in the run folder (atomic writes: a cut-short write keeps the previous card)."""
-    c = card(tr, final)
-    atomic_write_json(tr.out / "report.json", c)
-    path = tr.out / "report.md"
-    atomic_write_bytes(path, [markdown(c).encode()])
+    """report.json and report.md in the run folder (atomic writes: a cut-short write keeps the previous card).
+    report.json is strict JSON (a number that is not finite is null). A card the disk refuses (full, read-only) is
+    a WriteError (exit 4), one a path refuses (report.md a folder) an InputError (exit 2): one line either way."""
+    c = finite(card(tr, final))
+    path = tr.out / JSON_NAME
+    tr.log.check_folder()  # the run folder moved aside: the card is written nowhere
+    try:
+        atomic_write_json(path, c)
+        path = tr.out / MD_NAME
+        atomic_write_bytes(path, [markdown(c).encode()])
+    except OSError as e:
+        tr.log.check_folder()  # the folder moved away during the write: that is then what happened
+        raise output_error(e, f"{path}: cannot write the report card") from None
     return path
 
 
@@ -236,6 +273,8 @@ def markdown(c: dict[str, Any]) -> str:
         ("versions", ", ".join(f"{k} {x}" for k, x in v.items()) + f"; git {(c['git'] or 'unknown')[:12]}"),
         ("checkpoints", ", ".join(f"{Path(k['path']).name} ({k['reason']})" for k in c["checkpoints"][:6])
          + (f" and {len(c['checkpoints']) - 6} more" if len(c["checkpoints"]) > 6 else "")),
+        *([("log", f"{c['log']['unreadable']} unreadable line(s) of {c['log']['path']} passed over")]
+          if c["log"]["unreadable"] else []),
     ]  # fmt: skip
     lines = [
         f"# {c['run']}: report card",

@@ -11,15 +11,20 @@ Each tracker gets the records the run's log holds (microgpt/runlog.py), in order
 between steps, and sends these scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/elapsed_s,
 train/memory_peak (step records), val/loss and val/<source> (eval records), tagged by the global step. A resumed run
 (a new process) appends to the same TensorBoard folder and the same W&B run id, so a tracker shows one run. A missing
-package is one `error:` line naming the flag and the extra, before anything is trained.
+package, `<out>/tb` that is not a folder, W&B with neither an API key nor an offline mode, or a tracker whose own
+start fails: one `error:` line naming the flag, before anything is written (check, then make).
 """
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import importlib
+import netrc
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from microgpt.config import ConfigError
 
@@ -47,6 +52,53 @@ def _import(name: str, flag: str) -> Any:
         ) from None
 
 
+WANDB_OFFLINE = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no account
+
+
+def _wandb_settings_mode() -> str:
+    """The mode `wandb offline` / `wandb disabled` left in W&B's settings files (this folder's, then the user's)."""
+    config_dir = os.environ.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb"
+    for path in (Path("wandb") / "settings", Path(config_dir) / "settings"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.has_option("default", "mode"):
+            return parser.get("default", "mode").strip().lower()
+    return ""
+
+
+def wandb_ready() -> bool:
+    """Whether W&B can start here without asking: an offline mode (WANDB_MODE, or the settings `wandb offline`
+    writes), or an API key (WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc for the API's host)."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower() or _wandb_settings_mode()
+    if mode in WANDB_OFFLINE or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check(names: list[str], out: Path) -> None:
+    """What `--track NAME` needs, checked before anything is written: the package (the `trackers` extra),
+    TensorBoard's folder `<out>/tb` a folder where it exists, W&B an API key or an offline mode. ConfigError naming
+    the flag otherwise."""
+    for name in dict.fromkeys(names):
+        _import("tensorboard.summary.writer.event_file_writer" if name == "tensorboard" else name, name)
+        tb = out / "tb"
+        if name == "tensorboard" and (tb.exists() or tb.is_symlink()) and not tb.is_dir():
+            what = "a link to nothing" if tb.is_symlink() and not tb.exists() else "not a folder"
+            raise ConfigError(f"--track tensorboard: {tb} is {what}; TensorBoard's event files are written there "
+                              "(move it away)")  # fmt: skip
+        if name == "wandb" and not wandb_ready():
+            raise ConfigError("--track wandb: no W&B API key and no offline mode here; set WANDB_API_KEY (or run "
+                              "`wandb login`), or WANDB_MODE=offline to keep the run on this machine (`wandb sync` "
+                              "uploads it later)")  # fmt: skip
+
+
 class TensorBoard:
     """Scalars as TensorBoard event files in `<out>/tb` (a new file per process; TensorBoard reads them as one run)."""
 
@@ -72,11 +124,15 @@ class WandbAPI:
     def __init__(self, module: str, out: Path, run: str, config: dict[str, Any]):
         self.lib = _import(module, module)
         run_id = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]  # the same run for every resume
-        if module == "wandb":
-            self.run = self.lib.init(project="microgpt", name=run, id=run_id, resume="allow", dir=str(out),
-                                     config=config)  # fmt: skip
-        else:
-            self.run = self.lib.init(project="microgpt", name=run, config=config, resume="allow")
+        try:
+            if module == "wandb":
+                self.run = self.lib.init(project="microgpt", name=run, id=run_id, resume="allow", dir=str(out),
+                                         config=config)  # fmt: skip
+            else:
+                self.run = self.lib.init(project="microgpt", name=run, config=config, resume="allow")
+        except Exception as e:  # the tracker's own errors (login, network, its settings) have no common base
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"--track {module}: {module}.init failed ({first[:200]})") from None
 
     def record(self, rec: dict[str, Any]) -> None:
         values = scalars(rec)
@@ -88,8 +144,9 @@ class WandbAPI:
 
 
 def make(names: list[str], out: Path, run: str, config: dict[str, Any]) -> list[Any]:
-    """The trackers `--track` names (each once, in order; config.check_flags knows them: TRACKERS); ConfigError for a
-    missing package."""
+    """The trackers `--track` names (each once, in order; config.check_flags knows them: TRACKERS), checked first
+    (check); ConfigError for what one needs and does not have."""
+    check(names, out)
     made = []
     for name in dict.fromkeys(names):
         made.append(TensorBoard(out) if name == "tensorboard" else WandbAPI(name, out, run, config))

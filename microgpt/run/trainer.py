@@ -1,10 +1,10 @@
-"""The run: optimizer steps (engine/step.py) over a TrainState (engine/state.py), evaluation, checkpoints,
-signals, and the records the world reads (microgpt/runlog.py: the run folder's train.jsonl, the terminal's human
-lines, stdout's JSON lines when asked).
+"""The run: optimizer steps (engine/step.py) over a TrainState (engine/state.py), and the records the world reads
+(microgpt/runlog.py: the run folder's train.jsonl, the terminal's human lines, stdout's JSON lines when asked).
 
-Weights, Adam m and v change only inside the step, so at any other moment they are the state after the last
-completed step: a signal handler may checkpoint right away (SIGTERM then exits 0, SIGUSR1 carries on); a signal
-that lands inside the step is handled as soon as it ends.
+The loop's helpers each have a module of their own in run/: schedule.py (the lr schedule), evaluation.py (val
+loss, HellaSwag), checkpoints.py (save, resume, --init), signals.py (SIGTERM, SIGUSR1 and the critical section)
+and progress.py (the terminal's lines and the ETA).
+
 Data parallel (dp, engine/collectives.py): each layer's grads are summed over ranks during the last micro-batch's
 backward (step.py), the ranks agree on the step's loss and on the signals received at the step boundary (dp.agree,
 dp.to_act: the trainer hands over what it received and acts on what comes back), and rank 0 alone writes
@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import resource
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,22 +29,18 @@ from typing import Any
 import numpy as np
 
 import microgpt
-from microgpt import checkpoint, config, data
-from microgpt.config import ConfigError, Experiment
-from microgpt.engine import memory, model
+from microgpt import config, data
+from microgpt.config import Experiment
+from microgpt.engine import memory
 from microgpt.engine.backend import Backend, get_backend
 from microgpt.engine.optim import lr_at, schedule_end
 from microgpt.engine.state import make_state
 from microgpt.engine.step import Step
-from microgpt.engine.trained import load_trained
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
-from microgpt.run import report
+from microgpt.run import checkpoints, progress, report
+from microgpt.run.evaluation import Evaluation
+from microgpt.run.signals import Signals, Terminate, quiet_signals
 from microgpt.runlog import RunLog
-from microgpt.use import hellaswag
-
-
-class Terminate(Exception):
-    """Raised from the SIGTERM/SIGINT handler after the checkpoint is written."""
 
 
 class Trainer:
@@ -64,10 +59,8 @@ class Trainer:
         self.data_info = data.data_description(self.exp)  # for every checkpoint's sidecar: the data do not change
         self.tokenizer_info = tokenizer_info or {}
         self.step_fn = Step(self.S, dp)
-        self.hellaswag = hellaswag.DuringTraining.make(self.exp, self.rank, self.world)  # None without it
-        self._critical = False  # from the start of a step until it is reported, or in a checkpoint write
-        self._pending: list[str] = []
-        self.last_eval: dict[str, Any] = {}  # {"val_loss", "val_step"} of the latest evaluation, for the sidecars
+        self.evals = Evaluation(self.S, self.exp, self.val_data, dp, self.rank, self.world)
+        self.signals = Signals(self._act, deferred=dp is not None)
         self.log = log or RunLog()  # no log file, nothing on stdout: a Trainer made by a test or a script
         self.recipe: dict[str, Any] = {}  # how the run was asked for (cli.recipe): the start record and the report
         self.init: dict[str, Any] = {}  # --init: the checkpoint whose weights this run started from
@@ -92,7 +85,7 @@ class Trainer:
         lr = lr_at(step, t)
         batches = [self.train_data.batch(step, micro) for micro in range(t.n_micro)]
         self.last_targets = [y for _, y in batches]  # the report card's bytes per token of the final train loss
-        self._critical = True
+        self.signals.critical = True
         res = self.step_fn(batches, lr)
         mix = self._end_mixture(step, res.micro_losses)  # with the step, so a checkpoint never sees half of it
         dt = time.perf_counter() - t0
@@ -105,126 +98,32 @@ class Trainer:
         return self.train_data.end_step(step, micro_losses, self.dp)
 
     def evaluate(self) -> dict[str, Any]:
-        """{"val_loss": ...}; a mixture adds each source's own val loss, and val_loss is their prior-weighted mean."""
-        return self.val_data.record({name: self._val_loss(ld) for name, ld in self.val_data.sources.items()})
+        """The validation loss now (evaluation.py)."""
+        return self.evals.evaluate()
 
-    def evaluations(self) -> dict[str, Any]:
-        """The fields of the eval record due after this step (val loss, HellaSwag; both at the last); {}: none."""
-        last, ev = self.t.steps, {}
-        if self.step % self.t.eval_every == 0 or self.step == last:
-            ev = self.evaluate()
-            self.last_eval = {"val_loss": ev["val_loss"], "val_step": self.step}
-        if self.hellaswag is not None and self.hellaswag.due(self.step, last):
-            ev.update(self.hellaswag(self.S, self.dp))
-        return ev
+    def eval_windows(self) -> str:
+        """Which validation windows val_loss scores (evaluation.py)."""
+        return self.evals.windows()
 
-    def _val_loss(self, loader: data.Loader) -> float:
-        K, A = self.K, self.S.arena
-        total, count = 0.0, 0
-        for i in range(self.t.eval_batches):
-            x, y = loader.val_batch(i)
-            K.copy_in(A["tokens"][0], x)
-            K.copy_in(A["targets"][0], y)
-            model.gpt_forward(K, self.m, self.S.P_compute, A, A["tokens"][0], A["targets"][0])
-            self.S.prec.end_eval()  # fp8: evaluation scales by the amax histories and leaves nothing in them
-            K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
-            s, c = K.to_numpy(A["loss_sum"]).tolist()
-            total, count = total + s, count + int(c)
-        if self.dp is not None:
-            total, count = self.dp.sum_scalars(total, count)
-        return total / max(1, count)
-
-    # --- checkpoints and signals ----------------------------------------------------------------------
+    # --- checkpoints (checkpoints.py) and signals (signals.py) -----------------------------------------
     def load(self, path: str | Path) -> None:
-        side = self.S.load_checkpoint(path)
-        self.last_eval = {k: side[k] for k in ("val_loss", "val_step") if k in side}  # until the next evaluation
-        self.train_data.load_state(side.get("mixing"), self.step, str(path))  # a mixture continues where it left
-        self.elapsed0 = float(side.get("elapsed_s", 0.0))
-        self.init = side.get("init") or {}
-        self._keep_schedule(side.get("config", {}).get("train", {}))
-
-    def _keep_schedule(self, saved: dict[str, Any]) -> None:
-        """A resume keeps the lr schedule its checkpoint was trained on: with --steps beyond it (a finished run
-        trained on), the steps past its end run at its final lr (lr_at). Not when train.schedule_steps is set (a
-        deliberate new schedule) or the schedule starts elsewhere (the proxy's next phase: a schedule of its own)."""
-        t = self.t
-        end = saved.get("schedule_steps") or saved.get("steps")
-        if t.schedule_steps or saved.get("schedule_start", 0) != t.schedule_start or not isinstance(end, int):
-            return
-        if end != t.steps and end > t.schedule_start:
-            t.schedule_steps = end
+        checkpoints.load(self, path)
 
     def init_from(self, where: str) -> None:
-        """--init: a new run from another run's weights (a checkpoint, or a run folder's newest): the same model,
-        fresh Adam moments, step 0, this experiment's own schedule. The provenance rides in every sidecar."""
-        ld = load_trained(where)
-        diff = next((k for k, v in vars(ld.exp.model).items() if vars(self.m)[k] != v), None)
-        if diff is not None:
-            raise checkpoint.CheckpointError(f"--init {where}: {ld.path} is a model with another model.{diff} "
-                                             f"({getattr(ld.exp.model, diff)}, this experiment's is "
-                                             f"{getattr(self.m, diff)})")  # fmt: skip
-        self.S.set_weights(ld.weights)
-        tok = ld.side.get("tokenizer", {})
-        self.init = {"path": str(ld.path), "step": ld.step, "run": ld.exp.name, "sha256": ld.side.get("sha256"),
-                     "tokenizer": {k: tok[k] for k in ("kind", "sha256") if k in tok}}  # fmt: skip
+        checkpoints.init_from(self, where)
+
+    def save(self, reason: str) -> Path | None:
+        return checkpoints.save(self, reason)
 
     def elapsed(self) -> float:
         """Training seconds of the run up to now: this process's (from its first step) plus its checkpoint's."""
         return self.elapsed0 + (time.monotonic() - self.t0 if self.t0 is not None else 0.0)
 
-    def save(self, reason: str) -> Path | None:
-        """Checkpoint the last completed step under <out>/ckpt and announce it (data parallel: rank 0 only)."""
-        S = self.S
-        if self.dp is not None:  # every rank comes here after the same step; the replicas must agree
-            self.dp.check_replicas(self.step, (S.p, S.adam_m, S.adam_v))
-            if self.rank != 0:
-                return None
-        was_critical, self._critical = self._critical, True
-        meta = {"config": self.exp.to_dict(), "seed": self.t.seed, "tokenizer": self.tokenizer_info,
-                "data": self.data_info, "backend": self.t.backend, "precision": self.t.precision,
-                "reason": reason, "elapsed_s": round(self.elapsed(), 3), **self.last_eval}  # fmt: skip
-        if self.init:
-            meta["init"] = self.init
-        mix = self.train_data.state()  # FIREHOSE: weights, rewards, draw counts (bit-exact resume); plain: None
-        if mix is not None:
-            meta["mixing"] = mix
-        target = self.out / "ckpt" / checkpoint.ckpt_name(self.step)
-        try:
-            path = S.save_checkpoint(target, meta)
-        except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
-            raise WriteError(f"{target}: cannot write the checkpoint ({e.strerror or e}); the previous "
-                             "checkpoints are intact") from None  # fmt: skip
-        self.last_checkpoint = path
-        self.log.emit({"event": "checkpoint", "step": self.step, "path": str(path), "reason": reason})
-        self.log.say(f"checkpoint step {self.step} written ({reason}): {path}")
-        self._critical = was_critical
-        return path
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        reason = "SIGUSR1" if signum == signal.SIGUSR1 else "SIGTERM"
-        if self._critical or self.dp is not None:  # dp: handled after the step the ranks agree on (dp.act)
-            self._pending.append(reason)
-            return
-        self._handle(reason)
-
-    def _handle(self, reason: str) -> None:
+    def _act(self, reason: str) -> None:
+        """A signal's action: the checkpoint now; SIGTERM then stops the run."""
         self.save(reason)
         if reason == "SIGTERM":
             raise Terminate
-
-    def _take_pending(self) -> list[str]:
-        """The signals received during the step, handed to the data-parallel group to agree on."""
-        taken, self._pending = self._pending, []
-        return taken
-
-    def _leave_critical(self) -> None:
-        self._critical = False
-        while self._pending and self.dp is None:
-            self._handle(self._pending.pop(0))
-
-    def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
 
     # --- the run --------------------------------------------------------------------------------------
     def start_record(self) -> dict[str, Any]:
@@ -246,18 +145,18 @@ class Trainer:
 
     def run(self) -> int:
         t = self.t
-        self.install_signals()  # before the start record: a supervisor may signal as soon as it reads it
+        self.signals.install()  # before the start record: a supervisor may signal as soon as it reads it
         try:
             self.log.emit(self.start_record())
-            if self.hellaswag is not None and self.rank == 0:
-                self.log.say(self.hellaswag.describe())
-            clock = _Clock(self.step, t.steps)
+            if self.evals.hellaswag is not None and self.rank == 0:
+                self.log.say(self.evals.hellaswag.describe())
+            clock = progress.Clock(self.step, t.steps)
             self.t0 = time.monotonic()
             while self.step < t.steps:
                 rec = self.train_step()
                 rec.update(elapsed_s=round(self.elapsed(), 3), memory_peak=self.memory_peak())
                 if self.dp is not None:  # the mean loss over ranks; the signals every rank acts on below
-                    rec["loss"] = self.dp.agree(rec["loss"], self._take_pending())
+                    rec["loss"] = self.dp.agree(rec["loss"], self.signals.take_pending())
                 if not math.isfinite(rec["loss"]):
                     self.log.say(f"error: loss is {rec['loss']} at step {self.step}; stopping")
                     self.outcome = "failed"
@@ -265,19 +164,19 @@ class Trainer:
                 if self.step % t.log_every == 0 or self.step == t.steps:
                     self.log.emit(rec)
                     if self.rank == 0:
-                        self.log.say(_progress(rec, t.steps, clock))
-                self._leave_critical()  # a signal that came during the step is handled now
-                ev = self.evaluations()
+                        self.log.say(progress.step_line(rec, t.steps, clock))
+                self.signals.leave_critical()  # a signal that came during the step is handled now
+                ev = self.evals.due(self.step)
                 if ev:
                     self.log.emit({"event": "eval", "step": self.step, **ev})
                     if self.rank == 0:
-                        self.log.say(_progress_eval(self.step, t.steps, ev, self.eval_windows()))
+                        self.log.say(progress.eval_line(self.step, t.steps, ev, self.evals.windows()))
                 if self.step % t.ckpt_every == 0 and self.step < t.steps:
                     self.save("periodic")
-                    self._leave_critical()  # a signal that came during the write is handled now, not a step later
+                    self.signals.leave_critical()  # a signal during the write is handled now, not a step later
                 if self.dp is not None:  # agreed signals (rank 0 checkpoints; SIGTERM stops all); replica checks
                     for reason in self.dp.to_act(self.step, (self.S.p, self.S.adam_m, self.S.adam_v)):
-                        self._handle(reason)
+                        self._act(reason)
                 self.log.pump()
             self.save("final")
         except Terminate:
@@ -301,58 +200,6 @@ class Trainer:
         self.outcome = "done"
         return 0
 
-    def eval_windows(self) -> str:
-        """Which validation windows val_loss scores: the first eval_batches x micro-batch (x ranks) of each source,
-        the same at every evaluation. `microgpt eval --data` scores all of them by default, so its loss differs."""
-        n = self.t.eval_batches * self.t.micro_batch * self.world
-        sources = self.val_data.sources
-        if len(sources) == 1:
-            total = next(iter(sources.values())).n_windows
-            return f"the first {min(n, total):,} of {total:,} val windows" + (" (wrapping)" if n > total else "")
-        return f"the first {n:,} val windows of each of {len(sources)} sources"
-
-
-def quiet_signals() -> None:
-    """After the run: SIGUSR1 has nothing left to checkpoint (ignored); SIGTERM and Ctrl-C end the process at once,
-    the last checkpoint being written already (the report card, if cut short, keeps its previous version)."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-class _Clock:
-    """Elapsed time of this process's training and the ETA of the rest: the mean time per step so far (evaluations
-    and checkpoints included) times the steps left. A resumed run counts from the step it resumed at."""
-
-    def __init__(self, step: int, steps: int):
-        self.t0, self.step0, self.steps = time.monotonic(), step, steps
-
-    def __call__(self, step: int) -> str:
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / max(1, step - self.step0) * (self.steps - step)
-        return f"{_hms(elapsed)} elapsed, ETA {_hms(eta)}"
-
-
-def _hms(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def _progress(rec: dict[str, Any], steps: int, clock: _Clock) -> str:
-    """The terminal's progress line; the log's step record holds every field."""
-    return (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | {clock(rec['step'])}")  # fmt: skip
-
-
-def _progress_eval(step: int, steps: int, ev: dict[str, Any], windows: str) -> str:
-    """The evaluation on the terminal, under the step line it follows: the validation loss (a mixture adds each
-    source's) and HellaSwag's accuracy, where each was scored."""
-    per_source = [f"{name} {loss:.4f}" for name, loss in ev.get("source_val_loss", {}).items()]
-    parts = [f"val_loss {ev['val_loss']:.4f}", *per_source, windows] if "val_loss" in ev else []
-    parts += [hellaswag.progress(ev)] if "hellaswag" in ev else []
-    return f"eval {step:>6}/{steps} | " + " | ".join(parts)
-
 
 def _git_commit() -> str | None:
     """The checkout's commit; a worktree's .git is a file naming its git folder."""
@@ -370,17 +217,3 @@ def _git_commit() -> str | None:
         return (base / ref[5:]).read_text().strip()
     except OSError:
         return None
-
-
-def check_out_dir(out: Path) -> None:
-    """--out can hold the run before anything is built or trained: a folder (made if missing) whose ckpt, if there,
-    is a folder (or a link to one): a file or a dangling link there would fail the first checkpoint write only
-    after training. ConfigError naming it otherwise."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot create the output folder ({e.strerror})") from None
-    ckpt = out / "ckpt"
-    if (ckpt.exists() or ckpt.is_symlink()) and not ckpt.is_dir():
-        what = "a link to nothing" if ckpt.is_symlink() else "not a folder"
-        raise ConfigError(f"--out {out}: {ckpt} is {what}; checkpoints are written there (move it away)")

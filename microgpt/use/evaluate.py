@@ -37,6 +37,7 @@ from microgpt.engine.backend import Backend
 from microgpt.engine.infer import InferState, trained_infer_state
 from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import ArgParser, InputError, check_number
+from microgpt.fileio import read_input_text
 from microgpt.use import hellaswag
 
 
@@ -163,9 +164,11 @@ def _windows(ld: Trained, args: argparse.Namespace) -> tuple[Windows, np.ndarray
     else:
         tok = load_tokenizer(ld.side.get("tokenizer", {}))
         try:
-            body = Path(args.text).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise EvalError(f"--text {args.text}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+            body = read_input_text(args.text, "text file", EvalError)  # a regular file, size-bound
+        except FileNotFoundError:
+            raise EvalError(f"--text {args.text}: cannot read (No such file or directory)") from None
+        except EvalError as e:
+            raise EvalError(f"--text {e}") from None
         if not body:
             raise EvalError(f"--text {args.text}: empty file")
         windows = text_windows([tok.eot_id, *tok.encode(body)], m.seq_len, args.windows)

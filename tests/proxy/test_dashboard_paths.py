@@ -56,6 +56,26 @@ def test_a_folder_train_wrote_is_served_from_its_log(tmp_path: Path) -> None:
         server.close()
 
 
+def test_a_log_with_unreadable_lines_is_served_from_the_rest(tmp_path: Path) -> None:
+    """The dashboard reads a `train` folder's log with the log's one reader (runlog.parse_log): lines that are no
+    record (a string step, NaN, a line cut short) are passed over, counted in the state, and the rest is served."""
+    exp = write_experiment(tmp_path)
+    out = tmp_path / "run"
+    assert cli("train", str(exp), "--out", str(out)).returncode == 0
+    steps = [e for e in read_log(out / "train.jsonl") if e["event"] == "step"]
+    with open(out / "train.jsonl", "a") as f:
+        f.write('{"event":"step","step":"7","loss":1.0}\n{"event":"step","step":7,"loss":NaN}\n{"event":"st')
+    server = DashboardServer(out, None, 0)
+    server.start()
+    try:
+        ans = json.loads(request(server, "GET", "/api/loss?run=tiny-test&width=100").body)
+        assert ans["series"]["loss"]["y"] == [e["loss"] for e in steps]
+        state = json.loads(request(server, "GET", "/api/state?run=tiny-test").body)
+        assert (state["status"], state["step"], state["unreadable_lines"]) == ("done", 6, 3)
+    finally:
+        server.close()
+
+
 def test_a_linked_log_is_no_run(tmp_path: Path) -> None:
     """A train.jsonl that is a symbolic link (to a log outside, in a folder or at the root) makes no run: it is read
     through the one resolver like every run file (dashdata.RunFolder.open), never followed."""
