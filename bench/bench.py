@@ -97,10 +97,7 @@ def peak() -> int | None:
     return torch.cuda.max_memory_allocated() if DEVICE == "cuda" else None
 
 
-def flops_per_token(m: ModelConfig) -> int:
-    """6N + 12 L T d, N every parameter a token's forward multiplies by: all but an untied embedding (a lookup)."""
-    lookup = m.vocab_size * m.d_model if params.family(m).head_weight != "wte" else 0
-    return 6 * (params.n_params(m) - lookup) + 12 * m.n_layer * m.seq_len * m.d_model
+flops_per_token = params.flops_per_token  # 6N + 12 L T d (engine/params.py)
 
 
 def batches(mb: int, m: ModelConfig, n: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:

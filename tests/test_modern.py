@@ -100,6 +100,8 @@ def test_the_parameter_table_is_the_recipe_s() -> None:
         assert not w[name].any(), name
     assert w["h0.w_q"].std() > 0 and abs(w["wte"].std() - 1) < 0.05
     assert w["head"] is not w["wte"] and np.shares_memory(w["head"], w["lm_head"])
+    # FLOPs a token: the untied embedding is a lookup, the head a GEMM
+    assert params.flops_params(M)[0] == params.n_params(M) - M.vocab_size * C
 
 
 @pytest.mark.parametrize("dtype, tol, recompute", [(np.float64, 1e-10, False), (np.float64, 1e-10, True),

@@ -102,6 +102,21 @@ def n_params(m: ModelConfig) -> int:
     return ends + m.n_layer * block
 
 
+def flops_params(m: ModelConfig) -> tuple[int, str]:
+    """(N, what it counts) for FLOPs per token = 6N + 12 L T d (PaLM's count): the parameters a token's forward
+    multiplies by. Every parameter where the head is tied (the embedding once, as the head; the position table
+    too), else all but the embedding, whose rows a token only looks up."""
+    if family(m).head_weight == "wte":
+        return n_params(m), "every parameter (the tied embedding once, the position table included)"
+    return n_params(m) - m.vocab_size * m.d_model, "every parameter but the untied embedding (a lookup)"
+
+
+def flops_per_token(m: ModelConfig) -> int:
+    """Training FLOPs per token: 6N (forward and backward of each weight a token meets, flops_params) + 12 L T d
+    (attention's scores and mixing)."""
+    return 6 * flops_params(m)[0] + 12 * m.n_layer * m.seq_len * m.d_model
+
+
 def param_offsets(m: ModelConfig) -> dict[str, int]:
     """Each parameter's element offset in the flat arrays (the canonical order)."""
     offsets, off = {}, 0

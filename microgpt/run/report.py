@@ -11,7 +11,7 @@ process of the run) and the trainer's state at its last step.
                  evaluated windows for val; a special token counts its string's bytes, as `microgpt eval` does)
     speed        tokens/s: the median of this process's step records, its first step (warm-up, compile) left out;
                  MFU = tokens/s x FLOPs/token / (peak FLOP/s x ranks), FLOPs/token = 6N + 12 L T d (PaLM's count)
-                 with N = n_params, every parameter (the tied embedding once, the position table included); the
+                 with N every parameter a token's forward multiplies by (engine/params.py flops_params); the
                  peak is the GPU's dense bf16/fp16 tensor-core one (PEAKS), so there is no MFU in fp32 or on the CPU
     memory       the plan's total against the measured peak: the GPU allocator's (torch.cuda.max_memory_allocated),
                  or on the CPU the process's peak resident memory (the arena plus Python, NumPy's temporaries, data)
@@ -39,10 +39,9 @@ from typing import Any
 import numpy as np
 
 from microgpt import checkpoint, runlog
-from microgpt.config import ModelConfig
 from microgpt.data.chatml import prompt_text
 from microgpt.data.tokenizer import load_tokenizer
-from microgpt.engine import memory
+from microgpt.engine import memory, params
 from microgpt.engine.backend import numpy_backend
 from microgpt.engine.infer import make_infer_state
 from microgpt.engine.trained import load_trained
@@ -66,12 +65,6 @@ PEAKS = (("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 98
 # The compute dtypes with a tensor-core peak. A run's MFU is counted against its compute dtype's peak, also where
 # its GEMMs run in a narrower format (fp8 computes in bf16), so that its MFU compares with bf16's.
 MFU_COMPUTE = ("bf16", "fp16")
-
-
-def flops_per_token(m: ModelConfig, n_params: int) -> int:
-    """Training FLOPs per token: 6N (forward and backward of every weight) + 12 L T d (attention's scores and
-    mixing), N = n_params (every parameter, the position table included)."""
-    return 6 * n_params + 12 * m.n_layer * m.seq_len * m.d_model
 
 
 def peak_flops(device: str, compute: str) -> float | None:
@@ -125,13 +118,12 @@ def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]:
     mine = [r["tokens_per_s"] for r in records[start:] if r["event"] == "step" and _is_number(r.get("tokens_per_s"))]
     tps = statistics.median(mine[1:] or mine) if mine else None
-    fpt = flops_per_token(tr.m, tr.S.n_params)
+    fpt, (n, what) = params.flops_per_token(tr.m), params.flops_params(tr.m)
     peak = peak_flops(tr.K.device, tr.K.precision.compute)
     mfu = tps * fpt / (peak * tr.world) if tps and peak else None
     why = None if mfu is not None else f"no known dense peak for {tr.K.device} in {tr.t.precision}"
-    return {"tokens_per_s": tps, "flops_per_token": fpt, "n_params": tr.S.n_params, "peak_flops": peak, "mfu": mfu,
-            "mfu_missing": why, "formula": "6N + 12*L*T*d",
-            "n": "n_params: every parameter (the tied embedding once, the position table included)"}  # fmt: skip
+    return {"tokens_per_s": tps, "flops_per_token": fpt, "n_params": n, "peak_flops": peak, "mfu": mfu,
+            "mfu_missing": why, "formula": "6N + 12*L*T*d", "n": what}  # fmt: skip
 
 
 def _samples(path: Path, exp: Any) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import numpy as np
 import microgpt
 from microgpt import config, data
 from microgpt.config import Experiment
-from microgpt.engine import memory
+from microgpt.engine import memory, params
 from microgpt.engine.backend import Backend, get_backend
 from microgpt.engine.optim import lr_at, schedule_end
 from microgpt.engine.state import make_state
@@ -134,7 +134,7 @@ class Trainer:
                 "memory": memory.role_bytes(self.S.plan, self.K.precision), "versions": versions,
                 "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world,
                 "recipe": self.recipe, "init": self.init or None, "schedule_end": schedule_end(t), "pid": os.getpid(),
-                "flops_per_token": report.flops_per_token(m, self.S.n_params),
+                "flops_per_token": params.flops_per_token(m),
                 "peak_flops": report.peak_flops(self.K.device, self.K.precision.compute),
                 "memory_measure": self.K.peak_memory_name or report.RSS_NAME}  # fmt: skip
 
