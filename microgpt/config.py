@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,9 @@ def override(exp: Experiment, assignment: str) -> Experiment:
 
 TRAIN_FLAGS = ("steps", "seed", "backend", "precision", "micro_batch", "memory_margin")  # each sets that train field
 TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/run/trackers.py)
+# How to install each tracker's package: the 'trackers' extra holds TensorBoard and W&B; trackio is its own package.
+TRACKER_INSTALL = {"tensorboard": "pip install -e '.[trackers]'", "wandb": "pip install -e '.[trackers]'",
+                   "trackio": "pip install trackio"}  # fmt: skip
 
 
 def add_experiment_flags(p: argparse.ArgumentParser) -> None:
@@ -357,6 +361,13 @@ def check_flags(args: argparse.Namespace) -> None:
     for name in args.track:
         if name not in TRACKERS:
             raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")
+        if importlib.util.find_spec(name) is None:  # found, not imported: before the run folder is made
+            raise ConfigError(tracker_missing(name))
+
+
+def tracker_missing(name: str) -> str:
+    """The one line for a tracker whose package is not installed, with the command that installs it."""
+    return f"--track {name}: the {name} package is not installed ({TRACKER_INSTALL[name]})"
 
 
 def train_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Trackers: a run's records sent to the tools people already watch. An optional extra (`pip install -e
-'.[trackers]'`), off by default; `--track NAME` (repeatable, `train` and `run`) turns one on:
+"""Trackers: a run's records sent to the tools people already watch. Optional (`pip install -e '.[trackers]'` for
+TensorBoard and W&B, `pip install trackio`), off by default; `--track NAME` (repeatable, `train` and `run`) turns one
+on:
 
     tensorboard   event files under <out>/tb/, written by TensorBoard's own writer (EventFileWriter); open them
                   with `tensorboard --logdir <out>/tb`
@@ -11,7 +12,8 @@ Each tracker gets the records the run's log holds (microgpt/runlog.py), in order
 between steps, and sends these scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/elapsed_s,
 train/memory_peak (step records), val/loss and val/<source> (eval records), tagged by the global step. A resumed run
 (a new process) appends to the same TensorBoard folder and the same W&B run id, so a tracker shows one run. A missing
-package is one `error:` line naming the flag and the extra, before anything is trained.
+package is one `error:` line naming the flag and how to install it (config.check_flags: before the run folder is
+made).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from microgpt.config import ConfigError
+from microgpt.config import ConfigError, tracker_missing
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "memory_peak")
 
@@ -42,9 +44,7 @@ def _import(name: str, flag: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ConfigError(
-            f"--track {flag}: the {name} package is not installed (pip install -e '.[trackers]')"
-        ) from None
+        raise ConfigError(tracker_missing(flag)) from None
 
 
 class TensorBoard:
