@@ -68,10 +68,26 @@ def cmd_train(argv: list[str]) -> int:
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
     launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
-    with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
-        for temp in checkpoint.remove_temp_files(out / "ckpt"):
-            print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
-        return train_in(out, exp, args, argv, lock)
+    made = not out.exists()
+    try:
+        with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
+            for temp in checkpoint.remove_temp_files(out / "ckpt"):
+                print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
+            return train_in(out, exp, args, argv, lock)
+    finally:
+        if made:
+            remove_if_empty(out)
+
+
+def remove_if_empty(out: Path) -> None:
+    """A run folder this start made and left with nothing in it (a start that failed before its first record: no
+    torch for a triton run, data that do not fit the model) goes again, with its lock file where it has one."""
+    try:
+        if {p.name for p in out.iterdir()} <= {runlock.NAME}:
+            (out / runlock.NAME).unlink(missing_ok=True)
+            out.rmdir()
+    except OSError:
+        pass  # a folder another process wrote into meanwhile, or one that cannot be listed: left as it is
 
 
 def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],

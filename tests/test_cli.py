@@ -195,7 +195,19 @@ def test_triton_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
     res = cli("train", str(exp), "--steps", "1", "--backend", "triton", "--out", str(tmp_path / "run"),
               env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
     one_line_error(res, "train.backend 'triton'")
-    assert not (tmp_path / "run" / "ckpt").exists()
+    assert not (tmp_path / "run").exists()  # the folder this failed start made goes with it
+
+
+def test_a_failed_start_keeps_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    """Only a folder the failed start itself made is removed, and only while it is empty."""
+    exp = write_experiment(tmp_path, data={"source": "shards", "path": str(tmp_path / "none")})
+    for folder, files in ((tmp_path / "empty", []), (tmp_path / "mine", ["notes.txt"])):
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_text("kept")
+        res = cli("train", str(exp), "--steps", "1", "--out", str(folder))
+        assert res.returncode == 2, res.stderr
+        assert folder.is_dir() and sorted(p.name for p in folder.iterdir()) == files
 
 
 def test_version() -> None:
