@@ -131,9 +131,15 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         tr = trainer.Trainer(exp, out, dp=dp, log=log)
         if args.resume:
             tr.load(args.resume)
+            if rank0:
+                print(f"resuming from {args.resume} (step {tr.step})", file=sys.stderr)
         elif args.init:
             tr.init_from(args.init)
             check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
+            if rank0:
+                i = tr.init
+                print(f"init: the weights of {i['path']} ({i['run']}, step {i['step']}); Adam moments zero, step 0, "
+                      "this experiment's own schedule", file=sys.stderr)  # fmt: skip
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
         tr.recipe = recipe(args, argv)

@@ -42,6 +42,10 @@ def test_resume_is_bit_exact(tmp_path: Path) -> None:
     got = step_lines(resumed.stdout)
     assert got == want[len(want) - len(got) :] and len(got) == 4  # steps 4, 5, 6 and the eval at 6
     assert json_lines(resumed.stdout)[0]["step"] == 3
+    assert f"resuming from {ck3} (step 3)" in resumed.stderr.splitlines()
+    latest = cli("train", str(exp), "--steps", "7", "--out", str(tmp_path / "b"), "--resume", "latest")
+    assert latest.returncode == 0, latest.stderr  # --resume latest says which checkpoint it took
+    assert f"resuming from {tmp_path / 'b' / 'ckpt' / final} (step 6)" in latest.stderr.splitlines()
 
 
 def start_training(exp: Path, out: Path, steps: int) -> subprocess.Popen:
