@@ -342,16 +342,16 @@ def quiet_signals() -> None:
 
 
 class _Clock:
-    """Elapsed time of this process's training and the ETA of the rest: the mean time per step so far (evaluations
-    and checkpoints included) times the steps left. A resumed run counts from the step it resumed at."""
+    """The run's training time (a step record's elapsed_s: across resumes and under `run`, the time the dashboard
+    shows) and the ETA of the rest: this process's mean time per step so far (evaluations and checkpoints included)
+    times the steps left. A resumed process counts its rate from the step it resumed at."""
 
     def __init__(self, step: int, steps: int):
         self.t0, self.step0, self.steps = time.monotonic(), step, steps
 
-    def __call__(self, step: int) -> str:
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / max(1, step - self.step0) * (self.steps - step)
-        return f"{_hms(elapsed)} elapsed, ETA {_hms(eta)}"
+    def __call__(self, step: int, elapsed_s: float) -> str:
+        eta = (time.monotonic() - self.t0) / max(1, step - self.step0) * (self.steps - step)
+        return f"{_hms(elapsed_s)} elapsed, ETA {_hms(eta)}"
 
 
 def _hms(seconds: float) -> str:
@@ -363,7 +363,8 @@ def _hms(seconds: float) -> str:
 def _progress(rec: dict[str, Any], steps: int, clock: _Clock) -> str:
     """The terminal's progress line; the log's step record holds every field."""
     return (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | {clock(rec['step'])}")  # fmt: skip
+            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+            f"{clock(rec['step'], rec['elapsed_s'])}")  # fmt: skip
 
 
 def _progress_eval(step: int, steps: int, ev: dict[str, Any], windows: str) -> str:
