@@ -49,7 +49,7 @@ def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         sha = hashlib.sha256(Path(args.experiment).read_bytes()).hexdigest()
     except OSError:
         sha = None
-    overrides = [f"--set {a}" for a in args.set]
+    overrides = [f"--set {a}" for a in args.set] + ([f"--data {args.data}"] if args.data else [])
     overrides += [f"--{name} {value}" for name, value in config.train_flags(args).items() if value is not None]
     overrides += [f"--init {args.init}"] if args.init else []
     return {"command": shlex.join(["microgpt", "train", *argv]), "experiment": args.experiment,
@@ -64,6 +64,7 @@ def cmd_train(argv: list[str]) -> int:
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
+    data.check_data(exp, args.experiment)  # the data exist and fit the model, or the prep command that makes them
     out = Path(args.out or Path("runs") / exp.name)
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)

@@ -16,6 +16,7 @@ import argparse
 import copy
 import dataclasses
 import importlib.util
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,7 @@ class DataConfig:
     val_fraction: float = 0.05
     max_bytes: int = 4_000_000  # builtin: stdlib source bytes (plus ~25% synthetic chats)
     loss_mask: bool = False  # targets -1 where the loss-mask shard is 0 (assistant tokens only)
+    prep: str = ""  # shards: the `microgpt prep` arguments that make data.path (microgpt/data/recipe.py); "": own data
 
 
 @dataclass
@@ -327,6 +329,9 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-margin", type=float, metavar="GIB",
                    help="override train.memory_margin: the GiB of free device memory the plan leaves to what runs "
                    f"beside it ({TrainConfig.memory_margin})")  # fmt: skip
+    p.add_argument("--data", metavar="DIR",
+                   help="train on the token shards in DIR (`microgpt prep ... --out DIR`): data.source 'shards', "
+                   "data.path DIR")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
     p.add_argument(
@@ -375,7 +380,15 @@ def train_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in TRAIN_FLAGS}
 
 
+def experiment_sets(args: argparse.Namespace) -> list[str]:
+    """The shared flags that set fields by assignment: every --set, then --data DIR's (data.source "shards",
+    data.path DIR, and no data.prep: the data are the user's own)."""
+    own = ["data.source=shards", f"data.path={json.dumps(args.data)}", 'data.prep=""'] if args.data else []
+    return [*args.set, *own]
+
+
 def from_flags(args: argparse.Namespace) -> Experiment:
-    """The experiment of `microgpt train`: the file, then --set, then --steps, --seed, --backend, --precision."""
+    """The experiment of `microgpt train`: the file, then --set and --data, then --steps, --seed, --backend,
+    --precision, --micro-batch, --memory-margin."""
     check_flags(args)
-    return load(args.experiment, args.set, **train_flags(args))
+    return load(args.experiment, experiment_sets(args), **train_flags(args))
