@@ -4,7 +4,8 @@ Read back with the `gguf` package (llama.cpp's own Python reader, in the test ex
 every tensor's name, ggml shape, type and data, the data rebuilt here from microgpt's parameters by their names
 (not through the exporter's map); Q8_0 blocks byte for byte as gguf-py's quantizer (the reference implementation of
 ggml's) writes them. Where llama-cpp-python is installed (`make check-gguf`: it compiles llama.cpp, too long for CI),
-the real llama.cpp loads each file, tokenizes as microgpt does, and its greedy tokens equal `microgpt sample`'s.
+the real llama.cpp loads each file and tokenizes as microgpt does; from the fp32 file its logits are microgpt's (within
+1e-3) and its greedy tokens are `microgpt sample`'s.
 """
 
 from __future__ import annotations
@@ -161,22 +162,31 @@ def test_bad_dtype_and_an_existing_out_are_refused(run: Path, tmp_path: Path) ->
 
 
 # --- the real llama.cpp (llama-cpp-python), where it is installed: `make check-gguf` ------------------------------
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "q8_0"])
-def test_llama_cpp_greedy_tokens_equal_microgpt_sample(run: Path, tmp_path: Path, dtype: str) -> None:
+def llama_cpp_module():
     if os.environ.get("MICROGPT_LLAMA_CPP") == "require":  # make check-gguf: a missing llama_cpp fails, never skips
         import llama_cpp
-    else:
-        llama_cpp = pytest.importorskip("llama_cpp")
+
+        return llama_cpp
+    return pytest.importorskip("llama_cpp")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "q8_0"])
+def test_llama_cpp_greedy_tokens_equal_microgpt_sample(run: Path, tmp_path: Path, dtype: str) -> None:
+    llama_cpp = llama_cpp_module()
     path = export(run, tmp_path / "model.gguf", dtype)
     ld = load_trained(run)
     tok = load_tokenizer(ld.side["tokenizer"])
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == ids  # the same tokenizer
         n = 64 - len(ids)  # within the context: llama.cpp does not slide its window as sample does
         llm.reset()
         llm.eval(ids)
+        if dtype == "fp32":  # the prompt's logits, position by position, against microgpt's decode step
+            gen = sample.load(str(run))[0]
+            logits = np.stack([gen.feed([t]) for t in ids])
+            np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), logits, atol=1e-3, rtol=0)
         theirs = []
         for _ in range(n):
             theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
@@ -188,3 +198,18 @@ def test_llama_cpp_greedy_tokens_equal_microgpt_sample(run: Path, tmp_path: Path
             assert res.returncode == 0 and json.loads(res.stdout)["text"] == tok.decode(theirs)
         else:
             assert len(theirs) == n and all(0 <= t < 512 for t in theirs)
+
+
+def test_llama_cpp_reads_a_byte_model(tmp_path: Path) -> None:
+    """A byte-level model (no merges): llama.cpp's tokens are the text's bytes, its logits microgpt's."""
+    llama_cpp = llama_cpp_module()
+    run = train(tmp_path, 256, steps=2)
+    llm = llama_cpp.Llama(model_path=str(export(run, tmp_path / "b.gguf", "fp32")), n_ctx=64, logits_all=True,
+                          verbose=False)  # fmt: skip
+    text = "héllo\n\tx = 1"
+    ids = list(text.encode())
+    assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids
+    llm.eval(ids)
+    gen = sample.load(str(run))[0]
+    logits = np.stack([gen.feed([t]) for t in ids])
+    np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), logits, atol=1e-3, rtol=0)
