@@ -1,4 +1,5 @@
-"""`microgpt <command> ...`: train, sample, chat, run (the proxy), prep, pull-hermes3.
+"""`microgpt <command> ...`: train and sample here; run (the proxy), prep, pull-hermes3, chat, export, eval and serve
+in the modules DELEGATED names.
 
 Bad input (experiment, data, checkpoint, flags) ends with one line `error: ...` naming the file, field or
 flag, and exit code 2; nothing already written is touched before the input has been checked.
@@ -24,10 +25,10 @@ from microgpt.runlog import LOG_NAME, RunLog
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
-    "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
+    "prep": ("microgpt.data.prep", "tokenizer and token shards: the built-in corpus, your text, chats, a recipe"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
     "chat": ("microgpt.use.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
-    "export": ("microgpt.use.export", "write a checkpoint as a Hugging Face transformers folder"),
+    "export": ("microgpt.use.export", "a checkpoint as a transformers (GPT-2) folder or a GGUF file (llama.cpp)"),
     "eval": ("microgpt.use.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
     "serve": ("microgpt.use.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
 }
@@ -36,7 +37,8 @@ DELEGATED = {
 def train_parser() -> ArgParser:
     p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
     config.add_experiment_flags(p)  # the flags `microgpt run` takes too
-    p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
+    p.add_argument("--resume", metavar="CKPT|latest",
+                   help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")  # fmt: skip
     p.add_argument("--json", action="store_true",
                    help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
                    "the proxy asks for them)")  # fmt: skip

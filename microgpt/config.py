@@ -317,7 +317,7 @@ TRACKER_INSTALL = {"tensorboard": "pip install -e '.[trackers]'", "wandb": "pip 
 
 def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     """The flags `microgpt train` and `microgpt run` share, declared once: the same names, types and checks."""
-    p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
+    p.add_argument("experiment", help="an experiment file: experiments/ANDREA-*.json")
     p.add_argument("--out", help="run folder (default runs/<name>)")
     p.add_argument("--steps", type=int, help="the run's last global step: train.steps (under `run`: caps the phases)")
     p.add_argument("--seed", type=int, help="override train.seed")
@@ -339,7 +339,7 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="tensorboard|wandb|trackio",
-        help="also send the run's records to a tracker (microgpt/run/trackers.py; the 'trackers' extra)",
+        help="also send the run's records to a tracker (microgpt/run/trackers.py says what each installs)",
     )
     p.add_argument("--init", metavar="CKPT_OR_RUN_DIR",
                    help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
