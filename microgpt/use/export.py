@@ -188,11 +188,16 @@ def model_card(ld: Trained, dtype: str) -> str:
 FORMATS = {"hf": ("fp32", "bf16"), "gguf": ("fp32", "fp16", "q8_0")}  # --format -> its --dtype choices
 
 
-def export(where: str | Path, out: str | Path, dtype: str = "fp32", fmt: str = "hf") -> tuple[Path, Trained]:
+def export(where: str | Path, out: str | Path, dtype: str = "fp32", fmt: str = "hf") -> Path:
     """Write the folder (hf) or the file (gguf); --out must not exist (a folder may be empty), and not be a symbolic
     link (live or dangling: the export is never written through one). Everything is written to a temp folder or
     file next to it and renamed into place, so a failed export leaves nothing behind; an output the disk refuses is a
-    WriteError (exit 4), a path that cannot be written an ExportError (exit 2). Returns (out, the checkpoint read)."""
+    WriteError (exit 4), a path that cannot be written an ExportError (exit 2). Returns out."""
+    return export_trained(where, out, dtype, fmt)[0]
+
+
+def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> tuple[Path, Trained]:
+    """export(), also returning the checkpoint it read (the command's line names it)."""
     out = Path(out)
     if fmt not in FORMATS or dtype not in FORMATS[fmt]:
         raise ExportError(f"--dtype {dtype}: --format {fmt} takes {' or '.join(FORMATS.get(fmt, ()))}")
@@ -260,7 +265,7 @@ def parser() -> ArgParser:
 
 def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
-    out, ld = export(args.checkpoint, args.out, args.dtype, args.format)
+    out, ld = export_trained(args.checkpoint, args.out, args.dtype, args.format)
     what = "a transformers GPT-2 folder" if args.format == "hf" else "a GGUF file (llama.cpp's gpt2)"
     print(f"exported {ld.path} (step {ld.step}) to {out}: {what}, {args.dtype} weights")
     return 0
