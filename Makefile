@@ -15,7 +15,9 @@ RUN ?= runs/ANDREA-tiny
 TRAIN_FLAGS ?=
 SAMPLE_TOKENS ?= 200
 
-.PHONY: train test check setup setup-test
+GGUF_VENV ?= .venv-gguf
+
+.PHONY: train test check setup setup-test check-gguf
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,3 +46,14 @@ test: setup-test
 check: setup-test
 	$(TEST_BIN)/ruff format --check microgpt tests bench scripts dev
 	$(TEST_BIN)/ruff check microgpt tests bench scripts dev
+
+# The GGUF export against the real llama.cpp (tests/test_export_gguf.py): llama-cpp-python compiles llama.cpp when it
+# installs (minutes), so it has a venv of its own and CI reads the files with the gguf package instead.
+$(GGUF_VENV)/.installed: pyproject.toml
+	test -x $(GGUF_VENV)/bin/python || $(PY) -m venv $(GGUF_VENV)
+	$(GGUF_VENV)/bin/pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(GGUF_VENV)/bin/pip install -q -e '.[llama]'
+	touch $@
+
+check-gguf: $(GGUF_VENV)/.installed
+	MICROGPT_LLAMA_CPP=require $(GGUF_VENV)/bin/python -m pytest -q tests/test_export_gguf.py

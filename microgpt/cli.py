@@ -1,4 +1,5 @@
-"""`microgpt <command> ...`: train, sample, chat, run (the proxy), prep, pull-hermes3.
+"""`microgpt <command> ...`: train and sample here; run (the proxy), prep, pull-hermes3, chat, export, eval and serve
+in the modules DELEGATED names.
 
 Bad input (experiment, data, checkpoint, flags) ends with one line `error: ...` naming the file, field or
 flag, and exit code 2; nothing already written is touched before the input has been checked.
@@ -24,10 +25,10 @@ from microgpt.runlog import LOG_NAME, RunLog
 # Commands whose code lives in other modules: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "run": ("microgpt.proxy.supervisor", "supervise a training run (proxy, restarts, phases, dashboard)"),
-    "prep": ("microgpt.data.prep", "prepare the megachat corpus: tokenizer and token shards"),
+    "prep": ("microgpt.data.prep", "tokenizer and token shards: the built-in corpus, your text, chats, a recipe"),
     "pull-hermes3": ("microgpt.data.pull", "pull and validate the Hermes-3 dataset"),
     "chat": ("microgpt.use.chat", "chat with a checkpoint (ChatML), one user turn per line of stdin"),
-    "export": ("microgpt.use.export", "write a checkpoint as a Hugging Face transformers folder"),
+    "export": ("microgpt.use.export", "a checkpoint as a transformers (GPT-2) folder or a GGUF file (llama.cpp)"),
     "eval": ("microgpt.use.evaluate", "loss, perplexity, bits per byte or HellaSwag accuracy of a checkpoint"),
     "serve": ("microgpt.use.serve", "serve a checkpoint over an OpenAI-compatible HTTP API (chat, completions)"),
 }
@@ -36,7 +37,8 @@ DELEGATED = {
 def train_parser() -> ArgParser:
     p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
     config.add_experiment_flags(p)  # the flags `microgpt run` takes too
-    p.add_argument("--resume", help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")
+    p.add_argument("--resume", metavar="CKPT|latest",
+                   help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")  # fmt: skip
     p.add_argument("--json", action="store_true",
                    help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
                    "the proxy asks for them)")  # fmt: skip
@@ -52,7 +54,7 @@ def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         sha = hashlib.sha256(Path(args.experiment).read_bytes()).hexdigest()
     except OSError:
         sha = None
-    overrides = [f"--set {a}" for a in args.set]
+    overrides = [f"--set {a}" for a in args.set] + ([f"--data {args.data}"] if args.data else [])
     overrides += [f"--{name} {value}" for name, value in config.train_flags(args).items() if value is not None]
     overrides += [f"--init {args.init}"] if args.init else []
     return {"command": shlex.join(["microgpt", "train", *argv]), "experiment": args.experiment,
@@ -67,6 +69,7 @@ def cmd_train(argv: list[str]) -> int:
 
     exp = data.validate(config.from_flags(args), args.experiment)  # and the sections the data layer owns
     hellaswag.check(exp, args.experiment)  # every line of train.hellaswag, before anything is written
+    data.check_data(exp, args.experiment)  # the data exist and fit the model, or the prep command that makes them
     if args.check:
         if (args.procs or 1) > 1 and not job.launched():
             job.check_job(exp, args.procs)
@@ -80,10 +83,26 @@ def cmd_train(argv: list[str]) -> int:
     if args.init and Path(args.init).exists():  # a missing one may go unused (a checkpoint to resume): train_in's
         checkpoint.check_flag_path(args.init, "--init", folder=True)
     launcher = (args.procs or 1) > 1 and not job.launched()  # its rank 0 beats, on the same stdout
-    with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
-        for temp in checkpoint.remove_temp_files(out / "ckpt"):
-            print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
-        return train_in(out, exp, args, argv, lock)
+    made = not out.exists()
+    try:
+        with runlock.acquire(out) as lock, Heartbeat(on=args.json and not launcher):  # JSON lines only where asked
+            for temp in checkpoint.remove_temp_files(out / "ckpt"):
+                print(f"removed {temp}: the temp file of a checkpoint write that did not finish", file=sys.stderr)
+            return train_in(out, exp, args, argv, lock)
+    finally:
+        if made:
+            remove_if_empty(out)
+
+
+def remove_if_empty(out: Path) -> None:
+    """A run folder this start made and left with nothing in it (a start that failed before its first record: no
+    torch for a triton run, data that do not fit the model) goes again, with its lock file where it has one."""
+    try:
+        if {p.name for p in out.iterdir()} <= {runlock.NAME}:
+            (out / runlock.NAME).unlink(missing_ok=True)
+            out.rmdir()
+    except OSError:
+        pass  # a folder another process wrote into meanwhile, or one that cannot be listed: left as it is
 
 
 def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],
@@ -129,9 +148,15 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
         tr = trainer.Trainer(exp, out, dp=dp, log=log)
         if args.resume:
             tr.load(args.resume)
+            if rank0:
+                print(f"resuming from {args.resume} (step {tr.step})", file=sys.stderr)
         elif args.init:
             tr.init_from(args.init)
             check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
+            if rank0:
+                i = tr.init
+                print(f"init: the weights of {i['path']} ({i['run']}, step {i['step']}); Adam moments zero, step 0, "
+                      "this experiment's own schedule", file=sys.stderr)  # fmt: skip
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
         tr.recipe = recipe(args, argv)

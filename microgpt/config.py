@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import importlib.util
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +108,7 @@ class DataConfig:
     val_fraction: float = 0.05
     max_bytes: int = 4_000_000  # builtin: stdlib source bytes (plus ~25% synthetic chats)
     loss_mask: bool = False  # targets -1 where the loss-mask shard is 0 (assistant tokens only)
+    prep: str = ""  # shards: the `microgpt prep` arguments that make data.path (microgpt/data/recipe.py); "": own data
 
 
 @dataclass
@@ -364,11 +367,14 @@ def override(exp: Experiment, assignment: str) -> Experiment:
 
 TRAIN_FLAGS = ("steps", "seed", "backend", "precision", "micro_batch", "memory_margin")  # each sets that train field
 TRACKERS = ("tensorboard", "wandb", "trackio")  # --track (microgpt/run/trackers.py)
+# How to install each tracker's package: the 'trackers' extra holds TensorBoard and W&B; trackio is its own package.
+TRACKER_INSTALL = {"tensorboard": "pip install -e '.[trackers]'", "wandb": "pip install -e '.[trackers]'",
+                   "trackio": "pip install trackio"}  # fmt: skip
 
 
 def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     """The flags `microgpt train` and `microgpt run` share, declared once: the same names, types and checks."""
-    p.add_argument("experiment", help="experiments/ANDREA-*-TRAIN.json")
+    p.add_argument("experiment", help="an experiment file: experiments/ANDREA-*.json")
     p.add_argument("--out", help="run folder (default runs/<name>)")
     p.add_argument("--steps", type=int, help="the run's last global step: train.steps (under `run`: caps the phases)")
     p.add_argument("--seed", type=int, help="override train.seed")
@@ -380,6 +386,9 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-margin", type=float, metavar="GIB",
                    help="override train.memory_margin: the GiB of free device memory the plan leaves to what runs "
                    f"beside it ({TrainConfig.memory_margin})")  # fmt: skip
+    p.add_argument("--data", metavar="DIR",
+                   help="train on the token shards in DIR (`microgpt prep ... --out DIR`): data.source 'shards', "
+                   "data.path DIR")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
     p.add_argument(
@@ -387,7 +396,7 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="tensorboard|wandb|trackio",
-        help="also send the run's records to a tracker (microgpt/run/trackers.py; the 'trackers' extra)",
+        help="also send the run's records to a tracker (microgpt/run/trackers.py says what each installs)",
     )
     p.add_argument("--init", metavar="CKPT_OR_RUN_DIR",
                    help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
@@ -414,8 +423,15 @@ def check_flags(args: argparse.Namespace) -> None:
     for name in args.track:
         if name not in TRACKERS:
             raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")
+        if importlib.util.find_spec(name) is None:  # found, not imported: before the run folder is made
+            raise ConfigError(tracker_missing(name))
     if args.init is not None and not args.init.strip():  # '' would otherwise be read as no --init at all
         raise ConfigError("--init: an empty path; give a checkpoint or a run folder, or leave --init out")
+
+
+def tracker_missing(name: str) -> str:
+    """The one line for a tracker whose package is not installed, with the command that installs it."""
+    return f"--track {name}: the {name} package is not installed ({TRACKER_INSTALL[name]})"
 
 
 def train_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -423,7 +439,15 @@ def train_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in TRAIN_FLAGS}
 
 
+def experiment_sets(args: argparse.Namespace) -> list[str]:
+    """The shared flags that set fields by assignment: every --set, then --data DIR's (data.source "shards",
+    data.path DIR, and no data.prep: the data are the user's own)."""
+    own = ["data.source=shards", f"data.path={json.dumps(args.data)}", 'data.prep=""'] if args.data else []
+    return [*args.set, *own]
+
+
 def from_flags(args: argparse.Namespace) -> Experiment:
-    """The experiment of `microgpt train`: the file, then --set, then --steps, --seed, --backend, --precision."""
+    """The experiment of `microgpt train`: the file, then --set and --data, then --steps, --seed, --backend,
+    --precision, --micro-batch, --memory-margin."""
     check_flags(args)
-    return load(args.experiment, args.set, **train_flags(args))
+    return load(args.experiment, experiment_sets(args), **train_flags(args))

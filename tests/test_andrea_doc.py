@@ -144,3 +144,78 @@ def test_the_precision_table_is_the_checks() -> None:
     got = {cells[0]: cells[3] for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows)}
     assert got == {"sm_75": "fp32, fp16", "sm_80": "fp32, fp16, bf16", "sm_86": "fp32, fp16, bf16",
                    "sm_89": "fp32, fp16, bf16, fp8", "sm_90": "fp32, fp16, bf16, fp8"}  # fmt: skip
+
+
+# The reproduction table (section 5): its commands are the experiments' recipes and dev/repro_table.py's; a cell not
+# measured yet says `pending` and names the command that measures it, and nothing else passes for a measurement.
+def table_rows(header: str) -> list[list[str]]:
+    """The cells of each row of the table under header (the rows up to the first line that is not a table's)."""
+    lines = DOC.split(header + "\n", 1)[1].splitlines()[1:]
+    rows = lines[: next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+
+
+REPRO_HEADER = "| model | data | train | steps | one H200 | validation loss |"
+
+
+def test_the_reproduction_table_runs_the_recipes() -> None:
+    import shlex
+
+    from microgpt import cli
+    from microgpt.data import recipe
+
+    script = (REPO / "dev" / "repro_table.py").read_text()
+    rows = table_rows(REPRO_HEADER)
+    assert [r[0] for r in rows] == ["ANDREA-12M", "ANDREA-120M"]
+    for name, data, train, steps, took, loss in rows:
+        key = name.removeprefix("ANDREA-").lower()
+        exp_path = f"experiments/{name}-TRAIN.json"
+        assert data == f"`microgpt prep --experiment {exp_path}`"
+        assert recipe.expand(["--experiment", str(REPO / exp_path)])[-2:] == [
+            "--out",
+            config.load(REPO / exp_path).data.path,
+        ]
+        argv = shlex.split(train.strip("`"))
+        args = cli.train_parser().parse_args(argv[2:])
+        exp = config.from_flags(argparse_in(args))
+        assert argv[:2] == ["microgpt", "train"] and steps == f"{exp.train.steps:,}"
+        assert f'"{key}": ("{name}", "{data.strip("`")}",' in script and f'"{train.strip("`")}"' in script
+        pending = f"pending: `python3 dev/repro_table.py {key}`"
+        assert took == pending or re.fullmatch(r"\d+m \d\ds \(\d+m \d\ds of training\)", took), took
+        assert loss == pending or re.fullmatch(rf"\d\.\d{{4}} at step {steps}", loss), loss
+
+
+def argparse_in(args):
+    """The parsed train flags with the experiment path made absolute (the table's paths are the repository's)."""
+    args.experiment = str(REPO / args.experiment)
+    return args
+
+
+CARD_CLASSES = {"8 GB": 8.0, "12 GB": 12.0, "24 GB": 24.0}
+
+
+def test_the_card_class_plans_are_the_plan_and_the_measurements_are_recorded() -> None:
+    """What --micro-batch auto picks per card class in bf16 (the largest micro-batch dividing the recipe's sequences
+    whose plan fits with 1 GiB to spare: section 2's rule) and its plan; every measured figure of the row is in
+    bench/RESULTS.md's capped-run table, on the line of that cap, model and choice."""
+    from microgpt.engine.backend import triton_rows
+
+    results = (REPO / "bench" / "RESULTS.md").read_text()
+    header = "| model | card | `--micro-batch auto` (bf16) | plan GiB | H200 capped at | peak allocated (bytes) |"
+    rows = table_rows(header + " tokens/s (H200) |")
+    assert [(r[0], r[1]) for r in rows] == [(m, c) for m in ("ANDREA-12M", "ANDREA-120M") for c in CARD_CLASSES]
+    prec = precision.make("bf16", "triton")
+    for name, card, picks, gib, cap, peak, tokens in rows:
+        exp = config.load(REPO / "experiments" / f"{name}-TRAIN.json")
+        sequences = exp.train.micro_batch * exp.train.n_micro
+        plans = {}
+        for B in (b for b in range(sequences, 0, -1) if sequences % b == 0):
+            t = dataclasses.replace(exp.train, micro_batch=B, n_micro=sequences // B)
+            bufs = memory.plan(exp.model, t, prec, memory.gpu_logits_rows(exp.model, B, 2),
+                               triton_rows(exp.model, B, 132, 32 << 20))  # fmt: skip
+            plans[B] = sum(memory.role_bytes(bufs, prec).values()) / 2**30
+        B = max(b for b, g in plans.items() if g + CONTEXT_GIB + exp.train.memory_margin <= CARD_CLASSES[card])
+        assert (picks, gib) == (f"{B} x {sequences // B}", f"{plans[B]:.2f}"), (name, card)
+        assert cap == f"{CARD_CLASSES[card] - 0.5:g} GiB"
+        line = f"| {cap.removesuffix(' GiB')} | {name} | bf16 | {picks} | {gib} | {peak} |"
+        assert line in results and results.split(line, 1)[1].split("\n", 1)[0].endswith(f"| yes | {tokens} |"), line

@@ -42,6 +42,10 @@ def test_resume_is_bit_exact(tmp_path: Path) -> None:
     got = step_lines(resumed.stdout)
     assert got == want[len(want) - len(got) :] and len(got) == 4  # steps 4, 5, 6 and the eval at 6
     assert json_lines(resumed.stdout)[0]["step"] == 3
+    assert f"resuming from {ck3} (step 3)" in resumed.stderr.splitlines()
+    latest = cli("train", str(exp), "--steps", "7", "--out", str(tmp_path / "b"), "--resume", "latest")
+    assert latest.returncode == 0, latest.stderr  # --resume latest says which checkpoint it took
+    assert f"resuming from {tmp_path / 'b' / 'ckpt' / final} (step 6)" in latest.stderr.splitlines()
 
 
 def start_training(exp: Path, out: Path, steps: int) -> subprocess.Popen:
@@ -195,7 +199,19 @@ def test_triton_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
     res = cli("train", str(exp), "--steps", "1", "--backend", "triton", "--out", str(tmp_path / "run"),
               env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
     one_line_error(res, "train.backend 'triton'")
-    assert not (tmp_path / "run" / "ckpt").exists()
+    assert not (tmp_path / "run").exists()  # the folder this failed start made goes with it
+
+
+def test_a_failed_start_keeps_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    """Only a folder the failed start itself made is removed, and only while it is empty."""
+    exp = write_experiment(tmp_path, data={"source": "shards", "path": str(tmp_path / "none")})
+    for folder, files in ((tmp_path / "empty", []), (tmp_path / "mine", ["notes.txt"])):
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_text("kept")
+        res = cli("train", str(exp), "--steps", "1", "--out", str(folder))
+        assert res.returncode == 2, res.stderr
+        assert folder.is_dir() and sorted(p.name for p in folder.iterdir()) == files
 
 
 def test_version() -> None:

@@ -85,7 +85,7 @@ def test_not_utf8_is_one_line(tmp_path: Path) -> None:
 # The flags `microgpt train` and `microgpt run` share: declared once (config.add_experiment_flags), read by one
 # loader (config.apply_overrides), so the same bad input gets the same line from both.
 SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "micro_batch", "memory_margin", "set",
-                "track", "init", "procs"}  # fmt: skip
+                "track", "init", "procs", "data"}  # fmt: skip
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def hf(run: Path) -> Path:
     out = run.parent / "hf"
     res = cli("export", str(run), "--out", str(out))
     assert res.returncode == 0, res.stderr
+    ck = checkpoint.resolve(run)
+    assert res.stdout == f"exported {ck} (step 6) to {out}: a transformers GPT-2 folder, fp32 weights\n"
     return out
 
 
@@ -64,6 +67,10 @@ def test_folder_has_the_files(run: Path, hf: Path) -> None:
     card = (hf / "README.md").read_text()
     val = checkpoint.read_sidecar(checkpoint.resolve(run))["val_loss"]  # the run's last evaluation
     assert "steps: 6" in card and f"validation loss: {val:.4f}" in card
+    assert "- data: builtin (data)\n" in card and str(run.parent) not in card  # no path of this machine
+    mask = os.umask(0)
+    os.umask(mask)
+    assert hf.stat().st_mode & 0o777 == 0o777 & ~mask  # the mode a plain mkdir gives, not mkdtemp's 0700
 
 
 def test_logits_match_microgpt(run: Path, hf: Path) -> None:

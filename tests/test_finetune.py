@@ -47,6 +47,10 @@ def test_pretrain_prep_loss_mask_finetune_then_chat(pretrained: tuple[Path, Path
     newest = checkpoint.list_checkpoints(pre / "ckpt")[0]
     assert start["step"] == 0 and start["init"]["path"] == str(newest) and start["init"]["step"] == 6
     assert first["step"] == 1 and first["lr"] == 1e-3 / 2  # its own warmup, not the pretraining's last lr
+    said = (
+        f"init: the weights of {newest} (tiny-test, step 6); Adam moments zero, step 0, this experiment's own schedule"
+    )
+    assert said in r.stderr.splitlines()
     assert checkpoint.read_sidecar(out / "ckpt" / "step-00000004.bin")["init"]["path"] == str(newest)
     assert "weights of" in (out / "report.md").read_text()
     c = cli("chat", str(out), "--tokens", "8", input="hello\n")

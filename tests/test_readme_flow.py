@@ -1,6 +1,8 @@
 """The README's flow end to end, as a new user runs it: `make train` -> `microgpt run EXP --dashboard --steps N` ->
-`make train`, with the real Makefile, the real CLI, the proxy's real HTTP server and headless Chromium. ANDREA-tiny
-keeps its shape and is made small with --set (a small corpus, few steps), so CI stays fast.
+`make train` (docs/GUIDE.md section 3), with the real Makefile, the real CLI, the proxy's real HTTP server and headless
+Chromium; then the README's "Next" sections command by command, read from the README itself: your own text, the
+offline fine-tune, and using the model (sample, eval, serve with the README's request, export to transformers and
+GGUF). ANDREA-tiny keeps its shape and is made small with --set (a small corpus, few steps), so CI stays fast.
 
 Checked: every exit code; the URL the README documents keeps its parameters through `/`; the page's elapsed time
 is the run's training time (the log's and the proxy's elapsed_s, across the two commands), never the Unix epoch;
@@ -10,8 +12,10 @@ run is complete and exits 0. Screenshots go to test-artifacts/ (git-ignored).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -143,3 +147,96 @@ def test_make_train_then_run_with_the_dashboard_then_make_train(tmp_path: Path, 
         _, err = served.communicate(timeout=30)
     assert err.strip() == "", err  # quiet: no line per request
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+# --- the README's "Next" sections, as written ---------------------------------------------------------------------
+FAST = {"train": ["--set", "data.max_bytes=200000", "--set", "train.micro_batch=4", "--set", "train.steps=6",
+                  "--set", "train.eval_every=3", "--set", "train.ckpt_every=3"],
+        "sample": ["--tokens", "8"], "chat": ["--tokens", "8"], "eval": ["--windows", "4"]}  # fmt: skip
+
+
+def readme_commands(section: str) -> list[list[str]]:
+    """The `.venv/bin/microgpt` commands of the README's code blocks under `### section`, as argument lists (backslash
+    continuations joined, comments dropped), `.venv/bin/microgpt` left out."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"\n### {section}\n", 1)[1].split("\n#", 1)[0]
+    lines = [
+        line for block in re.findall(r"```\n(.*?)```", body, re.S) for line in block.replace("\\\n", " ").splitlines()
+    ]
+    return [shlex.split(line.split("  #")[0])[1:] for line in lines if line.startswith(".venv/bin/microgpt ")]
+
+
+def run_as_written(work: Path, argv: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
+    """One README command in the user's checkout (work), with only the flags that make it small added."""
+    res = subprocess.run([sys.executable, "-m", "microgpt", *argv, *FAST.get(argv[0], [])], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=300, **kw)  # fmt: skip
+    assert res.returncode == 0, (argv, res.stderr[-3000:])
+    return res
+
+
+def serve_as_written(work: Path, argv: list[str], env: dict) -> None:
+    """`serve`, then the README's curl request's body to it (and GET /v1/models), then Ctrl-C."""
+    text = (REPO / "README.md").read_text()
+    body = json.loads(re.search(r"curl http://127\.0\.0\.1:8000/v1/chat/completions .*?-d '(.*?)'", text, re.S)[1])
+    proc = subprocess.Popen([sys.executable, "-m", "microgpt", *argv, "--port", "0"], cwd=work, env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for line in proc.stderr:
+            found = re.match(r"serve: (http://127\.0\.0\.1:\d+/v1) ", line)
+            if found:
+                break
+        assert found, "serve printed no URL"
+        url = found[1]
+        models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=30).read())
+        assert [m["id"] for m in models["data"]] == [body["model"]]
+        req = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        reply = json.loads(urllib.request.urlopen(req, timeout=120).read())
+        assert reply["choices"][0]["message"]["role"] == "assistant" and reply["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+
+
+def test_the_next_sections_run_as_written(tmp_path: Path) -> None:
+    """Your own text -> prep -> train -> sample; the offline fine-tune -> chat; sample, eval, serve, export (both
+    formats) on the results: every command of those sections, in order, from a checkout where `make train` ran."""
+    work = tmp_path / "checkout"
+    work.mkdir()
+    for name in ("experiments", "docs", "microgpt", "README.md"):
+        (work / name).symlink_to(REPO / name)
+    env = {**ENV, "MICROGPT_DATA_DIR": str(tmp_path / "cache")}
+    flags = [f"VENV={this_venv(tmp_path)}", f"RUN={work / 'runs' / 'ANDREA-tiny'}", "SAMPLE_TOKENS=8",
+             f"TRAIN_FLAGS={' '.join(FAST['train'])}"]  # fmt: skip
+    made = subprocess.run(["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+
+    own = readme_commands("Train on your own text")
+    assert [c[0] for c in own] == ["prep", "train", "sample"]
+    for argv in own:
+        res = run_as_written(work, argv, env)
+    assert res.stdout.startswith("The memory plan")
+    start = runlog.read_log(work / "runs" / "my" / "train.jsonl")[0]
+    assert start["config"]["data"] == {**start["config"]["data"], "source": "shards", "path": "data/my"}
+    sources = json.loads((work / "data" / "my" / "manifest.json").read_text())["sources"]
+    assert [s["name"] for s in sources] == ["docs", "microgpt"] and all(s["documents_read"] > 1 for s in sources)
+
+    tune = readme_commands("Fine-tune it to chat")
+    assert [c[0] for c in tune] == ["prep", "train", "chat"]
+    run_as_written(work, tune[0], env)
+    res = run_as_written(work, tune[1], env)
+    assert "init: the weights of runs/ANDREA-tiny/ckpt/step-00000006.bin (ANDREA-tiny, step 6)" in res.stderr
+    log = runlog.read_log(work / "runs" / "ANDREA-tiny-chat" / "train.jsonl")
+    assert [e["step"] for e in log if e["event"] == "eval"] == [3, 6] and log[0]["config"]["data"]["loss_mask"]
+    assert run_as_written(work, tune[2], env, input="What is 12 + 30?\n").stdout.strip()
+
+    use = readme_commands("Use the model")
+    assert [c[0] for c in use] == ["sample", "eval", "serve", "export", "export"]
+    for argv in use:
+        if argv[0] == "serve":
+            serve_as_written(work, argv, env)
+        else:
+            run_as_written(work, argv, env)
+    assert (work / "exported" / "tiny-chat" / "model.safetensors").is_file()
+    assert (work / "tiny-chat.gguf").read_bytes()[:4] == b"GGUF"

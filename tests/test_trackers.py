@@ -45,3 +45,18 @@ def test_trackers_are_off_by_default_and_an_unknown_one_is_one_line(tmp_path: Pa
         "error: --track mlflow: unknown tracker (known: tensorboard, wandb, trackio)"
     ]
     assert not (tmp_path / "x" / "ckpt").exists()
+
+
+def test_a_tracker_not_installed_is_one_line_naming_its_install_before_the_folder(tmp_path: Path) -> None:
+    """trackio is not in the 'trackers' extra: its line names its own package; nothing is made."""
+    import importlib.util
+
+    exp = write_experiment(tmp_path)
+    for name, install in (("trackio", "pip install trackio"), ("wandb", "pip install -e '.[trackers]'")):
+        if importlib.util.find_spec(name) is not None:
+            continue
+        r = cli("train", str(exp), "--out", str(tmp_path / name), "--track", name)
+        assert r.returncode == 2 and r.stderr.splitlines() == [
+            f"error: --track {name}: the {name} package is not installed ({install})"
+        ]
+        assert not (tmp_path / name).exists()

@@ -85,3 +85,13 @@ def test_the_terminal_shows_validation_loss_elapsed_time_and_eta(tmp_path) -> No
     drop = ("time", "elapsed_s", "memory_peak", "tokens_per_s", "dt_ms", "path")
     same = lambda recs: [{k: v for k, v in e.items() if k not in drop} for e in recs if e["event"] in ("step", "eval")]  # noqa: E731
     assert same(json_lines(again.stdout)) == same(events)
+
+
+def test_the_step_line_shows_the_runs_training_time() -> None:
+    """A step line's elapsed time is the record's elapsed_s (the run's training time across resumes, which the
+    dashboard shows under `run`), not the seconds this process has been up."""
+    rec = {"step": 301, "loss": 3.9, "lr": 3e-4, "grad_norm": 0.7, "tokens_per_s": 2000.0, "elapsed_s": 3725.4}
+    line = trainer._progress(rec, 400, trainer._Clock(300, 400))
+    assert line.startswith(
+        "step    301/400 | loss 3.9000 | lr 3.00e-04 | norm 0.700 | 2,000 tok/s | 1:02:05 elapsed, ETA "
+    )

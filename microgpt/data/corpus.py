@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS_SEED = 1337  # split, weights and shuffle; not the training seed: runs with other seeds share a corpus
 STDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "site-packages", "encodings", "__pycache__", "turtledemo"}
 BYTES_PER_CHAT = 800  # about one synthetic chat per 800 stdlib bytes: chats are ~25% of the text
+CHAT_SET_SEED = 0xF17E  # added to the prep seed for `prep --builtin-chats`: another stream than the corpus's chats
 
 
 def uses_bytes(exp: Experiment) -> bool:
@@ -93,6 +94,16 @@ def builtin_sources(settings: dict) -> list[tuple[Source, list[Doc]]]:
     chat_docs = [Doc(*render(m)) for m in synthetic_conversations(settings["chats"], settings["seed"])]
     chats.documents_read = len(chat_docs)
     return [(src, docs), (chats, chat_docs)]
+
+
+def chat_set(n: int, seed: int) -> tuple[Source, list[Doc]]:
+    """`prep --builtin-chats N`: N synthetic conversations as one chat source (a fine-tuning set with no network).
+    The seed is mixed apart from the built-in corpus's chats, so the set is not the pretraining corpus's chats again
+    (the tasks are small: some questions recur)."""
+    src = Source("builtin-chats", "synthetic-chat")
+    docs = [Doc(*render(m)) for m in synthetic_conversations(n, seed + CHAT_SET_SEED)]
+    src.documents_read = len(docs)
+    return src, docs
 
 
 # --- synthetic conversations: small exact tasks, deterministic for a seed --------------------------------------

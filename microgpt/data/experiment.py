@@ -8,6 +8,8 @@
                     micro-batch, weighted by the experiment's "mixing" section (microgpt/data/mixing.py).
   data.tokenizer    "" (auto), "bytes", or a tokenizer.json (for shards that have none beside them).
   data.loss_mask    true: targets are -1 wherever the loss-mask shard is 0 (train on assistant tokens only).
+  data.prep         shards: the `microgpt prep` arguments that make data.path (microgpt/data/recipe.py), so that
+                    `microgpt prep --experiment FILE` makes them; check_data's error line gives that command.
 
 config.py keeps the "mixing" section verbatim; `validate` here checks it (the CLI calls it on load, and
 make_loaders builds from it), so the config layer knows nothing of the data layer.
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 
 from microgpt.config import ConfigError, Experiment
-from microgpt.data import corpus, mixing, prep
+from microgpt.data import corpus, mixing, prep, recipe
 from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
 from microgpt.data.loader import Batches, Loader, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
@@ -35,6 +37,47 @@ def validate(exp: Experiment, src: str) -> Experiment:
     if "mixing" in exp.extra:
         mixing.parse(exp.extra["mixing"], src)
     return exp
+
+
+PADDING = 128  # model.vocab_size may exceed the data's tokenizer by fewer ids than this (GPT-2's 50,257 -> 50,304)
+
+
+def check_data(exp: Experiment, experiment: str, where: str = "") -> None:
+    """Data of source "shards" exist and were tokenized for this model, checked before anything is built or written:
+    data.path is a folder, and its tokenizer has model.vocab_size entries or up to PADDING - 1 fewer (a table padded
+    for speed); more would put ids past the model's table, far fewer means data prepared for another model. A
+    ConfigError otherwise, one line ending with the prep command that makes the right data (recipe.prep_command).
+    Shards with no tokenizer to read (llm.c's) are checked id by id as they load (shards.open_shard). where: what
+    the line names first (default the experiment file; the proxy names the phase)."""
+    if exp.data.source != "shards" or multi_source(exp, shard_dir(exp)):
+        return
+    folder, V = shard_dir(exp), exp.model.vocab_size
+    make = f"make them with `{recipe.prep_command(exp, experiment)}`"
+    where = where or experiment
+    if not folder.is_dir():
+        raise ConfigError(f"{where}: data.path {folder} does not exist (a folder of token shards); {make}")
+    n, what = data_vocab(exp, folder)
+    if n is None or n <= V < n + PADDING:
+        return
+    why = "more than" if n > V else "far fewer than"
+    raise ConfigError(f"{where}: data.path {folder}: {what} has {n:,} entries, {why} model.vocab_size {V:,}: "
+                      f"prepared for another model; {make}")  # fmt: skip
+
+
+def data_vocab(exp: Experiment, folder: Path) -> tuple[int | None, str]:
+    """(the entries of the tokenizer the shards in folder were made with, what was read), (None, "") if unknown."""
+    tok = exp.data.tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else "")
+    if str(tok) == "bytes":
+        return 256, "the byte tokenizer"
+    if tok:
+        return load_tokenizer(tok).vocab_size, f"its tokenizer ({tok})"
+    try:
+        manifest = read_json(folder / "manifest.json", "corpus manifest")
+    except (FileNotFoundError, InputError):
+        return None, ""
+    if isinstance(manifest, dict) and manifest.get("tokenizer") == "bytes":
+        return 256, "its byte tokenizer (manifest.json)"
+    return None, ""
 
 
 def shard_dir(exp: Experiment) -> Path:

@@ -5,9 +5,12 @@ write train/val token shards (llm.c layout), optional loss-mask shards and a man
     microgpt prep --builtin --out data/builtin --vocab-size 2048       # no network: the built-in corpus (corpus.py)
     microgpt prep --check data/megachat                                 # validate every shard header and token id
     microgpt prep --builtin --per-source --out data/builtin-split       # one subfolder of shards per source
+    microgpt prep --experiment experiments/ANDREA-12M-TRAIN.json        # the experiment's data.prep recipe
+    microgpt prep --builtin-chats 2000 --loss-mask --tokenizer runs/ANDREA-tiny/tokenizer.json --out data/tiny-chat
 
 Sources: ShareGPT (Hermes-3) or OpenAI-`messages` records in .jsonl/.json/.parquet, {"text": ...} JSONL,
-or plain text (a file is one document; a folder gives one document per .txt/.md/.py/.rst file). A source of one
+or plain text (a file is one document; a folder gives one document per .txt/.md/.py/.rst file); --builtin-chats N
+adds N synthetic conversations (corpus.chat_set: a chat set made offline, for fine-tuning). A source of one
 document is split in two (split_document: at the paragraph, else the line, nearest to val_fraction of its
 characters from the end), so every source has val text; a document too short to split is refused, one line.
 PATH@W weights a source: each document is repeated floor(W) times, plus once more with probability
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import config
-from microgpt.data import corpus, shards
+from microgpt.data import corpus, recipe, shards
 from microgpt.data.sources import Doc, Source, read_source
 from microgpt.data.tokenizer import SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, output_error
@@ -366,6 +369,7 @@ def parser() -> ArgParser:
     ap = ArgParser(prog="microgpt prep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", action="append", default=[], metavar="PATH[@W]", help="a source, weight W")
     ap.add_argument("--builtin", action="store_true", help="the offline corpus: stdlib source + synthetic chats")
+    ap.add_argument("--builtin-chats", type=int, metavar="N", help="N synthetic chat conversations (offline)")
     ap.add_argument("--out", type=Path, help="output folder (default with --builtin: the train command's cache)")
     ap.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: experiment's)")
     ap.add_argument("--tokenizer", help="reuse this tokenizer.json instead of training one; 'bytes': raw bytes")
@@ -424,11 +428,14 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
 
 def main(argv: list[str]) -> int:
     """`microgpt prep`; bad input raises an InputError (cli.py and the script print it as one line)."""
-    args = parser().parse_args(argv)
+    args = parser().parse_args(recipe.expand(argv))  # `prep --experiment FILE` alone: FILE's data.prep
     if args.check:
         return check(args.check, args.vocab_size)
-    if not (args.builtin or args.source) or not (args.out or args.builtin):
-        raise PrepError("prep needs --builtin or --source PATH[@W] (and --out DIR with --source)")
+    if not (args.builtin or args.source or args.builtin_chats) or not (args.out or args.builtin):
+        raise PrepError("prep needs --builtin, --source PATH[@W] or --builtin-chats N (and --out DIR without "
+                        "--builtin), or --experiment FILE alone (its data.prep)")  # fmt: skip
+    if args.builtin_chats is not None:
+        check_number(args.builtin_chats, "--builtin-chats", 1, config.INT_MAX, integer=True, error=PrepError)
     if args.per_source and not args.out:
         raise PrepError("--per-source needs --out DIR (the train command's built-in cache is one shard set)")
     if args.out:
@@ -441,7 +448,9 @@ def main(argv: list[str]) -> int:
         sources = corpus.builtin_sources(build)
         out = out or corpus.builtin_dir(build)
         build = build if not args.source else {**build, "sources": args.source}
+    build = {**build, "builtin_chats": args.builtin_chats} if args.builtin_chats else build
     sources += [read_source(spec) for spec in args.source]
+    sources += [corpus.chat_set(args.builtin_chats, s.seed)] if args.builtin_chats else []
     manifest = prepare(sources, out, replace(s, build=build))
     if not s.quiet:
         tr, va = manifest["splits"]["train"], manifest["splits"]["val"]

@@ -11,7 +11,8 @@
                   &from=A&to=B         the steps in [A, B] (the page's zoom)
     GET /api/state?run=R, /api/samples?run=R   that run's .state.json / .samples.json as they are; a folder
                                        `microgpt train` wrote (train.jsonl, no proxy files) gets a state made from
-                                       its log (RunFolder.log_state), so a finished or a live `train` run is served
+                                       its log (RunFolder.log_state), so a finished or a live `train` run is served,
+                                       and samples from its report card once it has one (RunFolder.log_samples)
     GET /<name>.json                   a regular file directly inside the root folder (loss, samples, state)
 
 Nothing else is served: no listing, no other subfolder (checkpoints, archive), no path that resolves outside
@@ -169,6 +170,8 @@ class Site:
                     self.state_read = time.monotonic()  # a page is open (linger() waits for its next read)
                     if self.folder.parts(run, "loss")[-1] == LOG_NAME:  # a `train` folder: no state file
                         return json_answer(self.folder.log_state(run), etag=True)
+                elif self.folder.parts(run, "loss")[-1] == LOG_NAME:  # nor samples: its report card's
+                    return json_answer(self.folder.log_samples(run), etag=True)
                 opened = self.folder.open(*self.folder.parts(run, kind))
                 return self._file(opened, req, "application/json")
             if path != "/api/loss":

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from microgpt.errors import InputError
-from microgpt.fileio import MAX_JSON_BYTES, finite
+from microgpt.fileio import MAX_JSON_BYTES, finite, parse_json
 from microgpt.proxy.runfiles import replay_log
 from microgpt.runlock import pid_alive
 from microgpt.runlog import LOG_NAME, MAX_LOG_BYTES, parse_log
@@ -56,6 +56,8 @@ from microgpt.runlog import LOG_NAME, MAX_LOG_BYTES, parse_log
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")  # the train row fields the charts draw
 HELLASWAG = {"acc": "hellaswag", "acc_norm": "hellaswag_acc_norm"}  # the eval row fields of train.hellaswag
 KINDS = ("loss", "samples", "state")
+LOG_PHASE = "train"  # a `train` folder's one phase: what the proxy names a run without phases
+REPORT_NAME = "report.json"  # a `train` folder's report card, whose samples the page shows (microgpt/run/report.py)
 SKIP_DIRS = {"ckpt", "archive", "phases", "data"}  # a run folder's own subfolders: never runs themselves
 MAX_WIDTH = 4096
 
@@ -359,9 +361,35 @@ class RunFolder:
         updated = datetime.fromtimestamp(max(times, default=0.0), timezone.utc)
         first = start.get("step")
         return {"format": "microgpt-proxy-state-1", "run": run.rsplit("/", 1)[-1], "status": status,
-                "step": max(steps, default=first if _number(first) else 0), "target_step": target, "phase": None,
+                "step": max(steps, default=first if _number(first) else 0), "target_step": target, "phase": LOG_PHASE,
                 "restarts": 0, "source": LOG_NAME, "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                 "unreadable_lines": log.unreadable}  # fmt: skip
+
+    def log_samples(self, run: str) -> dict[str, Any]:
+        """A `train` folder's samples, as the proxy's samples file would hold them: those of its report card
+        (report.json, written at the run's end from its final weights); RunUnavailable before there is one."""
+        *sub, _ = self.parts(run, "loss")
+        f, st = self.open(*sub, REPORT_NAME)
+        with f:
+            try:
+                card = parse_json(_read_bounded(f, st, (*sub, REPORT_NAME)).decode(), REPORT_NAME)
+            except (UnicodeDecodeError, InputError):
+                card = None
+        if not isinstance(card, dict):
+            raise RunUnavailable(f"{REPORT_NAME}: not a report card (yet)")
+        ckpts = card.get("checkpoints")
+        final = ckpts[0].get("path") if isinstance(ckpts, list) and ckpts and isinstance(ckpts[0], dict) else None
+        samples = [{"step": s.get("seed", card.get("step")), "phase": LOG_PHASE, "prompt": s.get("prompt"),
+                    "temperature": s.get("temperature"), "tokens": s.get("tokens"), "checkpoint": final,
+                    **({"error": s["error"]} if "error" in s else {"text": s.get("text", "")})}
+                   for s in card.get("samples") or [] if isinstance(s, dict)]  # fmt: skip
+        return {
+            "format": "microgpt-samples-1",
+            "run": run.rsplit("/", 1)[-1],
+            "phase": LOG_PHASE,
+            "settings": {"source": REPORT_NAME},
+            "samples": samples,
+        }
 
 
 def _read_bounded(f: BinaryIO, st: os.stat_result, parts: tuple[str, ...]) -> bytes:

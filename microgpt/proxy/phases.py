@@ -192,6 +192,7 @@ def make_schedule(raw: Any, src: str, steps: int | None = None, seed: int | None
             break
         eng = _phase_engine(base, ph, start, end)
         exp_i = data.validate(config.from_dict(eng, where if implicit else f"{where} ({ph['name']})"), where)
+        data.check_data(exp_i, src, where)  # the data exist and fit the model, or the prep command that makes them
         _check_paths(exp_i.to_dict()["data"], where)
         hellaswag.check(exp_i, where)
         phases.append(Phase(ph["name"], start, end, eng))

@@ -498,7 +498,7 @@ def supervise(argv: list[str]) -> int:
     """Check every input before anything is written or spawned, then run."""
     args = run_parser().parse_args(argv)
     config.check_flags(args)
-    schedule = load_schedule(args.experiment, sets=args.set, **config.train_flags(args))
+    schedule = load_schedule(args.experiment, sets=config.experiment_sets(args), **config.train_flags(args))
     if args.hang_timeout is not None:
         check_number(args.hang_timeout, "--hang-timeout", 0, lo_open=True, error=ConfigError)
         schedule.settings.hang_timeout_s = args.hang_timeout

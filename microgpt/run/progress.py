@@ -10,16 +10,16 @@ from microgpt.use import hellaswag
 
 
 class Clock:
-    """Elapsed time of this process's training and the ETA of the rest: the mean time per step so far (evaluations
-    and checkpoints included) times the steps left. A resumed run counts from the step it resumed at."""
+    """The run's training time (a step record's elapsed_s: across resumes and under `run`, the time the dashboard
+    shows) and the ETA of the rest: this process's mean time per step so far (evaluations and checkpoints included)
+    times the steps left. A resumed process counts its rate from the step it resumed at."""
 
     def __init__(self, step: int, steps: int):
         self.t0, self.step0, self.steps = time.monotonic(), step, steps
 
-    def __call__(self, step: int) -> str:
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / max(1, step - self.step0) * (self.steps - step)
-        return f"{hms(elapsed)} elapsed, ETA {hms(eta)}"
+    def __call__(self, step: int, elapsed_s: float) -> str:
+        eta = (time.monotonic() - self.t0) / max(1, step - self.step0) * (self.steps - step)
+        return f"{hms(elapsed_s)} elapsed, ETA {hms(eta)}"
 
 
 def hms(seconds: float) -> str:
@@ -31,7 +31,8 @@ def hms(seconds: float) -> str:
 def step_line(rec: dict[str, Any], steps: int, clock: Clock) -> str:
     """The terminal's progress line; the log's step record holds every field."""
     return (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | {clock(rec['step'])}")  # fmt: skip
+            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+            f"{clock(rec['step'], rec['elapsed_s'])}")  # fmt: skip
 
 
 def eval_line(step: int, steps: int, ev: dict[str, Any], windows: str) -> str:

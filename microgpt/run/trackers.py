@@ -1,5 +1,6 @@
-"""Trackers: a run's records sent to the tools people already watch. An optional extra (`pip install -e
-'.[trackers]'`), off by default; `--track NAME` (repeatable, `train` and `run`) turns one on:
+"""Trackers: a run's records sent to the tools people already watch. Optional (`pip install -e '.[trackers]'` for
+TensorBoard and W&B, `pip install trackio`), off by default; `--track NAME` (repeatable, `train` and `run`) turns one
+on:
 
     tensorboard   event files under <out>/tb/, written by TensorBoard's own writer (EventFileWriter); open them
                   with `tensorboard --logdir <out>/tb`
@@ -11,8 +12,9 @@ Each tracker gets the records the run's log holds (microgpt/runlog.py), in order
 between steps, and sends these scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/elapsed_s,
 train/memory_peak (step records), val/loss and val/<source> (eval records), tagged by the global step. A resumed run
 (a new process) appends to the same TensorBoard folder and the same W&B run id, so a tracker shows one run. A missing
-package, `<out>/tb` that is not a folder, W&B with neither an API key nor an offline mode, or a tracker whose own
-start fails: one `error:` line naming the flag, before anything is written (check, then make).
+package (config.check_flags, with the command that installs it), `<out>/tb` that is not a folder, W&B with neither an
+API key nor an offline mode, or a tracker whose own start fails: one `error:` line naming the flag, before anything is
+written (check, then make).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from microgpt.config import ConfigError
+from microgpt.config import ConfigError, tracker_missing
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "memory_peak")
 
@@ -47,9 +49,7 @@ def _import(name: str, flag: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ConfigError(
-            f"--track {flag}: the {name} package is not installed (pip install -e '.[trackers]')"
-        ) from None
+        raise ConfigError(tracker_missing(flag)) from None
 
 
 WANDB_OFFLINE = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no account

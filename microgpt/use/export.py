@@ -1,4 +1,5 @@
-"""`microgpt export`: a checkpoint as a Hugging Face `transformers` GPT-2 folder.
+"""`microgpt export`: a checkpoint as a Hugging Face `transformers` GPT-2 folder, or (`--format gguf`) as one GGUF
+file for llama.cpp (microgpt/use/export_gguf.py, which reads the same GPT-2 state as written here).
 
 ANDREA is GPT-2's architecture (learned positions, pre-LN with bias, tanh GELU = "gelu_new", tied head) with no
 linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so the mapping is one-to-one:
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,7 +34,8 @@ from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine import params
 from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import ArgParser, InputError, output_error
-from microgpt.fileio import atomic_write_json, check_parents
+from microgpt.fileio import atomic_write_bytes, atomic_write_json, check_parents
+from microgpt.use import export_gguf
 
 # ChatML as microgpt/data/chatml.py render writes it; add_generation_prompt opens the assistant's turn.
 CHAT_TEMPLATE = (
@@ -154,6 +157,13 @@ def generation_config(special: dict[str, int]) -> dict[str, Any]:
     return {"bos_token_id": special.get(EOT, 0), "eos_token_id": eos, "pad_token_id": special.get(PAD, eos[-1])}
 
 
+def data_line(data: dict[str, Any]) -> str:
+    """The card's data line: the source and the shard folder's name, never a path of the machine that trained it."""
+    folder = Path(str(data.get("path") or "")).name
+    mask = "; loss on assistant tokens only" if data.get("loss_mask") else ""
+    return f"- data: {data.get('source', 'builtin')}{f' ({folder})' if folder else ''}{mask}"
+
+
 def model_card(ld: Trained, dtype: str) -> str:
     m, side = ld.exp.model, ld.side
     data = side.get("data") or side["config"].get("data", {})
@@ -166,7 +176,7 @@ def model_card(ld: Trained, dtype: str) -> str:
         f"- model: d_model {m.d_model}, n_layer {m.n_layer}, n_head {m.n_head}, context {m.seq_len}, "
         f"vocab {m.vocab_size} ({params.n_params(m):,} parameters), weights {dtype}",
         f"- tokenizer: {tok.get('kind', 'bytes')}",
-        f"- data: {json.dumps(data, sort_keys=True)}",
+        data_line(data),
         f"- steps: {ld.step} (checkpoint {ld.path.name})",
         f"- validation loss: {val:.4f}" if isinstance(val, (int, float)) else "- validation loss: not recorded",
         "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -175,29 +185,50 @@ def model_card(ld: Trained, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
-    """Write the folder; --out must not exist or be empty, and not be a symbolic link (live or dangling: the
-    export is never written through one). Everything is written to a temp folder next to it and renamed into
-    place, so a failed export leaves nothing behind; an output the disk refuses is a WriteError (exit 4), a path
-    that cannot be a folder an ExportError (exit 2)."""
+FORMATS = {"hf": ("fp32", "bf16"), "gguf": ("fp32", "fp16", "q8_0")}  # --format -> its --dtype choices
+
+
+def export(where: str | Path, out: str | Path, dtype: str = "fp32", fmt: str = "hf") -> Path:
+    """Write the folder (hf) or the file (gguf); --out must not exist (a folder may be empty), and not be a symbolic
+    link (live or dangling: the export is never written through one). Everything is written to a temp folder or
+    file next to it and renamed into place, so a failed export leaves nothing behind; an output the disk refuses is a
+    WriteError (exit 4), a path that cannot be written an ExportError (exit 2). Returns out."""
+    return export_trained(where, out, dtype, fmt)[0]
+
+
+def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> tuple[Path, Trained]:
+    """export(), also returning the checkpoint it read (the command's line names it)."""
     out = Path(out)
+    if fmt not in FORMATS or dtype not in FORMATS[fmt]:
+        raise ExportError(f"--dtype {dtype}: --format {fmt} takes {' or '.join(FORMATS.get(fmt, ()))}")
+    what = "folder" if fmt == "hf" else "file"
     if out.is_symlink():
-        raise ExportError(f"--out {out}: is a symbolic link; give the folder to write itself (nothing written)")
+        raise ExportError(f"--out {out}: is a symbolic link; give the {what} to write itself (nothing written)")
     check_parents(out, "--out", ExportError)
     try:
-        taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
+        taken = out.exists() and (fmt == "gguf" or not out.is_dir() or any(out.iterdir()))
     except OSError as e:
         raise output_error(e, f"--out {out}: cannot list the folder") from None
     if taken:
-        raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing overwritten)")
-    if dtype not in ("fp32", "bf16"):
-        raise ExportError(f"--dtype {dtype}: expected fp32 or bf16")
+        raise ExportError(f"--out {out}: exists{' and is not empty' if fmt == 'hf' else ''}; choose a new {what} "
+                          "(nothing overwritten)")  # fmt: skip
     ld = load_trained(where)
     m = ld.exp.model
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
+    if fmt == "gguf":
+        keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)
+        chunks = export_gguf.gguf_chunks(keys, export_gguf.gguf_tensors(hf_state_dict(ld.params(), m)), dtype)
+        try:
+            atomic_write_bytes(out, chunks)
+        except OSError as e:
+            raise output_error(e, f"--out {out}: cannot write the export") from None
+        return out, ld
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        umask = os.umask(0)  # mkdtemp makes the folder 0700: give it the mode a plain mkdir would
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
     except OSError as e:
         raise output_error(e, f"--out {out}: cannot create a folder in {out.parent}") from None
     try:
@@ -216,19 +247,25 @@ def export(where: str | Path, out: str | Path, dtype: str = "fp32") -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+    return out, ld
 
 
 def parser() -> ArgParser:
-    p = ArgParser(prog="microgpt export", description="Write a Hugging Face transformers (GPT-2) folder.")
+    what = "Write a Hugging Face transformers (GPT-2) folder, or a GGUF file for llama.cpp."
+    p = ArgParser(prog="microgpt export", description=what)
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
-    p.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weights in model.safetensors")
+    p.add_argument("--out", required=True,
+                   help="hf: the folder to write (new, or empty); gguf: the file (new), say model.gguf")  # fmt: skip
+    p.add_argument("--format", choices=tuple(FORMATS), default="hf",
+                   help="hf: transformers' GPT-2 (safetensors); gguf: llama.cpp's GPT-2")  # fmt: skip
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "q8_0"), default="fp32",
+                   help="the weights' type: hf takes fp32 or bf16, gguf fp32, fp16 or q8_0")  # fmt: skip
     return p
 
 
 def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
-    out = export(args.checkpoint, args.out, args.dtype)
-    print(json.dumps({"event": "export", "out": str(out), "dtype": args.dtype}))
+    out, ld = export_trained(args.checkpoint, args.out, args.dtype, args.format)
+    what = "a transformers GPT-2 folder" if args.format == "hf" else "a GGUF file (llama.cpp's gpt2)"
+    print(f"exported {ld.path} (step {ld.step}) to {out}: {what}, {args.dtype} weights")
     return 0

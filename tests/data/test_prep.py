@@ -206,7 +206,11 @@ def test_prep_builtin_with_experiment_fills_the_train_cache(tmp_path: Path, monk
             "error: --val-fraction must be a finite number in (0, 1), got 1.5",
         ),
         (["--check", "empty"], "error: empty: no train_*.bin or val_*.bin shards found"),
-        (["--out", "o"], "error: prep needs --builtin or --source PATH[@W] (and --out DIR with --source)"),
+        (
+            ["--out", "o"],
+            "error: prep needs --builtin, --source PATH[@W] or --builtin-chats N (and --out DIR without "
+            "--builtin), or --experiment FILE alone (its data.prep)",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:

@@ -68,6 +68,21 @@ def chart_box(chrome: Chromium, chart: str = "c-loss") -> dict:
                         "return {x: r.x, y: r.y, w: r.width, h: r.height}; })()")  # fmt: skip
 
 
+def mark_pixels_left_of_the_plot(chrome: Chromium) -> int:
+    """Pixels in the phase marks' color in the loss chart's y axis area (short of the plot's edge, where a mark line at
+    the first step is antialiased), in the rows the mark labels take: a label drawn there (right-aligned on its x)
+    would overprint the axis's top tick."""
+    return chrome.eval("""(() => {
+      const u = charts['c-loss'], b = u.bbox, dpr = devicePixelRatio || 1;
+      const px = u.ctx.getImageData(0, b.top, b.left - Math.round(3 * dpr), Math.round(16 * dpr)).data;
+      let n = 0;
+      for (let i = 0; i < px.length; i += 4) {  // --phase, #5c7cfa
+        const off = Math.abs(px[i] - 0x5c) + Math.abs(px[i + 1] - 0x7c) + Math.abs(px[i + 2] - 0xfa);
+        if (off < 90 && px[i + 3] > 128) n++;
+      }
+      return n; })()""")
+
+
 def api_requests(server: DashboardServer) -> list[dict]:
     return list(server.httpd.requests)
 
@@ -94,6 +109,7 @@ def test_a_200k_step_history(tmp_path: Path, browser: Chromium) -> None:  # noqa
         assert held == 50.0  # the one-step spike survived downsampling
         assert browser.eval("charts['c-loss'].data.some((col, i) => i > 0 && col.includes(50))")  # and is drawn
         assert ds["markLabels"] == "main|stop, resume"  # two marks at one step: one label
+        assert mark_pixels_left_of_the_plot(browser) == 0  # the first step's "main" stays off the y axis's ticks
         ticks = [float(t) for t in ds["xTicks"].split(",")]
         gaps = {b - a for a, b in zip(ticks, ticks[1:])}
         assert len(gaps) == 1 and str(int(gaps.pop())).strip("0") in ("1", "2", "25", "5"), ticks  # round steps

@@ -1,6 +1,6 @@
 """The dashboard right on every path, server side: `/` keeps the URL's parameters, a folder `microgpt train` wrote
-(train.jsonl only, live or finished) is a run with real times and a state made from its log, rows without a time
-are gaps (never the Unix epoch), and the standalone server is quiet."""
+(train.jsonl only, live or finished) is a run with real times, a state made from its log (phase "train") and its
+report card's samples, rows without a time are gaps (never the Unix epoch), and the standalone server is quiet."""
 
 from __future__ import annotations
 
@@ -49,9 +49,18 @@ def test_a_folder_train_wrote_is_served_from_its_log(tmp_path: Path) -> None:
         assert ans["meta"]["peak_flops"] is None and ans["meta"]["flops_per_token"] > 0
         first = request(server, "GET", "/api/state?run=tiny-test")
         state = json.loads(first.body)
-        assert (state["status"], state["step"], state["target_step"]) == ("done", 6, 6)
+        assert (state["status"], state["step"], state["target_step"], state["phase"]) == ("done", 6, 6, "train")
         again = request(server, "GET", "/api/state?run=tiny-test")
         assert again.getheader("ETag") == first.getheader("ETag")  # unchanged log: the same tag
+        # its samples are its report card's: the final weights', at their step
+        card = json.loads((out / "report.json").read_text())
+        samples = json.loads(request(server, "GET", "/api/samples?run=tiny-test").body)
+        assert samples["format"] == "microgpt-samples-1" and samples["phase"] == "train"
+        assert [(s["step"], s["phase"], s["prompt"], s["text"]) for s in samples["samples"]] == [
+            (6, "train", c["prompt"], c["text"]) for c in card["samples"]
+        ] and len(card["samples"]) == 3
+        (out / "report.json").write_text("{not json")  # a card being rewritten: no samples rather than an error
+        assert request(server, "GET", "/api/samples?run=tiny-test").status == 404
     finally:
         server.close()
 

@@ -1,0 +1,215 @@
+"""`microgpt export --format gguf`: a GGUF file that llama.cpp loads as its GPT-2.
+
+Read back with the `gguf` package (llama.cpp's own Python reader, in the test extra): every metadata key and value,
+every tensor's name, ggml shape, type and data, the data rebuilt here from microgpt's parameters by their names
+(not through the exporter's map); Q8_0 blocks byte for byte as gguf-py's quantizer (the reference implementation of
+ggml's) writes them. Where llama-cpp-python is installed (`make check-gguf`: it compiles llama.cpp, too long for CI),
+the real llama.cpp loads each file and tokenizes as microgpt does; from the fp32 file its logits are microgpt's (within
+1e-3) and its greedy tokens are `microgpt sample`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine.trained import load_trained
+from microgpt.use import sample
+from microgpt.use.export import CHAT_TEMPLATE
+from tests.conftest import cli, write_experiment
+
+gguf = pytest.importorskip("gguf")
+
+PROMPTS = ["def add(a, b):\n    return", "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def train(folder: Path, vocab_size: int, d_model: int = 64, steps: int = 8, tokenizer_size: int = 0) -> Path:
+    """A run of TINY's shape at this width and vocabulary; tokenizer_size: its data prepared with a BPE of that many
+    entries (the model's ids past it are padding), else the built-in corpus at the model's own size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"path": str(folder / "data")}
+    if tokenizer_size:
+        prep = cli("prep", "--builtin", "--vocab-size", str(tokenizer_size), "--max-bytes", "400000", "--val-fraction",
+                   "0.3", "--out", str(folder / "data"), "--quiet")  # fmt: skip
+        assert prep.returncode == 0, prep.stderr
+        data["source"] = "shards"
+    exp = write_experiment(folder, model={"vocab_size": vocab_size, "d_model": d_model, "seq_len": 64},
+                           train={"steps": steps}, data=data)  # fmt: skip
+    res = cli("train", str(exp), "--out", str(folder / "run"))
+    assert res.returncode == 0, res.stderr
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BPE model of 520 ids over a 512-entry tokenizer (ids past it: padding), rows of 64 (Q8_0's blocks of 32)."""
+    return train(tmp_path_factory.mktemp("gguf"), 520, tokenizer_size=512)
+
+
+def export(run: Path, out: Path, dtype: str) -> Path:
+    res = cli("export", str(run), "--out", str(out), "--format", "gguf", "--dtype", dtype)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"exported {run}/ckpt/step-") and res.stdout.endswith(f"{dtype} weights\n")
+    return out
+
+
+def expected_tensors(run: Path) -> dict[str, np.ndarray]:
+    """llama.cpp's GPT-2 tensors from microgpt's parameters, numpy layout (the last axis is ggml's ne0)."""
+    ld = load_trained(run)
+    P, m = ld.params(), ld.exp.model
+    out = {"token_embd.weight": P["wte"], "position_embd.weight": P["wpe"], "output_norm.weight": P["lnf_w"],
+           "output_norm.bias": P["lnf_b"]}  # fmt: skip
+    for i in range(m.n_layer):
+        h, b = f"h{i}.", f"blk.{i}."
+        qkv = np.concatenate([P[h + "w_q"], P[h + "w_k"], P[h + "w_v"]], axis=1)  # (C, 3C) = x @ w
+        out |= {b + "attn_norm.weight": P[h + "ln1_w"], b + "attn_norm.bias": P[h + "ln1_b"],
+                b + "ffn_norm.weight": P[h + "ln2_w"], b + "ffn_norm.bias": P[h + "ln2_b"],
+                b + "attn_qkv.weight": qkv.T, b + "attn_output.weight": P[h + "w_o"].T,
+                b + "ffn_up.weight": P[h + "w_1"].T, b + "ffn_down.weight": P[h + "w_2"].T}  # fmt: skip
+        for name, w in list(out.items()):
+            if name.startswith(b) and name.endswith(("qkv.weight", "output.weight", "up.weight", "down.weight")):
+                out[name.replace(".weight", ".bias")] = np.zeros(w.shape[0], np.float32)
+    return out
+
+
+def fields(reader: gguf.GGUFReader) -> dict[str, object]:
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "q8_0"])
+def test_every_key_and_tensor_reads_back(run: Path, tmp_path: Path, dtype: str) -> None:
+    path = export(run, tmp_path / "model.gguf", dtype)
+    reader = gguf.GGUFReader(path)
+    ld = load_trained(run)
+    m, tok = ld.exp.model, load_tokenizer(ld.side["tokenizer"])
+    raw = json.loads((run / "tokenizer.json").read_text())
+    got = fields(reader)
+    tokens, types = got.pop("tokenizer.ggml.tokens"), got.pop("tokenizer.ggml.token_type")
+    merges = got.pop("tokenizer.ggml.merges")
+    file_type = {"fp32": 0, "fp16": 1, "q8_0": 7}[dtype]
+    want = {"general.architecture": "gpt2", "general.name": "tiny-test", "general.file_type": file_type,
+            "gpt2.context_length": 64, "gpt2.embedding_length": 64, "gpt2.feed_forward_length": 256,
+            "gpt2.block_count": 2, "gpt2.attention.head_count": 4,
+            "gpt2.attention.layer_norm_epsilon": pytest.approx(1e-5, rel=1e-6),
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": 0,
+            "tokenizer.ggml.eos_token_id": 0, "tokenizer.ggml.eot_token_id": 2, "tokenizer.ggml.padding_token_id": 3,
+            "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
+            "tokenizer.chat_template": CHAT_TEMPLATE}  # fmt: skip
+    want |= {"general.quantization_version": 2} if dtype == "q8_0" else {}
+    assert got == want
+    assert len(tokens) == len(types) == m.vocab_size == 520 and tok.vocab_size == 512
+    assert tokens == [tok.tok.id_to_token(i) for i in range(512)] + [f"[PAD{i}]" for i in range(512, 520)]
+    assert types == [3] * 4 + [1] * 508 + [5] * 8  # control: the four special tokens; unused: the padding
+    assert merges == [" ".join(p) for p in raw["model"]["merges"]]
+
+    want_t = expected_tensors(run)
+    names = [t.name for t in reader.tensors]
+    assert sorted(names) == sorted(want_t) and len(names) == 4 + 12 * 2  # every tensor once, nothing else
+    for t in reader.tensors:
+        w = want_t[t.name]
+        assert list(t.shape) == list(w.shape[::-1]), t.name  # ggml's ne: the fastest-varying first
+        kind = gguf.GGMLQuantizationType
+        if w.ndim == 1 or t.name == "position_embd.weight" or dtype == "fp32":
+            assert t.tensor_type == kind.F32 and np.array_equal(t.data.reshape(w.shape), w), t.name
+        elif dtype == "fp16":
+            assert t.tensor_type == kind.F16 and np.array_equal(t.data.reshape(w.shape), w.astype(np.float16))
+        else:  # gguf-py's Q8_0 is bit for bit ggml's reference quantizer
+            assert t.tensor_type == kind.Q8_0, t.name
+            assert t.data.tobytes() == gguf.quants.quantize(w, kind.Q8_0).tobytes(), t.name
+            back = gguf.quants.dequantize(t.data, kind.Q8_0).reshape(w.shape)
+            assert np.abs(back - w).max() <= np.abs(w).max() / 127 * 0.51, t.name
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_q8_0_keeps_rows_it_cannot_block_in_fp16(tmp_path: Path) -> None:
+    """d_model 48: rows of 48 values are no whole number of Q8_0's blocks of 32; those tensors are written fp16, while
+    ffn_down's rows (4 x 48 = 192 values, its input) are blocked."""
+    run = train(tmp_path, 384, d_model=48, steps=1)
+    reader = gguf.GGUFReader(export(run, tmp_path / "m.gguf", "q8_0"))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["token_embd.weight"] == "F16" and kinds["blk.0.attn_qkv.weight"] == "F16"
+    assert kinds["blk.0.ffn_down.weight"] == "Q8_0" and kinds["position_embd.weight"] == "F32"
+
+
+def test_byte_model_has_the_256_byte_tokens(tmp_path: Path) -> None:
+    run = train(tmp_path, 256, steps=1)
+    got = fields(gguf.GGUFReader(export(run, tmp_path / "b.gguf", "fp32")))
+    tokens = got["tokenizer.ggml.tokens"]
+    assert len(tokens) == 256 and tokens[ord("a")] == "a" and tokens[ord(" ")] == "Ġ" and tokens[10] == "Ċ"
+    assert "tokenizer.chat_template" not in got and got["tokenizer.ggml.eos_token_id"] == 0
+
+
+def test_bad_dtype_and_an_existing_out_are_refused(run: Path, tmp_path: Path) -> None:
+    res = cli("export", str(run), "--out", str(tmp_path / "m.gguf"), "--format", "gguf", "--dtype", "bf16")
+    assert res.returncode == 2 and res.stderr == "error: --dtype bf16: --format gguf takes fp32 or fp16 or q8_0\n"
+    (tmp_path / "m.gguf").write_text("mine")
+    res = cli("export", str(run), "--out", str(tmp_path / "m.gguf"), "--format", "gguf")
+    assert res.returncode == 2 and res.stderr.splitlines() == [
+        f"error: --out {tmp_path / 'm.gguf'}: exists; choose a new file (nothing overwritten)"
+    ]
+    assert (tmp_path / "m.gguf").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+# --- the real llama.cpp (llama-cpp-python), where it is installed: `make check-gguf` ------------------------------
+def llama_cpp_module():
+    if os.environ.get("MICROGPT_LLAMA_CPP") == "require":  # make check-gguf: a missing llama_cpp fails, never skips
+        import llama_cpp
+
+        return llama_cpp
+    return pytest.importorskip("llama_cpp")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "q8_0"])
+def test_llama_cpp_greedy_tokens_equal_microgpt_sample(run: Path, tmp_path: Path, dtype: str) -> None:
+    llama_cpp = llama_cpp_module()
+    path = export(run, tmp_path / "model.gguf", dtype)
+    ld = load_trained(run)
+    tok = load_tokenizer(ld.side["tokenizer"])
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == ids  # the same tokenizer
+        n = 64 - len(ids)  # within the context: llama.cpp does not slide its window as sample does
+        llm.reset()
+        llm.eval(ids)
+        if dtype == "fp32":  # the prompt's logits, position by position, against microgpt's decode step
+            gen = sample.load(str(run))[0]
+            logits = np.stack([gen.feed([t]) for t in ids])
+            np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), logits, atol=1e-3, rtol=0)
+        theirs = []
+        for _ in range(n):
+            theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval(theirs[-1:])
+        ours = sample.generate(sample.load(str(run))[0], ids, n, sample.Sampling(), [0])[0]
+        if dtype == "fp32":  # fp16 and q8_0 round the weights: their tokens may part from fp32's
+            assert theirs == ours, (prompt, theirs, ours)
+            res = cli("sample", str(run), "--prompt", prompt, "--temperature", "0", "--tokens", str(n), "--json")
+            assert res.returncode == 0 and json.loads(res.stdout)["text"] == tok.decode(theirs)
+        else:
+            assert len(theirs) == n and all(0 <= t < 512 for t in theirs)
+
+
+def test_llama_cpp_reads_a_byte_model(tmp_path: Path) -> None:
+    """A byte-level model (no merges): llama.cpp's tokens are the text's bytes, its logits microgpt's."""
+    llama_cpp = llama_cpp_module()
+    run = train(tmp_path, 256, steps=2)
+    llm = llama_cpp.Llama(model_path=str(export(run, tmp_path / "b.gguf", "fp32")), n_ctx=64, logits_all=True,
+                          verbose=False)  # fmt: skip
+    text = "héllo\n\tx = 1"
+    ids = list(text.encode())
+    assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids
+    llm.eval(ids)
+    gen = sample.load(str(run))[0]
+    logits = np.stack([gen.feed([t]) for t in ids])
+    np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), logits, atol=1e-3, rtol=0)
