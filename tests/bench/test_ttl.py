@@ -1,13 +1,11 @@
 """bench/ttl.py on the CPU: the whole time-to-loss command on the tiny shape (prep of this machine's Python sources,
-side (a) by `microgpt train` on the NumPy engine, side (c) by the PyTorch twin in eager fp32, each in its own
+sides (a) and (b) by `microgpt train` on the NumPy engine, side (c) by the PyTorch twin in eager fp32, each in its own
 invocation over the same prepared data, then --merge), and its parts: the time to a loss, the training-seconds count,
-the budget's plan, the source gathering and the PNG writer (bench/plot.py). Side (b) runs too once the engine has
-model.block "modern" (the test asks the config for the field; until then it is left out, and says so). No timing is
-asserted: these check that the GPU run's tables and plot come out whole and say what they measured."""
+the budget's plan, the source gathering and the PNG writer (bench/plot.py). No timing is asserted: these check that
+the GPU run's tables and plot come out whole and say what they measured."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -19,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from bench import plot, ttl
-from microgpt.config import ModelConfig, TrainConfig
+from microgpt.config import TrainConfig
 from tests.conftest import REPO
 
-ENGINE_MODERN = "block" in {f.name for f in dataclasses.fields(ModelConfig)}
 MODERN_TINY = {
     "name": "ANDREA-tiny-modern",
     "model": {"vocab_size": 2048, "d_model": 192, "n_layer": 4, "n_head": 6, "seq_len": 128, "block": "modern"},
@@ -104,7 +101,7 @@ def run_ttl(out: Path, *args: str) -> subprocess.CompletedProcess:
 def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     modern = tmp_path / "modern.json"
     modern.write_text(json.dumps(MODERN_TINY))
-    sides = ["a", "c"] + (["b"] if ENGINE_MODERN else [])  # (b): only once the engine has model.block "modern"
+    sides = ["a", "b", "c"]
     for side in sides:
         res = run_ttl(tmp_path, "--sides", side, "--modern", str(modern))
         assert res.returncode == 0, res.stderr[-3000:]
