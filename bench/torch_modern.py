@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ttl import plan, scaled_warmup  # noqa: E402
+from bench.ttl_results import plan, scaled_warmup  # noqa: E402
 from microgpt import config, data  # noqa: E402
 from microgpt.config import Experiment, ModelConfig, TrainConfig  # noqa: E402
 from microgpt.engine import params  # noqa: E402
