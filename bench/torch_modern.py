@@ -32,7 +32,6 @@ eval, done) on stdout. On CUDA: bf16 autocast and torch.compile; on the CPU (the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -47,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ttl import plan, scaled_warmup  # noqa: E402
+from bench.ttl_results import plan, scaled_warmup  # noqa: E402
 from microgpt import config, data  # noqa: E402
 from microgpt.config import Experiment, ModelConfig, TrainConfig  # noqa: E402
 from microgpt.engine import params  # noqa: E402
@@ -58,62 +57,11 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Newton-Schulz's quintic (a, b, c)
 NS_STEPS = 5
 NORM_EPS = 1e-7
 
-# --- Until the engine has the modern block (issue 46) ---------------------------------------------------------------
-# The modern fields and their defaults, as the lead's config declares them. While microgpt's ModelConfig lacks them,
-# load_experiment reads them from the file itself and initial_weights builds the weights from MODERN.md's table by the
-# same rule; once it has them (ENGINE_MODERN), both come from the engine and these defaults are unused.
-MODEL_FIELDS = {"block": "gpt2", "head_dim": 0, "softcap": 15.0, "rope_base": 10000.0}
-TRAIN_FIELDS = {"optimizer": "adamw", "schedule": "cosine", "warmdown_frac": 0.4, "head_lr": 0.0, "muon_lr": 0.02,
-                "muon_momentum": 0.95, "muon_momentum_start": 0.85, "muon_momentum_warmup": 300,
-                "muon_weight_decay": 0.0}  # fmt: skip
-ENGINE_MODERN = "block" in {f.name for f in dataclasses.fields(ModelConfig)}
-
-
-def load_experiment(path: str | Path, sets: list[str] = ()) -> tuple[Experiment, dict[str, Any]]:
-    """The experiment with --set applied, and its modern fields {name: value} (MODEL_FIELDS' and TRAIN_FIELDS')."""
-    if ENGINE_MODERN:
-        exp = config.load(path, sets)
-        fields = {k: getattr(exp.model, k) for k in MODEL_FIELDS} | {k: getattr(exp.train, k) for k in TRAIN_FIELDS}
-        return exp, fields
-    raw, fields = config.read_raw(path), {**MODEL_FIELDS, **TRAIN_FIELDS}
-    for section, names in (("model", MODEL_FIELDS), ("train", TRAIN_FIELDS)):
-        part = raw.get(section, {}) if isinstance(raw, dict) else {}
-        fields.update({k: part.pop(k) for k in names if k in part})
-    rest = []
-    for assignment in sets:
-        section, name, value = config.parse_assignment(assignment)
-        if name in fields:
-            fields[name] = value
-        else:
-            rest.append(assignment)
-    return config.apply_overrides(raw, str(path), rest)[1], fields
-
-
-def modern_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """MODERN.md's canonical order: wte (V,C); per block w_q, w_k, w_v, w_o (C,C), w_1 (C,4C), w_2 (4C,C); lm_head."""
-    V, C = m.vocab_size, m.d_model
-    block = (("w_q", (C, C)), ("w_k", (C, C)), ("w_v", (C, C)), ("w_o", (C, C)), ("w_1", (C, 4 * C)),
-             ("w_2", (4 * C, C)))  # fmt: skip
-    return [("wte", (V, C))] + [(f"h{i}.{leaf}", s) for i in range(m.n_layer) for leaf, s in block] + [
-        ("lm_head", (V, C))]  # fmt: skip
-
 
 def initial_weights(m: ModelConfig, seed: int) -> dict[str, np.ndarray]:
-    """name -> fp32 array, microgpt's init of the modern block from the run's seed (engine/params.py when it has the
-    table; until then the same rule here: one generator in the canonical order, wte N(0, 1), a linear [in, out]
-    N(0, min(1, sqrt(out / in)) / sqrt(in)), w_o, w_2 and lm_head zero and drawing nothing)."""
-    if ENGINE_MODERN:
-        mm = dataclasses.replace(m, block="modern")
-        return {k: np.array(v) for k, v in params.named(params.init_weights(mm, seed), mm).items()}
-    rng, out = np.random.default_rng(seed), {}
-    for name, shape in modern_shapes(m):
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("w_o", "w_2", "lm_head"):
-            out[name] = np.zeros(shape, np.float32)
-            continue
-        std = 1.0 if leaf == "wte" else min(1.0, (shape[1] / shape[0]) ** 0.5) / shape[0] ** 0.5
-        out[name] = rng.normal(0.0, std, size=shape).astype(np.float32)
-    return out
+    """name -> fp32 array: microgpt's initial weights of the modern block from the run's seed (engine/params.py), in
+    its canonical order and [in, out] layout."""
+    return {k: np.array(v) for k, v in params.named(params.init_weights(m, seed), m).items()}
 
 
 # --- the model -----------------------------------------------------------------------------------------------------
@@ -136,16 +84,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 class Modern(nn.Module):
-    def __init__(self, m: ModelConfig, f: dict[str, Any]) -> None:
+    def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         V, C, L = m.vocab_size, m.d_model, m.n_layer
-        self.n_head, self.head_dim, self.softcap = m.n_head, f["head_dim"] or C // m.n_head, float(f["softcap"])
+        self.n_head, self.head_dim, self.softcap = m.n_head, params.head_dim(m), float(m.softcap)
         self.wte = nn.Parameter(torch.empty(V, C))
         self.qkvo = nn.Parameter(torch.empty(L, 4, C, C))  # w_q^T, w_k^T, w_v^T, w_o^T per layer
         self.fc = nn.Parameter(torch.empty(L, 4 * C, C))  # w_1^T
         self.proj = nn.Parameter(torch.empty(L, C, 4 * C))  # w_2^T
         self.lm_head = nn.Parameter(torch.empty(V, C))
-        cos, sin = rope_tables(m.seq_len, self.head_dim, float(f["rope_base"]))
+        cos, sin = rope_tables(m.seq_len, self.head_dim, float(m.rope_base))
         self.register_buffer("cos", cos, persistent=False)  # float64; rope rounds them to its input's dtype
         self.register_buffer("sin", sin, persistent=False)
 
@@ -224,40 +172,40 @@ class Muon:
             self.update(p.view(shape), p.grad.view(shape), m.view(shape), self.hyper, scale, rows > cols, self.dtype)
 
 
-def make_adamw(model: Modern, t: TrainConfig, f: dict[str, Any]) -> torch.optim.AdamW:
-    groups = [{"params": [model.wte], "peak": t.lr}, {"params": [model.lm_head], "peak": f["head_lr"] or t.lr}]
+def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
+    groups = [{"params": [model.wte], "peak": t.lr}, {"params": [model.lm_head], "peak": t.head_lr or t.lr}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
                              fused=model.wte.is_cuda)  # fmt: skip
 
 
-def lr_factor(step: int, steps: int, t: TrainConfig, f: dict[str, Any]) -> float:
+def lr_factor(step: int, steps: int, t: TrainConfig) -> float:
     """Every group's lr over its peak at 0-based step of `steps`: linear warmup over warmup_steps, then 1 until the last
     warmdown_frac of the steps, then a straight line to min_lr / lr ("warmdown"); or microgpt's cosine ("cosine")."""
     warmup = min(t.warmup_steps, steps)
     if step < warmup:
         return (step + 1) / warmup
     floor = t.min_lr / t.lr
-    if f["schedule"] == "cosine":
+    if t.schedule == "cosine":
         progress = min(1.0, (step - warmup) / max(1, steps - warmup))
         return floor + 0.5 * (1 - floor) * (1 + math.cos(math.pi * progress))
-    start = max(warmup, steps - round(f["warmdown_frac"] * steps))
+    start = max(warmup, steps - round(t.warmdown_frac * steps))
     progress = min(1.0, max(0, step - start) / max(1, steps - start))
     return 1 - (1 - floor) * progress
 
 
-def momentum_at(step: int, f: dict[str, Any]) -> float:
+def momentum_at(step: int, t: TrainConfig) -> float:
     """Muon's momentum at 0-based step: from muon_momentum_start up to muon_momentum over muon_momentum_warmup steps."""
-    frac = min(1.0, step / max(1, f["muon_momentum_warmup"]))
-    return f["muon_momentum_start"] + frac * (f["muon_momentum"] - f["muon_momentum_start"])
+    frac = min(1.0, step / max(1, t.muon_momentum_warmup))
+    return t.muon_momentum_start + frac * (t.muon_momentum - t.muon_momentum_start)
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
 class Run:
     """The twin's training run over microgpt's data: step() and evaluate() timed and recorded as run/trainer.py does."""
 
-    def __init__(self, exp: Experiment, f: dict[str, Any], device: str, compiled: bool) -> None:
-        self.exp, self.f, self.m, self.t, self.device = exp, f, exp.model, exp.train, device
-        self.model = Modern(self.m, f).to(device)
+    def __init__(self, exp: Experiment, device: str, compiled: bool) -> None:
+        self.exp, self.m, self.t, self.device = exp, exp.model, exp.train, device
+        self.model = Modern(self.m).to(device)
         self.weights = initial_weights(self.m, self.t.seed)
         # evaluation runs this same module with autograd on and no backward: one compiled graph, not a second one
         self.fwd = torch.compile(self.model) if compiled else self.model
@@ -271,7 +219,7 @@ class Run:
         """The initial weights and fresh optimizer state (after calibration's steps)."""
         self.model.load_weights(self.weights)
         self.model.zero_grad(set_to_none=True)
-        self.adamw = make_adamw(self.model, self.t, self.f)
+        self.adamw = make_adamw(self.model, self.t)
         for m in self.muon.momentum:
             m.zero_()
 
@@ -282,7 +230,7 @@ class Run:
         """Optimizer step s (0-based) of `steps`; its record (dt_ms: batches read to loss read back)."""
         t, t0 = self.t, time.perf_counter()
         batches = [self.train_data.batch(s, micro) for micro in range(t.n_micro)]
-        factor = lr_factor(s, steps, t, self.f)
+        factor = lr_factor(s, steps, t)
         for group in self.adamw.param_groups:
             group["lr"] = group["peak"] * factor
         total = torch.zeros((), device=self.device)
@@ -293,7 +241,7 @@ class Run:
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.adamw.step()
-        self.muon.step(self.f["muon_lr"] * factor, momentum_at(s, self.f), self.f["muon_weight_decay"])
+        self.muon.step(t.muon_lr * factor, momentum_at(s, t), t.muon_weight_decay)
         self.model.zero_grad(set_to_none=True)
         loss, norm = total.item(), norm.item()
         dt = time.perf_counter() - t0
@@ -356,15 +304,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    exp, f = load_experiment(args.experiment, args.set)
-    if f["block"] != "modern":
-        raise config.ConfigError(f"{args.experiment}: model.block is {f['block']!r}; the twin trains 'modern'")
+    exp = config.load(args.experiment, args.set)
+    if exp.model.block != "modern":
+        raise config.ConfigError(f"{args.experiment}: model.block is {exp.model.block!r}; the twin trains 'modern'")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    run = Run(exp, f, device, compiled=device == "cuda" and not args.no_compile)
+    run = Run(exp, device, compiled=device == "cuda" and not args.no_compile)
     n_params = sum(p.numel() for p in run.model.parameters())
     compiled = run.fwd is not run.model
     emit({"event": "start", "run": exp.name, "impl": "torch", "device": device, "torch": torch.__version__,
-          "compiled": compiled, "n_params": n_params, "config": exp.to_dict(), "modern": f})  # fmt: skip
+          "compiled": compiled, "n_params": n_params, "config": exp.to_dict()})  # fmt: skip
     steps, eval_every = args.steps or exp.train.steps, args.eval_every or exp.train.eval_every
     if args.budget_s:
         step_s = run.calibrate(args.warm, args.calib)

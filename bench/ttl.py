@@ -15,20 +15,13 @@ named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its la
 checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny shape is the CPU smoke path:
 the engine sides on the NumPy backend (fp32), the twin eager in fp32.
 
-Data: the Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine
-has no network): .py files up to --corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an
-order fixed by a hash of their paths (a spread over all packages, not the first ones alphabetically), linked into one
-folder and prepared by `microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab; the shape's share of
-the files, 1% at 120M and 12M, is the val split). Every side reads these shards through microgpt.data: the same batch
-for (step, micro) and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
+Data (bench/ttl_data.py): the Python sources of this machine's standard library and site-packages (every machine has
+them; the GPU machine has no network), prepared once per shape by `microgpt prep`. Every side reads these shards
+through microgpt.data: the same batch for (step, micro) and the same validation windows at every evaluation.
 
-Training seconds, counted the same way for every side: a step's time is the host clock from before its batches are
-read to after its loss is read back to the host (which waits for the GPU): the engine's step records carry it as
-dt_ms (run/trainer.py; they also carry elapsed_s, seconds since the first step with evaluations and checkpoints in,
-and time, a Unix stamp: neither is used here), the twin's the same. Evaluations and checkpoints lie outside every
-step's time. The first --warm steps (default 5) compile, tune and capture; each is counted at the median time of the
-side's later steps instead of its own. A side's training seconds at step s are the sum of its first s steps' times so
-counted.
+Training seconds (bench/ttl_results.py), counted the same way for every side: a step's time is the host clock from
+before its batches are read to after its loss is read back; evaluations and checkpoints lie outside it, and the first
+--warm steps (default 5: compile, tune, capture) are counted at the median of the side's later steps.
 
 Budget: each side trains for about --budget-s training seconds. The engine's lr schedule needs its step count up front,
 so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + calib steps (its own process, which also
@@ -38,10 +31,9 @@ The experiment's warmup is scaled by steps / train.steps (its schedule compresse
 a fraction, and Muon's momentum warmup stays in steps. --steps a=N,b=M skips a side's calibration (evaluations then
 every steps x eval_s / budget_s).
 
-Time to a loss: the training seconds at which a side's validation loss first reaches it, interpolated linearly in
-seconds between the two evaluations around the crossing (before the first evaluation: from ln(vocab) at 0 s, the loss
-of a uniform prediction, which the modern block's zero head starts at). The table gives, for each side, the seconds it
-needs to reach every side's final loss; the issue's goals are read off it.
+Time to a loss (bench/ttl_results.py): the training seconds at which a side's validation loss first reaches it,
+interpolated between evaluations. The table gives, for each side, the seconds it needs to reach every side's final
+loss; the issue's goals are read off it.
 
 Outputs, under --out/<shape>/: data/ (the shards), prep.json (the corpus and prep's seconds), side-<x>.json (one
 side's records and summary), side-<x>/ (its run folder: train.jsonl, stderr.log; checkpoints removed), ttl.json (the
@@ -52,16 +44,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
-import math
 import os
 import shutil
-import site
 import statistics
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -70,11 +58,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.plot import line_chart  # noqa: E402
+from bench.ttl_data import prepare, say  # noqa: E402
+from bench.ttl_results import plan, report, scaled_warmup, step_times, summarize, write_results  # noqa: E402
 from microgpt import config  # noqa: E402
 from microgpt.config import INT_MAX, TrainConfig  # noqa: E402
-
-MAX_FILE_BYTES = 1 << 20  # a larger .py is mostly generated data (tables), not code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,96 +104,7 @@ SIDES = {"a": Side("microgpt gpt-2", "gpt2", True), "b": Side("microgpt modern",
          "c": Side("pytorch twin modern", "modern", False)}  # fmt: skip
 
 
-def plan(budget_s: float, step_s: float, eval_s: float, warm: int) -> tuple[int, int]:
-    """(steps, eval_every) for about budget_s training seconds at step_s a step, an evaluation every ~eval_s."""
-    return max(2 * warm + 1, round(budget_s / step_s)), max(1, round(eval_s / step_s))
-
-
-def scaled_warmup(t: TrainConfig, steps: int) -> int:
-    """The experiment's warmup steps as the same share of `steps` as of its own train.steps."""
-    return round(t.warmup_steps * steps / t.steps)
-
-
-# --- data ----------------------------------------------------------------------------------------------------------
-def source_roots() -> list[Path]:
-    """This interpreter's standard library and site-packages folders (those that exist, each once)."""
-    paths = sysconfig.get_paths()
-    found = [Path(p).resolve() for p in (paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages())]
-    return [p for i, p in enumerate(found) if p.is_dir() and p not in found[:i]]
-
-
-def python_files(roots: list[Path]) -> list[tuple[int, Path]]:
-    """(root index, file) of every regular .py file under the roots; a site-packages inside a root is its own root."""
-    out = []
-    for k, root in enumerate(roots):
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "site-packages", "dist-packages"))
-            out += [(k, Path(folder) / f) for f in sorted(files) if f.endswith(".py")]
-    return [(k, f) for k, f in out if f.is_file() and not f.is_symlink()]
-
-
-def gather(staging: Path, max_bytes: int) -> dict[str, Any]:
-    """Link up to max_bytes of distinct UTF-8 .py sources into staging/<root index>/<path>, in the order of a hash of
-    their paths; what was taken."""
-    roots = source_roots()
-    files = python_files(roots)
-    files.sort(key=lambda kf: hashlib.sha1(f"{kf[0]}/{kf[1].relative_to(roots[kf[0]])}".encode()).digest())
-    shutil.rmtree(staging, ignore_errors=True)
-    seen: set[bytes] = set()
-    taken = total = 0
-    for k, f in files:
-        try:
-            body = f.read_bytes()
-            body.decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        digest = hashlib.sha1(body).digest()
-        if len(body) > MAX_FILE_BYTES or not body.strip() or digest in seen:
-            continue
-        seen.add(digest)
-        dest = staging / str(k) / f.relative_to(roots[k])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(f, dest)
-        taken, total = taken + 1, total + len(body)
-        if total >= max_bytes:
-            break
-    return {"roots": [str(r) for r in roots], "files_found": len(files), "files": taken, "bytes": total}
-
-
-def prepare(shape: Shape, folder: Path) -> dict[str, Any]:
-    """The shape's shards in folder/data (gathered and prepared unless there already); prep.json's record."""
-    data, record = folder / "data", folder / "prep.json"
-    if (data / "manifest.json").is_file() and record.is_file():
-        return json.loads(record.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    staging = folder / "sources"
-    found = gather(staging, shape.corpus_bytes)
-    t1 = time.monotonic()
-    cmd = [sys.executable, "-m", "microgpt.cli", "prep", "--source", str(staging), "--out", str(data), "--vocab-size",
-           str(shape.vocab_size), "--val-fraction", str(shape.val_fraction), "--quiet"]  # fmt: skip
-    say(f"prep: {found['files']:,} files, {found['bytes'] / 1e6:,.0f} MB of Python source; {' '.join(cmd[1:])}")
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    shutil.rmtree(staging, ignore_errors=True)
-    if res.returncode:
-        raise SystemExit(f"error: microgpt prep failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
-    manifest = json.loads((data / "manifest.json").read_text())
-    info = {**found, "gather_s": round(t1 - t0, 2), "prep_s": round(time.monotonic() - t1, 2), "cores": os.cpu_count(),
-            "command": cmd, "vocab_size": manifest["vocab_size"], "train_tokens": manifest["splits"]["train"]["tokens"],
-            "val_tokens": manifest["splits"]["val"]["tokens"],
-            "val_bytes_per_token": manifest["val_bytes_per_token"]}  # fmt: skip
-    record.write_text(json.dumps(info, indent=1) + "\n")
-    if info["train_tokens"] < shape.min_tokens:
-        say(f"prep: only {info['train_tokens']:,} train tokens, fewer than {shape.min_tokens:,}: this machine's "
-            f"Python sources hold {found['bytes'] / 1e6:,.0f} MB (the sides may see some tokens twice)")  # fmt: skip
-    say(f"prep: train {info['train_tokens']:,} tokens, val {info['val_tokens']:,}; gather {info['gather_s']} s, "
-        f"prep {info['prep_s']} s on {info['cores']} cores")  # fmt: skip
-    return info
-
-
 # --- the sides -----------------------------------------------------------------------------------------------------
-def say(text: str) -> None:
-    print(f"ttl: {text}", file=sys.stderr, flush=True)
 
 
 def overrides(shape: Shape, data: Path) -> list[str]:
@@ -277,10 +175,6 @@ class LastEval:
 
 def is_step(rec: dict[str, Any], n: int) -> bool:
     return rec["event"] == "step" and rec["step"] >= n
-
-
-def step_times(records: list[dict[str, Any]]) -> list[float]:
-    return [r["dt_ms"] / 1000 for r in records if r["event"] == "step"]
 
 
 def engine_cmd(experiment: str, out: Path, sets: list[str]) -> list[str]:
@@ -372,108 +266,6 @@ def failed(x: str, experiment: str, why: str, log: Path) -> dict[str, Any]:
     return {"side": x, "label": SIDES[x].label, "experiment": experiment, "error": f"{why}: {' | '.join(tail)}"}
 
 
-def summarize(records: list[dict[str, Any]], warm: int) -> dict[str, Any]:
-    """A run's step times counted (the first `warm` at the median of the rest), its evaluations at those seconds."""
-    dts = step_times(records)
-    median = statistics.median(dts[warm:])
-    counted, clock = [median] * warm + dts[warm:], [0.0]
-    for dt in counted:
-        clock.append(clock[-1] + dt)
-    steps = [r for r in records if r["event"] == "step"]
-    start = next((r for r in records if r["event"] == "start"), {})
-    evals = [{"step": r["step"], "train_s": round(clock[r["step"]], 3), "val_loss": r["val_loss"]} for r in records
-             if r["event"] == "eval"]  # fmt: skip
-    return {"steps": len(dts), "eval_every": evals[0]["step"], "tokens_per_step": steps[-1]["tokens"],
-            "step_s": median, "tokens_per_s": steps[-1]["tokens"] / median, "train_s": round(clock[-1], 3),
-            "final_val_loss": evals[-1]["val_loss"], "final_train_loss": steps[-1]["loss"], "evals": evals,
-            "n_params": start.get("n_params"), "device": start.get("device"), "step_dt_ms": [r["dt_ms"] for r in steps],
-            "first_steps_s": [round(d, 3) for d in dts[:warm]]}  # fmt: skip
-
-
-# --- the results ---------------------------------------------------------------------------------------------------
-def seconds_to(evals: list[dict[str, Any]], target: float, start_loss: float) -> float | None:
-    """The training seconds at which the evaluations first reach target (interpolated linearly between the two around
-    the crossing; before the first, from start_loss at 0 s); None if they never do."""
-    t0, l0 = 0.0, start_loss
-    for e in evals:
-        t1, l1 = e["train_s"], e["val_loss"]
-        if l1 <= target:
-            return t0 if l0 <= target else t0 + (l0 - target) / (l0 - l1) * (t1 - t0)
-        t0, l0 = t1, l1
-    return None
-
-
-def merge(folder: Path, shape_name: str) -> dict[str, Any]:
-    """Every side recorded in folder: finals, the seconds each side needs to reach each final loss, the goals."""
-    shape = SHAPES[shape_name]
-    sides = {
-        x: json.loads((folder / f"side-{x}.json").read_text()) for x in SIDES if (folder / f"side-{x}.json").is_file()
-    }
-    ok = {x: s for x, s in sides.items() if "evals" in s}
-    start = math.log(shape.vocab_size)
-    reach = {x: {y: seconds_to(ok[x]["evals"], ok[y]["final_val_loss"], start) for y in ok} for x in ok}
-    goals = {}
-    if "a" in ok and "b" in ok and reach["b"]["a"]:
-        goals["b_reaches_a_final_x_faster"] = reach["a"]["a"] / reach["b"]["a"]  # issue 46: >= 1.6
-        goals["b_tokens_per_s_over_a"] = ok["b"]["tokens_per_s"] / ok["a"]["tokens_per_s"]  # >= 0.9
-    if "b" in ok and "c" in ok and reach["b"]["c"]:
-        goals["b_reaches_c_final_x_sooner"] = reach["c"]["c"] / reach["b"]["c"]  # >= 1.25
-    prep = folder / "prep.json"
-    return {"shape": shape_name, "folder": str(folder), "definition": TIME_DEFINITION, "prep":
-            json.loads(prep.read_text()) if prep.is_file() else None,
-            "sides": {x: {k: v for k, v in s.items() if k != "step_dt_ms"} for x, s in sides.items()},
-            "seconds_to": reach, "goals": goals}  # fmt: skip
-
-
-TIME_DEFINITION = ("training seconds: each step's host-clock time from reading its batches to reading its loss back, "
-                   "the first `warm` steps counted at the median of the rest; evaluations excluded. Time to a loss: "
-                   "interpolated linearly in seconds between the evaluations around the crossing")  # fmt: skip
-
-
-def fmt(v: float | None, spec: str = ".1f") -> str:
-    return "-" if v is None else f"{v:{spec}}"
-
-
-def report(res: dict[str, Any]) -> str:
-    """The markdown tables (sides, seconds to each final loss, loss against seconds) and the goals."""
-    ok = {x: s for x, s in res["sides"].items() if "evals" in s}
-    lines = [f"time to loss, shape {res['shape']}; {res['definition']}", "",
-             "| side | recipe | steps | tokens/step | tokens/s | train s | final val loss | " +
-             " | ".join(f"s to {y}'s {ok[y]['final_val_loss']:.4f}" for y in ok) + " |",
-             "|" + "---|" * (7 + len(ok))]  # fmt: skip
-    for x, s in res["sides"].items():
-        if x not in ok:
-            lines.append(f"| {x} | {s['label']} | failed: {s.get('error', '?')[:80]} |")
-            continue
-        reach = [fmt(res["seconds_to"][x][y]) for y in ok]
-        cells = [x, s["label"], str(s["steps"]), f"{s['tokens_per_step']:,}", f"{s['tokens_per_s']:,.0f}",
-                 fmt(s["train_s"]), f"{s['final_val_loss']:.4f}", *reach]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    goal_text = {"b_reaches_a_final_x_faster": "(b) reaches (a)'s final loss {:.2f}x faster than (a) (goal >= 1.6)",
-                 "b_reaches_c_final_x_sooner": "(b) reaches (c)'s final loss {:.2f}x sooner than (c) (goal >= 1.25)",
-                 "b_tokens_per_s_over_a": "(b)'s tokens/s over (a)'s: {:.2f}x (goal >= 0.9)"}  # fmt: skip
-    lines += [""] + [goal_text[k].format(v) for k, v in res["goals"].items()]
-    budgets = {x: s["budget_s"] for x, s in ok.items()}
-    if len(set(budgets.values())) > 1:
-        lines.append("the sides ran with different budgets: " + ", ".join(f"{x} {b:g} s" for x, b in budgets.items()))
-    for x, s in ok.items():
-        points = ", ".join(f"{e['train_s']:.0f} s {e['val_loss']:.3f}" for e in s["evals"])
-        lines.append(f"({x}) val loss at training seconds: {points}")
-    return "\n".join(lines)
-
-
-def write_results(folder: Path, shape_name: str) -> dict[str, Any]:
-    res = merge(folder, shape_name)
-    (folder / "ttl.json").write_text(json.dumps(res, indent=1) + "\n")
-    ok = {x: s for x, s in res["sides"].items() if "evals" in s}
-    if ok:
-        series = {f"({x}) {s['label']}": [(e["train_s"], e["val_loss"]) for e in s["evals"]] for x, s in ok.items()}
-        hline = (ok["a"]["final_val_loss"], f"(a)'s final {ok['a']['final_val_loss']:.3f}") if "a" in ok else None
-        line_chart(folder / "ttl.png", series, f"validation loss against training seconds, {shape_name}, one gpu",
-                   "training seconds", "validation loss", hline)  # fmt: skip
-    return res
-
-
 def parse_steps(text: str) -> dict[str, int]:
     try:
         out = {x: int(n) for x, _, n in (item.partition("=") for item in text.split(",") if item)}
@@ -539,7 +331,7 @@ def main(argv: list[str]) -> int:
         for x in args.sides:
             rec = run_side(x, shape, folder, args)
             (folder / f"side-{x}.json").write_text(json.dumps(rec, indent=1) + "\n")
-    res = write_results(folder, args.shape)
+    res = write_results(folder, args.shape, shape.vocab_size, SIDES)
     print(report(res))
     say(f"wrote {folder / 'ttl.json'} and {folder / 'ttl.png'}")
     return 0 if all("evals" in s for s in res["sides"].values()) else 1

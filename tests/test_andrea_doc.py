@@ -219,3 +219,36 @@ def test_the_card_class_plans_are_the_plan_and_the_measurements_are_recorded() -
         assert cap == f"{CARD_CLASSES[card] - 0.5:g} GiB"
         line = f"| {cap.removesuffix(' GiB')} | {name} | bf16 | {picks} | {gib} | {peak} |"
         assert line in results and results.split(line, 1)[1].split("\n", 1)[0].endswith(f"| yes | {tokens} |"), line
+
+
+MODERN_SECTION = DOC.split('## 9. The modern family (model.block "modern")', 1)[1]
+
+
+@pytest.mark.parametrize("name", ["tiny", "12M", "120M"])
+def test_modern_table_matches_the_experiment(name: str) -> None:
+    """Section 9's row of each modern experiment: its shape, parameter count, batch, steps and precision."""
+    exp = config.load(REPO / "experiments" / f"ANDREA-{name}-MODERN-TRAIN.json")
+    m, t = exp.model, exp.train
+    assert (m.block, t.optimizer) == ("modern", "muon")
+    row = next(
+        line for line in MODERN_SECTION.splitlines() if line.startswith(f"| `ANDREA-{name}-MODERN-TRAIN.json` |")
+    )
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:9] == [f"{m.vocab_size:,}", str(m.d_model), str(m.n_layer), f"{m.n_head} x {params.head_dim(m)}",
+                          f"{m.seq_len:,}", f"{params.n_params(m):,}", f"{t.micro_batch} x {t.n_micro}",
+                          f"{t.steps:,}"]  # fmt: skip
+    assert cells[9].startswith(t.precision) and t.backend in cells[9], cells[9]
+    assert params.n_params(m) == 2 * m.vocab_size * m.d_model + 12 * m.n_layer * m.d_model**2  # the stated formula
+
+
+def test_modern_order_and_groups_are_the_code_s() -> None:
+    """Section 9's parameter table is the MODERN family's canonical order, and its Muon groups at ANDREA-120M's width
+    are engine/optim.py's."""
+    m = config.load(REPO / "experiments" / "ANDREA-120M-MODERN-TRAIN.json").model
+    table = MODERN_SECTION.split("| # | name | shape |")[1].split("\n\n")[0]
+    names = [n for line in table.splitlines() for n in re.findall(r"`([\w{}.]+)`", line.split("|")[2])]
+    want = [name.replace("h0.", "h{l}.") for name, _ in params.param_shapes(m) if not name.startswith("h") or
+            name.startswith("h0.")]  # fmt: skip
+    assert names == want
+    groups = ", ".join(f"{len(g.offsets)} of ({g.rows}, {g.cols})" for g in optim.groups(m))
+    assert f"at ANDREA-120M's width {groups}" in " ".join(MODERN_SECTION.split())

@@ -1,12 +1,11 @@
 """bench/torch_modern.py, the PyTorch twin of the modern recipe, against MODERN.md written out here in NumPy float64:
 its forward (every op of the block: RMSNorm, QK-norm, rotate-half RoPE, causal attention, ReLU^2, untied soft-capped
 head) on random weights in microgpt's [in, out] layout, its Muon step in that layout (momentum, Nesterov, the tall
-transpose, Newton-Schulz, the update scale, weight decay), its initial weights and its schedule; where the engine has
-the modern block, its init and schedule must equal the engine's."""
+transpose, Newton-Schulz, the update scale, weight decay), and its initial weights and schedule against the
+engine's."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -15,14 +14,14 @@ import torch
 
 from bench import torch_modern as tm
 from microgpt.config import ModelConfig, TrainConfig
+from microgpt.engine import params
 
-M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9)  # D = 12; T and V odd
-FIELDS = {**tm.MODEL_FIELDS, **tm.TRAIN_FIELDS, "block": "modern", "softcap": 3.0, "schedule": "warmdown"}
+M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9, block="modern", softcap=3.0)  # D = 12
 
 
 def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Every parameter random (the zero-initialised ones too, so every branch counts), in microgpt's layout."""
-    return {name: rng.normal(0.0, 0.4, size=shape) for name, shape in tm.modern_shapes(M)}
+    return {name: rng.normal(0.0, 0.4, size=shape) for name, shape in params.param_shapes(M)}
 
 
 def rms(x: np.ndarray) -> np.ndarray:
@@ -63,12 +62,12 @@ def test_forward_is_moderns_math() -> None:
     rng = np.random.default_rng(0)
     w = random_weights(rng)
     idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
-    model = tm.Modern(M, FIELDS).double()
+    model = tm.Modern(M).double()
     model.load_weights(w)
     got = model(torch.from_numpy(idx), torch.from_numpy(targets)).item()
-    want = reference_loss(w, idx, targets, FIELDS["softcap"])
+    want = reference_loss(w, idx, targets, M.softcap)
     assert abs(got - want) / want < 1e-10, (got, want)
-    short = reference_loss(w, idx[:, :5], targets[:, :5], FIELDS["softcap"])  # rope's tables at positions 0..4
+    short = reference_loss(w, idx[:, :5], targets[:, :5], M.softcap)  # rope's tables at positions 0..4
     assert model(torch.from_numpy(idx[:, :5]), torch.from_numpy(targets[:, :5])).item() == pytest.approx(short, 1e-10)
 
 
@@ -96,7 +95,7 @@ def grad_slot(model: tm.Modern, name: str) -> torch.Tensor:
 def test_muon_step_is_moderns_update_in_microgpts_layout() -> None:
     rng = np.random.default_rng(1)
     w = random_weights(rng)
-    model = tm.Modern(M, FIELDS).double()
+    model = tm.Modern(M).double()
     model.load_weights(w)
     muon = tm.Muon(model, compiled=False, dtype=torch.float64)
     matrices = [name for name in w if "." in name]
@@ -114,49 +113,34 @@ def test_muon_step_is_moderns_update_in_microgpts_layout() -> None:
         assert np.abs(got - w[name]).max() / np.abs(w[name]).max() < 1e-10, name
 
 
-def test_initial_weights_start_at_the_uniform_loss() -> None:
+def test_initial_weights_are_the_engines() -> None:
+    """The twin starts from the engine's initial weights (engine/params.py), each in its slot of the stacked [out, in]
+    parameters; the recipe's zero-initialised w_o, w_2 and lm_head make that the uniform prediction's loss."""
+    engine = params.named(params.init_weights(M, 1337), M)
     weights = tm.initial_weights(M, 1337)
-    assert [(n, w.shape) for n, w in weights.items()] == tm.modern_shapes(M)
-    for name, w in weights.items():
-        zero = name.rsplit(".", 1)[-1] in ("w_o", "w_2", "lm_head")
-        assert (not w.any()) == zero, name
+    assert [(n, w.shape) for n, w in weights.items()] == params.param_shapes(M)
+    model = tm.Modern(M)
+    model.load_weights(weights)
+    for name, w in engine.items():
+        got = model.slot(name).detach()
+        np.testing.assert_array_equal((got.t() if "." in name else got).numpy(), w, err_msg=name)
+        assert (not w.any()) == (name.rsplit(".", 1)[-1] in ("w_o", "w_2", "lm_head")), name
     assert weights["wte"].std() == pytest.approx(1.0, rel=0.05)
     assert weights["h0.w_1"].std() == pytest.approx(M.d_model**-0.5, rel=0.05)
-    model = tm.Modern(M, FIELDS)
-    model.load_weights(weights)
-    assert torch.equal(model.fc[1], torch.from_numpy(weights["h1.w_1"]).t())
     idx = torch.randint(0, M.vocab_size, (2, M.seq_len))
     assert model(idx, idx).item() == pytest.approx(math.log(M.vocab_size), rel=1e-6)  # the zero head: uniform
 
 
-@pytest.mark.skipif(not tm.ENGINE_MODERN, reason="the engine has no model.block yet (issue 46): nothing to compare")
-def test_initial_weights_are_the_engines() -> None:
-    from microgpt.engine import params
-
-    mm = dataclasses.replace(M, block="modern")
-    engine = params.named(params.init_weights(mm, 1337), mm)
-    rng, ours = np.random.default_rng(1337), {}
-    for name, shape in tm.modern_shapes(M):  # the fallback rule, written out again, against the engine's table
-        leaf = name.rsplit(".", 1)[-1]
-        std = 0.0 if leaf in ("w_o", "w_2", "lm_head") else 1.0 if leaf == "wte" else M.d_model**-0.5
-        ours[name] = rng.normal(0.0, std, size=shape).astype(np.float32) if std else np.zeros(shape, np.float32)
-    assert list(engine) == list(ours)
-    for name in ours:
-        np.testing.assert_array_equal(engine[name], ours[name], err_msg=name)
-
-
 def test_warmdown_schedule_and_momentum() -> None:
-    t = TrainConfig(steps=100, lr=0.1, min_lr=0.01, warmup_steps=4)
-    f = {**FIELDS, "warmdown_frac": 0.25, "muon_momentum_warmup": 10}
-    factors = [tm.lr_factor(s, 100, t, f) for s in range(100)]
+    t = TrainConfig(steps=100, lr=0.1, min_lr=0.01, warmup_steps=4, schedule="warmdown", warmdown_frac=0.25,
+                    muon_momentum_warmup=10)  # fmt: skip
+    factors = [tm.lr_factor(s, 100, t) for s in range(100)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0] and set(factors[4:75]) == {1.0}
     assert factors[75] == 1.0 and factors[99] == pytest.approx(1 - 0.9 * 24 / 25)
     assert all(a > b for a, b in zip(factors[75:], factors[76:]))  # a straight line down
-    assert [tm.momentum_at(s, f) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert [tm.momentum_at(s, t) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
 
 
-@pytest.mark.skipif("schedule" not in {f.name for f in dataclasses.fields(TrainConfig)},
-                    reason="the engine has no train.schedule yet (issue 46): nothing to compare")  # fmt: skip
 def test_schedule_is_the_engines() -> None:
     from microgpt.engine.optim import lr_at, muon_momentum
 
@@ -164,10 +148,9 @@ def test_schedule_is_the_engines() -> None:
     for name, steps, warmup, frac in cases:
         t = TrainConfig(steps=steps, lr=0.1, min_lr=0.01, warmup_steps=warmup, schedule=name, warmdown_frac=frac,
                         muon_momentum_warmup=warmup)  # fmt: skip
-        f = {**FIELDS, "schedule": name, "warmdown_frac": frac, "muon_momentum_warmup": warmup}
         for s in range(steps):
-            assert tm.lr_factor(s, steps, t, f) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
-            assert tm.momentum_at(s, f) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)
+            assert tm.lr_factor(s, steps, t) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
+            assert tm.momentum_at(s, t) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)
 
 
 @pytest.mark.gpu
@@ -178,11 +161,11 @@ def test_compiled_twin_on_cuda_agrees_with_the_reference() -> None:
     rng = np.random.default_rng(2)
     w = random_weights(rng)
     idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
-    model = tm.Modern(M, FIELDS).cuda()
+    model = tm.Modern(M).cuda()
     model.load_weights(w)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         got = torch.compile(model)(torch.from_numpy(idx).cuda(), torch.from_numpy(targets).cuda()).item()
-    want = reference_loss(w, idx, targets, FIELDS["softcap"])
+    want = reference_loss(w, idx, targets, M.softcap)
     assert abs(got - want) / want < 2e-2, (got, want)
     muon = tm.Muon(model, compiled=True)
     momentum = {name: np.zeros_like(w[name]) for name in w if "." in name}

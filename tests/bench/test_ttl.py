@@ -1,13 +1,12 @@
 """bench/ttl.py on the CPU: the whole time-to-loss command on the tiny shape (prep of this machine's Python sources,
-side (a) by `microgpt train` on the NumPy engine, side (c) by the PyTorch twin in eager fp32, each in its own
-invocation over the same prepared data, then --merge), and its parts: the time to a loss, the training-seconds count,
-the budget's plan, the source gathering and the PNG writer (bench/plot.py). Side (b) runs too once the engine has
-model.block "modern" (the test asks the config for the field; until then it is left out, and says so). No timing is
-asserted: these check that the GPU run's tables and plot come out whole and say what they measured."""
+sides (a) and (b) by `microgpt train` on the NumPy engine, side (c) by the PyTorch twin in eager fp32, each in its own
+invocation over the same prepared data, then --merge), and its parts: the time to a loss, the training-seconds count
+and the budget's plan (bench/ttl_results.py), the source gathering (bench/ttl_data.py) and the PNG writer
+(bench/plot.py). No timing is asserted: these check that the GPU run's tables and plot come out whole and say what
+they measured."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -18,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import plot, ttl
-from microgpt.config import ModelConfig, TrainConfig
+from bench import plot, ttl, ttl_data, ttl_results
+from microgpt.config import TrainConfig
 from tests.conftest import REPO
 
-ENGINE_MODERN = "block" in {f.name for f in dataclasses.fields(ModelConfig)}
 MODERN_TINY = {
     "name": "ANDREA-tiny-modern",
     "model": {"vocab_size": 2048, "d_model": 192, "n_layer": 4, "n_head": 6, "seq_len": 128, "block": "modern"},
@@ -64,29 +62,29 @@ def test_line_chart_is_a_png_with_every_series(tmp_path: Path) -> None:
 
 def test_seconds_to_a_loss_interpolates_between_evaluations() -> None:
     evals = [{"train_s": 10.0, "val_loss": 6.0}, {"train_s": 20.0, "val_loss": 4.0}, {"train_s": 30.0, "val_loss": 3.0}]
-    assert ttl.seconds_to(evals, 5.0, 8.0) == pytest.approx(15.0)
-    assert ttl.seconds_to(evals, 3.0, 8.0) == pytest.approx(30.0)
-    assert ttl.seconds_to(evals, 7.0, 8.0) == pytest.approx(5.0)  # before the first: from (0 s, start loss)
-    assert ttl.seconds_to(evals, 2.9, 8.0) is None
+    assert ttl_results.seconds_to(evals, 5.0, 8.0) == pytest.approx(15.0)
+    assert ttl_results.seconds_to(evals, 3.0, 8.0) == pytest.approx(30.0)
+    assert ttl_results.seconds_to(evals, 7.0, 8.0) == pytest.approx(5.0)  # before the first: from (0 s, start loss)
+    assert ttl_results.seconds_to(evals, 2.9, 8.0) is None
 
 
 def test_training_seconds_count_the_first_steps_at_the_median() -> None:
     steps = [{"event": "step", "step": i + 1, "dt_ms": dt, "tokens": 100, "loss": 5.0}
              for i, dt in enumerate([9000.0, 500.0, 100.0, 110.0, 90.0, 100.0])]  # fmt: skip
     evals = [{"event": "eval", "step": 3, "val_loss": 6.0}, {"event": "eval", "step": 6, "val_loss": 5.5}]
-    s = ttl.summarize([{"event": "start", "n_params": 7}, *steps[:3], evals[0], *steps[3:], evals[1]], warm=2)
+    s = ttl_results.summarize([{"event": "start", "n_params": 7}, *steps[:3], evals[0], *steps[3:], evals[1]], warm=2)
     assert s["step_s"] == pytest.approx(0.1) and s["first_steps_s"] == [9.0, 0.5]
     assert [e["train_s"] for e in s["evals"]] == pytest.approx([0.3, 0.6])
     assert s["train_s"] == pytest.approx(0.6) and s["tokens_per_s"] == pytest.approx(1000.0)
-    assert ttl.plan(200.0, 0.25, 10.0, 5) == (800, 40) and ttl.plan(1.0, 1.0, 10.0, 5) == (11, 10)
-    assert ttl.scaled_warmup(TrainConfig(steps=200_000, warmup_steps=2000), 900) == 9
+    assert ttl_results.plan(200.0, 0.25, 10.0, 5) == (800, 40) and ttl_results.plan(1.0, 1.0, 10.0, 5) == (11, 10)
+    assert ttl_results.scaled_warmup(TrainConfig(steps=200_000, warmup_steps=2000), 900) == 9
     sets = ["train.seed=3", "a:train.lr=0.001", "b,c:train.muon_lr=0.03", "data.path=x:y"]
     assert ttl.side_sets(sets, "a") == ["train.seed=3", "train.lr=0.001", "data.path=x:y"]
     assert ttl.side_sets(sets, "c") == ["train.seed=3", "train.muon_lr=0.03", "data.path=x:y"]
 
 
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
-    found = ttl.gather(tmp_path / "src", 300_000)
+    found = ttl_data.gather(tmp_path / "src", 300_000)
     links = sorted(p for p in (tmp_path / "src").rglob("*") if p.is_symlink())
     assert len(links) == found["files"] > 0 and found["bytes"] >= 300_000
     assert all(p.suffix == ".py" and p.resolve().is_file() for p in links)
@@ -104,7 +102,7 @@ def run_ttl(out: Path, *args: str) -> subprocess.CompletedProcess:
 def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     modern = tmp_path / "modern.json"
     modern.write_text(json.dumps(MODERN_TINY))
-    sides = ["a", "c"] + (["b"] if ENGINE_MODERN else [])  # (b): only once the engine has model.block "modern"
+    sides = ["a", "b", "c"]
     for side in sides:
         res = run_ttl(tmp_path, "--sides", side, "--modern", str(modern))
         assert res.returncode == 0, res.stderr[-3000:]

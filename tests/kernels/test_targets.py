@@ -51,24 +51,42 @@ def test_the_limits_are_the_architectures() -> None:
 def test_the_shapes_are_the_recipes() -> None:
     from microgpt.kernels.check.catalogue import ANDREA, MODERN
 
-    for shape in ANDREA:
+    for shape in (*ANDREA, *MODERN):
         exp = config.load(REPO / "experiments" / f"{shape.name}-TRAIN.json")
         m, t = exp.model, exp.train
-        assert (shape.B, shape.T, shape.C, shape.NH, shape.V) == (t.micro_batch, m.seq_len, m.d_model, m.n_head,
-                                                                  m.vocab_size)  # fmt: skip
+        assert (shape.B, shape.T, shape.C, shape.NH, shape.V, shape.L, shape.block) == (
+            t.micro_batch, m.seq_len, m.d_model, m.n_head, m.vocab_size, m.n_layer, m.block)  # fmt: skip
     # the modern block at ANDREA-120M's width, T and vocabulary: 6 heads of 128 (issue 46)
     (modern,) = MODERN
     big = ANDREA[1]
     assert (modern.block, modern.T, modern.C, modern.V, modern.C // modern.NH) == ("modern", big.T, big.C, big.V, 128)
 
 
+def test_the_muon_groups_are_the_engines() -> None:
+    """The catalogue builds Muon's groups itself (kernels/ sits below engine/): they are engine/optim.py's for the
+    modern experiment, offsets included, and its optimizer is Muon."""
+    from microgpt.engine import optim
+    from microgpt.kernels.check.catalogue import MODERN, modern_muon_groups
+
+    (modern,) = MODERN
+    exp = config.load(REPO / "experiments" / f"{modern.name}-TRAIN.json")
+    assert exp.train.optimizer == "muon"
+    assert modern_muon_groups(modern) == optim.groups(exp.model)
+    assert [(len(g.offsets), g.rows, g.cols) for g in optim.groups(exp.model)] == [(48, 768, 768), (12, 768, 3072),
+                                                                                   (12, 3072, 768)]  # fmt: skip
+
+
 def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
-    """The qkrope pair and its decode twin are swept at the modern shape (and only there), and attention at head size
+    """The qkrope pair and its decode twin, and Muon's kernels (its wide, square and tall groups; Muon's
+    Newton-Schulz GEMMs are cuBLAS's), are swept at the modern shape (and only there), and attention at head size
     128 under its own candidates (kernels/attention.py configs): every one of them, the default first."""
     rows = sweep["rows"]
     qk = {r["kernel"]: r["shapes"] for r in rows if "qkrope" in r["kernel"]}
     assert qk.keys() == {"k_qkrope_fwd", "k_qkrope_bwd", "k_decode_qkrope"}
     assert all(shapes == ["ANDREA-120M-MODERN"] for shapes in qk.values())
+    muon = [r for r in rows if r["kernel"].startswith("k_muon_")]
+    assert {r["kernel"] for r in muon} == {"k_muon_momentum", "k_muon_normalise", "k_muon_update"}
+    assert all(r["shapes"] == ["ANDREA-120M-MODERN"] and r["fixed"] and r["targets"] == [80, 86, 89, 90] for r in muon)
     for half in ("fwd", "bwd"):
         labels = {r["label"] for r in rows if r["kernel"] == f"k_attention_{half}" and "BD=128" in r["config"]}
         assert labels == {"fixed"} | {f"attention_{half} {i}" for i in range(len(attention.configs(half, 128)[0]))}

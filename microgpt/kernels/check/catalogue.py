@@ -1,12 +1,12 @@
 """Every launch the launchers of kernels/ make for a model's shapes, captured instead of run: what the compile sweep
 (targets.py) compiles for each architecture.
 
-`launches(shape, dtype)` calls the real launchers -- a training step's, the inference step's, the optimizer's and
-precision fp8's (for a modern-block shape, so far its own ops' only: `_modern_launches`) -- on tensors of the "meta"
-device (shapes and strides, no memory), with a `Catalogue` standing in for the runtime's tuner that hands over every
-candidate of every choice in turn, while each Triton kernel of kernels/ records its launches instead of running them
-(`capture`). A Launch is the kernel with the arguments and
-keywords it was given, and where it came from: a fixed launch, or candidate `index` of one choice (`group`).
+`launches(shape, dtype)` calls the real launchers -- a training step's, the inference step's, the optimizer's
+(AdamW's, and Muon's for a modern-block shape) and precision fp8's -- on tensors of the "meta" device (shapes and
+strides, no memory), with a `Catalogue` standing in for the runtime's tuner that hands over every candidate of every
+choice in turn, while each Triton kernel of kernels/ records its launches instead of running them (`capture`). A
+Launch is the kernel with the arguments and keywords it was given, and where it came from: a fixed launch, or
+candidate `index` of one choice (`group`).
 """
 
 from __future__ import annotations
@@ -35,21 +35,23 @@ from microgpt.kernels import (
     gradclip,
     layernorm,
     linear,
+    muon,
     qkrope,
     relu2,
     rmsnorm,
 )
 from microgpt.ops.adamw import SEGMENT_BLOCK
+from microgpt.ops.muon import MuonGroup, muon_groups
 
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
-                  qkrope, relu2, rmsnorm)  # fmt: skip
+                  muon, qkrope, relu2, rmsnorm)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One micro-batch of a model: B sequences of T tokens, C = d_model, NH heads, V the vocabulary, and the block
-    family (model.block: "gpt2" or "modern")."""
+    """One micro-batch of a model: B sequences of T tokens, C = d_model, NH heads, V the vocabulary, L layers, and the
+    block family (model.block: "gpt2" or "modern")."""
 
     name: str
     B: int
@@ -57,6 +59,7 @@ class Shape:
     C: int
     NH: int
     V: int
+    L: int
     block: str = "gpt2"
 
 
@@ -130,12 +133,13 @@ def launches(s: Shape, dtype: torch.dtype) -> list[Launch]:
     in dtype, every candidate of every tuned launch included; for bf16 and fp16 also the fp8 precision's (casts
     from that dtype and from the fp32 masters, the interpreter's scaled GEMM tile)."""
     cat = Catalogue()
-    if s.block == "modern":
-        with capture(cat, False) as got:
-            _modern_launches(s, dtype, cat)
-        return got
     with capture(cat, False) as got:
-        _training_launches(s, dtype, cat)
+        if s.block == "modern":
+            _modern_launches(s, dtype, cat)
+            _modern_linears(s, dtype, cat)
+            _muon_step_launches(s, dtype, cat)
+        else:
+            _training_launches(s, dtype, cat)
     if dtype == torch.float32:
         return got
     with capture(cat, True) as got8:
@@ -202,8 +206,8 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     embedding without a position table (and the decode step's), RMSNorm (plain and fused with the residual add) and
     its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap; attention at D = C / NH (128:
     its own candidates, kernels/attention.py configs) in training, over the cache and in the decode step; qkrope and
-    its decode twin. What else the modern step shares with GPT-2's runs here at the modern shape once model.block
-    "modern" has a step to enumerate: its linears, the optimizers, fp8 (the lead wires them in here)."""
+    its decode twin. Its linears are `_modern_linears`', its optimizer step `_muon_step_launches`', its fp8
+    `_fp8_launches`' (s.block "modern")."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
     B, T, C, NH, V, N = s.B, s.T, s.C, s.NH, s.V, s.B * s.T
     mm = linear.Matmul(gemm.Gemm(cat, None))
@@ -238,13 +242,82 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     crossentropy.head_logits(e(B, V), e(B, C), head, mm=mm, softcap=SOFTCAP)
 
 
+def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """The modern block's four GEMM sites (engine/params.py site_shapes: w_qkv (3, C, C), w_o, w_1, w_2) through the
+    GEMM router, forward and backward at N rows, and the decode step's forward at B rows (off CUDA the router runs
+    w_qkv's batched GEMM as one tile GEMM a weight, as the interpreter does; on a GPU it is cuBLAS's). At N rows they
+    bind as GPT-2's sites do at ANDREA-120M's shape: the Triton tile's binary depends on the operands' dtypes and
+    strides and on which sizes are 1 or divide by 16, and N, C, 4C are GPT-2's there (the w_1 forward without GELU's
+    epilogue runs the same tile). The decode step's B rows, and its RMSNorms over them, bind to binaries of their
+    own."""
+    e, f32 = _meta(dtype), torch.float32
+    B, C, N = s.B, s.C, s.B * s.T
+    mm = linear.Matmul(gemm.Gemm(cat, None))
+    for G, Cin, OC in ((3, C, C), (1, C, C), (1, C, 4 * C), (1, 4 * C, C)):
+        lead = (G,) if G > 1 else ()  # a site of one weight is a 2D matrix (the parameters' named view)
+        w, y = e(*lead, Cin, OC), e(*lead, N, OC)
+        mm.forward(y, e(N, Cin), w)
+        mm.backward(e(N, Cin), e(*lead, Cin, OC, dt=f32), y, e(N, Cin), w)
+        mm.forward(e(*lead, B, OC), e(B, Cin), w)
+    rows, rstd = e(B, C), e(B, dt=f32)  # the decode step's embedding norm and the block's norms over B rows
+    rmsnorm.rmsnorm_forward(rows, rstd, rows, tuner=cat)
+    rmsnorm.residual_rmsnorm_forward(rows, rows, rstd, rows, rows, tuner=cat)
+
+
+def modern_muon_groups(s: Shape) -> tuple[MuonGroup, ...]:
+    """Muon's groups at a modern shape: the block matrices at their offsets in engine/params.py's canonical order
+    (wte (V, C); per layer w_q, w_k, w_v, w_o (C, C), w_1 (C, 4C), w_2 (4C, C); lm_head (V, C)), grouped by
+    ops/muon.py's rule: engine/optim.groups of the model (kernels/ sits below engine/: tests/kernels/test_targets.py
+    checks that the two agree)."""
+    C = s.C
+    at, matrices = s.V * C, []
+    for _ in range(s.L):
+        for rows, cols in [(C, C)] * 4 + [(C, 4 * C), (4 * C, C)]:
+            matrices.append((at, rows, cols))
+            at += rows * cols
+    return muon_groups(matrices)
+
+
+def _muon_step_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """The rest of the modern optimizer step (engine/step.py under train.optimizer "muon"), on the step's own views:
+    the loss sums into report (the mean at report[0], micro-batch i's at report[2 + i:], four of them: every
+    alignment a float can have in 16 bytes, which the kernels are specialised on), the gradient norm into report[1:2],
+    AdamW over the embedding and over the untied head with their rows of hyper (no segment maxima: Muon's plans
+    record none), and Muon over its groups (modern_muon_groups) with its row, its scratch as kernels/muon.py plans
+    it. Muon's Newton-Schulz GEMMs are cuBLAS's (torch.bmm, baddbmm): nothing of them is swept."""
+    e, f32, i32 = _meta(dtype), torch.float32, torch.int32
+    C, V, N = s.C, s.V, s.B * s.T
+    report, losses, tg = e(2 + 4, dt=f32), e(N, dt=f32), e(N, dt=i32)
+    crossentropy.loss_weights(e(N, dt=f32), tg, e(1, dt=f32))
+    for i in range(4):
+        crossentropy.loss_sum(report, losses, tg, 0.25, accumulate=True)
+        crossentropy.loss_sum(report[2 + i :], losses, tg, 1.0, accumulate=True)
+    groups = modern_muon_groups(s)
+    n = sum(len(grp.offsets) * grp.size for grp in groups) + 2 * V * C
+    p, g, m, v, norm = e(n, dt=f32), e(n, dt=f32), e(n, dt=f32), e(n, dt=f32), report[1:2]
+    compute = e(n) if dtype != f32 else None
+    partials = e(triton.cdiv(n, 1 << 16), dt=f32)
+    gradclip.grad_norm_partial(partials, g, 1 << 16)
+    gradclip.grad_norm_final(norm, partials)
+    hyper, mask = e(3, 8, dt=f32), e(n, dt=torch.uint8)  # rows: AdamW's embedding, AdamW's head, Muon's
+    for row, (lo, hi) in enumerate(((0, V * C), (n - V * C, n))):
+        adamw.adamw_step(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], mask[lo:hi], None if compute is None else
+                         compute[lo:hi], hyper[row], norm, 0.8, 0.95, 1e-10, 0.0, 1.0)  # fmt: skip
+    kinds = {"compute": dtype, "f32": f32, "i32": i32}
+    scratch = {b.keyword: e(b.numel, dt=kinds[b.kind]) for b in muon.muon_scratch(groups)}
+    muon.muon_step(p, g, m, compute, hyper[2], norm, groups=groups, max_norm=1.0, **scratch)
+
+
 def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """precision fp8's launches: each site's casts (input, GELU'd input, output gradient, GELU's backward), primed
     and not, the weights' and the head's casts (one weight, and a site over L layers taking AdamW's amaxes), the
     slots' roll, AdamW recording those amaxes; and the scaled GEMM tile (k_mm_scaled), which only the interpreter
-    runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same."""
+    runs (on a GPU the E4M3 GEMMs are cuBLASLt's), compiled all the same. The modern block (s.block "modern") casts
+    every site's operands as they are (ReLU^2 is its own pass: no GELU on the way), and under Muon, which records no
+    amaxes, the weights' and the untied head's casts take their own amax launches; W_O's casts bind as W_1's input's
+    and W_2's gradient's do."""
     e, f32, f8 = _meta(dtype), torch.float32, torch.float8_e4m3fn
-    C, V, N = s.C, s.V, s.B * s.T
+    C, V, N, L, modern = s.C, s.V, s.B * s.T, s.L, s.block == "modern"
     scratch = {name: e(N * 4 * C, dt=f8) for name in ("fp8_x", "fp8_g", "fp8_gt")} | {"fp8_wgrad": e(4 * C * C)}
     mm = fp8.Matmul(gemm.Gemm(cat, None), None, scratch)
     for G, Cin, OC in ((3, C, C), (1, C, 4 * C), (1, 4 * C, C)):
@@ -252,20 +325,25 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
                       e(OSLOT, dt=f32), e(OSLOT, dt=f32), Priming(True), e(Cin * N, dt=f8))  # fmt: skip
         for priming in (True, False):
             w.priming.on = priming
-            gelu_in = Cin == 4 * C  # W_2's input is gelu(h), cast as GELU computes it
+            gelu_in = Cin == 4 * C and not modern  # GPT-2's W_2 input is gelu(h), cast as GELU computes it
             mm.forward(e(G, N, OC), None if gelu_in else e(N, Cin), w, gelu_of=e(N, Cin) if gelu_in else None)
             mm.backward(e(N, Cin), e(G, Cin, OC, dt=f32), e(G, N, OC), None, w,
-                        dgelu_of=e(N, OC) if OC == 4 * C else None)  # fmt: skip
+                        dgelu_of=e(N, OC) if OC == 4 * C and not modern else None)  # fmt: skip
         mm.cast_weights([w])
-        mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
-        L = 12  # a site over its layers, as the step casts it (the amaxes a site's every fourth)
+        # a site over its layers, as the step casts it: taking AdamW's amaxes (a site's every fourth), or its own
+        take = None if modern else e(4 * L, dt=f32)[::4]
         fp8_cast.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
-                 e(L, G, OC, Cin, dt=f8), hist=0, take=e(4 * L, dt=f32)[::4])  # fmt: skip
-    fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's wte
-    fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, hist=0, take=e(1, dt=f32))
+                 e(L, G, OC, Cin, dt=f8), prime=True, hist=0, take=take)  # fmt: skip
+        if not modern:
+            mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
+    fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's weight
+    if not modern:  # after AdamW
+        fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, hist=0, take=e(1, dt=f32))
     fp8_cast.cast(cat, e(N, C), e(SLOT, dt=f32), e(N, C, dt=f8), None, prime=True, hist=0)  # the head's lnf
-    mm.roll(e(12, 4, 2, OSLOT, dt=f32), True)
-    mm.roll(e(12, 4, 2, OSLOT, dt=f32), False)
+    mm.roll(e(L, 4, 2, OSLOT, dt=f32), True)
+    mm.roll(e(L, 4, 2, OSLOT, dt=f32), False)
+    if modern:
+        return
     n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its segment maxima: ops/adamw.py)
     flat = e(n, dt=f32)
     table = e(triton.cdiv(n, SEGMENT_BLOCK), 4, dt=torch.int32)
@@ -275,5 +353,5 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them
 # against experiments/); the modern block's at ANDREA-120M's size: 6 heads of 128 (issue 46)
-ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304))
-MODERN = (Shape("ANDREA-120M-MODERN", 8, 1024, 768, 6, 50304, "modern"),)
+ANDREA = (Shape("ANDREA-12M", 16, 512, 384, 6, 4096, 6), Shape("ANDREA-120M", 8, 1024, 768, 12, 50304, 12))
+MODERN = (Shape("ANDREA-120M-MODERN", 8, 1024, 768, 6, 50304, 12, "modern"),)
