@@ -136,6 +136,33 @@ def test_byte_model_exports(tmp_path: Path) -> None:
     np.testing.assert_allclose(hf_logits(hf_model(tmp_path / "hf"), ids), ours, atol=1e-4, rtol=0)
 
 
+def test_the_modern_block_exports_as_nanochat(tmp_path: Path) -> None:
+    """model.block "modern": transformers' NanoChatForCausalLM computes the same logits as microgpt's decode step (its
+    rotation the other way round, its q and k projections' second halves negated), its greedy tokens are `microgpt
+    sample`'s; GGUF refuses it in one line, writing nothing."""
+    from tests.test_modern import MODERN_RUN
+
+    exp = write_experiment(tmp_path, model={**MODERN_RUN["model"], "vocab_size": 512}, train={**MODERN_RUN["train"],
+                           "steps": 6}, data={"path": str(tmp_path / "data")})  # fmt: skip
+    assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
+    res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"))
+    assert res.returncode == 0 and "a transformers NanoChat folder" in res.stdout, res.stderr
+    model, run = hf_model(tmp_path / "hf"), str(tmp_path / "run")
+    assert type(model).__name__ == "NanoChatForCausalLM"
+    tok = load_tokenizer(load_trained(run).side["tokenizer"])
+    ids = tok.encode(PROMPTS[0])
+    gen = sample.load(run)[0]
+    np.testing.assert_allclose(hf_logits(model, ids), np.stack([gen.feed([t]) for t in ids]), atol=1e-4, rtol=0)
+    model.generation_config.eos_token_id = None
+    n = 32 - len(ids) - 1
+    with torch.no_grad():
+        got = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    assert got[0, len(ids) :].tolist() == generate(sample.load(run)[0], ids, n, sample.Sampling(), [0])[0]
+    res = cli("export", run, "--out", str(tmp_path / "m.gguf"), "--format", "gguf")
+    assert res.returncode == 2 and res.stderr.startswith("error: --format gguf: ") and "NanoChat" in res.stderr
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_out_not_empty_is_refused_untouched(run: Path, tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("mine")
     res = cli("export", str(run), "--out", str(tmp_path))

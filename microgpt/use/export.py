@@ -1,5 +1,6 @@
-"""`microgpt export`: a checkpoint as a Hugging Face `transformers` GPT-2 folder, or (`--format gguf`) as one GGUF
-file for llama.cpp (microgpt/use/export_gguf.py, which reads the same GPT-2 state as written here).
+"""`microgpt export`: a checkpoint as a Hugging Face `transformers` folder (GPT-2 for ANDREA's block, NanoChat for the
+modern block), or (`--format gguf`, ANDREA's block) as one GGUF file for llama.cpp (microgpt/use/export_gguf.py, which
+reads the same GPT-2 state as written here).
 
 ANDREA is GPT-2's architecture (learned positions, pre-LN with bias, tanh GELU = "gelu_new", tied head) with no
 linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so the mapping is one-to-one:
@@ -10,6 +11,19 @@ linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so 
     h{i}.w_o, w_1, w_2          -> attn.c_proj.weight (C,C), mlp.c_fc.weight (C,4C), mlp.c_proj.weight (4C,C)
     lnf_w/b                     -> transformer.ln_f.weight/bias
     (none)                      -> every linear bias: zeros; lm_head is tied to wte and not stored
+
+The modern block (model.block "modern") is transformers' NanoChatForCausalLM, which computes the same function:
+RMSNorm without weights (eps 1e-6) after the embedding, before each branch and at the end, QK-norm per head, rotary
+positions, ReLU^2 between two bias-free linears, an untied head and the logit soft-cap. nn.Linear stores [out, in],
+so every matrix goes transposed; and NanoChat rotates the other way (its rotate_half is (x2, -x1)), which is
+microgpt's rotation conjugated by negating each head's second half: q and k's projections go with the rows of those
+halves negated, which leaves every attention score (and the per-head norm) as it is.
+
+    wte                         -> model.embed_tokens.weight (V,C)
+    h{i}.w_q, w_k (halves -)    -> model.layers.{i}.self_attn.q_proj.weight, k_proj.weight (C,C), transposed
+    h{i}.w_v, w_o               -> self_attn.v_proj.weight, o_proj.weight, transposed
+    h{i}.w_1, w_2               -> mlp.fc1.weight (4C,C), mlp.fc2.weight (C,4C), transposed
+    lm_head                     -> lm_head.weight (V,C)
 
 The folder: config.json, model.safetensors (fp32 or bf16), tokenizer.json + tokenizer_config.json (special tokens,
 a ChatML chat_template rendering exactly what microgpt/data/chatml.py render gives), generation_config.json and a
@@ -66,6 +80,29 @@ def hf_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, 
             w = np.concatenate([P[h + leaf] for leaf in leaves], axis=1)
             out[o + HF_SITES[site] + ".weight"], out[o + HF_SITES[site] + ".bias"] = w, np.zeros(w.shape[1], np.float32)
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+NANOCHAT_SITES = {"w_q": "self_attn.q_proj", "w_k": "self_attn.k_proj", "w_v": "self_attn.v_proj",
+                  "w_o": "self_attn.o_proj", "w_1": "mlp.fc1", "w_2": "mlp.fc2"}  # fmt: skip
+
+
+def nanochat_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
+    """The modern block's named weights -> NanoChatForCausalLM's: each matrix transposed to [out, in], q's and k's
+    rows of each head's second half negated (the module docstring says why)."""
+    D = params.head_dim(m)
+    flip = np.ones(m.d_model, np.float32).reshape(m.n_head, D)
+    flip[:, D // 2 :] = -1
+    out = {"model.embed_tokens.weight": P["wte"], "lm_head.weight": P["lm_head"]}
+    for i in range(m.n_layer):
+        for leaf, hf in NANOCHAT_SITES.items():
+            w = P[f"h{i}.{leaf}"].T
+            out[f"model.layers.{i}.{hf}.weight"] = w * flip.reshape(-1, 1) if leaf in ("w_q", "w_k") else w
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
+    """The transformers state of the model's family: GPT-2's, or NanoChat's for the modern block."""
+    return nanochat_state_dict(P, m) if m.block == "modern" else hf_state_dict(P, m)
 
 
 def to_bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -139,6 +176,17 @@ def hf_config(m: config.ModelConfig, special: dict[str, int], dtype: str) -> dic
 
     eot = special.get(EOT, 0)  # the byte model separates documents with byte 0
     torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
+    if m.block == "modern":
+        return {
+            "architectures": ["NanoChatForCausalLM"], "model_type": "nanochat", "vocab_size": m.vocab_size,
+            "hidden_size": m.d_model, "intermediate_size": 4 * m.d_model, "num_hidden_layers": m.n_layer,
+            "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head, "head_dim": params.head_dim(m),
+            "max_position_embeddings": m.seq_len, "hidden_act": "relu2", "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base},
+            "final_logit_softcapping": m.softcap or None, "attention_bias": False, "attention_dropout": 0.0,
+            "tie_word_embeddings": False, "use_cache": True, "bos_token_id": eot, "eos_token_id": eot,
+            "pad_token_id": eot, "torch_dtype": torch_dtype, "dtype": torch_dtype,
+        }  # fmt: skip
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
         "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
@@ -171,8 +219,9 @@ def model_card(ld: Trained, dtype: str) -> str:
     tok = side.get("tokenizer", {})
     lines = [
         f"# {ld.exp.name}", "",
-        "A small GPT (ANDREA architecture = GPT-2 with zero linear biases) trained with "
-        "microgpt and exported with `microgpt export`.", "",
+        ("A small GPT (ANDREA's modern block: NanoChat's architecture) trained with microgpt and exported with "
+         "`microgpt export`." if m.block == "modern" else "A small GPT (ANDREA architecture = GPT-2 with zero linear "
+         "biases) trained with microgpt and exported with `microgpt export`."), "",
         f"- model: d_model {m.d_model}, n_layer {m.n_layer}, n_head {m.n_head}, context {m.seq_len}, "
         f"vocab {m.vocab_size} ({params.n_params(m):,} parameters), weights {dtype}",
         f"- tokenizer: {tok.get('kind', 'bytes')}",
@@ -214,6 +263,10 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
                           "(nothing overwritten)")  # fmt: skip
     ld = load_trained(where)
     m = ld.exp.model
+    if fmt == "gguf" and m.block != "gpt2":
+        raise ExportError(f"--format gguf: {ld.path} is a model.block {m.block!r} model; llama.cpp's GPT-2 has no "
+                          "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
+                          "NanoChat)")  # fmt: skip
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)
@@ -232,7 +285,7 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
     except OSError as e:
         raise output_error(e, f"--out {out}: cannot create a folder in {out.parent}") from None
     try:
-        save_safetensors(hf_state_dict(ld.params(), m), tmp / "model.safetensors", dtype)
+        save_safetensors(state_dict(ld.params(), m), tmp / "model.safetensors", dtype)
         atomic_write_json(tmp / "config.json", hf_config(m, special, dtype))
         atomic_write_json(tmp / "generation_config.json", generation_config(special))
         atomic_write_json(tmp / "tokenizer_config.json", tok_cfg)
@@ -251,7 +304,7 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
 
 
 def parser() -> ArgParser:
-    what = "Write a Hugging Face transformers (GPT-2) folder, or a GGUF file for llama.cpp."
+    what = "Write a Hugging Face transformers folder (GPT-2, or NanoChat for the modern block), or a GGUF file."
     p = ArgParser(prog="microgpt export", description=what)
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
     p.add_argument("--out", required=True,
@@ -266,6 +319,7 @@ def parser() -> ArgParser:
 def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     out, ld = export_trained(args.checkpoint, args.out, args.dtype, args.format)
-    what = "a transformers GPT-2 folder" if args.format == "hf" else "a GGUF file (llama.cpp's gpt2)"
+    arch = "NanoChat" if ld.exp.model.block == "modern" else "GPT-2"
+    what = f"a transformers {arch} folder" if args.format == "hf" else "a GGUF file (llama.cpp's gpt2)"
     print(f"exported {ld.path} (step {ld.step}) to {out}: {what}, {args.dtype} weights")
     return 0
