@@ -100,7 +100,7 @@ def test_train_and_run_take_the_shared_flags_as_declared_once() -> None:
     train, run = flag_table(cli.train_parser()), flag_table(supervisor.run_parser())
     assert set(shared) == SHARED_FLAGS
     assert {k: train[k] for k in shared} == shared and {k: run[k] for k in shared} == shared
-    assert set(train) - SHARED_FLAGS == {"resume", "json"}
+    assert set(train) - SHARED_FLAGS == {"resume", "json", "check"}
     assert set(run) - SHARED_FLAGS == {"dashboard", "hang_timeout", "max_restarts"}
 
 

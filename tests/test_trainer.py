@@ -8,7 +8,7 @@ import re
 
 from microgpt import checkpoint, config, runlog
 from microgpt.engine import optim
-from microgpt.run import trainer
+from microgpt.run import progress, trainer
 from tests.conftest import TINY, cli, json_lines, write_experiment
 
 
@@ -91,7 +91,7 @@ def test_the_step_line_shows_the_runs_training_time() -> None:
     """A step line's elapsed time is the record's elapsed_s (the run's training time across resumes, which the
     dashboard shows under `run`), not the seconds this process has been up."""
     rec = {"step": 301, "loss": 3.9, "lr": 3e-4, "grad_norm": 0.7, "tokens_per_s": 2000.0, "elapsed_s": 3725.4}
-    line = trainer._progress(rec, 400, trainer._Clock(300, 400))
+    line = progress.step_line(rec, 400, progress.Clock(300, 400))
     assert line.startswith(
         "step    301/400 | loss 3.9000 | lr 3.00e-04 | norm 0.700 | 2,000 tok/s | 1:02:05 elapsed, ETA "
     )

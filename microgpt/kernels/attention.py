@@ -206,7 +206,7 @@ BWD_CONFIGS = [_cfg(4, 3, BM1=32, BN1=128, BM2=128, BN2=32), _cfg(4, 4, BM1=32, 
 # whose warm-up times every candidate: its default is never run untimed.
 FWD_DEFAULT = 5
 # Head sizes 65 to 128 (the modern block's 128): each tile holds twice the lanes, so the lists above would put some
-# candidates over sm_90's shared memory and most of the rest spilling (the compile sweep at ANDREA-120M-modern,
+# candidates over sm_90's shared memory and most of the rest spilling (the compile sweep at ANDREA-120M-MODERN,
 # kernels/check). These keep the tiles that spill little or nothing on sm_90, and a default first that fits every
 # target without spilling (forward BM 64 BN 64: 88 KiB on sm_80-sm_89; backward BM 32/BN 64: 58.5 KiB); the larger
 # ones fit sm_80 or sm_90 only and are dropped on the cards they do not fit (tuning.py).
