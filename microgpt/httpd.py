@@ -155,8 +155,10 @@ class BoundedHTTPServer:
 
     def __init__(self, port: int, handler: Handler, log: Callable[[str], None] | None = None, *,
                  host: str = "127.0.0.1", max_body: int = 0, workers: int = WORKERS, name: str = "microgpt-dashboard",
-                 errors: Callable[..., Answer] = error) -> None:  # fmt: skip
+                 errors: Callable[..., Answer] = error,
+                 on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None) -> None:  # fmt: skip
         self.handler, self.log, self.max_body, self.name, self.errors = handler, log, max_body, name, errors
+        self.on_loop = on_loop  # called on the loop once it runs (serve: the engine's socket read there)
         self.sock = listening_socket(host, port)
         self.port = self.sock.getsockname()[1]
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
@@ -174,6 +176,8 @@ class BoundedHTTPServer:
     async def _serve(self) -> None:
         self.loop, self.stopped = asyncio.get_running_loop(), asyncio.Event()
         server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD, backlog=BACKLOG)
+        if self.on_loop is not None:
+            self.on_loop(self.loop)
         self.ready.set()
         await self.stopped.wait()
         server.close()  # no new connection; the answers under way get the grace to finish
