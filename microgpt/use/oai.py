@@ -233,21 +233,25 @@ def parse(obj: dict[str, Any], chat: bool, model: Model) -> Spec:
     logprobs = None if chat else number(obj, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
     least = 0 if echo else 1  # echo with max_tokens 0: the prompt alone, scored
     limit = number(obj, "max_completion_tokens", config.MAX_TOKENS if chat else 16, least, config.MAX_TOKENS, True)
-    keep = number(obj, "truncate_prompt_tokens", None, 1, model.seq_len, integer=True)
+    max_tokens = number(obj, "max_tokens", limit, least, config.MAX_TOKENS, integer=True)
+    # a prompt scored and not continued (echo, max_tokens 0) may hold one token more than the context: its last
+    # token is only predicted, never fed (lm-evaluation-harness sends max_length + 1 tokens)
+    fits = model.seq_len + (echo and max_tokens == 0)
+    keep = number(obj, "truncate_prompt_tokens", None, 1, fits, integer=True)
     ids = [model.encode(p) if isinstance(p, str) else p for p in raw]
     texts = [p if isinstance(p, str) else model.decode(p) for p in raw]
     for i, p in enumerate(ids):
         if keep is not None and len(p) > keep:
             ids[i] = p = p[-keep:]
             texts[i] = model.decode(p)
-        if len(p) > model.seq_len:
+        if len(p) > fits:
             what = "messages take" if chat else "prompt takes" if len(ids) == 1 else f"prompt[{i}] takes"
             raise ApiError(400, f"this model's context is {model.seq_len} tokens; the {what} {len(p)} (send "
                            "truncate_prompt_tokens to keep a prompt's last tokens)", "messages" if chat else "prompt",
                            err="context_length_exceeded")  # fmt: skip
     return Spec(
         chat=chat, prompts=ids, texts=texts, n=n,
-        max_tokens=number(obj, "max_tokens", limit, least, config.MAX_TOKENS, integer=True),
+        max_tokens=max_tokens,
         sampling=Sampling(number(obj, "temperature", 1.0, 0, 2), number(obj, "top_k", 0, 0, config.INT_MAX, True),
                           number(obj, "top_p", 1.0, 0, 1)),
         stops=stops_of(obj) + (STOPS if chat else (EOT,)),

@@ -40,6 +40,7 @@ engine's queue is never longer than that.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -171,8 +172,10 @@ class Scheduler:
         t1 = self._time("admit", t0)
         self.prefill()
         t2 = self._time("prefill", t1)
+        model = self.counts["model_s"]
         self.pending = self.launch(prev)
         self._time("launch", t2)
+        self.counts["launch_s"] -= self.counts["model_s"] - model  # the host's part of the launch
         if prev is not None:
             self.finish(prev)
 
@@ -214,8 +217,9 @@ class Scheduler:
         self.free.remove(slot)
         self.owner[slot], row.slot, row.fed = row, slot, reuse
         self.counts["reused_tokens"] += reuse
-        self.ids[slot, : row.prompt.size] = row.prompt
-        self.fed[slot], self.known[slot] = reuse, row.prompt.size
+        known = min(row.prompt.size, self.T)  # a scored prompt may hold T + 1 tokens: the last is never fed
+        self.ids[slot, :known] = row.prompt[:known]
+        self.fed[slot], self.known[slot] = reuse, known
 
     def joined(self, row: Row) -> None:
         """row's prompt is in the cache but for its last token, which its first decode step feeds."""
@@ -323,7 +327,9 @@ class Scheduler:
         self.S.stage_decode(inputs)
         for dst, src, n in runs:
             self.S.carry(dst, src, n)
-        wait = self.S.launch_decode(b)
+        t0 = time.perf_counter()
+        wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
+        self._time("model", t0)
         step = Step(list(rows), inputs[b : 2 * b].copy(), wait, any(r.host_draws for r in rows))
         for j, row in enumerate(rows):
             row.step, row.at, row.token = step, j, -1
@@ -406,7 +412,7 @@ def main(argv: list[str]) -> int:
         chan.send("fail", f"the engine did not start: {type(e).__name__}: {e}")
     else:
         chan.send("ready", {"max_batch": gen.S.B, "backend": gen.S.K.name, "precision": gen.S.K.precision.name,
-                            "device": gen.S.K.device})  # fmt: skip
+                            "device": gen.S.K.device, "engine_pid": os.getpid()})  # fmt: skip
         Scheduler(gen, chan).run()
     while chan.outbox and not chan.closed:
         chan.wait(1.0)

@@ -428,11 +428,13 @@ class Api:
         try:
             texts = [self._echo(spec, c) for c in job.choices]
             finish: list[str | None] = [None] * len(job.choices)
-            while job.left:
+            left = len(job.choices)  # as this reader has seen them end (the job's own count may be ahead)
+            while left:
                 await job.ready.wait()
                 for ev in map(self._checked, job.take()):
                     texts[ev.index] += ev.text
                     finish[ev.index] = ev.finish or finish[ev.index]
+                    left -= ev.finish is not None
             choices = [reply.choice(c.index, texts[c.index], finish[c.index], logprobs=self._logprobs(spec, c))
                        for c in job.choices]  # fmt: skip
             return json_answer({**reply.head(), "choices": choices, "usage": self._usage(job, spec)})
@@ -459,16 +461,19 @@ class Api:
         if spec.chat or spec.echo:
             for c in job.choices:
                 if spec.echo and spec.logprobs is not None:
-                    while c.echo is None and job.left and not job.events:
-                        await job.ready.wait()  # the prompt's logprobs come before its first token
+                    while c.echo is None and not job.events:  # the prompt's logprobs come before its tokens
+                        job.ready.clear()  # no set can come between this and the wait: both on this loop
+                        await job.ready.wait()
                 lps = oai.completion_logprobs(c.echo, self.tok.decode) if c.echo else None
                 yield sse({**head, "choices": [reply.choice(c.index, self._echo(spec, c), None, chunk=True,
                                                             role=True, logprobs=lps)]})  # fmt: skip
-        while job.left:
+        left = len(job.choices)  # as this reader has seen them end (the job's own count may be ahead)
+        while left:
             await job.ready.wait()
             out = []
             try:
                 for ev in map(self._checked, job.take()):
+                    left -= ev.finish is not None
                     lps = oai.completion_logprobs(ev.logprobs, self.tok.decode) if ev.logprobs else None
                     if ev.text and lps is None:
                         out.append(text(ev.index, ev.text))
