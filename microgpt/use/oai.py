@@ -1,17 +1,18 @@
 """The OpenAI API's shapes for `microgpt serve`: a request body read into a `Spec` (every field checked, a 4xx
 `ApiError` naming the field otherwise), and the JSON of errors, answers and streamed chunks.
 
-Read: model (required, the run's name), messages (chat: roles system, developer (as system), user, assistant;
-content a string or a list of text parts) or prompt (completions: a string, a list of strings, a list of token ids,
-or a list of such lists: one choice set per prompt, as OpenAI's batched prompts), max_tokens (or
-max_completion_tokens; completions with echo may ask 0: the prompt scored, nothing drawn), temperature (0..2, default
-1), top_p (0..1), top_k (an extension, as vLLM's and llama.cpp's), n (1..--max-batch), stop (a string or a list of
-up to 4), seed, stream, stream_options.include_usage, echo and logprobs (completions: 0..5, each token's logprob and
-the likeliest alternatives; with echo the prompt's tokens too, as loglikelihood clients such as lm-evaluation-harness
-score), truncate_prompt_tokens (an extension, as vLLM's: keep a prompt's last N tokens instead of refusing one longer
-than the context). Text must be UTF-8 (JSON can carry a lone surrogate, which no tokenizer takes: 400 naming the
-field). The fields that would change the answer and are not implemented are refused unless at their neutral value
-(NEUTRAL); any other field is ignored (user, metadata, store, ...), as clients send fields a server lacks.
+Read: model (required, the run's name), messages (chat: roles system, developer (as system), user, assistant; content a
+string or a list of text parts) or prompt (completions: a string, a list of strings, a list of token ids, or a list of
+such lists: one choice set per prompt, as OpenAI's batched prompts), max_tokens (or max_completion_tokens; completions
+with echo may ask 0: the prompt scored, nothing drawn), temperature (0..2, default 1), top_p (0..1), top_k (an
+extension, as vLLM's and llama.cpp's), n (1..--max-batch), stop (a string or a list of up to 4), seed, stream,
+stream_options.include_usage, echo and logprobs (completions: 0..5, each token's logprob and the likeliest alternatives;
+with echo the prompt's tokens too, as loglikelihood clients such as lm-evaluation-harness score), truncate_prompt_tokens
+(an extension, as vLLM's: keep a prompt's last N tokens instead of refusing one longer than the context), ignore_eos (an
+extension, as vLLM's: <|endoftext|> does not end a choice; benchmarks). Text must be UTF-8 (JSON can carry a lone
+surrogate, which no tokenizer takes: 400 naming the field). The fields that would change the answer and are not
+implemented are refused unless at their neutral value (NEUTRAL); any other field is ignored (user, metadata, store,
+...), as clients send fields a server lacks.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Spec:
     include_usage: bool
     echo: bool
     logprobs: int | None  # completions: each token's logprob and this many alternatives; None: not asked
+    ignore_eos: bool = False  # the end of document does not end a choice (an extension, as vLLM's: benchmarks)
 
     @property
     def choices(self) -> int:
@@ -230,6 +232,7 @@ def parse(obj: dict[str, Any], chat: bool, model: Model) -> Spec:
         raise ApiError(400, f"{len(raw)} prompts x n {n} choices: this server holds at most {model.max_rows} at once",
                        "prompt", err="invalid_value")  # fmt: skip
     echo = not chat and typed(obj, "echo", bool, False)
+    ignore_eos = typed(obj, "ignore_eos", bool, False)
     logprobs = None if chat else number(obj, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
     least = 0 if echo else 1  # echo with max_tokens 0: the prompt alone, scored
     limit = number(obj, "max_completion_tokens", config.MAX_TOKENS if chat else 16, least, config.MAX_TOKENS, True)
@@ -254,11 +257,11 @@ def parse(obj: dict[str, Any], chat: bool, model: Model) -> Spec:
         max_tokens=max_tokens,
         sampling=Sampling(number(obj, "temperature", 1.0, 0, 2), number(obj, "top_k", 0, 0, config.INT_MAX, True),
                           number(obj, "top_p", 1.0, 0, 1)),
-        stops=stops_of(obj) + (STOPS if chat else (EOT,)),
+        stops=stops_of(obj) + tuple(s for s in (STOPS if chat else (EOT,)) if not (ignore_eos and s == EOT)),
         seed=number(obj, "seed", None, 0, config.SEED_MAX - len(ids) * n + 1, integer=True),
         stream=typed(obj, "stream", bool, False),
         include_usage=typed(typed(obj, "stream_options", dict, {}), "include_usage", bool, False),
-        echo=echo, logprobs=logprobs,
+        echo=echo, logprobs=logprobs, ignore_eos=ignore_eos,
     )  # fmt: skip
 
 

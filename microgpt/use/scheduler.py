@@ -101,8 +101,8 @@ class Step:
 class Scheduler:
     """The loop over gen's max_batch cache rows (the module docstring), talking to the HTTP side over chan."""
 
-    def __init__(self, gen: Generator, chan: Channel) -> None:
-        self.gen, self.S, self.chan = gen, gen.S, chan
+    def __init__(self, gen: Generator, chan: Channel, reuse: bool = True) -> None:
+        self.gen, self.S, self.chan, self.reuse = gen, gen.S, chan, reuse
         self.max_batch, self.T = gen.S.B, gen.m.seq_len
         self.ids = np.zeros((self.max_batch, self.T), np.int32)  # each cache row's tokens, where the host knows them
         self.fed = np.zeros(self.max_batch, np.int64)  # positions of each cache row written (or queued)
@@ -201,7 +201,7 @@ class Scheduler:
         none for a prompt whose every logprob is asked: echo)."""
         target, n = row.prompt[:-1], row.prompt.size - 1
         lcp = np.zeros(self.max_batch, np.int64)
-        if n and not row.spec.echo:
+        if n and self.reuse and not row.spec.echo:
             eq = self.ids[:, :n] == target
             lcp = np.minimum(np.where(eq.all(1), n, eq.argmin(1)), np.minimum(self.fed, self.known))
         free = np.array(self.free)
@@ -394,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, required=True)
     p.add_argument("--backend", required=True)
     p.add_argument("--precision")
+    p.add_argument("--no-prefix-reuse", action="store_true")
     return p
 
 
@@ -413,7 +414,7 @@ def main(argv: list[str]) -> int:
     else:
         chan.send("ready", {"max_batch": gen.S.B, "backend": gen.S.K.name, "precision": gen.S.K.precision.name,
                             "device": gen.S.K.device, "engine_pid": os.getpid()})  # fmt: skip
-        Scheduler(gen, chan).run()
+        Scheduler(gen, chan, reuse=not args.no_prefix_reuse).run()
     while chan.outbox and not chan.closed:
         chan.wait(1.0)
         chan.flush()

@@ -149,7 +149,8 @@ class Engine:
         ours, theirs = socket.socketpair()
         cmd = [sys.executable, "-m", "microgpt.use.scheduler", str(theirs.fileno()), str(ld.path),
                "--max-batch", str(args.max_batch), "--backend", args.backend,
-               *(["--precision", args.precision] if args.precision else [])]  # fmt: skip
+               *(["--precision", args.precision] if args.precision else []),
+               *(["--no-prefix-reuse"] if args.no_prefix_reuse else [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.chan = Channel(ours)
@@ -402,7 +403,7 @@ class Api:
 
     def _job(self, spec: Spec) -> tuple[Job, list[RowSpec]]:
         seed = secrets.randbelow(2**62) if spec.seed is None else spec.seed
-        stop = (self.tok.eot_id,)
+        stop = () if spec.ignore_eos else (self.tok.eot_id,)
         choices, rows = [], []
         for i in range(spec.choices):
             prompt = spec.prompts[i // spec.n]
@@ -499,6 +500,8 @@ def parser() -> ArgParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (rows of the KV cache)")
     p.add_argument("--queue", type=int, default=32, help="more sequences that may wait for a row; past them, 429")
+    p.add_argument("--no-prefix-reuse", action="store_true", help="prefill every prompt whole (bench/serve.py's "
+                   "comparison): no keys and values of a cached prefix reused")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     add_flags(p)
     return p
