@@ -338,14 +338,19 @@ def decode_rates(args: argparse.Namespace, m: Any, w: np.ndarray, lengths: dict[
     return out
 
 
-def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict) -> list[dict]:
-    """Warm-up, each kind's prompts alone, then every row (the module docstring)."""
+def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int) -> None:
+    """Streams joining one at a time up to `top`, each lasting until the last has joined: every batch size's decode
+    step prepared (on a GPU tuned and its graph captured) before anything is timed."""
     t0 = time.perf_counter()
-    top = max(args.streams)
     warm = [(k, body(server.model, prompts.get("short", k), min(args.tokens, 16 + top // 4), args, k))
             for k in range(top)]  # fmt: skip
     threads(server.port, warm, args.timeout, ramp=True)
     print(f"bench: warm-up to {top} streams in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict) -> list[dict]:
+    """Warm-up, each kind's prompts alone, then every row (the module docstring)."""
+    warm_up(server, args, prompts, max(args.streams))
     rows = []
     for kind in args.prompts:
         alone = {k: stream(server.port, "/v1/completions", body(server.model, prompts.get(kind, k), args.tokens, args,
@@ -471,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                     chats.append(chat(server, args, prompts, tok, True))
             if args.chat:
                 with served(ckpt, args, log, term, "--no-prefix-reuse") as server:
+                    warm_up(server, args, prompts, args.chat)
                     chats.append(chat(server, args, prompts, tok, False))
         except (BenchError, OSError) as e:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])

@@ -1,16 +1,17 @@
 """Where `microgpt serve` spends host time per token, and what the host costs a GPU's decode step: the real server (a
 subprocess, as users run it) on a model whose own compute is almost nothing (d_model 8, one layer, a 2,048-entry
 byte-level BPE, NumPy backend, one BLAS thread), with the decode step's GPU time emulated: each step takes --step-ms
-(default 2 ms, ANDREA-120M's decode step at batch 64 on an H200, bench/RESULTS.md), during which the host is free, as
-on a GPU: where the server launches a step and reads its tokens later (InferState.launch_decode), that read waits
-until the step's time has passed since its launch; where it runs a step and waits for it (InferState.decode, the tree
-before), the step sleeps. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
+from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an H200), the tiny model's own compute
+included, and the host is free for the rest of it, as on a GPU: where the server launches a step and reads its tokens
+later (InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the
+step before it ended); where it runs a step and waits for it (InferState.decode, the tree before), the step sleeps
+out the rest of its time. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
 
     python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
     python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
     python dev/serve_profile.py --temperature 1       # the sampling path
 
-The clients are bench/serve.py's streamed /v1/completions, in this process (not the server's). Each phase reports:
+The clients are streamed /v1/completions, a thread each, in this process (not the server's). Each phase reports:
 
     tokens_per_s  the phase's completion tokens over its wall time, as bench/serve.py counts them
     of_step       tokens_per_s over the emulated step's own rate (streams / --step-ms): the issue's ratio
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
-from bench.serve import stream, together, tokenizer_record  # noqa: E402
+from bench.serve import tokenizer_record  # noqa: E402
 from microgpt.config import ModelConfig  # noqa: E402
 
 
@@ -78,8 +80,9 @@ if STEP_S:
         launch, busy = infer.InferState.launch_decode, [0.0]
 
         def launch_decode(self, b):
+            start = max(time.perf_counter(), busy[0])  # the emulated GPU's: after the step before it
             wait = launch(self, b)
-            busy[0] = done = max(time.perf_counter(), busy[0]) + STEP_S
+            busy[0] = done = start + STEP_S
 
             def waited():
                 if done > time.perf_counter():
@@ -93,8 +96,9 @@ if STEP_S:
         decode = infer.InferState.decode
 
         def decode_waiting(self, *args):
+            start = time.perf_counter()
             out = decode(self, *args)
-            time.sleep(STEP_S)
+            time.sleep(max(0.0, start + STEP_S - time.perf_counter()))
             return out
 
         infer.InferState.decode = decode_waiting
@@ -106,6 +110,32 @@ def bodies(model: str, n: int, tokens: int, temperature: float) -> list[dict[str
     return [{"model": model, "prompt": f"def request_{k}(self, data):", "max_tokens": tokens, "seed": k,
              "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
             for k in range(n)]  # fmt: skip
+
+
+def stream(port: int, body: dict[str, Any]) -> int:
+    """One streamed completion read to its end; its completion tokens (from the usage chunk)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        res = conn.getresponse()
+        usage = None
+        for line in res:
+            if line.startswith(b"data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+        return usage["completion_tokens"]
+    finally:
+        conn.close()
+
+
+def together(port: int, reqs: list[dict[str, Any]]) -> int:
+    """Every request at once, a thread each; their completion tokens."""
+    got = [0] * len(reqs)
+    pool = [threading.Thread(target=lambda i=i: got.__setitem__(i, stream(port, reqs[i]))) for i in range(len(reqs))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(got)
 
 
 class Server:
@@ -146,10 +176,9 @@ def phase(server: Server, reqs: list[dict[str, Any]], step_s: float) -> dict[str
     """One batch of streamed requests; what the server's processes spent on it, per token."""
     before, counts0 = server.cpu(), server.engine_counts()
     t0 = time.perf_counter()
-    runs = together(server.port, reqs, 300) if len(reqs) > 1 else [stream(server.port, reqs[0], 300)]
+    n = together(server.port, reqs)
     wall = time.perf_counter() - t0
     after, counts1 = server.cpu(), server.engine_counts()
-    n = sum(r.tokens for r in runs)
     per = 1e6 / n
     cpu: dict[str, float] = {}
     for proc in after:  # each process, and its busiest thread (the event loop; the engine's loop)

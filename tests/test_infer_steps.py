@@ -75,3 +75,17 @@ def test_window_logits_are_the_scoring_forwards_logits(b: int, t: int) -> None:
     z = np.concatenate([S.window_logits(lo, min(lo + S.B, b * t)).astype(np.float64) for lo in range(0, b * t, S.B)])
     lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
     check("losses", lse - z[np.arange(b * t), y.reshape(-1)], losses, 1e-5)
+
+
+def test_a_prompt_fed_in_one_step_is_the_prompt_fed_a_token_a_step() -> None:
+    """Rows of one cache row at distinct positions in one decode step (serve feeds a short prompt so): every row's
+    write precedes every row's attention, so each row's logits are those of feeding the tokens one step each; a
+    second row of another cache row decodes beside them."""
+    ids = np.random.default_rng(4).integers(0, M.vocab_size, 7).astype(np.int32)
+    one = state(8)
+    want = [one.K.to_numpy(one.decode([t], [p], [2]))[0].copy() for p, t in enumerate(ids)]
+    S = state(8)
+    prefill(S, ids[None, :2])  # row 0 holds positions 0, 1
+    got = S.K.to_numpy(S.decode(np.concatenate([[ids[2]], ids]), [2, *range(7)], [0] + [2] * 7)).copy()
+    check("a prompt in one step", got[1:], np.array(want), 1e-5)
+    check("the other row beside it", got[0], want[2], 1e-5)

@@ -161,8 +161,8 @@ class InferState:
         for name, a, top in (("tokens", tokens, V), ("positions", positions, T), ("slots", slots, self.B)):
             if a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= top:
                 raise ValueError(f"decode: {name} must be integers in [0, {top}) (got {a.min()} .. {a.max()})")
-        if np.unique(slots).size != b:
-            raise ValueError("decode: two rows of one step share a cache row (slots must be distinct)")
+        if np.unique(slots.astype(np.int64) * T + positions).size != b:
+            raise ValueError("decode: two rows of one step write one position of one cache row")
         return b
 
 

@@ -62,3 +62,11 @@ def test_copy_rows_and_window_logits_match_numpy() -> None:
     check("window logits", got[1][0], got[0][0], 1e-4)
     check("decode after copy_rows", got[1][1], got[0][1], 1e-4)
     assert np.array_equal(got[1][1][0], got[1][1][1]), "a copied row decodes as its source, bit for bit"
+
+
+def test_a_prompt_fed_in_one_step_matches_numpy() -> None:
+    """Rows of one cache row at distinct positions in one step (serve's short prompts): the triton kernels' writes of
+    a layer precede its attention, as the NumPy reference's."""
+    ids = np.random.default_rng(3).integers(0, M.vocab_size, 4).astype(np.int32)
+    got = [S.K.to_numpy(S.decode(ids, np.arange(4), np.full(4, 1))).copy() for S in states()]
+    check("a prompt in one step", got[1], got[0], 1e-4)
