@@ -55,7 +55,7 @@ class Harness:
             self.sched.command(msg)
         self.sched.step()
         step = self.sched.pending
-        self.launched.append([(r.rid, r.spec.index) for r in step.rows] if step else [])
+        self.launched.append([(r.rid, r.spec.index) for r in step.rows if r is not None] if step else [])
         self.sched.send()
         self.front.wait(0.01)
         for msg in self.front.receive():
@@ -89,21 +89,30 @@ PROMPTS = [[5], [7, 8, 9], list(range(10, 30)), [40, 41], list(range(3, 15)), [6
 
 @pytest.mark.parametrize("max_batch", [1, 3, 8])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_rows_decode_as_each_alone(max_batch: int, temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("short", [0, 5, 64])
+def test_rows_decode_as_each_alone(max_batch: int, temperature: float, short: int,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Seven prompts (1 to 20 tokens) at once: with fewer cache rows than prompts they wait, join as rows end, are
-    prefilled in windows of several rows, chunked at 4 tokens a row (so the 20-token prompt takes five passes), and
-    each row's tokens are its own prompt's alone; greedy rows carried one step behind, sampling ones not."""
+    prefilled in windows of several rows, chunked at 4 tokens a row (so the 20-token prompt takes five passes), or
+    fed through the decode step's spare rows where SHORT or fewer tokens are left (all of them at 64, none at 0),
+    and each row's tokens are its own prompt's alone; greedy rows carried one step behind, sampling ones not."""
     monkeypatch.setattr(scheduler, "CHUNK", 4)
     monkeypatch.setattr(scheduler, "PREFILL_TOKENS", 12)
+    monkeypatch.setattr(scheduler, "SHORT", short)
     h = Harness(max_batch)
     for rid, prompt in enumerate(PROMPTS):
         h.submit(rid, prompt, 6 + rid, temperature, seed=rid)
     h.until_done(list(range(len(PROMPTS))))
     for rid, prompt in enumerate(PROMPTS):
         assert h.tokens[rid, 0] == alone(prompt, 6 + rid, temperature, rid), rid
-    assert max(map(len, h.launched)) == min(max_batch, len(PROMPTS))
+    widest = max(map(len, h.launched))  # rows drawing at once (prompt tokens take rows of a step too)
+    assert widest == min(max_batch, len(PROMPTS)) if short == 0 else 1 <= widest <= max_batch
+    windows = h.sched.counts["prefill_windows"]
     chunks = sum(-(-(len(p) - 1) // 4) for p in PROMPTS)
-    assert h.sched.counts["prefill_windows"] == chunks if max_batch == 1 else h.sched.counts["prefill_windows"] < chunks
+    if short == 0:
+        assert windows == chunks if max_batch == 1 else windows < chunks  # batched
+    elif short == 64:
+        assert windows == 0 and h.sched.counts["prefill_tokens"] == sum(map(len, PROMPTS)) - 1  # but [5]'s one
     assert not h.sched.rows and len(h.sched.free) == max_batch
 
 
@@ -143,7 +152,7 @@ def test_a_prefix_is_reused_from_a_free_row_and_copied_from_a_busy_one() -> None
     assert h.sched.counts["reused_tokens"] >= len(first) + 7 and h.sched.counts["copied_tokens"] == 0
     system = list(range(60, 80))
     h.submit(2, system + [1, 2], 15)
-    for _ in range(3):
+    while (2, 0) not in h.tokens:  # its prompt all in its cache row: it decodes
         h.one_pass()
     h.submit(3, system + [3], 8)
     h.until_done([2, 3])

@@ -15,13 +15,17 @@ One pass of the loop (`step`):
                longest prefix with the prompt (a chat's history from its last turn: prefix reuse), or, where a
                busier row holds a longer one, the least recently used free row with that prefix copied into it
                (InferState.copy_rows: a system prompt shared by many conversations is computed once)
-    prefill    rows whose prompt is not all in the cache yet, batched into one window of the inference step
-               (model.gpt_infer, each row at its own position and cache row), at most PREFILL_TOKENS of window a pass
-               and CHUNK a row, so a long prompt is prefilled over several passes while the batch decodes; a row's
-               last prompt token is left for the decode step, which draws the first token from it
-    launch     the decode step of every row with a token to feed (InferState.stage_decode, launch_decode): the
-               inputs patched from the host's arrays, not rebuilt per row; on a GPU the step's CUDA graph replayed
-               without waiting, while the host goes on
+    prefill    rows with more than SHORT prompt tokens not in the cache yet, batched into one window of the
+               inference step (model.gpt_infer, each row at its own position and cache row), at most PREFILL_TOKENS of
+               window a pass and CHUNK a row, so a long prompt is prefilled over several passes while the batch
+               decodes; a row's last prompt token is left for the decode step, which draws the first token from it
+    launch     the decode step of every row with a token to feed, and in its spare rows (up to max_batch) the
+               prompt tokens of rows with at most SHORT left, one row each: a cache row's tokens at distinct
+               positions of one step, each reading the keys the others wrote (ops/decode.py), the last one drawing
+               the first token; so the short prompts that wait are prefilled together in the batch's own step (one
+               graph replay, not a launch per row and layer) and join the batch at once. The inputs are patched from
+               the host's arrays (InferState.stage_decode, launch_decode), not rebuilt per row; on a GPU the step's
+               CUDA graph is replayed without waiting, while the host goes on
     finish     the tokens of the step launched in the pass before, read only now: the GPU runs one step while the
                host reads the last one's tokens, sends them, and finds the rows that end. A greedy row's next token
                is carried into the next step on the device (InferState.carry), so the host is one step behind; a row
@@ -60,6 +64,7 @@ from microgpt.use.wire import Channel, RowSpec
 
 PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefilled in one pass at most
 CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
+SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
 IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
 INTERNAL = "internal error (see the server's stderr)"
 
@@ -92,7 +97,7 @@ class Row:
 class Step:
     """A decode step launched: its rows in order, their positions, and the wait for its greedy tokens."""
 
-    rows: list[Row]
+    rows: list[Row | None]  # the row each position draws for (None: a prompt token before the prompt's last)
     positions: np.ndarray
     wait: Callable[[], np.ndarray]
     host: bool  # a row draws on the host: finish it before the next launch
@@ -248,7 +253,8 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """Every row admitted gets the error (its request fails); the cache rows are free and hold nothing."""
-        rids = {r.rid for r in [*self.batch, *self.prefilling, *(self.pending.rows if self.pending else [])]}
+        rows = [*self.batch, *self.prefilling, *(self.pending.rows if self.pending else [])]
+        rids = {r.rid for r in rows if r is not None}
         for rid in rids:
             for row in list(self.rows.get(rid, ())):
                 self.end(row)
@@ -264,6 +270,8 @@ class Scheduler:
         self.prefilling = [r for r in self.prefilling if not r.done]
         rows, t, last = [], 0, 0  # last: the furthest position a row of the window starts at
         for row in self.prefilling:
+            if row.prompt.size - row.fed <= SHORT and not row.spec.echo:
+                continue  # the decode step feeds it (launch)
             w = min(row.prompt.size - 1 - row.fed, CHUNK)
             tt = max(t, w)
             if (len(rows) + 1) * tt > PREFILL_TOKENS or max(last, row.fed) + tt > self.T:
@@ -304,17 +312,54 @@ class Scheduler:
                 row.echo.append(logprob(logits[j], nxt, row.spec.logprobs))
 
     def launch(self, prev: Step | None) -> Step | None:
-        """The next decode step over the batch: rows that ended leave; a row continuing from `prev` whose token the
-        host does not know yet has it carried from prev's tokens on the device (runs of rows that kept their order
-        in one copy each)."""
+        """The next decode step: the batch's rows, one token each, then the rows left of it filled with the prompt
+        tokens of rows being prefilled that have at most SHORT left (a short prompt fed in one step, its last token's
+        row drawing its first token; a cache row's tokens at distinct positions in one step read each other's keys).
+        Rows that ended leave; a row continuing from `prev` whose token the host does not know yet has it carried
+        from prev's tokens on the device (runs of rows that kept their order in one copy each)."""
         self.batch = [r for r in self.batch if not r.done and r.fed < self.T]
-        rows = self.batch
-        if not rows:
+        spare, feeding = self.max_batch - len(self.batch), []
+        for row in self.prefilling:
+            left = row.prompt.size - row.fed
+            if spare and not row.done and not row.spec.echo and left <= SHORT:
+                feeding.append((row, row.fed, min(left, spare)))
+                spare -= feeding[-1][2]
+        b = self.max_batch - spare
+        if not b:
             return None
-        b = len(rows)
+        inputs, runs, rows = self._inputs(b, feeding)
+        self.S.stage_decode(inputs)
+        for dst, src, n in runs:
+            self.S.carry(dst, src, n)
+        t0 = time.perf_counter()
+        wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
+        self._time("model", t0)
+        step = Step(rows, inputs[b : 2 * b].copy(), wait, any(r.host_draws for r in rows if r is not None))
+        for j, row in enumerate(self.batch):
+            row.step, row.at, row.token = step, j, -1
+            row.fed += 1
+            self.fed[row.slot] = row.fed
+        at = len(self.batch)
+        for row, start, n in feeding:
+            at += n
+            row.fed += n
+            self.fed[row.slot] = row.fed
+            self.counts["prefill_tokens"] += n
+            if row.fed == row.prompt.size:  # its last token's row draws its first token: a row of the batch now
+                row.step, row.at, row.token = step, at - 1, -1
+                self.prefilling.remove(row)
+                self.batch.append(row)
+        self.counts["steps"] += 1
+        self.counts["rows"] += b
+        return step
+
+    def _inputs(self, b: int, feeding: list[tuple[Row, int, int]]) -> tuple[np.ndarray, list[list[int]], list]:
+        """The step's rows (3b,) int32 (tokens, positions, cache rows: the batch's, then the prompt tokens fed),
+        the carried runs [dst, src, n], and the row each position draws for (None: a prompt token before the last)."""
         inputs = np.empty(3 * b, np.int32)
-        runs: list[list[int]] = []  # [dst, src, n]
-        for j, row in enumerate(rows):
+        runs: list[list[int]] = []
+        rows: list[Row | None] = list(self.batch)
+        for j, row in enumerate(self.batch):
             if row.token >= 0:
                 inputs[j] = row.token
             else:  # continuing from prev: its token is prev's row row.at, on the device
@@ -324,20 +369,14 @@ class Scheduler:
                 else:
                     runs.append([j, row.at, 1])
             inputs[b + j], inputs[2 * b + j] = row.fed, row.slot
-        self.S.stage_decode(inputs)
-        for dst, src, n in runs:
-            self.S.carry(dst, src, n)
-        t0 = time.perf_counter()
-        wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
-        self._time("model", t0)
-        step = Step(list(rows), inputs[b : 2 * b].copy(), wait, any(r.host_draws for r in rows))
-        for j, row in enumerate(rows):
-            row.step, row.at, row.token = step, j, -1
-            row.fed += 1
-            self.fed[row.slot] = row.fed
-        self.counts["steps"] += 1
-        self.counts["rows"] += b
-        return step
+        j = len(self.batch)
+        for row, start, n in feeding:
+            inputs[j : j + n] = row.prompt[start : start + n]
+            inputs[b + j : b + j + n] = np.arange(start, start + n)
+            inputs[2 * b + j : 2 * b + j + n] = row.slot
+            rows += [None] * (n - 1) + [row if start + n == row.prompt.size else None]
+            j += n
+        return inputs, runs, rows
 
     def finish(self, step: Step) -> None:
         """The step's tokens, on the host: each row's drawn token sent, and the rows that end ended."""
@@ -345,8 +384,8 @@ class Scheduler:
         greedy = step.wait()
         t1 = self._time("wait", t0)
         for i, row in enumerate(step.rows):
-            if row.done:
-                continue  # it ended at the step before: this token is not its
+            if row is None or row.done:
+                continue  # a prompt token before the last; or it ended at the step before: this token is not its
             p = int(step.positions[i])
             if row.host_draws:
                 logits = self.gen.logits(i)
