@@ -1,11 +1,11 @@
 """Where `microgpt serve` spends host time per token, and what the host costs a GPU's decode step: the real server (a
-subprocess, as users run it) on a model whose own compute is almost nothing (d_model 8, one layer, a 2,048-entry
-byte-level BPE, NumPy backend, one BLAS thread), with the decode step's GPU time emulated: each step takes --step-ms
-from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an H200), the tiny model's own compute
-included, and the host is free for the rest of it, as on a GPU: where the server launches a step and reads its tokens
-later (InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the
-step before it ended); where it runs a step and waits for it (InferState.decode, the tree before), the step sleeps
-out the rest of its time. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
+subprocess, as users run it) on a tiny model (d_model 8, one layer, a 2,048-entry byte-level BPE, NumPy backend, one
+BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on the CPU (every row draws one token of
+text, TOKEN) and takes --step-ms from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an
+H200), the host free meanwhile. Where the server launches a step and reads its tokens later
+(InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the step
+before it ended); where it runs a step and waits for it (InferState.decode, the tree before), the step sleeps out its
+time. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
 
     python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
     python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
@@ -76,6 +76,11 @@ import os, time
 STEP_S = float(os.environ.get("SERVE_PROFILE_STEP_S") or 0)
 if STEP_S:
     from microgpt.engine import infer
+
+    def no_model(self, b):  # the GPU's work: none of it on this CPU; every row draws TOKEN
+        self.arena["next_ids"][:b] = TOKEN
+
+    infer.InferState._decode = no_model
     if hasattr(infer.InferState, "launch_decode"):  # launched now, its tokens read later: the GPU's time passes
         launch, busy = infer.InferState.launch_decode, [0.0]
 
@@ -104,6 +109,7 @@ if STEP_S:
         infer.InferState.decode = decode_waiting
 """
 HOST_SHAPE = ModelConfig(vocab_size=2048, d_model=8, n_layer=1, n_head=2, seq_len=512)
+TOKEN = 300  # what every decode step draws under the emulation (a token of text, not the end of document)
 
 
 def bodies(model: str, n: int, tokens: int, temperature: float) -> list[dict[str, Any]]:
@@ -144,7 +150,7 @@ class Server:
     def __init__(self, ckpt: Path, streams: int, step_s: float, folder: Path) -> None:
         cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", str(streams),
                "--queue", str(streams), "--backend", "numpy", "--precision", "fp32"]  # fmt: skip
-        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
         env = os.environ | {"PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
                             "OPENBLAS_NUM_THREADS": "1", "SERVE_PROFILE_STEP_S": str(step_s)}  # fmt: skip
         log = folder / "serve.log"

@@ -103,3 +103,16 @@ def test_the_chat_page_keeps_the_conversation_streams_and_stops(run_256: Path, b
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_the_page_is_package_data_and_needs_no_network() -> None:
+    """A non-editable install serves it (pyproject's package data, as the dashboard page), and it loads nothing
+    from elsewhere: no http(s) URL, no external script, style or font."""
+    import tomllib
+
+    from microgpt.use import serve
+
+    data = tomllib.loads((ARTIFACTS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert serve.PAGE.name in data["microgpt.use"] and serve.PAGE.is_file()
+    page = serve.PAGE.read_text()
+    assert "http://" not in page and "https://" not in page and "<script src" not in page and "<link" not in page

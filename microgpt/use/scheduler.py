@@ -51,7 +51,6 @@ import sys
 import time
 import traceback
 from collections import defaultdict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +58,7 @@ import numpy as np
 from microgpt.engine.trained import load_trained
 from microgpt.errors import InputError
 from microgpt.use import sample
+from microgpt.use.batch import Batch, Step
 from microgpt.use.sample import Generator, Sampling, pick
 from microgpt.use.wire import Channel, RowSpec
 
@@ -79,11 +79,8 @@ class Row:
     sampling: Sampling
     rng: np.random.Generator
     slot: int = -1
-    fed: int = 0  # positions of its cache row written with its tokens (or queued to be)
-    drawn: int = 0  # tokens drawn
-    token: int = -1  # the next token to feed where the host knows it, else -1 (carried on the device)
-    step: Step | None = None  # the last step it was launched in, and its row there
-    at: int = -1
+    fed: int = 0  # positions of its cache row written with its prompt (or queued to be), while it is prefilled
+    at: int = -1  # its place in the decode batch (batch.py), while it decodes
     done: bool = False
     echo: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # the prompt's logprobs so far
 
@@ -91,16 +88,6 @@ class Row:
     def host_draws(self) -> bool:
         """Its next token needs its logits on the host (sampling, or logprobs asked)."""
         return self.sampling.temperature > 0 or self.spec.logprobs >= 0
-
-
-@dataclass(eq=False)
-class Step:
-    """A decode step launched: its rows in order, their positions, and the wait for its greedy tokens."""
-
-    rows: list[Row | None]  # the row each position draws for (None: a prompt token before the prompt's last)
-    positions: np.ndarray
-    wait: Callable[[], np.ndarray]
-    host: bool  # a row draws on the host: finish it before the next launch
 
 
 class Scheduler:
@@ -117,19 +104,17 @@ class Scheduler:
         self.rows: dict[int, list[Row]] = {}  # rid -> its rows not done
         self.waiting: deque[Row] = deque()
         self.prefilling: list[Row] = []
-        self.batch: list[Row] = []  # rows with a token to feed: the next decode step's
+        self.batch = Batch(self.max_batch)  # rows with a token to feed: the next decode step's
         self.pending: Step | None = None
         self.started = self.stopping = False
-        self.out: list[tuple[int, int, int, int]] = []  # (rid, index, token, code) of this pass
-        self.out_lps: list[
-            tuple
-        ] = []  # (rid, index, token, logprob, top) of this pass's tokens whose logprobs are asked
+        self.out: list[tuple[np.ndarray, ...]] = []  # (rid, index, token, code) arrays of this pass
+        self.out_lps: list[tuple] = []  # (rid, index, token, logprob, top) of the tokens whose logprobs are asked
         self.counts: dict[str, float] = defaultdict(float)  # steps, rows, prefill and reused tokens, seconds a phase
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
         while not self.stopping and not self.chan.closed:
-            busy = self.started and bool(self.pending or self.batch or self.prefilling or self.waiting)
+            busy = self.started and bool(self.pending or len(self.batch) or self.prefilling or self.waiting)
             if not busy:
                 self.chan.wait(IDLE_WAIT_S)
             t0 = time.perf_counter()
@@ -170,7 +155,7 @@ class Scheduler:
         """One pass: admit, prefill, launch the next decode step, then finish the one before (the docstring)."""
         prev = self.pending
         if prev is not None and prev.host:
-            self.finish(prev)
+            self.finish(prev, host=True)
             prev = None
         t0 = time.perf_counter()
         self.admit()
@@ -182,7 +167,7 @@ class Scheduler:
         self._time("launch", t2)
         self.counts["launch_s"] -= self.counts["model_s"] - model  # the host's part of the launch
         if prev is not None:
-            self.finish(prev)
+            self.finish(prev, host=False)
 
     def _time(self, phase: str, since: float) -> float:
         now = time.perf_counter()
@@ -206,6 +191,8 @@ class Scheduler:
         none for a prompt whose every logprob is asked: echo)."""
         target, n = row.prompt[:-1], row.prompt.size - 1
         lcp = np.zeros(self.max_batch, np.int64)
+        nb = len(self.batch)
+        self.fed[self.batch.slot[:nb]] = self.batch.pos[:nb]  # the decoding rows' positions so far
         if n and self.reuse and not row.spec.echo:
             eq = self.ids[:, :n] == target
             lcp = np.minimum(np.where(eq.all(1), n, eq.argmin(1)), np.minimum(self.fed, self.known))
@@ -232,10 +219,9 @@ class Scheduler:
             self.chan.send("echo", row.rid, row.spec.index, row.echo)
         if row.spec.max_tokens == 0:
             self.end(row)
-            self.out.append((row.rid, row.spec.index, -1, 2))
+            self.out.append(tuple(np.array([v]) for v in (row.rid, row.spec.index, -1, 2)))
             return
-        row.token = int(row.prompt[-1])
-        self.batch.append(row)
+        self.batch.add(row, row.prompt.size - 1, int(row.prompt[-1]), -1)
 
     def end(self, row: Row) -> None:
         """row leaves: its cache row is free (its tokens kept for reuse), it is in no later step."""
@@ -247,20 +233,24 @@ class Scheduler:
             rows.remove(row)
         if not rows:
             self.rows.pop(row.rid, None)
+        if row.at >= 0:
+            self.fed[row.slot] = self.batch.remove(row)
         if row.slot >= 0:
             self.owner[row.slot] = None
             self.free.append(row.slot)
 
     def fail_all(self, message: str) -> None:
         """Every row admitted gets the error (its request fails); the cache rows are free and hold nothing."""
-        rows = [*self.batch, *self.prefilling, *(self.pending.rows if self.pending else [])]
+        rows = [*self.batch.rows, *self.prefilling, *(self.pending.rows if self.pending else [])]
         rids = {r.rid for r in rows if r is not None}
         for rid in rids:
             for row in list(self.rows.get(rid, ())):
                 self.end(row)
             self.chan.send("error", rid, message)
+        for row in list(self.batch.rows):  # a row of no request (none: every row has one), to be sure
+            self.batch.remove(row)
         self.fed[:] = 0
-        self.batch, self.prefilling, self.pending = [], [], None
+        self.prefilling, self.pending = [], None
 
     # --- the model ---------------------------------------------------------------------------------------------
     def prefill(self) -> None:
@@ -315,10 +305,12 @@ class Scheduler:
         """The next decode step: the batch's rows, one token each, then the rows left of it filled with the prompt
         tokens of rows being prefilled that have at most SHORT left (a short prompt fed in one step, its last token's
         row drawing its first token; a cache row's tokens at distinct positions in one step read each other's keys).
-        Rows that ended leave; a row continuing from `prev` whose token the host does not know yet has it carried
-        from prev's tokens on the device (runs of rows that kept their order in one copy each)."""
-        self.batch = [r for r in self.batch if not r.done and r.fed < self.T]
-        spare, feeding = self.max_batch - len(self.batch), []
+        A row whose token the host does not know yet has it carried from prev's greedy tokens on the device."""
+        B = self.batch
+        for row in [B.rows[j] for j in np.flatnonzero(B.pos[: len(B)] >= self.T)]:
+            self.fed[row.slot] = B.remove(row)  # its last position is fed: its last token is still to be read
+        nb = len(B)
+        spare, feeding = self.max_batch - nb, []
         for row in self.prefilling:
             left = row.prompt.size - row.fed
             if spare and not row.done and not row.spec.echo and left <= SHORT:
@@ -327,90 +319,84 @@ class Scheduler:
         b = self.max_batch - spare
         if not b:
             return None
-        inputs, runs, rows = self._inputs(b, feeding)
+        inputs, runs = B.inputs(b)
+        cols = {name: np.full(b, -1, np.int64) for name in ("plen", "max_tokens", "stop", "rid", "index")}
+        for name, col in cols.items():
+            col[:nb] = getattr(B, name)[:nb]
+        rows: list[Row | None] = list(B.rows)
+        j, joins = nb, []
+        for row, start, n in feeding:
+            inputs[j : j + n] = row.prompt[start : start + n]
+            inputs[b + j : b + j + n] = np.arange(start, start + n)
+            inputs[2 * b + j : 2 * b + j + n] = row.slot
+            rows += [None] * n
+            if start + n == row.prompt.size:  # its last prompt token's place draws its first token
+                rows[-1] = row
+                joins.append((row, j + n - 1))
+                stop = row.spec.stop_ids[0] if row.spec.stop_ids else -1
+                for name, value in zip(cols, (row.prompt.size, row.spec.max_tokens, stop, row.rid, row.spec.index)):
+                    cols[name][j + n - 1] = value
+            j += n
         self.S.stage_decode(inputs)
         for dst, src, n in runs:
             self.S.carry(dst, src, n)
         t0 = time.perf_counter()
         wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
         self._time("model", t0)
-        step = Step(rows, inputs[b : 2 * b].copy(), wait, any(r.host_draws for r in rows if r is not None))
-        for j, row in enumerate(self.batch):
-            row.step, row.at, row.token = step, j, -1
-            row.fed += 1
-            self.fed[row.slot] = row.fed
-        at = len(self.batch)
+        cols |= {"pos": inputs[b : 2 * b].astype(np.int64), "slot": inputs[2 * b :].astype(np.int64)}
+        step = Step(rows, cols, wait, bool(B.host) or any(r.host_draws for r, _, _ in feeding))
+        B.launched()
         for row, start, n in feeding:
-            at += n
             row.fed += n
             self.fed[row.slot] = row.fed
             self.counts["prefill_tokens"] += n
-            if row.fed == row.prompt.size:  # its last token's row draws its first token: a row of the batch now
-                row.step, row.at, row.token = step, at - 1, -1
-                self.prefilling.remove(row)
-                self.batch.append(row)
+        for row, at in joins:  # rows of the batch now, their next token drawn at their place in this step
+            self.prefilling.remove(row)
+            B.add(row, row.fed, 0, at)
         self.counts["steps"] += 1
         self.counts["rows"] += b
         return step
 
-    def _inputs(self, b: int, feeding: list[tuple[Row, int, int]]) -> tuple[np.ndarray, list[list[int]], list]:
-        """The step's rows (3b,) int32 (tokens, positions, cache rows: the batch's, then the prompt tokens fed),
-        the carried runs [dst, src, n], and the row each position draws for (None: a prompt token before the last)."""
-        inputs = np.empty(3 * b, np.int32)
-        runs: list[list[int]] = []
-        rows: list[Row | None] = list(self.batch)
-        for j, row in enumerate(self.batch):
-            if row.token >= 0:
-                inputs[j] = row.token
-            else:  # continuing from prev: its token is prev's row row.at, on the device
-                inputs[j] = 0
-                if runs and runs[-1][0] + runs[-1][2] == j and runs[-1][1] + runs[-1][2] == row.at:
-                    runs[-1][2] += 1
-                else:
-                    runs.append([j, row.at, 1])
-            inputs[b + j], inputs[2 * b + j] = row.fed, row.slot
-        j = len(self.batch)
-        for row, start, n in feeding:
-            inputs[j : j + n] = row.prompt[start : start + n]
-            inputs[b + j : b + j + n] = np.arange(start, start + n)
-            inputs[2 * b + j : 2 * b + j + n] = row.slot
-            rows += [None] * (n - 1) + [row if start + n == row.prompt.size else None]
-            j += n
-        return inputs, runs, rows
-
-    def finish(self, step: Step) -> None:
-        """The step's tokens, on the host: each row's drawn token sent, and the rows that end ended."""
+    def finish(self, step: Step, host: bool) -> None:
+        """The step's tokens, on the host: each drawing row's token sent (a row that ended at the step before draws
+        nothing here), the rows that end ended; with `host`, the next step is not launched yet and its rows feed
+        these tokens from the host (else they were carried on the device)."""
         t0 = time.perf_counter()
-        greedy = step.wait()
+        tokens = step.wait().astype(np.int64)
         t1 = self._time("wait", t0)
-        for i, row in enumerate(step.rows):
-            if row is None or row.done:
-                continue  # a prompt token before the last; or it ended at the step before: this token is not its
-            p = int(step.positions[i])
-            if row.host_draws:
-                logits = self.gen.logits(i)
-                token = pick(logits, row.sampling, row.rng)
-                if row.spec.logprobs >= 0:
-                    self.out_lps.append((row.rid, row.spec.index, token, *logprob(logits, token, row.spec.logprobs)))
-            else:
-                token = int(greedy[i])
-            row.drawn += 1
-            if p + 1 < self.T:
-                self.ids[row.slot, p + 1] = token
-                self.known[row.slot] = max(self.known[row.slot], p + 2)
-            if row.step is step:
-                row.token = token
-            code = 1 if token in row.spec.stop_ids else 2 if row.drawn == row.spec.max_tokens or p + 1 == self.T else 0
-            self.out.append((row.rid, row.spec.index, token, code))
-            if code:
-                self.end(row)
+        live = np.array([r is not None and not r.done for r in step.rows])
+        if step.host:
+            for i in np.flatnonzero(live):
+                row = step.rows[i]
+                if row.host_draws:
+                    logits = self.gen.logits(int(i))
+                    tokens[i] = pick(logits, row.sampling, row.rng)
+                    if row.spec.logprobs >= 0:
+                        lp = logprob(logits, int(tokens[i]), row.spec.logprobs)
+                        self.out_lps.append((row.rid, row.spec.index, int(tokens[i]), *lp))
+        c, T = step.cols, self.T
+        p = c["pos"]
+        drawn = p - c["plen"] + 2  # the first token is drawn where the prompt's last is fed
+        code = np.where(tokens == c["stop"], 1, np.where((drawn == c["max_tokens"]) | (p + 1 == T), 2, 0))
+        known = live & (p + 1 < T)  # the token of position p + 1 of its cache row
+        self.ids[c["slot"][known], p[known] + 1] = tokens[known]
+        self.known[c["slot"][known]] = np.maximum(self.known[c["slot"][known]], p[known] + 2)
+        sel = np.flatnonzero(live)
+        self.out.append((c["rid"][sel], c["index"][sel], tokens[sel], code[sel]))
+        if host:
+            for i in sel:
+                row = step.rows[i]
+                if row.at >= 0:
+                    self.batch.tok[row.at], self.batch.src[row.at] = tokens[i], -1
+        for i in np.flatnonzero(live & (code != 0)):
+            self.end(step.rows[i])
         self._time("finish", t1)
 
     def send(self) -> None:
         """This pass's tokens to the HTTP side, one message, and whatever the socket did not take before."""
         t0 = time.perf_counter()
         if self.out:
-            rid, index, token, code = (np.array(c, np.int32).tobytes() for c in zip(*self.out))
+            rid, index, token, code = (np.concatenate(c).astype(np.int32).tobytes() for c in zip(*self.out))
             self.chan.send("tokens", rid, index, token, code, self.out_lps)
             self.out, self.out_lps = [], []
         self.chan.flush()
