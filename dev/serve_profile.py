@@ -124,10 +124,12 @@ def stream(port: int, body: dict[str, Any]) -> int:
     try:
         conn.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
         res = conn.getresponse()
-        usage = None
+        usage, last = None, b""
         for line in res:
             if line.startswith(b"data: {"):
-                usage = json.loads(line[6:]).get("usage") or usage
+                usage, last = json.loads(line[6:]).get("usage") or usage, line
+        if res.status != 200 or usage is None:
+            raise RuntimeError(f"HTTP {res.status}, no usage; the last event: {last[:300]!r}")
         return usage["completion_tokens"]
     finally:
         conn.close()
@@ -135,12 +137,22 @@ def stream(port: int, body: dict[str, Any]) -> int:
 
 def together(port: int, reqs: list[dict[str, Any]]) -> int:
     """Every request at once, a thread each; their completion tokens."""
-    got = [0] * len(reqs)
-    pool = [threading.Thread(target=lambda i=i: got.__setitem__(i, stream(port, reqs[i]))) for i in range(len(reqs))]
+    got: list[int | Exception] = [0] * len(reqs)
+
+    def one(i: int) -> None:
+        try:
+            got[i] = stream(port, reqs[i])
+        except Exception as e:  # raised below, in the caller
+            got[i] = e
+
+    pool = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
+    for g in got:
+        if isinstance(g, Exception):
+            raise g
     return sum(got)
 
 
@@ -242,6 +254,9 @@ def main(argv: list[str]) -> int:
                 rows = [phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
                         for _ in range(args.repeats)]  # fmt: skip
                 report[n] = summarize(rows)
+        except Exception:
+            print(f"the server's log:\n{server.log.read_text()[-3000:]}", file=sys.stderr)
+            raise
         finally:
             server.stop()
     head = {"tokens": args.tokens, "temperature": args.temperature, "step_ms": args.step_ms, "repeats": args.repeats,
