@@ -16,8 +16,8 @@ decode step prepared before anything is timed: on a GPU tuned and its graph capt
 
 Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
-a number N is N token ids of the standard library's text (BPE). Clients run in several processes (CLIENTS_PER_PROC
-streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
+a number N is N token ids of the standard library's text (BPE). Clients run in several processes (bench/serve_client.py:
+32 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
 time.perf_counter, one clock for every process of the machine.
 
 One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the
@@ -41,7 +41,6 @@ import argparse
 import gc
 import http.client
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -49,11 +48,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode import SHAPES, backend, random_checkpoint, run_microgpt  # noqa: E402
+from bench.serve_client import BenchError, Run, fleet, stream, threads  # noqa: E402
 from microgpt.data.corpus import stdlib_files  # noqa: E402
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, load_tokenizer, train_bpe  # noqa: E402
 from microgpt.engine.trained import load_trained  # noqa: E402
@@ -69,117 +68,7 @@ from microgpt.errors import InputError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-CLIENTS_PER_PROC = 32
 ALONE = 8  # prompts of each kind run alone, the reference for same_as_alone
-
-
-class BenchError(Exception):
-    """The server did not come up, or a request failed: one line, the bench exits 1."""
-
-
-@dataclass
-class Run:
-    """One streamed completion as the client saw it; times are time.perf_counter()."""
-
-    key: int
-    sent: float
-    events: list[float] = field(default_factory=list)  # arrival of each event with text
-    end: float = 0.0
-    text: str = ""
-    finish: str | None = None
-    usage: dict[str, int] | None = None
-    done: bool = False  # data: [DONE] came
-
-    def event(self, data: bytes, now: float) -> bool:
-        """Take one event's data; False at [DONE]."""
-        if data == b"[DONE]":
-            self.done = True
-            return False
-        obj = json.loads(data)
-        if "error" in obj:
-            raise BenchError(f"a stream ended with the server's error: {obj['error'].get('message')}")
-        for choice in obj["choices"]:
-            text = choice["text"] if "text" in choice else choice["delta"].get("content") or ""  # completions; chat
-            if text:
-                self.events.append(now)
-            self.text += text
-            self.finish = choice["finish_reason"] or self.finish
-        self.usage = obj.get("usage") or self.usage
-        return True
-
-    @property
-    def tokens(self) -> int:
-        return self.usage["completion_tokens"]
-
-
-def stream(port: int, path: str, body: dict[str, Any], key: int, timeout: float,
-           first: threading.Event | None = None) -> Run:  # fmt: skip
-    """One streamed request, read event by event as the server sends them; `first` is set at its first event."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        run = Run(key, time.perf_counter())
-        conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        res = conn.getresponse()
-        if res.status != 200:
-            raise BenchError(f"POST {path}: HTTP {res.status} {res.read(400).decode(errors='replace')}")
-        for line in res:  # close-delimited HTTP/1.0 body: lines as they arrive
-            if line.startswith(b"data: ") and not run.event(line[6:].strip(), time.perf_counter()):
-                break
-            if first is not None and run.events:
-                first.set()
-        run.end = time.perf_counter()
-    finally:
-        conn.close()
-    if not (run.done and run.usage and run.finish):
-        raise BenchError(f"a stream ended without its finish reason, usage or [DONE]: {run}"[:500])
-    return run
-
-
-def threads(port: int, bodies: list[tuple[int, dict]], timeout: float, at: float = 0.0, ramp: bool = False,
-            path: str = "/v1/completions") -> list[Run]:  # fmt: skip
-    """Every (key, body) streamed at once from this process, a thread each, released together at `at` (perf_counter;
-    0: now); with ramp, each once the one before has had its first event, so the batch grows one row at a time."""
-    runs: list[Run | Exception | None] = [None] * len(bodies)
-    answered = [threading.Event() for _ in bodies]
-
-    def one(i: int) -> None:
-        if ramp and i:
-            answered[i - 1].wait()
-        elif at:
-            time.sleep(max(0.0, at - time.perf_counter()))
-        try:
-            key, body = bodies[i]
-            runs[i] = stream(port, path, body, key, timeout, answered[i])
-        except Exception as e:  # raised in the caller below
-            runs[i] = e
-        finally:
-            answered[i].set()
-
-    pool = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    for r in runs:
-        if isinstance(r, Exception):
-            raise r
-    return runs
-
-
-def _client_process(args: tuple) -> list[Run]:
-    return threads(*args)
-
-
-def fleet(port: int, bodies: list[tuple[int, dict]], timeout: float, path: str = "/v1/completions") -> list[Run]:
-    """The bodies streamed at once from as many client processes as CLIENTS_PER_PROC asks, released at one instant;
-    their runs in order."""
-    chunks = [bodies[i : i + CLIENTS_PER_PROC] for i in range(0, len(bodies), CLIENTS_PER_PROC)]
-    if len(chunks) == 1:
-        return threads(port, bodies, timeout, path=path)
-    at = time.perf_counter() + 1.0 + 0.05 * len(chunks)  # every process started and its threads waiting by then
-    with multiprocessing.get_context("spawn").Pool(len(chunks)) as pool:
-        parts = pool.map(_client_process, [(port, c, timeout, at, False, path) for c in chunks])
-    return [r for part in parts for r in part]
 
 
 class Terminate:

@@ -222,6 +222,7 @@ class Scheduler:
             self.out.append(tuple(np.array([v]) for v in (row.rid, row.spec.index, -1, 2)))
             return
         self.batch.add(row, row.prompt.size - 1, int(row.prompt[-1]), -1)
+        self.counts["prefill_tokens"] += 1  # every prompt token fed counts, the last one's in the decode step too
 
     def end(self, row: Row) -> None:
         """row leaves: its cache row is free (its tokens kept for reuse), it is in no later step."""

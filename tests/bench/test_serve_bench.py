@@ -54,6 +54,14 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
     assert table[0].startswith("| streams | prompt | tokens/s |") and len(table) == 1 + len(rows)
 
 
+def test_many_streams_are_read_from_several_client_processes() -> None:
+    """40 streams: two client processes (32 streams each at most), released at one instant, all read to the end."""
+    res = bench("--streams", "40", "--prompts", "short", "--tokens", "3", "--repeats", "1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = [r for r in json_lines(res.stdout) if "streams" in r]
+    assert row["completion_tokens"] == 120 and row["same_as_alone"] == "8/8" and row["finish_reasons"] == ["length"]
+
+
 def test_the_chat_workload_reuses_prefixes_and_says_how_much(run_256: Path) -> None:
     res = bench("--checkpoint", str(run_256), "--streams", "2", "--prompts", "short", "--chat", "2", "--turns", "2",
                 "--system", "8", "--chat-tokens", "4", "--repeats", "1")  # fmt: skip
