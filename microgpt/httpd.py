@@ -252,7 +252,7 @@ class BoundedHTTPServer:
                 when = time.strftime("%d/%b/%Y %H:%M:%S")
                 line = f"{got.method} {got.target}"
                 self.log(f'{got.peer or "-"} - - [{when}] "{printable(line)}" {answer.code} -')
-            await self._send(writer, answer)
+            await self._send(writer, answer, reader)
         finally:
             self.answering -= 1
 
@@ -316,13 +316,14 @@ class BoundedHTTPServer:
                  *(f"{k}: {v}" for k, v in answer.headers.items()), *length, "Connection: close"]  # fmt: skip
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
 
-    async def _send(self, writer: asyncio.StreamWriter, answer: Answer) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, answer: Answer,
+                    reader: asyncio.StreamReader | None = None) -> None:  # fmt: skip
         try:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
             await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
             if answer.chunks is not None:
-                await self._stream(writer, answer.chunks)
+                await self._stream(writer, answer.chunks, reader)
             if answer.file is not None and answer.send_body and answer.length:
                 if writer.transport.is_closing():  # the client hung up while the head went out
                     raise ConnectionResetError
@@ -334,10 +335,23 @@ class BoundedHTTPServer:
             if answer.closed is not None:
                 answer.closed()
 
-    async def _stream(self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None]) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None],
+                      reader: asyncio.StreamReader | None) -> None:  # fmt: skip
         """Each chunk as the generator yields it, written before the next is asked; the generator is closed at the
         end, whatever ended the stream. The deadline applies where a chunk waits for the client (the transport's
-        buffer not empty): a write the socket takes at once costs no timer."""
+        buffer not empty): a write the socket takes at once costs no timer. A client that closes its connection
+        ends the stream at once, while the generator waits for its next chunk (serve: a request still queued frees
+        its rows then, not when its first token would have been written): its end of the request is its end of
+        the stream (a client that half-closes after its request, which no HTTP library does, is taken as gone)."""
+        task = asyncio.current_task()
+
+        def gone(read: asyncio.Future) -> None:
+            if not read.cancelled() and (read.exception() is not None or read.result() == b""):
+                task.cancel()
+
+        watch = asyncio.ensure_future(reader.read(1)) if reader is not None else None
+        if watch is not None:
+            watch.add_done_callback(gone)
         try:
             while True:
                 try:
@@ -353,4 +367,7 @@ class BoundedHTTPServer:
                 if writer.transport.get_write_buffer_size():
                     await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
         finally:
+            if watch is not None:
+                watch.remove_done_callback(gone)
+                watch.cancel()
             await chunks.aclose()

@@ -243,3 +243,32 @@ def test_520_slow_clients_against_the_real_cap(server) -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_a_stream_whose_client_closes_ends_while_it_waits_for_its_next_chunk() -> None:
+    """The generator waits for a chunk that never comes (serve: a request still queued): the client's close ends the
+    stream at once, the generator is closed and `closed` is called (serve frees the request's rows there)."""
+    closed, finished = threading.Event(), threading.Event()
+
+    async def never():
+        try:
+            yield b"data: first\n\n"
+            await asyncio.Event().wait()
+            yield b"data: never\n\n"
+        finally:
+            finished.set()
+
+    s = BoundedHTTPServer(0, lambda req: Answer(200, {}, chunks=never(), closed=closed.set))
+    thread = threading.Thread(target=s.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            got = b""
+            while b"first" not in got:
+                got += sock.recv(4096)
+        assert closed.wait(10) and finished.wait(10), "the stream outlived its client"
+    finally:
+        s.shutdown()
+        thread.join(10)
+        s.close()

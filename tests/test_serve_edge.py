@@ -91,7 +91,9 @@ def test_a_prompt_past_the_context_names_the_limit_or_is_cut_when_asked(api) -> 
         model=a.name, prompt="x" * 300, max_tokens=2, extra_body={"truncate_prompt_tokens": 200}
     )
     assert cut.usage.prompt_tokens == 200
-    scored = client.completions.create(model=a.name, prompt=[[i % 200 + 1 for i in range(257)]], max_tokens=0, echo=True, logprobs=0)
+    scored = client.completions.create(
+        model=a.name, prompt=[[i % 200 + 1 for i in range(257)]], max_tokens=0, echo=True, logprobs=0
+    )
     assert len(scored.choices[0].logprobs.token_logprobs) == 257  # scored, never fed: one past the context
 
 

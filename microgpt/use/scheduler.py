@@ -82,7 +82,7 @@ class Row:
     fed: int = 0  # positions of its cache row written with its prompt (or queued to be), while it is prefilled
     at: int = -1  # its place in the decode batch (batch.py), while it decodes
     done: bool = False
-    echo: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # the prompt's logprobs so far
+    echo: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # the prompt's logprobs so far
 
     @property
     def host_draws(self) -> bool:
@@ -100,7 +100,6 @@ class Scheduler:
         self.fed = np.zeros(self.max_batch, np.int64)  # positions of each cache row written (or queued)
         self.known = np.zeros(self.max_batch, np.int64)  # positions of each cache row whose token the host knows
         self.free = list(range(self.max_batch))  # free cache rows, the least recently used first
-        self.owner: list[Row | None] = [None] * self.max_batch
         self.rows: dict[int, list[Row]] = {}  # rid -> its rows not done
         self.waiting: deque[Row] = deque()
         self.prefilling: list[Row] = []
@@ -207,7 +206,7 @@ class Scheduler:
                 self.S.copy_rows(slot, donor, reuse)
                 self.counts["copied_tokens"] += reuse
         self.free.remove(slot)
-        self.owner[slot], row.slot, row.fed = row, slot, reuse
+        row.slot, row.fed = slot, reuse
         self.counts["reused_tokens"] += reuse
         known = min(row.prompt.size, self.T)  # a scored prompt may hold T + 1 tokens: the last is never fed
         self.ids[slot, :known] = row.prompt[:known]
@@ -237,7 +236,6 @@ class Scheduler:
         if row.at >= 0:
             self.fed[row.slot] = self.batch.remove(row)
         if row.slot >= 0:
-            self.owner[row.slot] = None
             self.free.append(row.slot)
 
     def fail_all(self, message: str) -> None:

@@ -24,12 +24,13 @@ over MAX_BODY (413), a malformed or slow request (httpd.py: 400, 408, 411, 431);
 
 Two processes. This one holds HTTP (httpd.py's bounded server), parses and tokenizes requests, decodes the tokens
 into text, finds the stop strings and writes the events (jobs.py: the engine as this side sees it); the engine
-(scheduler.py, a child process) holds the model and only steps it. They exchange ids over a socket pair (wire.py): a request's rows in, each step's tokens out.
-Why: scheduler.py's docstring and docs/SERVE.md (measured on the CPU; on a GPU a decode step is 1-3 ms, which the
-HTTP side's Python per token would otherwise be added to). Up to --max-batch rows decode together, each at its own
-position with its own sampling and stops; a waiting row joins the batch at the next step (continuous batching), its
-prompt prefilled batched with the others that wait, reusing the keys and values of a prefix a cache row holds (a
-chat's system prompt and history); up to --queue more rows wait; past that, 429.
+(scheduler.py, a child process) holds the model and only steps it. They exchange ids over a socket pair (wire.py): a
+request's rows in, each step's tokens out. Why: scheduler.py's docstring and docs/SERVE.md (measured on the CPU; on
+a GPU a decode step is 1-3 ms, which the HTTP side's Python per token would otherwise be added to). Up to
+--max-batch rows decode together, each at its own position with its own sampling and stops; a waiting row joins the
+batch at the next step (continuous batching), its prompt prefilled batched with the others that wait, reusing the
+keys and values of a prefix a cache row holds (a chat's system prompt and history); up to --queue more rows wait;
+past that, 429.
 
 Limits: no tools, images, penalties or embeddings, and no logprobs in chat (refused with 400 where a request asks
 for them); the context is the model's seq_len: a prompt must fit it (or name truncate_prompt_tokens), and a reply that
