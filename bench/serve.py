@@ -1,41 +1,44 @@
-"""Serving throughput: `microgpt serve` answering N concurrent streamed completions, against each request alone.
+"""Serving throughput and latency: `microgpt serve` under 1 to 256 concurrent streams, against the engine's own decode
+step at the same batch, in one run; and a chat workload with prefix reuse on and off.
 
-    python3 bench/serve.py                          # GPU: ANDREA-120M, bf16, 8 streams, --max-batch 8, 256 tokens
+    python3 bench/serve.py                          # GPU: ANDREA-120M, bf16; 1, 8, 64, 256 streams; short and
+                                                    # 512-token prompts; 256 tokens each; then the chat workload
     python3 bench/serve.py --checkpoint RUN_OR_BIN  # a trained model instead of random weights
     python3 bench/serve.py --device cpu             # the smoke check: a tiny model on the NumPy backend
 
-The server is the real one: `python -m microgpt serve CKPT --port 0 --max-batch B --queue N --backend --precision`
-in a subprocess (triton bf16 on the GPU, numpy fp32 on the CPU), stopped with SIGTERM when the bench ends, fails or
-is terminated; where it does not come up, its log's tail is printed. The client is the standard library's
-http.client, one thread per stream, reading the server-sent events as they arrive (the GPU machine has no openai
-package). Each request is POST /v1/completions with stream, stream_options.include_usage, max_tokens --tokens,
---temperature (default 0: greedy) and a seed, for a prompt of its own.
+Order: the decode step alone first, for each (batch, prompt length) of the sweep (bench/decode.py's run_microgpt: a
+plan of that many rows, the prompt prefilled, then --tokens steps replayed as one CUDA graph, greedy on the device);
+then the server, the real one (`python -m microgpt serve CKPT --port 0 --max-batch MAX --queue MAX --backend
+--precision`, a subprocess, stopped with SIGTERM when the bench ends, fails or is terminated; where it does not come up,
+its log's tail is printed), warmed up by streams joining one at a time up to the largest batch (each batch size's
+decode step prepared before anything is timed: on a GPU tuned and its graph captured); then each prompt kind's first
+8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent at once.
+
+Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
+would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
+a number N is N token ids of the standard library's text (BPE). Clients run in several processes (bench/serve_client.py:
+32 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
+time.perf_counter, one clock for every process of the machine.
+
+One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the
+wall from the first request to the last stream's end, time to first token (the first event with text) median and
+p99, inter-token latency p99 (the gaps between a stream's events; an event carries every token since the last, so a
+client that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at
+that batch and the ratio of the two, and same_as_alone (streams 0..7 whose text equals that prompt's alone: rows are
+independent, so all of them but where a near-tie rounds the other way at another batch size). The chat rows: --chat
+conversations at once, each a shared system prompt (--system tokens) and --turns user turns, each turn sent with the
+whole history once the last reply is in; TTFT of the turns after the first, and the engine's reused prompt tokens
+(GET /stats), with prefix reuse on and, a second server, off.
 
 Weights: a checkpoint's, or bench/decode.py's random ones (the seeded init moved off it). A random checkpoint's
 tokenizer: the byte tokenizer for a 256-id vocabulary (tiny); for a larger one a byte-level BPE of up to that many
-entries trained on the running Python's standard library (the built-in corpus's text), since under the byte tokenizer
-the 50,048 ids past the bytes decode to nothing, so almost no token would become an event and the HTTP side would
-have nothing to do.
-
-Order: a warm-up (N streams joining one at a time, each once the one before has had its first event, and long enough
-to last until the last joins, so that the batch grows through every size from 1 to N and each size's decode step is
-prepared before anything is timed: on a GPU tuned and its CUDA graph captured), then each stream's request alone (the
-baseline), then all N at once (the measurement). A random model may draw the end of document early; a stream whose
-request alone ends before --tokens takes the next prompt instead, up to --tries prompts, and a stream that still
-ends early is listed in "ended_early" with its finish reason. Tokens are counted from each stream's usage chunk
-(every token drawn, the stop token included), never from its events (a token may decode to no text).
-
-One JSON line: the streams' completion tokens and their total; wall seconds from the first request sent to the last
-stream's end, and the total over it (tokens_per_s); each stream's tokens over its own time from sent to end
-(stream_tokens_per_s: median, min); time to first token, to the first event that carries a choice (ttft_s: median,
-max); the same for each request alone (alone), the gain of batching (tokens_per_s over alone's median), how many
-streams' text equals their text alone (same_as_alone: rows are independent, so all where no near-tie rounds the
-other way), the prompts, seeds and texts, and the server's exit status (0: it stopped cleanly).
+entries trained on the running Python's standard library (the built-in corpus's text).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import json
 import os
@@ -45,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,107 +55,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.decode import SHAPES, random_checkpoint  # noqa: E402
+from bench.decode import SHAPES, backend, random_checkpoint, run_microgpt  # noqa: E402
+from bench.serve_client import BenchError, Run, fleet, stream, threads  # noqa: E402
 from microgpt.data.corpus import stdlib_files  # noqa: E402
-from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, train_bpe  # noqa: E402
+from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, load_tokenizer, train_bpe  # noqa: E402
+from microgpt.engine.trained import load_trained  # noqa: E402
+from microgpt.errors import InputError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-
-
-class BenchError(Exception):
-    """The server did not come up, or a request failed: one line, the bench exits 1."""
-
-
-@dataclass
-class Run:
-    """One streamed completion as the client saw it; times are time.perf_counter()."""
-
-    prompt: str
-    seed: int
-    sent: float
-    first: float | None = None  # the first event carrying a choice
-    end: float = 0.0
-    text: str = ""
-    finish: str | None = None
-    usage: dict[str, int] | None = None
-    done: bool = False  # data: [DONE] came
-
-    def event(self, data: bytes, now: float) -> bool:
-        """Take one event's data; False at [DONE]."""
-        if data == b"[DONE]":
-            self.done = True
-            return False
-        obj = json.loads(data)
-        if "error" in obj:
-            raise BenchError(f"a stream ended with the server's error: {obj['error'].get('message')}")
-        for choice in obj["choices"]:
-            self.first = self.first or now
-            self.text += choice["text"]
-            self.finish = choice["finish_reason"] or self.finish
-        self.usage = obj.get("usage") or self.usage
-        return True
-
-    @property
-    def tokens(self) -> int:
-        return self.usage["completion_tokens"]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / (self.end - self.sent)
-
-
-def stream(port: int, body: dict[str, Any], timeout: float, answered: threading.Event | None = None) -> Run:
-    """One streamed completion, read event by event as the server sends them; `answered` is set at its first."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        run = Run(body["prompt"], body["seed"], time.perf_counter())
-        conn.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-        res = conn.getresponse()
-        if res.status != 200:
-            raise BenchError(f"POST /v1/completions: HTTP {res.status} {res.read(400).decode(errors='replace')}")
-        for line in res:  # close-delimited HTTP/1.0 body: lines as they arrive
-            if line.startswith(b"data: ") and not run.event(line[6:].strip(), time.perf_counter()):
-                break
-            if run.first and answered:
-                answered.set()
-        run.end = time.perf_counter()
-    finally:
-        conn.close()
-    if not (run.done and run.usage and run.finish and run.first):
-        raise BenchError(f"a stream ended without its finish reason, usage or [DONE]: {run}"[:500])
-    return run
-
-
-def together(port: int, bodies: list[dict[str, Any]], timeout: float, ramp: bool = False) -> list[Run]:
-    """Every body streamed at once, a thread each, released together; with ramp, each once the one before it has had
-    its first event (so the batch grows one row at a time). Their runs in order."""
-    runs: list[Run | Exception | None] = [None] * len(bodies)
-    start, answered = threading.Barrier(len(bodies)), [threading.Event() for _ in bodies]
-
-    def one(i: int) -> None:
-        start.wait()
-        if ramp and i:
-            answered[i - 1].wait()
-        try:
-            runs[i] = stream(port, bodies[i], timeout, answered[i])
-        except Exception as e:  # raised in the main thread below
-            runs[i] = e
-        finally:
-            answered[i].set()
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r in runs:
-        if isinstance(r, Exception):
-            raise r
-    return runs
+ALONE = 8  # prompts of each kind run alone, the reference for same_as_alone
 
 
 class Terminate:
@@ -199,20 +114,13 @@ class Server:
             url = re.search(rb"serve: http://\S+:(\d+)/v1", self.log.read_bytes())
             if url:
                 self.port = int(url.group(1))
-                conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
-                try:
-                    conn.request("GET", "/v1/models")
-                    res = conn.getresponse()
-                    if res.status == 200:
-                        self.model = json.load(res)["data"][0]["id"]
-                        return
-                finally:
-                    conn.close()
+                self.model = get(self.port, "/v1/models")["data"][0]["id"]
+                return
             time.sleep(0.2)
         raise BenchError(f"serve did not answer GET /v1/models within {timeout:g} s")
 
     def stop(self) -> None:
-        """SIGTERM (serve stops its decode loop and exits 0), then SIGKILL after 30 s."""
+        """SIGTERM (serve stops its engine and exits 0), then SIGKILL after 30 s."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -222,11 +130,21 @@ class Server:
                 self.proc.wait()
 
 
+def get(port: int, path: str) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=60)
+    try:
+        conn.request("GET", path)
+        return json.load(conn.getresponse())
+    finally:
+        conn.close()
+
+
 @contextmanager
-def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate) -> Iterator[Server]:
-    """serve on a free port of 127.0.0.1 with the bench's batch, queue, backend and precision, until the block ends."""
-    cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", str(args.max_batch),
-           "--queue", str(args.streams), "--backend", args.backend, "--precision", args.precision]  # fmt: skip
+def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str) -> Iterator[Server]:
+    """serve on a free port of 127.0.0.1 with the bench's batch, backend and precision, until the block ends."""
+    batch = str(args.max_batch)
+    cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", batch, "--queue", batch,
+           "--backend", args.backend, "--precision", args.precision, *flags]  # fmt: skip
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     server = Server(log)
     try:
@@ -247,63 +165,132 @@ def tokenizer_record(vocab_size: int, folder: Path) -> dict[str, Any]:
     return {"kind": "bpe", "path": str(tok.path.resolve()), "sha256": tok.sha256, "vocab_size": tok.vocab_size}
 
 
-def prompt(k: int) -> str:
-    return f"def request_{k}(self, data):"
+class Prompts:
+    """Prompt k of a kind: "short" a line of code as text, N the N token ids of the library's text at offset k."""
+
+    def __init__(self, tok: Any) -> None:
+        files = stdlib_files()
+        self.text = np.array(tok.encode("".join(p.read_text("utf-8", errors="replace") for p in files[:60])))
+        self.tok = tok
+
+    def get(self, kind: str, k: int) -> str | list[int]:
+        if kind == "short":
+            return f"def request_{k}(self, data):"
+        n = int(kind)
+        start = (k * 997) % max(1, self.text.size - n)
+        return self.text[start : start + n].tolist()
+
+    def tokens(self, kind: str) -> int:
+        """The prompt's length in tokens (a short one's, at k = 0)."""
+        return len(self.tok.encode(self.get(kind, 0))) if kind == "short" else int(kind)
 
 
-def body(model: str, k: int, max_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Prompt k's request, seeded with k so that its draws are the same alone and together."""
-    return {"model": model, "prompt": prompt(k), "max_tokens": max_tokens, "temperature": args.temperature,
-            "seed": k, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+def body(model: str, prompt: str | list[int], max_tokens: int, args: argparse.Namespace, seed: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
 
 
-def alone(server: Server, args: argparse.Namespace) -> tuple[list[int], list[Run], int]:
-    """Each stream's request alone: its prompt (the first of up to --tries that runs to --tokens), the run, and how
-    many prompts were tried in all."""
-    keys, runs, k = [], [], 0
-    for _ in range(args.streams):
-        for _try in range(args.tries):
-            run = stream(server.port, body(server.model, k, args.tokens, args), args.timeout)
-            k += 1
-            if run.tokens == args.tokens:
-                break
-        keys.append(k - 1)
-        runs.append(run)
-    return keys, runs, k
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def measure(server: Server, args: argparse.Namespace) -> dict[str, Any]:
-    """Warm-up, each request alone, then all together (the module docstring); the row's measured fields."""
-    t0 = time.perf_counter()
-    warm = [body(server.model, i, min(args.tokens, 16 * args.streams), args) for i in range(args.streams)]
-    together(server.port, warm, args.timeout, ramp=True)
-    warmup_s = time.perf_counter() - t0
-    keys, solo, tried = alone(server, args)
-    runs = together(server.port, [body(server.model, k, args.tokens, args) for k in keys], args.timeout)
-    return {**summary(runs, solo, args.tokens), "prompts_tried": tried, "warmup_s": warmup_s}
-
-
-def summary(runs: list[Run], solo: list[Run], max_tokens: int) -> dict[str, Any]:
-    """The row's rates from the runs together and the same requests' runs alone."""
+def row_of(runs: list[Run], alone: dict[int, str]) -> dict[str, Any]:
+    """A row's figures from its runs (the module docstring)."""
     wall = max(r.end for r in runs) - min(r.sent for r in runs)
     total = sum(r.tokens for r in runs)
-    rates, ttft = [r.tokens_per_s for r in runs], [r.first - r.sent for r in runs]
-    alone_rate = statistics.median(r.tokens_per_s for r in solo)
-    early = [{"stream": i, "tokens": r.tokens, "finish_reason": r.finish} for i, r in enumerate(runs)
-             if r.tokens < max_tokens]  # fmt: skip
+    ttft = [r.events[0] - r.sent for r in runs if r.events]
+    gaps = [b - a for r in runs for a, b in zip(r.events, r.events[1:])]
+    same = [runs[k].text == alone[k] for k in range(min(len(runs), ALONE)) if k in alone]
     return {
-        "completion_tokens": [r.tokens for r in runs], "total_tokens": total,
-        "prompt_tokens": [r.usage["prompt_tokens"] for r in runs], "finish_reasons": [r.finish for r in runs],
-        "ended_early": early,
-        "wall_s": wall, "tokens_per_s": total / wall,
-        "stream_tokens_per_s": {"median": statistics.median(rates), "min": min(rates)},
-        "ttft_s": {"median": statistics.median(ttft), "max": max(ttft)},
-        "alone": {"tokens_per_s": alone_rate, "ttft_s": statistics.median(r.first - r.sent for r in solo),
-                  "completion_tokens": [r.tokens for r in solo]},
-        "batching_gain": total / wall / alone_rate,
-        "same_as_alone": sum(r.text == s.text for r, s in zip(runs, solo)),
-        "prompts": [r.prompt for r in runs], "seeds": [r.seed for r in runs], "texts": [r.text for r in runs],
+        "completion_tokens": total, "wall_s": wall, "tokens_per_s": total / wall,
+        "ttft_ms": {"median": 1e3 * statistics.median(ttft), "p99": 1e3 * pct(ttft, 99)},
+        "itl_ms": {"median": 1e3 * pct(gaps, 50), "p99": 1e3 * pct(gaps, 99)},
+        "tokens_per_event": total / max(1, sum(len(r.events) for r in runs)),
+        "same_as_alone": f"{sum(same)}/{len(same)}",
+        "finish_reasons": sorted({r.finish for r in runs}),
+        "texts": [r.text for r in runs[:ALONE]],
     }  # fmt: skip
+
+
+def decode_rates(args: argparse.Namespace, m: Any, w: np.ndarray, lengths: dict[str, int]) -> dict:
+    """The engine's own decode step, tokens/s, at each (streams, prompt kind) of the sweep (bench/decode.py)."""
+    K = backend(args)
+    out = {}
+    for kind, t in lengths.items():
+        for b in args.streams:
+            prompts = np.random.default_rng(b).integers(0, m.vocab_size, (b, t)).astype(np.int32)
+            res = run_microgpt(K, m, w, prompts, args.tokens, args)
+            out[b, kind] = res["decode_tokens_per_s"]
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int) -> None:
+    """Streams joining one at a time up to `top`, each lasting until the last has joined: every batch size's decode
+    step prepared (on a GPU tuned and its graph captured) before anything is timed."""
+    t0 = time.perf_counter()
+    warm = [(k, body(server.model, prompts.get("short", k), min(args.tokens, 16 + top // 4), args, k))
+            for k in range(top)]  # fmt: skip
+    threads(server.port, warm, args.timeout, ramp=True)
+    print(f"bench: warm-up to {top} streams in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict) -> list[dict]:
+    """Warm-up, each kind's prompts alone, then every row (the module docstring)."""
+    warm_up(server, args, prompts, max(args.streams))
+    rows = []
+    for kind in args.prompts:
+        alone = {k: stream(server.port, "/v1/completions", body(server.model, prompts.get(kind, k), args.tokens, args,
+                           k), k, args.timeout).text for k in range(ALONE)}  # fmt: skip
+        for n in args.streams:
+            bodies = [(k, body(server.model, prompts.get(kind, k), args.tokens, args, k)) for k in range(n)]
+            row = {"streams": n, "prompt": kind, "prompt_tokens": prompts.tokens(kind)}
+            row |= row_of(fleet(server.port, bodies, args.timeout), alone)
+            row["decode_step_tokens_per_s"] = step.get((n, kind))
+            row["of_decode_step"] = row["tokens_per_s"] / step[n, kind] if (n, kind) in step else None
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, reuse: bool) -> dict[str, Any]:
+    """--chat conversations at once, --turns turns each over a shared system prompt; TTFT by turn, reused tokens."""
+    system = tok.decode(prompts.get(str(args.system), 0))
+    before = get(server.port, "/stats")["engine"]
+    history = [[{"role": "system", "content": system}] for _ in range(args.chat)]
+    ttft: list[list[float]] = []
+    for turn in range(args.turns):
+        bodies = []
+        for k, h in enumerate(history):
+            h.append({"role": "user", "content": f"turn {turn}: what is request_{k}?"})
+            bodies.append((k, {"model": server.model, "messages": h, "max_tokens": args.chat_tokens, "seed": k,
+                               "temperature": args.temperature, "stream": True, "ignore_eos": True,
+                               "stream_options": {"include_usage": True}}))  # fmt: skip
+        runs = fleet(server.port, bodies, args.timeout, path="/v1/chat/completions")
+        ttft.append([r.events[0] - r.sent for r in runs if r.events])
+        for h, r in zip(history, runs):
+            h.append({"role": "assistant", "content": r.text})
+    after = get(server.port, "/stats")["engine"]
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("reused_tokens", "copied_tokens", "prefill_tokens")}
+    return {"chat": args.chat, "turns": args.turns, "system_tokens": args.system, "prefix_reuse": reuse,
+            "ttft_ms_first_turn": {"median": 1e3 * statistics.median(ttft[0]), "p99": 1e3 * pct(ttft[0], 99)},
+            "ttft_ms_later_turns": {"median": 1e3 * statistics.median(sum(ttft[1:], [])),
+                                    "p99": 1e3 * pct(sum(ttft[1:], []), 99)},
+            **d, "reused_share": d["reused_tokens"] / max(1, d["reused_tokens"] + d["prefill_tokens"])}  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | tokens/event | decode step tokens/s |"
+             " ratio | same as alone |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
+        lines.append(f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['ttft_ms']['median']:.1f} / {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | "
+                     f"{r['tokens_per_event']:.2f} | {f'{step:,.0f}' if step else '-'} | "
+                     f"{f'{ratio:.2f}x' if ratio else '-'} | {r['same_as_alone']} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -311,44 +298,87 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shape", choices=SHAPES, help="random weights of this shape (default: andrea-120m on cuda, tiny)")
     p.add_argument("--checkpoint", help="a step-*.bin or run folder to serve instead (default: random weights)")
-    p.add_argument("--streams", type=int, default=8, help="concurrent streamed requests")
-    p.add_argument("--max-batch", type=int, help="serve's --max-batch (default: --streams)")
-    p.add_argument("--tokens", type=int, help="max_tokens of each request (default: 256 on cuda, 16 on cpu)")
+    p.add_argument("--streams", type=int, nargs="+", help="concurrent streams of each row (default: 1 8 64 256; cpu: "
+                   "1 2)")  # fmt: skip
+    p.add_argument("--prompts", nargs="+", help="prompt kinds: short, or a number of tokens (default: short 512; cpu: "
+                   "short 24)")  # fmt: skip
+    p.add_argument("--tokens", type=int, help="max_tokens of each request (default: 256 on cuda, 8 on cpu)")
     p.add_argument("--temperature", type=float, default=0.0, help="each request's temperature (0: greedy)")
     p.add_argument("--precision", help="serve's --precision (default: bf16 on cuda, fp32 on cpu)")
-    p.add_argument("--tries", type=int, default=3, help="prompts a stream tries for one that runs to --tokens")
-    p.add_argument("--start-timeout", type=float, default=300, help="seconds for serve to answer")
-    p.add_argument("--timeout", type=float, default=300, help="seconds a request may wait for its next event")
+    p.add_argument("--chat", type=int, help="conversations of the chat rows (default: 64 on cuda, none on cpu: "
+                   "the tiny model's context holds no conversation)")  # fmt: skip
+    p.add_argument("--turns", type=int, default=4, help="turns of each conversation")
+    p.add_argument("--system", type=int, help="system prompt tokens (default: 384 on cuda, 16 on cpu)")
+    p.add_argument("--chat-tokens", type=int, help="max_tokens of a chat turn (default: 64 on cuda, 4 on cpu)")
+    p.add_argument("--repeats", type=int, default=3, help="the decode step's timing runs (bench/decode.py's)")
+    p.add_argument("--start-timeout", type=float, default=600, help="seconds for serve to answer")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a request may wait for its next event")
     return p
+
+
+def defaults(args: argparse.Namespace) -> None:
+    gpu = args.device == "cuda"
+    args.shape = args.shape or ("andrea-120m" if gpu else "tiny")
+    args.streams = args.streams or ([1, 8, 64, 256] if gpu else [1, 2])
+    args.prompts = args.prompts or (["short", "512"] if gpu else ["short", "24"])
+    args.tokens = args.tokens or (256 if gpu else 8)
+    args.chat = (64 if gpu else 0) if args.chat is None else args.chat
+    args.system = args.system or (384 if gpu else 16)
+    args.chat_tokens = args.chat_tokens or (64 if gpu else 4)
+    args.max_batch = max(args.streams + [args.chat])
+    args.backend, args.precision = "triton" if gpu else "numpy", args.precision or ("bf16" if gpu else "fp32")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    gpu = args.device == "cuda"
-    args.shape = args.shape or ("andrea-120m" if gpu else "tiny")
-    args.max_batch, args.tokens = args.max_batch or args.streams, args.tokens or (256 if gpu else 16)
-    args.backend, args.precision = "triton" if gpu else "numpy", args.precision or ("bf16" if gpu else "fp32")
+    defaults(args)
     term = Terminate()
     with tempfile.TemporaryDirectory() as tmp:
         tok = None
         if args.checkpoint:
-            ckpt = Path(args.checkpoint).resolve()  # serve runs in the repository
+            try:
+                ld = load_trained(args.checkpoint)
+            except InputError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            ckpt, m, w = ld.path.resolve(), ld.exp.model, ld.weights
+            record = ld.side.get("tokenizer", {})
         else:
-            tok = tokenizer_record(SHAPES[args.shape].vocab_size, Path(tmp))
-            ckpt = random_checkpoint(args.shape, Path(tmp), tok)[2]
+            record = tokenizer_record(SHAPES[args.shape].vocab_size, Path(tmp))
+            m, w, ckpt = random_checkpoint(args.shape, Path(tmp), record)
+        tok = load_tokenizer(record)
+        prompts = Prompts(tok)
+        lengths = {kind: prompts.tokens(kind) for kind in args.prompts}
+        if max(lengths.values()) + args.tokens > m.seq_len:
+            print(f"error: a {max(lengths.values())}-token prompt and --tokens {args.tokens} pass the context of "
+                  f"{m.seq_len}", file=sys.stderr)  # fmt: skip
+            return 2
+        t0 = time.perf_counter()
+        step = decode_rates(args, m, w, lengths)
+        print(f"bench: the decode step alone in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         log = Path(tmp) / "serve.log"
+        chats = []
         try:
             with served(ckpt, args, log, term) as server:
-                row = measure(server, args)
+                rows = sweep(server, args, prompts, step)
+                if args.chat:
+                    chats.append(chat(server, args, prompts, tok, True))
+            if args.chat:
+                with served(ckpt, args, log, term, "--no-prefix-reuse") as server:
+                    warm_up(server, args, prompts, args.chat)
+                    chats.append(chat(server, args, prompts, tok, False))
         except (BenchError, OSError) as e:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             print(f"error: {e}\n--- the last lines serve wrote:\n{tail}", file=sys.stderr)
             return 1
-    head = {"streams": args.streams, "max_batch": args.max_batch, "backend": args.backend, "precision": args.precision,
-            "model": server.model, "shape": None if args.checkpoint else args.shape,
-            "tokenizer": tok and {k: tok[k] for k in ("kind", "vocab_size")}, "max_tokens": args.tokens,
-            "temperature": args.temperature, "server_rc": server.proc.returncode}  # fmt: skip
-    print(json.dumps(head | row), flush=True)
+    head = {"model": server.model, "shape": None if args.checkpoint else args.shape, "backend": args.backend,
+            "precision": args.precision, "max_batch": args.max_batch, "max_tokens": args.tokens,
+            "tokenizer": {k: record.get(k) for k in ("kind", "vocab_size")}, "server_rc": server.proc.returncode,
+            "seconds": time.perf_counter() - t0}  # fmt: skip
+    for c in chats:
+        print(json.dumps({"chat_row": c}), flush=True)
+    print(json.dumps({"run": head}), flush=True)
+    print(table(rows))
     return 0
 
 

@@ -1,29 +1,36 @@
-"""Where `microgpt serve` spends host time per token: the real scheduler and HTTP path in this process, on a model
-whose decode step costs almost nothing (bench/decode.py's tiny-wide: ANDREA-120M's 50,304-id vocabulary on a
-width of 8, NumPy backend, fp32), so that what is left is the host's work per token.
+"""Where `microgpt serve` spends host time per token, and what the host costs a GPU's decode step: the real server (a
+subprocess, as users run it) on a tiny model (d_model 8, one layer, a 2,048-entry byte-level BPE, NumPy backend, one
+BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on the CPU (every row draws one token of
+text, TOKEN) and takes --step-ms from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an
+H200), the host free meanwhile. Where the server launches a step and reads its tokens later
+(InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the step
+before it ended); where it runs a step and waits for it (InferState.decode, the tree before), the step sleeps out its
+time. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
 
-    python dev/serve_profile.py                       # 1 stream, then 8 at once, 256 greedy tokens each
+    python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
+    python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
     python dev/serve_profile.py --temperature 1       # the sampling path
-    python dev/serve_profile.py --streams 4 --repeats 3
 
-The server is serve.build's (the routes, the scheduler, the bounded HTTP transport) with timers wrapped around the
-functions of the per-token path; the clients are bench/serve.py's streamed /v1/completions, in a subprocess so that
-their parsing does not share the server's GIL. Each phase reports, per token (one row of one pass):
+The clients are streamed /v1/completions, a thread each, in this process (not the server's). Each phase reports:
 
-    wall_us    the decode thread's wall time in each timed function (the decode step: the model; on the GPU its graph
-               replay and the wait for it), summed over the phase and divided by the tokens
-    cpu_us     the calling thread's CPU time in each (time.thread_time: a wait for the GIL is not counted)
-    threads    each thread group's CPU time over the phase per token (/proc/self/task/*/schedstat): the decode
-               thread, the HTTP event loop, the transport's pool of workers, and the native threads (BLAS)
     tokens_per_s  the phase's completion tokens over its wall time, as bench/serve.py counts them
+    of_step       tokens_per_s over the emulated step's own rate (streams / --step-ms): the issue's ratio
+    cpu_us        per token, CPU time of each of the server's processes (/proc/PID/task/*/schedstat) and of its
+                  busiest thread: `front` the HTTP side (its event loop the busiest), `engine` the engine process
+                  (scheduler.py; its loop), `total` both
+    engine_us     per token, the engine's own wall clock of its loop's phases (GET /stats): the host's work
+                  (commands, admit, prefill, launch, finish, send; `host` their sum) and the model's (`model`: the
+                  decode step's launch, on the CPU the whole step; `wait`: blocked on a step's result)
 
-A function absent from this tree is skipped, so the same script measures the tree before and after a change. Nested
-timers (the decode pass holds the others) are not subtracted: "pass" is the whole of one decode pass over its rows.
+It measures any tree: where the server is one process (before the engine had its own) and has no /stats, `front` is
+all of it (its busiest thread then the decode thread) and engine_us is absent. docs/SERVE.md has what the numbers
+decided, and why.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
@@ -32,127 +39,182 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# one thread for NumPy's BLAS and the backend's row passes (before NumPy loads): on a machine of few cores, threads
-# of a step this small only contend with the server's own
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
-from bench.serve import stream, together, tokenizer_record  # noqa: E402
-from microgpt.engine import infer  # noqa: E402
-from microgpt.use import chat, oai, sample, scheduler, serve  # noqa: E402
-
-# (module or class, attribute, label): the per-token path, where each exists in this tree
-TARGETS = [
-    (scheduler.Scheduler, "_decode", "pass"),
-    (infer.InferState, "decode", "step"),
-    (infer.InferState, "run", "prefill"),
-    (sample.Generator, "run", "gen.run"),
-    (sample.Generator, "decode", "gen.decode"),
-    (sample.Generator, "greedy", "gen.greedy"),
-    (sample.Generator, "logits", "gen.logits"),
-    (scheduler, "pick", "pick"),
-    (chat.Stream, "push", "Stream.push"),
-    (scheduler.Job, "send", "Job.send"),
-    (serve, "sse", "sse encode"),
-    (oai, "sse", "sse encode"),
-    (oai.Reply, "text_chunk", "sse encode"),
-]
+from bench.serve import tokenizer_record  # noqa: E402
+from microgpt.config import ModelConfig  # noqa: E402
 
 
-class Timers:
-    """Wall and thread-CPU seconds and calls per label, from wrappers put around TARGETS."""
-
-    def __init__(self) -> None:
-        self.wall: dict[str, float] = defaultdict(float)
-        self.cpu: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.rows = 0  # rows decoded (tokens drawn by decode passes)
-
-    def reset(self) -> None:
-        self.wall.clear()
-        self.cpu.clear()
-        self.calls.clear()
-        self.rows = 0
-
-    def install(self) -> None:
-        wrapped: set[int] = set()
-        for owner, name, label in TARGETS:
-            raw = vars(owner).get(name)
-            if raw is None or id(raw) in wrapped:
-                continue
-            fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-            wrapper = self._wrap(fn, label, name == "_decode")
-            wrapped.add(id(wrapper))
-            setattr(owner, name, type(raw)(wrapper) if isinstance(raw, (staticmethod, classmethod)) else wrapper)
-
-    def _wrap(self, fn: Any, label: str, count_rows: bool) -> Any:
-        def timed(*a: Any, **k: Any) -> Any:
-            if count_rows:
-                self.rows += len(a[0].active)
-            w, c = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.wall[label] += time.perf_counter() - w
-                self.cpu[label] += time.thread_time() - c
-                self.calls[label] += 1
-
-        return timed
-
-
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of each thread group of this process so far (schedstat's first field: ns on a CPU)."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, float] = defaultdict(float)
-    for tid in os.listdir("/proc/self/task"):
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of process pid so far (schedstat's first field: ns on a CPU), by thread id."""
+    out: dict[int, float] = {}
+    root = Path(f"/proc/{pid}/task")
+    for task in root.iterdir() if root.exists() else []:
         try:
-            ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
         except (OSError, ValueError, IndexError):
             continue
-        name = names.get(int(tid), "native (BLAS)")
-        group = "http workers" if name.startswith("microgpt-serve") else name
-        out[group] += ns / 1e9
     return out
 
 
-def bodies(model: str, n: int, tokens: int, temperature: float, first: int) -> list[dict[str, Any]]:
+def get_json(port: int, path: str) -> dict[str, Any] | None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return json.load(res) if res.status == 200 else None
+    finally:
+        conn.close()
+
+
+SITECUSTOMIZE = """
+import os, time
+STEP_S = float(os.environ.get("SERVE_PROFILE_STEP_S") or 0)
+if STEP_S:
+    from microgpt.engine import infer
+
+    def no_model(self, b):  # the GPU's work: none of it on this CPU; every row draws TOKEN
+        self.arena["next_ids"][:b] = TOKEN
+
+    infer.InferState._decode = no_model
+    if hasattr(infer.InferState, "launch_decode"):  # launched now, its tokens read later: the GPU's time passes
+        launch, busy = infer.InferState.launch_decode, [0.0]
+
+        def launch_decode(self, b):
+            start = max(time.perf_counter(), busy[0])  # the emulated GPU's: after the step before it
+            wait = launch(self, b)
+            busy[0] = done = start + STEP_S
+
+            def waited():
+                if done > time.perf_counter():
+                    time.sleep(done - time.perf_counter())
+                return wait()
+
+            return waited
+
+        infer.InferState.launch_decode = launch_decode
+    else:  # one step at a time, the host waiting for each
+        decode = infer.InferState.decode
+
+        def decode_waiting(self, *args):
+            start = time.perf_counter()
+            out = decode(self, *args)
+            time.sleep(max(0.0, start + STEP_S - time.perf_counter()))
+            return out
+
+        infer.InferState.decode = decode_waiting
+"""
+HOST_SHAPE = ModelConfig(vocab_size=2048, d_model=8, n_layer=1, n_head=2, seq_len=512)
+TOKEN = 300  # what every decode step draws under the emulation (a token of text, not the end of document)
+
+
+def bodies(model: str, n: int, tokens: int, temperature: float) -> list[dict[str, Any]]:
     return [{"model": model, "prompt": f"def request_{k}(self, data):", "max_tokens": tokens, "seed": k,
              "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
-            for k in range(first, first + n)]  # fmt: skip
+            for k in range(n)]  # fmt: skip
 
 
-def client(argv: list[str]) -> int:
-    """The clients' side (a subprocess): PORT, then the bodies as JSON; one JSON line of tokens and seconds."""
-    port, reqs = int(argv[0]), json.loads(argv[1])
+def stream(port: int, body: dict[str, Any]) -> int:
+    """One streamed completion read to its end; its completion tokens (from the usage chunk)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        res = conn.getresponse()
+        usage, last = None, b""
+        for line in res:
+            if line.startswith(b"data: {"):
+                usage, last = json.loads(line[6:]).get("usage") or usage, line
+        if res.status != 200 or usage is None:
+            raise RuntimeError(f"HTTP {res.status}, no usage; the last event: {last[:300]!r}")
+        return usage["completion_tokens"]
+    finally:
+        conn.close()
+
+
+def together(port: int, reqs: list[dict[str, Any]]) -> int:
+    """Every request at once, a thread each; their completion tokens."""
+    got: list[int | Exception] = [0] * len(reqs)
+
+    def one(i: int) -> None:
+        try:
+            got[i] = stream(port, reqs[i])
+        except Exception as e:  # raised below, in the caller
+            got[i] = e
+
+    pool = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    for g in got:
+        if isinstance(g, Exception):
+            raise g
+    return sum(got)
+
+
+class Server:
+    """`microgpt serve` on the checkpoint, its port and its processes' pids (the engine's from /stats)."""
+
+    def __init__(self, ckpt: Path, streams: int, step_s: float, folder: Path) -> None:
+        cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", str(streams),
+               "--queue", str(streams), "--backend", "numpy", "--precision", "fp32"]  # fmt: skip
+        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
+        env = os.environ | {"PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
+                            "OPENBLAS_NUM_THREADS": "1", "SERVE_PROFILE_STEP_S": str(step_s)}  # fmt: skip
+        log = folder / "serve.log"
+        self.log = log
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while b"serve: http://" not in log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"serve did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        self.port = int(log.read_text().split("serve: http://")[1].split("/")[0].rsplit(":", 1)[1])
+        self.model = get_json(self.port, "/v1/models")["data"][0]["id"]
+        stats = get_json(self.port, "/stats")
+        self.pids = {"front": self.proc.pid, **({"engine": stats["engine_pid"]} if stats else {})}
+
+    def cpu(self) -> dict[str, dict[str, float]]:
+        return {name: thread_cpu(pid) for name, pid in self.pids.items()}
+
+    def engine_counts(self) -> dict[str, float]:
+        stats = get_json(self.port, "/stats")
+        return stats["engine"] if stats else {}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def phase(server: Server, reqs: list[dict[str, Any]], step_s: float) -> dict[str, Any]:
+    """One batch of streamed requests; what the server's processes spent on it, per token."""
+    before, counts0 = server.cpu(), server.engine_counts()
     t0 = time.perf_counter()
-    runs = together(port, reqs, 300) if len(reqs) > 1 else [stream(port, reqs[0], 300)]
-    print(json.dumps({"tokens": sum(r.tokens for r in runs), "wall_s": time.perf_counter() - t0}))
-    return 0
-
-
-def phase(port: int, reqs: list[dict[str, Any]], timers: Timers) -> dict[str, Any]:
-    """One batch of requests from the client subprocess; what the server spent on it, per token."""
-    cmd = [sys.executable, __file__, "--client", str(port), json.dumps(reqs)]
-    timers.reset()
-    before = thread_cpu()
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
-    after = thread_cpu()
-    got = json.loads(res.stdout)
-    n = got["tokens"]
+    n = together(server.port, reqs)
+    wall = time.perf_counter() - t0
+    after, counts1 = server.cpu(), server.engine_counts()
     per = 1e6 / n
+    cpu: dict[str, float] = {}
+    for proc in after:  # each process, and its busiest thread (the event loop; the engine's loop)
+        spent = [v - before[proc].get(tid, 0.0) for tid, v in after[proc].items()]
+        cpu[proc], cpu[proc + " busiest thread"] = round(sum(spent) * per, 1), round(max(spent) * per, 1)
+    sums = {proc: cpu[proc] for proc in after}
+    engine = {k.removesuffix("_s"): round((counts1[k] - counts0.get(k, 0.0)) * per, 1) for k in counts1
+              if k.endswith("_s")}  # fmt: skip
+    if engine:
+        engine["host"] = round(sum(v for k, v in engine.items() if k not in ("model", "wait")), 1)
+    of_step = {"of_step": round(n / wall * step_s / len(reqs), 3)} if step_s else {}
     return {
-        "tokens": n, "rows_decoded": timers.rows, "tokens_per_s": n / got["wall_s"],
-        "wall_us": {k: round(v * per, 1) for k, v in sorted(timers.wall.items())},
-        "cpu_us": {k: round(v * per, 1) for k, v in sorted(timers.cpu.items())},
-        "calls_per_token": {k: round(v / n, 2) for k, v in sorted(timers.calls.items())},
-        "threads_cpu_us": {k: round((after[k] - before.get(k, 0.0)) * per, 1) for k in sorted(after)},
-    }  # fmt: skip
+        "tokens": n,
+        "tokens_per_s": round(n / wall, 1),
+        **of_step,
+        "cpu_us": cpu | {"total": round(sum(sums.values()), 1)},
+        **({"engine_us": engine} if engine else {}),
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,46 +230,39 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", choices=SHAPES, default="tiny-wide")
-    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--streams", type=int, nargs="+", default=[8, 64], help="concurrent streams of each phase after 1")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--step-ms", type=float, default=2.0, help="the emulated GPU time of a decode step (0: none)")
     p.add_argument("--repeats", type=int, default=3, help="each phase this many times; the medians are reported")
     return p
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--client"]:
-        return client(argv[1:])
     args = parser().parse_args(argv)
-    timers = Timers()
-    timers.install()
+    step_s = args.step_ms / 1e3
+    SHAPES["serve-host"] = HOST_SHAPE  # random_checkpoint's table: the sidecar records the model
     with tempfile.TemporaryDirectory() as tmp:
-        tok = tokenizer_record(SHAPES[args.shape].vocab_size, Path(tmp))
-        ckpt = random_checkpoint(args.shape, Path(tmp), tok)[2]
-        flags = [str(ckpt), "--port", "0", "--max-batch", str(args.streams), "--queue", str(args.streams),
-                 "--backend", "numpy", "--precision", "fp32"]  # fmt: skip
-        api, server = serve.build(serve.parser().parse_args(flags))
-        thread = threading.Thread(target=server.serve_forever, name="http loop", daemon=True)
-        thread.start()
-        api.scheduler.thread.name = "decode thread"
-        api.scheduler.start()
+        tok = tokenizer_record(HOST_SHAPE.vocab_size, Path(tmp))
+        ckpt = random_checkpoint("serve-host", Path(tmp), tok)[2]
+        server = Server(ckpt, max(args.streams), step_s, Path(tmp))
         try:
-            phase(server.port, bodies(api.name, args.streams, 32, args.temperature, 0), timers)  # warm-up
+            for n in args.streams:  # warm-up: every batch size up to the largest
+                phase(server, bodies(server.model, n, 16, args.temperature), step_s)
             report = {}
-            for name, n in (("alone", 1), ("together", args.streams)):
-                runs = [phase(server.port, bodies(api.name, n, args.tokens, args.temperature, 0), timers)
+            for n in (1, *args.streams):
+                rows = [phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
                         for _ in range(args.repeats)]  # fmt: skip
-                report[name] = summarize(runs)
+                report[n] = summarize(rows)
+        except Exception:
+            print(f"the server's log:\n{server.log.read_text()[-3000:]}", file=sys.stderr)
+            raise
         finally:
-            api.scheduler.stop()
-            server.shutdown()
-            thread.join(timeout=10)
-            server.close()
-    head = {"shape": args.shape, "streams": args.streams, "tokens": args.tokens, "temperature": args.temperature,
-            "repeats": args.repeats}  # fmt: skip
-    for name, row in report.items():
-        print(json.dumps({**head, "phase": name, **row}))
+            server.stop()
+    head = {"tokens": args.tokens, "temperature": args.temperature, "step_ms": args.step_ms, "repeats": args.repeats,
+            "processes": sorted(server.pids)}  # fmt: skip
+    for n, row in report.items():
+        print(json.dumps({**head, "streams": n, **row}))
     return 0
 
 

@@ -108,7 +108,7 @@ def test_greedy_decoding_in_a_batch_is_each_sequences_own() -> None:
 @pytest.mark.parametrize(
     "tokens, positions, slots, match",
     [
-        ([1, 2], [0, 1], [0, 0], "share a cache row"),
+        ([1, 2], [1, 1], [0, 0], "write one position of one cache row"),
         ([1], [M.seq_len], [0], r"positions must be integers in \[0, 24\)"),
         ([1], [0], [2], r"slots must be integers in \[0, 2\)"),
         ([96], [0], [0], r"tokens must be integers in \[0, 96\)"),

@@ -23,7 +23,7 @@ import pytest
 
 from microgpt.data.tokenizer import EOT
 from microgpt.use import oai, serve
-from microgpt.use.sample import Sampling, generate
+from microgpt.use.sample import Sampling, generate, load
 from tests.conftest import REPO, cli, one_error
 
 HI = [{"role": "user", "content": "hi"}]
@@ -37,12 +37,12 @@ def served(run: Path, *flags: str, decoding: bool = True) -> Iterator[tuple[serv
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     if decoding:
-        api.scheduler.start()
+        api.engine.start()
     url = f"http://127.0.0.1:{server.port}/v1"
     try:
         yield api, openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), url
     finally:
-        api.scheduler.stop()
+        api.engine.stop()
         server.shutdown()
         thread.join(timeout=10)
         server.close()
@@ -98,7 +98,7 @@ def test_completions_are_samples_greedy_continuation_and_stop(api, run_256: Path
     a, client, _ = api
     res = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0)
     ids = a.tok.encode("def ")
-    greedy = generate(a.scheduler.gen, ids, 30, Sampling(), [0])[0]
+    greedy = generate(load(str(run_256), 1)[0], ids, 30, Sampling(), [0])[0]
     eot = greedy.index(a.tok.eot_id) if a.tok.eot_id in greedy else len(greedy)
     text = a.tok.decode(greedy[:eot]).split(EOT)[0]
     assert res.choices[0].text == text and res.choices[0].finish_reason == ("stop" if eot < 30 else "length")
@@ -121,13 +121,12 @@ def test_two_concurrent_requests_decode_in_one_batch_and_a_third_gets_429(run_25
                  "temperature": 0.8, "seed": s} for w, s in (("more", 1), ("a story", 2))]  # fmt: skip
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(client.chat.completions.create, **r) for r in reqs]
-            wait_for("two requests in flight", lambda: a.scheduler.held == 2)
+            wait_for("two requests in flight", lambda: a.engine.held == 2)
             with pytest.raises(openai.RateLimitError) as busy:
                 client.chat.completions.create(**reqs[0])
             assert busy.value.status_code == 429 and busy.value.response.headers["Retry-After"] == "1"
             assert busy.value.body["code"] == "rate_limit_exceeded" and "2 of its 2 rows" in busy.value.body["message"]
-            assert len(a.scheduler.waiting) == 2  # both waiting: the first pass admits them together
-            a.scheduler.start()
+            a.engine.start()  # both waiting: the first pass admits them together
             together = [f.result().choices[0].message.content for f in futures]
         alone = [client.chat.completions.create(**r).choices[0].message.content for r in reqs]
         assert together == alone and together[0] != together[1]
@@ -171,6 +170,12 @@ def test_requests_no_client_sends_get_json_errors(api) -> None:
     assert big[0] == 413 and "at most 1048576 bytes" in big[1]["message"]  # refused before the body is sent
     chunked = raw(port, "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
     assert chunked[0] == 411 and chunked[1]["message"].startswith("send the request body with a Content-Length")
+
+
+def stats(url: str) -> dict:
+    """GET /stats: the engine's counters and this side's."""
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/stats", timeout=60) as res:
+        return json.load(res)
 
 
 def raw(port: int, request: str) -> tuple[int, dict]:
@@ -238,17 +243,17 @@ def test_a_stream_whose_client_goes_away_leaves_the_batch(run_256: Path) -> None
     """A streamed request whose client closes once the answer's head came, before the decode loop starts: the stream
     fails at a write, its job is released unfinished and leaves the batch, and the next request is answered."""
     with served(run_256, "--max-batch", "2", "--queue", "2", decoding=False) as (a, client, url):
-        released, release = [], a.scheduler.release
-        a.scheduler.release = lambda job: (released.append(job.left), release(job))
+        released, release = [], a.engine.release
+        a.engine.release = lambda job: (released.append(job.left), release(job))
         body = json.dumps({"model": a.name, "prompt": "def ", "max_tokens": 4000, "stream": True, "temperature": 0})
         with socket.create_connection(("127.0.0.1", int(url.split(":")[2].split("/")[0])), timeout=60) as sock:
             sock.sendall(f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
             got = b""
             while b"\r\n\r\n" not in got:
                 got += sock.recv(65536)
-            assert got.startswith(b"HTTP/1.0 200") and a.scheduler.held == 1
-        a.scheduler.start()
+            assert got.startswith(b"HTTP/1.0 200") and a.engine.held == 1
+        a.engine.start()
         wait_for("the stream to fail and release its job", lambda: released)
         assert released == [1]  # its one choice unfinished: 252 positions of the context were left
-        wait_for("its row to leave the batch", lambda: a.scheduler.held == 0 and not a.scheduler.active)
+        wait_for("its row to leave the batch", lambda: a.engine.held == 0 and stats(url)["engine"]["active"] == 0)
         assert client.completions.create(model=a.name, prompt="def ", max_tokens=3).usage.completion_tokens >= 1

@@ -93,7 +93,13 @@ class Backend:
     zero_: Callable[[Any], None]
     copy_: Callable[[Any, Any], None]  # buffer -> buffer of the same shape (the inference step's KV cache writes)
     copy_in: Callable[[Any, np.ndarray], None]  # host array -> buffer (casting to the buffer's dtype)
+    # host array -> buffer without waiting for the device's queued work (GPU: through pinned memory, in stream order;
+    # the host array may be reused at once): serve's next step staged while the step before it runs
+    copy_in_async: Callable[[Any, np.ndarray], None]
     to_numpy: Callable[[Any], np.ndarray]
+    # buffer -> a function that waits for the copy and returns it on the host (GPU: copied into pinned memory after
+    # the work queued so far, the device not waited for until the function is called)
+    fetch: Callable[[Any], Callable[[], np.ndarray]]
     synchronize: Callable[[], None]
     prepare: Callable[[Callable[[], None], bool], Callable[[], None]]  # (step, graph ok) -> what to call per step
     logits_rows: Callable[[ModelConfig, int], int]  # R of the loss head's (R, V) chunk for micro-batch B
@@ -163,6 +169,10 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
     def copy_in(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = np.asarray(src).reshape(dst.shape)
 
+    def fetch(x: np.ndarray) -> Callable[[], np.ndarray]:
+        got = np.array(x)  # the work is done: copied now, before anything writes x again
+        return lambda: got
+
     def alloc(nbytes: int) -> np.ndarray:
         return np.zeros(nbytes, np.uint8)
 
@@ -170,8 +180,8 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
         name="numpy", precision=prec, device="cpu", versions={"numpy": np.__version__},
         kind_bytes={**{kind: np.dtype(t).itemsize for kind, t in dtypes.items()}, "f8": 1},
         **registry_functions(lambda row: row.numpy),
-        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_=np.copyto, copy_in=copy_in, to_numpy=np.asarray,
-        synchronize=lambda: None, prepare=lambda run, graph: run,
+        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_=np.copyto, copy_in=copy_in, copy_in_async=copy_in,
+        to_numpy=np.asarray, fetch=fetch, synchronize=lambda: None, prepare=lambda run, graph: run,
         logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], infer_rows=lambda m, B: [],
         memory_bytes=memory.host_memory_bytes, kernel_args={fn: {"rows": rows} for fn in ops.ROWS_TAKERS},
         matmul_args={"rows": rows},
@@ -201,7 +211,8 @@ def triton_backend(precision_name: str, flag: str = "train.precision", compute: 
     return Backend(
         name="triton", precision=prec, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
         **registry_functions(lambda row: row.triton),
-        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in, to_numpy=rt.to_numpy,
+        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in,
+        copy_in_async=rt.copy_in_async, to_numpy=rt.to_numpy, fetch=rt.fetch,
         synchronize=rt.synchronize, prepare=rt.prepare,
         logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),

@@ -92,11 +92,54 @@ class InferState:
         tokens, positions, slots = (np.asarray(a).reshape(-1) for a in (tokens, positions, slots))
         b = self._check_decode(tokens, positions, slots)
         self.K.copy_in(self.arena["decode_rows"][: 3 * b], np.concatenate([tokens, positions, slots]).astype(np.int32))
+        self._decoder(b)()
+        return self.arena["next_logits"][:b]
+
+    # The decode step in three calls, for a host that prepares the next step while this one runs (serve's scheduler):
+    # stage its inputs, carry in the tokens only the device knows yet, launch; the greedy tokens come back later.
+    def stage_decode(self, rows: np.ndarray) -> int:
+        """The next decode step's inputs, rows (3b,) int32 on the host: b tokens, b positions, b cache rows (as
+        decode's), checked, then copied into decode_rows without waiting for the step under way (the backend's
+        copy_in_async: on a GPU in stream order, after it). A token the host does not know yet (the greedy token of
+        the step under way) is any id here, carried in by `carry`. Returns b."""
+        b = rows.size // 3
+        self._check_decode(rows[:b], rows[b : 2 * b], rows[2 * b :])
+        self.K.copy_in_async(self.arena["decode_rows"][: 3 * b], rows)
+        return b
+
+    def carry(self, dst: int, src: int, n: int) -> None:
+        """Tokens dst .. dst + n - 1 of the staged step = the greedy tokens src .. src + n - 1 of the step before it
+        (next_ids), copied on the device."""
+        rows, ids = self.arena["decode_rows"], self.arena["next_ids"]
+        self.K.copy_(rows[dst : dst + n], ids[src : src + n])
+
+    def launch_decode(self, b: int) -> Callable[[], np.ndarray]:
+        """The decode step of b rows on the staged inputs (on a GPU its graph replayed, which returns at once), and a
+        function that waits for it and returns its greedy tokens (b,) int32 on the host (the backend's fetch, queued
+        before any later step can write next_ids). Its logits stay in next_logits[:b] until the next step."""
+        self._decoder(b)()
+        return self.K.fetch(self.arena["next_ids"][:b])
+
+    def window_logits(self, lo: int, hi: int) -> Any:
+        """The logits (hi - lo, V) of rows lo .. hi - 1 (hi - lo <= B) of the last inference step's window, its
+        (b, t) tokens flattened, in next_logits[: hi - lo]: the head over the final LayerNorm's output, which
+        model.gpt_infer leaves in the plan's `ln` (serve's echo with logprobs: every position's alternatives)."""
+        out = self.arena["next_logits"][: hi - lo]
+        self.K.head_logits(out, self.arena["ln"][lo:hi], self.P_compute["wte"])
+        return out
+
+    def copy_rows(self, dst: int, src: int, n: int) -> None:
+        """Positions 0 .. n - 1 of KV-cache row dst = those of row src (every layer, keys and values): a prefix two
+        sequences share is computed once (serve's prefix reuse)."""
+        kv = self.arena["kv"]
+        self.K.copy_(kv[:, :, dst, :n], kv[:, :, src, :n])
+
+    def _decoder(self, b: int) -> Callable[[], None]:
+        """The decode step of b rows, prepared at its first use (K.prepare: on a GPU its warm-up, then its graph)."""
         run = self.decoders.get(b)
         if run is None:
             run = self.decoders[b] = self.K.prepare(lambda: self._decode(b), True)
-        run()
-        return self.arena["next_logits"][:b]
+        return run
 
     def greedy(self, b: int) -> list[int]:
         """The greedy tokens of the last decode step of b rows: b ints to the host."""
@@ -118,8 +161,8 @@ class InferState:
         for name, a, top in (("tokens", tokens, V), ("positions", positions, T), ("slots", slots, self.B)):
             if a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= top:
                 raise ValueError(f"decode: {name} must be integers in [0, {top}) (got {a.min()} .. {a.max()})")
-        if np.unique(slots).size != b:
-            raise ValueError("decode: two rows of one step share a cache row (slots must be distinct)")
+        if np.unique(slots.astype(np.int64) * T + positions).size != b:
+            raise ValueError("decode: two rows of one step write one position of one cache row")
         return b
 
 

@@ -385,9 +385,10 @@ def _attend(K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, po
 def gpt_decode(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, positions: Any,
                slots: Any) -> None:  # fmt: skip
     """tokens, positions, slots (b,) int32 (b <= the plan's B): row i's token at position positions[i] (< seq_len)
-    of KV-cache row slots[i] (< B; the rows' slots distinct), whose key and value go into the cache A["kv"] beside
-    those of positions 0 .. positions[i] - 1 of that row, which its attention reads; each row's next-token logits in
-    A["next_logits"][:b]. For rows 0 .. b-1 all at position pos, the same step as gpt_infer's decode window of one
+    of KV-cache row slots[i] (< B; no two rows at one slot and position), whose key and value go into the cache
+    A["kv"] beside those of positions 0 .. positions[i] - 1 of that row (written before, or by this step's other rows
+    of that cache row: every write precedes every attention), which its attention reads; each row's next-token logits
+    in A["next_logits"][:b]. For rows 0 .. b-1 all at position pos, the same step as gpt_infer's decode window of one
     token at pos."""
     b = tokens.shape[0]
     a = A.get("a")

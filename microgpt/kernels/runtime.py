@@ -167,6 +167,32 @@ class Runtime:
         src = src if src.flags.writeable else src.copy()  # torch wraps only writable arrays (a checkpoint's are not)
         dst.copy_(torch.from_numpy(src).reshape(dst.shape).to(dst.dtype))
 
+    def copy_in_async(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        """copy_in without waiting for the work queued on the stream: the host array, converted, goes into pinned
+        memory (torch's pinned pool keeps that block until the copy has run) and is copied in stream order, after
+        the queued work; from pageable memory the copy would wait for all of it first. Elsewhere copy_in."""
+        if not self.cuda:
+            return self.copy_in(dst, src)
+        host = torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape).to(dst.dtype).pin_memory()
+        dst.copy_(host, non_blocking=True)
+
+    def fetch(self, x: torch.Tensor) -> Callable[[], np.ndarray]:
+        """x on the host, later: the copy into pinned memory is queued after the work queued so far, and the
+        function returned waits for it (an event, not the whole device) and returns it as to_numpy does."""
+        if not self.cuda:
+            got = self.to_numpy(x).copy()
+            return lambda: got
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> np.ndarray:
+            done.synchronize()
+            return (host.float() if host.dtype in (torch.bfloat16, torch.float16) else host).numpy()
+
+        return wait
+
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:
         """A device buffer on the host; bf16 and fp16 widened to fp32 there, after the copy (widening on the device

@@ -14,8 +14,10 @@ with the heads interleaved as (b, NH, hs).
                        the cache write; ops/qkrope.py)
 
 Nothing is saved (there is no backward), and nothing past positions[i] is read: the cache there holds noise or a
-sequence that held the slot before. The slots of one step are distinct (two rows never write one cache row), which
-InferState.decode checks on the host. For one row at position pos these are gpt_infer's embedding at pos, its copy
+sequence that held the slot before. No two rows of one step write one position of one cache row, which
+InferState.decode checks on the host; rows of one cache row at different positions (a prompt's tokens fed in one step,
+serve's scheduler) each read the keys and values the others wrote, since every row's write precedes every row's
+attention. For one row at position pos these are gpt_infer's embedding at pos, its copy
 into the cache and attention_forward_cached for t = 1 (tests/test_decode.py compares the steps).
 On the GPU (kernels/decode.py) the attention is split over the keys (flash-decoding) and the splits combined in a
 fixed order; here one pass per row computes the same function.

@@ -25,11 +25,11 @@ query number that is not a finite integer in range (`since=inf`, `width=1e999`) 
 (the message is in the body, UTF-8; the status line stays ASCII). File answers carry an ETag (mtime and size):
 an unchanged file costs a 304, not a download.
 
-The transport is httpd.py: one event loop holds every connection (a deadline for the request head, one request
-each, a deadline to take the answer, a cap on connections that drops the slowest head first), so slow or
-half-open clients cannot stall the others. A client that goes away mid-answer is not an error and prints nothing.
-Requests are not logged (a page polls several times a second) unless --verbose; a server error prints its
-traceback.
+The transport is httpd.py: one event loop holds every connection (one request reader with deadlines for the head and
+the whole request, one request each, a deadline to take the answer, a cap on connections that drops the slowest
+request first), so slow or half-open clients cannot stall the others. A client that goes away mid-answer is not an
+error and prints nothing. Requests are not logged (a page polls several times a second) unless --verbose; a server
+error prints its traceback.
 
 Standalone: `python -m microgpt.proxy.dashboard FOLDER [--port N] [--verbose]`, FOLDER a run folder (a proxy's or
 `microgpt train`'s, live or finished) or a folder of them.
@@ -49,7 +49,7 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode
 
 from microgpt.errors import ArgParser, InputError, check_number, exit_on_input_error, parse_number
 from microgpt.httpd import Answer, BoundedHTTPServer, Request, error
@@ -118,17 +118,16 @@ class Site:
             return error(403, "unexpected Host header")
         if len(req.target) > MAX_URL:
             return error(414, "URI too long")
-        url = urlsplit(req.target)
-        if url.path == "/":
-            pairs = parse_qsl(url.query, keep_blank_values=True)  # the README's ?x=time and friends, kept
+        if req.path == "/":
+            pairs = parse_qsl(req.query, keep_blank_values=True)  # the README's ?x=time and friends, kept
             if self.run and not any(k == "run" for k, _ in pairs):
                 pairs.insert(0, ("run", self.run))  # the run the server opens on; none: every run
             query = urlencode(pairs, safe="/", quote_via=quote)
             ans = Answer(302, {"Location": f"/{PAGE_NAME}" + (f"?{query}" if query else "")})
-        elif url.path.startswith("/api/"):
-            ans = self._api(url.path, url.query, req)
+        elif req.path.startswith("/api/"):
+            ans = self._api(req.path, req.query, req)
         else:
-            ans = self._static(unquote(url.path), req)
+            ans = self._static(unquote(req.path), req)
         ans.send_body = ans.send_body and req.method == "GET"
         return ans
 

@@ -1,223 +1,449 @@
-"""Continuous batching for `microgpt serve`: the requests in flight decoded together, one position a pass.
+"""The engine of `microgpt serve`: continuous batching over one inference plan of max_batch cache rows, in a process
+of its own (serve.py starts it: `python -m microgpt.use.scheduler FD CHECKPOINT ...`), which never waits on HTTP.
 
-One thread owns the model (a sample.Generator over an inference plan of B rows, B = --max-batch) and loops:
+Why a process: the HTTP side's work per token (an SSE event written, the text decoded, the stop strings sought) is
+tens of microseconds of Python, and the engine's a few per row; in one process they share one interpreter lock, so
+the host's work is their sum, and a GPU decode step of 1-3 ms leaves room for only a few dozen rows of it (docs/SERVE.md
+has the measurements). Apart, they run on two cores at once, the engine's loop holds the lock alone, and what the
+HTTP side does per token no longer delays a step. The wire (wire.py) carries ids, never text: the prompt's ids in,
+each step's new tokens out, one message a step.
 
-    admit     the waiting jobs, first come first served, while the batch has free cache rows for all of a job's
-              choices (a job of n choices takes n rows at once; a later job never overtakes a waiting one)
-    prefill   each admitted choice's prompt, alone, into its own cache row from position 0; its first token
-    decode    one position for every row in the batch, each at its own position, in one decode step
-              (InferState.decode: model.gpt_decode, on a GPU one CUDA graph per batch size), then each row's token:
-              a greedy row's is the step's own argmax (b ints leave the device), a sampling row draws from its
-              logits with its own sampling and seed; a row that stops (a stop string, a stop token, max_tokens,
-              the context full) leaves the batch at once and its cache row takes the next waiting choice
+One pass of the loop (`step`):
 
-so a request arriving while others decode waits at most one pass to start, and a long request never holds a short
-one behind it. Rows are independent: a row's tokens are those it would get decoded alone (sample.py says where the
-GEMM over several rows rounds otherwise). The thread never waits on a client: a row's text goes into its job's
-events, and once a pass is done each job that got some is woken (Job.wake, the HTTP side's: serve.py's streams are
-read on the transport's event loop, so a token costs no hand-off between threads beyond that one wake a pass).
+    commands   what the HTTP side sent (wire.py), read without waiting while there is work
+    admit      waiting rows, first come first served, get a free cache row: the one whose cached tokens share the
+               longest prefix with the prompt (a chat's history from its last turn: prefix reuse), or, where a
+               busier row holds a longer one, the least recently used free row with that prefix copied into it
+               (InferState.copy_rows: a system prompt shared by many conversations is computed once)
+    prefill    rows with more than SHORT prompt tokens not in the cache yet, batched into one window of the
+               inference step (model.gpt_infer, each row at its own position and cache row), at most PREFILL_TOKENS of
+               window a pass and CHUNK a row, so a long prompt is prefilled over several passes while the batch
+               decodes; a row's last prompt token is left for the decode step, which draws the first token from it
+    launch     the decode step of every row with a token to feed, and in its spare rows (up to max_batch) the
+               prompt tokens of rows with at most SHORT left, one row each: a cache row's tokens at distinct
+               positions of one step, each reading the keys the others wrote (ops/decode.py), the last one drawing
+               the first token; so the short prompts that wait are prefilled together in the batch's own step (one
+               graph replay, not a launch per row and layer) and join the batch at once. The inputs are patched from
+               the host's arrays (InferState.stage_decode, launch_decode), not rebuilt per row; on a GPU the step's
+               CUDA graph is replayed without waiting, while the host goes on
+    finish     the tokens of the step launched in the pass before, read only now: the GPU runs one step while the
+               host reads the last one's tokens, sends them, and finds the rows that end. A greedy row's next token
+               is carried into the next step on the device (InferState.carry), so the host is one step behind; a row
+               that ended runs one step more, whose token is dropped. A row that samples, or whose logprobs are
+               asked, needs its logits on the host before its next token: a step holding one is finished before the
+               next is launched (no overlap, the same tokens).
 
-The bound: a job holds its rows from submit() until its answer is done (release(), by the HTTP side), so at most
-B + Q rows are in flight (decoding, waiting, or being sent); one more is refused (Busy: HTTP 429). A job whose
-client has gone (released before it finished) leaves the batch at the next pass. stop() ends the loop and sends
-every unfinished job an error.
+Rows are independent: a row's tokens are those it would get decoded alone (sample.py says where a GEMM over several
+rows rounds otherwise); greedy rows draw the step's own argmax (b ints leave the device), sampling rows `pick` from
+their logits with their own seed, as `microgpt sample --seed S` draws. A row ends at one of its stop tokens, at its
+max_tokens, or where the context is full (no sliding window); a cancel (the client went, or the HTTP side found a stop
+string) drops it from the next step. The HTTP side bounds what is submitted (429 beyond max_batch + queue), so the
+engine's queue is never longer than that.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
+import socket
 import sys
-import threading
+import time
 import traceback
-from collections import deque
-from collections.abc import Callable
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from microgpt.use.chat import Stream
+from microgpt.engine.trained import load_trained
+from microgpt.errors import InputError
+from microgpt.use import sample
+from microgpt.use.batch import Batch, Step
 from microgpt.use.sample import Generator, Sampling, pick
+from microgpt.use.wire import Channel, RowSpec
 
-STOPPING = "the server is shutting down"
-
-
-class Busy(Exception):
-    """More rows than the batch and the queue hold (HTTP 429)."""
+PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefilled in one pass at most
+CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
+SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
+IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
+INTERNAL = "internal error (see the server's stderr)"
 
 
 @dataclass(eq=False)
-class Choice:
-    """One sequence to decode: a row of the batch while it is admitted."""
+class Row:
+    """One choice of one request: a cache row (slot) while admitted."""
 
-    index: int  # the choice's index in its request
-    prompt: list[int]
-    max_tokens: int
+    rid: int
+    spec: RowSpec
+    prompt: np.ndarray  # int32 ids
     sampling: Sampling
     rng: np.random.Generator
-    stream: Stream  # the text so far, cut at the request's stop strings
-    stop_ids: frozenset[int]  # tokens that end the choice (the tokenizer's end of document)
-    ids: list[int] = field(default_factory=list)  # the tokens drawn
-    slot: int = -1  # its cache row while admitted
-    pos: int = 0  # positions of its cache row filled
+    slot: int = -1
+    fed: int = 0  # positions of its cache row written with its prompt (or queued to be), while it is prefilled
+    at: int = -1  # its place in the decode batch (batch.py), while it decodes
+    done: bool = False
+    echo: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # the prompt's logprobs so far
 
-
-@dataclass
-class Event:
-    """What a job's queue carries: a choice's new text, and its finish reason once it ended ("stop", "length";
-    "error" with the message as text)."""
-
-    index: int
-    text: str
-    finish: str | None = None
-
-
-class Job:
-    """One request: its choices and their Events, which the decode thread sends and the HTTP side takes, woken by
-    `wake` (set by the HTTP side before it first takes) once a pass has sent it some."""
-
-    def __init__(self, choices: list[Choice]) -> None:
-        self.choices = choices
-        self.events: deque[Event] = deque()  # appended by the decode thread, taken by the HTTP side
-        self.wake: Callable[[], None] = lambda: None
-        self.released = False  # the HTTP side is done with it (answered, or its client went away)
-        self.left = len(choices)  # choices not finished
-
-    def send(self, event: Event) -> None:
-        self.left -= event.finish is not None
-        self.events.append(event)
-
-    def take(self) -> list[Event]:
-        """The events sent since the last take, in order (one reader)."""
-        out = []
-        while self.events:
-            out.append(self.events.popleft())
-        return out
+    @property
+    def host_draws(self) -> bool:
+        """Its next token needs its logits on the host (sampling, or logprobs asked)."""
+        return self.sampling.temperature > 0 or self.spec.logprobs >= 0
 
 
 class Scheduler:
-    """The decode loop over gen's B rows, in a thread of its own from start() to stop(); `queue` more rows may wait."""
+    """The loop over gen's max_batch cache rows (the module docstring), talking to the HTTP side over chan."""
 
-    def __init__(self, gen: Generator, queue: int) -> None:
-        self.gen = gen
-        self.capacity = gen.S.B + queue
-        self.free = list(range(gen.S.B))  # cache rows no choice holds
-        self.waiting: deque[Job] = deque()
-        self.active: list[tuple[Job, Choice]] = []  # the batch, in the loop thread only
-        self.sent: dict[int, Job] = {}  # the jobs this pass sent events to, woken at its end
-        self.held = 0  # rows of the jobs submitted and not released
-        self.stopping = False
-        self.cv = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, name="serve-decode", daemon=True)
+    def __init__(self, gen: Generator, chan: Channel, reuse: bool = True) -> None:
+        self.gen, self.S, self.chan, self.reuse = gen, gen.S, chan, reuse
+        self.max_batch, self.T = gen.S.B, gen.m.seq_len
+        self.ids = np.zeros((self.max_batch, self.T), np.int32)  # each cache row's tokens, where the host knows them
+        self.fed = np.zeros(self.max_batch, np.int64)  # positions of each cache row written (or queued)
+        self.known = np.zeros(self.max_batch, np.int64)  # positions of each cache row whose token the host knows
+        self.free = list(range(self.max_batch))  # free cache rows, the least recently used first
+        self.rows: dict[int, list[Row]] = {}  # rid -> its rows not done
+        self.waiting: deque[Row] = deque()
+        self.prefilling: list[Row] = []
+        self.batch = Batch(self.max_batch)  # rows with a token to feed: the next decode step's
+        self.pending: Step | None = None
+        self.started = self.stopping = False
+        self.out: list[tuple[np.ndarray, ...]] = []  # (rid, index, token, code) arrays of this pass
+        self.out_lps: list[tuple] = []  # (rid, index, token, logprob, top) of the tokens whose logprobs are asked
+        self.counts: dict[str, float] = defaultdict(float)  # steps, rows, prefill and reused tokens, seconds a phase
 
-    def start(self) -> None:
-        self.thread.start()
+    # --- the loop ----------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stopping and not self.chan.closed:
+            busy = self.started and bool(self.pending or len(self.batch) or self.prefilling or self.waiting)
+            if not busy:
+                self.chan.wait(IDLE_WAIT_S)
+            t0 = time.perf_counter()
+            for msg in self.chan.receive():
+                self.command(msg)
+            self._time("commands", t0)
+            if self.started and not self.stopping:
+                try:
+                    self.step()
+                except Exception:  # a bug or a failing device: the rows in flight get the error, the server goes on
+                    traceback.print_exc(file=sys.stderr)
+                    self.fail_all(INTERNAL)
+            self.send()
 
-    def submit(self, job: Job) -> None:
-        """Queue a job; Busy when its rows do not fit beside those in flight, RuntimeError once stopping."""
-        with self.cv:
-            if self.stopping:
-                raise RuntimeError(STOPPING)
-            if self.held + len(job.choices) > self.capacity:
-                raise Busy(f"the server is busy: {self.held} of its {self.capacity} rows are in flight")
-            self.held += len(job.choices)
-            self.waiting.append(job)
-            self.cv.notify()
-
-    def release(self, job: Job) -> None:
-        """The HTTP side is done with the job: its rows no longer count, and unfinished choices leave the batch."""
-        with self.cv:
-            if not job.released:
-                job.released = True
-                self.held -= len(job.choices)
-                self.cv.notify()
-
-    def stop(self) -> None:
-        """End the loop (after the pass under way; never started: none) and send every job still in flight an
-        error."""
-        with self.cv:
+    def command(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            rid, specs = msg[1], msg[2]
+            rows = [self._row(rid, spec) for spec in specs]
+            self.rows[rid] = rows
+            self.waiting.extend(rows)
+        elif kind == "cancel":
+            for row in list(self.rows.get(msg[1], ())):
+                if msg[2] < 0 or row.spec.index == msg[2]:
+                    self.end(row)
+        elif kind == "start":
+            self.started = True
+        elif kind == "stats":
+            self.chan.send("stats", {**self.counts, "active": len(self.batch), "waiting": len(self.waiting)})
+        elif kind == "stop":
             self.stopping = True
-            self.cv.notify()
-        if self.thread.ident is not None:
-            self.thread.join()
-        for job in {id(j): j for j in [*self.waiting, *(j for j, _ in self.active)]}.values():
-            self._fail(job, STOPPING)
 
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not self.stopping and not self.active and not self.waiting:
-                    self.cv.wait()
-                if self.stopping:
-                    return
-                admitted = self._admit()
-            try:
-                for job, c in admitted:
-                    logits = self.gen.run(np.asarray(c.prompt, np.int32)[None], 0, [c.slot])[0]
-                    c.pos = len(c.prompt)
-                    self._advance(job, c, pick(logits, c.sampling, c.rng))
-                if self.active:
-                    self._decode()
-            except Exception:  # a bug or a failing device: its rows get the error, the server goes on
-                traceback.print_exc(file=sys.stderr)
-                for job in {id(j): j for j, _ in self.active}.values():
-                    self._fail(job, "internal error (see the server's stderr)")
-            for job in self.sent.values():
-                job.wake()
-            self.sent.clear()
+    def _row(self, rid: int, spec: RowSpec) -> Row:
+        s = Sampling(spec.temperature, spec.top_k, spec.top_p)
+        return Row(rid, spec, np.frombuffer(spec.prompt, np.int32), s, np.random.default_rng(spec.seed))
 
-    def _admit(self) -> list[tuple[Job, Choice]]:
-        """Under the lock: drop the batch's released jobs, then admit waiting jobs in order while their rows fit."""
-        for job, c in [(j, c) for j, c in self.active if j.released]:
-            self._leave(job, c)
-        while self.waiting and self.waiting[0].released:
-            self.waiting.popleft()
-        admitted = []
-        while self.waiting and len(self.waiting[0].choices) <= len(self.free):
-            job = self.waiting.popleft()
-            for c in job.choices:
-                c.slot = self.free.pop()
-                self.active.append((job, c))
-                admitted.append((job, c))
-        return admitted
+    def step(self) -> None:
+        """One pass: admit, prefill, launch the next decode step, then finish the one before (the docstring)."""
+        prev = self.pending
+        if prev is not None and prev.host:
+            self.finish(prev, host=True)
+            prev = None
+        t0 = time.perf_counter()
+        self.admit()
+        t1 = self._time("admit", t0)
+        self.prefill()
+        t2 = self._time("prefill", t1)
+        model = self.counts["model_s"]
+        self.pending = self.launch(prev)
+        self._time("launch", t2)
+        self.counts["launch_s"] -= self.counts["model_s"] - model  # the host's part of the launch
+        if prev is not None:
+            self.finish(prev, host=False)
 
-    def _decode(self) -> None:
-        """One position for every row of the batch, each at its own, in one decode step. A greedy row's token is the
-        step's own argmax (b ints leave the device, not b x V logits); a row that samples reads its logits and
-        draws with `pick`, as sample.py does."""
-        rows = list(self.active)
-        greedy = self.gen.decode([c.ids[-1] for _, c in rows], [c.pos for _, c in rows], [c.slot for _, c in rows])
-        for i, ((job, c), token) in enumerate(zip(rows, greedy)):
-            c.pos += 1
-            if c.sampling.temperature > 0:
-                token = pick(self.gen.logits(i), c.sampling, c.rng)
-            self._advance(job, c, token)
+    def _time(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.counts[phase + "_s"] += now - since
+        return now
 
-    def _advance(self, job: Job, c: Choice, token: int) -> None:
-        """Take the choice's next token; send its new text; end it where it stops."""
-        if token in c.stop_ids:
-            text, finish = c.stream.push(c.ids, last=True)[0], "stop"
-            c.ids.append(token)
+    # --- rows in and out -------------------------------------------------------------------------------------
+    def admit(self) -> None:
+        while self.waiting and self.free:
+            row = self.waiting.popleft()
+            if row.done:
+                continue
+            self.place(row)
+            if row.fed < row.prompt.size - 1:
+                self.prefilling.append(row)
+            else:
+                self.joined(row)
+
+    def place(self, row: Row) -> None:
+        """A free cache row for `row`, with the longest prefix of its prompt that any cache row holds (prefix reuse;
+        none for a prompt whose every logprob is asked: echo)."""
+        target, n = row.prompt[:-1], row.prompt.size - 1
+        lcp = np.zeros(self.max_batch, np.int64)
+        nb = len(self.batch)
+        self.fed[self.batch.slot[:nb]] = self.batch.pos[:nb]  # the decoding rows' positions so far
+        if n and self.reuse and not row.spec.echo:
+            eq = self.ids[:, :n] == target
+            lcp = np.minimum(np.where(eq.all(1), n, eq.argmin(1)), np.minimum(self.fed, self.known))
+        free = np.array(self.free)
+        best_free = free[np.argmax(lcp[free])]
+        donor = int(np.argmax(lcp))
+        if lcp[best_free] >= lcp[donor] and lcp[best_free] > 0:
+            slot, reuse = int(best_free), int(lcp[best_free])
         else:
-            c.ids.append(token)
-            text, stopped = c.stream.push(c.ids)
-            full = len(c.ids) == c.max_tokens or c.pos == self.gen.m.seq_len
-            finish = "stop" if stopped else "length" if full else None
-            if finish == "length":
-                text += c.stream.push(c.ids, last=True)[0]
-        if text or finish:
-            job.send(Event(c.index, text, finish))
-            self.sent[id(job)] = job
-        if finish:
-            self._leave(job, c)
+            slot, reuse = self.free[0], int(lcp[donor])
+            if reuse:
+                self.S.copy_rows(slot, donor, reuse)
+                self.counts["copied_tokens"] += reuse
+        self.free.remove(slot)
+        row.slot, row.fed = slot, reuse
+        self.counts["reused_tokens"] += reuse
+        known = min(row.prompt.size, self.T)  # a scored prompt may hold T + 1 tokens: the last is never fed
+        self.ids[slot, :known] = row.prompt[:known]
+        self.fed[slot], self.known[slot] = reuse, known
 
-    def _leave(self, job: Job, c: Choice) -> None:
-        self.active.remove((job, c))
-        self.free.append(c.slot)
+    def joined(self, row: Row) -> None:
+        """row's prompt is in the cache but for its last token, which its first decode step feeds."""
+        if row.spec.echo:
+            self.chan.send("echo", row.rid, row.spec.index, row.echo)
+        if row.spec.max_tokens == 0:
+            self.end(row)
+            self.out.append(tuple(np.array([v]) for v in (row.rid, row.spec.index, -1, 2)))
+            return
+        self.batch.add(row, row.prompt.size - 1, int(row.prompt[-1]), -1)
+        self.counts["prefill_tokens"] += 1  # every prompt token fed counts, the last one's in the decode step too
 
-    def _fail(self, job: Job, message: str) -> None:
-        """End every unfinished choice of job with an error (its rows leave the batch)."""
-        for c in job.choices:
-            if (job, c) in self.active:
-                self._leave(job, c)
-        if job.left:
-            job.send(Event(-1, message, "error"))
-            job.wake()
+    def end(self, row: Row) -> None:
+        """row leaves: its cache row is free (its tokens kept for reuse), it is in no later step."""
+        if row.done:
+            return
+        row.done = True
+        rows = self.rows.get(row.rid, [])
+        if row in rows:
+            rows.remove(row)
+        if not rows:
+            self.rows.pop(row.rid, None)
+        if row.at >= 0:
+            self.fed[row.slot] = self.batch.remove(row)
+        if row.slot >= 0:
+            self.free.append(row.slot)
+
+    def fail_all(self, message: str) -> None:
+        """Every row admitted gets the error (its request fails); the cache rows are free and hold nothing."""
+        rows = [*self.batch.rows, *self.prefilling, *(self.pending.rows if self.pending else [])]
+        rids = {r.rid for r in rows if r is not None}
+        for rid in rids:
+            for row in list(self.rows.get(rid, ())):
+                self.end(row)
+            self.chan.send("error", rid, message)
+        for row in list(self.batch.rows):  # a row of no request (none: every row has one), to be sure
+            self.batch.remove(row)
+        self.fed[:] = 0
+        self.prefilling, self.pending = [], None
+
+    # --- the model ---------------------------------------------------------------------------------------------
+    def prefill(self) -> None:
+        """One window of the inference step over the rows being prefilled (the docstring): rows in order while the
+        window (rows x its longest chunk) stays within PREFILL_TOKENS and every row's padded chunk within the context
+        (the padding's keys and values land past the row's prompt, where its own steps write before they read)."""
+        self.prefilling = [r for r in self.prefilling if not r.done]
+        rows, t, last = [], 0, 0  # last: the furthest position a row of the window starts at
+        for row in self.prefilling:
+            if row.prompt.size - row.fed <= SHORT and not row.spec.echo:
+                continue  # the decode step feeds it (launch)
+            w = min(row.prompt.size - 1 - row.fed, CHUNK)
+            tt = max(t, w)
+            if (len(rows) + 1) * tt > PREFILL_TOKENS or max(last, row.fed) + tt > self.T:
+                break
+            rows.append(row)
+            t, last = tt, max(last, row.fed)
+        if not rows:
+            return
+        x = np.zeros((len(rows), t), np.int32)
+        for k, row in enumerate(rows):
+            chunk = row.prompt[row.fed : min(row.fed + t, row.prompt.size - 1)]
+            x[k, : chunk.size] = chunk
+        tokens, _ = self.S.inputs(len(rows), t)
+        self.S.K.copy_in_async(tokens, x)
+        self.S.run(tokens, [r.fed for r in rows], slots=[r.slot for r in rows])
+        for k, row in enumerate(rows):
+            w = min(row.prompt.size - 1 - row.fed, t)
+            if row.spec.echo:
+                self.echo_logprobs(row, k * t, w)
+            row.fed += w
+            self.fed[row.slot] = row.fed
+            self.counts["prefill_tokens"] += w
+        self.counts["prefill_windows"] += 1
+        self.counts["prefill_padded"] += len(rows) * t
+        for row in rows:
+            if row.fed == row.prompt.size - 1:
+                self.prefilling.remove(row)
+                self.joined(row)
+
+    def echo_logprobs(self, row: Row, lo: int, w: int) -> None:
+        """The logprobs of the tokens after window rows lo .. lo + w - 1 (each predicts the next prompt token), and
+        the spec's number of likeliest, from the window's logits (InferState.window_logits, B rows at a time)."""
+        for a in range(lo, lo + w, self.max_batch):
+            b = min(a + self.max_batch, lo + w)
+            logits = self.S.K.to_numpy(self.S.window_logits(a, b))
+            for j in range(b - a):
+                nxt = int(row.prompt[row.fed + (a - lo) + j + 1])
+                row.echo.append(logprob(logits[j], nxt, row.spec.logprobs))
+
+    def launch(self, prev: Step | None) -> Step | None:
+        """The next decode step: the batch's rows, one token each, then the rows left of it filled with the prompt
+        tokens of rows being prefilled that have at most SHORT left (a short prompt fed in one step, its last token's
+        row drawing its first token; a cache row's tokens at distinct positions in one step read each other's keys).
+        A row whose token the host does not know yet has it carried from prev's greedy tokens on the device."""
+        B = self.batch
+        for row in [B.rows[j] for j in np.flatnonzero(B.pos[: len(B)] >= self.T)]:
+            self.fed[row.slot] = B.remove(row)  # its last position is fed: its last token is still to be read
+        nb = len(B)
+        spare, feeding = self.max_batch - nb, []
+        for row in self.prefilling:
+            left = row.prompt.size - row.fed
+            if spare and not row.done and not row.spec.echo and left <= SHORT:
+                feeding.append((row, row.fed, min(left, spare)))
+                spare -= feeding[-1][2]
+        b = self.max_batch - spare
+        if not b:
+            return None
+        inputs, runs = B.inputs(b)
+        cols = {name: np.full(b, -1, np.int64) for name in ("plen", "max_tokens", "stop", "rid", "index")}
+        for name, col in cols.items():
+            col[:nb] = getattr(B, name)[:nb]
+        rows: list[Row | None] = list(B.rows)
+        j, joins = nb, []
+        for row, start, n in feeding:
+            inputs[j : j + n] = row.prompt[start : start + n]
+            inputs[b + j : b + j + n] = np.arange(start, start + n)
+            inputs[2 * b + j : 2 * b + j + n] = row.slot
+            rows += [None] * n
+            if start + n == row.prompt.size:  # its last prompt token's place draws its first token
+                rows[-1] = row
+                joins.append((row, j + n - 1))
+                stop = row.spec.stop_ids[0] if row.spec.stop_ids else -1
+                for name, value in zip(cols, (row.prompt.size, row.spec.max_tokens, stop, row.rid, row.spec.index)):
+                    cols[name][j + n - 1] = value
+            j += n
+        self.S.stage_decode(inputs)
+        for dst, src, n in runs:
+            self.S.carry(dst, src, n)
+        t0 = time.perf_counter()
+        wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
+        self._time("model", t0)
+        cols |= {"pos": inputs[b : 2 * b].astype(np.int64), "slot": inputs[2 * b :].astype(np.int64)}
+        step = Step(rows, cols, wait, bool(B.host) or any(r.host_draws for r, _, _ in feeding))
+        B.launched()
+        for row, start, n in feeding:
+            row.fed += n
+            self.fed[row.slot] = row.fed
+            self.counts["prefill_tokens"] += n
+        for row, at in joins:  # rows of the batch now, their next token drawn at their place in this step
+            self.prefilling.remove(row)
+            B.add(row, row.fed, 0, at)
+        self.counts["steps"] += 1
+        self.counts["rows"] += b
+        return step
+
+    def finish(self, step: Step, host: bool) -> None:
+        """The step's tokens, on the host: each drawing row's token sent (a row that ended at the step before draws
+        nothing here), the rows that end ended; with `host`, the next step is not launched yet and its rows feed
+        these tokens from the host (else they were carried on the device)."""
+        t0 = time.perf_counter()
+        tokens = step.wait().astype(np.int64)
+        t1 = self._time("wait", t0)
+        live = np.array([r is not None and not r.done for r in step.rows])
+        if step.host:
+            for i in np.flatnonzero(live):
+                row = step.rows[i]
+                if row.host_draws:
+                    logits = self.gen.logits(int(i))
+                    tokens[i] = pick(logits, row.sampling, row.rng)
+                    if row.spec.logprobs >= 0:
+                        lp = logprob(logits, int(tokens[i]), row.spec.logprobs)
+                        self.out_lps.append((row.rid, row.spec.index, int(tokens[i]), *lp))
+        c, T = step.cols, self.T
+        p = c["pos"]
+        drawn = p - c["plen"] + 2  # the first token is drawn where the prompt's last is fed
+        code = np.where(tokens == c["stop"], 1, np.where((drawn == c["max_tokens"]) | (p + 1 == T), 2, 0))
+        known = live & (p + 1 < T)  # the token of position p + 1 of its cache row
+        self.ids[c["slot"][known], p[known] + 1] = tokens[known]
+        self.known[c["slot"][known]] = np.maximum(self.known[c["slot"][known]], p[known] + 2)
+        sel = np.flatnonzero(live)
+        self.out.append((c["rid"][sel], c["index"][sel], tokens[sel], code[sel]))
+        if host:
+            for i in sel:
+                row = step.rows[i]
+                if row.at >= 0:
+                    self.batch.tok[row.at], self.batch.src[row.at] = tokens[i], -1
+        for i in np.flatnonzero(live & (code != 0)):
+            self.end(step.rows[i])
+        self._time("finish", t1)
+
+    def send(self) -> None:
+        """This pass's tokens to the HTTP side, one message, and whatever the socket did not take before."""
+        t0 = time.perf_counter()
+        if self.out:
+            rid, index, token, code = (np.concatenate(c).astype(np.int32).tobytes() for c in zip(*self.out))
+            self.chan.send("tokens", rid, index, token, code, self.out_lps)
+            self.out, self.out_lps = [], []
+        self.chan.flush()
+        self._time("send", t0)
+
+
+def logprob(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:
+    """token's log-probability under logits (V,) and the `top` likeliest tokens' ({id: logprob}), in float64."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    z -= np.log(np.exp(z).sum())
+    best = np.argpartition(-z, top)[:top] if 0 < top < z.size else np.arange(z.size) if top > 0 else []
+    return float(z[token]), {int(i): float(z[i]) for i in sorted(best, key=lambda i: -z[i])}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m microgpt.use.scheduler", description="serve's engine process")
+    p.add_argument("fd", type=int, help="this process's end of the socket pair")
+    p.add_argument("checkpoint")
+    p.add_argument("--max-batch", type=int, required=True)
+    p.add_argument("--backend", required=True)
+    p.add_argument("--precision")
+    p.add_argument("--no-prefix-reuse", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """The engine process: load the model onto a plan of --max-batch rows, say ready (or why not), then run until
+    told to stop or the HTTP side has gone. Ctrl-C reaches the whole process group: the HTTP side stops this one."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    args = parser().parse_args(argv)
+    chan = Channel(socket.socket(fileno=args.fd))
+    try:
+        gen, _ = sample.open_trained(load_trained(args.checkpoint), args.max_batch, args.backend, args.precision)
+    except InputError as e:
+        chan.send("fail", str(e))
+    except Exception as e:  # a failing device: the HTTP side prints one line, the traceback is here
+        traceback.print_exc(file=sys.stderr)
+        chan.send("fail", f"the engine did not start: {type(e).__name__}: {e}")
+    else:
+        chan.send("ready", {"max_batch": gen.S.B, "backend": gen.S.K.name, "precision": gen.S.K.precision.name,
+                            "device": gen.S.K.device, "engine_pid": os.getpid()})  # fmt: skip
+        Scheduler(gen, chan, reuse=not args.no_prefix_reuse).run()
+    while chan.outbox and not chan.closed:
+        chan.wait(1.0)
+        chan.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

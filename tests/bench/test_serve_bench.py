@@ -1,7 +1,8 @@
-"""bench/serve.py on the CPU (its smoke check): the real `microgpt serve` on the tiny random model, two streamed
-completions at once. Each stream's text must be the model's own continuation of its prompt for its seed, as many
-tokens as its usage says; the totals and rates must add up. Also: a server that does not come up is reported with
-its output, and a terminated bench leaves no server behind. No timing is asserted."""
+"""bench/serve.py on the CPU (its smoke check): the real `microgpt serve` on the tiny random model, swept over 1 and 2
+streams and two prompt kinds, and the chat workload with prefix reuse on and off on a run's checkpoint. Each stream's
+text must be the model's own greedy continuation of its prompt (ignore_eos: all of --tokens), the rows' figures must
+add up and name the decode step's own rate. Also: a checkpoint that is none and a server that does not come up are
+reported in one line (with serve's output), and a terminated bench leaves no server behind. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -19,48 +20,65 @@ from microgpt.data.tokenizer import load_tokenizer
 from microgpt.use.sample import Sampling, generate, load
 from tests.conftest import REPO, json_lines
 
-FIELDS = {"streams", "max_batch", "backend", "precision", "model", "completion_tokens", "total_tokens", "wall_s",
-          "tokens_per_s", "stream_tokens_per_s", "ttft_s", "alone", "batching_gain", "ended_early", "finish_reasons",
-          "same_as_alone", "server_rc"}  # fmt: skip
+FIELDS = {"streams", "prompt", "prompt_tokens", "completion_tokens", "wall_s", "tokens_per_s", "ttft_ms", "itl_ms",
+          "tokens_per_event", "same_as_alone", "finish_reasons", "texts", "decode_step_tokens_per_s",
+          "of_decode_step"}  # fmt: skip
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "bench/serve.py", "--device", "cpu", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)  # fmt: skip
+                          cwd=REPO, timeout=300)  # fmt: skip
 
 
-def test_two_streams_get_the_models_tokens_and_the_rates_add_up(tmp_path: Path) -> None:
-    """Temperature 1 with a seed per stream: the streams' texts differ, so a row mixed up with another shows."""
-    res = bench("--streams", "2", "--tokens", "6", "--temperature", "1")
+def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None:
+    res = bench("--streams", "1", "2", "--prompts", "short", "20", "--tokens", "6", "--repeats", "1")
     assert res.returncode == 0, res.stderr[-3000:]
-    (row,) = json_lines(res.stdout)
-    assert FIELDS <= row.keys() and row["server_rc"] == 0
-    assert (row["streams"], row["max_batch"], row["backend"], row["precision"]) == (2, 2, "numpy", "fp32")
+    lines = json_lines(res.stdout)
+    rows, (run,) = lines[:-1], [r["run"] for r in lines[-1:]]
+    assert [(r["streams"], r["prompt"]) for r in rows] == [(1, "short"), (2, "short"), (1, "20"), (2, "20")]
+    assert run["server_rc"] == 0 and (run["backend"], run["precision"], run["max_batch"]) == ("numpy", "fp32", 2)
     gen, tok, _ = load(str(random_checkpoint("tiny", tmp_path)[2]), 1)
-    streams = zip(row["prompts"], row["seeds"], row["texts"], row["completion_tokens"], row["finish_reasons"])
-    for i, (prompt, seed, text, n, finish) in enumerate(streams):
-        ids = generate(gen, tok.encode(prompt), n, Sampling(1.0), [seed])[0]
-        if finish == "stop":  # the end of document: counted in usage, not in the text
-            assert ids[-1] == tok.eot_id and {"stream": i, "tokens": n, "finish_reason": "stop"} in row["ended_early"]
-            ids = ids[:-1]
-        else:
-            assert (finish, n) == ("length", 6)
-        assert text == tok.decode(ids) and tok.eot_id not in ids
-    assert len(set(row["texts"])) == 2 and row["same_as_alone"] == 2
-    assert row["total_tokens"] == sum(row["completion_tokens"]) == sum(row["alone"]["completion_tokens"])
-    assert [e["stream"] for e in row["ended_early"]] == [i for i, n in enumerate(row["completion_tokens"]) if n < 6]
-    assert math.isclose(row["tokens_per_s"], row["total_tokens"] / row["wall_s"])
-    rates = [row["tokens_per_s"], row["batching_gain"], row["alone"]["tokens_per_s"]]
-    rates += row["stream_tokens_per_s"].values()
-    assert all(math.isfinite(r) and r > 0 for r in rates)
-    assert 0 < row["ttft_s"]["median"] <= row["ttft_s"]["max"] < row["wall_s"]
+    prompts = serve.Prompts(tok)
+    for r in rows:
+        assert FIELDS <= r.keys() and r["finish_reasons"] == ["length"] and r["completion_tokens"] == 6 * r["streams"]
+        for k, text in enumerate(r["texts"]):
+            p = prompts.get(r["prompt"], k)
+            ids = generate(gen, tok.encode(p) if isinstance(p, str) else p, 6, Sampling(), [k])[0]
+            assert text == tok.decode(ids), (r["streams"], r["prompt"], k)
+        assert r["same_as_alone"] == f"{r['streams']}/{r['streams']}"
+        assert math.isclose(r["tokens_per_s"], r["completion_tokens"] / r["wall_s"])
+        assert math.isclose(r["of_decode_step"], r["tokens_per_s"] / r["decode_step_tokens_per_s"])
+        assert 0 < r["ttft_ms"]["median"] <= r["ttft_ms"]["p99"] < 1e3 * r["wall_s"]
+        assert r["tokens_per_event"] >= 1 and r["itl_ms"]["p99"] >= r["itl_ms"]["median"] >= 0
+    table = [line for line in res.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| streams | prompt | tokens/s |") and len(table) == 1 + len(rows)
 
 
-def test_a_server_that_does_not_come_up_is_shown(tmp_path: Path) -> None:
+def test_many_streams_are_read_from_several_client_processes() -> None:
+    """40 streams: two client processes (32 streams each at most), released at one instant, all read to the end."""
+    res = bench("--streams", "40", "--prompts", "short", "--tokens", "3", "--repeats", "1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = [r for r in json_lines(res.stdout) if "streams" in r]
+    assert row["completion_tokens"] == 120 and row["same_as_alone"] == "8/8" and row["finish_reasons"] == ["length"]
+
+
+def test_the_chat_workload_reuses_prefixes_and_says_how_much(run_256: Path) -> None:
+    res = bench("--checkpoint", str(run_256), "--streams", "2", "--prompts", "short", "--chat", "2", "--turns", "2",
+                "--system", "8", "--chat-tokens", "4", "--repeats", "1")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    on, off = (r["chat_row"] for r in json_lines(res.stdout) if "chat_row" in r)
+    assert on["prefix_reuse"] and not off["prefix_reuse"]
+    assert on["reused_tokens"] > 0 and on["copied_tokens"] > 0 and 0 < on["reused_share"] < 1
+    assert off["reused_tokens"] == 0 and off["prefill_tokens"] == on["prefill_tokens"] + on["reused_tokens"]
+
+
+def test_a_checkpoint_that_is_none_and_a_server_that_does_not_come_up_are_shown(tmp_path: Path, run_256) -> None:
     res = bench("--checkpoint", str(tmp_path / "nothing"), "--streams", "2")
     assert res.returncode == 1 and res.stdout == ""
-    assert "error: serve exited with status 2 before answering" in res.stderr
     assert f"error: {tmp_path / 'nothing'}: no such run folder or checkpoint" in res.stderr
+    res = bench("--checkpoint", str(run_256), "--streams", "2", "--prompts", "short", "--precision", "bf16")
+    assert res.returncode == 1 and "error: serve exited with status 2 before answering" in res.stderr
+    assert "error: --precision bf16: the numpy backend runs fp32" in res.stderr  # serve's own line, from its log
 
 
 def test_a_terminated_bench_stops_its_server() -> None:
@@ -68,7 +86,7 @@ def test_a_terminated_bench_stops_its_server() -> None:
     proc = subprocess.Popen([sys.executable, "bench/serve.py", "--device", "cpu", "--streams", "2"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not children.read_text().split():
         assert time.monotonic() < deadline and proc.poll() is None, "the bench started no server"
         time.sleep(0.01)

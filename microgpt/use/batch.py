@@ -1,0 +1,92 @@
+"""The decode batch of serve's engine (scheduler.py) as arrays: each row with a token to feed keeps one place while it
+decodes, and what a step needs of it (its position, cache row, next token or where on the device that token is, its
+limits) is a column at that place, so a step's inputs and the bookkeeping of its tokens are array operations, not a
+loop over rows in Python; a row that leaves gives its place to the last one.
+
+A step's own record (`Step`) is a copy of the columns at its launch, plus the rows of the prompt tokens it fed: a row
+that leaves or moves later leaves the step's record as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+COLUMNS = ("pos", "slot", "tok", "src", "plen", "max_tokens", "stop", "rid", "index")
+
+
+class Batch:
+    """Columns by place: pos (the position the row feeds next), slot (its cache row), tok (its next token where the
+    host knows it) or src (where it does not: the place in the step before whose greedy token it is, carried on the
+    device; -1 otherwise), plen (its prompt's length), max_tokens, stop (its stop token, -1: none), rid and index (its
+    request and choice). `host` counts the rows that draw on the host (sampling, logprobs)."""
+
+    def __init__(self, n: int) -> None:
+        self.rows: list[Any] = []
+        for name in COLUMNS:
+            setattr(self, name, np.zeros(n, np.int64))
+        self.host = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Any, pos: int, tok: int, src: int) -> None:
+        """row joins at the end: feeding tok (src -1) or the greedy token of the step before's place src."""
+        j = len(self.rows)
+        self.rows.append(row)
+        row.at = j
+        stop = row.spec.stop_ids[0] if row.spec.stop_ids else -1
+        values = (pos, row.slot, tok, src, row.prompt.size, row.spec.max_tokens, stop, row.rid, row.spec.index)
+        for name, value in zip(COLUMNS, values):
+            getattr(self, name)[j] = value
+        self.host += row.host_draws
+
+    def remove(self, row: Any) -> int:
+        """row leaves (the last row takes its place); the positions its cache row holds."""
+        j, last = row.at, len(self.rows) - 1
+        fed = int(self.pos[j])
+        moved = self.rows.pop()
+        if moved is not row:
+            self.rows[j] = moved
+            moved.at = j
+            for name in COLUMNS:
+                column = getattr(self, name)
+                column[j] = column[last]
+        row.at = -1
+        self.host -= row.host_draws
+        return fed
+
+    def inputs(self, b: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        """The step's rows (3b,) int32, the batch's first (tokens, positions, cache rows: the rest are the caller's),
+        and the runs (dst, src, n) of tokens to carry from the step before's greedy tokens on the device."""
+        nb = len(self.rows)
+        out = np.empty(3 * b, np.int32)
+        carried = self.src[:nb] >= 0
+        out[:nb] = np.where(carried, 0, self.tok[:nb])
+        out[b : b + nb], out[2 * b : 2 * b + nb] = self.pos[:nb], self.slot[:nb]
+        dst = np.flatnonzero(carried)
+        src = self.src[dst]
+        cuts = np.flatnonzero((np.diff(dst) != 1) | (np.diff(src) != 1)) + 1
+        runs = [(int(d[0]), int(s[0]), d.size) for d, s in zip(np.split(dst, cuts), np.split(src, cuts)) if d.size]
+        return out, runs
+
+    def launched(self) -> None:
+        """After a step: every row's next token is its own place's greedy token of that step; each moves on one."""
+        nb = len(self.rows)
+        self.src[:nb] = np.arange(nb)
+        self.pos[:nb] += 1
+
+
+@dataclass(eq=False)
+class Step:
+    """A decode step launched: the row each place draws for (None: a prompt token before its prompt's last), the
+    columns at its launch (positions, cache rows, prompt lengths, limits, stop tokens, requests), and the wait for
+    its greedy tokens."""
+
+    rows: list[Any]
+    cols: dict[str, np.ndarray]
+    wait: Callable[[], np.ndarray]
+    host: bool  # a row draws on the host: finish it before the next launch

@@ -1,0 +1,91 @@
+"""The inference state's calls for serving (engine/infer.py): the decode step in three calls (stage, carry, launch)
+gives decode()'s tokens, a KV-cache row copied to another decodes as the original, and window_logits are the
+logits whose log-softmax at the targets is the per-token loss of the scoring forward. NumPy backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from microgpt.engine.backend import numpy_backend
+from microgpt.engine.infer import InferState, make_infer_state
+from tests.ops._util import check
+from tests.test_decode import M, noisy_cache, prefill, weights
+
+
+def state(B: int = 4) -> InferState:
+    S = make_infer_state(M, numpy_backend(), B, weights(3))
+    noisy_cache(S, 5)
+    return S
+
+
+def test_staged_steps_with_carried_tokens_are_decodes_steps() -> None:
+    """Three rows at different positions and cache rows, greedy for 6 steps: each step staged with its tokens carried
+    from the step before (the host never reads them in between) gives the tokens of decode() step by step; the
+    carried rows may move (row 2 of a step is row 0 of the next)."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, M.vocab_size, (3, 5)).astype(np.int32)
+    want, got = [], []
+    for way in ("decode", "staged"):
+        S = state()
+        prefill(S, ids[:, :4])  # rows 0 .. 2 at position 4 next
+        slots, pos, tok = np.array([0, 1, 2]), np.array([4, 4, 4]), ids[:, 4]
+        order = np.array([2, 0, 1])  # the staged way feeds the rows in this order, then keeps it
+        out = want if way == "decode" else got
+        if way == "decode":
+            for _ in range(6):
+                S.decode(tok, pos, slots)
+                tok, pos = np.array(S.greedy(3)), pos + 1
+                out.append(tok.tolist())
+        else:
+            rows = np.concatenate([tok[order], pos[order], slots[order]]).astype(np.int32)
+            S.stage_decode(rows)
+            wait = S.launch_decode(3)
+            for _ in range(6):
+                rows[3:6] += 1
+                S.stage_decode(rows)
+                S.carry(0, 0, 3)  # launched before the host has the tokens of the step before
+                nxt = S.launch_decode(3)
+                out.append(wait()[np.argsort(order)].tolist())
+                wait = nxt
+    assert got == want
+
+
+def test_a_copied_cache_row_decodes_as_its_source() -> None:
+    S = state()
+    ids = np.random.default_rng(2).integers(0, M.vocab_size, (1, 9)).astype(np.int32)
+    prefill(S, ids[:, :8])  # row 0
+    S.copy_rows(3, 0, 8)
+    logits = S.decode(np.array([ids[0, 8]] * 2), np.array([8, 8]), np.array([0, 3]))
+    check("row 3 (copied) against row 0", logits[1], logits[0], 1e-6)
+
+
+@pytest.mark.parametrize("b, t", [(1, 7), (3, 5)])
+def test_window_logits_are_the_scoring_forwards_logits(b: int, t: int) -> None:
+    """After a window with targets, -log_softmax(window_logits)[target] is the per-token loss the step wrote."""
+    S = state()
+    rng = np.random.default_rng(b)
+    x = rng.integers(0, M.vocab_size, (b, t)).astype(np.int32)
+    y = rng.integers(0, M.vocab_size, (b, t)).astype(np.int32)
+    tokens, targets = S.inputs(b, t)
+    S.K.copy_in(tokens, x)
+    S.K.copy_in(targets, y)
+    S.run(tokens, [0] * b, targets, slots=list(range(b)))
+    losses = S.K.to_numpy(S.arena["losses"][: b * t]).copy()
+    z = np.concatenate([S.window_logits(lo, min(lo + S.B, b * t)).astype(np.float64) for lo in range(0, b * t, S.B)])
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    check("losses", lse - z[np.arange(b * t), y.reshape(-1)], losses, 1e-5)
+
+
+def test_a_prompt_fed_in_one_step_is_the_prompt_fed_a_token_a_step() -> None:
+    """Rows of one cache row at distinct positions in one decode step (serve feeds a short prompt so): every row's
+    write precedes every row's attention, so each row's logits are those of feeding the tokens one step each; a
+    second row of another cache row decodes beside them."""
+    ids = np.random.default_rng(4).integers(0, M.vocab_size, 7).astype(np.int32)
+    one = state(8)
+    want = [one.K.to_numpy(one.decode([t], [p], [2]))[0].copy() for p, t in enumerate(ids)]
+    S = state(8)
+    prefill(S, ids[None, :2])  # row 0 holds positions 0, 1
+    got = S.K.to_numpy(S.decode(np.concatenate([[ids[2]], ids]), [2, *range(7)], [0] + [2] * 7)).copy()
+    check("a prompt in one step", got[1:], np.array(want), 1e-5)
+    check("the other row beside it", got[0], want[2], 1e-5)
