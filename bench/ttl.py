@@ -331,7 +331,8 @@ def main(argv: list[str]) -> int:
         for x in args.sides:
             rec = run_side(x, shape, folder, args)
             (folder / f"side-{x}.json").write_text(json.dumps(rec, indent=1) + "\n")
-    res = write_results(folder, args.shape, shape.vocab_size, SIDES)
+    device = "one gpu" if shape.backend == "triton" else "cpu"
+    res = write_results(folder, args.shape, shape.vocab_size, SIDES, device)
     print(report(res))
     say(f"wrote {folder / 'ttl.json'} and {folder / 'ttl.png'}")
     return 0 if all("evals" in s for s in res["sides"].values()) else 1

@@ -131,14 +131,15 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_results(folder: Path, shape_name: str, vocab_size: int, names: Iterable[str]) -> dict[str, Any]:
-    """merge's results into folder/ttl.json, and their plot into folder/ttl.png."""
+def write_results(folder: Path, shape_name: str, vocab_size: int, names: Iterable[str],
+                  device: str = "one gpu") -> dict[str, Any]:  # fmt: skip
+    """merge's results into folder/ttl.json, and their plot into folder/ttl.png (its title names the device)."""
     res = merge(folder, shape_name, vocab_size, names)
     (folder / "ttl.json").write_text(json.dumps(res, indent=1) + "\n")
     ok = {x: s for x, s in res["sides"].items() if "evals" in s}
     if ok:
         series = {f"({x}) {s['label']}": [(e["train_s"], e["val_loss"]) for e in s["evals"]] for x, s in ok.items()}
         hline = (ok["a"]["final_val_loss"], f"(a)'s final {ok['a']['final_val_loss']:.3f}") if "a" in ok else None
-        line_chart(folder / "ttl.png", series, f"validation loss against training seconds, {shape_name}, one gpu",
+        line_chart(folder / "ttl.png", series, f"validation loss against training seconds, {shape_name}, {device}",
                    "training seconds", "validation loss", hline)  # fmt: skip
     return res
