@@ -158,8 +158,9 @@ class Clocks:
     a monotonic energy counter: nvml_energy's) at both ends. A reader that raises (no NVML here) leaves its
     columns empty; the counter raising mid-run leaves the window's energy to power x time."""
 
-    def __init__(self, counter: Callable[[], float] | None = None,
-                 read: Callable[[], tuple[float, float]] = gpu_clock_power) -> None:  # fmt: skip
+    def __init__(
+        self, counter: Callable[[], float] | None = None, read: Callable[[], tuple[float, float]] = gpu_clock_power
+    ) -> None:
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -214,14 +215,28 @@ class Clocks:
         return out
 
 
-def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,
-                 n_micro: int = 1, optimizer: str = "adamw") -> dict:  # fmt: skip
+def run_microgpt(
+    mb: int,
+    precision: str,
+    n_warmup: int,
+    n_steps: int,
+    m: ModelConfig = SHAPE,
+    n_micro: int = 1,
+    optimizer: str = "adamw",
+) -> dict:
     from microgpt.engine.backend import triton_backend
     from microgpt.engine.state import make_state
     from microgpt.engine.step import Step
 
-    t = TrainConfig(micro_batch=mb, n_micro=n_micro, precision=precision, backend="triton", grad_clip=1.0, seed=0,
-                    optimizer=optimizer)  # fmt: skip
+    t = TrainConfig(
+        micro_batch=mb,
+        n_micro=n_micro,
+        precision=precision,
+        backend="triton",
+        grad_clip=1.0,
+        seed=0,
+        optimizer=optimizer,
+    )
     K = triton_backend(precision)  # its side stream and cuBLAS's workspace (a "runtime" row of the plan) exist now
     reset_peak()  # the peak starts from what is allocated: the workspace, nothing else
     S = make_state(m, t, K)
@@ -238,15 +253,29 @@ def run_microgpt(mb: int, precision: str, n_warmup: int, n_steps: int, m: ModelC
     reset_peak()
     res = timed(one, n_warmup, n_steps)
     peak_steady = peak()
-    return {**res, "planned": planned, "arena": S.arena.nbytes, "loss_first": losses[0],
-            "loss_last": losses[-1], "peak_first": peak_first, "peak_steady": peak_steady,
-            "first_vs_plan": peak_first and peak_first / planned,
-            "steady_vs_plan": peak_steady and peak_steady / planned,
-            "gemm": S.K.tuned()["gemm_run"]}  # fmt: skip
+    return {
+        **res,
+        "planned": planned,
+        "arena": S.arena.nbytes,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "peak_first": peak_first,
+        "peak_steady": peak_steady,
+        "first_vs_plan": peak_first and peak_first / planned,
+        "steady_vs_plan": peak_steady and peak_steady / planned,
+        "gemm": S.K.tuned()["gemm_run"],
+    }
 
 
-def run_torch(mb: int, compiled: bool, n_warmup: int, n_steps: int, m: ModelConfig = SHAPE,
-              float8: str | None = None, n_micro: int = 1) -> dict:  # fmt: skip
+def run_torch(
+    mb: int,
+    compiled: bool,
+    n_warmup: int,
+    n_steps: int,
+    m: ModelConfig = SHAPE,
+    float8: str | None = None,
+    n_micro: int = 1,
+) -> dict:
     from bench.torch_gpt import GPT, make_optimizer
 
     torch.manual_seed(0)
@@ -296,10 +325,18 @@ def run_one(args: argparse.Namespace) -> dict:
     tok = args.mb * args.n_micro * m.seq_len  # a step's tokens
     times = res.pop("times")
     med = statistics.median(times)
-    res.update(impl=args.impl, mb=args.mb, n_micro=args.n_micro, shape=args.shape, device=DEVICE,
-               precision=args.precision, step_ms=1000 * med, tokens_per_s=tok / med,
-               mfu=tok / med * flops_per_token(m) / PEAK_FLOPS,
-               peak=max(peak(), res.get("peak_first", 0)) if cuda else None)  # fmt: skip
+    res.update(
+        impl=args.impl,
+        mb=args.mb,
+        n_micro=args.n_micro,
+        shape=args.shape,
+        device=DEVICE,
+        precision=args.precision,
+        step_ms=1000 * med,
+        tokens_per_s=tok / med,
+        mfu=tok / med * flops_per_token(m) / PEAK_FLOPS,
+        peak=max(peak(), res.get("peak_first", 0)) if cuda else None,
+    )
     return {**res, **per_joule(res, tok, len(times))}
 
 
@@ -330,14 +367,31 @@ def gib(r: dict, key: str) -> str:
 
 def cells(r: dict, base: dict) -> list[str]:
     """One measured row's cells, in COLUMNS' order."""
-    ratio = [f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
-             for b in ("eager", "compile", "microgpt")]  # fmt: skip
+    ratio = [
+        f"{r['tokens_per_s'] / base[(b, r['mb'])]:.2f}x" if (b, r["mb"]) in base else "-"
+        for b in ("eager", "compile", "microgpt")
+    ]
     per_j = f"{r['tokens_per_j']:,.0f}" if r.get("tokens_per_j") else "-"
     j_step = f"{r['joules_per_step']:.2f}" if r.get("joules_per_step") else "-"
     clocks = [f"{r['sm_mhz']:,.0f}", f"{r['watts']:.0f}"] if "sm_mhz" in r else ["-", "-"]
-    return [r["impl"], r.get("precision", ""), micro_batch(r), f"{r['tokens_per_s']:,.0f}", per_j, *ratio,
-            f"{100 * r['mfu']:.1f}%", f"{r['step_ms']:.1f}", j_step, *clocks, gib(r, "peak"), gib(r, "peak_steady"),
-            gib(r, "planned"), vs_plan(r, "peak_first"), vs_plan(r, "peak_steady"), energy(r)]  # fmt: skip
+    return [
+        r["impl"],
+        r.get("precision", ""),
+        micro_batch(r),
+        f"{r['tokens_per_s']:,.0f}",
+        per_j,
+        *ratio,
+        f"{100 * r['mfu']:.1f}%",
+        f"{r['step_ms']:.1f}",
+        j_step,
+        *clocks,
+        gib(r, "peak"),
+        gib(r, "peak_steady"),
+        gib(r, "planned"),
+        vs_plan(r, "peak_first"),
+        vs_plan(r, "peak_steady"),
+        energy(r),
+    ]
 
 
 def micro_batch(r: dict) -> str:
@@ -362,9 +416,24 @@ def run_all(args: argparse.Namespace) -> None:
     rows = []
     for mb in args.mbs:
         for impl in args.impls:
-            cmd = [sys.executable, __file__, "--impl", impl, "--mb", str(mb), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--precision", args.precision, "--shape", args.shape,
-                   "--n-micro", str(args.n_micro)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--impl",
+                impl,
+                "--mb",
+                str(mb),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--precision",
+                args.precision,
+                "--shape",
+                args.shape,
+                "--n-micro",
+                str(args.n_micro),
+            ]
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
                 out = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]

@@ -146,9 +146,17 @@ def run_one(impl: str, n_warmup: int, n_steps: int) -> dict:
         import torch
 
         info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
-    return {"impl": impl, "mb": mb, "threads": os.environ.get("OMP_NUM_THREADS", ""), "step_ms": 1000 * med,
-            "cpu_ms": 1000 * statistics.median(res.pop("cpu")), "tokens_per_s": mb * m.seq_len / med, **res,
-            **info, "numpy": np.__version__}  # fmt: skip
+    return {
+        "impl": impl,
+        "mb": mb,
+        "threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "step_ms": 1000 * med,
+        "cpu_ms": 1000 * statistics.median(res.pop("cpu")),
+        "tokens_per_s": mb * m.seq_len / med,
+        **res,
+        **info,
+        "numpy": np.__version__,
+    }
 
 
 def run_config(impl: str, threads: int, src: str, args: argparse.Namespace) -> dict:
@@ -173,12 +181,15 @@ def table(runs: dict[tuple[int, str], list[dict]], load: tuple[float, float]) ->
     rows = [r for rs in runs.values() for r in rs if "step_ms" in r]
     np_row = next((r for r in rows if "numpy_blas" in r), {})
     torch_row = next((r for r in rows if "torch" in r), {})
-    lines = [f"NumPy {np_row.get('numpy', '?')} with {np_row.get('numpy_blas', '?')} (kernel "
-             f"{np_row.get('openblas_core', '?')}); torch {torch_row.get('torch', '?')}; {cpu_name()}, "
-             f"{os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after", "",
-             "| impl | threads | tokens/s | vs eager-cpu | step ms (best round) | median over rounds | median vs "
-             "eager-cpu | CPU ms a step | rounds | loss first | loss last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"NumPy {np_row.get('numpy', '?')} with {np_row.get('numpy_blas', '?')} (kernel "
+        f"{np_row.get('openblas_core', '?')}); torch {torch_row.get('torch', '?')}; {cpu_name()}, "
+        f"{os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after",
+        "",
+        "| impl | threads | tokens/s | vs eager-cpu | step ms (best round) | median over rounds | median vs "
+        "eager-cpu | CPU ms a step | rounds | loss first | loss last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     ok = {key: [r for r in rs if "step_ms" in r] for key, rs in runs.items()}
     best = {key: min(r["step_ms"] for r in rs) for key, rs in ok.items() if rs}
     med = {key: statistics.median(r["step_ms"] for r in rs) for key, rs in ok.items() if rs}
@@ -192,8 +203,10 @@ def table(runs: dict[tuple[int, str], list[dict]], load: tuple[float, float]) ->
         ratio = f"{best[base] / best[key]:.2f}x" if base in best else "-"
         med_ratio = f"{med[base] / med[key]:.2f}x" if base in med else "-"
         cpu = statistics.median(r["cpu_ms"] for r in rs)
-        lines.append(f"| {label} | {threads} | {tok:,.0f} | {ratio} | {best[key]:.1f} | {med[key]:.1f} | {med_ratio} "
-                     f"| {cpu:.1f} | {len(rs)} | {rs[0]['loss_first']:.6f} | {rs[0]['loss_last']:.6f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {threads} | {tok:,.0f} | {ratio} | {best[key]:.1f} | {med[key]:.1f} | {med_ratio} "
+            f"| {cpu:.1f} | {len(rs)} | {rs[0]['loss_first']:.6f} | {rs[0]['loss_last']:.6f} |"
+        )
     return "\n".join(lines)
 
 
@@ -244,9 +257,13 @@ def profile(n_warmup: int, n_steps: int) -> str:
     finally:
         linear.gelu, linear.gelu_backward = saved
     wall = statistics.median(walls)
-    lines = [f"step {1000 * wall:.1f} ms (wall, the median of {n_steps} steps); threads "
-             f"{os.environ.get('OMP_NUM_THREADS', 'unset')}", "", "| op | calls a step | ms a step | % of the step |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"step {1000 * wall:.1f} ms (wall, the median of {n_steps} steps); threads "
+        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}",
+        "",
+        "| op | calls a step | ms a step | % of the step |",
+        "|---|---|---|---|",
+    ]
     for key in sorted(seconds):
         secs = statistics.median(seconds[key])
         lines.append(f"| {key} | {calls[key] / n_steps:g} | {1000 * secs:.1f} | {100 * secs / wall:.1f} |")
@@ -287,17 +304,25 @@ def gemms(reps: int = 20) -> str:
     for name, n, k, o in sites:
         x, dy, w = (rng.standard_normal(shape).astype(np.float32) for shape in ((n, k), (n, o), (k, o)))
         if name.startswith("tied"):  # the head's weight is wte (V, C): the engine's own three products
-            gemm = {"y = x @ wte.T": lambda x, dy, w: x @ w.T, "dx = dz @ wte": lambda x, dy, w: dy @ w,
-                    "dwte = dz.T @ x": lambda x, dy, w: dy.T @ x}  # fmt: skip
+            gemm = {
+                "y = x @ wte.T": lambda x, dy, w: x @ w.T,
+                "dx = dz @ wte": lambda x, dy, w: dy @ w,
+                "dwte = dz.T @ x": lambda x, dy, w: dy.T @ x,
+            }
             w = np.ascontiguousarray(w.T)
         else:
-            gemm = {"y = x @ w": lambda x, dy, w: x @ w, "dx = dy @ w.T": lambda x, dy, w: dy @ w.T,
-                    "dw = x.T @ dy": lambda x, dy, w: x.T @ dy}  # fmt: skip
+            gemm = {
+                "y = x @ w": lambda x, dy, w: x @ w,
+                "dx = dy @ w.T": lambda x, dy, w: dy @ w.T,
+                "dw = x.T @ dy": lambda x, dy, w: x.T @ dy,
+            }
         t = [torch.from_numpy(a) for a in (x, dy, w)]
         for what, f in gemm.items():
             flops = 2 * n * k * o
-            lines.append(f"| {name} | {n} x {k} -> {o} | {what} | {rate(lambda: f(x, dy, w), flops):.0f} | "
-                         f"{rate(lambda: f(*t), flops):.0f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {n} x {k} -> {o} | {what} | {rate(lambda: f(x, dy, w), flops):.0f} | "
+                f"{rate(lambda: f(*t), flops):.0f} |"
+            )
     a = np.ones(16 << 20, np.float32)
     b = np.empty_like(a)
     np.copyto(b, a)
@@ -317,8 +342,12 @@ def cpu_name() -> str:
 def run_all(args: argparse.Namespace) -> None:
     """Every config once a round, in the same order; then the table. With --src, the NumPy rows once for each
     tree, labelled by its folder's name (before and after a change in one run)."""
-    configs = {(n, impl if not src else f"{impl} ({Path(src).resolve().name})"): (impl, src) for n in args.threads
-               for impl in args.impls for src in (args.src if impl == "microgpt-numpy" else [""])}  # fmt: skip
+    configs = {
+        (n, impl if not src else f"{impl} ({Path(src).resolve().name})"): (impl, src)
+        for n in args.threads
+        for impl in args.impls
+        for src in (args.src if impl == "microgpt-numpy" else [""])
+    }
     runs: dict[tuple[int, str], list[dict]] = {key: [] for key in configs}
     load0 = os.getloadavg()[0]
     for _ in range(args.rounds):

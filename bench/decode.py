@@ -103,8 +103,9 @@ def backend(args: argparse.Namespace) -> Backend:
     return triton_backend(args.precision) if args.device == "cuda" else numpy_backend()
 
 
-def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray, n_new: int,
-                 args: argparse.Namespace) -> dict:  # fmt: skip
+def run_microgpt(
+    K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray, n_new: int, args: argparse.Namespace
+) -> dict:
     cuda = args.device == "cuda"
     b, t = prompts.shape
     record = torch.zeros(n_new, b, dtype=torch.int64, device=args.device)  # the bench's: outside the plan
@@ -139,8 +140,12 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
 
     decode_s = timed(steps, args.repeats, cuda)
     # allocated_before: the plan's runtime row (cuBLAS's workspace), which the backend allocated before the first row
-    out = {"device": K.device, "plan_gib": plan / memory.GIB, "bench_bytes": record.numel() * 8,
-           "allocated_before": memory.role_bytes(S.plan, K.precision)["runtime"]}  # fmt: skip
+    out = {
+        "device": K.device,
+        "plan_gib": plan / memory.GIB,
+        "bench_bytes": record.numel() * 8,
+        "allocated_before": memory.role_bytes(S.plan, K.precision)["runtime"],
+    }
     if cuda:
         from microgpt.kernels import decode as kd  # torch and triton's: on the GPU path only
 
@@ -151,8 +156,12 @@ def run_microgpt(K: Backend, m: ModelConfig, w: np.ndarray, prompts: np.ndarray,
 def rates(b: int, t: int, n_new: int, prefill: float, decode: float) -> dict:
     """The row's rates: b rows of t prompt tokens in `prefill` seconds, n_new - 1 tokens each in `decode`."""
     per_token = decode / (n_new - 1)
-    return {"prefill_ms": 1e3 * prefill, "prefill_tokens_per_s": b * t / prefill,
-            "decode_ms_per_token": 1e3 * per_token, "decode_tokens_per_s": b / per_token}  # fmt: skip
+    return {
+        "prefill_ms": 1e3 * prefill,
+        "prefill_tokens_per_s": b * t / prefill,
+        "decode_ms_per_token": 1e3 * per_token,
+        "decode_tokens_per_s": b / per_token,
+    }
 
 
 def run_hf(folder: Path, prompts: np.ndarray, n_new: int, args: argparse.Namespace, compiled: bool) -> dict:
@@ -177,12 +186,16 @@ def run_hf(folder: Path, prompts: np.ndarray, n_new: int, args: argparse.Namespa
     prefill = timed(gen(1), args.repeats, cuda)
     both = timed(gen(n_new), args.repeats, cuda)
     device = torch.cuda.get_device_name() if cuda else "cpu"
-    return {"device": device, **rates(*prompts.shape, n_new, prefill, both - prefill),
-            "tokens": got[0][:, prompts.shape[1] :].tolist()}  # fmt: skip
+    return {
+        "device": device,
+        **rates(*prompts.shape, n_new, prefill, both - prefill),
+        "tokens": got[0][:, prompts.shape[1] :].tolist(),
+    }
 
 
-def row(impl: str, b: int, args: argparse.Namespace, K: Backend | None, m: ModelConfig, w: np.ndarray,
-        folder: Path) -> dict:  # fmt: skip
+def row(
+    impl: str, b: int, args: argparse.Namespace, K: Backend | None, m: ModelConfig, w: np.ndarray, folder: Path
+) -> dict:
     """One impl at batch b, its failure caught into "error" (torch.compile's where it does not run)."""
     prompts = np.random.default_rng(b).integers(0, m.vocab_size, (b, args.prompt)).astype(np.int32)
     base = {"impl": impl, "batch": b, "prompt": args.prompt, "new": args.new, "precision": args.precision}

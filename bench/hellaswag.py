@@ -79,13 +79,23 @@ def make_checkpoint(work: Path, shape: str, seed: int, docs: list[str]) -> Path:
     m = exp.model
     tok = train_bpe(docs, min(m.vocab_size, 65536))
     tok.save(work / "tokenizer.json")
-    record = {"kind": "bpe", "path": str((work / "tokenizer.json").resolve()),
-              "sha256": file_sha256(work / "tokenizer.json"), "vocab_size": tok.vocab_size}  # fmt: skip
+    record = {
+        "kind": "bpe",
+        "path": str((work / "tokenizer.json").resolve()),
+        "sha256": file_sha256(work / "tokenizer.json"),
+        "vocab_size": tok.vocab_size,
+    }
     weights = params.init_weights(m, seed)
     zeros = np.zeros_like(weights)
-    meta = {"config": exp.to_dict(), "seed": seed, "tokenizer": record, "backend": exp.train.backend,
-            "precision": exp.train.precision, "reason": "init (bench/hellaswag.py)",
-            "params": [[name, list(s)] for name, s in params.param_shapes(m)]}  # fmt: skip
+    meta = {
+        "config": exp.to_dict(),
+        "seed": seed,
+        "tokenizer": record,
+        "backend": exp.train.backend,
+        "precision": exp.train.precision,
+        "reason": "init (bench/hellaswag.py)",
+        "params": [[name, list(s)] for name, s in params.param_shapes(m)],
+    }
     return checkpoint.write_checkpoint(work / "ckpt" / checkpoint.ckpt_name(0), 0, weights, zeros, zeros, meta)
 
 
@@ -95,8 +105,9 @@ class Words:
 
     def __init__(self, tok: Any, docs: list[str], need: int) -> None:
         words = [d.split(" ") for d in docs]
-        csum = [np.concatenate([[0], np.cumsum([len(a) for a in tok.encode_batch([" " + w for w in ws])])])
-                for ws in words]  # fmt: skip
+        csum = [
+            np.concatenate([[0], np.cumsum([len(a) for a in tok.encode_batch([" " + w for w in ws])])]) for ws in words
+        ]
         keep = [i for i, c in enumerate(csum) if c[-1] > need]
         if not keep:
             raise InputError(f"--corpus-bytes: no document of more than {need} tokens to draw examples from")
@@ -131,10 +142,20 @@ def make_examples(tok: Any, docs: list[str], n: int, seed: int) -> list[dict[str
         words = ctx.split(" ")
         k = min(int(rng.integers(1, 4)), len(words) - 1)  # ctx_b: the last 1-3 words, which the endings go on from
         ctx_a, ctx_b = " ".join(words[: len(words) - k]), " ".join(words[len(words) - k :])
-        out.append({"ind": ind, "activity_label": f"builtin corpus document {doc}", "ctx_a": ctx_a, "ctx_b": ctx_b,
-                    "ctx": f"{ctx_a} {ctx_b}".strip(), "split": "val",
-                    "split_type": ["indomain", "zeroshot"][int(rng.integers(2))], "label": label,
-                    "endings": endings, "source_id": f"builtin~{doc}-{word}"})  # fmt: skip
+        out.append(
+            {
+                "ind": ind,
+                "activity_label": f"builtin corpus document {doc}",
+                "ctx_a": ctx_a,
+                "ctx_b": ctx_b,
+                "ctx": f"{ctx_a} {ctx_b}".strip(),
+                "split": "val",
+                "split_type": ["indomain", "zeroshot"][int(rng.integers(2))],
+                "label": label,
+                "endings": endings,
+                "source_id": f"builtin~{doc}-{word}",
+            }
+        )
     return out
 
 
@@ -224,10 +245,20 @@ def hf_score(folder: Path, examples: list[dict[str, Any]], device: str, budget: 
     picks, labels = np.where(scored, np.argmin(sums, axis=1), -1), np.array([ex["label"] for ex in examples])
     correct, correct_norm = int((picks == labels).sum()), int((scored & (np.argmin(means, axis=1) == labels)).sum())
     n = len(examples)
-    return {"examples": n, "seconds": seconds, "load_s": load_s, "examples_per_s": n / seconds, "acc": correct / n,
-            "acc_norm": correct_norm / n, "correct": correct, "correct_norm": correct_norm,
-            "unscored": int((~scored).sum()), "device": device, "dtype": str(dtype).removeprefix("torch."),
-            "picks": picks.tolist()}  # fmt: skip
+    return {
+        "examples": n,
+        "seconds": seconds,
+        "load_s": load_s,
+        "examples_per_s": n / seconds,
+        "acc": correct / n,
+        "acc_norm": correct_norm / n,
+        "correct": correct,
+        "correct_norm": correct_norm,
+        "unscored": int((~scored).sum()),
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "picks": picks.tolist(),
+    }
 
 
 def export(ckpt: Path, out: Path, timeout: int) -> None:
@@ -292,8 +323,12 @@ def parser() -> ArgParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    for flag, value in (("--examples", args.examples), ("--corpus-bytes", args.corpus_bytes),
-                        ("--hf-tokens", args.hf_tokens), ("--timeout", args.timeout)):  # fmt: skip
+    for flag, value in (
+        ("--examples", args.examples),
+        ("--corpus-bytes", args.corpus_bytes),
+        ("--hf-tokens", args.hf_tokens),
+        ("--timeout", args.timeout),
+    ):
         if value is not None:
             check_number(value, flag, 1, None, integer=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hellaswag-bench."))

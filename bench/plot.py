@@ -119,8 +119,15 @@ def label(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 100 or v == int(v) else f"{v:.2f}".rstrip("0").rstrip(".")
 
 
-def line_chart(path: Path, series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str,
-               hline: tuple[float, str] | None = None, size: tuple[int, int] = (960, 600)) -> None:  # fmt: skip
+def line_chart(
+    path: Path,
+    series: dict[str, list[tuple[float, float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    hline: tuple[float, str] | None = None,
+    size: tuple[int, int] = (960, 600),
+) -> None:
     """Write the chart of series (label -> [(x, y)], in order) to path as a PNG; hline: (y, its label)."""
     w, h = size
     cv = Canvas(w, h)

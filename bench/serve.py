@@ -143,8 +143,24 @@ def get(port: int, path: str) -> dict[str, Any]:
 def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str) -> Iterator[Server]:
     """serve on a free port of 127.0.0.1 with the bench's batch, backend and precision, until the block ends."""
     batch = str(args.max_batch)
-    cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", batch, "--queue", batch,
-           "--backend", args.backend, "--precision", args.precision, *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "microgpt",
+        "serve",
+        str(ckpt),
+        "--port",
+        "0",
+        "--max-batch",
+        batch,
+        "--queue",
+        batch,
+        "--backend",
+        args.backend,
+        "--precision",
+        args.precision,
+        *flags,
+    ]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     server = Server(log)
     try:
@@ -186,8 +202,16 @@ class Prompts:
 
 
 def body(model: str, prompt: str | list[int], max_tokens: int, args: argparse.Namespace, seed: int) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature, "seed": seed,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": args.temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -202,14 +226,16 @@ def row_of(runs: list[Run], alone: dict[int, str]) -> dict[str, Any]:
     gaps = [b - a for r in runs for a, b in zip(r.events, r.events[1:])]
     same = [runs[k].text == alone[k] for k in range(min(len(runs), ALONE)) if k in alone]
     return {
-        "completion_tokens": total, "wall_s": wall, "tokens_per_s": total / wall,
+        "completion_tokens": total,
+        "wall_s": wall,
+        "tokens_per_s": total / wall,
         "ttft_ms": {"median": 1e3 * statistics.median(ttft), "p99": 1e3 * pct(ttft, 99)},
         "itl_ms": {"median": 1e3 * pct(gaps, 50), "p99": 1e3 * pct(gaps, 99)},
         "tokens_per_event": total / max(1, sum(len(r.events) for r in runs)),
         "same_as_alone": f"{sum(same)}/{len(same)}",
         "finish_reasons": sorted({r.finish for r in runs}),
         "texts": [r.text for r in runs[:ALONE]],
-    }  # fmt: skip
+    }
 
 
 def decode_rates(args: argparse.Namespace, m: Any, w: np.ndarray, lengths: dict[str, int]) -> dict:
@@ -231,8 +257,9 @@ def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int
     """Streams joining one at a time up to `top`, each lasting until the last has joined: every batch size's decode
     step prepared (on a GPU tuned and its graph captured) before anything is timed."""
     t0 = time.perf_counter()
-    warm = [(k, body(server.model, prompts.get("short", k), min(args.tokens, 16 + top // 4), args, k))
-            for k in range(top)]  # fmt: skip
+    warm = [
+        (k, body(server.model, prompts.get("short", k), min(args.tokens, 16 + top // 4), args, k)) for k in range(top)
+    ]
     threads(server.port, warm, args.timeout, ramp=True)
     print(f"bench: warm-up to {top} streams in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
@@ -242,8 +269,16 @@ def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict
     warm_up(server, args, prompts, max(args.streams))
     rows = []
     for kind in args.prompts:
-        alone = {k: stream(server.port, "/v1/completions", body(server.model, prompts.get(kind, k), args.tokens, args,
-                           k), k, args.timeout).text for k in range(ALONE)}  # fmt: skip
+        alone = {
+            k: stream(
+                server.port,
+                "/v1/completions",
+                body(server.model, prompts.get(kind, k), args.tokens, args, k),
+                k,
+                args.timeout,
+            ).text
+            for k in range(ALONE)
+        }
         for n in args.streams:
             bodies = [(k, body(server.model, prompts.get(kind, k), args.tokens, args, k)) for k in range(n)]
             row = {"streams": n, "prompt": kind, "prompt_tokens": prompts.tokens(kind)}
@@ -265,31 +300,56 @@ def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, r
         bodies = []
         for k, h in enumerate(history):
             h.append({"role": "user", "content": f"turn {turn}: what is request_{k}?"})
-            bodies.append((k, {"model": server.model, "messages": h, "max_tokens": args.chat_tokens, "seed": k,
-                               "temperature": args.temperature, "stream": True, "ignore_eos": True,
-                               "stream_options": {"include_usage": True}}))  # fmt: skip
+            bodies.append(
+                (
+                    k,
+                    {
+                        "model": server.model,
+                        "messages": h,
+                        "max_tokens": args.chat_tokens,
+                        "seed": k,
+                        "temperature": args.temperature,
+                        "stream": True,
+                        "ignore_eos": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                )
+            )
         runs = fleet(server.port, bodies, args.timeout, path="/v1/chat/completions")
         ttft.append([r.events[0] - r.sent for r in runs if r.events])
         for h, r in zip(history, runs):
             h.append({"role": "assistant", "content": r.text})
     after = get(server.port, "/stats")["engine"]
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ("reused_tokens", "copied_tokens", "prefill_tokens")}
-    return {"chat": args.chat, "turns": args.turns, "system_tokens": args.system, "prefix_reuse": reuse,
-            "ttft_ms_first_turn": {"median": 1e3 * statistics.median(ttft[0]), "p99": 1e3 * pct(ttft[0], 99)},
-            "ttft_ms_later_turns": {"median": 1e3 * statistics.median(sum(ttft[1:], [])),
-                                    "p99": 1e3 * pct(sum(ttft[1:], []), 99)},
-            **d, "reused_share": d["reused_tokens"] / max(1, d["reused_tokens"] + d["prefill_tokens"])}  # fmt: skip
+    return {
+        "chat": args.chat,
+        "turns": args.turns,
+        "system_tokens": args.system,
+        "prefix_reuse": reuse,
+        "ttft_ms_first_turn": {"median": 1e3 * statistics.median(ttft[0]), "p99": 1e3 * pct(ttft[0], 99)},
+        "ttft_ms_later_turns": {
+            "median": 1e3 * statistics.median(sum(ttft[1:], [])),
+            "p99": 1e3 * pct(sum(ttft[1:], []), 99),
+        },
+        **d,
+        "reused_share": d["reused_tokens"] / max(1, d["reused_tokens"] + d["prefill_tokens"]),
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | tokens/event | decode step tokens/s |"
-             " ratio | same as alone |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | tokens/event | decode step tokens/s |"
+        " ratio | same as alone |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
-        lines.append(f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['ttft_ms']['median']:.1f} / {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | "
-                     f"{r['tokens_per_event']:.2f} | {f'{step:,.0f}' if step else '-'} | "
-                     f"{f'{ratio:.2f}x' if ratio else '-'} | {r['same_as_alone']} |")  # fmt: skip
+        lines.append(
+            f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['ttft_ms']['median']:.1f} / {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | "
+            f"{r['tokens_per_event']:.2f} | {f'{step:,.0f}' if step else '-'} | "
+            f"{f'{ratio:.2f}x' if ratio else '-'} | {r['same_as_alone']} |"
+        )
     return "\n".join(lines)
 
 
@@ -298,15 +358,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shape", choices=SHAPES, help="random weights of this shape (default: andrea-120m on cuda, tiny)")
     p.add_argument("--checkpoint", help="a step-*.bin or run folder to serve instead (default: random weights)")
-    p.add_argument("--streams", type=int, nargs="+", help="concurrent streams of each row (default: 1 8 64 256; cpu: "
-                   "1 2)")  # fmt: skip
-    p.add_argument("--prompts", nargs="+", help="prompt kinds: short, or a number of tokens (default: short 512; cpu: "
-                   "short 24)")  # fmt: skip
+    p.add_argument(
+        "--streams", type=int, nargs="+", help="concurrent streams of each row (default: 1 8 64 256; cpu: 1 2)"
+    )
+    p.add_argument(
+        "--prompts", nargs="+", help="prompt kinds: short, or a number of tokens (default: short 512; cpu: short 24)"
+    )
     p.add_argument("--tokens", type=int, help="max_tokens of each request (default: 256 on cuda, 8 on cpu)")
     p.add_argument("--temperature", type=float, default=0.0, help="each request's temperature (0: greedy)")
     p.add_argument("--precision", help="serve's --precision (default: bf16 on cuda, fp32 on cpu)")
-    p.add_argument("--chat", type=int, help="conversations of the chat rows (default: 64 on cuda, none on cpu: "
-                   "the tiny model's context holds no conversation)")  # fmt: skip
+    p.add_argument(
+        "--chat",
+        type=int,
+        help="conversations of the chat rows (default: 64 on cuda, none on cpu: "
+        "the tiny model's context holds no conversation)",
+    )
     p.add_argument("--turns", type=int, default=4, help="turns of each conversation")
     p.add_argument("--system", type=int, help="system prompt tokens (default: 384 on cuda, 16 on cpu)")
     p.add_argument("--chat-tokens", type=int, help="max_tokens of a chat turn (default: 64 on cuda, 4 on cpu)")
@@ -350,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         prompts = Prompts(tok)
         lengths = {kind: prompts.tokens(kind) for kind in args.prompts}
         if max(lengths.values()) + args.tokens > m.seq_len:
-            print(f"error: a {max(lengths.values())}-token prompt and --tokens {args.tokens} pass the context of "
-                  f"{m.seq_len}", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: a {max(lengths.values())}-token prompt and --tokens {args.tokens} pass the context of "
+                f"{m.seq_len}",
+                file=sys.stderr,
+            )
             return 2
         t0 = time.perf_counter()
         step = decode_rates(args, m, w, lengths)
@@ -371,10 +440,17 @@ def main(argv: list[str] | None = None) -> int:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             print(f"error: {e}\n--- the last lines serve wrote:\n{tail}", file=sys.stderr)
             return 1
-    head = {"model": server.model, "shape": None if args.checkpoint else args.shape, "backend": args.backend,
-            "precision": args.precision, "max_batch": args.max_batch, "max_tokens": args.tokens,
-            "tokenizer": {k: record.get(k) for k in ("kind", "vocab_size")}, "server_rc": server.proc.returncode,
-            "seconds": time.perf_counter() - t0}  # fmt: skip
+    head = {
+        "model": server.model,
+        "shape": None if args.checkpoint else args.shape,
+        "backend": args.backend,
+        "precision": args.precision,
+        "max_batch": args.max_batch,
+        "max_tokens": args.tokens,
+        "tokenizer": {k: record.get(k) for k in ("kind", "vocab_size")},
+        "server_rc": server.proc.returncode,
+        "seconds": time.perf_counter() - t0,
+    }
     for c in chats:
         print(json.dumps({"chat_row": c}), flush=True)
     print(json.dumps({"run": head}), flush=True)

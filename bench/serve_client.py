@@ -55,8 +55,9 @@ class Run:
         return self.usage["completion_tokens"]
 
 
-def stream(port: int, path: str, body: dict[str, Any], key: int, timeout: float,
-           first: threading.Event | None = None) -> Run:  # fmt: skip
+def stream(
+    port: int, path: str, body: dict[str, Any], key: int, timeout: float, first: threading.Event | None = None
+) -> Run:
     """One streamed request, read event by event as the server sends them; `first` is set at its first event."""
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
@@ -78,8 +79,14 @@ def stream(port: int, path: str, body: dict[str, Any], key: int, timeout: float,
     return run
 
 
-def threads(port: int, bodies: list[tuple[int, dict]], timeout: float, at: float = 0.0, ramp: bool = False,
-            path: str = "/v1/completions") -> list[Run]:  # fmt: skip
+def threads(
+    port: int,
+    bodies: list[tuple[int, dict]],
+    timeout: float,
+    at: float = 0.0,
+    ramp: bool = False,
+    path: str = "/v1/completions",
+) -> list[Run]:
     """Every (key, body) streamed at once from this process, a thread each, released together at `at` (perf_counter;
     0: now); with ramp, each once the one before has had its first event, so the batch grows one row at a time."""
     runs: list[Run | Exception | None] = [None] * len(bodies)

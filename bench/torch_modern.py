@@ -104,8 +104,14 @@ class Modern(nn.Module):
         if not block:
             return {"wte": self.wte, "lm_head": self.lm_head}[leaf]
         i = int(block[1:])
-        return {"w_q": self.qkvo[i, 0], "w_k": self.qkvo[i, 1], "w_v": self.qkvo[i, 2], "w_o": self.qkvo[i, 3],
-                "w_1": self.fc[i], "w_2": self.proj[i]}[leaf]  # fmt: skip
+        return {
+            "w_q": self.qkvo[i, 0],
+            "w_k": self.qkvo[i, 1],
+            "w_v": self.qkvo[i, 2],
+            "w_o": self.qkvo[i, 3],
+            "w_1": self.fc[i],
+            "w_2": self.proj[i],
+        }[leaf]
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
@@ -133,8 +139,9 @@ class Modern(nn.Module):
 
 
 # --- the optimizers ------------------------------------------------------------------------------------------------
-def muon_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, hyper: torch.Tensor, scale: float, tall: bool,
-                dtype: torch.dtype) -> None:  # fmt: skip
+def muon_update(
+    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, hyper: torch.Tensor, scale: float, tall: bool, dtype: torch.dtype
+) -> None:
     """One Muon step on a stack p, g, m (k, rows, cols) in torch's [out, in] layout; hyper = (lr, mu, wd) on p's device
     (a tensor, so a compiled update is not recompiled when they change)."""
     lr, mu, wd = hyper[0], hyper[1], hyper[2]
@@ -174,8 +181,9 @@ class Muon:
 
 def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": [model.wte], "peak": t.lr}, {"params": [model.lm_head], "peak": t.head_lr or t.lr}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
-                             fused=model.wte.is_cuda)  # fmt: skip
+    return torch.optim.AdamW(
+        groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay, fused=model.wte.is_cuda
+    )
 
 
 def lr_factor(step: int, steps: int, t: TrainConfig) -> float:
@@ -246,8 +254,16 @@ class Run:
         loss, norm = total.item(), norm.item()
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len
-        return {"event": "step", "step": s + 1, "loss": loss, "lr": t.lr * factor, "grad_norm": norm,
-                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens}  # fmt: skip
+        return {
+            "event": "step",
+            "step": s + 1,
+            "loss": loss,
+            "lr": t.lr * factor,
+            "grad_norm": norm,
+            "tokens_per_s": tokens / dt,
+            "dt_ms": 1000 * dt,
+            "tokens": tokens,
+        }
 
     def evaluate(self) -> float:
         """The mean loss over the target tokens of val windows 0 .. eval_batches x micro_batch - 1 (microgpt's)."""
@@ -275,8 +291,12 @@ class Run:
                 return 3
             if (s + 1) % eval_every == 0 or s + 1 == steps:
                 val = emit({"event": "eval", "step": s + 1, "val_loss": self.evaluate()})["val_loss"]
-                print(f"step {s + 1}/{steps} | loss {rec['loss']:.4f} | val_loss {val:.4f} | "
-                      f"{rec['tokens_per_s']:,.0f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"step {s + 1}/{steps} | loss {rec['loss']:.4f} | val_loss {val:.4f} | "
+                    f"{rec['tokens_per_s']:,.0f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return 0
 
 
@@ -311,15 +331,33 @@ def main(argv: list[str]) -> int:
     run = Run(exp, device, compiled=device == "cuda" and not args.no_compile)
     n_params = sum(p.numel() for p in run.model.parameters())
     compiled = run.fwd is not run.model
-    emit({"event": "start", "run": exp.name, "impl": "torch", "device": device, "torch": torch.__version__,
-          "compiled": compiled, "n_params": n_params, "config": exp.to_dict()})  # fmt: skip
+    emit(
+        {
+            "event": "start",
+            "run": exp.name,
+            "impl": "torch",
+            "device": device,
+            "torch": torch.__version__,
+            "compiled": compiled,
+            "n_params": n_params,
+            "config": exp.to_dict(),
+        }
+    )
     steps, eval_every = args.steps or exp.train.steps, args.eval_every or exp.train.eval_every
     if args.budget_s:
         step_s = run.calibrate(args.warm, args.calib)
         steps, eval_every = plan(args.budget_s, step_s, args.eval_s, args.warm)
         run.t.warmup_steps = scaled_warmup(run.t, steps)  # the schedule compressed into the budget, as ttl does
-        emit({"event": "calibrated", "step_s": step_s, "steps": steps, "eval_every": eval_every, "warm": args.warm,
-              "calib": args.calib})  # fmt: skip
+        emit(
+            {
+                "event": "calibrated",
+                "step_s": step_s,
+                "steps": steps,
+                "eval_every": eval_every,
+                "warm": args.warm,
+                "calib": args.calib,
+            }
+        )
     rc = run.train(steps, eval_every)
     emit({"event": "done" if rc == 0 else "failed", "step": steps})
     return rc

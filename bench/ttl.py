@@ -109,11 +109,24 @@ SIDES = {"a": Side("microgpt gpt-2", "gpt2", True), "b": Side("microgpt modern",
 
 def overrides(shape: Shape, data: Path) -> list[str]:
     """The --set assignments every side's experiment gets: the shape, the data, the evaluation, no checkpoints."""
-    return [*shape.sets, f"model.vocab_size={shape.vocab_size}", "data.source=shards", f"data.path={data}",
-            "data.loss_mask=false", 'data.tokenizer=""', f"train.micro_batch={shape.micro_batch}",
-            f"train.n_micro={shape.n_micro}", f"train.eval_batches={shape.eval_batches}",
-            f"train.backend={shape.backend}", f"train.precision={shape.precision}", f"train.ckpt_every={INT_MAX}",
-            "train.log_every=1", 'train.hellaswag=""', "train.schedule_start=0", "train.schedule_steps=0"]  # fmt: skip
+    return [
+        *shape.sets,
+        f"model.vocab_size={shape.vocab_size}",
+        "data.source=shards",
+        f"data.path={data}",
+        "data.loss_mask=false",
+        'data.tokenizer=""',
+        f"train.micro_batch={shape.micro_batch}",
+        f"train.n_micro={shape.n_micro}",
+        f"train.eval_batches={shape.eval_batches}",
+        f"train.backend={shape.backend}",
+        f"train.precision={shape.precision}",
+        f"train.ckpt_every={INT_MAX}",
+        "train.log_every=1",
+        'train.hellaswag=""',
+        "train.schedule_start=0",
+        "train.schedule_steps=0",
+    ]
 
 
 def schedule(experiment: str, sets: list[str], steps: int, eval_every: int) -> list[str]:
@@ -124,8 +137,12 @@ def schedule(experiment: str, sets: list[str], steps: int, eval_every: int) -> l
     t = TrainConfig(
         steps=train.get("steps", TrainConfig.steps), warmup_steps=train.get("warmup_steps", TrainConfig.warmup_steps)
     )
-    return [*sets, f"train.steps={steps}", f"train.eval_every={eval_every}",
-            f"train.warmup_steps={scaled_warmup(t, steps)}"]  # fmt: skip
+    return [
+        *sets,
+        f"train.steps={steps}",
+        f"train.eval_every={eval_every}",
+        f"train.warmup_steps={scaled_warmup(t, steps)}",
+    ]
 
 
 def stream(cmd: list[str], log: Path, timeout: float, last: Callable[[dict[str, Any]], bool]) -> tuple[int, list]:
@@ -178,8 +195,17 @@ def is_step(rec: dict[str, Any], n: int) -> bool:
 
 
 def engine_cmd(experiment: str, out: Path, sets: list[str]) -> list[str]:
-    return [sys.executable, "-m", "microgpt.cli", "train", experiment, "--json", "--out", str(out),
-            *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "train",
+        experiment,
+        "--json",
+        "--out",
+        str(out),
+        *[a for s in sets for a in ("--set", s)],
+    ]
 
 
 def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -207,9 +233,17 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
         return failed(x, experiment, f"exit {rc}", run_dir / "stderr.log")
     cal = next((r for r in records if r["event"] == "calibrated"), None)
     calibration = calibration if cal is None else {"step_s": cal["step_s"]}
-    return {"side": x, "label": side.label, "experiment": experiment, "command": cmd, "budget_s": args.budget_s,
-            "warm": args.warm, "calibration": calibration, "wall_s": round(time.monotonic() - t0, 2),
-            **summarize(records, args.warm)}  # fmt: skip
+    return {
+        "side": x,
+        "label": side.label,
+        "experiment": experiment,
+        "command": cmd,
+        "budget_s": args.budget_s,
+        "warm": args.warm,
+        "calibration": calibration,
+        "wall_s": round(time.monotonic() - t0, 2),
+        **summarize(records, args.warm),
+    }
 
 
 def side_sets(assignments: list[str], x: str) -> list[str]:
@@ -229,8 +263,9 @@ def experiment_of(x: str, shape: Shape, args: argparse.Namespace) -> str:
     return str(Path(given).resolve() if given else REPO / (shape.gpt2 if SIDES[x].recipe == "gpt2" else shape.modern))
 
 
-def twin_cmd(experiment: str, sets: list[str], shape: Shape, steps: int | None, every: int | None,
-             args: argparse.Namespace) -> list[str]:  # fmt: skip
+def twin_cmd(
+    experiment: str, sets: list[str], shape: Shape, steps: int | None, every: int | None, args: argparse.Namespace
+) -> list[str]:
     """bench/torch_modern.py on the side's experiment: `steps` steps, or --budget-s (it calibrates itself); on the CPU
     for the smoke shape (whose engine sides run NumPy)."""
     cmd = [
@@ -241,8 +276,16 @@ def twin_cmd(experiment: str, sets: list[str], shape: Shape, steps: int | None, 
     ]
     cmd += ["--device", "cpu"] if shape.backend == "numpy" else []
     if steps is None:
-        return cmd + ["--budget-s", str(args.budget_s), "--eval-s", str(args.eval_s), "--warm", str(args.warm),
-                      "--calib", str(args.calib)]  # fmt: skip
+        return cmd + [
+            "--budget-s",
+            str(args.budget_s),
+            "--eval-s",
+            str(args.eval_s),
+            "--warm",
+            str(args.warm),
+            "--calib",
+            str(args.calib),
+        ]
     return cmd + ["--steps", str(steps), "--eval-every", str(every)]
 
 

@@ -89,22 +89,46 @@ def prepare(shape: Shape, folder: Path) -> dict[str, Any]:
     staging = folder / "sources"
     found = gather(staging, shape.corpus_bytes)
     t1 = time.monotonic()
-    cmd = [sys.executable, "-m", "microgpt.cli", "prep", "--source", str(staging), "--out", str(data), "--vocab-size",
-           str(shape.vocab_size), "--val-fraction", str(shape.val_fraction), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "prep",
+        "--source",
+        str(staging),
+        "--out",
+        str(data),
+        "--vocab-size",
+        str(shape.vocab_size),
+        "--val-fraction",
+        str(shape.val_fraction),
+        "--quiet",
+    ]
     say(f"prep: {found['files']:,} files, {found['bytes'] / 1e6:,.0f} MB of Python source; {' '.join(cmd[1:])}")
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     shutil.rmtree(staging, ignore_errors=True)
     if res.returncode:
         raise SystemExit(f"error: microgpt prep failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
     manifest = json.loads((data / "manifest.json").read_text())
-    info = {**found, "gather_s": round(t1 - t0, 2), "prep_s": round(time.monotonic() - t1, 2), "cores": os.cpu_count(),
-            "command": cmd, "vocab_size": manifest["vocab_size"], "train_tokens": manifest["splits"]["train"]["tokens"],
-            "val_tokens": manifest["splits"]["val"]["tokens"],
-            "val_bytes_per_token": manifest["val_bytes_per_token"]}  # fmt: skip
+    info = {
+        **found,
+        "gather_s": round(t1 - t0, 2),
+        "prep_s": round(time.monotonic() - t1, 2),
+        "cores": os.cpu_count(),
+        "command": cmd,
+        "vocab_size": manifest["vocab_size"],
+        "train_tokens": manifest["splits"]["train"]["tokens"],
+        "val_tokens": manifest["splits"]["val"]["tokens"],
+        "val_bytes_per_token": manifest["val_bytes_per_token"],
+    }
     record.write_text(json.dumps(info, indent=1) + "\n")
     if info["train_tokens"] < shape.min_tokens:
-        say(f"prep: only {info['train_tokens']:,} train tokens, fewer than {shape.min_tokens:,}: this machine's "
-            f"Python sources hold {found['bytes'] / 1e6:,.0f} MB (the sides may see some tokens twice)")  # fmt: skip
-    say(f"prep: train {info['train_tokens']:,} tokens, val {info['val_tokens']:,}; gather {info['gather_s']} s, "
-        f"prep {info['prep_s']} s on {info['cores']} cores")  # fmt: skip
+        say(
+            f"prep: only {info['train_tokens']:,} train tokens, fewer than {shape.min_tokens:,}: this machine's "
+            f"Python sources hold {found['bytes'] / 1e6:,.0f} MB (the sides may see some tokens twice)"
+        )
+    say(
+        f"prep: train {info['train_tokens']:,} tokens, val {info['val_tokens']:,}; gather {info['gather_s']} s, "
+        f"prep {info['prep_s']} s on {info['cores']} cores"
+    )
     return info

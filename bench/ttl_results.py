@@ -51,13 +51,26 @@ def summarize(records: list[dict[str, Any]], warm: int) -> dict[str, Any]:
         clock.append(clock[-1] + dt)
     steps = [r for r in records if r["event"] == "step"]
     start = next((r for r in records if r["event"] == "start"), {})
-    evals = [{"step": r["step"], "train_s": round(clock[r["step"]], 3), "val_loss": r["val_loss"]} for r in records
-             if r["event"] == "eval"]  # fmt: skip
-    return {"steps": len(dts), "eval_every": evals[0]["step"], "tokens_per_step": steps[-1]["tokens"],
-            "step_s": median, "tokens_per_s": steps[-1]["tokens"] / median, "train_s": round(clock[-1], 3),
-            "final_val_loss": evals[-1]["val_loss"], "final_train_loss": steps[-1]["loss"], "evals": evals,
-            "n_params": start.get("n_params"), "device": start.get("device"), "step_dt_ms": [r["dt_ms"] for r in steps],
-            "first_steps_s": [round(d, 3) for d in dts[:warm]]}  # fmt: skip
+    evals = [
+        {"step": r["step"], "train_s": round(clock[r["step"]], 3), "val_loss": r["val_loss"]}
+        for r in records
+        if r["event"] == "eval"
+    ]
+    return {
+        "steps": len(dts),
+        "eval_every": evals[0]["step"],
+        "tokens_per_step": steps[-1]["tokens"],
+        "step_s": median,
+        "tokens_per_s": steps[-1]["tokens"] / median,
+        "train_s": round(clock[-1], 3),
+        "final_val_loss": evals[-1]["val_loss"],
+        "final_train_loss": steps[-1]["loss"],
+        "evals": evals,
+        "n_params": start.get("n_params"),
+        "device": start.get("device"),
+        "step_dt_ms": [r["dt_ms"] for r in steps],
+        "first_steps_s": [round(d, 3) for d in dts[:warm]],
+    }
 
 
 def seconds_to(evals: list[dict[str, Any]], target: float, start_loss: float) -> float | None:
@@ -88,15 +101,22 @@ def merge(folder: Path, shape_name: str, vocab_size: int, names: Iterable[str]) 
     if "b" in ok and "c" in ok and reach["b"]["c"]:
         goals["b_reaches_c_final_x_sooner"] = reach["c"]["c"] / reach["b"]["c"]  # >= 1.25
     prep = folder / "prep.json"
-    return {"shape": shape_name, "folder": str(folder), "definition": TIME_DEFINITION, "prep":
-            json.loads(prep.read_text()) if prep.is_file() else None,
-            "sides": {x: {k: v for k, v in s.items() if k != "step_dt_ms"} for x, s in sides.items()},
-            "seconds_to": reach, "goals": goals}  # fmt: skip
+    return {
+        "shape": shape_name,
+        "folder": str(folder),
+        "definition": TIME_DEFINITION,
+        "prep": json.loads(prep.read_text()) if prep.is_file() else None,
+        "sides": {x: {k: v for k, v in s.items() if k != "step_dt_ms"} for x, s in sides.items()},
+        "seconds_to": reach,
+        "goals": goals,
+    }
 
 
-TIME_DEFINITION = ("training seconds: each step's host-clock time from reading its batches to reading its loss back, "
-                   "the first `warm` steps counted at the median of the rest; evaluations excluded. Time to a loss: "
-                   "interpolated linearly in seconds between the evaluations around the crossing")  # fmt: skip
+TIME_DEFINITION = (
+    "training seconds: each step's host-clock time from reading its batches to reading its loss back, "
+    "the first `warm` steps counted at the median of the rest; evaluations excluded. Time to a loss: "
+    "interpolated linearly in seconds between the evaluations around the crossing"
+)
 
 
 def fmt(v: float | None, spec: str = ".1f") -> str:
@@ -106,21 +126,35 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 def report(res: dict[str, Any]) -> str:
     """The markdown tables (sides, seconds to each final loss, loss against seconds) and the goals."""
     ok = {x: s for x, s in res["sides"].items() if "evals" in s}
-    lines = [f"time to loss, shape {res['shape']}; {res['definition']}", "",
-             "| side | recipe | steps | tokens/step | tokens/s | train s | final val loss | " +
-             " | ".join(f"s to {y}'s {ok[y]['final_val_loss']:.4f}" for y in ok) + " |",
-             "|" + "---|" * (7 + len(ok))]  # fmt: skip
+    lines = [
+        f"time to loss, shape {res['shape']}; {res['definition']}",
+        "",
+        "| side | recipe | steps | tokens/step | tokens/s | train s | final val loss | "
+        + " | ".join(f"s to {y}'s {ok[y]['final_val_loss']:.4f}" for y in ok)
+        + " |",
+        "|" + "---|" * (7 + len(ok)),
+    ]
     for x, s in res["sides"].items():
         if x not in ok:
             lines.append(f"| {x} | {s['label']} | failed: {s.get('error', '?')[:80]} |")
             continue
         reach = [fmt(res["seconds_to"][x][y]) for y in ok]
-        cells = [x, s["label"], str(s["steps"]), f"{s['tokens_per_step']:,}", f"{s['tokens_per_s']:,.0f}",
-                 fmt(s["train_s"]), f"{s['final_val_loss']:.4f}", *reach]  # fmt: skip
+        cells = [
+            x,
+            s["label"],
+            str(s["steps"]),
+            f"{s['tokens_per_step']:,}",
+            f"{s['tokens_per_s']:,.0f}",
+            fmt(s["train_s"]),
+            f"{s['final_val_loss']:.4f}",
+            *reach,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    goal_text = {"b_reaches_a_final_x_faster": "(b) reaches (a)'s final loss {:.2f}x faster than (a) (goal >= 1.6)",
-                 "b_reaches_c_final_x_sooner": "(b) reaches (c)'s final loss {:.2f}x sooner than (c) (goal >= 1.25)",
-                 "b_tokens_per_s_over_a": "(b)'s tokens/s over (a)'s: {:.2f}x (goal >= 0.9)"}  # fmt: skip
+    goal_text = {
+        "b_reaches_a_final_x_faster": "(b) reaches (a)'s final loss {:.2f}x faster than (a) (goal >= 1.6)",
+        "b_reaches_c_final_x_sooner": "(b) reaches (c)'s final loss {:.2f}x sooner than (c) (goal >= 1.25)",
+        "b_tokens_per_s_over_a": "(b)'s tokens/s over (a)'s: {:.2f}x (goal >= 0.9)",
+    }
     lines += [""] + [goal_text[k].format(v) for k, v in res["goals"].items()]
     budgets = {x: s["budget_s"] for x, s in ok.items()}
     if len(set(budgets.values())) > 1:
@@ -131,8 +165,9 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_results(folder: Path, shape_name: str, vocab_size: int, names: Iterable[str],
-                  device: str = "one gpu") -> dict[str, Any]:  # fmt: skip
+def write_results(
+    folder: Path, shape_name: str, vocab_size: int, names: Iterable[str], device: str = "one gpu"
+) -> dict[str, Any]:
     """merge's results into folder/ttl.json, and their plot into folder/ttl.png (its title names the device)."""
     res = merge(folder, shape_name, vocab_size, names)
     (folder / "ttl.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -140,6 +175,12 @@ def write_results(folder: Path, shape_name: str, vocab_size: int, names: Iterabl
     if ok:
         series = {f"({x}) {s['label']}": [(e["train_s"], e["val_loss"]) for e in s["evals"]] for x, s in ok.items()}
         hline = (ok["a"]["final_val_loss"], f"(a)'s final {ok['a']['final_val_loss']:.3f}") if "a" in ok else None
-        line_chart(folder / "ttl.png", series, f"validation loss against training seconds, {shape_name}, {device}",
-                   "training seconds", "validation loss", hline)  # fmt: skip
+        line_chart(
+            folder / "ttl.png",
+            series,
+            f"validation loss against training seconds, {shape_name}, {device}",
+            "training seconds",
+            "validation loss",
+            hline,
+        )
     return res

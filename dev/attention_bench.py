@@ -81,8 +81,26 @@ def main() -> None:
         def one(cfg: dict = cfg) -> None:
             grid = (triton.cdiv(T, cfg["BN1"]) + triton.cdiv(T, cfg["BM2"]), B * H)
             scale = hs**-0.5
-            attention.k_attention_bwd[grid](dq, dk, dv, q, k, v, dout, lse, delta, T, C, H, hs, attention.LOG2E * scale,
-                                            scale, BD=64, IEEE=False, **cfg)  # fmt: skip
+            attention.k_attention_bwd[grid](
+                dq,
+                dk,
+                dv,
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                delta,
+                T,
+                C,
+                H,
+                hs,
+                attention.LOG2E * scale,
+                scale,
+                BD=64,
+                IEEE=False,
+                **cfg,
+            )
 
         t = do_bench(one, rep=100)
         print(f"  {cfg}: {t:.3f} ms, {2.5 * fwd_flops / t / 1e9:.0f} TFLOP/s (without the delta kernel)")
@@ -91,8 +109,9 @@ def main() -> None:
 
         def one_fwd(cfg: dict = cfg) -> None:
             grid = (triton.cdiv(T, cfg["BM"]), B * H)
-            attention.k_attention_fwd[grid](out, lse, q, k, v, T, C, H, hs, attention.LOG2E * hs**-0.5, BD=64,
-                                            IEEE=False, **cfg)  # fmt: skip
+            attention.k_attention_fwd[grid](
+                out, lse, q, k, v, T, C, H, hs, attention.LOG2E * hs**-0.5, BD=64, IEEE=False, **cfg
+            )
 
         t = do_bench(one_fwd, rep=100)
         print(f"  {cfg}: {t:.3f} ms, {fwd_flops / t / 1e9:.0f} TFLOP/s")

@@ -27,8 +27,11 @@ def main(argv: list[str]) -> int:
     try:
         return cli.main(argv[1:])
     finally:
-        peak = {"cap_gib": float(argv[0]), "peak_allocated": torch.cuda.max_memory_allocated(),
-                "peak_reserved": torch.cuda.max_memory_reserved()}  # fmt: skip
+        peak = {
+            "cap_gib": float(argv[0]),
+            "peak_allocated": torch.cuda.max_memory_allocated(),
+            "peak_reserved": torch.cuda.max_memory_reserved(),
+        }
         print(json.dumps({"event": "capped", **peak, "within": peak["peak_reserved"] <= cap}), file=sys.stderr)
 
 

@@ -46,8 +46,9 @@ def main() -> None:
         for name, cfg in configs.items():  # fp8_cast.cast itself, offered one configuration at a time
             fp8_cast.CAST_CONFIGS = {name: cfg}
             tuner = tuning.Tuner()  # its own: no launch choice remembered from another configuration
-            res[name] = triton.testing.do_bench(lambda: fp8_cast.cast(tuner, x, slot, rows, trans, op=op, x2=x2),
-                                                warmup=10, rep=50)  # fmt: skip
+            res[name] = triton.testing.do_bench(
+                lambda: fp8_cast.cast(tuner, x, slot, rows, trans, op=op, x2=x2), warmup=10, rep=50
+            )
         best = min(res, key=res.get)
         total_best += res[best] * per_layer * 12
         cells = "  ".join(f"{k} {v * 1e3:6.1f}us" for k, v in sorted(res.items(), key=lambda kv: kv[1])[:5])

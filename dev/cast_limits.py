@@ -50,10 +50,25 @@ def gelu_grad_fast(h):
 
 
 @triton.jit
-def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMAX: tl.constexpr,
-          ROWS: tl.constexpr, TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-          PACK: tl.constexpr, TMODE: tl.constexpr = 0, FAST: tl.constexpr = False,
-          TANH: tl.constexpr = False):  # fmt: skip
+def k_try(
+    x_ptr,
+    x2_ptr,
+    rows_ptr,
+    t_ptr,
+    slot_ptr,
+    R,
+    Cc,
+    OP: tl.constexpr,
+    AMAX: tl.constexpr,
+    ROWS: tl.constexpr,
+    TRANS: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    PACK: tl.constexpr,
+    TMODE: tl.constexpr = 0,
+    FAST: tl.constexpr = False,
+    TANH: tl.constexpr = False,
+):
     # k_cast for G = 1, contiguous x, history of 16; AMAX: 0 none, 1 acq_rel atomic (as before), 2 relaxed;
     # TMODE, how the transpose is stored: 0 PACK-byte words (as k_cast), 1 bytes, 2 bytes of tl.trans(q),
     # 3 tl.trans(q) packed into PACK-byte words
@@ -99,16 +114,22 @@ def k_try(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, R, Cc, OP: tl.constexpr, AMA
         words = tl.sum(qt.to(word) << shifts[None, None, :], axis=2)
         i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
         t_words = t_ptr.to(tl.pointer_type(word))
-        tl.store(t_words + c64[:, None] * (R // PACK) + i.to(tl.int64)[None, :], words,
-                 mask=(i[None, :] < R // PACK) & (c[:, None] < Cc))  # fmt: skip
+        tl.store(
+            t_words + c64[:, None] * (R // PACK) + i.to(tl.int64)[None, :],
+            words,
+            mask=(i[None, :] < R // PACK) & (c[:, None] < Cc),
+        )
     elif TRANS:
         word = tl.uint64 if PACK == 8 else tl.uint32
         shifts = (tl.arange(0, PACK) * 8).to(word)
         words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
         i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
         t_words = t_ptr.to(tl.pointer_type(word))
-        tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
-                 mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+        tl.store(
+            t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None],
+            words,
+            mask=(i[:, None] < R // PACK) & (c[None, :] < Cc),
+        )
     if (pid_r == 0) & (pid_c == 0):
         tl.store(slot_ptr, inv)
     if AMAX == 1:
@@ -135,8 +156,11 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     B = int(args[0]) if args else 32
     N, C = B * 1024, 768
-    cases = [("x of a site (N, C)", C, fp8_cast.COPY), ("gelu(h) (N, 4C)", 4 * C, fp8_cast.GELU),
-             ("da * gelu'(h) (N, 4C)", 4 * C, fp8_cast.GELU_GRAD)]  # fmt: skip
+    cases = [
+        ("x of a site (N, C)", C, fp8_cast.COPY),
+        ("gelu(h) (N, 4C)", 4 * C, fp8_cast.GELU),
+        ("da * gelu'(h) (N, 4C)", 4 * C, fp8_cast.GELU_GRAD),
+    ]
     for what, H, op in cases:
         x = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
         x2 = torch.randn(N, H, device="cuda", dtype=torch.bfloat16) if op == fp8_cast.GELU_GRAD else x
@@ -147,12 +171,45 @@ def main() -> None:
         if "--ncu" in sys.argv:  # the shipped cast at one configuration, then with the transpose as bytes
             br, bc, w, pack = fp8_cast.CAST_CONFIGS["64x128w8"]
             x3 = x.unsqueeze(0)
-            fp8_cast.k_cast[(N // br, H // bc, 1)](x3, x2, rows, trans, slot, N, H, *x3.stride(), OP=op,
-                                                   AMAX_ONLY=False, HIST=16, ROWS=True, TRANS=True, BR=br, BC=bc,
-                                                   PACK=pack, HW=True, num_warps=w)  # fmt: skip
+            fp8_cast.k_cast[(N // br, H // bc, 1)](
+                x3,
+                x2,
+                rows,
+                trans,
+                slot,
+                N,
+                H,
+                *x3.stride(),
+                OP=op,
+                AMAX_ONLY=False,
+                HIST=16,
+                ROWS=True,
+                TRANS=True,
+                BR=br,
+                BC=bc,
+                PACK=pack,
+                HW=True,
+                num_warps=w,
+            )
             for tmode in (1, 2):
-                k_try[(N // br, H // bc)](x, x2, rows, trans, slot, N, H, OP=op, AMAX=2, ROWS=True, TRANS=True,
-                                          BR=br, BC=bc, PACK=pack, TMODE=tmode, num_warps=w)  # fmt: skip
+                k_try[(N // br, H // bc)](
+                    x,
+                    x2,
+                    rows,
+                    trans,
+                    slot,
+                    N,
+                    H,
+                    OP=op,
+                    AMAX=2,
+                    ROWS=True,
+                    TRANS=True,
+                    BR=br,
+                    BC=bc,
+                    PACK=pack,
+                    TMODE=tmode,
+                    num_warps=w,
+                )
             torch.cuda.synchronize()
             continue
         reads = 2 * x.numel() * (2 if op == fp8_cast.GELU_GRAD else 1)
@@ -187,11 +244,16 @@ def main() -> None:
                 num_warps=w,
             )
         show("shipped", best(shipped), reads + 2 * x.numel())
-        variants = {"before": dict(AMAX=1), "rows noamax": dict(AMAX=0, TRANS=False),
-                    "bytes": dict(AMAX=2, TMODE=1), "tl.trans words": dict(AMAX=2, TMODE=3),
-                    "fast": dict(AMAX=2, FAST=True), "fast bytes": dict(AMAX=2, FAST=True, TMODE=1),
-                    "fast tanh": dict(AMAX=2, FAST=True, TANH=True),
-                    "fast bytes tanh": dict(AMAX=2, FAST=True, TMODE=1, TANH=True)}  # fmt: skip
+        variants = {
+            "before": dict(AMAX=1),
+            "rows noamax": dict(AMAX=0, TRANS=False),
+            "bytes": dict(AMAX=2, TMODE=1),
+            "tl.trans words": dict(AMAX=2, TMODE=3),
+            "fast": dict(AMAX=2, FAST=True),
+            "fast bytes": dict(AMAX=2, FAST=True, TMODE=1),
+            "fast tanh": dict(AMAX=2, FAST=True, TANH=True),
+            "fast bytes tanh": dict(AMAX=2, FAST=True, TMODE=1, TANH=True),
+        }
         for vname, kw in variants.items():
             kw = {"ROWS": True, "TRANS": True, **kw}
             fns = {}

@@ -72,8 +72,11 @@ def main() -> int:
     def report(phase: str) -> None:
         torch.cuda.synchronize()
         peak, now = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-        print(f"{phase:<28} peak {peak:>15,} ({(peak - plan) / MIB:+9.1f} MiB vs plan)  now {now:>15,} "
-              f"({(now - plan) / MIB:+9.1f} MiB)", flush=True)  # fmt: skip
+        print(
+            f"{phase:<28} peak {peak:>15,} ({(peak - plan) / MIB:+9.1f} MiB vs plan)  now {now:>15,} "
+            f"({(now - plan) / MIB:+9.1f} MiB)",
+            flush=True,
+        )
 
     print(f"plan {plan:,} bytes; cuBLAS workspace before the state {base:,}", flush=True)
     report("state made")
@@ -87,8 +90,9 @@ def main() -> int:
     report("prefill")
     for rows in (1, args.rows):
         for step in range(3):
-            S.decode(rng.integers(0, M.vocab_size, rows), rng.integers(0, M.seq_len, rows),
-                     rng.permutation(args.rows)[:rows])  # fmt: skip
+            S.decode(
+                rng.integers(0, M.vocab_size, rows), rng.integers(0, M.seq_len, rows), rng.permutation(args.rows)[:rows]
+            )
             report(f"decode b={rows} step {step}")
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)

@@ -47,8 +47,19 @@ def cmd(exp: str, out: Path, gpus: int, *args: str) -> list[str]:
     if "--resume" not in args:
         shutil.rmtree(out, ignore_errors=True)
     procs = ["--gpus", str(gpus)] if gpus > 1 else []
-    return [sys.executable, "-m", "microgpt.cli", "train", "--json", str(REPO / exp), "--out", str(out), *procs,
-            *EXTRA, *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "train",
+        "--json",
+        str(REPO / exp),
+        "--out",
+        str(out),
+        *procs,
+        *EXTRA,
+        *args,
+    ]
 
 
 TIMEOUT = [200]  # seconds a run may take (--timeout)
@@ -92,8 +103,16 @@ def ranks(argv: list[str], n: int, env: dict[str, str], cwd: Path) -> list[tuple
     """argv as ranks 0..n-1 started here (no launcher), e.g. under a wrapper that patches the engine; rank 0's
     records, timed."""
     env = {**env, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 900)}
-    others = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=cwd,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(1, n)]  # fmt: skip
+    others = [
+        subprocess.Popen(
+            argv,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for r in range(1, n)
+    ]
     got = timed(argv, {**env, "RANK": "0", "LOCAL_RANK": "0"}, cwd)
     for p in others:
         p.wait(timeout=60)
@@ -120,10 +139,13 @@ def speed(a: argparse.Namespace) -> None:
     """Each variant: label, GPUs, n_micro, extra environment, package folder, and whether the grads are summed."""
     data = random_shards(Path("/tmp/dp_rand"), 50304)
     n = a.gpus
-    variants = [("1 GPU", 1, 1, {}, REPO, ""), (f"{n} GPUs", n, 1, {}, REPO, ""),
-                (f"{n} GPUs, grads not summed", n, 1, {}, REPO, "not summed"),
-                (f"{n} GPUs, one bucket after backward", n, 1, {}, REPO, "one bucket"),
-                (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, "")]  # fmt: skip
+    variants = [
+        ("1 GPU", 1, 1, {}, REPO, ""),
+        (f"{n} GPUs", n, 1, {}, REPO, ""),
+        (f"{n} GPUs, grads not summed", n, 1, {}, REPO, "not summed"),
+        (f"{n} GPUs, one bucket after backward", n, 1, {}, REPO, "one bucket"),
+        (f"{n} GPUs, NCCL_MAX_CTAS=8", n, 1, {"NCCL_MAX_CTAS": "8"}, REPO, ""),
+    ]
     if a.before:
         variants.append((f"{n} GPUs before", n, 1, {}, Path(a.before).resolve(), ""))
     variants += [("1 GPU, n_micro 4", 1, 4, {}, REPO, ""), (f"{n} GPUs, n_micro 4", n, 4, {}, REPO, "")]
@@ -137,8 +159,19 @@ def speed(a: argparse.Namespace) -> None:
             if n_micro > 1 and mb != a.mbs[0]:
                 continue
             out = Path(f"/tmp/dp_speed_{len(rows)}")
-            sets = ["--set", "data.source=shards", "--set", f"data.path={data}", "--set", f"train.micro_batch={mb}",
-                    "--set", f"train.n_micro={n_micro}", "--steps", str(a.steps), *QUIET]  # fmt: skip
+            sets = [
+                "--set",
+                "data.source=shards",
+                "--set",
+                f"data.path={data}",
+                "--set",
+                f"train.micro_batch={mb}",
+                "--set",
+                f"train.n_micro={n_micro}",
+                "--steps",
+                str(a.steps),
+                *QUIET,
+            ]
             argv = cmd("experiments/ANDREA-120M-TRAIN.json", out, gpus, *sets)
             env = {**os.environ, "PYTHONPATH": str(path), "PYTHONUNBUFFERED": "1", **extra}
             if not patch:
@@ -151,8 +184,15 @@ def speed(a: argparse.Namespace) -> None:
             steps = [(t, r) for t, r in got if r["event"] == "step"][10:]
             (t0, _), (t1, _) = steps[0], steps[-1]
             tokens = sum(r["tokens"] for _, r in steps[1:])
-            row = {"mb": mb, "n_micro": n_micro, "run": label, "gpus": gpus, "tokens_per_s": tokens / (t1 - t0),
-                   "dt_ms": statistics.median(r["dt_ms"] for _, r in steps), "loss": steps[-1][1]["loss"]}  # fmt: skip
+            row = {
+                "mb": mb,
+                "n_micro": n_micro,
+                "run": label,
+                "gpus": gpus,
+                "tokens_per_s": tokens / (t1 - t0),
+                "dt_ms": statistics.median(r["dt_ms"] for _, r in steps),
+                "loss": steps[-1][1]["loss"],
+            }
             one = next((r for r in rows if r["mb"] == mb and r["gpus"] == 1 and r["n_micro"] == n_micro), None)
             if one is not None and gpus > 1:
                 row["scaling"] = row["tokens_per_s"] / (gpus * one["tokens_per_s"])
@@ -168,16 +208,45 @@ def speed(a: argparse.Namespace) -> None:
 def agree(a: argparse.Namespace) -> None:
     b = a.micro_batch
     common = [*SETS_12M, "--steps", "40", "--set", "train.eval_every=20", "--set", "train.ckpt_every=100000"]
-    many = run(cmd("experiments/ANDREA-12M-TRAIN.json", Path("/tmp/dp_agree_n"), a.gpus, *common,
-                   "--set", f"train.micro_batch={b}"))  # fmt: skip
-    one = run(cmd("experiments/ANDREA-12M-TRAIN.json", Path("/tmp/dp_agree_1"), 1, *common,
-                  "--set", f"train.micro_batch={a.gpus * b}"))  # fmt: skip
+    many = run(
+        cmd(
+            "experiments/ANDREA-12M-TRAIN.json",
+            Path("/tmp/dp_agree_n"),
+            a.gpus,
+            *common,
+            "--set",
+            f"train.micro_batch={b}",
+        )
+    )
+    one = run(
+        cmd(
+            "experiments/ANDREA-12M-TRAIN.json",
+            Path("/tmp/dp_agree_1"),
+            1,
+            *common,
+            "--set",
+            f"train.micro_batch={a.gpus * b}",
+        )
+    )
     rel = [abs(x["loss"] - y["loss"]) / y["loss"] for x, y in zip(steps_of(many), steps_of(one))]
-    ev = [(x["step"], x["val_loss"], y["val_loss"]) for x, y in zip(
-        [r for r in many if r["event"] == "eval"], [r for r in one if r["event"] == "eval"])]  # fmt: skip
-    print(json.dumps({"check": "agree", "gpus": a.gpus, "micro_batch": b, "steps": len(rel),
-                      "max_rel_loss_diff": max(rel), "mean_rel_loss_diff": sum(rel) / len(rel),
-                      "loss_40": [steps_of(many)[-1]["loss"], steps_of(one)[-1]["loss"]], "val": ev}))  # fmt: skip
+    ev = [
+        (x["step"], x["val_loss"], y["val_loss"])
+        for x, y in zip([r for r in many if r["event"] == "eval"], [r for r in one if r["event"] == "eval"])
+    ]
+    print(
+        json.dumps(
+            {
+                "check": "agree",
+                "gpus": a.gpus,
+                "micro_batch": b,
+                "steps": len(rel),
+                "max_rel_loss_diff": max(rel),
+                "mean_rel_loss_diff": sum(rel) / len(rel),
+                "loss_40": [steps_of(many)[-1]["loss"], steps_of(one)[-1]["loss"]],
+                "val": ev,
+            }
+        )
+    )
 
 
 def resume(a: argparse.Namespace) -> None:
@@ -186,8 +255,9 @@ def resume(a: argparse.Namespace) -> None:
     run(cmd(exp, Path("/tmp/dp_whole"), a.gpus, *common))
     out = Path("/tmp/dp_cut")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd(exp, out, a.gpus, *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd(exp, out, a.gpus, *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("{") and json.loads(line).get("step", 0) >= 25 and json.loads(line)["event"] == "step":
@@ -201,9 +271,19 @@ def resume(a: argparse.Namespace) -> None:
     recs = run(cmd(exp, out, a.gpus, *common, "--resume", "latest"))
     name = checkpoint.ckpt_name(60)
     whole, cut = (Path("/tmp/dp_whole/ckpt") / name).read_bytes(), (out / "ckpt" / name).read_bytes()
-    print(json.dumps({"check": "resume", "gpus": a.gpus, "stopped": stopped[-1], "stop_s": time.monotonic() - t0,
-                      "resumed_from": steps_of(recs)[0]["step"] - 1, "bytes": len(whole),
-                      "identical_final_checkpoint": whole == cut}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "check": "resume",
+                "gpus": a.gpus,
+                "stopped": stopped[-1],
+                "stop_s": time.monotonic() - t0,
+                "resumed_from": steps_of(recs)[0]["step"] - 1,
+                "bytes": len(whole),
+                "identical_final_checkpoint": whole == cut,
+            }
+        )
+    )
 
 
 def main() -> None:

@@ -74,8 +74,15 @@ def rank_main(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         step([data[i % 4]], 6e-4)
         t1 = time.perf_counter()
-        phases.append((marks["launch"] - t0, marks["launched"] - marks["launch"], t1 - marks["launched"],
-                       ev0.elapsed_time(ev1) / 1e3, t1 - t0))  # fmt: skip
+        phases.append(
+            (
+                marks["launch"] - t0,
+                marks["launched"] - marks["launch"],
+                t1 - marks["launched"],
+                ev0.elapsed_time(ev1) / 1e3,
+                t1 - t0,
+            )
+        )
     step.run = run
     host = []
     if dp is not None:
@@ -89,11 +96,20 @@ def rank_main(a: argparse.Namespace) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
-    (out / f"host_rank{rank}.json").write_text(json.dumps({
-        **{f"{name}_ms_median": 1e3 * statistics.median(p[j] for p in phases)
-           for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "step"))},
-        "gather_ms_median": 1e3 * statistics.median(host) if host else None,
-        "world": world, "mb": a.mb, "precision": a.precision}))  # fmt: skip
+    (out / f"host_rank{rank}.json").write_text(
+        json.dumps(
+            {
+                **{
+                    f"{name}_ms_median": 1e3 * statistics.median(p[j] for p in phases)
+                    for j, name in enumerate(("copies", "launch", "wait", "replay_gpu", "step"))
+                },
+                "gather_ms_median": 1e3 * statistics.median(host) if host else None,
+                "world": world,
+                "mb": a.mb,
+                "precision": a.precision,
+            }
+        )
+    )
     step.release()
     if dp is not None:
         dp.barrier()
@@ -154,9 +170,12 @@ def against(rep: list[tuple[float, float, str]], base: list[list[tuple[float, fl
         count[beside] += 1
         by_name[name[:48]] = by_name.get(name[:48], 0.0) + d
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
-    return {"extra_beside_nccl_ms": extra[True] / 1e3, "kernels_beside_nccl": count[True],
-            "extra_elsewhere_ms": extra[False] / 1e3,
-            "most_extra": [f"{n} {d / 1e3:+.3f}" for n, d in top]}  # fmt: skip
+    return {
+        "extra_beside_nccl_ms": extra[True] / 1e3,
+        "kernels_beside_nccl": count[True],
+        "extra_elsewhere_ms": extra[False] / 1e3,
+        "most_extra": [f"{n} {d / 1e3:+.3f}" for n, d in top],
+    }
 
 
 def idle(rep: list[tuple[float, float, str]], top: int = 8) -> dict:
@@ -172,10 +191,13 @@ def idle(rep: list[tuple[float, float, str]], top: int = 8) -> dict:
     for d, _, n in gaps:
         by_next[n] = by_next.get(n, 0.0) + d
     by_next_top = sorted(by_next.items(), key=lambda kv: -kv[1])[:top]
-    return {"idle_ms": sum(d for d, _, _ in gaps) / 1e3, "gaps": len(gaps),
-            "gaps_over_5us": sum(d > 5 for d, _, _ in gaps),
-            "largest_gaps_us": [f"{d:.1f} {b} -> {n}" for d, b, n in sorted(gaps, reverse=True)[:top]],
-            "idle_by_next_ms": [f"{d / 1e3:.3f} {n}" for n, d in by_next_top]}  # fmt: skip
+    return {
+        "idle_ms": sum(d for d, _, _ in gaps) / 1e3,
+        "gaps": len(gaps),
+        "gaps_over_5us": sum(d > 5 for d, _, _ in gaps),
+        "largest_gaps_us": [f"{d:.1f} {b} -> {n}" for d, b, n in sorted(gaps, reverse=True)[:top]],
+        "idle_by_next_ms": [f"{d / 1e3:.3f} {n}" for n, d in by_next_top],
+    }
 
 
 def summarize(out: Path, baseline: Path | None = None) -> None:
@@ -194,13 +216,19 @@ def summarize(out: Path, baseline: Path | None = None) -> None:
             exposed = sum((e - s) - covered(s, e, comp) for s, e, _ in nccl)
             last = max((e for _, e, _ in nccl), default=t0)
             after = [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f} {n[:40]}" for s, e, n in rep if s >= last][:6]
-            row = {"rank": rank, "replay": i, "span_ms": (max(e for _, e, _ in rep) - t0) / 1e3,
-                   "compute_ms": busy / 1e3, "nccl_ms": sum(e - s for s, e, _ in nccl) / 1e3,
-                   "exposed_ms": exposed / 1e3, "n_kernels": len(rep),
-                   "skew_ms": (t0 - starts[i].get(0, t0)) / 1e3,
-                   "allreduce_start+dur_ms": [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f}" for s, e, _ in nccl],
-                   "after_last_allreduce": after,
-                   **{k: v for k, v in host.items() if k.endswith("_ms_median")}}  # fmt: skip
+            row = {
+                "rank": rank,
+                "replay": i,
+                "span_ms": (max(e for _, e, _ in rep) - t0) / 1e3,
+                "compute_ms": busy / 1e3,
+                "nccl_ms": sum(e - s for s, e, _ in nccl) / 1e3,
+                "exposed_ms": exposed / 1e3,
+                "n_kernels": len(rep),
+                "skew_ms": (t0 - starts[i].get(0, t0)) / 1e3,
+                "allreduce_start+dur_ms": [f"{(s - t0) / 1e3:.2f}+{(e - s) / 1e3:.3f}" for s, e, _ in nccl],
+                "after_last_allreduce": after,
+                **{k: v for k, v in host.items() if k.endswith("_ms_median")},
+            }
             row.update(idle(rep))
             if base:
                 row.update(against(rep, base))

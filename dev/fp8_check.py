@@ -47,8 +47,19 @@ def emit(rec: dict) -> None:
 
 def command(exp: str, out: Path, *args: str) -> list[str]:
     """The argv of `microgpt train` on exp into out, its records as JSON lines on stdout."""
-    return [sys.executable, "-m", "microgpt.cli", "train", "--json", str(REPO / exp), "--out", str(out), *DATA,
-            *EXTRA, *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "microgpt.cli",
+        "train",
+        "--json",
+        str(REPO / exp),
+        "--out",
+        str(out),
+        *DATA,
+        *EXTRA,
+        *args,
+    ]
 
 
 def train(exp: str, out: Path, *args: str, timeout: int = 400) -> list[dict]:
@@ -65,9 +76,12 @@ def summary(recs: list[dict]) -> dict:
     steps = [r for r in recs if r["event"] == "step"]
     losses = [r["loss"] for r in steps]
     spikes = [losses[i] - sum(losses[i - 20 : i]) / 20 for i in range(20, len(losses))]
-    return {"evals": {r["step"]: round(r["val_loss"], 5) for r in recs if r["event"] == "eval"},
-            "train": {r["step"]: round(r["loss"], 4) for r in steps if r["step"] % 50 == 0},
-            "spike": round(max(spikes, default=0.0), 4), "tokens_per_s": steps[-1].get("tokens_per_s")}  # fmt: skip
+    return {
+        "evals": {r["step"]: round(r["val_loss"], 5) for r in recs if r["event"] == "eval"},
+        "train": {r["step"]: round(r["loss"], 4) for r in steps if r["step"] % 50 == 0},
+        "spike": round(max(spikes, default=0.0), 4),
+        "tokens_per_s": steps[-1].get("tokens_per_s"),
+    }
 
 
 def parity(exp: str, steps: int, eval_every: int, precisions: list[str], *args: str) -> None:
@@ -76,29 +90,61 @@ def parity(exp: str, steps: int, eval_every: int, precisions: list[str], *args: 
         t0 = time.monotonic()
         out = Path(f"/tmp/fp8_parity_{p}")
         shutil.rmtree(out, ignore_errors=True)
-        recs = train(exp, out, "--precision", p, "--steps", str(steps), "--set",
-                     f"train.eval_every={eval_every}", "--set", "train.ckpt_every=100000", *args)  # fmt: skip
+        recs = train(
+            exp,
+            out,
+            "--precision",
+            p,
+            "--steps",
+            str(steps),
+            "--set",
+            f"train.eval_every={eval_every}",
+            "--set",
+            "train.ckpt_every=100000",
+            *args,
+        )
         runs[p] = summary(recs)
         emit({"check": "parity", "exp": exp, "precision": p, "wall_s": round(time.monotonic() - t0, 1), **runs[p]})
     a, b = (runs[p]["evals"] for p in precisions[:2])
     last = max(a)
-    emit({"check": "parity", "exp": exp, "steps": steps, "final_val": {p: runs[p]["evals"][last]
-          for p in precisions[:2]}, "rel_diff_final": round(b[last] / a[last] - 1, 5),
-          "max_rel_diff_any_eval": round(max(abs(b[s] / a[s] - 1) for s in a), 5),
-          "spike": {p: runs[p]["spike"] for p in precisions}})  # fmt: skip
+    emit(
+        {
+            "check": "parity",
+            "exp": exp,
+            "steps": steps,
+            "final_val": {p: runs[p]["evals"][last] for p in precisions[:2]},
+            "rel_diff_final": round(b[last] / a[last] - 1, 5),
+            "max_rel_diff_any_eval": round(max(abs(b[s] / a[s] - 1) for s in a), 5),
+            "spike": {p: runs[p]["spike"] for p in precisions},
+        }
+    )
 
 
 def resume(precision: str, steps: int) -> None:
     exp = "experiments/ANDREA-12M-TRAIN.json"
-    quiet = ["--precision", precision, "--steps", str(steps), "--set", "train.eval_every=100000", "--set",
-             "train.ckpt_every=100000"]  # fmt: skip
+    quiet = [
+        "--precision",
+        precision,
+        "--steps",
+        str(steps),
+        "--set",
+        "train.eval_every=100000",
+        "--set",
+        "train.ckpt_every=100000",
+    ]
     whole, cut = Path("/tmp/fp8_whole"), Path("/tmp/fp8_cut")
     for d in (whole, cut):
         shutil.rmtree(d, ignore_errors=True)
     train(exp, whole, *quiet)
     argv = command(exp, cut, *quiet)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         rec = json.loads(line) if line.startswith("{") else {}
@@ -113,9 +159,18 @@ def resume(precision: str, steps: int) -> None:
     name = checkpoint.ckpt_name(steps)
     a, b = (whole / "ckpt" / name).read_bytes(), (cut / "ckpt" / name).read_bytes()
     first = next(r for r in recs if r["event"] == "step")
-    emit({"check": "resume", "precision": precision, "stopped": stopped[-1] if stopped else None,
-          "resumed_at_step": first["step"], "bytes": len(a), "sha256_whole": hashlib.sha256(a).hexdigest(),
-          "sha256_resumed": hashlib.sha256(b).hexdigest(), "identical_final_checkpoint": a == b})  # fmt: skip
+    emit(
+        {
+            "check": "resume",
+            "precision": precision,
+            "stopped": stopped[-1] if stopped else None,
+            "resumed_at_step": first["step"],
+            "bytes": len(a),
+            "sha256_whole": hashlib.sha256(a).hexdigest(),
+            "sha256_resumed": hashlib.sha256(b).hexdigest(),
+            "identical_final_checkpoint": a == b,
+        }
+    )
 
 
 def main() -> None:

@@ -51,10 +51,19 @@ def prefill(S: InferState, ids: np.ndarray) -> np.ndarray:
     return S.K.to_numpy(S.arena["next_logits"][:1]).copy()
 
 
-def run(m: ModelConfig, precision: str, compute: str | None, side: dict | None, w: np.ndarray, prompt: np.ndarray,
-        steps: int) -> dict:  # fmt: skip
-    states = {"numpy": make_infer_state(m, numpy_backend(precision_name=precision), 1, w),
-              "gpu": make_infer_state(m, triton_backend(precision, compute=compute), 1, w)}  # fmt: skip
+def run(
+    m: ModelConfig,
+    precision: str,
+    compute: str | None,
+    side: dict | None,
+    w: np.ndarray,
+    prompt: np.ndarray,
+    steps: int,
+) -> dict:
+    states = {
+        "numpy": make_infer_state(m, numpy_backend(precision_name=precision), 1, w),
+        "gpu": make_infer_state(m, triton_backend(precision, compute=compute), 1, w),
+    }
     for S in states.values():
         if side is not None:
             S.prec.load_sidecar(side, "the check's histories")
@@ -66,9 +75,11 @@ def run(m: ModelConfig, precision: str, compute: str | None, side: dict | None, 
         for k, S in states.items():
             dec[k].append(S.K.to_numpy(S.decode([tok], [t + j], [0])).copy())
     own = [prefill(states["gpu"], np.array([seq[: t + j + 1]], np.int32)) for j in range(steps)]
-    return {"forward": rel(first["gpu"], first["numpy"]),
-            "decode": max(rel(a, b) for a, b in zip(dec["gpu"], dec["numpy"])),
-            "self": max(rel(a, b) for a, b in zip(dec["gpu"], own))}  # fmt: skip
+    return {
+        "forward": rel(first["gpu"], first["numpy"]),
+        "decode": max(rel(a, b) for a, b in zip(dec["gpu"], dec["numpy"])),
+        "self": max(rel(a, b) for a, b in zip(dec["gpu"], own)),
+    }
 
 
 def main() -> int:
@@ -85,8 +96,18 @@ def main() -> int:
         side = fp8_histories(m, w, prompt)
         for precision, compute, scaling in CASES:
             res = run(m, precision, compute, side if scaling == "history" else None, w, prompt, args.steps)
-            print(json.dumps({"shape": shape, "precision": precision, "activations": compute or "bf16",
-                              "scaling": scaling, **res}), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "shape": shape,
+                        "precision": precision,
+                        "activations": compute or "bf16",
+                        "scaling": scaling,
+                        **res,
+                    }
+                ),
+                flush=True,
+            )
     return 0
 
 

@@ -61,13 +61,17 @@ def main() -> None:
         a32, h32, dh32 = torch.empty(N, H, **f32), torch.empty(N, H, **f32), torch.empty(N, H, **f32)
         lt.gelu_aux(a32, h32, x, w1)
         hd = h32.double()
-        print(f"mb {mb}: |h| max {hd.abs().max():.2f}; fp32 a against tanh-GELU: max abs "
-              f"{(a32.double() - gelu_tanh(hd)).abs().max():.2e}, against erf-GELU: "
-              f"{(a32.double() - gelu_erf(hd)).abs().max():.2e}")  # fmt: skip
+        print(
+            f"mb {mb}: |h| max {hd.abs().max():.2f}; fp32 a against tanh-GELU: max abs "
+            f"{(a32.double() - gelu_tanh(hd)).abs().max():.2e}, against erf-GELU: "
+            f"{(a32.double() - gelu_erf(hd)).abs().max():.2e}"
+        )
         lt.dgelu(dh32, dout, w2.t(), h32)
         want = (dout.double() @ w2.t().double()) * gelu_tanh_grad(hd)
-        print(f"  fp32 dh against (dout @ W2^T) * tanh-GELU'(h): max abs {(dh32.double() - want).abs().max():.2e} "
-              f"(|dh| max {want.abs().max():.2e})")  # fmt: skip
+        print(
+            f"  fp32 dh against (dout @ W2^T) * tanh-GELU'(h): max abs {(dh32.double() - want).abs().max():.2e} "
+            f"(|dh| max {want.abs().max():.2e})"
+        )
         # bf16: the epilogue's outputs against the pass's
         h, a, dh = torch.empty(N, H, **bf), torch.empty(N, H, **bf), torch.empty(N, H, **bf)
         h2, a2, dh2 = torch.empty_like(h), torch.empty_like(a), torch.empty_like(dh)
@@ -98,20 +102,30 @@ def main() -> None:
         bwd_lt()
         torch.cuda.synchronize()
         d = (dh.float() - dh2.float()).abs()
-        print(f"  bf16 dh: {(dh != dh2).float().mean() * 100:.3f}% differ, max abs {d.max():.2e} "
-              f"(|dh| max {dh.float().abs().max():.2e})")  # fmt: skip
-        for name, fn in (("fwd pass", fwd_pass), ("fwd gelu_aux", fwd_lt), ("bwd pass", bwd_pass),
-                         ("bwd dgelu + a", bwd_lt)):  # fmt: skip
+        print(
+            f"  bf16 dh: {(dh != dh2).float().mean() * 100:.3f}% differ, max abs {d.max():.2e} "
+            f"(|dh| max {dh.float().abs().max():.2e})"
+        )
+        for name, fn in (
+            ("fwd pass", fwd_pass),
+            ("fwd gelu_aux", fwd_lt),
+            ("bwd pass", bwd_pass),
+            ("bwd dgelu + a", bwd_lt),
+        ):
             print(f"  {name:14s} {graph_us(fn):7.1f} us", flush=True)
         print("  each of the heuristic's algorithms, the GEMM alone (us):")
         w2t = w2.t()
-        for name, ep, call in (("gelu_aux", cublaslt.GELU_AUX, lambda i: lt.gelu_aux(a2, h2, x, w1, i)),
-                               ("dgelu", cublaslt.DGELU, lambda i: lt.dgelu(dh2, dout, w2t, h, i))):  # fmt: skip
+        for name, ep, call in (
+            ("gelu_aux", cublaslt.GELU_AUX, lambda i: lt.gelu_aux(a2, h2, x, w1, i)),
+            ("dgelu", cublaslt.DGELU, lambda i: lt.dgelu(dh2, dout, w2t, h, i)),
+        ):
             out, ina, inb, aux = (a2, x, w1, h2) if ep == cublaslt.GELU_AUX else (dh2, dout, w2.t(), h)
             n_alg = lt.n_algos(out, ina, inb, aux, ep)
             print(f"    {name}: " + " ".join(f"{graph_us(lambda i=i: call(i)):.1f}" for i in range(n_alg)), flush=True)
-        print(f"    plain mm dout @ W2^T: {graph_us(lambda: cublas_mm(dh, dout, w2.t(), False)):.1f}, "
-              f"x @ W1: {graph_us(lambda: cublas_mm(h, x, w1, False)):.1f}")  # fmt: skip
+        print(
+            f"    plain mm dout @ W2^T: {graph_us(lambda: cublas_mm(dh, dout, w2.t(), False)):.1f}, "
+            f"x @ W1: {graph_us(lambda: cublas_mm(h, x, w1, False)):.1f}"
+        )
 
 
 if __name__ == "__main__":

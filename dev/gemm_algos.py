@@ -96,12 +96,18 @@ def main() -> None:
             flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (out.shape[0] if out.dim() == 3 else 1)
             total_torch += count * us["torch"]
             total_best += count * min(us["torch"], us[best])
-            print(f"{name:15s} x{count:2d} {tuple(out.shape)!s:17s} torch {us['torch']:7.1f} us "
-                  f"({flops / us['torch'] / 1e6:5.0f} TFLOP/s)  best {best} {us[best]:7.1f} "
-                  f"({us['torch'] / us[best] - 1:+.1%}, rel diff {err.get(best, 0):.1e})  all: "
-                  + " ".join(f"{k}={v:.1f}" for k, v in us.items() if k != "torch"), flush=True)  # fmt: skip
-        print(f"micro-batch {mb}: torch's GEMMs {total_torch / 1e3:.3f} ms a step, with the fastest of each "
-              f"{total_best / 1e3:.3f} ms ({total_best / total_torch - 1:+.2%})", flush=True)  # fmt: skip
+            print(
+                f"{name:15s} x{count:2d} {tuple(out.shape)!s:17s} torch {us['torch']:7.1f} us "
+                f"({flops / us['torch'] / 1e6:5.0f} TFLOP/s)  best {best} {us[best]:7.1f} "
+                f"({us['torch'] / us[best] - 1:+.1%}, rel diff {err.get(best, 0):.1e})  all: "
+                + " ".join(f"{k}={v:.1f}" for k, v in us.items() if k != "torch"),
+                flush=True,
+            )
+        print(
+            f"micro-batch {mb}: torch's GEMMs {total_torch / 1e3:.3f} ms a step, with the fastest of each "
+            f"{total_best / 1e3:.3f} ms ({total_best / total_torch - 1:+.2%})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,12 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
 def describe(pkg: Path) -> dict[str, object]:
     graph = import_graph(pkg)
     top = sorted(name for name in graph if name.count(".") <= 1 and not (pkg / name.split(".")[-1]).is_dir())
-    return {"modules": len(graph), "top_level": top, "longest_chain": longest_chain(graph),
-            "naming_fp8": naming_fp8(pkg)}  # fmt: skip
+    return {
+        "modules": len(graph),
+        "top_level": top,
+        "longest_chain": longest_chain(graph),
+        "naming_fp8": naming_fp8(pkg),
+    }
 
 
 def at_commit(commit: str, into: Path) -> Path:

@@ -49,8 +49,25 @@ TARGET = {32: 1.3, 8: 1.15}  # issue 36: fp8 tokens/s over bf16's
 
 
 @triton.jit
-def _fwd8_tiles(acc, l_i, m_i, q, k_ptr, vt_ptr, kbase, vbase, N, offs_m, lo, hi, C, qk_scale,
-                MASK: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+def _fwd8_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_ptr,
+    vt_ptr,
+    kbase,
+    vbase,
+    N,
+    offs_m,
+    lo,
+    hi,
+    C,
+    qk_scale,
+    MASK: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+):
     offs_d = tl.arange(0, BD)
     for start_n in range(lo, hi, BN):
         cols = start_n + tl.arange(0, BN)
@@ -69,8 +86,9 @@ def _fwd8_tiles(acc, l_i, m_i, q, k_ptr, vt_ptr, kbase, vbase, N, offs_m, lo, hi
 
 
 @triton.jit
-def k_attention_fwd8(out_ptr, lse_ptr, q_ptr, k_ptr, vt_ptr, T, C, NH, N, qk_scale,
-                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+def k_attention_fwd8(
+    out_ptr, lse_ptr, q_ptr, k_ptr, vt_ptr, T, C, NH, N, qk_scale, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr
+):
     # q, k: (B, T, C) E4M3 rows; vt: (C, N = B*T) E4M3, V transposed; out (B, T, C) bf16; lse (B, NH, T) fp32.
     # T a multiple of BM and BN, HS = BD: a timing twin of k_attention_fwd, no edge masks.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -85,10 +103,12 @@ def k_attention_fwd8(out_ptr, lse_ptr, q_ptr, k_ptr, vt_ptr, T, C, NH, N, qk_sca
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     diag = pid_m * BM
-    acc, l_i, m_i = _fwd8_tiles(acc, l_i, m_i, q, k_ptr, vt_ptr, base, vbase, N, offs_m, 0, diag, C, qk_scale,
-                                False, BN, BD)  # fmt: skip
-    acc, l_i, m_i = _fwd8_tiles(acc, l_i, m_i, q, k_ptr, vt_ptr, base, vbase, N, offs_m, diag, diag + BM, C, qk_scale,
-                                True, BN, BD)  # fmt: skip
+    acc, l_i, m_i = _fwd8_tiles(
+        acc, l_i, m_i, q, k_ptr, vt_ptr, base, vbase, N, offs_m, 0, diag, C, qk_scale, False, BN, BD
+    )
+    acc, l_i, m_i = _fwd8_tiles(
+        acc, l_i, m_i, q, k_ptr, vt_ptr, base, vbase, N, offs_m, diag, diag + BM, C, qk_scale, True, BN, BD
+    )
     out = acc / (448.0 * l_i[:, None])
     tl.store(out_ptr + base + offs_m[:, None] * C + offs_d[None, :], out.to(out_ptr.dtype.element_ty))
     tl.store(lse_ptr + bh.to(tl.int64) * T + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
@@ -143,8 +163,9 @@ def attention_rows(B: int) -> dict[str, float]:
     grid = lambda cfg: (T // cfg["BM"], B * NH)  # noqa: E731
 
     def fwd16(cfg: dict):
-        return lambda: attention.k_attention_fwd[grid(cfg)](out, lse, q, k, v, T, C, NH, HS, qk_scale, BD=HS,
-                                                            IEEE=False, **cfg)  # fmt: skip
+        return lambda: attention.k_attention_fwd[grid(cfg)](
+            out, lse, q, k, v, T, C, NH, HS, qk_scale, BD=HS, IEEE=False, **cfg
+        )
 
     def fwd8(cfg: dict):
         return lambda: k_attention_fwd8[grid(cfg)](out, lse, q8, k8, vt8, T, C, NH, N, qk_scale, BD=HS, **cfg)
@@ -177,8 +198,11 @@ def attention_rows(B: int) -> dict[str, float]:
 
     def bwd(ins: tuple[torch.Tensor, ...]):
         scales = (T, C, NH, HS, qk_scale, 1 / math.sqrt(HS))
-        return lambda cfg: lambda: attention.k_attention_bwd[bgrid(cfg)](
-            dq, dk, dv, *ins, lse, delta, *scales, BD=HS, IEEE=False, **cfg)  # fmt: skip
+        return lambda cfg: (
+            lambda: attention.k_attention_bwd[bgrid(cfg)](
+                dq, dk, dv, *ins, lse, delta, *scales, BD=HS, IEEE=False, **cfg
+            )
+        )
 
     r["bwd bf16"], c3 = best("bwd bf16", attention.BWD_CONFIGS, bwd((q, k, v, dout)))
     r["bwd e4m3"], c4 = best("bwd e4m3", attention.BWD_CONFIGS, bwd((q8, k8, v8, do8)))
@@ -238,12 +262,12 @@ def main() -> None:
         chunks = B * T // CHUNK
         head_free = chunks * (head["head bf16"] - head["head 8-bit"])
         save = {
-            "attention forward in E4M3 (with its q, k, v casts)": LAYERS * (att["fwd bf16"] - att["fwd e4m3"]
-                                                                           - att["fwd casts"]),
+            "attention forward in E4M3 (with its q, k, v casts)": LAYERS
+            * (att["fwd bf16"] - att["fwd e4m3"] - att["fwd casts"]),
             "attention backward in E4M3": LAYERS * (att["bwd bf16"] - att["bwd e4m3"]),
             "head gradients in 8 bits (dz cast by k_cast)": head_free - chunks * head["head cast"],
             "head gradients in 8 bits (dz written in 8 bits, free)": head_free,
-        }  # fmt: skip
+        }
         bf16_ms, fp8_ms = STEP_MS[B]
         need = fp8_ms - bf16_ms / TARGET[B]
         print(f"micro-batch {B}: fp8 step {fp8_ms} ms, bf16 {bf16_ms}; {TARGET[B]}x needs {need:.2f} ms off fp8's step")

@@ -62,8 +62,13 @@ def child(a: argparse.Namespace) -> None:
     S = make_state(m, t, triton_backend(a.precision))
     step = Step(S)
     rng = np.random.default_rng(0)
-    data = [[tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
-             for _ in range(a.n_micro)] for _ in range(8)]  # fmt: skip
+    data = [
+        [
+            tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
+            for _ in range(a.n_micro)
+        ]
+        for _ in range(8)
+    ]
     rows, digests = [], []
     for i in range(a.steps):
         r = step(data[i % len(data)], 1e-3)
@@ -98,8 +103,10 @@ def replays(a: argparse.Namespace) -> None:
     S = make_state(m, t, triton_backend(a.precision))
     step = Step(S)
     rng = np.random.default_rng(0)
-    batch = [tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
-             for _ in range(a.n_micro)]  # fmt: skip
+    batch = [
+        tuple(rng.integers(0, m.vocab_size, (a.mb, m.seq_len)).astype(np.int32) for _ in range(2))
+        for _ in range(a.n_micro)
+    ]
     for _ in range(3):  # past fp8's priming step, onto the graph
         step(batch, 1e-3)
     step._hyper(1e-3, math.inf)  # nothing updated from here on: every replay sees the same weights and inputs
@@ -138,8 +145,19 @@ def main() -> None:
         return
     env = {**os.environ, **dict(kv.split("=", 1) for kv in a.env)}
     env.setdefault("MICROGPT_CACHE", tempfile.mkdtemp(prefix="loss-repeat-"))
-    args = [sys.executable, __file__, "--child", "--steps", str(a.steps), "--precision", a.precision, "--mb",
-            str(a.mb), "--n-micro", str(a.n_micro)]  # fmt: skip
+    args = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--steps",
+        str(a.steps),
+        "--precision",
+        a.precision,
+        "--mb",
+        str(a.mb),
+        "--n-micro",
+        str(a.n_micro),
+    ]
     runs = []
     for _ in range(a.runs):
         out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
@@ -158,9 +176,21 @@ def compare(a: argparse.Namespace, r1: dict, r2: dict, pair: str) -> None:
     buffers = {i: sorted(n for n, d in r1["digests"][i - 1].items() if r2["digests"][i - 1][n] != d) for i in diff}
     micro = {i: [j for j, (u, v) in enumerate(zip(x[i - 1][2:], y[i - 1][2:])) if u != v] for i in diff}
     first = diff[0] - 1 if diff else None
-    print(json.dumps({"pair": pair, "precision": a.precision, "env": a.env, "steps": a.steps, "differ_at": diff,
-                      "micro_batches": micro, "buffers": buffers, "weights_equal": r1["sha"] == r2["sha"],
-                      "first": None if first is None else {"a": x[first], "b": y[first]}}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "pair": pair,
+                "precision": a.precision,
+                "env": a.env,
+                "steps": a.steps,
+                "differ_at": diff,
+                "micro_batches": micro,
+                "buffers": buffers,
+                "weights_equal": r1["sha"] == r2["sha"],
+                "first": None if first is None else {"a": x[first], "b": y[first]},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def crossentropy_rows(mb: int, ncu: bool) -> None:
 
         _, pair = captured(both)
         after = pair - t_gemm
-        print(f"  {name:18s} alone {alone:7.1f} us ({chunk / alone / 1e6:.2f} TB/s)   after gemm {after:7.1f} us "
-              f"({chunk / after / 1e6:.2f} TB/s)")  # fmt: skip
+        print(
+            f"  {name:18s} alone {alone:7.1f} us ({chunk / alone / 1e6:.2f} TB/s)   after gemm {after:7.1f} us "
+            f"({chunk / after / 1e6:.2f} TB/s)"
+        )
 
 
 def gelu_backward(mb: int, ncu: bool) -> None:

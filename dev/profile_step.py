@@ -86,10 +86,24 @@ def main() -> None:
     kernel = sum(e.self_device_time_total for e in prof.key_averages()) / 3 / 1e3
     print(f"{'graph' if graph else 'eager'} mb {mb}: {wall * 1e3:.1f} ms wall per step, {kernel:.1f} ms kernel time")
     if out is not None:
-        rows = [{"name": e.key, "calls": e.count / 3, "ms": e.self_device_time_total / 3 / 1e3}
-                for e in prof.key_averages() if e.self_device_time_total > 0]  # fmt: skip
-        Path(out).write_text(json.dumps({"mb": mb, "precision": precision, "graph": graph, "wall_ms": wall * 1e3,
-                                         "kernel_ms": kernel, "kernels": rows}, indent=1))  # fmt: skip
+        rows = [
+            {"name": e.key, "calls": e.count / 3, "ms": e.self_device_time_total / 3 / 1e3}
+            for e in prof.key_averages()
+            if e.self_device_time_total > 0
+        ]
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "mb": mb,
+                    "precision": precision,
+                    "graph": graph,
+                    "wall_ms": wall * 1e3,
+                    "kernel_ms": kernel,
+                    "kernels": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

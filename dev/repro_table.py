@@ -43,8 +43,9 @@ def run(command: str, extra: list[str], timeout: float) -> float:
     argv = [sys.executable, "-m", *shlex.split(command), *extra]
     print(f"$ {shlex.join(argv)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    res = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
-                         timeout=timeout)  # fmt: skip
+    res = subprocess.run(
+        argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}, timeout=timeout
+    )
     if res.returncode != 0:
         sys.exit(f"{command}: exit {res.returncode}")
     return time.monotonic() - t0
@@ -74,13 +75,21 @@ def main() -> int:
     start = log[0]
     manifest = json.loads((data / "manifest.json").read_text())
     took = f"{hms(wall)} ({hms(steps[-1]['elapsed_s'])} of training)"
-    row = (f"| {name} | `{data_cmd}` | `{train_cmd}` | {steps[-1]['step']:,} | {took} | "
-           f"{last_eval['val_loss']:.4f} at step {last_eval['step']:,} |")  # fmt: skip
+    row = (
+        f"| {name} | `{data_cmd}` | `{train_cmd}` | {steps[-1]['step']:,} | {took} | "
+        f"{last_eval['val_loss']:.4f} at step {last_eval['step']:,} |"
+    )
     print(row)
-    facts = {"device": start["device"], "python": manifest["build"]["python"],
-             "train_tokens": manifest["splits"]["train"]["tokens"], "val_tokens": manifest["splits"]["val"]["tokens"],
-             "tokens_per_s_median": round(statistics.median(s["tokens_per_s"] for s in steps[1:] or steps)),
-             "git": start["git"], "date": stamp, "run": str(out.relative_to(REPO))}  # fmt: skip
+    facts = {
+        "device": start["device"],
+        "python": manifest["build"]["python"],
+        "train_tokens": manifest["splits"]["train"]["tokens"],
+        "val_tokens": manifest["splits"]["val"]["tokens"],
+        "tokens_per_s_median": round(statistics.median(s["tokens_per_s"] for s in steps[1:] or steps)),
+        "git": start["git"],
+        "date": stamp,
+        "run": str(out.relative_to(REPO)),
+    }
     print(json.dumps(facts))
     return 0
 

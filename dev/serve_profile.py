@@ -113,9 +113,18 @@ TOKEN = 300  # what every decode step draws under the emulation (a token of text
 
 
 def bodies(model: str, n: int, tokens: int, temperature: float) -> list[dict[str, Any]]:
-    return [{"model": model, "prompt": f"def request_{k}(self, data):", "max_tokens": tokens, "seed": k,
-             "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
-            for k in range(n)]  # fmt: skip
+    return [
+        {
+            "model": model,
+            "prompt": f"def request_{k}(self, data):",
+            "max_tokens": tokens,
+            "seed": k,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for k in range(n)
+    ]
 
 
 def stream(port: int, body: dict[str, Any]) -> int:
@@ -160,11 +169,30 @@ class Server:
     """`microgpt serve` on the checkpoint, its port and its processes' pids (the engine's from /stats)."""
 
     def __init__(self, ckpt: Path, streams: int, step_s: float, folder: Path) -> None:
-        cmd = [sys.executable, "-m", "microgpt", "serve", str(ckpt), "--port", "0", "--max-batch", str(streams),
-               "--queue", str(streams), "--backend", "numpy", "--precision", "fp32"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "microgpt",
+            "serve",
+            str(ckpt),
+            "--port",
+            "0",
+            "--max-batch",
+            str(streams),
+            "--queue",
+            str(streams),
+            "--backend",
+            "numpy",
+            "--precision",
+            "fp32",
+        ]
         (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
-        env = os.environ | {"PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
-                            "OPENBLAS_NUM_THREADS": "1", "SERVE_PROFILE_STEP_S": str(step_s)}  # fmt: skip
+        env = os.environ | {
+            "PYTHONPATH": f"{folder}{os.pathsep}{REPO}",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "SERVE_PROFILE_STEP_S": str(step_s),
+        }
         log = folder / "serve.log"
         self.log = log
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
@@ -203,8 +231,9 @@ def phase(server: Server, reqs: list[dict[str, Any]], step_s: float) -> dict[str
         spent = [v - before[proc].get(tid, 0.0) for tid, v in after[proc].items()]
         cpu[proc], cpu[proc + " busiest thread"] = round(sum(spent) * per, 1), round(max(spent) * per, 1)
     sums = {proc: cpu[proc] for proc in after}
-    engine = {k.removesuffix("_s"): round((counts1[k] - counts0.get(k, 0.0)) * per, 1) for k in counts1
-              if k.endswith("_s")}  # fmt: skip
+    engine = {
+        k.removesuffix("_s"): round((counts1[k] - counts0.get(k, 0.0)) * per, 1) for k in counts1 if k.endswith("_s")
+    }
     if engine:
         engine["host"] = round(sum(v for k, v in engine.items() if k not in ("model", "wait")), 1)
     of_step = {"of_step": round(n / wall * step_s / len(reqs), 3)} if step_s else {}
@@ -251,16 +280,23 @@ def main(argv: list[str]) -> int:
                 phase(server, bodies(server.model, n, 16, args.temperature), step_s)
             report = {}
             for n in (1, *args.streams):
-                rows = [phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
-                        for _ in range(args.repeats)]  # fmt: skip
+                rows = [
+                    phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
+                    for _ in range(args.repeats)
+                ]
                 report[n] = summarize(rows)
         except Exception:
             print(f"the server's log:\n{server.log.read_text()[-3000:]}", file=sys.stderr)
             raise
         finally:
             server.stop()
-    head = {"tokens": args.tokens, "temperature": args.temperature, "step_ms": args.step_ms, "repeats": args.repeats,
-            "processes": sorted(server.pids)}  # fmt: skip
+    head = {
+        "tokens": args.tokens,
+        "temperature": args.temperature,
+        "step_ms": args.step_ms,
+        "repeats": args.repeats,
+        "processes": sorted(server.pids),
+    }
     for n, row in report.items():
         print(json.dumps({**head, "streams": n, **row}))
     return 0

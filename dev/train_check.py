@@ -26,8 +26,7 @@ from microgpt.engine import memory  # noqa: E402
 from microgpt.run.trainer import Trainer  # noqa: E402
 
 
-def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, backend: str | None = None
-            ) -> Trainer:  # fmt: skip
+def trainer(exp_path: str, steps: int, out: Path, precision: str | None = None, backend: str | None = None) -> Trainer:
     exp = config.override(config.load(exp_path), f"train.steps={steps}")
     if precision:
         exp = config.override(exp, f"train.precision={precision}")
@@ -43,8 +42,11 @@ def live_blocks(arena_bytes: int) -> None:
     for seg in torch.cuda.memory._snapshot()["segments"]:
         for blk in seg["blocks"]:
             if blk["state"] == "active_allocated" and blk["size"] != arena_bytes:
-                frames = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in blk.get("frames", [])
-                          if "microgpt" in f["filename"] or "/dev/" in f["filename"]][:6]  # fmt: skip
+                frames = [
+                    f"{Path(f['filename']).name}:{f['line']}:{f['name']}"
+                    for f in blk.get("frames", [])
+                    if "microgpt" in f["filename"] or "/dev/" in f["filename"]
+                ][:6]
                 print(json.dumps({"event": "block", "size": blk["size"], "frames": frames}))
 
 
@@ -78,28 +80,59 @@ def main() -> None:
         if tr.step == a.steps // 2:
             ckpt = tr.save("periodic")
     val = tr.evaluate()
-    print(json.dumps({"event": "run", "steps": a.steps, "wall_s": time.time() - t0, "first": losses[:5],
-                      "last": losses[-5:], "val_loss": val, "planned": planned, "peak": mem,
-                      "precision": tr.K.precision.name, "loss_scale": tr.S.scaler.scale}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "event": "run",
+                "steps": a.steps,
+                "wall_s": time.time() - t0,
+                "first": losses[:5],
+                "last": losses[-5:],
+                "val_loss": val,
+                "planned": planned,
+                "peak": mem,
+                "precision": tr.K.precision.name,
+                "loss_scale": tr.S.scaler.scale,
+            }
+        )
+    )
     del tr
     tr2 = trainer(a.experiment, a.steps, out / "run2", a.precision)
     again = [tr2.train_step()["loss"] for _ in range(30)]
-    print(json.dumps({"event": "determinism", "equal": again == losses[:30], "first_diff": next(
-        (i for i, (x, y) in enumerate(zip(again, losses)) if x != y), None)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "event": "determinism",
+                "equal": again == losses[:30],
+                "first_diff": next((i for i, (x, y) in enumerate(zip(again, losses)) if x != y), None),
+            }
+        )
+    )
     del tr2
     tr3 = trainer(a.experiment, a.steps, out / "run3", a.precision)
     tr3.load(ckpt)
     n = min(30, a.steps - a.steps // 2)  # the resumed steps the first run also made
     resumed = [tr3.train_step()["loss"] for _ in range(n)]
     k = a.steps // 2
-    print(json.dumps({"event": "resume", "equal": resumed == losses[k : k + n], "resumed": resumed[:3],
-                      "original": losses[k : k + 3]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "event": "resume",
+                "equal": resumed == losses[k : k + n],
+                "resumed": resumed[:3],
+                "original": losses[k : k + 3],
+            }
+        )
+    )
     if a.numpy_steps:
         ref = trainer(a.experiment, a.steps, out / "numpy", "fp32", "numpy")
         ref_losses = [ref.train_step()["loss"] for _ in range(a.numpy_steps)]
         rel = [abs(x - y) / abs(y) for x, y in zip(losses, ref_losses)]
-        print(json.dumps({"event": "vs_numpy", "triton": losses[: a.numpy_steps], "numpy": ref_losses,
-                          "max_rel": max(rel)}))  # fmt: skip
+        print(
+            json.dumps(
+                {"event": "vs_numpy", "triton": losses[: a.numpy_steps], "numpy": ref_losses, "max_rel": max(rel)}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,21 @@ def main() -> None:
     A = S.arena
     A["hyper"][:4].copy_(torch.tensor([1e-4, 0.1, 0.001, 1.0]))
     A["decay_mask"].copy_(torch.from_numpy(params.decay_mask(SHAPE)))
-    args = (S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], A["report"][1:2], 0.9, 0.95, 1e-8,
-            0.1, 1.0)  # fmt: skip
+    args = (
+        S.p,
+        S.g,
+        S.adam_m,
+        S.adam_v,
+        A["decay_mask"],
+        S.p_compute,
+        A["hyper"],
+        A["report"][1:2],
+        0.9,
+        0.95,
+        1e-8,
+        0.1,
+        1.0,
+    )
 
     def adamw() -> None:
         kadamw.adamw_step(*args)
@@ -65,8 +78,13 @@ def main() -> None:
         taken()
     n_master = sum(w.master.numel() for w in weights)
     print(f"{len(weights)} weights, {n_master:,} fp32 masters; {len(fp8_cast.stack(weights))} launches of each kind")
-    ways = {"per weight": per_weight, "stacked": stacked, "stacked, taken": taken, "adamw": adamw,
-            "adamw, amaxes": adamw_amaxes}  # fmt: skip
+    ways = {
+        "per weight": per_weight,
+        "stacked": stacked,
+        "stacked, taken": taken,
+        "adamw": adamw,
+        "adamw, amaxes": adamw_amaxes,
+    }
     for name, fn in ways.items():
         _, us = captured(fn, reps=5)
         print(f"{name:16s} {us:8.1f} us")

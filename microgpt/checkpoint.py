@@ -199,8 +199,14 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     if obj.get("loss_scale_good_steps", 0) < 0:
         raise CheckpointError(f"{side}: field 'loss_scale_good_steps' must be >= 0")
     params = obj.get("params", [])
-    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
-               and all(isinstance(d, int) and not isinstance(d, bool) for d in p[1]) for p in params):  # fmt: skip
+    if not all(
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and isinstance(p[1], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in p[1])
+        for p in params
+    ):
         raise CheckpointError(f"{side}: field 'params' must be a list of [name, [sizes...]] pairs")
     return obj
 
@@ -214,8 +220,9 @@ def load(path: str | Path, n_params: int | None = None) -> tuple[Checkpoint, dic
         raise CheckpointError(f"{path}: sha256 does not match its sidecar (checkpoint replaced or corrupt)")
     for name, value in (("step", ck.step), ("n_params", ck.weights.size)):
         if side.get(name, value) != value:
-            raise CheckpointError(f"{sidecar_path(path)}: field '{name}' is {side[name]}, but the checkpoint's is "
-                                  f"{value}")  # fmt: skip
+            raise CheckpointError(
+                f"{sidecar_path(path)}: field '{name}' is {side[name]}, but the checkpoint's is {value}"
+            )
     return ck, side
 
 
@@ -255,8 +262,12 @@ def remove_temp_files(folder: str | Path) -> list[Path]:
 Loaded = tuple[Checkpoint, dict[str, Any]]  # a checkpoint and its sidecar, as load gives them
 
 
-def latest_valid(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
-                 on_skip: Callable[[Path, str], None] | None = None) -> Loaded | None:  # fmt: skip
+def latest_valid(
+    folder: str | Path,
+    n_params: int | None = None,
+    max_step: int | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
+) -> Loaded | None:
     """The newest checkpoint (at most max_step) that reads back whole and matches its sidecar, with its sidecar, as
     load gives them; corrupt ones are skipped and kept on disk, each reported to on_skip(path, reason)."""
     for path in list_checkpoints(folder):
@@ -271,8 +282,12 @@ def latest_valid(folder: str | Path, n_params: int | None = None, max_step: int 
     return None
 
 
-def latest_valid_checkpoint(folder: str | Path, n_params: int | None = None, max_step: int | None = None,
-                            on_skip: Callable[[Path, str], None] | None = None) -> Path | None:  # fmt: skip
+def latest_valid_checkpoint(
+    folder: str | Path,
+    n_params: int | None = None,
+    max_step: int | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
+) -> Path | None:
     """The path of latest_valid's checkpoint, or None."""
     found = latest_valid(folder, n_params, max_step, on_skip)
     return None if found is None else found[0].path

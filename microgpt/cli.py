@@ -37,14 +37,23 @@ DELEGATED = {
 def train_parser() -> ArgParser:
     p = ArgParser(prog="microgpt train", description="Train a model from an experiment file.")
     config.add_experiment_flags(p)  # the flags `microgpt run` takes too
-    p.add_argument("--resume", metavar="CKPT|latest",
-                   help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any")  # fmt: skip
-    p.add_argument("--json", action="store_true",
-                   help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
-                   "the proxy asks for them)")  # fmt: skip
-    p.add_argument("--check", action="store_true",
-                   help="check the flags, the experiment and the job (--procs: this machine's ranks and memory), "
-                   "then exit without writing anything (microgpt run asks for it before it starts)")  # fmt: skip
+    p.add_argument(
+        "--resume",
+        metavar="CKPT|latest",
+        help="checkpoint to continue from (bit-exact); 'latest': the newest in --out, if any",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=f"also print every record as a JSON line on stdout (the run folder's {LOG_NAME} has them all; "
+        "the proxy asks for them)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the flags, the experiment and the job (--procs: this machine's ranks and memory), "
+        "then exit without writing anything (microgpt run asks for it before it starts)",
+    )
     return p
 
 
@@ -57,8 +66,12 @@ def recipe(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     overrides = [f"--set {a}" for a in args.set] + ([f"--data {args.data}"] if args.data else [])
     overrides += [f"--{name} {value}" for name, value in config.train_flags(args).items() if value is not None]
     overrides += [f"--init {args.init}"] if args.init else []
-    return {"command": shlex.join(["microgpt", "train", *argv]), "experiment": args.experiment,
-            "experiment_sha256": sha, "overrides": overrides}  # fmt: skip
+    return {
+        "command": shlex.join(["microgpt", "train", *argv]),
+        "experiment": args.experiment,
+        "experiment_sha256": sha,
+        "overrides": overrides,
+    }
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -105,8 +118,9 @@ def remove_if_empty(out: Path) -> None:
         pass  # a folder another process wrote into meanwhile, or one that cannot be listed: left as it is
 
 
-def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str],
-             lock: runlock.RunLock | None = None) -> int:  # fmt: skip
+def train_in(
+    out: Path, exp: config.Experiment, args: argparse.Namespace, argv: list[str], lock: runlock.RunLock | None = None
+) -> int:
     """`microgpt train` in run folder out, locked by this process (or by the rank-0 process of its job)."""
     from microgpt import data
     from microgpt.run import checkpoints, job, report, trainer
@@ -116,15 +130,19 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
     existing = checkpoint.list_checkpoints(out / "ckpt")
     if args.resume == "latest":  # the newest valid checkpoint under --out, or a fresh start in an empty one
         skipped: list[str] = []
-        found = checkpoint.latest_valid_checkpoint(out / "ckpt", params.n_params(exp.model),
-                                                   on_skip=lambda path, why: skipped.append(why))  # fmt: skip
+        found = checkpoint.latest_valid_checkpoint(
+            out / "ckpt", params.n_params(exp.model), on_skip=lambda path, why: skipped.append(why)
+        )
         if existing and found is None:
-            return fail(f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
-                        f"(newest: {skipped[0]}); choose another --out")  # fmt: skip
+            return fail(
+                f"--resume latest: {out / 'ckpt'} holds checkpoints but none is valid for this model "
+                f"(newest: {skipped[0]}); choose another --out"
+            )
         args.resume = str(found) if found else None
     if existing and not args.resume:
-        return fail(f"--out {out}: already holds checkpoints (newest {existing[0].name}); "
-                    "pass --resume or choose another --out")  # fmt: skip
+        return fail(
+            f"--out {out}: already holds checkpoints (newest {existing[0].name}); pass --resume or choose another --out"
+        )
     if args.resume:  # a regular file, before the model and the data are built
         checkpoint.check_flag_path(args.resume, "--resume")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
@@ -155,8 +173,11 @@ def train_in(out: Path, exp: config.Experiment, args: argparse.Namespace, argv: 
             check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
             if rank0:
                 i = tr.init
-                print(f"init: the weights of {i['path']} ({i['run']}, step {i['step']}); Adam moments zero, step 0, "
-                      "this experiment's own schedule", file=sys.stderr)  # fmt: skip
+                print(
+                    f"init: the weights of {i['path']} ({i['run']}, step {i['step']}); Adam moments zero, step 0, "
+                    "this experiment's own schedule",
+                    file=sys.stderr,
+                )
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
         tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
         tr.recipe = recipe(args, argv)
@@ -184,12 +205,17 @@ def finished(args: argparse.Namespace, exp: config.Experiment) -> int:
     ck, _ = checkpoint.load(args.resume, params.n_params(exp.model))  # a step read from a valid checkpoint only
     steps = f"--steps {args.steps}" if args.steps is not None else f"{args.experiment}: train.steps {exp.train.steps}"
     if ck.step > exp.train.steps:
-        print(f"already complete: {args.resume} is at step {ck.step}, past this run's last ({steps}): it was "
-              f"trained on further; nothing to train (--steps above {ck.step} trains on, at the schedule's final "
-              "lr)", file=sys.stderr)  # fmt: skip
+        print(
+            f"already complete: {args.resume} is at step {ck.step}, past this run's last ({steps}): it was "
+            f"trained on further; nothing to train (--steps above {ck.step} trains on, at the schedule's final "
+            "lr)",
+            file=sys.stderr,
+        )
         return 0
-    print(f"already complete: {args.resume} is at step {ck.step}, the run's last ({steps}); nothing to train",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"already complete: {args.resume} is at step {ck.step}, the run's last ({steps}); nothing to train",
+        file=sys.stderr,
+    )
     return 0
 
 

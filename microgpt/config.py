@@ -178,16 +178,19 @@ def micro_batch_value(where: str, value: Any) -> int | str:
     """train.micro_batch: an int (its bounds: validate) or "auto"; ConfigError naming where otherwise."""
     if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
         return value
-    raise ConfigError(f"{where}: field 'micro_batch' must be an int or {AUTO!r}, got {type(value).__name__} "
-                      f"{brief(value)}")  # fmt: skip
+    raise ConfigError(
+        f"{where}: field 'micro_batch' must be an int or {AUTO!r}, got {type(value).__name__} {brief(value)}"
+    )
 
 
 def check_data_parallel(t: TrainConfig) -> None:
     """What a data-parallel job needs of train: a micro-batch given as a number (with "auto" each rank would pick
     by its own card's free memory); ConfigError otherwise."""
     if t.micro_batch == AUTO:
-        raise ConfigError("train.micro_batch 'auto' is one process's choice: under data parallel give it as a number "
-                          "(the one `microgpt train --micro-batch auto` prints on one card)")  # fmt: skip
+        raise ConfigError(
+            "train.micro_batch 'auto' is one process's choice: under data parallel give it as a number "
+            "(the one `microgpt train --micro-batch auto` prints on one card)"
+        )
 
 
 def validate(exp: Experiment, src: str) -> Experiment:
@@ -220,15 +223,19 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
     for name in ("hellaswag_every", "hellaswag_examples"):
         if not 0 <= getattr(t, name) <= INT_MAX:
-            raise ConfigError(f"{src}: train.{name} must be in [0, {INT_MAX}] (0: {HELLASWAG_ZERO[name]}), got "
-                              f"{brief(getattr(t, name))}")  # fmt: skip
+            raise ConfigError(
+                f"{src}: train.{name} must be in [0, {INT_MAX}] (0: {HELLASWAG_ZERO[name]}), got "
+                f"{brief(getattr(t, name))}"
+            )
     if not 0 <= t.memory_margin <= 1 << 20:
         raise ConfigError(f"{src}: train.memory_margin must be in [0, 2**20] GiB, got {t.memory_margin}")
     if not 0 <= t.schedule_start < t.steps:
         raise ConfigError(f"{src}: train.schedule_start must be in [0, steps), got {t.schedule_start}")
     if t.schedule_steps and not t.schedule_start < t.schedule_steps <= INT_MAX:
-        raise ConfigError(f"{src}: train.schedule_steps must be 0 (train.steps) or in (schedule_start, "
-                          f"{INT_MAX}], got {brief(t.schedule_steps)}")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.schedule_steps must be 0 (train.steps) or in (schedule_start, "
+            f"{INT_MAX}], got {brief(t.schedule_steps)}"
+        )
     if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
         raise ConfigError(f"{src}: train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     for name, value in (("eps", t.eps), ("weight_decay", -t.weight_decay), ("grad_clip", -t.grad_clip)):
@@ -240,11 +247,15 @@ def validate(exp: Experiment, src: str) -> Experiment:
     if t.backend not in BACKENDS:
         raise ConfigError(f"{src}: train.backend must be one of {', '.join(BACKENDS)}, got {brief(t.backend)}")
     if t.backend == "numpy" and t.precision not in NUMPY_PRECISIONS:
-        raise ConfigError(f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
-                          "fp32, with fp8's E4M3 linears as the reference)")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.precision {t.precision!r} needs train.backend 'triton' (numpy computes in "
+            "fp32, with fp8's E4M3 linears as the reference)"
+        )
     if t.precision == "fp8" and m.d_model % 16:
-        raise ConfigError(f"{src}: model.d_model ({m.d_model}) must be a multiple of 16 for train.precision 'fp8' "
-                          "(the FP8 GEMMs' operand dimensions)")  # fmt: skip
+        raise ConfigError(
+            f"{src}: model.d_model ({m.d_model}) must be a multiple of 16 for train.precision 'fp8' "
+            "(the FP8 GEMMs' operand dimensions)"
+        )
     if d.max_bytes <= 0:
         raise ConfigError(f"{src}: data.max_bytes must be > 0, got {brief(d.max_bytes)}")
     if not 0 < d.val_fraction < 1:
@@ -254,33 +265,45 @@ def validate(exp: Experiment, src: str) -> Experiment:
 
 def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
     """The block family's fields and the optimizer and schedule that go with them."""
-    for sec, name, value, choices in (("model", "block", m.block, BLOCKS), ("train", "optimizer", t.optimizer,
-                                      OPTIMIZERS), ("train", "schedule", t.schedule, SCHEDULES)):  # fmt: skip
+    for sec, name, value, choices in (
+        ("model", "block", m.block, BLOCKS),
+        ("train", "optimizer", t.optimizer, OPTIMIZERS),
+        ("train", "schedule", t.schedule, SCHEDULES),
+    ):
         if value not in choices:
             raise ConfigError(f"{src}: {sec}.{name} must be one of {', '.join(choices)}, got {brief(value)}")
     if m.head_dim and m.head_dim * m.n_head != m.d_model:
-        raise ConfigError(f"{src}: model.head_dim ({m.head_dim}) x model.n_head ({m.n_head}) must be model.d_model "
-                          f"({m.d_model}); 0 takes d_model / n_head")  # fmt: skip
+        raise ConfigError(
+            f"{src}: model.head_dim ({m.head_dim}) x model.n_head ({m.n_head}) must be model.d_model "
+            f"({m.d_model}); 0 takes d_model / n_head"
+        )
     if m.head_dim < 0 or (m.block == "modern" and (m.d_model // m.n_head) % 2):
-        raise ConfigError(f"{src}: model.head_dim must be even for model.block 'modern' (rotary pairs), got "
-                          f"{m.d_model // m.n_head}")  # fmt: skip
+        raise ConfigError(
+            f"{src}: model.head_dim must be even for model.block 'modern' (rotary pairs), got {m.d_model // m.n_head}"
+        )
     if m.softcap < 0 or m.rope_base <= 1:
-        raise ConfigError(f"{src}: model.softcap must be >= 0 and model.rope_base > 1, got {m.softcap}, "
-                          f"{m.rope_base}")  # fmt: skip
+        raise ConfigError(f"{src}: model.softcap must be >= 0 and model.rope_base > 1, got {m.softcap}, {m.rope_base}")
     if t.optimizer == "muon" and m.block != "modern":
-        raise ConfigError(f"{src}: train.optimizer 'muon' needs model.block 'modern' (its matrices are Muon's; "
-                          "ANDREA's GPT-2 block trains with adamw)")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.optimizer 'muon' needs model.block 'modern' (its matrices are Muon's; "
+            "ANDREA's GPT-2 block trains with adamw)"
+        )
     if not 0 < t.warmdown_frac <= 1:
         raise ConfigError(f"{src}: train.warmdown_frac must be in (0, 1], got {t.warmdown_frac}")
     if not (0 <= t.head_lr < 1 and 0 < t.muon_lr < 1):
-        raise ConfigError(f"{src}: train.head_lr must be in [0, 1) and train.muon_lr in (0, 1), got {t.head_lr}, "
-                          f"{t.muon_lr}")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.head_lr must be in [0, 1) and train.muon_lr in (0, 1), got {t.head_lr}, {t.muon_lr}"
+        )
     if not (0 <= t.muon_momentum_start < 1 and 0 <= t.muon_momentum < 1):
-        raise ConfigError(f"{src}: train.muon_momentum and train.muon_momentum_start must be in [0, 1), got "
-                          f"{t.muon_momentum}, {t.muon_momentum_start}")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.muon_momentum and train.muon_momentum_start must be in [0, 1), got "
+            f"{t.muon_momentum}, {t.muon_momentum_start}"
+        )
     if not 0 <= t.muon_momentum_warmup <= INT_MAX or t.muon_weight_decay < 0:
-        raise ConfigError(f"{src}: train.muon_momentum_warmup must be in [0, {INT_MAX}] and train.muon_weight_decay "
-                          f">= 0, got {brief(t.muon_momentum_warmup)}, {t.muon_weight_decay}")  # fmt: skip
+        raise ConfigError(
+            f"{src}: train.muon_momentum_warmup must be in [0, {INT_MAX}] and train.muon_weight_decay "
+            f">= 0, got {brief(t.muon_momentum_warmup)}, {t.muon_weight_decay}"
+        )
 
 
 def from_dict(raw: Any, src: str = "<config>") -> Experiment:
@@ -380,17 +403,32 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="override train.seed")
     p.add_argument("--backend", choices=BACKENDS, help="override train.backend")
     p.add_argument("--precision", choices=PRECISIONS, help="override train.precision")
-    p.add_argument("--micro-batch", type=_micro_batch_flag, metavar="N|auto",
-                   help="override train.micro_batch; auto: the largest whose memory plan fits the device, with the "
-                   "n_micro that keeps the recipe's sequences a step")  # fmt: skip
-    p.add_argument("--memory-margin", type=float, metavar="GIB",
-                   help="override train.memory_margin: the GiB of free device memory the plan leaves to what runs "
-                   f"beside it ({TrainConfig.memory_margin})")  # fmt: skip
-    p.add_argument("--data", metavar="DIR",
-                   help="train on the token shards in DIR (`microgpt prep ... --out DIR`): data.source 'shards', "
-                   "data.path DIR")  # fmt: skip
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field (the value is read as JSON, else as a string)")  # fmt: skip
+    p.add_argument(
+        "--micro-batch",
+        type=_micro_batch_flag,
+        metavar="N|auto",
+        help="override train.micro_batch; auto: the largest whose memory plan fits the device, with the "
+        "n_micro that keeps the recipe's sequences a step",
+    )
+    p.add_argument(
+        "--memory-margin",
+        type=float,
+        metavar="GIB",
+        help="override train.memory_margin: the GiB of free device memory the plan leaves to what runs "
+        f"beside it ({TrainConfig.memory_margin})",
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="train on the token shards in DIR (`microgpt prep ... --out DIR`): data.source 'shards', data.path DIR",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override any config field (the value is read as JSON, else as a string)",
+    )
     p.add_argument(
         "--track",
         action="append",
@@ -398,12 +436,21 @@ def add_experiment_flags(p: argparse.ArgumentParser) -> None:
         metavar="tensorboard|wandb|trackio",
         help="also send the run's records to a tracker (microgpt/run/trackers.py says what each installs)",
     )
-    p.add_argument("--init", metavar="CKPT_OR_RUN_DIR",
-                   help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
-                   "optimizer state, step 0, its own schedule; unused when resuming")  # fmt: skip
-    p.add_argument("--procs", "--gpus", dest="procs", type=int, metavar="N",
-                   help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
-                   "torchrun-style RANK/WORLD_SIZE in the environment join a job instead")  # fmt: skip
+    p.add_argument(
+        "--init",
+        metavar="CKPT_OR_RUN_DIR",
+        help="start a new run from these weights (a checkpoint, or a run folder's newest): fresh "
+        "optimizer state, step 0, its own schedule; unused when resuming",
+    )
+    p.add_argument(
+        "--procs",
+        "--gpus",
+        dest="procs",
+        type=int,
+        metavar="N",
+        help="data parallel over N processes: one GPU each (triton, NCCL) or CPU processes (numpy, gloo); "
+        "torchrun-style RANK/WORLD_SIZE in the environment join a job instead",
+    )
 
 
 def _micro_batch_flag(text: str) -> int | str:

@@ -90,9 +90,17 @@ def _what(integer: bool, lo: float | None, hi: float | None, lo_open: bool, hi_o
     return ("an integer" if integer else "a finite number") + span
 
 
-def check_number(value: Any, name: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,
-                 lo_open: bool = False, hi_open: bool = False, error: type[InputError] = InputError,
-                 ) -> Any:  # fmt: skip
+def check_number(
+    value: Any,
+    name: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    integer: bool = False,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    error: type[InputError] = InputError,
+) -> Any:
     """value, checked to be an int (integer=True) or a finite real number (an int or a float; never a bool or a
     string that looks like one) within lo..hi (inclusive unless lo_open / hi_open); `error` naming `name` (the
     flag, the file and field, or the query parameter) otherwise: `<name> must be <what>, got <value>`. The one
@@ -110,8 +118,15 @@ def check_number(value: Any, name: str, lo: float | None = None, hi: float | Non
     return value
 
 
-def parse_number(text: str, name: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,
-                 error: type[InputError] = InputError) -> Any:  # fmt: skip
+def parse_number(
+    text: str,
+    name: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    integer: bool = False,
+    error: type[InputError] = InputError,
+) -> Any:
     """A number written as text (a query parameter), then check_number. An integer may be written as a float
     with no fraction ("100.0", as a page's script may format it); "inf", "nan" and "1e999" are never numbers."""
     value: Any = None

@@ -129,8 +129,9 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True,
-                       make_folder: bool = True) -> None:  # fmt: skip
+def atomic_write_bytes(
+    path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True, make_folder: bool = True
+) -> None:
     """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder (made first unless
     make_folder is False: a run file's folder must be the run folder itself, never one made again after a move).
 
@@ -162,8 +163,9 @@ def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -
         raise error(f"{flag} {path}: {parent} is not a folder")
 
 
-def atomic_write_json(path: Path, obj: Any, compact: bool = False, sync_dir: bool = True,
-                      make_folder: bool = True) -> None:  # fmt: skip
+def atomic_write_json(
+    path: Path, obj: Any, compact: bool = False, sync_dir: bool = True, make_folder: bool = True
+) -> None:
     """obj as JSON (indented and key-sorted for people, or compact for files rewritten every second); NaN and
     infinities are refused (ValueError) rather than written as invalid JSON."""
     if compact:

@@ -153,10 +153,19 @@ class BoundedHTTPServer:
     """Listens on host:port at construction; serve_forever() answers with handler(request) until shutdown().
     `workers` handlers run at once (an awaitable answer or a stream holds none while it waits)."""
 
-    def __init__(self, port: int, handler: Handler, log: Callable[[str], None] | None = None, *,
-                 host: str = "127.0.0.1", max_body: int = 0, workers: int = WORKERS, name: str = "microgpt-dashboard",
-                 errors: Callable[..., Answer] = error,
-                 on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        port: int,
+        handler: Handler,
+        log: Callable[[str], None] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        max_body: int = 0,
+        workers: int = WORKERS,
+        name: str = "microgpt-dashboard",
+        errors: Callable[..., Answer] = error,
+        on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+    ) -> None:
         self.handler, self.log, self.max_body, self.name, self.errors = handler, log, max_body, name, errors
         self.on_loop = on_loop  # called on the loop once it runs (serve: the engine's socket read there)
         self.sock = listening_socket(host, port)
@@ -312,12 +321,18 @@ class BoundedHTTPServer:
     def _head(self, answer: Answer, extra: bytes) -> bytes:
         size = answer.length if answer.file is not None else len(answer.body)
         length = [] if answer.chunks is not None else [f"Content-Length: {size}"]
-        lines = [f"HTTP/1.0 {answer.code} {HTTPStatus(answer.code).phrase}", f"Server: {self.name}",
-                 *(f"{k}: {v}" for k, v in answer.headers.items()), *length, "Connection: close"]  # fmt: skip
+        lines = [
+            f"HTTP/1.0 {answer.code} {HTTPStatus(answer.code).phrase}",
+            f"Server: {self.name}",
+            *(f"{k}: {v}" for k, v in answer.headers.items()),
+            *length,
+            "Connection: close",
+        ]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
 
-    async def _send(self, writer: asyncio.StreamWriter, answer: Answer,
-                    reader: asyncio.StreamReader | None = None) -> None:  # fmt: skip
+    async def _send(
+        self, writer: asyncio.StreamWriter, answer: Answer, reader: asyncio.StreamReader | None = None
+    ) -> None:
         try:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
@@ -335,8 +350,9 @@ class BoundedHTTPServer:
             if answer.closed is not None:
                 answer.closed()
 
-    async def _stream(self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None],
-                      reader: asyncio.StreamReader | None) -> None:  # fmt: skip
+    async def _stream(
+        self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader | None
+    ) -> None:
         """Each chunk as the generator yields it, written before the next is asked; the generator is closed at the
         end, whatever ended the stream. The deadline applies where a chunk waits for the client (the transport's
         buffer not empty): a write the socket takes at once costs no timer. A client that closes its connection

@@ -61,8 +61,10 @@ class RunLock:
         except OSError:
             same = False
         if not same:
-            raise LockError(f"{self.folder}: the run folder was moved or replaced while this process wrote it; "
-                            "stopping without writing there (what was written is where the folder went)")  # fmt: skip
+            raise LockError(
+                f"{self.folder}: the run folder was moved or replaced while this process wrote it; "
+                "stopping without writing there (what was written is where the folder went)"
+            )
 
     def child_env(self) -> dict[str, str]:
         """Environment for a child that writes the same folder: with pass_fds=(self.fd,) it holds this lock."""
@@ -181,8 +183,10 @@ def _take(fd: int, folder: Path, path: Path, flag: str, stat: Callable[[Path], o
         os.close(fd)
         exited = pid.isdigit() and not pid_alive(int(pid))  # an unknown pid ("?"): say nothing about it
         who = f"a process started by pid {pid}, which has exited" if exited else f"pid {pid}"
-        raise LockError(f"{flag} {folder}: the run folder is in use by another microgpt process ({who}); "
-                        "wait for it to end or stop it") from None  # fmt: skip
+        raise LockError(
+            f"{flag} {folder}: the run folder is in use by another microgpt process ({who}); "
+            "wait for it to end or stop it"
+        ) from None
     except LockError:
         os.close(fd)
         raise

@@ -100,8 +100,10 @@ class Log:
         if not self.unreadable:
             return None
         lines = "line was" if self.unreadable == 1 else "lines were"
-        return (f"{where}: {self.unreadable} unreadable {lines} passed over (the first, line {self.first_unreadable}: "
-                f"{self.why})")  # fmt: skip
+        return (
+            f"{where}: {self.unreadable} unreadable {lines} passed over (the first, line {self.first_unreadable}: "
+            f"{self.why})"
+        )
 
 
 class Tracker(Protocol):
@@ -120,8 +122,13 @@ def write_all(fd: int, data: bytes) -> None:
 class RunLog:
     """The sinks of one process's records. path None: no log file (a data-parallel rank other than 0, a test)."""
 
-    def __init__(self, path: Path | None = None, json_stdout: bool = False, trackers: Sequence[Tracker] = (),
-                 guard: Callable[[], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: Path | None = None,
+        json_stdout: bool = False,
+        trackers: Sequence[Tracker] = (),
+        guard: Callable[[], None] | None = None,
+    ):
         self.path, self.json_stdout, self.trackers, self.guard = path, json_stdout, list(trackers), guard
         self.fd: int | None = None
         self.queue: deque[dict[str, Any]] = deque()  # records the trackers have not seen yet

@@ -42,8 +42,19 @@ NOISE = "noise"
 def build_sources(out: Path, noise: bool) -> Path:
     split = out / "builtin-split"
     if not (split / "manifest.json").exists():
-        cmd = [sys.executable, "-m", "microgpt.cli", "prep", "--builtin", "--per-source", "--vocab-size", "2048",
-               "--out", str(split), "--quiet"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "microgpt.cli",
+            "prep",
+            "--builtin",
+            "--per-source",
+            "--vocab-size",
+            "2048",
+            "--out",
+            str(split),
+            "--quiet",
+        ]
         subprocess.run(cmd, check=True, cwd=REPO)
     if not noise:
         return split
@@ -64,8 +75,13 @@ def build_sources(out: Path, noise: bool) -> Path:
 
 def train(out: Path, name: str, data: Path, mixing: dict, steps: int, seed: int) -> list[dict]:
     """One run through the CLI; a finished run of the very same experiment in out is read back, not redone."""
-    exp = {"name": f"firehose-{name}", "model": MODEL, "train": {**TRAIN, "steps": steps, "seed": seed},
-           "data": {"source": "shards", "path": str(data)}, "mixing": mixing}  # fmt: skip
+    exp = {
+        "name": f"firehose-{name}",
+        "model": MODEL,
+        "train": {**TRAIN, "steps": steps, "seed": seed},
+        "data": {"source": "shards", "path": str(data)},
+        "mixing": mixing,
+    }
     path, log = out / f"{name}.json", out / f"{name}.jsonl"
     text = json.dumps(exp, indent=1)
     if path.exists() and path.read_text() == text and log.exists() and '"event":"done"' in log.read_text():
@@ -109,10 +125,17 @@ def report(runs: dict[tuple[str, int], list[dict]], variants: list[str], seeds: 
         per = {n: np.mean([evals[(v, s)][-1]["source_val_loss"][n] for s in seeds]) for n in names}
         mix = [r["mixture"] for s in seeds for r in runs[(v, s)] if r["event"] == "step"]
         weights = {n: np.mean([m[n] for m in mix]) for n in names}
-        print(f"| {v} | " + ", ".join(f"{f:.3f}" for f in finals) + f" | {np.mean(finals):.3f} | "
-              + ", ".join("never" if r is None else str(r) for r in reach) + " | "
-              + ", ".join(f"{n} {x:.3f}" for n, x in per.items()) + " | "
-              + ", ".join(f"{n} {x:.2f}" for n, x in weights.items()) + " |")  # fmt: skip
+        print(
+            f"| {v} | "
+            + ", ".join(f"{f:.3f}" for f in finals)
+            + f" | {np.mean(finals):.3f} | "
+            + ", ".join("never" if r is None else str(r) for r in reach)
+            + " | "
+            + ", ".join(f"{n} {x:.3f}" for n, x in per.items())
+            + " | "
+            + ", ".join(f"{n} {x:.2f}" for n, x in weights.items())
+            + " |"
+        )
 
 
 def main() -> int:

@@ -52,8 +52,15 @@ def write_experiment(folder: Path, **sections: dict) -> Path:
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:
     """Run `python -m microgpt.cli ARGS` to completion, capturing output."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **kw.pop("env", {})}
-    return subprocess.run([sys.executable, "-m", "microgpt.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=kw.pop("cwd", REPO), timeout=kw.pop("timeout", 300), **kw)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "microgpt.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=kw.pop("cwd", REPO),
+        timeout=kw.pop("timeout", 300),
+        **kw,
+    )
 
 
 def json_lines(stdout: str) -> list[dict]:

@@ -121,8 +121,13 @@ def card_table() -> str:
             for B in sizes:
                 t = dataclasses.replace(exp.train, micro_batch=B, n_micro=sequences // B, precision=prec_name)
                 itemsize = memory.COMPUTE_BYTES[prec.compute]
-                bufs = memory.plan(exp.model, t, prec, memory.gpu_logits_rows(exp.model, B, itemsize),
-                                   triton_rows(exp.model, B, 132, 32 << 20))  # fmt: skip
+                bufs = memory.plan(
+                    exp.model,
+                    t,
+                    prec,
+                    memory.gpu_logits_rows(exp.model, B, itemsize),
+                    triton_rows(exp.model, B, 132, 32 << 20),
+                )
                 gib = sum(memory.role_bytes(bufs, prec).values()) / 2**30
                 label = {"bf16": "bf16, fp16"}.get(prec_name, prec_name)
                 fits = ["yes" if gib + CONTEXT_GIB + t.memory_margin <= card else "-" for card in CARD_GIB.values()]
@@ -142,8 +147,13 @@ def test_the_precision_table_is_the_checks() -> None:
     assert linear.BF16_CAPABILITY == (8, 0) and fp8.FP8_CAPABILITY == (8, 9)
     rows = [line for line in DOC.splitlines() if line.startswith("| sm_")]
     got = {cells[0]: cells[3] for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows)}
-    assert got == {"sm_75": "fp32, fp16", "sm_80": "fp32, fp16, bf16", "sm_86": "fp32, fp16, bf16",
-                   "sm_89": "fp32, fp16, bf16, fp8", "sm_90": "fp32, fp16, bf16, fp8"}  # fmt: skip
+    assert got == {
+        "sm_75": "fp32, fp16",
+        "sm_80": "fp32, fp16, bf16",
+        "sm_86": "fp32, fp16, bf16",
+        "sm_89": "fp32, fp16, bf16, fp8",
+        "sm_90": "fp32, fp16, bf16, fp8",
+    }
 
 
 # The reproduction table (section 5): its commands are the experiments' recipes and dev/repro_table.py's; a cell not
@@ -211,8 +221,9 @@ def test_the_card_class_plans_are_the_plan_and_the_measurements_are_recorded() -
         plans = {}
         for B in (b for b in range(sequences, 0, -1) if sequences % b == 0):
             t = dataclasses.replace(exp.train, micro_batch=B, n_micro=sequences // B)
-            bufs = memory.plan(exp.model, t, prec, memory.gpu_logits_rows(exp.model, B, 2),
-                               triton_rows(exp.model, B, 132, 32 << 20))  # fmt: skip
+            bufs = memory.plan(
+                exp.model, t, prec, memory.gpu_logits_rows(exp.model, B, 2), triton_rows(exp.model, B, 132, 32 << 20)
+            )
             plans[B] = sum(memory.role_bytes(bufs, prec).values()) / 2**30
         B = max(b for b, g in plans.items() if g + CONTEXT_GIB + exp.train.memory_margin <= CARD_CLASSES[card])
         assert (picks, gib) == (f"{B} x {sequences // B}", f"{plans[B]:.2f}"), (name, card)
@@ -234,9 +245,16 @@ def test_modern_table_matches_the_experiment(name: str) -> None:
         line for line in MODERN_SECTION.splitlines() if line.startswith(f"| `ANDREA-{name}-MODERN-TRAIN.json` |")
     )
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:9] == [f"{m.vocab_size:,}", str(m.d_model), str(m.n_layer), f"{m.n_head} x {params.head_dim(m)}",
-                          f"{m.seq_len:,}", f"{params.n_params(m):,}", f"{t.micro_batch} x {t.n_micro}",
-                          f"{t.steps:,}"]  # fmt: skip
+    assert cells[1:9] == [
+        f"{m.vocab_size:,}",
+        str(m.d_model),
+        str(m.n_layer),
+        f"{m.n_head} x {params.head_dim(m)}",
+        f"{m.seq_len:,}",
+        f"{params.n_params(m):,}",
+        f"{t.micro_batch} x {t.n_micro}",
+        f"{t.steps:,}",
+    ]
     assert cells[9].startswith(t.precision) and t.backend in cells[9], cells[9]
     assert params.n_params(m) == 2 * m.vocab_size * m.d_model + 12 * m.n_layer * m.d_model**2  # the stated formula
 
@@ -247,8 +265,11 @@ def test_modern_order_and_groups_are_the_code_s() -> None:
     m = config.load(REPO / "experiments" / "ANDREA-120M-MODERN-TRAIN.json").model
     table = MODERN_SECTION.split("| # | name | shape |")[1].split("\n\n")[0]
     names = [n for line in table.splitlines() for n in re.findall(r"`([\w{}.]+)`", line.split("|")[2])]
-    want = [name.replace("h0.", "h{l}.") for name, _ in params.param_shapes(m) if not name.startswith("h") or
-            name.startswith("h0.")]  # fmt: skip
+    want = [
+        name.replace("h0.", "h{l}.")
+        for name, _ in params.param_shapes(m)
+        if not name.startswith("h") or name.startswith("h0.")
+    ]
     assert names == want
     groups = ", ".join(f"{len(g.offsets)} of ({g.rows}, {g.cols})" for g in optim.groups(m))
     assert f"at ANDREA-120M's width {groups}" in " ".join(MODERN_SECTION.split())

@@ -19,8 +19,9 @@ def test_auto_trains_with_the_recipe_s_sequences_a_step(tmp_path: Path) -> None:
     r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--micro-batch", "auto", "--json")
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stderr.splitlines() if line.startswith("train.micro_batch auto: ")]
-    assert len(said) == 1 and said[0].startswith("train.micro_batch auto: 8 x n_micro 1 = 8 sequences a step, the "
-                                                 "largest micro-batch whose plan (")  # fmt: skip
+    assert len(said) == 1 and said[0].startswith(
+        "train.micro_batch auto: 8 x n_micro 1 = 8 sequences a step, the largest micro-batch whose plan ("
+    )
     recs = json_lines(r.stdout)
     train = next(rec for rec in recs if rec["event"] == "start")["config"]["train"]
     assert (train["micro_batch"], train["n_micro"]) == (8, 1)
@@ -32,9 +33,13 @@ def test_auto_trains_with_the_recipe_s_sequences_a_step(tmp_path: Path) -> None:
 
 def test_no_room_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     exp = write_experiment(tmp_path)
-    for flags, needle in ((["--micro-batch", "auto"], "error: train.micro_batch 'auto': no micro-batch fits the "
-                           "device (cpu): a micro-batch of 1 needs "),
-                          ([], "error: the memory plan needs ")):  # fmt: skip
+    for flags, needle in (
+        (
+            ["--micro-batch", "auto"],
+            "error: train.micro_batch 'auto': no micro-batch fits the device (cpu): a micro-batch of 1 needs ",
+        ),
+        ([], "error: the memory plan needs "),
+    ):
         r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--memory-margin", "1048576", *flags)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(needle), r.stderr
         assert not list((tmp_path / "run").glob("ckpt/*"))

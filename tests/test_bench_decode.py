@@ -20,8 +20,13 @@ pytest.importorskip("transformers")
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/decode.py", "--device", "cpu", "--repeats", "1", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "bench/decode.py", "--device", "cpu", "--repeats", "1", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def same_tokens(rows: list[dict], batches: list[int], new: int) -> None:

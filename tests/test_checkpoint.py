@@ -86,10 +86,16 @@ def test_wrong_model_size_and_nan(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "which, index, value, needle",
-    [(0, 0, np.inf, "weights contain"), (0, 15, -np.inf, "weights contain"), (1, 7, np.nan, "Adam m contains"),
-     (1, 0, np.inf, "Adam m contains"), (2, 9, -1e-30, "Adam v contains"), (2, 15, np.nan, "Adam v contains"),
-     (2, 3, -0.0, None)],
-)  # fmt: skip
+    [
+        (0, 0, np.inf, "weights contain"),
+        (0, 15, -np.inf, "weights contain"),
+        (1, 7, np.nan, "Adam m contains"),
+        (1, 0, np.inf, "Adam m contains"),
+        (2, 9, -1e-30, "Adam v contains"),
+        (2, 15, np.nan, "Adam v contains"),
+        (2, 3, -0.0, None),
+    ],
+)
 def test_every_value_is_checked(tmp_path, which: int, index: int, value: float, needle: str | None) -> None:
     """A NaN, an infinity (either sign) anywhere in any of the three arrays, or a negative Adam v, is one sentence
     naming the array; -0.0 in v is a square's mean and passes."""

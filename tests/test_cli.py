@@ -152,8 +152,9 @@ def test_checkpoint_for_another_model_size(tmp_path: Path, run_with_checkpoint) 
         ("data", {"source": "shards", "path": "/nonexistent/shards"}, ["/nonexistent/shards"]),
     ],
 )
-def test_bad_config_is_one_line_and_touches_nothing(tmp_path: Path, run_with_checkpoint, section, values,
-                                                    needles) -> None:  # fmt: skip
+def test_bad_config_is_one_line_and_touches_nothing(
+    tmp_path: Path, run_with_checkpoint, section, values, needles
+) -> None:
     _, ck, before = run_with_checkpoint
     (tmp_path / "bad").mkdir()
     exp = write_experiment(tmp_path / "bad", **{section: values})
@@ -196,8 +197,17 @@ def test_builtin_corpus_never_replaces_a_foreign_folder(tmp_path: Path) -> None:
 def test_triton_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     exp = write_experiment(tmp_path)
-    res = cli("train", str(exp), "--steps", "1", "--backend", "triton", "--out", str(tmp_path / "run"),
-              env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    res = cli(
+        "train",
+        str(exp),
+        "--steps",
+        "1",
+        "--backend",
+        "triton",
+        "--out",
+        str(tmp_path / "run"),
+        env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""},
+    )
     one_line_error(res, "train.backend 'triton'")
     assert not (tmp_path / "run").exists()  # the folder this failed start made goes with it
 
@@ -220,8 +230,10 @@ def test_version() -> None:
     r = cli("--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"microgpt {microgpt.__version__}\n"
-    assert f"Version: {microgpt.__version__}" in subprocess.run(
-        [sys.executable, "-m", "pip", "show", "microgpt"], capture_output=True, text=True).stdout  # fmt: skip
+    assert (
+        f"Version: {microgpt.__version__}"
+        in subprocess.run([sys.executable, "-m", "pip", "show", "microgpt"], capture_output=True, text=True).stdout
+    )
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,10 @@ def test_shipped_experiments_load(path: Path) -> None:
 
 
 def test_family_sizes() -> None:
-    n = {name: params.n_params(config.load(REPO / f"experiments/ANDREA-{name}-TRAIN.json").model)
-         for name in ("tiny", "12M", "120M")}  # fmt: skip
+    n = {
+        name: params.n_params(config.load(REPO / f"experiments/ANDREA-{name}-TRAIN.json").model)
+        for name in ("tiny", "12M", "120M")
+    }
     assert 1e6 <= n["tiny"] <= 3e6 and 11e6 <= n["12M"] <= 14e6 and 120e6 <= n["120M"] <= 128e6
     big = config.load(REPO / "experiments/ANDREA-120M-TRAIN.json")
     m = big.model
@@ -89,8 +91,11 @@ SHARED_FLAGS = {"experiment", "out", "steps", "seed", "backend", "precision", "m
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
-    return {a.dest: (tuple(a.option_strings), a.type, a.choices, a.nargs, a.default, a.metavar, a.help)
-            for a in parser._actions if a.dest != "help"}  # fmt: skip
+    return {
+        a.dest: (tuple(a.option_strings), a.type, a.choices, a.nargs, a.default, a.metavar, a.help)
+        for a in parser._actions
+        if a.dest != "help"
+    }
 
 
 def test_train_and_run_take_the_shared_flags_as_declared_once() -> None:
@@ -130,12 +135,14 @@ def error_line(argv: list[str], capsys: pytest.CaptureFixture) -> str:
         (["--backend", "cuda"], "microgpt CMD: argument --backend: invalid choice: 'cuda'"),
         (["--micro-batch", "big"], "microgpt CMD: argument --micro-batch: must be an integer or 'auto', got 'big'"),
         (["--micro-batch", "0"], "with --micro-batch: train.micro_batch must be > 0, got 0"),
-        (["--set", "train.micro_batch=\"max\""], "--set train.micro_batch: train: field 'micro_batch' must be an int "
-                                                 "or 'auto', got str 'max'"),
+        (
+            ["--set", 'train.micro_batch="max"'],
+            "--set train.micro_batch: train: field 'micro_batch' must be an int or 'auto', got str 'max'",
+        ),
         (["--memory-margin", "-1"], "with --memory-margin: train.memory_margin must be in [0, 2**20] GiB, got -1.0"),
         (["--memory-margin", "nan"], "--memory-margin: train: field 'memory_margin' must be a finite number"),
     ],
-)  # fmt: skip
+)
 def test_bad_shared_flags_give_the_same_line_from_train_and_run(tmp_path: Path, capsys, args, needle) -> None:
     exp, out = write_experiment(tmp_path), tmp_path / "out"
     train = error_line(["train", str(exp), "--out", str(out), *args], capsys)

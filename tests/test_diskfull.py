@@ -65,13 +65,19 @@ def test_disk_full_under_the_proxy(tmp_path: Path, small_disk: Path) -> None:
 
     exp = write_exp(tmp_path, train={"steps": 100000, "ckpt_every": 100000, "eval_every": 100000})
     out = small_disk / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "microgpt.cli", "run", str(exp), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "microgpt.cli", "run", str(exp), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         loss = out / "proxy-test.loss.json"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (loss.exists() and len(json.loads(loss.read_bytes() or b"{}")
-                                                                           .get("train", [])) >= 5):  # fmt: skip
+        while time.monotonic() < deadline and not (
+            loss.exists() and len(json.loads(loss.read_bytes() or b"{}").get("train", [])) >= 5
+        ):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         with open(small_disk / "filler", "wb") as f:  # take every byte that is left

@@ -162,15 +162,18 @@ def test_fp8_ranks_share_one_history_and_match_one_process(tmp_path: Path) -> No
     replica check would stop a run whose weights drifted apart) and it is the one process's with micro-batch 2B,
     whose amax is the max over the same rows. (The priming micro-batch scales each rank by its own amax, so the
     runs agree to fp8's rounding, not bit for bit.)"""
-    exp = write_experiment(tmp_path, train={"micro_batch": B, "precision": "fp8", "backend": "numpy",
-                                            "eval_every": 100})  # fmt: skip
+    exp = write_experiment(
+        tmp_path, train={"micro_batch": B, "precision": "fp8", "backend": "numpy", "eval_every": 100}
+    )
     one = train(exp, tmp_path / "one", "--steps", "3", "--set", f"train.micro_batch={2 * B}")
     two = train(exp, tmp_path / "two", "--steps", "3", "--procs", "2")
     for a, b in zip(records(one.stdout, "step"), records(two.stdout, "step")):
         assert_close(b["loss"], a["loss"], f"step {a['step']} loss", rel=1e-2)
     name = checkpoint.ckpt_name(3)
-    h1, h2 = (np.array(checkpoint.read_sidecar(tmp_path / r / "ckpt" / name)["fp8_amax_history"]).reshape(-1, 2, 16)
-              for r in ("one", "two"))  # fmt: skip
+    h1, h2 = (
+        np.array(checkpoint.read_sidecar(tmp_path / r / "ckpt" / name)["fp8_amax_history"]).reshape(-1, 2, 16)
+        for r in ("one", "two")
+    )
     assert (h2[..., :6] > 0).all() and not h2[..., 6:].any()
     np.testing.assert_allclose(h2[:, 0], h1[:, 0], rtol=1e-2)  # the sites' inputs
     # output gradients: a rank's loss is the mean over its B rows, so its gradients are twice the 2B process's; a
@@ -200,10 +203,30 @@ def test_two_simulated_nodes_under_torchrun_train_what_the_launcher_trains(runs)
     torchrun = Path(sys.executable).parent / "torchrun"
     nodes = []
     for rank in range(2):
-        cmd = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
-               sys.executable, "-m", "microgpt.cli", "train", str(runs["exp"]), "--out", str(tmp / f"node{rank}"),
-               "--steps", "6", "--json"]  # fmt: skip
+        cmd = [
+            str(torchrun),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--no-python",
+            sys.executable,
+            "-m",
+            "microgpt.cli",
+            "train",
+            str(runs["exp"]),
+            "--out",
+            str(tmp / f"node{rank}"),
+            "--steps",
+            "6",
+            "--json",
+        ]
         nodes.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
     results = [p.communicate(timeout=240) for p in nodes]
     for p, (out, err) in zip(nodes, results):

@@ -106,13 +106,21 @@ ENDS = '"endings": ["b", "c", "d", "e"]'
 
 @pytest.mark.parametrize(
     "line",
-    ['{"ctx": "a", "endings": ["b", "c", "d"], "label": 0}', '{"ctx": "a", "endings": ["b", "c", "d", "e"]}',
-     "not json", '{"endings": ["b", "c", "d", "e"], "label": 1}',
-     "[" * 100_000 + "]" * 100_000, '{"ctx": "a", ' + ENDS + ', "label": ' + "1" * 5000 + "}",
-     '{"ctx": "a", ' + ENDS + ', "label": "' + "0" * 4999 + '1"}', '{"ctx": "a", ' + ENDS + ', "label": true}',
-     '{"ctx": "a", ' + ENDS + ', "label": 1.0}', '{"ctx": "a", ' + ENDS + ', "label": NaN}',
-     '{"ctx": "a", "ctx": "b", ' + ENDS + ', "label": 1}', '{"ctx": "a", ' + ENDS + ', "label": "-0"}'],
-)  # fmt: skip
+    [
+        '{"ctx": "a", "endings": ["b", "c", "d"], "label": 0}',
+        '{"ctx": "a", "endings": ["b", "c", "d", "e"]}',
+        "not json",
+        '{"endings": ["b", "c", "d", "e"], "label": 1}',
+        "[" * 100_000 + "]" * 100_000,
+        '{"ctx": "a", ' + ENDS + ', "label": ' + "1" * 5000 + "}",
+        '{"ctx": "a", ' + ENDS + ', "label": "' + "0" * 4999 + '1"}',
+        '{"ctx": "a", ' + ENDS + ', "label": true}',
+        '{"ctx": "a", ' + ENDS + ', "label": 1.0}',
+        '{"ctx": "a", ' + ENDS + ', "label": NaN}',
+        '{"ctx": "a", "ctx": "b", ' + ENDS + ', "label": 1}',
+        '{"ctx": "a", ' + ENDS + ', "label": "-0"}',
+    ],
+)
 def test_malformed_hellaswag_line(trained, tmp_path: Path, line: str) -> None:
     """Every line read by the strict reader (nesting, duplicate keys, NaN, 5,000-digit numbers) and checked before
     anything is scored: one line naming the file and the line."""
@@ -125,8 +133,11 @@ def test_an_example_with_nothing_to_score_is_not_correct(trained, tmp_path: Path
     """An empty context and one-token endings: each ending's only token starts the sequence and nothing predicts
     it. Such an example counts among the examples, never as correct (label 0 used to win every tie of zeros)."""
     tok = load_tokenizer(load_trained(trained[0]).side["tokenizer"])
-    words = [w for w in ("def", "return", "self", "import", "class", "if", "in", "for", "not", "is", "None")
-             if len(tok.encode(" " + w)) == 1][:4]  # fmt: skip
+    words = [
+        w
+        for w in ("def", "return", "self", "import", "class", "if", "in", "for", "not", "is", "None")
+        if len(tok.encode(" " + w)) == 1
+    ][:4]
     assert len(words) == 4, words
     path = tmp_path / "hs.jsonl"
     path.write_text(json.dumps({"ctx": "", "endings": words, "label": 0}) + "\n" + json.dumps(HELLASWAG[0]) + "\n")

@@ -26,8 +26,9 @@ PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "<|im_start|>use
 
 def train(folder: Path, vocab_size: int, steps: int = 6) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    exp = write_experiment(folder, model={"vocab_size": vocab_size}, train={"steps": steps},
-                           data={"path": str(folder / "data")})  # fmt: skip
+    exp = write_experiment(
+        folder, model={"vocab_size": vocab_size}, train={"steps": steps}, data={"path": str(folder / "data")}
+    )
     res = cli("train", str(exp), "--out", str(folder / "run"))
     assert res.returncode == 0, res.stderr
     return folder / "run"
@@ -58,8 +59,14 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def test_folder_has_the_files(run: Path, hf: Path) -> None:
-    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-             "README.md"}  # fmt: skip
+    names = {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "README.md",
+    }
     assert {p.name for p in hf.iterdir()} == names
     cfg = json.loads((hf / "config.json").read_text())
     assert cfg["architectures"] == ["GPT2LMHeadModel"] and cfg["n_positions"] == 32 and cfg["vocab_size"] == 512
@@ -105,8 +112,11 @@ def test_tokenizer_round_trips_and_renders_chatml(run: Path, hf: Path) -> None:
     for text in [*PROMPTS, "héllo wörld ✓\n\t  spaces", ""]:
         ids = tok.encode(text, add_special_tokens=False)
         assert ids == ours.encode(text) and tok.decode(ids) == text
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello!"}]  # fmt: skip
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+    ]
     assert tok.apply_chat_template(msgs, tokenize=False) == render(msgs)[0]
     prompt = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert prompt == render(msgs[:2])[0] + "<|im_start|>assistant\n"
@@ -142,8 +152,12 @@ def test_the_modern_block_exports_as_nanochat(tmp_path: Path) -> None:
     sample`'s; GGUF refuses it in one line, writing nothing."""
     from tests.test_modern import MODERN_RUN
 
-    exp = write_experiment(tmp_path, model={**MODERN_RUN["model"], "vocab_size": 512}, train={**MODERN_RUN["train"],
-                           "steps": 6}, data={"path": str(tmp_path / "data")})  # fmt: skip
+    exp = write_experiment(
+        tmp_path,
+        model={**MODERN_RUN["model"], "vocab_size": 512},
+        train={**MODERN_RUN["train"], "steps": 6},
+        data={"path": str(tmp_path / "data")},
+    )
     assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
     res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"))
     assert res.returncode == 0 and "a transformers NanoChat folder" in res.stdout, res.stderr

@@ -34,12 +34,24 @@ def train(folder: Path, vocab_size: int, d_model: int = 64, steps: int = 8, toke
     folder.mkdir(parents=True, exist_ok=True)
     data = {"path": str(folder / "data")}
     if tokenizer_size:
-        prep = cli("prep", "--builtin", "--vocab-size", str(tokenizer_size), "--max-bytes", "400000", "--val-fraction",
-                   "0.3", "--out", str(folder / "data"), "--quiet")  # fmt: skip
+        prep = cli(
+            "prep",
+            "--builtin",
+            "--vocab-size",
+            str(tokenizer_size),
+            "--max-bytes",
+            "400000",
+            "--val-fraction",
+            "0.3",
+            "--out",
+            str(folder / "data"),
+            "--quiet",
+        )
         assert prep.returncode == 0, prep.stderr
         data["source"] = "shards"
-    exp = write_experiment(folder, model={"vocab_size": vocab_size, "d_model": d_model, "seq_len": 64},
-                           train={"steps": steps}, data=data)  # fmt: skip
+    exp = write_experiment(
+        folder, model={"vocab_size": vocab_size, "d_model": d_model, "seq_len": 64}, train={"steps": steps}, data=data
+    )
     res = cli("train", str(exp), "--out", str(folder / "run"))
     assert res.returncode == 0, res.stderr
     return folder / "run"
@@ -62,15 +74,25 @@ def expected_tensors(run: Path) -> dict[str, np.ndarray]:
     """llama.cpp's GPT-2 tensors from microgpt's parameters, numpy layout (the last axis is ggml's ne0)."""
     ld = load_trained(run)
     P, m = ld.params(), ld.exp.model
-    out = {"token_embd.weight": P["wte"], "position_embd.weight": P["wpe"], "output_norm.weight": P["lnf_w"],
-           "output_norm.bias": P["lnf_b"]}  # fmt: skip
+    out = {
+        "token_embd.weight": P["wte"],
+        "position_embd.weight": P["wpe"],
+        "output_norm.weight": P["lnf_w"],
+        "output_norm.bias": P["lnf_b"],
+    }
     for i in range(m.n_layer):
         h, b = f"h{i}.", f"blk.{i}."
         qkv = np.concatenate([P[h + "w_q"], P[h + "w_k"], P[h + "w_v"]], axis=1)  # (C, 3C) = x @ w
-        out |= {b + "attn_norm.weight": P[h + "ln1_w"], b + "attn_norm.bias": P[h + "ln1_b"],
-                b + "ffn_norm.weight": P[h + "ln2_w"], b + "ffn_norm.bias": P[h + "ln2_b"],
-                b + "attn_qkv.weight": qkv.T, b + "attn_output.weight": P[h + "w_o"].T,
-                b + "ffn_up.weight": P[h + "w_1"].T, b + "ffn_down.weight": P[h + "w_2"].T}  # fmt: skip
+        out |= {
+            b + "attn_norm.weight": P[h + "ln1_w"],
+            b + "attn_norm.bias": P[h + "ln1_b"],
+            b + "ffn_norm.weight": P[h + "ln2_w"],
+            b + "ffn_norm.bias": P[h + "ln2_b"],
+            b + "attn_qkv.weight": qkv.T,
+            b + "attn_output.weight": P[h + "w_o"].T,
+            b + "ffn_up.weight": P[h + "w_1"].T,
+            b + "ffn_down.weight": P[h + "w_2"].T,
+        }
         for name, w in list(out.items()):
             if name.startswith(b) and name.endswith(("qkv.weight", "output.weight", "up.weight", "down.weight")):
                 out[name.replace(".weight", ".bias")] = np.zeros(w.shape[0], np.float32)
@@ -92,14 +114,26 @@ def test_every_key_and_tensor_reads_back(run: Path, tmp_path: Path, dtype: str) 
     tokens, types = got.pop("tokenizer.ggml.tokens"), got.pop("tokenizer.ggml.token_type")
     merges = got.pop("tokenizer.ggml.merges")
     file_type = {"fp32": 0, "fp16": 1, "q8_0": 7}[dtype]
-    want = {"general.architecture": "gpt2", "general.name": "tiny-test", "general.file_type": file_type,
-            "gpt2.context_length": 64, "gpt2.embedding_length": 64, "gpt2.feed_forward_length": 256,
-            "gpt2.block_count": 2, "gpt2.attention.head_count": 4,
-            "gpt2.attention.layer_norm_epsilon": pytest.approx(1e-5, rel=1e-6),
-            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": 0,
-            "tokenizer.ggml.eos_token_id": 0, "tokenizer.ggml.eot_token_id": 2, "tokenizer.ggml.padding_token_id": 3,
-            "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
-            "tokenizer.chat_template": CHAT_TEMPLATE}  # fmt: skip
+    want = {
+        "general.architecture": "gpt2",
+        "general.name": "tiny-test",
+        "general.file_type": file_type,
+        "gpt2.context_length": 64,
+        "gpt2.embedding_length": 64,
+        "gpt2.feed_forward_length": 256,
+        "gpt2.block_count": 2,
+        "gpt2.attention.head_count": 4,
+        "gpt2.attention.layer_norm_epsilon": pytest.approx(1e-5, rel=1e-6),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 0,
+        "tokenizer.ggml.eot_token_id": 2,
+        "tokenizer.ggml.padding_token_id": 3,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.chat_template": CHAT_TEMPLATE,
+    }
     want |= {"general.quantization_version": 2} if dtype == "q8_0" else {}
     assert got == want
     assert len(tokens) == len(types) == m.vocab_size == 520 and tok.vocab_size == 512
@@ -204,8 +238,9 @@ def test_llama_cpp_reads_a_byte_model(tmp_path: Path) -> None:
     """A byte-level model (no merges): llama.cpp's tokens are the text's bytes, its logits microgpt's."""
     llama_cpp = llama_cpp_module()
     run = train(tmp_path, 256, steps=2)
-    llm = llama_cpp.Llama(model_path=str(export(run, tmp_path / "b.gguf", "fp32")), n_ctx=64, logits_all=True,
-                          verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        model_path=str(export(run, tmp_path / "b.gguf", "fp32")), n_ctx=64, logits_all=True, verbose=False
+    )
     text = "héllo\n\tx = 1"
     ids = list(text.encode())
     assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids

@@ -28,16 +28,28 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def finetune_exp(tmp: Path, data: Path) -> Path:
-    return write_experiment(tmp, model={"vocab_size": 384},
-                            train={"steps": 4, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 2, "eval_every": 2},
-                            data={"source": "shards", "path": str(data), "loss_mask": True})  # fmt: skip
+    return write_experiment(
+        tmp,
+        model={"vocab_size": 384},
+        train={"steps": 4, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 2, "eval_every": 2},
+        data={"source": "shards", "path": str(data), "loss_mask": True},
+    )
 
 
 def test_pretrain_prep_loss_mask_finetune_then_chat(pretrained: tuple[Path, Path], tmp_path: Path) -> None:
     pre, chats = pretrained
     data = tmp_path / "chat-data"
-    p = cli("prep", "--source", str(chats), "--loss-mask", "--tokenizer", str(pre / "tokenizer.json"),
-            "--out", str(data), "--quiet")  # fmt: skip
+    p = cli(
+        "prep",
+        "--source",
+        str(chats),
+        "--loss-mask",
+        "--tokenizer",
+        str(pre / "tokenizer.json"),
+        "--out",
+        str(data),
+        "--quiet",
+    )
     assert p.returncode == 0, p.stderr
     out = tmp_path / "ft"
     r = cli("train", str(finetune_exp(tmp_path, data)), "--init", str(pre), "--out", str(out))
@@ -60,8 +72,9 @@ def test_pretrain_prep_loss_mask_finetune_then_chat(pretrained: tuple[Path, Path
 def test_init_takes_the_weights_and_nothing_else(pretrained: tuple[Path, Path], tmp_path: Path) -> None:
     """In process: the masters are the other run's final weights; Adam m and v are zero and the step is 0."""
     pre, _ = pretrained
-    exp = config.from_dict({**TINY, "model": {**TINY["model"], "vocab_size": 384}, "data": {**TINY["data"],
-                            "max_bytes": 100000}})  # fmt: skip
+    exp = config.from_dict(
+        {**TINY, "model": {**TINY["model"], "vocab_size": 384}, "data": {**TINY["data"], "max_bytes": 100000}}
+    )
     tr = trainer.Trainer(exp, tmp_path / "ft")
     tr.init_from(str(pre))
     want = load_trained(pre).weights
@@ -76,8 +89,12 @@ def test_init_refuses_another_model_or_another_tokenizer(pretrained: tuple[Path,
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(f"error: --init {pre}: "), r.stderr
     assert "model.d_model" in r.stderr and not (tmp_path / "x" / "ckpt").exists()
     data = tmp_path / "own-bpe"  # the chats tokenized with a BPE of their own, not the pretraining run's
-    assert cli("prep", "--source", str(chats), "--loss-mask", "--vocab-size", "384", "--out", str(data),
-               "--quiet").returncode == 0  # fmt: skip
+    assert (
+        cli(
+            "prep", "--source", str(chats), "--loss-mask", "--vocab-size", "384", "--out", str(data), "--quiet"
+        ).returncode
+        == 0
+    )
     r = cli("train", str(finetune_exp(tmp_path, data)), "--init", str(pre), "--out", str(tmp_path / "y"))
     lines = r.stderr.splitlines()
     assert r.returncode == 2 and lines[-1].startswith(f"error: --init {pre}: its tokenizer"), r.stderr

@@ -33,8 +33,14 @@ def code_words(source: str) -> list[str]:
     """The identifiers and non-docstring string constants of a module's code, in the order ast.walk meets them."""
     tree = ast.parse(source)
     scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree) if isinstance(node, scopes) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}  # fmt: skip
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, scopes)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     words: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -174,10 +174,17 @@ def test_checkpoint_carries_the_histories(fp8_run: tuple[Path, Path]) -> None:
     assert (hist[..., :4] > 0).all() and not hist[..., 4:].any()  # 2 steps of 2 micro-batches
 
 
-@pytest.mark.parametrize("bad,why", [("short", "must hold 256 numbers"), ("neg", "item 0 must be a finite number in"),
-                                     ("str", "item 0 must be a finite number")])  # fmt: skip
-def test_bad_history_in_the_sidecar_is_one_line_and_harms_nothing(fp8_run: tuple[Path, Path], tmp_path: Path,
-                                                                  bad, why: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "bad,why",
+    [
+        ("short", "must hold 256 numbers"),
+        ("neg", "item 0 must be a finite number in"),
+        ("str", "item 0 must be a finite number"),
+    ],
+)
+def test_bad_history_in_the_sidecar_is_one_line_and_harms_nothing(
+    fp8_run: tuple[Path, Path], tmp_path: Path, bad, why: str
+) -> None:
     """A sidecar whose fp8_amax_history is the wrong length, negative or not numbers: resume exits 2 with one
     line naming the sidecar and the field; the checkpoint and the loss history are byte for byte as they were."""
     import shutil

@@ -57,7 +57,11 @@ def test_scored_during_training_as_eval_scores_its_checkpoint(tmp_path: Path) ->
     plain = train(tmp_path / "b")
     evals = [r for r in recs if r["event"] == "eval"]
     assert [(r["step"], "val_loss" in r, "hellaswag" in r) for r in evals] == [
-        (2, False, True), (3, True, False), (4, False, True), (6, True, True)]  # fmt: skip
+        (2, False, True),
+        (3, True, False),
+        (4, False, True),
+        (6, True, True),
+    ]
     assert all(r["hellaswag_examples"] == 5 and r["hellaswag_seconds"] >= 0 for r in evals if "hellaswag" in r)
     got = cli("eval", str(tmp_path / "a" / "run"), "--hellaswag", str(hs), "--windows", "5", "--json")
     assert got.returncode == 0, got.stderr
@@ -65,15 +69,25 @@ def test_scored_during_training_as_eval_scores_its_checkpoint(tmp_path: Path) ->
     assert (res["step"], res["unscored"], res["truncated"]) == (6, 1, 1)
     assert (evals[-1]["hellaswag"], evals[-1]["hellaswag_acc_norm"]) == (res["acc"], res["acc_norm"])
     card = json.loads((tmp_path / "a" / "run" / "report.json").read_text())  # the report card, the trackers' tags
-    assert card["hellaswag"] == {"acc": res["acc"], "acc_norm": res["acc_norm"], "examples": 5, "step": 6,
-                                 "file": str(hs)}  # fmt: skip
+    assert card["hellaswag"] == {
+        "acc": res["acc"],
+        "acc_norm": res["acc_norm"],
+        "examples": 5,
+        "step": 6,
+        "file": str(hs),
+    }
     assert f"acc {res['acc']:.4f}, acc_norm" in (tmp_path / "a" / "run" / "report.md").read_text()
-    assert trackers.scalars(evals[0]) == {"val/hellaswag": evals[0]["hellaswag"],
-                                          "val/hellaswag_acc_norm": evals[0]["hellaswag_acc_norm"]}  # fmt: skip
+    assert trackers.scalars(evals[0]) == {
+        "val/hellaswag": evals[0]["hellaswag"],
+        "val/hellaswag_acc_norm": evals[0]["hellaswag_acc_norm"],
+    }
 
     def losses(rs: list[dict]) -> list:
-        return [(r["event"], r["step"], r.get("loss"), r.get("val_loss")) for r in rs if r["event"] in ("step", "eval")
-                and ("loss" in r or "val_loss" in r)]  # fmt: skip
+        return [
+            (r["event"], r["step"], r.get("loss"), r.get("val_loss"))
+            for r in rs
+            if r["event"] in ("step", "eval") and ("loss" in r or "val_loss" in r)
+        ]
 
     assert losses(recs) == losses(plain)
 
@@ -97,10 +111,13 @@ def test_the_training_arena_scores_as_an_inference_plan() -> None:
 
 @pytest.mark.parametrize(
     "case, needles",
-    [("missing", ["train.hellaswag", "cannot read"]), ("empty", ["train.hellaswag", "no examples"]),
-     ("bad line", ["train.hellaswag", "hs.jsonl:2: field 'endings'"]),
-     ("every", ["train.hellaswag_every must be in [0, 2147483647] (0: with every evaluation), got -1"])],
-)  # fmt: skip
+    [
+        ("missing", ["train.hellaswag", "cannot read"]),
+        ("empty", ["train.hellaswag", "no examples"]),
+        ("bad line", ["train.hellaswag", "hs.jsonl:2: field 'endings'"]),
+        ("every", ["train.hellaswag_every must be in [0, 2147483647] (0: with every evaluation), got -1"]),
+    ],
+)
 def test_a_bad_hellaswag_setting_is_one_line_and_writes_nothing(tmp_path: Path, case: str, needles: list[str]) -> None:
     """Refused at the start with one `error:` line, exit 2: a new run folder is never made, an existing run's files
     keep their sha256."""
@@ -130,8 +147,9 @@ def test_shards_without_a_tokenizer_cannot_tokenize_it(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
         shards.write_shard(tmp_path / "shards" / f"{split}_000000.bin", rng.integers(0, 512, 4096).astype(np.uint16))
-    exp = write_experiment(tmp_path, model={"vocab_size": 512},
-                           data={"source": "shards", "path": str(tmp_path / "shards")})  # fmt: skip
+    exp = write_experiment(
+        tmp_path, model={"vocab_size": 512}, data={"source": "shards", "path": str(tmp_path / "shards")}
+    )
     hs = write_examples(tmp_path / "hs.jsonl", EXAMPLES)
     res = cli("train", str(exp), "--out", str(tmp_path / "new"), "--set", f"train.hellaswag={hs}")
     one_error(res, 2, "train.hellaswag", "no tokenizer.json (set data.tokenizer)")

@@ -18,8 +18,10 @@ from tests.test_hostile_input import refused, snapshot
 @pytest.mark.parametrize("value", ["", " "])
 def test_an_empty_init_is_refused(tmp_path: Path, command: str, value: str) -> None:
     exp = write_experiment(tmp_path)
-    refused(cli(command, str(exp), "--out", str(tmp_path / "run"), "--init", value),
-            "--init: an empty path; give a checkpoint or a run folder")  # fmt: skip
+    refused(
+        cli(command, str(exp), "--out", str(tmp_path / "run"), "--init", value),
+        "--init: an empty path; give a checkpoint or a run folder",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -34,8 +36,10 @@ def test_tensorboard_where_its_folder_cannot_be(tmp_path: Path, tb: str) -> None
         (out / "tb").symlink_to(tmp_path / "nowhere")
     before = snapshot(tmp_path)
     what = "not a folder" if tb == "a file" else "a link to nothing"
-    refused(cli("train", str(exp), "--out", str(out), "--track", "tensorboard"),
-            f"--track tensorboard: {out / 'tb'} is {what}; TensorBoard's event files are written there")  # fmt: skip
+    refused(
+        cli("train", str(exp), "--out", str(out), "--track", "tensorboard"),
+        f"--track tensorboard: {out / 'tb'} is {what}; TensorBoard's event files are written there",
+    )
     assert snapshot(tmp_path) == before and sorted(p.name for p in out.iterdir()) == ["tb"]
     assert not (tmp_path / "nowhere").exists()
 
@@ -56,11 +60,20 @@ def test_wandb_without_a_key_or_an_offline_mode_is_not_ready(no_wandb_account: P
 
 @pytest.mark.parametrize(
     "how",
-    ["WANDB_MODE=offline", "WANDB_MODE=disabled", "WANDB_API_KEY", "netrc", "netrc of WANDB_BASE_URL", "NETRC",
-     "`wandb offline` here", "`wandb offline` for the user"],
-)  # fmt: skip
-def test_wandb_is_ready_with_a_key_or_an_offline_mode(no_wandb_account: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      how: str) -> None:  # fmt: skip
+    [
+        "WANDB_MODE=offline",
+        "WANDB_MODE=disabled",
+        "WANDB_API_KEY",
+        "netrc",
+        "netrc of WANDB_BASE_URL",
+        "NETRC",
+        "`wandb offline` here",
+        "`wandb offline` for the user",
+    ],
+)
+def test_wandb_is_ready_with_a_key_or_an_offline_mode(
+    no_wandb_account: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     home = no_wandb_account
     entry = "machine {} login user password {}\n"
     if how.startswith("WANDB_MODE="):

@@ -128,8 +128,10 @@ def test_resume_beyond_steps_is_complete_and_names_the_flag_or_the_field(run: tu
     rewritten; the line names the flag or the field and how to train on."""
     exp, out, ck = run
     before = snapshot(out)
-    for args, named in ((["--steps", "2", "--resume", str(ck)], "--steps 2"),
-                        (["--set", "train.steps=2", "--resume", "latest"], "train.steps 2")):  # fmt: skip
+    for args, named in (
+        (["--steps", "2", "--resume", str(ck)], "--steps 2"),
+        (["--set", "train.steps=2", "--resume", "latest"], "train.steps 2"),
+    ):
         res = cli("train", str(exp), "--out", str(out), *args)
         lines = res.stderr.splitlines()
         assert res.returncode == 0 and len(lines) == 1 and lines[0].startswith("already complete: "), res.stderr
@@ -217,8 +219,11 @@ def texts(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("weight", ["nan", "-1", "inf", "1e9"])
 def test_prep_source_weight(tmp_path: Path, texts: Path, weight: str) -> None:
-    refused(cli("prep", "--source", f"{texts}@{weight}", "--out", str(tmp_path / "o"), "--tokenizer", "bytes"),
-            "--source", "weight")  # fmt: skip
+    refused(
+        cli("prep", "--source", f"{texts}@{weight}", "--out", str(tmp_path / "o"), "--tokenizer", "bytes"),
+        "--source",
+        "weight",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -277,11 +282,21 @@ def test_sampling_edges_that_stay_valid(run: tuple[Path, Path, Path]) -> None:
 
 def test_non_utf8_prompt_and_chat_line(run: tuple[Path, Path, Path]) -> None:
     _, out, _ = run
-    res = subprocess.run([sys.executable, "-m", "microgpt", "sample", str(out), "--prompt", b"caf\xe9"],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "microgpt", "sample", str(out), "--prompt", b"caf\xe9"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     refused(res, "--prompt", "UTF-8")
-    res = subprocess.run([sys.executable, "-m", "microgpt", "chat", str(out), "--tokens", "2"], input=b"hi\n\xff\n",
-                         capture_output=True, cwd=REPO, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "microgpt", "chat", str(out), "--tokens", "2"],
+        input=b"hi\n\xff\n",
+        capture_output=True,
+        cwd=REPO,
+        timeout=300,
+    )
     res.stderr = res.stderr.decode()
     refused(res, "stdin line 2", "UTF-8")
 
@@ -315,7 +330,7 @@ def test_eval_and_export_share_the_checked_loader(run: tuple[Path, Path, Path], 
         ("eval", ["--text", "t.txt", "--windows", str(10**12)], "--windows must be an integer in [1, 2147483647]"),
         ("eval", ["--text", "t.txt", "--windows", "0"], "--windows must be an integer in [1, 2147483647], got 0"),
     ],
-)  # fmt: skip
+)
 def test_numbers_out_of_range(run: tuple[Path, Path, Path], command: str, flags: list[str], needle: str) -> None:
     _, out, _ = run
     (out.parent / "t.txt").write_text("some text " * 20)
@@ -342,7 +357,7 @@ def test_a_subnormal_temperature_samples_greedily(run: tuple[Path, Path, Path]) 
         (["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
         (["--val-fraction", "nan"], "--val-fraction must be a finite number"),
     ],
-)  # fmt: skip
+)
 def test_prep_numbers_out_of_range(tmp_path: Path, texts: Path, flags: list[str], needle: str) -> None:
     refused(cli("prep", "--source", str(texts), "--out", str(tmp_path / "o"), "--tokenizer", "bytes", *flags), needle)
     assert not (tmp_path / "o").exists()
@@ -373,7 +388,7 @@ def half_the_host() -> list[str]:
         (["--procs", "2", "--backend", "triton"], "--procs 2: train.backend 'triton' needs a CUDA GPU per rank"),
         (["--procs", "4", "half the host"], "1/4 for each rank"),
     ],
-)  # fmt: skip
+)
 def test_procs_are_checked_once_before_any_rank(tmp_path: Path, flags: list[str], needle: str) -> None:
     """One `error:` line (not one per rank), for `train` and for `run`, and no rank's output at all."""
     pytest.importorskip("torch")

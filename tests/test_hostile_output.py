@@ -67,8 +67,11 @@ def test_export_to_a_full_disk_leaves_nothing(run_dir: Path, tmp_path: Path) -> 
 def test_export_to_a_path_that_cannot_be_a_folder(run_dir: Path, tmp_path: Path, kind: str) -> None:
     (tmp_path / "file.txt").write_text("mine")
     (tmp_path / "empty").mkdir()
-    out = {"a parent that is a file": tmp_path / "file.txt" / "hf", "a link to a folder": tmp_path / "link",
-           "a dangling link": tmp_path / "dangling"}[kind]  # fmt: skip
+    out = {
+        "a parent that is a file": tmp_path / "file.txt" / "hf",
+        "a link to a folder": tmp_path / "link",
+        "a dangling link": tmp_path / "dangling",
+    }[kind]
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     before = snapshot(tmp_path)
@@ -97,8 +100,11 @@ def test_prep_on_a_full_disk_keeps_the_corpus_there(tmp_path: Path, texts: Path)
         out = disk / "corpus"
         assert cli("prep", "--source", str(small), "--out", str(out), "--tokenizer", "bytes").returncode == 0
         before = snapshot(disk)
-        failed_write(cli("prep", "--source", str(texts), "--out", str(out), "--tokenizer", "bytes"),
-                     f"--out {out}: cannot write the corpus", "No space left")  # fmt: skip
+        failed_write(
+            cli("prep", "--source", str(texts), "--out", str(out), "--tokenizer", "bytes"),
+            f"--out {out}: cannot write the corpus",
+            "No space left",
+        )
         assert snapshot(disk) == before  # the old corpus whole, no temp folder left
 
 

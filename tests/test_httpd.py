@@ -210,8 +210,9 @@ print("stopped", flush=True)
 def test_a_signal_with_half_open_connections_stops_quietly(sig: str) -> None:
     """Connections inside their head, inside their body, and idle: the server stops at the signal and prints no
     traceback (before: one per connection, the handlers' CancelledError)."""
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         port = int(proc.stdout.readline())
         socks = slow(port, 12)

@@ -125,7 +125,9 @@ def test_a_plan_over_the_device_names_its_total_the_room_and_what_fits() -> None
     total = sum(memory.role_bytes(bufs, prec).values())
     with pytest.raises(memory.PlanError) as e:
         memory.check_fits(bufs, prec, M, total, "gpu", margin=1 << 20, hint=lambda: "try 4")
-    assert str(e.value) == (f"the memory plan needs {total:,} bytes but the device (gpu) has {total - (1 << 20):,} "
-                            f"bytes for it ({total / 2**30:.2f} GiB against {total / 2**30:.2f} GiB available less "
-                            "train.memory_margin 0.00 GiB); try 4")  # fmt: skip
+    assert str(e.value) == (
+        f"the memory plan needs {total:,} bytes but the device (gpu) has {total - (1 << 20):,} "
+        f"bytes for it ({total / 2**30:.2f} GiB against {total / 2**30:.2f} GiB available less "
+        "train.memory_margin 0.00 GiB); try 4"
+    )
     assert memory.check_fits(bufs, prec, M, total + (1 << 20), "gpu", margin=1 << 20) is bufs

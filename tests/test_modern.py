@@ -104,8 +104,9 @@ def test_the_parameter_table_is_the_recipe_s() -> None:
     assert params.flops_params(M)[0] == params.n_params(M) - M.vocab_size * C
 
 
-@pytest.mark.parametrize("dtype, tol, recompute", [(np.float64, 1e-10, False), (np.float64, 1e-10, True),
-                                                   (np.float32, 1e-4, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, tol, recompute", [(np.float64, 1e-10, False), (np.float64, 1e-10, True), (np.float32, 1e-4, False)]
+)
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool) -> None:
     K, A, P, G = engine_state(dtype, 0, recompute=recompute)
     names = [name for name, _ in params.param_shapes(M)]
@@ -169,12 +170,22 @@ def test_fp8_trains_the_modern_block_next_to_fp32() -> None:
 
     m = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern")
     rng = np.random.default_rng(7)
-    two = [[tuple(rng.integers(0, m.vocab_size, (2, m.seq_len)).astype(np.int32) for _ in range(2)) for _ in range(2)]
-           for _ in range(2)]  # fmt: skip
+    two = [
+        [tuple(rng.integers(0, m.vocab_size, (2, m.seq_len)).astype(np.int32) for _ in range(2)) for _ in range(2)]
+        for _ in range(2)
+    ]
     losses = {}
     for prec in ("fp32", "fp8"):
-        t = config.TrainConfig(micro_batch=2, n_micro=2, precision=prec, optimizer="muon", lr=0.05, head_lr=0.01,
-                               muon_lr=0.02, weight_decay=0.0)  # fmt: skip
+        t = config.TrainConfig(
+            micro_batch=2,
+            n_micro=2,
+            precision=prec,
+            optimizer="muon",
+            lr=0.05,
+            head_lr=0.01,
+            muon_lr=0.02,
+            weight_decay=0.0,
+        )
         S = make_state(m, t, get_backend("numpy", prec))
         if prec == "fp8":
             assert S.prec.head is not None and np.shares_memory(S.prec.head.master, S.P["lm_head"])
@@ -217,8 +228,7 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path) -> None:
     two = ("--procs", "2", "--set", "train.micro_batch=2")
     whole = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "two"), *two)
     assert whole.returncode == 0, whole.stderr
-    half = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "half"), *two, "--set",
-               "train.ckpt_every=3")  # fmt: skip
+    half = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "half"), *two, "--set", "train.ckpt_every=3")
     assert half.returncode == 0, half.stderr
     ck3 = tmp_path / "half/ckpt" / checkpoint.ckpt_name(3)
     again = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "again"), *two, "--resume", str(ck3))

@@ -16,8 +16,9 @@ from microgpt.engine.state import make_state
 M = ModelConfig(vocab_size=53, d_model=12, n_layer=3, n_head=2, seq_len=9)
 
 
-@pytest.mark.parametrize("m", [M, ModelConfig(), ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12,
-                                                             seq_len=1024)])  # fmt: skip
+@pytest.mark.parametrize(
+    "m", [M, ModelConfig(), ModelConfig(vocab_size=50304, d_model=768, n_layer=12, n_head=12, seq_len=1024)]
+)
 def test_the_table_and_its_closed_form_agree(m: ModelConfig) -> None:
     shapes = params.param_shapes(m)
     assert params.n_params(m) == sum(math.prod(s) for _, s in shapes)

@@ -48,9 +48,10 @@ LEAVES = (
     | st.text(max_size=8)
 )
 JSON_VALUES = st.recursive(
-    LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+    LEAVES,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
     max_leaves=6,
-)  # fmt: skip
+)
 
 
 def slots(obj: Any) -> list[tuple[Any, Any]]:
@@ -152,10 +153,20 @@ def small_ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, d
     n = params.n_params(exp.model)
     rng = np.random.default_rng(0)
     w, m, v = rng.normal(size=n), rng.normal(size=n), np.abs(rng.normal(size=n))
-    meta = {"config": exp.to_dict(), "seed": 7, "tokenizer": {"kind": "bytes", "vocab_size": 256},
-            "data": {"source": "builtin"}, "backend": "numpy", "precision": "fp32", "reason": "final",
-            "val_loss": 3.5, "val_step": 2, "loss_scale": 1.0, "loss_scale_good_steps": 0,
-            "params": [[k, list(s)] for k, s in params.param_shapes(exp.model)]}  # fmt: skip
+    meta = {
+        "config": exp.to_dict(),
+        "seed": 7,
+        "tokenizer": {"kind": "bytes", "vocab_size": 256},
+        "data": {"source": "builtin"},
+        "backend": "numpy",
+        "precision": "fp32",
+        "reason": "final",
+        "val_loss": 3.5,
+        "val_step": 2,
+        "loss_scale": 1.0,
+        "loss_scale_good_steps": 0,
+        "params": [[k, list(s)] for k, s in params.param_shapes(exp.model)],
+    }
     path = checkpoint.write_checkpoint(tmp_path_factory.mktemp("ck") / "step-00000002.bin", 2, w, m, v, meta)
     side = json.loads(checkpoint.sidecar_path(path).read_text())
     return path, path.read_bytes(), side
@@ -195,8 +206,9 @@ def read_checkpoint_everywhere(path: Path, state: Any) -> None:
 
 @settings(max_examples=700)
 @given(data=st.data())
-def test_checkpoint_and_sidecar_readers(small_ckpt: tuple[Path, bytes, dict], small_state: Any,
-                                        data: st.DataObject) -> None:  # fmt: skip
+def test_checkpoint_and_sidecar_readers(
+    small_ckpt: tuple[Path, bytes, dict], small_state: Any, data: st.DataObject
+) -> None:
     path, valid_bin, valid_side = small_ckpt
     side = checkpoint.sidecar_path(path)
     which = data.draw(st.sampled_from(["bin", "sidecar", "both"]))
@@ -344,7 +356,7 @@ NUMBER_TEXT = st.one_of(
             "1e3",
             "\u0663",
         ]
-    ),  # fmt: skip
+    ),
     st.integers(min_value=-(2**80), max_value=2**80).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
 )
@@ -391,9 +403,13 @@ def answer_of(site: Any, target: str) -> Any:
     return ans
 
 
-QUERY = st.lists(st.tuples(st.sampled_from(["run", *dashboard.QUERY_NUMBERS, "x"]),
-                           st.one_of(NUMBER_TEXT, st.sampled_from(["r", "h", "l", "../r", "a/r", "☃"]))),
-                 max_size=6)  # fmt: skip
+QUERY = st.lists(
+    st.tuples(
+        st.sampled_from(["run", *dashboard.QUERY_NUMBERS, "x"]),
+        st.one_of(NUMBER_TEXT, st.sampled_from(["r", "h", "l", "../r", "a/r", "☃"])),
+    ),
+    max_size=6,
+)
 
 
 @settings(max_examples=1500)
@@ -417,8 +433,12 @@ def test_every_hostile_history_is_answered_with_valid_json(site: Any, raw: bytes
 
 
 @settings(max_examples=3000)
-@given(head=st.one_of(st.binary(max_size=200), mutated_bytes(b"GET /api/loss?run=r HTTP/1.1\r\nHost: 127.0.0.1:8765\r\n"
-                                                             b"If-None-Match: x\r\n\r\n")))  # fmt: skip
+@given(
+    head=st.one_of(
+        st.binary(max_size=200),
+        mutated_bytes(b"GET /api/loss?run=r HTTP/1.1\r\nHost: 127.0.0.1:8765\r\nIf-None-Match: x\r\n\r\n"),
+    )
+)
 def test_every_request_head_parses_or_is_refused(site: Any, head: bytes) -> None:
     req = httpd.parse_head(head)
     if req is not None:

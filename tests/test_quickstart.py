@@ -25,8 +25,14 @@ def fake_path(tmp_path: Path, tools: list[str]) -> str:
 
 def source_script(path: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("MICROGPT_SKIP_BROWSER", "CI")}
-    return subprocess.run([shutil.which("sh"), "-c", SOURCE], cwd=REPO, env={**base, "PATH": path, **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [shutil.which("sh"), "-c", SOURCE],
+        cwd=REPO,
+        env={**base, "PATH": path, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_no_chromium_and_no_apt_get_says_what_it_skips(tmp_path: Path) -> None:

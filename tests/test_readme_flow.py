@@ -45,8 +45,9 @@ def hms(seconds: float) -> str:
 
 def make_train(venv: Path, run: Path, env: dict) -> subprocess.CompletedProcess:
     flags = [f"VENV={venv}", f"RUN={run}", f"TRAIN_FLAGS={' '.join(SETS)}", "SAMPLE_TOKENS=16"]
-    return subprocess.run(["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def this_venv(tmp_path: Path) -> Path:
@@ -133,14 +134,21 @@ def test_make_train_then_run_with_the_dashboard_then_make_train(tmp_path: Path, 
     again = make_train(venv, run_dir, env)  # the README: `make train` after the proxy run
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(rf"already complete: .*step-000000{PROXY_STEPS}\.bin is at step {PROXY_STEPS}, past", again.stderr)
-    served = subprocess.Popen([sys.executable, "-m", "microgpt.proxy.dashboard", str(run_dir), "--port", "0"],
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)  # fmt: skip
+    served = subprocess.Popen(
+        [sys.executable, "-m", "microgpt.proxy.dashboard", str(run_dir), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     try:
         line = served.stderr.readline()
         page = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
         browser.open(f"{page}?x=time")
-        ds = browser.wait_dataset(lambda d: d.get("lastStep") == str(PROXY_STEPS) and d.get("status") == "done",
-                                  "the finished run served again")  # fmt: skip
+        ds = browser.wait_dataset(
+            lambda d: d.get("lastStep") == str(PROXY_STEPS) and d.get("status") == "done",
+            "the finished run served again",
+        )
         browser.screenshot(ARTIFACTS / "readme-flow-3-served-again.png")
     finally:
         served.send_signal(signal.SIGINT)
@@ -168,8 +176,15 @@ def readme_commands(section: str) -> list[list[str]]:
 
 def run_as_written(work: Path, argv: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
     """One README command in the user's checkout (work), with only the flags that make it small added."""
-    res = subprocess.run([sys.executable, "-m", "microgpt", *argv, *FAST.get(argv[0], [])], cwd=work, env=env,
-                         capture_output=True, text=True, timeout=300, **kw)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "microgpt", *argv, *FAST.get(argv[0], [])],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
     assert res.returncode == 0, (argv, res.stderr[-3000:])
     return res
 
@@ -178,8 +193,9 @@ def serve_as_written(work: Path, argv: list[str], env: dict) -> None:
     """`serve`, then the README's curl request's body to it (and GET /v1/models), then Ctrl-C."""
     text = (REPO / "README.md").read_text()
     body = json.loads(re.search(r"curl http://127\.0\.0\.1:8000/v1/chat/completions .*?-d '(.*?)'", text, re.S)[1])
-    proc = subprocess.Popen([sys.executable, "-m", "microgpt", *argv, "--port", "0"], cwd=work, env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "microgpt", *argv, "--port", "0"], cwd=work, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         for line in proc.stderr:
             found = re.match(r"serve: (http://127\.0\.0\.1:\d+/v1) ", line)
@@ -189,8 +205,9 @@ def serve_as_written(work: Path, argv: list[str], env: dict) -> None:
         url = found[1]
         models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=30).read())
         assert [m["id"] for m in models["data"]] == [body["model"]]
-        req = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{url}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         reply = json.loads(urllib.request.urlopen(req, timeout=120).read())
         assert reply["choices"][0]["message"]["role"] == "assistant" and reply["usage"]["completion_tokens"] >= 1
     finally:
@@ -206,10 +223,15 @@ def test_the_next_sections_run_as_written(tmp_path: Path) -> None:
     for name in ("experiments", "docs", "microgpt", "README.md"):
         (work / name).symlink_to(REPO / name)
     env = {**ENV, "MICROGPT_DATA_DIR": str(tmp_path / "cache")}
-    flags = [f"VENV={this_venv(tmp_path)}", f"RUN={work / 'runs' / 'ANDREA-tiny'}", "SAMPLE_TOKENS=8",
-             f"TRAIN_FLAGS={' '.join(FAST['train'])}"]  # fmt: skip
-    made = subprocess.run(["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env,
-                          timeout=600)  # fmt: skip
+    flags = [
+        f"VENV={this_venv(tmp_path)}",
+        f"RUN={work / 'runs' / 'ANDREA-tiny'}",
+        "SAMPLE_TOKENS=8",
+        f"TRAIN_FLAGS={' '.join(FAST['train'])}",
+    ]
+    made = subprocess.run(
+        ["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env, timeout=600
+    )
     assert made.returncode == 0, made.stderr[-3000:]
 
     own = readme_commands("Train on your own text")

@@ -49,8 +49,13 @@ def test_the_report_card_of_a_run_says_what_its_log_and_checkpoints_say(tmp_path
     assert card["versions"]["numpy"] and card["device"] == "cpu"
     assert len(card["samples"]) == 3 and all(s["text"] and s["seed"] == 6 for s in card["samples"])
     md = (out / "report.md").read_text()
-    for needle in (f"{loss['val']:.4f} nats/token at step 6", "6N + 12*L*T*d", "step-00000006.bin (final)",
-                   "`--set train.lr=0.02`", "## Samples"):  # fmt: skip
+    for needle in (
+        f"{loss['val']:.4f} nats/token at step 6",
+        "6N + 12*L*T*d",
+        "step-00000006.bin (final)",
+        "`--set train.lr=0.02`",
+        "## Samples",
+    ):
         assert needle in md, needle
 
 
@@ -128,8 +133,10 @@ def test_a_resume_over_a_hostile_log_trains_and_reports(tmp_path: Path) -> None:
     r = cli("train", str(exp), "--out", str(out), "--resume", "latest")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
-    assert warnings == [f"warning: {log}: {len(HOSTILE_LINES)} unreadable lines were passed over (the first, line "
-                        f"{first}: its step is missing); the report card is made from the rest"]  # fmt: skip
+    assert warnings == [
+        f"warning: {log}: {len(HOSTILE_LINES)} unreadable lines were passed over (the first, line "
+        f"{first}: its step is missing); the report card is made from the rest"
+    ]
     card = json.loads((out / "report.json").read_text(), parse_constant=_no_constant)
     assert card["outcome"] == "done" and card["step"] == 6 and card["log"]["unreadable"] == len(HOSTILE_LINES)
     records = runlog.read_log(log)

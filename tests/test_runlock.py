@@ -51,8 +51,9 @@ def test_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Pat
     ckpts = checkpoint.list_checkpoints(out / "ckpt")
     newest = int(checkpoint.CKPT_RE.match(ckpts[0].name).group(1))
     assert newest >= step
-    third = cli("train", str(exp), "--out", str(out), "--resume", "latest", "--steps", str(newest + 2), "--json",
-                env=ENV)  # fmt: skip
+    third = cli(
+        "train", str(exp), "--out", str(out), "--resume", "latest", "--steps", str(newest + 2), "--json", env=ENV
+    )
     assert third.returncode == 0, third.stderr
     records = json_lines(third.stdout)
     assert records[0]["event"] == "start" and records[0]["step"] == newest
@@ -173,8 +174,9 @@ def test_a_writer_whose_folder_was_moved_aside_writes_nowhere(tmp_path: Path) ->
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=120)
         res = subprocess.CompletedProcess(first.args, first.returncode, "", err)
-        one_error(res, 2, f"{out}: the run folder was moved or replaced while this process wrote it",
-                  after_progress=True)  # fmt: skip
+        one_error(
+            res, 2, f"{out}: the run folder was moved or replaced while this process wrote it", after_progress=True
+        )
         assert not (moved / "ckpt").exists() and not (out / "ckpt").exists()  # the SIGTERM checkpoint: nowhere
         second.send_signal(signal.SIGTERM)
         _, err2 = second.communicate(timeout=120)

@@ -29,8 +29,9 @@ def test_top_p_keeps_the_nucleus_and_is_off_at_one() -> None:
     rng = np.random.default_rng(4)
     off = [pick(logits, Sampling(1.0, 0, 1.0), rng) for _ in range(50)]
     rng = np.random.default_rng(4)
-    plain = [int(rng.choice(5, p=np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()))
-             for _ in range(50)]  # fmt: skip
+    plain = [
+        int(rng.choice(5, p=np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum())) for _ in range(50)
+    ]
     assert off == plain and len(set(off)) > 2
     assert pick(logits, Sampling(0.0, 0, 0.5), np.random.default_rng(0)) == 1
 
@@ -52,13 +53,39 @@ def test_a_batch_draws_each_row_as_its_seed_alone(run_256: Path) -> None:
 def test_num_samples_from_the_cli(run_256: Path) -> None:
     """--num-samples 3 --json: one line per sample, sample i = `--seed S+i` alone; at temperature 0 each is the
     single greedy sample; N = 1 prints what it always did (one object, no sample index)."""
-    many = cli("sample", str(run_256), *PROMPT, "--tokens", "20", "--num-samples", "3", "--seed", "4", "--json",
-               "--temperature", "0.8", "--top-p", "0.95")  # fmt: skip
+    many = cli(
+        "sample",
+        str(run_256),
+        *PROMPT,
+        "--tokens",
+        "20",
+        "--num-samples",
+        "3",
+        "--seed",
+        "4",
+        "--json",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+    )
     assert many.returncode == 0, many.stderr
     recs = [json.loads(line) for line in many.stdout.splitlines()]
     assert [(r["sample"], r["seed"]) for r in recs] == [(0, 4), (1, 5), (2, 6)]
-    one = cli("sample", str(run_256), *PROMPT, "--tokens", "20", "--seed", "6", "--json", "--temperature", "0.8",
-              "--top-p", "0.95")  # fmt: skip
+    one = cli(
+        "sample",
+        str(run_256),
+        *PROMPT,
+        "--tokens",
+        "20",
+        "--seed",
+        "6",
+        "--json",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+    )
     assert json.loads(one.stdout) == {k: v for k, v in recs[2].items() if k not in ("sample", "seed")}
     greedy = cli("sample", str(run_256), *PROMPT, "--tokens", "40", "--temperature", "0", "--num-samples", "3")
     single = cli("sample", str(run_256), *PROMPT, "--tokens", "40", "--temperature", "0")

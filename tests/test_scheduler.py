@@ -43,10 +43,19 @@ class Harness:
         self.echo: dict[tuple[int, int], list] = {}
         self.launched: list[list[tuple[int, int]]] = []  # each pass's decode step: its rows' (rid, index)
 
-    def submit(self, rid: int, prompt: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0,
-               logprobs: int = -1, echo: bool = False) -> None:  # fmt: skip
-        spec = RowSpec(0, np.asarray(prompt, np.int32).tobytes(), max_tokens, temperature, 0, 1.0, seed, (EOT,),
-                       logprobs, echo)  # fmt: skip
+    def submit(
+        self,
+        rid: int,
+        prompt: list[int],
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+        logprobs: int = -1,
+        echo: bool = False,
+    ) -> None:
+        spec = RowSpec(
+            0, np.asarray(prompt, np.int32).tobytes(), max_tokens, temperature, 0, 1.0, seed, (EOT,), logprobs, echo
+        )
         self.front.send("submit", rid, [spec])
 
     def one_pass(self) -> None:
@@ -90,8 +99,9 @@ PROMPTS = [[5], [7, 8, 9], list(range(10, 30)), [40, 41], list(range(3, 15)), [6
 @pytest.mark.parametrize("max_batch", [1, 3, 8])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("short", [0, 5, 64])
-def test_rows_decode_as_each_alone(max_batch: int, temperature: float, short: int,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_rows_decode_as_each_alone(
+    max_batch: int, temperature: float, short: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Seven prompts (1 to 20 tokens) at once: with fewer cache rows than prompts they wait, join as rows end, are
     prefilled in windows of several rows, chunked at 4 tokens a row (so the 20-token prompt takes five passes), or
     fed through the decode step's spare rows where SHORT or fewer tokens are left (all of them at 64, none at 0),

@@ -117,8 +117,16 @@ def test_two_concurrent_requests_decode_in_one_batch_and_a_third_gets_429(run_25
     once with 429 and OpenAI's error body; started, the loop admits both into one batch, and each reply is the one
     its request gets alone."""
     with served(run_256, "--max-batch", "2", "--queue", "0", decoding=False) as (a, client, _):
-        reqs = [{"model": a.name, "messages": [{"role": "user", "content": f"tell me {w}"}], "max_tokens": 16,
-                 "temperature": 0.8, "seed": s} for w, s in (("more", 1), ("a story", 2))]  # fmt: skip
+        reqs = [
+            {
+                "model": a.name,
+                "messages": [{"role": "user", "content": f"tell me {w}"}],
+                "max_tokens": 16,
+                "temperature": 0.8,
+                "seed": s,
+            }
+            for w, s in (("more", 1), ("a story", 2))
+        ]
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(client.chat.completions.create, **r) for r in reqs]
             wait_for("two requests in flight", lambda: a.engine.held == 2)
@@ -189,8 +197,12 @@ def raw(port: int, request: str) -> tuple[int, dict]:
 
 def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     """`microgpt serve` in a subprocess; the process and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0", *flags],
-                            cwd=REPO, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0", *flags],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:
         if line.startswith("serve: http://"):
             return proc, line.split()[1]

@@ -41,24 +41,39 @@ def port_of(url: str) -> int:
         ("/v1/completions", '{"model": "tiny-test", "prompt": %s}' % SURROGATE, "prompt"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": ["ok", %s]}' % SURROGATE, "prompt[1]"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": "ok", "stop": [%s]}' % SURROGATE, "stop"),
-        ("/v1/chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": %s}]}' % SURROGATE,
-         "messages[0].content"),
-        ("/v1/chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": [{"type": "text", '
-         '"text": %s}]}]}' % SURROGATE, "messages[0].content"),
-        ("/v1/chat/completions", '{"model": "tiny-test", "messages": [{"role": ["user"], "content": "hi"}]}',
-         "messages[0].role"),
-        ("/v1/chat/completions", '{"model": "tiny-test", "messages": [{"role": {"a": 1}, "content": "hi"}]}',
-         "messages[0].role"),
-        ("/v1/chat/completions", '{"model": "tiny-test", "messages": [{"role": 3, "content": "hi"}]}',
-         "messages[0].role"),
-        ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}' % SURROGATE,
-         "model"),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": "user", "content": %s}]}' % SURROGATE,
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": "user", "content": [{"type": "text", '
+            '"text": %s}]}]}' % SURROGATE,
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": ["user"], "content": "hi"}]}',
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": {"a": 1}, "content": "hi"}]}',
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": 3, "content": "hi"}]}',
+            "messages[0].role",
+        ),
+        ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}' % SURROGATE, "model"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": [1, 2, 999]}', "prompt"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": [[1, 2], []]}', "prompt"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": "x", "logprobs": 6}', "logprobs"),
         ("/v1/completions", '{"model": "tiny-test", "prompt": "x", "max_tokens": 0}', "max_tokens"),
     ],
-)  # fmt: skip
+)
 def test_text_json_takes_and_no_tokenizer_does_is_a_400(api, path: str, body: str, param: str) -> None:
     _, _, url = api
     data = body.encode()

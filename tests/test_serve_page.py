@@ -37,8 +37,10 @@ def browser(tmp_path: Path):
 def turn(browser: Chromium, text: str, turns: int) -> str:
     """Type a message and send it (Enter), wait for the reply to end; its text."""
     enter = "new KeyboardEvent('keydown', {key: 'Enter'})"
-    browser.eval(f"document.getElementById('input').value = {json.dumps(text)};"
-                 f"document.getElementById('input').dispatchEvent({enter})")  # fmt: skip
+    browser.eval(
+        f"document.getElementById('input').value = {json.dumps(text)};"
+        f"document.getElementById('input').dispatchEvent({enter})"
+    )
     browser.wait_dataset(lambda ds: ds.get("turns") == str(turns) and ds.get("state") == "idle", f"reply {turns}", 120)
     return browser.eval("[...document.querySelectorAll('.msg.assistant .text')].pop().textContent")
 
@@ -66,8 +68,9 @@ def test_the_chat_page_keeps_the_conversation_streams_and_stops(run_256: Path, b
         for i, text in enumerate(["hi", "more"], 2):
             got = turn(browser, text, i)
             history.append({"role": "user", "content": text})
-            want = client.chat.completions.create(model="tiny-test", messages=history, max_tokens=16, temperature=1,
-                                                  seed=7)  # fmt: skip
+            want = client.chat.completions.create(
+                model="tiny-test", messages=history, max_tokens=16, temperature=1, seed=7
+            )
             assert got == want.choices[0].message.content and len(got.strip()) > 3, f"turn {i}: {got!r}"
             history.append({"role": "assistant", "content": got})
         ds = browser.dataset()

@@ -27,14 +27,16 @@ def test_hellaswag_through_the_api_is_microgpt_evals(run_256: Path, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     (want,) = json_lines(res.stdout)
     ld = load_trained(run_256)
-    items = hellaswag_file.tokenize(hellaswag_file.read(path, "--hellaswag"), load_tokenizer(ld.side["tokenizer"]),
-                                    ld.exp.model.seq_len)  # fmt: skip
+    items = hellaswag_file.tokenize(
+        hellaswag_file.read(path, "--hellaswag"), load_tokenizer(ld.side["tokenizer"]), ld.exp.model.seq_len
+    )
     sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", None)), items)
 
     prompts = [seq for it in items for seq in it.seqs]
     with served(run_256, "--max-batch", "4", "--queue", "32") as (a, client, _):
-        res = client.completions.create(model=a.name, prompt=prompts, max_tokens=1, logprobs=1, echo=True,
-                                        temperature=0, seed=1234)  # fmt: skip
+        res = client.completions.create(
+            model=a.name, prompt=prompts, max_tokens=1, logprobs=1, echo=True, temperature=0, seed=1234
+        )
     got = np.full((len(items), 4), np.nan)
     for choice in sorted(res.choices, key=lambda c: c.index):
         item, r = divmod(choice.index, 4)

@@ -45,13 +45,19 @@ def test_training_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
     made."""
     path, exp, out = special(tmp_path, kind), trained / "exp.json", tmp_path / "out"
     before = snapshot(trained)
-    refused(cli("train", str(path), "--out", str(out), timeout=LIMIT_S), f"{path}: experiment file must be a "
-            f"regular file, not {kind}")  # fmt: skip
+    refused(
+        cli("train", str(path), "--out", str(out), timeout=LIMIT_S),
+        f"{path}: experiment file must be a regular file, not {kind}",
+    )
     refused(cli("run", str(path), "--out", str(out), timeout=LIMIT_S), f"{path}: experiment file", kind)
-    refused(cli("train", str(exp), "--out", str(out), "--init", str(path), timeout=LIMIT_S),
-            f"--init {path}: run folder or checkpoint must be a regular file or a folder, not {kind}")  # fmt: skip
-    refused(cli("train", str(exp), "--out", str(out), "--resume", str(path), timeout=LIMIT_S),
-            f"--resume {path}: checkpoint must be a regular file, not {kind}")  # fmt: skip
+    refused(
+        cli("train", str(exp), "--out", str(out), "--init", str(path), timeout=LIMIT_S),
+        f"--init {path}: run folder or checkpoint must be a regular file or a folder, not {kind}",
+    )
+    refused(
+        cli("train", str(exp), "--out", str(out), "--resume", str(path), timeout=LIMIT_S),
+        f"--resume {path}: checkpoint must be a regular file, not {kind}",
+    )
     assert snapshot(trained) == before and not out.exists()  # refused before the run folder is made
 
 
@@ -66,18 +72,24 @@ def test_a_run_folder_whose_log_is_special(trained: Path, tmp_path: Path, kind: 
     else:
         log.symlink_to("/dev/zero")
     what = kind if kind == "a named pipe" else "a symbolic link"
-    refused(cli("train", str(trained / "exp.json"), "--out", str(out), timeout=LIMIT_S),
-            f"{log} is {what}, not a regular file; the run's log is written there")  # fmt: skip
+    refused(
+        cli("train", str(trained / "exp.json"), "--out", str(out), timeout=LIMIT_S),
+        f"{log} is {what}, not a regular file; the run's log is written there",
+    )
     assert sorted(p.name for p in out.iterdir()) == ["train.jsonl"]
 
 
 @pytest.mark.parametrize("kind", SPECIAL)
 def test_use_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
     path, run = special(tmp_path, kind), trained / "run"
-    refused(cli("eval", str(run), "--hellaswag", str(path), timeout=LIMIT_S),
-            f"--hellaswag {path}: HellaSwag file must be a regular file, not {kind}")  # fmt: skip
-    refused(cli("eval", str(run), "--text", str(path), timeout=LIMIT_S),
-            f"--text {path}: text file must be a regular file, not {kind}")  # fmt: skip
+    refused(
+        cli("eval", str(run), "--hellaswag", str(path), timeout=LIMIT_S),
+        f"--hellaswag {path}: HellaSwag file must be a regular file, not {kind}",
+    )
+    refused(
+        cli("eval", str(run), "--text", str(path), timeout=LIMIT_S),
+        f"--text {path}: text file must be a regular file, not {kind}",
+    )
     refused(cli("sample", str(path), timeout=LIMIT_S), f"{path}: run folder or checkpoint must be", kind)
     refused(cli("export", str(path), "--out", str(tmp_path / "hf"), timeout=LIMIT_S), str(path), kind)
     assert not (tmp_path / "hf").exists()
@@ -87,14 +99,18 @@ def test_use_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
 def test_prep_inputs(tmp_path: Path, kind: str) -> None:
     """--source and --tokenizer; a special file inside a source folder is passed over (it is no document)."""
     path, out = special(tmp_path, kind), tmp_path / "corpus"
-    refused(cli("prep", "--source", str(path), "--out", str(out), "--tokenizer", "bytes", timeout=LIMIT_S),
-            f"{path}: source must be a regular file or a folder, not {kind}")  # fmt: skip
+    refused(
+        cli("prep", "--source", str(path), "--out", str(out), "--tokenizer", "bytes", timeout=LIMIT_S),
+        f"{path}: source must be a regular file or a folder, not {kind}",
+    )
     texts = tmp_path / "texts"
     texts.mkdir()
     for i in range(3):
         (texts / f"{i}.txt").write_text(f"document {i} " * 40)
-    refused(cli("prep", "--source", str(texts), "--out", str(out), "--tokenizer", str(path), timeout=LIMIT_S),
-            f"{path}: tokenizer must be a regular file, not {kind}")  # fmt: skip
+    refused(
+        cli("prep", "--source", str(texts), "--out", str(out), "--tokenizer", str(path), timeout=LIMIT_S),
+        f"{path}: tokenizer must be a regular file, not {kind}",
+    )
     assert not out.exists()
     os.mkfifo(texts / "pipe.txt")
     r = cli("prep", "--source", str(texts), "--out", str(out), "--tokenizer", "bytes", "--quiet", timeout=LIMIT_S)
@@ -107,9 +123,11 @@ def test_a_file_too_large_to_read_whole_is_refused_unread(tmp_path: Path) -> Non
     exp = tmp_path / "exp.json"
     with open(exp, "wb") as f:
         f.truncate(fileio.MAX_JSON_BYTES + 1)
-    refused(cli("train", str(exp), "--out", str(tmp_path / "run"), timeout=LIMIT_S),
-            f"{exp}: experiment file is {fileio.MAX_JSON_BYTES + 1:,} bytes, more than the "
-            f"{fileio.MAX_JSON_BYTES:,} it may have")  # fmt: skip
+    refused(
+        cli("train", str(exp), "--out", str(tmp_path / "run"), timeout=LIMIT_S),
+        f"{exp}: experiment file is {fileio.MAX_JSON_BYTES + 1:,} bytes, more than the "
+        f"{fileio.MAX_JSON_BYTES:,} it may have",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -117,8 +135,10 @@ def test_text_that_is_not_utf8_is_named_by_its_first_bad_byte(tmp_path: Path) ->
     exp = tmp_path / "exp.json"
     data = b'{\n "name": "a",\n "description": "caf\xe9"\n}\n'
     exp.write_bytes(data)
-    refused(cli("train", str(exp), "--out", str(tmp_path / "run"), timeout=LIMIT_S),
-            f"{exp}: not UTF-8 text (byte {data.index(0xE9)}, line 3): the experiment file must be UTF-8")  # fmt: skip
+    refused(
+        cli("train", str(exp), "--out", str(tmp_path / "run"), timeout=LIMIT_S),
+        f"{exp}: not UTF-8 text (byte {data.index(0xE9)}, line 3): the experiment file must be UTF-8",
+    )
 
 
 def test_the_checked_opener(tmp_path: Path) -> None:
@@ -128,8 +148,11 @@ def test_the_checked_opener(tmp_path: Path) -> None:
     with fileio.open_input(tmp_path / "f.txt", "text") as f:
         assert f.read() == b"abc"
     os.mkfifo(tmp_path / "p")
-    for path, kind in ((tmp_path, "a folder"), (tmp_path / "p", "a named pipe"), (Path("/dev/null"), "a character "
-                                                                                  "device")):  # fmt: skip
+    for path, kind in (
+        (tmp_path, "a folder"),
+        (tmp_path / "p", "a named pipe"),
+        (Path("/dev/null"), "a character device"),
+    ):
         with pytest.raises(InputError, match=f"^{path}: text must be a regular file, not {kind}$"):
             fileio.open_input(path, "text")
     assert fileio.input_kind(tmp_path, "source") == "folder"

@@ -40,8 +40,17 @@ def float64_backend():
 
 
 def make_trainer(tmp_path, micro_batch: int, n_micro: int, steps: int, grad_clip: float, data):
-    raw = {**TINY, "train": {**TINY["train"], "micro_batch": micro_batch, "n_micro": n_micro, "steps": steps,
-                             "grad_clip": grad_clip, "weight_decay": 0.1}}  # fmt: skip
+    raw = {
+        **TINY,
+        "train": {
+            **TINY["train"],
+            "micro_batch": micro_batch,
+            "n_micro": n_micro,
+            "steps": steps,
+            "grad_clip": grad_clip,
+            "weight_decay": 0.1,
+        },
+    }
     tr = trainer.Trainer(config.from_dict(raw), tmp_path, K=float64_backend())
     tr.train_data = data
     return tr
@@ -62,8 +71,12 @@ def test_steps_match_torch_adamw_and_clipping(tmp_path) -> None:
     decay = [p for p in TP.values() if p.ndim == 2]
     rest = [p for p in TP.values() if p.ndim != 2]
     t = tr.t
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=(t.beta1, t.beta2),
+        eps=t.eps,
+    )
     clipped = 0
     for s in range(steps):
         rec = tr.train_step()

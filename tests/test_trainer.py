@@ -71,8 +71,19 @@ def test_the_terminal_shows_validation_loss_elapsed_time_and_eta(tmp_path) -> No
     final = tmp_path / "run" / "ckpt" / "step-00000006.bin"
     assert f"checkpoint step 6 written (final): {final}" in r.stderr.splitlines()
     steps = [e for e in events if e["event"] == "step"]
-    assert set(steps[0]) == {"event", "step", "loss", "lr", "grad_norm", "tokens_per_s", "dt_ms", "tokens", "time",
-                             "elapsed_s", "memory_peak"}  # fmt: skip
+    assert set(steps[0]) == {
+        "event",
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "dt_ms",
+        "tokens",
+        "time",
+        "elapsed_s",
+        "memory_peak",
+    }
     assert [e["event"] for e in events] == ["start"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + [
         "eval",
         "checkpoint",

@@ -11,8 +11,9 @@ from tests.conftest import REPO
 
 
 def test_usage_doc_is_what_the_cli_prints() -> None:
-    made = subprocess.run([sys.executable, "scripts/usage-doc.py"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    made = subprocess.run(
+        [sys.executable, "scripts/usage-doc.py"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert made.returncode == 0, made.stderr
     assert (REPO / "docs" / "USAGE.md").read_text() == made.stdout, (
         "docs/USAGE.md is not what the CLI prints: run `python scripts/usage-doc.py > docs/USAGE.md`"

@@ -46,9 +46,18 @@ def builtin_settings(
     tokenizer: "bytes", a given tokenizer.json (its hash counts), or "" to train a BPE of vocab_size entries."""
     kind = "bytes" if tokenizer == "bytes" else "bpe"
     tokenizer_sha = file_sha256(tokenizer) if kind == "bpe" and tokenizer and Path(tokenizer).is_file() else None
-    return {"builtin": True, "tokenizer": kind, "vocab_size": 256 if kind == "bytes" else vocab_size,
-            "val_fraction": val_fraction, "max_bytes": max_bytes, "chats": max_bytes // BYTES_PER_CHAT, "seed": seed,
-            "tokenizer_sha256": tokenizer_sha, "python": sys.version.split()[0], "format": 2}  # fmt: skip
+    return {
+        "builtin": True,
+        "tokenizer": kind,
+        "vocab_size": 256 if kind == "bytes" else vocab_size,
+        "val_fraction": val_fraction,
+        "max_bytes": max_bytes,
+        "chats": max_bytes // BYTES_PER_CHAT,
+        "seed": seed,
+        "tokenizer_sha256": tokenizer_sha,
+        "python": sys.version.split()[0],
+        "format": 2,
+    }
 
 
 def settings_for(exp: Experiment) -> dict:

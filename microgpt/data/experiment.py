@@ -60,8 +60,10 @@ def check_data(exp: Experiment, experiment: str, where: str = "") -> None:
     if n is None or n <= V < n + PADDING:
         return
     why = "more than" if n > V else "far fewer than"
-    raise ConfigError(f"{where}: data.path {folder}: {what} has {n:,} entries, {why} model.vocab_size {V:,}: "
-                      f"prepared for another model; {make}")  # fmt: skip
+    raise ConfigError(
+        f"{where}: data.path {folder}: {what} has {n:,} entries, {why} model.vocab_size {V:,}: "
+        f"prepared for another model; {make}"
+    )
 
 
 def data_vocab(exp: Experiment, folder: Path) -> tuple[int | None, str]:
@@ -110,8 +112,10 @@ def ensure_builtin(exp: Experiment, folder: Path) -> None:
     if built_with(folder, settings):
         return
     if settings["tokenizer"] == "bpe" and exp.model.vocab_size <= 256 + len(SPECIAL_TOKENS):
-        raise ConfigError(f"model.vocab_size {exp.model.vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} "
-                          "entries (256 bytes + special tokens); 256 trains on raw bytes")  # fmt: skip
+        raise ConfigError(
+            f"model.vocab_size {exp.model.vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} "
+            "entries (256 bytes + special tokens); 256 trains on raw bytes"
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -77,8 +77,10 @@ def check(exp: Experiment, src: str) -> None:
         return
     read(t.hellaswag, f"{src}: train.hellaswag")
     if exp.data.source == "shards" and not uses_bytes(exp) and tokenizer_path(exp) is None:
-        raise HellaswagError(f"{src}: train.hellaswag {t.hellaswag}: needs the data's tokenizer to tokenize its "
-                             f"examples; {exp.data.path} has no tokenizer.json (set data.tokenizer)")  # fmt: skip
+        raise HellaswagError(
+            f"{src}: train.hellaswag {t.hellaswag}: needs the data's tokenizer to tokenize its "
+            f"examples; {exp.data.path} has no tokenizer.json (set data.tokenizer)"
+        )
 
 
 def tokenize(examples: list[dict[str, Any]], tok: Any, T: int) -> list[Item]:

@@ -70,9 +70,17 @@ class Validation:
 class Loader:
     """Windows of T+1 tokens over one split's shards (memmaps); (x, y) int32 (B, T), y = -1 where masked."""
 
-    def __init__(self, parts: list[np.ndarray], batch_size: int, seq_len: int, seed: int, n_micro: int = 1,
-                 masks: list[np.ndarray] | None = None, where: str = "data",
-                 shard: tuple[int, int] = (0, 1)):  # fmt: skip
+    def __init__(
+        self,
+        parts: list[np.ndarray],
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        n_micro: int = 1,
+        masks: list[np.ndarray] | None = None,
+        where: str = "data",
+        shard: tuple[int, int] = (0, 1),
+    ):
         self.parts, self.masks = parts, masks
         self.B, self.T, self.seed, self.n_micro = batch_size, seq_len, seed, n_micro
         rank, world = shard

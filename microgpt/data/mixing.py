@@ -169,15 +169,23 @@ class Bandit:
 
     def state(self) -> dict[str, Any]:
         nan = lambda a: [None if math.isnan(x) else x for x in a.tolist()]  # noqa: E731 (JSON has no NaN)
-        return {"weights": self.weights.tolist(), "rewards": self.rewards.tolist(),
-                "rewarded": self.rewarded.tolist(), "baseline": nan(self.baseline), "floor": nan(self.floor),
-                "scale": self.scale, "t": self.t, "pending_sum": self.pend_sum.tolist(),
-                "pending_n": self.pend_n.tolist()}  # fmt: skip
+        return {
+            "weights": self.weights.tolist(),
+            "rewards": self.rewards.tolist(),
+            "rewarded": self.rewarded.tolist(),
+            "baseline": nan(self.baseline),
+            "floor": nan(self.floor),
+            "scale": self.scale,
+            "t": self.t,
+            "pending_sum": self.pend_sum.tolist(),
+            "pending_n": self.pend_n.tolist(),
+        }
 
     def load_state(self, s: dict[str, Any]) -> None:
         f64 = lambda a: np.array([np.nan if x is None else x for x in a], dtype=np.float64)  # noqa: E731
-        self.weights, self.rewards, self.baseline, self.floor = (f64(s[k]) for k in ("weights", "rewards",
-                                                                                  "baseline", "floor"))  # fmt: skip
+        self.weights, self.rewards, self.baseline, self.floor = (
+            f64(s[k]) for k in ("weights", "rewards", "baseline", "floor")
+        )
         self.rewarded = np.array(s["rewarded"], dtype=bool)
         self.scale, self.t = float(s["scale"]), int(s["t"])
         self.pend_sum, self.pend_n = f64(s["pending_sum"]), np.array(s["pending_n"], dtype=np.int64)
@@ -192,8 +200,16 @@ class MixtureLoader:
     A loader.Batches. Unlike Loader, steps are read in order: batch(step, ...) for the step after the last
     end_step()."""
 
-    def __init__(self, folder: Path, names: list[str], loaders: list[Loader], bandit: Bandit, seed: int,
-                 n_micro: int, max_epochs: int):  # fmt: skip
+    def __init__(
+        self,
+        folder: Path,
+        names: list[str],
+        loaders: list[Loader],
+        bandit: Bandit,
+        seed: int,
+        n_micro: int,
+        max_epochs: int,
+    ):
         self.folder, self.names, self.loaders, self.bandit = folder, names, loaders, bandit
         self.seed, self.n_micro, self.max_epochs = seed, n_micro, max_epochs
         self.draws = np.zeros(len(names), dtype=np.int64)  # micro-batches taken from each source so far
@@ -247,16 +263,23 @@ class MixtureLoader:
         if (step + 1) % self.bandit.cfg.update_every == 0:
             self.bandit.update(step + 1)
         self.next_step, self._plan = step + 1, None
-        return {"source_loss": {self.names[i]: sum(v) / len(v) for i, v in sorted(per.items())},
-                "mixture": self.weights()}  # fmt: skip
+        return {
+            "source_loss": {self.names[i]: sum(v) / len(v) for i, v in sorted(per.items())},
+            "mixture": self.weights(),
+        }
 
     def weights(self) -> dict[str, float]:
         return dict(zip(self.names, self.bandit.weights.tolist()))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint's sidecar keeps under "mixing"."""
-        return {"policy": self.bandit.cfg.policy, "sources": self.names, "step": self.next_step,
-                "draws": self.draws.tolist(), **self.bandit.state()}  # fmt: skip
+        return {
+            "policy": self.bandit.cfg.policy,
+            "sources": self.names,
+            "step": self.next_step,
+            "draws": self.draws.tolist(),
+            **self.bandit.state(),
+        }
 
     def load_state(self, s: dict[str, Any] | None, step: int, where: str) -> None:
         """Continue from a checkpoint of `step`; without saved state (a run without mixing) start afresh there."""
@@ -271,8 +294,9 @@ class MixtureLoader:
             raise SourceError(f"{where}: field 'mixing' is malformed ({type(e).__name__})") from None
         n = len(self.names)
         arrays = (self.draws, self.bandit.weights, self.bandit.rewards, self.bandit.floor)
-        if any(np.shape(a) != (n,) for a in arrays) or not (np.isfinite(self.bandit.weights).all()
-                                                               and (self.bandit.weights >= 0).all()):  # fmt: skip
+        if any(np.shape(a) != (n,) for a in arrays) or not (
+            np.isfinite(self.bandit.weights).all() and (self.bandit.weights >= 0).all()
+        ):
             raise SourceError(f"{where}: field 'mixing' does not hold one finite weight >= 0 per source")
 
     def _load_state(self, s: dict[str, Any], step: int, where: str) -> None:
@@ -309,14 +333,17 @@ def prior_weights(cfg: MixingConfig, names: list[str], loaders: list[Loader], fo
     return np.array([float(cfg.prior[n]) for n in names])
 
 
-def make_loaders(exp: Experiment, folder: Path, dirs: list[Path], B: int,
-                 shard: tuple[int, int]) -> tuple[MixtureLoader, Validation]:  # fmt: skip
+def make_loaders(
+    exp: Experiment, folder: Path, dirs: list[Path], B: int, shard: tuple[int, int]
+) -> tuple[MixtureLoader, Validation]:
     """(train, val) over one shard set per source (experiment.make_loaders calls this for the per-source layout);
     val_loss is the prior-weighted mean of the sources' own val losses."""
     cfg = parse(exp.extra.get("mixing"))
     if not dirs:
-        raise SourceError(f"mixing.policy 'firehose': {folder} holds one shard set; the bandit needs one subfolder "
-                          "per source (microgpt prep --per-source)")  # fmt: skip
+        raise SourceError(
+            f"mixing.policy 'firehose': {folder} holds one shard set; the bandit needs one subfolder "
+            "per source (microgpt prep --per-source)"
+        )
     names, t = [d.name for d in dirs], exp.train
     train, val = [], []
     for d in dirs:

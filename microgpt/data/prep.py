@@ -85,8 +85,10 @@ def split_document(doc: Doc, val_fraction: float, where: str) -> list[Doc]:
     document's assistant spans are cut with it. PrepError when it has fewer than two characters."""
     text = doc.text
     if len(text) < 2:
-        raise PrepError(f"--source {where}: a single document of {len(text)} characters cannot be split into train and "
-                        "val text; give the source more text (or more documents)")  # fmt: skip
+        raise PrepError(
+            f"--source {where}: a single document of {len(text)} characters cannot be split into train and "
+            "val text; give the source more text (or more documents)"
+        )
     at = min(len(text) - 1, max(1, round(len(text) * (1 - val_fraction))))
     for sep in ("\n\n", "\n"):
         before, after = text.rfind(sep, 0, at + len(sep)), text.find(sep, at + 1)  # breaks starting <= at, > at
@@ -157,8 +159,12 @@ def progress(label: str, done: int, total: int, tokens: int, t0: float, quiet: b
     dt = max(time.perf_counter() - t0, 1e-9)
     bar = "#" * int(30 * done / max(total, 1))
     end = "\n" if done == total else ""
-    print(f"\r{label:5s} [{bar:30s}] {done}/{total} docs {tokens:,} tokens {tokens / dt:,.0f} tok/s", end=end,
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"\r{label:5s} [{bar:30s}] {done}/{total} docs {tokens:,} tokens {tokens / dt:,.0f} tok/s",
+        end=end,
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def write_split(
@@ -254,11 +260,15 @@ def check_out(out: Path, flag: str = "--out") -> None:
         return
     foreign = foreign_entry(out)
     if foreign == "manifest.json":
-        raise PrepError(f"{flag} {out}: a folder that holds no prepared corpus (no manifest.json of prep's); prep "
-                        "would replace it; choose a new or empty folder")  # fmt: skip
+        raise PrepError(
+            f"{flag} {out}: a folder that holds no prepared corpus (no manifest.json of prep's); prep "
+            "would replace it; choose a new or empty folder"
+        )
     if foreign is not None:
-        raise PrepError(f"{flag} {out}: holds {foreign}, which its manifest.json does not list; prep replaces only a "
-                        "corpus it wrote, so it leaves this folder alone; choose a new or empty folder")  # fmt: skip
+        raise PrepError(
+            f"{flag} {out}: holds {foreign}, which its manifest.json does not list; prep replaces only a "
+            "corpus it wrote, so it leaves this folder alone; choose a new or empty folder"
+        )
 
 
 def remove_stale(out: Path) -> None:
@@ -329,9 +339,11 @@ def check_windows(written: dict[str, dict], s: PrepSettings) -> None:
     the experiment's model.seq_len + 1 tokens: `microgpt train` would refuse it."""
     for split, info in written.items():
         if info["tokens"] < s.window:
-            raise PrepError(f"{split} split: {info['tokens']:,} tokens, fewer than one window of {s.window:,} "
-                            f"({s.window_of or 'two tokens'}) that train reads; add text, or change --val-fraction "
-                            f"({s.val_fraction})")  # fmt: skip
+            raise PrepError(
+                f"{split} split: {info['tokens']:,} tokens, fewer than one window of {s.window:,} "
+                f"({s.window_of or 'two tokens'}) that train reads; add text, or change --val-fraction "
+                f"({s.val_fraction})"
+            )
 
 
 def source_folders(sources: list[tuple[Source, list[Doc]]]) -> dict[str, Source]:
@@ -411,18 +423,25 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
     check_number(val_fraction, "--val-fraction", 0, 1, lo_open=True, hi_open=True, error=PrepError)
     for flag in ("shard_tokens", "tokenizer_bytes", "chunk", "max_bytes"):  # a shard's header counts in int32
         if getattr(args, flag) is not None:
-            check_number(getattr(args, flag), f"--{flag.replace('_', '-')}", 1, config.INT_MAX, integer=True,
-                         error=PrepError)  # fmt: skip
+            check_number(
+                getattr(args, flag), f"--{flag.replace('_', '-')}", 1, config.INT_MAX, integer=True, error=PrepError
+            )
     if args.seed is not None:
         check_number(args.seed, "--seed", 0, config.SEED_MAX, integer=True, error=PrepError)
     settings = PrepSettings(
-        tokenizer=tokenizer or "", vocab_size=vocab_size, val_fraction=val_fraction,
+        tokenizer=tokenizer or "",
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
         seed=corpus.CORPUS_SEED if args.seed is None else args.seed,
         loss_mask=args.loss_mask or args.builtin,  # the built-in corpus always carries masks (1 byte a token)
-        per_source=args.per_source, shard_tokens=args.shard_tokens, tokenizer_bytes=args.tokenizer_bytes,
-        chunk=args.chunk, quiet=args.quiet,
-        window=exp.model.seq_len + 1 if exp else 2, window_of=f"{args.experiment}: model.seq_len + 1" if exp else "",
-    )  # fmt: skip
+        per_source=args.per_source,
+        shard_tokens=args.shard_tokens,
+        tokenizer_bytes=args.tokenizer_bytes,
+        chunk=args.chunk,
+        quiet=args.quiet,
+        window=exp.model.seq_len + 1 if exp else 2,
+        window_of=f"{args.experiment}: model.seq_len + 1" if exp else "",
+    )
     return settings, max_bytes
 
 
@@ -432,8 +451,10 @@ def main(argv: list[str]) -> int:
     if args.check:
         return check(args.check, args.vocab_size)
     if not (args.builtin or args.source or args.builtin_chats) or not (args.out or args.builtin):
-        raise PrepError("prep needs --builtin, --source PATH[@W] or --builtin-chats N (and --out DIR without "
-                        "--builtin), or --experiment FILE alone (its data.prep)")  # fmt: skip
+        raise PrepError(
+            "prep needs --builtin, --source PATH[@W] or --builtin-chats N (and --out DIR without "
+            "--builtin), or --experiment FILE alone (its data.prep)"
+        )
     if args.builtin_chats is not None:
         check_number(args.builtin_chats, "--builtin-chats", 1, config.INT_MAX, integer=True, error=PrepError)
     if args.per_source and not args.out:

@@ -85,8 +85,9 @@ def pull(paths: list[Path], out: Path) -> Report:
         if report.kept == 0:
             raise SourceError(f"{len(paths)} input file(s) hold no valid conversation; nothing written to {out}")
         if keep_old and report.bad_files:
-            raise SourceError(f"{len(report.bad_files)} input file(s) unreadable (listed above); {out} was left "
-                              "as it was")  # fmt: skip
+            raise SourceError(
+                f"{len(report.bad_files)} input file(s) unreadable (listed above); {out} was left as it was"
+            )
 
     target = out
     try:

@@ -58,6 +58,8 @@ def expand(argv: list[str]) -> list[str]:
     experiment = argv[argv.index("--experiment") + 1]
     exp = load(experiment)
     if exp.data.source != "shards" or not exp.data.prep:
-        raise ConfigError(f"{experiment}: no data.prep to run (data.source {exp.data.source!r}); give prep a "
-                          "source: --builtin, --source PATH or --builtin-chats N, and --out DIR")  # fmt: skip
+        raise ConfigError(
+            f"{experiment}: no data.prep to run (data.source {exp.data.source!r}); give prep a "
+            "source: --builtin, --source PATH or --builtin-chats N, and --out DIR"
+        )
     return [*recipe_args(exp, experiment), *argv, "--out", exp.data.path]

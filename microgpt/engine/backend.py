@@ -150,8 +150,9 @@ def registry_functions(module_of: Callable[[ops.OpPair | ops.Helpers], str]) -> 
 NUMPY_DTYPES = {"f32": np.float32, "compute": np.float32, "i32": np.int32, "u8": np.uint8}
 
 
-def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "fp32",
-                  flag: str = "train.precision") -> Backend:  # fmt: skip
+def numpy_backend(
+    dtypes: dict[str, type] | None = None, precision_name: str = "fp32", flag: str = "train.precision"
+) -> Backend:
     """The reference backend. `dtypes` maps plan kinds to NumPy types (the gradient checks use float64). It computes
     in fp32; precision "fp8" casts the block linears' operands to E4M3 as the GPU does (microgpt/ops/fp8.py). Its
     passes between the GEMMs run on as many threads as NumPy's BLAS (ops/rows.py: the same bits on any number). What
@@ -177,15 +178,29 @@ def numpy_backend(dtypes: dict[str, type] | None = None, precision_name: str = "
         return np.zeros(nbytes, np.uint8)
 
     return Backend(
-        name="numpy", precision=prec, device="cpu", versions={"numpy": np.__version__},
+        name="numpy",
+        precision=prec,
+        device="cpu",
+        versions={"numpy": np.__version__},
         kind_bytes={**{kind: np.dtype(t).itemsize for kind, t in dtypes.items()}, "f8": 1},
         **registry_functions(lambda row: row.numpy),
-        alloc=alloc, view=view, zero_=lambda x: x.fill(0), copy_=np.copyto, copy_in=copy_in, copy_in_async=copy_in,
-        to_numpy=np.asarray, fetch=fetch, synchronize=lambda: None, prepare=lambda run, graph: run,
-        logits_rows=memory.cpu_logits_rows, rows=lambda m, t: [], infer_rows=lambda m, B: [],
-        memory_bytes=memory.host_memory_bytes, kernel_args={fn: {"rows": rows} for fn in ops.ROWS_TAKERS},
+        alloc=alloc,
+        view=view,
+        zero_=lambda x: x.fill(0),
+        copy_=np.copyto,
+        copy_in=copy_in,
+        copy_in_async=copy_in,
+        to_numpy=np.asarray,
+        fetch=fetch,
+        synchronize=lambda: None,
+        prepare=lambda run, graph: run,
+        logits_rows=memory.cpu_logits_rows,
+        rows=lambda m, t: [],
+        infer_rows=lambda m, B: [],
+        memory_bytes=memory.host_memory_bytes,
+        kernel_args={fn: {"rows": rows} for fn in ops.ROWS_TAKERS},
         matmul_args={"rows": rows},
-    )  # fmt: skip
+    )
 
 
 # --- triton --------------------------------------------------------------------------------------------------
@@ -209,18 +224,37 @@ def triton_backend(precision_name: str, flag: str = "train.precision", compute: 
         return triton_rows(m, t.micro_batch, rt.sm_count, rt.workspace_bytes)
 
     return Backend(
-        name="triton", precision=prec, device=rt.device, versions=rt.versions, kind_bytes=rt.kind_bytes,
+        name="triton",
+        precision=prec,
+        device=rt.device,
+        versions=rt.versions,
+        kind_bytes=rt.kind_bytes,
         **registry_functions(lambda row: row.triton),
-        alloc=rt.alloc, view=rt.view, zero_=rt.zero_, copy_=rt.copy_, copy_in=rt.copy_in,
-        copy_in_async=rt.copy_in_async, to_numpy=rt.to_numpy, fetch=rt.fetch,
-        synchronize=rt.synchronize, prepare=rt.prepare,
-        logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize), rows=rows, infer_rows=infer_rows,
+        alloc=rt.alloc,
+        view=rt.view,
+        zero_=rt.zero_,
+        copy_=rt.copy_,
+        copy_in=rt.copy_in,
+        copy_in_async=rt.copy_in_async,
+        to_numpy=rt.to_numpy,
+        fetch=rt.fetch,
+        synchronize=rt.synchronize,
+        prepare=rt.prepare,
+        logits_rows=lambda m, B: memory.gpu_logits_rows(m, B, rt.dtype.itemsize),
+        rows=rows,
+        infer_rows=infer_rows,
         scratch_args=tuple((fn, kw, buf) for fn, (kw, buf, _, _) in rt.scratch(1, 1, 1, 1).items()),
-        kernel_args={**{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
-                     "decode_attention": {"sm_count": rt.sm_count}}, matmul_args={"gemm": rt.gemm},
-        on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]), tuned=rt.tuned, memory_bytes=rt.memory_bytes,
-        peak_memory=rt.peak_memory, peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
-    )  # fmt: skip
+        kernel_args={
+            **{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
+            "decode_attention": {"sm_count": rt.sm_count},
+        },
+        matmul_args={"gemm": rt.gemm},
+        on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]),
+        tuned=rt.tuned,
+        memory_bytes=rt.memory_bytes,
+        peak_memory=rt.peak_memory,
+        peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
+    )
 
 
 def triton_rows(m: ModelConfig, B: int | None, sm_count: int, workspace_bytes: int) -> list[Buf]:
@@ -239,8 +273,11 @@ def triton_rows(m: ModelConfig, B: int | None, sm_count: int, workspace_bytes: i
     return out
 
 
-def get_backend(name: str, precision_name: str, flags: tuple[str, str] = ("train.backend", "train.precision"),
-                ) -> Backend:  # fmt: skip
+def get_backend(
+    name: str,
+    precision_name: str,
+    flags: tuple[str, str] = ("train.backend", "train.precision"),
+) -> Backend:
     """The backend by name; what this machine cannot run is a ConfigError naming the field or flag (CLI: exit 2):
     flags[0] for the backend, flags[1] for the precision."""
     if name == "numpy":
@@ -249,8 +286,9 @@ def get_backend(name: str, precision_name: str, flags: tuple[str, str] = ("train
         try:
             return triton_backend(precision_name, flags[1])
         except ImportError as e:
-            raise ConfigError(f"{flags[0]} 'triton' needs torch and triton ({e.name} is missing): "
-                              "pip install -e '.[gpu]'") from None  # fmt: skip
+            raise ConfigError(
+                f"{flags[0]} 'triton' needs torch and triton ({e.name} is missing): pip install -e '.[gpu]'"
+            ) from None
         except ConfigError:
             raise
         except (RuntimeError, ValueError) as e:
@@ -280,12 +318,19 @@ INFER_PRECISIONS = {"numpy": NUMPY_PRECISIONS, "triton": ("bf16", *(p for p in P
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """`--backend` and `--precision` of the commands that run a trained model (eval, sample, chat, serve)."""
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        default="auto",
+        help="where the model runs (auto: triton where a CUDA GPU is there, else numpy)",
+    )
     as_trained = " and ".join(p for p in PRECISIONS if precision.make(p, "triton").only_as_trained)
-    p.add_argument("--precision", choices=PRECISIONS,
-                   help=f"what it computes in (default: bf16 on triton, fp32 on numpy; {as_trained} only for a "
-                        "checkpoint trained in them)")  # fmt: skip
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help=f"what it computes in (default: bf16 on triton, fp32 on numpy; {as_trained} only for a "
+        "checkpoint trained in them)",
+    )
 
 
 def for_trained(name: str, precision: str | None, trained: str, where: str, error: type[Exception]) -> Backend:
@@ -298,9 +343,13 @@ def for_trained(name: str, precision: str | None, trained: str, where: str, erro
     supported = INFER_PRECISIONS[name]
     precision = precision or supported[0]
     if precision not in supported:
-        raise error(f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
-                    "runs every precision, on a GPU)")  # fmt: skip
+        raise error(
+            f"--precision {precision}: the {name} backend runs {', '.join(supported)} (--backend triton "
+            "runs every precision, on a GPU)"
+        )
     if precision != trained and make_precision(precision, name).only_as_trained:
-        raise error(f"--precision {precision}: {where} trained in {trained}; {precision} runs only a checkpoint "
-                    f"trained in it (--precision {supported[0]} or fp32 run any)")  # fmt: skip
+        raise error(
+            f"--precision {precision}: {where} trained in {trained}; {precision} runs only a checkpoint "
+            f"trained in it (--precision {supported[0]} or fp32 run any)"
+        )
     return get_backend(name, precision, flags=("--backend", "--precision"))

@@ -136,8 +136,10 @@ class DataParallel:
         bad = [r for r in range(self.world_size) if (table[r] != table[0]).any()]
         if bad:
             sums = {r: [int(x) for x in table[r]] for r in range(self.world_size)}
-            raise DivergenceError(f"step {step}: rank(s) {bad} hold other weights/optimizer state than rank 0 "
-                                  f"(checksums of weights, m, v by rank: {sums}); stopping the run")  # fmt: skip
+            raise DivergenceError(
+                f"step {step}: rank(s) {bad} hold other weights/optimizer state than rank 0 "
+                f"(checksums of weights, m, v by rank: {sums}); stopping the run"
+            )
 
     def barrier(self) -> None:
         import torch.distributed as dist

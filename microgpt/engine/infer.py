@@ -48,8 +48,13 @@ class InferState:
         where the plan has a KV cache)."""
         return tuple(self.arena[name].reshape(-1)[: b * t].reshape(b, t) for name in ("tokens", "targets"))
 
-    def run(self, tokens: Any, pos: int | Sequence[int], targets: Any = None, slots: Sequence[int] | None = None,
-            ) -> None:  # fmt: skip
+    def run(
+        self,
+        tokens: Any,
+        pos: int | Sequence[int],
+        targets: Any = None,
+        slots: Sequence[int] | None = None,
+    ) -> None:
         """One inference step (model.gpt_infer) on planned tokens (b, t) at positions pos .. pos + t - 1 (one for all
         rows, or one per row in cache rows slots: model.windows), then the precision's end of an evaluation forward
         (fp8: what its casts met is forgotten)."""
@@ -156,8 +161,10 @@ class InferState:
         if "kv" not in self.arena:
             raise ValueError("decode: the inference plan has no KV cache (make_infer_state(..., cache=True))")
         if not 1 <= b <= self.B or positions.size != b or slots.size != b:
-            raise ValueError(f"decode: tokens, positions and slots need one entry a row, 1 to {self.B} rows (got "
-                             f"{tokens.size}, {positions.size}, {slots.size})")  # fmt: skip
+            raise ValueError(
+                f"decode: tokens, positions and slots need one entry a row, 1 to {self.B} rows (got "
+                f"{tokens.size}, {positions.size}, {slots.size})"
+            )
         for name, a, top in (("tokens", tokens, V), ("positions", positions, T), ("slots", slots, self.B)):
             if a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= top:
                 raise ValueError(f"decode: {name} must be integers in [0, {top}) (got {a.min()} .. {a.max()})")
@@ -193,11 +200,24 @@ def training_infer_state(S: TrainState) -> InferState:
     could otherwise train with, for something that runs between steps only."""
     A = S.arena
     a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes GELU
-    view = {"x": A["resid"][0], "x2": A["resid2"][0], "ln": A["ln1"][0], "qkv": A["qkv"][0], "att": A["att"][0],
-            "proj": A["proj"], "h": A["h"][0], "ln_rstd": A["ln1_rstd"][0], "att_lse": A["att_lse"][0].reshape(-1),
-            "losses": A["losses"], "ce_lse": A["ce_lse"], "logits": A["logits"], "loss_sum": A["loss_sum"],
-            "tokens": A["tokens"][0], "targets": A["targets"][0],
-            **({} if a is None else {"a": a if a.ndim == 2 else a[0]})}  # fmt: skip
+    view = {
+        "x": A["resid"][0],
+        "x2": A["resid2"][0],
+        "ln": A["ln1"][0],
+        "qkv": A["qkv"][0],
+        "att": A["att"][0],
+        "proj": A["proj"],
+        "h": A["h"][0],
+        "ln_rstd": A["ln1_rstd"][0],
+        "att_lse": A["att_lse"][0].reshape(-1),
+        "losses": A["losses"],
+        "ce_lse": A["ce_lse"],
+        "logits": A["logits"],
+        "loss_sum": A["loss_sum"],
+        "tokens": A["tokens"][0],
+        "targets": A["targets"][0],
+        **({} if a is None else {"a": a if a.ndim == 2 else a[0]}),
+    }
     for name, buf in (("ln_mean", "ln1_mean"), ("qk_rstd", "qk_rstd")):  # GPT-2's LayerNorm means; modern's QK-norm
         if buf in A:
             view[name] = A[buf][0]

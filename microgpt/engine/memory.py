@@ -107,8 +107,15 @@ def host_memory_bytes() -> int | None:
 GIB = 1 << 30
 
 
-def check_fits(bufs: list[Buf], prec: Precision, m: ModelConfig, room: int | None, device: str, margin: int = 0,
-               hint: Callable[[], str] | None = None) -> list[Buf]:  # fmt: skip
+def check_fits(
+    bufs: list[Buf],
+    prec: Precision,
+    m: ModelConfig,
+    room: int | None,
+    device: str,
+    margin: int = 0,
+    hint: Callable[[], str] | None = None,
+) -> list[Buf]:
     """A plan (training's or inference's), once it is known to fit: PlanError, before anything is allocated, when
     it is larger than the `room` bytes the device has for it less `margin` (what the plan leaves to others: the
     run's train.memory_margin), naming the plan's total, the device's room and what hint() says would fit; or for a
@@ -124,16 +131,19 @@ def check_fits(bufs: list[Buf], prec: Precision, m: ModelConfig, room: int | Non
         )
     n = params.n_params(m)
     if n > CKPT_MAX_PARAMS:
-        raise PlanError(f"the model has {n:,} parameters; the checkpoint format holds at most {CKPT_MAX_PARAMS:,}; "
-                        "lower the model's sizes")  # fmt: skip
+        raise PlanError(
+            f"the model has {n:,} parameters; the checkpoint format holds at most {CKPT_MAX_PARAMS:,}; "
+            "lower the model's sizes"
+        )
     return bufs
 
 
 MAX_MICRO_BATCH = 1 << 20  # the largest micro-batch the fitting search considers (sequences)
 
 
-def largest_fitting(plan_bytes: Callable[[int], int], sequences: int, available: int,
-                    below: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+def largest_fitting(
+    plan_bytes: Callable[[int], int], sequences: int, available: int, below: int | None = None
+) -> tuple[int, int] | None:
     """(B, its plan's bytes) for the largest micro-batch B that divides `sequences` (the step's, so that n_micro =
     sequences / B keeps them; n_micro at most INT_MAX), is under `below` if given, and whose plan_bytes(B) fits
     `available`; None where not even B = 1 does. The divisors are tried from the largest down: a plan grows with B
@@ -161,8 +171,9 @@ def gpu_logits_rows(m: ModelConfig, B: int, itemsize: int, budget_bytes: int = 5
     return R
 
 
-def plan(m: ModelConfig, t: TrainConfig, prec: Precision, R: int,
-         backend_rows: list[Buf] | tuple[Buf, ...] = ()) -> list[Buf]:  # fmt: skip
+def plan(
+    m: ModelConfig, t: TrainConfig, prec: Precision, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = ()
+) -> list[Buf]:
     """Every buffer of a training step for micro-batch t.micro_batch with a (R, V) logits chunk in precision prec,
     then the backend's own rows (launcher scratch, runtime bytes, the optimizer's scratch: engine/optim.py)."""
     B, U, T, V = t.micro_batch, t.n_micro, m.seq_len, m.vocab_size
@@ -279,8 +290,9 @@ def tables(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return [("rope", (2, m.seq_len, params.head_dim(m) // 2))] if m.block == "modern" else []
 
 
-def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = (),
-                   cache: bool = True) -> list[Buf]:  # fmt: skip
+def inference_plan(
+    m: ModelConfig, prec: Precision, B: int, R: int, backend_rows: list[Buf] | tuple[Buf, ...] = (), cache: bool = True
+) -> list[Buf]:
     """Every buffer of the inference step (model.gpt_infer, and the decode step model.gpt_decode) for up to B
     sequences of up to seq_len tokens: the weights, the KV cache and the decode step's positions and cache rows
     (unless cache is False: a plan that only scores windows from position 0, whose batches may then be any b x t of
@@ -289,8 +301,11 @@ def inference_plan(m: ModelConfig, prec: Precision, B: int, R: int, backend_rows
     C, L, NH, T, V = m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size
     N = B * T
     roles = ["params"] + (["compute_params"] if prec.compute_copy else [])
-    bufs = [Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
-            for role in roles for name, shape in params.param_shapes(m)]  # fmt: skip
+    bufs = [
+        Buf(name, shape, role, "compute" if role == "compute_params" else "f32")
+        for role in roles
+        for name, shape in params.param_shapes(m)
+    ]
     modern = m.block == "modern"
     bufs += [Buf("loss_sum", (2,), "optim", "f32")] + prec.rows(m, N, weight_maxima=False)
     stats = [("ln_rstd", (N,)), ("qk_rstd", (2, N, NH))] if modern else [("ln_mean", (N,)), ("ln_rstd", (N,))]
@@ -410,10 +425,16 @@ class Arena:
         try:
             self.pool = device.alloc(self.nbytes)
         except MemoryError as e:
-            raise PlanError(f"the memory plan needs {self.nbytes:,} bytes in one allocation, which failed ({e}); "
-                            "lower train.micro_batch or the model's sizes") from None  # fmt: skip
-        self.views = {key: device.view(self.pool, off, b.shape, b.kind)
-                      for b in bufs if (key := (b.role, b.name)) in offsets for off in [offsets[key]]}  # fmt: skip
+            raise PlanError(
+                f"the memory plan needs {self.nbytes:,} bytes in one allocation, which failed ({e}); "
+                "lower train.micro_batch or the model's sizes"
+            ) from None
+        self.views = {
+            key: device.view(self.pool, off, b.shape, b.kind)
+            for b in bufs
+            if (key := (b.role, b.name)) in offsets
+            for off in [offsets[key]]
+        }
         self._by_name = {name: view for (role, name), view in self.views.items() if role not in PACKED}
         self._flat = {}  # the packed roles as one flat array each, n_params long
         n = sum(b.numel for b in bufs if b.role == "params")

@@ -96,8 +96,9 @@ def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: La
     K.residual_layernorm_forward(io.x2, io.ln2, io.mean2, io.rstd2, io.x, io.proj, P[h + "ln2_w"], P[h + "ln2_b"])
     K.mlp_forward(io.proj, io.h, io.a, io.ln2, P[h + "w_1"], P[h + "w_2"])
     nxt = f"h{layer + 1}.ln1" if layer + 1 < m.n_layer else "lnf"
-    K.residual_layernorm_forward(io.x_out, io.ln_out, io.mean_out, io.rstd_out, io.x2, io.proj, P[nxt + "_w"],
-                                 P[nxt + "_b"])  # fmt: skip
+    K.residual_layernorm_forward(
+        io.x_out, io.ln_out, io.mean_out, io.rstd_out, io.x2, io.proj, P[nxt + "_w"], P[nxt + "_b"]
+    )
 
 
 def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
@@ -129,9 +130,21 @@ def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any) -> Layer:
         out = A["ln1"][layer + 1], _at(A, "ln1_mean", layer + 1), A["ln1_rstd"][layer + 1]
     else:
         out = A["lnf"], A.get("lnf_mean"), A["lnf_rstd"]
-    return Layer(A["resid"][layer], A["ln1"][layer], A["qkv"][layer], A["att"][layer], A["proj"], A["resid2"][layer],
-                 A["ln2"][layer], _at(A, "ln2_mean", layer), A["ln2_rstd"][layer], A["h"][layer], a,
-                 A["resid"][layer + 1], *out)  # fmt: skip
+    return Layer(
+        A["resid"][layer],
+        A["ln1"][layer],
+        A["qkv"][layer],
+        A["att"][layer],
+        A["proj"],
+        A["resid2"][layer],
+        A["ln2"][layer],
+        _at(A, "ln2_mean", layer),
+        A["ln2_rstd"][layer],
+        A["h"][layer],
+        a,
+        A["resid"][layer + 1],
+        *out,
+    )
 
 
 def _at(A: Arena, name: str, layer: int) -> Any:
@@ -140,8 +153,19 @@ def _at(A: Arena, name: str, layer: int) -> Any:
     return None if buf is None else buf[layer]
 
 
-def _embed(K: Backend, m: ModelConfig, P: dict[str, Any], x: Any, ln: Any, mean: Any, rstd: Any, tokens: Any,
-           wpe: Any, emb: Any = None, emb_rstd: Any = None) -> None:  # fmt: skip
+def _embed(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    x: Any,
+    ln: Any,
+    mean: Any,
+    rstd: Any,
+    tokens: Any,
+    wpe: Any,
+    emb: Any = None,
+    emb_rstd: Any = None,
+) -> None:
     """The stream entering layer 0 into x (b*t, C) and its first norm into ln: GPT-2 x = wte[tokens] + wpe (wpe the
     position table's rows from the window's position), then LN1 of layer 0; modern x = rmsnorm(wte[tokens]) with
     wte[tokens] in emb (its rstd in emb_rstd), then layer 0's RMSNorm."""
@@ -155,14 +179,26 @@ def _embed(K: Backend, m: ModelConfig, P: dict[str, Any], x: Any, ln: Any, mean:
     K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
 
 
-def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any,
-                G: dict[str, Any] | None = None) -> None:  # fmt: skip
+def gpt_forward(
+    K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, targets: Any, G: dict[str, Any] | None = None
+) -> None:
     """tokens, targets (B,T) -> per-token losses (A["losses"]); with G (training), also the loss head's backward:
     d lnf in A["dln"] and the head's share of G["head"], which gpt_backward then continues from."""
     B, T = tokens.shape
     a, _ = _mlp_outputs(A, m.n_layer)
-    _embed(K, m, P, A["resid"][0], A["ln1"][0], _at(A, "ln1_mean", 0), A["ln1_rstd"][0], tokens, P.get("wpe"),
-           A.get("emb"), A.get("emb_rstd"))  # fmt: skip
+    _embed(
+        K,
+        m,
+        P,
+        A["resid"][0],
+        A["ln1"][0],
+        _at(A, "ln1_mean", 0),
+        A["ln1_rstd"][0],
+        tokens,
+        P.get("wpe"),
+        A.get("emb"),
+        A.get("emb_rstd"),
+    )
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
         block(K, m, P, layer, _train_layer(m, A, layer, a[layer]), _train_attend(K, m, A, layer, B, T))
@@ -172,8 +208,18 @@ def gpt_forward(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens:
         return
     K.loss_weights(A["dlosses"], targets, A["loss_scale"])
     K.zero_(A["dln"])
-    K.crossentropy_forward_backward(A["losses"], A["ce_lse"], A["dln"], G["head"], A["dlosses"], A["lnf"], P["head"],
-                                    targets, A["logits"], **head_args(m))  # fmt: skip
+    K.crossentropy_forward_backward(
+        A["losses"],
+        A["ce_lse"],
+        A["dln"],
+        G["head"],
+        A["dlosses"],
+        A["lnf"],
+        P["head"],
+        targets,
+        A["logits"],
+        **head_args(m),
+    )
 
 
 def _train_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, B: int, T: int) -> Attend:
@@ -189,8 +235,15 @@ def _train_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, B: int, T: i
     return attend
 
 
-def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
-                 layer_done: Callable[[int], None] | None = None) -> None:  # fmt: skip
+def gpt_backward(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    G: dict[str, Any],
+    A: Arena,
+    tokens: Any,
+    layer_done: Callable[[int], None] | None = None,
+) -> None:
     """Adds this micro-batch's gradients into G (weights) using what gpt_forward(..., G) saved, starting from
     d lnf, which that call left in A["dln"] (the module docstring says why). layer_done(l), if given, is called
     once layer l's gradients are complete (data parallel starts their all-reduce there): layer 0's at the end,
@@ -201,8 +254,15 @@ def gpt_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any
     (_modern_backward if m.block == "modern" else _gpt2_backward)(K, m, P, G, A, tokens, layer_done)
 
 
-def _gpt2_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
-                   layer_done: Callable[[int], None] | None) -> None:  # fmt: skip
+def _gpt2_backward(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    G: dict[str, Any],
+    A: Arena,
+    tokens: Any,
+    layer_done: Callable[[int], None] | None,
+) -> None:
     B, T = tokens.shape
     H = m.n_head
     dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
@@ -214,10 +274,29 @@ def _gpt2_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, A
         h, x = f"h{layer}.", A["resid"][layer]
         # resid[l+1] = resid2 + mlp(ln2(resid2)): the MLP reads dresid; LN2 adds into it, which makes it dresid2
         ln2 = A["ln2"][layer]
-        K.mlp_backward(dln, G[h + "w_1"], G[h + "w_2"], dresid, ln2, A["h"][layer], P[h + "w_1"], P[h + "w_2"],
-                       a[layer], A["dh"], recompute=recompute)  # fmt: skip
-        K.layernorm_backward(dresid, G[h + "ln2_w"], G[h + "ln2_b"], dln, A["resid2"][layer], P[h + "ln2_w"],
-                             A["ln2_mean"][layer], A["ln2_rstd"][layer])  # fmt: skip
+        K.mlp_backward(
+            dln,
+            G[h + "w_1"],
+            G[h + "w_2"],
+            dresid,
+            ln2,
+            A["h"][layer],
+            P[h + "w_1"],
+            P[h + "w_2"],
+            a[layer],
+            A["dh"],
+            recompute=recompute,
+        )
+        K.layernorm_backward(
+            dresid,
+            G[h + "ln2_w"],
+            G[h + "ln2_b"],
+            dln,
+            A["resid2"][layer],
+            P[h + "ln2_w"],
+            A["ln2_mean"][layer],
+            A["ln2_rstd"][layer],
+        )
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
         att = A["att"][layer]
         K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
@@ -225,18 +304,36 @@ def _gpt2_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, A
         dq, dk, dv = dqkv
         if layer_done is not None and layer + 1 < m.n_layer:
             layer_done(layer + 1)
-        K.attention_backward(_btc(dq, B, T), _btc(dk, B, T), _btc(dv, B, T), _btc(datt, B, T), _btc(q, B, T),
-                             _btc(k, B, T), _btc(v, B, T), _btc(att, B, T), A["att_lse"][layer], H)  # fmt: skip
+        K.attention_backward(
+            _btc(dq, B, T),
+            _btc(dk, B, T),
+            _btc(dv, B, T),
+            _btc(datt, B, T),
+            _btc(q, B, T),
+            _btc(k, B, T),
+            _btc(v, B, T),
+            _btc(att, B, T),
+            A["att_lse"][layer],
+            H,
+        )
         K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
-        K.layernorm_backward(dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"],
-                             A["ln1_mean"][layer], A["ln1_rstd"][layer])  # fmt: skip
+        K.layernorm_backward(
+            dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"], A["ln1_mean"][layer], A["ln1_rstd"][layer]
+        )
     if layer_done is not None:
         layer_done(0)
     K.embedding_backward(G["wte"], G["wpe"], dresid.reshape(B, T, -1), tokens)
 
 
-def _modern_backward(K: Backend, m: ModelConfig, P: dict[str, Any], G: dict[str, Any], A: Arena, tokens: Any,
-                     layer_done: Callable[[int], None] | None) -> None:  # fmt: skip
+def _modern_backward(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    G: dict[str, Any],
+    A: Arena,
+    tokens: Any,
+    layer_done: Callable[[int], None] | None,
+) -> None:
     """modern_block's calls reversed: the MLP's two linears and ReLU^2 as three pairs, attention's q and k through
     the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
     the embedding's."""
@@ -311,8 +408,16 @@ def _infer_layer(A: Arena, n: int, a: Any) -> Layer:
     return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd)
 
 
-def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, pos: int | Sequence[int],
-              targets: Any = None, slots: Sequence[int] | None = None) -> None:  # fmt: skip
+def gpt_infer(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    A: Arena,
+    tokens: Any,
+    pos: int | Sequence[int],
+    targets: Any = None,
+    slots: Sequence[int] | None = None,
+) -> None:
     """tokens (b, t), contiguous: positions pos .. pos + t - 1 of b sequences (b <= the plan's B, pos + t <=
     seq_len), whose keys and values are written into the KV cache A["kv"] (L, 2, B, T, C) beside those of the
     positions before them: cache rows 0 .. b-1, or with pos a list of b positions and slots a list of b cache rows,
@@ -338,14 +443,16 @@ def gpt_infer(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: A
     for layer in range(m.n_layer):
         block(K, m, P, layer, io, _infer_attend(K, m, A, layer, b, t, groups))
     if targets is not None:
-        K.crossentropy_forward(A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"],
-                               **head_args(m))  # fmt: skip
+        K.crossentropy_forward(
+            A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"], **head_args(m)
+        )
     else:
         K.head_logits(A["next_logits"][:b], _btc(io.ln1, b, t)[:, -1], P["head"], **head_args(m))
 
 
-def _infer_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, b: int, t: int,
-                  groups: list[tuple[slice, int, slice]]) -> Attend:  # fmt: skip
+def _infer_attend(
+    K: Backend, m: ModelConfig, A: Arena, layer: int, b: int, t: int, groups: list[tuple[slice, int, slice]]
+) -> Attend:
     """The inference step's attention of one layer, per position group: the modern block's q and k QK-normed and
     rotated at the group's positions, its keys and values into the group's cache rows (where the plan has a cache),
     then attention over the window (from position 0: the training forward's) or over the cache."""
@@ -365,8 +472,9 @@ def _infer_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, b: int, t: i
     return attend
 
 
-def _attend(K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice,
-            H: int) -> None:  # fmt: skip
+def _attend(
+    K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice, H: int
+) -> None:
     """One position group's attention, q, k, v, att (g, t, C) at positions pos .. pos + t - 1: its keys and values
     into cache rows `cached` of layer's KV cache (where the plan has one), then attention over the window (from
     position 0: the training forward's) or over the cache."""
@@ -382,8 +490,9 @@ def _attend(K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, po
         K.attention_forward_cached(att, q, cache_k, cache_v, pos, H)
 
 
-def gpt_decode(K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, positions: Any,
-               slots: Any) -> None:  # fmt: skip
+def gpt_decode(
+    K: Backend, m: ModelConfig, P: dict[str, Any], A: Arena, tokens: Any, positions: Any, slots: Any
+) -> None:
     """tokens, positions, slots (b,) int32 (b <= the plan's B): row i's token at position positions[i] (< seq_len)
     of KV-cache row slots[i] (< B; no two rows at one slot and position), whose key and value go into the cache
     A["kv"] beside those of positions 0 .. positions[i] - 1 of that row (written before, or by this step's other rows

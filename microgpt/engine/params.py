@@ -138,8 +138,9 @@ def site_shapes(C: int) -> dict[str, tuple[int, int, int]]:
 def named(flat: Any, m: ModelConfig) -> dict[str, Any]:
     """name -> parameter-shaped view of a flat (n_params,) array (weights, grads, a compute copy), canonical order."""
     offsets = param_offsets(m)
-    return {name: flat[offsets[name] : offsets[name] + math.prod(shape)].reshape(shape) for name, shape in
-            param_shapes(m)}  # fmt: skip
+    return {
+        name: flat[offsets[name] : offsets[name] + math.prod(shape)].reshape(shape) for name, shape in param_shapes(m)
+    }
 
 
 def views(flat: Any, m: ModelConfig) -> dict[str, Any]:

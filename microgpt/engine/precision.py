@@ -103,8 +103,9 @@ def check_sidecar(side: dict[str, Any], where: str) -> None:
     checked by Fp8State.load_sidecar). CheckpointError naming the sidecar `where` and the field otherwise."""
     hist = side.get(HISTORY_FIELD, [])
     if not isinstance(hist, list):
-        raise checkpoint.CheckpointError(f"{where}: field '{HISTORY_FIELD}' must be list, got {type(hist).__name__} "
-                                         f"{brief(hist)}")  # fmt: skip
+        raise checkpoint.CheckpointError(
+            f"{where}: field '{HISTORY_FIELD}' must be list, got {type(hist).__name__} {brief(hist)}"
+        )
     for i, amax in enumerate(hist):  # a string "1.5" or true would pass numpy's cast
         check_number(amax, f"{where}: field '{HISTORY_FIELD}' item {i}", 0, F32_MAX, error=checkpoint.CheckpointError)
 
@@ -225,22 +226,33 @@ class Fp8(Precision):
         for layer in range(m.n_layer):
             for site, (G, C, OC) in sites.items():
                 name = f"h{layer}.{site}"
-                bufs += [Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
-                         Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8")]  # fmt: skip
-        bufs += [Buf("fp8_wscales", (m.n_layer, len(sites), fp8.SLOT), "optim", "f32"),
-                 Buf("fp8_slots", (m.n_layer, len(sites), 2, fp8.OSLOT), "optim", "f32")]  # fmt: skip
+                bufs += [
+                    Buf(name + ".w8", (C, G * OC), "fp8_weights", "f8"),
+                    Buf(name + ".w8t", (G, OC, C), "fp8_weights", "f8"),
+                ]
+        bufs += [
+            Buf("fp8_wscales", (m.n_layer, len(sites), fp8.SLOT), "optim", "f32"),
+            Buf("fp8_slots", (m.n_layer, len(sites), 2, fp8.OSLOT), "optim", "f32"),
+        ]
         if fp8.head_in_fp8(m.vocab_size):
-            bufs += [Buf("lm_head.w8", (m.vocab_size, m.d_model), "fp8_weights", "f8"),
-                     Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32")]  # fmt: skip
+            bufs += [
+                Buf("lm_head.w8", (m.vocab_size, m.d_model), "fp8_weights", "f8"),
+                Buf("fp8_head_slots", (2, fp8.SLOT), "optim", "f32"),
+            ]
         if self.backend == "triton":
             C = m.d_model
             bufs += [Buf(name, (N * 4 * C,), "kernel", "f8") for name in fp8.SCRATCH]
             bufs += [Buf("fp8_wgrad", (4 * C * C,), "kernel", "f32")]
-            bufs += [Buf(f"h{layer}.{site}.xt", (C_in * N,), "acts", "f8") for layer in range(m.n_layer)
-                     for site, (_, C_in, _) in sites.items()]  # fmt: skip
+            bufs += [
+                Buf(f"h{layer}.{site}.xt", (C_in * N,), "acts", "f8")
+                for layer in range(m.n_layer)
+                for site, (_, C_in, _) in sites.items()
+            ]
             if weight_maxima and (blocks := amax_blocks(m)) is not None:
-                bufs += [Buf("fp8_amax_blocks", blocks.shape, "optim", "i32"),
-                         Buf("fp8_wamax", (len(weight_segments(m)),), "optim", "f32")]  # fmt: skip
+                bufs += [
+                    Buf("fp8_amax_blocks", blocks.shape, "optim", "i32"),
+                    Buf("fp8_wamax", (len(weight_segments(m)),), "optim", "f32"),
+                ]
         return bufs
 
     def bind(self, arena: Arena, m: ModelConfig, p: Any, device: Any, **kernel_state: Any) -> PrecisionState:
@@ -251,9 +263,19 @@ class Fp8(Precision):
             for i, (site, (G, C, OC)) in enumerate(params.site_shapes(m.d_model).items()):
                 (start, end), name = next(segments), f"h{layer}.{site}"
                 slots = arena["fp8_slots"][layer, i]
-                weights.append(fp8.Fp8Weight(name, p[start:end].reshape(G, C, OC), arena[name + ".w8"],
-                                             arena[name + ".w8t"], arena["fp8_wscales"][layer, i], slots[0],
-                                             slots[1], priming, arena.get(name + ".xt")))  # fmt: skip
+                weights.append(
+                    fp8.Fp8Weight(
+                        name,
+                        p[start:end].reshape(G, C, OC),
+                        arena[name + ".w8"],
+                        arena[name + ".w8t"],
+                        arena["fp8_wscales"][layer, i],
+                        slots[0],
+                        slots[1],
+                        priming,
+                        arena.get(name + ".xt"),
+                    )
+                )
         head = None
         if fp8.head_in_fp8(m.vocab_size):
             hw = params.family(m).head_weight  # wte when tied, lm_head in the modern block
@@ -274,8 +296,12 @@ def weight_segments(m: ModelConfig) -> list[tuple[int, int]]:
     (Fp8State.cast_weights): every layer's sites (a site's G weights as one), then the head's matrix (wte, or the
     modern block's lm_head) where its logits GEMM runs in E4M3."""
     offsets, sites = params.param_offsets(m), params.site_shapes(m.d_model)
-    out = [(o, o + G * C * OC) for layer in range(m.n_layer) for site, (G, C, OC) in sites.items()
-           for o in [offsets[f"h{layer}.{params.SITES[site][0]}"]]]  # fmt: skip
+    out = [
+        (o, o + G * C * OC)
+        for layer in range(m.n_layer)
+        for site, (G, C, OC) in sites.items()
+        for o in [offsets[f"h{layer}.{params.SITES[site][0]}"]]
+    ]
     if fp8.head_in_fp8(m.vocab_size):
         head = offsets[params.family(m).head_weight]
         out.append((head, head + m.vocab_size * m.d_model))
@@ -291,9 +317,17 @@ def amax_blocks(m: ModelConfig) -> np.ndarray | None:
 class Fp8State(PrecisionState):
     """fp8 bound to an arena: each site's handle, the head's, the operands' slots and whether they are primed."""
 
-    def __init__(self, mm: Any, device: Any, weights: list[fp8.Fp8Weight], head: fp8.Fp8Head | None,
-                 priming: fp8.Priming, slots: Any, amaxes: Any = None,
-                 backend_args: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        mm: Any,
+        device: Any,
+        weights: list[fp8.Fp8Weight],
+        head: fp8.Fp8Head | None,
+        priming: fp8.Priming,
+        slots: Any,
+        amaxes: Any = None,
+        backend_args: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(mm, backend_args)
         self.device, self.sites, self.head, self._priming, self.slots = device, weights, head, priming, slots
         self.amaxes = amaxes  # where AdamW leaves the weights' amaxes (the GPU's training plans), else None
@@ -343,8 +377,9 @@ class Fp8State(PrecisionState):
         want = self._history().shape
         hist = np.array(saved, dtype=np.float64)
         if hist.shape != (math.prod(want),):
-            raise checkpoint.CheckpointError(f"{where} must hold {math.prod(want)} numbers (this model's amax "
-                                             f"histories), got {hist.size}")  # fmt: skip
+            raise checkpoint.CheckpointError(
+                f"{where} must hold {math.prod(want)} numbers (this model's amax histories), got {hist.size}"
+            )
         slots = np.zeros(self.slots.shape, np.float32)
         slots[..., fp8.HIST :] = hist.reshape(want)
         self.device.copy_in(self.slots, slots)
@@ -372,6 +407,7 @@ def make(name: str, backend: str, compute: str | None = None) -> Precision:
         raise ValueError(f"compute {compute!r}: fp8's activation dtype ({', '.join(COMPUTE_BYTES)}), for fp8 only")
     dtype = "fp32" if backend == "numpy" else {"fp8": compute or "bf16"}.get(name, name)
     if name == "fp8":
-        return Fp8(name, backend, dtype, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton",
-                   only_as_trained=True)  # fmt: skip
+        return Fp8(
+            name, backend, dtype, False, MATMULS[("fp8", backend)], scaled_mm=backend == "triton", only_as_trained=True
+        )
     return Precision(name, backend, dtype, name == "fp16", MATMULS[("plain", backend)], only_as_trained=name == "fp16")

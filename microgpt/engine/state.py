@@ -86,8 +86,13 @@ class TrainState:
         """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar."""
         self.K.synchronize()
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
-        meta = {**meta, "loss_scale": self.scaler.scale, "loss_scale_good_steps": self.scaler.good_steps,
-                "params": [[n, list(s)] for n, s in params.param_shapes(self.m)], **self.prec.sidecar()}  # fmt: skip
+        meta = {
+            **meta,
+            "loss_scale": self.scaler.scale,
+            "loss_scale_good_steps": self.scaler.good_steps,
+            "params": [[n, list(s)] for n, s in params.param_shapes(self.m)],
+            **self.prec.sidecar(),
+        }
         return checkpoint.write_checkpoint(path, self.step, *host, meta)
 
 
@@ -108,8 +113,9 @@ def _plan_bytes(m: ModelConfig, t: TrainConfig, K: Backend, B: int) -> int:
     return sum(memory.role_bytes(bufs, K.precision).values())
 
 
-def _fitting(m: ModelConfig, t: TrainConfig, K: Backend, available: int,
-             below: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+def _fitting(
+    m: ModelConfig, t: TrainConfig, K: Backend, available: int, below: int | None = None
+) -> tuple[int, int] | None:
     """(micro-batch, plan bytes) of the largest micro-batch that fits available bytes and keeps t's sequences a
     step (memory.largest_fitting)."""
     return memory.largest_fitting(lambda B: _plan_bytes(m, t, K, B), _sequences(t), available, below)
@@ -120,20 +126,26 @@ def auto_micro_batch(m: ModelConfig, t: TrainConfig, K: Backend, room: int | Non
     for it less the margin, and the n_micro that keeps the step's sequences; one line on stderr says why."""
     S, device = _sequences(t), f"{K.device}"
     if room is None:
-        raise memory.PlanError(f"train.micro_batch 'auto': the device ({device}) does not say how much memory it has; "
-                               "give train.micro_batch as a number")  # fmt: skip
+        raise memory.PlanError(
+            f"train.micro_batch 'auto': the device ({device}) does not say how much memory it has; "
+            "give train.micro_batch as a number"
+        )
     found = _fitting(m, t, K, room - margin)
     if found is None:
         need = _plan_bytes(m, t, K, 1)
-        raise memory.PlanError(f"train.micro_batch 'auto': no micro-batch fits the device ({device}): a micro-batch "
-                               f"of 1 needs {need / memory.GIB:.2f} GiB of the {room / memory.GIB:.2f} GiB available "
-                               f"(less train.memory_margin {margin / memory.GIB:.2f} GiB); lower the model's sizes "
-                               "(model.d_model, model.n_layer, model.seq_len)")  # fmt: skip
+        raise memory.PlanError(
+            f"train.micro_batch 'auto': no micro-batch fits the device ({device}): a micro-batch "
+            f"of 1 needs {need / memory.GIB:.2f} GiB of the {room / memory.GIB:.2f} GiB available "
+            f"(less train.memory_margin {margin / memory.GIB:.2f} GiB); lower the model's sizes "
+            "(model.d_model, model.n_layer, model.seq_len)"
+        )
     B, nbytes = found
-    print(f"train.micro_batch auto: {B} x n_micro {S // B} = {S} sequences a step, the largest micro-batch whose "
-          f"plan ({nbytes / memory.GIB:.2f} GiB) fits the {(room - margin) / memory.GIB:.2f} GiB {device} has for it "
-          f"({room / memory.GIB:.2f} GiB available less train.memory_margin {margin / memory.GIB:.2f} GiB)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"train.micro_batch auto: {B} x n_micro {S // B} = {S} sequences a step, the largest micro-batch whose "
+        f"plan ({nbytes / memory.GIB:.2f} GiB) fits the {(room - margin) / memory.GIB:.2f} GiB {device} has for it "
+        f"({room / memory.GIB:.2f} GiB available less train.memory_margin {margin / memory.GIB:.2f} GiB)",
+        file=sys.stderr,
+    )
     return dataclasses.replace(t, micro_batch=B, n_micro=S // B)
 
 
@@ -141,11 +153,15 @@ def _refit(m: ModelConfig, t: TrainConfig, K: Backend, available: int) -> str:
     """What would fit instead of t's micro-batch (the PlanError's hint)."""
     found, S = _fitting(m, t, K, available, below=t.micro_batch), _sequences(t)
     if found is None:
-        return (f"no micro-batch of the {S:,} sequences a step (train.micro_batch x train.n_micro) fits: lower them "
-                "or the model's sizes (model.d_model, model.n_layer, model.seq_len)")  # fmt: skip
+        return (
+            f"no micro-batch of the {S:,} sequences a step (train.micro_batch x train.n_micro) fits: lower them "
+            "or the model's sizes (model.d_model, model.n_layer, model.seq_len)"
+        )
     B, nbytes = found
-    return (f"train.micro_batch {B} with train.n_micro {S // B} fits ({nbytes / memory.GIB:.2f} GiB) and keeps the "
-            f"{S} sequences a step (--micro-batch auto picks it)")  # fmt: skip
+    return (
+        f"train.micro_batch {B} with train.n_micro {S // B} fits ({nbytes / memory.GIB:.2f} GiB) and keeps the "
+        f"{S} sequences a step (--micro-batch auto picks it)"
+    )
 
 
 def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
@@ -164,12 +180,22 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
     compute = "compute_params" if prec.compute_copy else "params"
     p = arena.flat("params")
     S = TrainState(
-        K=K, m=m, t=t, plan=plan, arena=arena, P=params.named(p, m),
-        P_compute=bound.weights(params.views(arena.flat(compute), m)), G=params.views(arena.flat("grads"), m),
-        p=p, g=arena.flat("grads"), adam_m=arena.flat("adam_m"), adam_v=arena.flat("adam_v"),
-        p_compute=arena.flat(compute) if compute != "params" else None, prec=bound,
+        K=K,
+        m=m,
+        t=t,
+        plan=plan,
+        arena=arena,
+        P=params.named(p, m),
+        P_compute=bound.weights(params.views(arena.flat(compute), m)),
+        G=params.views(arena.flat("grads"), m),
+        p=p,
+        g=arena.flat("grads"),
+        adam_m=arena.flat("adam_m"),
+        adam_v=arena.flat("adam_v"),
+        p_compute=arena.flat(compute) if compute != "params" else None,
+        prec=bound,
         scaler=LossScaler.for_precision(prec),
-    )  # fmt: skip
+    )
     if t.optimizer == "muon":
         work = optim.scratch(m, t, K.muon_scratch)
         for s in work:

@@ -57,13 +57,38 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     if t.optimizer == "muon":
         for group, lo, hi in optim.adamw_ranges(m):  # the embedding and the head, each at its own lr
             pc = None if S.p_compute is None else S.p_compute[lo:hi]
-            K.adamw_step(S.p[lo:hi], S.g[lo:hi], S.adam_m[lo:hi], S.adam_v[lo:hi], A["decay_mask"][lo:hi], pc,
-                         A["hyper"][optim.HYPER_ROWS[group]], norm, t.beta1, t.beta2, t.eps, t.weight_decay,
-                         max_norm)  # fmt: skip
+            K.adamw_step(
+                S.p[lo:hi],
+                S.g[lo:hi],
+                S.adam_m[lo:hi],
+                S.adam_v[lo:hi],
+                A["decay_mask"][lo:hi],
+                pc,
+                A["hyper"][optim.HYPER_ROWS[group]],
+                norm,
+                t.beta1,
+                t.beta2,
+                t.eps,
+                t.weight_decay,
+                max_norm,
+            )
         S.muon(S.p, S.g, S.adam_m, S.p_compute, A["hyper"][optim.HYPER_ROWS["muon"]], norm, max_norm=max_norm)
     else:
-        K.adamw_step(S.p, S.g, S.adam_m, S.adam_v, A["decay_mask"], S.p_compute, A["hyper"], norm, t.beta1,
-                     t.beta2, t.eps, t.weight_decay, max_norm)  # fmt: skip
+        K.adamw_step(
+            S.p,
+            S.g,
+            S.adam_m,
+            S.adam_v,
+            A["decay_mask"],
+            S.p_compute,
+            A["hyper"],
+            norm,
+            t.beta1,
+            t.beta2,
+            t.eps,
+            t.weight_decay,
+            max_norm,
+        )
     S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
 
 

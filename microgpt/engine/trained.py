@@ -49,9 +49,12 @@ def load_trained(where: str | Path) -> Trained:
     exp = config.from_dict(side["config"], f"{sidecar}: field 'config'")
     saved = side.get("params")
     if saved is not None and [(k, tuple(v)) for k, v in saved] != params.param_shapes(exp.model):
-        raise CheckpointError(f"{sidecar}: field 'params' does not match its 'config.model'; "
-                              "checkpoint is for another model")  # fmt: skip
+        raise CheckpointError(
+            f"{sidecar}: field 'params' does not match its 'config.model'; checkpoint is for another model"
+        )
     if ck.weights.size != params.n_params(exp.model):
-        raise CheckpointError(f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
-                              f"{params.n_params(exp.model)}; checkpoint is for another model")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: checkpoint holds {ck.weights.size} parameters but the sidecar's model has "
+            f"{params.n_params(exp.model)}; checkpoint is for another model"
+        )
     return Trained(path, exp, ck.step, ck.weights, side)

@@ -23,9 +23,27 @@ BLOCK = 1024 if tuning.INTERPRET else 2048
 
 
 @triton.jit
-def k_adamw(p_ptr, g_ptr, m_ptr, v_ptr, mask_ptr, pc_ptr, hyper_ptr, norm_ptr, table_ptr, segmax_ptr, n, beta1,
-            beta2, eps, wd, max_norm, COMPUTE: tl.constexpr, SEGMENT_MAX: tl.constexpr,
-            BLOCK: tl.constexpr):  # fmt: skip
+def k_adamw(
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    mask_ptr,
+    pc_ptr,
+    hyper_ptr,
+    norm_ptr,
+    table_ptr,
+    segmax_ptr,
+    n,
+    beta1,
+    beta2,
+    eps,
+    wd,
+    max_norm,
+    COMPUTE: tl.constexpr,
+    SEGMENT_MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # p, m, v: (n,) fp32; g: (n,) fp32; mask: (n,) u8, 1 where decay applies; pc: (n,) compute copy;
     # hyper: [lr, bias1, bias2, gscale] fp32; norm: (1,) fp32, the raw gradients' norm. SEGMENT_MAX: table
     # (n / BLOCK, 4) int32 [a, end_a, b, start_b] per program: elements [0, end_a) of its block are segment a's,
@@ -69,16 +87,45 @@ def k_adamw(p_ptr, g_ptr, m_ptr, v_ptr, mask_ptr, pc_ptr, hyper_ptr, norm_ptr, t
             tl.atomic_max(segmax_ptr + b, tl.max(tl.where(i >= start_b, mag, 0.0), axis=0), sem="relaxed")
 
 
-def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, decay_mask: torch.Tensor,
-               p_compute: torch.Tensor | None, hyper: torch.Tensor, norm: torch.Tensor, beta1: float, beta2: float,
-               eps: float, weight_decay: float, max_norm: float, segment_table: torch.Tensor | None = None,
-               segment_max: torch.Tensor | None = None) -> None:  # fmt: skip
+def adamw_step(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    decay_mask: torch.Tensor,
+    p_compute: torch.Tensor | None,
+    hyper: torch.Tensor,
+    norm: torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    max_norm: float,
+    segment_table: torch.Tensor | None = None,
+    segment_max: torch.Tensor | None = None,
+) -> None:
     """ops/adamw.py's step; segment_table (int32, ops/adamw.segment_table_of's rows of SEGMENT_BLOCK elements) and
     segment_max (fp32, a word a segment): each segment's finite max |p| recorded on the way."""
     n = p.numel()
     block = BLOCK if segment_table is None else SEGMENT_BLOCK
     k_adamw[(triton.cdiv(n, block),)](
-        p, g, m, v, decay_mask, p_compute if p_compute is not None else p, hyper, norm,
-        p if segment_table is None else segment_table, p if segment_max is None else segment_max, n, float(beta1),
-        float(beta2), float(eps), float(weight_decay), float(max_norm), COMPUTE=p_compute is not None,
-        SEGMENT_MAX=segment_table is not None, BLOCK=block)  # fmt: skip
+        p,
+        g,
+        m,
+        v,
+        decay_mask,
+        p_compute if p_compute is not None else p,
+        hyper,
+        norm,
+        p if segment_table is None else segment_table,
+        p if segment_max is None else segment_max,
+        n,
+        float(beta1),
+        float(beta2),
+        float(eps),
+        float(weight_decay),
+        float(max_norm),
+        COMPUTE=p_compute is not None,
+        SEGMENT_MAX=segment_table is not None,
+        BLOCK=block,
+    )

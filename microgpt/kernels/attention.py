@@ -41,14 +41,33 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, qk_scale,
-               MASK: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_ptr,
+    v_ptr,
+    base,
+    offs_m,
+    lo,
+    hi,
+    T,
+    C,
+    HS,
+    qk_scale,
+    MASK: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     offs_d = tl.arange(0, BD)
     dmask = offs_d < HS
     for start_n in range(lo, hi, BN):
         cols = start_n + tl.arange(0, BN)
-        kt = tl.load(k_ptr + base + cols[None, :] * C + offs_d[:, None], mask=dmask[:, None] & (cols < T)[None, :],
-                     other=0.0)  # fmt: skip
+        kt = tl.load(
+            k_ptr + base + cols[None, :] * C + offs_d[:, None], mask=dmask[:, None] & (cols < T)[None, :], other=0.0
+        )
         s = _dot(q, kt, IEEE)
         if MASK:
             s = tl.where((offs_m[:, None] >= cols[None, :]) & (cols < T)[None, :], s, float("-inf"))
@@ -56,16 +75,31 @@ def _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, q
         p = tl.math.exp2(s * qk_scale - m_new[:, None])  # the scale and the shift as one FMA per score
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :],
-                    other=0.0)  # fmt: skip
+        v = tl.load(
+            v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :], other=0.0
+        )
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def k_attention_fwd(out_ptr, lse_ptr, q_ptr, k_ptr, v_ptr, T, C, NH, HS, qk_scale,
-                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def k_attention_fwd(
+    out_ptr,
+    lse_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    T,
+    C,
+    NH,
+    HS,
+    qk_scale,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # out, q, k, v: (B, T, C) head h at columns [h*HS, (h+1)*HS); lse: (B, NH, T) fp32; qk_scale = log2(e)/sqrt(HS)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first
     bh = tl.program_id(1)
@@ -78,10 +112,29 @@ def k_attention_fwd(out_ptr, lse_ptr, q_ptr, k_ptr, v_ptr, T, C, NH, HS, qk_scal
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     diag = pid_m * BM  # K/V tiles before this are visible to every row of the tile (BM % BN == 0)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, 0, diag, T, C, HS, qk_scale,
-                               False, BN, BD, IEEE)  # fmt: skip
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, diag, tl.minimum(diag + BM, T), T, C, HS,
-                               qk_scale, True, BN, BD, IEEE)  # fmt: skip
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, 0, diag, T, C, HS, qk_scale, False, BN, BD, IEEE
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_ptr,
+        v_ptr,
+        base,
+        offs_m,
+        diag,
+        tl.minimum(diag + BM, T),
+        T,
+        C,
+        HS,
+        qk_scale,
+        True,
+        BN,
+        BD,
+        IEEE,
+    )
     out = acc / l_i[:, None]
     tl.store(out_ptr + base + offs_m[:, None] * C + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=qmask)
     tl.store(lse_ptr + bh.to(tl.int64) * T + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < T)
@@ -102,17 +155,44 @@ def k_attention_bwd_delta(delta_ptr, out_ptr, dout_ptr, T, C, NH, HS, BM: tl.con
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, lo, hi, T, C, HS, qk_scale,
-                MASK: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def _dkdv_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_ptr,
+    dout_ptr,
+    lse_ptr,
+    delta_ptr,
+    base,
+    row_base,
+    offs_n,
+    lo,
+    hi,
+    T,
+    C,
+    HS,
+    qk_scale,
+    MASK: tl.constexpr,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # rows >= T load as zeros (q, dout, lse, delta): their terms vanish without a mask
     offs_d = tl.arange(0, BD)
     for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
         mmask = offs_m < T
-        qt = tl.load(q_ptr + base + offs_m[None, :] * C + offs_d[:, None], mask=(offs_d < HS)[:, None] & mmask[None, :],
-                     other=0.0)  # fmt: skip
-        do = tl.load(dout_ptr + base + offs_m[:, None] * C + offs_d[None, :],
-                     mask=mmask[:, None] & (offs_d < HS)[None, :], other=0.0)  # fmt: skip
+        qt = tl.load(
+            q_ptr + base + offs_m[None, :] * C + offs_d[:, None],
+            mask=(offs_d < HS)[:, None] & mmask[None, :],
+            other=0.0,
+        )
+        do = tl.load(
+            dout_ptr + base + offs_m[:, None] * C + offs_d[None, :],
+            mask=mmask[:, None] & (offs_d < HS)[None, :],
+            other=0.0,
+        )
         lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
         pt = tl.math.exp2(_dot(k, qt, IEEE) * qk_scale - lse[None, :])  # (BN, BM) = P.T
@@ -126,8 +206,27 @@ def _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_bas
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, HS, qk_scale,
-              MASK: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def _dq_tiles(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_ptr,
+    v_ptr,
+    base,
+    offs_m,
+    lo,
+    hi,
+    T,
+    C,
+    HS,
+    qk_scale,
+    MASK: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     offs_d = tl.arange(0, BD)
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
@@ -143,9 +242,29 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, lo, hi, T, C, H
 
 
 @triton.jit
-def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, T, C, NH, HS,
-                    qk_scale, sm_scale, BM1: tl.constexpr, BN1: tl.constexpr, BM2: tl.constexpr, BN2: tl.constexpr,
-                    BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def k_attention_bwd(
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    dout_ptr,
+    lse_ptr,
+    delta_ptr,
+    T,
+    C,
+    NH,
+    HS,
+    qk_scale,
+    sm_scale,
+    BM1: tl.constexpr,
+    BN1: tl.constexpr,
+    BM2: tl.constexpr,
+    BN2: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32
     # programs [0, cdiv(T, BN1)) own dk/dv tiles, the rest own dq tiles; BN1 % BM1 == 0 and BM2 % BN2 == 0
     pid = tl.program_id(0)
@@ -164,10 +283,52 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         dk = tl.zeros((BN1, BD), dtype=tl.float32)
         dv = tl.zeros((BN1, BD), dtype=tl.float32)
         mid = tl.minimum(start_n + BN1, T)  # q rows before start_n never see this tile; rows past mid see all of it
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, start_n, mid,
-                             T, C, HS, qk_scale, True, BM1, BD, IEEE)  # fmt: skip
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, dout_ptr, lse_ptr, delta_ptr, base, row_base, offs_n, mid, T,
-                             T, C, HS, qk_scale, False, BM1, BD, IEEE)  # fmt: skip
+        dk, dv = _dkdv_tiles(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptr,
+            dout_ptr,
+            lse_ptr,
+            delta_ptr,
+            base,
+            row_base,
+            offs_n,
+            start_n,
+            mid,
+            T,
+            C,
+            HS,
+            qk_scale,
+            True,
+            BM1,
+            BD,
+            IEEE,
+        )
+        dk, dv = _dkdv_tiles(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptr,
+            dout_ptr,
+            lse_ptr,
+            delta_ptr,
+            base,
+            row_base,
+            offs_n,
+            mid,
+            T,
+            T,
+            C,
+            HS,
+            qk_scale,
+            False,
+            BM1,
+            BD,
+            IEEE,
+        )
         tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
@@ -181,10 +342,30 @@ def k_attention_bwd(dq_ptr, dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, dout_ptr, lse_p
         lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
         dq = tl.zeros((BM2, BD), dtype=tl.float32)
-        dq = _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, 0, start_m, T, C, HS, qk_scale,
-                       False, BN2, BD, IEEE)  # fmt: skip
-        dq = _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, start_m, tl.minimum(start_m + BM2, T), T, C,
-                       HS, qk_scale, True, BN2, BD, IEEE)  # fmt: skip
+        dq = _dq_tiles(
+            dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, 0, start_m, T, C, HS, qk_scale, False, BN2, BD, IEEE
+        )
+        dq = _dq_tiles(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_ptr,
+            v_ptr,
+            base,
+            offs_m,
+            start_m,
+            tl.minimum(start_m + BM2, T),
+            T,
+            C,
+            HS,
+            qk_scale,
+            True,
+            BN2,
+            BD,
+            IEEE,
+        )
         tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -249,22 +430,54 @@ def _bd(HS: int) -> int:
     return max(16, triton.next_power_of_2(HS))  # tl.dot needs every tile dimension >= 16 on the GPU
 
 
-def attention_forward(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      n_head: int, *, tuner: Tuner) -> None:  # fmt: skip
+def attention_forward(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    n_head: int,
+    *,
+    tuner: Tuner,
+) -> None:
     B, T, C = q.shape
     HS = C // n_head
 
     def launch(meta: dict) -> None:
         k_attention_fwd[(triton.cdiv(T, meta["BM"]), B * n_head)](
-            out, lse, q, k, v, T, C, n_head, HS, LOG2E / math.sqrt(HS), BD=_bd(HS), IEEE=q.dtype == torch.float32,
-            **meta)  # fmt: skip
+            out,
+            lse,
+            q,
+            k,
+            v,
+            T,
+            C,
+            n_head,
+            HS,
+            LOG2E / math.sqrt(HS),
+            BD=_bd(HS),
+            IEEE=q.dtype == torch.float32,
+            **meta,
+        )
 
     _launch("fwd", q.dtype, T, HS, launch, tuner)
 
 
-def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
-                       k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, n_head: int, *,
-                       delta: torch.Tensor, tuner: Tuner) -> None:  # fmt: skip
+def attention_backward(
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    n_head: int,
+    *,
+    delta: torch.Tensor,
+    tuner: Tuner,
+) -> None:
     """delta: fp32 scratch of at least B*NH*T elements."""
     B, T, C = q.shape
     HS = C // n_head
@@ -273,15 +486,49 @@ def attention_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dou
 
     def launch(meta: dict) -> None:
         k_attention_bwd[(triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)](
-            dq, dk, dv, q, k, v, dout, lse, delta, T, C, n_head, HS, LOG2E / math.sqrt(HS), 1.0 / math.sqrt(HS),
-            BD=_bd(HS), IEEE=q.dtype == torch.float32, **meta)  # fmt: skip
+            dq,
+            dk,
+            dv,
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta,
+            T,
+            C,
+            n_head,
+            HS,
+            LOG2E / math.sqrt(HS),
+            1.0 / math.sqrt(HS),
+            BD=_bd(HS),
+            IEEE=q.dtype == torch.float32,
+            **meta,
+        )
 
     _launch("bwd", q.dtype, T, HS, launch, tuner)
 
 
 @triton.jit
-def k_attention_cached(out_ptr, q_ptr, k_ptr, v_ptr, t, pos, sqb, sob, skb, C, NH, HS, qk_scale,
-                       BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def k_attention_cached(
+    out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    t,
+    pos,
+    sqb,
+    sob,
+    skb,
+    C,
+    NH,
+    HS,
+    qk_scale,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # q, out: (B, t, C) rows (batch strides sqb, sob); k, v: the cache (B, Tmax, C) (batch stride skb); query i
     # sits at position pos + i and sees keys 0 .. pos + i
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -298,23 +545,30 @@ def k_attention_cached(out_ptr, q_ptr, k_ptr, v_ptr, t, pos, sqb, sob, skb, C, N
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     for start in range(0, hi, BN):
         cols = start + tl.arange(0, BN)
-        kt = tl.load(k_ptr + kv + cols[None, :].to(tl.int64) * C + offs_d[:, None],
-                     mask=(offs_d < HS)[:, None] & (cols < hi)[None, :], other=0.0)  # fmt: skip
+        kt = tl.load(
+            k_ptr + kv + cols[None, :].to(tl.int64) * C + offs_d[:, None],
+            mask=(offs_d < HS)[:, None] & (cols < hi)[None, :],
+            other=0.0,
+        )
         s = _dot(q, kt, IEEE)
         s = tl.where((cols[None, :] <= pos + offs_m[:, None]) & (cols < hi)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # finite: key 0 is seen by every query
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv + cols[:, None].to(tl.int64) * C + offs_d[None, :],
-                    mask=(cols < hi)[:, None] & (offs_d < HS)[None, :], other=0.0)  # fmt: skip
+        v = tl.load(
+            v_ptr + kv + cols[:, None].to(tl.int64) * C + offs_d[None, :],
+            mask=(cols < hi)[:, None] & (offs_d < HS)[None, :],
+            other=0.0,
+        )
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     tl.store(out_ptr + b.to(tl.int64) * sob + rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=qmask)
 
 
-def attention_forward_cached(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             pos: int, n_head: int) -> None:  # fmt: skip
+def attention_forward_cached(
+    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int, n_head: int
+) -> None:
     """out (B,t,C) = attention of q (B,t,C) at positions pos .. pos + t - 1 over k_cache, v_cache (B,Tmax,C)."""
     B, t, C = q.shape
     HS = C // n_head
@@ -322,5 +576,21 @@ def attention_forward_cached(out: torch.Tensor, q: torch.Tensor, k_cache: torch.
     # sm_86 and sm_89's 99 KiB)
     BM, BN = 16, 16 if INTERPRET else (64 if _bd(HS) * q.element_size() <= 256 else 32)
     k_attention_cached[(triton.cdiv(t, BM), B * n_head)](
-        out, q, k_cache, v_cache, t, pos, q.stride(0), out.stride(0), k_cache.stride(0), C, n_head, HS,
-        LOG2E / math.sqrt(HS), BM=BM, BN=BN, BD=_bd(HS), IEEE=q.dtype == torch.float32)  # fmt: skip
+        out,
+        q,
+        k_cache,
+        v_cache,
+        t,
+        pos,
+        q.stride(0),
+        out.stride(0),
+        k_cache.stride(0),
+        C,
+        n_head,
+        HS,
+        LOG2E / math.sqrt(HS),
+        BM=BM,
+        BN=BN,
+        BD=_bd(HS),
+        IEEE=q.dtype == torch.float32,
+    )

@@ -55,8 +55,18 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.con
 
 
 @triton.jit
-def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRAD: tl.constexpr,
-                       BLOCK_V: tl.constexpr, PER_BLOCK: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):  # fmt: skip
+def k_crossentropy_fwd(
+    loss_ptr,
+    lse_ptr,
+    logits_ptr,
+    tgt_ptr,
+    dloss_ptr,
+    V,
+    GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PER_BLOCK: tl.constexpr,
+    SOFTCAP: tl.constexpr = 0.0,
+):
     # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place; SOFTCAP > 0:
     # the logits are capped as they are loaded.
     # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
@@ -103,8 +113,7 @@ def k_crossentropy_fwd(loss_ptr, lse_ptr, logits_ptr, tgt_ptr, dloss_ptr, V, GRA
 
 
 @triton.jit
-def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr,
-                       SOFTCAP: tl.constexpr = 0.0):  # fmt: skip
+def k_crossentropy_bwd(logits_ptr, dloss_ptr, lse_ptr, tgt_ptr, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
     # logits: (r, V) in place -> dlogits (the gradient of z where SOFTCAP); dloss, lse, tgt: (r,)
     row = tl.program_id(0).to(tl.int64)
     tgt = tl.load(tgt_ptr + row)
@@ -133,20 +142,47 @@ ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "
                "block16384w16": (True, 16384, 16)}  # fmt: skip
 
 
-def row_launch(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-               dlosses: torch.Tensor | None, V: int, per_block: bool, block: int, warps: int,
-               softcap: float = 0.0) -> Callable[[], None]:  # fmt: skip
+def row_launch(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    dlosses: torch.Tensor | None,
+    V: int,
+    per_block: bool,
+    block: int,
+    warps: int,
+    softcap: float = 0.0,
+) -> Callable[[], None]:
     """k_crossentropy_fwd on a chunk of logits (r, V) under one configuration of ROW_CONFIGS, as a closure: loss and
     lse per row and, given dlosses, dlogits in place."""
     r, grad, bv = logits.shape[0], dlosses is not None, _block_v(V, block)
     dloss = dlosses if grad else lse  # without GRAD the kernel never reads its dloss pointer: lse stands in
-    return lambda: k_crossentropy_fwd[(r,)](losses, lse, logits, targets, dloss, V, GRAD=grad, BLOCK_V=bv,
-                                            PER_BLOCK=per_block, SOFTCAP=float(softcap),
-                                            num_warps=warps)  # fmt: skip
+    return lambda: k_crossentropy_fwd[(r,)](
+        losses,
+        lse,
+        logits,
+        targets,
+        dloss,
+        V,
+        GRAD=grad,
+        BLOCK_V=bv,
+        PER_BLOCK=per_block,
+        SOFTCAP=float(softcap),
+        num_warps=warps,
+    )
 
 
-def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-                dlosses: torch.Tensor | None, V: int, tuner: Tuner, softcap: float) -> None:  # fmt: skip
+def _row_kernel(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    dlosses: torch.Tensor | None,
+    V: int,
+    tuner: Tuner,
+    softcap: float,
+) -> None:
     """k_crossentropy_fwd under the configuration the warm-up chose for this chunk's shape. Under the warm-up the
     configurations run several times on one chunk (turning its dlogits into others: values the warm-up discards)."""
 
@@ -158,8 +194,9 @@ def _row_kernel(losses: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, t
     tuner.launch("crossentropy_row", f"{logits.shape[0]}:{V}:{logits.dtype}{cap}", ROW_CONFIGS, make)
 
 
-def _chunks(x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor,
-            mm: Matmul) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
+def _chunks(
+    x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor, mm: Matmul
+) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(r0, r, lg) for each chunk of rows r0 .. r0 + r in order, lg (r, V) the leading rows of the scratch holding
     its logits, computed by the precision's head GEMM."""
     chunk_logits = mm.logits(x2, wte)
@@ -171,31 +208,63 @@ def _chunks(x2: torch.Tensor, wte: torch.Tensor, logits: torch.Tensor,
         yield r0, r, lg
 
 
-def crossentropy_forward(losses: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, wte: torch.Tensor,
-                         targets: torch.Tensor, logits: torch.Tensor, *, mm: Matmul, tuner: Tuner,
-                         softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_forward(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    logits: torch.Tensor,
+    *,
+    mm: Matmul,
+    tuner: Tuner,
+    softcap: float = 0.0,
+) -> None:
     V, C = logits.shape[1], x.shape[-1]
     tg, losses, lse = targets.view(-1), losses.view(-1), lse.view(-1)
     for r0, _, lg in _chunks(x.view(-1, C), wte, logits, mm):
         _row_kernel(losses[r0:], lse[r0:], lg, tg[r0:], None, V, tuner, softcap)
 
 
-def crossentropy_backward(dx: torch.Tensor, dwte: torch.Tensor, dlosses: torch.Tensor, x: torch.Tensor,
-                          wte: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, *,
-                          mm: Matmul, tuner: Tuner, softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_backward(
+    dx: torch.Tensor,
+    dwte: torch.Tensor,
+    dlosses: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    logits: torch.Tensor,
+    *,
+    mm: Matmul,
+    tuner: Tuner,
+    softcap: float = 0.0,
+) -> None:
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
     dlosses, lse = dlosses.view(-1), lse.view(-1)
     for r0, r, lg in _chunks(x2, wte, logits, mm):
-        k_crossentropy_bwd[(r,)](lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), SOFTCAP=float(softcap),
-                                 num_warps=8)  # fmt: skip
+        k_crossentropy_bwd[(r,)](
+            lg, dlosses[r0:], lse[r0:], tg[r0:], V, BLOCK_V=_block_v(V), SOFTCAP=float(softcap), num_warps=8
+        )
         mm.logits_backward(dx2[r0 : r0 + r], dwte, lg, x2[r0 : r0 + r], wte)
 
 
-def crossentropy_forward_backward(losses: torch.Tensor, lse: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor,
-                                  dlosses: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, targets: torch.Tensor,
-                                  logits: torch.Tensor, *, mm: Matmul, tuner: Tuner,
-                                  softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_forward_backward(
+    losses: torch.Tensor,
+    lse: torch.Tensor,
+    dx: torch.Tensor,
+    dwte: torch.Tensor,
+    dlosses: torch.Tensor,
+    x: torch.Tensor,
+    wte: torch.Tensor,
+    targets: torch.Tensor,
+    logits: torch.Tensor,
+    *,
+    mm: Matmul,
+    tuner: Tuner,
+    softcap: float = 0.0,
+) -> None:
     """crossentropy_forward, then crossentropy_backward with dlosses, without recomputing any chunk's logits."""
     V, C = logits.shape[1], x.shape[-1]
     x2, dx2, tg = x.view(-1, C), dx.view(-1, C), targets.view(-1)
@@ -214,8 +283,9 @@ def head_logits(out: torch.Tensor, x: torch.Tensor, wte: torch.Tensor, *, mm: Ma
     mm.logits(x, wte)(out, 0, x.shape[0])
     if softcap:
         n = out.numel()
-        k_crossentropy_softcap[(triton.cdiv(n, CAP_BLOCK),)](out, n, SOFTCAP=float(softcap), BLOCK=CAP_BLOCK,
-                                                             num_warps=4)  # fmt: skip
+        k_crossentropy_softcap[(triton.cdiv(n, CAP_BLOCK),)](
+            out, n, SOFTCAP=float(softcap), BLOCK=CAP_BLOCK, num_warps=4
+        )
 
 
 @triton.jit
@@ -255,7 +325,8 @@ def loss_weights(dlosses: torch.Tensor, targets: torch.Tensor, scale: torch.Tens
     k_loss_weights[(1,)](dlosses, targets, scale, targets.numel(), BLOCK=1024, num_warps=4)
 
 
-def loss_sum(out: torch.Tensor, losses: torch.Tensor, targets: torch.Tensor, weight: float = 0.0,
-             accumulate: bool = False) -> None:  # fmt: skip
+def loss_sum(
+    out: torch.Tensor, losses: torch.Tensor, targets: torch.Tensor, weight: float = 0.0, accumulate: bool = False
+) -> None:
     """out[:2] = (sum of losses, count of targets >= 0), or with accumulate out[0] += weight * their mean."""
     k_loss_sum[(1,)](out, losses, targets, targets.numel(), float(weight), ACCUM=accumulate, BLOCK=1024, num_warps=4)

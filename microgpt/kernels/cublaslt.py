@@ -119,8 +119,10 @@ def _chained(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Ten
     chained = out.dim() == a.dim() == b.dim() and out.dim() in (2, 3) and a.shape[-1] == b.shape[-2]
     chained = chained and out.shape[:-2] == a.shape[:-2] == b.shape[:-2]
     if not chained or out.shape[-2:] != (a.shape[-2], b.shape[-1]) or (aux is not None and aux.shape != out.shape):
-        raise ValueError(f"cuBLASLt GEMM shapes {tuple(out.shape)} = {tuple(a.shape)} @ {tuple(b.shape)}"
-                         + (f", aux {tuple(aux.shape)}" if aux is not None else ""))  # fmt: skip
+        raise ValueError(
+            f"cuBLASLt GEMM shapes {tuple(out.shape)} = {tuple(a.shape)} @ {tuple(b.shape)}"
+            + (f", aux {tuple(aux.shape)}" if aux is not None else "")
+        )
     if out.stride(-1) != 1 or (aux is not None and aux.stride(-1) != 1):
         raise ValueError("cuBLASLt GEMM: out and aux need contiguous rows")
 
@@ -159,38 +161,65 @@ class CublasLt:
         """x's layout; for a 3D x a strided batch of x.shape[0] matrices, x.stride(0) apart (0: one matrix,
         repeated)."""
         layout = ctypes.c_void_p()
-        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[x.dtype], rows, cols, ld),
-               "layout")  # fmt: skip
+        _check(
+            self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _DATA_TYPES[x.dtype], rows, cols, ld), "layout"
+        )
         if x.dim() == 3:
-            for attr, value in ((_LAYOUT_BATCH_COUNT, ctypes.c_int32(x.shape[0])),
-                                (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(x.stride(0)))):  # fmt: skip
-                status = self.lib.cublasLtMatrixLayoutSetAttribute(layout, attr, ctypes.byref(value),
-                                                                   ctypes.sizeof(value))  # fmt: skip
+            for attr, value in (
+                (_LAYOUT_BATCH_COUNT, ctypes.c_int32(x.shape[0])),
+                (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(x.stride(0))),
+            ):
+                status = self.lib.cublasLtMatrixLayoutSetAttribute(
+                    layout, attr, ctypes.byref(value), ctypes.sizeof(value)
+                )
                 _check(status, "layout attribute")
         return layout
 
     def _set(self, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
-        _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
-               "attribute")  # fmt: skip
+        _check(
+            self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)), "attribute"
+        )
 
     def _preference(self, aligned: tuple[int, ...]) -> ctypes.c_void_p:
         """No workspace (nothing outside the memory plan), no split-K reduction (a run repeats another bit for
         bit), and the minimum alignments of A, B, C, D."""
         pref = ctypes.c_void_p()
         _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-        settings = [(_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
-                    (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE))]  # fmt: skip
+        settings = [
+            (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
+            (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE)),
+        ]
         settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate((*aligned, aligned[2]))]
         for attr, value in settings:
             size = ctypes.sizeof(value)
             _check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), size), "preference")
         return pref
 
-    def _plan(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None,
-              epilogue: int, scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> _Plan:  # fmt: skip
+    def _plan(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        aux: torch.Tensor | None,
+        epilogue: int,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> _Plan:
         aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
-        key = (out.shape, out.stride(), a.shape, a.stride(), b.shape, b.stride(), out.dtype, a.dtype, b.dtype,
-               epilogue, aligned, aux is not None and (aux.stride(), alignment(aux)), scales is not None)  # fmt: skip
+        key = (
+            out.shape,
+            out.stride(),
+            a.shape,
+            a.stride(),
+            b.shape,
+            b.stride(),
+            out.dtype,
+            a.dtype,
+            b.dtype,
+            epilogue,
+            aligned,
+            aux is not None and (aux.stride(), alignment(aux)),
+            scales is not None,
+        )
         plan = self.plans.get(key)
         if plan is not None:
             return plan
@@ -199,8 +228,11 @@ class CublasLt:
         op_a, ra, ca, lda = _operand(a)  # cuBLASLt's B: a^T (K, M)
         desc = ctypes.c_void_p()
         _check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "descriptor")
-        for attr, value in ((_DESC_TRANSA, ctypes.c_int32(op_b)), (_DESC_TRANSB, ctypes.c_int32(op_a)),
-                            (_DESC_EPILOGUE, ctypes.c_uint32(epilogue))):  # fmt: skip
+        for attr, value in (
+            (_DESC_TRANSA, ctypes.c_int32(op_b)),
+            (_DESC_TRANSB, ctypes.c_int32(op_a)),
+            (_DESC_EPILOGUE, ctypes.c_uint32(epilogue)),
+        ):
             self._set(desc, attr, value)
         if aux is not None:
             self._set(desc, _DESC_AUX_LD, ctypes.c_int64(aux.stride(0)))
@@ -210,9 +242,21 @@ class CublasLt:
             self._scales(desc, *scales)
         layouts = (self._layout(b, rb, cb, ldb), self._layout(a, ra, ca, lda), self._layout(out, N, M, out.stride(-2)))
         results, found = (_HeuristicResult * MAX_ALGOS)(), ctypes.c_int(0)
-        _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, layouts[0], layouts[1], layouts[2],
-                                                       layouts[2], self._preference(aligned), MAX_ALGOS, results,
-                                                       ctypes.byref(found)), "heuristic")  # fmt: skip
+        _check(
+            self.lib.cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                desc,
+                layouts[0],
+                layouts[1],
+                layouts[2],
+                layouts[2],
+                self._preference(aligned),
+                MAX_ALGOS,
+                results,
+                ctypes.byref(found),
+            ),
+            "heuristic",
+        )
         if found.value < 1:
             raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N} {a.dtype}->{out.dtype}")
         plan = self.plans[key] = _Plan(desc, layouts, list(results[: found.value]))
@@ -223,16 +267,31 @@ class CublasLt:
         self._set(desc, _DESC_A_SCALE_POINTER, ctypes.c_void_p(sb.data_ptr()))
         self._set(desc, _DESC_B_SCALE_POINTER, ctypes.c_void_p(sa.data_ptr()))
 
-    def n_algos(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None = None,
-                epilogue: int = DEFAULT, scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> int:  # fmt: skip
+    def n_algos(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        aux: torch.Tensor | None = None,
+        epilogue: int = DEFAULT,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> int:
         """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1.
         scales: (sa, sb) for a scaled GEMM (E4M3 operands), as `gemm` takes them."""
         _chained(out, a, b, aux)
         return len(self._plan(out, a, b, aux, epilogue, scales).algos)
 
-    def _matmul(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, aux: torch.Tensor | None, epilogue: int,
-                algo: int = 0, accumulate: bool = False,
-                scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:  # fmt: skip
+    def _matmul(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        aux: torch.Tensor | None,
+        epilogue: int,
+        algo: int = 0,
+        accumulate: bool = False,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         _chained(out, a, b, aux)
         plan = self._plan(out, a, b, aux, epilogue, scales)
         if aux is not None:
@@ -242,12 +301,38 @@ class CublasLt:
         A, B, D = plan.layouts
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
-        _check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(ONE), ptr(b.data_ptr()), A,
-                                       ptr(a.data_ptr()), B, ctypes.byref(ONE if accumulate else ZERO), d, D, d, D,
-                                       ctypes.byref(plan.algos[algo].algo), None, 0, stream), "matmul")  # fmt: skip
+        _check(
+            self.lib.cublasLtMatmul(
+                self.handle,
+                plan.desc,
+                ctypes.byref(ONE),
+                ptr(b.data_ptr()),
+                A,
+                ptr(a.data_ptr()),
+                B,
+                ctypes.byref(ONE if accumulate else ZERO),
+                d,
+                D,
+                d,
+                D,
+                ctypes.byref(plan.algos[algo].algo),
+                None,
+                0,
+                stream,
+            ),
+            "matmul",
+        )
 
-    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False, algo: int = 0,
-             sa: torch.Tensor | None = None, sb: torch.Tensor | None = None) -> None:  # fmt: skip
+    def gemm(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        accumulate: bool = False,
+        algo: int = 0,
+        sa: torch.Tensor | None = None,
+        sb: torch.Tensor | None = None,
+    ) -> None:
         """out (M,N) (+)= a (M,K) @ b (K,N); or batched, out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), where a batch
         stride may be 0 (one matrix for every batch). Rows of out contiguous; out may be fp32 with bf16/fp16 a and
         b. algo: the heuristic's candidate (n_algos). sa, sb: E4M3 a and b's fp32 scales, (1,) device tensors:

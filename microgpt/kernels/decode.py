@@ -60,8 +60,23 @@ def k_decode_kv_write(kc_ptr, vc_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, srow, sb,
 
 
 @triton.jit
-def k_decode_attention_split(part_ptr, q_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, sq, sb, st, NH, HS, chunk,
-                             qk_scale, BN: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+def k_decode_attention_split(
+    part_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    pos_ptr,
+    slot_ptr,
+    sq,
+    sb,
+    st,
+    NH,
+    HS,
+    chunk,
+    qk_scale,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+):
     # part: (b, NH, S, HS + 2) fp32 rows [acc, m, l]; q: (b, C) rows of stride sq; kc, vc: (B, T, C) of strides
     # (sb, st, 1); qk_scale = log2(e) / sqrt(HS)
     i, h, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
@@ -97,8 +112,7 @@ def k_decode_attention_split(part_ptr, q_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr,
 
 
 @triton.jit
-def k_decode_attention_combine(out_ptr, part_ptr, pos_ptr, so, NH, HS, chunk, S, BS: tl.constexpr,
-                               BD: tl.constexpr):  # fmt: skip
+def k_decode_attention_combine(out_ptr, part_ptr, pos_ptr, so, NH, HS, chunk, S, BS: tl.constexpr, BD: tl.constexpr):
     # out: (b, C) rows of stride so; part: (b, NH, S, HS + 2) fp32, splits 0 .. ceil(n / chunk) - 1 live
     i, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     live = tl.cdiv(tl.load(pos_ptr + i) + 1, chunk)
@@ -119,23 +133,32 @@ def _block_c(C: int) -> int:
     return min(1024, triton.next_power_of_2(C))
 
 
-def decode_embedding(out: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor,
-                     wpe: torch.Tensor | None = None) -> None:  # fmt: skip
+def decode_embedding(
+    out: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor | None = None
+) -> None:
     """out (b,C) = wte[tokens] + wpe[positions] (wpe None: wte[tokens], the modern block's)."""
     b, C = out.shape
     BC = _block_c(C)
     pos = wpe is not None
-    k_decode_embedding[(b, triton.cdiv(C, BC))](out, tokens, positions, wte, wpe if pos else wte, C, BLOCK_C=BC,
-                                                POS=pos)  # fmt: skip
+    k_decode_embedding[(b, triton.cdiv(C, BC))](
+        out, tokens, positions, wte, wpe if pos else wte, C, BLOCK_C=BC, POS=pos
+    )
 
 
-def decode_kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    positions: torch.Tensor, slots: torch.Tensor) -> None:  # fmt: skip
+def decode_kv_write(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     """k_cache, v_cache (B,T,C)[slots[i], positions[i]] = k[i], v[i] (b,C; k and v of one row stride)."""
     b, C = k.shape
     BC = _block_c(C)
-    k_decode_kv_write[(b, triton.cdiv(C, BC))](k_cache, v_cache, k, v, positions, slots, k.stride(0),
-                                               k_cache.stride(0), k_cache.stride(1), C, BLOCK_C=BC)  # fmt: skip
+    k_decode_kv_write[(b, triton.cdiv(C, BC))](
+        k_cache, v_cache, k, v, positions, slots, k.stride(0), k_cache.stride(0), k_cache.stride(1), C, BLOCK_C=BC
+    )
 
 
 def split_plan(b: int, T: int, n_head: int, sm_count: int) -> tuple[int, int]:
@@ -153,20 +176,45 @@ def partials_numel(B: int, T: int, C: int, n_head: int, sm_count: int) -> int:
     return max(b * n_head * split_plan(b, T, n_head, sm_count)[0] for b in range(1, B + 1)) * (C // n_head + 2)
 
 
-def decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     positions: torch.Tensor, slots: torch.Tensor, n_head: int, *, partials: torch.Tensor,
-                     sm_count: int) -> None:  # fmt: skip
+def decode_attention(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    n_head: int,
+    *,
+    partials: torch.Tensor,
+    sm_count: int,
+) -> None:
     """out (b,C) = attention of q (b,C) over positions 0 .. positions[i] of cache rows slots[i] of k_cache, v_cache
     (B,T,C). partials: fp32 scratch of at least partials_numel elements; sm_count: the device's multiprocessors."""
     b, C = q.shape
     T, HS = k_cache.shape[1], C // n_head
     S, chunk = split_plan(b, T, n_head, sm_count)
     BD = triton.next_power_of_2(HS)
-    k_decode_attention_split[(b, n_head, S)](partials, q, k_cache, v_cache, positions, slots, q.stride(0),
-                                             k_cache.stride(0), k_cache.stride(1), n_head, HS, chunk,
-                                             LOG2E / math.sqrt(HS), BN=BN, BD=BD, num_warps=4)  # fmt: skip
-    k_decode_attention_combine[(b, n_head)](out, partials, positions, out.stride(0), n_head, HS, chunk, S,
-                                            BS=triton.next_power_of_2(S), BD=BD, num_warps=1)  # fmt: skip
+    k_decode_attention_split[(b, n_head, S)](
+        partials,
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        slots,
+        q.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        n_head,
+        HS,
+        chunk,
+        LOG2E / math.sqrt(HS),
+        BN=BN,
+        BD=BD,
+        num_warps=4,
+    )
+    k_decode_attention_combine[(b, n_head)](
+        out, partials, positions, out.stride(0), n_head, HS, chunk, S, BS=triton.next_power_of_2(S), BD=BD, num_warps=1
+    )
 
 
 @triton.jit
@@ -191,11 +239,13 @@ def k_decode_qkrope(q_ptr, k_ptr, pos_ptr, rope_ptr, sq, sk, H, D, T, eps, BH: t
         tl.store(row + half + off, y2.to(row.dtype.element_ty), mask=mask)
 
 
-def decode_qkrope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, *,
-                  n_head: int) -> None:  # fmt: skip
+def decode_qkrope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor, *, n_head: int
+) -> None:
     """q, k (b,C) <- rope(rmsnorm_head(.)) in place, row i at position positions[i] (b,) int32; rope (2, T, D/2)
     fp32."""
     b = q.shape[0]
     D = check_views(n_head, q, k)
-    k_decode_qkrope[(b,)](q, k, positions, rope, q.stride(0), k.stride(0), n_head, D, rope.shape[1], EPS,
-                          **launch_config(n_head, D))  # fmt: skip
+    k_decode_qkrope[(b,)](
+        q, k, positions, rope, q.stride(0), k.stride(0), n_head, D, rope.shape[1], EPS, **launch_config(n_head, D)
+    )

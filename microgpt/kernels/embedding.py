@@ -55,8 +55,19 @@ def k_embedding_sort(order_ptr, tok_ptr, N, S, BLOCK_I: tl.constexpr, BLOCK_J: t
 
 
 @triton.jit
-def k_embedding_bwd(dwte_ptr, dwpe_ptr, dout_ptr, tok_ptr, order_ptr, N, T, C,
-                    BLOCK_C: tl.constexpr, SEG: tl.constexpr, POS: tl.constexpr):  # fmt: skip
+def k_embedding_bwd(
+    dwte_ptr,
+    dwpe_ptr,
+    dout_ptr,
+    tok_ptr,
+    order_ptr,
+    N,
+    T,
+    C,
+    BLOCK_C: tl.constexpr,
+    SEG: tl.constexpr,
+    POS: tl.constexpr,
+):
     # one chunk of N tokens (dout, tok, order point at it; order chunk-relative)
     # programs [0, N): runs of equal tokens in `order` -> dwte rows; with POS, programs [N, N+T): dwpe rows
     pid = tl.program_id(0)
@@ -73,8 +84,11 @@ def k_embedding_bwd(dwte_ptr, dwpe_ptr, dout_ptr, tok_ptr, order_ptr, N, T, C,
                 js = j + tl.arange(0, SEG)
                 rows = tl.load(order_ptr + js, mask=js < N, other=0)
                 same = (js < N) & (tl.load(tok_ptr + rows, mask=js < N, other=-1) == tok)
-                d = tl.load(dout_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :],
-                            mask=same[:, None] & cmask[None, :], other=0.0)  # fmt: skip
+                d = tl.load(
+                    dout_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :],
+                    mask=same[:, None] & cmask[None, :],
+                    other=0.0,
+                )
                 acc += tl.sum(d.to(tl.float32), axis=0)
                 more = tl.sum(same.to(tl.int32), axis=0) == SEG
                 j += SEG
@@ -93,8 +107,9 @@ def _block_c(C: int) -> int:
     return min(1024, triton.next_power_of_2(C))
 
 
-def embedding_forward(out: torch.Tensor, tokens: torch.Tensor, wte: torch.Tensor,
-                      wpe: torch.Tensor | None = None) -> None:  # fmt: skip
+def embedding_forward(
+    out: torch.Tensor, tokens: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor | None = None
+) -> None:
     """out (B,T,C); tokens (B,T) int32; wte (V,C); wpe (Tmax,C) or None (no position table)."""
     T, C = tokens.shape[-1], wte.shape[1]
     N = tokens.numel()
@@ -110,9 +125,15 @@ CHUNK = 8192  # tokens per sort chunk (rounded down to whole sequences): the sor
 if INTERPRET:
     SORT_CONFIGS = {"i16j16w1": (16, 16, 1)}
 else:
-    SORT_CONFIGS = {"i64j256w4": (64, 256, 4), "i32j256w4": (32, 256, 4), "i16j256w4": (16, 256, 4),
-                    "i16j512w4": (16, 512, 4), "i32j512w8": (32, 512, 8), "i8j512w4": (8, 512, 4),
-                    "i16j128w2": (16, 128, 2)}  # fmt: skip
+    SORT_CONFIGS = {
+        "i64j256w4": (64, 256, 4),
+        "i32j256w4": (32, 256, 4),
+        "i16j256w4": (16, 256, 4),
+        "i16j512w4": (16, 512, 4),
+        "i32j512w8": (32, 512, 8),
+        "i8j512w4": (8, 512, 4),
+        "i16j128w2": (16, 128, 2),
+    }
 
 
 def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int, tuner: Tuner) -> None:
@@ -126,8 +147,16 @@ def sort_tokens(order: torch.Tensor, tok: torch.Tensor, S: int, vocab: int, tune
     tuner.launch("embedding_sort", f"{N}:{S}:w{int(wide)}", SORT_CONFIGS, sort)
 
 
-def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor | None, dout: torch.Tensor, tokens: torch.Tensor, *,
-                       order: torch.Tensor, tuner: Tuner, chunk: int = CHUNK) -> None:  # fmt: skip
+def embedding_backward(
+    dwte: torch.Tensor,
+    dwpe: torch.Tensor | None,
+    dout: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    order: torch.Tensor,
+    tuner: Tuner,
+    chunk: int = CHUNK,
+) -> None:
     """order: int32 scratch of at least N = B*T elements; dwpe None: no position table (no dwpe programs)."""
     T, C = tokens.shape[-1], dwte.shape[1]
     N = tokens.numel()
@@ -140,6 +169,6 @@ def embedding_backward(dwte: torch.Tensor, dwpe: torch.Tensor | None, dout: torc
     pos = dwpe is not None
     for n0 in range(0, N, S):
         n = min(S, N - n0)
-        k_embedding_bwd[(n + T * pos, triton.cdiv(C, BC))](dwte, dwpe if pos else dwte, d[n0:], tok[n0:], order[n0:],
-                                                           n, T, C, BLOCK_C=BC, SEG=4, POS=pos,
-                                                           num_warps=4)  # fmt: skip
+        k_embedding_bwd[(n + T * pos, triton.cdiv(C, BC))](
+            dwte, dwpe if pos else dwte, d[n0:], tok[n0:], order[n0:], n, T, C, BLOCK_C=BC, SEG=4, POS=pos, num_warps=4
+        )

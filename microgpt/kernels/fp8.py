@@ -76,15 +76,24 @@ class Matmul(linear.Matmul):
             return None
         card = linear.this_card()
         if card is None:
-            return ("needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no "
-                    "CUDA GPU; train.backend 'numpy' runs fp8's CPU reference")  # fmt: skip
+            return (
+                "needs an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9) and this machine has no "
+                "CUDA GPU; train.backend 'numpy' runs fp8's CPU reference"
+            )
         cc, name = card
         if cc < FP8_CAPABILITY:
             return f"needs FP8 tensor cores (compute capability >= 8.9); {name} is {cc[0]}.{cc[1]}: {linear.offer(cc)}"
         return None
 
-    def forward(self, y: torch.Tensor, x: torch.Tensor | None, w: Fp8Weight, *,
-                gelu_out: torch.Tensor | None = None, gelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+    def forward(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor | None,
+        w: Fp8Weight,
+        *,
+        gelu_out: torch.Tensor | None = None,
+        gelu_of: torch.Tensor | None = None,
+    ) -> None:
         """y (N,OC) = x @ w, or y (G,N,OC) = x @ w[g]. The input is cast once, into the rows its GEMM reads and the
         transpose its site keeps for the weight gradient; x None: the input is gelu(gelu_of), which the cast
         computes on the way (gelu(h) then exists in E4M3 only)."""
@@ -98,8 +107,16 @@ class Matmul(linear.Matmul):
         if gelu_out is not None:
             gelu_forward(gelu_out, y)
 
-    def backward(self, dx: torch.Tensor, dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor | None,
-                 w: Fp8Weight, *, dgelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+    def backward(
+        self,
+        dx: torch.Tensor,
+        dw: torch.Tensor,
+        dy: torch.Tensor,
+        x: torch.Tensor | None,
+        w: Fp8Weight,
+        *,
+        dgelu_of: torch.Tensor | None = None,
+    ) -> None:
         """dx = sum_g dy[g] @ w[g].T (one GEMM over K = G*OC, the G gradients cast at one scale) ; dw[g] += x.T @
         dy[g] from the forward's transposed E4M3 copy of x (x itself unused: None where unplanned). dgelu_of = h:
         dy holds the gradient reaching gelu(h), and the cast computes dy * gelu'(h) (which exists in E4M3 only)."""
@@ -114,8 +131,15 @@ class Matmul(linear.Matmul):
         xt = self.q.view(w.xt, C, N).expand(G, C, N)
         self._per_weight(dw.view(G, C, OC), xt, w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1], accumulate=True)
 
-    def _per_weight(self, out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
-                    accumulate: bool = False) -> None:  # fmt: skip
+    def _per_weight(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        ia: torch.Tensor,
+        b: torch.Tensor,
+        ib: torch.Tensor,
+        accumulate: bool = False,
+    ) -> None:
         """out[g] (+)= (a[g] @ b[g]) * ia * ib for a site's G weights: one batched GEMM, or one 2D GEMM for a
         site of one weight (G = 1)."""
         if out.shape[0] == 1:
@@ -142,8 +166,16 @@ class Matmul(linear.Matmul):
         for at, (master, w8, w8t, scale) in stack(weights):
             if amaxes is None:
                 scale.zero_()
-            cast(self.tuner, master, scale, w8, w8t, prime=amaxes is None, hist=0,
-                 take=None if amaxes is None else amaxes[at])  # fmt: skip
+            cast(
+                self.tuner,
+                master,
+                scale,
+                w8,
+                w8t,
+                prime=amaxes is None,
+                hist=0,
+                take=None if amaxes is None else amaxes[at],
+            )
         if amaxes is not None:
             amaxes.zero_()
 

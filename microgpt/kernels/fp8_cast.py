@@ -101,9 +101,35 @@ def _finite_amax(y):
 
 
 @triton.jit
-def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg, sr, sc, lrow, lt, lq, lw,
-           OP: tl.constexpr, AMAX_ONLY: tl.constexpr, TAKE: tl.constexpr, HIST: tl.constexpr, ROWS: tl.constexpr,
-           TRANS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, PACK: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+def k_cast(
+    x_ptr,
+    x2_ptr,
+    rows_ptr,
+    t_ptr,
+    slot_ptr,
+    take_ptr,
+    R,
+    Cc,
+    G,
+    sl,
+    sg,
+    sr,
+    sc,
+    lrow,
+    lt,
+    lq,
+    lw,
+    OP: tl.constexpr,
+    AMAX_ONLY: tl.constexpr,
+    TAKE: tl.constexpr,
+    HIST: tl.constexpr,
+    ROWS: tl.constexpr,
+    TRANS: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    PACK: tl.constexpr,
+    HW: tl.constexpr,
+):
     # L casts at once, one per layer l (grid axis 2 = L * G): x advanced by l * sl elements, rows, t, slot and take
     # by l * lrow, l * lt, l * lq and l * lw. TAKE (a weight's cast after AdamW, HIST 0): the amax is take[0], the
     # finite max |x| AdamW recorded, and the slot is written whole ([2^-k, amax, amax, 0] as the primed cast leaves
@@ -161,8 +187,11 @@ def k_cast(x_ptr, x2_ptr, rows_ptr, t_ptr, slot_ptr, take_ptr, R, Cc, G, sl, sg,
                 words = tl.sum(tl.reshape(q.to(word), [BR // PACK, PACK, BC]) << shifts[None, :, None], axis=1)
                 i = pid_r * (BR // PACK) + tl.arange(0, BR // PACK)
                 t_words = t_ptr.to(tl.pointer_type(word)) + (l64 * lt + g64 * Cc * R) // PACK
-                tl.store(t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None], words,
-                         mask=(i[:, None] < R // PACK) & (c[None, :] < Cc))  # fmt: skip
+                tl.store(
+                    t_words + c64[None, :] * (R // PACK) + i.to(tl.int64)[:, None],
+                    words,
+                    mask=(i[:, None] < R // PACK) & (c[None, :] < Cc),
+                )
             else:
                 tl.store(t_ptr + l64 * lt + g64 * Cc * R + c64[None, :] * R + r64[:, None], q, mask=mask)
 
@@ -180,9 +209,18 @@ def k_roll(slots_ptr, SHIFT: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexp
     tl.store(base + 2, 0.0)
 
 
-def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor | None, trans: torch.Tensor | None,
-         prime: bool = False, op: int = COPY, x2: torch.Tensor | None = None, hist: int = HISTORY,
-         take: torch.Tensor | None = None) -> None:  # fmt: skip
+def cast(
+    tuner: Tuner,
+    x: torch.Tensor,
+    slot: torch.Tensor,
+    rows: torch.Tensor | None,
+    trans: torch.Tensor | None,
+    prime: bool = False,
+    op: int = COPY,
+    x2: torch.Tensor | None = None,
+    hist: int = HISTORY,
+    take: torch.Tensor | None = None,
+) -> None:
     """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of the GELU backward, shaped and strided as x) -> E4M3 into
     rows (R, G*Cc) and/or trans (G, Cc, R) (either may be None), scaled by the slot (hist: the words of history it
     has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch); take (1,),
@@ -203,12 +241,33 @@ def cast(tuner: Tuner, x: torch.Tensor, slot: torch.Tensor, rows: torch.Tensor |
     def launch(amax_only: bool) -> Callable[[int, int, int, int], Callable[[], None]]:
         def make(br: int, bc: int, warps: int, pack: int) -> Callable[[], None]:
             grid = (triton.cdiv(R, br), triton.cdiv(Cc, bc), L * G)
-            return lambda: k_cast[grid](x4, y2, rows_p, trans_p, slot, slot if take is None else take, R, Cc, G,
-                                        *x4.stride(), lrow, lt, lq, lw, OP=op, AMAX_ONLY=amax_only,
-                                        TAKE=take is not None, HIST=hist, ROWS=rows is not None and not amax_only,
-                                        TRANS=trans is not None and not amax_only, BR=br, BC=bc,
-                                        PACK=pack if R % pack == 0 and lt % pack == 0 else 1, HW=HW_CVT,
-                                        num_warps=warps)  # fmt: skip
+            return lambda: k_cast[grid](
+                x4,
+                y2,
+                rows_p,
+                trans_p,
+                slot,
+                slot if take is None else take,
+                R,
+                Cc,
+                G,
+                *x4.stride(),
+                lrow,
+                lt,
+                lq,
+                lw,
+                OP=op,
+                AMAX_ONLY=amax_only,
+                TAKE=take is not None,
+                HIST=hist,
+                ROWS=rows is not None and not amax_only,
+                TRANS=trans is not None and not amax_only,
+                BR=br,
+                BC=bc,
+                PACK=pack if R % pack == 0 and lt % pack == 0 else 1,
+                HW=HW_CVT,
+                num_warps=warps,
+            )
 
         return make
 
@@ -245,8 +304,9 @@ def stack(weights: list[Fp8Weight | Fp8Head]) -> list[tuple[slice, tuple[torch.T
         steps = [_stride(ts) for ts in parts]
         step = run[1] - run[0] if len(run) > 1 else 1
         if len(run) == 1 or None in steps or run != list(range(run[0], run[-1] + 1, step)):
-            out += [(slice(i, i + 1), (weights[i].master, weights[i].w8, weights[i].w8t, weights[i].scale))
-                    for i in run]  # fmt: skip
+            out += [
+                (slice(i, i + 1), (weights[i].master, weights[i].w8, weights[i].w8t, weights[i].scale)) for i in run
+            ]
             continue
         views = tuple(t[0].as_strided((len(run), *t[0].shape), (d, *t[0].stride())) for t, d in zip(parts, steps))
         out.append((slice(run[0], run[-1] + 1, step), views))
@@ -258,8 +318,12 @@ def _stride(ts: list[torch.Tensor]) -> int | None:
     is none."""
     t0, size = ts[0], ts[0].element_size()
     step, rem = divmod(ts[1].data_ptr() - t0.data_ptr(), size) if len(ts) > 1 else (0, 0)
-    same = all(t.shape == t0.shape and t.stride() == t0.stride() and t.untyped_storage().data_ptr() ==
-               t0.untyped_storage().data_ptr() for t in ts)  # fmt: skip
+    same = all(
+        t.shape == t0.shape
+        and t.stride() == t0.stride()
+        and t.untyped_storage().data_ptr() == t0.untyped_storage().data_ptr()
+        for t in ts
+    )
     if rem or step <= 0 or not same:
         return None
     return step if all(t.data_ptr() - t0.data_ptr() == i * step * size for i, t in enumerate(ts)) else None

@@ -35,10 +35,30 @@ PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
 
 
 @triton.jit
-def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
-               ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               GROUP_M: tl.constexpr, IEEE: tl.constexpr,
-               sa_ptr=None, sb_ptr=None, SCALED: tl.constexpr = False):  # fmt: skip
+def gemm_tile(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    scm,
+    scn,
+    pid,
+    ACC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+    sa_ptr=None,
+    sb_ptr=None,
+    SCALED: tl.constexpr = False,
+):
     """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse. SCALED (fp8):
     c (+)= (a @ b) * sa * sb, the inverse scales read from sa_ptr, sb_ptr."""
     num_m = tl.cdiv(M, BM)
@@ -74,21 +94,79 @@ def gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, pid,
 
 
 @triton.jit
-def k_gemm(c_ptr, a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-           ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-           GROUP_M: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def k_gemm(
+    c_ptr,
+    a_ptr,
+    b_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    scm,
+    scn,
+    ACC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # c (M,N) (+)= a (M,K) @ b (K,N); any strides
-    gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
-              ACC, BM, BN, BK, GROUP_M, IEEE)  # fmt: skip
+    gemm_tile(
+        a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0), ACC, BM, BN, BK, GROUP_M, IEEE
+    )
 
 
 @triton.jit
-def k_mm_scaled(c_ptr, a_ptr, b_ptr, sa_ptr, sb_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-                ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                GROUP_M: tl.constexpr):  # fmt: skip
+def k_mm_scaled(
+    c_ptr,
+    a_ptr,
+    b_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    scm,
+    scn,
+    ACC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     # c (M,N) (+)= (a (M,K) @ b (K,N)) * sa * sb: the FP8 GEMM (E4M3 a, b; fp32 sums), any strides
-    gemm_tile(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn, tl.program_id(0),
-              ACC, BM, BN, BK, GROUP_M, False, sa_ptr, sb_ptr, True)  # fmt: skip
+    gemm_tile(
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        M,
+        N,
+        K,
+        sam,
+        sak,
+        sbk,
+        sbn,
+        scm,
+        scn,
+        tl.program_id(0),
+        ACC,
+        BM,
+        BN,
+        BK,
+        GROUP_M,
+        False,
+        sa_ptr,
+        sb_ptr,
+        True,
+    )
 
 
 def tile_config(dtype: torch.dtype) -> dict:
@@ -105,12 +183,25 @@ def triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
     (M, K), N = a.shape, b.shape[1]
     cfg = tile_config(a.dtype)
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
-    k_gemm[grid](out, a, b, M, N, K, *a.stride(), *b.stride(), *out.stride(),
-                 ACC=accumulate, IEEE=a.dtype == torch.float32, **cfg)  # fmt: skip
+    k_gemm[grid](
+        out,
+        a,
+        b,
+        M,
+        N,
+        K,
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
+        ACC=accumulate,
+        IEEE=a.dtype == torch.float32,
+        **cfg,
+    )
 
 
-def triton_mm_scaled(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
-                     accumulate: bool) -> None:  # fmt: skip
+def triton_mm_scaled(
+    out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor, accumulate: bool
+) -> None:
     """out (+)= (a @ b) * ia * ib by k_mm_scaled (E4M3 a, b; fp32 sums), 2D or each matrix of a batch: the
     interpreter's FP8 GEMM."""
     if out.dim() == 3:
@@ -123,8 +214,15 @@ def triton_mm_scaled(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: to
     k_mm_scaled[grid](out, a, b, ia, ib, M, N, K, *a.stride(), *b.stride(), *out.stride(), ACC=accumulate, **cfg)
 
 
-def torch_scaled_mm(out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
-                    accumulate: bool, wgrad: torch.Tensor | None) -> None:  # fmt: skip
+def torch_scaled_mm(
+    out: torch.Tensor,
+    a: torch.Tensor,
+    ia: torch.Tensor,
+    b: torch.Tensor,
+    ib: torch.Tensor,
+    accumulate: bool,
+    wgrad: torch.Tensor | None,
+) -> None:
     """torch's FP8 GEMM (torch._scaled_mm: cuBLASLt under its heuristic's first algorithm, in torch's workspace),
     one call per matrix of a batch. It cannot add into out: an accumulating GEMM writes its fp32 product into
     `wgrad` (planned, at least one matrix of out) and one add folds it in."""
@@ -178,9 +276,12 @@ class Gemm:
                     raise
                 self._tile_fits[a.dtype] = False
                 cfg = " ".join(f"{k}{v}" for k, v in tile_config(a.dtype).items())
-                self.tuner.note(f"tile {a.dtype}", f"the Triton GEMM tile ({cfg}) does not fit {self.tuner.key} "
-                                f"({e.name}: needs {e.required}, the device has {e.limit}); {a.dtype} GEMMs run on "
-                                "cuBLAS")  # fmt: skip
+                self.tuner.note(
+                    f"tile {a.dtype}",
+                    f"the Triton GEMM tile ({cfg}) does not fit {self.tuner.key} "
+                    f"({e.name}: needs {e.required}, the device has {e.limit}); {a.dtype} GEMMs run on "
+                    "cuBLAS",
+                )
         if way in ("triton", "cublas"):
             cublas_mm(out, a, b, accumulate)
         else:
@@ -196,8 +297,14 @@ class Gemm:
             ways += self._lt_ways(out, a, b, "torch's cuBLAS")
         return ways
 
-    def _lt_ways(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, other: str,
-                 scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[str]:  # fmt: skip
+    def _lt_ways(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        other: str,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> list[str]:
         """cuBLASLt's ways for this GEMM ("lt<i>", one per algorithm its heuristic offers), none where there is no
         cuBLASLt, where it cannot express the strides, or where its heuristic offers nothing (a note says that
         `other` runs such GEMMs)."""
@@ -218,8 +325,15 @@ class Gemm:
         key = f"{tuple(a.shape)}x{b.shape[-1]}:{a.stride()}:{b.stride()}:{a.dtype}->{out.dtype}:{int(accumulate)}"
         return key + ":a{}.{}.{}".format(*alignment(a, b, out))
 
-    def _pick(self, key: str, out: torch.Tensor, ways: list[str], run: Callable[[str, bool], None],
-              dtype: torch.dtype, accumulate: bool) -> str:  # fmt: skip
+    def _pick(
+        self,
+        key: str,
+        out: torch.Tensor,
+        ways: list[str],
+        run: Callable[[str, bool], None],
+        dtype: torch.dtype,
+        accumulate: bool,
+    ) -> str:
         """Choose the way for this GEMM (operands of `dtype`) among `ways` (the reference first; run(way,
         accumulate) runs one). Inside the tuning window (the warm-up step, whose values are thrown away) every way
         runs into `out` itself, and a way other than the reference is a candidate only if the first rows of its
@@ -246,8 +360,15 @@ class Gemm:
         candidates = {way: lambda way=way: run(way, accumulate) for way in ways}
         return self.tuner.choose("gemm", key, candidates)
 
-    def _tuned(self, key: str, out: torch.Tensor, ways: Callable[[], list[str]], run: Callable[[str, bool], None],
-               dtype: torch.dtype, accumulate: bool) -> None:  # fmt: skip
+    def _tuned(
+        self,
+        key: str,
+        out: torch.Tensor,
+        ways: Callable[[], list[str]],
+        run: Callable[[str, bool], None],
+        dtype: torch.dtype,
+        accumulate: bool,
+    ) -> None:
         """Run this GEMM (key: its shapes, strides, dtypes and alignments) by the way chosen for it, choosing first
         where none is settled: ways() lists the candidates, run(way, accumulate) runs one."""
         way, settled = self._chosen.get(key, (None, False))
@@ -258,8 +379,14 @@ class Gemm:
 
     def _plain(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
         """mm's and bmm's GEMM by the way chosen for its key."""
-        self._tuned(self._key(out, a, b, accumulate), out, lambda: self._ways(out, a, b),
-                    lambda way, acc: self._run(way, out, a, b, acc), a.dtype, accumulate)  # fmt: skip
+        self._tuned(
+            self._key(out, a, b, accumulate),
+            out,
+            lambda: self._ways(out, a, b),
+            lambda way, acc: self._run(way, out, a, b, acc),
+            a.dtype,
+            accumulate,
+        )
 
     def mm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool = False) -> None:
         """out (M,N) (+)= a (M,K) @ b (K,N). a, b any strides; out contiguous rows."""
@@ -279,8 +406,16 @@ class Gemm:
             return
         self._plain(out, a, b, accumulate)
 
-    def mm_scaled(self, out: torch.Tensor, a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
-                  accumulate: bool = False, wgrad: torch.Tensor | None = None) -> None:  # fmt: skip
+    def mm_scaled(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        ia: torch.Tensor,
+        b: torch.Tensor,
+        ib: torch.Tensor,
+        accumulate: bool = False,
+        wgrad: torch.Tensor | None = None,
+    ) -> None:
         """out (+)= (a @ b) * ia * ib: E4M3 a (M,K) row-major and b (K,N) column-major, fp32 sums, ia and ib the
         (1,) inverse scales; 2D, or batched (G,M,K) @ (G,K,N) where a's batch stride may be 0. The ways: torch's
         _scaled_mm (the reference; one call a matrix, an accumulation through `wgrad`, fp32 of one matrix of out),

@@ -23,8 +23,22 @@ PARTS_PER_SM = 4  # programs of the backward a streaming multiprocessor: rows of
 
 
 @triton.jit
-def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, C, eps, RESID: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def k_layernorm_fwd(
+    out_ptr,
+    mean_ptr,
+    rstd_ptr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    s_ptr,
+    N,
+    C,
+    eps,
+    RESID: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     # out, x: (N, C); mean, rstd: (N,) fp32; w, b: (C,); ROWS rows per program
     # RESID: y, s (N, C); the rows normalized are s = x + y, stored first (y, s unused otherwise)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -48,8 +62,21 @@ def k_layernorm_fwd(out_ptr, mean_ptr, rstd_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_p
 
 
 @triton.jit
-def k_layernorm_bwd(dx_ptr, part_ptr, dout_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, N, C, rows_per_prog,
-                    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+def k_layernorm_bwd(
+    dx_ptr,
+    part_ptr,
+    dout_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    N,
+    C,
+    rows_per_prog,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     # dx, dout, x: (N, C); part: (P, 2, C) fp32, this program's row of dw and db partial sums. STAGES > 1: the
     # loop's loads run that many tiles ahead (Triton's loop pipelining), so a program's loads overlap its sums
     pid = tl.program_id(0)
@@ -112,37 +139,97 @@ if INTERPRET:
     BWD_CONFIGS = {"r16w1": (16, 1, 1)}
     DWDB_CONFIGS = {"c128w1": (128, 1)}
 else:
-    FWD_CONFIGS = {"r4w4": (4, 4), "r1w2": (1, 2), "r1w4": (1, 4), "r2w4": (2, 4), "r2w8": (2, 8), "r4w8": (4, 8),
-                   "r8w8": (8, 8)}  # fmt: skip
+    FWD_CONFIGS = {
+        "r4w4": (4, 4),
+        "r1w2": (1, 2),
+        "r1w4": (1, 4),
+        "r2w4": (2, 4),
+        "r2w8": (2, 8),
+        "r4w8": (4, 8),
+        "r8w8": (8, 8),
+    }
     BWD_CONFIGS = {name: (rows, warps, 1) for name, (rows, warps) in FWD_CONFIGS.items()}
-    BWD_CONFIGS |= {"r4w4s2": (4, 4, 2), "r4w4s3": (4, 4, 3), "r2w4s3": (2, 4, 3), "r4w8s2": (4, 8, 2),
-                    "r8w8s2": (8, 8, 2), "r1w2s4": (1, 2, 4)}  # fmt: skip
-    DWDB_CONFIGS = {"c32w4": (32, 4), "c8w1": (8, 1), "c8w2": (8, 2), "c16w1": (16, 1), "c16w2": (16, 2),
-                    "c16w4": (16, 4), "c64w4": (64, 4)}  # fmt: skip
+    BWD_CONFIGS |= {
+        "r4w4s2": (4, 4, 2),
+        "r4w4s3": (4, 4, 3),
+        "r2w4s3": (2, 4, 3),
+        "r4w8s2": (4, 8, 2),
+        "r8w8s2": (8, 8, 2),
+        "r1w2s4": (1, 2, 4),
+    }
+    DWDB_CONFIGS = {
+        "c32w4": (32, 4),
+        "c8w1": (8, 1),
+        "c8w2": (8, 2),
+        "c16w1": (16, 1),
+        "c16w2": (16, 2),
+        "c16w4": (16, 4),
+        "c64w4": (64, 4),
+    }
 
 
-def layernorm_forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
-                      w: torch.Tensor, b: torch.Tensor, *, tuner: Tuner) -> None:  # fmt: skip
+def layernorm_forward(
+    out: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    tuner: Tuner,
+) -> None:
     _forward(out, mean, rstd, x, w, b, None, None, tuner)
 
 
-def residual_layernorm_forward(s: torch.Tensor, out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                               x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *,
-                               tuner: Tuner) -> None:  # fmt: skip
+def residual_layernorm_forward(
+    s: torch.Tensor,
+    out: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    tuner: Tuner,
+) -> None:
     """s = x + y (the residual stream's next value), then out = layernorm(s), in one pass."""
     _forward(out, mean, rstd, x, w, b, y, s, tuner)
 
 
-def _forward(out: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-             b: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None, tuner: Tuner) -> None:  # fmt: skip
+def _forward(
+    out: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    y: torch.Tensor | None,
+    s: torch.Tensor | None,
+    tuner: Tuner,
+) -> None:
     C = w.shape[0]
     N = x.numel() // C
     resid = y is not None
 
     def make(rows: int, warps: int):
         return lambda: k_layernorm_fwd[(triton.cdiv(N, rows),)](
-            out, mean, rstd, x, w, b, y if resid else x, s if resid else x, N, C, EPS, RESID=resid, ROWS=rows,
-            BLOCK_C=triton.next_power_of_2(C), num_warps=warps)  # fmt: skip
+            out,
+            mean,
+            rstd,
+            x,
+            w,
+            b,
+            y if resid else x,
+            s if resid else x,
+            N,
+            C,
+            EPS,
+            RESID=resid,
+            ROWS=rows,
+            BLOCK_C=triton.next_power_of_2(C),
+            num_warps=warps,
+        )
 
     tuner.launch("layernorm_fwd", f"{N}:{C}:{x.dtype}:r{int(resid)}", FWD_CONFIGS, make)
 
@@ -173,13 +260,15 @@ def layernorm_backward(
     BC = triton.next_power_of_2(C)
 
     def bwd(tile: int, warps: int, stages: int):
-        return lambda: k_layernorm_bwd[(P,)](dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=tile, BLOCK_C=BC,
-                                             STAGES=stages, num_warps=warps)  # fmt: skip
+        return lambda: k_layernorm_bwd[(P,)](
+            dx, partials, dout, x, w, mean, rstd, N, C, rows, ROWS=tile, BLOCK_C=BC, STAGES=stages, num_warps=warps
+        )
 
     def dwdb(cols: int, warps: int):  # latency-bound: narrow column blocks give more programs (C/32 = 24 at 768)
         cols = min(cols, BC)
-        return lambda: k_layernorm_bwd_dwdb[(triton.cdiv(C, cols),)](dw, db, partials, P, C, BLOCK_P=128,
-                                                                     BLOCK_C=cols, num_warps=warps)  # fmt: skip
+        return lambda: k_layernorm_bwd_dwdb[(triton.cdiv(C, cols),)](
+            dw, db, partials, P, C, BLOCK_P=128, BLOCK_C=cols, num_warps=warps
+        )
 
     tuner.launch("layernorm_bwd", f"{N}:{C}:{x.dtype}", BWD_CONFIGS, bwd)
     tuner.launch("layernorm_dwdb", f"{P}:{C}", DWDB_CONFIGS, dwdb)

@@ -54,8 +54,15 @@ class Matmul:
         (major, minor), name = card
         return f"needs bfloat16 tensor cores (compute capability >= 8.0); {name} is {major}.{minor}: {offer(card[0])}"
 
-    def forward(self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, gelu_out: torch.Tensor | None = None,
-                gelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+    def forward(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        *,
+        gelu_out: torch.Tensor | None = None,
+        gelu_of: torch.Tensor | None = None,
+    ) -> None:
         """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; gelu_out: a = gelu(y) too. gelu_of: x holds it."""
         C, OC = w.shape[-2:]
         x2 = x.view(-1, C)
@@ -66,8 +73,16 @@ class Matmul:
         else:
             self.gemm.bmm(y.view(w.shape[0], -1, OC), x2.expand(w.shape[0], *x2.shape), w)
 
-    def backward(self, dx: torch.Tensor, dw: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
-                 dgelu_of: torch.Tensor | None = None) -> None:  # fmt: skip
+    def backward(
+        self,
+        dx: torch.Tensor,
+        dw: torch.Tensor,
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        *,
+        dgelu_of: torch.Tensor | None = None,
+    ) -> None:
         """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dgelu_of: dy
         *= gelu'(dgelu_of) first (one pass, in place)."""
         if dgelu_of is not None:
@@ -86,8 +101,9 @@ class Matmul:
         """The tied head's logits GEMM, chunk by chunk: lg (r, V) = x[r0 : r0 + r] @ wte.T."""
         return lambda lg, r0, r: self.gemm.mm(lg, x[r0 : r0 + r], wte.t())
 
-    def logits_backward(self, dx: torch.Tensor, dwte: torch.Tensor, dz: torch.Tensor, x: torch.Tensor,
-                        wte: torch.Tensor) -> None:  # fmt: skip
+    def logits_backward(
+        self, dx: torch.Tensor, dwte: torch.Tensor, dz: torch.Tensor, x: torch.Tensor, wte: torch.Tensor
+    ) -> None:
         """One chunk's two head gradient GEMMs: dx += dz @ wte ; dwte += dz.T @ x."""
         self.gemm.mm(dx, dz, wte, accumulate=True)
         self.gemm.mm(dwte, dz.t(), x, accumulate=True)
@@ -98,7 +114,8 @@ def linear_forward(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, mm: M
     mm.forward(out, x, w)
 
 
-def linear_backward(dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
-                    mm: Matmul) -> None:  # fmt: skip
+def linear_backward(
+    dx: torch.Tensor, dw: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, mm: Matmul
+) -> None:
     """dx = dout @ w.T (written) ; dw += x.T @ dout. G weights: dx = sum_g dout[g] @ w[g].T ; dw[g] +=."""
     mm.backward(dx, dw, dout, x, w)

@@ -20,17 +20,37 @@ from microgpt.kernels.gelu import gelu_forward
 from microgpt.kernels.linear import Matmul
 
 
-def mlp_forward(out: torch.Tensor, h: torch.Tensor, a: torch.Tensor | None, x: torch.Tensor, w1: torch.Tensor,
-                w2: torch.Tensor, *, mm: Matmul) -> None:  # fmt: skip
+def mlp_forward(
+    out: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor | None,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    mm: Matmul,
+) -> None:
     """out = gelu(x @ w1) @ w2, keeping h = x @ w1 for backward; a receives gelu(h), except where the precision
     casts GELU's output straight to its operand (a None: the plan has no such buffer then)."""
     mm.forward(h, x, w1, gelu_out=a)
     mm.forward(out, a, w2, gelu_of=h)
 
 
-def mlp_backward(dx: torch.Tensor, dw1: torch.Tensor, dw2: torch.Tensor, dout: torch.Tensor, x: torch.Tensor,
-                 h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, a: torch.Tensor | None, dh: torch.Tensor, *,
-                 mm: Matmul, recompute: bool) -> None:  # fmt: skip
+def mlp_backward(
+    dx: torch.Tensor,
+    dw1: torch.Tensor,
+    dw2: torch.Tensor,
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    a: torch.Tensor | None,
+    dh: torch.Tensor,
+    *,
+    mm: Matmul,
+    recompute: bool,
+) -> None:
     """recompute: a holds nothing of this layer (scratch) and gets gelu(h) before dW_2's GEMM reads it; else a is
     the forward's gelu(h), kept (memory.gelu_output_saved), or None where the precision kept its own copy."""
     if recompute and a is not None:

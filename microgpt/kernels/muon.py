@@ -68,8 +68,24 @@ def k_muon_momentum(g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_ptr, size,
 
 
 @triton.jit
-def k_muon_normalise(x_ptr, g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_ptr, rows, cols, P, sxr, sxc, max_norm,
-                     TR: tl.constexpr, TC: tl.constexpr, PBLOCK: tl.constexpr):  # fmt: skip
+def k_muon_normalise(
+    x_ptr,
+    g_ptr,
+    m_ptr,
+    hyper_ptr,
+    norm_ptr,
+    offs_ptr,
+    part_ptr,
+    rows,
+    cols,
+    P,
+    sxr,
+    sxc,
+    max_norm,
+    TR: tl.constexpr,
+    TC: tl.constexpr,
+    PBLOCK: tl.constexpr,
+):
     # x: (k, R, Cw) compute dtype, element (r, c) of stored matrix i at i * rows * cols + r * sxr + c * sxc;
     # g, m: (n,) fp32 flat, matrix i row-major at offs[i]; part: (k, P) fp32 from k_muon_momentum
     t, i = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -94,8 +110,23 @@ def k_muon_normalise(x_ptr, g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_pt
 
 
 @triton.jit
-def k_muon_update(p_ptr, pc_ptr, x_ptr, hyper_ptr, norm_ptr, offs_ptr, rows, cols, sxr, sxc, scale, max_norm,
-                  COMPUTE: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr):  # fmt: skip
+def k_muon_update(
+    p_ptr,
+    pc_ptr,
+    x_ptr,
+    hyper_ptr,
+    norm_ptr,
+    offs_ptr,
+    rows,
+    cols,
+    sxr,
+    sxc,
+    scale,
+    max_norm,
+    COMPUTE: tl.constexpr,
+    TR: tl.constexpr,
+    TC: tl.constexpr,
+):
     # p: (n,) fp32 flat, pc: its compute copy; x: (k, R, Cw) the orthogonalised updates, laid out as in
     # k_muon_normalise; scale: sqrt(max(1, cols / rows))
     t, i = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -128,8 +159,11 @@ def muon_scratch(groups: Iterable[MuonGroup]) -> list[MuonScratch]:
     groups = tuple(groups)
     offsets = tuple(off for grp in groups for off in grp.offsets)
     parts = max((len(grp.offsets) * partials_per_matrix(grp) for grp in groups), default=0)
-    return [*spec.muon_scratch(groups), MuonScratch("partials", "muon_partials", parts, "f32"),
-            MuonScratch("offsets", "muon_offsets", len(offsets), "i32", offsets)]  # fmt: skip
+    return [
+        *spec.muon_scratch(groups),
+        MuonScratch("partials", "muon_partials", parts, "f32"),
+        MuonScratch("offsets", "muon_offsets", len(offsets), "i32", offsets),
+    ]
 
 
 def newton_schulz(x: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, poly: torch.Tensor, steps: int) -> torch.Tensor:
@@ -144,10 +178,24 @@ def newton_schulz(x: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, poly: to
     return x
 
 
-def muon_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, p_compute: torch.Tensor | None, hyper: torch.Tensor,
-              norm: torch.Tensor, *, groups: tuple[MuonGroup, ...], x: torch.Tensor, y: torch.Tensor,
-              gram: torch.Tensor, poly: torch.Tensor, partials: torch.Tensor, offsets: torch.Tensor, max_norm: float,
-              ns_steps: int = spec.NS_STEPS) -> None:  # fmt: skip
+def muon_step(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    p_compute: torch.Tensor | None,
+    hyper: torch.Tensor,
+    norm: torch.Tensor,
+    *,
+    groups: tuple[MuonGroup, ...],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gram: torch.Tensor,
+    poly: torch.Tensor,
+    partials: torch.Tensor,
+    offsets: torch.Tensor,
+    max_norm: float,
+    ns_steps: int = spec.NS_STEPS,
+) -> None:
     """ops/muon.py's step; x, y, gram, poly, partials, offsets: muon_scratch's planned buffers (flat)."""
     first = 0
     for grp in groups:
@@ -159,9 +207,39 @@ def muon_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, p_compute: torc
         sxr, sxc = (1, grp.rows) if grp.transposed else (grp.cols, 1)
         tiles = (triton.cdiv(grp.rows, TR) * triton.cdiv(grp.cols, TC), k)
         X, Y = x[: k * R * W].view(k, R, W), y[: k * R * W].view(k, R, W)
-        k_muon_normalise[tiles](X, g, m, hyper, norm, offs, partials, grp.rows, grp.cols, P, sxr, sxc,
-                                float(max_norm), TR=TR, TC=TC, PBLOCK=PBLOCK)  # fmt: skip
+        k_muon_normalise[tiles](
+            X,
+            g,
+            m,
+            hyper,
+            norm,
+            offs,
+            partials,
+            grp.rows,
+            grp.cols,
+            P,
+            sxr,
+            sxc,
+            float(max_norm),
+            TR=TR,
+            TC=TC,
+            PBLOCK=PBLOCK,
+        )
         out = newton_schulz(X, Y, gram[: k * R * R].view(k, R, R), poly[: k * R * R].view(k, R, R), ns_steps)
-        k_muon_update[tiles](p, p_compute if p_compute is not None else p, out, hyper, norm, offs, grp.rows,
-                             grp.cols, sxr, sxc, grp.scale, float(max_norm), COMPUTE=p_compute is not None, TR=TR,
-                             TC=TC)  # fmt: skip
+        k_muon_update[tiles](
+            p,
+            p_compute if p_compute is not None else p,
+            out,
+            hyper,
+            norm,
+            offs,
+            grp.rows,
+            grp.cols,
+            sxr,
+            sxc,
+            grp.scale,
+            float(max_norm),
+            COMPUTE=p_compute is not None,
+            TR=TR,
+            TC=TC,
+        )

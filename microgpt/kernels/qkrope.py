@@ -56,8 +56,9 @@ def row_offsets(H, D, BH: tl.constexpr, BD2: tl.constexpr):
 
 
 @triton.jit
-def k_qkrope_fwd(q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N, H, D, T, eps,
-                 BH: tl.constexpr, BD2: tl.constexpr):  # fmt: skip
+def k_qkrope_fwd(
+    q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N, H, D, T, eps, BH: tl.constexpr, BD2: tl.constexpr
+):
     # q, k: (b, t, C) of strides (sqb, sqt, 1), (skb, skt, 1), rewritten; rstd: (2, N, H) fp32, N = b*t;
     # rope: (2, T, D/2) fp32; program n does row n = (n // t, n % t) at position pos + n % t
     n = tl.program_id(0).to(tl.int64)
@@ -82,8 +83,29 @@ def k_qkrope_fwd(q_ptr, k_ptr, rstd_ptr, rope_ptr, t, pos, sqb, sqt, skb, skt, N
 
 
 @triton.jit
-def k_qkrope_bwd(dq_ptr, dk_ptr, q_ptr, k_ptr, rstd_ptr, rope_ptr, t, sqb, sqt, skb, skt, sdqb, sdqt, sdkb, sdkt,
-                 N, H, D, T, BH: tl.constexpr, BD2: tl.constexpr):  # fmt: skip
+def k_qkrope_bwd(
+    dq_ptr,
+    dk_ptr,
+    q_ptr,
+    k_ptr,
+    rstd_ptr,
+    rope_ptr,
+    t,
+    sqb,
+    sqt,
+    skb,
+    skt,
+    sdqb,
+    sdqt,
+    sdkb,
+    sdkt,
+    N,
+    H,
+    D,
+    T,
+    BH: tl.constexpr,
+    BD2: tl.constexpr,
+):
     # dq, dk: (b, t, C) of strides (sdqb, sdqt, 1), (sdkb, sdkt, 1), rewritten; q, k: the forward's outputs, of
     # strides (sqb, sqt, 1), (skb, skt, 1); rstd: (2, N, H) fp32; rope: (2, T, D/2) fp32, row n at position n % t
     n = tl.program_id(0).to(tl.int64)
@@ -127,24 +149,68 @@ def check_views(n_head: int, *xs: torch.Tensor) -> int:
     return C // n_head
 
 
-def qkrope_forward(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, rope: torch.Tensor, *, n_head: int,
-                   pos: int = 0) -> None:  # fmt: skip
+def qkrope_forward(
+    q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, rope: torch.Tensor, *, n_head: int, pos: int = 0
+) -> None:
     """q, k (b,t,C) <- rope(rmsnorm_head(.)) at positions pos .. pos + t - 1, in place; rstd (2, b*t, H) fp32 written;
     rope (2, T, D/2) fp32, T >= pos + t."""
     b, t, _ = q.shape
     D = check_views(n_head, q, k)
     if pos + t > rope.shape[1]:
         raise ValueError(f"qkrope: positions {pos} .. {pos + t - 1} are past the rope table's {rope.shape[1]}")
-    k_qkrope_fwd[(b * t,)](q, k, rstd, rope, t, pos, q.stride(0), q.stride(1), k.stride(0), k.stride(1), b * t,
-                           n_head, D, rope.shape[1], EPS, **launch_config(n_head, D))  # fmt: skip
+    k_qkrope_fwd[(b * t,)](
+        q,
+        k,
+        rstd,
+        rope,
+        t,
+        pos,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        b * t,
+        n_head,
+        D,
+        rope.shape[1],
+        EPS,
+        **launch_config(n_head, D),
+    )
 
 
-def qkrope_backward(dq: torch.Tensor, dk: torch.Tensor, q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor,
-                    rope: torch.Tensor, *, n_head: int) -> None:  # fmt: skip
+def qkrope_backward(
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rstd: torch.Tensor,
+    rope: torch.Tensor,
+    *,
+    n_head: int,
+) -> None:
     """dq, dk (b,t,C): the gradient w.r.t. the op's output, rewritten in place into the gradient w.r.t. its input;
     q, k the forward's outputs (positions 0 .. t - 1); rstd (2, b*t, H) fp32; rope (2, T, D/2) fp32."""
     b, t, _ = q.shape
     D = check_views(n_head, q, k, dq, dk)
-    k_qkrope_bwd[(b * t,)](dq, dk, q, k, rstd, rope, t, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                           dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), b * t, n_head, D, rope.shape[1],
-                           **launch_config(n_head, D))  # fmt: skip
+    k_qkrope_bwd[(b * t,)](
+        dq,
+        dk,
+        q,
+        k,
+        rstd,
+        rope,
+        t,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        dq.stride(0),
+        dq.stride(1),
+        dk.stride(0),
+        dk.stride(1),
+        b * t,
+        n_head,
+        D,
+        rope.shape[1],
+        **launch_config(n_head, D),
+    )

@@ -22,8 +22,9 @@ EPS = 1e-6
 
 
 @triton.jit
-def k_rmsnorm_fwd(out_ptr, rstd_ptr, x_ptr, y_ptr, s_ptr, N, C, eps, RESID: tl.constexpr, ROWS: tl.constexpr,
-                  BLOCK_C: tl.constexpr):  # fmt: skip
+def k_rmsnorm_fwd(
+    out_ptr, rstd_ptr, x_ptr, y_ptr, s_ptr, N, C, eps, RESID: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr
+):
     # out, x: (N, C); rstd: (N,) fp32; ROWS rows per program
     # RESID: y, s (N, C); the rows normalized are s = x + y, stored first (y, s unused otherwise)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -64,8 +65,15 @@ def k_rmsnorm_bwd(dx_ptr, dout_ptr, x_ptr, rstd_ptr, N, C, ROWS: tl.constexpr, B
 if INTERPRET:
     FWD_CONFIGS = {"r16w1": (16, 1)}
 else:
-    FWD_CONFIGS = {"r4w4": (4, 4), "r1w2": (1, 2), "r1w4": (1, 4), "r2w4": (2, 4), "r2w8": (2, 8), "r4w8": (4, 8),
-                   "r8w8": (8, 8)}  # fmt: skip
+    FWD_CONFIGS = {
+        "r4w4": (4, 4),
+        "r1w2": (1, 2),
+        "r1w4": (1, 4),
+        "r2w4": (2, 4),
+        "r2w8": (2, 8),
+        "r4w8": (4, 8),
+        "r8w8": (8, 8),
+    }
 BWD_CONFIGS = dict(FWD_CONFIGS)
 
 
@@ -74,28 +82,42 @@ def rmsnorm_forward(out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, *, t
     _forward(out, rstd, x, None, None, tuner)
 
 
-def residual_rmsnorm_forward(s: torch.Tensor, out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor,
-                             y: torch.Tensor, *, tuner: Tuner) -> None:  # fmt: skip
+def residual_rmsnorm_forward(
+    s: torch.Tensor, out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, tuner: Tuner
+) -> None:
     """s = x + y (the residual stream's next value), then out = rmsnorm(s), in one pass."""
     _forward(out, rstd, x, y, s, tuner)
 
 
-def _forward(out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None,
-             tuner: Tuner) -> None:  # fmt: skip
+def _forward(
+    out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None, s: torch.Tensor | None, tuner: Tuner
+) -> None:
     C = x.shape[-1]
     N = x.numel() // C
     resid = y is not None
 
     def make(rows: int, warps: int):
         return lambda: k_rmsnorm_fwd[(triton.cdiv(N, rows),)](
-            out, rstd, x, y if resid else x, s if resid else x, N, C, EPS, RESID=resid, ROWS=rows,
-            BLOCK_C=triton.next_power_of_2(C), num_warps=warps)  # fmt: skip
+            out,
+            rstd,
+            x,
+            y if resid else x,
+            s if resid else x,
+            N,
+            C,
+            EPS,
+            RESID=resid,
+            ROWS=rows,
+            BLOCK_C=triton.next_power_of_2(C),
+            num_warps=warps,
+        )
 
     tuner.launch("rmsnorm_fwd", f"{N}:{C}:{x.dtype}:r{int(resid)}", FWD_CONFIGS, make)
 
 
-def rmsnorm_backward(dx: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, *,
-                     tuner: Tuner) -> None:  # fmt: skip
+def rmsnorm_backward(
+    dx: torch.Tensor, dout: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, *, tuner: Tuner
+) -> None:
     """dx (N,C) += gradient of rmsnorm given dout (N,C), x and the forward's rstd (N,)."""
     C = x.shape[-1]
     N = x.numel() // C

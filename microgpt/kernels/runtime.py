@@ -52,9 +52,11 @@ def scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[s
     """The launchers' scratch for a micro-batch of B sequences on a device of sm_count multiprocessors: function ->
     (keyword, buffer, elements, kind)."""
     N = B * T
-    return {"embedding_backward": ("order", "emb_order", N, "i32"),
-            "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, sm_count), "f32"),
-            "attention_backward": ("delta", "att_delta", N * NH, "f32")}  # fmt: skip
+    return {
+        "embedding_backward": ("order", "emb_order", N, "i32"),
+        "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, sm_count), "f32"),
+        "attention_backward": ("delta", "att_delta", N * NH, "f32"),
+    }
 
 
 def infer_scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[str, str, int, str]]:

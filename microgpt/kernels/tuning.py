@@ -81,8 +81,11 @@ class Tuner:
 
     def unfit(self, table: str, name: str, e: OutOfResources) -> None:
         """Candidate `name` of `table` does not fit this device (Triton's OutOfResources, raised before launching)."""
-        self.note(f"unfit {table} {name}", f"{table} candidate {name} does not fit {self.key} ({e.name}: needs "
-                  f"{e.required}, the device has {e.limit}); it is not offered on this device")  # fmt: skip
+        self.note(
+            f"unfit {table} {name}",
+            f"{table} candidate {name} does not fit {self.key} ({e.name}: needs "
+            f"{e.required}, the device has {e.limit}); it is not offered on this device",
+        )
 
     def _load(self) -> dict[str, dict[str, str]]:
         if self._cache is None:
@@ -177,9 +180,14 @@ class Tuner:
             raise RuntimeError(f"no candidate of {table} {key} runs: {failed}")
         best = cache[key] = min(times, key=times.__getitem__)
         if os.environ.get("MICROGPT_TUNING_LOG"):
-            print(f"tuning {table} {key}: " + " ".join(f"{n}={t:.4f}ms" for n, t in times.items()) + f" -> {best}"
-                  + "".join(f"\ntuning {table} {key}: {n} failed: {why}" for n, why in failed.items()),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"tuning {table} {key}: "
+                + " ".join(f"{n}={t:.4f}ms" for n, t in times.items())
+                + f" -> {best}"
+                + "".join(f"\ntuning {table} {key}: {n} failed: {why}" for n, why in failed.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         self._save()
         return best
 
@@ -192,8 +200,9 @@ class Tuner:
         except OSError:
             pass  # an unwritable cache costs a re-time next run, nothing else
 
-    def launch(self, table: str, key: str, configs: dict[str, tuple[Any, ...]],
-               make: Callable[..., Callable[[], None]]) -> None:  # fmt: skip
+    def launch(
+        self, table: str, key: str, configs: dict[str, tuple[Any, ...]], make: Callable[..., Callable[[], None]]
+    ) -> None:
         """Run make(*configs[name]) with the configuration `choose` gives for key, for kernels whose launch
         configurations agree up to rounding (the fp8 casts give the same bytes under every one; the LayerNorm
         backward's weight-gradient sums differ in their last bits, the MLP's GELU in the GEMM's epilogue in a's

@@ -71,8 +71,9 @@ def _scores(qh: NDArray, kt: NDArray, mask: NDArray) -> NDArray:
     return s
 
 
-def attention_forward(out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int, *,
-                      rows: Rows = SERIAL) -> None:  # fmt: skip
+def attention_forward(
+    out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int, *, rows: Rows = SERIAL
+) -> None:
     """out (B,T,C) = causal softmax(q k^T / sqrt(hs)) v per head; lse (B,NH,T) saved for backward."""
     mask = _causal_mask(q.shape[1], q.dtype)
 
@@ -135,8 +136,9 @@ def attention_backward(
     _each(rows, one, q)
 
 
-def attention_forward_cached(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, pos: int,
-                             n_head: int) -> None:  # fmt: skip
+def attention_forward_cached(
+    out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, pos: int, n_head: int
+) -> None:
     """out (B,t,C) = causal attention of q (B,t,C), the queries at positions pos .. pos + t - 1, over the cached keys
     and values k_cache, v_cache (B,Tmax,C) of positions 0 .. pos + t - 1: query i sees keys 0 .. pos + i."""
     B, t, C = q.shape

@@ -119,26 +119,59 @@ def _loss_dlogits(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, dl: N
         z *= slope
 
 
-def crossentropy_forward(losses: NDArray, lse: NDArray, x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray,
-                         *, mm: Matmul, rows: Rows = SERIAL, softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_forward(
+    losses: NDArray,
+    lse: NDArray,
+    x: NDArray,
+    wte: NDArray,
+    targets: NDArray,
+    logits: NDArray,
+    *,
+    mm: Matmul,
+    rows: Rows = SERIAL,
+    softcap: float = 0.0,
+) -> None:
     """losses (N,) = per-token cross-entropy of the (capped) logits x @ wte.T against targets; writes lse (N,) for
     backward."""
     for i, j, z in _chunks(x, wte, logits, mm):
         rows.map(partial(_chunk_exp, softcap=softcap), z, targets[i:j], losses[i:j], lse[i:j])
 
 
-def crossentropy_backward(dx: NDArray, dwte: NDArray, dlosses: NDArray, x: NDArray, wte: NDArray, targets: NDArray,
-                          lse: NDArray, logits: NDArray, *, mm: Matmul, rows: Rows = SERIAL,
-                          softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_backward(
+    dx: NDArray,
+    dwte: NDArray,
+    dlosses: NDArray,
+    x: NDArray,
+    wte: NDArray,
+    targets: NDArray,
+    lse: NDArray,
+    logits: NDArray,
+    *,
+    mm: Matmul,
+    rows: Rows = SERIAL,
+    softcap: float = 0.0,
+) -> None:
     """dx (N,C), dwte (V,C) += gradients of the losses weighted by dlosses (N,); logits (R,V) is scratch."""
     for i, j, z in _chunks(x, wte, logits, mm):  # the logits recomputed, see the module docstring
         rows.map(partial(_softmax_dlogits, softcap=softcap), z, lse[i:j], dlosses[i:j], targets[i:j])
         mm.logits_backward(dx[i:j], dwte, z, x[i:j], wte)
 
 
-def crossentropy_forward_backward(losses: NDArray, lse: NDArray, dx: NDArray, dwte: NDArray, dlosses: NDArray,
-                                  x: NDArray, wte: NDArray, targets: NDArray, logits: NDArray, *,
-                                  mm: Matmul, rows: Rows = SERIAL, softcap: float = 0.0) -> None:  # fmt: skip
+def crossentropy_forward_backward(
+    losses: NDArray,
+    lse: NDArray,
+    dx: NDArray,
+    dwte: NDArray,
+    dlosses: NDArray,
+    x: NDArray,
+    wte: NDArray,
+    targets: NDArray,
+    logits: NDArray,
+    *,
+    mm: Matmul,
+    rows: Rows = SERIAL,
+    softcap: float = 0.0,
+) -> None:
     """crossentropy_forward, then crossentropy_backward with dlosses, chunk by chunk without recomputing z."""
     for i, j, z in _chunks(x, wte, logits, mm):
         rows.map(partial(_loss_dlogits, softcap=softcap), z, targets[i:j], losses[i:j], lse[i:j], dlosses[i:j])

@@ -31,23 +31,26 @@ from numpy.typing import NDArray
 from microgpt.ops import qkrope
 
 
-def decode_embedding(out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray,
-                     wpe: NDArray | None = None) -> None:  # fmt: skip
+def decode_embedding(
+    out: NDArray, tokens: NDArray, positions: NDArray, wte: NDArray, wpe: NDArray | None = None
+) -> None:
     """out (b,C) = wte[tokens] + wpe[positions] (wpe None: wte[tokens], the modern block's)."""
     np.take(wte, tokens, axis=0, out=out)
     if wpe is not None:
         out += wpe[positions]
 
 
-def decode_kv_write(k_cache: NDArray, v_cache: NDArray, k: NDArray, v: NDArray, positions: NDArray,
-                    slots: NDArray) -> None:  # fmt: skip
+def decode_kv_write(
+    k_cache: NDArray, v_cache: NDArray, k: NDArray, v: NDArray, positions: NDArray, slots: NDArray
+) -> None:
     """k_cache, v_cache (B,T,C)[slots[i], positions[i]] = k[i], v[i] (b,C)."""
     k_cache[slots, positions] = k
     v_cache[slots, positions] = v
 
 
-def decode_attention(out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, positions: NDArray,
-                     slots: NDArray, n_head: int) -> None:  # fmt: skip
+def decode_attention(
+    out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, positions: NDArray, slots: NDArray, n_head: int
+) -> None:
     """out (b,C) = attention of each row's query q[i] (C,) over positions 0 .. positions[i] of cache row slots[i]."""
     b, C = q.shape
     hs = C // n_head

@@ -112,8 +112,15 @@ class Matmul(linear.Matmul):
             return str(e)
         return None
 
-    def forward(self, y: NDArray, x: NDArray | None, w: Fp8Weight, *, gelu_out: NDArray | None = None,
-                gelu_of: NDArray | None = None) -> None:  # fmt: skip
+    def forward(
+        self,
+        y: NDArray,
+        x: NDArray | None,
+        w: Fp8Weight,
+        *,
+        gelu_out: NDArray | None = None,
+        gelu_of: NDArray | None = None,
+    ) -> None:
         """y = cast(x) @ w8: the input at its slot's scale (its own amax while priming)."""
         if x is None:  # the input is gelu(gelu_of), not kept
             x = np.empty_like(gelu_of)
@@ -125,8 +132,9 @@ class Matmul(linear.Matmul):
         if gelu_out is not None:
             gelu(gelu_out, y, self.rows)
 
-    def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: Fp8Weight, *,
-                 dgelu_of: NDArray | None = None) -> None:  # fmt: skip
+    def backward(
+        self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: Fp8Weight, *, dgelu_of: NDArray | None = None
+    ) -> None:
         """The output gradient cast once, (N, G*OC) at one scale: the input gradient is one GEMM over K = G*OC; the
         weight gradient reads the forward's input cast again at its forward scale (the GPU keeps its copy)."""
         if dgelu_of is not None:

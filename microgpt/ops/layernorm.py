@@ -36,14 +36,25 @@ from microgpt.ops.rows import SERIAL, Rows
 EPS = 1e-5
 
 
-def layernorm_forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray, *,
-                      rows: Rows = SERIAL) -> None:  # fmt: skip
+def layernorm_forward(
+    out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray, b: NDArray, *, rows: Rows = SERIAL
+) -> None:
     """out (N,C) = layernorm(x) * w + b; writes mean, rstd (N,) for backward."""
     rows.map(lambda out, mean, rstd, x: _forward(out, mean, rstd, x, w, b), out, mean, rstd, x, per_thread=True)
 
 
-def residual_layernorm_forward(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray,
-                               w: NDArray, b: NDArray, *, rows: Rows = SERIAL) -> None:  # fmt: skip
+def residual_layernorm_forward(
+    s: NDArray,
+    out: NDArray,
+    mean: NDArray,
+    rstd: NDArray,
+    x: NDArray,
+    y: NDArray,
+    w: NDArray,
+    b: NDArray,
+    *,
+    rows: Rows = SERIAL,
+) -> None:
     """s (N,C) = x + y, then out = layernorm(s) * w + b; writes mean, rstd (N,) for backward."""
 
     def one(s: NDArray, out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, y: NDArray) -> None:
@@ -66,8 +77,18 @@ def _forward(out: NDArray, mean: NDArray, rstd: NDArray, x: NDArray, w: NDArray,
     out += b
 
 
-def layernorm_backward(dx: NDArray, dw: NDArray, db: NDArray, dout: NDArray, x: NDArray, w: NDArray, mean: NDArray,
-                       rstd: NDArray, *, rows: Rows = SERIAL) -> None:  # fmt: skip
+def layernorm_backward(
+    dx: NDArray,
+    dw: NDArray,
+    db: NDArray,
+    dout: NDArray,
+    x: NDArray,
+    w: NDArray,
+    mean: NDArray,
+    rstd: NDArray,
+    *,
+    rows: Rows = SERIAL,
+) -> None:
     """dx (N,C), dw (C,), db (C,) += gradients of layernorm, given dout (N,C)."""
     C = x.shape[1]
     xhat = np.empty_like(x)  # recomputed, see the module docstring

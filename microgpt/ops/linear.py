@@ -39,16 +39,18 @@ class Matmul:
         """Why this machine cannot run this precision here (None: it can)."""
         return None
 
-    def forward(self, y: NDArray, x: NDArray, w: NDArray, *, gelu_out: NDArray | None = None,
-                gelu_of: NDArray | None = None) -> None:  # fmt: skip
+    def forward(
+        self, y: NDArray, x: NDArray, w: NDArray, *, gelu_out: NDArray | None = None, gelu_of: NDArray | None = None
+    ) -> None:
         """y = x @ w (w (G,C,OC): y (G,N,OC) by broadcasting); gelu_out: also gelu(y). gelu_of: x holds gelu of it
         already (this precision keeps a)."""
         np.matmul(x, w, out=y)
         if gelu_out is not None:
             gelu(gelu_out, y, self.rows)
 
-    def backward(self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: NDArray, *,
-                 dgelu_of: NDArray | None = None) -> None:  # fmt: skip
+    def backward(
+        self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: NDArray, *, dgelu_of: NDArray | None = None
+    ) -> None:
         """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dgelu_of: dy
         is first turned into dy * gelu'(dgelu_of), in place."""
         if dgelu_of is not None:

@@ -35,9 +35,22 @@ def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w
     mm.forward(out, a, w2, gelu_of=h)
 
 
-def mlp_backward(dx: NDArray, dw1: NDArray, dw2: NDArray, dout: NDArray, x: NDArray, h: NDArray, w1: NDArray,
-                 w2: NDArray, a: NDArray, dh: NDArray, *, mm: Matmul, recompute: bool,
-                 rows: Rows = SERIAL) -> None:  # fmt: skip
+def mlp_backward(
+    dx: NDArray,
+    dw1: NDArray,
+    dw2: NDArray,
+    dout: NDArray,
+    x: NDArray,
+    h: NDArray,
+    w1: NDArray,
+    w2: NDArray,
+    a: NDArray,
+    dh: NDArray,
+    *,
+    mm: Matmul,
+    recompute: bool,
+    rows: Rows = SERIAL,
+) -> None:
     """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; dh (N,4C) is scratch. a (N,4C) is the
     forward's gelu(h), or with recompute a scratch this call fills with it first."""
     if recompute:

@@ -166,8 +166,13 @@ def muon_step(
             u = u / (np.sqrt(np.sum(u * u)) + dt(NORM_EPS))
             X[i] = u.T if grp.transposed else u
             gi.fill(0)
-        out = newton_schulz(X, y[: k * R * W].reshape(k, R, W), gram[: k * R * R].reshape(k, R, R),
-                            poly[: k * R * R].reshape(k, R, R), ns_steps)  # fmt: skip
+        out = newton_schulz(
+            X,
+            y[: k * R * W].reshape(k, R, W),
+            gram[: k * R * R].reshape(k, R, R),
+            poly[: k * R * R].reshape(k, R, R),
+            ns_steps,
+        )
         step = lr * dt(grp.scale)
         for i, off in enumerate(grp.offsets):
             pi = p[off : off + n].reshape(grp.rows, grp.cols)

@@ -57,8 +57,9 @@ def rope_tables(T: int, D: int, base: float = BASE) -> NDArray[np.float32]:
     return np.stack([np.cos(a), np.sin(a)]).astype(np.float32)
 
 
-def qkrope_forward(q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_head: int, pos: int = 0,
-                   rows: Rows = SERIAL) -> None:  # fmt: skip
+def qkrope_forward(
+    q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_head: int, pos: int = 0, rows: Rows = SERIAL
+) -> None:
     """q, k (b,t,C) <- rope(rmsnorm_head(.)) at positions pos .. pos + t - 1, in place; rstd (2, b*t, H) written."""
     b, t, _ = q.shape
     if pos + t > rope.shape[1]:
@@ -75,8 +76,9 @@ def qkrope_forward(q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_he
     _over_rows(rows, b, t, q.shape[2], piece)
 
 
-def qkrope_backward(dq: NDArray, dk: NDArray, q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_head: int,
-                    rows: Rows = SERIAL) -> None:  # fmt: skip
+def qkrope_backward(
+    dq: NDArray, dk: NDArray, q: NDArray, k: NDArray, rstd: NDArray, rope: NDArray, *, n_head: int, rows: Rows = SERIAL
+) -> None:
     """dq, dk (b,t,C): the gradient w.r.t. the op's output, rewritten in place into the gradient w.r.t. its input;
     q, k (b,t,C) the forward's outputs (positions 0 .. t - 1), rstd (2, b*t, H) its saved statistics."""
     b, t, _ = q.shape

@@ -35,8 +35,9 @@ def rmsnorm_forward(out: NDArray, rstd: NDArray, x: NDArray, *, rows: Rows = SER
     rows.map(_forward, out, rstd, x, per_thread=True)
 
 
-def residual_rmsnorm_forward(s: NDArray, out: NDArray, rstd: NDArray, x: NDArray, y: NDArray, *,
-                             rows: Rows = SERIAL) -> None:  # fmt: skip
+def residual_rmsnorm_forward(
+    s: NDArray, out: NDArray, rstd: NDArray, x: NDArray, y: NDArray, *, rows: Rows = SERIAL
+) -> None:
     """s (N,C) = x + y, then out = rmsnorm(s); writes rstd (N,) for backward."""
 
     def one(s: NDArray, out: NDArray, rstd: NDArray, x: NDArray, y: NDArray) -> None:

@@ -36,8 +36,15 @@ class Engine:
     def __init__(self, cmd: list[str], env_extra: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()):
         """env_extra and pass_fds: what the child needs beyond our environment (the run folder's lock)."""
         env = {**os.environ, **(env_extra or {})}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, env=env, pass_fds=pass_fds)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            pass_fds=pass_fds,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.tail: deque[str] = deque(maxlen=5)
         self.held: list[bytes] = []  # its `error:` lines, until release

@@ -151,8 +151,12 @@ class Site:
         if req.headers.get("if-none-match") == etag:  # unchanged: answered without reading the file
             f.close()
             return Answer(304, headers, send_body=False)
-        return Answer(200, {"Content-Type": ctype, **headers, **({"Content-Security-Policy": csp} if csp else {})},
-                      file=f, length=st.st_size)  # fmt: skip
+        return Answer(
+            200,
+            {"Content-Type": ctype, **headers, **({"Content-Security-Policy": csp} if csp else {})},
+            file=f,
+            length=st.st_size,
+        )
 
     def _api(self, path: str, text: str, req: Request) -> Answer:
         if path == "/api/runs":
@@ -176,8 +180,9 @@ class Site:
             if path != "/api/loss":
                 return error(404, "not found")
             args = {k: query_number(query, k) for k in QUERY_NUMBERS}
-            ans = view(self.folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"],
-                       args["to"])  # fmt: skip
+            ans = view(
+                self.folder.loss(run), args["width"] or 1000, args["since"], args["vsince"], args["from"], args["to"]
+            )
         except QueryError as e:
             return error(400, str(e))
         except RunNotReady as e:
@@ -185,9 +190,16 @@ class Site:
         except RunUnavailable as e:
             return error(404, str(e))
         sent = json_answer(ans)
-        self.requests.append({"path": req.target, "run": run, "since": args["since"], "points": ans["points"],
-                              "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
-                              "bytes": len(sent.body)})  # fmt: skip
+        self.requests.append(
+            {
+                "path": req.target,
+                "run": run,
+                "since": args["since"],
+                "points": ans["points"],
+                "max_points": max((len(s["step"]) for s in ans["series"].values()), default=0),
+                "bytes": len(sent.body),
+            }
+        )
         return sent
 
 
@@ -207,8 +219,9 @@ class DashboardServer:
             self.server = BoundedHTTPServer(port, self.httpd.answer, log)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise ServeError(f"--dashboard {port}: port {port} on 127.0.0.1 is in use; pick another "
-                                 "or 0 for a free one") from None  # fmt: skip
+                raise ServeError(
+                    f"--dashboard {port}: port {port} on 127.0.0.1 is in use; pick another or 0 for a free one"
+                ) from None
             raise ServeError(f"--dashboard {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
         self.httpd.bind(self.server.port)
         self.url = f"http://127.0.0.1:{self.server.port}/"

@@ -136,8 +136,19 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
     marks = [finite(m) for m in obj.get("marks") or [] if isinstance(m, dict) and _number(m.get("step"))]
     meta = base.meta if base else finite(obj.get("meta")) if isinstance(obj.get("meta"), dict) else {}
     hellaswag = {name: _eval_series(evals, key) for name, key in HELLASWAG.items()}
-    return Columns(version, meta, marks, steps, series, tokens, times, elapsed, _eval_series(evals, "val_loss"),
-                   memory_peak, hellaswag)  # fmt: skip
+    return Columns(
+        version,
+        meta,
+        marks,
+        steps,
+        series,
+        tokens,
+        times,
+        elapsed,
+        _eval_series(evals, "val_loss"),
+        memory_peak,
+        hellaswag,
+    )
 
 
 def _eval_series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -175,8 +186,14 @@ def downsample(xs: list[int], ys: list[float], a: int, b: int, lo: float, hi: fl
     return ox, oy
 
 
-def view(c: Columns, width: int, since: int | None = None, vsince: int | None = None,
-         lo: int | None = None, hi: int | None = None) -> dict[str, Any]:  # fmt: skip
+def view(
+    c: Columns,
+    width: int,
+    since: int | None = None,
+    vsince: int | None = None,
+    lo: int | None = None,
+    hi: int | None = None,
+) -> dict[str, Any]:
     """The answer to one /api/loss request (see the module docstring); JSON-ready."""
     width = max(16, min(MAX_WIDTH, width))
     key = (width, since, vsince, lo, hi)
@@ -197,19 +214,34 @@ def view(c: Columns, width: int, since: int | None = None, vsince: int | None = 
     if b > a:  # step -> tokens and times are monotone: every bucket's first row is enough to interpolate
         stride = max(1, (b - a) // (2 * width))
         idx = list(range(a, b, stride)) + ([b - 1] if (b - 1 - a) % stride else [])
-        clock = {"step": [c.steps[i] for i in idx], "tokens": [c.tokens[i] for i in idx],
-                 "time": [c.times[i] for i in idx], "elapsed": [c.elapsed[i] for i in idx]}  # fmt: skip
+        clock = {
+            "step": [c.steps[i] for i in idx],
+            "tokens": [c.tokens[i] for i in idx],
+            "time": [c.times[i] for i in idx],
+            "elapsed": [c.elapsed[i] for i in idx],
+        }
     evals = [c.val, *c.hellaswag.values()]
     last_eval = max([xs[-1] for xs, _ in evals if xs], default=0)  # the poll's vsince: every eval series' cursor
     ans = {
-        "version": c.version, "meta": c.meta, "marks": c.marks, "rows": len(c.steps),
-        "first_step": c.steps[0] if c.steps else 0, "last_step": c.steps[-1] if c.steps else 0,
-        "first_time": next((t for t in c.times if t is not None), None), "memory_peak": c.memory_peak,
-        "last_val_step": last_eval, "width": width, "since": since, "lo": lo, "hi": hi,
-        "series": out_series, "clock": clock, "val": _after(*c.val, vsince),
+        "version": c.version,
+        "meta": c.meta,
+        "marks": c.marks,
+        "rows": len(c.steps),
+        "first_step": c.steps[0] if c.steps else 0,
+        "last_step": c.steps[-1] if c.steps else 0,
+        "first_time": next((t for t in c.times if t is not None), None),
+        "memory_peak": c.memory_peak,
+        "last_val_step": last_eval,
+        "width": width,
+        "since": since,
+        "lo": lo,
+        "hi": hi,
+        "series": out_series,
+        "clock": clock,
+        "val": _after(*c.val, vsince),
         "hellaswag": {name: _after(xs, ys, vsince) for name, (xs, ys) in c.hellaswag.items()},
         "points": sum(len(s["step"]) for s in out_series.values()),
-    }  # fmt: skip
+    }
     if since is None:
         if len(c.views) > 64:
             c.views.clear()
@@ -252,9 +284,13 @@ class RunFolder:
                 subs = sorted(os.scandir(e.path), key=lambda s: s.name)
             except OSError:
                 continue
-            names = [sub.name.removesuffix(".loss.json") for sub in subs
-                     if sub.name.endswith(".loss.json") and not sub.name.startswith(".")
-                     and sub.is_file(follow_symlinks=False)]  # fmt: skip
+            names = [
+                sub.name.removesuffix(".loss.json")
+                for sub in subs
+                if sub.name.endswith(".loss.json")
+                and not sub.name.startswith(".")
+                and sub.is_file(follow_symlinks=False)
+            ]
             if not names and any(sub.name == LOG_NAME for sub in subs) and (name := self.log_run(e.name)):
                 names = [name]
             for name in names:
@@ -360,10 +396,18 @@ class RunFolder:
         times = [r["time"] for r in last.values() if isinstance(r.get("time"), float) and math.isfinite(r["time"])]
         updated = datetime.fromtimestamp(max(times, default=0.0), timezone.utc)
         first = start.get("step")
-        return {"format": "microgpt-proxy-state-1", "run": run.rsplit("/", 1)[-1], "status": status,
-                "step": max(steps, default=first if _number(first) else 0), "target_step": target, "phase": LOG_PHASE,
-                "restarts": 0, "source": LOG_NAME, "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                "unreadable_lines": log.unreadable}  # fmt: skip
+        return {
+            "format": "microgpt-proxy-state-1",
+            "run": run.rsplit("/", 1)[-1],
+            "status": status,
+            "step": max(steps, default=first if _number(first) else 0),
+            "target_step": target,
+            "phase": LOG_PHASE,
+            "restarts": 0,
+            "source": LOG_NAME,
+            "updated": updated.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "unreadable_lines": log.unreadable,
+        }
 
     def log_samples(self, run: str) -> dict[str, Any]:
         """A `train` folder's samples, as the proxy's samples file would hold them: those of its report card
@@ -379,10 +423,19 @@ class RunFolder:
             raise RunUnavailable(f"{REPORT_NAME}: not a report card (yet)")
         ckpts = card.get("checkpoints")
         final = ckpts[0].get("path") if isinstance(ckpts, list) and ckpts and isinstance(ckpts[0], dict) else None
-        samples = [{"step": s.get("seed", card.get("step")), "phase": LOG_PHASE, "prompt": s.get("prompt"),
-                    "temperature": s.get("temperature"), "tokens": s.get("tokens"), "checkpoint": final,
-                    **({"error": s["error"]} if "error" in s else {"text": s.get("text", "")})}
-                   for s in card.get("samples") or [] if isinstance(s, dict)]  # fmt: skip
+        samples = [
+            {
+                "step": s.get("seed", card.get("step")),
+                "phase": LOG_PHASE,
+                "prompt": s.get("prompt"),
+                "temperature": s.get("temperature"),
+                "tokens": s.get("tokens"),
+                "checkpoint": final,
+                **({"error": s["error"]} if "error" in s else {"text": s.get("text", "")}),
+            }
+            for s in card.get("samples") or []
+            if isinstance(s, dict)
+        ]
         return {
             "format": "microgpt-samples-1",
             "run": run.rsplit("/", 1)[-1],

@@ -168,8 +168,9 @@ def _check_paths(data: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: data.tokenizer {tok!r} does not exist")
 
 
-def make_schedule(raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: Sequence[str] = (),
-              **train: Any) -> Schedule:  # fmt: skip
+def make_schedule(
+    raw: Any, src: str, steps: int | None = None, seed: int | None = None, sets: Sequence[str] = (), **train: Any
+) -> Schedule:
     """Validate the experiment, its phases and proxy settings; ConfigError (one line) on anything wrong.
     The overrides are read by config.apply_overrides, as `microgpt train` reads them, except `steps` (> 0, checked
     with the flags): here it caps the run. `sets` and `seed` are part of the experiment (its config hash); `train`

@@ -134,12 +134,15 @@ def read_json(path: Path, fmt: str) -> dict[str, Any] | None:
         raise RunFileError(f"{path}: not a {fmt} file (format {found}); move it away to start over")
     for name, types in FIELDS[fmt].items():
         if name in obj and (not isinstance(obj[name], types) or isinstance(obj[name], bool)):
-            raise RunFileError(f"{path}: field '{name}' must be {_types(types)}, got {brief(obj[name])}; move it "
-                               "away to start over")  # fmt: skip
+            raise RunFileError(
+                f"{path}: field '{name}' must be {_types(types)}, got {brief(obj[name])}; move it away to start over"
+            )
     for name in ("engine_pid", "proxy_pid"):
         if obj.get(name) is not None and not 0 < obj[name] <= PID_MAX:
-            raise RunFileError(f"{path}: field '{name}' must be a process id in [1, {PID_MAX}], got "
-                               f"{brief(obj[name])}; move it away to start over")  # fmt: skip
+            raise RunFileError(
+                f"{path}: field '{name}' must be a process id in [1, {PID_MAX}], got "
+                f"{brief(obj[name])}; move it away to start over"
+            )
     for name in ROWS[fmt]:
         for i, row in enumerate(obj.get(name, [])):
             if (problem := row_problem(row, name)) is not None:
@@ -220,8 +223,10 @@ def write_run_file(path: Path | None, data: dict[str, Any], guard: Guard | None 
     except OSError as e:
         if guard is not None:
             guard()  # the folder moved away during the write: that, not the OS's word for it, is what happened
-        raise WriteError(f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
-                         "the engine was stopped") from None  # fmt: skip
+        raise WriteError(
+            f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
+            "the engine was stopped"
+        ) from None
 
 
 def replay_engine_log(path: Path, run: str) -> tuple[LossHistory, Log] | None:

@@ -84,12 +84,24 @@ class Sampler:
     def _one(self, step: int, phase: str, ckpt: str, prompt: Any) -> None:
         text = prompt_text(prompt)
         s = self.settings
-        rec: dict[str, Any] = {"step": step, "phase": phase, "prompt": prompt, "temperature": s.temperature,
-                               "tokens": s.sample_tokens, "checkpoint": ckpt, "time": time.time()}  # fmt: skip
+        rec: dict[str, Any] = {
+            "step": step,
+            "phase": phase,
+            "prompt": prompt,
+            "temperature": s.temperature,
+            "tokens": s.sample_tokens,
+            "checkpoint": ckpt,
+            "time": time.time(),
+        }
         try:
             pipe = subprocess.PIPE
-            self.proc = subprocess.Popen(sample_cmd(ckpt, text, s, step), stdout=pipe, stderr=pipe,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                sample_cmd(ckpt, text, s, step),
+                stdout=pipe,
+                stderr=pipe,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             out, err = self.proc.communicate(timeout=s.sample_timeout_s)
             if self.proc.returncode != 0:
                 last = err.decode(errors="replace").strip().splitlines()

@@ -88,8 +88,16 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, schedule: Schedule, out: Path, experiment: str, procs: int | None = None,
-                 lock: runlock.RunLock | None = None, init: str | None = None, track: list[str] = ()):  # fmt: skip
+    def __init__(
+        self,
+        schedule: Schedule,
+        out: Path,
+        experiment: str,
+        procs: int | None = None,
+        lock: runlock.RunLock | None = None,
+        init: str | None = None,
+        track: list[str] = (),
+    ):
         self.schedule, self.out, self.settings, self.procs = schedule, out, schedule.settings, procs
         self.init = init  # --init: the weights the run's first engine starts from (when there is no checkpoint)
         self.track = list(track)  # --track: the trackers every engine feeds
@@ -112,11 +120,25 @@ class Supervisor:
 
     def _fresh_state(self) -> dict[str, Any]:
         phases = [{"name": p.name, "start": p.start, "end": p.end} for p in self.schedule.phases]
-        return {"run": self.schedule.run, "status": "starting", "phase": None, "phase_index": None, "phases": phases,
-                "step": 0, "target_step": self.schedule.final_step, "checkpoint": None, "checkpoint_step": None,
-                "engine_pid": None, "restarts": 0, "restart_log": [], "skipped_checkpoints": [],
-                "config_hash": self.schedule.config_hash, "archived": [], "dashboard": None,
-                "started": utc_now()}  # fmt: skip
+        return {
+            "run": self.schedule.run,
+            "status": "starting",
+            "phase": None,
+            "phase_index": None,
+            "phases": phases,
+            "step": 0,
+            "target_step": self.schedule.final_step,
+            "checkpoint": None,
+            "checkpoint_step": None,
+            "engine_pid": None,
+            "restarts": 0,
+            "restart_log": [],
+            "skipped_checkpoints": [],
+            "config_hash": self.schedule.config_hash,
+            "archived": [],
+            "dashboard": None,
+            "started": utc_now(),
+        }
 
     def _fresh_samples(self) -> dict[str, Any]:
         s = self.settings
@@ -127,15 +149,19 @@ class Supervisor:
         """Refuse, before writing anything, a folder that holds another experiment or a live run."""
         st = self.state.data
         if st.get("config_hash") != self.schedule.config_hash:
-            raise RunFileError(f"{self.paths['state']}: this folder holds a run of a different experiment "
-                               f"(config hash {st.get('config_hash')}, now {self.schedule.config_hash}); "
-                               "use another --out")  # fmt: skip
+            raise RunFileError(
+                f"{self.paths['state']}: this folder holds a run of a different experiment "
+                f"(config hash {st.get('config_hash')}, now {self.schedule.config_hash}); "
+                "use another --out"
+            )
         if st.get("status") in ("starting", "running", "stopping") and st.get("proxy_pid") != os.getpid():
             if pid_alive(st.get("proxy_pid")):
                 raise RunFileError(f"{self.paths['state']}: a proxy (pid {st['proxy_pid']}) is running this run")
             if pid_alive(st.get("engine_pid")):
-                raise RunFileError(f"{self.paths['state']}: the engine of a dead proxy (pid {st['engine_pid']}) "
-                                   "is still running; wait for it or kill it")  # fmt: skip
+                raise RunFileError(
+                    f"{self.paths['state']}: the engine of a dead proxy (pid {st['engine_pid']}) "
+                    "is still running; wait for it or kill it"
+                )
 
     def adopt(self) -> None:
         """Continue from checkpoints `microgpt train` wrote past the loss history: a folder `make train` made, or a
@@ -228,8 +254,9 @@ class Supervisor:
 
     def pick_checkpoint(self) -> tuple[Path | None, int]:
         """The newest valid checkpoint the loss history covers (so a resume leaves no gap); corrupt ones skipped."""
-        path = checkpoint.latest_valid_checkpoint(self.out / "ckpt", max_step=self.loss.covered_step,
-                                                  on_skip=self._skip_checkpoint)  # fmt: skip
+        path = checkpoint.latest_valid_checkpoint(
+            self.out / "ckpt", max_step=self.loss.covered_step, on_skip=self._skip_checkpoint
+        )
         return (path, checkpoint.step_of(path)) if path is not None else (None, 0)
 
     def _skip_checkpoint(self, path: Path, reason: str) -> None:
@@ -310,8 +337,15 @@ class Supervisor:
         wait = min(self.settings.backoff_s * 2 ** (self.failures - 1), self.settings.backoff_max_s)
         st = self.state.data
         st["restarts"] += 1
-        st["restart_log"].append({"time": utc_now(), "step": self.loss.last_step, "reason": reason,
-                                  "attempt": self.failures, "backoff_s": wait})  # fmt: skip
+        st["restart_log"].append(
+            {
+                "time": utc_now(),
+                "step": self.loss.last_step,
+                "reason": reason,
+                "attempt": self.failures,
+                "backoff_s": wait,
+            }
+        )
         self.loss.mark("restart", self.loss.last_step, reason=reason, attempt=self.failures)
         self.set_status("running", engine_pid=None, last_error=reason)
         log(f"engine failed ({reason}); restart {self.failures}/{self.settings.max_restarts} in {wait:g} s")
@@ -324,8 +358,16 @@ class Supervisor:
 
     def engine_cmd(self, ph: Phase, ckpt: Path | None) -> list[str]:
         """`microgpt train` of the phase, its records as JSON lines on stdout (--json: what watch() reads)."""
-        cmd = [sys.executable, "-m", "microgpt.cli", "train", str(self.out / "phases" / f"{ph.name}.json"),
-               "--out", str(self.out), "--json"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "microgpt.cli",
+            "train",
+            str(self.out / "phases" / f"{ph.name}.json"),
+            "--out",
+            str(self.out),
+            "--json",
+        ]
         cmd += ["--resume", str(ckpt)] if ckpt else ["--init", self.init] if self.init else []
         cmd += [flag for name in self.track for flag in ("--track", name)]
         return cmd + (["--procs", str(self.procs)] if self.procs else [])
@@ -466,8 +508,14 @@ class Supervisor:
 def run_parser() -> ArgParser:
     p = ArgParser(prog="microgpt run", description="Train under the proxy: restarts, phases, dashboard.")
     config.add_experiment_flags(p)  # the flags `microgpt train` takes too; --procs is passed on to the engine
-    p.add_argument("--dashboard", type=int, nargs="?", const=8765, metavar="PORT",
-                   help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)")  # fmt: skip
+    p.add_argument(
+        "--dashboard",
+        type=int,
+        nargs="?",
+        const=8765,
+        metavar="PORT",
+        help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port)",
+    )
     p.add_argument("--hang-timeout", type=float, help="override proxy.hang_timeout_s")
     p.add_argument("--max-restarts", type=int, help="override proxy.max_restarts")
     return p
@@ -484,8 +532,11 @@ def preflight(engine: dict[str, Any], procs: int) -> None:
         res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if res.returncode != 0:
         lines = res.stderr.strip().splitlines()
-        raise ConfigError(lines[-1].removeprefix("error: ") if lines else f"--procs {procs}: the engine's check "
-                          f"ended with exit code {res.returncode}")  # fmt: skip
+        raise ConfigError(
+            lines[-1].removeprefix("error: ")
+            if lines
+            else f"--procs {procs}: the engine's check ended with exit code {res.returncode}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

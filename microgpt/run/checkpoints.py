@@ -49,17 +49,27 @@ def check_out_dir(out: Path) -> None:
             raise ConfigError(f"--out {out}: cannot use {out / name} ({e.strerror or e})") from None
         if not stat.S_ISREG(mode):
             what = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
-            raise ConfigError(f"--out {out}: {out / name} is {what}, not a regular file; the run's {holds} is "
-                              "written there (move it away)")  # fmt: skip
+            raise ConfigError(
+                f"--out {out}: {out / name} is {what}, not a regular file; the run's {holds} is "
+                "written there (move it away)"
+            )
 
 
 def sidecar_meta(tr: Any, reason: str) -> dict[str, Any]:
     """What trainer `tr`'s checkpoint of its last completed step carries besides the weights, m and v: the config,
     the seed, tokenizer, data, backend and precision, why it was written, the training seconds, the latest
     evaluation, --init's provenance and a mixture's state (FIREHOSE's weights, rewards, draws: a bit-exact resume)."""
-    meta = {"config": tr.exp.to_dict(), "seed": tr.t.seed, "tokenizer": tr.tokenizer_info, "data": tr.data_info,
-            "backend": tr.t.backend, "precision": tr.t.precision, "reason": reason,
-            "elapsed_s": round(tr.elapsed(), 3), **tr.evals.last}  # fmt: skip
+    meta = {
+        "config": tr.exp.to_dict(),
+        "seed": tr.t.seed,
+        "tokenizer": tr.tokenizer_info,
+        "data": tr.data_info,
+        "backend": tr.t.backend,
+        "precision": tr.t.precision,
+        "reason": reason,
+        "elapsed_s": round(tr.elapsed(), 3),
+        **tr.evals.last,
+    }
     if tr.init:
         meta["init"] = tr.init
     mix = tr.train_data.state()  # plain data: None
@@ -84,8 +94,9 @@ def save(tr: Any, reason: str) -> Path | None:
         path = S.save_checkpoint(target, meta)
     except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
         tr.log.check_folder()  # or the folder moved away during the write: that is then what happened
-        raise WriteError(f"{target}: cannot write the checkpoint ({e.strerror or e}); the previous "
-                         "checkpoints are intact") from None  # fmt: skip
+        raise WriteError(
+            f"{target}: cannot write the checkpoint ({e.strerror or e}); the previous checkpoints are intact"
+        ) from None
     tr.last_checkpoint = path
     tr.log.emit({"event": "checkpoint", "step": tr.step, "path": str(path), "reason": reason})
     tr.log.say(f"checkpoint step {tr.step} written ({reason}): {path}")
@@ -110,10 +121,17 @@ def init_from(tr: Any, where: str) -> None:
     ld = load_trained(where)
     diff = next((k for k, v in vars(ld.exp.model).items() if vars(tr.m)[k] != v), None)
     if diff is not None:
-        raise checkpoint.CheckpointError(f"--init {where}: {ld.path} is a model with another model.{diff} "
-                                         f"({getattr(ld.exp.model, diff)}, this experiment's is "
-                                         f"{getattr(tr.m, diff)})")  # fmt: skip
+        raise checkpoint.CheckpointError(
+            f"--init {where}: {ld.path} is a model with another model.{diff} "
+            f"({getattr(ld.exp.model, diff)}, this experiment's is "
+            f"{getattr(tr.m, diff)})"
+        )
     tr.S.set_weights(ld.weights)
     tok = ld.side.get("tokenizer", {})
-    tr.init = {"path": str(ld.path), "step": ld.step, "run": ld.exp.name, "sha256": ld.side.get("sha256"),
-               "tokenizer": {k: tok[k] for k in ("kind", "sha256") if k in tok}}  # fmt: skip
+    tr.init = {
+        "path": str(ld.path),
+        "step": ld.step,
+        "run": ld.exp.name,
+        "sha256": ld.side.get("sha256"),
+        "tokenizer": {k: tok[k] for k in ("kind", "sha256") if k in tok},
+    }

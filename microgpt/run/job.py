@@ -58,9 +58,11 @@ def check_job(exp: Experiment, n: int, flag: str = "--procs") -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"{flag} {n}: train.backend 'triton' needs a CUDA GPU per rank and this machine has "
-                              "none (TRITON_INTERPRET=1 runs the kernels on the CPU; train.backend 'numpy' is "
-                              "the CPU engine)")  # fmt: skip
+            raise ConfigError(
+                f"{flag} {n}: train.backend 'triton' needs a CUDA GPU per rank and this machine has "
+                "none (TRITON_INTERPRET=1 runs the kernels on the CPU; train.backend 'numpy' is "
+                "the CPU engine)"
+            )
         limit, what = torch.cuda.device_count(), "CUDA GPU(s), one per rank"
     else:
         cores = os.cpu_count() or 1
@@ -81,8 +83,10 @@ def require_torch() -> None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        raise ConfigError("--procs/--gpus N > 1 needs PyTorch for torch.distributed (pip install 'microgpt[gpu]'; "
-                          "the CPU build of torch is enough for --backend numpy)")  # fmt: skip
+        raise ConfigError(
+            "--procs/--gpus N > 1 needs PyTorch for torch.distributed (pip install 'microgpt[gpu]'; "
+            "the CPU build of torch is enough for --backend numpy)"
+        )
 
 
 def launched() -> bool:
@@ -150,8 +154,15 @@ def launch(cmd: list[str], n: int, env_extra: dict[str, str] | None = None, pass
     env_extra and pass_fds go to every rank (the run folder's lock, microgpt/runlock.py).
     """
     require_torch()
-    env = {**os.environ, "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), LAUNCHER_ENV: str(os.getpid()), **(env_extra or {})}  # fmt: skip
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        LAUNCHER_ENV: str(os.getpid()),
+        **(env_extra or {}),
+    }
     procs: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -166,8 +177,14 @@ def launch(cmd: list[str], n: int, env_extra: dict[str, str] | None = None, pass
     previous = {sig: signal.signal(sig, forward) for sig in handled}
     try:
         for rank in range(n):
-            procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                          process_group=0, pass_fds=tuple(pass_fds)))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    process_group=0,
+                    pass_fds=tuple(pass_fds),
+                )
+            )
         return _wait(procs)
     finally:
         for p in procs:

@@ -30,9 +30,11 @@ def hms(seconds: float) -> str:
 
 def step_line(rec: dict[str, Any], steps: int, clock: Clock) -> str:
     """The terminal's progress line; the log's step record holds every field."""
-    return (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-            f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
-            f"{clock(rec['step'], rec['elapsed_s'])}")  # fmt: skip
+    return (
+        f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
+        f"norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+        f"{clock(rec['step'], rec['elapsed_s'])}"
+    )
 
 
 def eval_line(step: int, steps: int, ev: dict[str, Any], windows: str) -> str:

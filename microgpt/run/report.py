@@ -97,12 +97,18 @@ def _losses(tr: Any, records: list[dict[str, Any]], nbytes: np.ndarray | None) -
     t, val = tr.t, evals[-1] if evals else None
     val_ys = [ld.val_batch(i)[1] for ld in tr.val_data.sources.values() for i in range(t.eval_batches)]
     loss = train.get(tr.step)
-    return {"unit": "nats per token", "train": loss, "train_step": tr.step if loss is not None else None,
-            "train_mean_last": statistics.fmean(last) if last else None, "train_mean_steps": len(last),
-            "train_bits_per_byte": bits_per_byte(loss, tr.last_targets, nbytes) if tr.last_targets else None,
-            "val": val["val_loss"] if val else None, "val_step": val["step"] if val else None,
-            "val_windows": tr.eval_windows(),
-            "val_bits_per_byte": bits_per_byte(val["val_loss"] if val else None, val_ys, nbytes)}  # fmt: skip
+    return {
+        "unit": "nats per token",
+        "train": loss,
+        "train_step": tr.step if loss is not None else None,
+        "train_mean_last": statistics.fmean(last) if last else None,
+        "train_mean_steps": len(last),
+        "train_bits_per_byte": bits_per_byte(loss, tr.last_targets, nbytes) if tr.last_targets else None,
+        "val": val["val_loss"] if val else None,
+        "val_step": val["step"] if val else None,
+        "val_windows": tr.eval_windows(),
+        "val_bits_per_byte": bits_per_byte(val["val_loss"] if val else None, val_ys, nbytes),
+    }
 
 
 def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -111,8 +117,13 @@ def _hellaswag(tr: Any, records: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not hs:
         return None
     r = hs[-1]
-    return {"acc": r["hellaswag"], "acc_norm": r.get("hellaswag_acc_norm"), "examples": r.get("hellaswag_examples"),
-            "step": r["step"], "file": tr.t.hellaswag}  # fmt: skip
+    return {
+        "acc": r["hellaswag"],
+        "acc_norm": r.get("hellaswag_acc_norm"),
+        "examples": r.get("hellaswag_examples"),
+        "step": r["step"],
+        "file": tr.t.hellaswag,
+    }
 
 
 def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]:
@@ -122,8 +133,16 @@ def _speed(tr: Any, records: list[dict[str, Any]], start: int) -> dict[str, Any]
     peak = peak_flops(tr.K.device, tr.K.precision.compute)
     mfu = tps * fpt / (peak * tr.world) if tps and peak else None
     why = None if mfu is not None else f"no known dense peak for {tr.K.device} in {tr.t.precision}"
-    return {"tokens_per_s": tps, "flops_per_token": fpt, "n_params": n, "peak_flops": peak, "mfu": mfu,
-            "mfu_missing": why, "formula": "6N + 12*L*T*d", "n": what}  # fmt: skip
+    return {
+        "tokens_per_s": tps,
+        "flops_per_token": fpt,
+        "n_params": n,
+        "peak_flops": peak,
+        "mfu": mfu,
+        "mfu_missing": why,
+        "formula": "6N + 12*L*T*d",
+        "n": what,
+    }
 
 
 def _samples(path: Path, exp: Any) -> list[dict[str, Any]]:
@@ -185,20 +204,36 @@ def card(tr: Any, final: Path | None) -> dict[str, Any]:
     per_step = t.n_micro * t.micro_batch * tr.m.seq_len * tr.world
     peak = tr.memory_peak()
     return {
-        "format": REPORT_FORMAT, "run": tr.exp.name, "outcome": tr.outcome, "step": tr.step, "steps": t.steps,
-        "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "recipe": tr.recipe,
-        "init": tr.init or None, "config": tr.exp.to_dict(),
+        "format": REPORT_FORMAT,
+        "run": tr.exp.name,
+        "outcome": tr.outcome,
+        "step": tr.step,
+        "steps": t.steps,
+        "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "recipe": tr.recipe,
+        "init": tr.init or None,
+        "config": tr.exp.to_dict(),
         "tokens": {"seen": tr.step * per_step, "per_step": per_step},
-        "loss": _losses(tr, records, nbytes), "hellaswag": _hellaswag(tr, records),
+        "loss": _losses(tr, records, nbytes),
+        "hellaswag": _hellaswag(tr, records),
         "speed": _speed(tr, records, starts[-1] if starts else 0),
-        "memory": {"plan_bytes": plan, "peak_bytes": peak, "measured_as": first.get("memory_measure"),
-                   "peak_over_plan": peak / plan},
+        "memory": {
+            "plan_bytes": plan,
+            "peak_bytes": peak,
+            "measured_as": first.get("memory_measure"),
+            "peak_over_plan": peak / plan,
+        },
         "time": {"process_training_s": tr.elapsed() - tr.elapsed0, "run_training_s": tr.elapsed()},
-        "device": tr.K.device, "backend": t.backend, "precision": t.precision, "world_size": tr.world,
-        "versions": first.get("versions"), "git": first.get("git"),
-        "checkpoints": _checkpoints(tr.out), "samples": _samples(final, tr.exp) if final is not None else [],
+        "device": tr.K.device,
+        "backend": t.backend,
+        "precision": t.precision,
+        "world_size": tr.world,
+        "versions": first.get("versions"),
+        "git": first.get("git"),
+        "checkpoints": _checkpoints(tr.out),
+        "samples": _samples(final, tr.exp) if final is not None else [],
         "log": log,
-    }  # fmt: skip
+    }
 
 
 def write(tr: Any, final: Path | None) -> Path:
@@ -235,8 +270,10 @@ def _hms(seconds: float) -> str:
 def _recipe(r: dict[str, Any]) -> str:
     changed = [f"`{o}`" for o in r.get("overrides", [])]
     sha = (r.get("experiment_sha256") or "")[:12]
-    return (f"`{r.get('command', '?')}`; experiment {r.get('experiment', '?')} (sha256 {sha}...); overrides: "
-            f"{', '.join(changed) or 'none'}")  # fmt: skip
+    return (
+        f"`{r.get('command', '?')}`; experiment {r.get('experiment', '?')} (sha256 {sha}...); overrides: "
+        f"{', '.join(changed) or 'none'}"
+    )
 
 
 def markdown(c: dict[str, Any]) -> str:
@@ -248,26 +285,53 @@ def markdown(c: dict[str, Any]) -> str:
         ("recipe", _recipe(c["recipe"])),
         ("init", f"weights of {c['init']['path']} (step {c['init']['step']})" if c["init"] else "none (from seed)"),
         ("tokens seen", f"{tok['seen']:,} ({tok['per_step']:,} per step x {c['step']:,} steps)"),
-        ("train loss", f"{_num(loss['train'], '.4f')} nats/token at step {loss['train_step']} (mean of the last "
-                       f"{loss['train_mean_steps']} steps {_num(loss['train_mean_last'], '.4f')}); "
-                       f"{_num(loss['train_bits_per_byte'], '.4f')} bits/byte"),
-        ("val loss", f"{_num(loss['val'], '.4f')} nats/token at step {loss['val_step']} ({loss['val_windows']}); "
-                     f"{_num(loss['val_bits_per_byte'], '.4f')} bits/byte"),
-        *([("hellaswag", f"acc {hs['acc']:.4f}, acc_norm {_num(hs['acc_norm'], '.4f')} on {hs['examples']:,} "
-                         f"examples of {hs['file']} at step {hs['step']}")] if hs else []),
+        (
+            "train loss",
+            f"{_num(loss['train'], '.4f')} nats/token at step {loss['train_step']} (mean of the last "
+            f"{loss['train_mean_steps']} steps {_num(loss['train_mean_last'], '.4f')}); "
+            f"{_num(loss['train_bits_per_byte'], '.4f')} bits/byte",
+        ),
+        (
+            "val loss",
+            f"{_num(loss['val'], '.4f')} nats/token at step {loss['val_step']} ({loss['val_windows']}); "
+            f"{_num(loss['val_bits_per_byte'], '.4f')} bits/byte",
+        ),
+        *(
+            [
+                (
+                    "hellaswag",
+                    f"acc {hs['acc']:.4f}, acc_norm {_num(hs['acc_norm'], '.4f')} on {hs['examples']:,} "
+                    f"examples of {hs['file']} at step {hs['step']}",
+                )
+            ]
+            if hs
+            else []
+        ),
         ("speed", f"{_num(speed['tokens_per_s'], ',.0f')} tokens/s (median of this process's steps); MFU {mfu}"),
         ("FLOPs/token", f"{speed['flops_per_token']:,} = {speed['formula']}, N = {speed['n_params']:,} = {speed['n']}"),
-        ("memory", f"plan {_mib(mem['plan_bytes'])}; measured peak {_mib(mem['peak_bytes'])}, "
-                   f"{mem['peak_over_plan']:.2f}x the plan: {mem['measured_as']}"),
-        ("time", f"{_hms(c['time']['process_training_s'])} of training in this process, "
-                 f"{_hms(c['time']['run_training_s'])} in the run"),
+        (
+            "memory",
+            f"plan {_mib(mem['plan_bytes'])}; measured peak {_mib(mem['peak_bytes'])}, "
+            f"{mem['peak_over_plan']:.2f}x the plan: {mem['measured_as']}",
+        ),
+        (
+            "time",
+            f"{_hms(c['time']['process_training_s'])} of training in this process, "
+            f"{_hms(c['time']['run_training_s'])} in the run",
+        ),
         ("device", f"{c['device']} ({c['backend']} backend, {c['precision']}), {c['world_size']} process(es)"),
         ("versions", ", ".join(f"{k} {x}" for k, x in v.items()) + f"; git {(c['git'] or 'unknown')[:12]}"),
-        ("checkpoints", ", ".join(f"{Path(k['path']).name} ({k['reason']})" for k in c["checkpoints"][:6])
-         + (f" and {len(c['checkpoints']) - 6} more" if len(c["checkpoints"]) > 6 else "")),
-        *([("log", f"{c['log']['unreadable']} unreadable line(s) of {c['log']['path']} passed over")]
-          if c["log"]["unreadable"] else []),
-    ]  # fmt: skip
+        (
+            "checkpoints",
+            ", ".join(f"{Path(k['path']).name} ({k['reason']})" for k in c["checkpoints"][:6])
+            + (f" and {len(c['checkpoints']) - 6} more" if len(c["checkpoints"]) > 6 else ""),
+        ),
+        *(
+            [("log", f"{c['log']['unreadable']} unreadable line(s) of {c['log']['path']} passed over")]
+            if c["log"]["unreadable"]
+            else []
+        ),
+    ]
     lines = [
         f"# {c['run']}: report card",
         "",
@@ -285,6 +349,12 @@ def markdown(c: dict[str, Any]) -> str:
             lines += ["", s["error"]]
             continue
         shown = s["prompt"] if isinstance(s["prompt"], str) else s["prompt"][-1]["content"]
-        lines += ["", f"prompt `{shown!r}`" + ("" if isinstance(s["prompt"], str) else " (a chat turn)"), "",
-                  "```text", s["text"].replace("```", "'''"), "```"]  # fmt: skip
+        lines += [
+            "",
+            f"prompt `{shown!r}`" + ("" if isinstance(s["prompt"], str) else " (a chat turn)"),
+            "",
+            "```text",
+            s["text"].replace("```", "'''"),
+            "```",
+        ]
     return "\n".join(lines) + "\n"

@@ -91,12 +91,15 @@ def check(names: list[str], out: Path) -> None:
         tb = out / "tb"
         if name == "tensorboard" and (tb.exists() or tb.is_symlink()) and not tb.is_dir():
             what = "a link to nothing" if tb.is_symlink() and not tb.exists() else "not a folder"
-            raise ConfigError(f"--track tensorboard: {tb} is {what}; TensorBoard's event files are written there "
-                              "(move it away)")  # fmt: skip
+            raise ConfigError(
+                f"--track tensorboard: {tb} is {what}; TensorBoard's event files are written there (move it away)"
+            )
         if name == "wandb" and not wandb_ready():
-            raise ConfigError("--track wandb: no W&B API key and no offline mode here; set WANDB_API_KEY (or run "
-                              "`wandb login`), or WANDB_MODE=offline to keep the run on this machine (`wandb sync` "
-                              "uploads it later)")  # fmt: skip
+            raise ConfigError(
+                "--track wandb: no W&B API key and no offline mode here; set WANDB_API_KEY (or run "
+                "`wandb login`), or WANDB_MODE=offline to keep the run on this machine (`wandb sync` "
+                "uploads it later)"
+            )
 
 
 class TensorBoard:
@@ -126,8 +129,9 @@ class WandbAPI:
         run_id = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]  # the same run for every resume
         try:
             if module == "wandb":
-                self.run = self.lib.init(project="microgpt", name=run, id=run_id, resume="allow", dir=str(out),
-                                         config=config)  # fmt: skip
+                self.run = self.lib.init(
+                    project="microgpt", name=run, id=run_id, resume="allow", dir=str(out), config=config
+                )
             else:
                 self.run = self.lib.init(project="microgpt", name=run, config=config, resume="allow")
         except Exception as e:  # the tracker's own errors (login, network, its settings) have no common base

@@ -44,8 +44,15 @@ from microgpt.runlog import RunLog
 
 
 class Trainer:
-    def __init__(self, exp: Experiment, out: Path, tokenizer_info: dict[str, Any] | None = None,
-                 K: Backend | None = None, dp: Any = None, log: RunLog | None = None):  # fmt: skip
+    def __init__(
+        self,
+        exp: Experiment,
+        out: Path,
+        tokenizer_info: dict[str, Any] | None = None,
+        K: Backend | None = None,
+        dp: Any = None,
+        log: RunLog | None = None,
+    ):
         m = exp.model
         if dp is not None:
             config.check_data_parallel(exp.train)
@@ -90,8 +97,17 @@ class Trainer:
         mix = self._end_mixture(step, res.micro_losses)  # with the step, so a checkpoint never sees half of it
         dt = time.perf_counter() - t0
         tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
-        return {"event": "step", "step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
-                "tokens_per_s": tokens / dt, "dt_ms": 1000 * dt, "tokens": tokens, **mix}  # fmt: skip
+        return {
+            "event": "step",
+            "step": self.step,
+            "loss": res.loss,
+            "lr": lr,
+            "grad_norm": res.grad_norm,
+            "tokens_per_s": tokens / dt,
+            "dt_ms": 1000 * dt,
+            "tokens": tokens,
+            **mix,
+        }
 
     def _end_mixture(self, step: int, micro_losses: list[float]) -> dict[str, Any]:
         """FIREHOSE (microgpt/data/mixing.py): the step's per-source losses update the mixture; its record fields."""
@@ -127,16 +143,32 @@ class Trainer:
 
     # --- the run --------------------------------------------------------------------------------------
     def start_record(self) -> dict[str, Any]:
-        versions = {"microgpt": microgpt.__version__, "python": platform.python_version(), "numpy": np.__version__,
-                    **self.K.versions}  # fmt: skip
+        versions = {
+            "microgpt": microgpt.__version__,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            **self.K.versions,
+        }
         m, t = self.m, self.t
-        return {"event": "start", "run": self.exp.name, "config": self.exp.to_dict(), "n_params": self.S.n_params,
-                "memory": memory.role_bytes(self.S.plan, self.K.precision), "versions": versions,
-                "device": self.K.device, "step": self.step, "git": _git_commit(), "world_size": self.world,
-                "recipe": self.recipe, "init": self.init or None, "schedule_end": schedule_end(t), "pid": os.getpid(),
-                "flops_per_token": params.flops_per_token(m),
-                "peak_flops": report.peak_flops(self.K.device, self.K.precision.compute),
-                "memory_measure": self.K.peak_memory_name or report.RSS_NAME}  # fmt: skip
+        return {
+            "event": "start",
+            "run": self.exp.name,
+            "config": self.exp.to_dict(),
+            "n_params": self.S.n_params,
+            "memory": memory.role_bytes(self.S.plan, self.K.precision),
+            "versions": versions,
+            "device": self.K.device,
+            "step": self.step,
+            "git": _git_commit(),
+            "world_size": self.world,
+            "recipe": self.recipe,
+            "init": self.init or None,
+            "schedule_end": schedule_end(t),
+            "pid": os.getpid(),
+            "flops_per_token": params.flops_per_token(m),
+            "peak_flops": report.peak_flops(self.K.device, self.K.precision.compute),
+            "memory_measure": self.K.peak_memory_name or report.RSS_NAME,
+        }
 
     def memory_peak(self) -> int:
         """The backend's measured peak (a GPU's allocator), or on the CPU this process's peak resident memory."""
@@ -182,8 +214,10 @@ class Trainer:
         except Terminate:
             self.log.emit({"event": "stopped", "step": self.step, "reason": "SIGTERM"})
             if self.rank == 0:
-                self.log.say(f"stopped (SIGTERM) at step {self.step}, its checkpoint written; the same command with "
-                             "--resume latest continues the run")  # fmt: skip
+                self.log.say(
+                    f"stopped (SIGTERM) at step {self.step}, its checkpoint written; the same command with "
+                    "--resume latest continues the run"
+                )
             self.outcome = "stopped"
             return 0
         except InputError as e:  # found only while training: a mixture source ran dry (microgpt/data/mixing.py)

@@ -90,8 +90,14 @@ def score_windows(S: InferState, windows: Windows, nbytes: np.ndarray) -> dict[s
         byte_count += int(nbytes[y[y >= 0]].sum())
     loss = total / max(1, count)
     bpb = total / math.log(2) / byte_count if byte_count else None
-    return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bpb,
-            "tokens": count, "bytes": byte_count, "windows": windows.n}  # fmt: skip
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "bits_per_byte": bpb,
+        "tokens": count,
+        "bytes": byte_count,
+        "windows": windows.n,
+    }
 
 
 def shard_windows(ld: Trained, folder: Path, split: str, n: int | None, B: int) -> Windows:
@@ -102,8 +108,10 @@ def shard_windows(ld: Trained, folder: Path, split: str, n: int | None, B: int) 
         raise EvalError(f"--data {folder}: not a folder")
     parts, masks = open_split(folder, split, ld.exp)
     ld_ = Loader(parts, B, ld.exp.model.seq_len, ld.exp.train.seed, 1, masks, f"{folder} {split}")
-    return Windows(ld_.n_windows if n is None else n,
-                   lambda lo, hi: ld_._windows(np.arange(lo, hi, dtype=np.int64) % ld_.n_windows))  # fmt: skip
+    return Windows(
+        ld_.n_windows if n is None else n,
+        lambda lo, hi: ld_._windows(np.arange(lo, hi, dtype=np.int64) % ld_.n_windows),
+    )
 
 
 def text_windows(ids: list[int], T: int, n: int | None) -> Windows:
@@ -147,8 +155,10 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     else:
         res = score_windows(scorer(ld, K), *_windows(ld, args))
         bpb = res["bits_per_byte"] or float("nan")
-        text = (f"loss {res['loss']:.4f} | perplexity {res['perplexity']:.2f} | bits/byte {bpb:.4f} "
-                f"| {res['tokens']} tokens in {res['windows']} windows")  # fmt: skip
+        text = (
+            f"loss {res['loss']:.4f} | perplexity {res['perplexity']:.2f} | bits/byte {bpb:.4f} "
+            f"| {res['tokens']} tokens in {res['windows']} windows"
+        )
     res = {"step": ld.step, **res, "backend": K.name, "precision": K.precision.name}
     print(json.dumps(res) if args.json else f"{text} | {K.name} {K.precision.name}")
     return 0

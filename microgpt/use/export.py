@@ -123,8 +123,10 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> 
     from safetensors import TensorSpec, serialize
 
     bits = {k: to_bf16_bits(v) for k, v in tensors.items()}
-    specs = {k: TensorSpec(dtype="bfloat16", shape=b.shape, data_ptr=b.ctypes.data, data_len=b.nbytes)
-             for k, b in bits.items()}  # fmt: skip
+    specs = {
+        k: TensorSpec(dtype="bfloat16", shape=b.shape, data_ptr=b.ctypes.data, data_len=b.nbytes)
+        for k, b in bits.items()
+    }
     path.write_bytes(serialize(specs, metadata=meta))
 
 
@@ -139,11 +141,28 @@ def byte_tokenizer_json() -> dict[str, Any]:
             n += 1
     vocab = {chr(c): b for b, c in zip(bs, cs)}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": vocab, "merges": []}}  # fmt: skip
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
+    }
 
 
 def tokenizer_files(info: dict[str, Any], m: config.ModelConfig) -> tuple[str, dict[str, Any], dict[str, int]]:
@@ -151,23 +170,37 @@ def tokenizer_files(info: dict[str, Any], m: config.ModelConfig) -> tuple[str, d
     from microgpt.data.tokenizer import EOT, IM_END, IM_START, PAD
 
     kind = info.get("kind", "bytes")
-    base = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": m.seq_len, "chat_template": CHAT_TEMPLATE,
-            "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}  # fmt: skip
+    base = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": m.seq_len,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
     if kind == "bytes":
         if m.vocab_size < 256:
             raise ExportError(f"model.vocab_size {m.vocab_size}: a byte-level model needs 256 entries")
         return json.dumps(byte_tokenizer_json()), base, {}
     if kind != "bpe":
-        raise ExportError(f"checkpoint tokenizer kind {kind!r}: no tokenizer.json recorded (set data.tokenizer), so "
-                          "there is nothing to export the tokenizer from")  # fmt: skip
+        raise ExportError(
+            f"checkpoint tokenizer kind {kind!r}: no tokenizer.json recorded (set data.tokenizer), so "
+            "there is nothing to export the tokenizer from"
+        )
     tok = load_tokenizer(info)
     if tok.vocab_size > m.vocab_size:
         raise ExportError(
             f"{info['path']}: tokenizer has {tok.vocab_size} ids, more than model.vocab_size {m.vocab_size}"
         )
     special = tok.special_ids()
-    cfg = {**base, "bos_token": EOT, "eos_token": EOT, "unk_token": None,
-           "pad_token": PAD if PAD in special else EOT, "additional_special_tokens": [IM_START, IM_END]}  # fmt: skip
+    cfg = {
+        **base,
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "unk_token": None,
+        "pad_token": PAD if PAD in special else EOT,
+        "additional_special_tokens": [IM_START, IM_END],
+    }
     return Path(info["path"]).read_text(encoding="utf-8"), cfg, special
 
 
@@ -178,24 +211,57 @@ def hf_config(m: config.ModelConfig, special: dict[str, int], dtype: str) -> dic
     torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
     if m.block == "modern":
         return {
-            "architectures": ["NanoChatForCausalLM"], "model_type": "nanochat", "vocab_size": m.vocab_size,
-            "hidden_size": m.d_model, "intermediate_size": 4 * m.d_model, "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head, "head_dim": params.head_dim(m),
-            "max_position_embeddings": m.seq_len, "hidden_act": "relu2", "rms_norm_eps": 1e-6,
+            "architectures": ["NanoChatForCausalLM"],
+            "model_type": "nanochat",
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.d_model,
+            "intermediate_size": 4 * m.d_model,
+            "num_hidden_layers": m.n_layer,
+            "num_attention_heads": m.n_head,
+            "num_key_value_heads": m.n_head,
+            "head_dim": params.head_dim(m),
+            "max_position_embeddings": m.seq_len,
+            "hidden_act": "relu2",
+            "rms_norm_eps": 1e-6,
             "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base},
-            "final_logit_softcapping": m.softcap or None, "attention_bias": False, "attention_dropout": 0.0,
-            "tie_word_embeddings": False, "use_cache": True, "bos_token_id": eot, "eos_token_id": eot,
-            "pad_token_id": eot, "torch_dtype": torch_dtype, "dtype": torch_dtype,
-        }  # fmt: skip
+            "final_logit_softcapping": m.softcap or None,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "bos_token_id": eot,
+            "eos_token_id": eot,
+            "pad_token_id": eot,
+            "torch_dtype": torch_dtype,
+            "dtype": torch_dtype,
+        }
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
-        "n_positions": m.seq_len, "n_ctx": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
-        "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "summary_first_dropout": 0.0,
-        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": True, "use_cache": True, "bos_token_id": eot, "eos_token_id": eot,
-        "torch_dtype": torch_dtype, "dtype": torch_dtype,
-    }  # fmt: skip
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": m.vocab_size,
+        "n_positions": m.seq_len,
+        "n_ctx": m.seq_len,
+        "n_embd": m.d_model,
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "summary_first_dropout": 0.0,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "torch_dtype": torch_dtype,
+        "dtype": torch_dtype,
+    }
 
 
 def generation_config(special: dict[str, int]) -> dict[str, Any]:
@@ -218,19 +284,29 @@ def model_card(ld: Trained, dtype: str) -> str:
     val = side.get("val_loss")
     tok = side.get("tokenizer", {})
     lines = [
-        f"# {ld.exp.name}", "",
-        ("A small GPT (ANDREA's modern block: NanoChat's architecture) trained with microgpt and exported with "
-         "`microgpt export`." if m.block == "modern" else "A small GPT (ANDREA architecture = GPT-2 with zero linear "
-         "biases) trained with microgpt and exported with `microgpt export`."), "",
+        f"# {ld.exp.name}",
+        "",
+        (
+            "A small GPT (ANDREA's modern block: NanoChat's architecture) trained with microgpt and exported with "
+            "`microgpt export`."
+            if m.block == "modern"
+            else "A small GPT (ANDREA architecture = GPT-2 with zero linear "
+            "biases) trained with microgpt and exported with `microgpt export`."
+        ),
+        "",
         f"- model: d_model {m.d_model}, n_layer {m.n_layer}, n_head {m.n_head}, context {m.seq_len}, "
         f"vocab {m.vocab_size} ({params.n_params(m):,} parameters), weights {dtype}",
         f"- tokenizer: {tok.get('kind', 'bytes')}",
         data_line(data),
         f"- steps: {ld.step} (checkpoint {ld.path.name})",
         f"- validation loss: {val:.4f}" if isinstance(val, (int, float)) else "- validation loss: not recorded",
-        "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        "tok = AutoTokenizer.from_pretrained(DIR); model = AutoModelForCausalLM.from_pretrained(DIR)", "```", "",
-    ]  # fmt: skip
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "tok = AutoTokenizer.from_pretrained(DIR); model = AutoModelForCausalLM.from_pretrained(DIR)",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -259,14 +335,18 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
     except OSError as e:
         raise output_error(e, f"--out {out}: cannot list the folder") from None
     if taken:
-        raise ExportError(f"--out {out}: exists{' and is not empty' if fmt == 'hf' else ''}; choose a new {what} "
-                          "(nothing overwritten)")  # fmt: skip
+        raise ExportError(
+            f"--out {out}: exists{' and is not empty' if fmt == 'hf' else ''}; choose a new {what} "
+            "(nothing overwritten)"
+        )
     ld = load_trained(where)
     m = ld.exp.model
     if fmt == "gguf" and m.block != "gpt2":
-        raise ExportError(f"--format gguf: {ld.path} is a model.block {m.block!r} model; llama.cpp's GPT-2 has no "
-                          "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
-                          "NanoChat)")  # fmt: skip
+        raise ExportError(
+            f"--format gguf: {ld.path} is a model.block {m.block!r} model; llama.cpp's GPT-2 has no "
+            "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
+            "NanoChat)"
+        )
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)
@@ -307,12 +387,21 @@ def parser() -> ArgParser:
     what = "Write a Hugging Face transformers folder (GPT-2, or NanoChat for the modern block), or a GGUF file."
     p = ArgParser(prog="microgpt export", description=what)
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
-    p.add_argument("--out", required=True,
-                   help="hf: the folder to write (new, or empty); gguf: the file (new), say model.gguf")  # fmt: skip
-    p.add_argument("--format", choices=tuple(FORMATS), default="hf",
-                   help="hf: transformers' GPT-2 (safetensors); gguf: llama.cpp's GPT-2")  # fmt: skip
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "q8_0"), default="fp32",
-                   help="the weights' type: hf takes fp32 or bf16, gguf fp32, fp16 or q8_0")  # fmt: skip
+    p.add_argument(
+        "--out", required=True, help="hf: the folder to write (new, or empty); gguf: the file (new), say model.gguf"
+    )
+    p.add_argument(
+        "--format",
+        choices=tuple(FORMATS),
+        default="hf",
+        help="hf: transformers' GPT-2 (safetensors); gguf: llama.cpp's GPT-2",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16", "q8_0"),
+        default="fp32",
+        help="the weights' type: hf takes fp32 or bf16, gguf fp32, fp16 or q8_0",
+    )
     return p
 
 

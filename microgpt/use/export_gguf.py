@@ -128,12 +128,19 @@ def vocab_keys(info: dict[str, Any], m: config.ModelConfig) -> list[tuple[str, i
         tokens |= {i: t for t, i in special.items()}
         merges = [" ".join(p) if isinstance(p, list) else p for p in raw["model"]["merges"]]
         bos = eos = special[EOT]
-    types = [TOKEN_CONTROL if i in special.values() else TOKEN_NORMAL if i in tokens else TOKEN_UNUSED
-             for i in range(m.vocab_size)]  # fmt: skip
-    keys = [("tokenizer.ggml.model", STRING, "gpt2"), ("tokenizer.ggml.pre", STRING, "gpt-2"),
-            ("tokenizer.ggml.tokens", (ARRAY, STRING), [tokens.get(i, f"[PAD{i}]") for i in range(m.vocab_size)]),
-            ("tokenizer.ggml.token_type", (ARRAY, I32), types), ("tokenizer.ggml.merges", (ARRAY, STRING), merges),
-            ("tokenizer.ggml.bos_token_id", U32, bos), ("tokenizer.ggml.eos_token_id", U32, eos)]  # fmt: skip
+    types = [
+        TOKEN_CONTROL if i in special.values() else TOKEN_NORMAL if i in tokens else TOKEN_UNUSED
+        for i in range(m.vocab_size)
+    ]
+    keys = [
+        ("tokenizer.ggml.model", STRING, "gpt2"),
+        ("tokenizer.ggml.pre", STRING, "gpt-2"),
+        ("tokenizer.ggml.tokens", (ARRAY, STRING), [tokens.get(i, f"[PAD{i}]") for i in range(m.vocab_size)]),
+        ("tokenizer.ggml.token_type", (ARRAY, I32), types),
+        ("tokenizer.ggml.merges", (ARRAY, STRING), merges),
+        ("tokenizer.ggml.bos_token_id", U32, bos),
+        ("tokenizer.ggml.eos_token_id", U32, eos),
+    ]
     if IM_END in special:
         keys.append(("tokenizer.ggml.eot_token_id", U32, special[IM_END]))
     if PAD in special:
@@ -144,14 +151,21 @@ def vocab_keys(info: dict[str, Any], m: config.ModelConfig) -> list[tuple[str, i
 def metadata(ld: Trained, dtype: str, chat_template: str) -> list[tuple[str, Any, Any]]:
     """Every key of the file, in order: general.*, gpt2.* (the shapes llama.cpp's GPT-2 reads), tokenizer.*."""
     m = ld.exp.model
-    keys = [("general.architecture", STRING, ARCH), ("general.name", STRING, ld.exp.name),
-            ("general.file_type", U32, DTYPES[dtype][1])]  # fmt: skip
+    keys = [
+        ("general.architecture", STRING, ARCH),
+        ("general.name", STRING, ld.exp.name),
+        ("general.file_type", U32, DTYPES[dtype][1]),
+    ]
     if dtype == "q8_0":
         keys.append(("general.quantization_version", U32, 2))
-    keys += [(f"{ARCH}.context_length", U32, m.seq_len), (f"{ARCH}.embedding_length", U32, m.d_model),
-             (f"{ARCH}.feed_forward_length", U32, 4 * m.d_model), (f"{ARCH}.block_count", U32, m.n_layer),
-             (f"{ARCH}.attention.head_count", U32, m.n_head),
-             (f"{ARCH}.attention.layer_norm_epsilon", F32V, LAYER_NORM_EPS)]  # fmt: skip
+    keys += [
+        (f"{ARCH}.context_length", U32, m.seq_len),
+        (f"{ARCH}.embedding_length", U32, m.d_model),
+        (f"{ARCH}.feed_forward_length", U32, 4 * m.d_model),
+        (f"{ARCH}.block_count", U32, m.n_layer),
+        (f"{ARCH}.attention.head_count", U32, m.n_head),
+        (f"{ARCH}.attention.layer_norm_epsilon", F32V, LAYER_NORM_EPS),
+    ]
     keys += vocab_keys(ld.side.get("tokenizer", {}), m)
     tokenizer_kind = ld.side.get("tokenizer", {}).get("kind", "bytes")
     return keys + ([("tokenizer.chat_template", STRING, chat_template)] if tokenizer_kind == "bpe" else [])

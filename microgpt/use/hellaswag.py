@@ -38,8 +38,10 @@ from microgpt.engine.state import TrainState
 def batches(items: list[Item], budget: int) -> list[list[tuple[int, int]]]:
     """The judged items' rows as (item, ending) pairs, shortest first, in batches of at most `budget` tokens at
     the batch's longest row (each row is at most seq_len <= budget tokens)."""
-    rows = sorted(((i, r) for i, it in enumerate(items) if it.judged for r in range(4)),
-                  key=lambda ir: len(items[ir[0]].seqs[ir[1]]))  # fmt: skip
+    rows = sorted(
+        ((i, r) for i, it in enumerate(items) if it.judged for r in range(4)),
+        key=lambda ir: len(items[ir[0]].seqs[ir[1]]),
+    )
     out: list[list[tuple[int, int]]] = []
     for row in rows:
         t = len(items[row[0]].seqs[row[1]]) - 1  # rows come shortest first: this one is the batch's longest
@@ -74,15 +76,24 @@ def counts(items: list[Item], sums: np.ndarray) -> dict[str, int]:
     means = sums / np.maximum(1, n_end)
     correct = int((np.argmin(np.where(judged[:, None], sums, 0.0), axis=1) == labels)[judged].sum())
     correct_norm = int((np.argmin(np.where(judged[:, None], means, 0.0), axis=1) == labels)[judged].sum())
-    return {"examples": len(items), "correct": correct, "correct_norm": correct_norm,
-            "unscored": len(items) - int(judged.sum()), "truncated": sum(it.truncated for it in items)}  # fmt: skip
+    return {
+        "examples": len(items),
+        "correct": correct,
+        "correct_norm": correct_norm,
+        "unscored": len(items) - int(judged.sum()),
+        "truncated": sum(it.truncated for it in items),
+    }
 
 
 def accuracy(c: dict[str, int]) -> dict[str, Any]:
     """acc and acc_norm from counts(): an example not judged counts among the examples, never as correct."""
     n = max(1, c["examples"])
-    return {"examples": c["examples"], "acc": c["correct"] / n, "acc_norm": c["correct_norm"] / n,
-            **{k: c[k] for k in ("correct", "correct_norm", "unscored", "truncated")}}  # fmt: skip
+    return {
+        "examples": c["examples"],
+        "acc": c["correct"] / n,
+        "acc_norm": c["correct_norm"] / n,
+        **{k: c[k] for k in ("correct", "correct_norm", "unscored", "truncated")},
+    }
 
 
 def score(S: InferState, items: list[Item]) -> dict[str, Any]:
@@ -126,8 +137,9 @@ class DuringTraining:
         """The start line: what is scored, how often, and what does not fit seq_len."""
         notes = [f"{self.truncated} with the context cut to fit seq_len {self.seq_len}"] if self.truncated else []
         notes += [f"{self.unscored} with nothing to score (counted wrong)"] if self.unscored else []
-        return (f"hellaswag: {self.total:,} examples of {self.path}, every {self.every} steps"
-                + (f" ({'; '.join(notes)})" if notes else ""))  # fmt: skip
+        return f"hellaswag: {self.total:,} examples of {self.path}, every {self.every} steps" + (
+            f" ({'; '.join(notes)})" if notes else ""
+        )
 
     def __call__(self, S: TrainState, dp: Any = None) -> dict[str, Any]:
         """The eval record's fields: hellaswag (acc), hellaswag_acc_norm, hellaswag_examples, hellaswag_seconds."""
@@ -137,11 +149,17 @@ class DuringTraining:
         if dp is not None:
             c.update(zip(keys, (int(v) for v in dp.sum_scalars(*(c[k] for k in keys)))))
         n = max(1, self.total)
-        return {"hellaswag": c["correct"] / n, "hellaswag_acc_norm": c["correct_norm"] / n,
-                "hellaswag_examples": self.total, "hellaswag_seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+        return {
+            "hellaswag": c["correct"] / n,
+            "hellaswag_acc_norm": c["correct_norm"] / n,
+            "hellaswag_examples": self.total,
+            "hellaswag_seconds": round(time.perf_counter() - t0, 3),
+        }
 
 
 def progress(ev: dict[str, Any]) -> str:
     """The terminal's words for an eval record's HellaSwag fields (DuringTraining's)."""
-    return (f"hellaswag {ev['hellaswag']:.4f} (acc_norm {ev['hellaswag_acc_norm']:.4f}, "
-            f"{ev['hellaswag_examples']:,} examples, {ev['hellaswag_seconds']:.1f} s)")  # fmt: skip
+    return (
+        f"hellaswag {ev['hellaswag']:.4f} (acc_norm {ev['hellaswag_acc_norm']:.4f}, "
+        f"{ev['hellaswag_examples']:,} examples, {ev['hellaswag_seconds']:.1f} s)"
+    )

@@ -100,10 +100,19 @@ class Engine:
     def __init__(self, ld: Any, args: argparse.Namespace, tok: Any) -> None:
         self.tok, self.max_batch, self.queue = tok, args.max_batch, args.queue
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "microgpt.use.scheduler", str(theirs.fileno()), str(ld.path),
-               "--max-batch", str(args.max_batch), "--backend", args.backend,
-               *(["--precision", args.precision] if args.precision else []),
-               *(["--no-prefix-reuse"] if args.no_prefix_reuse else [])]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "microgpt.use.scheduler",
+            str(theirs.fileno()),
+            str(ld.path),
+            "--max-batch",
+            str(args.max_batch),
+            "--backend",
+            args.backend,
+            *(["--precision", args.precision] if args.precision else []),
+            *(["--no-prefix-reuse"] if args.no_prefix_reuse else []),
+        ]
         self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.chan = Channel(ours)

@@ -48,8 +48,9 @@ ERROR_TYPES = {429: "requests", 500: "server_error", 503: "server_error"}
 class ApiError(Exception):
     """A request the API refuses: the HTTP code and OpenAI's error fields."""
 
-    def __init__(self, code: int, message: str, param: str | None = None, kind: str | None = None,
-                 err: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, code: int, message: str, param: str | None = None, kind: str | None = None, err: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.param, self.err = code, message, param, err
         self.kind = kind or ERROR_TYPES.get(code, "invalid_request_error")
@@ -143,8 +144,9 @@ def utf8(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ApiError(400, f"{where} is not UTF-8 text (a lone surrogate at character {e.start})", where,
-                       err="invalid_value") from None  # fmt: skip
+        raise ApiError(
+            400, f"{where} is not UTF-8 text (a lone surrogate at character {e.start})", where, err="invalid_value"
+        ) from None
     return text
 
 
@@ -176,8 +178,12 @@ def prompts_of(obj: dict[str, Any], vocab: int) -> list[str | list[int]]:
     raw = obj.get("prompt")
     if isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw)):
         raw = [raw]
-    bad = ApiError(400, "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-                   "prompt", err="invalid_type")  # fmt: skip
+    bad = ApiError(
+        400,
+        "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+        "prompt",
+        err="invalid_type",
+    )
     if not isinstance(raw, list) or not raw:
         raise bad
     out: list[str | list[int]] = []
@@ -198,8 +204,13 @@ def stops_of(obj: dict[str, Any]) -> tuple[str, ...]:
     stops = [] if raw is None else [raw] if isinstance(raw, str) else raw
     bad = not isinstance(stops, list) or len(stops) > MAX_STOPS
     if bad or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops):
-        raise ApiError(400, f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings of at most "
-                       f"{MAX_STOP_CHARS} characters", "stop", err="invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings of at most "
+            f"{MAX_STOP_CHARS} characters",
+            "stop",
+            err="invalid_value",
+        )
     return tuple(utf8(s, "stop") for s in stops)
 
 
@@ -229,8 +240,12 @@ def parse(obj: dict[str, Any], chat: bool, model: Model) -> Spec:
     raw = [prompt_text(messages_of(obj))] if chat else prompts_of(obj, model.vocab)
     n = number(obj, "n", 1, 1, model.max_batch, integer=True)
     if len(raw) * n > model.max_rows:
-        raise ApiError(400, f"{len(raw)} prompts x n {n} choices: this server holds at most {model.max_rows} at once",
-                       "prompt", err="invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"{len(raw)} prompts x n {n} choices: this server holds at most {model.max_rows} at once",
+            "prompt",
+            err="invalid_value",
+        )
     echo = not chat and typed(obj, "echo", bool, False)
     ignore_eos = typed(obj, "ignore_eos", bool, False)
     logprobs = None if chat else number(obj, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
@@ -249,20 +264,32 @@ def parse(obj: dict[str, Any], chat: bool, model: Model) -> Spec:
             texts[i] = model.decode(p)
         if len(p) > fits:
             what = "messages take" if chat else "prompt takes" if len(ids) == 1 else f"prompt[{i}] takes"
-            raise ApiError(400, f"this model's context is {model.seq_len} tokens; the {what} {len(p)} (send "
-                           "truncate_prompt_tokens to keep a prompt's last tokens)", "messages" if chat else "prompt",
-                           err="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"this model's context is {model.seq_len} tokens; the {what} {len(p)} (send "
+                "truncate_prompt_tokens to keep a prompt's last tokens)",
+                "messages" if chat else "prompt",
+                err="context_length_exceeded",
+            )
     return Spec(
-        chat=chat, prompts=ids, texts=texts, n=n,
+        chat=chat,
+        prompts=ids,
+        texts=texts,
+        n=n,
         max_tokens=max_tokens,
-        sampling=Sampling(number(obj, "temperature", 1.0, 0, 2), number(obj, "top_k", 0, 0, config.INT_MAX, True),
-                          number(obj, "top_p", 1.0, 0, 1)),
+        sampling=Sampling(
+            number(obj, "temperature", 1.0, 0, 2),
+            number(obj, "top_k", 0, 0, config.INT_MAX, True),
+            number(obj, "top_p", 1.0, 0, 1),
+        ),
         stops=stops_of(obj) + tuple(s for s in (STOPS if chat else (EOT,)) if not (ignore_eos and s == EOT)),
         seed=number(obj, "seed", None, 0, config.SEED_MAX - len(ids) * n + 1, integer=True),
         stream=typed(obj, "stream", bool, False),
         include_usage=typed(typed(obj, "stream_options", dict, {}), "include_usage", bool, False),
-        echo=echo, logprobs=logprobs, ignore_eos=ignore_eos,
-    )  # fmt: skip
+        echo=echo,
+        logprobs=logprobs,
+        ignore_eos=ignore_eos,
+    )
 
 
 @dataclass(frozen=True)
@@ -282,8 +309,15 @@ class Reply:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def choice(self, index: int, text: str, finish: str | None, chunk: bool = False, role: bool = False,
-               logprobs: dict[str, Any] | None = None) -> dict:  # fmt: skip
+    def choice(
+        self,
+        index: int,
+        text: str,
+        finish: str | None,
+        chunk: bool = False,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict:
         """One choice: a whole one, or a chunk's delta (the first of a chat choice carries the role)."""
         if not self.chat:
             return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
@@ -291,8 +325,11 @@ class Reply:
         return {"index": index, ("delta" if chunk else "message"): body, "logprobs": None, "finish_reason": finish}
 
 
-def completion_logprobs(entries: list[tuple[int, float | None, dict[int, float] | None]],
-                        decode: Callable[[Sequence[int]], str], offset: int = 0) -> dict[str, Any]:  # fmt: skip
+def completion_logprobs(
+    entries: list[tuple[int, float | None, dict[int, float] | None]],
+    decode: Callable[[Sequence[int]], str],
+    offset: int = 0,
+) -> dict[str, Any]:
     """Completions' logprobs object for (token, logprob, {id: logprob of the likeliest}) entries, as OpenAI's: tokens
     (each id's own text), token_logprobs, top_logprobs ({text: logprob}; None where the logprob is, the prompt's first
     token) and text_offset (the characters of the tokens before it, from `offset`)."""

@@ -208,8 +208,9 @@ def generate(gen: Generator, prompt: list[int], n_tokens: int, s: Sampling, seed
     return [q[len(prompt) :] for q in seqs]
 
 
-def open_trained(ld: Trained, rows: int = 1, backend: str | Backend = "numpy",
-                 precision: str | None = None) -> tuple[Generator, Any]:  # fmt: skip
+def open_trained(
+    ld: Trained, rows: int = 1, backend: str | Backend = "numpy", precision: str | None = None
+) -> tuple[Generator, Any]:
     """A checkpoint read back (load_trained) as a model with an empty cache of `rows` sequences, and its
     tokenizer. `backend` is a Backend, or the name `--backend` gives (auto, numpy, triton) with `--precision`'s
     (backend.for_trained: default fp32 on numpy, bf16 on triton); what the run's precision keeps (fp8: its amax
@@ -223,8 +224,9 @@ def open_trained(ld: Trained, rows: int = 1, backend: str | Backend = "numpy",
     return Generator(trained_infer_state(ld, backend, rows)), tok
 
 
-def load(where: str, rows: int = 1, backend: str | Backend = "numpy",
-         precision: str | None = None) -> tuple[Generator, Any, int]:  # fmt: skip
+def load(
+    where: str, rows: int = 1, backend: str | Backend = "numpy", precision: str | None = None
+) -> tuple[Generator, Any, int]:
     """The model of a checkpoint or run folder (open_trained), its tokenizer, and the checkpoint's step."""
     ld = load_trained(where)
     return *open_trained(ld, rows, backend, precision), ld.step

@@ -436,8 +436,16 @@ def main(argv: list[str]) -> int:
         traceback.print_exc(file=sys.stderr)
         chan.send("fail", f"the engine did not start: {type(e).__name__}: {e}")
     else:
-        chan.send("ready", {"max_batch": gen.S.B, "backend": gen.S.K.name, "precision": gen.S.K.precision.name,
-                            "device": gen.S.K.device, "engine_pid": os.getpid()})  # fmt: skip
+        chan.send(
+            "ready",
+            {
+                "max_batch": gen.S.B,
+                "backend": gen.S.K.name,
+                "precision": gen.S.K.precision.name,
+                "device": gen.S.K.device,
+                "engine_pid": os.getpid(),
+            },
+        )
         Scheduler(gen, chan, reuse=not args.no_prefix_reuse).run()
     while chan.outbox and not chan.closed:
         chan.wait(1.0)

@@ -88,8 +88,13 @@ class Api:
 
     def answer(self, req: Request) -> Answer | Awaitable[Answer]:
         path = req.path.rstrip("/") or "/"
-        routes = {"/": "GET", "/stats": "GET", "/v1/models": "GET", "/v1/chat/completions": "POST",
-                  "/v1/completions": "POST"}  # fmt: skip
+        routes = {
+            "/": "GET",
+            "/stats": "GET",
+            "/v1/models": "GET",
+            "/v1/chat/completions": "POST",
+            "/v1/completions": "POST",
+        }
         try:
             if path.startswith("/v1/models/") and req.method == "GET":
                 return self._model(path.removeprefix("/v1/models/"))
@@ -99,8 +104,12 @@ class Api:
                 raise ApiError(405, f"{path} takes {routes[path]}, not {req.method[:20]}", err="method_not_allowed")
             if path == "/":
                 page = open(PAGE, "rb")
-                return Answer(200, {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache"},
-                              file=page, length=PAGE.stat().st_size)  # fmt: skip
+                return Answer(
+                    200,
+                    {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache"},
+                    file=page,
+                    length=PAGE.stat().st_size,
+                )
             if path == "/stats":
                 return self._stats()
             if path == "/v1/models":
@@ -110,13 +119,22 @@ class Api:
             return e.answer(**({"Retry-After": "1"} if e.code == 429 else {}))
 
     def _card(self) -> dict[str, Any]:
-        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "microgpt",
-                "max_model_len": self.model.seq_len}  # fmt: skip
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "microgpt",
+            "max_model_len": self.model.seq_len,
+        }
 
     def _model(self, name: str) -> Answer:
         if name != self.name:
-            raise ApiError(404, f"the model {name[:200]!r} does not exist; this server has {self.name!r}", "model",
-                           err="model_not_found")  # fmt: skip
+            raise ApiError(
+                404,
+                f"the model {name[:200]!r} does not exist; this server has {self.name!r}",
+                "model",
+                err="model_not_found",
+            )
         return json_answer(self._card())
 
     async def _stats(self) -> Answer:
@@ -127,8 +145,12 @@ class Api:
         obj = oai.parse_body(req.body)
         model = obj.get("model")
         if not isinstance(model, str) or model != self.name:
-            raise ApiError(404 if isinstance(model, str) else 400, f"the model {str(model)[:200]!r} does not exist; "
-                           f"this server has {self.name!r}", "model", err="model_not_found")  # fmt: skip
+            raise ApiError(
+                404 if isinstance(model, str) else 400,
+                f"the model {str(model)[:200]!r} does not exist; this server has {self.name!r}",
+                "model",
+                err="model_not_found",
+            )
         spec = oai.parse(obj, chat, self.model)
         job, rows = self._job(spec)
         try:
@@ -140,8 +162,7 @@ class Api:
         reply = Reply.make(secrets.token_hex(12), self.name, chat)
         if spec.stream:
             headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            return Answer(200, headers, chunks=self._chunks(job, spec, reply),
-                          closed=lambda: self.engine.release(job))  # fmt: skip
+            return Answer(200, headers, chunks=self._chunks(job, spec, reply), closed=lambda: self.engine.release(job))
         return self._whole(job, spec, reply)
 
     def _job(self, spec: Spec) -> tuple[Job, list[RowSpec]]:
@@ -152,9 +173,20 @@ class Api:
             prompt = spec.prompts[i // spec.n]
             choices.append(Choice(i, prompt, Stream(self.tok.decode, spec.stops)))
             s = spec.sampling
-            rows.append(RowSpec(i, np.asarray(prompt, np.int32).tobytes(), spec.max_tokens, s.temperature, s.top_k,
-                                s.top_p, seed + i, stop, -1 if spec.logprobs is None else spec.logprobs,
-                                spec.echo and spec.logprobs is not None))  # fmt: skip
+            rows.append(
+                RowSpec(
+                    i,
+                    np.asarray(prompt, np.int32).tobytes(),
+                    spec.max_tokens,
+                    s.temperature,
+                    s.top_k,
+                    s.top_p,
+                    seed + i,
+                    stop,
+                    -1 if spec.logprobs is None else spec.logprobs,
+                    spec.echo and spec.logprobs is not None,
+                )
+            )
         return Job(spec, choices), rows
 
     @staticmethod
@@ -179,8 +211,10 @@ class Api:
                     texts[ev.index] += ev.text
                     finish[ev.index] = ev.finish or finish[ev.index]
                     left -= ev.finish is not None
-            choices = [reply.choice(c.index, texts[c.index], finish[c.index], logprobs=self._logprobs(spec, c))
-                       for c in job.choices]  # fmt: skip
+            choices = [
+                reply.choice(c.index, texts[c.index], finish[c.index], logprobs=self._logprobs(spec, c))
+                for c in job.choices
+            ]
             return json_answer({**reply.head(), "choices": choices, "usage": self._usage(job, spec)})
         except ApiError as e:
             return e.answer()
@@ -209,8 +243,14 @@ class Api:
                         job.ready.clear()  # no set can come between this and the wait: both on this loop
                         await job.ready.wait()
                 lps = oai.completion_logprobs(c.echo, self.tok.decode) if c.echo else None
-                yield sse({**head, "choices": [reply.choice(c.index, self._echo(spec, c), None, chunk=True,
-                                                            role=True, logprobs=lps)]})  # fmt: skip
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            reply.choice(c.index, self._echo(spec, c), None, chunk=True, role=True, logprobs=lps)
+                        ],
+                    }
+                )
         left = len(job.choices)  # as this reader has seen them end (the job's own count may be ahead)
         while left:
             await job.ready.wait()
@@ -243,8 +283,11 @@ def parser() -> ArgParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (rows of the KV cache)")
     p.add_argument("--queue", type=int, default=32, help="more sequences that may wait for a row; past them, 429")
-    p.add_argument("--no-prefix-reuse", action="store_true", help="prefill every prompt whole (bench/serve.py's "
-                   "comparison): no keys and values of a cached prefix reused")  # fmt: skip
+    p.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="prefill every prompt whole (bench/serve.py's comparison): no keys and values of a cached prefix reused",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     add_flags(p)
     return p
@@ -255,9 +298,16 @@ def listen(args: argparse.Namespace, api: Api | None, holder: list) -> BoundedHT
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     where = f"--host {args.host} --port {args.port}"
     try:
-        return BoundedHTTPServer(args.port, lambda req: holder[0].answer(req), log, host=args.host, max_body=MAX_BODY,
-                                 name="microgpt-serve", errors=oai.api_error,
-                                 on_loop=lambda loop: holder[0].engine.attach(loop))  # fmt: skip
+        return BoundedHTTPServer(
+            args.port,
+            lambda req: holder[0].answer(req),
+            log,
+            host=args.host,
+            max_body=MAX_BODY,
+            name="microgpt-serve",
+            errors=oai.api_error,
+            on_loop=lambda loop: holder[0].engine.attach(loop),
+        )
     except socket.gaierror as e:
         raise ServeError(f"{where}: not an address to listen on ({e.strerror})") from None
     except OSError as e:
@@ -286,11 +336,18 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
         server.close()
         raise
     m = ld.exp.model
-    model = oai.Model(m.seq_len, m.vocab_size, lambda text: tok.encode(text) or [tok.eot_id], tok.decode,
-                      args.max_batch, args.max_batch + args.queue)  # fmt: skip
+    model = oai.Model(
+        m.seq_len,
+        m.vocab_size,
+        lambda text: tok.encode(text) or [tok.eot_id],
+        tok.decode,
+        args.max_batch,
+        args.max_batch + args.queue,
+    )
     holder.append(Api(ld.exp.name, int(ld.path.stat().st_mtime), tok, engine, model))
-    print(f"serve: {ld.exp.name} (step {ld.step}, {ld.path}) on {engine.info.get('device')}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"serve: {ld.exp.name} (step {ld.step}, {ld.path}) on {engine.info.get('device')}", file=sys.stderr, flush=True
+    )
     return holder[0], server
 
 
@@ -304,8 +361,12 @@ def main(argv: list[str]) -> int:
     thread = threading.Thread(target=server.serve_forever, name="serve-http", daemon=True)
     thread.start()
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"serve: http://{host}:{server.port}/v1  (max batch {args.max_batch}, queue {args.queue}; chat page at "
-          f"http://{host}:{server.port}/; Ctrl-C to stop)", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"serve: http://{host}:{server.port}/v1  (max batch {args.max_batch}, queue {args.queue}; chat page at "
+        f"http://{host}:{server.port}/; Ctrl-C to stop)",
+        file=sys.stderr,
+        flush=True,
+    )
     failed = False
     while not stop.wait(0.5) and not failed:
         failed = api.engine.proc.poll() is not None

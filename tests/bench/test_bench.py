@@ -24,11 +24,31 @@ def run_bench(tmp_path: Path, *args: str, interpret: bool) -> tuple[subprocess.C
         {"TRITON_INTERPRET": "1"} if interpret else {}
     )
     rows = tmp_path / "rows.jsonl"
-    res = subprocess.run([sys.executable, str(REPO / "bench" / "bench.py"), "--shape", "tiny", "--steps", "2",
-                          "--warmup", "0", "--jsonl", str(rows), *args], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=600)  # fmt: skip
-    table = [[c.strip() for c in line.strip().strip("|").split("|")] for line in res.stdout.splitlines()
-             if line.startswith("|")]  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "bench.py"),
+            "--shape",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--jsonl",
+            str(rows),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    table = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in res.stdout.splitlines()
+        if line.startswith("|")
+    ]
     return res, [json.loads(line) for line in rows.read_text().splitlines()], table
 
 
@@ -56,8 +76,9 @@ def test_tiny_shape_runs_both_engines_on_the_cpu(tmp_path: Path) -> None:
 def test_the_modern_row_trains_the_modern_block_with_muon(tmp_path: Path) -> None:
     """microgpt-modern: the shape's modern twin (bench.MODERN) under Muon, through the interpreter here; its FLOPs a
     token leave out the untied embedding's lookup."""
-    res, rows, _ = run_bench(tmp_path, "--impls", "microgpt-modern", "--precision", "fp32", "--steps", "1",
-                             interpret=True)  # fmt: skip
+    res, rows, _ = run_bench(
+        tmp_path, "--impls", "microgpt-modern", "--precision", "fp32", "--steps", "1", interpret=True
+    )
     assert res.returncode == 0, res.stderr
     (row,) = rows
     assert not row["error"] and row["planned"] > 0 and row["tokens_per_s"] > 0, row
@@ -117,10 +138,24 @@ def test_no_nvml_measures_nothing() -> None:
 
 
 def test_table_shows_the_energy_columns() -> None:
-    row = {"impl": "microgpt", "mb": 16, "n_micro": 4, "precision": "bf16", "tokens_per_s": 600_000.0,
-           "tokens_per_j": 1234.4, "joules_per_step": 35.25, "mfu": 0.5, "step_ms": 55.0, "sm_mhz": 1600.0,
-           "watts": 650.0, "peak": 2**30, "planned": 2**30, "peak_first": 2**30, "peak_steady": 2**30,
-           "energy": "counter"}  # fmt: skip
+    row = {
+        "impl": "microgpt",
+        "mb": 16,
+        "n_micro": 4,
+        "precision": "bf16",
+        "tokens_per_s": 600_000.0,
+        "tokens_per_j": 1234.4,
+        "joules_per_step": 35.25,
+        "mfu": 0.5,
+        "step_ms": 55.0,
+        "sm_mhz": 1600.0,
+        "watts": 650.0,
+        "peak": 2**30,
+        "planned": 2**30,
+        "peak_first": 2**30,
+        "peak_steady": 2**30,
+        "energy": "counter",
+    }
     header, _, cells = (line.strip("|").split(" | ") for line in bench.table([row]).splitlines())
     got = dict(zip([h.strip() for h in header], [c.strip() for c in cells]))
     assert got["micro-batch"] == "16 x 4" and got["tokens/s"] == "600,000" and got["tokens/J"] == "1,234"
@@ -131,8 +166,16 @@ def test_table_shows_the_energy_columns() -> None:
 def test_table_says_when_the_energy_window_was_too_short() -> None:
     """A row timed over less than COARSE_S reads the energy counter coarsely: its energy cell says so, with the
     window; a longer one, or one without a window, is just where the joules came from."""
-    row = {"impl": "microgpt", "mb": 8, "tokens_per_s": 500_000.0, "tokens_per_j": 700.0, "joules_per_step": 11.7,
-           "mfu": 0.45, "step_ms": 16.4, "energy": "counter"}  # fmt: skip
+    row = {
+        "impl": "microgpt",
+        "mb": 8,
+        "tokens_per_s": 500_000.0,
+        "tokens_per_j": 700.0,
+        "joules_per_step": 11.7,
+        "mfu": 0.45,
+        "step_ms": 16.4,
+        "energy": "counter",
+    }
     for window, want in ((0.44, "counter, coarse (0.44 s)"), (2.36, "counter"), (None, "counter")):
         r = row if window is None else {**row, "window_s": window}
         header, _, cells = (line.strip("|").split(" | ") for line in bench.table([r]).splitlines())

@@ -95,10 +95,12 @@ def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
     (work / "keep.txt").write_text("mine")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(REAL_LINES[0]) + "\n" + json.dumps({**REAL_LINES[1], "endings": ["a"]}) + "\n")
-    args, says = {"work not empty": (["--work", str(work)], "--work"),
-                  "file missing": (["--file", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
-                  "bad line": (["--file", str(bad)], f"{bad}:2"),
-                  "examples 0": (["--examples", "0"], "--examples")}[case]  # fmt: skip
+    args, says = {
+        "work not empty": (["--work", str(work)], "--work"),
+        "file missing": (["--file", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
+        "bad line": (["--file", str(bad)], f"{bad}:2"),
+        "examples 0": (["--examples", "0"], "--examples"),
+    }[case]
     before = sha(work)
     res = bench(*args)
     assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr)

@@ -26,8 +26,13 @@ FIELDS = {"streams", "prompt", "prompt_tokens", "completion_tokens", "wall_s", "
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/serve.py", "--device", "cpu", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "bench/serve.py", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None:
@@ -63,8 +68,24 @@ def test_many_streams_are_read_from_several_client_processes() -> None:
 
 
 def test_the_chat_workload_reuses_prefixes_and_says_how_much(run_256: Path) -> None:
-    res = bench("--checkpoint", str(run_256), "--streams", "2", "--prompts", "short", "--chat", "2", "--turns", "2",
-                "--system", "8", "--chat-tokens", "4", "--repeats", "1")  # fmt: skip
+    res = bench(
+        "--checkpoint",
+        str(run_256),
+        "--streams",
+        "2",
+        "--prompts",
+        "short",
+        "--chat",
+        "2",
+        "--turns",
+        "2",
+        "--system",
+        "8",
+        "--chat-tokens",
+        "4",
+        "--repeats",
+        "1",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     on, off = (r["chat_row"] for r in json_lines(res.stdout) if "chat_row" in r)
     assert on["prefix_reuse"] and not off["prefix_reuse"]
@@ -83,8 +104,12 @@ def test_a_checkpoint_that_is_none_and_a_server_that_does_not_come_up_are_shown(
 
 def test_a_terminated_bench_stops_its_server() -> None:
     """SIGTERM (what `timeout` sends) while the bench waits for serve: serve is stopped before the bench exits."""
-    proc = subprocess.Popen([sys.executable, "bench/serve.py", "--device", "cpu", "--streams", "2"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "bench/serve.py", "--device", "cpu", "--streams", "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     deadline = time.monotonic() + 120
     while not children.read_text().split():

@@ -132,8 +132,9 @@ def test_initial_weights_are_the_engines() -> None:
 
 
 def test_warmdown_schedule_and_momentum() -> None:
-    t = TrainConfig(steps=100, lr=0.1, min_lr=0.01, warmup_steps=4, schedule="warmdown", warmdown_frac=0.25,
-                    muon_momentum_warmup=10)  # fmt: skip
+    t = TrainConfig(
+        steps=100, lr=0.1, min_lr=0.01, warmup_steps=4, schedule="warmdown", warmdown_frac=0.25, muon_momentum_warmup=10
+    )
     factors = [tm.lr_factor(s, 100, t) for s in range(100)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0] and set(factors[4:75]) == {1.0}
     assert factors[75] == 1.0 and factors[99] == pytest.approx(1 - 0.9 * 24 / 25)
@@ -146,8 +147,15 @@ def test_schedule_is_the_engines() -> None:
 
     cases = (("warmdown", 100, 0, 0.3), ("warmdown", 37, 5, 0.3), ("warmdown", 20, 15, 0.5), ("cosine", 50, 3, 0.3))
     for name, steps, warmup, frac in cases:
-        t = TrainConfig(steps=steps, lr=0.1, min_lr=0.01, warmup_steps=warmup, schedule=name, warmdown_frac=frac,
-                        muon_momentum_warmup=warmup)  # fmt: skip
+        t = TrainConfig(
+            steps=steps,
+            lr=0.1,
+            min_lr=0.01,
+            warmup_steps=warmup,
+            schedule=name,
+            warmdown_frac=frac,
+            muon_momentum_warmup=warmup,
+        )
         for s in range(steps):
             assert tm.lr_factor(s, steps, t) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
             assert tm.momentum_at(s, t) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)

@@ -69,8 +69,10 @@ def test_seconds_to_a_loss_interpolates_between_evaluations() -> None:
 
 
 def test_training_seconds_count_the_first_steps_at_the_median() -> None:
-    steps = [{"event": "step", "step": i + 1, "dt_ms": dt, "tokens": 100, "loss": 5.0}
-             for i, dt in enumerate([9000.0, 500.0, 100.0, 110.0, 90.0, 100.0])]  # fmt: skip
+    steps = [
+        {"event": "step", "step": i + 1, "dt_ms": dt, "tokens": 100, "loss": 5.0}
+        for i, dt in enumerate([9000.0, 500.0, 100.0, 110.0, 90.0, 100.0])
+    ]
     evals = [{"event": "eval", "step": 3, "val_loss": 6.0}, {"event": "eval", "step": 6, "val_loss": 5.5}]
     s = ttl_results.summarize([{"event": "start", "n_params": 7}, *steps[:3], evals[0], *steps[3:], evals[1]], warm=2)
     assert s["step_s"] == pytest.approx(0.1) and s["first_steps_s"] == [9.0, 0.5]
@@ -93,9 +95,25 @@ def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
 
 
 def run_ttl(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "ttl.py"), "--shape", "tiny", "--out", str(out),
-                           "--budget-s", "2", "--eval-s", "0.5", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "ttl.py"),
+            "--shape",
+            "tiny",
+            "--out",
+            str(out),
+            "--budget-s",
+            "2",
+            "--eval-s",
+            "0.5",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -116,8 +134,9 @@ def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     for x, s in out["sides"].items():
         assert "error" not in s, s
         assert s["steps"] > s["warm"] and s["tokens_per_step"] == 8 * 64 and s["train_s"] > 0
-        assert [e["step"] for e in s["evals"]][-1] == s["steps"] and all(math.isfinite(e["val_loss"])
-                                                                         for e in s["evals"])  # fmt: skip
+        assert [e["step"] for e in s["evals"]][-1] == s["steps"] and all(
+            math.isfinite(e["val_loss"]) for e in s["evals"]
+        )
         assert "train.eval_batches=2" in s["command"]  # every side scores the same validation windows
         assert 0 < out["seconds_to"][x][x] <= s["train_s"]  # its own final loss: reached by its end
     assert not (folder / "side-a" / "ckpt").exists() and not (folder / "side-a-calibrate").exists()
@@ -131,5 +150,6 @@ def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
 def test_a_missing_experiment_is_one_error_line_before_any_prep(tmp_path: Path) -> None:
     res = run_ttl(tmp_path, "--sides", "a,b", "--modern", str(tmp_path / "nope.json"))
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-        f"error: side b: no experiment file {tmp_path / 'nope.json'} (give one with --modern)"]  # fmt: skip
+        f"error: side b: no experiment file {tmp_path / 'nope.json'} (give one with --modern)"
+    ]
     assert not (tmp_path / "tiny").exists()

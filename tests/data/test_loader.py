@@ -73,8 +73,13 @@ def test_same_batch_in_a_fresh_process(tmp_path: Path) -> None:
     assert [backwards[k] for k in keys] == [digest(train, [k]) for k in keys]
     repo = Path(__file__).resolve().parents[2]
     code = FRESH.replace("{B}", str(B))
-    r = subprocess.run([sys.executable, "-c", code, str(folder), json.dumps(keys)], capture_output=True, text=True,
-                       cwd=repo, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(folder), json.dumps(keys)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == here
     other, _ = data.make_loaders(experiment(folder, seed=12), B)
@@ -167,8 +172,12 @@ print(train.batch(1, 0)[0].sum())
 def test_two_processes_build_the_cache_once(tmp_path: Path) -> None:
     env = {**os.environ, "MICROGPT_DATA_DIR": str(tmp_path)}
     repo = Path(__file__).resolve().parents[2]
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD], cwd=repo, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD], cwd=repo, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert outs[0][0] == outs[1][0]  # the same batch

@@ -27,8 +27,11 @@ def write_sources(root: Path, n_train: int = 20_000, n_val: int = 2_000, sizes: 
     """One shard set per source under root; the pattern cycles through 16 distinct byte values."""
     rng = np.random.default_rng(0)
     cycle = rng.permutation(256)[:16].astype(np.uint16)
-    gen = {"a-pattern": lambda n: np.resize(cycle, n), "c-pattern-copy": lambda n: np.resize(cycle, n),
-           "b-noise": lambda n: rng.integers(0, 256, n).astype(np.uint16)}  # fmt: skip
+    gen = {
+        "a-pattern": lambda n: np.resize(cycle, n),
+        "c-pattern-copy": lambda n: np.resize(cycle, n),
+        "b-noise": lambda n: rng.integers(0, 256, n).astype(np.uint16),
+    }
     for name in SOURCES:
         (root / name).mkdir(parents=True, exist_ok=True)
         n = (sizes or {}).get(name, n_train)
@@ -51,8 +54,9 @@ FIREHOSE = {"policy": "firehose", "prior": "uniform", "warmup_steps": 5}
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
     args = (*args, "--json") if args[0] == "train" else args  # the records on stdout, as the proxy asks for them
-    return subprocess.run([sys.executable, "-m", "microgpt.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "microgpt.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
 
 
 def write_exp(tmp: Path, raw: dict, name: str = "exp.json") -> Path:
@@ -115,8 +119,11 @@ def test_draws_are_pure_and_shared_by_ranks(tmp_path: Path) -> None:
 # --- resume, data parallel ------------------------------------------------------------------------------------
 def step_lines(stdout: str) -> list[str]:
     drop = ("tokens_per_s", "dt_ms", "time", "elapsed_s", "memory_peak")
-    return [json.dumps({k: v for k, v in r.items() if k not in drop}) for r in json_lines(stdout)
-            if r["event"] in ("step", "eval")]  # fmt: skip
+    return [
+        json.dumps({k: v for k, v in r.items() if k not in drop})
+        for r in json_lines(stdout)
+        if r["event"] in ("step", "eval")
+    ]
 
 
 def test_resume_with_the_bandit_is_bit_exact(tmp_path: Path) -> None:
@@ -148,8 +155,18 @@ def test_two_processes_draw_and_weigh_like_one(tmp_path: Path) -> None:
     root = write_sources(tmp_path / "src")
     exp = write_exp(tmp_path, experiment(root, {**FIREHOSE, "warmup_steps": 2}, eval_every=4))
     one = cli("train", str(exp), "--steps", "8", "--out", str(tmp_path / "one"), "--set", "train.micro_batch=8")
-    two = cli("train", str(exp), "--steps", "8", "--out", str(tmp_path / "two"), "--set", "train.micro_batch=4",
-              "--procs", "2")  # fmt: skip
+    two = cli(
+        "train",
+        str(exp),
+        "--steps",
+        "8",
+        "--out",
+        str(tmp_path / "two"),
+        "--set",
+        "train.micro_batch=4",
+        "--procs",
+        "2",
+    )
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
     s1, s2 = ([r for r in json_lines(p.stdout) if r["event"] == "step"] for p in (one, two))
     assert len(s1) == len(s2) == 8
@@ -237,8 +254,9 @@ def test_single_shard_set_with_firehose_is_an_error(tmp_path: Path) -> None:
 
 def test_prep_per_source(tmp_path: Path) -> None:
     out = tmp_path / "split"
-    res = cli("prep", "--builtin", "--per-source", "--out", str(out), "--vocab-size", "384", "--max-bytes", "30000",
-              "--quiet")  # fmt: skip
+    res = cli(
+        "prep", "--builtin", "--per-source", "--out", str(out), "--vocab-size", "384", "--max-bytes", "30000", "--quiet"
+    )
     assert res.returncode == 0, res.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["per_source"] == ["stdlib", "synthetic-chat"] and (out / "tokenizer.json").exists()

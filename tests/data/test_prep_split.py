@@ -24,8 +24,12 @@ def test_one_large_document_is_split_so_val_is_never_empty_and_train_accepts_it(
     m = json.loads((tmp_path / "d" / "manifest.json").read_text())
     train, val = m["splits"]["train"], m["splits"]["val"]
     assert train["documents"] == val["documents"] == 1 and val["tokens"] > 0 and train["tokens"] > 5 * val["tokens"]
-    exp = write_experiment(tmp_path, model={"vocab_size": 300, "seq_len": 16}, train={"steps": 2, "eval_every": 2},
-                           data={"source": "shards", "path": str(tmp_path / "d")})  # fmt: skip
+    exp = write_experiment(
+        tmp_path,
+        model={"vocab_size": 300, "seq_len": 16},
+        train={"steps": 2, "eval_every": 2},
+        data={"source": "shards", "path": str(tmp_path / "d")},
+    )
     t = cli("train", str(exp), "--out", str(tmp_path / "run"))
     assert t.returncode == 0, t.stderr
 
@@ -45,7 +49,7 @@ def test_a_chat_documents_assistant_spans_are_cut_with_it() -> None:
     text, spans = render(msgs)
     head, tail = prep.split_document(Doc(text, spans), 0.2, "chat.jsonl")
     assert head.text + tail.text == text
-    (a, b), = spans  # fmt: skip
+    ((a, b),) = spans
     assert head.spans == [(a, min(b, len(head.text)))]
     assert tail.spans == [(max(a, len(head.text)) - len(head.text), b - len(head.text))]
     assert text[a:b] == (head.text + tail.text)[a:b]

@@ -59,8 +59,19 @@ def test_prep_experiment_makes_the_data_train_then_reads(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def shards_512(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("d512") / "d512"
-    p = cli("prep", "--builtin", "--vocab-size", "512", "--max-bytes", "100000", "--val-fraction", "0.3", "--out",
-            str(out), "--quiet")  # fmt: skip
+    p = cli(
+        "prep",
+        "--builtin",
+        "--vocab-size",
+        "512",
+        "--max-bytes",
+        "100000",
+        "--val-fraction",
+        "0.3",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert p.returncode == 0, p.stderr
     return out
 

@@ -92,12 +92,23 @@ def test_train_rejects_a_bad_shard_in_one_line(shard_dir: Path, tmp_path: Path) 
 def test_llmc_shard_names_are_found(tmp_path: Path) -> None:
     """llm.c names its shards <set>_train.bin (TinyStories, tinyshakespeare) or <set>_train_000001.bin (FineWeb);
     both are shards of their split, and a mask or another split's file is not."""
-    names = ["TinyStories_train.bin", "TinyStories_val.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin",
-             "train_000000.bin", "train_000000.mask.bin", "notes_trainer.bin", "training.bin"]  # fmt: skip
+    names = [
+        "TinyStories_train.bin",
+        "TinyStories_val.bin",
+        "fineweb_train_000001.bin",
+        "fineweb_val_000000.bin",
+        "train_000000.bin",
+        "train_000000.mask.bin",
+        "notes_trainer.bin",
+        "training.bin",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in shards.list_shards(tmp_path, "train")] == [
-        "TinyStories_train.bin", "fineweb_train_000001.bin", "train_000000.bin"]  # fmt: skip
+        "TinyStories_train.bin",
+        "fineweb_train_000001.bin",
+        "train_000000.bin",
+    ]
     assert [p.name for p in shards.list_shards(tmp_path, "val")] == ["TinyStories_val.bin", "fineweb_val_000000.bin"]
 
 
@@ -109,8 +120,11 @@ def test_train_on_llmc_tinystories_named_shards(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     llmc_write_datafile(folder / "TinyStories_train.bin", rng.integers(0, 256, size=3000).tolist())
     llmc_write_datafile(folder / "TinyStories_val.bin", rng.integers(0, 256, size=700).tolist())
-    exp = write_experiment(tmp_path, data={"source": "shards", "path": str(folder), "tokenizer": "bytes"},
-                           train={"steps": 2, "eval_every": 2})  # fmt: skip
+    exp = write_experiment(
+        tmp_path,
+        data={"source": "shards", "path": str(folder), "tokenizer": "bytes"},
+        train={"steps": 2, "eval_every": 2},
+    )
     r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--json")
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]

@@ -34,15 +34,24 @@ def test_attention(B: int, T: int, C: int, NH: int, dtype: torch.dtype) -> None:
     gd = {n: t(x, dtype) for n, x in d0.items()}
     delta = torch.empty(B * NH * T, dtype=torch.float32, device=DEVICE)
     # backward from the reference's out (rounded like the kernel's): isolates the backward's own error
-    ka.attention_backward(gd["dq"], gd["dk"], gd["dv"], t(dout, dtype), gq, gk, gv, t(out, dtype), glse, NH,
-                          delta=delta, tuner=TUNER)  # fmt: skip
+    ka.attention_backward(
+        gd["dq"], gd["dk"], gd["dv"], t(dout, dtype), gq, gk, gv, t(out, dtype), glse, NH, delta=delta, tuner=TUNER
+    )
     for n in d:
         compare(n, gd[n], d[n], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,Tmax,C,NH,pos,n", [(2, 40, 24, 2, 33, 1), (1, 48, 16, 2, 9, 21), (2, 20, 8, 1, 0, 20),
-                                                (2, 40, 256, 2, 21, 1), (1, 50, 256, 2, 13, 19)])  # fmt: skip
+@pytest.mark.parametrize(
+    "B,Tmax,C,NH,pos,n",
+    [
+        (2, 40, 24, 2, 33, 1),
+        (1, 48, 16, 2, 9, 21),
+        (2, 20, 8, 1, 0, 20),
+        (2, 40, 256, 2, 21, 1),
+        (1, 50, 256, 2, 13, 19),
+    ],
+)
 def test_attention_cached(B: int, Tmax: int, C: int, NH: int, pos: int, n: int, dtype: torch.dtype) -> None:
     """The inference step's attention over the KV cache against the NumPy pair's (decode, a window inside the
     sequence, a prefill filling the cache; head size 128 too); the cache past pos + n holds noise the kernel must

@@ -37,18 +37,23 @@ def test_a_plan_over_the_card_is_one_line_with_what_fits(tmp_path, monkeypatch, 
     naming the plan's total, the room and the largest micro-batch that fits with the n_micro that keeps the 128
     sequences a step."""
     card_memory(monkeypatch, int(4.5 * GIB))
-    exp = write_experiment(tmp_path, model=ANDREA_120M, train={"micro_batch": 8, "n_micro": 16, "backend": "triton",
-                                                               "precision": "bf16"})  # fmt: skip
+    exp = write_experiment(
+        tmp_path, model=ANDREA_120M, train={"micro_batch": 8, "n_micro": 16, "backend": "triton", "precision": "bf16"}
+    )
     line = one_error_line(["train", str(exp), "--out", str(tmp_path / "run")], capsys)
     e = config.load(exp)
     K = backend.get_backend("triton", "bf16")
     total, room = plan_bytes(e.model, e.train, K, 8), 4 * GIB
     device = K.device  # the interpreter's in CI, the card's on the GPU machine
-    assert line.startswith(f"error: the memory plan needs {total:,} bytes but the device ({device}) has {room:,} "
-                           f"bytes for it ({total / GIB:.2f} GiB against 4.50 GiB available less train.memory_margin "
-                           "0.50 GiB); train.micro_batch 4 with train.n_micro 32 fits ")  # fmt: skip
-    assert line.endswith(f"fits ({plan_bytes(e.model, e.train, K, 4) / GIB:.2f} GiB) and keeps the 128 sequences a "
-                         "step (--micro-batch auto picks it)")  # fmt: skip
+    assert line.startswith(
+        f"error: the memory plan needs {total:,} bytes but the device ({device}) has {room:,} "
+        f"bytes for it ({total / GIB:.2f} GiB against 4.50 GiB available less train.memory_margin "
+        "0.50 GiB); train.micro_batch 4 with train.n_micro 32 fits "
+    )
+    assert line.endswith(
+        f"fits ({plan_bytes(e.model, e.train, K, 4) / GIB:.2f} GiB) and keeps the 128 sequences a "
+        "step (--micro-batch auto picks it)"
+    )
     assert plan_bytes(e.model, e.train, K, 4) <= room < total
     assert not list((tmp_path / "run").glob("ckpt/*"))
 
@@ -57,8 +62,9 @@ def test_a_plan_over_the_card_is_one_line_with_what_fits(tmp_path, monkeypatch, 
 def test_auto_picks_the_largest_micro_batch_that_fits(monkeypatch, capsys, free_gib, margin) -> None:
     card_memory(monkeypatch, int(free_gib * GIB))
     m = config.ModelConfig(**ANDREA_120M)
-    t = config.TrainConfig(micro_batch=config.AUTO, n_micro=128, backend="triton", precision="bf16",
-                           memory_margin=margin)  # fmt: skip
+    t = config.TrainConfig(
+        micro_batch=config.AUTO, n_micro=128, backend="triton", precision="bf16", memory_margin=margin
+    )
     K = backend.get_backend("triton", "bf16")
     got = state.auto_micro_batch(m, t, K, K.memory_bytes(), int(margin * GIB))
     B, room = got.micro_batch, int((free_gib - margin) * GIB)
@@ -74,8 +80,11 @@ def test_auto_without_a_memory_figure_or_room_is_one_line() -> None:
     m = config.ModelConfig(**ANDREA_120M)
     t = config.TrainConfig(micro_batch=config.AUTO, n_micro=128, backend="triton", precision="bf16")
     K = backend.get_backend("triton", "bf16")  # the interpreter: no device memory to read
-    with pytest.raises(memory.PlanError, match=r"^train.micro_batch 'auto': the device \(cpu \(triton interpreter\)\) "
-                                               "does not say how much memory it has"):  # fmt: skip
+    with pytest.raises(
+        memory.PlanError,
+        match=r"^train.micro_batch 'auto': the device \(cpu \(triton interpreter\)\) "
+        "does not say how much memory it has",
+    ):
         state.make_state(m, t, K)
     refusal = r"no micro-batch fits the device .* a micro-batch of 1 needs 2\.\d\d GiB of the 1\.00 GiB available"
     with pytest.raises(memory.PlanError, match=refusal):

@@ -39,15 +39,27 @@ def card(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     "name, precision, refusal",
     [
-        ("T4", "bf16", r"^train.precision 'bf16' needs bfloat16 tensor cores \(compute capability >= 8\.0\); Tesla T4 "
-                       r"is 7\.5: train.precision 'fp16' runs here \(with its dynamic loss scale\)$"),
-        ("T4", "fp8", r"^train.precision 'fp8' needs FP8 tensor cores \(compute capability >= 8\.9\); Tesla T4 is "
-                      r"7\.5: train.precision 'fp16' runs here"),
-        ("3060", "fp8", r"^train.precision 'fp8' needs FP8 tensor cores \(compute capability >= 8\.9\); NVIDIA "
-                        r"GeForce RTX 3060 is 8\.6: train.precision 'bf16' runs here \(or 'fp16'\)$"),
+        (
+            "T4",
+            "bf16",
+            r"^train.precision 'bf16' needs bfloat16 tensor cores \(compute capability >= 8\.0\); Tesla T4 "
+            r"is 7\.5: train.precision 'fp16' runs here \(with its dynamic loss scale\)$",
+        ),
+        (
+            "T4",
+            "fp8",
+            r"^train.precision 'fp8' needs FP8 tensor cores \(compute capability >= 8\.9\); Tesla T4 is "
+            r"7\.5: train.precision 'fp16' runs here",
+        ),
+        (
+            "3060",
+            "fp8",
+            r"^train.precision 'fp8' needs FP8 tensor cores \(compute capability >= 8\.9\); NVIDIA "
+            r"GeForce RTX 3060 is 8\.6: train.precision 'bf16' runs here \(or 'fp16'\)$",
+        ),
         ("A100", "fp8", r"A100-SXM4-40GB is 8\.0: train.precision 'bf16' runs here"),
     ],
-)  # fmt: skip
+)
 def test_a_precision_the_card_lacks_is_refused_naming_the_field(card, name, precision, refusal) -> None:
     card(name)
     with pytest.raises(config.ConfigError, match=refusal):

@@ -80,14 +80,16 @@ def test_row_kernel_both_maxima(per_block: bool, dtype: torch.dtype) -> None:
     dloss = rng.random(r)
     # the NumPy pair on logits = I @ (logits^T)^T: its dwte (from zero) is then dlogits^T
     loss, lse, dwte = np.empty(r), np.empty(r), np.zeros((V, r))
-    ref.crossentropy_forward_backward(loss, lse, np.zeros((r, r)), dwte, dloss, np.eye(r), logits.T.copy(), targets,
-                                      np.empty((r, V)), mm=REF_MM)  # fmt: skip
+    ref.crossentropy_forward_backward(
+        loss, lse, np.zeros((r, r)), dwte, dloss, np.eye(r), logits.T.copy(), targets, np.empty((r, V)), mm=REF_MM
+    )
     dlogits = dwte.T
 
     f32 = dict(dtype=torch.float32, device=DEVICE)
     glosses, glse, g = torch.empty(r, **f32), torch.empty(r, **f32), t(logits, dtype)
-    kc.k_crossentropy_fwd[(r,)](glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block,
-                                PER_BLOCK=per_block)  # fmt: skip
+    kc.k_crossentropy_fwd[(r,)](
+        glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block, PER_BLOCK=per_block
+    )
     compare("losses", glosses, loss, dtype)
     compare("lse", glse, lse, dtype)
     compare("dlogits", g, dlogits, dtype)
@@ -116,8 +118,7 @@ def test_crossentropy_softcap(N: int, C: int, V: int, R: int, dtype: torch.dtype
     logits = torch.empty(R, V, dtype=dtype, device=DEVICE)
     pair = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, torch.float32)]
     kc.crossentropy_forward(pair[0], pair[1], gx, gwte, gt, logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
-    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits, mm=MM, tuner=TUNER,
-                             softcap=SOFTCAP)  # fmt: skip
+    kc.crossentropy_backward(pair[2], pair[3], gdl, gx, gwte, gt, pair[1], logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
     for name, got, want in zip(("losses", "lse", "dx", "dwte"), pair, (losses, lse, dx, dwte)):
         compare(name, got, want, dtype)
     fused = [torch.empty(N, **f32), torch.empty(N, **f32), t(dx0, dtype), t(dwte0, torch.float32)]
@@ -137,12 +138,33 @@ def test_row_kernel_softcap(per_block: bool) -> None:
     targets[3] = -1
     dloss = rng.random(r)
     loss, lse, dwte = np.empty(r), np.empty(r), np.zeros((V, r))  # logits = I @ logits: dwte is dz^T (as above)
-    ref.crossentropy_forward_backward(loss, lse, np.zeros((r, r)), dwte, dloss, np.eye(r), logits.T.copy(), targets,
-                                      np.empty((r, V)), mm=REF_MM, softcap=SOFTCAP)  # fmt: skip
+    ref.crossentropy_forward_backward(
+        loss,
+        lse,
+        np.zeros((r, r)),
+        dwte,
+        dloss,
+        np.eye(r),
+        logits.T.copy(),
+        targets,
+        np.empty((r, V)),
+        mm=REF_MM,
+        softcap=SOFTCAP,
+    )
     f32 = dict(dtype=torch.float32, device=DEVICE)
     glosses, glse, g = torch.empty(r, **f32), torch.empty(r, **f32), t(logits, torch.float32)
-    kc.k_crossentropy_fwd[(r,)](glosses, glse, g, t(targets), t(dloss, torch.float32), V, GRAD=True, BLOCK_V=block,
-                                PER_BLOCK=per_block, SOFTCAP=SOFTCAP)  # fmt: skip
+    kc.k_crossentropy_fwd[(r,)](
+        glosses,
+        glse,
+        g,
+        t(targets),
+        t(dloss, torch.float32),
+        V,
+        GRAD=True,
+        BLOCK_V=block,
+        PER_BLOCK=per_block,
+        SOFTCAP=SOFTCAP,
+    )
     compare("losses", glosses, loss, torch.float32)
     compare("lse", glse, lse, torch.float32)
     compare("dz", g, dwte.T, torch.float32)

@@ -131,8 +131,9 @@ TOL_STEP = {("fp32", None): 1e-5, ("fp8", "fp32"): 5e-2 if ON_GPU else 1e-5, ("b
             ("fp8", None): 5e-2}  # fmt: skip
 
 
-@pytest.mark.parametrize("precision,compute", [("fp32", None), ("fp8", "fp32")] + ([("bf16", None), ("fp8", None)]
-                                                                                   if ON_GPU else []))  # fmt: skip
+@pytest.mark.parametrize(
+    "precision,compute", [("fp32", None), ("fp8", "fp32")] + ([("bf16", None), ("fp8", None)] if ON_GPU else [])
+)
 def test_the_decode_step_matches_numpy(precision: str, compute: str | None) -> None:
     """The same weights on both backends, the same prompts and decode steps (decode_run: rows at different
     positions, batches of 1 and 2; on a GPU each step a replay of its batch's CUDA graph): every step's logits
@@ -174,7 +175,8 @@ def test_decode_qkrope(H: int, D: int, dtype: torch.dtype) -> None:
         got = want.clone()
         rstd = torch.empty(2, 1, H, device=DEVICE)
         for i, p in enumerate(positions.tolist()):
-            qkrope_kernels.qkrope_forward(want[0, i : i + 1, None], want[1, i : i + 1, None], rstd, grope, n_head=H,
-                                          pos=p)  # fmt: skip
+            qkrope_kernels.qkrope_forward(
+                want[0, i : i + 1, None], want[1, i : i + 1, None], rstd, grope, n_head=H, pos=p
+            )
         kd.decode_qkrope(got[0], got[1], t(positions), grope, n_head=H)
         assert torch.equal(got, want), "a decode row is the training forward at its position, bit for bit"

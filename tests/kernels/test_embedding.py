@@ -47,8 +47,7 @@ def test_embedding(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype
 @pytest.mark.parametrize("chunk", [ke.CHUNK, 1], ids=["one-chunk", "chunk-per-sequence"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
-def test_embedding_without_positions(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype,
-                                     chunk: int) -> None:  # fmt: skip
+def test_embedding_without_positions(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype, chunk: int) -> None:
     """wpe None (the modern block): the token rows alone forward, dwte alone backward, against the NumPy pair; and the
     same dwte bits as with a position table (the sort and the runs are the same)."""
     rng = np.random.default_rng(B * T * C + V + 1)
@@ -75,8 +74,10 @@ def test_embedding_backward_is_deterministic() -> None:
     tokens = rng.integers(0, 3, size=(4, 40)).astype(np.int32)
     wte, wpe, dout = rng.standard_normal((3, 16)), rng.standard_normal((40, 16)), rng.standard_normal((4, 40, 16))
     for chunk in (ke.CHUNK, 80):  # one chunk; two sequences per chunk
-        runs = [run_kernels(tokens, wte, wpe, dout, np.zeros_like(wte), np.zeros_like(wpe), torch.float32, chunk)
-                for _ in "ab"]  # fmt: skip
+        runs = [
+            run_kernels(tokens, wte, wpe, dout, np.zeros_like(wte), np.zeros_like(wpe), torch.float32, chunk)
+            for _ in "ab"
+        ]
         np.testing.assert_array_equal(h(runs[0][1]), h(runs[1][1]))
 
 

@@ -42,8 +42,12 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     w = params.init_weights(exp.model, 3)
     w += np.random.default_rng(4).standard_normal(w.shape).astype(np.float32) * 0.1
     zeros = np.zeros_like(w)
-    meta = {"config": exp.to_dict(), "tokenizer": ByteTokenizer().describe(), "precision": "fp32",
-            "params": [[n, list(s)] for n, s in params.param_shapes(exp.model)]}  # fmt: skip
+    meta = {
+        "config": exp.to_dict(),
+        "tokenizer": ByteTokenizer().describe(),
+        "precision": "fp32",
+        "params": [[n, list(s)] for n, s in params.param_shapes(exp.model)],
+    }
     path = checkpoint.write_checkpoint(folder / "step-00000005.bin", 5, w, zeros, zeros, meta)
     text = "def f(x):\n    return x * 2  # héllo\n"
     shards.write_shard(folder / "data" / "val_000000.bin", np.frombuffer((text * 3).encode()[:97], np.uint8))
@@ -66,8 +70,9 @@ def test_val_text_and_hellaswag_equal_numpy(ckpt: dict[str, Path], capsys: pytes
     for name in ("numpy", "triton"):
         out = got[name] = {}
         for what in ("data", "text"):
-            out[what] = run_eval(capsys, str(ckpt["ckpt"]), f"--{what}", str(ckpt[what]), "--backend", name,
-                                 "--precision", "fp32")  # fmt: skip
+            out[what] = run_eval(
+                capsys, str(ckpt["ckpt"]), f"--{what}", str(ckpt[what]), "--backend", name, "--precision", "fp32"
+            )
         out["sums"] = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, name, "fp32")), items)
     cpu, gpu = got["numpy"], got["triton"]
     for what in ("data", "text"):
@@ -86,8 +91,9 @@ def test_val_text_and_hellaswag_equal_numpy(ckpt: dict[str, Path], capsys: pytes
 
 def test_hellaswag_on_triton_through_the_cli(ckpt: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     """`eval --hellaswag --backend triton` reports what the scorer's sums give, on the precision asked for."""
-    res = run_eval(capsys, str(ckpt["ckpt"]), "--hellaswag", str(ckpt["hs"]), "--backend", "triton",
-                   "--precision", "fp32")  # fmt: skip
+    res = run_eval(
+        capsys, str(ckpt["ckpt"]), "--hellaswag", str(ckpt["hs"]), "--backend", "triton", "--precision", "fp32"
+    )
     ld = load_trained(ckpt["ckpt"])
     items = hellaswag_file.tokenize(hellaswag_file.read(ckpt["hs"], "--hellaswag"), ByteTokenizer(), MODEL["seq_len"])
     sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", "fp32")), items)
@@ -115,14 +121,24 @@ def test_bf16_on_the_gpu_is_numpy_to_bf16_rounding(ckpt: dict[str, Path], capsys
 def test_eval_data_on_the_gpu_equals_the_trainers_val_loss(tmp_path: Path, precision: str) -> None:
     """A tiny run trained on the GPU, then `eval --data` of its last checkpoint on the windows its val_loss scored:
     the same kernels on the same shapes (the GEMM choices the run's tuning recorded), so the same loss."""
-    exp = write_experiment(tmp_path, train={"backend": "triton", "precision": precision},
-                           data={"path": str(tmp_path / "data")})  # fmt: skip
+    exp = write_experiment(
+        tmp_path, train={"backend": "triton", "precision": precision}, data={"path": str(tmp_path / "data")}
+    )
     res = cli("train", str(exp), "--out", str(tmp_path / "run"), "--json")
     assert res.returncode == 0, res.stderr
     val = [r["val_loss"] for r in json_lines(res.stdout) if r.get("event") == "eval"][-1]
     windows = TINY["train"]["eval_batches"] * TINY["train"]["micro_batch"]
-    res = cli("eval", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--windows", str(windows),
-              "--precision", precision, "--json")  # fmt: skip
+    res = cli(
+        "eval",
+        str(tmp_path / "run"),
+        "--data",
+        str(tmp_path / "data"),
+        "--windows",
+        str(windows),
+        "--precision",
+        precision,
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert (got["backend"], got["precision"], got["windows"]) == ("triton", precision, windows)

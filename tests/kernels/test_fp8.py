@@ -152,19 +152,35 @@ def test_roll_matches_numpy() -> None:
         slots[..., fp8.PRE : fp8.AMAX + 1] = rng.uniform(0, 5, (2, 4, 2, 2))
 
 
-def weights_pair(rng: np.random.Generator, G: int, C: int, OC: int, N: int,
-                 history: tuple[float, float] | None = None) -> tuple[Fp8Weight, Fp8Weight]:  # fmt: skip
+def weights_pair(
+    rng: np.random.Generator, G: int, C: int, OC: int, N: int, history: tuple[float, float] | None = None
+) -> tuple[Fp8Weight, Fp8Weight]:
     """The same site's weights cast by the NumPy reference and by the kernels: the same bytes and scale (the
     kernels' site also holds its input's transposed E4M3 copy for N tokens, as the plan gives it). history: the
     one entry of its input's and output gradient's histories (None: priming)."""
     master = (rng.standard_normal((G, C, OC)) * 0.2).astype(np.float32)
     hx, hg = ([v] for v in history) if history is not None else (None, None)
-    nw = Fp8Weight("w", master, np.zeros((C, G * OC), ref.e4m3()), np.zeros((G, OC, C), ref.e4m3()),
-                   np.zeros(fp8.SLOT, np.float32), oslot(hx), oslot(hg), fp8.Priming(history is None))  # fmt: skip
-    tw = Fp8Weight("w", t(master), torch.empty(C, G * OC, dtype=F8, device=DEVICE),
-                   torch.empty(G, OC, C, dtype=F8, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE),
-                   t(oslot(hx)), t(oslot(hg)), fp8.Priming(history is None),
-                   torch.empty(C * N, dtype=F8, device=DEVICE))  # fmt: skip
+    nw = Fp8Weight(
+        "w",
+        master,
+        np.zeros((C, G * OC), ref.e4m3()),
+        np.zeros((G, OC, C), ref.e4m3()),
+        np.zeros(fp8.SLOT, np.float32),
+        oslot(hx),
+        oslot(hg),
+        fp8.Priming(history is None),
+    )
+    tw = Fp8Weight(
+        "w",
+        t(master),
+        torch.empty(C, G * OC, dtype=F8, device=DEVICE),
+        torch.empty(G, OC, C, dtype=F8, device=DEVICE),
+        torch.zeros(fp8.SLOT, device=DEVICE),
+        t(oslot(hx)),
+        t(oslot(hg)),
+        fp8.Priming(history is None),
+        torch.empty(C * N, dtype=F8, device=DEVICE),
+    )
     ref.Matmul(None).cast_weights([nw])
     matmul8(1, 1).cast_weights([tw])
     np.testing.assert_array_equal(bytes_of(tw.w8), nw.w8.view(np.uint8))
@@ -251,14 +267,18 @@ def test_mlp_fp8_matches_numpy(dtype: torch.dtype, scaling: str) -> None:
     dw1_t, dw2_t = torch.zeros(C, 4 * C, device=DEVICE), torch.zeros(4 * C, C, device=DEVICE)
     # no buffer for a = gelu(h): in fp8 it exists only in E4M3 (the plan has none: Precision.gelu_planned)
     kmlp.mlp_forward(out_t, h_t, None, t(x, dtype), w1t, w2t, mm=mm)
-    kmlp.mlp_backward(dx_t, dw1_t, dw2_t, t(dout, dtype), t(x, dtype), h_t, w1t, w2t, None, dh_t, mm=mm,
-                      recompute=True)  # fmt: skip
+    kmlp.mlp_backward(dx_t, dw1_t, dw2_t, t(dout, dtype), t(x, dtype), h_t, w1t, w2t, None, dh_t, mm=mm, recompute=True)
     # bf16 rounds h before a = gelu(h) is cast, and on the GPU the FP8 tensor cores' narrower sums (TOL) reach the
     # casts of a and dh: either moves a few elements to a neighbouring E4M3 value (measured on the GPU with fp32
     # activations: dx rel err 1.4e-3)
     tol = 5e-2 if dtype != torch.float32 else 5e-3 if ON_GPU else TOL[dtype]
-    for name, got, want in [("h", h_t, h_n), ("out", out_t, out_n), ("dx", dx_t, dx_n), ("dw1", dw1_t, dw1_n),
-                            ("dw2", dw2_t, dw2_n)]:  # fmt: skip
+    for name, got, want in [
+        ("h", h_t, h_n),
+        ("out", out_t, out_n),
+        ("dx", dx_t, dx_n),
+        ("dw1", dw1_t, dw1_n),
+        ("dw2", dw2_t, dw2_n),
+    ]:
         check(name, h(got), want, tol)
 
 
@@ -292,10 +312,16 @@ def test_head_fp8_matches_numpy(dtype: torch.dtype, fused: bool) -> None:
     targets = rng.integers(0, V, N).astype(np.int32)
     targets[::3] = -1
     dlosses = (rng.random(N) / N).astype(np.float32)
-    nh = fp8.Fp8Head(wte, wte, np.zeros((V, C), ref.e4m3()), np.zeros(fp8.SLOT, np.float32),
-                     np.zeros(fp8.SLOT, np.float32))  # fmt: skip
-    th = fp8.Fp8Head(t(wte, dtype), t(wte), torch.empty(V, C, dtype=F8, device=DEVICE),
-                     torch.zeros(fp8.SLOT, device=DEVICE), torch.zeros(fp8.SLOT, device=DEVICE))  # fmt: skip
+    nh = fp8.Fp8Head(
+        wte, wte, np.zeros((V, C), ref.e4m3()), np.zeros(fp8.SLOT, np.float32), np.zeros(fp8.SLOT, np.float32)
+    )
+    th = fp8.Fp8Head(
+        t(wte, dtype),
+        t(wte),
+        torch.empty(V, C, dtype=F8, device=DEVICE),
+        torch.zeros(fp8.SLOT, device=DEVICE),
+        torch.zeros(fp8.SLOT, device=DEVICE),
+    )
     ref.Matmul(None).cast_weights([nh])
     matmul8(1, 1).cast_weights([th])
     np.testing.assert_array_equal(bytes_of(th.w8), nh.w8.view(np.uint8))
@@ -340,13 +366,21 @@ def test_weights_cast_one_launch_pair_per_site_matches_numpy() -> None:
     runs = kc.stack([*sites, head])
     at = list(range(len(sites) + 1))  # each run's positions in the list
     assert [(at[i], tuple(r[0].shape)) for i, r in runs] == [([12], tuple(head.master.shape))] + [
-        ([i, i + 4, i + 8], (m.n_layer, *w.master.shape)) for i, w in enumerate(sites[:4])]  # fmt: skip
+        ([i, i + 4, i + 8], (m.n_layer, *w.master.shape)) for i, w in enumerate(sites[:4])
+    ]
 
     def assert_reference(ws: list[Fp8Weight]) -> None:
         for w in ws:
-            nw = Fp8Weight(w.name, h(w.master), np.zeros(tuple(w.w8.shape), ref.e4m3()),
-                           np.zeros(tuple(w.w8t.shape), ref.e4m3()), np.zeros(fp8.SLOT, np.float32), None, None,
-                           fp8.Priming(False))  # fmt: skip
+            nw = Fp8Weight(
+                w.name,
+                h(w.master),
+                np.zeros(tuple(w.w8.shape), ref.e4m3()),
+                np.zeros(tuple(w.w8t.shape), ref.e4m3()),
+                np.zeros(fp8.SLOT, np.float32),
+                None,
+                None,
+                fp8.Priming(False),
+            )
             ref.Matmul(None).cast_weights([nw])
             np.testing.assert_array_equal(bytes_of(w.w8), nw.w8.view(np.uint8), err_msg=w.name)
             np.testing.assert_array_equal(bytes_of(w.w8t), nw.w8t.view(np.uint8), err_msg=w.name)

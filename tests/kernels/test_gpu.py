@@ -471,10 +471,17 @@ def test_linear_fp8_gpu():
     G = 3
     master = rnd(G, C, C, scale=0.02)
     f8 = torch.float8_e4m3fn
-    w = Fp8Weight("w", master, torch.empty(C, G * C, dtype=f8, device="cuda"),
-                  torch.empty(G, C, C, dtype=f8, device="cuda"), torch.zeros(SLOT, device="cuda"),
-                  torch.zeros(OSLOT, device="cuda"), torch.zeros(OSLOT, device="cuda"), Priming(True),
-                  torch.empty(C * N, dtype=f8, device="cuda"))  # fmt: skip
+    w = Fp8Weight(
+        "w",
+        master,
+        torch.empty(C, G * C, dtype=f8, device="cuda"),
+        torch.empty(G, C, C, dtype=f8, device="cuda"),
+        torch.zeros(SLOT, device="cuda"),
+        torch.zeros(OSLOT, device="cuda"),
+        torch.zeros(OSLOT, device="cuda"),
+        Priming(True),
+        torch.empty(C * N, dtype=f8, device="cuda"),
+    )
     scratch = {name: torch.zeros(N * 4 * C, dtype=f8, device="cuda") for name in SCRATCH}
     mm = fp8.Matmul(GEMM, None, {**scratch, "fp8_wgrad": torch.zeros(4 * C * C, device="cuda")})
     mm.cast_weights([w])
@@ -500,8 +507,9 @@ def _three_steps(rng) -> list:
     over a vocabulary of 128."""
     import numpy as np
 
-    return [[tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)]
-            for _ in range(3)]  # fmt: skip
+    return [
+        [tuple(rng.integers(0, 128, (2, 64)).astype(np.int32) for _ in range(2)) for _ in range(2)] for _ in range(3)
+    ]
 
 
 def test_fp8_step_gpu():

@@ -50,9 +50,13 @@ def test_an_attention_candidate_over_the_device_is_skipped(tmp_path, monkeypatch
         else:
             attention.attention_forward(out, lse, q, k, v, NH, tuner=tuner)
         outs.append(out.float())
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        *(x.view(B, T, NH, -1).transpose(1, 2).float() for x in (q, k, v)), is_causal=True
-    ).transpose(1, 2).reshape(B, T, C)  # fmt: skip
+    ref = (
+        torch.nn.functional.scaled_dot_product_attention(
+            *(x.view(B, T, NH, -1).transpose(1, 2).float() for x in (q, k, v)), is_causal=True
+        )
+        .transpose(1, 2)
+        .reshape(B, T, C)
+    )
     for out in outs:
         assert ((out - ref).norm() / ref.norm()).item() < 1e-2
     assert "attention_fwd candidate 0 does not fit" in capsys.readouterr().err
@@ -95,12 +99,30 @@ def test_auto_micro_batch_under_a_cap_trains_within_it(tmp_path, cap_gib) -> Non
     """ANDREA-120M's body (byte vocabulary: the builtin data, 3 steps) with `--micro-batch auto` under a
     per-process cap: the chosen micro-batch keeps 128 sequences a step and the allocator's peak stays within the
     cap."""
-    exp = write_experiment(tmp_path, model={"vocab_size": 256, "d_model": 768, "n_layer": 12, "n_head": 12,
-                                            "seq_len": 1024},
-                           train={"micro_batch": 8, "n_micro": 16, "steps": 3, "backend": "triton",
-                                  "precision": "bf16", "eval_every": 1000})  # fmt: skip
-    cmd = [sys.executable, "dev/capped_train.py", str(cap_gib), "train", str(exp), "--out", str(tmp_path / "run"),
-           "--micro-batch", "auto", "--json"]  # fmt: skip
+    exp = write_experiment(
+        tmp_path,
+        model={"vocab_size": 256, "d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 1024},
+        train={
+            "micro_batch": 8,
+            "n_micro": 16,
+            "steps": 3,
+            "backend": "triton",
+            "precision": "bf16",
+            "eval_every": 1000,
+        },
+    )
+    cmd = [
+        sys.executable,
+        "dev/capped_train.py",
+        str(cap_gib),
+        "train",
+        str(exp),
+        "--out",
+        str(tmp_path / "run"),
+        "--micro-batch",
+        "auto",
+        "--json",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     start = next(rec for rec in json_lines(r.stdout) if rec["event"] == "start")

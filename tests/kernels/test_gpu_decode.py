@@ -163,8 +163,10 @@ def test_fp8_decode_step_is_the_forward_gpu(activations: str) -> None:
     prompt, steps, w = MID_PROMPT, MID_STEPS, weights(MID)
     side = fp8_histories(MID, w, prompt)
     compute = None if activations == "bf16" else activations
-    states = [make_infer_state(MID, triton_backend("fp8", compute=compute), b, w, cache) for b, cache in
-              ((3, True), (1, False))]  # fmt: skip
+    states = [
+        make_infer_state(MID, triton_backend("fp8", compute=compute), b, w, cache)
+        for b, cache in ((3, True), (1, False))
+    ]
     for S in states:
         S.prec.load_sidecar(side, "the test's histories")
     got = decode_steps(states[0], prompt, steps)[1:]

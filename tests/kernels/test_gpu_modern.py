@@ -164,8 +164,9 @@ def test_crossentropy_softcap_gpu(dtype):
     dx0 = rounded(rng.standard_normal((n, C)) * 1e-4, dtype)  # noise at the gradient's scale
     losses, lse, dx, dhead = np.empty(n), np.empty(n), dx0.copy(), np.zeros((V, C))
     ref_ce.crossentropy_forward(losses, lse, x, head, targets, np.empty((R, V)), mm=REF_MM, softcap=SOFTCAP)
-    ref_ce.crossentropy_backward(dx, dhead, dlosses, x, head, targets, lse, np.empty((R, V)), mm=REF_MM,
-                                 softcap=SOFTCAP)  # fmt: skip
+    ref_ce.crossentropy_backward(
+        dx, dhead, dlosses, x, head, targets, lse, np.empty((R, V)), mm=REF_MM, softcap=SOFTCAP
+    )
 
     f32 = dict(dtype=torch.float32, device="cuda")
     gx, ghead, gt, gdl = t(x, dtype), t(head, dtype), t(targets), t(dlosses, torch.float32)
@@ -173,8 +174,7 @@ def test_crossentropy_softcap_gpu(dtype):
     dhead0 = noise(rng, V, C) * 1e-4
     pair = [torch.empty(n, **f32), torch.empty(n, **f32), t(dx0, dtype), dhead0.clone()]
     k.crossentropy_forward(pair[0], pair[1], gx, ghead, gt, logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
-    k.crossentropy_backward(pair[2], pair[3], gdl, gx, ghead, gt, pair[1], logits, mm=MM, tuner=TUNER,
-                            softcap=SOFTCAP)  # fmt: skip
+    k.crossentropy_backward(pair[2], pair[3], gdl, gx, ghead, gt, pair[1], logits, mm=MM, tuner=TUNER, softcap=SOFTCAP)
     close("losses", pair[0], losses, dtype)
     close("lse", pair[1], lse, dtype)
     close("dx", pair[2], dx, dtype)
@@ -197,8 +197,19 @@ def test_crossentropy_softcap_every_configuration_gpu():
     targets[5] = -1
     dloss = rng.random(r)
     loss, lse, dz_t = np.empty(r), np.empty(r), np.zeros((V, r))
-    ref_ce.crossentropy_forward_backward(loss, lse, np.zeros((r, r)), dz_t, dloss, np.eye(r), z.T.copy(), targets,
-                                         np.empty((r, V)), mm=REF_MM, softcap=SOFTCAP)  # fmt: skip
+    ref_ce.crossentropy_forward_backward(
+        loss,
+        lse,
+        np.zeros((r, r)),
+        dz_t,
+        dloss,
+        np.eye(r),
+        z.T.copy(),
+        targets,
+        np.empty((r, V)),
+        mm=REF_MM,
+        softcap=SOFTCAP,
+    )
     gz, gt, gdl = t(z, dtype), t(targets), t(dloss, torch.float32)
     for name, config in k.ROW_CONFIGS.items():
         g, gloss, glse = gz.clone(), torch.empty(r, device="cuda"), torch.empty(r, device="cuda")

@@ -62,8 +62,9 @@ def test_qkrope_gpu(dtype):
         rstd = torch.full((2, B * t, NH), float("nan"), device="cuda")
         kq.qkrope_forward(q, k, rstd, rope, n_head=NH, pos=pos)
         want_rstd = np.empty((2, B * t, NH))
-        ref_qkrope.qkrope_forward(x[0].reshape(B, t, C), x[1].reshape(B, t, C), want_rstd, host(rope), n_head=NH,
-                                  pos=pos)  # fmt: skip
+        ref_qkrope.qkrope_forward(
+            x[0].reshape(B, t, C), x[1].reshape(B, t, C), want_rstd, host(rope), n_head=NH, pos=pos
+        )
         close(f"q at {pos}", q, x[0].reshape(B, t, C), dtype)
         close(f"k at {pos}", k, x[1].reshape(B, t, C), dtype)
         close(f"rstd at {pos}", rstd, want_rstd, torch.float32)
@@ -75,8 +76,9 @@ def test_qkrope_gpu(dtype):
     kq.qkrope_backward(dq, dk, q, k, rstd, rope, n_head=NH)
     kq.qkrope_backward(again[0].view(B, T, C), again[1].view(B, T, C), q, k, rstd, rope, n_head=NH)
     assert torch.equal(dqkv, again), "backward is deterministic"
-    ref_qkrope.qkrope_backward(g[0].reshape(B, T, C), g[1].reshape(B, T, C), host(q), host(k), host(rstd),
-                               host(rope), n_head=NH)  # fmt: skip
+    ref_qkrope.qkrope_backward(
+        g[0].reshape(B, T, C), g[1].reshape(B, T, C), host(q), host(k), host(rstd), host(rope), n_head=NH
+    )
     close("dq", dq, g[0].reshape(B, T, C), dtype)
     close("dk", dk, g[1].reshape(B, T, C), dtype)
 
@@ -134,8 +136,13 @@ def test_attention_head_size_128_gpu(dtype, monkeypatch):
         dq, dk, dv = (torch.randn_like(q) for _ in range(3))
         ka.attention_forward(out, lse, q, k, v, NH, tuner=TUNER)
         ka.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, NH, delta=delta, tuner=TUNER)
-        for name, got, want in (("out", out, ref), ("lse", lse, lse_ref), ("dq", dq, rq.grad), ("dk", dk, rk.grad),
-                                ("dv", dv, rv.grad)):  # fmt: skip
+        for name, got, want in (
+            ("out", out, ref),
+            ("lse", lse, lse_ref),
+            ("dq", dq, rq.grad),
+            ("dk", dk, rk.grad),
+            ("dv", dv, rv.grad),
+        ):
             close(f"config {i}: {name}", got, want, dtype)
         dq2, dk2, dv2 = (torch.randn_like(q) for _ in range(3))
         ka.attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, NH, delta=delta, tuner=TUNER)

@@ -32,8 +32,9 @@ def test_layernorm(N: int, C: int, dtype: torch.dtype) -> None:
     compare("rstd", g["rstd"], rstd, torch.float32)
     gdx, gdw, gdb = t(dx0, dtype), t(dw0, torch.float32), t(db0, torch.float32)
     partials = torch.empty(kl.scratch_numel(C, SMS), dtype=torch.float32, device=DEVICE)
-    kl.layernorm_backward(gdx, gdw, gdb, t(dout, dtype), t(x, dtype), t(w, dtype), g["mean"], g["rstd"],
-                          partials=partials, tuner=TUNER)  # fmt: skip
+    kl.layernorm_backward(
+        gdx, gdw, gdb, t(dout, dtype), t(x, dtype), t(w, dtype), g["mean"], g["rstd"], partials=partials, tuner=TUNER
+    )
     compare("dx", gdx, dx, dtype)
     compare("dw", gdw, dw, dtype)
     compare("db", gdb, db, dtype)

@@ -38,8 +38,20 @@ def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool) -> None:
     dh = torch.empty(N, H, dtype=dtype, device=DEVICE)
     if recompute:
         g["a"].normal_()
-    km.mlp_backward(gdx, gdw1, gdw2, t(dout, dtype), t(x, dtype), t(hh, dtype), t(w1, dtype), t(w2, dtype), g["a"], dh,
-                    recompute=recompute, mm=MM)  # fmt: skip
+    km.mlp_backward(
+        gdx,
+        gdw1,
+        gdw2,
+        t(dout, dtype),
+        t(x, dtype),
+        t(hh, dtype),
+        t(w1, dtype),
+        t(w2, dtype),
+        g["a"],
+        dh,
+        recompute=recompute,
+        mm=MM,
+    )
     compare("dx", gdx, dx, dtype)
     compare("dw1", gdw1, dw1, dtype)
     compare("dw2", gdw2, dw2, dtype)

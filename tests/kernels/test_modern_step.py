@@ -60,8 +60,18 @@ def test_two_muon_steps_match_numpy() -> None:
     """step.optimizer_step on both backends: the same losses and norms, and after two steps with the clip acting
     the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head), v zero where Muon
     owns a parameter, the gradients left zero."""
-    t = TrainConfig(micro_batch=B, n_micro=2, grad_clip=0.05, optimizer="muon", lr=0.05, head_lr=0.01,
-                    muon_lr=0.03, weight_decay=0.0, muon_weight_decay=0.1, beta1=0.8)  # fmt: skip
+    t = TrainConfig(
+        micro_batch=B,
+        n_micro=2,
+        grad_clip=0.05,
+        optimizer="muon",
+        lr=0.05,
+        head_lr=0.01,
+        muon_lr=0.03,
+        weight_decay=0.0,
+        muon_weight_decay=0.1,
+        beta1=0.8,
+    )
     rng = np.random.default_rng(2)
     steps = [[_batch(rng) for _ in range(t.n_micro)] for _ in range(2)]
     results = {}
@@ -102,14 +112,24 @@ def test_fp8_muon_steps_match_numpy() -> None:
     reference specifies without bf16's rounding): two whole steps under Muon on both backends, the same losses and
     weights; the weights' E4M3 copies follow the masters through the cast's own amax pass."""
     m = dataclasses.replace(M, vocab_size=64)  # a multiple of 16: the head's logits GEMM in E4M3 too
-    t = TrainConfig(micro_batch=B, n_micro=2, precision="fp8", optimizer="muon", lr=0.05, head_lr=0.01,
-                    muon_lr=0.03, weight_decay=0.0)  # fmt: skip
+    t = TrainConfig(
+        micro_batch=B,
+        n_micro=2,
+        precision="fp8",
+        optimizer="muon",
+        lr=0.05,
+        head_lr=0.01,
+        muon_lr=0.03,
+        weight_decay=0.0,
+    )
     rng = np.random.default_rng(6)
     draw = lambda: rng.integers(0, m.vocab_size, (B, m.seq_len)).astype(np.int32)  # noqa: E731
     steps = [[(draw(), draw()) for _ in range(t.n_micro)] for _ in range(2)]
     out = {}
-    for name, K in (("numpy", backend.numpy_backend(precision_name="fp8")),
-                    ("triton", backend.triton_backend("fp8", compute="fp32"))):  # fmt: skip
+    for name, K in (
+        ("numpy", backend.numpy_backend(precision_name="fp8")),
+        ("triton", backend.triton_backend("fp8", compute="fp32")),
+    ):
         S = make_state(m, t, K)
         step = Step(S)
         out[name] = (S, [step(batches, t.lr) for batches in steps])

@@ -69,8 +69,7 @@ def run_both(compute: torch.dtype, steps: int = len(LRS)) -> tuple[dict, dict, n
     n, grps, own = layout()
     p0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
     rp, rm, rpc = p0.copy(), np.zeros(n, np.float32), np.full(n, 7.0, np.float32)
-    gp, gm, gpc = dev(p0), torch.zeros(n, dtype=F32, device=DEVICE), torch.full((n,), 7.0, dtype=compute,
-                                                                                   device=DEVICE)  # fmt: skip
+    gp, gm, gpc = dev(p0), torch.zeros(n, dtype=F32, device=DEVICE), torch.full((n,), 7.0, dtype=compute, device=DEVICE)
     scratch, rscratch = gpu_scratch(grps, compute, rng), ref_scratch(grps)
     for lr, mu, size in list(zip(LRS, MUS, GRAD_SIZES))[:steps]:
         raw = (rng.standard_normal(n) * size / math.sqrt(n) / GSCALE).astype(np.float32)
@@ -118,8 +117,17 @@ def test_non_finite_norm_skips(norm: float, gscale: float) -> None:
     n, grps, own = layout()
     p, m, g = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     gp, gm, gpc, gg = dev(p), dev(m), dev(p), dev(g)
-    km.muon_step(gp, gg, gm, gpc, dev(hyper(0.02, 0.95, gscale)), dev(np.array([norm])), groups=grps,
-                 max_norm=MAX_NORM, **gpu_scratch(grps, F32, rng))  # fmt: skip
+    km.muon_step(
+        gp,
+        gg,
+        gm,
+        gpc,
+        dev(hyper(0.02, 0.95, gscale)),
+        dev(np.array([norm])),
+        groups=grps,
+        max_norm=MAX_NORM,
+        **gpu_scratch(grps, F32, rng),
+    )
     for name, a, b in (("p", gp, p), ("m", gm, m), ("p_compute", gpc, p)):
         np.testing.assert_array_equal(h(a), b, err_msg=name)
     assert not h(gg)[own].any()

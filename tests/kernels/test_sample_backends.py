@@ -19,8 +19,23 @@ DEVICE_ENV = {} if ON_GPU else {"TRITON_INTERPRET": "1"}
 
 
 def greedy(run: Path, backend: str, *flags: str) -> list[dict]:
-    res = cli("sample", str(run), "--backend", backend, "--precision", "fp32", "--prompt", "def ", "--tokens", "10",
-              "--temperature", "0", "--json", *flags, env=DEVICE_ENV)  # fmt: skip
+    res = cli(
+        "sample",
+        str(run),
+        "--backend",
+        backend,
+        "--precision",
+        "fp32",
+        "--prompt",
+        "def ",
+        "--tokens",
+        "10",
+        "--temperature",
+        "0",
+        "--json",
+        *flags,
+        env=DEVICE_ENV,
+    )
     assert res.returncode == 0, res.stderr
     return json_lines(res.stdout)
 
@@ -35,8 +50,20 @@ def test_sample_on_triton_draws_numpy_greedy_tokens(run_256: Path) -> None:
 
 def test_chat_on_triton_answers_as_numpy(run_256: Path) -> None:
     def reply(backend: str) -> str:
-        res = cli("chat", str(run_256), "--backend", backend, "--precision", "fp32", "--temperature", "0",
-                  "--tokens", "12", input="hello\n", env=DEVICE_ENV)  # fmt: skip
+        res = cli(
+            "chat",
+            str(run_256),
+            "--backend",
+            backend,
+            "--precision",
+            "fp32",
+            "--temperature",
+            "0",
+            "--tokens",
+            "12",
+            input="hello\n",
+            env=DEVICE_ENV,
+        )
         assert res.returncode == 0, res.stderr
         return res.stdout
 
@@ -80,6 +107,17 @@ def test_an_fp8_run_decodes_on_triton_as_on_numpy(tmp_path: Path) -> None:
         logits.append(steps)
     for i, (a, b) in enumerate(zip(*logits)):
         check(f"step {i}", a, b, 1e-2 if ON_GPU else 1e-5)
-    res = cli("sample", str(tmp_path / "run"), "--backend", "triton", "--precision", "fp8", "--prompt", "def ",
-              "--tokens", "4", env=DEVICE_ENV)  # fmt: skip
+    res = cli(
+        "sample",
+        str(tmp_path / "run"),
+        "--backend",
+        "triton",
+        "--precision",
+        "fp8",
+        "--prompt",
+        "def ",
+        "--tokens",
+        "4",
+        env=DEVICE_ENV,
+    )
     assert res.returncode == 0 and res.stdout.startswith("def "), res.stderr

@@ -55,7 +55,14 @@ def test_the_shapes_are_the_recipes() -> None:
         exp = config.load(REPO / "experiments" / f"{shape.name}-TRAIN.json")
         m, t = exp.model, exp.train
         assert (shape.B, shape.T, shape.C, shape.NH, shape.V, shape.L, shape.block) == (
-            t.micro_batch, m.seq_len, m.d_model, m.n_head, m.vocab_size, m.n_layer, m.block)  # fmt: skip
+            t.micro_batch,
+            m.seq_len,
+            m.d_model,
+            m.n_head,
+            m.vocab_size,
+            m.n_layer,
+            m.block,
+        )
     # the modern block at ANDREA-120M's width, T and vocabulary: 6 heads of 128 (issue 46)
     (modern,) = MODERN
     big = ANDREA[1]
@@ -72,8 +79,11 @@ def test_the_muon_groups_are_the_engines() -> None:
     exp = config.load(REPO / "experiments" / f"{modern.name}-TRAIN.json")
     assert exp.train.optimizer == "muon"
     assert modern_muon_groups(modern) == optim.groups(exp.model)
-    assert [(len(g.offsets), g.rows, g.cols) for g in optim.groups(exp.model)] == [(48, 768, 768), (12, 768, 3072),
-                                                                                   (12, 3072, 768)]  # fmt: skip
+    assert [(len(g.offsets), g.rows, g.cols) for g in optim.groups(exp.model)] == [
+        (48, 768, 768),
+        (12, 768, 3072),
+        (12, 3072, 768),
+    ]
 
 
 def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:

@@ -138,8 +138,13 @@ def test_a_candidate_that_does_not_fit_is_not_offered_and_said_once(window, caps
     for key in ("k1", "k2"):
         assert window.choose("fit", key, {"big": too_big(), "slow": lambda: 2.0, "fast": lambda: 1.0}) == "fast"
     err = capsys.readouterr().err
-    assert err.count("note: fit candidate big does not fit test-device (shared memory: needs 114688, the device "
-                     "has 101376); it is not offered on this device") == 1  # fmt: skip
+    assert (
+        err.count(
+            "note: fit candidate big does not fit test-device (shared memory: needs 114688, the device "
+            "has 101376); it is not offered on this device"
+        )
+        == 1
+    )
 
 
 def test_launch_outside_the_window_runs_the_first_configuration_that_fits(tmp_path, monkeypatch, capsys) -> None:
@@ -204,8 +209,7 @@ def test_no_gelu_aux_algorithm_leaves_the_gelu_to_its_pass(tmp_path, monkeypatch
         g.mm_gelu(a, h, x, w)
     ref = x.float() @ w.float()
     torch.testing.assert_close(h.float(), ref, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(a.float(), torch.nn.functional.gelu(h.float(), approximate="tanh"), rtol=1e-2,
-                               atol=1e-2)  # fmt: skip
+    torch.testing.assert_close(a.float(), torch.nn.functional.gelu(h.float(), approximate="tanh"), rtol=1e-2, atol=1e-2)
     err = capsys.readouterr().err
     assert err.count("epilogue 160 at 64x128 torch.float16->torch.float16: the MLP's GELU runs as its own pass") == 1
 

@@ -53,8 +53,9 @@ def noise_like(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
 
 
-def check_outputs_and_added_grads(got: dict, ref: dict, noise: dict, outputs: tuple[str, ...], tol: float,
-                                  written: tuple[str, ...] = ()) -> None:  # fmt: skip
+def check_outputs_and_added_grads(
+    got: dict, ref: dict, noise: dict, outputs: tuple[str, ...], tol: float, written: tuple[str, ...] = ()
+) -> None:
     """Forward outputs against the reference, then each grad buffer minus the noise it was pre-filled with:
     equal to the reference gradient only if backward added into the buffer (+=) rather than overwrote it. The
     buffers in `written` (input gradients with one writer) must hold the gradient itself: the noise overwritten."""

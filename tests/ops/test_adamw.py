@@ -43,8 +43,7 @@ def run_numpy(params: list, grads: list, dtype, p_compute=None) -> tuple[np.ndar
     for t, (lr, g) in enumerate(zip(LRS, grads), start=1):
         raw = (flat(g) / GSCALE).astype(dtype)
         norm = np.array([np.sqrt(np.sum(raw * raw))], dtype)
-        adamw_step(p, raw, m, v, decay_mask(), p_compute, hyper_at(t, lr, dtype), norm, BETA1, BETA2, EPS, WD,
-                   MAX_NORM)  # fmt: skip
+        adamw_step(p, raw, m, v, decay_mask(), p_compute, hyper_at(t, lr, dtype), norm, BETA1, BETA2, EPS, WD, MAX_NORM)
         assert not raw.any(), "adamw_step leaves the gradients zeroed"
     return p, m, v
 
@@ -79,8 +78,21 @@ def test_adamw_decay_only_where_masked() -> None:
     p = rng.standard_normal(20)
     mask = (np.arange(20) % 3 == 0).astype(np.uint8)
     before = p.copy()
-    adamw_step(p, np.zeros(20), np.zeros(20), np.zeros(20), mask, None, hyper_at(1, 0.5, np.float64), np.zeros(1),
-               BETA1, BETA2, EPS, WD, math.inf)  # fmt: skip
+    adamw_step(
+        p,
+        np.zeros(20),
+        np.zeros(20),
+        np.zeros(20),
+        mask,
+        None,
+        hyper_at(1, 0.5, np.float64),
+        np.zeros(1),
+        BETA1,
+        BETA2,
+        EPS,
+        WD,
+        math.inf,
+    )
     check("decayed", p[mask == 1], before[mask == 1] * (1 - 0.5 * WD), F64_TOL)
     np.testing.assert_array_equal(p[mask == 0], before[mask == 0])
 
@@ -93,8 +105,21 @@ def test_non_finite_norm_skips_the_update_and_zeroes_the_grads() -> None:
     before = [a.copy() for a in (p, m, v, pc)]
     for norm, gscale in ((np.inf, GSCALE), (np.nan, GSCALE), (2.0, np.inf)):
         g = rng.standard_normal(30)
-        adamw_step(p, g, m, v, np.ones(30, np.uint8), pc, hyper_at(3, 1e-2, np.float64, gscale), np.array([norm]),
-                   BETA1, BETA2, EPS, WD, MAX_NORM)  # fmt: skip
+        adamw_step(
+            p,
+            g,
+            m,
+            v,
+            np.ones(30, np.uint8),
+            pc,
+            hyper_at(3, 1e-2, np.float64, gscale),
+            np.array([norm]),
+            BETA1,
+            BETA2,
+            EPS,
+            WD,
+            MAX_NORM,
+        )
         assert not g.any()
         for a, b in zip((p, m, v, pc), before):
             np.testing.assert_array_equal(a, b)

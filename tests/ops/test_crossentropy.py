@@ -53,8 +53,9 @@ def run_numpy(inp: dict, R: int, dtype, grads: dict, rng: np.random.Generator, s
     logits = noise_like(rng, (R, V), dtype)  # scratch: its contents must not matter
     crossentropy_forward(losses, lse, x, wte, targets, logits, mm=Matmul(), softcap=softcap)
     logits[...] = noise_like(rng, (R, V), dtype)
-    crossentropy_backward(grads["dx"], grads["dwte"], dlosses, x, wte, targets, lse, logits, mm=Matmul(),
-                          softcap=softcap)  # fmt: skip
+    crossentropy_backward(
+        grads["dx"], grads["dwte"], dlosses, x, wte, targets, lse, logits, mm=Matmul(), softcap=softcap
+    )
     return {"losses": losses, "lse": lse, **grads}
 
 
@@ -64,8 +65,9 @@ def run_numpy_fused(inp: dict, R: int, dtype, grads: dict, rng: np.random.Genera
     N, V = x.shape[0], wte.shape[0]
     losses, lse = noise_like(rng, N, dtype), noise_like(rng, N, dtype)
     logits = noise_like(rng, (R, V), dtype)
-    crossentropy_forward_backward(losses, lse, grads["dx"], grads["dwte"], dlosses, x, wte, inp["targets"], logits,
-                                  mm=Matmul(), softcap=softcap)  # fmt: skip
+    crossentropy_forward_backward(
+        losses, lse, grads["dx"], grads["dwte"], dlosses, x, wte, inp["targets"], logits, mm=Matmul(), softcap=softcap
+    )
     return {"losses": losses, "lse": lse, **grads}
 
 

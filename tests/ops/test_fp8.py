@@ -118,13 +118,22 @@ def tq(x: np.ndarray | torch.Tensor, amax: float) -> torch.Tensor:
     return (q.to(torch.float64) * 2.0**-k).requires_grad_()
 
 
-def weight(rng: np.random.Generator, G: int, C: int, OC: int, priming: bool = True,
-           histories: tuple[float, float] = (0.0, 0.0)) -> Fp8Weight:  # fmt: skip
+def weight(
+    rng: np.random.Generator, G: int, C: int, OC: int, priming: bool = True, histories: tuple[float, float] = (0.0, 0.0)
+) -> Fp8Weight:
     """A site's weight with its E4M3 copies cast; its input's and output gradient's slots hold the given history
     (one entry each; priming: none)."""
     master = (rng.standard_normal((G, C, OC)) * 0.3).astype(np.float32)
-    w = Fp8Weight("w", master, np.zeros((C, G * OC), E4M3), np.zeros((G, OC, C), E4M3), np.zeros(fp8.SLOT, np.float32),
-                  slot([histories[0]]), slot([histories[1]]), fp8.Priming(priming))  # fmt: skip
+    w = Fp8Weight(
+        "w",
+        master,
+        np.zeros((C, G * OC), E4M3),
+        np.zeros((G, OC, C), E4M3),
+        np.zeros(fp8.SLOT, np.float32),
+        slot([histories[0]]),
+        slot([histories[1]]),
+        fp8.Priming(priming),
+    )
     ref.Matmul(None).cast_weights([w])
     return w
 
@@ -189,9 +198,20 @@ def test_mlp_fp8_against_torch_float64(N: int, C: int, scaling: str) -> None:
     if f is not None:  # histories: the amaxes a primed pass over the same inputs met, moved by the factors
         out, h, a, dh = (np.zeros(s, np.float32) for s in [(N, C), (N, 4 * C), (N, 4 * C), (N, 4 * C)])
         mlp_forward(out, h, a, x, w1, w2, mm=ref.Matmul(None))
-        mlp_backward(np.zeros((N, C), np.float32), np.zeros((C, 4 * C), np.float32),
-                     np.zeros((4 * C, C), np.float32), dout, x, h, w1, w2, a, dh, mm=ref.Matmul(None),
-                     recompute=False)  # fmt: skip
+        mlp_backward(
+            np.zeros((N, C), np.float32),
+            np.zeros((C, 4 * C), np.float32),
+            np.zeros((4 * C, C), np.float32),
+            dout,
+            x,
+            h,
+            w1,
+            w2,
+            a,
+            dh,
+            mm=ref.Matmul(None),
+            recompute=False,
+        )
         for w in (w1, w2):
             for s, fac in ((w.xslot, f[0]), (w.gslot, f[1])):
                 s[fp8.HIST] = s[fp8.AMAX] * fac

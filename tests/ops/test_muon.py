@@ -73,8 +73,9 @@ def torch_muon(p0: np.ndarray, grads: list[np.ndarray]) -> tuple[np.ndarray, np.
     all of them, then momentum, Nesterov, normalisation, five Newton-Schulz steps, decay and the scaled update on the
     owned matrices. Returns p, m and how many steps clipped."""
     a, b, c = NS_COEFFS
-    params = [torch.tensor(p0[o : o + math.prod(s)].reshape(s), requires_grad=True) for o, (s, _) in
-              zip(offsets(), LAYOUT)]  # fmt: skip
+    params = [
+        torch.tensor(p0[o : o + math.prod(s)].reshape(s), requires_grad=True) for o, (s, _) in zip(offsets(), LAYOUT)
+    ]
     moms = [torch.zeros(s, dtype=torch.float64) for s, _ in LAYOUT]
     clipped = 0
     for lr, mu, raw in zip(LRS, MUS, grads):
@@ -144,8 +145,17 @@ def test_orthogonalised_update_has_singular_values_near_one(shape: tuple[int, in
         g = q1 @ np.diag(np.geomspace(0.05, 1.0, rows)) @ q2.T
     grp = muon_groups([(0, rows, cols)])
     p, m, lr = np.zeros(rows * cols), np.zeros(rows * cols), 0.05
-    muon_step(p, g.reshape(-1).copy(), m, None, hyper(lr, 0.0, np.float64, 1.0, 0.0), np.array([1.0]), groups=grp,
-              max_norm=math.inf, **scratch(grp, np.float64))  # fmt: skip
+    muon_step(
+        p,
+        g.reshape(-1).copy(),
+        m,
+        None,
+        hyper(lr, 0.0, np.float64, 1.0, 0.0),
+        np.array([1.0]),
+        groups=grp,
+        max_norm=math.inf,
+        **scratch(grp, np.float64),
+    )
     x = -p.reshape(shape) / (lr * math.sqrt(max(1, cols / rows)))
     s = np.linalg.svd(x, compute_uv=False)
     assert 0.65 < s.min() and s.max() < 1.2, f"singular values in [{s.min():.3f}, {s.max():.3f}]"
@@ -164,8 +174,17 @@ def test_non_finite_norm_skips_the_update_and_zeroes_the_grads() -> None:
     for norm, gscale in ((np.inf, GSCALE), (np.nan, GSCALE), (2.0, np.inf)):
         g = rng.standard_normal(n)
         rest = g[~own].copy()
-        muon_step(p, g, m, pc, hyper(0.02, 0.95, np.float64, gscale), np.array([norm]), groups=grps,
-                  max_norm=MAX_NORM, **scratch(grps, np.float64))  # fmt: skip
+        muon_step(
+            p,
+            g,
+            m,
+            pc,
+            hyper(0.02, 0.95, np.float64, gscale),
+            np.array([norm]),
+            groups=grps,
+            max_norm=MAX_NORM,
+            **scratch(grps, np.float64),
+        )
         assert not g[own].any()
         np.testing.assert_array_equal(g[~own], rest)
         for a, b in zip((p, m, pc), before):
@@ -184,7 +203,11 @@ def test_groups_and_their_scratch() -> None:
     assert [g.scale for g in grps] == [math.sqrt(11 / 6), 1.0, 1.0]
     bufs = {s.keyword: (s.buffer, s.numel, s.kind, s.fill) for s in muon_scratch(grps)}
     xy, aa = max(2 * 66, 3 * 64, 2 * 52), max(2 * 36, 3 * 64, 2 * 16)
-    assert bufs == {"x": ("muon_x", xy, "compute", None), "y": ("muon_y", xy, "compute", None),
-                    "gram": ("muon_gram", aa, "compute", None), "poly": ("muon_poly", aa, "compute", None)}  # fmt: skip
+    assert bufs == {
+        "x": ("muon_x", xy, "compute", None),
+        "y": ("muon_y", xy, "compute", None),
+        "gram": ("muon_gram", aa, "compute", None),
+        "poly": ("muon_poly", aa, "compute", None),
+    }
     with pytest.raises(ValueError, match="Muon group"):
         MuonGroup((), 3, 4)

@@ -56,8 +56,17 @@ def test_rope_tables() -> None:
         rope_tables(4, 7)
 
 
-def run(rng: np.random.Generator, b: int, t: int, H: int, D: int, pos: int, dtype, interleaved: bool,
-        rows: Rows | None = None) -> dict:  # fmt: skip
+def run(
+    rng: np.random.Generator,
+    b: int,
+    t: int,
+    H: int,
+    D: int,
+    pos: int,
+    dtype,
+    interleaved: bool,
+    rows: Rows | None = None,
+) -> dict:
     """Forward at pos, then (at pos 0) backward, on NumPy views; what the NumPy pair gave and torch's reference."""
     C = H * D
     rope = rope_tables(pos + t + 3, D)
@@ -105,8 +114,10 @@ def test_qkrope_float32(b: int, t: int, H: int, D: int, pos: int) -> None:
 
 def test_the_same_bits_on_any_number_of_threads() -> None:
     """Ranges of rows that cut through batch elements (3 threads over 3 x 5 rows) give the serial run's bits."""
-    runs = [run(np.random.default_rng(3), 3, 5, 2, 8, 0, np.float32, True, rows)["got"]
-            for rows in (None, Rows.make(3, chunk=16), Rows.make(2))]  # fmt: skip
+    runs = [
+        run(np.random.default_rng(3), 3, 5, 2, 8, 0, np.float32, True, rows)["got"]
+        for rows in (None, Rows.make(3, chunk=16), Rows.make(2))
+    ]
     for other in runs[1:]:
         for name, x in runs[0].items():
             np.testing.assert_array_equal(other[name], x, err_msg=name)

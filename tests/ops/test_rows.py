@@ -27,8 +27,10 @@ def rows(request) -> Rows:
     return Rows.make(*request.param)
 
 
-@pytest.mark.parametrize("n, width, threads, chunk", [(0, 5, 2, 8), (1, 5, 4, 8), (10, 1, 3, 3), (10, 4, 2, 9),
-                                                      (37, 3, 4, 1), (5, 100, 8, 1 << 15)])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, width, threads, chunk",
+    [(0, 5, 2, 8), (1, 5, 4, 8), (10, 1, 3, 3), (10, 4, 2, 9), (37, 3, 4, 1), (5, 100, 8, 1 << 15)],
+)
 def test_every_row_once(n: int, width: int, threads: int, chunk: int) -> None:
     for per_thread in (False, True):
         seen: list[tuple[int, int]] = []
@@ -137,10 +139,10 @@ def test_layernorm_pairs(rows: Rows) -> None:
 
     def run(a, r):
         layernorm.layernorm_forward(a["out"], a["mean"], a["rstd"], a["x"], a["w"], a["b"], rows=r)
-        layernorm.residual_layernorm_forward(a["s"], a["out"], a["mean"], a["rstd"], a["x"], a["y"], a["w"], a["b"],
-                                             rows=r)  # fmt: skip
-        layernorm.layernorm_backward(a["dx"], a["dw"], a["db"], a["dout"], a["s"], a["w"], a["mean"], a["rstd"],
-                                     rows=r)  # fmt: skip
+        layernorm.residual_layernorm_forward(
+            a["s"], a["out"], a["mean"], a["rstd"], a["x"], a["y"], a["w"], a["b"], rows=r
+        )
+        layernorm.layernorm_backward(a["dx"], a["dw"], a["db"], a["dout"], a["s"], a["w"], a["mean"], a["rstd"], rows=r)
 
     _runs(run, rows, arrays)
 
@@ -166,8 +168,9 @@ def test_attention_pair(rows: Rows) -> None:
 
     def run(a, r):
         attention.attention_forward(a["out"], a["lse"], a["q"], a["k"], a["v"], H, rows=r)
-        attention.attention_backward(a["dq"], a["dk"], a["dv"], a["dout"], a["q"], a["k"], a["v"], a["out"],
-                                     a["lse"], H, rows=r)  # fmt: skip
+        attention.attention_backward(
+            a["dq"], a["dk"], a["dv"], a["dout"], a["q"], a["k"], a["v"], a["out"], a["lse"], H, rows=r
+        )
 
     _runs(run, rows, arrays)
 
@@ -179,21 +182,60 @@ def test_crossentropy_head(rows: Rows, R: int, softcap: float) -> None:
     N, C, V = 50, 16, 70
     targets = rng.integers(0, V, N).astype(np.int32)
     targets[[3, 17]] = -1  # ignored tokens
-    arrays = {"x": _rand(rng, N, C), "wte": _rand(rng, V, C), "logits": np.zeros((R, V), np.float32),
-              "dl": np.abs(_rand(rng, N)), "targets": targets}  # fmt: skip
-    arrays.update({k: np.zeros(shape, np.float32) for k, shape in [("losses", (N,)), ("lse", (N,)), ("dx", (N, C)),
-                                                                   ("dwte", (V, C)), ("losses2", (N,)),
-                                                                   ("dx2", (N, C)), ("dwte2", (V, C))]})  # fmt: skip
+    arrays = {
+        "x": _rand(rng, N, C),
+        "wte": _rand(rng, V, C),
+        "logits": np.zeros((R, V), np.float32),
+        "dl": np.abs(_rand(rng, N)),
+        "targets": targets,
+    }
+    arrays.update(
+        {
+            k: np.zeros(shape, np.float32)
+            for k, shape in [
+                ("losses", (N,)),
+                ("lse", (N,)),
+                ("dx", (N, C)),
+                ("dwte", (V, C)),
+                ("losses2", (N,)),
+                ("dx2", (N, C)),
+                ("dwte2", (V, C)),
+            ]
+        }
+    )
 
     def run(a, r):
         mm = Matmul()
-        crossentropy.crossentropy_forward(a["losses"], a["lse"], a["x"], a["wte"], a["targets"], a["logits"], mm=mm,
-                                          rows=r, softcap=softcap)  # fmt: skip
-        crossentropy.crossentropy_backward(a["dx"], a["dwte"], a["dl"], a["x"], a["wte"], a["targets"], a["lse"],
-                                           a["logits"], mm=mm, rows=r, softcap=softcap)  # fmt: skip
-        crossentropy.crossentropy_forward_backward(a["losses2"], a["lse"], a["dx2"], a["dwte2"], a["dl"], a["x"],
-                                                   a["wte"], a["targets"], a["logits"], mm=mm, rows=r,
-                                                   softcap=softcap)  # fmt: skip
+        crossentropy.crossentropy_forward(
+            a["losses"], a["lse"], a["x"], a["wte"], a["targets"], a["logits"], mm=mm, rows=r, softcap=softcap
+        )
+        crossentropy.crossentropy_backward(
+            a["dx"],
+            a["dwte"],
+            a["dl"],
+            a["x"],
+            a["wte"],
+            a["targets"],
+            a["lse"],
+            a["logits"],
+            mm=mm,
+            rows=r,
+            softcap=softcap,
+        )
+        crossentropy.crossentropy_forward_backward(
+            a["losses2"],
+            a["lse"],
+            a["dx2"],
+            a["dwte2"],
+            a["dl"],
+            a["x"],
+            a["wte"],
+            a["targets"],
+            a["logits"],
+            mm=mm,
+            rows=r,
+            softcap=softcap,
+        )
 
     _runs(run, rows, arrays)
 
@@ -202,12 +244,32 @@ def test_crossentropy_head(rows: Rows, R: int, softcap: float) -> None:
 def test_adamw(rows: Rows, norm: float) -> None:
     rng = np.random.default_rng(4)
     n = 100_003
-    arrays = {"p": _rand(rng, n), "g": _rand(rng, n), "m": _rand(rng, n), "v": np.abs(_rand(rng, n)),
-              "mask": (rng.random(n) < 0.7).astype(np.float32), "pc": np.zeros(n, np.float32)}  # fmt: skip
+    arrays = {
+        "p": _rand(rng, n),
+        "g": _rand(rng, n),
+        "m": _rand(rng, n),
+        "v": np.abs(_rand(rng, n)),
+        "mask": (rng.random(n) < 0.7).astype(np.float32),
+        "pc": np.zeros(n, np.float32),
+    }
     hyper = np.array([3e-3, 1 - 0.9**7, 1 - 0.95**7, 0.5], np.float32)
 
     def run(a, r):
-        adamw.adamw_step(a["p"], a["g"], a["m"], a["v"], a["mask"], a["pc"], hyper, np.array([norm], np.float32),
-                         0.9, 0.95, 1e-8, 0.1, 1.0, rows=r)  # fmt: skip
+        adamw.adamw_step(
+            a["p"],
+            a["g"],
+            a["m"],
+            a["v"],
+            a["mask"],
+            a["pc"],
+            hyper,
+            np.array([norm], np.float32),
+            0.9,
+            0.95,
+            1e-8,
+            0.1,
+            1.0,
+            rows=r,
+        )
 
     _runs(run, rows, arrays)

@@ -34,8 +34,14 @@ class Chromium:
         cmd = ["bash", "-c", script, binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"]
         self.log = profile.parent / "chromium.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd,
+                pass_fds=(to_chrome_r, from_chrome_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self.replies: dict[int, queue.Queue] = {}

@@ -59,8 +59,9 @@ class ProxyRun:
         self.log = out.parent / f"{out.name}.proxy.log"
         cmd = [sys.executable, "-m", "microgpt.cli", "run", str(exp), "--out", str(out), *args]
         with open(self.log, "ab") as f:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                         env=ENV)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=ENV
+            )
 
     def file(self, kind: str) -> dict[str, Any] | None:
         return read(self.out / f"{self.run}.{kind}.json")

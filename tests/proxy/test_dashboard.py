@@ -65,11 +65,26 @@ def test_serves_the_page_and_the_run_files(served: DashboardServer) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/../secret.json", "/%2e%2e/secret.json", "/..%2fsecret.json", "/%2E%2E%2Fsecret.json", "//etc/passwd",
-     "/ckpt/step-00000001.state.json", "/ckpt%2fstep-00000001.state.json", "/archive/r.samples.x.json",
-     "/link.json", "/.hidden.json", "/r.loss.json%00.html", "/..\\secret.json", "/missing.json", "/ckpt",
-     "/r.loss.json/", "/etc/passwd", "/%2Fetc%2Fpasswd"],
-)  # fmt: skip
+    [
+        "/../secret.json",
+        "/%2e%2e/secret.json",
+        "/..%2fsecret.json",
+        "/%2E%2E%2Fsecret.json",
+        "//etc/passwd",
+        "/ckpt/step-00000001.state.json",
+        "/ckpt%2fstep-00000001.state.json",
+        "/archive/r.samples.x.json",
+        "/link.json",
+        "/.hidden.json",
+        "/r.loss.json%00.html",
+        "/..\\secret.json",
+        "/missing.json",
+        "/ckpt",
+        "/r.loss.json/",
+        "/etc/passwd",
+        "/%2Fetc%2Fpasswd",
+    ],
+)
 def test_nothing_outside_the_run_folder_is_served(served: DashboardServer, path: str) -> None:
     resp = request(served, "GET", path)
     assert 400 <= resp.status < 500 and b"secret" not in resp.body, (path, resp.status)
@@ -123,8 +138,18 @@ def test_the_vendored_chart_library_is_served_as_shipped(served: DashboardServer
 
 
 def loss_file(run: str, steps: int) -> str:
-    train = [{"step": s, "loss": 5 - s / 100, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0, "tokens": 64,
-              "time": 1e9 + s} for s in range(1, steps + 1)]  # fmt: skip
+    train = [
+        {
+            "step": s,
+            "loss": 5 - s / 100,
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0,
+            "tokens": 64,
+            "time": 1e9 + s,
+        }
+        for s in range(1, steps + 1)
+    ]
     return json.dumps({"format": "microgpt-loss-1", "run": run, "meta": {}, "train": train, "val": [], "marks": []})
 
 
@@ -154,8 +179,16 @@ def test_a_folder_of_run_folders_is_listed_and_served_by_run_name(tmp_path: Path
         server.close()
 
 
-@pytest.mark.parametrize("path", ["/" + "x" * 300 + ".json", "/" + "x" * 300, "/api/loss?run=" + "x" * 300,
-                                  "/api/state?run=" + "y" * 300, "/" + "z" * 5000 + ".json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/" + "x" * 300 + ".json",
+        "/" + "x" * 300,
+        "/api/loss?run=" + "x" * 300,
+        "/api/state?run=" + "y" * 300,
+        "/" + "z" * 5000 + ".json",
+    ],
+)
 def test_a_very_long_name_is_404_or_414(served: DashboardServer, path: str) -> None:
     """Issue 14: a 300-character name used to reach stat() and escape as ENAMETOOLONG, with no HTTP answer."""
     assert request(served, "GET", path).status in (404, 414)
@@ -234,6 +267,10 @@ def test_a_half_written_history_is_503_until_complete(tmp_path: Path) -> None:
 
 
 def test_a_missing_folder_is_one_line_exit_2(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and res.stderr == f"error: {tmp_path / 'nope'}: no such folder\n"

@@ -32,9 +32,20 @@ def rows(first: int, last: int, seed: int = 0) -> list[dict]:
     out = []
     for s in range(first, last + 1):
         loss = 50.0 if s == SPIKE else 2.5 + 8 / (1 + s / 2000) + rng.gauss(0, 0.05)
-        out.append({"step": s, "loss": loss, "lr": 6e-4 * min(1, s / 2000), "grad_norm": 0.3 + abs(rng.gauss(0, 0.2)),
-                    "tokens_per_s": 5e5 + rng.gauss(0, 5e3), "dt_ms": 262.0, "tokens": 131072, "phase": "main",
-                    "time": T0 + s * 0.26, "elapsed_s": s * 0.26})  # fmt: skip
+        out.append(
+            {
+                "step": s,
+                "loss": loss,
+                "lr": 6e-4 * min(1, s / 2000),
+                "grad_norm": 0.3 + abs(rng.gauss(0, 0.2)),
+                "tokens_per_s": 5e5 + rng.gauss(0, 5e3),
+                "dt_ms": 262.0,
+                "tokens": 131072,
+                "phase": "main",
+                "time": T0 + s * 0.26,
+                "elapsed_s": s * 0.26,
+            }
+        )
     return out
 
 
@@ -43,29 +54,57 @@ def write_run(folder: Path, run: str, steps: int, seed: int = 0) -> LossHistory:
     folder.mkdir(parents=True, exist_ok=True)
     hist = LossHistory(folder / f"{run}.loss.json", run)
     config = {"model": {"n_layer": 12, "d_model": 768, "seq_len": 1024}, "train": {"precision": "bf16", "grad_clip": 1}}
-    hist.set_meta({"n_params": 124_000_000, "device": "NVIDIA H200", "world_size": 1, "config": config,
-                   "flops_per_token": 6 * 124_000_000 + 12 * 12 * 1024 * 768, "peak_flops": 989e12})  # fmt: skip
+    hist.set_meta(
+        {
+            "n_params": 124_000_000,
+            "device": "NVIDIA H200",
+            "world_size": 1,
+            "config": config,
+            "flops_per_token": 6 * 124_000_000 + 12 * 12 * 1024 * 768,
+            "peak_flops": 989e12,
+        }
+    )
     hist.data["train"] = rows(1, steps, seed)
-    hist.data["val"] = [{"step": s, "val_loss": 2.6 + 8 / (1 + s / 2000), "phase": "main", "time": T0 + s * 0.26}
-                        for s in range(1000, steps + 1, 1000)]  # fmt: skip
+    hist.data["val"] = [
+        {"step": s, "val_loss": 2.6 + 8 / (1 + s / 2000), "phase": "main", "time": T0 + s * 0.26}
+        for s in range(1000, steps + 1, 1000)
+    ]
     hist.mark("phase", 0, phase="main")
     for kind in ("stop", "resume"):  # two marks at one step: one merged label, not two printed over each other
         hist.mark(kind, steps // 2)
     hist.flush()
-    state = {"format": "microgpt-proxy-state-1", "run": run, "status": "running", "phase": "main", "step": steps,
-             "target_step": 250_000, "restarts": 0}  # fmt: skip
+    state = {
+        "format": "microgpt-proxy-state-1",
+        "run": run,
+        "status": "running",
+        "phase": "main",
+        "step": steps,
+        "target_step": 250_000,
+        "restarts": 0,
+    }
     (folder / f"{run}.state.json").write_text(json.dumps(state))
-    samples = [{"step": s, "phase": "main", "prompt": "def ", "temperature": 0.8, "text": f"f{s}():<|im_end|>x"}
-               for s in (1000, 2000)]  # fmt: skip
-    samples.append({"step": 2000, "phase": "main", "prompt": [{"role": "user", "content": "Say hi."}],
-                    "temperature": 0.8, "text": "Hi there!<|im_end|>\n<|im_start|>user\nmore"})  # fmt: skip
+    samples = [
+        {"step": s, "phase": "main", "prompt": "def ", "temperature": 0.8, "text": f"f{s}():<|im_end|>x"}
+        for s in (1000, 2000)
+    ]
+    samples.append(
+        {
+            "step": 2000,
+            "phase": "main",
+            "prompt": [{"role": "user", "content": "Say hi."}],
+            "temperature": 0.8,
+            "text": "Hi there!<|im_end|>\n<|im_start|>user\nmore",
+        }
+    )
     (folder / f"{run}.samples.json").write_text(json.dumps({"format": "microgpt-samples-1", "samples": samples}))
     return hist
 
 
 def chart_box(chrome: Chromium, chart: str = "c-loss") -> dict:
-    return chrome.eval(f"(() => {{ const r = charts['{chart}'].over.getBoundingClientRect(); "
-                        "return {x: r.x, y: r.y, w: r.width, h: r.height}; })()")  # fmt: skip
+    return chrome.eval(
+        f"(() => {{ const r = charts['{chart}'].over.getBoundingClientRect(); "
+        "return {x: r.x, y: r.y, w: r.width, h: r.height}; })()"
+    )
 
 
 def mark_pixels_left_of_the_plot(chrome: Chromium) -> int:
@@ -116,9 +155,15 @@ def test_a_200k_step_history(tmp_path: Path, browser: Chromium) -> None:  # noqa
         assert all(t == int(t) for t in ticks) and ticks[-1] == 200_000
         assert browser.eval("document.getElementById('mfu').textContent").startswith("MFU ")
         assert browser.eval("document.getElementById('eta').textContent") not in ("", "-")
-        report = {"rows": 200_000, "file_mb": round(size_mb, 1), "first_draw_ms_server_cold": cold_ms,
-                  "first_draw_ms": first_draw_ms, "first_answer_bytes": first["bytes"], "chart_width": width,
-                  "max_points_per_series": first["max_points"]}  # fmt: skip
+        report = {
+            "rows": 200_000,
+            "file_mb": round(size_mb, 1),
+            "first_draw_ms_server_cold": cold_ms,
+            "first_draw_ms": first_draw_ms,
+            "first_answer_bytes": first["bytes"],
+            "chart_width": width,
+            "max_points_per_series": first["max_points"],
+        }
         print(f"\n200K-step history: {report}")
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "dashboard-200k.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -158,8 +203,9 @@ def test_a_200k_step_history(tmp_path: Path, browser: Chromium) -> None:  # noqa
         ds = browser.wait_dataset(lambda ds: ds.get("zoomFetches") and ds.get("zoomLo"), "a zoom and its detail")
         lo, hi = float(ds["zoomLo"]), float(ds["zoomHi"])
         assert 115_000 < lo < hi < 130_000, (lo, hi)
-        assert browser.eval("Object.values(charts).every((u) => u.scales.x.min === %r && u.scales.x.max === %r)"
-                            % (lo, hi))  # fmt: skip
+        assert browser.eval(
+            "Object.values(charts).every((u) => u.scales.x.min === %r && u.scales.x.max === %r)" % (lo, hi)
+        )
         zoom = [r for r in api_requests(server) if "from=" in r["path"]][-1]
         assert zoom["max_points"] <= 2 * width + 2
         shown = browser.eval("charts['c-loss'].data[0].filter((x) => x >= %r && x <= %r).length" % (lo, hi))
@@ -185,8 +231,10 @@ def test_a_200k_step_history(tmp_path: Path, browser: Chromium) -> None:  # noqa
 
         # Samples over time: pick a step; special tokens are tokens.
         assert browser.eval("document.getElementById('sample-step').options.length") == 3  # latest, 1000, 2000
-        browser.eval("(() => { const s = document.getElementById('sample-step'); s.value = '1000';"
-                     "s.dispatchEvent(new Event('input')); })()")  # fmt: skip
+        browser.eval(
+            "(() => { const s = document.getElementById('sample-step'); s.value = '1000';"
+            "s.dispatchEvent(new Event('input')); })()"
+        )
         ds = browser.wait_dataset(lambda ds: ds.get("sampleStep") == "1000", "the samples of step 1000")
         assert browser.eval("[...document.querySelectorAll('#sample-list .tok')].map((t) => t.title)") == ["<|im_end|>"]
         assert "f1000()" in browser.eval("document.getElementById('sample-list').textContent")
@@ -220,8 +268,10 @@ def test_a_folder_of_runs_is_overlaid(tmp_path: Path, browser: Chromium) -> None
         browser.open(f"{server.url}live-loss-dashboard.html?run=lr-6e-4/andrea&x=tokens")  # one run, tokens as x
         browser.wait_dataset(lambda ds: ds.get("runs") == "1" and ds.get("lastStep") == "3000", "one run")
         assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(3000 * 131072, rel=0.01)
-        browser.eval("(() => { const s = document.getElementById('xmode'); s.value = 'time';"
-                     "s.dispatchEvent(new Event('input')); })()")  # fmt: skip
+        browser.eval(
+            "(() => { const s = document.getElementById('xmode'); s.value = 'time';"
+            "s.dispatchEvent(new Event('input')); })()"
+        )
         assert browser.eval("location.search").endswith("x=time")
         assert browser.eval("document.body.dataset.timeUnit") == "min"  # 13 minutes of training: in minutes
         assert browser.eval("charts['c-loss'].scales.x.max") == pytest.approx(3000 * 0.26 / 60, rel=0.01)

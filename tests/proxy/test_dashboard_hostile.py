@@ -53,9 +53,19 @@ def linked(tmp_path: Path) -> Iterator[DashboardServer]:
 
 def test_the_api_follows_no_link_and_lists_no_linked_run(linked: DashboardServer) -> None:
     assert strict(request(linked, "GET", "/api/runs").body) == {"runs": ["r", "sub/ok"]}
-    for path in ("/api/state?run=r", "/api/samples?run=r", "/api/state?run=sub/ok", "/api/loss?run=out",
-                 "/api/loss?run=sub/in", "/api/state?run=out", "/api/loss?run=linkdir/x", "/r.state.json",
-                 "/out.loss.json", "/fifo.json", "/r.samples.json"):  # fmt: skip
+    for path in (
+        "/api/state?run=r",
+        "/api/samples?run=r",
+        "/api/state?run=sub/ok",
+        "/api/loss?run=out",
+        "/api/loss?run=sub/in",
+        "/api/state?run=out",
+        "/api/loss?run=linkdir/x",
+        "/r.state.json",
+        "/out.loss.json",
+        "/fifo.json",
+        "/r.samples.json",
+    ):
         resp = request(linked, "GET", path)
         assert resp.status == 404 and b"secret" not in resp.body, (path, resp.status, resp.body)
     assert strict(request(linked, "GET", "/api/loss?run=r").body)["rows"] == 5  # the real files still serve
@@ -73,9 +83,16 @@ def served(tmp_path: Path) -> Iterator[DashboardServer]:
         {"step": 3, "loss": "-Infinity", "lr": 1e-3, "grad_norm": "1e999", "time": "NaN"},
         {"step": 4, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "time": 4.0, "mixture": {"a": "NaN", "b": 0.5}},
     ]
-    text = json.dumps({"format": "microgpt-loss-1", "run": "nan", "meta": {"x": "NaN", "y": ["Infinity", 1]},
-                       "train": rows, "val": [{"step": 2, "val_loss": "NaN"}, {"step": 4, "val_loss": 2.0}],
-                       "marks": [{"kind": "stop", "step": 2, "time": "Infinity"}]})  # fmt: skip
+    text = json.dumps(
+        {
+            "format": "microgpt-loss-1",
+            "run": "nan",
+            "meta": {"x": "NaN", "y": ["Infinity", 1]},
+            "train": rows,
+            "val": [{"step": 2, "val_loss": "NaN"}, {"step": 4, "val_loss": 2.0}],
+            "marks": [{"kind": "stop", "step": 2, "time": "Infinity"}],
+        }
+    )
     for constant in ("NaN", "-Infinity", "Infinity", "1e999"):  # JSON has none of them: as a writer other than ours
         text = text.replace(f'"{constant}"', constant)
     (tmp_path / "nan.loss.json").write_text(text)
@@ -101,8 +118,22 @@ def test_nan_and_infinity_in_a_history_are_left_out_of_a_valid_answer(served: Da
     assert ans["val"] == {"step": [4], "y": [2.0]}
 
 
-@pytest.mark.parametrize("query", ["since=inf", "width=1e999", "from=nan", "to=-inf", "since=1e300", "vsince=1e20",
-                                   "width=" + "9" * 1000, "since=1.5", "to=0x10", "width=", "since=--1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "query",
+    [
+        "since=inf",
+        "width=1e999",
+        "from=nan",
+        "to=-inf",
+        "since=1e300",
+        "vsince=1e20",
+        "width=" + "9" * 1000,
+        "since=1.5",
+        "to=0x10",
+        "width=",
+        "since=--1",
+    ],
+)
 def test_query_numbers_that_overflow_or_are_not_integers_are_400(served: DashboardServer, query: str) -> None:
     resp = request(served, "GET", f"/api/loss?run=r&{query}")
     if query == "width=":  # an empty parameter is an absent one
@@ -117,8 +148,13 @@ def test_names_outside_latin_1_are_answered(served: DashboardServer) -> None:
     assert "тест☃" in strict(request(served, "GET", "/api/runs").body)["runs"]
     ans = strict(request(served, "GET", "/api/loss?run=%D1%82%D0%B5%D1%81%D1%82%E2%98%83").body)
     assert ans["rows"] == 7
-    for path in ("/api/loss?run=%E2%98%83", "/api/state?run=%E6%97%A5%E6%9C%AC", "/api/samples?run=%F0%9F%98%80",
-                 "/%E2%98%83.json", "/api/loss?run=%FF%FE"):  # fmt: skip
+    for path in (
+        "/api/loss?run=%E2%98%83",
+        "/api/state?run=%E6%97%A5%E6%9C%AC",
+        "/api/samples?run=%F0%9F%98%80",
+        "/%E2%98%83.json",
+        "/api/loss?run=%FF%FE",
+    ):
         resp = request(served, "GET", path)
         assert resp.status == 404, (path, resp.status)
     assert "no run '☃' here" in request(served, "GET", "/api/loss?run=%E2%98%83").body.decode()
@@ -146,7 +182,7 @@ def test_malformed_requests_get_a_4xx(served: DashboardServer) -> None:
         b"GET /r.loss.json HTTP/1.0\r\n" + host + b"X: " + b"a" * (httpd.MAX_HEAD + 10) + b"\r\n\r\n": b"431",
         b"GET /api/loss?" + b"&".join(b"a=%d" % i for i in range(100)) + b" HTTP/1.0\r\n" + host + b"\r\n": b"400",
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)) + b"\r\n\r\n": b"400",  # a TLS hello
-    }  # fmt: skip
+    }
     for data, code in cases.items():
         answer = raw_exchange(served, data)
         assert answer.startswith(b"HTTP/1.0 " + code), (data[:60], answer[:80])
@@ -253,9 +289,16 @@ def test_the_live_run_dashboard_answers_hostile_requests(tmp_path: Path) -> None
             conn.close()
             return status
 
-        assert [get(p) for p in ("/api/loss?run=proxy-test&since=inf", "/api/loss?run=proxy-test&width=1e999",
-                                 "/api/loss?run=%E2%98%83", "/api/loss?run=link", "/api/state?run=link")] == \
-            [400, 400, 404, 404, 404]  # fmt: skip
+        assert [
+            get(p)
+            for p in (
+                "/api/loss?run=proxy-test&since=inf",
+                "/api/loss?run=proxy-test&width=1e999",
+                "/api/loss?run=%E2%98%83",
+                "/api/loss?run=link",
+                "/api/state?run=link",
+            )
+        ] == [400, 400, 404, 404, 404]
         assert get("/api/loss?run=proxy-test&since=1") == 200
         done = len(run.steps())
         run.wait_for(lambda: len(run.steps()) > done, "the run to go on")

@@ -40,8 +40,19 @@ def install(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "microgpt", src / "microgpt", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src,
-       cwd=tmp_path)  # fmt: skip
+    sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        tmp_path / "dist",
+        src,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("microgpt-*.whl")
     sh(sys.executable, "-m", "venv", "--without-pip", tmp_path / "venv", cwd=tmp_path)
     python = tmp_path / "venv" / "bin" / "python"
@@ -59,8 +70,13 @@ def test_a_pip_installed_package_serves_the_dashboard_page(tmp_path: Path) -> No
     module, page = (Path(line) for line in where.splitlines())
     venv = (tmp_path / "venv").resolve()
     assert module.is_relative_to(venv) and page.is_relative_to(venv) and page.name == PAGE_NAME, where
-    proc = subprocess.Popen([str(python), "-m", "microgpt.proxy.dashboard", str(run_dir), "--port", "0"], cwd=elsewhere,
-                            env=ENV, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(python), "-m", "microgpt.proxy.dashboard", str(run_dir), "--port", "0"],
+        cwd=elsewhere,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stderr.readline()
         match = re.match(r"dashboard: http://127\.0\.0\.1:(\d+)/", line)

@@ -23,8 +23,12 @@ def test_the_root_keeps_the_urls_parameters(tmp_path: Path) -> None:
     server = DashboardServer(tmp_path, "r", 0)
     server.start()
     try:
-        for path, want in (("/?x=time", "?run=r&x=time"), ("/?x=time&interval=500", "?run=r&x=time&interval=500"),
-                           ("/?run=other&x=tokens", "?run=other&x=tokens"), ("/", "?run=r")):  # fmt: skip
+        for path, want in (
+            ("/?x=time", "?run=r&x=time"),
+            ("/?x=time&interval=500", "?run=r&x=time&interval=500"),
+            ("/?run=other&x=tokens", "?run=other&x=tokens"),
+            ("/", "?run=r"),
+        ):
             resp = request(server, "GET", path)
             assert resp.status == 302 and resp.getheader("Location") == f"/live-loss-dashboard.html{want}", path
     finally:
@@ -107,8 +111,11 @@ def test_a_linked_log_is_no_run(tmp_path: Path) -> None:
 
 def test_rows_without_a_time_are_gaps_not_the_epoch() -> None:
     """A log of an older version adopted by the proxy: its rows say no time; they stay unknown (null)."""
-    rows = [{"step": 1, "loss": 3.0, "tokens": 8, "time": None}, {"step": 2, "loss": 2.9, "tokens": 8},
-            {"step": 3, "loss": 2.8, "tokens": 8, "time": 1.8e9, "elapsed_s": 4.5}]  # fmt: skip
+    rows = [
+        {"step": 1, "loss": 3.0, "tokens": 8, "time": None},
+        {"step": 2, "loss": 2.9, "tokens": 8},
+        {"step": 3, "loss": 2.8, "tokens": 8, "time": 1.8e9, "elapsed_s": 4.5},
+    ]
     ans = view(columns({"train": rows, "val": [], "marks": []}, "v1"), 100)
     assert ans["clock"]["time"] == [None, None, 1.8e9] and ans["clock"]["elapsed"] == [None, None, 4.5]
     assert ans["first_time"] == 1.8e9

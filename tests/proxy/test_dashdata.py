@@ -20,8 +20,18 @@ def history(n: int, spike: int | None = None, dip: int | None = None, t0: float 
     for s in range(1, n + 1):
         loss = 3 + 5 / (1 + s / 1000) + rng.gauss(0, 0.05)
         loss = 50.0 if s == spike else 0.01 if s == dip else loss
-        train.append({"step": s, "loss": loss, "lr": 1e-3, "grad_norm": 0.5 + rng.random(), "tokens_per_s": 1e5,
-                      "tokens": 1024, "time": t0 + s * 0.25, "phase": "main"})  # fmt: skip
+        train.append(
+            {
+                "step": s,
+                "loss": loss,
+                "lr": 1e-3,
+                "grad_norm": 0.5 + rng.random(),
+                "tokens_per_s": 1e5,
+                "tokens": 1024,
+                "time": t0 + s * 0.25,
+                "phase": "main",
+            }
+        )
     val = [{"step": s, "val_loss": 4.0, "time": t0 + s * 0.25} for s in range(100, n + 1, 100)]
     marks = [{"kind": "stop", "step": n // 2, "time": t0}, {"kind": "resume", "step": n // 2, "time": t0}]
     return {"format": "microgpt-loss-1", "run": "r", "meta": {}, "train": train, "val": val, "marks": marks}
@@ -56,17 +66,24 @@ def test_hellaswag_is_its_own_eval_series_and_moves_the_polls_cursor() -> None:
     """Eval rows of the val loss, of HellaSwag (train.hellaswag) or of both: each series holds the rows that carry
     it, and last_val_step (the poll's vsince) is the last step of either, so a poll gets each new point once."""
     obj = history(500)
-    obj["val"] = [{"step": 100, "val_loss": 4.0}, {"step": 150, "hellaswag": 0.25, "hellaswag_acc_norm": 0.3},
-                  {"step": 200, "val_loss": 3.9, "hellaswag": 0.26, "hellaswag_acc_norm": None},
-                  {"step": 250, "hellaswag": 0.27, "hellaswag_acc_norm": 0.31}]  # fmt: skip
+    obj["val"] = [
+        {"step": 100, "val_loss": 4.0},
+        {"step": 150, "hellaswag": 0.25, "hellaswag_acc_norm": 0.3},
+        {"step": 200, "val_loss": 3.9, "hellaswag": 0.26, "hellaswag_acc_norm": None},
+        {"step": 250, "hellaswag": 0.27, "hellaswag_acc_norm": 0.31},
+    ]
     ans = view(columns(obj, "v"), 1000)
     assert ans["val"] == {"step": [100, 200], "y": [4.0, 3.9]} and ans["last_val_step"] == 250
-    assert ans["hellaswag"] == {"acc": {"step": [150, 200, 250], "y": [0.25, 0.26, 0.27]},
-                                "acc_norm": {"step": [150, 250], "y": [0.3, 0.31]}}  # fmt: skip
+    assert ans["hellaswag"] == {
+        "acc": {"step": [150, 200, 250], "y": [0.25, 0.26, 0.27]},
+        "acc_norm": {"step": [150, 250], "y": [0.3, 0.31]},
+    }
     poll = view(columns(obj, "v"), 1000, since=500, vsince=200)
     assert poll["val"]["step"] == [] and poll["hellaswag"]["acc"] == {"step": [250], "y": [0.27]}
-    assert view(columns(history(500), "v"), 1000)["hellaswag"] == {"acc": {"step": [], "y": []},
-                                                                  "acc_norm": {"step": [], "y": []}}  # fmt: skip
+    assert view(columns(history(500), "v"), 1000)["hellaswag"] == {
+        "acc": {"step": [], "y": []},
+        "acc_norm": {"step": [], "y": []},
+    }
 
 
 def test_a_zoom_gets_its_steps_at_full_detail() -> None:

@@ -31,9 +31,17 @@ def test_without_phases_the_run_is_one_phase_of_train_steps() -> None:
 def test_phases_stack_on_the_global_step_and_override_their_sections() -> None:
     phases = [
         {"name": "pretrain", "steps": 100},
-        {"name": "polish", "steps": 30, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 3, "loss_mask": True,
-         "data": {"val_fraction": 0.25}, "train": {"eval_every": 5}},
-    ]  # fmt: skip
+        {
+            "name": "polish",
+            "steps": 30,
+            "lr": 1e-3,
+            "min_lr": 1e-4,
+            "warmup_steps": 3,
+            "loss_mask": True,
+            "data": {"val_fraction": 0.25},
+            "train": {"eval_every": 5},
+        },
+    ]
     schedule = make_schedule(exp(phases=phases), "e.json", seed=5)
     assert [(p.name, p.start, p.end) for p in schedule.phases] == [("pretrain", 0, 100), ("polish", 100, 130)]
     pre, pol = (p.engine for p in schedule.phases)
@@ -83,7 +91,7 @@ def test_settings_defaults_and_sample_cadence() -> None:
         ([{"name": "a", "steps": 5, "lr": 2.0}], "train.lr must be in (0, 1)"),
         (["pretrain"], "a phase must be a JSON object"),
     ],
-)  # fmt: skip
+)
 def test_bad_phases_name_the_file_and_the_field(phases, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         make_schedule(exp(phases=phases), "e.json")

@@ -18,8 +18,19 @@ def test_prompts_are_text_or_chat_messages_ending_in_an_open_assistant_turn() ->
 
 def test_sample_command_is_reproducible_from_its_record() -> None:
     cmd = sample_cmd("r/ckpt/step-00000100.bin", "def ", ProxySettings(sample_tokens=9, temperature=0.5), 100)
-    assert cmd[-11:] == ["sample", "r/ckpt/step-00000100.bin", "--prompt", "def ", "--json", "--seed", "100",
-                         "--tokens", "9", "--temperature", "0.5"]  # fmt: skip
+    assert cmd[-11:] == [
+        "sample",
+        "r/ckpt/step-00000100.bin",
+        "--prompt",
+        "def ",
+        "--json",
+        "--seed",
+        "100",
+        "--tokens",
+        "9",
+        "--temperature",
+        "0.5",
+    ]
 
 
 def test_cadence_first_checkpoint_past_each_multiple_and_every_final(tmp_path: Path) -> None:
@@ -27,8 +38,17 @@ def test_cadence_first_checkpoint_past_each_multiple_and_every_final(tmp_path: P
     sampler = Sampler(doc, ProxySettings(sample_every=100, prompts=[]), threading.Lock(), print)
     sampler.settings.prompts = ["x"]
     taken = []
-    for step, reason in [(30, "periodic"), (90, "periodic"), (120, "SIGUSR1"), (150, "periodic"), (200, "periodic"),
-                         (200, "final"), (230, "final"), (260, "periodic"), (310, "periodic")]:  # fmt: skip
+    for step, reason in [
+        (30, "periodic"),
+        (90, "periodic"),
+        (120, "SIGUSR1"),
+        (150, "periodic"),
+        (200, "periodic"),
+        (200, "final"),
+        (230, "final"),
+        (260, "periodic"),
+        (310, "periodic"),
+    ]:
         if sampler.wants(step, reason):
             sampler.last_step = step
             taken.append(step)

@@ -145,16 +145,20 @@ def test_an_engine_stopped_before_its_first_step_is_found_by_its_missing_heartbe
 
 
 def test_phases_run_in_order_and_polish_archives_samples_and_state(tmp_path: Path) -> None:
-    phases = [{"name": "pretrain", "steps": 40},
-              {"name": "polish", "steps": 20, "lr": 1e-3, "min_lr": 1e-4, "train": {"eval_every": 10}}]  # fmt: skip
+    phases = [
+        {"name": "pretrain", "steps": 40},
+        {"name": "polish", "steps": 20, "lr": 1e-3, "min_lr": 1e-4, "train": {"eval_every": 10}},
+    ]
     proxy = {"sample_every": 20, "prompts": ["def "], "sample_tokens": 8}
     out = tmp_path / "run"
     run = run_to_end(write_exp(tmp_path, phases=phases, proxy=proxy), out)
     loss, state, samples = run.file("loss"), run.file("state"), run.file("samples")
     assert_every_step_once(run.steps(), 60)
     assert [r["phase"] for r in loss["train"]] == ["pretrain"] * 40 + ["polish"] * 20
-    assert [(m["kind"], m["step"], m.get("phase")) for m in loss["marks"]] == [("phase", 0, "pretrain"),
-                                                                                ("phase", 40, "polish")]  # fmt: skip
+    assert [(m["kind"], m["step"], m.get("phase")) for m in loss["marks"]] == [
+        ("phase", 0, "pretrain"),
+        ("phase", 40, "polish"),
+    ]
     assert [r["step"] for r in loss["val"]] == [20, 40, 50, 60]
     polish = read(out / "phases" / "polish.json")
     assert polish["train"]["lr"] == 1e-3 and polish["train"]["steps"] == 60 and "phases" not in polish

@@ -96,8 +96,10 @@ def test_checkpoints_of_another_run_are_refused(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "microgpt.cli", "run", str(other), "--out", str(out)]
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [f"error: {out / 'ckpt' / 'step-00000020.bin'}: a checkpoint of run "
-                                     "'proxy-test', not 'other-run'; use another --out"]  # fmt: skip
+    assert r.stderr.splitlines() == [
+        f"error: {out / 'ckpt' / 'step-00000020.bin'}: a checkpoint of run "
+        "'proxy-test', not 'other-run'; use another --out"
+    ]
     assert sorted(str(p) for p in out.rglob("*")) == before  # nothing written
 
 
@@ -142,7 +144,7 @@ def with_line(out: Path, n: int, edit: Callable[[dict], object]) -> int:
         (lambda ev: {**ev, "lr": True}, "field 'lr' is True"),
         (lambda ev: {**ev, "mixture": [1, 2]}, "field 'mixture' is [1, 2]"),
     ],
-)  # fmt: skip
+)
 def test_adopting_an_engine_log_with_a_bad_record(made: tuple[Path, Path], tmp_path: Path, edit, needle: str) -> None:
     """A step record of the wrong shape is passed over (the log's one reader, runlog.load_log), said once by each
     reader (the proxy taking the history, the engine's report card) with its line, and the rest of the log's history
@@ -177,8 +179,9 @@ LOSS_ROWS = [
 
 
 @pytest.mark.parametrize("key, row, needle", LOSS_ROWS)
-def test_a_loss_history_with_a_bad_row(made: tuple[Path, Path], tmp_path: Path, key: str, row: dict,
-                                       needle: str) -> None:  # fmt: skip
+def test_a_loss_history_with_a_bad_row(
+    made: tuple[Path, Path], tmp_path: Path, key: str, row: dict, needle: str
+) -> None:
     exp, out = made
     shutil.copytree(out, tmp_path / "run")
     history = {"format": "microgpt-loss-1", "run": "proxy-test", "meta": {}, "train": [], "val": [], "marks": []}

@@ -47,8 +47,10 @@ PHASES_BAD_FIELD = [{"name": "pretrain", "steps": 5}, {"name": "polish", "steps"
     "sections, needles",
     [
         ({"phases": PHASES_BAD_FIELD}, ["phases[1]", "unknown phase field 'lrr'"]),
-        ({"phases": [{"name": "polish", "steps": 5, "data": {"source": "shards", "path": "/nonexistent/megachat"}}]},
-         ["phases[0]", "data.path", "/nonexistent/megachat", "does not exist"]),
+        (
+            {"phases": [{"name": "polish", "steps": 5, "data": {"source": "shards", "path": "/nonexistent/megachat"}}]},
+            ["phases[0]", "data.path", "/nonexistent/megachat", "does not exist"],
+        ),
         ({"data": {"source": "shards", "path": "/nonexistent/shards"}}, ["data.path", "/nonexistent/shards"]),
         ({"phases": [{"name": "a", "steps": 5}, {"name": "a", "steps": 5}]}, ["phases[1]", "'a' is used twice"]),
         ({"phases": [{"name": "a", "steps": 5, "train": {"steps": 9}}]}, ["train.steps is set by the proxy"]),
@@ -57,7 +59,7 @@ PHASES_BAD_FIELD = [{"name": "pretrain", "steps": 5}, {"name": "polish", "steps"
         ({"train": {"hellaswag": "/nonexistent/hs.jsonl"}}, ["train.hellaswag /nonexistent/hs.jsonl: cannot read"]),
         ({"proxy": {"prompts": [3]}}, ["proxy.prompts[0]"]),
     ],
-)  # fmt: skip
+)
 def test_bad_experiment(tmp_path: Path, finished: Path, sections: dict, needles: list[str]) -> None:
     before = snapshot(finished)
     exp = write_exp(tmp_path, **sections)
@@ -88,15 +90,21 @@ def test_another_experiment_in_the_same_folder(tmp_path: Path, finished: Path) -
 
 @pytest.mark.parametrize(
     "args, needle",
-    [(["--steps", "abc"], "--steps"), (["--steps", "0"], "--steps must be an integer in [1, 2147483647], got 0"),
-     (["--dashboard", "99999"], "99999"), (["--hang-timeout", "0"], "--hang-timeout"), (["--seed", "-"], "--seed"),
-     (["--hang-timeout", "nan"], "--hang-timeout must be a finite number"),
-     (["--hang-timeout", "inf"], "--hang-timeout must be a finite number"),
-     (["--max-restarts", "-1"], "--max-restarts must be an integer in [0, 2147483647]"),
-     (["--max-restarts", "1" + "0" * 30], "--max-restarts must be an integer in [0, 2147483647]"),
-     (["--procs", "0"], "--procs must be an integer in [1, 2147483647], got 0"),
-     (["--set", "model.d_model=33"], "d_model (33) must be divisible"), (["--set", "nope"], "--set 'nope'")],
-)  # fmt: skip
+    [
+        (["--steps", "abc"], "--steps"),
+        (["--steps", "0"], "--steps must be an integer in [1, 2147483647], got 0"),
+        (["--dashboard", "99999"], "99999"),
+        (["--hang-timeout", "0"], "--hang-timeout"),
+        (["--seed", "-"], "--seed"),
+        (["--hang-timeout", "nan"], "--hang-timeout must be a finite number"),
+        (["--hang-timeout", "inf"], "--hang-timeout must be a finite number"),
+        (["--max-restarts", "-1"], "--max-restarts must be an integer in [0, 2147483647]"),
+        (["--max-restarts", "1" + "0" * 30], "--max-restarts must be an integer in [0, 2147483647]"),
+        (["--procs", "0"], "--procs must be an integer in [1, 2147483647], got 0"),
+        (["--set", "model.d_model=33"], "d_model (33) must be divisible"),
+        (["--set", "nope"], "--set 'nope'"),
+    ],
+)
 def test_bad_flags(tmp_path: Path, args: list[str], needle: str) -> None:
     res = run_cli(str(write_exp(tmp_path)), "--out", str(tmp_path / "new"), *args)
     assert_one_line_error(res, needle)
@@ -115,6 +123,13 @@ def test_the_proxy_never_imports_the_engine_side() -> None:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
     loaded = set(res.stdout.split())
     assert res.returncode == 0 and "microgpt.proxy.supervisor" in loaded, res.stderr
-    engine_side = {"microgpt.run.trainer", "microgpt.engine.step", "microgpt.engine.state", "microgpt.engine.model",
-                   "microgpt.engine.backend", "microgpt.cli", "microgpt.kernels"}  # fmt: skip
+    engine_side = {
+        "microgpt.run.trainer",
+        "microgpt.engine.step",
+        "microgpt.engine.state",
+        "microgpt.engine.model",
+        "microgpt.engine.backend",
+        "microgpt.cli",
+        "microgpt.kernels",
+    }
     assert not loaded & engine_side, sorted(loaded & engine_side)

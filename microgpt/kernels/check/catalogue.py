@@ -95,15 +95,20 @@ class Catalogue:
         self.label, self.group, self.index = "fixed", -1, 0
         return next(iter(candidates))
 
-    def launch(self, table: str, key: str, configs: dict[str, tuple[Any, ...]],
-               make: Callable[..., Callable[[], None]]) -> None:  # fmt: skip
+    def launch(
+        self, table: str, key: str, configs: dict[str, tuple[Any, ...]], make: Callable[..., Callable[[], None]]
+    ) -> None:
         self.choose(table, key, {name: make(*cfg) for name, cfg in configs.items()})
 
 
 def jit_kernels() -> dict[str, JITFunction]:
     """Every Triton kernel (k_*) of kernels/, by name."""
-    return {name: fn for module in KERNEL_MODULES for name, fn in vars(module).items()
-            if name.startswith("k_") and isinstance(fn, JITFunction)}  # fmt: skip
+    return {
+        name: fn
+        for module in KERNEL_MODULES
+        for name, fn in vars(module).items()
+        if name.startswith("k_") and isinstance(fn, JITFunction)
+    }
 
 
 @contextmanager
@@ -163,8 +168,9 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     layernorm.layernorm_forward(e(N, C), stat, stat, x, e(C), e(C), tuner=cat)
     layernorm.residual_layernorm_forward(e(N, C), e(N, C), stat, stat, x, x, e(C), e(C), tuner=cat)
     partials = e(layernorm.scratch_numel(C, SWEEP_SMS), dt=f32)
-    layernorm.layernorm_backward(e(N, C), e(C, dt=f32), e(C, dt=f32), x, x, e(C), stat, stat, partials=partials,
-                                 tuner=cat)  # fmt: skip
+    layernorm.layernorm_backward(
+        e(N, C), e(C, dt=f32), e(C, dt=f32), x, x, e(C), stat, stat, partials=partials, tuner=cat
+    )
     mm.forward(e(3, N, C), x, e(3, C, C))
     mm.backward(e(N, C), e(3, C, C, dt=f32), e(3, N, C), x, e(3, C, C))
     mm.forward(e(N, 4 * C), x, e(C, 4 * C), gelu_out=e(N, 4 * C))
@@ -176,13 +182,23 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
     decode.decode_kv_write(q, q, rows, rows, at, at)
-    decode.decode_attention(rows, rows, q, q, at, at, NH, sm_count=SWEEP_SMS,
-                            partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32))  # fmt: skip
+    decode.decode_attention(
+        rows,
+        rows,
+        q,
+        q,
+        at,
+        at,
+        NH,
+        sm_count=SWEEP_SMS,
+        partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32),
+    )
     logits, tg, wte = e(N, V), e(N, dt=i32), e(V, C)
     crossentropy.crossentropy_forward(stat, stat, x, wte, tg, logits, mm=mm, tuner=cat)
     crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, wte, tg, stat, logits, mm=mm, tuner=cat)
-    crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, wte, tg, logits, mm=mm,
-                                               tuner=cat)  # fmt: skip
+    crossentropy.crossentropy_forward_backward(
+        stat, stat, x, e(V, C, dt=f32), stat, x, wte, tg, logits, mm=mm, tuner=cat
+    )
     crossentropy.head_logits(e(B, V), e(B, C), wte, mm=mm)
     argmax.argmax_rows(e(B, dt=i32), e(B, V))  # the decode step's greedy pick
     crossentropy.loss_weights(stat, tg, e(1, dt=f32))
@@ -193,8 +209,9 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gradclip.grad_norm_partial(e(triton.cdiv(n, 1 << 16), dt=f32), flat, 1 << 16)
     gradclip.grad_norm_final(e(1, dt=f32), e(triton.cdiv(n, 1 << 16), dt=f32))
     compute = e(n) if dtype != f32 else None
-    adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95,
-                     1e-8, 0.1, 1.0)  # fmt: skip
+    adamw.adamw_step(
+        flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8, 0.1, 1.0
+    )
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
 
@@ -231,14 +248,25 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
     decode.decode_embedding(rows, at, at, e(V, C))
     decode.decode_qkrope(rows, rows, at, rope, n_head=NH)
-    decode.decode_attention(rows, rows, q, q, at, at, NH, sm_count=SWEEP_SMS,
-                            partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32))  # fmt: skip
+    decode.decode_attention(
+        rows,
+        rows,
+        q,
+        q,
+        at,
+        at,
+        NH,
+        sm_count=SWEEP_SMS,
+        partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32),
+    )
     logits, tg, head = e(N, V), e(N, dt=i32), e(V, C)  # head: the untied lm_head
     crossentropy.crossentropy_forward(stat, stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP)
-    crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, mm=mm, tuner=cat,
-                                       softcap=SOFTCAP)  # fmt: skip
-    crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, head, tg, logits, mm=mm,
-                                               tuner=cat, softcap=SOFTCAP)  # fmt: skip
+    crossentropy.crossentropy_backward(
+        x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, mm=mm, tuner=cat, softcap=SOFTCAP
+    )
+    crossentropy.crossentropy_forward_backward(
+        stat, stat, x, e(V, C, dt=f32), stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP
+    )
     crossentropy.head_logits(e(B, V), e(B, C), head, mm=mm, softcap=SOFTCAP)
 
 
@@ -301,8 +329,21 @@ def _muon_step_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gradclip.grad_norm_final(norm, partials)
     hyper, mask = e(3, 8, dt=f32), e(n, dt=torch.uint8)  # rows: AdamW's embedding, AdamW's head, Muon's
     for row, (lo, hi) in enumerate(((0, V * C), (n - V * C, n))):
-        adamw.adamw_step(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], mask[lo:hi], None if compute is None else
-                         compute[lo:hi], hyper[row], norm, 0.8, 0.95, 1e-10, 0.0, 1.0)  # fmt: skip
+        adamw.adamw_step(
+            p[lo:hi],
+            g[lo:hi],
+            m[lo:hi],
+            v[lo:hi],
+            mask[lo:hi],
+            None if compute is None else compute[lo:hi],
+            hyper[row],
+            norm,
+            0.8,
+            0.95,
+            1e-10,
+            0.0,
+            1.0,
+        )
     kinds = {"compute": dtype, "f32": f32, "i32": i32}
     scratch = {b.keyword: e(b.numel, dt=kinds[b.kind]) for b in muon.muon_scratch(groups)}
     muon.muon_step(p, g, m, compute, hyper[2], norm, groups=groups, max_norm=1.0, **scratch)
@@ -321,19 +362,42 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     scratch = {name: e(N * 4 * C, dt=f8) for name in ("fp8_x", "fp8_g", "fp8_gt")} | {"fp8_wgrad": e(4 * C * C)}
     mm = fp8.Matmul(gemm.Gemm(cat, None), None, scratch)
     for G, Cin, OC in ((3, C, C), (1, C, 4 * C), (1, 4 * C, C)):
-        w = Fp8Weight("site", e(G, Cin, OC, dt=f32), e(Cin, G * OC, dt=f8), e(G, OC, Cin, dt=f8), e(SLOT, dt=f32),
-                      e(OSLOT, dt=f32), e(OSLOT, dt=f32), Priming(True), e(Cin * N, dt=f8))  # fmt: skip
+        w = Fp8Weight(
+            "site",
+            e(G, Cin, OC, dt=f32),
+            e(Cin, G * OC, dt=f8),
+            e(G, OC, Cin, dt=f8),
+            e(SLOT, dt=f32),
+            e(OSLOT, dt=f32),
+            e(OSLOT, dt=f32),
+            Priming(True),
+            e(Cin * N, dt=f8),
+        )
         for priming in (True, False):
             w.priming.on = priming
             gelu_in = Cin == 4 * C and not modern  # GPT-2's W_2 input is gelu(h), cast as GELU computes it
             mm.forward(e(G, N, OC), None if gelu_in else e(N, Cin), w, gelu_of=e(N, Cin) if gelu_in else None)
-            mm.backward(e(N, Cin), e(G, Cin, OC, dt=f32), e(G, N, OC), None, w,
-                        dgelu_of=e(N, OC) if OC == 4 * C and not modern else None)  # fmt: skip
+            mm.backward(
+                e(N, Cin),
+                e(G, Cin, OC, dt=f32),
+                e(G, N, OC),
+                None,
+                w,
+                dgelu_of=e(N, OC) if OC == 4 * C and not modern else None,
+            )
         mm.cast_weights([w])
         # a site over its layers, as the step casts it: taking AdamW's amaxes (a site's every fourth), or its own
         take = None if modern else e(4 * L, dt=f32)[::4]
-        fp8_cast.cast(cat, e(L, G, Cin, OC, dt=f32), e(L, 4 * SLOT, dt=f32)[:, :SLOT], e(L, Cin, G * OC, dt=f8),
-                 e(L, G, OC, Cin, dt=f8), prime=True, hist=0, take=take)  # fmt: skip
+        fp8_cast.cast(
+            cat,
+            e(L, G, Cin, OC, dt=f32),
+            e(L, 4 * SLOT, dt=f32)[:, :SLOT],
+            e(L, Cin, G * OC, dt=f8),
+            e(L, G, OC, Cin, dt=f8),
+            prime=True,
+            hist=0,
+            take=take,
+        )
         if not modern:
             mm.cast_weights([w], e(1, dt=f32))  # after AdamW, which recorded its amax
     fp8_cast.cast(cat, e(V, C, dt=f32), e(SLOT, dt=f32), e(V, C, dt=f8), None, prime=True, hist=0)  # the head's weight
@@ -347,8 +411,23 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its segment maxima: ops/adamw.py)
     flat = e(n, dt=f32)
     table = e(triton.cdiv(n, SEGMENT_BLOCK), 4, dt=torch.int32)
-    adamw.adamw_step(flat, flat, flat, flat, e(n, dt=torch.uint8), e(n), e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8,
-                     0.1, 1.0, segment_table=table, segment_max=e(49, dt=f32))  # fmt: skip
+    adamw.adamw_step(
+        flat,
+        flat,
+        flat,
+        flat,
+        e(n, dt=torch.uint8),
+        e(n),
+        e(8, dt=f32),
+        e(1, dt=f32),
+        0.9,
+        0.95,
+        1e-8,
+        0.1,
+        1.0,
+        segment_table=table,
+        segment_max=e(49, dt=f32),
+    )
 
 
 # the shapes the sweep compiles for: one micro-batch of each recipe (tests/kernels/test_targets.py checks them

@@ -78,8 +78,14 @@ def bind(launch: Launch, target: Target) -> tuple[str, dict[str, Any]]:
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    job = {"name": launch.name, "signature": signature, "constexprs": constexprs, "attrs": attrs,
-           "options": options.__dict__, "cc": target.cc}  # fmt: skip
+    job = {
+        "name": launch.name,
+        "signature": signature,
+        "constexprs": constexprs,
+        "attrs": attrs,
+        "options": options.__dict__,
+        "cc": target.cc,
+    }
     return repr(sorted((k, repr(v)) for k, v in job.items())), job
 
 
@@ -97,8 +103,12 @@ def cubin_usage(cubin: bytes) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     line = next(line for line in out.stdout.splitlines() if "REG:" in line)
     return {k: int(v) for k, v in re.findall(r"\b([A-Z]+):(\d+)", line)}
 
@@ -196,9 +206,19 @@ DTYPES = (torch.bfloat16, torch.float32)  # fp16 compiles to bf16's tiles and sh
 
 def to_json(rows: list[Row]) -> list[dict[str, Any]]:
     """The rows as plain data (the test reads them from the sweep's process)."""
-    return [{"kernel": r.kernel, "label": r.label, "config": r.config, "shapes": r.shapes, "fixed": r.fixed,
-             "default": r.default, "targets": sorted(r.jobs), "usage": {cc: asdict(u) for cc, u in r.usage.items()}}
-            for r in rows]  # fmt: skip
+    return [
+        {
+            "kernel": r.kernel,
+            "label": r.label,
+            "config": r.config,
+            "shapes": r.shapes,
+            "fixed": r.fixed,
+            "default": r.default,
+            "targets": sorted(r.jobs),
+            "usage": {cc: asdict(u) for cc, u in r.usage.items()},
+        }
+        for r in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
