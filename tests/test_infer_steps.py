@@ -4,9 +4,12 @@ logits whose log-softmax at the targets is the per-token loss of the scoring for
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from microgpt.engine import params
 from microgpt.engine.backend import numpy_backend
 from microgpt.engine.infer import InferState, make_infer_state
 from tests.ops._util import check
@@ -60,10 +63,17 @@ def test_a_copied_cache_row_decodes_as_its_source() -> None:
     check("row 3 (copied) against row 0", logits[1], logits[0], 1e-6)
 
 
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
 @pytest.mark.parametrize("b, t", [(1, 7), (3, 5)])
-def test_window_logits_are_the_scoring_forwards_logits(b: int, t: int) -> None:
-    """After a window with targets, -log_softmax(window_logits)[target] is the per-token loss the step wrote."""
-    S = state()
+def test_window_logits_are_the_scoring_forwards_logits(b: int, t: int, block: str) -> None:
+    """After a window with targets, -log_softmax(window_logits)[target] is the per-token loss the step wrote: the
+    same head (the modern block's untied one) and the same soft-cap."""
+    if block == "gpt2":
+        S = state()
+    else:
+        m = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0)
+        w = params.init_weights(m, 3) + np.random.default_rng(3).standard_normal(params.n_params(m)).astype(np.float32)
+        S = make_infer_state(m, numpy_backend(), 4, w * 0.5)
     rng = np.random.default_rng(b)
     x = rng.integers(0, M.vocab_size, (b, t)).astype(np.int32)
     y = rng.integers(0, M.vocab_size, (b, t)).astype(np.int32)

@@ -127,10 +127,11 @@ class InferState:
 
     def window_logits(self, lo: int, hi: int) -> Any:
         """The logits (hi - lo, V) of rows lo .. hi - 1 (hi - lo <= B) of the last inference step's window, its
-        (b, t) tokens flattened, in next_logits[: hi - lo]: the head over the final LayerNorm's output, which
-        model.gpt_infer leaves in the plan's `ln` (serve's echo with logprobs: every position's alternatives)."""
+        (b, t) tokens flattened, in next_logits[: hi - lo]: the head over the final norm's output, which
+        model.gpt_infer leaves in the plan's `ln`, as the loss head computes them (the tied wte or the untied head,
+        the modern block's soft-cap; serve's echo with logprobs: every position's alternatives)."""
         out = self.arena["next_logits"][: hi - lo]
-        self.K.head_logits(out, self.arena["ln"][lo:hi], self.P_compute["wte"])
+        self.K.head_logits(out, self.arena["ln"][lo:hi], self.P_compute["head"], **model.head_args(self.m))
         return out
 
     def copy_rows(self, dst: int, src: int, n: int) -> None:
