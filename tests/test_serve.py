@@ -269,3 +269,34 @@ def test_a_stream_whose_client_goes_away_leaves_the_batch(run_256: Path) -> None
         assert released == [1]  # its one choice unfinished: 252 positions of the context were left
         wait_for("its row to leave the batch", lambda: a.engine.held == 0 and stats(url)["engine"]["active"] == 0)
         assert client.completions.create(model=a.name, prompt="def ", max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_a_modern_block_model_serves_its_own_greedy_tokens_and_logprobs(tmp_path: Path) -> None:
+    """model.block "modern" through serve: two concurrent greedy completions are sample.generate's continuations,
+    and echo's prompt logprobs are the scoring forward's per-token losses (its untied head, its soft-cap)."""
+    import numpy as np
+
+    from microgpt.engine.trained import load_trained
+    from microgpt.use import evaluate
+    from tests.conftest import write_experiment
+    from tests.test_modern import MODERN_RUN
+
+    exp = write_experiment(tmp_path, model=MODERN_RUN["model"], train={**MODERN_RUN["train"], "steps": 3})
+    assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
+    run = tmp_path / "run"
+    with served(run, "--max-batch", "2") as (a, client, _):
+        prompts = ["def ", "import os"]
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda p: client.completions.create(model=a.name, prompt=p, max_tokens=12,
+                                                                    temperature=0), prompts))  # fmt: skip
+        for prompt, res in zip(prompts, got):
+            greedy = generate(load(str(run), 1)[0], a.tok.encode(prompt), 12, Sampling(), [0])[0]
+            assert res.choices[0].text == a.tok.decode(greedy).split(EOT)[0]
+        text = "def add(a, b):\n    return a + b\n"
+        scored = client.completions.create(model=a.name, prompt=text, max_tokens=0, echo=True, logprobs=1)
+    ids = a.tok.encode(text)
+    ld = load_trained(run)
+    S = evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", None))
+    x, y = np.array([ids[:-1]], np.int32), np.array([ids[1:]], np.int32)
+    want = -S.score(x, y)[2][0]
+    np.testing.assert_allclose(scored.choices[0].logprobs.token_logprobs[1:], want, atol=1e-4)
