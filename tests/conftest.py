@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.proxy._cdp import Chromium, chromium_binary
+
 # Property tests (tests/test_properties.py) are deterministic in CI: the same examples on every run, no example
 # database, no deadline (a busy 2-core machine must not turn a slow example into a failure).
 settings.register_profile(
@@ -110,3 +112,17 @@ def one_error(res: subprocess.CompletedProcess, code: int, *needles: str, after_
     for needle in needles:
         assert needle in errors[0], (needle, errors[0])
     return errors[0]
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Chromium]:
+    """Headless Chromium driven over its DevTools protocol (tests/proxy/_cdp.py): the dashboard's and serve's chat
+    page's tests. Missing: skipped where MICROGPT_SKIP_BROWSER=1 says so (scripts/test-browser.sh), else a failure."""
+    binary = chromium_binary()
+    if binary is None:
+        if os.environ.get("MICROGPT_SKIP_BROWSER") == "1":
+            pytest.skip("no chromium and MICROGPT_SKIP_BROWSER=1")
+        pytest.fail("chromium is not installed: apt-get install -y chromium (or set MICROGPT_SKIP_BROWSER=1)")
+    chrome = Chromium(tmp_path / "profile", binary)
+    yield chrome
+    chrome.close()

@@ -11,27 +11,12 @@ without it; otherwise a missing browser is a failure, as for the dashboard's bro
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
-
-from tests.proxy._cdp import Chromium, chromium_binary
+from tests.proxy._cdp import Chromium
 from tests.test_serve import served, wait_for
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-
-
-@pytest.fixture
-def browser(tmp_path: Path):
-    binary = chromium_binary()
-    if binary is None:
-        if os.environ.get("MICROGPT_SKIP_BROWSER") == "1":
-            pytest.skip("no chromium and MICROGPT_SKIP_BROWSER=1")
-        pytest.fail("chromium is not installed: apt-get install -y chromium (or set MICROGPT_SKIP_BROWSER=1)")
-    chrome = Chromium(tmp_path / "profile", binary)
-    yield chrome
-    chrome.close()
 
 
 def turn(browser: Chromium, text: str, turns: int) -> str:

@@ -54,42 +54,21 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     K.grad_norm_partial(A["norm_partials"], S.g, NORM_BLOCK)
     K.grad_norm_final(norm, A["norm_partials"])
     max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
+    for part, hyper in _adamw_parts(S):  # every parameter, or under Muon the embedding and the head at their lrs
+        pc = None if S.p_compute is None else S.p_compute[part]
+        args = (S.p[part], S.g[part], S.adam_m[part], S.adam_v[part], A["decay_mask"][part], pc, hyper, norm)
+        K.adamw_step(*args, t.beta1, t.beta2, t.eps, t.weight_decay, max_norm)
     if t.optimizer == "muon":
-        for group, lo, hi in optim.adamw_ranges(m):  # the embedding and the head, each at its own lr
-            pc = None if S.p_compute is None else S.p_compute[lo:hi]
-            K.adamw_step(
-                S.p[lo:hi],
-                S.g[lo:hi],
-                S.adam_m[lo:hi],
-                S.adam_v[lo:hi],
-                A["decay_mask"][lo:hi],
-                pc,
-                A["hyper"][optim.HYPER_ROWS[group]],
-                norm,
-                t.beta1,
-                t.beta2,
-                t.eps,
-                t.weight_decay,
-                max_norm,
-            )
         S.muon(S.p, S.g, S.adam_m, S.p_compute, A["hyper"][optim.HYPER_ROWS["muon"]], norm, max_norm=max_norm)
-    else:
-        K.adamw_step(
-            S.p,
-            S.g,
-            S.adam_m,
-            S.adam_v,
-            A["decay_mask"],
-            S.p_compute,
-            A["hyper"],
-            norm,
-            t.beta1,
-            t.beta2,
-            t.eps,
-            t.weight_decay,
-            max_norm,
-        )
     S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
+
+
+def _adamw_parts(S: TrainState) -> list[tuple[slice, Any]]:
+    """What AdamW updates, as (part of the flat arrays, its hyper row): all of them under train.optimizer "adamw";
+    under "muon" the ranges outside the block matrices (optim.adamw_ranges), each with its group's row."""
+    if S.t.optimizer != "muon":
+        return [(slice(None), S.arena["hyper"])]
+    return [(slice(lo, hi), S.arena["hyper"][optim.HYPER_ROWS[g]]) for g, lo, hi in optim.adamw_ranges(S.m)]
 
 
 @dataclass

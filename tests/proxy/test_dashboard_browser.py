@@ -14,26 +14,12 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from microgpt.runlog import LOG_NAME, read_log
-from tests.proxy._cdp import Chromium, chromium_binary
+from tests.proxy._cdp import Chromium
 from tests.proxy._helpers import REPO, ProxyRun, write_exp
 from tests.test_hellaswag import EXAMPLES as HELLASWAG
 
 ARTIFACTS = REPO / "test-artifacts"
-
-
-@pytest.fixture
-def browser(tmp_path: Path):
-    binary = chromium_binary()
-    if binary is None:
-        if os.environ.get("MICROGPT_SKIP_BROWSER") == "1":
-            pytest.skip("no chromium and MICROGPT_SKIP_BROWSER=1")
-        pytest.fail("chromium is not installed: apt-get install -y chromium (or set MICROGPT_SKIP_BROWSER=1)")
-    chrome = Chromium(tmp_path / "profile", binary)
-    yield chrome
-    chrome.close()
 
 
 def freeze(run: ProxyRun, pid: int) -> dict:
