@@ -29,7 +29,7 @@ from microgpt import runlog
 from tests.conftest import REPO
 from tests.proxy._cdp import Chromium
 from tests.proxy._helpers import ENV, ProxyRun
-from tests.proxy.test_dashboard_browser import ARTIFACTS, browser  # noqa: F401  (the fixture)
+from tests.proxy.test_dashboard_browser import ARTIFACTS
 
 EXP = "experiments/ANDREA-tiny-TRAIN.json"
 SETS = ["--set", "data.max_bytes=200000", "--set", "model.vocab_size=512", "--set", "train.micro_batch=4",

@@ -19,7 +19,7 @@ import pytest
 from microgpt.proxy.dashboard import DashboardServer
 from microgpt.proxy.runfiles import LossHistory
 from tests.proxy._cdp import Chromium
-from tests.proxy.test_dashboard_browser import ARTIFACTS, browser  # noqa: F401 (browser: a fixture)
+from tests.proxy.test_dashboard_browser import ARTIFACTS
 
 pytestmark = pytest.mark.slow  # a 30 MB history written, parsed and drawn: about 10 s on a 2-core machine
 

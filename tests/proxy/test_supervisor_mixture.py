@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.data.test_mixing import SOURCES, write_sources
 from tests.proxy._helpers import REPO, run_to_end, write_exp
-from tests.proxy.test_dashboard_browser import ARTIFACTS, browser, drawn  # noqa: F401 (browser: a fixture)
+from tests.proxy.test_dashboard_browser import ARTIFACTS, drawn
 
 
 def test_mixture_weights_in_the_run_files_and_on_the_dashboard(tmp_path: Path, browser) -> None:  # noqa: F811
