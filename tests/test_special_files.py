@@ -58,6 +58,10 @@ def test_training_inputs(trained: Path, tmp_path: Path, kind: str) -> None:
         cli("train", str(exp), "--out", str(out), "--resume", str(path), timeout=LIMIT_S),
         f"--resume {path}: checkpoint must be a regular file, not {kind}",
     )
+    refused(
+        cli("run", str(exp), "--out", str(out), "--init", str(path), timeout=LIMIT_S),
+        f"--init {path}: run folder or checkpoint must be a regular file or a folder, not {kind}",
+    )
     assert snapshot(trained) == before and not out.exists()  # refused before the run folder is made
 
 

@@ -558,6 +558,8 @@ def supervise(argv: list[str]) -> int:
         schedule.settings.max_restarts = args.max_restarts
     for ph in schedule.phases if (args.procs or 1) > 1 else []:  # one line now, not one per rank later
         preflight(ph.engine, args.procs)
+    if args.init and Path(args.init).exists():  # a pipe or device: refused before the run folder is made
+        checkpoint.check_flag_path(args.init, "--init", folder=True)
     out = Path(args.out or Path("runs") / schedule.run)
     # The port is bound first: one in use is bad input, refused before the run folder is created or locked.
     server = DashboardServer(out, schedule.run, args.dashboard) if args.dashboard is not None else None
