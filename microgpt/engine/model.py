@@ -162,20 +162,22 @@ def _embed(
     mean: Any,
     rstd: Any,
     tokens: Any,
-    wpe: Any,
-    emb: Any = None,
-    emb_rstd: Any = None,
+    groups: list[tuple[slice, int, slice]],
+    emb: Any,
+    emb_rstd: Any,
 ) -> None:
-    """The stream entering layer 0 into x (b*t, C) and its first norm into ln: GPT-2 x = wte[tokens] + wpe (wpe the
-    position table's rows from the window's position), then LN1 of layer 0; modern x = rmsnorm(wte[tokens]) with
-    wte[tokens] in emb (its rstd in emb_rstd), then layer 0's RMSNorm."""
+    """The stream entering layer 0 into x (b*t, C) and its first norm into ln: GPT-2 x = wte[tokens] + wpe (each
+    position group's rows of the position table from its position: `windows`), then LN1 of layer 0; modern x =
+    rmsnorm(wte[tokens]) with wte[tokens] in emb (its rstd in emb_rstd), then layer 0's RMSNorm."""
     b, t = tokens.shape
     if m.block == "modern":
-        K.embedding_forward(emb.reshape(b, t, -1), tokens, P["wte"], None)
+        K.embedding_forward(_btc(emb, b, t), tokens, P["wte"], None)
         K.rmsnorm_forward(x, emb_rstd, emb)
         K.rmsnorm_forward(ln, rstd, x)
         return
-    K.embedding_forward(x.reshape(b, t, -1), tokens, P["wte"], wpe)
+    x3 = _btc(x, b, t)
+    for rows, p, _ in groups:
+        K.embedding_forward(x3[rows], tokens[rows], P["wte"], P["wpe"][p:])
     K.layernorm_forward(ln, mean, rstd, x, P["h0.ln1_w"], P["h0.ln1_b"])
 
 
@@ -195,7 +197,7 @@ def gpt_forward(
         _at(A, "ln1_mean", 0),
         A["ln1_rstd"][0],
         tokens,
-        P.get("wpe"),
+        windows(B, 0),
         A.get("emb"),
         A.get("emb_rstd"),
     )
@@ -432,13 +434,7 @@ def gpt_infer(
     groups = windows(b, pos, slots)
     if "kv" not in A and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
-    if m.block == "modern":
-        _embed(K, m, P, io.x, io.ln1, None, io.rstd2, tokens, None, io.x2, io.rstd2)
-    else:  # the position table's rows from each group's position
-        x3 = _btc(io.x, b, t)
-        for rows, p, _ in groups:
-            K.embedding_forward(x3[rows], tokens[rows], P["wte"], P["wpe"][p:])
-        K.layernorm_forward(io.ln1, io.mean2, io.rstd2, io.x, P["h0.ln1_w"], P["h0.ln1_b"])
+    _embed(K, m, P, io.x, io.ln1, io.mean2, io.rstd2, tokens, groups, io.x2, io.rstd2)
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
         block(K, m, P, layer, io, _infer_attend(K, m, A, layer, b, t, groups))
