@@ -266,8 +266,7 @@ def _gpt2_backward(
     layer_done: Callable[[int], None] | None,
 ) -> None:
     B, T = tokens.shape
-    H = m.n_head
-    dresid, dln, datt, dqkv = A["dresid"], A["dln"], A["datt"], A["dqkv"]
+    dresid, dln = A["dresid"], A["dln"]
     a, recompute = _mlp_outputs(A, m.n_layer)
     K.zero_(dresid)
     x = A["resid"][m.n_layer]
@@ -300,25 +299,7 @@ def _gpt2_backward(
             A["ln2_rstd"][layer],
         )
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
-        att = A["att"][layer]
-        K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
-        q, k, v = A["qkv"][layer]
-        dq, dk, dv = dqkv
-        if layer_done is not None and layer + 1 < m.n_layer:
-            layer_done(layer + 1)
-        K.attention_backward(
-            _btc(dq, B, T),
-            _btc(dk, B, T),
-            _btc(dv, B, T),
-            _btc(datt, B, T),
-            _btc(q, B, T),
-            _btc(k, B, T),
-            _btc(v, B, T),
-            _btc(att, B, T),
-            A["att_lse"][layer],
-            H,
-        )
-        K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
+        _attention_backward(K, m, P, G, A, layer, B, T, layer_done)
         K.layernorm_backward(
             dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"], A["ln1_mean"][layer], A["ln1_rstd"][layer]
         )
@@ -340,8 +321,7 @@ def _modern_backward(
     the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
     the embedding's."""
     B, T = tokens.shape
-    H = m.n_head
-    dresid, dln, datt, dqkv, dh = A["dresid"], A["dln"], A["datt"], A["dqkv"], A["dh"]
+    dresid, dln, dh = A["dresid"], A["dln"], A["dh"]
     a, recompute = _mlp_outputs(A, m.n_layer)
     K.zero_(dresid)
     K.rmsnorm_backward(dresid, dln, A["resid"][m.n_layer], A["lnf_rstd"])
@@ -355,21 +335,41 @@ def _modern_backward(
         K.linear_backward(dln, G[h + "w_1"], dh, A["ln2"][layer], P[h + "w_1"])
         K.rmsnorm_backward(dresid, dln, A["resid2"][layer], A["ln2_rstd"][layer])
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
-        att = A["att"][layer]
-        K.linear_backward(datt, G[h + "w_o"], dresid, att, P[h + "w_o"])
-        q, k, v = (_btc(z, B, T) for z in A["qkv"][layer])
-        dq, dk, dv = (_btc(z, B, T) for z in dqkv)
-        if layer_done is not None and layer + 1 < m.n_layer:
-            layer_done(layer + 1)
-        K.attention_backward(dq, dk, dv, _btc(datt, B, T), q, k, v, _btc(att, B, T), A["att_lse"][layer], H)
-        K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
-        K.linear_backward(dln, G[h + "w_qkv"], dqkv, A["ln1"][layer], P[h + "w_qkv"])
+        _attention_backward(K, m, P, G, A, layer, B, T, layer_done)
         K.rmsnorm_backward(dresid, dln, A["resid"][layer], A["ln1_rstd"][layer])
     if layer_done is not None:
         layer_done(0)
     K.zero_(dln)  # the embedding's gradient, through its RMSNorm
     K.rmsnorm_backward(dln, dresid, A["emb"], A["emb_rstd"])
     K.embedding_backward(G["wte"], None, dln.reshape(B, T, -1), tokens)
+
+
+def _attention_backward(
+    K: Backend,
+    m: ModelConfig,
+    P: dict[str, Any],
+    G: dict[str, Any],
+    A: Arena,
+    layer: int,
+    B: int,
+    T: int,
+    layer_done: Callable[[int], None] | None,
+) -> None:
+    """The attention half of a layer's backward, both families': from dresid (the gradient reaching W_O's output) to
+    the QKV projection's input gradient in dln, _train_attend's calls reversed (the modern block's QK-norm and rotary
+    backward after attention's, in place on dq, dk). layer_done(layer + 1) just before the attention (gpt_backward
+    says why)."""
+    h, H = f"h{layer}.", m.n_head
+    att = A["att"][layer]
+    K.linear_backward(A["datt"], G[h + "w_o"], A["dresid"], att, P[h + "w_o"])
+    q, k, v = (_btc(z, B, T) for z in A["qkv"][layer])
+    dq, dk, dv = (_btc(z, B, T) for z in A["dqkv"])
+    if layer_done is not None and layer + 1 < m.n_layer:
+        layer_done(layer + 1)
+    K.attention_backward(dq, dk, dv, _btc(A["datt"], B, T), q, k, v, _btc(att, B, T), A["att_lse"][layer], H)
+    if m.block == "modern":
+        K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
+    K.linear_backward(A["dln"], G[h + "w_qkv"], A["dqkv"], A["ln1"][layer], P[h + "w_qkv"])
 
 
 def _mlp_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
