@@ -195,7 +195,7 @@ def plan(
     ]
     bufs += [Buf(name, shape, "optim", kind) for name, shape, kind in optim]
     bufs += prec.rows(m, N, weight_maxima=t.optimizer == "adamw")  # one AdamW call over every parameter
-    acts, scratch = (_modern_rows if m.block == "modern" else _gpt2_rows)(m, t, prec, B)
+    acts, scratch = _block_rows(m, t, prec, B)
     bufs += [Buf(name, shape, "acts", kind) for name, shape, kind in acts]
     # compute dtype: on the GPU the logits GEMMs then run bf16/fp16 in and out (the CE kernels reduce in fp32)
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in [*scratch, ("logits", (R, V))]]
@@ -207,77 +207,49 @@ def plan(
 Rows = list[tuple[str, tuple[int, ...], str]]
 
 
-def _gpt2_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tuple[Rows, list[tuple[str, tuple]]]:
-    """ANDREA's block: the saved activations (name, shape, kind) and the scratch (name, shape) of a micro-batch."""
+def _block_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tuple[Rows, list[tuple[str, tuple]]]:
+    """The saved activations (name, shape, kind) and the scratch (name, shape) of a micro-batch of the model's block
+    family. The modern block (engine/model.py) has no norm means (its RMSNorm keeps rstd alone); it adds the embedding
+    before its norm and the QK-norm's per-head rstd, and keeps ReLU^2's output as GPT-2 keeps GELU's (per layer, or
+    with train.recompute_gelu one scratch that backward refills from h), in every precision."""
     C, L, NH, T = m.d_model, m.n_layer, m.n_head, m.seq_len
     N = B * T
+    modern = m.block == "modern"
+    planned = prec.gelu_planned or modern  # the MLP's activation has a buffer (fp8's cast computes GELU, not ReLU^2)
+    saved = not t.recompute_gelu if modern else gelu_output_saved(prec, t)
+
+    def stats(name: str, shape: tuple[int, ...]) -> Rows:
+        """A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd alone."""
+        return [*([] if modern else [(f"{name}_mean", shape, "f32")]), (f"{name}_rstd", shape, "f32")]
+
     acts = [
+        # modern: wte[tokens] before its RMSNorm (the norm's backward reads it), and that norm's rstd
+        *([("emb", (N, C), "compute"), ("emb_rstd", (N,), "f32")] if modern else []),
         ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[L] feeds ln_f
         ("ln1", (L, N, C), "compute"),
-        ("ln1_mean", (L, N), "f32"),
-        ("ln1_rstd", (L, N), "f32"),
-        ("qkv", (L, 3, N, C), "compute"),
+        *stats("ln1", (L, N)),
+        ("qkv", (L, 3, N, C), "compute"),  # modern: q, k as attention reads them, QK-normed and rotated in place
+        # modern: the QK-norm's rstd per head (its backward recomputes the rest)
+        *([("qk_rstd", (L, 2, N, NH), "f32")] if modern else []),
         ("att", (L, N, C), "compute"),  # attention output before W_O (W_O's backward needs it)
         ("att_lse", (L, B, NH, T), "f32"),  # flash-style: the only attention statistic kept
         ("resid2", (L, N, C), "compute"),  # residual stream between attention and MLP
         ("ln2", (L, N, C), "compute"),
-        ("ln2_mean", (L, N), "f32"),
-        ("ln2_rstd", (L, N), "f32"),
-        ("h", (L, N, 4 * C), "compute"),  # pre-GELU activation
-        *([("a", (L, N, 4 * C), "compute")] if gelu_output_saved(prec, t) else []),  # GELU output, read by dW_2's GEMM
+        *stats("ln2", (L, N)),
+        ("h", (L, N, 4 * C), "compute"),  # the MLP's pre-activation
+        *([("a", (L, N, 4 * C), "compute")] if saved else []),  # gelu(h) or relu(h)^2, read by dW_2's GEMM
         ("lnf", (N, C), "compute"),
-        ("lnf_mean", (N,), "f32"),
-        ("lnf_rstd", (N,), "f32"),
+        *stats("lnf", (N,)),
         ("losses", (N,), "f32"),
         ("ce_lse", (N,), "f32"),
         ("dlosses", (N,), "f32"),
     ]
     scratch = [
         ("proj", (N, C)),  # output of W_O and of the MLP before the residual add
-        *([("a", (N, 4 * C))] if prec.gelu_planned and t.recompute_gelu else []),  # GELU output, recomputed
+        *([("a", (N, 4 * C))] if planned and not saved else []),  # the MLP's activation, recomputed
         ("dh", (N, 4 * C)),
         ("dresid", (N, C)),  # gradient of the residual stream, updated in place from the top layer down
-        ("dln", (N, C)),
-        ("datt", (N, C)),
-        ("dqkv", (3, N, C)),
-    ]
-    return acts, scratch
-
-
-def _modern_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tuple[Rows, list[tuple[str, tuple]]]:
-    """The modern block (engine/model.py): GPT-2's rows less the norms' means, plus the embedding before its norm,
-    the QK-norm's per-head rstd, and ReLU^2's output per layer (read by W_2's weight gradient; train.recompute_gelu
-    makes it one scratch that backward refills from h, as for GELU)."""
-    C, L, NH, T = m.d_model, m.n_layer, m.n_head, m.seq_len
-    N = B * T
-    saved = not t.recompute_gelu
-    acts = [
-        ("emb", (N, C), "compute"),  # wte[tokens], before its RMSNorm (the norm's backward reads it)
-        ("emb_rstd", (N,), "f32"),
-        ("resid", (L + 1, N, C), "compute"),  # residual stream entering each layer; resid[0] = rmsnorm(emb)
-        ("ln1", (L, N, C), "compute"),  # RMSNorm of resid[l]
-        ("ln1_rstd", (L, N), "f32"),
-        ("qkv", (L, 3, N, C), "compute"),  # q, k as attention reads them: QK-normed and rotated, in place
-        ("qk_rstd", (L, 2, N, NH), "f32"),  # the QK-norm's rstd per head (its backward recomputes the rest)
-        ("att", (L, N, C), "compute"),
-        ("att_lse", (L, B, NH, T), "f32"),
-        ("resid2", (L, N, C), "compute"),
-        ("ln2", (L, N, C), "compute"),
-        ("ln2_rstd", (L, N), "f32"),
-        ("h", (L, N, 4 * C), "compute"),  # before ReLU^2
-        *([("a", (L, N, 4 * C), "compute")] if saved else []),  # relu(h)^2, read by dW_2's GEMM
-        ("lnf", (N, C), "compute"),
-        ("lnf_rstd", (N,), "f32"),
-        ("losses", (N,), "f32"),
-        ("ce_lse", (N,), "f32"),
-        ("dlosses", (N,), "f32"),
-    ]
-    scratch = [
-        ("proj", (N, C)),
-        *([] if saved else [("a", (N, 4 * C))]),
-        ("dh", (N, 4 * C)),
-        ("dresid", (N, C)),
-        ("dln", (N, C)),  # also the embedding's gradient at the end (the embedding norm's backward adds into it)
+        ("dln", (N, C)),  # modern: also the embedding's gradient at the end (its norm's backward adds into it)
         ("datt", (N, C)),
         ("dqkv", (3, N, C)),
     ]
