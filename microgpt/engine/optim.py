@@ -102,10 +102,11 @@ def adamw_ranges(m: ModelConfig) -> list[tuple[str, int, int]]:
     return [("adamw", 0, first), ("head", last + math.prod(shape), params.n_params(m))]
 
 
-def hyper_rows(lr: float, t: TrainConfig, step: int, gscale: float, rows: int) -> list[list[float]]:
-    """The step's host values, one row per group (HYPER_ROWS): AdamW's [lr, 1 - beta1^n, 1 - beta2^n, gscale] for
-    its step n = step + 1, at each AdamW group's lr; Muon's [lr, momentum, gscale, weight decay]."""
+def hyper_rows(lr: float, t: TrainConfig, step: int, gscale: float) -> list[list[float]]:
+    """The step's host values, one row per group (HYPER_ROWS; the plan's `hyper` has a row each): AdamW's [lr,
+    1 - beta1^n, 1 - beta2^n, gscale] for its step n = step + 1, at each AdamW group's lr; Muon's [lr, momentum,
+    gscale, weight decay]."""
     lrs, n = group_lrs(lr, t), step + 1
     adam = [[lrs[group], 1 - t.beta1**n, 1 - t.beta2**n, gscale] for group in ("adamw", "head")]
     muon = [lrs["muon"], muon_momentum(step, t), gscale, t.muon_weight_decay]
-    return ([*adam, muon] if t.optimizer == "muon" else adam[:1])[:rows]
+    return [*adam, muon] if t.optimizer == "muon" else adam[:1]

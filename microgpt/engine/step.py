@@ -128,8 +128,9 @@ class Step:
     def _hyper(self, lr: float, gscale: float) -> None:
         """hyper = [lr, 1 - beta1^t, 1 - beta2^t, gscale] for AdamW's step t = S.step + 1; under Muon one such row
         per AdamW group and Muon's [lr, momentum, gscale, weight decay] (optim.hyper_rows)."""
-        A = self.S.arena
-        hyper = np.zeros(A["hyper"].shape).reshape(-1, A["hyper"].shape[-1])  # float64: the buffer rounds it once
-        for i, row in enumerate(optim.hyper_rows(lr, self.S.t, self.S.step, gscale, hyper.shape[0])):
+        buf = self.S.arena["hyper"]
+        rows = optim.hyper_rows(lr, self.S.t, self.S.step, gscale)
+        hyper = np.zeros((len(rows), buf.shape[-1]))  # float64: the buffer rounds it once
+        for i, row in enumerate(rows):
             hyper[i, : len(row)] = row
-        self.S.K.copy_in(A["hyper"], hyper.reshape(A["hyper"].shape))
+        self.S.K.copy_in(buf, hyper)
