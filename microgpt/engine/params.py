@@ -39,27 +39,27 @@ class Family:
     shape) with shapes in units ("V", "T" or a multiple of C)."""
 
     name: str
-    head: tuple[tuple[str, tuple[str | int, ...]], ...]  # before the blocks
+    before: tuple[tuple[str, tuple[str | int, ...]], ...]  # before the blocks (the embeddings)
     block: tuple[tuple[str, Units], ...]
-    tail: tuple[tuple[str, tuple[str | int, ...]], ...]  # after the blocks
+    after: tuple[tuple[str, tuple[str | int, ...]], ...]  # after the blocks
     head_weight: str  # the matrix the LM head multiplies by: wte (tied) or lm_head
     zero_init: tuple[str, ...]  # matrices that start at zero (the modern block's output projections and head)
 
 
 GPT2 = Family(
     "gpt2",
-    head=(("wte", ("V", 1)), ("wpe", ("T", 1))),
+    before=(("wte", ("V", 1)), ("wpe", ("T", 1))),
     block=(("ln1_w", (1,)), ("ln1_b", (1,)), ("w_q", (1, 1)), ("w_k", (1, 1)), ("w_v", (1, 1)), ("w_o", (1, 1)),
            ("ln2_w", (1,)), ("ln2_b", (1,)), ("w_1", (1, 4)), ("w_2", (4, 1))),
-    tail=(("lnf_w", (1,)), ("lnf_b", (1,))),
+    after=(("lnf_w", (1,)), ("lnf_b", (1,))),
     head_weight="wte",
     zero_init=(),
 )  # fmt: skip
 MODERN = Family(
     "modern",
-    head=(("wte", ("V", 1)),),
+    before=(("wte", ("V", 1)),),
     block=(("w_q", (1, 1)), ("w_k", (1, 1)), ("w_v", (1, 1)), ("w_o", (1, 1)), ("w_1", (1, 4)), ("w_2", (4, 1))),
-    tail=(("lm_head", ("V", 1)),),
+    after=(("lm_head", ("V", 1)),),
     head_weight="lm_head",
     zero_init=("w_o", "w_2", "lm_head"),
 )
@@ -88,16 +88,16 @@ def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
 def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter as (name, shape), in the canonical order."""
     f = family(m)
-    shapes = [(name, _shape(units, m)) for name, units in f.head]
+    shapes = [(name, _shape(units, m)) for name, units in f.before]
     for layer in range(m.n_layer):
         shapes += [(f"h{layer}.{leaf}", _shape(units, m)) for leaf, units in f.block]
-    return shapes + [(name, _shape(units, m)) for name, units in f.tail]
+    return shapes + [(name, _shape(units, m)) for name, units in f.after]
 
 
 def n_params(m: ModelConfig) -> int:
     """The sum over param_shapes, in closed form: a hostile n_layer must not build a billion-row table first."""
     f = family(m)
-    ends = sum(math.prod(_shape(units, m)) for _, units in (*f.head, *f.tail))
+    ends = sum(math.prod(_shape(units, m)) for _, units in (*f.before, *f.after))
     block = sum(math.prod(_shape(units, m)) for _, units in f.block)
     return ends + m.n_layer * block
 
