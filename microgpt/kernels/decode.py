@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels.qkrope import EPS, check_views, launch_config, norm_rotate_row, row_offsets
+from microgpt.kernels.qkrope import EPS, check_views, launch_config, norm_rotate_row, rope_row, row_offsets
 from microgpt.kernels.tuning import INTERPRET
 
 LOG2E = 1.4426950408889634
@@ -222,11 +222,9 @@ def k_decode_qkrope(q_ptr, k_ptr, pos_ptr, rope_ptr, sq, sk, H, D, T, eps, BH: t
     # q, k: (b, C) rows of strides sq, sk, rewritten; pos: (b,) int32; rope: (2, T, D/2) fp32. k_qkrope_fwd's row
     # function on the same tile: one row here is that forward at its position bit for bit
     i = tl.program_id(0).to(tl.int64)
-    off, mask, lmask = row_offsets(H, D, BH, BD2)
+    off, mask = row_offsets(H, D, BH, BD2)
     half = D // 2
-    tab = rope_ptr + tl.load(pos_ptr + i).to(tl.int64) * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
-    s = tl.load(tab + T * half, mask=lmask, other=0.0)
+    c, s = rope_row(rope_ptr, tl.load(pos_ptr + i).to(tl.int64), D, T, BD2)
     for which in tl.static_range(2):
         if which == 0:
             row = q_ptr + i * sq

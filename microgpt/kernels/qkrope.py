@@ -9,9 +9,9 @@ Sums over a head and the rotation run in fp32; the result is rounded once, to q'
 Backward recomputes xhat from the forward's output by the inverse rotation (R^T y / (cos^2 + sin^2), exact for the
 fp32 tables) rather than storing the input: two (N, C) activations a layer saved, for a few FMAs a lane.
 
-decode_qkrope (kernels/decode.py) runs the same row function (`norm_rotate_row`) with the same tile and warps, so a
-decode row is this forward at its position bit for bit. The launch configuration is fixed by (H, D), not tuned:
-tuning it per shape would give the decode step a configuration of its own.
+decode_qkrope (kernels/decode.py) runs the same row functions (`row_offsets`, `rope_row`, `norm_rotate_row`) with
+the same tile and warps, so a decode row is this forward at its position bit for bit. The launch configuration is
+fixed by (H, D), not tuned: tuning it per shape would give the decode step a configuration of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +52,18 @@ def row_offsets(H, D, BH: tl.constexpr, BD2: tl.constexpr):
     heads = tl.arange(0, BH)
     lanes = tl.arange(0, BD2)
     off = heads[:, None] * D + lanes[None, :]
-    return off, (heads < H)[:, None] & (lanes < D // 2)[None, :], lanes < D // 2
+    return off, (heads < H)[:, None] & (lanes < D // 2)[None, :]
+
+
+@triton.jit
+def rope_row(rope_ptr, p, D, T, BD2: tl.constexpr):
+    # (BD2,) fp32 cos and sin of position p from rope (2, T, D/2); masked lanes: no rotation (cos^2 + sin^2 = 1)
+    half = D // 2
+    lanes = tl.arange(0, BD2)
+    tab = rope_ptr + p * half + lanes
+    c = tl.load(tab, mask=lanes < half, other=1.0)
+    s = tl.load(tab + T * half, mask=lanes < half, other=0.0)
+    return c, s
 
 
 @triton.jit
@@ -63,11 +74,9 @@ def k_qkrope_fwd(
     # rope: (2, T, D/2) fp32; program n does row n = (n // t, n % t) at position pos + n % t
     n = tl.program_id(0).to(tl.int64)
     bi, ti = n // t, n % t
-    off, mask, lmask = row_offsets(H, D, BH, BD2)
+    off, mask = row_offsets(H, D, BH, BD2)
     half = D // 2
-    tab = rope_ptr + (pos + ti) * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
-    s = tl.load(tab + T * half, mask=lmask, other=0.0)
+    c, s = rope_row(rope_ptr, pos + ti, D, T, BD2)
     heads = tl.arange(0, BH)
     for which in tl.static_range(2):
         if which == 0:
@@ -110,11 +119,9 @@ def k_qkrope_bwd(
     # strides (sqb, sqt, 1), (skb, skt, 1); rstd: (2, N, H) fp32; rope: (2, T, D/2) fp32, row n at position n % t
     n = tl.program_id(0).to(tl.int64)
     bi, ti = n // t, n % t
-    off, mask, lmask = row_offsets(H, D, BH, BD2)
+    off, mask = row_offsets(H, D, BH, BD2)
     half = D // 2
-    tab = rope_ptr + ti * half + tl.arange(0, BD2)
-    c = tl.load(tab, mask=lmask, other=1.0)  # masked lanes: no rotation (and cos^2 + sin^2 = 1 there)
-    s = tl.load(tab + T * half, mask=lmask, other=0.0)
+    c, s = rope_row(rope_ptr, ti, D, T, BD2)
     heads = tl.arange(0, BH)
     for which in tl.static_range(2):
         if which == 0:
