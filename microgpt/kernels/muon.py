@@ -48,6 +48,27 @@ def _clip(hyper_ptr, norm_ptr, max_norm):
 
 
 @triton.jit
+def _finite(total, mask):
+    # mask, all False where total is inf or NaN (compared as a tensor: the interpreter cannot AND scalar bools in)
+    totalv = tl.where(mask, total, 0.0)
+    return mask & ((totalv - totalv) == 0.0)
+
+
+@triton.jit
+def _tile(offs_ptr, rows, cols, sxr, sxc, TR: tl.constexpr, TC: tl.constexpr):
+    # program (t, i): a (TR, TC) tile of stored matrix i -> (i, the tile's mask, its offsets in the flat arrays
+    # (matrix i row-major at offs[i]), its offsets in x (element (r, c) at i * rows * cols + r * sxr + c * sxc))
+    t, i = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    n_tc = tl.cdiv(cols, TC)
+    r = (t // n_tc) * TR + tl.arange(0, TR)
+    c = (t % n_tc) * TC + tl.arange(0, TC)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    ptr = tl.load(offs_ptr + i).to(tl.int64) + r[:, None].to(tl.int64) * cols + c[None, :]
+    xo = i * rows * cols + r[:, None].to(tl.int64) * sxr + c[None, :].to(tl.int64) * sxc
+    return i, mask, ptr, xo
+
+
+@triton.jit
 def k_muon_momentum(g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_ptr, size, max_norm, BLOCK: tl.constexpr):
     # g, m: (n,) fp32 flat; matrix i (program 1) holds [offs[i], offs[i] + size); offs: (k,) int32;
     # part: (k, P) fp32, part[i, j] = sum of U^2 over block j of matrix i
@@ -57,8 +78,7 @@ def k_muon_momentum(g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_ptr, size,
     ptr = tl.load(offs_ptr + i).to(tl.int64) + idx
     clip, total = _clip(hyper_ptr, norm_ptr, max_norm)
     mu = tl.load(hyper_ptr + 1)
-    totalv = tl.zeros((BLOCK,), dtype=tl.float32) + total  # a vector: the interpreter cannot AND scalar bools in
-    upd = mask & ((totalv - totalv) == 0.0)  # False for inf and NaN
+    upd = _finite(total, mask)
     g = tl.load(g_ptr + ptr, mask=mask, other=0.0) * clip
     m = tl.load(m_ptr + ptr, mask=mask, other=0.0)
     m = m + (1.0 - mu) * (g - m)
@@ -88,11 +108,7 @@ def k_muon_normalise(
 ):
     # x: (k, R, Cw) compute dtype, element (r, c) of stored matrix i at i * rows * cols + r * sxr + c * sxc;
     # g, m: (n,) fp32 flat, matrix i row-major at offs[i]; part: (k, P) fp32 from k_muon_momentum
-    t, i = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    n_tc = tl.cdiv(cols, TC)
-    r = (t // n_tc) * TR + tl.arange(0, TR)
-    c = (t % n_tc) * TC + tl.arange(0, TC)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    i, mask, ptr, xo = _tile(offs_ptr, rows, cols, sxr, sxc, TR, TC)
     acc = tl.zeros((PBLOCK,), dtype=tl.float32)
     for q in range(0, P, PBLOCK):
         offs = q + tl.arange(0, PBLOCK)
@@ -100,11 +116,9 @@ def k_muon_normalise(
     denom = tl.sqrt(tl.sum(acc, axis=0)) + 1e-7
     clip, total = _clip(hyper_ptr, norm_ptr, max_norm)
     mu = tl.load(hyper_ptr + 1)
-    ptr = tl.load(offs_ptr + i).to(tl.int64) + r[:, None].to(tl.int64) * cols + c[None, :]
     g = tl.load(g_ptr + ptr, mask=mask, other=0.0) * clip
     m = tl.load(m_ptr + ptr, mask=mask, other=0.0)
     u = g + mu * (m - g)
-    xo = i * rows * cols + r[:, None].to(tl.int64) * sxr + c[None, :].to(tl.int64) * sxc
     tl.store(x_ptr + xo, (u / denom).to(x_ptr.dtype.element_ty), mask=mask)
     tl.store(g_ptr + ptr, tl.zeros((TR, TC), dtype=g_ptr.dtype.element_ty), mask=mask)
 
@@ -129,19 +143,12 @@ def k_muon_update(
 ):
     # p: (n,) fp32 flat, pc: its compute copy; x: (k, R, Cw) the orthogonalised updates, laid out as in
     # k_muon_normalise; scale: sqrt(max(1, cols / rows))
-    t, i = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    n_tc = tl.cdiv(cols, TC)
-    r = (t // n_tc) * TR + tl.arange(0, TR)
-    c = (t % n_tc) * TC + tl.arange(0, TC)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    _, mask, ptr, xo = _tile(offs_ptr, rows, cols, sxr, sxc, TR, TC)
     lr = tl.load(hyper_ptr)
     wd = tl.load(hyper_ptr + 3)
     _, total = _clip(hyper_ptr, norm_ptr, max_norm)
-    totalv = tl.zeros((TR, TC), dtype=tl.float32) + total
-    upd = mask & ((totalv - totalv) == 0.0)
-    xo = i * rows * cols + r[:, None].to(tl.int64) * sxr + c[None, :].to(tl.int64) * sxc
+    upd = _finite(total, mask)
     x = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32)
-    ptr = tl.load(offs_ptr + i).to(tl.int64) + r[:, None].to(tl.int64) * cols + c[None, :]
     p = tl.load(p_ptr + ptr, mask=mask, other=0.0)
     p = p * (1.0 - lr * wd) - (lr * scale) * x
     tl.store(p_ptr + ptr, p, mask=upd)
