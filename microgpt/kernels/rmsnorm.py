@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from microgpt.kernels.tuning import INTERPRET, Tuner
+from microgpt.kernels import layernorm
+from microgpt.kernels.tuning import Tuner
 
 EPS = 1e-6
 
@@ -59,22 +60,10 @@ def k_rmsnorm_bwd(dx_ptr, dout_ptr, x_ptr, rstd_ptr, N, C, ROWS: tl.constexpr, B
     tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-# Launch configurations (rows a tile, warps), timed once per GPU and shape in the warm-up (tuning.launch); the first
-# is the default outside it. A row's sums never span programs; the configurations differ only in the order of a row's
-# sum over its lanes (its last bits). The interpreter pays per program, so it takes 16 rows on one warp.
-if INTERPRET:
-    FWD_CONFIGS = {"r16w1": (16, 1)}
-else:
-    FWD_CONFIGS = {
-        "r4w4": (4, 4),
-        "r1w2": (1, 2),
-        "r1w4": (1, 4),
-        "r2w4": (2, 4),
-        "r2w8": (2, 8),
-        "r4w8": (4, 8),
-        "r8w8": (8, 8),
-    }
-BWD_CONFIGS = dict(FWD_CONFIGS)
+# Launch configurations (rows a tile, warps), timed once per GPU and shape in the warm-up (tuning.launch): LayerNorm's
+# forward's row tiles, for both kernels. A row's sums never span programs; the configurations differ only in the order
+# of a row's sum over its lanes (its last bits).
+FWD_CONFIGS = BWD_CONFIGS = layernorm.FWD_CONFIGS
 
 
 def rmsnorm_forward(out: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, *, tuner: Tuner) -> None:
