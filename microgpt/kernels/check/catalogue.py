@@ -160,7 +160,7 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """The launches of model.gpt_forward, gpt_backward and gpt_infer, and of the optimizer step, as the triton
     backend makes them (the arguments' dtypes as the plan gives them: f32 grads and statistics)."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
-    B, T, C, NH, V, N = s.B, s.T, s.C, s.NH, s.V, s.B * s.T
+    B, T, C, V, N = s.B, s.T, s.C, s.V, s.B * s.T
     mm = linear.Matmul(gemm.Gemm(cat, None))
     tok, x, stat = e(B, T, dt=i32), e(N, C), e(N, dt=f32)
     embedding.embedding_forward(e(B, T, C), tok, e(V, C), e(T, C))
@@ -175,31 +175,13 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     mm.backward(e(N, C), e(3, C, C, dt=f32), e(3, N, C), x, e(3, C, C))
     mm.forward(e(N, 4 * C), x, e(C, 4 * C), gelu_out=e(N, 4 * C))
     mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C), dgelu_of=e(N, 4 * C))
-    q, lse = e(B, T, C), e(B, NH, T, dt=f32)
-    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
-    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
-    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    _attention_launches(s, e, cat)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
-    decode.decode_kv_write(q, q, rows, rows, at, at)
-    decode.decode_attention(
-        rows,
-        rows,
-        q,
-        q,
-        at,
-        at,
-        NH,
-        sm_count=SWEEP_SMS,
-        partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32),
-    )
-    logits, tg, wte = e(N, V), e(N, dt=i32), e(V, C)
-    crossentropy.crossentropy_forward(stat, stat, x, wte, tg, logits, mm=mm, tuner=cat)
-    crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, wte, tg, stat, logits, mm=mm, tuner=cat)
-    crossentropy.crossentropy_forward_backward(
-        stat, stat, x, e(V, C, dt=f32), stat, x, wte, tg, logits, mm=mm, tuner=cat
-    )
-    crossentropy.head_logits(e(B, V), e(B, C), wte, mm=mm)
+    decode.decode_kv_write(e(B, T, C), e(B, T, C), rows, rows, at, at)
+    _decode_attention_launch(s, e, rows, at)
+    _loss_head_launches(s, e, mm, cat, 0.0)
+    tg = e(N, dt=i32)
     argmax.argmax_rows(e(B, dt=i32), e(B, V))  # the decode step's greedy pick
     crossentropy.loss_weights(stat, tg, e(1, dt=f32))
     crossentropy.loss_sum(e(2, dt=f32), stat, tg)
@@ -213,6 +195,37 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8, 0.1, 1.0
     )
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
+
+
+def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue) -> None:
+    """Attention's training forward and backward, and its forward over the cache, at the shape's head size."""
+    B, T, C, NH, N = s.B, s.T, s.C, s.NH, s.B * s.T
+    q, lse = e(B, T, C), e(B, NH, T, dt=torch.float32)
+    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
+    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=torch.float32), tuner=cat)
+    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+
+
+def _decode_attention_launch(s: Shape, e: Callable[..., torch.Tensor], rows: torch.Tensor, at: torch.Tensor) -> None:
+    """The decode step's attention of B rows (rows (B, C), at (B,) int32) over a (B, T, C) cache."""
+    B, T, C, NH = s.B, s.T, s.C, s.NH
+    cache = e(B, T, C)
+    partials = e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=torch.float32)
+    decode.decode_attention(rows, rows, cache, cache, at, at, NH, sm_count=SWEEP_SMS, partials=partials)
+
+
+def _loss_head_launches(
+    s: Shape, e: Callable[..., torch.Tensor], mm: linear.Matmul, cat: Catalogue, softcap: float
+) -> None:
+    """The loss head's forward, backward and fused pair over the (N, V) logits chunk, and the inference step's
+    next-token logits, at the logit soft-cap softcap (0: GPT-2's, none)."""
+    f32, B, C, V, N = torch.float32, s.B, s.C, s.V, s.B * s.T
+    x, stat, logits, tg, head = e(N, C), e(N, dt=f32), e(N, V), e(N, dt=torch.int32), e(V, C)
+    kw = {"mm": mm, "tuner": cat, "softcap": softcap}
+    crossentropy.crossentropy_forward(stat, stat, x, head, tg, logits, **kw)
+    crossentropy.crossentropy_backward(x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, **kw)
+    crossentropy.crossentropy_forward_backward(stat, stat, x, e(V, C, dt=f32), stat, x, head, tg, logits, **kw)
+    crossentropy.head_logits(e(B, V), e(B, C), head, mm=mm, softcap=softcap)
 
 
 SOFTCAP = 15.0  # the modern block's logit soft-cap (issue 46's default): a constexpr of the loss head's kernels
@@ -236,10 +249,7 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
     relu2.relu2_forward(h, h)
     relu2.relu2_backward(h, h)
-    q, lse = e(B, T, C), e(B, NH, T, dt=f32)  # attention at D = C / NH (128), its own candidates
-    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
-    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=f32), tuner=cat)
-    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    _attention_launches(s, e, cat)  # at D = C / NH (128), its own candidates
     qkv, rope, qstat = e(3, N, C), e(2, T, C // NH // 2, dt=f32), e(2, N, NH, dt=f32)  # qkrope on the projection's
     qk = qkv[0].view(B, T, C), qkv[1].view(B, T, C)  # q, k (B, T, C) views, as the model hands them in
     qkrope.qkrope_forward(*qk, qstat, rope, n_head=NH)
@@ -248,26 +258,8 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
     decode.decode_embedding(rows, at, at, e(V, C))
     decode.decode_qkrope(rows, rows, at, rope, n_head=NH)
-    decode.decode_attention(
-        rows,
-        rows,
-        q,
-        q,
-        at,
-        at,
-        NH,
-        sm_count=SWEEP_SMS,
-        partials=e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=f32),
-    )
-    logits, tg, head = e(N, V), e(N, dt=i32), e(V, C)  # head: the untied lm_head
-    crossentropy.crossentropy_forward(stat, stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP)
-    crossentropy.crossentropy_backward(
-        x, e(V, C, dt=f32), stat, x, head, tg, stat, logits, mm=mm, tuner=cat, softcap=SOFTCAP
-    )
-    crossentropy.crossentropy_forward_backward(
-        stat, stat, x, e(V, C, dt=f32), stat, x, head, tg, logits, mm=mm, tuner=cat, softcap=SOFTCAP
-    )
-    crossentropy.head_logits(e(B, V), e(B, C), head, mm=mm, softcap=SOFTCAP)
+    _decode_attention_launch(s, e, rows, at)
+    _loss_head_launches(s, e, mm, cat, SOFTCAP)  # over the untied lm_head
 
 
 def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
