@@ -39,7 +39,6 @@ the same step: rank 0 writes the checkpoint, SIGTERM then exits 0 everywhere.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -188,13 +187,9 @@ def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]
     [wte | h0 | ... | h(L-1) | lm_head]). The last micro-batch's backward finishes lnf (the head) first, then layer
     L-1, ..., layer 0, and the embedding (wte, also the tied head, wpe) last; so layer L-1's bucket runs to the end
     (lnf or lm_head with it), and the rest is the embedding."""
-    first: dict[str, int] = {}
-    at = 0
-    for name, shape in params.param_shapes(m):
-        first[name] = at
-        at += math.prod(shape)
+    first = params.param_offsets(m)
     lead = params.family(m).block[0][0]  # each block's first parameter in the order
-    starts = [first[f"h{layer}.{lead}"] for layer in range(m.n_layer)] + [at]
+    starts = [first[f"h{layer}.{lead}"] for layer in range(m.n_layer)] + [params.n_params(m)]
     layers = [(starts[i], starts[i + 1]) for i in range(m.n_layer)]
     return layers, (0, starts[0])
 
