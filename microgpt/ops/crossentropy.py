@@ -62,7 +62,9 @@ def _chunks(x: NDArray, wte: NDArray, logits: NDArray, mm: Matmul) -> Iterator[t
 
 def _cap(z: NDArray, softcap: float, slope: bool = False) -> NDArray | None:
     """z -> softcap * tanh(z / softcap) in place; with slope, returns the cap's derivative 1 - tanh(z / softcap)^2
-    (a new array of z's shape)."""
+    (a new array of z's shape). softcap 0 (GPT-2's): no cap, z as it is, no slope (None)."""
+    if not softcap:
+        return None
     z /= softcap
     np.tanh(z, out=z)
     d = None
@@ -76,8 +78,7 @@ def _cap(z: NDArray, softcap: float, slope: bool = False) -> NDArray | None:
 def _chunk_exp(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, softcap: float = 0.0) -> NDArray:
     """One chunk's forward from its logits in z (capped here first where softcap): losses and lse of its rows; leaves
     z = exp(z - rowmax) and returns the row sums of z (softmax = z / sums)."""
-    if softcap:
-        _cap(z, softcap)
+    _cap(z, softcap)
     valid = tgt >= 0
     target_logit = z[np.arange(len(z)), np.where(valid, tgt, 0)]  # copy, taken before z is overwritten
     m = z.max(axis=1)
@@ -102,7 +103,7 @@ def _dlogits(z: NDArray, norm, dl: NDArray, tgt: NDArray) -> None:
 
 def _softmax_dlogits(z: NDArray, lse: NDArray, dl: NDArray, tgt: NDArray, softcap: float = 0.0) -> None:
     """Recomputed logits z (before the cap) -> their gradient in place, from the forward's lse."""
-    slope = _cap(z, softcap, slope=True) if softcap else None
+    slope = _cap(z, softcap, slope=True)
     z -= lse[:, None]
     np.exp(z, out=z)  # z = softmax
     _dlogits(z, 1.0, dl, tgt)
@@ -112,7 +113,7 @@ def _softmax_dlogits(z: NDArray, lse: NDArray, dl: NDArray, tgt: NDArray, softca
 
 def _loss_dlogits(z: NDArray, tgt: NDArray, losses: NDArray, lse: NDArray, dl: NDArray, softcap: float = 0.0) -> None:
     """Logits z (before the cap) -> the losses and lse of their rows, and z -> their gradient in place."""
-    slope = _cap(z, softcap, slope=True) if softcap else None
+    slope = _cap(z, softcap, slope=True)
     sums = _chunk_exp(z, tgt, losses, lse)
     _dlogits(z, 1.0 / sums, dl, tgt)
     if slope is not None:
@@ -182,8 +183,7 @@ def head_logits(out: NDArray, x: NDArray, wte: NDArray, *, mm: Matmul, softcap: 
     """out (b,V) = x (b,C) @ wte.T, capped where softcap: the next-token logits of the inference step's last positions
     (no loss)."""
     mm.logits(x, wte)(out, 0, x.shape[0])
-    if softcap:
-        _cap(out, softcap)
+    _cap(out, softcap)
 
 
 def loss_weights(dlosses: NDArray, targets: NDArray, scale: NDArray) -> None:
