@@ -209,13 +209,18 @@ def open_trained(
     tokenizer. `backend` is a Backend, or the name `--backend` gives (auto, numpy, triton) with `--precision`'s
     (backend.for_trained: default fp32 on numpy, bf16 on triton); what the run's precision keeps (fp8: its amax
     histories) comes from the sidecar."""
-    try:
-        tok = load_tokenizer(ld.side.get("tokenizer", {}))
-    except InputError as e:
-        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+    tok = trained_tokenizer(ld)
     if isinstance(backend, str):
         backend = for_trained(backend, precision, ld.precision, str(ld.path), SampleError)
     return Generator(trained_infer_state(ld, backend, rows)), tok
+
+
+def trained_tokenizer(ld: Trained) -> Any:
+    """The tokenizer a checkpoint's sidecar records; SampleError naming the sidecar's field where it cannot load."""
+    try:
+        return load_tokenizer(ld.side.get("tokenizer", {}))
+    except InputError as e:
+        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
 
 
 def load(

@@ -57,8 +57,6 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint
-from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine.backend import add_flags
 from microgpt.engine.trained import load_trained
 from microgpt.errors import ArgParser, InputError, check_number
@@ -67,6 +65,7 @@ from microgpt.use import oai
 from microgpt.use.chat import Stream
 from microgpt.use.jobs import STOPPING, Busy, Choice, Engine, Event, Job
 from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
+from microgpt.use.sample import trained_tokenizer
 from microgpt.use.wire import RowSpec
 
 MAX_BODY = 1 << 20  # bytes of a request body: a context of text is a few kB of JSON
@@ -323,10 +322,7 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     check_number(args.max_batch, "--max-batch", 1, MAX_BATCH, integer=True, error=ServeError)
     check_number(args.queue, "--queue", 0, MAX_QUEUE, integer=True, error=ServeError)
     ld = load_trained(args.checkpoint)
-    try:
-        tok = load_tokenizer(ld.side.get("tokenizer", {}))
-    except InputError as e:
-        raise ServeError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+    tok = trained_tokenizer(ld)
     holder: list[Api] = []
     server = listen(args, None, holder)
     engine = Engine(ld, args, tok)
