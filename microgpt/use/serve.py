@@ -292,8 +292,9 @@ def parser() -> ArgParser:
     return p
 
 
-def listen(args: argparse.Namespace, api: Api | None, holder: list) -> BoundedHTTPServer:
-    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once)."""
+def listen(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
+    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once), answering
+    with the Api that build puts in holder once the engine is ready."""
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     where = f"--host {args.host} --port {args.port}"
     try:
@@ -324,7 +325,7 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     ld = load_trained(args.checkpoint)
     tok = trained_tokenizer(ld)
     holder: list[Api] = []
-    server = listen(args, None, holder)
+    server = listen(args, holder)
     engine = Engine(ld, args, tok)
     try:
         engine.wait_ready()
