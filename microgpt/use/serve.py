@@ -127,14 +127,18 @@ class Api:
         }
 
     def _model(self, name: str) -> Answer:
-        if name != self.name:
+        self._check_model(name)
+        return json_answer(self._card())
+
+    def _check_model(self, name: Any) -> None:
+        """ApiError unless name is this server's model: 404 model_not_found (400 for a name that is no string)."""
+        if not isinstance(name, str) or name != self.name:
             raise ApiError(
-                404,
-                f"the model {name[:200]!r} does not exist; this server has {self.name!r}",
+                404 if isinstance(name, str) else 400,
+                f"the model {str(name)[:200]!r} does not exist; this server has {self.name!r}",
                 "model",
                 err="model_not_found",
             )
-        return json_answer(self._card())
 
     async def _stats(self) -> Answer:
         counters = await self.engine.counters()
@@ -142,14 +146,7 @@ class Api:
 
     def _complete(self, req: Request, chat: bool) -> Answer | Awaitable[Answer]:
         obj = oai.parse_body(req.body)
-        model = obj.get("model")
-        if not isinstance(model, str) or model != self.name:
-            raise ApiError(
-                404 if isinstance(model, str) else 400,
-                f"the model {str(model)[:200]!r} does not exist; this server has {self.name!r}",
-                "model",
-                err="model_not_found",
-            )
+        self._check_model(obj.get("model"))
         spec = oai.parse(obj, chat, self.model)
         job, rows = self._job(spec)
         try:
