@@ -132,14 +132,7 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> 
 
 def byte_tokenizer_json() -> dict[str, Any]:
     """A tokenizers file for the byte tokenizer: GPT-2's byte-to-character map, no merges, id = byte value."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    vocab = {c: b for b, c in export_gguf.byte_unicode().items()}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
