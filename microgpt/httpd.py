@@ -254,9 +254,7 @@ class BoundedHTTPServer:
         got.peer = str(peer[0]) if isinstance(peer, tuple) else ""
         self.answering += 1
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, got)
-            if inspect.isawaitable(answer):
-                answer = await self._awaited(answer)
+            answer = await self._answer(got)
             if self.log is not None:
                 when = time.strftime("%d/%b/%Y %H:%M:%S")
                 line = f"{got.method} {got.target}"
@@ -304,17 +302,13 @@ class BoundedHTTPServer:
             return self.errors(408, f"the request must arrive within {BODY_DEADLINE_S:g} s, its body included")
         return request
 
-    async def _awaited(self, answer: Awaitable[Answer]) -> Answer:
+    async def _answer(self, request: Request) -> Answer:
+        """The handler's answer, computed in a worker (and awaited on the loop where the handler returns an
+        awaitable of it)."""
         try:
-            return await answer
-        except Exception:  # a bug: answered, and shown
-            traceback.print_exc(file=sys.stderr)
-            return self.errors(500, "internal error (see the server's stderr)")
-
-    def _answer(self, request: Request) -> Answer | Awaitable[Answer]:
-        try:
-            return self.handler(request)
-        except Exception:  # a bug: answered, and shown
+            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self.handler, request)
+            return await answer if inspect.isawaitable(answer) else answer
+        except Exception:  # a bug, in the handler or in what it returned to await: answered, and shown
             traceback.print_exc(file=sys.stderr)
             return self.errors(500, "internal error (see the server's stderr)")
 
