@@ -249,7 +249,7 @@ class BoundedHTTPServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         got = await self.read_request(reader, writer)
         if isinstance(got, Answer):
-            return await self._send(writer, got)
+            return await self._send(writer, got, reader)
         peer = writer.get_extra_info("peername")
         got.peer = str(peer[0]) if isinstance(peer, tuple) else ""
         self.answering += 1
@@ -324,9 +324,7 @@ class BoundedHTTPServer:
         ]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
 
-    async def _send(
-        self, writer: asyncio.StreamWriter, answer: Answer, reader: asyncio.StreamReader | None = None
-    ) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, answer: Answer, reader: asyncio.StreamReader) -> None:
         try:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
@@ -345,7 +343,7 @@ class BoundedHTTPServer:
                 answer.closed()
 
     async def _stream(
-        self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader | None
+        self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader
     ) -> None:
         """Each chunk as the generator yields it, written before the next is asked; the generator is closed at the
         end, whatever ended the stream. The deadline applies where a chunk waits for the client (the transport's
@@ -359,9 +357,8 @@ class BoundedHTTPServer:
             if not read.cancelled() and (read.exception() is not None or read.result() == b""):
                 task.cancel()
 
-        watch = asyncio.ensure_future(reader.read(1)) if reader is not None else None
-        if watch is not None:
-            watch.add_done_callback(gone)
+        watch = asyncio.ensure_future(reader.read(1))
+        watch.add_done_callback(gone)
         try:
             while True:
                 try:
@@ -377,7 +374,6 @@ class BoundedHTTPServer:
                 if writer.transport.get_write_buffer_size():
                     await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
         finally:
-            if watch is not None:
-                watch.remove_done_callback(gone)
-                watch.cancel()
+            watch.remove_done_callback(gone)
+            watch.cancel()
             await chunks.aclose()
