@@ -249,14 +249,12 @@ class BoundedHTTPServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         got = await self.read_request(reader, writer)
         if isinstance(got, Answer):
-            return await self._send(writer, got)
+            return await self._send(writer, got, reader)
         peer = writer.get_extra_info("peername")
         got.peer = str(peer[0]) if isinstance(peer, tuple) else ""
         self.answering += 1
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, got)
-            if inspect.isawaitable(answer):
-                answer = await self._awaited(answer)
+            answer = await self._answer(got)
             if self.log is not None:
                 when = time.strftime("%d/%b/%Y %H:%M:%S")
                 line = f"{got.method} {got.target}"
@@ -304,17 +302,13 @@ class BoundedHTTPServer:
             return self.errors(408, f"the request must arrive within {BODY_DEADLINE_S:g} s, its body included")
         return request
 
-    async def _awaited(self, answer: Awaitable[Answer]) -> Answer:
+    async def _answer(self, request: Request) -> Answer:
+        """The handler's answer, computed in a worker (and awaited on the loop where the handler returns an
+        awaitable of it)."""
         try:
-            return await answer
-        except Exception:  # a bug: answered, and shown
-            traceback.print_exc(file=sys.stderr)
-            return self.errors(500, "internal error (see the server's stderr)")
-
-    def _answer(self, request: Request) -> Answer | Awaitable[Answer]:
-        try:
-            return self.handler(request)
-        except Exception:  # a bug: answered, and shown
+            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self.handler, request)
+            return await answer if inspect.isawaitable(answer) else answer
+        except Exception:  # a bug, in the handler or in what it returned to await: answered, and shown
             traceback.print_exc(file=sys.stderr)
             return self.errors(500, "internal error (see the server's stderr)")
 
@@ -330,9 +324,7 @@ class BoundedHTTPServer:
         ]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + extra
 
-    async def _send(
-        self, writer: asyncio.StreamWriter, answer: Answer, reader: asyncio.StreamReader | None = None
-    ) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, answer: Answer, reader: asyncio.StreamReader) -> None:
         try:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
@@ -351,7 +343,7 @@ class BoundedHTTPServer:
                 answer.closed()
 
     async def _stream(
-        self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader | None
+        self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader
     ) -> None:
         """Each chunk as the generator yields it, written before the next is asked; the generator is closed at the
         end, whatever ended the stream. The deadline applies where a chunk waits for the client (the transport's
@@ -365,9 +357,8 @@ class BoundedHTTPServer:
             if not read.cancelled() and (read.exception() is not None or read.result() == b""):
                 task.cancel()
 
-        watch = asyncio.ensure_future(reader.read(1)) if reader is not None else None
-        if watch is not None:
-            watch.add_done_callback(gone)
+        watch = asyncio.ensure_future(reader.read(1))
+        watch.add_done_callback(gone)
         try:
             while True:
                 try:
@@ -383,7 +374,6 @@ class BoundedHTTPServer:
                 if writer.transport.get_write_buffer_size():
                     await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
         finally:
-            if watch is not None:
-                watch.remove_done_callback(gone)
-                watch.cancel()
+            watch.remove_done_callback(gone)
+            watch.cancel()
             await chunks.aclose()

@@ -132,14 +132,7 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> 
 
 def byte_tokenizer_json() -> dict[str, Any]:
     """A tokenizers file for the byte tokenizer: GPT-2's byte-to-character map, no merges, id = byte value."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    vocab = {c: b for b, c in export_gguf.byte_unicode().items()}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
@@ -347,7 +340,7 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
             "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
             "NanoChat)"
         )
-    tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)
+    tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)  # checked for gguf too
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)
         chunks = export_gguf.gguf_chunks(keys, export_gguf.gguf_tensors(hf_state_dict(ld.params(), m)), dtype)
@@ -355,7 +348,17 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
             atomic_write_bytes(out, chunks)
         except OSError as e:
             raise output_error(e, f"--out {out}: cannot write the export") from None
-        return out, ld
+    else:
+        write_folder(out, ld, dtype, tok_json, tok_cfg, special)
+    return out, ld
+
+
+def write_folder(
+    out: Path, ld: Trained, dtype: str, tok_json: str, tok_cfg: dict[str, Any], special: dict[str, int]
+) -> None:
+    """The transformers folder (the module docstring) at out, absent or empty: written in a temp folder beside it,
+    then renamed into place; on any failure the temp folder goes and out is as it was."""
+    m = ld.exp.model
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -372,7 +375,7 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
         (tmp / "tokenizer.json").write_text(tok_json, encoding="utf-8")
         (tmp / "README.md").write_text(model_card(ld, dtype), encoding="utf-8")
         if out.exists():
-            out.rmdir()  # empty (checked above)
+            out.rmdir()  # empty (checked before)
         tmp.rename(out)
     except OSError as e:  # a full or read-only disk mid-export: the temp folder goes too
         shutil.rmtree(tmp, ignore_errors=True)
@@ -380,7 +383,6 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out, ld
 
 
 def parser() -> ArgParser:

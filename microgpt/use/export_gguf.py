@@ -103,16 +103,11 @@ def encode(name: str, a: np.ndarray, dtype: str) -> tuple[int, bytes]:
 
 # --- the tokenizer ------------------------------------------------------------------------------------------
 def byte_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the byte-level BPE's alphabet)."""
+    """GPT-2's byte -> printable character map (the byte-level BPE's alphabet), in GPT-2's order: the printable
+    bytes as themselves, then the others, in order, as chr(256), chr(257), ..."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return chars
+    rest = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(rest)}}
 
 
 def vocab_keys(info: dict[str, Any], m: config.ModelConfig) -> list[tuple[str, int, Any]]:

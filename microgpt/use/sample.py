@@ -84,7 +84,7 @@ def check_flags(args: argparse.Namespace, samples: int = 1) -> None:
 class Generator:
     """Sequences through the inference step (model.gpt_infer) on an inference state of S.B rows. `feed` and
     `feed_rows` keep rows 0 .. b-1 in step: `pos` positions of their KV cache hold the tokens fed so far (rewinding
-    `pos` forgets those after it); `run` puts each row at a position and cache row of its own (scheduler.py)."""
+    `pos` forgets those after it); `run` puts each row at a position and cache row of its own (model.windows)."""
 
     def __init__(self, S: InferState) -> None:
         self.S, self.m, self.pos = S, S.m, 0
@@ -107,15 +107,9 @@ class Generator:
         S.run(tokens, pos, slots=slots)
         return S.K.to_numpy(S.arena["next_logits"][:b]).copy()
 
-    def decode(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> list[int]:
-        """One decode step of b = len(ids) rows, row i's token ids[i] at position pos[i] of cache row slots[i]; each
-        row's greedy token (the pick of temperature 0), b ints to the host. Its logits stay on the device until
-        `logits` reads a row's (serve's scheduler: only the rows that sample pay for V logits)."""
-        self.S.decode(np.asarray(ids, np.int32), np.asarray(pos, np.int32), np.asarray(slots, np.int32))
-        return self.S.greedy(len(ids))
-
     def logits(self, row: int) -> np.ndarray:
-        """Row `row`'s next-token logits (V,) float32 of the last decode step, on the host."""
+        """Row `row`'s next-token logits (V,) float32 of the last decode step, on the host (serve's scheduler: only
+        the rows that sample pay for V logits)."""
         return self.S.K.to_numpy(self.S.arena["next_logits"][row]).copy()
 
     def feed_rows(self, ids: np.ndarray) -> np.ndarray:
@@ -215,13 +209,18 @@ def open_trained(
     tokenizer. `backend` is a Backend, or the name `--backend` gives (auto, numpy, triton) with `--precision`'s
     (backend.for_trained: default fp32 on numpy, bf16 on triton); what the run's precision keeps (fp8: its amax
     histories) comes from the sidecar."""
-    try:
-        tok = load_tokenizer(ld.side.get("tokenizer", {}))
-    except InputError as e:
-        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+    tok = trained_tokenizer(ld)
     if isinstance(backend, str):
         backend = for_trained(backend, precision, ld.precision, str(ld.path), SampleError)
     return Generator(trained_infer_state(ld, backend, rows)), tok
+
+
+def trained_tokenizer(ld: Trained) -> Any:
+    """The tokenizer a checkpoint's sidecar records; SampleError naming the sidecar's field where it cannot load."""
+    try:
+        return load_tokenizer(ld.side.get("tokenizer", {}))
+    except InputError as e:
+        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
 
 
 def load(

@@ -51,43 +51,21 @@ import sys
 import time
 import traceback
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from microgpt.engine.trained import load_trained
 from microgpt.errors import InputError
 from microgpt.use import sample
-from microgpt.use.batch import Batch, Step
-from microgpt.use.sample import Generator, Sampling, pick
-from microgpt.use.wire import Channel, RowSpec
+from microgpt.use.batch import FIXED, Batch, Row, Step
+from microgpt.use.sample import Generator, pick
+from microgpt.use.wire import Channel
 
 PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefilled in one pass at most
 CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
 SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
 IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
 INTERNAL = "internal error (see the server's stderr)"
-
-
-@dataclass(eq=False)
-class Row:
-    """One choice of one request: a cache row (slot) while admitted."""
-
-    rid: int
-    spec: RowSpec
-    prompt: np.ndarray  # int32 ids
-    sampling: Sampling
-    rng: np.random.Generator
-    slot: int = -1
-    fed: int = 0  # positions of its cache row written with its prompt (or queued to be), while it is prefilled
-    at: int = -1  # its place in the decode batch (batch.py), while it decodes
-    done: bool = False
-    echo: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # the prompt's logprobs so far
-
-    @property
-    def host_draws(self) -> bool:
-        """Its next token needs its logits on the host (sampling, or logprobs asked)."""
-        return self.sampling.temperature > 0 or self.spec.logprobs >= 0
 
 
 class Scheduler:
@@ -132,7 +110,7 @@ class Scheduler:
         kind = msg[0]
         if kind == "submit":
             rid, specs = msg[1], msg[2]
-            rows = [self._row(rid, spec) for spec in specs]
+            rows = [Row.of(rid, spec) for spec in specs]
             self.rows[rid] = rows
             self.waiting.extend(rows)
         elif kind == "cancel":
@@ -145,10 +123,6 @@ class Scheduler:
             self.chan.send("stats", {**self.counts, "active": len(self.batch), "waiting": len(self.waiting)})
         elif kind == "stop":
             self.stopping = True
-
-    def _row(self, rid: int, spec: RowSpec) -> Row:
-        s = Sampling(spec.temperature, spec.top_k, spec.top_p)
-        return Row(rid, spec, np.frombuffer(spec.prompt, np.int32), s, np.random.default_rng(spec.seed))
 
     def step(self) -> None:
         """One pass: admit, prefill, launch the next decode step, then finish the one before (the docstring)."""
@@ -319,7 +293,7 @@ class Scheduler:
         if not b:
             return None
         inputs, runs = B.inputs(b)
-        cols = {name: np.full(b, -1, np.int64) for name in ("plen", "max_tokens", "stop", "rid", "index")}
+        cols = {name: np.full(b, -1, np.int64) for name in FIXED}
         for name, col in cols.items():
             col[:nb] = getattr(B, name)[:nb]
         rows: list[Row | None] = list(B.rows)
@@ -332,8 +306,7 @@ class Scheduler:
             if start + n == row.prompt.size:  # its last prompt token's place draws its first token
                 rows[-1] = row
                 joins.append((row, j + n - 1))
-                stop = row.spec.stop_ids[0] if row.spec.stop_ids else -1
-                for name, value in zip(cols, (row.prompt.size, row.spec.max_tokens, stop, row.rid, row.spec.index)):
+                for name, value in zip(FIXED, row.fixed):
                     cols[name][j + n - 1] = value
             j += n
         self.S.stage_decode(inputs)

@@ -57,8 +57,6 @@ from typing import Any
 
 import numpy as np
 
-from microgpt import checkpoint
-from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine.backend import add_flags
 from microgpt.engine.trained import load_trained
 from microgpt.errors import ArgParser, InputError, check_number
@@ -67,6 +65,7 @@ from microgpt.use import oai
 from microgpt.use.chat import Stream
 from microgpt.use.jobs import STOPPING, Busy, Choice, Engine, Event, Job
 from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
+from microgpt.use.sample import trained_tokenizer
 from microgpt.use.wire import RowSpec
 
 MAX_BODY = 1 << 20  # bytes of a request body: a context of text is a few kB of JSON
@@ -128,14 +127,18 @@ class Api:
         }
 
     def _model(self, name: str) -> Answer:
-        if name != self.name:
+        self._check_model(name)
+        return json_answer(self._card())
+
+    def _check_model(self, name: Any) -> None:
+        """ApiError unless name is this server's model: 404 model_not_found (400 for a name that is no string)."""
+        if not isinstance(name, str) or name != self.name:
             raise ApiError(
-                404,
-                f"the model {name[:200]!r} does not exist; this server has {self.name!r}",
+                404 if isinstance(name, str) else 400,
+                f"the model {str(name)[:200]!r} does not exist; this server has {self.name!r}",
                 "model",
                 err="model_not_found",
             )
-        return json_answer(self._card())
 
     async def _stats(self) -> Answer:
         counters = await self.engine.counters()
@@ -143,14 +146,7 @@ class Api:
 
     def _complete(self, req: Request, chat: bool) -> Answer | Awaitable[Answer]:
         obj = oai.parse_body(req.body)
-        model = obj.get("model")
-        if not isinstance(model, str) or model != self.name:
-            raise ApiError(
-                404 if isinstance(model, str) else 400,
-                f"the model {str(model)[:200]!r} does not exist; this server has {self.name!r}",
-                "model",
-                err="model_not_found",
-            )
+        self._check_model(obj.get("model"))
         spec = oai.parse(obj, chat, self.model)
         job, rows = self._job(spec)
         try:
@@ -293,8 +289,9 @@ def parser() -> ArgParser:
     return p
 
 
-def listen(args: argparse.Namespace, api: Api | None, holder: list) -> BoundedHTTPServer:
-    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once)."""
+def listen(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
+    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once), answering
+    with the Api that build puts in holder once the engine is ready."""
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     where = f"--host {args.host} --port {args.port}"
     try:
@@ -323,12 +320,9 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     check_number(args.max_batch, "--max-batch", 1, MAX_BATCH, integer=True, error=ServeError)
     check_number(args.queue, "--queue", 0, MAX_QUEUE, integer=True, error=ServeError)
     ld = load_trained(args.checkpoint)
-    try:
-        tok = load_tokenizer(ld.side.get("tokenizer", {}))
-    except InputError as e:
-        raise ServeError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+    tok = trained_tokenizer(ld)
     holder: list[Api] = []
-    server = listen(args, None, holder)
+    server = listen(args, holder)
     engine = Engine(ld, args, tok)
     try:
         engine.wait_ready()
