@@ -39,9 +39,11 @@ MAX_TEXT_BYTES = 2 << 30
 
 
 def file_kind(mode: int) -> str:
-    """What a stat mode names, for an error line: 'a folder', 'a named pipe', 'a character device' (/dev/zero)..."""
+    """What a stat (or lstat) mode names, for an error line: 'a folder', 'a named pipe', 'a character device'
+    (/dev/zero), 'a symbolic link' (lstat's)..."""
     kinds = (
         (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISFIFO, "a named pipe"),
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),

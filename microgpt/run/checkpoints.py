@@ -48,9 +48,8 @@ def check_out_dir(out: Path) -> None:
         except OSError as e:
             raise ConfigError(f"--out {out}: cannot use {out / name} ({e.strerror or e})") from None
         if not stat.S_ISREG(mode):
-            what = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
             raise ConfigError(
-                f"--out {out}: {out / name} is {what}, not a regular file; the run's {holds} is "
+                f"--out {out}: {out / name} is {file_kind(mode)}, not a regular file; the run's {holds} is "
                 "written there (move it away)"
             )
 
