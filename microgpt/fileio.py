@@ -165,6 +165,15 @@ def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -
         raise error(f"{flag} {path}: {parent} is not a folder")
 
 
+def folder_problem(path: Path) -> str | None:
+    """What keeps path from being a folder files are written into, where something is there: "a link to nothing"
+    (a dangling symbolic link) or "not a folder" (a file, or a link to one); None for a folder, a link to one, or
+    nothing at all (it is made when first written)."""
+    if path.is_dir() or not (path.exists() or path.is_symlink()):
+        return None
+    return "not a folder" if path.exists() else "a link to nothing"
+
+
 def atomic_write_json(
     path: Path, obj: Any, compact: bool = False, sync_dir: bool = True, make_folder: bool = True
 ) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from microgpt.config import ConfigError, tracker_missing
+from microgpt.fileio import folder_problem
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "memory_peak")
 
@@ -89,8 +90,7 @@ def check(names: list[str], out: Path) -> None:
     for name in dict.fromkeys(names):
         _import("tensorboard.summary.writer.event_file_writer" if name == "tensorboard" else name, name)
         tb = out / "tb"
-        if name == "tensorboard" and (tb.exists() or tb.is_symlink()) and not tb.is_dir():
-            what = "a link to nothing" if tb.is_symlink() and not tb.exists() else "not a folder"
+        if name == "tensorboard" and (what := folder_problem(tb)) is not None:
             raise ConfigError(
                 f"--track tensorboard: {tb} is {what}; TensorBoard's event files are written there (move it away)"
             )
