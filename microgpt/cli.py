@@ -90,7 +90,7 @@ def cmd_train(argv: list[str]) -> int:
     out = Path(args.out or Path("runs") / exp.name)
     if job.rank() != 0:  # rank 0 alone writes the folder and holds its lock (runlock)
         return train_in(out, exp, args, argv)
-    trackers.check(args.track, out)  # --track's package, folder and account, before anything is written
+    trackers.check(args.track, out)  # --track's folder and account (its package: config.check_flags)
     if args.resume not in (None, "latest"):  # before the run folder is made or locked, like every flag
         checkpoint.check_flag_path(args.resume, "--resume")
     if args.init and Path(args.init).exists():  # a missing one may go unused (a checkpoint to resume): train_in's

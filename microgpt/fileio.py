@@ -39,9 +39,11 @@ MAX_TEXT_BYTES = 2 << 30
 
 
 def file_kind(mode: int) -> str:
-    """What a stat mode names, for an error line: 'a folder', 'a named pipe', 'a character device' (/dev/zero)..."""
+    """What a stat (or lstat) mode names, for an error line: 'a folder', 'a named pipe', 'a character device'
+    (/dev/zero), 'a symbolic link' (lstat's)..."""
     kinds = (
         (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISFIFO, "a named pipe"),
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
@@ -161,6 +163,15 @@ def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -
     parent = next((p for p in Path(path).parents if p.exists() or p.is_symlink()), None)
     if parent is not None and not parent.is_dir():
         raise error(f"{flag} {path}: {parent} is not a folder")
+
+
+def folder_problem(path: Path) -> str | None:
+    """What keeps path from being a folder files are written into, where something is there: "a link to nothing"
+    (a dangling symbolic link) or "not a folder" (a file, or a link to one); None for a folder, a link to one, or
+    nothing at all (it is made when first written)."""
+    if path.is_dir() or not (path.exists() or path.is_symlink()):
+        return None
+    return "not a folder" if path.exists() else "a link to nothing"
 
 
 def atomic_write_json(

@@ -216,8 +216,7 @@ def check_log_path(path: Path) -> None:
     except OSError as e:
         raise WriteError(f"{path}: cannot open the run's log ({e.strerror or e})") from None
     if not stat.S_ISREG(mode):
-        what = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
-        raise InputError(f"{path}: the run's log must be a regular file, not {what}; move it away")
+        raise InputError(f"{path}: the run's log must be a regular file, not {file_kind(mode)}; move it away")
 
 
 def load_log(path: Path) -> Log:

@@ -19,7 +19,7 @@ from microgpt.config import ConfigError
 from microgpt.engine.optim import keep_schedule
 from microgpt.engine.trained import load_trained
 from microgpt.errors import WriteError
-from microgpt.fileio import file_kind
+from microgpt.fileio import file_kind, folder_problem
 from microgpt.run import report
 from microgpt.runlog import LOG_NAME
 
@@ -37,8 +37,7 @@ def check_out_dir(out: Path) -> None:
     except OSError as e:
         raise ConfigError(f"--out {out}: cannot create the output folder ({e.strerror})") from None
     ckpt = out / "ckpt"
-    if (ckpt.exists() or ckpt.is_symlink()) and not ckpt.is_dir():
-        what = "a link to nothing" if ckpt.is_symlink() else "not a folder"
+    if (what := folder_problem(ckpt)) is not None:
         raise ConfigError(f"--out {out}: {ckpt} is {what}; checkpoints are written there (move it away)")
     for name, holds in RUN_FILES.items():
         try:
@@ -48,9 +47,8 @@ def check_out_dir(out: Path) -> None:
         except OSError as e:
             raise ConfigError(f"--out {out}: cannot use {out / name} ({e.strerror or e})") from None
         if not stat.S_ISREG(mode):
-            what = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
             raise ConfigError(
-                f"--out {out}: {out / name} is {what}, not a regular file; the run's {holds} is "
+                f"--out {out}: {out / name} is {file_kind(mode)}, not a regular file; the run's {holds} is "
                 "written there (move it away)"
             )
 

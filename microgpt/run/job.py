@@ -34,9 +34,10 @@ from typing import Any, Sequence
 
 from microgpt import config
 from microgpt.config import ConfigError, Experiment
-from microgpt.engine import memory, optim, precision
+from microgpt.engine import memory
+from microgpt.engine.backend import numpy_backend
 from microgpt.engine.collectives import DataParallel
-from microgpt.ops.muon import muon_scratch
+from microgpt.engine.state import training_plan
 
 LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -70,11 +71,9 @@ def check_job(exp: Experiment, n: int, flag: str = "--procs") -> None:
     if n > limit:
         raise ConfigError(f"{flag} {n}: this machine has {what}: at most {limit} ranks")
     if t.backend == "numpy":
-        m, host = exp.model, memory.host_memory_bytes()
-        share = None if host is None else host // n  # the NumPy backend's plan: no rows of its own (backend.py)
-        prec = precision.make(t.precision, "numpy")
-        bufs = memory.plan(m, t, prec, memory.cpu_logits_rows(m, t.micro_batch), optim.rows(m, t, muon_scratch))
-        memory.check_fits(bufs, prec, m, share, f"cpu, 1/{n} for each rank")
+        m, host, K = exp.model, memory.host_memory_bytes(), numpy_backend(precision_name=t.precision)
+        share = None if host is None else host // n
+        memory.check_fits(training_plan(m, t, K), K.precision, m, share, f"cpu, 1/{n} for each rank")
 
 
 # --- joining a job ------------------------------------------------------------------------------------------

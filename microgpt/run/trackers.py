@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from microgpt.config import ConfigError, tracker_missing
+from microgpt.fileio import folder_problem
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "memory_peak")
 
@@ -83,14 +84,12 @@ def wandb_ready() -> bool:
 
 
 def check(names: list[str], out: Path) -> None:
-    """What `--track NAME` needs, checked before anything is written: the package (the `trackers` extra),
-    TensorBoard's folder `<out>/tb` a folder where it exists, W&B an API key or an offline mode. ConfigError naming
-    the flag otherwise."""
+    """What `--track NAME` needs besides its package (config.check_flags found that), checked before anything is
+    written: TensorBoard's folder `<out>/tb` a folder where it exists, W&B an API key or an offline mode.
+    ConfigError naming the flag otherwise."""
     for name in dict.fromkeys(names):
-        _import("tensorboard.summary.writer.event_file_writer" if name == "tensorboard" else name, name)
         tb = out / "tb"
-        if name == "tensorboard" and (tb.exists() or tb.is_symlink()) and not tb.is_dir():
-            what = "a link to nothing" if tb.is_symlink() and not tb.exists() else "not a folder"
+        if name == "tensorboard" and (what := folder_problem(tb)) is not None:
             raise ConfigError(
                 f"--track tensorboard: {tb} is {what}; TensorBoard's event files are written there (move it away)"
             )
@@ -148,9 +147,8 @@ class WandbAPI:
 
 
 def make(names: list[str], out: Path, run: str, config: dict[str, Any]) -> list[Any]:
-    """The trackers `--track` names (each once, in order; config.check_flags knows them: TRACKERS), checked first
-    (check); ConfigError for what one needs and does not have."""
-    check(names, out)
+    """The trackers `--track` names (each once, in order; config.check_flags knows them: TRACKERS), once the caller
+    has checked them (check, before the run folder is locked); ConfigError for a tracker whose start fails."""
     made = []
     for name in dict.fromkeys(names):
         made.append(TensorBoard(out) if name == "tensorboard" else WandbAPI(name, out, run, config))

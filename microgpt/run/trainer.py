@@ -1,9 +1,9 @@
 """The run: optimizer steps (engine/step.py) over a TrainState (engine/state.py), and the records the world reads
 (microgpt/runlog.py: the run folder's train.jsonl, the terminal's human lines, stdout's JSON lines when asked).
 
-The loop's helpers each have a module of their own in run/: schedule.py (the lr schedule), evaluation.py (val
-loss, HellaSwag), checkpoints.py (save, resume, --init), signals.py (SIGTERM, SIGUSR1 and the critical section)
-and progress.py (the terminal's lines and the ETA).
+The loop's helpers each have a module of their own in run/: evaluation.py (val loss, HellaSwag), checkpoints.py
+(save, resume, --init), signals.py (SIGTERM, SIGUSR1 and the critical section) and progress.py (the terminal's lines
+and the ETA); the lr schedule is the optimizer's (engine/optim.py: lr_at, schedule_end).
 
 Data parallel (dp, engine/collectives.py): each layer's grads are summed over ranks during the last micro-batch's
 backward (step.py), the ranks agree on the step's loss and on the signals received at the step boundary (dp.agree,
