@@ -140,8 +140,11 @@ def get(port: int, path: str) -> dict[str, Any]:
 
 
 @contextmanager
-def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str) -> Iterator[Server]:
-    """serve on a free port of 127.0.0.1 with the bench's batch, backend and precision, until the block ends."""
+def served(
+    ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """serve on a free port of 127.0.0.1 with args' max_batch (its --max-batch and --queue), backend, precision and
+    start_timeout, until the block ends; env: more of serve's environment (this one's, the repository on PYTHONPATH)."""
     batch = str(args.max_batch)
     cmd = [
         sys.executable,
@@ -161,7 +164,8 @@ def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *fl
         args.precision,
         *flags,
     ]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path} | (env or {})
     server = Server(log)
     try:
         with term.held(), open(log, "wb") as out:
