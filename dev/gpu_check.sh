@@ -35,8 +35,8 @@
 #   modern: the modern block's and Muon's tests on the device (every pair against NumPy, the step, decode)
 #   modern-bench: bench.py rows microgpt against microgpt-modern (the modern block and Muon at the same size) at MBS
 #           (default 32), PRECISIONS (bf16 fp8); the table in $OUT/modern-bench.md
-#   modern-parity: ANDREA-12M-modern on the built-in corpus for PARITY_STEPS (300) steps in bf16 then fp8, the
-#           validation loss every 100 steps ($OUT/parity.txt)
+#   modern-parity: dev/fp8_check.py parity12 on ANDREA-12M-MODERN: the built-in corpus, PARITY_STEPS (300) steps in
+#           bf16 then fp8, the validation loss every 100 steps ($OUT/parity.jsonl)
 #   ttl:    bench/ttl.py --shape TTL_SHAPE (120m) --sides TTL_SIDES (a,b,c) --budget-s TTL_BUDGET (200): time to loss;
 #           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
@@ -168,11 +168,9 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
            tail -3 "$OUT/modern-bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-bench.jsonl" | tee "$OUT/modern-bench.md" ;;
-    modern-parity) for p in bf16 fp8; do rm -rf /tmp/parity-$p
-           timeout 240 python3 -m microgpt train --json experiments/ANDREA-12M-MODERN-TRAIN.json --out /tmp/parity-$p \
-             --steps ${PARITY_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
-             --set train.precision=$p 2>"$OUT/parity-$p.err" | grep '"eval"' | sed "s/^/$p /" | tee -a "$OUT/parity.txt"
-           tail -2 "$OUT/parity-$p.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
+    modern-parity) rm -f "$OUT/parity.jsonl"
+           timeout 480 python3 dev/fp8_check.py parity12 --experiment experiments/ANDREA-12M-MODERN-TRAIN.json \
+             --steps ${PARITY_STEPS:-300} --eval-every 100 --jsonl "$OUT/parity.jsonl" 2>&1 | tail -4 | cut -c1-1200 ;;
     ttl) timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
