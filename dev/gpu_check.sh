@@ -9,9 +9,9 @@
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
 #   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
 #           prefill and graph-replayed decode against transformers, eager and compiled); rows in $OUT/decode.jsonl
-#   serve:  bench/serve.py (ANDREA-120M random weights, bf16: `microgpt serve --max-batch 8` answering 8 concurrent
-#           streamed completions of 256 tokens, and each alone); the row in $OUT/serve.jsonl, serve's log on failure
-#           in $OUT/serve.err; SERVE_ARGS adds flags (e.g. "--streams 16 --max-batch 16")
+#   serve:  bench/serve.py (ANDREA-120M random weights, bf16: 1, 8, 64 and 256 streams of short and 512-token prompts
+#           against the decode step alone, then the chat workload); its rows and table in $OUT/serve.jsonl, serve's log
+#           on failure in $OUT/serve.err; SERVE_ARGS adds flags (e.g. "--streams 1 8 --chat 0")
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
@@ -71,9 +71,9 @@ for line in sys.stdin:
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
     serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
              | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print({k: v for k, v in r.items() if k not in ("prompts", "seeds", "texts")})'
+for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is
+    r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
+    print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve.err" | cut -c1-400 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
