@@ -8,16 +8,17 @@
 Impls: eager and compile (the PyTorch baseline, bench/torch_gpt.py, bf16 autocast), torchao and torchao-rowwise
 (compile plus torchao's float8 training on every block linear, tensorwise or rowwise scaling; the tied head stays
 bf16: it is F.linear on wte, not an nn.Linear, so convert_to_float8_training never sees it), microgpt (--precision,
-default bf16) and microgpt-fp8 (microgpt with precision fp8).
+default bf16) and microgpt-fp8 (microgpt with precision fp8), microgpt-modern and microgpt-modern-fp8 (the same on
+the shape's modern twin, MODERN: the model of experiments/ANDREA-*-MODERN-TRAIN.json, train.optimizer "muon").
 
 Shapes (--shape): 120m, ANDREA-120M's model (d 768, 12 layers, 12 heads, T 1024, vocab 50304; one micro-batch per
 optimizer step unless --n-micro); 12m, ANDREA-12M's (d 384, 6 layers, 6 heads, T 512, vocab 4096), the seed's
 reproducible model, at its recipe's micro-batch 16 x n_micro 4; tiny, a 2-layer toy for the CPU smoke test (there
 the PyTorch rows run on the CPU, and microgpt's under TRITON_INTERPRET=1 at --precision fp32). Models come from
-experiments/*.json. bf16, AdamW (fused), clip 1.0. Each step: copy the batches in, forward and backward per
-micro-batch, clip, AdamW, zero; tokens/s is the median over the timed steps (host clock around each step,
-synchronized). MFU uses FLOPs/token = 6*N + 12*L*T*d against 989 TFLOP/s dense bf16. SM MHz and W: the GPU's mean
-SM clock and power draw over the timed steps (NVML; the H200 keeps its power limit by lowering the clock).
+experiments/*.json. bf16, AdamW (fused; the modern rows: Muon and AdamW), clip 1.0. Each step: copy the batches in,
+forward and backward per micro-batch, clip, the optimizer, zero; tokens/s is the median over the timed steps (host clock
+around each step, synchronized). MFU uses FLOPs/token = 6*N + 12*L*T*d against 989 TFLOP/s dense bf16. SM MHz and W: the
+GPU's mean SM clock and power draw over the timed steps (NVML; the H200 keeps its power limit by lowering the clock).
 
 Energy: the joules the GPU used over the timed steps, from NVML's total-energy counter read before the first and
 after the last timed step ("counter"), or where the card has no counter the mean power draw times that window
@@ -65,7 +66,7 @@ IMPLS = [
     "microgpt-fp8",
     "microgpt-modern",
     "microgpt-modern-fp8",
-]  # microgpt-modern: the modern block and Muon at the shape's size (MODERN)
+]
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 # shape -> (its model, the default micro-batches, the default n_micro)
 SHAPES = {

@@ -140,8 +140,11 @@ def get(port: int, path: str) -> dict[str, Any]:
 
 
 @contextmanager
-def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str) -> Iterator[Server]:
-    """serve on a free port of 127.0.0.1 with the bench's batch, backend and precision, until the block ends."""
+def served(
+    ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """serve on a free port of 127.0.0.1 with args' max_batch (its --max-batch and --queue), backend, precision and
+    start_timeout, until the block ends; env: more of serve's environment (this one's, the repository on PYTHONPATH)."""
     batch = str(args.max_batch)
     cmd = [
         sys.executable,
@@ -161,7 +164,8 @@ def served(ckpt: Path, args: argparse.Namespace, log: Path, term: Terminate, *fl
         args.precision,
         *flags,
     ]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path} | (env or {})
     server = Server(log)
     try:
         with term.held(), open(log, "wb") as out:
@@ -201,10 +205,11 @@ class Prompts:
         return len(self.tok.encode(self.get(kind, 0))) if kind == "short" else int(kind)
 
 
-def body(model: str, prompt: str | list[int], max_tokens: int, args: argparse.Namespace, seed: int) -> dict:
+def body(model: str, max_tokens: int, args: argparse.Namespace, seed: int, **content: Any) -> dict:
+    """A streamed request; content: its prompt= (/v1/completions) or messages= (/v1/chat/completions)."""
     return {
         "model": model,
-        "prompt": prompt,
+        **content,
         "max_tokens": max_tokens,
         "temperature": args.temperature,
         "seed": seed,
@@ -258,7 +263,8 @@ def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int
     step prepared (on a GPU tuned and its graph captured) before anything is timed."""
     t0 = time.perf_counter()
     warm = [
-        (k, body(server.model, prompts.get("short", k), min(args.tokens, 16 + top // 4), args, k)) for k in range(top)
+        (k, body(server.model, min(args.tokens, 16 + top // 4), args, k, prompt=prompts.get("short", k)))
+        for k in range(top)
     ]
     threads(server.port, warm, args.timeout, ramp=True)
     print(f"bench: warm-up to {top} streams in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -273,14 +279,14 @@ def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict
             k: stream(
                 server.port,
                 "/v1/completions",
-                body(server.model, prompts.get(kind, k), args.tokens, args, k),
+                body(server.model, args.tokens, args, k, prompt=prompts.get(kind, k)),
                 k,
                 args.timeout,
             ).text
             for k in range(ALONE)
         }
         for n in args.streams:
-            bodies = [(k, body(server.model, prompts.get(kind, k), args.tokens, args, k)) for k in range(n)]
+            bodies = [(k, body(server.model, args.tokens, args, k, prompt=prompts.get(kind, k))) for k in range(n)]
             row = {"streams": n, "prompt": kind, "prompt_tokens": prompts.tokens(kind)}
             row |= row_of(fleet(server.port, bodies, args.timeout), alone)
             row["decode_step_tokens_per_s"] = step.get((n, kind))
@@ -297,24 +303,9 @@ def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, r
     history = [[{"role": "system", "content": system}] for _ in range(args.chat)]
     ttft: list[list[float]] = []
     for turn in range(args.turns):
-        bodies = []
         for k, h in enumerate(history):
             h.append({"role": "user", "content": f"turn {turn}: what is request_{k}?"})
-            bodies.append(
-                (
-                    k,
-                    {
-                        "model": server.model,
-                        "messages": h,
-                        "max_tokens": args.chat_tokens,
-                        "seed": k,
-                        "temperature": args.temperature,
-                        "stream": True,
-                        "ignore_eos": True,
-                        "stream_options": {"include_usage": True},
-                    },
-                )
-            )
+        bodies = [(k, body(server.model, args.chat_tokens, args, k, messages=h)) for k, h in enumerate(history)]
         runs = fleet(server.port, bodies, args.timeout, path="/v1/chat/completions")
         ttft.append([r.events[0] - r.sent for r in runs if r.events])
         for h, r in zip(history, runs):

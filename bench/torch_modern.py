@@ -15,15 +15,15 @@ same-shaped group is one Muon batch and its gradient comes stacked; `slot` maps 
 Muon (MODERN.md): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G'); X = U / (|U|_F + 1e-7)
 in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A, X = a X + B X; then
 W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte at train.lr and lm_head at
-train.head_lr (0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings). Every lr
-follows one schedule (`lr_factor`: warmup, hold, linear warmdown over the last warmdown_frac to min_lr / lr); Muon's
-momentum rises from muon_momentum_start to muon_momentum over muon_momentum_warmup steps. The global grad norm is
-clipped at train.grad_clip before both optimizers, as microgpt's step does.
+train.head_lr (0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings). The global
+grad norm is clipped at train.grad_clip before both optimizers, as microgpt's step does.
 
-Data and timing are microgpt's: the batches of (step, micro) and the validation windows come from
-microgpt.data.make_loaders of the same experiment, and a step's time (dt_ms) is the host clock from before its batches
-are read to after its loss is read back, as run/trainer.py counts it. Records are microgpt's JSON lines (start, step,
-eval, done) on stdout. On CUDA: bf16 autocast and torch.compile; on the CPU (the smoke test): fp32, eager.
+Data, initial weights, schedule and timing are microgpt's: the batches of (step, micro) and the validation windows
+come from microgpt.data.make_loaders of the same experiment, the weights from engine/params.py's init, every group's
+lr and Muon's momentum from engine/optim.py (lr_at, group_lrs, muon_momentum) over the run's steps from its first,
+and a step's time (dt_ms) is the host clock from before its batches are read to after its loss is read back, as
+run/trainer.py counts it. Records are microgpt's JSON lines (start, step, eval, done) on stdout. On CUDA: bf16
+autocast and torch.compile; on the CPU (the smoke test): fp32, eager.
 
     python3 bench/torch_modern.py experiments/ANDREA-120M-MODERN-TRAIN.json --set data.path=data/ttl-120m \\
         --budget-s 200 --eval-s 10
@@ -32,6 +32,7 @@ eval, done) on stdout. On CUDA: bf16 autocast and torch.compile; on the CPU (the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -50,6 +51,7 @@ from bench.ttl_results import plan, scaled_warmup  # noqa: E402
 from microgpt import config, data  # noqa: E402
 from microgpt.config import Experiment, ModelConfig, TrainConfig  # noqa: E402
 from microgpt.engine import params  # noqa: E402
+from microgpt.engine.optim import group_lrs, lr_at, muon_momentum  # noqa: E402
 from microgpt.errors import exit_on_input_error  # noqa: E402
 
 EPS = 1e-6  # RMSNorm's
@@ -180,31 +182,17 @@ class Muon:
 
 
 def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
-    groups = [{"params": [model.wte], "peak": t.lr}, {"params": [model.lm_head], "peak": t.head_lr or t.lr}]
+    """AdamW on wte and lm_head, each group named as engine/optim.py's group_lrs names its lr."""
+    groups = [{"params": [model.wte], "name": "adamw"}, {"params": [model.lm_head], "name": "head"}]
     return torch.optim.AdamW(
         groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay, fused=model.wte.is_cuda
     )
 
 
-def lr_factor(step: int, steps: int, t: TrainConfig) -> float:
-    """Every group's lr over its peak at 0-based step of `steps`: linear warmup over warmup_steps, then 1 until the last
-    warmdown_frac of the steps, then a straight line to min_lr / lr ("warmdown"); or microgpt's cosine ("cosine")."""
-    warmup = min(t.warmup_steps, steps)
-    if step < warmup:
-        return (step + 1) / warmup
-    floor = t.min_lr / t.lr
-    if t.schedule == "cosine":
-        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-        return floor + 0.5 * (1 - floor) * (1 + math.cos(math.pi * progress))
-    start = max(warmup, steps - round(t.warmdown_frac * steps))
-    progress = min(1.0, max(0, step - start) / max(1, steps - start))
-    return 1 - (1 - floor) * progress
-
-
-def momentum_at(step: int, t: TrainConfig) -> float:
-    """Muon's momentum at 0-based step: from muon_momentum_start up to muon_momentum over muon_momentum_warmup steps."""
-    frac = min(1.0, step / max(1, t.muon_momentum_warmup))
-    return t.muon_momentum_start + frac * (t.muon_momentum - t.muon_momentum_start)
+def schedule(t: TrainConfig, steps: int) -> TrainConfig:
+    """t with its lr schedule over `steps` steps from the twin's first (engine/optim.py's lr_at reads train.steps; a
+    phase's schedule_start or a schedule_steps of the experiment do not apply to a fresh run of the twin)."""
+    return dataclasses.replace(t, steps=steps, schedule_start=0, schedule_steps=0)
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -234,13 +222,14 @@ class Run:
     def tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64)).to(self.device)
 
-    def step(self, s: int, steps: int) -> dict[str, Any]:
-        """Optimizer step s (0-based) of `steps`; its record (dt_ms: batches read to loss read back)."""
-        t, t0 = self.t, time.perf_counter()
+    def step(self, s: int, t: TrainConfig) -> dict[str, Any]:
+        """Optimizer step s (0-based) on t's schedule (`schedule`); its record (dt_ms: batches read to loss back)."""
+        t0 = time.perf_counter()
         batches = [self.train_data.batch(s, micro) for micro in range(t.n_micro)]
-        factor = lr_factor(s, steps, t)
+        lr = lr_at(s, t)
+        lrs = group_lrs(lr, t)
         for group in self.adamw.param_groups:
-            group["lr"] = group["peak"] * factor
+            group["lr"] = lrs[group["name"]]
         total = torch.zeros((), device=self.device)
         for x, y in batches:
             with self.autocast:
@@ -249,7 +238,7 @@ class Run:
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.adamw.step()
-        self.muon.step(t.muon_lr * factor, momentum_at(s, t), t.muon_weight_decay)
+        self.muon.step(lrs["muon"], muon_momentum(s, t), t.muon_weight_decay)
         self.model.zero_grad(set_to_none=True)
         loss, norm = total.item(), norm.item()
         dt = time.perf_counter() - t0
@@ -258,7 +247,7 @@ class Run:
             "event": "step",
             "step": s + 1,
             "loss": loss,
-            "lr": t.lr * factor,
+            "lr": lr,
             "grad_norm": norm,
             "tokens_per_s": tokens / dt,
             "dt_ms": 1000 * dt,
@@ -278,14 +267,16 @@ class Run:
 
     def calibrate(self, warm: int, calib: int) -> float:
         """The median seconds of steps warm .. warm + calib - 1 (the first `warm` compile), then reset()."""
-        times = [self.step(s, 1 << 30)["dt_ms"] / 1000 for s in range(warm + calib)]
+        t = schedule(self.t, 1 << 30)
+        times = [self.step(s, t)["dt_ms"] / 1000 for s in range(warm + calib)]
         self.reset()
         return statistics.median(times[warm:])
 
     def train(self, steps: int, eval_every: int) -> int:
         """Steps 0 .. steps-1, an evaluation after every eval_every-th and the last; 3 on a non-finite loss."""
+        t = schedule(self.t, steps)
         for s in range(steps):
-            rec = emit(self.step(s, steps))
+            rec = emit(self.step(s, t))
             if not math.isfinite(rec["loss"]):
                 print(f"error: loss is {rec['loss']} at step {s + 1}; stopping", file=sys.stderr)
                 return 3

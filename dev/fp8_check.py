@@ -1,6 +1,8 @@
 """precision "fp8" against bf16 on the GPU machine: loss parity and bit-exact resume (JSON lines on stdout).
 
     python3 dev/fp8_check.py parity12     # ANDREA-12M, 2,000 steps, bf16 then fp8: val loss at every eval
+    python3 dev/fp8_check.py parity12 --experiment experiments/ANDREA-12M-MODERN-TRAIN.json --steps 300 \
+        --eval-every 100                  # its modern twin, the same (dev/gpu_check.sh modern-parity)
     python3 dev/fp8_check.py parity120    # ANDREA-120M, 500 steps, the same
     python3 dev/fp8_check.py resume       # ANDREA-12M fp8: SIGTERM mid-run, resume, final checkpoint bytes (sha256)
 
@@ -177,6 +179,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["parity12", "parity120", "resume"])
     p.add_argument("--steps", type=int, help="default: 2000 (parity12), 500 (parity120), 200 (resume)")
+    p.add_argument("--eval-every", type=int, help="parity: steps between evaluations (default 250; parity120 100)")
+    p.add_argument("--experiment", default="experiments/ANDREA-12M-TRAIN.json", help="parity12's experiment")
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"])
     p.add_argument("--set", action="append", default=[], help="an override for every run, as train's --set")
     p.add_argument("--jsonl", type=Path, help="also append every result line to this file")
@@ -187,7 +191,7 @@ def main() -> None:
     JSONL.extend([a.jsonl] if a.jsonl else [])
     EXTRA.extend(x for kv in a.set for x in ("--set", kv))
     if a.what == "parity12":
-        parity("experiments/ANDREA-12M-TRAIN.json", a.steps or 2000, 250, a.precisions)
+        parity(a.experiment, a.steps or 2000, a.eval_every or 250, a.precisions)
     elif a.what == "parity120":
         sets = ["--set", "train.n_micro=4", "--set", "train.warmup_steps=100"]
         if not a.data:  # the built-in corpus, read through ANDREA-12M's tokenizer
@@ -195,7 +199,7 @@ def main() -> None:
             if not tok:
                 raise SystemExit("no 4,096-entry built-in tokenizer under data/builtin: run parity12 first")
             sets += ["--set", f"data.tokenizer={tok[-1]}"]
-        parity("experiments/ANDREA-120M-TRAIN.json", a.steps or 500, 100, a.precisions, *sets)
+        parity("experiments/ANDREA-120M-TRAIN.json", a.steps or 500, a.eval_every or 100, a.precisions, *sets)
     else:
         resume(a.precisions[-1], a.steps or 200)
 

@@ -9,9 +9,9 @@
 #   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
 #   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
 #           prefill and graph-replayed decode against transformers, eager and compiled); rows in $OUT/decode.jsonl
-#   serve:  bench/serve.py (ANDREA-120M random weights, bf16: `microgpt serve --max-batch 8` answering 8 concurrent
-#           streamed completions of 256 tokens, and each alone); the row in $OUT/serve.jsonl, serve's log on failure
-#           in $OUT/serve.err; SERVE_ARGS adds flags (e.g. "--streams 16 --max-batch 16")
+#   serve:  bench/serve.py (ANDREA-120M random weights, bf16: 1, 8, 64 and 256 streams of short and 512-token prompts
+#           against the decode step alone, then the chat workload); its rows and table in $OUT/serve.jsonl, serve's log
+#           on failure in $OUT/serve.err; SERVE_ARGS adds flags (e.g. "--streams 1 8 --chat 0")
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
@@ -35,8 +35,8 @@
 #   modern: the modern block's and Muon's tests on the device (every pair against NumPy, the step, decode)
 #   modern-bench: bench.py rows microgpt against microgpt-modern (the modern block and Muon at the same size) at MBS
 #           (default 32), PRECISIONS (bf16 fp8); the table in $OUT/modern-bench.md
-#   modern-parity: ANDREA-12M-modern on the built-in corpus for PARITY_STEPS (300) steps in bf16 then fp8, the
-#           validation loss every 100 steps ($OUT/parity.txt)
+#   modern-parity: dev/fp8_check.py parity12 on ANDREA-12M-MODERN: the built-in corpus, PARITY_STEPS (300) steps in
+#           bf16 then fp8, the validation loss every 100 steps ($OUT/parity.jsonl)
 #   ttl:    bench/ttl.py --shape TTL_SHAPE (120m) --sides TTL_SIDES (a,b,c) --budget-s TTL_BUDGET (200): time to loss;
 #           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
@@ -71,9 +71,9 @@ for line in sys.stdin:
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
     serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
              | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print({k: v for k, v in r.items() if k not in ("prompts", "seeds", "texts")})'
+for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is
+    r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
+    print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve.err" | cut -c1-400 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
@@ -168,11 +168,9 @@ print(json.dumps({"cap_gib": float(sys.argv[1]), "model": sys.argv[2], "precisio
            tail -3 "$OUT/modern-bench.err" | cut -c1-400
            python3 -c 'import json, sys; from bench.bench import table
 print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-bench.jsonl" | tee "$OUT/modern-bench.md" ;;
-    modern-parity) for p in bf16 fp8; do rm -rf /tmp/parity-$p
-           timeout 240 python3 -m microgpt train --json experiments/ANDREA-12M-MODERN-TRAIN.json --out /tmp/parity-$p \
-             --steps ${PARITY_STEPS:-300} --set data.source=builtin --set 'data.path=""' --set train.eval_every=100 \
-             --set train.precision=$p 2>"$OUT/parity-$p.err" | grep '"eval"' | sed "s/^/$p /" | tee -a "$OUT/parity.txt"
-           tail -2 "$OUT/parity-$p.err" | grep -iE "error|Traceback" | cut -c1-400; done ;;
+    modern-parity) rm -f "$OUT/parity.jsonl"
+           timeout 480 python3 dev/fp8_check.py parity12 --experiment experiments/ANDREA-12M-MODERN-TRAIN.json \
+             --steps ${PARITY_STEPS:-300} --eval-every 100 --jsonl "$OUT/parity.jsonl" 2>&1 | tail -4 | cut -c1-1200 ;;
     ttl) timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;

@@ -4,14 +4,14 @@ BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on th
 text, TOKEN) and takes --step-ms from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an
 H200), the host free meanwhile. Where the server launches a step and reads its tokens later
 (InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the step
-before it ended); where it runs a step and waits for it (InferState.decode, the tree before), the step sleeps out its
-time. The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
+before it ended). The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
 
     python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
     python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
     python dev/serve_profile.py --temperature 1       # the sampling path
 
-The clients are streamed /v1/completions, a thread each, in this process (not the server's). Each phase reports:
+The server is started as bench/serve.py starts it (`served`), and the clients are its (bench/serve_client.py):
+streamed /v1/completions, a thread each, in this process (not the server's). Each phase reports:
 
     tokens_per_s  the phase's completion tokens over its wall time, as bench/serve.py counts them
     of_step       tokens_per_s over the emulated step's own rate (streams / --step-ms): the issue's ratio
@@ -22,22 +22,19 @@ The clients are streamed /v1/completions, a thread each, in this process (not th
                   (commands, admit, prefill, launch, finish, send; `host` their sum) and the model's (`model`: the
                   decode step's launch, on the CPU the whole step; `wait`: blocked on a step's result)
 
-It measures any tree: where the server is one process (before the engine had its own) and has no /stats, `front` is
-all of it (its busiest thread then the decode thread) and engine_us is absent. docs/SERVE.md has what the numbers
-decided, and why.
+It measures any tree that has bench/serve_client.py (f265629 on). The one-process server before the engine had its
+own (1035dac) was measured with this file as of 36fdb20 (`git show 36fdb20:dev/serve_profile.py`), which emulates the
+step there too. docs/SERVE.md has what the numbers decided, and why.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
-from bench.serve import tokenizer_record  # noqa: E402
+from bench.serve import Server, Terminate, get, served, tokenizer_record  # noqa: E402
+from bench.serve_client import threads  # noqa: E402
 from microgpt.config import ModelConfig  # noqa: E402
 
 
@@ -61,16 +59,6 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def get_json(port: int, path: str) -> dict[str, Any] | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("GET", path)
-        res = conn.getresponse()
-        return json.load(res) if res.status == 200 else None
-    finally:
-        conn.close()
-
-
 SITECUSTOMIZE = """
 import os, time
 STEP_S = float(os.environ.get("SERVE_PROFILE_STEP_S") or 0)
@@ -81,32 +69,21 @@ if STEP_S:
         self.arena["next_ids"][:b] = TOKEN
 
     infer.InferState._decode = no_model
-    if hasattr(infer.InferState, "launch_decode"):  # launched now, its tokens read later: the GPU's time passes
-        launch, busy = infer.InferState.launch_decode, [0.0]
+    launch, busy = infer.InferState.launch_decode, [0.0]
 
-        def launch_decode(self, b):
-            start = max(time.perf_counter(), busy[0])  # the emulated GPU's: after the step before it
-            wait = launch(self, b)
-            busy[0] = done = start + STEP_S
+    def launch_decode(self, b):  # launched now, its tokens read later: the GPU's time passes
+        start = max(time.perf_counter(), busy[0])  # the emulated GPU's: after the step before it
+        wait = launch(self, b)
+        busy[0] = done = start + STEP_S
 
-            def waited():
-                if done > time.perf_counter():
-                    time.sleep(done - time.perf_counter())
-                return wait()
+        def waited():
+            if done > time.perf_counter():
+                time.sleep(done - time.perf_counter())
+            return wait()
 
-            return waited
+        return waited
 
-        infer.InferState.launch_decode = launch_decode
-    else:  # one step at a time, the host waiting for each
-        decode = infer.InferState.decode
-
-        def decode_waiting(self, *args):
-            start = time.perf_counter()
-            out = decode(self, *args)
-            time.sleep(max(0.0, start + STEP_S - time.perf_counter()))
-            return out
-
-        infer.InferState.decode = decode_waiting
+    infer.InferState.launch_decode = launch_decode
 """
 HOST_SHAPE = ModelConfig(vocab_size=2048, d_model=8, n_layer=1, n_head=2, seq_len=512)
 TOKEN = 300  # what every decode step draws under the emulation (a token of text, not the end of document)
@@ -127,102 +104,25 @@ def bodies(model: str, n: int, tokens: int, temperature: float) -> list[dict[str
     ]
 
 
-def stream(port: int, body: dict[str, Any]) -> int:
-    """One streamed completion read to its end; its completion tokens (from the usage chunk)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-        res = conn.getresponse()
-        usage, last = None, b""
-        for line in res:
-            if line.startswith(b"data: {"):
-                usage, last = json.loads(line[6:]).get("usage") or usage, line
-        if res.status != 200 or usage is None:
-            raise RuntimeError(f"HTTP {res.status}, no usage; the last event: {last[:300]!r}")
-        return usage["completion_tokens"]
-    finally:
-        conn.close()
+class Profiled:
+    """A started serve (bench/serve.py's Server) and the pids of its processes: the HTTP side's and the engine's."""
 
-
-def together(port: int, reqs: list[dict[str, Any]]) -> int:
-    """Every request at once, a thread each; their completion tokens."""
-    got: list[int | Exception] = [0] * len(reqs)
-
-    def one(i: int) -> None:
-        try:
-            got[i] = stream(port, reqs[i])
-        except Exception as e:  # raised below, in the caller
-            got[i] = e
-
-    pool = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    for g in got:
-        if isinstance(g, Exception):
-            raise g
-    return sum(got)
-
-
-class Server:
-    """`microgpt serve` on the checkpoint, its port and its processes' pids (the engine's from /stats)."""
-
-    def __init__(self, ckpt: Path, streams: int, step_s: float, folder: Path) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "microgpt",
-            "serve",
-            str(ckpt),
-            "--port",
-            "0",
-            "--max-batch",
-            str(streams),
-            "--queue",
-            str(streams),
-            "--backend",
-            "numpy",
-            "--precision",
-            "fp32",
-        ]
-        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
-        env = os.environ | {
-            "PYTHONPATH": f"{folder}{os.pathsep}{REPO}",
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "SERVE_PROFILE_STEP_S": str(step_s),
-        }
-        log = folder / "serve.log"
-        self.log = log
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while b"serve: http://" not in log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"serve did not start:\n{log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        self.port = int(log.read_text().split("serve: http://")[1].split("/")[0].rsplit(":", 1)[1])
-        self.model = get_json(self.port, "/v1/models")["data"][0]["id"]
-        stats = get_json(self.port, "/stats")
-        self.pids = {"front": self.proc.pid, **({"engine": stats["engine_pid"]} if stats else {})}
+    def __init__(self, server: Server) -> None:
+        self.port, self.model = server.port, server.model
+        self.pids = {"front": server.proc.pid, "engine": get(self.port, "/stats")["engine_pid"]}
 
     def cpu(self) -> dict[str, dict[str, float]]:
         return {name: thread_cpu(pid) for name, pid in self.pids.items()}
 
     def engine_counts(self) -> dict[str, float]:
-        stats = get_json(self.port, "/stats")
-        return stats["engine"] if stats else {}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        return get(self.port, "/stats")["engine"]
 
 
-def phase(server: Server, reqs: list[dict[str, Any]], step_s: float) -> dict[str, Any]:
+def phase(server: Profiled, reqs: list[dict[str, Any]], step_s: float) -> dict[str, Any]:
     """One batch of streamed requests; what the server's processes spent on it, per token."""
     before, counts0 = server.cpu(), server.engine_counts()
     t0 = time.perf_counter()
-    n = together(server.port, reqs)
+    n = sum(run.tokens for run in threads(server.port, list(enumerate(reqs)), timeout=300))
     wall = time.perf_counter() - t0
     after, counts1 = server.cpu(), server.engine_counts()
     per = 1e6 / n
@@ -234,15 +134,14 @@ def phase(server: Server, reqs: list[dict[str, Any]], step_s: float) -> dict[str
     engine = {
         k.removesuffix("_s"): round((counts1[k] - counts0.get(k, 0.0)) * per, 1) for k in counts1 if k.endswith("_s")
     }
-    if engine:
-        engine["host"] = round(sum(v for k, v in engine.items() if k not in ("model", "wait")), 1)
+    engine["host"] = round(sum(v for k, v in engine.items() if k not in ("model", "wait")), 1)
     of_step = {"of_step": round(n / wall * step_s / len(reqs), 3)} if step_s else {}
     return {
         "tokens": n,
         "tokens_per_s": round(n / wall, 1),
         **of_step,
         "cpu_us": cpu | {"total": round(sum(sums.values()), 1)},
-        **({"engine_us": engine} if engine else {}),
+        "engine_us": engine,
     }
 
 
@@ -272,24 +171,34 @@ def main(argv: list[str]) -> int:
     step_s = args.step_ms / 1e3
     SHAPES["serve-host"] = HOST_SHAPE  # random_checkpoint's table: the sidecar records the model
     with tempfile.TemporaryDirectory() as tmp:
-        tok = tokenizer_record(HOST_SHAPE.vocab_size, Path(tmp))
-        ckpt = random_checkpoint("serve-host", Path(tmp), tok)[2]
-        server = Server(ckpt, max(args.streams), step_s, Path(tmp))
+        folder = Path(tmp)
+        tok = tokenizer_record(HOST_SHAPE.vocab_size, folder)
+        ckpt = random_checkpoint("serve-host", folder, tok)[2]
+        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
+        env = {
+            "PYTHONPATH": f"{folder}{os.pathsep}{REPO}",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "SERVE_PROFILE_STEP_S": str(step_s),
+        }
+        opts = argparse.Namespace(max_batch=max(args.streams), backend="numpy", precision="fp32", start_timeout=300)
+        log = folder / "serve.log"
         try:
-            for n in args.streams:  # warm-up: every batch size up to the largest
-                phase(server, bodies(server.model, n, 16, args.temperature), step_s)
-            report = {}
-            for n in (1, *args.streams):
-                rows = [
-                    phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
-                    for _ in range(args.repeats)
-                ]
-                report[n] = summarize(rows)
+            with served(ckpt, opts, log, Terminate(), env=env) as started:
+                server = Profiled(started)
+                for n in args.streams:  # warm-up: every batch size up to the largest
+                    phase(server, bodies(server.model, n, 16, args.temperature), step_s)
+                report = {}
+                for n in (1, *args.streams):
+                    rows = [
+                        phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
+                        for _ in range(args.repeats)
+                    ]
+                    report[n] = summarize(rows)
         except Exception:
-            print(f"the server's log:\n{server.log.read_text()[-3000:]}", file=sys.stderr)
+            if log.is_file():
+                print(f"the server's log:\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
             raise
-        finally:
-            server.stop()
     head = {
         "tokens": args.tokens,
         "temperature": args.temperature,

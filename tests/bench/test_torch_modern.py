@@ -6,6 +6,7 @@ engine's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from bench import torch_modern as tm
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import params
+from microgpt.engine.optim import lr_at, muon_momentum
 
 M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9, block="modern", softcap=3.0)  # D = 12
 
@@ -132,19 +134,20 @@ def test_initial_weights_are_the_engines() -> None:
 
 
 def test_warmdown_schedule_and_momentum() -> None:
+    """The twin's schedule (engine/optim.py's lr_at and muon_momentum over its run's steps) in the warmdown shape."""
     t = TrainConfig(
         steps=100, lr=0.1, min_lr=0.01, warmup_steps=4, schedule="warmdown", warmdown_frac=0.25, muon_momentum_warmup=10
     )
-    factors = [tm.lr_factor(s, 100, t) for s in range(100)]
-    assert factors[:4] == [0.25, 0.5, 0.75, 1.0] and set(factors[4:75]) == {1.0}
+    factors = [lr_at(s, tm.schedule(t, 100)) / t.lr for s in range(100)]
+    assert factors[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0], rel=1e-12) and set(factors[4:75]) == {1.0}
     assert factors[75] == 1.0 and factors[99] == pytest.approx(1 - 0.9 * 24 / 25)
     assert all(a > b for a, b in zip(factors[75:], factors[76:]))  # a straight line down
-    assert [tm.momentum_at(s, t) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert [muon_momentum(s, t) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
 
 
 def test_schedule_is_the_engines() -> None:
-    from microgpt.engine.optim import lr_at, muon_momentum
-
+    """The twin's schedule over `steps` from its first step is an engine run's of train.steps = steps, whatever phase
+    start or schedule_steps the experiment names."""
     cases = (("warmdown", 100, 0, 0.3), ("warmdown", 37, 5, 0.3), ("warmdown", 20, 15, 0.5), ("cosine", 50, 3, 0.3))
     for name, steps, warmup, frac in cases:
         t = TrainConfig(
@@ -156,9 +159,10 @@ def test_schedule_is_the_engines() -> None:
             warmdown_frac=frac,
             muon_momentum_warmup=warmup,
         )
+        twin = tm.schedule(dataclasses.replace(t, steps=1000, schedule_start=7, schedule_steps=500), steps)
         for s in range(steps):
-            assert tm.lr_factor(s, steps, t) * t.lr == pytest.approx(lr_at(s, t), rel=1e-12), (name, s)
-            assert tm.momentum_at(s, t) == pytest.approx(muon_momentum(s, t), rel=1e-12), (name, s)
+            assert lr_at(s, twin) == lr_at(s, t), (name, s)
+            assert muon_momentum(s, twin) == muon_momentum(s, t), (name, s)
 
 
 @pytest.mark.gpu
