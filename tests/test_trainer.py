@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from microgpt import checkpoint, config, runlog
 from microgpt.engine import optim
 from microgpt.run import progress, trainer
@@ -36,6 +38,21 @@ def test_past_the_schedules_end_the_lr_stays_at_min_lr() -> None:
     assert [optim.lr_at(s, t) for s in range(300)] == [optim.lr_at(s, short) for s in range(300)]
     assert {optim.lr_at(s, t) for s in range(300, 400)} == {t.min_lr}
     assert optim.lr_at(299, t) > t.min_lr
+
+
+def test_warmdown_holds_then_falls_in_a_line_and_muon_momentum_warms_up() -> None:
+    """train.schedule "warmdown": warmup, lr held, then a straight line to min_lr over the last warmdown_frac of the
+    steps; every group's lr scales by the same factor; Muon's momentum rises linearly over its warmup."""
+    t = config.TrainConfig(steps=100, lr=0.1, min_lr=0.01, warmup_steps=4, schedule="warmdown", warmdown_frac=0.25,
+                           head_lr=0.004, muon_lr=0.02, muon_momentum_warmup=10)  # fmt: skip
+    lrs = [optim.lr_at(s, t) for s in range(100)]
+    assert lrs[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1], rel=1e-12) and set(lrs[4:76]) == {0.1}
+    assert all(a > b for a, b in zip(lrs[75:], lrs[76:])) and lrs[99] == pytest.approx(0.1 - 0.09 * 24 / 25)
+    assert optim.lr_at(100, t) == pytest.approx(t.min_lr)
+    assert optim.group_lrs(lrs[90], t) == pytest.approx(
+        {"adamw": lrs[90], "head": 0.04 * lrs[90], "muon": 0.2 * lrs[90]}, rel=1e-12
+    )
+    assert [optim.muon_momentum(s, t) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
 
 
 def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path) -> None:
