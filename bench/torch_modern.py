@@ -4,6 +4,7 @@ bench/ttl.py; written from the recipe, as bench/torch_gpt.py is for GPT-2.
 
     x0 = rmsnorm(wte[tokens])                                    no position table
     per layer: q, k, v = rmsnorm(x) @ w_q, w_k, w_v;  q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
+               v = v + ve_j[tokens]  where the layer has a value embedding (model.value_embeds)
                x = x + causal_attention(q, k, v) @ w_o;  x = x + relu(rmsnorm(x) @ w_1)^2 @ w_2
     loss = cross_entropy(softcap * tanh(rmsnorm(x) @ lm_head.T / softcap), targets)
 
@@ -14,7 +15,8 @@ same-shaped group is one Muon batch and its gradient comes stacked; `slot` maps 
 
 Muon (MODERN.md): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G'); X = U / (|U|_F + 1e-7)
 in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A, X = a X + B X; then
-W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte at train.lr and lm_head at
+W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte (and the value
+embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at
 train.head_lr (0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings). The global
 grad norm is clipped at train.grad_clip before both optimizers, as microgpt's step does.
 
@@ -95,6 +97,8 @@ class Modern(nn.Module):
         self.fc = nn.Parameter(torch.empty(L, 4 * C, C))  # w_1^T
         self.proj = nn.Parameter(torch.empty(L, C, 4 * C))  # w_2^T
         self.lm_head = nn.Parameter(torch.empty(V, C))
+        self.ve = nn.Parameter(torch.empty(m.value_embeds, V, C))  # value embeddings; (0, V, C) without
+        self.ve_of = [params.value_embed(m, layer) for layer in range(L)]  # layer -> "ve{j}" or None
         cos, sin = rope_tables(m.seq_len, self.head_dim, float(m.rope_base))
         self.register_buffer("cos", cos, persistent=False)  # float64; rope rounds them to its input's dtype
         self.register_buffer("sin", sin, persistent=False)
@@ -104,7 +108,7 @@ class Modern(nn.Module):
         the one place the two layouts meet."""
         block, _, leaf = name.rpartition(".")
         if not block:
-            return {"wte": self.wte, "lm_head": self.lm_head}[leaf]
+            return self.ve[int(leaf[2:])] if leaf.startswith("ve") else {"wte": self.wte, "lm_head": self.lm_head}[leaf]
         i = int(block[1:])
         return {
             "w_q": self.qkvo[i, 0],
@@ -129,6 +133,8 @@ class Modern(nn.Module):
         x = rmsnorm(F.embedding(idx, self.wte))
         for i in range(self.qkvo.shape[0]):
             q, k, v = F.linear(rmsnorm(x), self.qkvo[i, :3].reshape(3 * C, C)).view(B, T, 3, H, D).unbind(2)
+            if self.ve_of[i] is not None:
+                v = v + F.embedding(idx, self.slot(self.ve_of[i])).view(B, T, H, D)
             q, k = rope(rmsnorm(q), cos, sin), rope(rmsnorm(k), cos, sin)
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
             x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.qkvo[i, 3])
@@ -182,8 +188,10 @@ class Muon:
 
 
 def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
-    """AdamW on wte and lm_head, each group named as engine/optim.py's group_lrs names its lr."""
-    groups = [{"params": [model.wte], "name": "adamw"}, {"params": [model.lm_head], "name": "head"}]
+    """AdamW on wte (with the value embeddings) and lm_head, each group named as engine/optim.py's group_lrs names its
+    lr."""
+    embeddings = [model.wte, model.ve] if model.ve.numel() else [model.wte]
+    groups = [{"params": embeddings, "name": "adamw"}, {"params": [model.lm_head], "name": "head"}]
     return torch.optim.AdamW(
         groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay, fused=model.wte.is_cuda
     )

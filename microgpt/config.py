@@ -43,6 +43,9 @@ class ModelConfig:
     head_dim: int = 0  # each head's width; 0: d_model / n_head (n_head x head_dim must be d_model)
     softcap: float = 15.0  # modern: logits -> softcap * tanh(logits / softcap) before the loss; 0: none
     rope_base: float = 10000.0  # modern: the rotary embedding's base (angle p * base^(-2i / head_dim))
+    # modern: k value-embedding tables (V, C); table j is added to the values of layer j and of layer L - k + j
+    # (engine/params.py value_embed); 0: none
+    value_embeds: int = 0
 
 
 @dataclass
@@ -283,6 +286,11 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
         )
     if m.softcap < 0 or m.rope_base <= 1:
         raise ConfigError(f"{src}: model.softcap must be >= 0 and model.rope_base > 1, got {m.softcap}, {m.rope_base}")
+    if m.value_embeds and (m.block != "modern" or not 0 < 2 * m.value_embeds <= m.n_layer):
+        raise ConfigError(
+            f"{src}: model.value_embeds needs model.block 'modern' and 0 <= 2 x value_embeds <= model.n_layer "
+            f"({m.n_layer}), got {m.value_embeds} on block {brief(m.block)}"
+        )
     if t.optimizer == "muon" and m.block != "modern":
         raise ConfigError(
             f"{src}: train.optimizer 'muon' needs model.block 'modern' (its matrices are Muon's; "

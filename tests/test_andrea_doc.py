@@ -260,14 +260,14 @@ def test_modern_table_matches_the_experiment(name: str) -> None:
 
 
 def test_modern_order_and_groups_are_the_code_s() -> None:
-    """Section 9's parameter table is the MODERN family's canonical order, and its Muon groups at ANDREA-120M's width
-    are engine/optim.py's."""
+    """Section 9's parameter table is the MODERN family's canonical order (with a value embedding: ve{j}), and its
+    Muon groups at ANDREA-120M's width are engine/optim.py's."""
     m = config.load(REPO / "experiments" / "ANDREA-120M-MODERN-TRAIN.json").model
     table = MODERN_SECTION.split("| # | name | shape |")[1].split("\n\n")[0]
     names = [n for line in table.splitlines() for n in re.findall(r"`([\w{}.]+)`", line.split("|")[2])]
     want = [
-        name.replace("h0.", "h{l}.")
-        for name, _ in params.param_shapes(m)
+        name.replace("h0.", "h{l}.").replace("ve0", "ve{j}")
+        for name, _ in params.param_shapes(dataclasses.replace(m, value_embeds=1))
         if not name.startswith("h") or name.startswith("h0.")
     ]
     assert names == want

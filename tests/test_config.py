@@ -50,6 +50,9 @@ def test_family_sizes() -> None:
         ({"model": {"vocab_size": 70000}}, "uint16"),
         ({"model": {"d_model": 200, "n_head": 5}, "train": {"precision": "fp8"}}, "multiple of 16 for train.precision"),
         ({"model": []}, "model: must be a JSON object"),
+        ({"model": {"value_embeds": 1}}, "model.value_embeds needs model.block 'modern'"),
+        ({"model": {"block": "modern", "n_layer": 4, "value_embeds": 3}}, "2 x value_embeds <= model.n_layer (4)"),
+        ({"model": {"block": "modern", "value_embeds": -1}}, "got -1"),
     ],
 )
 def test_bad_values(tmp_path: Path, raw: dict, needle: str) -> None:

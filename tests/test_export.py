@@ -177,6 +177,24 @@ def test_the_modern_block_exports_as_nanochat(tmp_path: Path) -> None:
     assert not (tmp_path / "m.gguf").exists()
 
 
+def test_value_embeddings_are_refused_in_one_line(tmp_path: Path) -> None:
+    """model.value_embeds: no transformers class computes it (NanoChat has no value embeddings), and GGUF takes no
+    modern block: each format refuses in one line, writing nothing."""
+    from tests.test_modern import MODERN_RUN
+
+    exp = write_experiment(
+        tmp_path,
+        model={**MODERN_RUN["model"], "vocab_size": 512, "value_embeds": 1},
+        train={**MODERN_RUN["train"], "steps": 2},
+        data={"path": str(tmp_path / "data")},
+    )
+    assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
+    for out, fmt, why in (("hf", "hf", "model.value_embeds 1"), ("m.gguf", "gguf", "model.block 'modern'")):
+        res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / out), "--format", fmt)
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --format {fmt}: "), res.stderr
+        assert why in res.stderr and len(res.stderr.splitlines()) == 1 and not (tmp_path / out).exists()
+
+
 def test_out_not_empty_is_refused_untouched(run: Path, tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("mine")
     res = cli("export", str(run), "--out", str(tmp_path))

@@ -4,6 +4,7 @@ step and the decode step against the training forward; and the seed's checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -23,6 +24,10 @@ from microgpt.engine.state import fill_tables
 from tests.test_model import check_close
 
 M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11, block="modern", softcap=4.0)
+# with value embeddings: two tables, for layers 0 and 3, 1 and 4; layer 2 has none
+MV = ModelConfig(
+    vocab_size=61, d_model=24, n_layer=5, n_head=3, seq_len=11, block="modern", softcap=4.0, value_embeds=2
+)
 B = 3
 EPS = 1e-6
 
@@ -44,7 +49,7 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
 
 def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
     """The modern recipe with [in, out] weights: RMSNorm without weights, QK-norm then RoPE, ReLU^2, untied head,
-    logit soft-cap, mean loss over valid targets."""
+    logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j."""
     Bn, T = tokens.shape
     C, H = m.d_model, m.n_head
     D = C // H
@@ -53,7 +58,12 @@ def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Te
     for layer in range(m.n_layer):
         h = f"h{layer}."
         a = rms(x)
-        q, k, v = ((a @ P[h + n]).view(Bn, T, H, D).transpose(1, 2) for n in ("w_q", "w_k", "w_v"))
+        q, k, v = a @ P[h + "w_q"], a @ P[h + "w_k"], a @ P[h + "w_v"]
+        nv, L = m.value_embeds, m.n_layer
+        ve = layer if layer < nv else layer - (L - nv) if layer >= L - nv else None
+        if ve is not None:
+            v = v + P[f"ve{ve}"][tokens]
+        q, k, v = (z.view(Bn, T, H, D).transpose(1, 2) for z in (q, k, v))
         q, k = rotate(rms(q), m.rope_base), rotate(rms(k), m.rope_base)
         s = (q @ k.transpose(-1, -2)) / D**0.5
         y = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
@@ -104,11 +114,41 @@ def test_the_parameter_table_is_the_recipe_s() -> None:
     assert params.flops_params(M)[0] == params.n_params(M) - M.vocab_size * C
 
 
+def test_value_embeddings_are_tables_after_wte_that_adamw_keeps() -> None:
+    """model.value_embeds k: k (V, C) tables right after wte, drawn like it (N(0, 1)); layers j and L - k + j read
+    table j; they are lookups for the FLOPs, AdamW's (the embedding group) under Muon, and summed with the embedding
+    after the last layer's gradients in data parallel (the bucket every layer finishes before)."""
+    from microgpt.engine import collectives, optim
+
+    names = [name for name, _ in params.param_shapes(MV)]
+    assert names[:3] == ["wte", "ve0", "ve1"] and names[3].startswith("h0.")
+    assert [params.value_embed(MV, layer) for layer in range(MV.n_layer)] == ["ve0", "ve1", None, "ve0", "ve1"]
+    assert [params.value_embed(M, layer) for layer in range(M.n_layer)] == [None, None]
+    V, C = MV.vocab_size, MV.d_model
+    assert params.n_params(MV) == params.n_params(dataclasses.replace(MV, value_embeds=0)) + 2 * V * C
+    assert params.flops_params(MV)[0] == params.n_params(MV) - 3 * V * C
+    w = params.views(params.init_weights(MV, 0), MV)
+    assert all(abs(w[n].std() - 1) < 0.05 for n in ("ve0", "ve1")) and not np.array_equal(w["ve0"], w["ve1"])
+    off = params.param_offsets(MV)
+    assert not any(name.startswith("ve") for name, _, _ in params.matrices(MV))
+    assert optim.adamw_ranges(MV)[0] == ("adamw", 0, off["h0.w_q"])  # wte and both tables
+    layers, rest = collectives.grad_buckets(MV)
+    assert rest == (0, off["h0.w_q"]) and layers[-1][1] == params.n_params(MV)
+
+
 @pytest.mark.parametrize(
-    "dtype, tol, recompute", [(np.float64, 1e-10, False), (np.float64, 1e-10, True), (np.float32, 1e-4, False)]
+    "dtype, tol, recompute, M",
+    [
+        (np.float64, 1e-10, False, M),
+        (np.float64, 1e-10, True, M),
+        (np.float32, 1e-4, False, M),
+        (np.float64, 1e-10, False, MV),
+        (np.float32, 1e-4, True, MV),
+    ],
+    ids=["f64", "f64-recompute", "f32", "f64-value-embeds", "f32-value-embeds"],
 )
-def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool) -> None:
-    K, A, P, G = engine_state(dtype, 0, recompute=recompute)
+def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool, M: ModelConfig) -> None:
+    K, A, P, G = engine_state(dtype, 0, M, recompute=recompute)
     names = [name for name, _ in params.param_shapes(M)]
     for name in names:  # gradients accumulate: start from noise and subtract it afterwards
         G[name][...] = np.random.default_rng(1).normal(size=G[name].shape)
@@ -132,10 +172,11 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute:
         check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
 
 
-def test_inference_and_decode_are_the_training_forward() -> None:
+@pytest.mark.parametrize("M", [M, MV], ids=["plain", "value-embeds"])
+def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the
     decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix."""
-    K, A, P, _ = engine_state(np.float32, 3, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
+    K, A, P, _ = engine_state(np.float32, 3, M, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets)
     weights = A.flat("params").copy()
@@ -201,15 +242,18 @@ MODERN_RUN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
                         "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
 
 
-def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value_embeds", [0, 1], ids=["plain", "value-embeds"])
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
-    bytes of the same run never stopped."""
+    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket)."""
     from microgpt import checkpoint
     from tests.conftest import cli, write_experiment
     from tests.test_cli import start_training, wait_for_step
 
-    exp = write_experiment(tmp_path, **MODERN_RUN)
+    exp = write_experiment(
+        tmp_path, model={**MODERN_RUN["model"], "value_embeds": value_embeds}, train=MODERN_RUN["train"]
+    )
     final = checkpoint.ckpt_name(6)
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stderr
@@ -224,6 +268,7 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path) -> None:
     m = ModelConfig(**{**json.loads(exp.read_text())["model"]})
     v = params.named(ck.v, m)
     assert not any(v[name].any() for name, _, _ in params.matrices(m)) and v["wte"].any()
+    assert all(v[f"ve{j}"].any() for j in range(value_embeds))
 
     two = ("--procs", "2", "--set", "train.micro_batch=2")
     whole = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "two"), *two)

@@ -50,6 +50,7 @@ class Backend:
     # the op pairs, registry order (microgpt/ops/<op>.py documents each)
     embedding_forward: Fn
     embedding_backward: Fn
+    embedding_add_forward: Fn  # the modern block's value embeddings (backward: embedding_backward)
     layernorm_forward: Fn
     layernorm_backward: Fn
     residual_layernorm_forward: Fn

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from microgpt.config import ModelConfig
+from microgpt.engine import params
 from microgpt.engine.backend import Backend
 from microgpt.engine.memory import Arena
 
@@ -84,6 +85,7 @@ class Layer:
     ln_out: Any
     mean_out: Any
     rstd_out: Any
+    tokens: Any  # the n rows' token ids (B,T) or (n,): which rows of a value-embedding table the values get
 
 
 def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
@@ -103,9 +105,12 @@ def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: La
 
 def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
     """The modern block: RMSNorm (no weights), attention over QK-normed rotary q and k (inside attend), ReLU^2 MLP of
-    two linears; each residual add runs with the RMSNorm that reads its sum, the last with the next layer's."""
+    two linears; each residual add runs with the RMSNorm that reads its sum, the last with the next layer's. A layer
+    with a value embedding (params.value_embed) adds its table's rows for the tokens to the values first."""
     h = f"h{layer}."
     K.linear_forward(io.qkv, io.ln1, P[h + "w_qkv"])
+    if (ve := params.value_embed(m, layer)) is not None:
+        K.embedding_add_forward(io.qkv[2], io.tokens, P[ve])
     attend(io.att, io.qkv)
     K.linear_forward(io.proj, io.att, P[h + "w_o"])
     K.residual_rmsnorm_forward(io.x2, io.ln2, io.rstd2, io.x, io.proj)
@@ -124,7 +129,7 @@ def head_args(m: ModelConfig) -> dict[str, Any]:
 
 
 # --- training ------------------------------------------------------------------------------------------------------
-def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any) -> Layer:
+def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any, tokens: Any) -> Layer:
     """Training layer l's own buffers (saved for backward); its output is layer l+1's input (lnf after the last)."""
     if layer + 1 < m.n_layer:
         out = A["ln1"][layer + 1], _at(A, "ln1_mean", layer + 1), A["ln1_rstd"][layer + 1]
@@ -144,6 +149,7 @@ def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any) -> Layer:
         a,
         A["resid"][layer + 1],
         *out,
+        tokens,
     )
 
 
@@ -203,7 +209,7 @@ def gpt_forward(
     )
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, _train_layer(m, A, layer, a[layer]), _train_attend(K, m, A, layer, B, T))
+        block(K, m, P, layer, _train_layer(m, A, layer, a[layer], tokens), _train_attend(K, m, A, layer, B, T))
     targets = targets.reshape(B * T)
     if G is None:
         K.crossentropy_forward(A["losses"], A["ce_lse"], A["lnf"], P["head"], targets, A["logits"], **head_args(m))
@@ -299,7 +305,7 @@ def _gpt2_backward(
             A["ln2_rstd"][layer],
         )
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
-        _attention_backward(K, m, P, G, A, layer, B, T, layer_done)
+        _attention_backward(K, m, P, G, A, layer, tokens, layer_done)
         K.layernorm_backward(
             dresid, G[h + "ln1_w"], G[h + "ln1_b"], dln, x, P[h + "ln1_w"], A["ln1_mean"][layer], A["ln1_rstd"][layer]
         )
@@ -335,7 +341,7 @@ def _modern_backward(
         K.linear_backward(dln, G[h + "w_1"], dh, A["ln2"][layer], P[h + "w_1"])
         K.rmsnorm_backward(dresid, dln, A["resid2"][layer], A["ln2_rstd"][layer])
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
-        _attention_backward(K, m, P, G, A, layer, B, T, layer_done)
+        _attention_backward(K, m, P, G, A, layer, tokens, layer_done)
         K.rmsnorm_backward(dresid, dln, A["resid"][layer], A["ln1_rstd"][layer])
     if layer_done is not None:
         layer_done(0)
@@ -351,15 +357,14 @@ def _attention_backward(
     G: dict[str, Any],
     A: Arena,
     layer: int,
-    B: int,
-    T: int,
+    tokens: Any,
     layer_done: Callable[[int], None] | None,
 ) -> None:
     """The attention half of a layer's backward, both families': from dresid (the gradient reaching W_O's output) to
-    the QKV projection's input gradient in dln, _train_attend's calls reversed (the modern block's QK-norm and rotary
-    backward after attention's, in place on dq, dk). layer_done(layer + 1) just before the attention (gpt_backward
-    says why)."""
-    h, H = f"h{layer}.", m.n_head
+    the QKV projection's input gradient in dln, the block's calls from the QKV linear on reversed (the modern block's
+    QK-norm and rotary backward after attention's, in place on dq, dk; then a value embedding's, which dv reaches
+    unchanged). layer_done(layer + 1) just before the attention (gpt_backward says why)."""
+    (B, T), h, H = tokens.shape, f"h{layer}.", m.n_head
     att = A["att"][layer]
     K.linear_backward(A["datt"], G[h + "w_o"], A["dresid"], att, P[h + "w_o"])
     q, k, v = (_btc(z, B, T) for z in A["qkv"][layer])
@@ -369,6 +374,8 @@ def _attention_backward(
     K.attention_backward(dq, dk, dv, _btc(A["datt"], B, T), q, k, v, _btc(att, B, T), A["att_lse"][layer], H)
     if m.block == "modern":
         K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
+    if (ve := params.value_embed(m, layer)) is not None:
+        K.embedding_backward(G[ve], None, dv, tokens)
     K.linear_backward(A["dln"], G[h + "w_qkv"], A["dqkv"], A["ln1"][layer], P[h + "w_qkv"])
 
 
@@ -401,13 +408,13 @@ def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None
     return [(slice(i, i + 1), p, slice(s, s + 1)) for i, (p, s) in enumerate(zip(at, rows))]
 
 
-def _infer_layer(A: Arena, n: int, a: Any) -> Layer:
+def _infer_layer(A: Arena, n: int, a: Any, tokens: Any) -> Layer:
     """The inference plan's one layer of n rows, which every layer reuses: x in and out, ln every norm's output."""
     x, x2, ln, att, proj = (A[name][:n] for name in ("x", "x2", "ln", "att", "proj"))
     mean = A.get("ln_mean")
     mean = None if mean is None else mean[:n]
     rstd = A["ln_rstd"][:n]
-    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd)
+    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd, tokens)
 
 
 def gpt_infer(
@@ -430,7 +437,7 @@ def gpt_infer(
     b, t = tokens.shape
     N = b * t
     a = A.get("a")
-    io = _infer_layer(A, N, None if a is None else a[:N])
+    io = _infer_layer(A, N, None if a is None else a[:N], tokens)
     groups = windows(b, pos, slots)
     if "kv" not in A and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
@@ -497,7 +504,7 @@ def gpt_decode(
     token at pos."""
     b = tokens.shape[0]
     a = A.get("a")
-    io = _infer_layer(A, b, None if a is None else a[:b])
+    io = _infer_layer(A, b, None if a is None else a[:b], tokens)
     if m.block == "modern":
         K.decode_embedding(io.x2, tokens, positions, P["wte"], None)
         K.rmsnorm_forward(io.x, io.rstd2, io.x2)

@@ -10,9 +10,13 @@ The canonical order (docs/ANDREA.md), by model.block:
                       h{l}.ln1_w (C,)  h{l}.ln1_b (C,)  h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)
                       h{l}.ln2_w (C,)  h{l}.ln2_b (C,)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
                       lnf_w (C,)  lnf_b (C,)                              the LM head is tied to wte
-    modern:           wte (V,C)
+    modern:           wte (V,C)  ve{j} (V,C) for j < model.value_embeds
                       h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
                       lm_head (V,C)                                       untied; no norm weights (RMSNorm has none)
+
+The value embeddings (model.value_embeds = k, 0 by default) are token tables like wte whose rows are added to a
+layer's attention values: table j to layer j's and to layer L - k + j's (`value_embed`), the first and last layers
+sharing, as the speedrun's U-shaped tables do.
 
 Linears are stored [in, out], so a linear's forward is x @ w; no linear has a bias. A block's GEMM sites (SITES,
 the same in both families) name the weights each of its four linear calls reads: the attention's input projection
@@ -80,6 +84,19 @@ def head_dim(m: ModelConfig) -> int:
     return m.head_dim or m.d_model // m.n_head
 
 
+def value_embed(m: ModelConfig, layer: int) -> str | None:
+    """The value-embedding table layer adds to its values: "ve{j}" for layer j and layer L - k + j (j < k =
+    model.value_embeds), None for the layers between (and every layer when k is 0)."""
+    k, L = m.value_embeds, m.n_layer
+    j = layer if layer < k else layer - (L - k) if layer >= L - k else -1
+    return f"ve{j}" if 0 <= j < k else None
+
+
+def _before(m: ModelConfig) -> tuple[tuple[str, tuple[str | int, ...]], ...]:
+    """The family's parameters before the blocks, then the value-embedding tables."""
+    return (*family(m).before, *((f"ve{j}", ("V", 1)) for j in range(m.value_embeds)))
+
+
 def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
     sizes = {"V": m.vocab_size, "T": m.seq_len}
     return tuple(sizes[u] if isinstance(u, str) else u * m.d_model for u in units)
@@ -88,7 +105,7 @@ def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
 def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter as (name, shape), in the canonical order."""
     f = family(m)
-    shapes = [(name, _shape(units, m)) for name, units in f.before]
+    shapes = [(name, _shape(units, m)) for name, units in _before(m)]
     for layer in range(m.n_layer):
         shapes += [(f"h{layer}.{leaf}", _shape(units, m)) for leaf, units in f.block]
     return shapes + [(name, _shape(units, m)) for name, units in f.after]
@@ -97,7 +114,7 @@ def param_shapes(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
 def n_params(m: ModelConfig) -> int:
     """The sum over param_shapes, in closed form: a hostile n_layer must not build a billion-row table first."""
     f = family(m)
-    ends = sum(math.prod(_shape(units, m)) for _, units in (*f.before, *f.after))
+    ends = sum(math.prod(_shape(units, m)) for _, units in (*_before(m), *f.after))
     block = sum(math.prod(_shape(units, m)) for _, units in f.block)
     return ends + m.n_layer * block
 
@@ -105,10 +122,11 @@ def n_params(m: ModelConfig) -> int:
 def flops_params(m: ModelConfig) -> tuple[int, str]:
     """(N, what it counts) for FLOPs per token = 6N + 12 L T d (PaLM's count): the parameters a token's forward
     multiplies by. Every parameter where the head is tied (the embedding once, as the head; the position table
-    too), else all but the embedding, whose rows a token only looks up."""
+    too), else all but the embedding and the value embeddings, whose rows a token only looks up."""
     if family(m).head_weight == "wte":
         return n_params(m), "every parameter (the tied embedding once, the position table included)"
-    return n_params(m) - m.vocab_size * m.d_model, "every parameter but the untied embedding (a lookup)"
+    lookups = (1 + m.value_embeds) * m.vocab_size * m.d_model
+    return n_params(m) - lookups, "every parameter but the untied embedding and value embeddings (lookups)"
 
 
 def flops_per_token(m: ModelConfig) -> int:
@@ -163,10 +181,11 @@ def init_std(leaf: str, n_layer: int) -> float:
 
 
 def modern_init_std(leaf: str, shape: tuple[int, ...]) -> float:
-    """The modern block's init for a matrix stored [in, out]: the embedding N(0, 1) (RMSNorm follows it), a linear
+    """The modern block's init for a matrix stored [in, out]: the embeddings N(0, 1) (RMSNorm follows wte; a value
+    embedding's row then has the scale of the value it is added to, rmsnorm(x) @ w_v), a linear
     N(0, 1/sqrt(in)) shrunk by sqrt(out/in) where it narrows (the variance of x @ w then stays that of x), and the
     output projections and head at zero (`Family.zero_init`: each residual branch starts as the identity)."""
-    if leaf == "wte":
+    if leaf == "wte" or leaf.startswith("ve"):
         return 1.0
     fan_in, fan_out = shape
     return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in**0.5

@@ -1,5 +1,7 @@
 """Token + position embedding: out(B,T,C) = wte[tokens] + wpe[:T], or wte[tokens] without a position table (wpe None:
 the modern block's; a constexpr POS drops the table from both kernels, so GPT-2's compile as before).
+embedding_add_forward is the forward kernel with a constexpr ADD (out += table[tokens]: the value embeddings); its
+backward is embedding_backward without wpe.
 
 Backward: dwpe[t] += sum_b dout[b,t] (not without wpe); dwte[v] += sum of dout rows whose token is v. The scatter-add is
 deterministic without float atomics: k_embedding_sort ranks the unique keys (token, position) into `order`
@@ -23,8 +25,10 @@ from microgpt.kernels.tuning import INTERPRET, Tuner
 
 
 @triton.jit
-def k_embedding_fwd(out_ptr, tok_ptr, wte_ptr, wpe_ptr, T, C, BLOCK_C: tl.constexpr, POS: tl.constexpr):
-    # out: (N, C); tok: (N,) int32; wte: (V, C); wpe: (Tmax, C), read only with POS
+def k_embedding_fwd(
+    out_ptr, tok_ptr, wte_ptr, wpe_ptr, T, C, BLOCK_C: tl.constexpr, POS: tl.constexpr, ADD: tl.constexpr
+):
+    # out: (N, C); tok: (N,) int32; wte: (V, C); wpe: (Tmax, C), read only with POS; ADD: out += the rows
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < C
@@ -32,6 +36,8 @@ def k_embedding_fwd(out_ptr, tok_ptr, wte_ptr, wpe_ptr, T, C, BLOCK_C: tl.conste
     e = tl.load(wte_ptr + tok * C + cols, mask=mask).to(tl.float32)
     if POS:
         e += tl.load(wpe_ptr + (n % T) * C + cols, mask=mask).to(tl.float32)
+    if ADD:
+        e += tl.load(out_ptr + n * C + cols, mask=mask).to(tl.float32)
     tl.store(out_ptr + n * C + cols, e.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -115,7 +121,16 @@ def embedding_forward(
     N = tokens.numel()
     BC = _block_c(C)
     pos = wpe is not None
-    k_embedding_fwd[(N, triton.cdiv(C, BC))](out, tokens, wte, wpe if pos else wte, T, C, BLOCK_C=BC, POS=pos)
+    k_embedding_fwd[(N, triton.cdiv(C, BC))](
+        out, tokens, wte, wpe if pos else wte, T, C, BLOCK_C=BC, POS=pos, ADD=False
+    )
+
+
+def embedding_add_forward(out: torch.Tensor, tokens: torch.Tensor, table: torch.Tensor) -> None:
+    """out (N,C) or (B,T,C), contiguous, += table[tokens]; tokens N int32 ids (any shape); table (V,C)."""
+    C, N = table.shape[1], tokens.numel()
+    BC = _block_c(C)
+    k_embedding_fwd[(N, triton.cdiv(C, BC))](out, tokens, table, table, 1, C, BLOCK_C=BC, POS=False, ADD=True)
 
 
 CHUNK = 8192  # tokens per sort chunk (rounded down to whole sequences): the sort is O(N * CHUNK)

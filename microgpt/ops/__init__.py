@@ -29,7 +29,9 @@ residual_rmsnorm_forward, the residual add fused in as layernorm's is), relu2, i
 own for now (relu2_backward turns the gradient in place, as GELU's backward does), and qkrope, the QK-norm and rotary
 embedding of q and k, in place between the QKV linear and attention. Its embedding is the embedding pair
 without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
-untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's).
+untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's). Its value embeddings (model.value_embeds)
+are the embedding pair once more: embedding_add_forward adds a table's rows to a layer's values, and
+embedding_backward without wpe is its backward.
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: engine/step.py) and muon (muon_step,
@@ -89,7 +91,7 @@ def _helpers(name: str, functions: tuple[str, ...]) -> Helpers:
 
 
 OPS: dict[str, OpPair] = {
-    "embedding": _pair("embedding"),
+    "embedding": _pair("embedding", ("embedding_add_forward",)),
     "layernorm": _pair("layernorm", ("residual_layernorm_forward",)),
     "linear": _pair("linear"),
     "attention": _pair("attention", ("attention_forward_cached",)),

@@ -2,6 +2,10 @@
 
     out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]        (without wpe: wte[tokens[b, t], :])
 
+embedding_add_forward adds a table's rows to a buffer instead (the modern block's value embeddings, added to a
+layer's values): out[n, :] += table[tokens[n], :]. Its backward is embedding_backward without wpe (the same scatter
+of dout, which the add passes through unchanged, into the table's gradient).
+
 Shapes: tokens (B,T) int32, wte (V,C), wpe (Tmax,C) with T <= Tmax or None, out (B,T,C).
 Forward saves nothing: backward needs only the token ids, which the caller keeps anyway.
 
@@ -33,3 +37,9 @@ def embedding_backward(dwte: NDArray, dwpe: NDArray | None, dout: NDArray, token
     np.add.at(dwte, tokens.reshape(-1), dout.reshape(-1, C))  # unbuffered: repeated ids all count
     if dwpe is not None:
         dwpe[:T] += dout.sum(axis=0)
+
+
+def embedding_add_forward(out: NDArray, tokens: NDArray, table: NDArray) -> None:
+    """out (N,C) or (B,T,C) += table[tokens] for tokens of N ids (any shape)."""
+    C = table.shape[1]
+    out.reshape(-1, C)[...] += np.take(table, tokens.reshape(-1), axis=0)

@@ -340,6 +340,11 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
             "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
             "NanoChat)"
         )
+    if fmt == "hf" and m.value_embeds:
+        raise ExportError(
+            f"--format hf: {ld.path} has model.value_embeds {m.value_embeds}; transformers' NanoChat has no value "
+            "embeddings, so no class of it computes this model (nothing written)"
+        )
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)  # checked for gguf too
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)

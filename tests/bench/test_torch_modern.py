@@ -19,11 +19,12 @@ from microgpt.engine import params
 from microgpt.engine.optim import lr_at, muon_momentum
 
 M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9, block="modern", softcap=3.0)  # D = 12
+MV = dataclasses.replace(M, value_embeds=1)  # one value embedding, layers 0 and 1
 
 
-def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_weights(rng: np.random.Generator, m: ModelConfig = M) -> dict[str, np.ndarray]:
     """Every parameter random (the zero-initialised ones too, so every branch counts), in microgpt's layout."""
-    return {name: rng.normal(0.0, 0.4, size=shape) for name, shape in params.param_shapes(M)}
+    return {name: rng.normal(0.0, 0.4, size=shape) for name, shape in params.param_shapes(m)}
 
 
 def rms(x: np.ndarray) -> np.ndarray:
@@ -31,7 +32,7 @@ def rms(x: np.ndarray) -> np.ndarray:
 
 
 def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarray, softcap: float) -> float:
-    """MODERN.md's model in NumPy float64."""
+    """MODERN.md's model in NumPy float64; a value embedding "ve0" (k = 1) goes to the first and the last layer."""
     B, T = idx.shape
     C, H = M.d_model, M.n_head
     D = C // H
@@ -47,6 +48,8 @@ def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarra
     for layer in range(M.n_layer):
         n = rms(x)
         q, k, v = ((n @ w[f"h{layer}.w_{c}"]).reshape(B, T, H, D) for c in "qkv")
+        if "ve0" in w and layer in (0, M.n_layer - 1):
+            v = v + w["ve0"][idx].reshape(B, T, H, D)
         q, k = rope(rms(q)), rope(rms(k))
         s = np.where(causal, np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D), -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
@@ -60,11 +63,12 @@ def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarra
     return float(-np.take_along_axis(logp, targets[..., None], -1).mean())
 
 
-def test_forward_is_moderns_math() -> None:
+@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+def test_forward_is_moderns_math(m: ModelConfig) -> None:
     rng = np.random.default_rng(0)
-    w = random_weights(rng)
+    w = random_weights(rng, m)
     idx, targets = rng.integers(0, M.vocab_size, (3, M.seq_len)), rng.integers(0, M.vocab_size, (3, M.seq_len))
-    model = tm.Modern(M).double()
+    model = tm.Modern(m).double()
     model.load_weights(w)
     got = model(torch.from_numpy(idx), torch.from_numpy(targets)).item()
     want = reference_loss(w, idx, targets, M.softcap)

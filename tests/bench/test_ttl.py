@@ -83,6 +83,11 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
     sets = ["train.seed=3", "a:train.lr=0.001", "b,c:train.muon_lr=0.03", "data.path=x:y"]
     assert ttl.side_sets(sets, "a") == ["train.seed=3", "train.lr=0.001", "data.path=x:y"]
     assert ttl.side_sets(sets, "c") == ["train.seed=3", "train.muon_lr=0.03", "data.path=x:y"]
+    lever = [*sets, "d:model.value_embeds=2"]  # side (d): (b) with a lever, which its label names
+    assert ttl.side_sets(lever, "d")[-1] == "model.value_embeds=2" and ttl.own_sets(lever, "d") == [
+        "model.value_embeds=2"
+    ]
+    assert "model.value_embeds=2" not in ttl.side_sets(lever, "b") and ttl.parser().parse_args([]).sides == list("abc")
 
 
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
@@ -116,13 +121,18 @@ def run_ttl(out: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def out_d(folder: Path) -> list[str]:
+    """Side (d)'s command: its lever reached its experiment."""
+    return json.loads((folder / "side-d.json").read_text())["command"]
+
+
 @pytest.mark.slow
 def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     modern = tmp_path / "modern.json"
     modern.write_text(json.dumps(MODERN_TINY))
-    sides = ["a", "b", "c"]
+    sides = ["a", "b", "c", "d"]
     for side in sides:
-        res = run_ttl(tmp_path, "--sides", side, "--modern", str(modern))
+        res = run_ttl(tmp_path, "--sides", side, "--modern", str(modern), "--set", "d:model.value_embeds=1")
         assert res.returncode == 0, res.stderr[-3000:]
     res = run_ttl(tmp_path, "--merge")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -143,6 +153,7 @@ def test_tiny_sides_in_separate_invocations_then_merged(tmp_path: Path) -> None:
     side_c = json.loads((folder / "side-c.json").read_text())
     assert side_c["calibration"]["step_s"] > 0 and len(side_c["step_dt_ms"]) == side_c["steps"]
     assert "(a) val loss at training seconds:" in res.stdout and "| a | microgpt gpt-2 |" in res.stdout
+    assert "| d | microgpt modern, model.value_embeds=1 |" in res.stdout and "model.value_embeds=1" in out_d(folder)
     w, h, colors = read_png(folder / "ttl.png")
     assert (w, h) == (960, 600) and {plot.COLORS[0], plot.COLORS[1]} <= colors
 

@@ -68,6 +68,22 @@ def test_embedding_without_positions(B: int, T: int, C: int, V: int, Tmax: int, 
     assert torch.equal(gdwte, with_pos[1]), "dwte differs from the run with a position table"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_add(B: int, T: int, C: int, V: int, Tmax: int, dtype: torch.dtype) -> None:
+    """The value embeddings' forward: out (N, C) += table[tokens], N ids from (B, T) or flat (the decode step's),
+    against the NumPy pair (its backward is test_embedding_without_positions' dwte)."""
+    rng = np.random.default_rng(B * T * C + V + 2)
+    tokens = rng.integers(0, V, size=(B, T)).astype(np.int32)
+    table, v0 = rounded(rng.standard_normal((V, C)), dtype), rounded(rng.standard_normal((B * T, C)), dtype)
+    want = v0.copy()
+    ref.embedding_add_forward(want, tokens, table)
+    for ids in (tokens, tokens.reshape(-1)):
+        got = t(v0, dtype)
+        ke.embedding_add_forward(got, t(ids), t(table, dtype))
+        compare("out", got, want, dtype)
+
+
 def test_embedding_backward_is_deterministic() -> None:
     """Long runs of repeated tokens: two runs give bitwise-equal dwte (no float atomics)."""
     rng = np.random.default_rng(5)

@@ -6,6 +6,7 @@ one (MICROGPT_TEST_GPU=1)."""
 import dataclasses
 
 import numpy as np
+import pytest
 
 from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import backend, model, params
@@ -16,15 +17,16 @@ from microgpt.engine.step import Step
 from ._kutil import check
 
 M = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern", softcap=6.0)
+MV = dataclasses.replace(M, value_embeds=1)  # one value-embedding table, layers 0 and 1 share it
 B = 2
 
 
-def _state(name: str, t: TrainConfig):
+def _state(name: str, t: TrainConfig, m: ModelConfig = M):
     """make_state on one backend, the logits chunk forced to 12 rows (3 chunks, the last short), the weights
     perturbed off their init (its zero matrices would hide wiring mistakes), the same on both backends."""
     K = backend.numpy_backend() if name == "numpy" else backend.triton_backend(t.precision)
     K = dataclasses.replace(K, logits_rows=lambda m, b: 12)
-    S = make_state(M, t, K)
+    S = make_state(m, t, K)
     w = S.K.to_numpy(S.p).copy()
     w += np.random.default_rng(len(w)).standard_normal(w.shape).astype(np.float32) * 0.1
     S.K.copy_in(S.p, w)
@@ -40,19 +42,20 @@ def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def test_forward_backward_matches_numpy() -> None:
+@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
     t = TrainConfig(micro_batch=B, optimizer="muon")
-    Sn, St = _state("numpy", t), _state("triton", t)
+    Sn, St = _state("numpy", t, m), _state("triton", t, m)
     x, y = _batch(np.random.default_rng(1))
     for S in (Sn, St):
         K, A = S.K, S.arena
         K.copy_in(A["tokens"][0], x)
         K.copy_in(A["targets"][0], y)
         K.copy_in(A["loss_scale"], np.ones(1))
-        model.gpt_forward(K, M, S.P_compute, A, A["tokens"][0], A["targets"][0], S.G)
-        model.gpt_backward(K, M, S.P_compute, S.G, A, A["tokens"][0])
+        model.gpt_forward(K, m, S.P_compute, A, A["tokens"][0], A["targets"][0], S.G)
+        model.gpt_backward(K, m, S.P_compute, S.G, A, A["tokens"][0])
     check("losses", St.K.to_numpy(St.arena["losses"]), Sn.arena["losses"], 1e-5)
-    for name, _ in params.param_shapes(M):
+    for name, _ in params.param_shapes(m):
         check(name, St.K.to_numpy(St.G[name]), Sn.G[name], 1e-4)
 
 
@@ -92,15 +95,16 @@ def test_two_muon_steps_match_numpy() -> None:
     assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
 
 
-def test_decode_matches_numpy() -> None:
+@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+def test_decode_matches_numpy(m: ModelConfig) -> None:
     """The decode step (rotary at each row's position, from its own cache row) on both backends."""
-    w = params.init_weights(M, 3) + np.random.default_rng(4).standard_normal(params.n_params(M)).astype(np.float32)
+    w = params.init_weights(m, 3) + np.random.default_rng(4).standard_normal(params.n_params(m)).astype(np.float32)
     w *= 0.3
-    ids = np.random.default_rng(5).integers(0, M.vocab_size, (2, 6)).astype(np.int32)
+    ids = np.random.default_rng(5).integers(0, m.vocab_size, (2, 6)).astype(np.int32)
     logits = {}
     for name in ("numpy", "triton"):
         K = backend.numpy_backend() if name == "numpy" else backend.triton_backend("fp32")
-        S = make_infer_state(M, K, 2, w)
+        S = make_infer_state(m, K, 2, w)
         slots = np.array([1, 0], np.int32)
         logits[name] = [S.K.to_numpy(S.decode(ids[:, i], np.full(2, i, np.int32), slots)).copy() for i in range(6)]
     for i, (a, b) in enumerate(zip(logits["triton"], logits["numpy"])):

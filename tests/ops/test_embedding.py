@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.ops.embedding import embedding_backward, embedding_forward
+from microgpt.ops.embedding import embedding_add_forward, embedding_backward, embedding_forward
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -91,3 +91,25 @@ def test_embedding_backward_is_deterministic() -> None:
         run_numpy(inp, np.float32, {k: np.zeros(s, np.float32) for k, s in grad_shapes(inp).items()}) for _ in range(2)
     ]
     np.testing.assert_array_equal(runs[0]["dwte"], runs[1]["dwte"])
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+@pytest.mark.parametrize("B,T,C,V,Tmax", SHAPES)
+def test_embedding_add(B: int, T: int, C: int, V: int, Tmax: int, dtype, tol: float) -> None:
+    """The value embeddings' pair: out += table[tokens] over (N, C) rows, and its backward, embedding_backward without
+    wpe, against autograd of v + table[tokens] (the upstream gradient reaches v unchanged and the table by scatter)."""
+    rng = np.random.default_rng(500 + B * T * C + V)
+    inp = make_inputs(rng, B, T, C, V, Tmax)
+    inp = {k: (v.astype(dtype).astype(np.float64) if v.dtype == np.float64 else v) for k, v in inp.items()}
+    v0 = rng.standard_normal((B * T, C)).astype(dtype)
+    table, tokens = tt(inp["wte"]), torch.from_numpy(inp["tokens"]).long()
+    v = tt(v0.astype(np.float64))
+    ref = v + table[tokens.reshape(-1)]
+    (ref * torch.from_numpy(inp["dout"]).reshape(B * T, C)).sum().backward()
+    noise = noise_like(rng, inp["wte"].shape, dtype)
+    out, dtable = v0.copy(), noise.copy()
+    embedding_add_forward(out, inp["tokens"], inp["wte"].astype(dtype))
+    embedding_backward(dtable, None, inp["dout"].astype(dtype), inp["tokens"])
+    check("out", out, ref, tol)
+    check("dtable", dtable - noise, table.grad, tol)
+    check("dv", inp["dout"].reshape(B * T, C), v.grad, tol)  # what the caller's dv keeps: the add passes it through
