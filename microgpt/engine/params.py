@@ -75,11 +75,6 @@ def family(m: ModelConfig) -> Family:
     return FAMILIES[m.block]
 
 
-def head_dim(m: ModelConfig) -> int:
-    """Each attention head's width D (model.head_dim, or d_model / n_head)."""
-    return m.head_dim or m.d_model // m.n_head
-
-
 def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
     sizes = {"V": m.vocab_size, "T": m.seq_len}
     return tuple(sizes[u] if isinstance(u, str) else u * m.d_model for u in units)
