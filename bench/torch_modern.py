@@ -91,7 +91,7 @@ class Modern(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         V, C, L = m.vocab_size, m.d_model, m.n_layer
-        self.n_head, self.head_dim, self.softcap = m.n_head, params.head_dim(m), float(m.softcap)
+        self.n_head, self.head_dim, self.softcap = m.n_head, m.head_dim, float(m.softcap)
         self.wte = nn.Parameter(torch.empty(V, C))
         self.qkvo = nn.Parameter(torch.empty(L, 4, C, C))  # w_q^T, w_k^T, w_v^T, w_o^T per layer
         self.fc = nn.Parameter(torch.empty(L, 4 * C, C))  # w_1^T

@@ -31,8 +31,8 @@ so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + ca
 warms the kernel and tuning caches for the run), (c) in its own process before training (torch_modern.py --budget-s).
 steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last.
 The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays
-a fraction, and Muon's momentum warmup stays in steps. --steps a=N,b=M skips a side's calibration (evaluations then
-every steps x eval_s / budget_s).
+a fraction, and Muon's momentum warmup stays in steps. --steps a=N,c=M skips a side's calibration (evaluations then
+every steps x eval_s / budget_s; the warmup scaled to N as above, the twin's too).
 
 Time to a loss (bench/ttl_results.py): the training seconds at which a side's validation loss first reaches it,
 interpolated between evaluations. The table gives, for each side, the seconds it needs to reach every side's final
@@ -283,8 +283,10 @@ def experiment_of(x: str, shape: Shape, args: argparse.Namespace) -> str:
 def twin_cmd(
     experiment: str, sets: list[str], shape: Shape, steps: int | None, every: int | None, args: argparse.Namespace
 ) -> list[str]:
-    """bench/torch_modern.py on the side's experiment: `steps` steps, or --budget-s (it calibrates itself); on the CPU
-    for the smoke shape (whose engine sides run NumPy)."""
+    """bench/torch_modern.py on the side's experiment: `steps` steps on the engine sides' schedule of them (schedule:
+    train.steps, the evaluations and the scaled warmup as --set), or --budget-s (it calibrates itself and scales the
+    warmup alike); on the CPU for the smoke shape (whose engine sides run NumPy)."""
+    sets = sets if steps is None else schedule(experiment, sets, steps, every)
     cmd = [
         sys.executable,
         str(REPO / "bench" / "torch_modern.py"),
@@ -303,7 +305,7 @@ def twin_cmd(
             "--calib",
             str(args.calib),
         ]
-    return cmd + ["--steps", str(steps), "--eval-every", str(every)]
+    return cmd
 
 
 def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -147,10 +147,12 @@ def train_in(
         checkpoint.check_flag_path(args.resume, "--resume")
     if args.resume and (checkpoint.read_step(args.resume) or 0) >= exp.train.steps:
         return finished(args, exp)
-    if args.init and not args.resume:  # checked before anything is built or written
+    init = None
+    if args.init and not args.resume:  # read once, and checked against the model before anything is built or written
         checkpoint.check_flag_path(args.init, "--init", folder=True)
-        checkpoint.resolve(args.init)
+        init = checkpoints.read_init(args.init, exp.model)
     if (args.procs or 1) > 1 and not job.launched():  # the launcher: N copies of this command
+        init = None  # checked (one error line, not one per rank); each rank reads its own
         job.check_job(exp, args.procs)  # before any rank starts: one error line, not one per rank
         cmd = [sys.executable, "-m", "microgpt.cli", "train", *argv]
         return job.launch(cmd, args.procs, lock.child_env() if lock else {}, (lock.fd,) if lock else ())
@@ -168,8 +170,8 @@ def train_in(
             tr.load(args.resume)
             if rank0:
                 print(f"resuming from {args.resume} (step {tr.step})", file=sys.stderr)
-        elif args.init:
-            tr.init_from(args.init)
+        elif init is not None:
+            tr.init_from(init)
             check_init_tokenizer(args.init, tr.init["tokenizer"], data.tokenizer_info(exp))
             if rank0:
                 i = tr.init

@@ -40,12 +40,17 @@ class ModelConfig:
     # the block family (engine/params.py FAMILIES): "gpt2", ANDREA's (learned positions, LayerNorm, GELU, tied head),
     # or "modern" (RMSNorm, rotary positions, QK-norm, ReLU^2, untied head, logit soft-cap; no norm weights, no biases)
     block: str = "gpt2"
-    head_dim: int = 0  # each head's width; 0: d_model / n_head (n_head x head_dim must be d_model)
     softcap: float = 15.0  # modern: logits -> softcap * tanh(logits / softcap) before the loss; 0: none
     rope_base: float = 10000.0  # modern: the rotary embedding's base (angle p * base^(-2i / head_dim))
     # modern: k value-embedding tables (V, C); table j is added to the values of layer j and of layer L - k + j
     # (engine/params.py value_embed); 0: none
     value_embeds: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        """Each attention head's width D = d_model / n_head: every block family's weights are [d_model, n_head x D].
+        An experiment (or an older checkpoint's sidecar) may still name model.head_dim: 0, or this (build_section)."""
+        return self.d_model // self.n_head
 
 
 @dataclass
@@ -166,6 +171,9 @@ def build_section(cls: type, raw: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     obj = cls()
     for name, value in raw.items():
+        if cls is ModelConfig and name == "head_dim":  # derived (ModelConfig.head_dim): from_dict checks its value
+            check_type(where, name, value, int)
+            continue
         if name not in fields:
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown field {brief(name)} (known: {known})")
@@ -275,14 +283,10 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
     ):
         if value not in choices:
             raise ConfigError(f"{src}: {sec}.{name} must be one of {', '.join(choices)}, got {brief(value)}")
-    if m.head_dim and m.head_dim * m.n_head != m.d_model:
+    if m.block == "modern" and m.head_dim % 2:
         raise ConfigError(
-            f"{src}: model.head_dim ({m.head_dim}) x model.n_head ({m.n_head}) must be model.d_model "
-            f"({m.d_model}); 0 takes d_model / n_head"
-        )
-    if m.head_dim < 0 or (m.block == "modern" and (m.d_model // m.n_head) % 2):
-        raise ConfigError(
-            f"{src}: model.head_dim must be even for model.block 'modern' (rotary pairs), got {m.d_model // m.n_head}"
+            f"{src}: model.head_dim (d_model / n_head) must be even for model.block 'modern' (rotary pairs), got "
+            f"{m.head_dim}"
         )
     if m.softcap < 0 or m.rope_base <= 1:
         raise ConfigError(f"{src}: model.softcap must be >= 0 and model.rope_base > 1, got {m.softcap}, {m.rope_base}")
@@ -328,7 +332,14 @@ def from_dict(raw: Any, src: str = "<config>") -> Experiment:
         else:
             known = ", ".join(["name", *SECTIONS, *EXTRA_SECTIONS])
             raise ConfigError(f"{src}: unknown field {brief(key)} (known: {known})")
-    return validate(exp, src)
+    validate(exp, src)
+    m, named = exp.model, raw.get("model", {}).get("head_dim", 0)  # derived: an experiment that names it must agree
+    if named and named != m.head_dim:
+        raise ConfigError(
+            f"{src}: model.head_dim ({named}) x model.n_head ({m.n_head}) must be model.d_model ({m.d_model}); "
+            "leave it out (or 0): d_model / n_head"
+        )
+    return exp
 
 
 def read_raw(path: str | Path) -> Any:

@@ -249,7 +249,7 @@ def test_modern_table_matches_the_experiment(name: str) -> None:
         f"{m.vocab_size:,}",
         str(m.d_model),
         str(m.n_layer),
-        f"{m.n_head} x {params.head_dim(m)}",
+        f"{m.n_head} x {m.head_dim}",
         f"{m.seq_len:,}",
         f"{params.n_params(m):,}",
         f"{t.micro_batch} x {t.n_micro}",

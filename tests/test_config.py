@@ -53,6 +53,10 @@ def test_family_sizes() -> None:
         ({"model": {"value_embeds": 1}}, "model.value_embeds needs model.block 'modern'"),
         ({"model": {"block": "modern", "n_layer": 4, "value_embeds": 3}}, "2 x value_embeds <= model.n_layer (4)"),
         ({"model": {"block": "modern", "value_embeds": -1}}, "got -1"),
+        ({"model": {"head_dim": 16}}, "model.head_dim (16) x model.n_head (6) must be model.d_model (192)"),
+        ({"model": {"head_dim": -32}}, "model.head_dim (-32) x model.n_head (6) must be model.d_model (192)"),
+        ({"model": {"head_dim": "32"}}, "field 'head_dim' must be int"),
+        ({"model": {"d_model": 60, "n_head": 4, "block": "modern"}}, "model.head_dim (d_model / n_head) must be even"),
     ],
 )
 def test_bad_values(tmp_path: Path, raw: dict, needle: str) -> None:
@@ -62,6 +66,26 @@ def test_bad_values(tmp_path: Path, raw: dict, needle: str) -> None:
         config.load(path)
     msg = str(err.value)
     assert needle in msg and str(path) in msg and "\n" not in msg
+
+
+def test_head_dim_is_derived_and_may_still_be_named(tmp_path: Path) -> None:
+    """model.head_dim is d_model / n_head: a file (or an older checkpoint's sidecar config) naming it, as that or 0,
+    loads to the same model; an override naming another value is one line naming the flag."""
+    plain = config.from_dict({"model": {"d_model": 64, "n_head": 4}})
+    for named in (16, 0):
+        exp = config.from_dict({"model": {"d_model": 64, "n_head": 4, "head_dim": named}})
+        assert exp.model == plain.model and exp.model.head_dim == 16 and "head_dim" not in exp.to_dict()["model"]
+    assert config.build_section(config.ModelConfig, {"head_dim": 0, "n_head": 4}, "side") == config.ModelConfig(
+        n_head=4
+    )
+    path = write_experiment(tmp_path, model={"d_model": 64, "n_head": 4, "head_dim": 16})
+    assert config.load(path, ["model.n_head=2", "model.head_dim=32"]).model.head_dim == 32
+    with pytest.raises(ConfigError) as err:
+        config.load(path, ["model.n_head=2"])
+    assert str(err.value) == (
+        f"{path} with --set model.n_head: model.head_dim (16) x model.n_head (2) must be model.d_model (64); "
+        "leave it out (or 0): d_model / n_head"
+    )
 
 
 def test_invalid_json_names_line(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from microgpt import checkpoint, config, runlog
 from microgpt.data import corpus
 from microgpt.engine.trained import load_trained
-from microgpt.run import trainer
+from microgpt.run import checkpoints, trainer
 from tests.conftest import TINY, cli, write_experiment
 
 
@@ -76,10 +76,34 @@ def test_init_takes_the_weights_and_nothing_else(pretrained: tuple[Path, Path], 
         {**TINY, "model": {**TINY["model"], "vocab_size": 384}, "data": {**TINY["data"], "max_bytes": 100000}}
     )
     tr = trainer.Trainer(exp, tmp_path / "ft")
-    tr.init_from(str(pre))
+    tr.init_from(checkpoints.read_init(str(pre), exp.model))
     want = load_trained(pre).weights
     np.testing.assert_array_equal(tr.K.to_numpy(tr.S.p), want)
     assert not tr.K.to_numpy(tr.S.adam_m).any() and not tr.K.to_numpy(tr.S.adam_v).any() and tr.step == 0
+
+
+def test_init_reads_its_checkpoint_once(
+    pretrained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train --init RUN` in process: the newest checkpoint is opened once, for the pre-flight check and the weights
+    alike (read_init's Trained is handed to the trainer, not the path read again)."""
+    from microgpt import cli as main_cli
+
+    pre, _ = pretrained
+    opened: list[Path] = []
+    real = checkpoint.open_input
+
+    def counting(path, *a, **kw):
+        opened.append(Path(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(checkpoint, "open_input", counting)
+    exp = write_experiment(
+        tmp_path, model={"vocab_size": 384}, data={"max_bytes": 100000}, train={"steps": 2, "warmup_steps": 1}
+    )
+    assert main_cli.main(["train", str(exp), "--init", str(pre), "--out", str(tmp_path / "ft")]) == 0
+    newest = checkpoint.list_checkpoints(pre / "ckpt")[0]
+    assert opened.count(newest) == 1, opened
 
 
 def test_init_refuses_another_model_or_another_tokenizer(pretrained: tuple[Path, Path], tmp_path: Path) -> None:

@@ -123,7 +123,7 @@ def test_rows_decode_as_each_alone(
         assert windows == chunks if max_batch == 1 else windows < chunks  # batched
     elif short == 64:
         assert windows == 0 and h.sched.counts["prefill_tokens"] == sum(map(len, PROMPTS))
-    assert not h.sched.rows and len(h.sched.free) == max_batch
+    assert not h.sched.rows and len(h.sched.cache.free) == max_batch
 
 
 def test_a_row_at_the_context_end_stops_with_length() -> None:
@@ -145,7 +145,7 @@ def test_a_cancelled_row_is_in_no_step_after_the_next_pass() -> None:
     h.front.send("cancel", 1, -1)
     h.one_pass()
     assert sorted(h.launched[-1]) == [(0, 0), (2, 0)] and (1, 0) not in h.finish
-    assert len(h.sched.free) == 2  # its cache row is free at once
+    assert len(h.sched.cache.free) == 2  # its cache row is free at once
 
 
 def test_a_prefix_is_reused_from_a_free_row_and_copied_from_a_busy_one() -> None:

@@ -259,7 +259,7 @@ def _block_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tupl
 def tables(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Constant fp32 tables the model reads, filled once when the arena is made: the modern block's rotary cos and
     sin (2, T, head_dim / 2) (ops/qkrope.py rope_tables)."""
-    return [("rope", (2, m.seq_len, params.head_dim(m) // 2))] if m.block == "modern" else []
+    return [("rope", (2, m.seq_len, m.head_dim // 2))] if m.block == "modern" else []
 
 
 def inference_plan(

@@ -79,11 +79,6 @@ def family(m: ModelConfig) -> Family:
     return FAMILIES[m.block]
 
 
-def head_dim(m: ModelConfig) -> int:
-    """Each attention head's width D (model.head_dim, or d_model / n_head)."""
-    return m.head_dim or m.d_model // m.n_head
-
-
 def value_embed(m: ModelConfig, layer: int) -> str | None:
     """The value-embedding table layer adds to its values: "ve{j}" for layer j and layer L - k + j (j < k =
     model.value_embeds), None for the layers between (and every layer when k is 0)."""

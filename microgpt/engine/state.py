@@ -211,4 +211,4 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
 def fill_tables(K: Backend, m: ModelConfig, arena: memory.Arena | dict[str, Any]) -> None:
     """The plan's constant tables (memory.tables), written once: the modern block's rotary cos and sin."""
     if "rope" in arena:
-        K.copy_in(arena["rope"], rope_tables(m.seq_len, params.head_dim(m), m.rope_base))
+        K.copy_in(arena["rope"], rope_tables(m.seq_len, m.head_dim, m.rope_base))

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from microgpt.kernels import tuning
+from microgpt.kernels.gradclip import clip_factor, finite
 from microgpt.ops.adamw import SEGMENT_BLOCK
 
 BLOCK = 1024 if tuning.INTERPRET else 2048
@@ -54,12 +55,9 @@ def k_adamw(
     lr = tl.load(hyper_ptr)
     bc1 = tl.load(hyper_ptr + 1)
     bc2 = tl.load(hyper_ptr + 2)
-    gscale = tl.load(hyper_ptr + 3)
-    total = tl.load(norm_ptr) * gscale
-    gscale = gscale * tl.minimum(1.0, max_norm / (total + 1e-6))
-    totalv = tl.zeros((BLOCK,), dtype=tl.float32) + total  # a vector: the interpreter cannot AND scalar bools in
-    upd = mask & ((totalv - totalv) == 0.0)  # False for inf and NaN
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * gscale
+    clip, total = clip_factor(tl.load(hyper_ptr + 3), norm_ptr, max_norm)
+    upd = finite(total, mask)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * clip
     p0 = tl.load(p_ptr + offs, mask=mask, other=0.0)
     p = p0
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)

@@ -2,7 +2,9 @@
 
 Two-stage deterministic norm: k_grad_norm_partial writes one sum of squares per `block` elements, then
 k_grad_norm_final (one program) adds the partials in a fixed order and takes the square root. The clip factor
-is applied by k_adamw, which reads the norm on the device (no host round trip inside the CUDA graph).
+is applied by the optimizers' kernels (kernels/adamw.py, kernels/muon.py) as they read the gradients: each reads the
+norm on the device (no host round trip inside the CUDA graph) through clip_factor and finite, as the NumPy
+optimizers call ops/gradclip.py's clip_factor.
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ def k_grad_norm_final(norm_ptr, part_ptr, P, BLOCK: tl.constexpr):
         offs = p0 + tl.arange(0, BLOCK)
         acc += tl.load(part_ptr + offs, mask=offs < P, other=0.0)
     tl.store(norm_ptr, tl.sqrt(tl.sum(acc, axis=0)))
+
+
+@triton.jit
+def clip_factor(gscale, norm_ptr, max_norm):
+    # gscale: fp32 scalar; norm: (1,) fp32, the raw gradients' norm -> (g's factor, total = the mean's norm)
+    total = tl.load(norm_ptr) * gscale
+    return gscale * tl.minimum(1.0, max_norm / (total + 1e-6)), total
+
+
+@triton.jit
+def finite(total, mask):
+    # mask, all False where total is inf or NaN (compared as a tensor: the interpreter cannot AND scalar bools in)
+    totalv = tl.where(mask, total, 0.0)
+    return mask & ((totalv - totalv) == 0.0)
 
 
 def grad_norm_partial(partials: torch.Tensor, g: torch.Tensor, block: int) -> None:

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.gradclip import clip_factor, finite
 from microgpt.ops import muon as spec
 from microgpt.ops.muon import MuonGroup, MuonScratch
 
@@ -42,16 +43,7 @@ PBLOCK = 1024  # partial sums added per round by the normalise program
 @triton.jit
 def _clip(hyper_ptr, norm_ptr, max_norm):
     # hyper: [lr, mu, gscale, wd] fp32; norm: (1,) fp32, the raw gradients' norm -> (g's factor, the mean's norm)
-    gscale = tl.load(hyper_ptr + 2)
-    total = tl.load(norm_ptr) * gscale
-    return gscale * tl.minimum(1.0, max_norm / (total + 1e-6)), total
-
-
-@triton.jit
-def _finite(total, mask):
-    # mask, all False where total is inf or NaN (compared as a tensor: the interpreter cannot AND scalar bools in)
-    totalv = tl.where(mask, total, 0.0)
-    return mask & ((totalv - totalv) == 0.0)
+    return clip_factor(tl.load(hyper_ptr + 2), norm_ptr, max_norm)
 
 
 @triton.jit
@@ -78,7 +70,7 @@ def k_muon_momentum(g_ptr, m_ptr, hyper_ptr, norm_ptr, offs_ptr, part_ptr, size,
     ptr = tl.load(offs_ptr + i).to(tl.int64) + idx
     clip, total = _clip(hyper_ptr, norm_ptr, max_norm)
     mu = tl.load(hyper_ptr + 1)
-    upd = _finite(total, mask)
+    upd = finite(total, mask)
     g = tl.load(g_ptr + ptr, mask=mask, other=0.0) * clip
     m = tl.load(m_ptr + ptr, mask=mask, other=0.0)
     m = m + (1.0 - mu) * (g - m)
@@ -147,7 +139,7 @@ def k_muon_update(
     lr = tl.load(hyper_ptr)
     wd = tl.load(hyper_ptr + 3)
     _, total = _clip(hyper_ptr, norm_ptr, max_norm)
-    upd = _finite(total, mask)
+    upd = finite(total, mask)
     x = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32)
     p = tl.load(p_ptr + ptr, mask=mask, other=0.0)
     p = p * (1.0 - lr * wd) - (lr * scale) * x

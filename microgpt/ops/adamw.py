@@ -36,6 +36,7 @@ backend's caller asks for it (engine/precision.py), and without it the step reco
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.gradclip import clip_factor
 from microgpt.ops.rows import SERIAL, Rows
 
 SEGMENT_BLOCK = 2048  # elements of a row of the segment table (and of a GPU program recording segment maxima)
@@ -100,13 +101,12 @@ def adamw_step(
     as p is stored (above)."""
     dt = p.dtype.type
     lr, bias1, bias2, gscale = (dt(x) for x in hyper[:4])
-    total = dt(norm[0]) * gscale
-    if not np.isfinite(total):
+    clip = clip_factor(norm, gscale, max_norm)
+    if clip is None:
         g.fill(0)
         if segment_table is not None:
             record_segment_max(segment_max, segment_table, p)
         return
-    clip = gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))
     b1, b2 = dt(beta1), dt(beta2)
 
     def update(i: int, j: int) -> None:

@@ -6,8 +6,9 @@
 Shapes: g (n,), flat over all parameters; partials (P,); norm (1,).
 The norm is reduced in two fixed passes (per-block partial sums, then their sum) so the GPU kernels
 can do the same without atomics and the result does not depend on scheduling: deterministic.
-The clip itself, min(1, max_norm / (norm + 1e-6)), is applied inside AdamW (microgpt/ops/adamw.py), so the
-gradients are read once more, not twice. Nothing is saved; there is no backward.
+The clip itself, min(1, max_norm / (norm + 1e-6)), is applied inside the optimizers (microgpt/ops/adamw.py,
+microgpt/ops/muon.py) as they read the gradients (clip_factor), so the gradients are read once more, not twice.
+Nothing is saved; there is no backward.
 """
 
 import math
@@ -29,3 +30,15 @@ def grad_norm_partial(partials: NDArray, g: NDArray, block: int) -> None:
 def grad_norm_final(norm: NDArray, partials: NDArray) -> None:
     """norm (1,) = sqrt(sum(partials))."""
     norm[0] = math.sqrt(partials.sum())
+
+
+def clip_factor(norm: NDArray, gscale: np.floating, max_norm: float) -> np.floating | None:
+    """What an optimizer multiplies the raw gradient sums by, in gscale's dtype: gscale * min(1, max_norm / (total +
+    1e-6)), total = norm[0] * gscale the global norm of the mean gradient (gscale = 1 / (n_micro * world *
+    loss_scale); max_norm inf: no clip). None where total is not finite (an fp16 overflow, or the warm-up step's inf
+    gscale): the step is skipped."""
+    dt = type(gscale)
+    total = dt(norm[0]) * gscale
+    if not np.isfinite(total):
+        return None
+    return gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.gradclip import clip_factor
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # (a, b, c): the quintic X -> a X + b (X X^T) X + c (X X^T)^2 X
 NORM_EPS = 1e-7  # X = U / (||U||_F + NORM_EPS)
 NS_STEPS = 5
@@ -148,13 +150,12 @@ def muon_step(
     zeroed; every other element of the flat arrays is left as it is. x, y, gram, poly: muon_scratch's buffers."""
     dt = p.dtype.type
     lr, mu, gscale, wd = (dt(v) for v in hyper[:4])
-    total = dt(norm[0]) * gscale
-    if not np.isfinite(total):
+    clip = clip_factor(norm, gscale, max_norm)
+    if clip is None:
         for grp in groups:
             for off in grp.offsets:
                 g[off : off + grp.size] = 0
         return
-    clip = gscale * min(dt(1), dt(max_norm) / (total + dt(1e-6)))
     for grp in groups:
         k, (R, W), n = len(grp.offsets), grp.shape, grp.size
         X = x[: k * R * W].reshape(k, R, W)

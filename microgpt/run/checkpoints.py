@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from microgpt import checkpoint
-from microgpt.config import ConfigError
+from microgpt.config import ConfigError, ModelConfig
 from microgpt.engine.optim import keep_schedule
-from microgpt.engine.trained import load_trained
+from microgpt.engine.trained import Trained, load_trained
 from microgpt.errors import WriteError
 from microgpt.fileio import file_kind, folder_problem
 from microgpt.run import report
@@ -113,17 +113,23 @@ def load(tr: Any, path: str | Path) -> None:
     keep_schedule(tr.t, side.get("config", {}).get("train", {}))
 
 
-def init_from(tr: Any, where: str) -> None:
-    """--init: a new run from another run's weights (a checkpoint, or a run folder's newest): the same model, fresh
-    Adam moments, step 0, this experiment's own schedule. The provenance rides in every sidecar."""
+def read_init(where: str, model: ModelConfig) -> Trained:
+    """--init's checkpoint (a step-*.bin, or a run folder's newest), read once, before anything is built: the weights
+    init_from takes, after a check that they are the `model` this experiment trains (CheckpointError naming it)."""
     ld = load_trained(where)
-    diff = next((k for k, v in vars(ld.exp.model).items() if vars(tr.m)[k] != v), None)
+    diff = next((k for k, v in vars(ld.exp.model).items() if vars(model)[k] != v), None)
     if diff is not None:
         raise checkpoint.CheckpointError(
             f"--init {where}: {ld.path} is a model with another model.{diff} "
             f"({getattr(ld.exp.model, diff)}, this experiment's is "
-            f"{getattr(tr.m, diff)})"
+            f"{getattr(model, diff)})"
         )
+    return ld
+
+
+def init_from(tr: Any, ld: Trained) -> None:
+    """--init: a new run from another run's weights (read_init's): the same model, fresh Adam moments, step 0, this
+    experiment's own schedule. The provenance rides in every sidecar."""
     tr.S.set_weights(ld.weights)
     tok = ld.side.get("tokenizer", {})
     tr.init = {

@@ -36,6 +36,7 @@ from microgpt.engine.backend import Backend, get_backend
 from microgpt.engine.optim import lr_at, schedule_end
 from microgpt.engine.state import make_state
 from microgpt.engine.step import Step
+from microgpt.engine.trained import Trained
 from microgpt.errors import EXIT_WRITE, InputError, WriteError
 from microgpt.run import checkpoints, progress, report
 from microgpt.run.evaluation import Evaluation
@@ -125,8 +126,8 @@ class Trainer:
     def load(self, path: str | Path) -> None:
         checkpoints.load(self, path)
 
-    def init_from(self, where: str) -> None:
-        checkpoints.init_from(self, where)
+    def init_from(self, ld: Trained) -> None:
+        checkpoints.init_from(self, ld)
 
     def save(self, reason: str) -> Path | None:
         return checkpoints.save(self, reason)

@@ -89,7 +89,7 @@ NANOCHAT_SITES = {"w_q": "self_attn.q_proj", "w_k": "self_attn.k_proj", "w_v": "
 def nanochat_state_dict(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
     """The modern block's named weights -> NanoChatForCausalLM's: each matrix transposed to [out, in], q's and k's
     rows of each head's second half negated (the module docstring says why)."""
-    D = params.head_dim(m)
+    D = m.head_dim
     flip = np.ones(m.d_model, np.float32).reshape(m.n_head, D)
     flip[:, D // 2 :] = -1
     out = {"model.embed_tokens.weight": P["wte"], "lm_head.weight": P["lm_head"]}
@@ -212,7 +212,7 @@ def hf_config(m: config.ModelConfig, special: dict[str, int], dtype: str) -> dic
             "num_hidden_layers": m.n_layer,
             "num_attention_heads": m.n_head,
             "num_key_value_heads": m.n_head,
-            "head_dim": params.head_dim(m),
+            "head_dim": m.head_dim,
             "max_position_embeddings": m.seq_len,
             "hidden_act": "relu2",
             "rms_norm_eps": 1e-6,

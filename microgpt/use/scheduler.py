@@ -14,7 +14,7 @@ One pass of the loop (`step`):
     admit      waiting rows, first come first served, get a free cache row: the one whose cached tokens share the
                longest prefix with the prompt (a chat's history from its last turn: prefix reuse), or, where a
                busier row holds a longer one, the least recently used free row with that prefix copied into it
-               (InferState.copy_rows: a system prompt shared by many conversations is computed once)
+               (cache_rows.py keeps what each cache row holds; InferState.copy_rows)
     prefill    rows with more than SHORT prompt tokens not in the cache yet, batched into one window of the
                inference step (model.gpt_infer, each row at its own position and cache row), at most PREFILL_TOKENS of
                window a pass and CHUNK a row, so a long prompt is prefilled over several passes while the batch
@@ -58,6 +58,7 @@ from microgpt.engine.trained import load_trained
 from microgpt.errors import InputError
 from microgpt.use import sample
 from microgpt.use.batch import FIXED, Batch, Row, Step
+from microgpt.use.cache_rows import CacheRows
 from microgpt.use.sample import Generator, pick
 from microgpt.use.wire import Channel
 
@@ -72,12 +73,9 @@ class Scheduler:
     """The loop over gen's max_batch cache rows (the module docstring), talking to the HTTP side over chan."""
 
     def __init__(self, gen: Generator, chan: Channel, reuse: bool = True) -> None:
-        self.gen, self.S, self.chan, self.reuse = gen, gen.S, chan, reuse
+        self.gen, self.S, self.chan = gen, gen.S, chan
         self.max_batch, self.T = gen.S.B, gen.m.seq_len
-        self.ids = np.zeros((self.max_batch, self.T), np.int32)  # each cache row's tokens, where the host knows them
-        self.fed = np.zeros(self.max_batch, np.int64)  # positions of each cache row written (or queued)
-        self.known = np.zeros(self.max_batch, np.int64)  # positions of each cache row whose token the host knows
-        self.free = list(range(self.max_batch))  # free cache rows, the least recently used first
+        self.cache = CacheRows(gen.S, self.T, reuse)  # what each cache row holds, which are free
         self.rows: dict[int, list[Row]] = {}  # rid -> its rows not done
         self.waiting: deque[Row] = deque()
         self.prefilling: list[Row] = []
@@ -149,7 +147,7 @@ class Scheduler:
 
     # --- rows in and out -------------------------------------------------------------------------------------
     def admit(self) -> None:
-        while self.waiting and self.free:
+        while self.waiting and self.cache.free:
             row = self.waiting.popleft()
             if row.done:
                 continue
@@ -162,29 +160,12 @@ class Scheduler:
     def place(self, row: Row) -> None:
         """A free cache row for `row`, with the longest prefix of its prompt that any cache row holds (prefix reuse;
         none for a prompt whose every logprob is asked: echo)."""
-        target, n = row.prompt[:-1], row.prompt.size - 1
-        lcp = np.zeros(self.max_batch, np.int64)
         nb = len(self.batch)
-        self.fed[self.batch.slot[:nb]] = self.batch.pos[:nb]  # the decoding rows' positions so far
-        if n and self.reuse and not row.spec.echo:
-            eq = self.ids[:, :n] == target
-            lcp = np.minimum(np.where(eq.all(1), n, eq.argmin(1)), np.minimum(self.fed, self.known))
-        free = np.array(self.free)
-        best_free = free[np.argmax(lcp[free])]
-        donor = int(np.argmax(lcp))
-        if lcp[best_free] >= lcp[donor] and lcp[best_free] > 0:
-            slot, reuse = int(best_free), int(lcp[best_free])
-        else:
-            slot, reuse = self.free[0], int(lcp[donor])
-            if reuse:
-                self.S.copy_rows(slot, donor, reuse)
-                self.counts["copied_tokens"] += reuse
-        self.free.remove(slot)
-        row.slot, row.fed = slot, reuse
-        self.counts["reused_tokens"] += reuse
-        known = min(row.prompt.size, self.T)  # a scored prompt may hold T + 1 tokens: the last is never fed
-        self.ids[slot, :known] = row.prompt[:known]
-        self.fed[slot], self.known[slot] = reuse, known
+        self.cache.fed[self.batch.slot[:nb]] = self.batch.pos[:nb]  # the decoding rows' positions so far
+        row.slot, row.fed, copied = self.cache.take(row.prompt, reuse=not row.spec.echo)
+        self.counts["reused_tokens"] += row.fed
+        if copied:
+            self.counts["copied_tokens"] += copied
 
     def joined(self, row: Row) -> None:
         """row's prompt is in the cache but for its last token, which its first decode step feeds."""
@@ -208,9 +189,9 @@ class Scheduler:
         if not rows:
             self.rows.pop(row.rid, None)
         if row.at >= 0:
-            self.fed[row.slot] = self.batch.remove(row)
+            self.cache.fed[row.slot] = self.batch.remove(row)
         if row.slot >= 0:
-            self.free.append(row.slot)
+            self.cache.release(row.slot)
 
     def fail_all(self, message: str) -> None:
         """Every row admitted gets the error (its request fails); the cache rows are free and hold nothing."""
@@ -222,7 +203,7 @@ class Scheduler:
             self.chan.send("error", rid, message)
         for row in list(self.batch.rows):  # a row of no request (none: every row has one), to be sure
             self.batch.remove(row)
-        self.fed[:] = 0
+        self.cache.fed[:] = 0  # nothing a cache row holds is reused after a failed step
         self.prefilling, self.pending = [], None
 
     # --- the model ---------------------------------------------------------------------------------------------
@@ -255,7 +236,7 @@ class Scheduler:
             if row.spec.echo:
                 self.echo_logprobs(row, k * t, w)
             row.fed += w
-            self.fed[row.slot] = row.fed
+            self.cache.fed[row.slot] = row.fed
             self.counts["prefill_tokens"] += w
         self.counts["prefill_windows"] += 1
         self.counts["prefill_padded"] += len(rows) * t
@@ -281,7 +262,7 @@ class Scheduler:
         A row whose token the host does not know yet has it carried from prev's greedy tokens on the device."""
         B = self.batch
         for row in [B.rows[j] for j in np.flatnonzero(B.pos[: len(B)] >= self.T)]:
-            self.fed[row.slot] = B.remove(row)  # its last position is fed: its last token is still to be read
+            self.cache.fed[row.slot] = B.remove(row)  # its last position is fed: its last token is still to be read
         nb = len(B)
         spare, feeding = self.max_batch - nb, []
         for row in self.prefilling:
@@ -320,7 +301,7 @@ class Scheduler:
         B.launched()
         for row, start, n in feeding:
             row.fed += n
-            self.fed[row.slot] = row.fed
+            self.cache.fed[row.slot] = row.fed
             self.counts["prefill_tokens"] += n
         for row, at in joins:  # rows of the batch now, their next token drawn at their place in this step
             self.prefilling.remove(row)
@@ -351,8 +332,7 @@ class Scheduler:
         drawn = p - c["plen"] + 2  # the first token is drawn where the prompt's last is fed
         code = np.where(tokens == c["stop"], 1, np.where((drawn == c["max_tokens"]) | (p + 1 == T), 2, 0))
         known = live & (p + 1 < T)  # the token of position p + 1 of its cache row
-        self.ids[c["slot"][known], p[known] + 1] = tokens[known]
-        self.known[c["slot"][known]] = np.maximum(self.known[c["slot"][known]], p[known] + 2)
+        self.cache.drawn(c["slot"][known], p[known], tokens[known])
         sel = np.flatnonzero(live)
         self.out.append((c["rid"][sel], c["index"][sel], tokens[sel], code[sel]))
         if host:

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from bench import plot, ttl, ttl_data, ttl_results
+from microgpt import config
 from microgpt.config import TrainConfig
+from microgpt.engine.optim import lr_at
 from tests.conftest import REPO
 
 MODERN_TINY = {
@@ -88,6 +90,26 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
         "model.value_embeds=2"
     ]
     assert "model.value_embeds=2" not in ttl.side_sets(lever, "b") and ttl.parser().parse_args([]).sides == list("abc")
+
+
+def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:
+    """--steps c=N: the twin's lr at every step is the engine side's of --steps b=N (engine/optim.py's lr_at over the
+    warmup scaled to N), read off the two commands ttl runs."""
+    from bench import torch_modern as tm
+
+    modern = tmp_path / "modern.json"
+    modern.write_text(json.dumps({**MODERN_TINY, "train": {**MODERN_TINY["train"], "warmup_steps": 30}}))
+    args = ttl.parser().parse_args(["--shape", "tiny"])
+    steps, every, sets = 50, 10, ["train.lr=0.2"]
+    engine = ttl.engine_cmd(str(modern), tmp_path / "run", ttl.schedule(str(modern), sets, steps, every))
+    twin = tm.parser().parse_args(ttl.twin_cmd(str(modern), sets, ttl.SHAPES["tiny"], steps, every, args)[2:])
+    e = config.load(str(modern), [a for flag, a in zip(engine, engine[1:]) if flag == "--set"])
+    c = config.load(twin.experiment, twin.set)
+    twin_steps = twin.steps or c.train.steps
+    assert twin_steps == steps and (twin.eval_every or c.train.eval_every) == every
+    t = tm.schedule(c.train, twin_steps)
+    assert [lr_at(s, t) for s in range(steps)] == [lr_at(s, e.train) for s in range(steps)]
+    assert lr_at(0, t) == pytest.approx(0.2 / 5)  # a warmup of 30 of 300 steps: 5 of 50
 
 
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
