@@ -2,8 +2,8 @@
 lm-evaluation-harness's local-completions model asks (token-id prompts in one batch, max_tokens 1, logprobs 1, echo,
 the continuation's logprobs summed from token_logprobs[ctxlen:-1], greediness from top_logprobs), equals `microgpt
 eval --hellaswag`'s own numbers for the same examples: every ending's sum of token logprobs to 1e-4, and the accuracy
-the CLI prints. lm-evaluation-harness itself is not installed here (its datasets, scikit-learn and sacrebleu
-dependencies would slow CI); the openai client sends what it would."""
+the CLI prints, on examples whose context is cut to fit or whose ending cannot be scored. tests/test_lm_eval.py runs
+lm-evaluation-harness itself; here the openai client sends what it sends."""
 
 from __future__ import annotations
 
