@@ -364,8 +364,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     api, server = build(args)
     api.engine.start()
-    thread = threading.Thread(target=server.serve_forever, name="serve-http", daemon=True)
-    thread.start()
+    server.start()
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(
         f"serve: http://{host}:{server.port}/v1  (max batch {args.max_batch}, queue {args.queue}; chat page at "
@@ -377,9 +376,7 @@ def main(argv: list[str]) -> int:
     while not stop.wait(0.5) and not failed:
         failed = api.engine.proc.poll() is not None
     api.engine.stop()
-    server.shutdown(grace=1.0)
-    thread.join(timeout=5)
-    server.close()
+    server.stop(grace=1.0, timeout=5)
     if failed:
         print(f"error: the engine process exited ({api.engine.proc.returncode}); its stderr is above", file=sys.stderr)
         return 1
