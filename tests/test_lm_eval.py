@@ -4,7 +4,7 @@ export`'s folder) on a task written here (a YAML and a local JSONL: no network, 
 microgpt's own numbers for the same examples: every choice's loglikelihood to 1e-4 (from its log_samples), the same
 acc as `microgpt eval --hellaswag` on the same file, and the acc_norm lm-eval's rule gives from microgpt's sums.
 
-Skipped where lm_eval is not importable (`make check-lm-eval` installs it: docs/SERVE.md)."""
+lm_eval[api] is in the test extra; the test is skipped, saying so, where it is not importable."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from tests.conftest import cli, json_lines
 from tests.ops._util import check
 from tests.test_serve import served
 
-lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (make check-lm-eval)")
+lm_eval = pytest.importorskip(
+    "lm_eval", reason="lm-evaluation-harness is not installed (pip install 'lm_eval[api]==0.4.13', the test extra's)"
+)
 
 # HellaSwag's shape (ctx, 4 endings, label), so `microgpt eval --hellaswag` reads the same file; every example fits
 # the 256-token context whole, so both sides score every ending. The last one's longest sequence is 256 tokens: lm-eval
@@ -72,8 +74,9 @@ metric_list:
 def test_lm_eval_scores_a_task_against_serve_as_microgpt_does(
     run_256: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: int, tokenized: bool
 ) -> None:
-    """batch_size 8 with token ids (what lm-eval's docs advise for a local server), and its defaults: one prompt a
-    request, sent as text (tokenized_requests False: serve tokenizes, lm-eval's tokenizer only counts the context)."""
+    """Token-id prompts 8 to a request, and one prompt a request sent as text (tokenized_requests False: serve
+    tokenizes; lm-eval's tokenizer only counts each context's tokens). No network: the task's data is a local file,
+    the tokenizer a folder."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     data = tmp_path / "mc.jsonl"
