@@ -32,7 +32,8 @@ answer's generator ends the stream there, its traceback on stderr. The server's 
 413, 431, 500, 503) are plain text unless the routes give an `errors` function (serve's are JSON). Bound at
 construction on host:port (127.0.0.1 unless told; a port in use is an error before anything starts);
 serve_forever() runs the loop until shutdown(), which lets the answers under way finish for a grace period and
-drops every other connection quietly (no traceback for a half-open one).
+drops every other connection quietly (no traceback for a half-open one); start() runs it in a thread of its own and
+stop() ends that (shutdown, the thread joined, close): how serve, the dashboard and the tests run it.
 """
 
 from __future__ import annotations
@@ -178,9 +179,23 @@ class BoundedHTTPServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped: asyncio.Event | None = None
         self.ready = threading.Event()
+        self.thread: threading.Thread | None = None  # start()'s
 
     def serve_forever(self) -> None:
         asyncio.run(self._serve())
+
+    def start(self, timeout: float = 10.0) -> None:
+        """serve_forever in a daemon thread named after the server; back once its loop answers (at most timeout s)."""
+        self.thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
+        self.thread.start()
+        self.ready.wait(timeout)
+
+    def stop(self, grace: float = 0.0, timeout: float = 10.0) -> None:
+        """The end of start(): shutdown(grace), its thread joined (at most timeout s), then close()."""
+        if self.thread is not None:
+            self.shutdown(grace)
+            self.thread.join(timeout)
+        self.close()
 
     async def _serve(self) -> None:
         self.loop, self.stopped = asyncio.get_running_loop(), asyncio.Event()

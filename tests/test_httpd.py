@@ -30,13 +30,9 @@ def echo(req: Request) -> Answer:
 @pytest.fixture
 def server() -> Iterator[BoundedHTTPServer]:
     s = BoundedHTTPServer(0, echo, max_body=1000)
-    thread = threading.Thread(target=s.serve_forever, daemon=True)
-    thread.start()
-    s.ready.wait(10)
+    s.start()
     yield s
-    s.shutdown()
-    thread.join(timeout=10)
-    s.close()
+    s.stop()
 
 
 def exchange(port: int, data: bytes) -> bytes:
@@ -87,8 +83,7 @@ def test_an_awaitable_answer_is_awaited_on_the_loop() -> None:
         return later()
 
     s = BoundedHTTPServer(0, handler, workers=1)
-    thread = threading.Thread(target=s.serve_forever, daemon=True)
-    thread.start()
+    s.start()
     try:
         answers = [None] * 4
         get = b"GET / HTTP/1.0\r\n\r\n"
@@ -100,9 +95,7 @@ def test_an_awaitable_answer_is_awaited_on_the_loop() -> None:
         assert all(a.startswith(b"HTTP/1.0 200") and a.endswith(b"later") for a in answers)  # one worker, 4 at once
         assert exchange(s.port, b"GET /bad HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 500")
     finally:
-        s.shutdown()
-        thread.join(10)
-        s.close()
+        s.stop()
 
 
 def slow(port: int, n: int) -> list[socket.socket]:
@@ -194,14 +187,10 @@ s = BoundedHTTPServer(0, lambda r: Answer(200, {}, b"ok"), max_body=100)
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 signal.signal(signal.SIGINT, lambda *_: stop.set())
-t = threading.Thread(target=s.serve_forever, daemon=True)
-t.start()
-s.ready.wait()
+s.start()
 print(s.port, flush=True)
 stop.wait()
-s.shutdown(grace=1.0)
-t.join(10)
-s.close()
+s.stop(grace=1.0)
 print("stopped", flush=True)
 """
 
@@ -260,8 +249,7 @@ def test_a_stream_whose_client_closes_ends_while_it_waits_for_its_next_chunk() -
             finished.set()
 
     s = BoundedHTTPServer(0, lambda req: Answer(200, {}, chunks=never(), closed=closed.set))
-    thread = threading.Thread(target=s.serve_forever, daemon=True)
-    thread.start()
+    s.start()
     try:
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
             sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
@@ -270,6 +258,4 @@ def test_a_stream_whose_client_closes_ends_while_it_waits_for_its_next_chunk() -
                 got += sock.recv(4096)
         assert closed.wait(10) and finished.wait(10), "the stream outlived its client"
     finally:
-        s.shutdown()
-        thread.join(10)
-        s.close()
+        s.stop()

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,8 +33,7 @@ def served(run: Path, *flags: str, decoding: bool = True) -> Iterator[tuple[serv
     """serve.build's routes and transport on a free port, the transport running; the decode loop too unless
     decoding is False (the test starts it: requests wait in the queue until then). The api, a client, the URL."""
     api, server = serve.build(serve.parser().parse_args([str(run), "--port", "0", *flags]))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server.start()
     if decoding:
         api.engine.start()
     url = f"http://127.0.0.1:{server.port}/v1"
@@ -43,9 +41,7 @@ def served(run: Path, *flags: str, decoding: bool = True) -> Iterator[tuple[serv
         yield api, openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), url
     finally:
         api.engine.stop()
-        server.shutdown()
-        thread.join(timeout=10)
-        server.close()
+        server.stop()
 
 
 @pytest.fixture(scope="module")

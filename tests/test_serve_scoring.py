@@ -2,14 +2,15 @@
 lm-evaluation-harness's local-completions model asks (token-id prompts in one batch, max_tokens 1, logprobs 1, echo,
 the continuation's logprobs summed from token_logprobs[ctxlen:-1], greediness from top_logprobs), equals `microgpt
 eval --hellaswag`'s own numbers for the same examples: every ending's sum of token logprobs to 1e-4, and the accuracy
-the CLI prints. lm-evaluation-harness itself is not installed here (its datasets, scikit-learn and sacrebleu
-dependencies would slow CI); the openai client sends what it would."""
+the CLI prints, on examples whose context is cut to fit or whose ending cannot be scored. tests/test_lm_eval.py runs
+lm-evaluation-harness itself; here the openai client sends what it sends."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from microgpt.data import hellaswag_file
 from microgpt.data.tokenizer import load_tokenizer
@@ -52,3 +53,42 @@ def test_hellaswag_through_the_api_is_microgpt_evals(run_256: Path, tmp_path: Pa
     acc = hellaswag.accuracy(hellaswag.counts(items, np.where(np.isnan(got), sums, got)))
     assert (acc["acc"], acc["acc_norm"]) == (want["acc"], want["acc_norm"])
     assert res.usage.prompt_tokens == sum(map(len, prompts))
+
+
+def joined(chunks: list, index: int) -> tuple[str, dict[str, list]]:
+    """A streamed choice's text and its chunks' logprobs joined, field by field."""
+    mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for ch in mine:
+        for k in out:
+            out[k] += getattr(ch.logprobs, k) if ch.logprobs is not None else []
+    return "".join(ch.text for ch in mine), out
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_a_streamed_completions_logprobs_join_into_the_whole_answers(run_256: Path, echo: bool) -> None:
+    """Streamed with logprobs, each choice's chunks carry every token's logprobs once and their text_offset runs on
+    from chunk to chunk (from 0 at the choice's first token: the echoed prompt's, or the first drawn), as the whole
+    answer's do: joined, they are the answer's; the tokens behind text a stop string held back come with the finish
+    chunk. Two prompts (one not ASCII: a token's text is not always a character of the text) x n 2, sampled."""
+    prompts = ["def add(a, b):", "caf\u00e9 = 1"]
+    kw = {"prompt": prompts, "n": 2, "max_tokens": 24, "temperature": 0.8, "seed": 5, "logprobs": 2, "echo": echo}
+    with served(run_256, "--max-batch", "4", "--queue", "4") as (a, client, _):
+        first = client.completions.create(model=a.name, **kw)
+        drawn = first.choices[0].text[len(prompts[0]) if echo else 0 :]
+        stop = drawn[6:8]
+        assert len(stop) == 2
+        whole = client.completions.create(model=a.name, stop=[stop], **kw)
+        chunks = list(client.completions.create(model=a.name, stop=[stop], stream=True, **kw))
+    assert whole.choices[0].finish_reason == "stop"
+    for choice in whole.choices:
+        lp = choice.logprobs
+        assert lp.text_offset == [sum(map(len, lp.tokens[:k])) for k in range(len(lp.tokens))]
+        text, lps = joined(chunks, choice.index)
+        assert text == choice.text
+        assert lps["tokens"] == lp.tokens and lps["text_offset"] == lp.text_offset
+        assert lps["top_logprobs"][0] is None if echo else lps["top_logprobs"][0].keys() == lp.top_logprobs[0].keys()
+        got = [v for v in lps["token_logprobs"] if v is not None]
+        check(f"choice {choice.index}'s streamed logprobs", np.array(got), np.array(lp.token_logprobs[echo:]), 1e-5)
+    tail = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == 0][-1]
+    assert tail.finish_reason == "stop" and tail.text == "" and tail.logprobs.tokens  # the stop string's tokens

@@ -225,11 +225,9 @@ class DashboardServer:
             raise ServeError(f"--dashboard {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
         self.httpd.bind(self.server.port)
         self.url = f"http://127.0.0.1:{self.server.port}/"
-        self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self.server.serve_forever, name="dashboard", daemon=True)
-        self.thread.start()
+        self.server.start()
         threading.Thread(target=self.warm, daemon=True).start()
 
     def warm(self) -> None:
@@ -252,10 +250,7 @@ class DashboardServer:
 
     def close(self) -> None:
         """Stop serving; an answer under way (linger()'s last read) is still sent, for at most a second."""
-        if self.thread is not None:
-            self.server.shutdown(grace=1.0)
-            self.thread.join(timeout=10)
-        self.server.close()
+        self.server.stop(grace=1.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -229,16 +229,27 @@ class Api:
     async def _chunks(self, job: Job, spec: Spec, reply: Reply) -> AsyncGenerator[bytes, None]:
         """The stream, on the transport's event loop: each choice's opening chunk (chat: the role; completions: the
         echo), a chunk per wake with the text that came, one with the finish reason, the usage where asked, [DONE];
-        an error event where the server fails or stops."""
+        an error event where the server fails or stops. A choice's logprobs come with the chunks, every token's once
+        (those behind text held back come with a later chunk, or the finish's); their text_offset runs on from
+        chunk to chunk, so that the chunks' logprobs joined are the whole answer's (as vLLM's stream)."""
         head = reply.head(chunk=True) | ({"usage": None} if spec.include_usage else {})
         text = sse_text(head, reply)
+        offsets = [0] * len(job.choices)  # each choice's characters of token text so far
+
+        def logprobs(index: int, entries: list | None) -> dict[str, Any] | None:
+            if not entries:
+                return None
+            lps = oai.completion_logprobs(entries, self.tok.decode, offsets[index])
+            offsets[index] += sum(map(len, lps["tokens"]))
+            return lps
+
         if spec.chat or spec.echo:
             for c in job.choices:
                 if spec.echo and spec.logprobs is not None:
                     while c.echo is None and not job.events:  # the prompt's logprobs come before its tokens
                         job.ready.clear()  # no set can come between this and the wait: both on this loop
                         await job.ready.wait()
-                lps = oai.completion_logprobs(c.echo, self.tok.decode) if c.echo else None
+                lps = logprobs(c.index, c.echo)
                 yield sse(
                     {
                         **head,
@@ -254,13 +265,14 @@ class Api:
             try:
                 for ev in map(self._checked, job.take()):
                     left -= ev.finish is not None
-                    lps = oai.completion_logprobs(ev.logprobs, self.tok.decode) if ev.logprobs else None
+                    lps = logprobs(ev.index, ev.logprobs)
                     if ev.text and lps is None:
                         out.append(text(ev.index, ev.text))
                     elif ev.text:
                         out.append(sse({**head, "choices": [reply.choice(ev.index, ev.text, None, True, False, lps)]}))
-                    if ev.finish:
-                        out.append(sse({**head, "choices": [reply.choice(ev.index, "", ev.finish, chunk=True)]}))
+                        lps = None
+                    if ev.finish:  # with the logprobs of tokens that brought no text (a stop token, held text)
+                        out.append(sse({**head, "choices": [reply.choice(ev.index, "", ev.finish, True, False, lps)]}))
             except ApiError as e:
                 yield b"".join([*out, sse({"error": e.body()})])
                 return
@@ -352,8 +364,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     api, server = build(args)
     api.engine.start()
-    thread = threading.Thread(target=server.serve_forever, name="serve-http", daemon=True)
-    thread.start()
+    server.start()
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(
         f"serve: http://{host}:{server.port}/v1  (max batch {args.max_batch}, queue {args.queue}; chat page at "
@@ -365,9 +376,7 @@ def main(argv: list[str]) -> int:
     while not stop.wait(0.5) and not failed:
         failed = api.engine.proc.poll() is not None
     api.engine.stop()
-    server.shutdown(grace=1.0)
-    thread.join(timeout=5)
-    server.close()
+    server.stop(grace=1.0, timeout=5)
     if failed:
         print(f"error: the engine process exited ({api.engine.proc.returncode}); its stderr is above", file=sys.stderr)
         return 1

@@ -1,0 +1,127 @@
+"""lm-evaluation-harness, the real client, scores a multiple-choice task against a real `microgpt serve`: its
+local-completions model (token-id prompts in batches, max_tokens 1, logprobs 1, echo; the tokenizer of `microgpt
+export`'s folder) on a task written here (a YAML and a local JSONL: no network, no Hugging Face hub), and gets
+microgpt's own numbers for the same examples: every choice's loglikelihood to 1e-4 (from its log_samples), the same
+acc as `microgpt eval --hellaswag` on the same file, and the acc_norm lm-eval's rule gives from microgpt's sums.
+
+lm_eval[api] is in the test extra; the test is skipped, saying so, where it is not importable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from microgpt.data import hellaswag_file
+from microgpt.data.tokenizer import load_tokenizer
+from microgpt.engine.trained import load_trained
+from microgpt.use import evaluate, hellaswag
+from tests.conftest import cli, json_lines
+from tests.ops._util import check
+from tests.test_serve import served
+
+lm_eval = pytest.importorskip(
+    "lm_eval", reason="lm-evaluation-harness is not installed (pip install 'lm_eval[api]==0.4.13', the test extra's)"
+)
+
+# HellaSwag's shape (ctx, 4 endings, label), so `microgpt eval --hellaswag` reads the same file; every example fits
+# the 256-token context whole, so both sides score every ending. The last one's longest sequence is 256 tokens: lm-eval
+# (max_length 257) sends the whole context with max_tokens 1, which serve takes (the drawn token needs no position).
+LONG = ["print(x)", "zz", "x = 2", "def f():"]
+EXAMPLES = [
+    ("def add(a, b):", ["return a + b", "zzq qq", "import os", "class A:"], 0),
+    ("The cat sat on the", ["mat.", "def", "}", "1234"], 0),
+    ("for i in", ["range(10):", "the house", "x", "self"], 0),
+    ("import numpy as", ["np", "if", "else", "pass"], 0),
+    ("class Foo:", ["def __init__(self):", "0", "1", "2"], 0),
+    ("x = [1, 2,", ["3]", "{", "while", "end."], 0),
+    ("if x is None:", ["return", "cat", "==", "9"], 0),
+    ("print(", ['"hello")', "))", "def", "a b c"], 1),
+    ("with open(path) as", ["f:", "the", "0.5", "(("], 0),
+    ("while True:", ["break", "dog", "]]", "import"], 2),
+    ("# a comment about", ["the code", "!!", "\n\n", "123"], 0),
+    ("try:", ["pass", "except", "yes", "the end"], 3),
+    ("return self.", ["x", "  ", "def", "12"], 0),
+    ("from typing import", ["Any", "cat", "0", "+"], 0),
+    ("lambda x:", ["x + 1", "the", "::", "class"], 1),
+    ("assert len(a) ==", ["3", "cat", "def", "]"], 0),
+    (("x = 1\n" * 50)[: 256 - 1 - max(map(len, LONG))], LONG, 0),
+]
+
+TASK = """task: microgpt_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+  cache_dir: {cache}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_choice: "{{{{endings}}}}"
+doc_to_target: label
+target_delimiter: " "
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+@pytest.mark.parametrize(
+    "batch_size, tokenized", [(8, True), (1, False)], ids=["token-ids-batched", "text-one-at-a-time"]
+)
+def test_lm_eval_scores_a_task_against_serve_as_microgpt_does(
+    run_256: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: int, tokenized: bool
+) -> None:
+    """Token-id prompts 8 to a request, and one prompt a request sent as text (tokenized_requests False: serve
+    tokenizes; lm-eval's tokenizer only counts each context's tokens). No network: the task's data is a local file,
+    the tokenizer a folder."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps({"ctx": c, "endings": e, "label": y}) + "\n" for c, e, y in EXAMPLES))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "microgpt_mc.yaml").write_text(TASK.format(data=data, cache=tmp_path / "datasets"))
+    res = cli("export", str(run_256), "--out", str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr
+
+    # microgpt's own numbers: the CLI's accuracy, and each ending's sum of token losses from eval's scorer
+    res = cli("eval", str(run_256), "--hellaswag", str(data), "--backend", "numpy", "--json")
+    assert res.returncode == 0, res.stderr
+    (want,) = json_lines(res.stdout)
+    ld = load_trained(run_256)
+    examples = hellaswag_file.read(data, "--hellaswag")
+    items = hellaswag_file.tokenize(examples, load_tokenizer(ld.side["tokenizer"]), ld.exp.model.seq_len)
+    assert all(it.judged and not it.truncated for it in items) and max(len(s) for s in items[-1].seqs) == 256
+    sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", None)), items)
+
+    from lm_eval.tasks import TaskManager
+
+    with served(run_256, "--max-batch", "4", "--queue", "16") as (a, _, url):
+        out = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args={
+                "model": a.name,
+                "base_url": f"{url}/completions",
+                "tokenizer_backend": "huggingface",
+                "tokenizer": str(tmp_path / "hf"),
+                "max_length": ld.exp.model.seq_len + 1,
+                "batch_size": batch_size,
+                "tokenized_requests": tokenized,
+            },
+            tasks=["microgpt_mc"],
+            task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+            num_fewshot=0,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+    samples = sorted(out["samples"]["microgpt_mc"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(EXAMPLES)
+    lls = np.array([[float(r[0]) for r in s["filtered_resps"]] for s in samples])
+    check("each choice's loglikelihood through lm-eval", -lls, sums, 1e-4)
+    got = out["results"]["microgpt_mc"]
+    assert got["acc,none"] == want["acc"]
+    n_chars = np.array([[len(e) for e in ex["endings"]] for ex in examples])
+    labels = np.array([ex["label"] for ex in examples])
+    assert got["acc_norm,none"] == np.mean(np.argmax(-sums / n_chars, axis=1) == labels)  # lm-eval's rule: chars
