@@ -137,13 +137,16 @@ def printable(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port (an IPv4 or IPv6 address, or a name); no SO_REUSEADDR: a port in use fails."""
+def bound_socket(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A socket bound to host:port (an IPv4 or IPv6 address, or a name), listening unless `listen` is False (then
+    serve_forever listens: until it does, a connection is refused, not queued); no SO_REUSEADDR: a port in use fails
+    here."""
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.bind(addr)
-        sock.listen(BACKLOG)
+        if listen:
+            sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -151,7 +154,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 class BoundedHTTPServer:
-    """Listens on host:port at construction; serve_forever() answers with handler(request) until shutdown().
+    """Listens on host:port at construction (listen_now False: binds there, a port in use failing at once, and
+    listens from serve_forever(): serve's port is taken before its engine loads, and listened on once it has);
+    serve_forever() answers with handler(request) until shutdown().
     `workers` handlers run at once (an awaitable answer or a stream holds none while it waits)."""
 
     def __init__(
@@ -166,10 +171,11 @@ class BoundedHTTPServer:
         name: str = "microgpt-dashboard",
         errors: Callable[..., Answer] = error,
         on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+        listen_now: bool = True,
     ) -> None:
         self.handler, self.log, self.max_body, self.name, self.errors = handler, log, max_body, name, errors
         self.on_loop = on_loop  # called on the loop once it runs (serve: the engine's socket read there)
-        self.sock = listening_socket(host, port)
+        self.sock = bound_socket(host, port, listen_now)
         self.port = self.sock.getsockname()[1]
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self.reading: dict[asyncio.StreamWriter, float] = {}  # connections whose request is not all here yet

@@ -5,6 +5,7 @@ and a shutdown with half-open connections that prints nothing."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.client
 import socket
 import subprocess
@@ -40,6 +41,22 @@ def exchange(port: int, data: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
         return b"".join(iter(lambda: sock.recv(65536), b""))
+
+
+def test_a_server_that_does_not_listen_now_holds_its_port_and_refuses_until_started() -> None:
+    """listen_now False (serve, while its engine loads): the port is taken at once (a second server on it fails), a
+    connection is refused rather than queued, and once started the server answers."""
+    s = BoundedHTTPServer(0, echo, listen_now=False)
+    try:
+        with pytest.raises(OSError) as taken:
+            BoundedHTTPServer(s.port, echo)
+        assert taken.value.errno == errno.EADDRINUSE
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        s.start()
+        assert exchange(s.port, b"GET /x?y HTTP/1.0\r\n\r\n").endswith(b"GET /x y ")
+    finally:
+        s.stop()
 
 
 @pytest.mark.parametrize(

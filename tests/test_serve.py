@@ -5,6 +5,8 @@ real server (in this process where the test must hold the decode loop still, els
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from microgpt import checkpoint
 from microgpt.data.tokenizer import EOT
 from microgpt.use import oai, serve
 from microgpt.use.sample import Sampling, generate, load
@@ -191,17 +194,20 @@ def raw(port: int, request: str) -> tuple[int, dict]:
     return int(head.split()[1]), json.loads(body)["error"]
 
 
-def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`microgpt serve` in a subprocess; the process and the URL it printed."""
+def start(run: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`microgpt serve` in a subprocess; the process and the URL it printed (its lines before that: `proc.head`)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0", *flags],
         cwd=REPO,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
+    proc.head = []
     for line in proc.stderr:
         if line.startswith("serve: http://"):
             return proc, line.split()[1]
+        proc.head.append(line)
     raise AssertionError(f"serve exited {proc.wait()} without a URL")
 
 
@@ -232,6 +238,57 @@ def test_bad_flags_and_a_port_in_use_are_one_line_errors(run_256: Path, tmp_path
     one_error(cli("serve", str(run_256), "--port", "70000"), 2, "--port (a TCP port, 0: a free one)")
     one_error(cli("serve", str(run_256), "--host", "no.such.host.invalid", "--port", "0"), 2, "not an address")
     one_error(cli("serve", str(tmp_path / "nothing")), 2, "nothing")
+
+
+# sitecustomize for serve's two processes: every open of a .bin (a path) appended to $SERVE_OPENS as "PID PATH"
+OPENS_HOOK = """import os, sys
+
+
+def _opens(event, args, log=os.environ["SERVE_OPENS"]):
+    if event == "open" and isinstance(args[0], (str, bytes)) and os.fsdecode(args[0]).endswith(".bin"):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {os.path.realpath(args[0])}\\n")
+
+
+sys.addaudithook(_opens)
+"""
+
+
+def test_the_engine_process_is_the_one_reader_of_the_checkpoint(run_256: Path, tmp_path: Path) -> None:
+    """Every open of a .bin in serve's two processes logged (an audit hook each, through sitecustomize): the run
+    folder's checkpoint is opened once, by the engine process; the HTTP side opens none, yet names the model, its
+    step and its file, and answers with its tokenizer."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(OPENS_HOOK)
+    log = tmp_path / "opens.log"
+    path = [str(tmp_path / "site"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    proc, url = start(run_256, env={**os.environ, "PYTHONPATH": os.pathsep.join(path), "SERVE_OPENS": str(log)})
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        res = client.completions.create(model="tiny-test", prompt="def ", max_tokens=4, temperature=0)
+        assert res.usage.prompt_tokens == 4 and res.usage.completion_tokens == 4
+        engine_pid = stats(url)["engine_pid"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    ckpt = checkpoint.resolve(run_256)
+    assert f"serve: tiny-test (step 3, {ckpt}) on cpu" in "".join(proc.head)
+    opens = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    assert [(int(pid), p) for pid, p in opens if p.startswith(os.path.realpath(run_256))] == [
+        (engine_pid, os.path.realpath(ckpt))
+    ]
+    assert engine_pid != proc.pid
+
+
+def test_a_bad_checkpoint_is_the_engines_one_error_line(run_256: Path, tmp_path: Path) -> None:
+    """A truncated checkpoint: the engine process's reason, naming the file, is serve's one `error:` line, exit 2."""
+    ckpt = checkpoint.resolve(run_256)
+    bad = tmp_path / ckpt.name
+    bad.write_bytes(ckpt.read_bytes()[:-4])
+    shutil.copy(checkpoint.sidecar_path(ckpt), checkpoint.sidecar_path(bad))
+    one_error(cli("serve", str(bad), "--port", "0"), 2, str(bad))
 
 
 @pytest.mark.parametrize("chat", [False, True])

@@ -28,6 +28,7 @@ import numpy as np
 from microgpt.errors import InputError
 from microgpt.use.chat import Stream
 from microgpt.use.oai import Spec
+from microgpt.use.sample import side_tokenizer
 from microgpt.use.wire import FINISH, Channel, RowSpec
 
 START_TIMEOUT_S = 600.0  # the engine's load (a GPU's first compiles are not here: they come with the first steps)
@@ -97,15 +98,15 @@ class Engine:
     """The engine process (scheduler.py), seen from here: started, sent rows and cancels, its tokens decoded into
     each job's events on the event loop. `held` rows count from submit() to release(): at most max_batch + queue."""
 
-    def __init__(self, ld: Any, args: argparse.Namespace, tok: Any) -> None:
-        self.tok, self.max_batch, self.queue = tok, args.max_batch, args.queue
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.max_batch, self.queue = args.max_batch, args.queue
         ours, theirs = socket.socketpair()
         cmd = [
             sys.executable,
             "-m",
             "microgpt.use.scheduler",
             str(theirs.fileno()),
-            str(ld.path),
+            args.checkpoint,  # as the user named it: the engine process is the one reader of the checkpoint
             "--max-batch",
             str(args.max_batch),
             "--backend",
@@ -120,18 +121,22 @@ class Engine:
         self.jobs: dict[int, Job] = {}
         self.ids = itertools.count()
         self.held = 0
-        self.info: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}  # the engine's device, its backend and precision (wait_ready)
+        self.loaded: dict[str, Any] = {}  # the checkpoint it read: {"path", "step", "side"} (wait_ready)
+        self.tok: Any = None  # the tokenizer of that checkpoint's sidecar (wait_ready)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stats: deque[asyncio.Future] = deque()
         self.gone = ""  # why the engine cannot take requests any more
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Until the engine has loaded the model; ServeError with its reason where it could not."""
+        """Until the engine has loaded the model (then `info`, `loaded` and `tok` are its); EngineError with its
+        reason where it could not (a bad checkpoint: the engine's one line naming the file)."""
         for _ in range(int(timeout * 10)):
             self.chan.wait(0.1)
             for msg in self.chan.receive():
                 if msg[0] == "ready":
-                    self.info = msg[1]
+                    self.info, self.loaded = msg[1], msg[2]
+                    self.tok = side_tokenizer(self.loaded["side"], self.loaded["path"])
                     return
                 if msg[0] == "fail":
                     self.proc.wait()

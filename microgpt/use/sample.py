@@ -26,6 +26,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -217,10 +218,16 @@ def open_trained(
 
 def trained_tokenizer(ld: Trained) -> Any:
     """The tokenizer a checkpoint's sidecar records; SampleError naming the sidecar's field where it cannot load."""
+    return side_tokenizer(ld.side, ld.path)
+
+
+def side_tokenizer(side: dict[str, Any], path: str | Path) -> Any:
+    """The tokenizer the sidecar `side` of checkpoint `path` records (serve's HTTP side has the sidecar its engine
+    process read, not the checkpoint); SampleError naming the sidecar's field where it cannot load."""
     try:
-        return load_tokenizer(ld.side.get("tokenizer", {}))
+        return load_tokenizer(side.get("tokenizer", {}))
     except InputError as e:
-        raise SampleError(f"{checkpoint.sidecar_path(ld.path)}: field 'tokenizer': {e}") from None
+        raise SampleError(f"{checkpoint.sidecar_path(path)}: field 'tokenizer': {e}") from None
 
 
 def load(

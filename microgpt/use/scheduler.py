@@ -367,7 +367,7 @@ def logprob(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m microgpt.use.scheduler", description="serve's engine process")
     p.add_argument("fd", type=int, help="this process's end of the socket pair")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", help="a step-*.bin or a run folder, as serve's user named it")
     p.add_argument("--max-batch", type=int, required=True)
     p.add_argument("--backend", required=True)
     p.add_argument("--precision")
@@ -376,13 +376,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """The engine process: load the model onto a plan of --max-batch rows, say ready (or why not), then run until
-    told to stop or the HTTP side has gone. Ctrl-C reaches the whole process group: the HTTP side stops this one."""
+    """The engine process: read the checkpoint (serve's one reader of it: a step-*.bin or a run folder, as the user
+    named it) onto a plan of --max-batch rows, say ready with what it loaded (the path, the step and the sidecar, from
+    which the HTTP side builds the tokenizer and the model's card) or why not, then run until told to stop or the
+    HTTP side has gone. Ctrl-C reaches the whole process group: the HTTP side stops this one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = parser().parse_args(argv)
     chan = Channel(socket.socket(fileno=args.fd))
     try:
-        gen, _ = sample.open_trained(load_trained(args.checkpoint), args.max_batch, args.backend, args.precision)
+        ld = load_trained(args.checkpoint)
+        gen, _ = sample.open_trained(ld, args.max_batch, args.backend, args.precision)
     except InputError as e:
         chan.send("fail", str(e))
     except Exception as e:  # a failing device: the HTTP side prints one line, the traceback is here
@@ -398,6 +401,7 @@ def main(argv: list[str]) -> int:
                 "device": gen.S.K.device,
                 "engine_pid": os.getpid(),
             },
+            {"path": str(ld.path), "step": ld.step, "side": ld.side},
         )
         Scheduler(gen, chan, reuse=not args.no_prefix_reuse).run()
     while chan.outbox and not chan.closed:

@@ -24,13 +24,13 @@ over MAX_BODY (413), a malformed or slow request (httpd.py: 400, 408, 411, 431);
 
 Two processes. This one holds HTTP (httpd.py's bounded server), parses and tokenizes requests, decodes the tokens
 into text, finds the stop strings and writes the events (jobs.py: the engine as this side sees it); the engine
-(scheduler.py, a child process) holds the model and only steps it. They exchange ids over a socket pair (wire.py): a
-request's rows in, each step's tokens out. Why: scheduler.py's docstring and docs/SERVE.md (measured on the CPU; on
-a GPU a decode step is 1-3 ms, which the HTTP side's Python per token would otherwise be added to). Up to
---max-batch rows decode together, each at its own position with its own sampling and stops; a waiting row joins the
-batch at the next step (continuous batching), its prompt prefilled batched with the others that wait, reusing the
-keys and values of a prefix a cache row holds (a chat's system prompt and history); up to --queue more rows wait;
-past that, 429.
+(scheduler.py, a child process; the one reader of the checkpoint) holds the model and only steps it. They exchange
+ids over a socket pair (wire.py): a request's rows in, each step's tokens out. Why: scheduler.py's docstring and
+docs/SERVE.md (measured on the CPU; on a GPU a decode step is 1-3 ms, which the HTTP side's Python per token would
+otherwise be added to). Up to --max-batch rows decode together, each at its own position with its own sampling and
+stops; a waiting row joins the batch at the next step (continuous batching), its prompt prefilled batched with the
+others that wait, reusing the keys and values of a prefix a cache row holds (a chat's system prompt and history); up
+to --queue more rows wait; past that, 429.
 
 Limits: no tools, images, penalties or embeddings, and no logprobs in chat (refused with 400 where a request asks
 for them); the context is the model's seq_len: a prompt must fit it (or name truncate_prompt_tokens), and a reply that
@@ -57,15 +57,14 @@ from typing import Any
 
 import numpy as np
 
+from microgpt import checkpoint, config
 from microgpt.engine.backend import add_flags
-from microgpt.engine.trained import load_trained
 from microgpt.errors import ArgParser, InputError, check_number
 from microgpt.httpd import Answer, BoundedHTTPServer, Request
 from microgpt.use import oai
 from microgpt.use.chat import Stream
 from microgpt.use.jobs import STOPPING, Busy, Choice, Engine, Event, Job
 from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
-from microgpt.use.sample import trained_tokenizer
 from microgpt.use.wire import RowSpec
 
 MAX_BODY = 1 << 20  # bytes of a request body: a context of text is a few kB of JSON
@@ -301,9 +300,9 @@ def parser() -> ArgParser:
     return p
 
 
-def listen(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
-    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once), answering
-    with the Api that build puts in holder once the engine is ready."""
+def transport(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
+    """The transport bound to --host:--port (before the engine starts: a port in use is an error at once; it listens
+    once started), answering with the Api that build puts in holder once the engine is ready."""
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     where = f"--host {args.host} --port {args.port}"
     try:
@@ -316,6 +315,7 @@ def listen(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
             name="microgpt-serve",
             errors=oai.api_error,
             on_loop=lambda loop: holder[0].engine.attach(loop),
+            listen_now=False,  # a bad checkpoint is an error before anything listens
         )
     except socket.gaierror as e:
         raise ServeError(f"{where}: not an address to listen on ({e.strerror})") from None
@@ -326,33 +326,38 @@ def listen(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
 
 
 def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
-    """The flags checked, the checkpoint read, the transport bound to --host:--port, the engine process started and
-    its model loaded; nothing is served yet (main starts the engine's loop and the transport)."""
+    """The flags checked, the transport bound to --host:--port (not listening yet), the engine process started and
+    its model loaded; nothing is served yet (main starts the engine's loop and the transport). The engine process is
+    the one reader of the checkpoint: this side builds the model's card and its tokenizer from the sidecar the
+    engine read (Engine.wait_ready), so a bad checkpoint is the engine's one error line, before anything listens."""
     check_number(args.port, "--port (a TCP port, 0: a free one)", 0, 65535, integer=True, error=ServeError)
     check_number(args.max_batch, "--max-batch", 1, MAX_BATCH, integer=True, error=ServeError)
     check_number(args.queue, "--queue", 0, MAX_QUEUE, integer=True, error=ServeError)
-    ld = load_trained(args.checkpoint)
-    tok = trained_tokenizer(ld)
     holder: list[Api] = []
-    server = listen(args, holder)
-    engine = Engine(ld, args, tok)
+    server = transport(args, holder)
+    engine = Engine(args)
     try:
         engine.wait_ready()
     except BaseException:
+        engine.stop()
         server.close()
         raise
-    m = ld.exp.model
+    path, side = Path(engine.loaded["path"]), engine.loaded["side"]
+    exp = config.from_dict(side["config"], f"{checkpoint.sidecar_path(path)}: field 'config'")
+    tok = engine.tok
     model = oai.Model(
-        m.seq_len,
-        m.vocab_size,
+        exp.model.seq_len,
+        exp.model.vocab_size,
         lambda text: tok.encode(text) or [tok.eot_id],
         tok.decode,
         args.max_batch,
         args.max_batch + args.queue,
     )
-    holder.append(Api(ld.exp.name, int(ld.path.stat().st_mtime), tok, engine, model))
+    holder.append(Api(exp.name, int(path.stat().st_mtime), tok, engine, model))
     print(
-        f"serve: {ld.exp.name} (step {ld.step}, {ld.path}) on {engine.info.get('device')}", file=sys.stderr, flush=True
+        f"serve: {exp.name} (step {engine.loaded['step']}, {path}) on {engine.info.get('device')}",
+        file=sys.stderr,
+        flush=True,
     )
     return holder[0], server
 

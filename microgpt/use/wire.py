@@ -12,7 +12,10 @@ both ends are this package's own processes, started together, and the socket pai
                           ("cancel", rid, index)       a choice (index -1: every choice of rid) leaves its row
                           ("stats",)                   ask for the engine's counters
                           ("stop",)                    end the loop; the process exits
-    engine -> HTTP side   ("ready", info) / ("fail", message)           once, after loading the model
+    engine -> HTTP side   ("ready", info, loaded) / ("fail", message)   once, after loading the model: info
+                                                       the device's (/stats shows it), loaded {"path", "step",
+                                                       "side"} the checkpoint read and its sidecar (serve reads no
+                                                       checkpoint itself); fail: why not, one line
                           ("tokens", rids, indices, tokens, codes, lps)  a pass's new tokens (int32 arrays), their
                                                        finish codes (FINISH) and, where asked, their logprobs:
                                                        [(rid, index, token, logprob, {id: logprob})]
