@@ -105,6 +105,13 @@ def test_completions_are_samples_greedy_continuation_and_stop(api, run_256: Path
     assert len(stop) == 2
     cut = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0, stop=[stop])
     assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    stops = ["\n\nQ:", "</s>", "zzz", "<|im_end|>", stop]  # 5: as lm-eval's generation tasks send (until + eos)
+    for stream in (False, True):
+        five = client.completions.create(
+            model=a.name, prompt="def ", max_tokens=30, temperature=0, stop=stops, stream=stream
+        )
+        got = "".join(c.choices[0].text for c in five) if stream else five.choices[0].text
+        assert got == text[: text.find(stop)] and all(s not in text[: text.find(stop)] for s in stops)
     streamed = client.completions.create(model=a.name, prompt="def ", max_tokens=30, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == text
     empty = client.completions.create(model=a.name, prompt="", max_tokens=5, seed=1)  # a new document: <|endoftext|>
@@ -148,7 +155,7 @@ def test_two_concurrent_requests_decode_in_one_batch_and_a_third_gets_429(run_25
         ({"temperature": 3}, "temperature", "invalid_value"),
         ({"max_tokens": 0}, "max_tokens", "invalid_value"),
         ({"n": 3}, "n", "invalid_value"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+        ({"stop": [str(i) for i in range(oai.MAX_STOPS + 1)]}, "stop", "invalid_value"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported"),
         ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages", "context_length_exceeded"),
     ],

@@ -5,7 +5,7 @@ Read: model (required, the run's name), messages (chat: roles system, developer 
 string or a list of text parts) or prompt (completions: a string, a list of strings, a list of token ids, or a list of
 such lists: one choice set per prompt, as OpenAI's batched prompts), max_tokens (or max_completion_tokens; completions
 with echo may ask 0: the prompt scored, nothing drawn), temperature (0..2, default 1), top_p (0..1), top_k (an
-extension, as vLLM's and llama.cpp's), n (1..--max-batch), stop (a string or a list of up to 4), seed, stream,
+extension, as vLLM's and llama.cpp's), n (1..--max-batch), stop (a string or a list of up to MAX_STOPS), seed, stream,
 stream_options.include_usage, echo and logprobs (completions: 0..5, each token's logprob and the likeliest alternatives;
 with echo the prompt's tokens too, as loglikelihood clients such as lm-evaluation-harness score), truncate_prompt_tokens
 (an extension, as vLLM's: keep a prompt's last N tokens instead of refusing one longer than the context), ignore_eos (an
@@ -31,7 +31,10 @@ from microgpt.httpd import Answer
 from microgpt.use.chat import STOPS
 from microgpt.use.sample import Sampling
 
-MAX_STOPS = 4  # as OpenAI's API
+# stop strings a request may name: OpenAI's API takes 4, vLLM any number, and lm-evaluation-harness's generation
+# tasks send their own list and the end-of-text string (5 or more); each push of a choice's text seeks every stop
+# (and holds back a prefix of each), so the bound keeps that check a few microseconds
+MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MAX_LOGPROBS = 5  # completions' logprobs, as OpenAI's API
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
