@@ -1,8 +1,9 @@
 """lm-evaluation-harness, the real client, scores a multiple-choice task against a real `microgpt serve`: its
 local-completions model (token-id prompts in batches, max_tokens 1, logprobs 1, echo; the tokenizer of `microgpt
-export`'s folder) on a task written here (a YAML and a local JSONL: no network, no Hugging Face hub), and gets
-microgpt's own numbers for the same examples: every choice's loglikelihood to 1e-4 (from its log_samples), the same
-acc as `microgpt eval --hellaswag` on the same file, and the acc_norm lm-eval's rule gives from microgpt's sums.
+export`'s folder, or serve's own through its tokenizer routes) on a task written here (a YAML and a local JSONL: no
+network, no Hugging Face hub), and gets microgpt's own numbers for the same examples: every choice's loglikelihood
+to 1e-4 (from its log_samples), the same acc as `microgpt eval --hellaswag` on the same file, and the acc_norm
+lm-eval's rule gives from microgpt's sums.
 
 lm_eval[api] is in the test extra; the test is skipped, saying so, where it is not importable."""
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from microgpt.data import hellaswag_file
+from microgpt.data.chatml import prompt_text
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine.trained import load_trained
 from microgpt.use import evaluate, hellaswag
@@ -69,22 +71,26 @@ metric_list:
 
 
 @pytest.mark.parametrize(
-    "batch_size, tokenized", [(8, True), (1, False)], ids=["token-ids-batched", "text-one-at-a-time"]
+    "batch_size, tokenized, backend",
+    [(8, True, "huggingface"), (1, False, "huggingface"), (8, True, "remote")],
+    ids=["token-ids-batched", "text-one-at-a-time", "remote-tokenizer"],
 )
 def test_lm_eval_scores_a_task_against_serve_as_microgpt_does(
-    run_256: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: int, tokenized: bool
+    run_256: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: int, tokenized: bool, backend: str
 ) -> None:
     """Token-id prompts 8 to a request, and one prompt a request sent as text (tokenized_requests False: serve
-    tokenizes; lm-eval's tokenizer only counts each context's tokens). No network: the task's data is a local file,
-    the tokenizer a folder."""
+    tokenizes; lm-eval's tokenizer only counts each context's tokens), with the exported folder's tokenizer; and
+    token ids with serve's own (tokenizer_backend "remote": its /tokenize, /detokenize and /tokenizer_info, no
+    exported folder), which lm-eval's default ("auto") finds there. No network: the task's data is a local file."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps({"ctx": c, "endings": e, "label": y}) + "\n" for c, e, y in EXAMPLES))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "microgpt_mc.yaml").write_text(TASK.format(data=data, cache=tmp_path / "datasets"))
-    res = cli("export", str(run_256), "--out", str(tmp_path / "hf"))
-    assert res.returncode == 0, res.stderr
+    if backend == "huggingface":
+        res = cli("export", str(run_256), "--out", str(tmp_path / "hf"))
+        assert res.returncode == 0, res.stderr
 
     # microgpt's own numbers: the CLI's accuracy, and each ending's sum of token losses from eval's scorer
     res = cli("eval", str(run_256), "--hellaswag", str(data), "--backend", "numpy", "--json")
@@ -97,15 +103,20 @@ def test_lm_eval_scores_a_task_against_serve_as_microgpt_does(
     sums = hellaswag.ending_losses(evaluate.scorer(ld, evaluate.eval_backend(ld, "numpy", None)), items)
 
     from lm_eval.tasks import TaskManager
+    from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
 
     with served(run_256, "--max-batch", "4", "--queue", "16") as (a, _, url):
+        if backend == "remote":
+            assert check_remote_tokenizer_support(f"{url}/completions")
+            chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+            assert RemoteTokenizer(f"{url}/completions").apply_chat_template(chat) == prompt_text(chat)
         out = lm_eval.simple_evaluate(
             model="local-completions",
             model_args={
                 "model": a.name,
                 "base_url": f"{url}/completions",
-                "tokenizer_backend": "huggingface",
-                "tokenizer": str(tmp_path / "hf"),
+                "tokenizer_backend": backend,
+                **({"tokenizer": str(tmp_path / "hf")} if backend == "huggingface" else {}),
                 "max_length": ld.exp.model.seq_len + 1,
                 "batch_size": batch_size,
                 "tokenized_requests": tokenized,

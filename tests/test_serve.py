@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from microgpt import checkpoint
+from microgpt.data.chatml import prompt_text
 from microgpt.data.tokenizer import EOT
 from microgpt.use import oai, serve
 from microgpt.use.sample import Sampling, generate, load
@@ -167,6 +168,47 @@ def test_a_bad_request_gets_a_4xx_with_openais_error_body(api, kw: dict, param: 
     assert err.value.status_code == (404 if code == "model_not_found" else 400)
     assert err.value.body["param"] == param and err.value.body["code"] == code
     assert err.value.body["type"] == "invalid_request_error" and err.value.body["message"]
+
+
+def test_the_tokenizer_routes_answer_as_vllms(api) -> None:
+    """GET /tokenizer_info, POST /tokenize and /detokenize, as vLLM's (lm-eval's remote tokenizer reads them): the
+    checkpoint's tokenizer's ids and text, an end-of-text string that encodes to its id, chat messages as the chat
+    route feeds them; a bad body is a 400 naming its field in one line."""
+    a, client, url = api
+    root = url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/tokenizer_info", timeout=60) as res:
+        info = json.load(res)
+    assert info["model_max_length"] == 256 and info["vocab_size"] == a.model.vocab and info["chat_template"]
+    code, eos = post(
+        f"{root}/tokenize", json.dumps({"prompt": info["eos_token"], "add_special_tokens": False}).encode()
+    )
+    assert code == 200 and eos["tokens"] == [a.tok.eot_id]
+    text = "def add(a, b):\n    return a + b  # \u00e9 \U0001f600"
+    ids = a.tok.encode(text)
+    code, got = post(f"{root}/tokenize", json.dumps({"prompt": text, "model": a.name}).encode())
+    assert code == 200 and got == {"count": len(ids), "max_model_len": 256, "tokens": ids}
+    assert post(f"{root}/detokenize", json.dumps({"tokens": ids}).encode()) == (200, {"prompt": text})
+    code, chat = post(f"{root}/tokenize", json.dumps({"messages": HI}).encode())
+    reply = client.chat.completions.create(model=a.name, messages=HI, max_tokens=1)
+    assert (
+        code == 200 and chat["count"] == reply.usage.prompt_tokens and chat["tokens"] == a.tok.encode(prompt_text(HI))
+    )
+    for route, body, param in [
+        ("tokenize", {}, "prompt"),
+        ("tokenize", {"prompt": ["a"]}, "prompt"),
+        ("tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
+        ("tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ("tokenize", {"prompt": "x", "model": "gpt-4"}, "model"),
+        ("detokenize", {}, "tokens"),
+        ("detokenize", {"tokens": [1, True]}, "tokens"),
+        ("detokenize", {"tokens": [1, a.model.vocab]}, "tokens"),
+    ]:
+        code, err = post(f"{root}/{route}", json.dumps(body).encode())
+        assert code == (404 if param == "model" else 400), (route, body, code)
+        assert err["error"]["param"] == param and "\n" not in err["error"]["message"], (route, body, err)
+    assert post(f"{root}/tokenize", b"{bad")[1]["error"]["code"] == "invalid_json"
+    assert post(f"{root}/detokenize", b"[1]")[1]["error"]["code"] == "invalid_json"
+    assert post(f"{root}/tokenizer_info", b"{}")[0] == 405 and post(f"{root}/tokenize", None, "GET")[0] == 405
 
 
 def test_requests_no_client_sends_get_json_errors(api) -> None:

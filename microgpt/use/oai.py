@@ -202,6 +202,30 @@ def prompts_of(obj: dict[str, Any], vocab: int) -> list[str | list[int]]:
     return out
 
 
+def token_ids(obj: dict[str, Any], name: str, vocab: int) -> list[int]:
+    """A field that must be a list of token ids, each in [0, vocab)."""
+    ids = obj.get(name)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ApiError(400, f"{name} must be a list of token ids", name, err="invalid_type")
+    if not all(0 <= t < vocab for t in ids):
+        raise ApiError(400, f"{name}: token ids must be in [0, {vocab})", name, err="invalid_value")
+    return ids
+
+
+def tokenize_text(obj: dict[str, Any]) -> str:
+    """vLLM's /tokenize body: the text of its "prompt", or of its chat "messages" as /v1/chat/completions renders
+    them (ChatML, the assistant's turn opened). add_special_tokens, where sent, must be a bool: this tokenizer adds
+    none either way (a document starts after <|endoftext|> only where the text says so)."""
+    typed(obj, "add_special_tokens", bool, False)
+    if "messages" in obj:
+        return prompt_text(messages_of(obj))
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str):
+        shown = type(prompt).__name__ if "prompt" in obj else "nothing"
+        raise ApiError(400, f"prompt must be a string (or send messages), got {shown}", "prompt", err="invalid_type")
+    return utf8(prompt, "prompt")
+
+
 def stops_of(obj: dict[str, Any]) -> tuple[str, ...]:
     raw = obj.get("stop")
     stops = [] if raw is None else [raw] if isinstance(raw, str) else raw

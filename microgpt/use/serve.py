@@ -7,6 +7,9 @@ tools that talk to OpenAI-style local servers can use a microgpt model as it is;
     POST /v1/chat/completions     messages rendered as ChatML with the checkpoint's tokenizer (as `microgpt chat`
                                   renders a turn: data/chat.py), the reply up to <|im_end|> or <|endoftext|>
     POST /v1/completions          prompts continued, up to <|endoftext|>; echo and logprobs for scoring clients
+    GET  /tokenizer_info          vLLM's tokenizer routes, which lm-evaluation-harness's tokenizer_backend "remote"
+    POST /tokenize                reads: the end-of-text string and the chat template; {"prompt"} or {"messages"}
+    POST /detokenize              -> {"count", "max_model_len", "tokens"}; {"tokens"} -> {"prompt"}
     GET  /stats                   the engine's counters (steps, rows decoded, prefill and reused tokens, host seconds
                                   by phase: scheduler.py) and this side's: bench/serve.py and dev/serve_profile.py
 
@@ -63,6 +66,7 @@ from microgpt.errors import ArgParser, InputError, check_number
 from microgpt.httpd import Answer, BoundedHTTPServer, Request
 from microgpt.use import oai
 from microgpt.use.chat import Stream
+from microgpt.use.export import CHAT_TEMPLATE
 from microgpt.use.jobs import STOPPING, Busy, Choice, Engine, Event, Job
 from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
 from microgpt.use.wire import RowSpec
@@ -92,6 +96,9 @@ class Api:
             "/v1/models": "GET",
             "/v1/chat/completions": "POST",
             "/v1/completions": "POST",
+            "/tokenizer_info": "GET",
+            "/tokenize": "POST",
+            "/detokenize": "POST",
         }
         try:
             if path.startswith("/v1/models/") and req.method == "GET":
@@ -112,6 +119,8 @@ class Api:
                 return self._stats()
             if path == "/v1/models":
                 return json_answer({"object": "list", "data": [self._card()]})
+            if path in ("/tokenizer_info", "/tokenize", "/detokenize"):
+                return self._tokenizer(path, req)
             return self._complete(req, chat=path == "/v1/chat/completions")
         except ApiError as e:
             return e.answer(**({"Retry-After": "1"} if e.code == 429 else {}))
@@ -138,6 +147,30 @@ class Api:
                 "model",
                 err="model_not_found",
             )
+
+    def _tokenizer(self, path: str, req: Request) -> Answer:
+        """vLLM's tokenizer routes, which lm-evaluation-harness's tokenizer_backend="remote" reads (so it scores
+        against serve with no exported folder): the tokenizer's end-of-text and chat template, text to ids, ids to
+        text."""
+        eos = self.tok.decode([self.tok.eot_id])
+        if path == "/tokenizer_info":
+            return json_answer(
+                {
+                    "tokenizer_class": type(self.tok).__name__,
+                    "eos_token": eos,
+                    "bos_token": eos,  # a document starts after <|endoftext|>, as the HF export's tokenizer says
+                    "model_max_length": self.model.seq_len,
+                    "vocab_size": self.model.vocab,
+                    "chat_template": CHAT_TEMPLATE,
+                }
+            )
+        obj = oai.parse_body(req.body)
+        if "model" in obj:
+            self._check_model(obj["model"])
+        if path == "/tokenize":
+            ids = self.tok.encode(oai.tokenize_text(obj))
+            return json_answer({"count": len(ids), "max_model_len": self.model.seq_len, "tokens": ids})
+        return json_answer({"prompt": self.tok.decode(oai.token_ids(obj, "tokens", self.model.vocab))})
 
     async def _stats(self) -> Answer:
         counters = await self.engine.counters()
