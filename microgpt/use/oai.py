@@ -33,7 +33,7 @@ from microgpt.use.sample import Sampling
 
 # stop strings a request may name: OpenAI's API takes 4, vLLM any number, and lm-evaluation-harness's generation
 # tasks send their own list and the end-of-text string (5 or more); each push of a choice's text seeks every stop
-# (and holds back a prefix of each), so the bound keeps that check a few microseconds
+# and holds back a prefix of each (chat.held_prefix), so the bound keeps that check small beside the push's decode
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MAX_LOGPROBS = 5  # completions' logprobs, as OpenAI's API
