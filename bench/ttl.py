@@ -83,6 +83,7 @@ class Shape:
     precision: str
     sets: tuple[str, ...] = ()  # more overrides of every side's experiment
     min_tokens: int = 0  # fewer train tokens than this: prep says so (issue 46 asks for 100M at 120M and 12M)
+    stdlib_only: bool = False  # the corpus from the standard library alone (bench/ttl_data.py says why)
 
 
 SHAPES = {
@@ -92,7 +93,7 @@ SHAPES = {
                  60.0, 3.0, 450_000_000, 0.01, "triton", "bf16", min_tokens=100_000_000),
     "tiny": Shape("experiments/ANDREA-tiny-TRAIN.json", "experiments/ANDREA-tiny-MODERN-TRAIN.json", 512, 8, 1, 2,
                   3.0, 0.75, 1_500_000, 0.05, "numpy", "fp32",
-                  ("model.d_model=64", "model.n_layer=2", "model.n_head=4", "model.seq_len=64")),
+                  ("model.d_model=64", "model.n_layer=2", "model.n_head=4", "model.seq_len=64"), stdlib_only=True),
 }  # fmt: skip
 
 

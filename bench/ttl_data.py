@@ -1,11 +1,13 @@
 """bench/ttl.py's data: the corpus every machine has, gathered and prepared once per shape.
 
-The Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine
-has no network): .py files up to --corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an
-order fixed by a hash of their paths (a spread over all packages, not the first ones alphabetically), linked into one
-folder and prepared by `microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab; the shape's share of
-the files, 1% at 120M and 12M, is the val split). Every side reads these shards through microgpt.data: the same batch
-for (step, micro) and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
+The Python sources of this machine's standard library and site-packages (every machine has them; the GPU machine has
+no network; the CPU shape takes the standard library alone, which is the same on every machine of one Python version
+whatever is installed, where site-packages change the corpus with every package a venv gains): .py files up to
+--corpus-bytes, valid UTF-8 and of at most 1 MB, distinct by content, taken in an order fixed by a hash of their
+paths (a spread over all packages, not the first ones alphabetically), linked into one folder and prepared by
+`microgpt prep --source FOLDER` (its byte-level BPE of the shape's vocab; the shape's share of the files, 1% at 120M
+and 12M, is the val split). Every side reads these shards through microgpt.data: the same batch for (step, micro)
+and the same validation windows (the first eval_batches x micro_batch, at every evaluation).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ def say(text: str) -> None:
     print(f"ttl: {text}", file=sys.stderr, flush=True)
 
 
-def source_roots() -> list[Path]:
-    """This interpreter's standard library and site-packages folders (those that exist, each once)."""
+def source_roots(stdlib_only: bool = False) -> list[Path]:
+    """This interpreter's standard library and site-packages folders (those that exist, each once), or its standard
+    library alone."""
     paths = sysconfig.get_paths()
-    found = [Path(p).resolve() for p in (paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages())]
+    packages = () if stdlib_only else (paths["purelib"], paths["platlib"], *site.getsitepackages())
+    found = [Path(p).resolve() for p in (paths["stdlib"], *packages)]
     return [p for i, p in enumerate(found) if p.is_dir() and p not in found[:i]]
 
 
@@ -51,10 +55,10 @@ def python_files(roots: list[Path]) -> list[tuple[int, Path]]:
     return [(k, f) for k, f in out if f.is_file() and not f.is_symlink()]
 
 
-def gather(staging: Path, max_bytes: int) -> dict[str, Any]:
+def gather(staging: Path, max_bytes: int, stdlib_only: bool = False) -> dict[str, Any]:
     """Link up to max_bytes of distinct UTF-8 .py sources into staging/<root index>/<path>, in the order of a hash of
     their paths; what was taken."""
-    roots = source_roots()
+    roots = source_roots(stdlib_only)
     files = python_files(roots)
     files.sort(key=lambda kf: hashlib.sha1(f"{kf[0]}/{kf[1].relative_to(roots[kf[0]])}".encode()).digest())
     shutil.rmtree(staging, ignore_errors=True)
@@ -87,7 +91,7 @@ def prepare(shape: Shape, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     staging = folder / "sources"
-    found = gather(staging, shape.corpus_bytes)
+    found = gather(staging, shape.corpus_bytes, shape.stdlib_only)
     t1 = time.monotonic()
     cmd = [
         sys.executable,

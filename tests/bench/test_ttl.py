@@ -114,6 +114,8 @@ def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:
 
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
     found = ttl_data.gather(tmp_path / "src", 300_000)
+    assert ttl_data.source_roots(stdlib_only=True) == ttl_data.source_roots()[:1]  # the tiny shape's: stdlib alone
+    assert ttl_data.gather(tmp_path / "std", 300_000, stdlib_only=True)["roots"] == [str(ttl_data.source_roots()[0])]
     links = sorted(p for p in (tmp_path / "src").rglob("*") if p.is_symlink())
     assert len(links) == found["files"] > 0 and found["bytes"] >= 300_000
     assert all(p.suffix == ".py" and p.resolve().is_file() for p in links)
