@@ -264,9 +264,11 @@ def side_sets(assignments: list[str], x: str) -> list[str]:
     return out
 
 
-def own_sets(assignments: list[str], x: str) -> list[str]:
-    """The --set assignments whose "SIDES:" prefix names x (side (d)'s lever, in its label)."""
-    return [named[1] for a in assignments if (named := _named(a)) is not None and x in named[0]]
+def own_sets(assignments: list[str], x: str, base: str = "b") -> list[str]:
+    """The --set assignments whose "SIDES:" prefix names x but not base: what side (d) adds to (b), in its label."""
+    return [
+        named[1] for a in assignments if (named := _named(a)) is not None and x in named[0] and base not in named[0]
+    ]
 
 
 def _named(a: str) -> tuple[list[str], str] | None:

@@ -85,7 +85,7 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
     sets = ["train.seed=3", "a:train.lr=0.001", "b,c:train.muon_lr=0.03", "data.path=x:y"]
     assert ttl.side_sets(sets, "a") == ["train.seed=3", "train.lr=0.001", "data.path=x:y"]
     assert ttl.side_sets(sets, "c") == ["train.seed=3", "train.muon_lr=0.03", "data.path=x:y"]
-    lever = [*sets, "d:model.value_embeds=2"]  # side (d): (b) with a lever, which its label names
+    lever = [*sets, "b,d:model.n_head=3", "d:model.value_embeds=2"]  # (d): (b) with a lever, which its label names
     assert ttl.side_sets(lever, "d")[-1] == "model.value_embeds=2" and ttl.own_sets(lever, "d") == [
         "model.value_embeds=2"
     ]
