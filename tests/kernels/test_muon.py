@@ -227,5 +227,6 @@ def test_muon_step_gpu_modern_120m() -> None:
             two_steps()
         replayed = from_start(graph.replay)
     for name, a, b, c in zip(("p", "m", "p_compute"), first, again, replayed):
-        assert torch.equal(a, b), f"{name}: a second eager run differs"
-        assert torch.equal(a, c), f"{name}: the CUDA graph's replay differs"
+        differ = {k: int((x != y).sum()) for k, x, y in (("first/again", a, b), ("again/replay", b, c))}
+        assert torch.equal(a, b), f"{name}: a second eager run differs: elements differing {differ} of {a.numel()}"
+        assert torch.equal(a, c), f"{name}: the CUDA graph's replay differs: elements differing {differ}"

@@ -1,0 +1,93 @@
+"""Which part of the GPU Muon step differs between two runs from the same state (run on the GPU machine).
+
+    python3 dev/muon_repeat.py            # ANDREA-120M's modern groups, bf16 Newton-Schulz, one step, 3 runs
+
+Each run starts from the same p, m, g and the same scratch contents (reset to one noise), then runs
+kernels/muon.py's muon_step once, recording each group's Newton-Schulz input (the normalised X) and output. A line
+per stage says how many elements differ from the first run: the normalise kernels' X, the batched GEMMs' output, the
+final p. Then the three batched GEMMs alone, four times on one input. A JSON line each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from microgpt.kernels import muon as km  # noqa: E402
+from microgpt.ops.muon import muon_groups  # noqa: E402
+
+C, L, BF16 = 768, 12, torch.bfloat16
+
+
+def layout() -> tuple[int, tuple]:
+    shapes = [(C, C)] * 4 + [(C, 4 * C), (4 * C, C)]
+    mats, off = [], 5000
+    for _ in range(L):
+        for s in shapes:
+            mats.append((off, *s))
+            off += math.prod(s)
+    return off + 3001, muon_groups(mats)
+
+
+def differ(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[int]:
+    return [int((x != y).sum()) for x, y in zip(a, b)]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    n, groups = layout()
+    kinds = {"compute": BF16, "f32": torch.float32, "i32": torch.int32}
+    noise = {}
+    for s in km.muon_scratch(groups):
+        if s.fill is not None:
+            noise[s.keyword] = torch.tensor(s.fill, dtype=kinds[s.kind], device="cuda")
+        else:
+            noise[s.keyword] = torch.randn(s.numel, device="cuda").to(kinds.get(s.kind, BF16))
+    p0 = torch.randn(n, device="cuda") / C**0.5
+    g0 = torch.randn(n, device="cuda") / n**0.5
+    hyper = torch.tensor([0.02, 0.95, 1.0, 0.0], device="cuda")
+    norm = g0.norm().reshape(1)
+    ns = km.newton_schulz
+    runs = []
+    for _ in range(3):
+        scratch = {k: v.clone() for k, v in noise.items()}
+        p, g, m = p0.clone(), g0.clone(), torch.zeros(n, device="cuda")
+        pc = torch.zeros(n, dtype=BF16, device="cuda")
+        seen: list[torch.Tensor] = []
+
+        def recorded(x, y, gram, poly, steps):
+            seen.append(x.clone())
+            out = ns(x, y, gram, poly, steps)
+            seen.append(out.clone())
+            return out
+
+        km.newton_schulz = recorded
+        km.muon_step(p, g, m, pc, hyper, norm, groups=groups, max_norm=1.0, **scratch)
+        torch.cuda.synchronize()
+        km.newton_schulz = ns
+        runs.append((seen, p.clone()))
+    first_seen, first_p = runs[0]
+    for i, (seen, p) in enumerate(runs[1:], 1):
+        d = differ(first_seen, seen)
+        print(json.dumps({"run": i, "X_in": d[0::2], "ns_out": d[1::2], "p": int((p != first_p).sum())}))
+    for shape in [(48, C, C), (24, C, 4 * C)]:
+        x = (torch.randn(*shape, device="cuda") / 30).to(BF16)
+        gram = torch.empty(shape[0], shape[1], shape[1], device="cuda", dtype=BF16)
+        poly, y = torch.empty_like(gram), torch.empty_like(x)
+        outs = []
+        for _ in range(4):
+            torch.bmm(x, x.mT, out=gram)
+            torch.baddbmm(gram, gram, gram, beta=-4.775, alpha=2.0315, out=poly)
+            torch.baddbmm(x, poly, x, beta=3.4445, alpha=1.0, out=y)
+            torch.cuda.synchronize()
+            outs.append([gram.clone(), poly.clone(), y.clone()])
+        print(json.dumps({"gemms": list(shape), "differ (gram, poly, y)": [differ(outs[0], o) for o in outs[1:]]}))
+
+
+if __name__ == "__main__":
+    main()
