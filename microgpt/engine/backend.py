@@ -248,6 +248,7 @@ def triton_backend(precision_name: str, flag: str = "train.precision", compute: 
         kernel_args={
             **{fn: {"tuner": rt.tuner} for fn in runtime.TUNER_TAKERS},
             "decode_attention": {"sm_count": rt.sm_count},
+            "muon_step": {"gemm": rt.gemm},  # Newton-Schulz's GEMMs
         },
         matmul_args={"gemm": rt.gemm},
         on_bind=lambda arena: rt.tuner.set_probe(arena["gemm_probe"]),

@@ -1,6 +1,7 @@
 """cuBLASLt GEMMs: plain ones under an algorithm the warm-up picks, and the MLP's GELU in their epilogues.
 
     gemm(out, a, b, acc, algo)   out (+)= a @ b, 2D or batched (3D, a batch stride may be 0)  (EPILOGUE_DEFAULT)
+    addmm(out, c, a, b, beta, alpha)   out = beta c + alpha a @ b, c laid out as out       (Muon's Newton-Schulz)
     gemm(out, a, b, acc, algo, sa, sb)   out (+)= (a @ b) * sa * sb on E4M3 a, b (fp8's GEMMs)  (A/B_SCALE_POINTER)
     gelu_aux(a, h, x, w)         h = x @ w and a = gelu(h) from one GEMM                      (EPILOGUE_GELU_AUX)
     dgelu(dh, dout, w, h)        dh = (dout @ w) * gelu'(h) from one GEMM                     (EPILOGUE_DGELU)
@@ -182,14 +183,14 @@ class CublasLt:
 
     def _preference(self, aligned: tuple[int, ...]) -> ctypes.c_void_p:
         """No workspace (nothing outside the memory plan), no split-K reduction (a run repeats another bit for
-        bit), and the minimum alignments of A, B, C, D."""
+        bit), and the minimum alignments of A, B, C, D (`aligned`, in that order)."""
         pref = ctypes.c_void_p()
         _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
         settings = [
             (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(0)),
             (_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_NONE)),
         ]
-        settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate((*aligned, aligned[2]))]
+        settings += [(_PREF_MIN_ALIGNMENT_A + i, ctypes.c_uint32(n)) for i, n in enumerate(aligned)]
         for attr, value in settings:
             size = ctypes.sizeof(value)
             _check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), size), "preference")
@@ -203,8 +204,9 @@ class CublasLt:
         aux: torch.Tensor | None,
         epilogue: int,
         scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        c: torch.Tensor | None = None,
     ) -> _Plan:
-        aligned = alignment(b, a, out)  # cuBLASLt's A, B, and C = D
+        aligned = alignment(b, a, out if c is None else c, out)  # cuBLASLt's A, B, C and D
         key = (
             out.shape,
             out.stride(),
@@ -291,9 +293,14 @@ class CublasLt:
         algo: int = 0,
         accumulate: bool = False,
         scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        c: torch.Tensor | None = None,
+        alpha: float = 1.0,
+        beta: float | None = None,
     ) -> None:
+        """out = alpha (a @ b) + beta c under the plan's algorithm `algo`; c: out where None, beta: 1 where
+        accumulating, else 0."""
         _chained(out, a, b, aux)
-        plan = self._plan(out, a, b, aux, epilogue, scales)
+        plan = self._plan(out, a, b, aux, epilogue, scales, c)
         if aux is not None:
             self._set(plan.desc, _DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
         if scales is not None:  # a plan serves every GEMM of its shapes: each brings its own scales
@@ -301,17 +308,19 @@ class CublasLt:
         A, B, D = plan.layouts
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         ptr, d = ctypes.c_void_p, ctypes.c_void_p(out.data_ptr())
+        scale = ONE if alpha == 1.0 else ctypes.c_float(alpha)
+        add = (ONE if accumulate else ZERO) if beta is None else ctypes.c_float(beta)
         _check(
             self.lib.cublasLtMatmul(
                 self.handle,
                 plan.desc,
-                ctypes.byref(ONE),
+                ctypes.byref(scale),
                 ptr(b.data_ptr()),
                 A,
                 ptr(a.data_ptr()),
                 B,
-                ctypes.byref(ONE if accumulate else ZERO),
-                d,
+                ctypes.byref(add),
+                d if c is None else ptr(c.data_ptr()),
                 D,
                 d,
                 D,
@@ -338,6 +347,16 @@ class CublasLt:
         b. algo: the heuristic's candidate (n_algos). sa, sb: E4M3 a and b's fp32 scales, (1,) device tensors:
         out (+)= (a @ b) * sa * sb."""
         self._matmul(out, a, b, None, DEFAULT, algo, accumulate, None if sa is None else (sa, sb))
+
+    def addmm(
+        self, out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+    ) -> None:
+        """out = beta c + alpha (a @ b), 2D or batched, under the heuristic's first algorithm (none is timed: the
+        caller wants a fixed one). c has out's shape, strides and dtype (cuBLASLt's C and D share a layout) and may
+        be out itself; alpha and beta are read when the GEMM is queued (a graph keeps the values it captured)."""
+        if c.shape != out.shape or c.stride() != out.stride() or c.dtype != out.dtype:
+            raise ValueError(f"cuBLASLt addmm: c {tuple(c.shape)} {c.dtype} is not laid out as out {tuple(out.shape)}")
+        self._matmul(out, a, b, None, DEFAULT, 0, False, None, None if c is out else c, alpha, beta)
 
     def gelu_aux(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
         """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows

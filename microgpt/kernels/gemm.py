@@ -261,6 +261,7 @@ class Gemm:
         self._chosen: dict[str, tuple[str, bool]] = {}
         self._gelu_ways: dict[str, dict[str, tuple[int]]] = {}
         self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
+        self._lt_addmm: dict[str, bool] = {}  # per addmm key: False once cuBLASLt refused it
 
     def _run(self, way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
         """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>"
@@ -405,6 +406,23 @@ class Gemm:
                 self.mm(out[g], a[g], b[g], accumulate)
             return
         self._plain(out, a, b, accumulate)
+
+    def addmm(
+        self, out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+    ) -> None:
+        """out = beta c + alpha (a @ b), 2D or batched, out never one of a, b, c's memory but c possibly out itself
+        (Muon's Newton-Schulz). On a GPU with cuBLASLt: under its heuristic's first algorithm for the shape, with no
+        split-K reduction, so that the step repeats bit for bit (torch's cuBLAS makes no such promise for bf16
+        batched GEMMs; it is not timed: one fixed algorithm is the point). Elsewhere (the interpreter, a build
+        whose cuBLASLt is not found, a shape its heuristic refuses) torch's addmm / baddbmm, with a note."""
+        if self.lt is not None and out.is_cuda and self._lt_addmm.get(key := self._key(out, a, b, True), True):
+            try:
+                self.lt.addmm(out, c, a, b, beta, alpha)
+                return
+            except (RuntimeError, ValueError) as e:
+                self._lt_addmm[key] = False
+                self.tuner.note(f"addmm {key}", f"{e}: torch's cuBLAS runs it (not promised to repeat bit for bit)")
+        (torch.baddbmm if out.dim() == 3 else torch.addmm)(c, a, b, beta=beta, alpha=alpha, out=out)
 
     def mm_scaled(
         self,

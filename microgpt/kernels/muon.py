@@ -8,14 +8,17 @@ Per group of same-shaped matrices (k of stored shape (rows, cols), working shape
                       partial sums (added in a fixed order, by every program alike), U recomputed from g and the new
                       M (one FMA: cheaper than a round trip of U through memory), X = U / (||U|| + 1e-7) written in
                       the compute dtype at the working layout (transposed for a tall matrix), g zeroed
-    Newton-Schulz     ns_steps x three cuBLAS batched GEMMs in the compute dtype (bf16 on bf16/fp8 runs) with fp32
-                      accumulation, through torch.bmm / torch.baddbmm with out= into the planned x, y, gram, poly:
-                      A = X X^T ; B = b A + c A A ; Y = a X + B X, then X and Y swap (out= never aliases an input)
+    Newton-Schulz     ns_steps x three batched GEMMs in the compute dtype (bf16 on bf16/fp8 runs) with fp32
+                      accumulation, through the runtime's Gemm.addmm (cuBLASLt, one fixed algorithm, no split-K)
+                      into the planned x, y, gram, poly: A = X X^T ; B = b A + c A A ; Y = a X + B X, then X and Y
+                      swap (an output never aliases an input)
     k_muon_update     (tiles, k) programs: W = W (1 - lr wd) - lr scale X (X read transposed back for a tall
                       matrix), the fp32 master and the compute copy written in the same pass
 
-The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics: the step is
-deterministic. lr, mu, gscale and the weight decay come from the device array `hyper` (written by the host before
+The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and the GEMMs
+run under one algorithm without split-K (under torch's cuBLAS GEMMs the step did not repeat on an H200:
+dev/muon_repeat.py): the step is deterministic.
+lr, mu, gscale and the weight decay come from the device array `hyper` (written by the host before
 each step), the clip from the device norm, so every launch and GEMM replays inside the step's CUDA graph; nothing
 is allocated (the views of the planned buffers are metadata). A non-finite norm (fp16 overflow, the warm-up's inf
 gscale) leaves p, m and p_compute untouched and zeroes the owned gradients, as k_adamw does.
@@ -31,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.gemm import Gemm
 from microgpt.kernels.gradclip import clip_factor, finite
 from microgpt.ops import muon as spec
 from microgpt.ops.muon import MuonGroup, MuonScratch
@@ -165,14 +169,16 @@ def muon_scratch(groups: Iterable[MuonGroup]) -> list[MuonScratch]:
     ]
 
 
-def newton_schulz(x: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, poly: torch.Tensor, steps: int) -> torch.Tensor:
-    """ops/muon.py's newton_schulz as batched cuBLAS GEMMs with out= (fp32 accumulation, one rounding to the
-    compute dtype per product); returns the buffer holding the result."""
+def newton_schulz(
+    x: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, poly: torch.Tensor, steps: int, gemm: Gemm
+) -> torch.Tensor:
+    """ops/muon.py's newton_schulz as batched GEMMs (fp32 accumulation, one rounding to the compute dtype per
+    product) into the planned buffers; returns the buffer holding the result."""
     a, b, c = spec.NS_COEFFS
     for _ in range(steps):
-        torch.bmm(x, x.mT, out=gram)
-        torch.baddbmm(gram, gram, gram, beta=b, alpha=c, out=poly)
-        torch.baddbmm(x, poly, x, beta=a, alpha=1.0, out=y)
+        gemm.addmm(gram, gram, x, x.mT, 0.0, 1.0)  # beta 0: gram's old contents are not read
+        gemm.addmm(poly, gram, gram, gram, b, c)
+        gemm.addmm(y, x, poly, x, a, 1.0)
         x, y = y, x
     return x
 
@@ -193,9 +199,11 @@ def muon_step(
     partials: torch.Tensor,
     offsets: torch.Tensor,
     max_norm: float,
+    gemm: Gemm,
     ns_steps: int = spec.NS_STEPS,
 ) -> None:
-    """ops/muon.py's step; x, y, gram, poly, partials, offsets: muon_scratch's planned buffers (flat)."""
+    """ops/muon.py's step; x, y, gram, poly, partials, offsets: muon_scratch's planned buffers (flat); gemm: the
+    runtime's GEMM router (the backend binds it)."""
     first = 0
     for grp in groups:
         k, (R, W) = len(grp.offsets), grp.shape
@@ -224,7 +232,7 @@ def muon_step(
             TC=TC,
             PBLOCK=PBLOCK,
         )
-        out = newton_schulz(X, Y, gram[: k * R * R].view(k, R, R), poly[: k * R * R].view(k, R, R), ns_steps)
+        out = newton_schulz(X, Y, gram[: k * R * R].view(k, R, R), poly[: k * R * R].view(k, R, R), ns_steps, gemm)
         k_muon_update[tiles](
             p,
             p_compute if p_compute is not None else p,

@@ -54,3 +54,58 @@ def test_mismatched_shapes_and_strided_outputs_are_refused():
         cublaslt._chained(torch.empty(3, 8, 16), torch.empty(2, 8, 4), torch.empty(3, 4, 16), None)
     with pytest.raises(ValueError, match="shapes"):  # a batched output from 2D operands
         cublaslt._chained(torch.empty(3, 8, 16), x, w, None)
+
+
+def _addmm_cases(device: str, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
+    """(out, c, a, b) for Muon's three Newton-Schulz products: A = X X^T (c: out itself, filled with NaN, beta 0),
+    B = b A + c A A, Y = a X + B X; random operands, batched and 2D."""
+    g = torch.Generator(device).manual_seed(7)
+    x = (torch.randn(6, 48, 80, device=device, generator=g) / 8).to(dtype)
+    gram = torch.full((6, 48, 48), float("nan"), device=device, dtype=dtype)
+    sym = (torch.randn(6, 48, 48, device=device, generator=g) / 8).to(dtype)
+    return [
+        (gram, gram, x, x.mT),
+        (torch.empty_like(sym), sym, sym, sym),
+        (torch.empty_like(x), x, sym, x),
+        (torch.empty_like(x[0]), x[0], sym[0], x[0]),
+    ]
+
+
+COEFFS = [(0.0, 1.0), (-4.775, 2.0315), (3.4445, 1.0), (0.5, -1.5)]  # (beta, alpha) per case
+
+
+def _addmm_want(out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float):
+    prod = alpha * (a.double() @ b.double())
+    return prod if beta == 0.0 else prod + beta * c.double()  # beta 0: c is not read (it may hold NaN)
+
+
+def test_addmm_without_cublaslt_is_torchs():
+    """No cuBLASLt (CI): Gemm.addmm runs torch's addmm / baddbmm, beta 0 reading nothing of c."""
+    gemm = Gemm(Tuner("test-device"), None)
+    for (out, c, a, b), (beta, alpha) in zip(_addmm_cases("cpu", torch.float32), COEFFS):
+        want = _addmm_want(out, c, a, b, beta, alpha)
+        gemm.addmm(out, c, a, b, beta, alpha)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_addmm_gpu_repeats_bit_for_bit():
+    """On the GPU, Gemm.addmm is cuBLASLt's GEMM with C apart from D, alpha and beta: within bf16's rounding of the
+    fp64 product, beta 0 ignoring c's NaN, the same bits on every call (one fixed algorithm, no split-K), nothing
+    allocated, and not torch's fallback (no note)."""
+    lt = cublaslt.CublasLt.load()
+    assert lt is not None
+    tuner = Tuner("test-device")
+    gemm = Gemm(tuner, lt)
+    for (out, c, a, b), (beta, alpha) in zip(_addmm_cases("cuda", torch.bfloat16), COEFFS):
+        want = _addmm_want(out, c, a, b, beta, alpha)
+        gemm.addmm(out, c, a, b, beta, alpha)
+        first = out.clone()
+        before = torch.cuda.memory_allocated()
+        for _ in range(3):
+            gemm.addmm(out, c, a, b, beta, alpha)
+            assert torch.equal(out, first), (tuple(out.shape), beta, alpha)
+        assert torch.cuda.memory_allocated() == before
+        err = (first.double() - want).norm() / want.norm()
+        assert err < 1e-2, (tuple(out.shape), beta, alpha, float(err))
+    assert not gemm._lt_addmm and not tuner._said, "a GEMM fell back to torch's"

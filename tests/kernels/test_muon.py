@@ -1,7 +1,7 @@
 """kernels/muon.py's step against ops/muon.py's on the same fp32 arrays: several steps in a row over groups of
 wide, tall (the transposed writes and reads) and square matrices that straddle the kernels' tiles and blocks, among
 parameters Muon does not own; the non-finite skip; the planned scratch. In the interpreter (CI) the Newton-Schulz
-products run as torch CPU GEMMs; on the GPU (MICROGPT_TEST_GPU=1) as cuBLAS ones.
+products run as torch CPU GEMMs; on the GPU (MICROGPT_TEST_GPU=1) as cuBLASLt ones under one fixed algorithm.
 
 The GPU test at the modern ANDREA-120M shapes (bf16 Newton-Schulz against the NumPy step, bit-for-bit repeats,
 the step captured in a CUDA graph, no allocation) runs on the GPU machine:
@@ -18,7 +18,7 @@ from microgpt.kernels import muon as km
 from microgpt.ops import muon as ref
 from microgpt.ops.muon import MuonGroup, muon_groups
 
-from ._kutil import DEVICE, ON_GPU, check, h, t
+from ._kutil import DEVICE, GEMM, ON_GPU, check, h, t
 
 F32 = torch.float32
 KIND = {"f32": torch.float32, "i32": torch.int32}
@@ -76,7 +76,9 @@ def run_both(compute: torch.dtype, steps: int = len(LRS)) -> tuple[dict, dict, n
         norm = np.array([np.linalg.norm(raw.astype(np.float64))], np.float32)
         rg, gg = raw.copy(), dev(raw)
         ref.muon_step(rp, rg, rm, rpc, hyper(lr, mu), norm, groups=grps, max_norm=MAX_NORM, **rscratch)
-        km.muon_step(gp, gg, gm, gpc, dev(hyper(lr, mu)), dev(norm), groups=grps, max_norm=MAX_NORM, **scratch)
+        km.muon_step(
+            gp, gg, gm, gpc, dev(hyper(lr, mu)), dev(norm), groups=grps, max_norm=MAX_NORM, gemm=GEMM, **scratch
+        )
     got = {"p": h(gp), "m": h(gm), "g": h(gg), "pc": h(gpc)}
     want = {"p": rp.astype(np.float64), "m": rm.astype(np.float64), "g": rg.astype(np.float64), "pc": rpc}
     return got, want, p0.astype(np.float64), own
@@ -126,6 +128,7 @@ def test_non_finite_norm_skips(norm: float, gscale: float) -> None:
         dev(np.array([norm])),
         groups=grps,
         max_norm=MAX_NORM,
+        gemm=GEMM,
         **gpu_scratch(grps, F32, rng),
     )
     for name, a, b in (("p", gp, p), ("m", gm, m), ("p_compute", gpc, p)):
@@ -198,7 +201,7 @@ def test_muon_step_gpu_modern_120m() -> None:
             g.copy_(raw)
             hy.copy_(hyp)
             nm.copy_(norm)
-            km.muon_step(p, g, m, pc, hy, nm, groups=grps, max_norm=MAX_NORM, **scratch)
+            km.muon_step(p, g, m, pc, hy, nm, groups=grps, max_norm=MAX_NORM, gemm=GEMM, **scratch)
 
     def from_start(run) -> list[torch.Tensor]:
         p.copy_(start)

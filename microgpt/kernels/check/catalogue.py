@@ -305,7 +305,8 @@ def _muon_step_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     alignment a float can have in 16 bytes, which the kernels are specialised on), the gradient norm into report[1:2],
     AdamW over the embedding and over the untied head with their rows of hyper (no segment maxima: Muon's plans
     record none), and Muon over its groups (modern_muon_groups) with its row, its scratch as kernels/muon.py plans
-    it. Muon's Newton-Schulz GEMMs are cuBLAS's (torch.bmm, baddbmm): nothing of them is swept."""
+    it. Muon's Newton-Schulz GEMMs are cuBLASLt's (Gemm.addmm; torch's on these meta tensors): nothing of them is
+    swept."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
     C, V, N = s.C, s.V, s.B * s.T
     report, losses, tg = e(2 + 4, dt=f32), e(N, dt=f32), e(N, dt=i32)
@@ -339,7 +340,7 @@ def _muon_step_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         )
     kinds = {"compute": dtype, "f32": f32, "i32": i32}
     scratch = {b.keyword: e(b.numel, dt=kinds[b.kind]) for b in muon.muon_scratch(groups)}
-    muon.muon_step(p, g, m, compute, hyper[2], norm, groups=groups, max_norm=1.0, **scratch)
+    muon.muon_step(p, g, m, compute, hyper[2], norm, groups=groups, max_norm=1.0, gemm=gemm.Gemm(cat, None), **scratch)
 
 
 def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
