@@ -16,8 +16,9 @@ Per group of same-shaped matrices (k of stored shape (rows, cols), working shape
                       matrix), the fp32 master and the compute copy written in the same pass
 
 The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and the GEMMs
-run under one algorithm without split-K (under torch's cuBLAS GEMMs the step did not repeat on an H200:
-dev/muon_repeat.py): the step is deterministic.
+run as the engine's other cuBLASLt GEMMs do, under one algorithm without split-K, which is what lets those repeat bit
+for bit. (With torch's bmm/baddbmm in their place the step did not repeat on an H200: tests/kernels/test_muon.py's
+GPU test; dev/muon_repeat.py compares the two ways part by part.)
 lr, mu, gscale and the weight decay come from the device array `hyper` (written by the host before
 each step), the clip from the device norm, so every launch and GEMM replays inside the step's CUDA graph; nothing
 is allocated (the views of the planned buffers are metadata). A non-finite norm (fp16 overflow, the warm-up's inf
