@@ -213,7 +213,7 @@ def test_muon_step_gpu_modern_120m() -> None:
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        first = from_start(two_steps)  # the first run on this stream: cuBLAS's workspace is allocated here
+        first = from_start(two_steps)  # the first run on this stream: cuBLASLt's plans are made here
         got = h(first[0])
         check("update p - p0 (owned)", got[own] - p0[own], rp[own].astype(np.float64) - p0[own], 3e-2)
         check("m", h(first[1]), rm.astype(np.float64), 1e-5)
