@@ -18,7 +18,9 @@ Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens -
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
 a number N is N token ids of the standard library's text (BPE). Clients run in several processes (bench/serve_client.py:
 32 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
-time.perf_counter, one clock for every process of the machine.
+time.perf_counter, one clock for every process of the machine. Every wait is bounded (serve's start by
+--start-timeout, a request's next event by --timeout, a client process by twice that: bench/serve_client.py), and one
+that runs out ends the bench with one error line that names what it waited for (and serve's last lines), not a hang.
 
 One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the
 wall from the first request to the last stream's end, time to first token (the first event with text) median and
@@ -130,11 +132,13 @@ class Server:
                 self.proc.wait()
 
 
-def get(port: int, path: str) -> dict[str, Any]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=60)
+def get(port: int, path: str, timeout: float = 60) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         conn.request("GET", path)
         return json.load(conn.getresponse())
+    except TimeoutError:
+        raise BenchError(f"GET {path}: no answer within {timeout:g} s") from None
     finally:
         conn.close()
 
@@ -368,8 +372,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--system", type=int, help="system prompt tokens (default: 384 on cuda, 16 on cpu)")
     p.add_argument("--chat-tokens", type=int, help="max_tokens of a chat turn (default: 64 on cuda, 4 on cpu)")
     p.add_argument("--repeats", type=int, default=3, help="the decode step's timing runs (bench/decode.py's)")
-    p.add_argument("--start-timeout", type=float, default=600, help="seconds for serve to answer")
-    p.add_argument("--timeout", type=float, default=600, help="seconds a request may wait for its next event")
+    p.add_argument("--start-timeout", type=float, help="seconds for serve to answer (default: 600 on cuda, 120 on cpu)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds a request may wait for its next event, a client process twice that (default: 600 on cuda, 120 "
+        "on cpu, where nothing is tuned or compiled)",
+    )
     return p
 
 
@@ -382,6 +391,8 @@ def defaults(args: argparse.Namespace) -> None:
     args.chat = (64 if gpu else 0) if args.chat is None else args.chat
     args.system = args.system or (384 if gpu else 16)
     args.chat_tokens = args.chat_tokens or (64 if gpu else 4)
+    args.start_timeout = args.start_timeout or (600 if gpu else 120)
+    args.timeout = args.timeout or (600 if gpu else 120)
     args.max_batch = max(args.streams + [args.chat])
     args.backend, args.precision = "triton" if gpu else "numpy", args.precision or ("bf16" if gpu else "fp32")
 

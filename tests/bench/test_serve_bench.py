@@ -2,19 +2,26 @@
 streams and two prompt kinds, and the chat workload with prefix reuse on and off on a run's checkpoint. Each stream's
 text must be the model's own greedy continuation of its prompt (ignore_eos: all of --tokens), the rows' figures must
 add up and name the decode step's own rate. Also: a checkpoint that is none and a server that does not come up are
-reported in one line (with serve's output), and a terminated bench leaves no server behind. No timing is asserted."""
+reported in one line (with serve's output), and a terminated bench leaves no server behind; the client processes keep
+SIGTERM's default action, and one that dies or stalls, or a server that never answers, is one error line with no
+process left behind, not a hang. No timing is asserted."""
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from bench import serve
+import pytest
+
+from bench import serve, serve_client
 from bench.decode import random_checkpoint
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.use.sample import Sampling, generate, load
@@ -65,6 +72,46 @@ def test_many_streams_are_read_from_several_client_processes() -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = [r for r in json_lines(res.stdout) if "streams" in r]
     assert row["completion_tokens"] == 120 and row["same_as_alone"] == "8/8" and row["finish_reasons"] == ["length"]
+
+
+FLEET = [(k, {}) for k in range(2 * serve_client.CLIENTS_PER_PROC)]  # two client processes
+
+
+def test_the_client_processes_end_on_sigterm_whatever_the_bench_does_with_it(monkeypatch) -> None:
+    """The bench turns SIGTERM into SystemExit; its client processes keep SIGTERM's default action (a forked process
+    with the bench's handler, about to wait on a lock when the signal came, ran no handler and never ended)."""
+    monkeypatch.setattr(serve_client, "threads", lambda *_, **__: [signal.getsignal(signal.SIGTERM)])
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        assert serve_client.fleet(0, FLEET, 60) == [signal.SIG_DFL, signal.SIG_DFL]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not multiprocessing.active_children()
+
+
+def test_a_client_process_that_dies_or_stalls_is_one_error_line_not_a_hang(monkeypatch) -> None:
+    """A client process that exits without its runs, or neither reads nor reports for twice the timeout, ends the
+    fleet with a BenchError naming it, and no client process is left behind."""
+    monkeypatch.setattr(serve_client, "threads", lambda *_, **__: os._exit(3))
+    with pytest.raises(serve_client.BenchError, match=r"^client process \d exited with status 3 before sending"):
+        serve_client.fleet(0, FLEET, 60)
+    assert not multiprocessing.active_children()
+    monkeypatch.setattr(serve_client, "threads", lambda *_, **__: threading.Event().wait())
+    with pytest.raises(serve_client.BenchError, match=r"^client process \d read nothing and sent no runs for 1 s$"):
+        serve_client.fleet(0, FLEET, 0.5)
+    assert not multiprocessing.active_children()
+
+
+def test_a_server_that_never_answers_is_one_error_line_not_a_hang() -> None:
+    """Connected (the kernel's backlog) but never answered: each stream gives up after the timeout, and the fleet's
+    error names the stream and the wait."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(len(FLEET))
+        port = sock.getsockname()[1]
+        with pytest.raises(serve_client.BenchError, match=r"^stream \d+ \(POST /v1/completions\): the server sent no"):
+            serve_client.fleet(port, FLEET, 0.5)
+    assert not multiprocessing.active_children()
 
 
 def test_the_chat_workload_reuses_prefixes_and_says_how_much(run_256: Path) -> None:
