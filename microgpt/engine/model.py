@@ -347,7 +347,7 @@ def _modern_backward(
         layer_done(0)
     K.zero_(dln)  # the embedding's gradient, through its RMSNorm
     K.rmsnorm_backward(dln, dresid, A["emb"], A["emb_rstd"])
-    K.embedding_backward(G["wte"], None, dln.reshape(B, T, -1), tokens)
+    K.embedding_backward(G["wte"], None, dln.reshape(B, T, -1), tokens, sorted_before=m.value_embeds > 0)
 
 
 def _attention_backward(
@@ -363,7 +363,8 @@ def _attention_backward(
     """The attention half of a layer's backward, both families': from dresid (the gradient reaching W_O's output) to
     the QKV projection's input gradient in dln, the block's calls from the QKV linear on reversed (the modern block's
     QK-norm and rotary backward after attention's, in place on dq, dk; then a value embedding's, which dv reaches
-    unchanged). layer_done(layer + 1) just before the attention (gpt_backward says why)."""
+    unchanged; the first of those, layer L-1's, sorts the tokens for every later one and for the embedding's).
+    layer_done(layer + 1) just before the attention (gpt_backward says why)."""
     (B, T), h, H = tokens.shape, f"h{layer}.", m.n_head
     att = A["att"][layer]
     K.linear_backward(A["datt"], G[h + "w_o"], A["dresid"], att, P[h + "w_o"])
@@ -375,7 +376,7 @@ def _attention_backward(
     if m.block == "modern":
         K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
     if (ve := params.value_embed(m, layer)) is not None:
-        K.embedding_backward(G[ve], None, dv, tokens)
+        K.embedding_backward(G[ve], None, dv, tokens, sorted_before=layer < m.n_layer - 1)
     K.linear_backward(A["dln"], G[h + "w_qkv"], A["dqkv"], A["ln1"][layer], P[h + "w_qkv"])
 
 

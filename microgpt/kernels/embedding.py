@@ -168,16 +168,20 @@ def embedding_backward(
     dout: torch.Tensor,
     tokens: torch.Tensor,
     *,
+    sorted_before: bool = False,
     order: torch.Tensor,
     tuner: Tuner,
     chunk: int = CHUNK,
 ) -> None:
-    """order: int32 scratch of at least N = B*T elements; dwpe None: no position table (no dwpe programs)."""
+    """order: int32 scratch of at least N = B*T elements; dwpe None: no position table (no dwpe programs).
+    sorted_before: an earlier call scattered the same tokens into a table of as many rows, so `order` holds their
+    sort already (the value embeddings' backwards and the embedding's, one micro-batch: one sort)."""
     T, C = tokens.shape[-1], dwte.shape[1]
     N = tokens.numel()
     S = T * max(1, chunk // T)
     tok, d = tokens.reshape(N), dout.reshape(N, C)
-    sort_tokens(order, tok, S, dwte.shape[0], tuner)
+    if not sorted_before:
+        sort_tokens(order, tok, S, dwte.shape[0], tuner)
     # whole rows per program (C <= 1024): the scatter is latency-bound (order -> token -> row loads per run,
     # and runs are short: one token each on random data), so fewer, wider programs finish in fewer waves
     BC = _block_c(C)

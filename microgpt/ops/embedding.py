@@ -30,9 +30,12 @@ def embedding_forward(out: NDArray, tokens: NDArray, wte: NDArray, wpe: NDArray 
         out += wpe[:T]  # broadcasts over the batch axis
 
 
-def embedding_backward(dwte: NDArray, dwpe: NDArray | None, dout: NDArray, tokens: NDArray) -> None:
+def embedding_backward(
+    dwte: NDArray, dwpe: NDArray | None, dout: NDArray, tokens: NDArray, sorted_before: bool = False
+) -> None:
     """dwte (V,C) += scatter of dout by token id; dwpe[:T] (T,C) += dout summed over the batch (dwpe None: no
-    position table)."""
+    position table). sorted_before: an earlier call of this backward scattered the same tokens (the GPU keeps its
+    sort of them; here there is none to keep)."""
     T, C = dout.shape[1], dout.shape[2]
     np.add.at(dwte, tokens.reshape(-1), dout.reshape(-1, C))  # unbuffered: repeated ids all count
     if dwpe is not None:

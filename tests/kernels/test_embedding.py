@@ -97,6 +97,23 @@ def test_embedding_backward_is_deterministic() -> None:
         np.testing.assert_array_equal(h(runs[0][1]), h(runs[1][1]))
 
 
+def test_a_later_backward_of_the_same_tokens_reads_the_first_ones_sort() -> None:
+    """The value embeddings' backwards and the embedding's, one micro-batch: the first sorts the tokens into `order`,
+    each later one (sorted_before) skips the sort and scatters what it would have, bit for bit."""
+    rng = np.random.default_rng(6)
+    tokens = t(rng.integers(0, 5, size=(3, 40)).astype(np.int32))
+    douts = [t(rng.standard_normal((3, 40, 16))) for _ in range(2)]
+    order = torch.empty(3 * 40, dtype=torch.int32, device=DEVICE)
+    for chunk in (ke.CHUNK, 80):
+        alone = torch.zeros(5, 16, device=DEVICE)
+        ke.embedding_backward(alone, None, douts[1], tokens, order=order, chunk=chunk, tuner=TUNER)
+        order.fill_(-1)  # whatever the buffer held before this micro-batch's first call
+        first, later = torch.zeros(5, 16, device=DEVICE), torch.zeros(5, 16, device=DEVICE)
+        ke.embedding_backward(first, None, douts[0], tokens, order=order, chunk=chunk, tuner=TUNER)
+        ke.embedding_backward(later, None, douts[1], tokens, sorted_before=True, order=order, chunk=chunk, tuner=TUNER)
+        assert torch.equal(later, alone), chunk
+
+
 @pytest.mark.parametrize("vocab", [97, 2**30], ids=["int32-keys", "int64-keys"])
 def test_sort_is_the_stable_order_per_chunk(vocab: int) -> None:
     """k_embedding_sort against NumPy's stable argsort, chunk by chunk (the last one short), with keys token * S +
