@@ -356,7 +356,7 @@ class CublasLt:
         be out itself; alpha and beta are read when the GEMM is queued (a graph keeps the values it captured)."""
         if c.shape != out.shape or c.stride() != out.stride() or c.dtype != out.dtype:
             raise ValueError(f"cuBLASLt addmm: c {tuple(c.shape)} {c.dtype} is not laid out as out {tuple(out.shape)}")
-        self._matmul(out, a, b, None, DEFAULT, 0, False, None, None if c is out else c, alpha, beta)
+        self._matmul(out, a, b, None, DEFAULT, c=None if c is out else c, alpha=alpha, beta=beta)
 
     def gelu_aux(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
         """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows

@@ -45,7 +45,7 @@ class CacheRows:
             slot, held, copied = int(best_free), int(lcp[best_free]), 0
         else:
             slot, held = self.free[0], int(lcp[donor])
-            copied = held
+            copied = held  # into the least recently used free row
             if held:
                 self.S.copy_rows(slot, donor, held)
         self.free.remove(slot)

@@ -164,8 +164,7 @@ class Scheduler:
         self.cache.fed[self.batch.slot[:nb]] = self.batch.pos[:nb]  # the decoding rows' positions so far
         row.slot, row.fed, copied = self.cache.take(row.prompt, reuse=not row.spec.echo)
         self.counts["reused_tokens"] += row.fed
-        if copied:
-            self.counts["copied_tokens"] += copied
+        self.counts["copied_tokens"] += copied
 
     def joined(self, row: Row) -> None:
         """row's prompt is in the cache but for its last token, which its first decode step feeds."""
