@@ -6,7 +6,11 @@
 #   dev/gpu_check.sh tests bench train train16 profile sanitizer bench-mg bench-torch
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
-#   train:  ANDREA-12M: a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
+#   train:  ANDREA-12M (TRAIN_EXP: another experiment): a short run, determinism, resume, the first steps against
+#           numpy (dev/train_check.py)
+#   muon-repeat: dev/muon_repeat.py: which part of the GPU Muon step differs between identical runs ($OUT/muon_repeat.jsonl)
+#   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz (kept under 16 MB), and back from
+#           a carried .gpu-cache/caches.tgz, so that the next call on a fresh machine starts warm
 #   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
 #           prefill and graph-replayed decode against transformers, eager and compiled); rows in $OUT/decode.jsonl
 #   serve:  bench/serve.py (ANDREA-120M random weights, bf16: 1, 8, 64 and 256 streams of short and 512-token prompts
@@ -44,6 +48,7 @@
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.cache/triton}"  # under .cache: cache-save/cache-load carry it
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 stages=${*:-"tests bench train"}
@@ -77,7 +82,11 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
     r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
     print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve.err" | cut -c1-400 ;;
-    train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
+    muon-repeat) timeout 240 python3 dev/muon_repeat.py 2>&1 | tee "$OUT/muon_repeat.jsonl" | cut -c1-600 ;;
+    cache-load) [ -f .gpu-cache/caches.tgz ] && tar -xzf .gpu-cache/caches.tgz && du -sh .cache ;;
+    cache-save) tar -czf "$OUT/caches.tgz" .cache && ls -l "$OUT/caches.tgz" \
+                  && [ "$(stat -c %s "$OUT/caches.tgz")" -lt 16000000 ] || { echo "caches over 16 MB: not kept"; rm -f "$OUT/caches.tgz"; } ;;
+    train) timeout 240 python3 dev/train_check.py ${TRAIN_EXP:-experiments/ANDREA-12M-TRAIN.json} /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
     train16) timeout 200 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12h --precision fp16 \
@@ -177,7 +186,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
          timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} "${sets[@]}" 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
-    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl)" ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

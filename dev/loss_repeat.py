@@ -1,8 +1,10 @@
 """Do two identical GPU runs report the same losses? (issue 35: the printed loss must repeat to the bit.)
 
     python3 dev/loss_repeat.py [--steps 80] [--precision bf16] [--mb 16] [--n-micro 4] [--env K=V ...]
+                               [--experiment experiments/ANDREA-12M-MODERN-TRAIN.json]
 
-Runs ANDREA-12M's shape on fixed random batches (no data files) twice, each in a fresh process with one tuning cache
+Runs ANDREA-12M's shape (or --experiment's model and optimizer) on fixed random batches (no data files) twice, each
+in a fresh process with one tuning cache
 (the second reuses the first's recorded choices, as a rerun on one machine does), and prints one JSON line: the
 steps whose reported loss, micro-batch losses or gradient norm differ, and whether the final weights are the same
 bits. --env sets variables for both runs (e.g. MICROGPT_GEMM=triton forces a GEMM way; LOSS_REPEAT_FP8_TILE=1 runs fp8's
@@ -52,13 +54,11 @@ def child(a: argparse.Namespace) -> None:
     if os.environ.get("LOSS_REPEAT_FP8_TILE") == "1":
         fp8_gemms_on_the_tile()
 
-    from microgpt.config import ModelConfig, TrainConfig
     from microgpt.engine.backend import triton_backend
     from microgpt.engine.state import make_state
     from microgpt.engine.step import Step
 
-    m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
-    t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
+    m, t = shape(a)
     S = make_state(m, t, triton_backend(a.precision))
     step = Step(S)
     rng = np.random.default_rng(0)
@@ -78,6 +78,21 @@ def child(a: argparse.Namespace) -> None:
     print(json.dumps({"rows": rows, "sha": sha, "digests": digests}))
 
 
+def shape(a: argparse.Namespace):  # noqa: ANN201
+    """(model, train) of the runs: ANDREA-12M's shape (GPT-2 block, AdamW), or --experiment's model and optimizer
+    (the modern block and Muon, say) at --mb, --n-micro and --precision."""
+    from dataclasses import replace
+
+    from microgpt import config
+    from microgpt.config import ModelConfig, TrainConfig
+
+    over = dict(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
+    if a.experiment:
+        exp = config.load(a.experiment)
+        return exp.model, replace(exp.train, **over)
+    return ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512), TrainConfig(**over)
+
+
 DIGESTS = ("lnf", "ce_lse", "losses", "dln", "report", "fp8_slots", "fp8_head_slots", "fp8_wscales")
 
 
@@ -93,13 +108,11 @@ def replays(a: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from microgpt.config import ModelConfig, TrainConfig
     from microgpt.engine.backend import triton_backend
     from microgpt.engine.state import make_state
     from microgpt.engine.step import Step
 
-    m = ModelConfig(vocab_size=4096, d_model=384, n_layer=6, n_head=6, seq_len=512)
-    t = TrainConfig(micro_batch=a.mb, n_micro=a.n_micro, precision=a.precision, backend="triton", seed=1337)
+    m, t = shape(a)
     S = make_state(m, t, triton_backend(a.precision))
     step = Step(S)
     rng = np.random.default_rng(0)
@@ -128,6 +141,7 @@ def replays(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--experiment", help="an experiment file whose model and optimizer the runs take (ANDREA-12M's)")
     p.add_argument("--precision", default="bf16")
     p.add_argument("--mb", type=int, default=16)
     p.add_argument("--n-micro", type=int, default=4)
@@ -157,6 +171,7 @@ def main() -> None:
         str(a.mb),
         "--n-micro",
         str(a.n_micro),
+        *(["--experiment", a.experiment] if a.experiment else []),
     ]
     runs = []
     for _ in range(a.runs):

@@ -7,13 +7,20 @@ Per group of same-shaped matrices (k of stored shape (rows, cols), working shape
     k_muon_normalise  (tiles, k) programs, a (TR, TC) tile of the stored matrix each: ||U_i|| from matrix i's P
                       partial sums (added in a fixed order, by every program alike), U recomputed from g and the new
                       M (one FMA: cheaper than a round trip of U through memory), X = U / (||U|| + 1e-7) written in
-                      the compute dtype at the working layout (transposed for a tall matrix), g zeroed
+                      the compute dtype at the working layout (transposed for a tall matrix)
     Newton-Schulz     ns_steps x three batched GEMMs in the compute dtype (bf16 on bf16/fp8 runs) with fp32
                       accumulation, through the runtime's Gemm.addmm (cuBLASLt, one fixed algorithm, no split-K)
                       into the planned x, y, gram, poly: A = X X^T ; B = b A + c A A ; Y = a X + B X, then X and Y
                       swap (an output never aliases an input)
     k_muon_update     (tiles, k) programs: W = W (1 - lr wd) - lr scale X (X read transposed back for a tall
-                      matrix), the fp32 master and the compute copy written in the same pass
+                      matrix), the fp32 master and the compute copy written in the same pass, g zeroed
+
+g is zeroed by the update pass, which never reads it, and not by the normalise pass that reads it: inside one program
+Triton may give a load and a store of the same addresses different thread layouts, and a store whose value does not
+depend on the load (zeros) is then ordered after it by nothing, so another warp's zero could land before this warp's
+read. That race is what made the step differ between runs (a few hundred elements of X a group, the square and wide
+groups only, whose normalise loads g in one layout and stored its zeros in another: kernels/check/hazards.py finds
+such a pair in the compiled kernel, and tests/kernels/test_hazards.py runs it over every kernel CI compiles).
 
 The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and the GEMMs
 run as the engine's other cuBLASLt GEMMs do, under one algorithm without split-K, which is what lets those repeat bit
@@ -117,13 +124,13 @@ def k_muon_normalise(
     m = tl.load(m_ptr + ptr, mask=mask, other=0.0)
     u = g + mu * (m - g)
     tl.store(x_ptr + xo, (u / denom).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(g_ptr + ptr, tl.zeros((TR, TC), dtype=g_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def k_muon_update(
     p_ptr,
     pc_ptr,
+    g_ptr,
     x_ptr,
     hyper_ptr,
     norm_ptr,
@@ -138,8 +145,8 @@ def k_muon_update(
     TR: tl.constexpr,
     TC: tl.constexpr,
 ):
-    # p: (n,) fp32 flat, pc: its compute copy; x: (k, R, Cw) the orthogonalised updates, laid out as in
-    # k_muon_normalise; scale: sqrt(max(1, cols / rows))
+    # p: (n,) fp32 flat, pc: its compute copy, g: (n,) fp32 the gradients (only written: zeroed); x: (k, R, Cw) the
+    # orthogonalised updates, laid out as in k_muon_normalise; scale: sqrt(max(1, cols / rows))
     _, mask, ptr, xo = _tile(offs_ptr, rows, cols, sxr, sxc, TR, TC)
     lr = tl.load(hyper_ptr)
     wd = tl.load(hyper_ptr + 3)
@@ -151,6 +158,7 @@ def k_muon_update(
     tl.store(p_ptr + ptr, p, mask=upd)
     if COMPUTE:
         tl.store(pc_ptr + ptr, p.to(pc_ptr.dtype.element_ty), mask=upd)
+    tl.store(g_ptr + ptr, tl.zeros((TR, TC), dtype=g_ptr.dtype.element_ty), mask=mask)
 
 
 def partials_per_matrix(grp: MuonGroup) -> int:
@@ -237,6 +245,7 @@ def muon_step(
         k_muon_update[tiles](
             p,
             p_compute if p_compute is not None else p,
+            g,
             out,
             hyper,
             norm,

@@ -2,7 +2,8 @@
 
     TARGETS            compute capability -> the limits one block of a kernel must fit there
     rows_of(...)       every distinct kernel binary the launches of catalogue.py bind to, per target
-    compile_rows(...)  each compiled for its targets: shared memory, registers and spills (`Usage`)
+    compile_rows(...)  each compiled for its targets: shared memory, registers and spills, and any write-after-read
+                       race inside a program that check/hazards.py finds in its TTGIR (`Usage`)
 
 Triton compiles ahead of time for any target on any machine: `triton.compile(src, target=GPUTarget("cuda", cc,
 32))` runs the whole pipeline through ptxas (which ships with triton) with no GPU and no driver. A launch's
@@ -38,6 +39,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from microgpt.kernels.check.catalogue import ANDREA, MODERN, Launch, Shape, jit_kernels, launches
+from microgpt.kernels.check.hazards import hazards
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Usage:
     regs: int  # per thread
     stack: int  # bytes of stack frame per thread: what ptxas spilled of the registers
     threads: int  # per block
+    hazards: tuple[str, ...] = ()  # write-after-read races inside a program (check/hazards.py): none is the rule
 
 
 def bind(launch: Launch, target: Target) -> tuple[str, dict[str, Any]]:
@@ -95,7 +98,13 @@ def compile_job(job: dict[str, Any]) -> Usage:
     src = ASTSource(kernel, job["signature"], job["constexprs"], job["attrs"])
     compiled = triton.compile(src, target=GPUTarget("cuda", job["cc"], 32), options=job["options"])
     res = cubin_usage(compiled.asm["cubin"])
-    return Usage(compiled.metadata.shared + res["SHARED"], res["REG"], res["STACK"], compiled.metadata.num_warps * 32)
+    return Usage(
+        compiled.metadata.shared + res["SHARED"],
+        res["REG"],
+        res["STACK"],
+        compiled.metadata.num_warps * 32,
+        tuple(hazards(compiled.asm["ttgir"])),
+    )
 
 
 def cubin_usage(cubin: bytes) -> dict[str, int]:
@@ -232,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = rows_of([*ANDREA, *MODERN], list(DTYPES), targets)
     compile_rows(rows, select(rows, full=not args.ci), args.jobs)
     print(format_table(rows, targets))
+    for r in rows:
+        for cc, u in r.usage.items():
+            for h in u.hazards:
+                print(f"race: {r.kernel} ({r.label}) on sm_{cc}: {h}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"kernels": sorted(jit_kernels()), "rows": to_json(rows)}, f)
