@@ -13,12 +13,12 @@ halves at base model.rope_base; attention scales by 1/sqrt(D); no biases; w_o, w
 matrices are stored stacked, as torch's [out, in] (qkvo (L, 4, C, C), fc (L, 4C, C), proj (L, C, 4C)), so each
 same-shaped group is one Muon batch and its gradient comes stacked; `slot` maps microgpt's names onto them.
 
-Muon (MODERN.md): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G'); X = U / (|U|_F + 1e-7)
-in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A, X = a X + B X; then
-W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte (and the value
-embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at
-train.head_lr (0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings). The global
-grad norm is clipped at train.grad_clip before both optimizers, as microgpt's step does.
+Muon (docs/ANDREA.md section 9): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G');
+X = U / (|U|_F + 1e-7) in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A,
+X = a X + B X; then W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte (and
+the value embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at train.head_lr (0: train.lr), both decayed
+by train.weight_decay (microgpt decays matrices and embeddings). The global grad norm is clipped at train.grad_clip
+before both optimizers, as microgpt's step does.
 
 Data, initial weights, schedule and timing are microgpt's: the batches of (step, micro) and the validation windows
 come from microgpt.data.make_loaders of the same experiment, the weights from engine/params.py's init, every group's
@@ -166,7 +166,7 @@ def muon_update(
 
 
 class Muon:
-    """MODERN.md's Muon over the model's stacked block matrices: one batched update per stored shape. The
+    """Section 9's Muon over the model's stacked block matrices: one batched update per stored shape. The
     orthogonalisation runs in `dtype` (bf16 on the GPU, as microgpt's; the CPU smoke test and the tests use fp32)."""
 
     def __init__(self, model: Modern, compiled: bool, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -97,7 +97,7 @@ class TrainConfig:
     schedule: str = "cosine"
     warmdown_frac: float = 0.4
     # each group's lr at the schedule's peak (the schedule scales them all alike): the untied head's (0: lr) and
-    # Muon's; muon_momentum rises linearly from muon_momentum_start over muon_momentum_warmup steps
+    # Muon's; muon_momentum rises linearly from muon_momentum_start over muon_momentum_warmup steps (0: none)
     head_lr: float = 0.0
     muon_lr: float = 0.02
     muon_momentum: float = 0.95

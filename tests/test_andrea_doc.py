@@ -1,6 +1,7 @@
 """docs/ANDREA.md states numbers: each parameter count and memory plan there must be what the code computes for
-the committed experiments, and the LayerNorm eps, the lr table, the manifest's fields, the ANDREA-12M epochs and the
-dashboard's tunnel port what the code uses, so the page cannot drift from the code."""
+the committed experiments, and the LayerNorm eps, the lr table, the manifest's fields, the ANDREA-12M epochs, the
+dashboard's tunnel port and section 9's constants and defaults (the RMSNorm eps, rotary's base, Muon's, the schedule's
+worked example) what the code uses, so the page cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -273,3 +274,96 @@ def test_modern_order_and_groups_are_the_code_s() -> None:
     assert names == want
     groups = ", ".join(f"{len(g.offsets)} of ({g.rows}, {g.cols})" for g in optim.groups(m))
     assert f"at ANDREA-120M's width {groups}" in " ".join(MODERN_SECTION.split())
+
+
+# Section 9's numbers and defaults, each against the constant or config default the code runs with.
+MODERN_FLAT = " ".join(MODERN_SECTION.split())  # the prose with its line breaks made spaces
+
+
+def stated(pattern: str) -> re.Match:
+    found = re.search(pattern, MODERN_FLAT)
+    assert found is not None, f"docs/ANDREA.md section 9 no longer states {pattern!r}"
+    return found
+
+
+def test_modern_norms_and_rope_are_the_code_s() -> None:
+    """The one RMSNorm eps (every norm of the block and QK-norm, both backends), rotary's base, the soft-cap."""
+    from microgpt.kernels import qkrope as k_qkrope
+    from microgpt.kernels import rmsnorm as k_rmsnorm
+    from microgpt.ops import qkrope, rmsnorm
+
+    eps = float(stated(r"rmsnorm\(z\) = z / sqrt\(mean\(z\^2\) \+ ([0-9.e-]+)\)").group(1))
+    assert float(stated(r"the same eps ([0-9.e-]+) in all five places").group(1)) == eps
+    assert eps == rmsnorm.EPS == qkrope.EPS == k_rmsnorm.EPS == k_qkrope.EPS
+    base = float(stated(r"\(`model\.rope_base`, ([0-9]+)\)").group(1))
+    assert base == config.ModelConfig().rope_base == qkrope.BASE
+    assert float(stated(r"model\.softcap \(([0-9.]+); 0: none\)").group(1)) == config.ModelConfig().softcap
+
+
+def test_modern_optimizer_constants_are_the_code_s() -> None:
+    """Muon's Newton-Schulz steps and coefficients, its normalisation eps, the clip's eps, the shape scale of a wide
+    and of a tall matrix stored [in, out]."""
+    import numpy as np
+
+    from microgpt.ops import muon
+    from microgpt.ops.gradclip import clip_factor
+
+    assert int(stated(r"(\d+) times: A = X X\^T").group(1)) == muon.NS_STEPS
+    coeffs = stated(r"\(a, b, c\) = \(([-0-9., ]+)\)").group(1)
+    assert tuple(float(c) for c in coeffs.split(",")) == muon.NS_COEFFS
+    assert float(stated(r"U / \(\|\|U\|\|_F \+ ([0-9.e-]+)\)").group(1)) == muon.NORM_EPS
+    clip_eps = float(stated(r"min\(1, clip / \(norm \* gscale \+ ([0-9.e-]+)\)\)").group(1))
+    assert clip_factor(np.array([3.0]), np.float64(1.0), 2.0) == 2.0 / (3.0 + clip_eps)
+    C = 8
+    wide, tall = muon.MuonGroup((0,), C, 4 * C), muon.MuonGroup((0,), 4 * C, C)
+    scale = stated(r"w_1 \(C, 4C\) is wide, scale (\d+); w_2 \(4C, C\) is tall: .*?, scale (\d+)\.")
+    assert (wide.scale, tall.scale) == (float(scale.group(1)), float(scale.group(2)))
+    assert not wide.transposed and tall.transposed and tall.shape == (C, 4 * C)
+
+
+def test_modern_defaults_are_the_config_s() -> None:
+    """Every `train.<field>` (<number>) or (<number> by default) of section 9 is that field's default."""
+    found = dict(re.findall(r"`train\.(\w+)` \(([0-9.]+)(?: by default)?\)", MODERN_FLAT))
+    want = ("weight_decay", "muon_weight_decay", "muon_momentum_start", "muon_momentum", "muon_momentum_warmup")
+    assert set(want) <= set(found), found
+    defaults = config.TrainConfig()
+    for name, value in found.items():
+        assert float(value) == getattr(defaults, name), (name, value)
+
+
+def test_modern_schedule_example_and_value_embeddings_are_the_code_s() -> None:
+    """The warmdown's worked example on ANDREA-120M-MODERN, the momentum formula with and without warmup, and the
+    value embeddings' example layers."""
+    t = config.load(REPO / "experiments" / "ANDREA-120M-MODERN-TRAIN.json").train
+    ex = stated(
+        r"\(S = ([\d,]+), warmdown_frac ([0-9.]+), no warmup\): d = ([\d,]+), and the last step runs at "
+        r"f\(([\d,]+)\) = lr / ([\d,]+)\."
+    )
+    S, frac, d, last, over = (float(g.replace(",", "")) for g in ex.groups())
+    assert (S, frac, t.warmup_steps, last) == (t.steps, t.warmdown_frac, 0, t.steps - 1)
+    assert optim.lr_at(int(d), t) == t.lr > optim.lr_at(int(d) + 1, t)
+    assert optim.lr_at(int(last), t) == pytest.approx(t.lr / over, rel=1e-9)
+    for W in (0, 1, 10):
+        tw = dataclasses.replace(t, muon_momentum_warmup=W, schedule_start=5)
+        for s in range(15):
+            done = min(1, s / W) if W else 1  # the stated mu(s), W = 0: the final value
+            mu = tw.muon_momentum_start + (tw.muon_momentum - tw.muon_momentum_start) * done
+            assert optim.muon_momentum(5 + s, tw) == pytest.approx(mu, rel=1e-15), (W, s)
+    ve = stated(r"L = (\d+), k = (\d+) gives ([\w, ]+)\)")
+    m = dataclasses.replace(config.ModelConfig(block="modern"), n_layer=int(ve.group(1)), value_embeds=int(ve.group(2)))
+    assert [params.value_embed(m, layer) or "none" for layer in range(m.n_layer)] == ve.group(3).split(", ")
+
+
+@pytest.mark.parametrize("name", ["tiny", "12M", "120M"])
+def test_modern_recipe_sentence_is_the_experiments(name: str) -> None:
+    """ "All three name ...": the recipe's optimizer, lrs, schedule, AdamW's betas and eps, decay, clip and soft-cap."""
+    exp = config.load(REPO / "experiments" / f"ANDREA-{name}-MODERN-TRAIN.json")
+    m, t = exp.model, exp.train
+    want = (
+        f'All three name `"optimizer": "{t.optimizer}"`, `train.lr` {t.lr:g} (AdamW\'s embedding), `head_lr` '
+        f'{t.head_lr:g}, `muon_lr` {t.muon_lr:g}, no warmup, `"schedule": "{t.schedule}"` over the last '
+        f"{t.warmdown_frac:g} to `min_lr` {t.min_lr:g}, AdamW's betas ({t.beta1:g}, {t.beta2:g}) and eps {t.eps:g}, "
+        f"no weight decay, `grad_clip` {t.grad_clip:.1f} and `softcap` {m.softcap:g}."
+    )
+    assert want in MODERN_FLAT, want
+    assert (t.warmup_steps, t.weight_decay, t.muon_weight_decay) == (0, 0.0, 0.0)

@@ -282,3 +282,97 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embe
     again = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "again"), *two, "--resume", str(ck3))
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "two/ckpt" / final).read_bytes() == (tmp_path / "again/ckpt" / final).read_bytes()
+
+
+# docs/ANDREA.md section 9's optimizers and schedule, written out from the text in NumPy float64
+NS = (3.4445, -4.7750, 2.0315)
+
+
+def section9_lr(s: int, t: dict) -> float:
+    """f(s) of the warmdown schedule (schedule_start 0, S = train.steps)."""
+    S = t["steps"]
+    w = min(t["warmup_steps"], S)
+    if s < w:
+        return t["lr"] * (s + 1) / w
+    d = max(w, S - round(t["warmdown_frac"] * S))
+    return t["lr"] + (t["min_lr"] - t["lr"]) * min(1, max(0, s - d) / max(1, S - d))
+
+
+def section9_muon(W: np.ndarray, G: np.ndarray, M: np.ndarray, lr: float, mu: float, wd: float) -> None:
+    rows, cols = W.shape
+    M += (1 - mu) * (G - M)
+    U = G + mu * (M - G)
+    X = U / (np.linalg.norm(U) + 1e-7)
+    X = X.T if rows > cols else X
+    a, b, c = NS
+    for _ in range(5):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    W *= 1 - lr * wd
+    W -= lr * math.sqrt(max(1, cols / rows)) * (X.T if rows > cols else X)
+
+
+def section9_adamw(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float, n: int, t: dict) -> None:
+    p -= lr * t["weight_decay"] * p
+    m[...] = t["beta1"] * m + (1 - t["beta1"]) * g
+    v[...] = t["beta2"] * v + (1 - t["beta2"]) * g * g
+    p -= lr * (m / (1 - t["beta1"] ** n)) / (np.sqrt(v / (1 - t["beta2"] ** n)) + t["eps"])
+
+
+def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
+    """The trainer's weights and Muon's momentum after each of six steps against section 9 written out above: the
+    init drawn from the seed, G' (the clip acting), Muon on square, wide and tall matrices, AdamW on the embedding and
+    the value embeddings at train.lr and on the head at head_lr, both weight decays, the warmdown's start rounded half
+    to even, Muon's momentum warmup; the gradients from the torch twin (autograd)."""
+    from microgpt.run import trainer
+    from tests.conftest import TINY
+    from tests.test_step import FixedBatches, float64_backend
+
+    m = dataclasses.replace(MV, vocab_size=256)
+    t = {"optimizer": "muon", "micro_batch": 2, "n_micro": 2, "steps": 6, "lr": 0.05, "head_lr": 0.01,
+         "muon_lr": 0.03, "min_lr": 0.002, "warmup_steps": 1, "schedule": "warmdown", "warmdown_frac": 0.75,
+         "beta1": 0.8, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "muon_weight_decay": 0.05,
+         "grad_clip": 0.3, "muon_momentum_warmup": 3, "muon_momentum_start": 0.85, "muon_momentum": 0.95}  # fmt: skip
+    exp = config.from_dict({**TINY, "model": dataclasses.asdict(m), "train": {**TINY["train"], **t}})
+    rng = np.random.default_rng(11)
+    tokens, targets = (rng.integers(0, m.vocab_size, (t["steps"], 4, m.seq_len)).astype(np.int32) for _ in "xy")
+    targets[:, 0, :2] = -1
+    tr = trainer.Trainer(exp, tmp_path, K=float64_backend())
+    tr.train_data = FixedBatches(tokens, targets, t["micro_batch"])
+
+    draw, parts = np.random.default_rng(exp.train.seed), []  # the init: one generator, the canonical order
+    for name, (fan_in, fan_out) in params.param_shapes(m):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("w_o", "w_2", "lm_head"):
+            parts.append(np.zeros(fan_in * fan_out))
+            continue
+        std = 1.0 if leaf == "wte" or leaf.startswith("ve") else min(1, math.sqrt(fan_out / fan_in)) / math.sqrt(fan_in)
+        parts.append(draw.normal(0, std, fan_in * fan_out).astype(np.float32).astype(np.float64))
+    w = np.concatenate(parts)
+    np.testing.assert_array_equal(tr.S.p, w)
+    mom, sq = np.zeros_like(w), np.zeros_like(w)
+    P, M, V = params.named(w, m), params.named(mom, m), params.named(sq, m)
+    clipped = 0
+    for s in range(t["steps"]):
+        tr.train_step()
+        TP = {n: torch.tensor(p, requires_grad=True) for n, p in P.items()}
+        for u in range(t["n_micro"]):
+            x, y = (torch.tensor(a[s, 2 * u : 2 * u + 2], dtype=torch.long) for a in (tokens, targets))
+            torch_twin_loss(TP, m, x, y).backward()  # G: the raw sum over the micro-batches
+        gscale = 1 / t["n_micro"]
+        norm = math.sqrt(sum(float((p.grad**2).sum()) for p in TP.values()))
+        clipped += norm * gscale > t["grad_clip"]
+        factor = gscale * min(1, t["grad_clip"] / (norm * gscale + 1e-6))
+        f = section9_lr(s, t)
+        mu = t["muon_momentum_start"] + (t["muon_momentum"] - t["muon_momentum_start"]) * min(1, s / 3)
+        for name, p in P.items():
+            g = TP[name].grad.numpy() * factor
+            if name.startswith("h"):
+                section9_muon(p, g, M[name], f / t["lr"] * t["muon_lr"], mu, t["muon_weight_decay"])
+            else:
+                lr = f / t["lr"] * t["head_lr"] if name == "lm_head" else f
+                section9_adamw(p, g, M[name], V[name], lr, s + 1, t)
+        check_close(f"weights after step {s}", tr.S.p, w, 1e-12)
+        check_close(f"m after step {s}", tr.S.adam_m, mom, 1e-12)
+        check_close(f"v after step {s}", tr.S.adam_v, sq, 1e-12)
+    assert clipped > 0 and section9_lr(2, t) == t["lr"] > section9_lr(3, t)  # round(4.5) = 4: the line from s = 2

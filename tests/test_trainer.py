@@ -55,6 +55,44 @@ def test_warmdown_holds_then_falls_in_a_line_and_muon_momentum_warms_up() -> Non
     assert [optim.muon_momentum(s, t) for s in (0, 5, 10, 50)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
 
 
+def test_muon_momentum_warmup_0_is_no_warmup() -> None:
+    """train.muon_momentum_warmup W: the W steps s = 0 .. W - 1 of the schedule run below the final momentum; W = 0
+    none, so the first step already runs at train.muon_momentum (it ran at muon_momentum_start, as W = 1 does)."""
+    t = config.TrainConfig(optimizer="muon", steps=50, muon_momentum_warmup=0)
+    assert [optim.muon_momentum(s, t) for s in (0, 1, 49)] == [t.muon_momentum] * 3
+    phase = config.TrainConfig(optimizer="muon", steps=50, schedule_start=20, muon_momentum_warmup=0)
+    assert optim.muon_momentum(20, phase) == t.muon_momentum
+    one = config.TrainConfig(optimizer="muon", steps=50, muon_momentum_warmup=1)
+    assert [optim.muon_momentum(s, one) for s in (0, 1)] == [one.muon_momentum_start, one.muon_momentum]
+    assert optim.hyper_rows(0.01, t, 0, 1.0)[optim.HYPER_ROWS["muon"]][1] == t.muon_momentum
+
+
+def test_a_first_muon_step_without_momentum_warmup_runs_at_the_final_momentum() -> None:
+    """The host values the step writes (engine/step.py, the same on both backends): one whole optimizer step of the
+    modern block with muon_momentum_warmup 0 leaves the weights and Muon's momentum bit for bit as one whose
+    momentum starts at its final value."""
+    import numpy as np
+
+    from microgpt.engine import params
+    from microgpt.engine.backend import numpy_backend
+    from microgpt.engine.state import make_state
+    from microgpt.engine.step import Step
+
+    m = config.ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern")
+    rng = np.random.default_rng(0)
+    batch = [(rng.integers(0, 61, (2, 16)).astype(np.int32), rng.integers(0, 61, (2, 16)).astype(np.int32))]
+    out = []
+    for warmup, start in ((0, 0.85), (300, 0.95)):
+        t = config.TrainConfig(micro_batch=2, optimizer="muon", muon_momentum_warmup=warmup, muon_momentum_start=start)
+        S = make_state(m, t, numpy_backend())
+        S.p += np.random.default_rng(1).normal(0, 0.1, S.p.shape).astype(np.float32)  # the zero head passes no grad
+        Step(S)(batch, t.lr)
+        out.append((S.p.copy(), S.adam_m.copy()))
+    (p0, m0), (p1, m1) = out
+    w_q = params.named(m0, m)["h0.w_q"]
+    assert w_q.any() and np.array_equal(m0, m1) and np.array_equal(p0, p1)
+
+
 def test_the_final_checkpoint_records_the_last_validation_loss(tmp_path) -> None:
     """The sidecar carries the latest eval (the exported model card quotes it)."""
     exp = config.from_dict({**TINY, "train": {**TINY["train"], "steps": 3, "eval_every": 3}})

@@ -63,9 +63,11 @@ def keep_schedule(t: Any, saved: dict[str, Any]) -> None:
 
 def muon_momentum(step: int, t: Any) -> float:
     """Muon's momentum at 0-based step: from train.muon_momentum_start up to train.muon_momentum, linearly over
-    train.muon_momentum_warmup steps of the schedule (a fresh momentum buffer is noisy; high momentum then would
-    carry that noise)."""
-    done = min(1.0, max(0, step - t.schedule_start) / max(1, t.muon_momentum_warmup))
+    train.muon_momentum_warmup = W steps of the schedule (a fresh momentum buffer is noisy; high momentum then would
+    carry that noise): mu = start + (final - start) * min(1, s / W) at s = step - train.schedule_start, so the W steps
+    s = 0 .. W - 1 run below the final value; W = 0: no warmup, the final value from the first step."""
+    W, s = t.muon_momentum_warmup, max(0, step - t.schedule_start)
+    done = min(1.0, s / W) if W > 0 else 1.0
     return t.muon_momentum_start + (t.muon_momentum - t.muon_momentum_start) * done
 
 

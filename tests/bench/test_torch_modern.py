@@ -1,7 +1,7 @@
-"""bench/torch_modern.py, the PyTorch twin of the modern recipe, against MODERN.md written out here in NumPy float64:
-its forward (every op of the block: RMSNorm, QK-norm, rotate-half RoPE, causal attention, ReLU^2, untied soft-capped
-head) on random weights in microgpt's [in, out] layout, its Muon step in that layout (momentum, Nesterov, the tall
-transpose, Newton-Schulz, the update scale, weight decay), and its initial weights and schedule against the
+"""bench/torch_modern.py, the PyTorch twin of the modern recipe, against docs/ANDREA.md section 9 written out here in
+NumPy float64: its forward (every op of the block: RMSNorm, QK-norm, rotate-half RoPE, causal attention, ReLU^2, untied
+soft-capped head) on random weights in microgpt's [in, out] layout, its Muon step in that layout (momentum, Nesterov,
+the tall transpose, Newton-Schulz, the update scale, weight decay), and its initial weights and schedule against the
 engine's."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def rms(x: np.ndarray) -> np.ndarray:
 
 
 def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarray, softcap: float) -> float:
-    """MODERN.md's model in NumPy float64; a value embedding "ve0" (k = 1) goes to the first and the last layer."""
+    """Section 9's model in NumPy float64; a value embedding "ve0" (k = 1) goes to the first and the last layer."""
     B, T = idx.shape
     C, H = M.d_model, M.n_head
     D = C // H
@@ -78,7 +78,7 @@ def test_forward_is_moderns_math(m: ModelConfig) -> None:
 
 
 def reference_muon(W: np.ndarray, G: np.ndarray, Mo: np.ndarray, lr: float, mu: float, wd: float) -> None:
-    """MODERN.md's Muon on one matrix W [in, out], in place on W and its momentum Mo."""
+    """Section 9's Muon on one matrix W [in, out], in place on W and its momentum Mo."""
     Mo += (1 - mu) * (G - Mo)
     U = G + mu * (Mo - G)
     tall = W.shape[0] > W.shape[1]
