@@ -72,6 +72,9 @@ def k_adamw(
     tl.store(v_ptr + offs, v, mask=upd)
     if COMPUTE:
         tl.store(pc_ptr + offs, p.to(pc_ptr.dtype.element_ty), mask=upd)
+    # every thread's read of g is done before any thread zeroes it: the zeros depend on no load, and Triton may lay
+    # this store out over other threads than the load (check/hazards.py), so nothing else would order the two
+    tl.debug_barrier()
     tl.store(g_ptr + offs, tl.zeros((BLOCK,), dtype=g_ptr.dtype.element_ty), mask=mask)
     if SEGMENT_MAX:
         row = table_ptr + tl.program_id(0).to(tl.int64) * 4

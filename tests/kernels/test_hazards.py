@@ -95,3 +95,15 @@ def test_a_store_of_a_loaded_value_is_not_a_race() -> None:
     assert len(hazards(head + load + q + zero)) == 1
     assert hazards(head + load + same) == []
     assert hazards(head + load + q + carried) == []
+
+
+def test_a_barrier_between_the_load_and_the_store_orders_them() -> None:
+    head = "  tt.func public @k(%g_ptr: !tt.ptr<f32>) {\n"
+    ptr = "tensor<64x!tt.ptr<f32>, {}>"
+    body = f"    %p = tt.splat %g_ptr : !tt.ptr<f32> -> {ptr.format('#a')}\n"
+    body += f"    %v = tt.load %p : {ptr.format('#a')}\n"
+    body += f"    %q = tt.splat %g_ptr : !tt.ptr<f32> -> {ptr.format('#b')}\n"
+    body += "    %z = arith.constant dense<0.0> : tensor<64xf32, #b>\n"
+    store = f"    tt.store %q, %z : {ptr.format('#b')}\n"
+    assert len(hazards(head + body + store)) == 1
+    assert hazards(head + body + "    gpu.barrier\n" + store) == []

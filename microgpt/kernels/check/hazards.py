@@ -7,10 +7,12 @@ through a layout conversion, which passes through shared memory behind a barrier
 store whose value does not depend on that load (zeros written over a gradient just read, say) is ordered after it by
 nothing: one warp's store can reach memory before another warp's load of the same element, which then reads the new
 value. The result depends on how the warps happen to be scheduled, so a step that should repeat to the bit does not
-(kernels/muon.py's normalise pass did this to g until its zeroing moved to the update pass).
+(kernels/muon.py's normalise pass did this to g until its zeroing moved to the update pass; k_adamw zeroes g after
+a barrier).
 
     hazards(ttgir) -> one line per (load, store) pair of one kernel argument in different layouts where the stored
-                      value and mask depend on no load of that argument
+                      value and mask depend on no load of that argument and no barrier (tl.debug_barrier) lies
+                      between them
 
 The scan follows each load's and store's pointer back through its defining operations (addptr, splat, broadcast,
 layout conversions, ...) to the kernel's pointer argument, and each stored value's and mask's operands back to the
@@ -112,10 +114,13 @@ def hazards(ttgir: str) -> list[str]:
             ops = _operands(line.strip()[len("tt.store") :])
             accesses.append(Access("store", i, origin(ops[0]), lay, loads_under(ops[1:])))
     found = []
+    barriers = [i for i, line in enumerate(lines, 1) if line.strip().startswith("gpu.barrier")]
     for st in (a for a in accesses if a.op == "store" and a.arg != OPAQUE):
         if st.arg in st.deps or OPAQUE in st.deps:
             continue
         for ld in (a for a in accesses if a.op == "load" and a.arg == st.arg and a.layout != st.layout):
+            if any(ld.line < b < st.line for b in barriers):
+                continue  # a barrier between them (tl.debug_barrier): every thread's load is done before the store
             found.append(
                 f"{st.arg}: loaded in {ld.layout} (line {ld.line}) and stored in {st.layout} (line {st.line}) "
                 "by a value that does not depend on that load: another warp's store may land before this read"
