@@ -3,6 +3,8 @@ total equal to the allocation, and one-line errors for a plan that cannot be all
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,16 +71,21 @@ def test_a_buffer_the_plan_lacks_is_one_line() -> None:
     assert arena["tokens"].dtype == np.int32 and arena["hyper"].shape == (memory.HYPER,)
 
 
-def test_fp8_on_the_triton_backend_plans_no_gelu_output() -> None:
-    """The triton backend's fp8 MLP computes a = gelu(h) inside the cast to E4M3, so its plan has no (N, 4C) `a`;
-    the NumPy reference of fp8, and every other precision, keeps it."""
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_fp8_on_the_triton_backend_plans_no_activation_output(block: str) -> None:
+    """The triton backend's fp8 MLP computes a = act(h) (GELU, or the modern block's ReLU^2) inside the cast to
+    E4M3, so its plan has no (N, 4C) `a`, in training or inference; the NumPy reference of fp8, and every other
+    precision, keeps it."""
     B, C = 2, M.d_model
+    m = dataclasses.replace(M, block=block)
     for backend, name, planned in [("triton", "fp8", False), ("numpy", "fp8", True), ("triton", "bf16", True)]:
         t = config.TrainConfig(micro_batch=B, backend=backend, precision=name)
         prec = precision.make(t.precision, t.backend)
-        rows = {b.name: b.shape for b in memory.plan(M, t, prec, 5)}
-        assert ("a" in rows) == planned == prec.gelu_planned, (backend, t.precision)
+        rows = {b.name: b.shape for b in memory.plan(m, t, prec, 5)}
+        assert ("a" in rows) == planned == prec.act_planned, (backend, t.precision)
         assert rows["dh"] == (B * M.seq_len, 4 * C)
+        infer = {b.name for b in memory.inference_plan(m, prec, B, 16)}
+        assert ("a" in infer) == planned, (backend, t.precision)
 
 
 def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
@@ -94,7 +101,7 @@ def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
         bufs = memory.plan(M, t, K.precision, 5)
         (a,) = [b for b in bufs if b.name == "a"]
         assert (a.role, a.shape) == (("scratch", (N, 4 * C)) if recompute else ("acts", (L, N, 4 * C)))
-        assert memory.gelu_output_saved(K.precision, t) is not recompute
+        assert memory.act_output_saved(K.precision, t) is not recompute
         arena = memory.Arena(bufs, K)
         per_layer, recomputes = model._mlp_outputs(arena, L)
         assert recomputes is recompute and len(per_layer) == L

@@ -200,7 +200,7 @@ def training_infer_state(S: TrainState) -> InferState:
     training plan and the device's peak stays the plan. A planned inference row would have cost memory the run
     could otherwise train with, for something that runs between steps only."""
     A = S.arena
-    a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes GELU
+    a = A.get("a")  # (L, N, 4C) saved, (N, 4C) recomputed, or None where the precision's cast computes the activation
     view = {
         "x": A["resid"][0],
         "x2": A["resid2"][0],

@@ -86,7 +86,7 @@ class Precision(Protocol):
     def compute_copy(self) -> bool: ...
 
     @property
-    def gelu_planned(self) -> bool: ...
+    def act_planned(self) -> bool: ...
 
     def rows(self, m: ModelConfig, N: int, weight_maxima: bool = True) -> list[Buf]: ...
 
@@ -211,12 +211,12 @@ def _block_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tupl
     """The saved activations (name, shape, kind) and the scratch (name, shape) of a micro-batch of the model's block
     family. The modern block (engine/model.py) has no norm means (its RMSNorm keeps rstd alone); it adds the embedding
     before its norm and the QK-norm's per-head rstd, and keeps ReLU^2's output as GPT-2 keeps GELU's (per layer, or
-    with train.recompute_gelu one scratch that backward refills from h), in every precision."""
+    with train.recompute_gelu one scratch that backward refills from h; neither where fp8's cast computes it)."""
     C, L, NH, T = m.d_model, m.n_layer, m.n_head, m.seq_len
     N = B * T
     modern = m.block == "modern"
-    planned = prec.gelu_planned or modern  # the MLP's activation has a buffer (fp8's cast computes GELU, not ReLU^2)
-    saved = not t.recompute_gelu if modern else gelu_output_saved(prec, t)
+    planned = prec.act_planned  # the MLP's activation has a buffer (not where fp8's cast computes it)
+    saved = act_output_saved(prec, t)
 
     def stats(name: str, shape: tuple[int, ...]) -> Rows:
         """A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd alone."""
@@ -291,7 +291,7 @@ def inference_plan(
         ("att", (N, C)),
         ("proj", (N, C)),
         ("h", (N, 4 * C)),
-        *([("a", (N, 4 * C))] if prec.gelu_planned or modern else []),
+        *([("a", (N, 4 * C))] if prec.act_planned else []),
         ("logits", (R, V)),  # the loss head's chunk
         ("next_logits", (B, V)),  # each sequence's next-token logits
     ]
@@ -306,12 +306,13 @@ def inference_plan(
     return bufs + list(backend_rows)
 
 
-def gelu_output_saved(prec: Precision, t: TrainConfig) -> bool:
-    """Whether a = gelu(h) is kept per layer from forward to backward (saved activations, L x (N, 4C)): W_2's weight
-    gradient reads the forward's own a, and GELU's backward pass writes dh alone. With train.recompute_gelu the plan
-    has one (N, 4C) scratch instead, and backward recomputes a from h; where the precision casts GELU straight to
-    its operand (fp8 on the GPU: Precision.gelu_planned) there is neither."""
-    return prec.gelu_planned and not t.recompute_gelu
+def act_output_saved(prec: Precision, t: TrainConfig) -> bool:
+    """Whether a = act(h) (GELU's or ReLU^2's) is kept per layer from forward to backward (saved activations, L x
+    (N, 4C)): W_2's weight gradient reads the forward's own a, and the activation's backward pass writes dh alone. With
+    train.recompute_gelu the plan has one (N, 4C) scratch instead, and backward recomputes a from h; where the
+    precision casts the activation straight to its operand (fp8 on the GPU: Precision.act_planned) there is
+    neither."""
+    return prec.act_planned and not t.recompute_gelu
 
 
 def kind_sizes(prec: Precision) -> dict[str, int]:

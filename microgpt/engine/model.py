@@ -80,7 +80,7 @@ class Layer:
     mean2: Any
     rstd2: Any
     h: Any  # (n, 4C) the MLP's pre-activation
-    a: Any  # (n, 4C) its activation (None where the fp8 cast computes GELU)
+    a: Any  # (n, 4C) its activation (None where the fp8 cast computes it)
     x_out: Any
     ln_out: Any
     mean_out: Any
@@ -114,9 +114,7 @@ def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: 
     attend(io.att, io.qkv)
     K.linear_forward(io.proj, io.att, P[h + "w_o"])
     K.residual_rmsnorm_forward(io.x2, io.ln2, io.rstd2, io.x, io.proj)
-    K.linear_forward(io.h, io.ln2, P[h + "w_1"])
-    K.relu2_forward(io.a, io.h)
-    K.linear_forward(io.proj, io.a, P[h + "w_2"])
+    K.mlp_forward(io.proj, io.h, io.a, io.ln2, P[h + "w_1"], P[h + "w_2"], act="relu2")
     K.residual_rmsnorm_forward(io.x_out, io.ln_out, io.rstd_out, io.x2, io.proj)
 
 
@@ -323,7 +321,7 @@ def _modern_backward(
     tokens: Any,
     layer_done: Callable[[int], None] | None,
 ) -> None:
-    """modern_block's calls reversed: the MLP's two linears and ReLU^2 as three pairs, attention's q and k through
+    """modern_block's calls reversed: the MLP's pair (ReLU^2 between its linears), attention's q and k through
     the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
     the embedding's."""
     B, T = tokens.shape
@@ -334,11 +332,20 @@ def _modern_backward(
     for layer in reversed(range(m.n_layer)):
         h = f"h{layer}."
         # resid[l+1] = resid2 + w_2(relu(w_1(ln2(resid2)))^2): the MLP reads dresid; LN2 adds into it (-> dresid2)
-        if recompute:
-            K.relu2_forward(a[layer], A["h"][layer])
-        K.linear_backward(dh, G[h + "w_2"], dresid, a[layer], P[h + "w_2"])
-        K.relu2_backward(dh, A["h"][layer])
-        K.linear_backward(dln, G[h + "w_1"], dh, A["ln2"][layer], P[h + "w_1"])
+        K.mlp_backward(
+            dln,
+            G[h + "w_1"],
+            G[h + "w_2"],
+            dresid,
+            A["ln2"][layer],
+            A["h"][layer],
+            P[h + "w_1"],
+            P[h + "w_2"],
+            a[layer],
+            dh,
+            recompute=recompute,
+            act="relu2",
+        )
         K.rmsnorm_backward(dresid, dln, A["resid2"][layer], A["ln2_rstd"][layer])
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
         _attention_backward(K, m, P, G, A, layer, tokens, layer_done)
@@ -382,8 +389,8 @@ def _attention_backward(
 
 def _mlp_outputs(A: Arena, n_layer: int) -> tuple[list[Any], bool]:
     """Each layer's buffer for the MLP's activation a, and whether backward recomputes a from h: a layer's own (N, 4C)
-    plane where the plan saves a (memory.gelu_output_saved), else the one (N, 4C) scratch all layers share, or None
-    where the precision's cast computes GELU (Precision.gelu_planned)."""
+    plane where the plan saves a (memory.act_output_saved), else the one (N, 4C) scratch all layers share, or None
+    where the precision's cast computes the activation (Precision.act_planned)."""
     a = A.get("a")
     if a is None or a.ndim == 2:
         return [a] * n_layer, True

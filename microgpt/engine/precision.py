@@ -28,11 +28,14 @@ back, a `PrecisionState`, is all a run holds of its precision:
 A Matmul (one class per precision and backend: ops/linear.py and kernels/linear.py for fp32/bf16/fp16, ops/fp8.py
 and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs:
 
-    forward(y, x, w, *, gelu_out=None, gelu_of=None)   y = x @ w (w (C,OC), or (G,C,OC) and y (G,N,OC));
-                                                       gelu_out: also a = gelu(y) (an epilogue it may fuse);
-                                                       gelu_of: x is gelu(gelu_of) (None where it casts gelu)
-    backward(dx, dw, dy, x, w, *, dgelu_of=None)       dx = dy @ w^T (written; G weights summed), dw += x^T @ dy;
-                                                       dgelu_of: dy *= gelu'(dgelu_of) first (a pass or a cast)
+    forward(y, x, w, *, act_out=None, act_of=None, act="gelu")
+                                                       y = x @ w (w (C,OC), or (G,C,OC) and y (G,N,OC));
+                                                       act_out: also a = act(y) (an epilogue it may fuse);
+                                                       act_of: x is act(act_of) (None where it casts act)
+    backward(dx, dw, dy, x, w, *, dact_of=None, act="gelu")
+                                                       dx = dy @ w^T (written; G weights summed), dw += x^T @ dy;
+                                                       dact_of: dy *= act'(dact_of) first (a pass or a cast)
+                                                       (act: "gelu" or "relu2", ops/linear.ACTIVATIONS)
     logits(x, wte) -> fn(z, i, j)                      z = x[i:j] @ wte^T, the tied head's logits chunk by chunk
     logits_backward(dx, dwte, dz, x, wte)              dx += dz @ wte ; dwte += dz^T @ x
 
@@ -173,8 +176,9 @@ class Precision:
         return self.compute != "fp32"
 
     @property
-    def gelu_planned(self) -> bool:
-        """Whether the MLP's a = gelu(h) has a compute buffer (memory.py): it does unless the matmul casts GELU."""
+    def act_planned(self) -> bool:
+        """Whether the MLP's a = act(h) has a compute buffer (memory.py): it does unless the matmul casts the
+        activation (GELU or ReLU^2) on its way to its operand."""
         return True
 
     def label(self) -> str:
@@ -203,8 +207,8 @@ class Fp8(Precision):
     """E4M3 block linears and head logits (microgpt/fp8.py: the format, the scale rule and the slots)."""
 
     @property
-    def gelu_planned(self) -> bool:
-        return self.backend != "triton"  # the GPU's cast computes gelu(h) on the way to E4M3: a exists in E4M3 only
+    def act_planned(self) -> bool:
+        return self.backend != "triton"  # the GPU's cast computes act(h) on the way to E4M3: a exists in E4M3 only
 
     def label(self) -> str:
         return f"{self.compute} + fp8 linears"

@@ -35,9 +35,9 @@ import torch
 
 from microgpt.fp8 import Fp8Head, Fp8Weight
 from microgpt.kernels import linear
-from microgpt.kernels.fp8_cast import COPY, GELU, GELU_GRAD, cast, roll, stack
-from microgpt.kernels.gelu import gelu_forward
+from microgpt.kernels.fp8_cast import CAST_OPS, COPY, cast, roll, stack
 from microgpt.kernels.gemm import Gemm
+from microgpt.kernels.linear import ACTIVATIONS
 from microgpt.kernels.tuning import INTERPRET
 
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
@@ -91,21 +91,22 @@ class Matmul(linear.Matmul):
         x: torch.Tensor | None,
         w: Fp8Weight,
         *,
-        gelu_out: torch.Tensor | None = None,
-        gelu_of: torch.Tensor | None = None,
+        act_out: torch.Tensor | None = None,
+        act_of: torch.Tensor | None = None,
+        act: str = "gelu",
     ) -> None:
         """y (N,OC) = x @ w, or y (G,N,OC) = x @ w[g]. The input is cast once, into the rows its GEMM reads and the
-        transpose its site keeps for the weight gradient; x None: the input is gelu(gelu_of), which the cast
-        computes on the way (gelu(h) then exists in E4M3 only)."""
+        transpose its site keeps for the weight gradient; x None: the input is act(act_of), which the cast
+        computes on the way (act(h) then exists in E4M3 only)."""
         G, C, OC = w.master.shape
-        src, op = (gelu_of, GELU) if x is None else (x, COPY)
+        src, op = (act_of, CAST_OPS[act][0]) if x is None else (x, COPY)
         x2 = src.view(-1, C)
         N = x2.shape[0]
         x8 = self.q.view(self.q.x8, N, C)
         cast(self.tuner, x2, w.xslot, x8, self.q.view(w.xt, C, N), w.priming.on, op=op)
         self._per_weight(y.view(G, N, OC), x8.expand(G, N, C), w.xslot[:1], w.w8t.transpose(1, 2), w.scale[:1])
-        if gelu_out is not None:
-            gelu_forward(gelu_out, y)
+        if act_out is not None:
+            ACTIVATIONS[act][0](act_out, y)
 
     def backward(
         self,
@@ -115,18 +116,19 @@ class Matmul(linear.Matmul):
         x: torch.Tensor | None,
         w: Fp8Weight,
         *,
-        dgelu_of: torch.Tensor | None = None,
+        dact_of: torch.Tensor | None = None,
+        act: str = "gelu",
     ) -> None:
         """dx = sum_g dy[g] @ w[g].T (one GEMM over K = G*OC, the G gradients cast at one scale) ; dw[g] += x.T @
-        dy[g] from the forward's transposed E4M3 copy of x (x itself unused: None where unplanned). dgelu_of = h:
-        dy holds the gradient reaching gelu(h), and the cast computes dy * gelu'(h) (which exists in E4M3 only)."""
+        dy[g] from the forward's transposed E4M3 copy of x (x itself unused: None where unplanned). dact_of = h:
+        dy holds the gradient reaching act(h), and the cast computes dy * act'(h) (which exists in E4M3 only)."""
         G, C, OC = w.master.shape
         N = dy.numel() // (G * OC)
         g8, g8t = self.q.view(self.q.g8, N, G * OC), self.q.view(self.q.g8t, G, OC, N)
-        if dgelu_of is None:
+        if dact_of is None:
             cast(self.tuner, dy.view(G, N, OC), w.gslot, g8, g8t, w.priming.on)
         else:
-            cast(self.tuner, dgelu_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=GELU_GRAD, x2=dy)
+            cast(self.tuner, dact_of.view(N, OC), w.gslot, g8, g8t, w.priming.on, op=CAST_OPS[act][1], x2=dy)
         self.gemm.mm_scaled(dx.view(N, C), g8, w.gslot[:1], w.w8.t(), w.scale[:1])
         xt = self.q.view(w.xt, C, N).expand(G, C, N)
         self._per_weight(dw.view(G, C, OC), xt, w.xslot[:1], g8t.transpose(1, 2), w.gslot[:1], accumulate=True)

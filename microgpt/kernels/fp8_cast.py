@@ -9,8 +9,9 @@ scale rule and the slots; microgpt/ops/fp8.py is the NumPy reference, which thes
 A cast is one k_cast launch: every program takes the scale from the slot (its pre word and its amax history),
 rounds its tile of y = op(x) to E4M3 and writes it in the row layout a GEMM's left operand needs and/or transposed,
 as its right operand needs, and adds the tile's finite max |y| to the slot's amax word (atomic max); program 0
-writes 2^-k. op is the identity, GELU (y = gelu(h): the MLP's second input is cast as GELU computes it, with no
-bf16 copy) or the GELU backward (y = da * gelu'(h): the MLP's dh likewise). While the histories are being primed
+writes 2^-k. op is the identity, the MLP's activation (y = gelu(h) or relu(h)^2: the MLP's second input is cast as
+the activation computes it, with no bf16 copy) or its backward (y = da * gelu'(h) or da * 2 relu(h): the MLP's dh
+likewise). While the histories are being primed
 (a fresh run's first micro-batch) and for the weights (current scaling), a first launch of the same kernel with
 AMAX_ONLY puts max |y| into the pre word. k_roll ends a micro-batch (ops/fp8.Matmul.roll).
 
@@ -41,7 +42,9 @@ from microgpt.fp8 import HISTORY, OSLOT, Fp8Head, Fp8Weight
 from microgpt.kernels.gelu import gelu, gelu_grad
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
-COPY, GELU, GELU_GRAD = 0, 1, 2  # k_cast's op: y = x, gelu(x), x2 * gelu'(x)
+COPY, GELU, GELU_GRAD, RELU2, RELU2_GRAD = 0, 1, 2, 3, 4  # k_cast's op: y = x, gelu(x), x2 gelu'(x), relu(x)^2,
+# x2 * 2 relu(x), in fp32 (ops/relu2.py's order: the square of the max, the gradient times twice the max)
+CAST_OPS = {"gelu": (GELU, GELU_GRAD), "relu2": (RELU2, RELU2_GRAD)}  # the MLP's activation -> (forward, backward)
 HW_CVT = not INTERPRET  # k_cast rounds by the GPU's conversion instruction (_e4m3)
 
 
@@ -154,6 +157,10 @@ def k_cast(
         y = gelu(x)
     elif OP == 2:
         y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * gelu_grad(x)
+    elif OP == 3:
+        y = tl.maximum(x, 0.0) * tl.maximum(x, 0.0)
+    elif OP == 4:
+        y = tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32) * (2.0 * tl.maximum(x, 0.0))
     else:
         y = x
     m, finite = _finite_amax(y)  # masked-off elements load as 0, which every op maps to 0
@@ -221,7 +228,7 @@ def cast(
     hist: int = HISTORY,
     take: torch.Tensor | None = None,
 ) -> None:
-    """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of the GELU backward, shaped and strided as x) -> E4M3 into
+    """y = op(x) for x (R, Cc) or (G, R, Cc) (x2, da of an activation's backward, shaped and strided as x) -> E4M3 into
     rows (R, G*Cc) and/or trans (G, Cc, R) (either may be None), scaled by the slot (hist: the words of history it
     has, 0 for a weight's). prime: y's own amax goes into the slot's pre word first (one more launch); take (1,),
     a weight's instead of prime: its amax as AdamW recorded it, which the slot then holds as prime leaves it.

@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 import torch
 
-from microgpt.kernels import gelu
+from microgpt.kernels import gelu, relu2
 from microgpt.kernels.gemm import Gemm
 from microgpt.kernels.tuning import INTERPRET
 
 ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
 BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores: Ampere (8.0, 8.6), Ada (8.9), Hopper (9.0) on
+# the MLP's activation by name (ops/linear.ACTIVATIONS): its pass a = act(h), and dh *= act'(h) in place
+ACTIVATIONS = {"gelu": (gelu.gelu_forward, gelu.gelu_backward), "relu2": (relu2.relu2_forward, relu2.relu2_backward)}
 
 
 def this_card() -> tuple[tuple[int, int], str] | None:
@@ -39,7 +41,7 @@ def offer(cc: tuple[int, int]) -> str:
 
 class Matmul:
     """The GEMM sites in the compute dtype (bf16/fp16 operands, fp32 sums; fp32 without tf32), GELU as the GEMM's
-    epilogue where cuBLASLt's is faster than the pass, else as a pass (gemm.Gemm.mm_gelu)."""
+    epilogue where cuBLASLt's is faster than the pass, else as a pass (gemm.Gemm.mm_gelu); ReLU^2 as a pass."""
 
     def __init__(self, gemm: Gemm) -> None:
         self.gemm = gemm
@@ -60,18 +62,21 @@ class Matmul:
         x: torch.Tensor,
         w: torch.Tensor,
         *,
-        gelu_out: torch.Tensor | None = None,
-        gelu_of: torch.Tensor | None = None,
+        act_out: torch.Tensor | None = None,
+        act_of: torch.Tensor | None = None,
+        act: str = "gelu",
     ) -> None:
-        """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; gelu_out: a = gelu(y) too. gelu_of: x holds it."""
+        """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; act_out: a = act(y) too. act_of: x holds it."""
         C, OC = w.shape[-2:]
         x2 = x.view(-1, C)
-        if gelu_out is not None:
-            self.gemm.mm_gelu(gelu_out.view(-1, OC), y.view(-1, OC), x2, w)
+        if act_out is not None and act == "gelu":
+            self.gemm.mm_gelu(act_out.view(-1, OC), y.view(-1, OC), x2, w)
         elif w.dim() == 2:
             self.gemm.mm(y.view(-1, OC), x2, w)
         else:
             self.gemm.bmm(y.view(w.shape[0], -1, OC), x2.expand(w.shape[0], *x2.shape), w)
+        if act_out is not None and act != "gelu":
+            ACTIVATIONS[act][0](act_out, y)
 
     def backward(
         self,
@@ -81,12 +86,13 @@ class Matmul:
         x: torch.Tensor,
         w: torch.Tensor,
         *,
-        dgelu_of: torch.Tensor | None = None,
+        dact_of: torch.Tensor | None = None,
+        act: str = "gelu",
     ) -> None:
-        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dgelu_of: dy
-        *= gelu'(dgelu_of) first (one pass, in place)."""
-        if dgelu_of is not None:
-            gelu.gelu_backward(dy, dgelu_of)
+        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dact_of: dy
+        *= act'(dact_of) first (one pass, in place)."""
+        if dact_of is not None:
+            ACTIVATIONS[act][1](dy, dact_of)
         w3, dw3 = (w, dw) if w.dim() == 3 else (w.unsqueeze(0), dw.unsqueeze(0))
         G, C, OC = w3.shape
         dy3, x2, dx2 = dy.view(G, -1, OC), x.view(-1, C), dx.view(-1, C)

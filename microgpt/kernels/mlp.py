@@ -1,23 +1,24 @@
-"""MLP: h = x @ w1 (saved, pre-GELU), a = gelu_tanh(h) (saved), out = a @ w2. x:(N,C), w1:(C,4C), w2:(4C,C).
+"""MLP: h = x @ w1 (saved, pre-activation), a = act(h) (saved), out = a @ w2. x:(N,C), w1:(C,4C), w2:(4C,C). act:
+GELU (tanh approximation) in the GPT-2 block, ReLU^2 in the modern one (ops/mlp.py).
 
 Backward (all grads accumulate):
     dh = dout @ w2.T ; dw2 += a.T @ dout    (W_2's site)
-    dh *= gelu'(h)                          (the prologue of W_1's site: k_gelu_bwd, one pass over h and dh)
+    dh *= act'(h)                           (the prologue of W_1's site: k_gelu_bwd or k_relu2_bwd, one pass)
     dw1 += x.T @ dh ; dx = dh @ w1.T        (W_1's site; dx written: its one writer)
 With train.recompute_gelu the plan keeps h only (one (N,4C) activation less per layer) and backward first writes
-a = gelu(h) into a scratch for dw2's GEMM (k_gelu_fwd).
-The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies GELU around
-its GEMMs (ops/mlp.py gives the contract): in bf16 and fp16 the forward's first GEMM may write h and a = gelu(h)
-itself (cuBLASLt's GELU_AUX epilogue, chosen in the warm-up against GEMM + pass: gemm.Gemm.mm_gelu); in fp8, GELU
-and its backward run inside the casts of a and dh (fp8_cast.py), and the plan has no a (a is None).
+a = act(h) into a scratch for dw2's GEMM.
+The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies the
+activation around its GEMMs (ops/mlp.py gives the contract): in bf16 and fp16 the forward's first GEMM may write h and
+a = gelu(h) itself (cuBLASLt's GELU_AUX epilogue, chosen in the warm-up against GEMM + pass: gemm.Gemm.mm_gelu; ReLU^2
+runs as its pass); in fp8 the activation and its backward run inside the casts of a and dh (fp8_cast.py), and the
+plan has no a (a is None).
 """
 
 from __future__ import annotations
 
 import torch
 
-from microgpt.kernels.gelu import gelu_forward
-from microgpt.kernels.linear import Matmul
+from microgpt.kernels.linear import ACTIVATIONS, Matmul
 
 
 def mlp_forward(
@@ -29,11 +30,12 @@ def mlp_forward(
     w2: torch.Tensor,
     *,
     mm: Matmul,
+    act: str = "gelu",
 ) -> None:
-    """out = gelu(x @ w1) @ w2, keeping h = x @ w1 for backward; a receives gelu(h), except where the precision
-    casts GELU's output straight to its operand (a None: the plan has no such buffer then)."""
-    mm.forward(h, x, w1, gelu_out=a)
-    mm.forward(out, a, w2, gelu_of=h)
+    """out = act(x @ w1) @ w2, keeping h = x @ w1 for backward; a receives act(h), except where the precision
+    casts the activation's output straight to its operand (a None: the plan has no such buffer then)."""
+    mm.forward(h, x, w1, act_out=a, act=act)
+    mm.forward(out, a, w2, act_of=h, act=act)
 
 
 def mlp_backward(
@@ -50,10 +52,11 @@ def mlp_backward(
     *,
     mm: Matmul,
     recompute: bool,
+    act: str = "gelu",
 ) -> None:
-    """recompute: a holds nothing of this layer (scratch) and gets gelu(h) before dW_2's GEMM reads it; else a is
-    the forward's gelu(h), kept (memory.gelu_output_saved), or None where the precision kept its own copy."""
+    """recompute: a holds nothing of this layer (scratch) and gets act(h) before dW_2's GEMM reads it; else a is
+    the forward's act(h), kept (memory.act_output_saved), or None where the precision kept its own copy."""
     if recompute and a is not None:
-        gelu_forward(a, h)
+        ACTIVATIONS[act][0](a, h)
     mm.backward(dh, dw2, dout, a, w2)
-    mm.backward(dx, dw1, dh, x, w1, dgelu_of=h)
+    mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)

@@ -27,7 +27,6 @@ from numpy.typing import NDArray
 
 from microgpt.fp8 import AMAX, E4M3_MAX, HIST, INV, PRE, Fp8Head, Fp8Weight, reference_amax, scale_exponent
 from microgpt.ops import linear
-from microgpt.ops.gelu import gelu, gelu_backward
 from microgpt.ops.rows import SERIAL, Rows
 
 
@@ -118,27 +117,37 @@ class Matmul(linear.Matmul):
         x: NDArray | None,
         w: Fp8Weight,
         *,
-        gelu_out: NDArray | None = None,
-        gelu_of: NDArray | None = None,
+        act_out: NDArray | None = None,
+        act_of: NDArray | None = None,
+        act: str = "gelu",
     ) -> None:
         """y = cast(x) @ w8: the input at its slot's scale (its own amax while priming)."""
-        if x is None:  # the input is gelu(gelu_of), not kept
-            x = np.empty_like(gelu_of)
-            gelu(x, gelu_of, self.rows)
+        forward, _ = linear.ACTIVATIONS[act]
+        if x is None:  # the input is act(act_of), not kept
+            x = np.empty_like(act_of)
+            forward(x, act_of, self.rows)
         G = w.master.shape[0]
         x8, ix = cast(x, w.xslot, current=w.priming.on)
         for g in range(G):
             (y if G == 1 else y[g])[...] = mm8(x8, ix, w.w8t[g].T, w.scale[INV])
-        if gelu_out is not None:
-            gelu(gelu_out, y, self.rows)
+        if act_out is not None:
+            forward(act_out, y, self.rows)
 
     def backward(
-        self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: Fp8Weight, *, dgelu_of: NDArray | None = None
+        self,
+        dx: NDArray,
+        dw: NDArray,
+        dy: NDArray,
+        x: NDArray,
+        w: Fp8Weight,
+        *,
+        dact_of: NDArray | None = None,
+        act: str = "gelu",
     ) -> None:
         """The output gradient cast once, (N, G*OC) at one scale: the input gradient is one GEMM over K = G*OC; the
         weight gradient reads the forward's input cast again at its forward scale (the GPU keeps its copy)."""
-        if dgelu_of is not None:
-            gelu_backward(dy, dgelu_of, self.rows)
+        if dact_of is not None:
+            linear.ACTIVATIONS[act][1](dy, dact_of, self.rows)
         G, _, OC = w.master.shape
         dy8, idy = cast(groups(dy, G), w.gslot, current=w.priming.on)
         dx[...] = mm8(dy8, idy, w.w8.T, w.scale[INV])

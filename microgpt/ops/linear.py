@@ -13,7 +13,9 @@ Backward:
     dw += x.T @ dout      (C,OC)    added: weight gradients accumulate over micro-batches
 
 A linear is one GEMM site, so the pair is its precision's Matmul (microgpt/engine/precision.py), handed in as `mm`.
-`Matmul` below is fp32's, the reference (float64 in the gradient checks); ops/fp8.py holds fp8's.
+`Matmul` below is fp32's, the reference (float64 in the gradient checks); ops/fp8.py holds fp8's. A Matmul also
+applies the MLP's activation around its GEMMs (ops/mlp.py): ACTIVATIONS names them, GPT-2's GELU and the modern
+block's ReLU^2, each a forward (out, h, rows) and a backward (dh, h, rows) that turns dh in place.
 """
 
 from collections.abc import Callable
@@ -22,14 +24,28 @@ import numpy as np
 from numpy.typing import NDArray
 
 from microgpt.ops.gelu import gelu, gelu_backward
+from microgpt.ops.relu2 import relu2_backward, relu2_forward
 from microgpt.ops.rows import SERIAL, Rows
 
 ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
+Act = Callable[[NDArray, NDArray, Rows], None]
+
+
+def _relu2(out: NDArray, h: NDArray, rows: Rows) -> None:
+    relu2_forward(out, h, rows=rows)
+
+
+def _relu2_backward(dh: NDArray, h: NDArray, rows: Rows) -> None:
+    relu2_backward(dh, h, rows=rows)
+
+
+# the MLP's activation by name (model.mlp_act): out = act(h), and dh *= act'(h) in place
+ACTIVATIONS: dict[str, tuple[Act, Act]] = {"gelu": (gelu, gelu_backward), "relu2": (_relu2, _relu2_backward)}
 
 
 class Matmul:
-    """The GEMM sites in the arrays' own dtype: numpy's matmul, GELU as a separate pass on either side (over row
-    ranges on `rows`: ops/rows.py; the backend hands in its own)."""
+    """The GEMM sites in the arrays' own dtype: numpy's matmul, the MLP's activation as a separate pass on either
+    side (over row ranges on `rows`: ops/rows.py; the backend hands in its own)."""
 
     def __init__(self, rows: Rows = SERIAL) -> None:
         self.rows = rows
@@ -40,21 +56,36 @@ class Matmul:
         return None
 
     def forward(
-        self, y: NDArray, x: NDArray, w: NDArray, *, gelu_out: NDArray | None = None, gelu_of: NDArray | None = None
+        self,
+        y: NDArray,
+        x: NDArray,
+        w: NDArray,
+        *,
+        act_out: NDArray | None = None,
+        act_of: NDArray | None = None,
+        act: str = "gelu",
     ) -> None:
-        """y = x @ w (w (G,C,OC): y (G,N,OC) by broadcasting); gelu_out: also gelu(y). gelu_of: x holds gelu of it
-        already (this precision keeps a)."""
+        """y = x @ w (w (G,C,OC): y (G,N,OC) by broadcasting); act_out: also act(y) (ACTIVATIONS[act]). act_of: x
+        holds act of it already (this precision keeps a)."""
         np.matmul(x, w, out=y)
-        if gelu_out is not None:
-            gelu(gelu_out, y, self.rows)
+        if act_out is not None:
+            ACTIVATIONS[act][0](act_out, y, self.rows)
 
     def backward(
-        self, dx: NDArray, dw: NDArray, dy: NDArray, x: NDArray, w: NDArray, *, dgelu_of: NDArray | None = None
+        self,
+        dx: NDArray,
+        dw: NDArray,
+        dy: NDArray,
+        x: NDArray,
+        w: NDArray,
+        *,
+        dact_of: NDArray | None = None,
+        act: str = "gelu",
     ) -> None:
-        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dgelu_of: dy
-        is first turned into dy * gelu'(dgelu_of), in place."""
-        if dgelu_of is not None:
-            gelu_backward(dy, dgelu_of, self.rows)
+        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dact_of: dy
+        is first turned into dy * act'(dact_of), in place."""
+        if dact_of is not None:
+            ACTIVATIONS[act][1](dy, dact_of, self.rows)
         if w.ndim == 2:
             np.matmul(dy, w.T, out=dx)
             dw += x.T @ dy

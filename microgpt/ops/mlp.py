@@ -1,38 +1,40 @@
-"""MLP block: two bias-free linears with GELU (tanh approximation, as GPT-2: ops/gelu.py) between them.
+"""MLP block: two bias-free linears with an activation between them: GELU (tanh approximation, as GPT-2: ops/gelu.py)
+in the GPT-2 block, ReLU^2 (ops/relu2.py) in the modern one (`act`: ops/linear.ACTIVATIONS names them).
 
     h   = x @ w1                             (N,4C)  pre-activation, saved
-    a   = gelu(h)                            (N,4C)  saved (or, train.recompute_gelu, scratch)
+    a   = act(h)                             (N,4C)  saved (or, train.recompute_gelu, scratch)
     out = a @ w2                             (N,C)
 
 Shapes: x, out (N,C); w1 (C,4C); w2 (4C,C); h, a, dh (N,4C).
-Forward saves h and a (memory.gelu_output_saved). With train.recompute_gelu it saves h only and backward
-recomputes a = gelu(h) into a scratch first: one (N,4C) activation less per layer, one elementwise pass more.
+Forward saves h and a (memory.act_output_saved). With train.recompute_gelu it saves h only and backward
+recomputes a = act(h) into a scratch first: one (N,4C) activation less per layer, one elementwise pass more.
 
 Backward:
 
     dh   = dout @ w2.T                       (the gradient reaching a)
     dw2 += a.T @ dout
-    dh   = dh * gelu'(h)
+    dh   = dh * act'(h)
     dw1 += x.T @ dh
     dx   = dh @ w1.T                         (written: this backward is dx's only writer)
 
-The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies GELU around
-its GEMMs: forward(h, x, w1, gelu_out=a) writes a = gelu(h) too (an epilogue it may fuse into the GEMM), forward(out,
-a, w2, gelu_of=h) reads a = gelu(h) (a precision may compute it inside its operand cast, where a is None), and
-backward(dx, dw1, dh, x, w1, dgelu_of=h) turns dh into dh * gelu'(h) first (a pass, or inside the cast).
+The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies the
+activation around its GEMMs: forward(h, x, w1, act_out=a) writes a = act(h) too (an epilogue it may fuse into the
+GEMM), forward(out, a, w2, act_of=h) reads a = act(h) (a precision may compute it inside its operand cast, where a is
+None), and backward(dx, dw1, dh, x, w1, dact_of=h) turns dh into dh * act'(h) first (a pass, or inside the cast).
 """
 
 from numpy.typing import NDArray
 
-from microgpt.ops.gelu import gelu
-from microgpt.ops.linear import Matmul
+from microgpt.ops.linear import ACTIVATIONS, Matmul
 from microgpt.ops.rows import SERIAL, Rows
 
 
-def mlp_forward(out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w2: NDArray, *, mm: Matmul) -> None:
-    """out (N,C) = gelu(x @ w1) @ w2; writes h (N,4C) and a = gelu(h) (N,4C) for backward."""
-    mm.forward(h, x, w1, gelu_out=a)
-    mm.forward(out, a, w2, gelu_of=h)
+def mlp_forward(
+    out: NDArray, h: NDArray, a: NDArray, x: NDArray, w1: NDArray, w2: NDArray, *, mm: Matmul, act: str = "gelu"
+) -> None:
+    """out (N,C) = act(x @ w1) @ w2; writes h (N,4C) and a = act(h) (N,4C) for backward."""
+    mm.forward(h, x, w1, act_out=a, act=act)
+    mm.forward(out, a, w2, act_of=h, act=act)
 
 
 def mlp_backward(
@@ -50,10 +52,11 @@ def mlp_backward(
     mm: Matmul,
     recompute: bool,
     rows: Rows = SERIAL,
+    act: str = "gelu",
 ) -> None:
     """dx (N,C) = the input gradient; dw1 (C,4C), dw2 (4C,C) += theirs; dh (N,4C) is scratch. a (N,4C) is the
-    forward's gelu(h), or with recompute a scratch this call fills with it first."""
+    forward's act(h), or with recompute a scratch this call fills with it first."""
     if recompute:
-        gelu(a, h, rows)
+        ACTIVATIONS[act][0](a, h, rows)
     mm.backward(dh, dw2, dout, a, w2)
-    mm.backward(dx, dw1, dh, x, w1, dgelu_of=h)
+    mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)

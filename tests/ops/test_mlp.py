@@ -32,7 +32,7 @@ def torch_reference(inp: dict) -> dict:
 
 def run_numpy(inp: dict, dtype, grads: dict, rng: np.random.Generator, recompute: bool) -> dict:
     """The pair as the model runs it: with recompute, a is a scratch whose contents between the calls must not
-    matter (backward recomputes a); without, a is kept from forward to backward (memory.gelu_output_saved)."""
+    matter (backward recomputes a); without, a is kept from forward to backward (memory.act_output_saved)."""
     x, w1, w2, dout = (inp[k].astype(dtype) for k in ("x", "w1", "w2", "dout"))
     N, C = x.shape
     out, h = np.empty((N, C), dtype), np.empty((N, 4 * C), dtype)

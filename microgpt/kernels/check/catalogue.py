@@ -173,8 +173,8 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     )
     mm.forward(e(3, N, C), x, e(3, C, C))
     mm.backward(e(N, C), e(3, C, C, dt=f32), e(3, N, C), x, e(3, C, C))
-    mm.forward(e(N, 4 * C), x, e(C, 4 * C), gelu_out=e(N, 4 * C))
-    mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C), dgelu_of=e(N, 4 * C))
+    mm.forward(e(N, 4 * C), x, e(C, 4 * C), act_out=e(N, 4 * C))
+    mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C), dact_of=e(N, 4 * C))
     _attention_launches(s, e, cat)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
@@ -369,15 +369,17 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         )
         for priming in (True, False):
             w.priming.on = priming
-            gelu_in = Cin == 4 * C and not modern  # GPT-2's W_2 input is gelu(h), cast as GELU computes it
-            mm.forward(e(G, N, OC), None if gelu_in else e(N, Cin), w, gelu_of=e(N, Cin) if gelu_in else None)
+            act = "relu2" if modern else "gelu"
+            act_in = Cin == 4 * C  # W_2's input is act(h), cast as the activation computes it
+            mm.forward(e(G, N, OC), None if act_in else e(N, Cin), w, act_of=e(N, Cin) if act_in else None, act=act)
             mm.backward(
                 e(N, Cin),
                 e(G, Cin, OC, dt=f32),
                 e(G, N, OC),
                 None,
                 w,
-                dgelu_of=e(N, OC) if OC == 4 * C and not modern else None,
+                dact_of=e(N, OC) if OC == 4 * C else None,
+                act=act,
             )
         mm.cast_weights([w])
         # a site over its layers, as the step casts it: taking AdamW's amaxes (a site's every fourth), or its own
