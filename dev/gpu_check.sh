@@ -8,6 +8,8 @@
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
 #   train:  ANDREA-12M (TRAIN_EXP: another experiment): a short run, determinism, resume, the first steps against
 #           numpy (dev/train_check.py)
+#   profile-modern: dev/profile_step.py --graph at PROFILE_MB (32) for GPT-2's step and the modern one in PRECISIONS
+#           (bf16): their kernels by part, a column each ($OUT/profile-parts.md)
 #   muon-repeat: dev/muon_repeat.py: which part of the GPU Muon step differs between identical runs ($OUT/muon_repeat.jsonl)
 #   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz (kept under 16 MB), and back from
 #           a carried .gpu-cache/caches.tgz, so that the next call on a fresh machine starts warm
@@ -93,6 +95,11 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
                --steps ${TRAIN16_STEPS:-300} 2>&1 | grep -v '^step ' | tee "$OUT/train16.jsonl" | cut -c1-600 ;;
     profile) timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-8} 2>&1 \
                | tee "$OUT/profile${PROFILE_MB:-8}.txt" | head -40 ;;
+    profile-modern) files=()  # GPT-2's step and the modern step's, by part, side by side (the graph replayed)
+           for p in ${PRECISIONS:-bf16}; do for b in "" --modern; do f="$OUT/prof${b:+-modern}-$p.json"
+             timeout 150 python3 dev/profile_step.py ${PROFILE_MB:-32} $p --graph $b --json "$f" >/dev/null 2>>"$OUT/profile.err" \
+               && files+=("$f"); done; done
+           python3 dev/profile_step.py --parts "${files[@]}" | tee "$OUT/profile-parts.md" ;;
     sanitizer) for tool in memcheck racecheck; do
                  echo "--- $tool"; timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --print-limit 20 \
                    python3 dev/tiny_step.py bf16 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"; done \
@@ -186,7 +193,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
          timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} "${sets[@]}" 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
-    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save)" ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save profile-modern)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

@@ -1,9 +1,10 @@
 """Where a microgpt step's time goes: per-kernel CUDA time of three steps, eager (same kernels as the graph)
 or, with --graph, three replays of the captured step, with the wall time per step beside the kernel time.
 
-python3 dev/profile_step.py MB [PRECISION] [--graph] [--json PATH]   # ANDREA-120M shape; prints the top kernels
+python3 dev/profile_step.py MB [PRECISION] [--graph] [--modern] [--json PATH]   # ANDREA-120M shape; top kernels
 python3 dev/profile_step.py --parts PATH...                          # those files' kernels by part, a column each
 
+--modern profiles the shape's modern twin (bench.bench.MODERN: the modern block, Muon and AdamW) instead of GPT-2's.
 --json PATH also writes every kernel's name, calls and CUDA ms a step (a list of objects); --parts groups them by
 part of the step (PARTS: the first pattern a kernel's name holds) into the markdown table bench/RESULTS.md shows.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench import SHAPE, batches  # noqa: E402
+from bench.bench import MODERN, SHAPE, batches  # noqa: E402
 from microgpt.config import TrainConfig  # noqa: E402
 from microgpt.engine.backend import triton_backend  # noqa: E402
 from microgpt.engine.state import make_state  # noqa: E402
@@ -33,6 +34,10 @@ PARTS = (
     ("LayerNorm (forward, backward, dw/db)", ("k_layernorm",)),
     ("cross-entropy row kernel", ("k_crossentropy",)),
     ("GELU's backward pass", ("k_gelu",)),
+    ("RMSNorm (modern)", ("k_rmsnorm", "k_residual_rmsnorm")),
+    ("QK-norm + rotary (modern)", ("k_qkrope",)),
+    ("ReLU^2 passes (modern)", ("k_relu2",)),
+    ("Muon: momentum, normalise, update", ("k_muon",)),
     ("AdamW + gradient norm", ("k_adamw", "k_grad_norm")),
     ("memsets, fills, copies", ("Memcpy", "Memset", "FillFunctor")),
     ("embedding, loss sums, other", ("",)),
@@ -46,7 +51,7 @@ def parts(paths: list[str]) -> str:
     for run, acc in zip(runs, sums):
         for k in run["kernels"]:
             acc[next(name for name, pats in PARTS if any(p in k["name"] for p in pats))] += k["ms"]
-    head = [f"{r['precision']} mb {r['mb']}" for r in runs]
+    head = [f"{r.get('block', 'gpt2')} {r['precision']} mb {r['mb']}" for r in runs]
     lines = ["| part | " + " | ".join(head) + " |", "|---|" + "---|" * len(runs)]
     lines += [f"| {name} | " + " | ".join(f"{acc[name]:.2f}" for acc in sums) + " |" for name, _ in PARTS]
     lines.append("| all kernels | " + " | ".join(f"{r['kernel_ms']:.2f}" for r in runs) + " |")
@@ -64,12 +69,13 @@ def main() -> None:
         i = argv.index("--json")
         out = argv[i + 1]
         del argv[i : i + 2]
-    args = [a for a in argv if a != "--graph"]
-    graph = "--graph" in argv
+    args = [a for a in argv if a not in ("--graph", "--modern")]
+    graph, modern = "--graph" in argv, "--modern" in argv
     mb = int(args[0]) if args else 8
     precision = args[1] if len(args) > 1 else "bf16"
-    m = SHAPE
-    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", seed=0)
+    m = MODERN["120m"] if modern else SHAPE
+    optimizer = "muon" if modern else "adamw"
+    t = TrainConfig(micro_batch=mb, n_micro=1, precision=precision, backend="triton", seed=0, optimizer=optimizer)
     S = make_state(m, t, triton_backend(precision))
     step = Step(S, graph=graph)
     data = batches(mb, m)
@@ -95,6 +101,7 @@ def main() -> None:
             json.dumps(
                 {
                     "mb": mb,
+                    "block": m.block,
                     "precision": precision,
                     "graph": graph,
                     "wall_ms": wall * 1e3,
