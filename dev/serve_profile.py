@@ -77,8 +77,9 @@ if STEP_S:
         busy[0] = done = start + STEP_S
 
         def waited():
-            if done > time.perf_counter():
-                time.sleep(done - time.perf_counter())
+            left = done - time.perf_counter()  # read once: a second read may pass done
+            if left > 0:
+                time.sleep(left)
             return wait()
 
         return waited
