@@ -222,11 +222,19 @@ class Engine:
 
     # --- on the event loop -----------------------------------------------------------------------------------
     def _readable(self) -> None:
+        """What the engine sent since the last read. The tokens of several passes in a row (this side fell behind)
+        are taken as one pass's: each touched choice is decoded and handed to its reader once a read, not once a
+        pass, so the work per token falls as the engine outpaces this side, and it never falls further behind."""
+        run: list[tuple] = []  # consecutive "tokens" messages, taken together
         for msg in self.chan.receive():
             kind = msg[0]
             if kind == "tokens":
-                self._tokens(*msg[1:])
-            elif kind == "echo":
+                run.append(msg[1:])
+                continue
+            if run:
+                self._tokens(run)
+                run = []
+            if kind == "echo":
                 job = self.jobs.get(msg[1])
                 if job is not None:
                     c = job.choices[msg[2]]
@@ -239,6 +247,8 @@ class Engine:
                     job.send(Event(-1, msg[2], "error"))
             elif kind == "stats" and self.stats:
                 self.stats.popleft().set_result(msg[1])
+        if run:
+            self._tokens(run)
         if self.chan.closed:
             self.loop.remove_reader(self.chan.fileno())
             with self.lock:
@@ -250,10 +260,12 @@ class Engine:
             if job.left:
                 job.send(Event(-1, message, "error"))
 
-    def _tokens(self, rids: bytes, indices: bytes, tokens: bytes, codes: bytes, lps: list[tuple]) -> None:
-        """A pass's tokens: each choice's new ones appended, then each touched choice decoded once."""
+    def _tokens(self, passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]]) -> None:
+        """The tokens of one or more passes, in order ((rids, indices, tokens, codes, lps) each, as wire.py sends
+        them): each choice's new ones appended, then each touched choice decoded once."""
         touched: dict[tuple[int, int], tuple[Job, Choice]] = {}
-        arrays = (np.frombuffer(a, np.int32).tolist() for a in (rids, indices, tokens, codes))
+        arrays = (np.frombuffer(b"".join(p[k] for p in passes), np.int32).tolist() for k in range(4))
+        lps = [lp for p in passes for lp in p[4]]
         for rid, index, token, code in zip(*arrays):
             job = self.jobs.get(rid)
             if job is None or job.choices[index].finish is not None:
