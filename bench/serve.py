@@ -5,14 +5,16 @@ step at the same batch, in one run; and a chat workload with prefix reuse on and
                                                     # 512-token prompts; 256 tokens each; then the chat workload
     python3 bench/serve.py --checkpoint RUN_OR_BIN  # a trained model instead of random weights
     python3 bench/serve.py --device cpu             # the smoke check: a tiny model on the NumPy backend
+    python3 bench/serve.py --locust "python3 -m locust"   # then locust at the same streams (bench/serve_locust.py)
 
 Order: the decode step alone first, for each (batch, prompt length) of the sweep (bench/decode.py's run_microgpt: a
 plan of that many rows, the prompt prefilled, then --tokens steps replayed as one CUDA graph, greedy on the device);
 then the server, the real one (`python -m microgpt serve CKPT --port 0 --max-batch MAX --queue MAX --backend
 --precision`, a subprocess, stopped with SIGTERM when the bench ends, fails or is terminated; where it does not come up,
-its log's tail is printed), warmed up by streams joining one at a time up to the largest batch (each batch size's
-decode step prepared before anything is timed: on a GPU tuned and its graph captured); then each prompt kind's first
-8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent at once.
+its log's tail is printed; serve's engine prepares every decode size's step before it is ready: on a GPU tuned and its
+graph captured), warmed up by streams joining one at a time (the first prefills and requests on a GPU); then each prompt
+kind's first 8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent
+at once.
 
 Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
@@ -22,15 +24,16 @@ time.perf_counter, one clock for every process of the machine. Every wait is bou
 --start-timeout, a request's next event by --timeout, a client process by twice that: bench/serve_client.py), and one
 that runs out ends the bench with one error line that names what it waited for (and serve's last lines), not a hang.
 
-One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the
-wall from the first request to the last stream's end, time to first token (the first event with text) median and
-p99, inter-token latency p99 (the gaps between a stream's events; an event carries every token since the last, so a
-client that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at
-that batch and the ratio of the two, and same_as_alone (streams 0..7 whose text equals that prompt's alone: rows are
-independent, so all of them but where a near-tie rounds the other way at another batch size). The chat rows: --chat
-conversations at once, each a shared system prompt (--system tokens) and --turns user turns, each turn sent with the
-whole history once the last reply is in; TTFT of the turns after the first, and the engine's reused prompt tokens
-(GET /stats), with prefix reuse on and, a second server, off.
+One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the wall
+from the first request to the last stream's end, time to first token (the first event with text) median and p99,
+inter-token latency p99 (the gaps between a stream's events; an event carries every token since the last, so a client
+that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at that batch
+and the ratio of the two, the decode steps the engine prepared while the row ran (prepared_in_row: 0, or what was timed
+held a warm-up and a graph capture) and its padded rows, and same_as_alone (streams 0..7 whose text equals that prompt's
+alone: rows are independent, so all of them but where a near-tie rounds the other way at another batch size). The chat
+rows: --chat conversations at once, each a shared system prompt (--system tokens) and --turns user turns, each turn sent
+with the whole history once the last reply is in; TTFT of the turns after the first, and the engine's reused prompt
+tokens (GET /stats), with prefix reuse on and, a second server, off.
 
 Weights: a checkpoint's, or bench/decode.py's random ones (the seeded init moved off it). A random checkpoint's
 tokenizer: the byte tokenizer for a 256-id vocabulary (tiny); for a larger one a byte-level BPE of up to that many
@@ -264,8 +267,8 @@ def decode_rates(args: argparse.Namespace, m: Any, w: np.ndarray, lengths: dict[
 
 
 def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int) -> None:
-    """Streams joining one at a time up to `top`, each lasting until the last has joined: every batch size's decode
-    step prepared (on a GPU tuned and its graph captured) before anything is timed."""
+    """Streams joining one at a time up to `top` (a stream ends after 16 + top / 4 tokens, so the batch does not grow
+    to `top`: the engine prepared every decode size at its start; /stats counts any prepared later)."""
     t0 = time.perf_counter()
     warm = [
         (k, body(server.model, min(args.tokens, 16 + top // 4), args, k, prompt=prompts.get("short", k)))
