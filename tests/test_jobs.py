@@ -32,8 +32,8 @@ def engine_side() -> tuple[Engine, Channel]:
     return eng, Channel(theirs)
 
 
-def job(rid: int, n: int = 1) -> Job:
-    spec = Spec(False, [[1]] * n, ["a"] * n, 1, 10, Sampling(0.0), ("\x00",), None, True, False, False, None)
+def job(rid: int, n: int = 1, stops: tuple[str, ...] = ("\x00",), logprobs: int | None = None) -> Job:
+    spec = Spec(False, [[1]] * n, ["a"] * n, 1, 10, Sampling(0.0), stops, None, True, False, False, logprobs)
     j = Job(spec, [Choice(i, [1], Stream(ByteTokenizer().decode, spec.stops)) for i in range(n)])
     j.rid = rid
     return j
@@ -64,3 +64,29 @@ def test_the_passes_that_came_since_the_last_read_make_one_event_a_choice() -> N
     assert [(e.index, e.text, e.finish) for e in b.take()] == [(1, "v", None), (-1, "the engine failed", "error")] + [
         (0, "u", "length")
     ]
+
+
+def test_a_stop_string_in_passes_read_together_ends_the_text_and_the_usage_where_it_completes() -> None:
+    """ "ab" then "c!" then a stop token, read at once, with the stop string "bc": the text is "a", the finish "stop",
+    and usage counts the three tokens up to the one that completed it, not the ones the engine drew after it."""
+    eng, wire = engine_side()
+    a = job(0, stops=("bc",))
+    eng.jobs = {0: a}
+    wire.send(*tokens([0], [0], [97], [0]))
+    wire.send(*tokens([0], [0], [98], [0]))
+    wire.send(*tokens([0], [0], [99], [0]))
+    wire.send(*tokens([0], [0], [33], [0]))
+    wire.send(*tokens([0], [0], [0], [1]))
+    eng._readable()
+    assert [(e.text, e.finish) for e in a.take()] == [("a", "stop")] and a.choices[0].drawn == 3
+
+
+def test_a_choice_whose_logprobs_are_asked_gets_an_event_a_pass() -> None:
+    """Its chunks, and which carries which token's logprobs, do not depend on how far behind this side read."""
+    eng, wire = engine_side()
+    a = job(0, logprobs=0)
+    eng.jobs = {0: a}
+    for token, lp in ((104, -1.0), (105, -2.0)):
+        wire.send("tokens", *(np.array([v], np.int32).tobytes() for v in (0, 0, token, 0)), [(0, 0, token, lp, {})])
+    eng._readable()
+    assert [(e.text, e.logprobs) for e in a.take()] == [("h", [(104, -1.0, {})]), ("i", [(105, -2.0, {})])]
