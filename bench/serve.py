@@ -19,7 +19,7 @@ at once.
 Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
 a number N is N token ids of the standard library's text (BPE). Clients run in several processes (bench/serve_client.py:
-32 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
+16 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
 time.perf_counter, one clock for every process of the machine. Every wait is bounded (serve's start by
 --start-timeout, a request's next event by --timeout, a client process by twice that: bench/serve_client.py), and one
 that runs out ends the bench with one error line that names what it waited for (and serve's last lines), not a hang.
@@ -310,7 +310,7 @@ def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict
 
 def locust_rows(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict, folder: Path) -> list[dict]:
     """--locust: the locustfile (bench/serve_locust.py) against the same server at each --streams, for
-    --locust-seconds after every user started, in as many client processes as 32 users a process ask; one row each,
+    --locust-seconds after every user started, in as many client processes as 16 users a process ask; one row each,
     client "locust", beside the decode step alone at that batch (the short prompts': the locustfile's)."""
     rows = []
     for n in args.streams:

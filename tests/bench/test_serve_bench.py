@@ -68,7 +68,7 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
 
 
 def test_many_streams_are_read_from_several_client_processes() -> None:
-    """40 streams: two client processes (32 streams each at most), released at one instant, all read to the end."""
+    """40 streams: three client processes (16 streams each at most), released at one instant, all read to the end."""
     res = bench("--streams", "40", "--prompts", "short", "--tokens", "3", "--repeats", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = [r for r in json_lines(res.stdout) if "streams" in r]
