@@ -62,7 +62,10 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
         assert math.isclose(r["tokens_per_s"], r["completion_tokens"] / r["wall_s"])
         assert math.isclose(r["of_decode_step"], r["tokens_per_s"] / r["decode_step_tokens_per_s"])
         assert 0 < r["ttft_ms"]["median"] <= r["ttft_ms"]["p99"] < 1e3 * r["wall_s"]
-        assert r["tokens_per_event"] >= 1 and r["itl_ms"]["p99"] >= r["itl_ms"]["median"] >= 0
+        assert r["tokens_per_event"] >= 1
+        # no gap where every stream's tokens came in one event (serve's HTTP side read the engine's passes together)
+        itl = r["itl_ms"]
+        assert itl["p99"] >= itl["median"] >= 0 or r["tokens_per_event"] == 6 and math.isnan(itl["p99"])
     table = [line for line in res.stdout.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| streams | prompt | tokens/s |") and len(table) == 1 + len(rows)
 
