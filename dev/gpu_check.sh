@@ -78,12 +78,6 @@ for line in sys.stdin:
     r = json.loads(line)
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items() if k != "tokens"})'
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
-    serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
-             | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
-for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is
-    r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
-    print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
-           tail -3 "$OUT/serve.err" | cut -c1-400 ;;
     serve-locust) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust-site \
              .whl/locust/*.whl 2>&1 | tail -2
            ckpt=${SERVE_CKPT:-runs/serve-120m}
@@ -101,6 +95,12 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
     r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
     print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve-locust.err" | cut -c1-400 ;;
+    serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
+             | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
+for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is
+    r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
+    print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
+           tail -3 "$OUT/serve.err" | cut -c1-400 ;;
     train) timeout 240 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
@@ -201,7 +201,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
          timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} "${sets[@]}" 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
-    *) echo "unknown stage $s (tests bench decode serve serve-locust train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl)" ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
