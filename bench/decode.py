@@ -55,6 +55,8 @@ SHAPES = {
     "tiny": ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=2, seq_len=64),
     # ANDREA-120M's vocabulary on a model too small to cost: what the host does per token (dev/serve_profile.py)
     "tiny-wide": ModelConfig(vocab_size=50304, d_model=8, n_layer=1, n_head=2, seq_len=512),
+    # a step that costs the CPU little beside the host's work per token (a BPE's decoding): bench/serve.py on the CPU
+    "tiny-host": ModelConfig(vocab_size=2048, d_model=8, n_layer=1, n_head=2, seq_len=512),
 }
 IMPLS = ["microgpt", "hf", "hf-compile"]
 

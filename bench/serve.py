@@ -5,32 +5,35 @@ step at the same batch, in one run; and a chat workload with prefix reuse on and
                                                     # 512-token prompts; 256 tokens each; then the chat workload
     python3 bench/serve.py --checkpoint RUN_OR_BIN  # a trained model instead of random weights
     python3 bench/serve.py --device cpu             # the smoke check: a tiny model on the NumPy backend
+    python3 bench/serve.py --locust "python3 -m locust"   # then locust at the same streams (bench/serve_locust.py)
 
 Order: the decode step alone first, for each (batch, prompt length) of the sweep (bench/decode.py's run_microgpt: a
 plan of that many rows, the prompt prefilled, then --tokens steps replayed as one CUDA graph, greedy on the device);
 then the server, the real one (`python -m microgpt serve CKPT --port 0 --max-batch MAX --queue MAX --backend
 --precision`, a subprocess, stopped with SIGTERM when the bench ends, fails or is terminated; where it does not come up,
-its log's tail is printed), warmed up by streams joining one at a time up to the largest batch (each batch size's
-decode step prepared before anything is timed: on a GPU tuned and its graph captured); then each prompt kind's first
-8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent at once.
+its log's tail is printed; serve's engine prepares every decode size's step before it is ready: on a GPU tuned and its
+graph captured), warmed up by streams joining one at a time (the first prefills and requests on a GPU); then each prompt
+kind's first 8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent
+at once.
 
 Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
 a number N is N token ids of the standard library's text (BPE). Clients run in several processes (bench/serve_client.py:
-32 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
+16 streams each, released at one instant), so that reading 256 streams does not bound what is measured; times are
 time.perf_counter, one clock for every process of the machine. Every wait is bounded (serve's start by
 --start-timeout, a request's next event by --timeout, a client process by twice that: bench/serve_client.py), and one
 that runs out ends the bench with one error line that names what it waited for (and serve's last lines), not a hang.
 
-One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the
-wall from the first request to the last stream's end, time to first token (the first event with text) median and
-p99, inter-token latency p99 (the gaps between a stream's events; an event carries every token since the last, so a
-client that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at
-that batch and the ratio of the two, and same_as_alone (streams 0..7 whose text equals that prompt's alone: rows are
-independent, so all of them but where a near-tie rounds the other way at another batch size). The chat rows: --chat
-conversations at once, each a shared system prompt (--system tokens) and --turns user turns, each turn sent with the
-whole history once the last reply is in; TTFT of the turns after the first, and the engine's reused prompt tokens
-(GET /stats), with prefix reuse on and, a second server, off.
+One JSON line per row on stdout, then the table as markdown: streams, prompt tokens, completion tokens/s over the wall
+from the first request to the last stream's end, time to first token (the first event with text) median and p99,
+inter-token latency p99 (the gaps between a stream's events; an event carries every token since the last, so a client
+that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at that batch
+and the ratio of the two, the decode steps the engine prepared while the row ran (prepared_in_row: 0, or what was timed
+held a warm-up and a graph capture) and its padded rows, and same_as_alone (streams 0..7 whose text equals that prompt's
+alone: rows are independent, so all of them but where a near-tie rounds the other way at another batch size). The chat
+rows: --chat conversations at once, each a shared system prompt (--system tokens) and --turns user turns, each turn sent
+with the whole history once the last reply is in; TTFT of the turns after the first, and the engine's reused prompt
+tokens (GET /stats), with prefix reuse on and, a second server, off.
 
 Weights: a checkpoint's, or bench/decode.py's random ones (the seeded init moved off it). A random checkpoint's
 tokenizer: the byte tokenizer for a 256-id vocabulary (tiny); for a larger one a byte-level BPE of up to that many
@@ -45,6 +48,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -62,7 +66,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode import SHAPES, backend, random_checkpoint, run_microgpt  # noqa: E402
-from bench.serve_client import BenchError, Run, fleet, stream, threads  # noqa: E402
+from bench.serve_client import CLIENTS_PER_PROC, BenchError, Run, fleet, stream, threads  # noqa: E402
 from microgpt.data.corpus import stdlib_files  # noqa: E402
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, load_tokenizer, train_bpe  # noqa: E402
 from microgpt.engine.trained import load_trained  # noqa: E402
@@ -263,8 +267,8 @@ def decode_rates(args: argparse.Namespace, m: Any, w: np.ndarray, lengths: dict[
 
 
 def warm_up(server: Server, args: argparse.Namespace, prompts: Prompts, top: int) -> None:
-    """Streams joining one at a time up to `top`, each lasting until the last has joined: every batch size's decode
-    step prepared (on a GPU tuned and its graph captured) before anything is timed."""
+    """Streams joining one at a time up to `top` (a stream ends after 16 + top / 4 tokens, so the batch does not grow
+    to `top`: the engine prepared every decode size at its start; /stats counts any prepared later)."""
     t0 = time.perf_counter()
     warm = [
         (k, body(server.model, min(args.tokens, 16 + top // 4), args, k, prompt=prompts.get("short", k)))
@@ -292,11 +296,49 @@ def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict
         for n in args.streams:
             bodies = [(k, body(server.model, args.tokens, args, k, prompt=prompts.get(kind, k))) for k in range(n)]
             row = {"streams": n, "prompt": kind, "prompt_tokens": prompts.tokens(kind)}
+            before = get(server.port, "/stats")["engine"]
             row |= row_of(fleet(server.port, bodies, args.timeout), alone)
+            after = get(server.port, "/stats")["engine"]
+            row["prepared_in_row"] = after["prepared"] - before["prepared"]  # decode steps prepared while timed
+            row["padded_rows"] = after.get("padded_rows", 0) - before.get("padded_rows", 0)
             row["decode_step_tokens_per_s"] = step.get((n, kind))
             row["of_decode_step"] = row["tokens_per_s"] / step[n, kind] if (n, kind) in step else None
             print(json.dumps(row), flush=True)
             rows.append(row)
+    return rows
+
+
+def locust_rows(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict, folder: Path) -> list[dict]:
+    """--locust: the locustfile (bench/serve_locust.py) against the same server at each --streams, for
+    --locust-seconds after every user started, in as many client processes as 16 users a process ask; one row each,
+    client "locust", beside the decode step alone at that batch (the short prompts': the locustfile's)."""
+    rows = []
+    for n in args.streams:
+        out, procs = folder / f"locust-{n}.json", -(-n // CLIENTS_PER_PROC)
+        cmd = [
+            *shlex.split(args.locust),
+            *("-f", str(REPO / "bench" / "serve_locust.py"), "--headless", "--only-summary", "--reset-stats"),
+            *("-u", str(n), "-r", str(n), "-t", f"{args.locust_seconds:g}s", "--host", f"http://{HOST}:{server.port}"),
+            *("--serve-model", server.model, "--serve-tokens", str(args.tokens), "--serve-out", str(out)),
+            *(["--processes", str(procs)] if procs > 1 else []),
+        ]
+        try:
+            res = subprocess.run(
+                cmd, cwd=folder, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=args.locust_seconds + args.timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise BenchError(
+                f"locust at {n} users did not end within {args.locust_seconds + args.timeout:g} s"
+            ) from None
+        if not out.is_file():
+            raise BenchError(f"locust at {n} users wrote no summary (exit {res.returncode}): {res.stderr[-600:]}")
+        row = {"client": "locust", "streams": n, "prompt": "short", "prompt_tokens": prompts.tokens("short")}
+        row |= json.loads(out.read_text())
+        row["decode_step_tokens_per_s"] = step.get((n, "short"))
+        row["of_decode_step"] = row["tokens_per_s"] / step[n, "short"] if (n, "short") in step else None
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -329,6 +371,22 @@ def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, r
         **d,
         "reused_share": d["reused_tokens"] / max(1, d["reused_tokens"] + d["prefill_tokens"]),
     }
+
+
+def locust_table(rows: list[dict]) -> str:
+    lines = [
+        "| locust users | prompt | tokens/s | TTFT median / p99 ms | streams done | failures | decode step tokens/s "
+        "| ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
+        lines.append(
+            f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | {r['ttft_ms']['median']:.0f} / "
+            f"{r['ttft_ms']['p99']:.0f} | {r['completed']} | {r['failures']} | "
+            f"{f'{step:,.0f}' if step else '-'} | {f'{ratio:.2f}x' if ratio else '-'} |"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -371,6 +429,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=4, help="turns of each conversation")
     p.add_argument("--system", type=int, help="system prompt tokens (default: 384 on cuda, 16 on cpu)")
     p.add_argument("--chat-tokens", type=int, help="max_tokens of a chat turn (default: 64 on cuda, 4 on cpu)")
+    p.add_argument(
+        "--locust",
+        help='the command that runs locust (e.g. "python3 -m locust"): the locustfile bench/serve_locust.py at each '
+        "--streams too, against the same server (an outside client's figures beside the bench's own)",
+    )
+    p.add_argument("--locust-seconds", type=float, help="each locust run's seconds (default: 20 on cuda, 8 on cpu)")
     p.add_argument("--repeats", type=int, default=3, help="the decode step's timing runs (bench/decode.py's)")
     p.add_argument("--start-timeout", type=float, help="seconds for serve to answer (default: 600 on cuda, 120 on cpu)")
     p.add_argument(
@@ -393,6 +457,7 @@ def defaults(args: argparse.Namespace) -> None:
     args.chat_tokens = args.chat_tokens or (64 if gpu else 4)
     args.start_timeout = args.start_timeout or (600 if gpu else 120)
     args.timeout = args.timeout or (600 if gpu else 120)
+    args.locust_seconds = args.locust_seconds or (20 if gpu else 8)
     args.max_batch = max(args.streams + [args.chat])
     args.backend, args.precision = "triton" if gpu else "numpy", args.precision or ("bf16" if gpu else "fp32")
 
@@ -432,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with served(ckpt, args, log, term) as server:
                 rows = sweep(server, args, prompts, step)
+                outside = locust_rows(server, args, prompts, step, Path(tmp)) if args.locust else []
                 if args.chat:
                     chats.append(chat(server, args, prompts, tok, True))
             if args.chat:
@@ -457,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"chat_row": c}), flush=True)
     print(json.dumps({"run": head}), flush=True)
     print(table(rows))
+    if outside:
+        print(locust_table(outside))
     return 0
 
 

@@ -18,6 +18,13 @@
 #   serve:  bench/serve.py (ANDREA-120M random weights, bf16: 1, 8, 64 and 256 streams of short and 512-token prompts
 #           against the decode step alone, then the chat workload); its rows and table in $OUT/serve.jsonl, serve's log
 #           on failure in $OUT/serve.err; SERVE_ARGS adds flags (e.g. "--streams 1 8 --chat 0")
+#   serve-locust: bench/serve.py --locust on a trained checkpoint: 1, 8, 64, 256 streams of short and 512-token
+#           prompts from its own clients, then locust (bench/serve_locust.py) at the same streams against the same
+#           server, each beside the decode step alone at that batch, then the chat workload; $OUT/serve-locust.jsonl.
+#           The checkpoint: SERVE_CKPT, or ANDREA-120M trained here (runs/serve-120m, kept on a warm machine) for
+#           SERVE_TRAIN_STEPS (300) steps of 4 micro-batches of 8 x 1024 tokens on the built-in corpus (its 50,304-entry
+#           BPE and shards built first: ~50 s on a CPU): random weights make near-ties of the greedy picks. Carry
+#           .whl/locust: locust's wheels for the device's Python 3.12 (dev/README.md: `pip download` line, 11 MiB)
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
@@ -78,6 +85,23 @@ for line in sys.stdin:
     r = json.loads(line)
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items() if k != "tokens"})'
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
+    serve-locust) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust-site \
+             .whl/locust/*.whl 2>&1 | tail -2
+           ckpt=${SERVE_CKPT:-runs/serve-120m}
+           if [ -z "${SERVE_CKPT:-}" ] && ! ls $ckpt/ckpt/step-*.bin >/dev/null 2>&1; then
+             timeout ${SERVE_TRAIN_TIMEOUT:-300} python3 -m microgpt train --json experiments/ANDREA-120M-TRAIN.json \
+               --out $ckpt --steps ${SERVE_TRAIN_STEPS:-300} --set data.source=builtin --set 'data.path=""' \
+               --set train.n_micro=4 --set train.warmup_steps=30 --set train.eval_every=100000 \
+               --set train.ckpt_every=100000 2>"$OUT/serve-train.err" | grep '"step"' | tail -1 | cut -c1-300
+             tail -2 "$OUT/serve-train.err" | grep -iE "error|Traceback" | cut -c1-400
+           fi
+           timeout ${SERVE_TIMEOUT:-540} python3 bench/serve.py --checkpoint $ckpt \
+             --locust "env PYTHONPATH=/tmp/locust-site python3 -m locust" ${SERVE_ARGS:-} 2>"$OUT/serve-locust.err" \
+             | tee "$OUT/serve-locust.jsonl" | python3 -c 'import json, sys
+for line in sys.stdin:  # JSON rows without their texts, then the markdown tables as they are
+    r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
+    print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
+           tail -3 "$OUT/serve-locust.err" | cut -c1-400 ;;
     serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
              | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
 for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is

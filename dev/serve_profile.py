@@ -1,10 +1,11 @@
 """Where `microgpt serve` spends host time per token, and what the host costs a GPU's decode step: the real server (a
-subprocess, as users run it) on a tiny model (d_model 8, one layer, a 2,048-entry byte-level BPE, NumPy backend, one
-BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on the CPU (every row draws one token of
-text, TOKEN) and takes --step-ms from its launch (default 2 ms, about ANDREA-120M's decode step at batch 64 on an
-H200), the host free meanwhile. Where the server launches a step and reads its tokens later
-(InferState.launch_decode), that read waits until the step's time has passed since its launch (or since the step
-before it ended). The patch goes into both processes through a sitecustomize.py on the server's PYTHONPATH.
+subprocess, as users run it) on a tiny model (bench/decode.py's tiny-host: d_model 8, one layer, a 2,048-entry
+byte-level BPE, NumPy backend, one BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on the
+CPU (every row draws one token of text, TOKEN) and takes --step-ms from its launch (default 2 ms, about
+ANDREA-120M's decode step at batch 64 on an H200), the host free meanwhile. Where the server launches a step and
+reads its tokens later (InferState.launch_decode), that read waits until the step's time has passed since its launch
+(or since the step before it ended). The patch goes into both processes through a sitecustomize.py on the server's
+PYTHONPATH.
 
     python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
     python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
@@ -44,7 +45,6 @@ sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
 from bench.serve import Server, Terminate, get, served, tokenizer_record  # noqa: E402
 from bench.serve_client import threads  # noqa: E402
-from microgpt.config import ModelConfig  # noqa: E402
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -77,15 +77,15 @@ if STEP_S:
         busy[0] = done = start + STEP_S
 
         def waited():
-            if done > time.perf_counter():
-                time.sleep(done - time.perf_counter())
+            left = done - time.perf_counter()  # read once: a second read may pass done
+            if left > 0:
+                time.sleep(left)
             return wait()
 
         return waited
 
     infer.InferState.launch_decode = launch_decode
 """
-HOST_SHAPE = ModelConfig(vocab_size=2048, d_model=8, n_layer=1, n_head=2, seq_len=512)
 TOKEN = 300  # what every decode step draws under the emulation (a token of text, not the end of document)
 
 
@@ -169,11 +169,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     step_s = args.step_ms / 1e3
-    SHAPES["serve-host"] = HOST_SHAPE  # random_checkpoint's table: the sidecar records the model
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        tok = tokenizer_record(HOST_SHAPE.vocab_size, folder)
-        ckpt = random_checkpoint("serve-host", folder, tok)[2]
+        tok = tokenizer_record(SHAPES["tiny-host"].vocab_size, folder)
+        ckpt = random_checkpoint("tiny-host", folder, tok)[2]
         (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("TOKEN", str(TOKEN)))
         env = {
             "PYTHONPATH": f"{folder}{os.pathsep}{REPO}",

@@ -36,7 +36,8 @@ class Harness:
     def __init__(self, max_batch: int) -> None:
         a, b = socket.socketpair()
         self.front = Channel(b)
-        self.sched = Scheduler(Generator(make_infer_state(M, numpy_backend(), max_batch, weights())), Channel(a))
+        S = make_infer_state(M, numpy_backend(), max_batch + 1, weights())  # and the padding row
+        self.sched = Scheduler(Generator(S), Channel(a))
         self.sched.started = True
         self.tokens: dict[tuple[int, int], list[int]] = {}
         self.finish: dict[tuple[int, int], int] = {}
@@ -184,3 +185,20 @@ def test_echo_logprobs_are_the_scoring_forwards() -> None:
     _, _, losses = S.score(np.array([prompt[:-1]], np.int32), np.array([prompt[1:]], np.int32))
     check("echo logprobs", np.array([lp for lp, _ in lps]), -losses[0].astype(np.float64), 1e-5)
     assert all(len(top) == 2 and max(top.values()) >= lp - 1e-6 for lp, top in lps)
+
+
+def test_every_decode_size_is_prepared_before_any_request_and_padding_changes_no_row() -> None:
+    """The decode step runs at a few sizes (1, 2, 4, every 8th, max_batch), each prepared when the scheduler is made
+    (on a GPU its warm-up and graph capture, which a request would otherwise wait for the first time its batch size
+    came); steps of other sizes are padded up to the next, in the padding row, and every row's tokens are still its
+    prompt's alone."""
+    h = Harness(20)
+    assert sorted(h.sched.S.decoders) == h.sched.sizes == [1, 2, 4, 8, 16, 20]
+    for rid, prompt in enumerate(PROMPTS * 2):
+        h.submit(rid, prompt, 5 + rid % 4)
+    h.until_done(list(range(2 * len(PROMPTS))))
+    assert sorted(h.sched.S.decoders) == h.sched.sizes  # none prepared while rows waited
+    assert h.sched.counts["padded_rows"] > 0
+    for rid, prompt in enumerate(PROMPTS * 2):
+        assert h.tokens[rid, 0] == alone(prompt, 5 + rid % 4), rid
+    assert len(h.sched.cache.free) == 20 and h.sched.pad_slot not in h.sched.cache.free

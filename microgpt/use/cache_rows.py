@@ -20,14 +20,16 @@ from microgpt.engine.infer import InferState
 
 
 class CacheRows:
-    """The bookkeeping of S's S.B cache rows of T positions (the module docstring); reuse False: no prefix reuse."""
+    """The bookkeeping of the first `rows` (default all) of S's S.B cache rows of T positions (the module docstring;
+    serve's scheduler keeps the last for padding); reuse False: no prefix reuse."""
 
-    def __init__(self, S: InferState, T: int, reuse: bool = True) -> None:
+    def __init__(self, S: InferState, T: int, reuse: bool = True, rows: int | None = None) -> None:
+        n = S.B if rows is None else rows
         self.S, self.T, self.reuse = S, T, reuse
-        self.ids = np.zeros((S.B, T), np.int32)  # each cache row's tokens, where the host knows them
-        self.fed = np.zeros(S.B, np.int64)  # positions of each cache row written (or queued)
-        self.known = np.zeros(S.B, np.int64)  # positions of each cache row whose token the host knows
-        self.free = list(range(S.B))  # free cache rows, the least recently used first
+        self.ids = np.zeros((n, T), np.int32)  # each cache row's tokens, where the host knows them
+        self.fed = np.zeros(n, np.int64)  # positions of each cache row written (or queued)
+        self.known = np.zeros(n, np.int64)  # positions of each cache row whose token the host knows
+        self.free = list(range(n))  # free cache rows, the least recently used first
 
     def take(self, prompt: np.ndarray, reuse: bool = True) -> tuple[int, int, int]:
         """A free cache row for prompt -> (the row, the prompt tokens it holds, how many of those were copied from a

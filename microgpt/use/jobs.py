@@ -222,11 +222,19 @@ class Engine:
 
     # --- on the event loop -----------------------------------------------------------------------------------
     def _readable(self) -> None:
+        """What the engine sent since the last read. The tokens of several passes in a row (this side fell behind)
+        are taken as one pass's: each touched choice is decoded and handed to its reader once a read, not once a
+        pass, so the work per token falls as the engine outpaces this side, and it never falls further behind."""
+        run: list[tuple] = []  # consecutive "tokens" messages, taken together
         for msg in self.chan.receive():
             kind = msg[0]
             if kind == "tokens":
-                self._tokens(*msg[1:])
-            elif kind == "echo":
+                run.append(msg[1:])
+                continue
+            if run:
+                self._tokens(run)
+                run = []
+            if kind == "echo":
                 job = self.jobs.get(msg[1])
                 if job is not None:
                     c = job.choices[msg[2]]
@@ -239,6 +247,8 @@ class Engine:
                     job.send(Event(-1, msg[2], "error"))
             elif kind == "stats" and self.stats:
                 self.stats.popleft().set_result(msg[1])
+        if run:
+            self._tokens(run)
         if self.chan.closed:
             self.loop.remove_reader(self.chan.fileno())
             with self.lock:
@@ -250,42 +260,48 @@ class Engine:
             if job.left:
                 job.send(Event(-1, message, "error"))
 
-    def _tokens(self, rids: bytes, indices: bytes, tokens: bytes, codes: bytes, lps: list[tuple]) -> None:
-        """A pass's tokens: each choice's new ones appended, then each touched choice decoded once."""
+    def _tokens(self, passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]]) -> None:
+        """The tokens of one or more passes, in order ((rids, indices, tokens, codes, lps) each, as wire.py sends
+        them): each choice's new ones appended, then each touched choice decoded once; a choice whose logprobs are
+        asked once a pass (its chunks, and which of them carries which token's logprobs, are the same however far
+        behind this side is)."""
         touched: dict[tuple[int, int], tuple[Job, Choice]] = {}
-        arrays = (np.frombuffer(a, np.int32).tolist() for a in (rids, indices, tokens, codes))
-        for rid, index, token, code in zip(*arrays):
-            job = self.jobs.get(rid)
-            if job is None or job.choices[index].finish is not None:
-                continue  # released, or ended here (a stop string) before the engine heard of it
-            c = job.choices[index]
-            if token >= 0:
-                c.drawn += 1
-                if code != 1:
-                    c.ids.append(token)
-            c.code = code
-            touched[rid, index] = job, c
-        for rid, index, token, lp, top in lps:
-            if (rid, index) in touched:
-                touched[rid, index][1].lps.append((token, lp, top))
+        for rids, indices, tokens, codes, lps in passes:
+            scored: dict[tuple[int, int], tuple[Job, Choice]] = {}
+            arrays = (np.frombuffer(a, np.int32).tolist() for a in (rids, indices, tokens, codes))
+            for rid, index, token, code in zip(*arrays):
+                job = self.jobs.get(rid)
+                if job is None or job.choices[index].finish is not None:
+                    continue  # released, or ended here (a stop string) before the engine heard of it
+                c = job.choices[index]
+                if token >= 0:
+                    c.drawn += 1
+                    if code != 1:
+                        c.ids.append(token)
+                c.code = code
+                (touched if job.spec.logprobs is None else scored)[rid, index] = job, c
+            for rid, index, token, lp, top in lps:
+                if (rid, index) in scored:
+                    scored[rid, index][1].lps.append((token, lp, top))
+            for job, c in scored.values():
+                self._update(job, c)
         for job, c in touched.values():
             self._update(job, c)
 
     def _update(self, job: Job, c: Choice) -> None:
         """The choice's new text (Stream: held back where a character or a stop string may be incomplete), its
-        finish (the engine's, or a stop string found here: then the engine is told to drop its row)."""
+        finish (the engine's, or a stop string found here: then the engine is told to drop its row, and usage counts
+        the tokens up to the one that completed it, whatever the engine drew after it)."""
         lo, c.pushed = c.pushed, len(c.ids)
-        if c.code == 1:
-            text, finish = c.stream.push(c.ids, last=True)[0], "stop"
-        else:
-            text, stopped = c.stream.push(c.ids)
-            finish = "stop" if stopped else FINISH[c.code]
-            if stopped:
-                c.drawn = first_stop(self.tok.decode, c.ids, c.stream.stops, lo)
-                del c.lps[c.drawn :]
+        text, stopped = c.stream.push(c.ids, last=c.code == 1)
+        finish = "stop" if stopped or c.code == 1 else FINISH[c.code]
+        if stopped:
+            c.drawn = first_stop(self.tok.decode, c.ids, c.stream.stops, lo)
+            del c.lps[c.drawn :]
+            if c.code == 0:
                 self.send("cancel", job.rid, c.index)
-            elif finish == "length":
-                text += c.stream.push(c.ids, last=True)[0]
+        elif finish == "length":
+            text += c.stream.push(c.ids, last=True)[0]
         if text or finish:
             c.finish = finish
             lps = c.lps[c.sent_lps :] if job.spec.logprobs is not None else None

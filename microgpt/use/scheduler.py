@@ -25,7 +25,11 @@ One pass of the loop (`step`):
                the first token; so the short prompts that wait are prefilled together in the batch's own step (one
                graph replay, not a launch per row and layer) and join the batch at once. The inputs are patched from
                the host's arrays (InferState.stage_decode, launch_decode), not rebuilt per row; on a GPU the step's
-               CUDA graph is replayed without waiting, while the host goes on
+               CUDA graph is replayed without waiting, while the host goes on. A step of b rows runs at the least
+               of the decode sizes (`decode_sizes`) that holds them, its last rows padding (the padding row's
+               positions, which nothing reads): every size's step is prepared before the engine says it is ready
+               (on a GPU a warm-up that times its choices, then its graph captured: far longer than a step), so no
+               request ever waits for one, and the sizes are few (35 for 256 rows, not 256 graphs)
     finish     the tokens of the step launched in the pass before, read only now: the GPU runs one step while the
                host reads the last one's tokens, sends them, and finds the rows that end. A greedy row's next token
                is carried into the next step on the device (InferState.carry), so the host is one step behind; a row
@@ -39,11 +43,14 @@ their logits with their own seed, as `microgpt sample --seed S` draws. A row end
 max_tokens, or where the context is full (no sliding window); a cancel (the client went, or the HTTP side found a stop
 string) drops it from the next step. The HTTP side bounds what is submitted (429 beyond max_batch + queue), so the
 engine's queue is never longer than that.
+
+The plan holds max_batch + 1 cache rows: the last is the padding row's, which no request is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import signal
 import socket
@@ -65,17 +72,30 @@ from microgpt.use.wire import Channel
 PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefilled in one pass at most
 CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
 SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
+PAD_STEP = 8  # decode sizes: 1, 2, 4, then every PAD_STEP-th up to max_batch (a step pads at most PAD_STEP - 1 rows)
 IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
 INTERNAL = "internal error (see the server's stderr)"
 
 
+def decode_sizes(max_batch: int, T: int) -> list[int]:
+    """The batch sizes the decode step runs at: 1, 2, 4, every PAD_STEP-th and max_batch (every size where the
+    context T is too short for PAD_STEP - 1 padding positions). Padding a step to the next costs a GPU's decode
+    step next to nothing (it reads the weights once, however many rows), and bounds the steps to prepare."""
+    step = PAD_STEP if T > PAD_STEP else 1
+    sizes = {s for s in (1, 2, 4) if s < min(step, max_batch)} | set(range(step, max_batch, step))
+    return sorted(sizes | {max_batch})
+
+
 class Scheduler:
-    """The loop over gen's max_batch cache rows (the module docstring), talking to the HTTP side over chan."""
+    """The loop over max_batch cache rows of gen's max_batch + 1 (the last the padding row's; the module
+    docstring), talking to the HTTP side over chan. Every decode size's step is prepared at construction."""
 
     def __init__(self, gen: Generator, chan: Channel, reuse: bool = True) -> None:
         self.gen, self.S, self.chan = gen, gen.S, chan
-        self.max_batch, self.T = gen.S.B, gen.m.seq_len
-        self.cache = CacheRows(gen.S, self.T, reuse)  # what each cache row holds, which are free
+        self.max_batch, self.T = gen.S.B - 1, gen.m.seq_len
+        self.pad_slot = gen.S.B - 1  # the padding row: its positions are written by padding, read by none
+        self.sizes = decode_sizes(self.max_batch, self.T)
+        self.cache = CacheRows(gen.S, self.T, reuse, self.max_batch)  # what each cache row holds, which are free
         self.rows: dict[int, list[Row]] = {}  # rid -> its rows not done
         self.waiting: deque[Row] = deque()
         self.prefilling: list[Row] = []
@@ -85,6 +105,17 @@ class Scheduler:
         self.out: list[tuple[np.ndarray, ...]] = []  # (rid, index, token, code) arrays of this pass
         self.out_lps: list[tuple] = []  # (rid, index, token, logprob, top) of the tokens whose logprobs are asked
         self.counts: dict[str, float] = defaultdict(float)  # steps, rows, prefill and reused tokens, seconds a phase
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Each decode size's step run once now (on a GPU: its warm-up and graph capture, InferState's decoders), on
+        rows that write where nothing is held yet (position i % T of cache row i // T: every row is empty)."""
+        t0 = time.perf_counter()
+        for n in self.sizes:
+            i = np.arange(n)
+            self.S.stage_decode(np.concatenate([np.zeros(n, np.int64), i % self.T, i // self.T]).astype(np.int32))
+            self.S.launch_decode(n)()
+        self._time("prepare", t0)
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -118,7 +149,8 @@ class Scheduler:
         elif kind == "start":
             self.started = True
         elif kind == "stats":
-            self.chan.send("stats", {**self.counts, "active": len(self.batch), "waiting": len(self.waiting)})
+            counts = {**self.counts, "active": len(self.batch), "waiting": len(self.waiting)}
+            self.chan.send("stats", counts | {"prepared": len(self.S.decoders)})
         elif kind == "stop":
             self.stopping = True
 
@@ -272,41 +304,44 @@ class Scheduler:
         b = self.max_batch - spare
         if not b:
             return None
-        inputs, runs = B.inputs(b)
+        n = self.sizes[bisect.bisect_left(self.sizes, b)]  # the step's size: rows b .. n - 1 pad it
+        inputs, runs = B.inputs(n)
         cols = {name: np.full(b, -1, np.int64) for name in FIXED}
         for name, col in cols.items():
             col[:nb] = getattr(B, name)[:nb]
         rows: list[Row | None] = list(B.rows)
         j, joins = nb, []
-        for row, start, n in feeding:
-            inputs[j : j + n] = row.prompt[start : start + n]
-            inputs[b + j : b + j + n] = np.arange(start, start + n)
-            inputs[2 * b + j : 2 * b + j + n] = row.slot
-            rows += [None] * n
-            if start + n == row.prompt.size:  # its last prompt token's place draws its first token
+        for row, start, k in feeding:
+            inputs[j : j + k] = row.prompt[start : start + k]
+            inputs[n + j : n + j + k] = np.arange(start, start + k)
+            inputs[2 * n + j : 2 * n + j + k] = row.slot
+            rows += [None] * k
+            if start + k == row.prompt.size:  # its last prompt token's place draws its first token
                 rows[-1] = row
-                joins.append((row, j + n - 1))
+                joins.append((row, j + k - 1))
                 for name, value in zip(FIXED, row.fixed):
-                    cols[name][j + n - 1] = value
-            j += n
+                    cols[name][j + k - 1] = value
+            j += k
+        inputs[b:n], inputs[n + b : 2 * n], inputs[2 * n + b :] = 0, np.arange(n - b), self.pad_slot
         self.S.stage_decode(inputs)
-        for dst, src, n in runs:
-            self.S.carry(dst, src, n)
+        for dst, src, count in runs:
+            self.S.carry(dst, src, count)
         t0 = time.perf_counter()
-        wait = self.S.launch_decode(b)  # on a GPU a graph's launch; on the CPU the whole step
+        wait = self.S.launch_decode(n)  # on a GPU a graph's launch; on the CPU the whole step
         self._time("model", t0)
-        cols |= {"pos": inputs[b : 2 * b].astype(np.int64), "slot": inputs[2 * b :].astype(np.int64)}
+        cols |= {"pos": inputs[n : n + b].astype(np.int64), "slot": inputs[2 * n : 2 * n + b].astype(np.int64)}
         step = Step(rows, cols, wait, bool(B.host) or any(r.host_draws for r, _, _ in feeding))
         B.launched()
-        for row, start, n in feeding:
-            row.fed += n
+        for row, start, k in feeding:
+            row.fed += k
             self.cache.fed[row.slot] = row.fed
-            self.counts["prefill_tokens"] += n
+            self.counts["prefill_tokens"] += k
         for row, at in joins:  # rows of the batch now, their next token drawn at their place in this step
             self.prefilling.remove(row)
             B.add(row, row.fed, 0, at)
         self.counts["steps"] += 1
         self.counts["rows"] += b
+        self.counts["padded_rows"] += n - b
         return step
 
     def finish(self, step: Step, host: bool) -> None:
@@ -314,7 +349,7 @@ class Scheduler:
         nothing here), the rows that end ended; with `host`, the next step is not launched yet and its rows feed
         these tokens from the host (else they were carried on the device)."""
         t0 = time.perf_counter()
-        tokens = step.wait().astype(np.int64)
+        tokens = step.wait()[: len(step.rows)].astype(np.int64)  # the padding's dropped
         t1 = self._time("wait", t0)
         live = np.array([r is not None and not r.done for r in step.rows])
         if step.host:
@@ -376,15 +411,17 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """The engine process: read the checkpoint (serve's one reader of it: a step-*.bin or a run folder, as the user
-    named it) onto a plan of --max-batch rows, say ready with what it loaded (the path, the step and the sidecar, from
-    which the HTTP side builds the tokenizer and the model's card) or why not, then run until told to stop or the
-    HTTP side has gone. Ctrl-C reaches the whole process group: the HTTP side stops this one."""
+    named it) onto a plan of --max-batch rows and the padding row, prepare every decode size's step, say ready with
+    what it loaded (the path, the step and the sidecar, from which the HTTP side builds the tokenizer and the model's
+    card) or why not, then run until told to stop or the HTTP side has gone. Ctrl-C reaches the whole process group:
+    the HTTP side stops this one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = parser().parse_args(argv)
     chan = Channel(socket.socket(fileno=args.fd))
     try:
         ld = load_trained(args.checkpoint)
-        gen, _ = sample.open_trained(ld, args.max_batch, args.backend, args.precision)
+        gen, _ = sample.open_trained(ld, args.max_batch + 1, args.backend, args.precision)
+        sched = Scheduler(gen, chan, reuse=not args.no_prefix_reuse)
     except InputError as e:
         chan.send("fail", str(e))
     except Exception as e:  # a failing device: the HTTP side prints one line, the traceback is here
@@ -394,7 +431,8 @@ def main(argv: list[str]) -> int:
         chan.send(
             "ready",
             {
-                "max_batch": gen.S.B,
+                "max_batch": sched.max_batch,
+                "decode_sizes": sched.sizes,
                 "backend": gen.S.K.name,
                 "precision": gen.S.K.precision.name,
                 "device": gen.S.K.device,
@@ -402,7 +440,7 @@ def main(argv: list[str]) -> int:
             },
             {"path": str(ld.path), "step": ld.step, "side": ld.side},
         )
-        Scheduler(gen, chan, reuse=not args.no_prefix_reuse).run()
+        sched.run()
     while chan.outbox and not chan.closed:
         chan.wait(1.0)
         chan.flush()

@@ -29,7 +29,7 @@ from tests.conftest import REPO, json_lines
 
 FIELDS = {"streams", "prompt", "prompt_tokens", "completion_tokens", "wall_s", "tokens_per_s", "ttft_ms", "itl_ms",
           "tokens_per_event", "same_as_alone", "finish_reasons", "texts", "decode_step_tokens_per_s",
-          "of_decode_step"}  # fmt: skip
+          "of_decode_step", "prepared_in_row", "padded_rows"}  # fmt: skip
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -58,16 +58,20 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
             ids = generate(gen, tok.encode(p) if isinstance(p, str) else p, 6, Sampling(), [k])[0]
             assert text == tok.decode(ids), (r["streams"], r["prompt"], k)
         assert r["same_as_alone"] == f"{r['streams']}/{r['streams']}"
+        assert r["prepared_in_row"] == 0  # every decode step the rows ran was prepared before the server was ready
         assert math.isclose(r["tokens_per_s"], r["completion_tokens"] / r["wall_s"])
         assert math.isclose(r["of_decode_step"], r["tokens_per_s"] / r["decode_step_tokens_per_s"])
         assert 0 < r["ttft_ms"]["median"] <= r["ttft_ms"]["p99"] < 1e3 * r["wall_s"]
-        assert r["tokens_per_event"] >= 1 and r["itl_ms"]["p99"] >= r["itl_ms"]["median"] >= 0
+        assert r["tokens_per_event"] >= 1
+        # no gap where every stream's tokens came in one event (serve's HTTP side read the engine's passes together)
+        itl = r["itl_ms"]
+        assert itl["p99"] >= itl["median"] >= 0 or r["tokens_per_event"] == 6 and math.isnan(itl["p99"])
     table = [line for line in res.stdout.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| streams | prompt | tokens/s |") and len(table) == 1 + len(rows)
 
 
 def test_many_streams_are_read_from_several_client_processes() -> None:
-    """40 streams: two client processes (32 streams each at most), released at one instant, all read to the end."""
+    """40 streams: three client processes (16 streams each at most), released at one instant, all read to the end."""
     res = bench("--streams", "40", "--prompts", "short", "--tokens", "3", "--repeats", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = [r for r in json_lines(res.stdout) if "streams" in r]
