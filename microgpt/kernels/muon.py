@@ -23,9 +23,9 @@ groups only, whose normalise loads g in one layout and stored its zeros in anoth
 such a pair in the compiled kernel, and tests/kernels/test_hazards.py runs it over every kernel CI compiles).
 
 The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and the GEMMs
-run as the engine's other cuBLASLt GEMMs do, under one algorithm without split-K, which is what lets those repeat bit
-for bit. (With torch's bmm/baddbmm in their place the step did not repeat on an H200: tests/kernels/test_muon.py's
-GPU test; dev/muon_repeat.py compares the two ways part by part.)
+run as the engine's other cuBLASLt GEMMs do, under one algorithm without split-K. Measured on an H100
+(dev/muon_repeat.py, bench/RESULTS.md's twenty-first session): with g zeroed by the update pass the step repeats bit
+for bit under cuBLASLt's GEMMs and under torch's baddbmm alike; the race on g was what had made it differ.
 lr, mu, gscale and the weight decay come from the device array `hyper` (written by the host before
 each step), the clip from the device norm, so every launch and GEMM replays inside the step's CUDA graph; nothing
 is allocated (the views of the planned buffers are metadata). A non-finite norm (fp16 overflow, the warm-up's inf
