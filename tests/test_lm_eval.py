@@ -177,15 +177,13 @@ def test_the_documented_lm_eval_commands_run_as_written(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps({"ctx": c, "endings": e, "label": y}) + "\n" for c, e, y in EXAMPLES))
-    task = tmp_path / "microgpt_mc.yaml"
-    task.write_text(TASK.format(data=data, cache=tmp_path / "datasets"))
     res = cli("eval", str(run), "--hellaswag", str(data), "--backend", "numpy", "--json")
     assert res.returncode == 0, res.stderr
     (want,) = json_lines(res.stdout)
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's lm_eval program
-    log = tmp_path / "serve.log"
+    log, clients = tmp_path / "serve.log", []
     with log.open("w") as f:
         cmd = [sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0"]
         serve = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, cwd=REPO, env=env)
@@ -195,10 +193,11 @@ def test_the_documented_lm_eval_commands_run_as_written(tmp_path: Path) -> None:
             assert serve.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         address = lines[0].split("//", 1)[1].split("/", 1)[0]
-        clients = []
         for command in commands:
             for mark in (ADDRESS, TASK_FLAG):
                 assert command.count(mark) == 1, (mark, command)
+            task = tmp_path / f"microgpt_mc{len(clients)}.yaml"  # each client its own datasets cache: they run at once
+            task.write_text(TASK.format(data=data, cache=tmp_path / f"datasets{len(clients)}"))
             command = command.replace(ADDRESS, address).replace(TASK_FLAG, f"--tasks {shlex.quote(str(task))} ")
             command = command.replace(EXPORT_DIR, shlex.quote(str(tmp_path / "hf")))
             argv = ["sh", "-c", command]  # the doc's lines as a user pastes them: the shell joins them, finds lm_eval
@@ -214,6 +213,10 @@ def test_the_documented_lm_eval_commands_run_as_written(tmp_path: Path) -> None:
             cells = [c.strip() for c in row.split("|")]
             assert cells[5] == "acc" and cells[7] == f"{want['acc']:.4f}", (command, out)
     finally:
+        for client, _ in clients:  # one left running by a failed check of the other
+            if client.poll() is None:
+                client.kill()
+                client.wait()
         serve.send_signal(signal.SIGINT)
         try:
             serve.wait(timeout=30)
