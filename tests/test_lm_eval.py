@@ -3,7 +3,8 @@ local-completions model (token-id prompts in batches, max_tokens 1, logprobs 1, 
 export`'s folder, or serve's own through its tokenizer routes) on a task written here (a YAML and a local JSONL: no
 network, no Hugging Face hub), and gets microgpt's own numbers for the same examples: every choice's loglikelihood
 to 1e-4 (from its log_samples), the same acc as `microgpt eval --hellaswag` on the same file, and the acc_norm
-lm-eval's rule gives from microgpt's sums.
+lm-eval's rule gives from microgpt's sums. And docs/SERVE.md's `lm_eval` commands, run as written by the `lm_eval`
+program against a `microgpt serve` process.
 
 lm_eval[api] is in the test extra; the test is skipped, saying so, where it is not importable."""
 
