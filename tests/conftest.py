@@ -65,8 +65,12 @@ def cli(*args: str, **kw) -> subprocess.CompletedProcess:
     )
 
 
-def json_lines(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+def json_lines(stdout: str, beats: bool = False) -> list[dict]:
+    """The JSON lines of a command's stdout; heartbeats (microgpt/events.py) only if beats: a run's heartbeat thread
+    beats every 10 s from start to exit, between and after any of its records, so a run slowed by load has them
+    wherever a test looks (the last two lines of a run: "stopped" or "done", then "report", are not so then)."""
+    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return recs if beats else [r for r in recs if r.get("event") != "heartbeat"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ def test_the_engine_beats_and_every_line_stays_whole(tmp_path: Path) -> None:
     res = cli("train", str(exp), "--out", str(tmp_path / "run"), "--json", env={HEARTBEAT_ENV: "0.01"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    events = json_lines(res.stdout)
+    events = json_lines(res.stdout, beats=True)
     assert len(events) == len(lines)  # nothing torn, nothing interleaved inside a line
     beats = [e for e in events if e["event"] == "heartbeat"]
     rest = [e for e in events if e["event"] != "heartbeat"]

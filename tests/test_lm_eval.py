@@ -3,24 +3,32 @@ local-completions model (token-id prompts in batches, max_tokens 1, logprobs 1, 
 export`'s folder, or serve's own through its tokenizer routes) on a task written here (a YAML and a local JSONL: no
 network, no Hugging Face hub), and gets microgpt's own numbers for the same examples: every choice's loglikelihood
 to 1e-4 (from its log_samples), the same acc as `microgpt eval --hellaswag` on the same file, and the acc_norm
-lm-eval's rule gives from microgpt's sums.
+lm-eval's rule gives from microgpt's sums. And docs/SERVE.md's `lm_eval` commands, run as written by the `lm_eval`
+program against a `microgpt serve` process.
 
 lm_eval[api] is in the test extra; the test is skipped, saying so, where it is not importable."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from microgpt import config
 from microgpt.data import hellaswag_file
 from microgpt.data.chatml import prompt_text
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine.trained import load_trained
 from microgpt.use import evaluate, hellaswag
-from tests.conftest import cli, json_lines
+from tests.conftest import REPO, cli, json_lines, write_experiment
 from tests.ops._util import check
 from tests.test_serve import served
 
@@ -136,3 +144,83 @@ def test_lm_eval_scores_a_task_against_serve_as_microgpt_does(
     n_chars = np.array([[len(e) for e in ex["endings"]] for ex in examples])
     labels = np.array([ex["label"] for ex in examples])
     assert got["acc_norm,none"] == np.mean(np.argmax(-sums / n_chars, axis=1) == labels)  # lm-eval's rule: chars
+
+
+# --- docs/SERVE.md's commands, as written -------------------------------------------------------------------------
+SERVE_DOC = REPO / "docs" / "SERVE.md"
+# What the doc marks as placeholders (its text before the commands), and what this test puts in their place.
+ADDRESS, EXPORT_DIR, TASK_FLAG = "127.0.0.1:8000", "EXPORT_DIR", "--tasks hellaswag "
+
+
+def documented_lm_eval_commands() -> list[str]:
+    """Each fenced block of docs/SERVE.md that is an `lm_eval` command, as the doc has it (a shell runs it)."""
+    blocks, block = [], None
+    for line in SERVE_DOC.read_text().splitlines():
+        if line.startswith("```"):  # a fence opens a block or closes the open one
+            blocks, block = (blocks + [block], None) if block is not None else (blocks, [])
+        elif block is not None:
+            block.append(line)
+    return ["\n".join(b) for b in blocks if b and b[0].startswith("lm_eval ")]
+
+
+def test_the_documented_lm_eval_commands_run_as_written(tmp_path: Path) -> None:
+    """docs/SERVE.md's two `lm_eval` commands (the exported tokenizer, then serve's own), run by the `lm_eval`
+    program as written but for serve's address, EXPORT_DIR and the task (a local task YAML: no network), against a
+    `microgpt serve` process of a model named andrea-12m with ANDREA-12M's context (max_length=513 is its seq_len + 1):
+    each exits 0 and prints the accuracy `microgpt eval --hellaswag` gives on the same file."""
+    commands = documented_lm_eval_commands()
+    assert len(commands) == 2, commands
+    assert config.load(REPO / "experiments/ANDREA-12M-TRAIN.json").model.seq_len + 1 == 513
+    exp = write_experiment(tmp_path, name="andrea-12m", model={"seq_len": 512}, train={"steps": 3})
+    run = tmp_path / "andrea-12m"
+    for args in (("train", str(exp), "--out", str(run)), ("export", str(run), "--out", str(tmp_path / "hf"))):
+        res = cli(*args)
+        assert res.returncode == 0, res.stderr
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps({"ctx": c, "endings": e, "label": y}) + "\n" for c, e, y in EXAMPLES))
+    res = cli("eval", str(run), "--hellaswag", str(data), "--backend", "numpy", "--json")
+    assert res.returncode == 0, res.stderr
+    (want,) = json_lines(res.stdout)
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's lm_eval program
+    log, clients = tmp_path / "serve.log", []
+    with log.open("w") as f:
+        cmd = [sys.executable, "-m", "microgpt.cli", "serve", str(run), "--port", "0"]
+        serve = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (lines := [x for x in log.read_text().splitlines() if x.startswith("serve: http://")]):
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        address = lines[0].split("//", 1)[1].split("/", 1)[0]
+        for command in commands:
+            for mark in (ADDRESS, TASK_FLAG):
+                assert command.count(mark) == 1, (mark, command)
+            task = tmp_path / f"microgpt_mc{len(clients)}.yaml"  # each client its own datasets cache: they run at once
+            task.write_text(TASK.format(data=data, cache=tmp_path / f"datasets{len(clients)}"))
+            command = command.replace(ADDRESS, address).replace(TASK_FLAG, f"--tasks {shlex.quote(str(task))} ")
+            command = command.replace(EXPORT_DIR, shlex.quote(str(tmp_path / "hf")))
+            argv = ["sh", "-c", command]  # the doc's lines as a user pastes them: the shell joins them, finds lm_eval
+            err = (tmp_path / f"lm_eval{len(clients)}.err").open("w")  # its log: a file, never a full pipe
+            clients.append(
+                (subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path, env=env), err)
+            )
+        for command, (client, err) in zip(commands, clients):
+            out, _ = client.communicate(timeout=300)
+            err.close()
+            assert client.returncode == 0, f"{command}\n{Path(err.name).read_text()[-3000:]}"
+            (row,) = [r for r in out.splitlines() if r.startswith("|microgpt_mc|")]  # the results table's first row
+            cells = [c.strip() for c in row.split("|")]
+            assert cells[5] == "acc" and cells[7] == f"{want['acc']:.4f}", (command, out)
+    finally:
+        for client, _ in clients:  # one left running by a failed check of the other
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait()

@@ -179,3 +179,97 @@ def test_a_report_card_path_that_became_a_folder_is_one_error(tmp_path: Path) ->
         raise AssertionError("report.md, a folder, was written")
     json.loads((tmp_path / "report.json").read_text(), parse_constant=_no_constant)
     assert [p.name for p in (tmp_path / "report.md").iterdir()] == []
+
+
+# --- the commit of the code that trained ----------------------------------------------------------------------------
+def git(where: Path, *args: str) -> str:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", "-c", "gc.auto=0"]
+    res = subprocess.run(["git", "-C", str(where), *ident, *args], capture_output=True, text=True, check=True)
+    return res.stdout.strip()
+
+
+def a_copy_of_the_package(folder: Path) -> Path:
+    """microgpt/ copied into folder (no caches): the package as a clone or an install lays it out there."""
+    import shutil
+
+    import microgpt
+
+    shutil.copytree(Path(microgpt.__file__).parent, folder / "microgpt", ignore=shutil.ignore_patterns("__pycache__"))
+    return folder / "microgpt"
+
+
+def train_with(package: Path, tmp_path: Path, out: str) -> tuple[dict, str]:
+    """A 2-step run of the package's copy, from its own folder (training where the code is); its card, report.md."""
+    exp = write_experiment(tmp_path, train={"steps": 2})
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    where = [sys.executable, "-c", "import microgpt; print(microgpt.__file__)"]
+    assert subprocess.run(where, capture_output=True, text=True, cwd=package.parent, env=env).stdout.strip() == str(
+        package / "__init__.py"
+    )
+    cmd = [sys.executable, "-m", "microgpt.cli", "train", str(exp), "--out", str(tmp_path / out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=package.parent, env=env, timeout=300)
+    assert res.returncode == 0 and "error" not in res.stderr, res.stderr
+    return json.loads((tmp_path / out / "report.json").read_text()), (tmp_path / out / "report.md").read_text()
+
+
+def test_the_report_card_names_the_commit_of_the_checkout_that_trained(tmp_path: Path) -> None:
+    """A clone's own commit (a loose branch ref), and a linked worktree's whose branch git has packed into
+    packed-refs, each in the start record and on the card; not the commit of another checkout of the same repo."""
+    repo = tmp_path / "repo"
+    package = a_copy_of_the_package(repo)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the code")
+    first = git(repo, "rev-parse", "HEAD")
+    card, md = train_with(package, tmp_path, "run")
+    assert card["git"] == first and f"git {first[:12]}" in md
+    assert json.loads((tmp_path / "run/train.jsonl").read_text().splitlines()[0])["git"] == first
+
+    tree = tmp_path / "tree"
+    git(repo, "worktree", "add", "-q", "-b", "other", str(tree))
+    (tree / "microgpt" / "NOTE").write_text("another commit\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "another commit")
+    git(repo, "pack-refs", "--all")
+    second = git(tree, "rev-parse", "HEAD")
+    assert second != first and not (repo / ".git/refs/heads/other").exists()
+    card, md = train_with(tree / "microgpt", tmp_path, "run2")
+    assert card["git"] == second and f"git {second[:12]}" in md
+
+
+def test_a_package_outside_any_checkout_says_unknown(tmp_path: Path) -> None:
+    """Installed where no git folder is above it: the card says "git unknown", the run is as any other."""
+    assert not any((p / ".git").exists() for p in (tmp_path, *tmp_path.parents))
+    card, md = train_with(a_copy_of_the_package(tmp_path / "lib"), tmp_path, "run")
+    assert card["git"] is None and "; git unknown" in md and card["outcome"] == "done"
+
+
+def test_the_commit_is_read_from_the_git_folder_itself(tmp_path: Path) -> None:
+    """git_commit without a git program: a detached HEAD; a submodule-style .git file with a relative gitdir; a
+    branch with no commit yet, a git folder that cannot be read, and a package under site-packages inside a
+    repository (a project's virtual environment: the project's commit is not the code's): None."""
+    from microgpt.run.trainer import git_commit
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    git(repo, "init", "-q")
+    assert git_commit(repo / "pkg") is None  # no commit yet
+    (repo / "pkg/a.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    one = git(repo, "rev-parse", "HEAD")
+    assert git_commit(repo / "pkg") == git_commit(repo) == one
+    (repo / "pkg/a.py").write_text("x = 2\n")
+    git(repo, "commit", "-qam", "two")
+    git(repo, "checkout", "-q", "--detach", one)
+    assert git_commit(repo / "pkg") == one
+    venv = repo / ".venv/lib/python3.11/site-packages/microgpt"
+    venv.mkdir(parents=True)
+    assert git_commit(venv) is None
+    moved = tmp_path / "modules" / "repo"  # as `git submodule` lays it out: .git a file, its path relative
+    moved.parent.mkdir()
+    (repo / ".git").rename(moved)
+    (repo / ".git").write_text("gitdir: ../modules/repo\n")
+    assert git_commit(repo / "pkg") == one
+    (repo / ".git").write_text("not a gitdir line\n")
+    assert git_commit(repo / "pkg") is None

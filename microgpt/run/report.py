@@ -18,6 +18,8 @@ process of the run) and the trainer's state at its last step.
     time         this process's training seconds, and the run's (elapsed_s: every process's, from the checkpoints)
     device, versions, checkpoints, and a few samples from the final weights (SAMPLE_TOKENS tokens each, seed =
                  the step; a chat prompt's reply stops at <|im_end|>)
+    git          the commit of the checkout the package was run from (trainer.git_commit); "unknown" for a
+                 package installed into site-packages or anywhere outside a git checkout
 
     hellaswag    the last HellaSwag score of a run with train.hellaswag (acc, acc_norm, examples, step); without
                  it, none (`microgpt eval --hellaswag FILE` measures a checkpoint)

@@ -160,7 +160,7 @@ class Trainer:
             "versions": versions,
             "device": self.K.device,
             "step": self.step,
-            "git": _git_commit(),
+            "git": git_commit(),
             "world_size": self.world,
             "recipe": self.recipe,
             "init": self.init or None,
@@ -236,19 +236,58 @@ class Trainer:
         return 0
 
 
-def _git_commit() -> str | None:
-    """The checkout's commit; a worktree's .git is a file naming its git folder."""
-    git = Path(__file__).resolve().parent.parent / ".git"
+PACKAGE = Path(microgpt.__file__).resolve().parent  # the code that trains: microgpt/ of a checkout, or of site-packages
+INSTALLED = ("site-packages", "dist-packages")  # where pip puts a package: a copy, not a checkout's code
+
+
+def git_commit(package: Path = PACKAGE) -> str | None:
+    """The commit of the code that trains: HEAD of the git checkout that holds the package (a clone run in place, or
+    installed with `pip install -e`), read from the git folder (no git program needed): a plain clone, a linked
+    worktree or a submodule (their .git is a file naming the git folder), a branch in packed-refs, a detached HEAD.
+    None (the report card says "unknown") for a package installed into site-packages, whose code is its version and
+    not the commit of a repository above it (a project that holds the virtual environment), or outside any checkout."""
+    for folder in (package, *package.parents):
+        if folder.name in INSTALLED:
+            return None
+        if (folder / ".git").exists():
+            return _head_commit(folder / ".git")
+    return None
+
+
+def _head_commit(dot_git: Path) -> str | None:
+    """The commit HEAD names in the repository whose work tree holds dot_git; None where it names none (a branch with
+    no commit yet) or the folder cannot be read."""
     try:
-        if git.is_file():
-            git = Path(git.read_text().strip().removeprefix("gitdir: "))
-        ref = (git / "HEAD").read_text().strip()
-        if not ref.startswith("ref: "):
-            return ref
-        if (git / ref[5:]).is_file():
-            return (git / ref[5:]).read_text().strip()
-        common = git / "commondir"  # a worktree's branches live in the main git folder
+        git = dot_git
+        if dot_git.is_file():  # "gitdir: PATH", PATH relative to the .git file's folder unless absolute
+            text = dot_git.read_text().strip()
+            if not text.startswith("gitdir:"):
+                return None
+            git = dot_git.parent / text.removeprefix("gitdir:").strip()
+        common = git / "commondir"  # a linked worktree's branches live in the main git folder
         base = git / common.read_text().strip() if common.is_file() else git
-        return (base / ref[5:]).read_text().strip()
-    except OSError:
+        head = (git / "HEAD").read_text().strip()
+        for _ in range(5):  # a symbolic ref may name another
+            if not head.startswith("ref:"):
+                return head if _is_commit_id(head) else None
+            ref = head.removeprefix("ref:").strip()
+            loose = [folder / ref for folder in (git, base) if (folder / ref).is_file()]
+            head = loose[0].read_text().strip() if loose else _packed_ref(base / "packed-refs", ref)
         return None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _packed_ref(packed: Path, ref: str) -> str:
+    """ref's commit in a packed-refs file ("<id> <ref>" lines; "#" and "^" lines are a header and peeled tags)."""
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            commit, _, name = line.partition(" ")
+            if name == ref and not line.startswith(("#", "^")):
+                return commit
+    return ""
+
+
+def _is_commit_id(text: str) -> bool:
+    """A full object id: 40 hex digits (SHA-1), or 64 (a SHA-256 repository)."""
+    return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
