@@ -45,8 +45,8 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code), and --help
-    shows every option's default: the one parser every subcommand uses."""
+    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code), an empty value
+    is refused, and --help shows every option's default: the one parser every subcommand uses."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
@@ -54,6 +54,15 @@ class ArgParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_INPUT, f"error: {self.prog}: {message}\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """Every value given on the command line passes here (flags of groups too), before its type: an empty or
+        blank one is refused unless the flag's default is itself "" (a prompt). `--data ''` would otherwise read as
+        no --data (the built-in corpus), `--init ''` as no --init, `--host ''` as every interface, `--out ''`
+        (type Path) as the current folder."""
+        if not arg_string.strip() and action.default != "":
+            raise argparse.ArgumentError(action, "an empty value is not allowed")
+        return super()._get_value(action, arg_string)
 
 
 class WriteError(OSError):
