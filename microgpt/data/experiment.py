@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from microgpt.config import ConfigError, Experiment
-from microgpt.data import corpus, mixing, prep, recipe
+from microgpt.data import corpus, mixing, prep, recipe, shards
 from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
 from microgpt.data.loader import Batches, Loader, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
@@ -59,6 +59,9 @@ def check_data(exp: Experiment, experiment: str, where: str = "") -> None:
     where = where or experiment
     if not folder.is_dir():
         raise ConfigError(f"{where}: data.path {folder} does not exist (a folder of token shards); {make}")
+    empty = next((split for split in ("train", "val") if not shards.list_shards(folder, split)), None)
+    if empty is not None:  # the engine would find out only once a run folder was written and an engine started
+        raise ConfigError(f"{where}: data.path {folder} holds no {empty} shards ({empty}_000000.bin); {make}")
     n, what = data_vocab(exp, folder)
     if n is None or n <= V < n + PADDING:
         return

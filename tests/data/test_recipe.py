@@ -161,3 +161,17 @@ def test_expand_leaves_other_command_lines_alone_and_names_a_missing_recipe(tmp_
     with pytest.raises(ConfigError, match="data.prep must not give --out"):
         recipe.expand(["--experiment", str(bad)])
     assert TINY["data"]["source"] == "builtin"
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_an_empty_data_folder_is_refused_before_anything_is_written(tmp_path: Path, command: str) -> None:
+    """`run --data` on an empty folder started the proxy, wrote the run folder, and printed the engine's error twice,
+    its last stderr line a `proxy:` line (issue 57): check_data now finds no shards, one line, nothing written."""
+    exp = write_experiment(tmp_path)
+    (tmp_path / "empty").mkdir()
+    r = cli(command, str(exp), "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {exp}: data.path {tmp_path / 'empty'} holds no train shards (train_000000.bin); make them with "
+        f"`microgpt prep --source YOUR_TEXT --experiment {exp} --out {tmp_path / 'empty'}`"
+    ], r.stderr
+    assert not (tmp_path / "run").exists()
