@@ -166,12 +166,15 @@ def build_lock(path: Path, what: str) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
                     break
             except FileNotFoundError:
-                pass
+                pass  # removed by the builder we waited for: open it again
+            except BaseException:
+                os.close(fd)
+                raise
             os.close(fd)
     except OSError as e:
         raise output_error(
