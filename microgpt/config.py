@@ -491,8 +491,6 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--track {name}: unknown tracker (known: {', '.join(TRACKERS)})")
         if importlib.util.find_spec(name) is None:  # found, not imported: before the run folder is made
             raise ConfigError(tracker_missing(name))
-    if args.init is not None and not args.init.strip():  # '' would otherwise be read as no --init at all
-        raise ConfigError("--init: an empty path; give a checkpoint or a run folder, or leave --init out")
 
 
 def tracker_missing(name: str) -> str:

@@ -4,7 +4,9 @@ Bad input (an experiment field, a flag, a checkpoint, a shard, a tokenizer, a da
 subclass of `InputError` whose str() is the whole message: one line naming the file, field or flag. An output the
 disk refuses (full, read-only) raises `WriteError`. Every subcommand's entry point runs under
 `exit_on_input_error`, which prints `error: <message>` on stderr and returns exit code 2 (bad input) or 4 (the
-write). Anything else is a bug and keeps its traceback.
+write). An OS error on a named path that no reader or writer turned into one of these (a --data folder that cannot
+be listed, a cache or run folder that cannot be written) is the user's file system, not a bug: `os_error` makes it
+the same one line, naming the path, in that one place. Anything else is a bug and keeps its traceback.
 
 Two checks live here because every reader needs them the same way:
 - `check_number` is the one check of a number from a flag, a file or a URL (`parse_number` for one written as
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -45,8 +48,8 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code), and --help
-    shows every option's default: the one parser every subcommand uses."""
+    """argparse, but usage errors are one line `error: <prog>: ...` and exit 2 (argparse's own code), an empty value
+    is refused, and --help shows every option's default: the one parser every subcommand uses."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
@@ -54,6 +57,15 @@ class ArgParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_INPUT, f"error: {self.prog}: {message}\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """Every value given on the command line passes here (flags of groups too), before its type: an empty or
+        blank one is refused unless the flag's default is itself "" (a prompt). `--data ''` would otherwise read as
+        no --data (the built-in corpus), `--init ''` as no --init, `--host ''` as every interface, `--out ''`
+        (type Path) as the current folder."""
+        if not arg_string.strip() and action.default != "":
+            raise argparse.ArgumentError(action, "an empty value is not allowed")
+        return super()._get_value(action, arg_string)
 
 
 class WriteError(OSError):
@@ -155,6 +167,20 @@ def output_error(e: OSError, what: str) -> InputError | WriteError:
     return WriteError(f"{what} ({reason})") if e.errno in REFUSED_WRITES else InputError(f"{what} ({reason})")
 
 
+def os_error(e: OSError) -> InputError | WriteError:
+    """The one line for OSError e on the path it names (e.filename): `<path>: cannot read (<reason>)`, exit 2, where
+    the path is there and cannot be read (permission); `<path>: cannot write (<reason>)`, exit 4, where the disk or
+    the file system refuses (full, read-only, no permission to write: REFUSED_WRITES); else `<path>: <reason>`,
+    exit 2 (a path that vanished, a file where a folder must be)."""
+    path = os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes, os.PathLike)) else str(e.filename)
+    reason = e.strerror or type(e).__name__
+    if e.errno in (errno.EACCES, errno.EPERM) and os.path.lexists(path) and not os.access(path, os.R_OK):
+        return InputError(f"{path}: cannot read ({reason})")
+    if e.errno in REFUSED_WRITES:
+        return WriteError(f"{path}: cannot write ({reason})")
+    return InputError(f"{path}: {reason}")
+
+
 def brief(value: Any, limit: int = 60) -> str:
     """repr(value) for an error line, cut to `limit` characters (a hostile value can be megabytes long)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
@@ -170,12 +196,17 @@ def fail(message: str) -> int:
 
 
 def exit_on_input_error(main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """main(argv), with any InputError turned into one `error:` line and exit code 2, and a WriteError (an output
-    the disk refused) into one `error:` line and exit code 4."""
+    """main(argv), with any InputError turned into one `error:` line and exit code 2, a WriteError (an output the
+    disk refused) into one `error:` line and exit code 4, and any other OS error on a named path into the one line
+    os_error makes of it."""
+    err: InputError | WriteError
     try:
         return main(argv)
-    except InputError as e:
-        return fail(str(e))
-    except WriteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_WRITE
+    except (InputError, WriteError) as e:
+        err = e
+    except OSError as e:
+        if e.filename is None:  # not a path's (a socket, a pipe): a bug's traceback
+            raise
+        err = os_error(e)
+    print(f"error: {err}", file=sys.stderr)
+    return EXIT_WRITE if isinstance(err, WriteError) else EXIT_INPUT

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -237,9 +238,31 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # JSON's escape of a UTF-16 surrogate
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) holding a lone surrogate, which no UTF-8 encoder (a tokenizer) takes."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, str) and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return v
+    return None
+
+
 def parse_json(text: str, where: str, error: type[InputError] = InputError, allow_nan: bool = True) -> Any:
     """Strict json.loads: no duplicate keys, nesting at most MAX_DEPTH, NaN/Infinity (and numbers that overflow to
-    it) only with allow_nan (the experiment loader lets them through so the field's own check names the field);
+    it) only with allow_nan (the experiment loader lets them through so the field's own check names the field), no
+    string holding a lone surrogate (a `\\ud800` escape without its pair is no text: every encode of it fails);
     error(...) naming where."""
     hooks: dict[str, Any] = {"object_pairs_hook": _no_duplicates}
     if not allow_nan:
@@ -256,6 +279,9 @@ def parse_json(text: str, where: str, error: type[InputError] = InputError, allo
         raise error(f"{where}: invalid JSON ({str(e).splitlines()[0][:100]})") from None
     if _depth(value) > MAX_DEPTH:
         raise error(f"{where}: JSON nested too deeply (at most {MAX_DEPTH} levels)")
+    if SURROGATE_ESCAPE.search(text) and (lone := _lone_surrogate(value)) is not None:
+        bad = next(i for i, c in enumerate(lone) if 0xD800 <= ord(c) <= 0xDFFF)
+        raise error(f"{where}: a string holds a lone surrogate (\\u{ord(lone[bad]):04x} without its pair): not text")
     return value
 
 

@@ -139,18 +139,31 @@ def printable(text: str) -> str:
 
 def bound_socket(host: str, port: int, listen: bool = True) -> socket.socket:
     """A socket bound to host:port (an IPv4 or IPv6 address, or a name), listening unless `listen` is False (then
-    serve_forever listens: until it does, a connection is refused, not queued); no SO_REUSEADDR: a port in use fails
-    here."""
+    serve_forever listens: until it does, a connection is refused, not queued). A port in use fails here.
+
+    SO_REUSEADDR is on for the bind and the listen (reuse_address): the connections an earlier server on the port
+    closed wait a minute in TIME_WAIT, and without it a server restarted within that minute found its port "in
+    use" (Linux lets the bind through only when both sockets set it). Between a bind and a later listen it is off:
+    with it on, a second server could bind the same port then (two sockets bound, neither listening, both reusing)
+    and fail only at its listen, after loading its model."""
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     try:
+        reuse_address(sock, True)
         sock.bind(addr)
         if listen:
             sock.listen(BACKLOG)
+        else:
+            reuse_address(sock, False)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def reuse_address(sock: socket.socket, on: bool) -> None:
+    """SO_REUSEADDR: a bind or a listen passes a port's connections in TIME_WAIT (never another server's listen)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(on))
 
 
 class BoundedHTTPServer:
@@ -205,6 +218,7 @@ class BoundedHTTPServer:
 
     async def _serve(self) -> None:
         self.loop, self.stopped = asyncio.get_running_loop(), asyncio.Event()
+        reuse_address(self.sock, True)  # on again for the listen (bound_socket): past the port's TIME_WAIT connections
         server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD, backlog=BACKLOG)
         if self.on_loop is not None:
             self.on_loop(self.loop)

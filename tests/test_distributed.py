@@ -372,3 +372,18 @@ def test_procs_must_match_the_job(monkeypatch, tmp_path: Path) -> None:
         job.from_env("numpy", procs=3)
     res = cli("train", str(write_experiment(tmp_path)), "--procs", "0")
     assert res.returncode == 2 and res.stderr.startswith("error: --procs must be an integer"), res.stderr
+
+
+@pytest.mark.parametrize("code, lines", [(2, 1), (4, 1), (3, 2)])
+def test_a_failed_ranks_error_line_is_the_jobs_last(capfd: pytest.CaptureFixture, code: int, lines: int) -> None:
+    """A rank that exits 2 or 4 has said its one `error:` line; the launcher added its own after it, so the job said
+    two and its last was not the error (issue 57's class). It adds one only where the rank may have said none."""
+    rank0 = f"import sys; print('error: x.json: bad', file=sys.stderr); sys.exit({code})"
+    procs = [subprocess.Popen([sys.executable, "-c", rank0]), subprocess.Popen([sys.executable, "-c", "1"])]
+    try:
+        assert job._wait(procs) == code
+    finally:
+        for p in procs:
+            p.wait()
+    err = capfd.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("error: ")][:1] == ["error: x.json: bad"] and len(err) == lines

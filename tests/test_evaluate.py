@@ -119,6 +119,8 @@ ENDS = '"endings": ["b", "c", "d", "e"]'
         '{"ctx": "a", ' + ENDS + ', "label": NaN}',
         '{"ctx": "a", "ctx": "b", ' + ENDS + ', "label": 1}',
         '{"ctx": "a", ' + ENDS + ', "label": "-0"}',
+        '{"ctx": "a \\ud800 b", ' + ENDS + ', "label": 1}',  # a lone surrogate: no tokenizer encodes it
+        '{"ctx": "a", "endings": ["b", "c", "d", "\\udfff"], "label": 1}',
     ],
 )
 def test_malformed_hellaswag_line(trained, tmp_path: Path, line: str) -> None:

@@ -125,6 +125,18 @@ def test_init_refuses_another_model_or_another_tokenizer(pretrained: tuple[Path,
     assert f"--tokenizer {pre / 'tokenizer.json'}" in lines[-1] and not (tmp_path / "y" / "ckpt").exists()
 
 
+def test_init_from_the_other_block_family_says_so(pretrained: tuple[Path, Path], tmp_path: Path) -> None:
+    """A modern-block experiment (with its own n_head) from a GPT-2-block checkpoint was refused as "another
+    model.n_head" (issue 57): the family is compared first, and the line says the families differ."""
+    pre, _ = pretrained
+    other = write_experiment(tmp_path, model={"vocab_size": 384, "block": "modern", "n_head": 2})
+    r = cli("train", str(other), "--init", str(pre), "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: --init {pre}: ") and "n_head" not in r.stderr, r.stderr
+    assert "of the 'gpt2' block family (model.block), this experiment's is 'modern'" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_readmes_finetune_experiment_fits_make_trains_weights() -> None:
     """experiments/ANDREA-tiny-CHAT.json: ANDREA-tiny's model (so `--init runs/ANDREA-tiny` takes its weights), the
     loss on assistant tokens only, an lr below pretraining's."""

@@ -15,14 +15,51 @@ from tests.test_hostile_input import refused, snapshot
 
 
 @pytest.mark.parametrize("command", ["train", "run"])
+@pytest.mark.parametrize("flag", ["--init", "--data", "--out", "--set", "--track"])
 @pytest.mark.parametrize("value", ["", " "])
-def test_an_empty_init_is_refused(tmp_path: Path, command: str, value: str) -> None:
+def test_an_empty_flag_value_is_refused(tmp_path: Path, command: str, flag: str, value: str) -> None:
+    """`--data ''` trained on the built-in corpus and `--init ''` from the seed, silently (issue 57): every flag's
+    empty value is refused by the one parser, before anything is written."""
     exp = write_experiment(tmp_path)
-    refused(
-        cli(command, str(exp), "--out", str(tmp_path / "run"), "--init", value),
-        "--init: an empty path; give a checkpoint or a run folder",
-    )
-    assert not (tmp_path / "run").exists()
+    out = ["--out", str(tmp_path / "run")] if flag != "--out" else []
+    refused(cli(command, str(exp), *out, flag, value), f"argument {flag}: an empty value is not allowed")
+    assert not (tmp_path / "run").exists() and sorted(os.listdir(tmp_path)) == [exp.name]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", ""],
+        ["prep", "--builtin", "--out", ""],
+        ["prep", "--source", ""],
+        ["prep", "--tokenizer", "", "--builtin"],
+        ["pull-hermes3", "--from", ""],
+        ["pull-hermes3", "--from", "x.jsonl", "--out", ""],
+        ["eval", "RUN", "--hellaswag", ""],
+        ["eval", ""],
+        ["serve", "RUN", "--host", ""],
+        ["export", "RUN", "--out", ""],
+        ["sample", "RUN", "--prompt", "x", "--top-k", ""],
+    ],
+)
+def test_every_command_refuses_an_empty_value(tmp_path: Path, argv: list[str]) -> None:
+    flag = next((a for a, b in zip(argv, argv[1:]) if b == "" and a.startswith("--")), None)
+    line = refused(cli(*argv, cwd=tmp_path), "an empty value is not allowed")
+    assert f"argument {flag}:" in line if flag else "argument " in line
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_empty_prompt_is_still_a_prompt() -> None:
+    """A flag whose default is "" takes "" (an empty prompt, no system prompt): the parser refuses only where an
+    empty value would silently mean something else."""
+    from microgpt.errors import ArgParser
+
+    p = ArgParser(prog="t")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--data")
+    assert p.parse_args(["--prompt", ""]).prompt == ""
+    with pytest.raises(SystemExit):
+        p.parse_args(["--data", ""])
 
 
 @pytest.mark.parametrize("tb", ["a file", "a dangling link"])

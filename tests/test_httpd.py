@@ -48,15 +48,42 @@ def test_a_server_that_does_not_listen_now_holds_its_port_and_refuses_until_star
     connection is refused rather than queued, and once started the server answers."""
     s = BoundedHTTPServer(0, echo, listen_now=False)
     try:
-        with pytest.raises(OSError) as taken:
-            BoundedHTTPServer(s.port, echo)
-        assert taken.value.errno == errno.EADDRINUSE
+        for listen_now in (True, False):  # SO_REUSEADDR is off between the bind and the listen (bound_socket)
+            with pytest.raises(OSError) as taken:
+                BoundedHTTPServer(s.port, echo, listen_now=listen_now)
+            assert taken.value.errno == errno.EADDRINUSE
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", s.port), timeout=10)
         s.start()
         assert exchange(s.port, b"GET /x?y HTTP/1.0\r\n\r\n").endswith(b"GET /x y ")
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("listen_now", [True, False])
+def test_a_restarted_server_binds_its_port_at_once(listen_now: bool) -> None:
+    """A client held a connection and another was answered: the server closed them first, so they wait in TIME_WAIT
+    for a minute, and a server started again on the port found it "in use" (issue 57). With SO_REUSEADDR on its
+    bind and its listen, the new one binds and answers at once; a running server still holds its port."""
+    s = BoundedHTTPServer(0, echo, listen_now=listen_now)
+    s.start()
+    held = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    try:
+        held.sendall(b"GET /held HTTP/1.0\r\n")  # a head never finished: the connection stays open
+        assert exchange(s.port, b"GET /a HTTP/1.0\r\n\r\n").endswith(b"GET /a  ")
+        s.stop()
+        assert held.recv(65536) == b""  # the server closed it: its side is in TIME_WAIT
+    finally:
+        held.close()
+    again = BoundedHTTPServer(s.port, echo, listen_now=listen_now)
+    try:
+        again.start()
+        assert exchange(again.port, b"GET /b HTTP/1.0\r\n\r\n").endswith(b"GET /b  ")
+        with pytest.raises(OSError) as taken:
+            BoundedHTTPServer(s.port, echo)
+        assert taken.value.errno == errno.EADDRINUSE
+    finally:
+        again.stop()
 
 
 @pytest.mark.parametrize(

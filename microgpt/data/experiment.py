@@ -17,18 +17,21 @@ make_loaders builds from it), so the config layer knows nothing of the data laye
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from microgpt.config import ConfigError, Experiment
-from microgpt.data import corpus, mixing, prep, recipe
+from microgpt.data import corpus, mixing, prep, recipe, shards
 from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
 from microgpt.data.loader import Batches, Loader, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
-from microgpt.errors import InputError
+from microgpt.errors import InputError, output_error
 from microgpt.fileio import read_json
 
 
@@ -39,7 +42,7 @@ def validate(exp: Experiment, src: str) -> Experiment:
     return exp
 
 
-PADDING = 128  # model.vocab_size may exceed the data's tokenizer by fewer ids than this (GPT-2's 50,257 -> 50,304)
+PADDING = prep.PADDING  # model.vocab_size may exceed the data's tokenizer by fewer ids than this
 
 
 def check_data(exp: Experiment, experiment: str, where: str = "") -> None:
@@ -56,13 +59,21 @@ def check_data(exp: Experiment, experiment: str, where: str = "") -> None:
     where = where or experiment
     if not folder.is_dir():
         raise ConfigError(f"{where}: data.path {folder} does not exist (a folder of token shards); {make}")
+    empty = next((split for split in ("train", "val") if not shards.list_shards(folder, split)), None)
+    if empty is not None:  # the engine would find out only once a run folder was written and an engine started
+        raise ConfigError(f"{where}: data.path {folder} holds no {empty} shards ({empty}_000000.bin); {make}")
     n, what = data_vocab(exp, folder)
     if n is None or n <= V < n + PADDING:
         return
-    why = "more than" if n > V else "far fewer than"
-    raise ConfigError(
-        f"{where}: data.path {folder}: {what} has {n:,} entries, {why} model.vocab_size {V:,}: "
-        f"prepared for another model; {make}"
+    if n > V:
+        raise ConfigError(
+            f"{where}: data.path {folder}: {what} has {n:,} entries, more than model.vocab_size {V:,}: "
+            f"prepared for another model; {make}"
+        )
+    raise ConfigError(  # the same prep command again could make the same tokenizer: say what else fixes it
+        f"{where}: data.path {folder}: {what} has {n:,} entries, far fewer than model.vocab_size {V:,}: prepared "
+        f"for another model, or from too little text to learn {V:,}; {make} from more text, or set "
+        f"model.vocab_size {n}"
     )
 
 
@@ -106,8 +117,10 @@ def built_with(folder: Path, settings: dict) -> bool | None:
 
 
 def ensure_builtin(exp: Experiment, folder: Path) -> None:
-    """Prepare the built-in corpus into folder unless one with the same settings is already there.
-    A lock file serializes builders: data-parallel ranks (or two runs) starting together build it once."""
+    """Prepare the built-in corpus into folder unless one with the same settings is already there. What can be
+    checked is checked before anything is made or said (a data.tokenizer to reuse, a corpus too small for one
+    window of model.seq_len + 1: prep refuses it before it is moved into place). A lock file serializes builders
+    (data-parallel ranks, or two runs, starting together build it once) and goes when the build ends."""
     settings = corpus.settings_for(exp)
     if built_with(folder, settings):
         return
@@ -116,9 +129,10 @@ def ensure_builtin(exp: Experiment, folder: Path) -> None:
             f"model.vocab_size {exp.model.vocab_size}: BPE needs more than {256 + len(SPECIAL_TOKENS)} "
             "entries (256 bytes + special tokens); 256 trains on raw bytes"
         )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    tokenizer = "bytes" if uses_bytes(exp) else exp.data.tokenizer
+    if tokenizer not in ("", "bytes"):
+        load_tokenizer(tokenizer)  # a TokenizerError names the file, before the cache is touched
+    with build_lock(folder.parent / f".{folder.name}.lock", "the built-in corpus cache"):
         found = built_with(folder, settings)
         if found:
             return
@@ -127,7 +141,6 @@ def ensure_builtin(exp: Experiment, folder: Path) -> None:
         if found is None and exp.data.path and folder.is_dir() and any(folder.iterdir()):
             raise ConfigError(f"data.path: {folder} is not empty and holds no built-in corpus; choose an empty folder")
         print(f"building the built-in corpus into {folder} (first use)", file=sys.stderr, flush=True)
-        tokenizer = "bytes" if uses_bytes(exp) else exp.data.tokenizer
         how = prep.PrepSettings(
             tokenizer=tokenizer,
             vocab_size=exp.model.vocab_size,
@@ -135,9 +148,43 @@ def ensure_builtin(exp: Experiment, folder: Path) -> None:
             seed=settings["seed"],
             loss_mask=True,
             quiet=True,
+            window=exp.model.seq_len + 1,
+            window_of="model.seq_len + 1; raise data.max_bytes",
+            vocab_of=f"model.vocab_size {exp.model.vocab_size} (the built-in corpus of data.max_bytes "
+            f"{exp.data.max_bytes})",
             build=settings,
         )
         prep.prepare(corpus.builtin_sources(settings), folder, how)
+
+
+@contextlib.contextmanager
+def build_lock(path: Path, what: str) -> Iterator[None]:
+    """An exclusive flock on the lock file at path, held for the block; the file is removed before the lock is
+    released. A waiter that then holds the flock of a removed file (no longer the one at path) opens it again, so
+    two builders never hold it at once. An OS error making it is one line naming the folder and `what`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass  # removed by the builder we waited for: open it again
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+    except OSError as e:
+        raise output_error(
+            e, f"{path.parent}: cannot write {what} there (set data.path or MICROGPT_DATA_DIR)"
+        ) from None
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def tokenizer_path(exp: Experiment) -> Path | None:

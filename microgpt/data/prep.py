@@ -56,6 +56,11 @@ from microgpt.runlock import pid_alive
 Tokenizer = BPETokenizer | ByteTokenizer
 
 
+# train takes shards whose tokenizer has model.vocab_size entries or up to PADDING - 1 fewer (a table padded for
+# speed: GPT-2's 50,257 -> 50,304); prep refuses to train a tokenizer smaller than that (data/experiment.py)
+PADDING = 128
+
+
 class PrepError(InputError):
     """A bad prep flag or combination of flags. One line naming the flag."""
 
@@ -76,6 +81,7 @@ class PrepSettings:
     quiet: bool = False
     window: int = 2  # tokens each split must hold: train reads windows of model.seq_len + 1 (--experiment's)
     window_of: str = ""  # where `window` comes from, for the error line
+    vocab_of: str = ""  # where vocab_size comes from (the flag, or the experiment's field), for the error line
     build: dict = field(default_factory=dict)
 
 
@@ -201,7 +207,14 @@ def get_tokenizer(train: list[tuple[Source, Doc]], tmp: Path, s: PrepSettings) -
         shutil.copyfile(s.tokenizer, dest)
         return load_tokenizer(dest), False
     t0 = time.perf_counter()
-    tok = train_bpe(tokenizer_texts(train, s.tokenizer_bytes), s.vocab_size)
+    texts = tokenizer_texts(train, s.tokenizer_bytes)
+    tok = train_bpe(texts, s.vocab_size)
+    if tok.vocab_size <= s.vocab_size - PADDING:  # train would refuse these shards for a model of vocab_size
+        raise PrepError(
+            f"{s.vocab_of or f'--vocab-size {s.vocab_size}'}: the text ({sum(len(t) for t in texts):,} characters "
+            f"of the train split) holds only enough to learn {tok.vocab_size:,} tokenizer entries; add text, or "
+            f"use a vocabulary of {tok.vocab_size}"
+        )
     tok.save(dest)
     if not s.quiet:
         print(f"trained BPE tokenizer, vocab {tok.vocab_size}, in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -441,6 +454,7 @@ def resolve(args: argparse.Namespace) -> tuple[PrepSettings, int]:
         quiet=args.quiet,
         window=exp.model.seq_len + 1 if exp else 2,
         window_of=f"{args.experiment}: model.seq_len + 1" if exp else "",
+        vocab_of=vocab_flag,
     )
     return settings, max_bytes
 

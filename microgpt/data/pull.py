@@ -7,10 +7,11 @@ kept at least one conversation.
 
 A malformed record is skipped, counted and reported by reason and location (file:line for JSONL,
 file#row for JSON and Parquet); it never stops the run. A file that cannot be read at all (a
-truncated Parquet file, a missing path) is reported on one line and the run goes on with the other
-files, but the run then ends with an `error:` line and exit status 2 so a pipeline notices. Reasons are those
-of chat.parse_record, plus "invalid utf-8" and "invalid json". Bad input (a missing path, no record files, no
-way to download) is one `error:` line and exit 2 (microgpt/errors.py).
+truncated Parquet file, a missing path) is passed over and the run goes on with the other files, but the run then
+ends with one `error:` line and exit status 2 so a pipeline notices: naming the file (its reason) when the pull
+wrote nothing, else "N input file(s) unreadable (listed above)" after the report's `  unreadable: ...` lines.
+Reasons are those of chat.parse_record, plus "invalid utf-8" and "invalid json". Bad input (a missing path, no
+record files, no way to download) is one `error:` line and exit 2 (microgpt/errors.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ REPO_ID = "NousResearch/Hermes-3-Dataset"
 
 def iter_conversations(paths: list[Path], report: Report) -> Iterator[list[dict[str, str]]]:
     """Valid conversations (chat.Message lists) of all files; skips are counted into report.
-    An unreadable file is added to report.bad_files and reported on stderr; the others go on."""
+    An unreadable file is added to report.bad_files (said once, by pull's error or print_report); the others go on."""
     for path in paths:
         try:
             for loc, record, reason in iter_records(path):
@@ -42,7 +43,6 @@ def iter_conversations(paths: list[Path], report: Report) -> Iterator[list[dict[
                 yield messages
         except SourceError as e:
             report.bad_files.append(str(e))
-            print(f"error: {e}", file=sys.stderr)
 
 
 def download(repo_id: str, cache_dir: str | None) -> Path:
@@ -82,11 +82,13 @@ def pull(paths: list[Path], out: Path) -> Report:
     def lines() -> Iterator[bytes]:
         for m in iter_conversations(paths, report):
             yield json.dumps(to_sharegpt(m), ensure_ascii=False).encode() + b"\n"
-        if report.kept == 0:
+        if report.kept == 0 and not report.bad_files:
             raise SourceError(f"{len(paths)} input file(s) hold no valid conversation; nothing written to {out}")
-        if keep_old and report.bad_files:
+        if report.kept == 0 or (keep_old and report.bad_files):  # the first unreadable file's line is the error
+            bad = report.bad_files
+            more = f" (and {len(bad) - 1} more unreadable input files)" if len(bad) > 1 else ""
             raise SourceError(
-                f"{len(report.bad_files)} input file(s) unreadable (listed above); {out} was left as it was"
+                f"{bad[0]}{more}; " + (f"{out} was left as it was" if keep_old else f"nothing written to {out}")
             )
 
     target = out
@@ -107,6 +109,8 @@ def print_report(report: Report, out: Path) -> None:
         locs = report.where[reason]
         more = f" (+{n - 5} more, see {out.name}.report.json)" if n > 5 else ""
         print(f"  skipped {n} '{reason}': {', '.join(locs[:5])}{more}", file=sys.stderr)
+    for bad in report.bad_files:
+        print(f"  unreadable: {bad}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

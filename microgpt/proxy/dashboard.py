@@ -209,10 +209,18 @@ class DashboardServer:
     `root` is a run folder or a folder of run folders; `run` is the run the page opens on (None: every run).
     `httpd` is the Site: its port, folder and the recorded /api/loss answers."""
 
-    def __init__(self, root: Path, run: str | None, port: int, page: Path = PAGE, verbose: bool = False):
+    def __init__(
+        self,
+        root: Path,
+        run: str | None,
+        port: int,
+        page: Path = PAGE,
+        verbose: bool = False,
+        flag: str = "--dashboard",
+    ):
         if not page.is_file():
             raise ServeError(f"{page}: dashboard page not found (an install without its package data)")
-        check_number(port, "--dashboard (a TCP port, 0 picks a free one)", 0, 65535, integer=True, error=ServeError)
+        check_number(port, f"{flag} (a TCP port, 0 picks a free one)", 0, 65535, integer=True, error=ServeError)
         self.httpd = Site(Path(root), run, page)
         log = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose else None
         try:
@@ -220,9 +228,9 @@ class DashboardServer:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ServeError(
-                    f"--dashboard {port}: port {port} on 127.0.0.1 is in use; pick another or 0 for a free one"
+                    f"{flag} {port}: port {port} on 127.0.0.1 is in use; pick another or 0 for a free one"
                 ) from None
-            raise ServeError(f"--dashboard {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
+            raise ServeError(f"{flag} {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
         self.httpd.bind(self.server.port)
         self.url = f"http://127.0.0.1:{self.server.port}/"
 
@@ -274,7 +282,7 @@ def serve(argv: list[str]) -> int:
     if args.run is not None and args.run not in runs:
         raise ServeError(f"--run {args.run}: not a run in {root} (runs: {', '.join(runs[:10])})")
     run = args.run or (runs[0] if len(runs) == 1 else None)
-    server = DashboardServer(root, run, args.port, verbose=args.verbose)
+    server = DashboardServer(root, run, args.port, verbose=args.verbose, flag="--port")
     print(f"dashboard: {server.url}  ({len(runs)} run{'s' * (len(runs) > 1)}; Ctrl-C to stop)", file=sys.stderr)
     # The loop serves in a thread and this one waits on the signals: a SIGINT the kernel hands to a worker thread
     # would never wake a main thread blocked in the loop's select (it hung there, the CI saw it).

@@ -97,6 +97,25 @@ def _number(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53
 
 
+MAX_TIME = datetime(9999, 12, 31, tzinfo=timezone.utc).timestamp()  # the last Unix time a date can say
+KIND_CHECKS = {
+    "number": _number,
+    "time": lambda v: _number(v) and 0 <= v <= MAX_TIME,
+    "str": lambda v: isinstance(v, str),
+    "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+def field_of(obj: Any, key: str, kind: str) -> Any:
+    """The one check of a value the dashboard reads from a file someone else wrote (a log record, a report card, a
+    history row): obj[key] where obj is an object and the value is of `kind` (KIND_CHECKS: a number the page can
+    draw, a Unix time a date can say, a string, a list, an object), else None. Whatever a file holds, an answer is
+    then made of values of the kinds it promises: a field of another kind is left out, never a 500."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if value is not None and KIND_CHECKS[kind](value) else None
+
+
 def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> Columns:
     """One pass over the train rows (200K rows: about a second in pure Python, so it runs once per version);
     with `base`, obj's train rows are the ones after base's and are appended to copies of its columns."""
@@ -117,17 +136,17 @@ def columns(obj: dict[str, Any], version: str, base: Columns | None = None) -> C
         steps.append(step)
         total += r["tokens"] if _number(r.get("tokens")) else 0
         tokens.append(total)
-        t, e = r.get("time"), r.get("elapsed_s")
-        times.append(float(t) if _number(t) else None)
-        elapsed.append(float(e) if _number(e) else None)
+        t, e = field_of(r, "time", "time"), field_of(r, "elapsed_s", "number")
+        times.append(None if t is None else float(t))
+        elapsed.append(None if e is None else float(e))
         for key, xs, ys in cols:
             y = r.get(key)
             if y is not None and _number(y):
                 xs.append(step)
                 ys.append(y)
-        mix = r.get("mixture")  # a data mixture's sampling weights (docs/FIREHOSE-BANDIT.md): "mix:<source>"
-        if isinstance(mix, dict):
-            for name, w in mix.items():
+        mix = field_of(r, "mixture", "dict")  # a data mixture's sampling weights (docs/FIREHOSE-BANDIT.md)
+        if mix is not None:
+            for name, w in mix.items():  # series "mix:<source>"
                 if _number(w):
                     xs, ys = series.setdefault(f"mix:{name}", ([], []))
                     xs.append(step)
@@ -388,20 +407,17 @@ class RunFolder:
             last[rec["event"]] = rec
         start = last.get("start", {})
         ended = "done" if "done" in last else "stopped" if "stopped" in last else None
-        status = ended or ("running" if pid_alive(start.get("pid")) else "crashed")
-        steps = [r["step"] for k, r in last.items() if k in ("step", "done", "stopped") and _number(r.get("step"))]
-        config = start.get("config")
-        train = config.get("train") if isinstance(config, dict) else None
-        target = train.get("steps") if isinstance(train, dict) and _number(train.get("steps")) else None
-        times = [r["time"] for r in last.values() if isinstance(r.get("time"), float) and math.isfinite(r["time"])]
+        status = ended or ("running" if pid_alive(field_of(start, "pid", "number")) else "crashed")
+        steps = [field_of(r, "step", "number") for k, r in last.items() if k in ("step", "done", "stopped")]
+        train = field_of(field_of(start, "config", "dict"), "train", "dict")
+        times = [t for r in last.values() if (t := field_of(r, "time", "time")) is not None]
         updated = datetime.fromtimestamp(max(times, default=0.0), timezone.utc)
-        first = start.get("step")
         return {
             "format": "microgpt-proxy-state-1",
             "run": run.rsplit("/", 1)[-1],
             "status": status,
-            "step": max(steps, default=first if _number(first) else 0),
-            "target_step": target,
+            "step": max([s for s in steps if s is not None], default=field_of(start, "step", "number") or 0),
+            "target_step": field_of(train, "steps", "number"),
             "phase": LOG_PHASE,
             "restarts": 0,
             "source": LOG_NAME,
@@ -421,19 +437,23 @@ class RunFolder:
                 card = None
         if not isinstance(card, dict):
             raise RunUnavailable(f"{REPORT_NAME}: not a report card (yet)")
-        ckpts = card.get("checkpoints")
-        final = ckpts[0].get("path") if isinstance(ckpts, list) and ckpts and isinstance(ckpts[0], dict) else None
+        ckpts = field_of(card, "checkpoints", "list") or [None]
+        final = field_of(ckpts[0], "path", "str")
         samples = [
             {
-                "step": s.get("seed", card.get("step")),
+                "step": field_of(s, "seed", "number") if "seed" in s else field_of(card, "step", "number"),
                 "phase": LOG_PHASE,
-                "prompt": s.get("prompt"),
-                "temperature": s.get("temperature"),
-                "tokens": s.get("tokens"),
+                "prompt": field_of(s, "prompt", "str"),
+                "temperature": field_of(s, "temperature", "number"),
+                "tokens": field_of(s, "tokens", "number"),
                 "checkpoint": final,
-                **({"error": s["error"]} if "error" in s else {"text": s.get("text", "")}),
+                **(
+                    {"error": field_of(s, "error", "str") or ""}
+                    if "error" in s
+                    else {"text": field_of(s, "text", "str") or ""}
+                ),
             }
-            for s in card.get("samples") or []
+            for s in field_of(card, "samples", "list") or []
             if isinstance(s, dict)
         ]
         return {

@@ -32,7 +32,8 @@ Exit codes: 0 done or stopped, 1 gave up (after restarts), 2 bad input (one line
 engine's), 4 a file the disk refused (the engine's checkpoint, or the proxy's own run files). A run says one
 `error:` line: the engine's are held until it exits (child.Engine.release) and become `engine: ...` lines when the
 proxy ends with its own (its run file refused, the run folder moved away: each write checks the folder is still the
-one it locked, runlock.RunLock.check); after a fatal engine's error line, the proxy's own is a `proxy: ...` line.
+one it locked, runlock.RunLock.check); a fatal engine's error line comes last, after the proxy's `proxy: ...` line
+saying it is not retried (each said once).
 """
 
 from __future__ import annotations
@@ -305,8 +306,7 @@ class Supervisor:
                 continue  # the next pass picks the final checkpoint and moves to the next phase (or ends)
             if outcome.kind == "stopped":
                 return self._stopped()
-            if outcome.kind == "fatal":
-                log(f"engine failed in a way a restart cannot fix, not retrying: {outcome.reason}")
+            if outcome.kind == "fatal":  # run_engine said so, before the engine's error line
                 try:
                     self._crashed(outcome.reason)
                 except (WriteError, runlock.LockError) as e:  # the same full disk, or the folder moved away
@@ -380,11 +380,12 @@ class Supervisor:
             eng = Engine(self.engine_cmd(ph, ckpt), env, (held.fd,) if held else ())
         except OSError as e:
             return Outcome("failed", f"cannot start the engine: {e}")
-        writable = True
+        writable, outcome = True, None
         try:
             self.state.update(engine_pid=eng.proc.pid, status="running")
             self.flush()
-            return self.watch(eng, ph)
+            outcome = self.watch(eng, ph)
+            return outcome
         except (WriteError, runlock.LockError):  # a full disk, or the run folder moved away
             writable = False
             eng.signal(signal.SIGTERM)  # the engine checkpoints what it can (a full disk: its exit 4) and stops
@@ -393,6 +394,9 @@ class Supervisor:
         finally:
             eng.signal(signal.SIGKILL)  # the whole group: whatever of this engine is left, before the next one
             eng.wait()
+            if outcome is not None and outcome.kind == "fatal":  # said before the engine's error line: it is the last
+                why = describe_exit(outcome.code) if eng.held else outcome.reason  # its error line says the rest
+                log(f"engine failed in a way a restart cannot fix, not retrying ({why})")
             self.engine_said_error = eng.release(demote=not writable)  # demoted: ours is the run's error line
             self.state.update(engine_pid=None)
             if writable:

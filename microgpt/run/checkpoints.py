@@ -117,7 +117,14 @@ def read_init(where: str, model: ModelConfig) -> Trained:
     """--init's checkpoint (a step-*.bin, or a run folder's newest), read once, before anything is built: the weights
     init_from takes, after a check that they are the `model` this experiment trains (CheckpointError naming it)."""
     ld = load_trained(where)
-    diff = next((k for k, v in vars(ld.exp.model).items() if vars(model)[k] != v), None)
+    fields = sorted(vars(model), key=lambda k: k != "block")  # the family first: its fields follow from it
+    diff = next((k for k in fields if vars(model)[k] != vars(ld.exp.model)[k]), None)
+    if diff == "block":  # not "another n_head": another architecture, whose weights no setting makes fit
+        raise checkpoint.CheckpointError(
+            f"--init {where}: {ld.path} is a model of the {ld.exp.model.block!r} block family (model.block), this "
+            f"experiment's is {model.block!r}: one family's weights do not fit the other's; --init from a "
+            f"{model.block!r} checkpoint"
+        )
     if diff is not None:
         raise checkpoint.CheckpointError(
             f"--init {where}: {ld.path} is a model with another model.{diff} "

@@ -38,6 +38,7 @@ from microgpt.engine import memory
 from microgpt.engine.backend import numpy_backend
 from microgpt.engine.collectives import DataParallel
 from microgpt.engine.state import training_plan
+from microgpt.errors import EXIT_INPUT, EXIT_WRITE
 
 LAUNCHER_ENV = "MICROGPT_LAUNCHER_PID"  # set by launch(): children die with that process
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -201,7 +202,8 @@ def _wait(procs: list[subprocess.Popen]) -> int:
         if failed:
             rank, code = failed[0]
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            print(f"error: rank {rank} ended with {how}; stopping the other ranks", file=sys.stderr, flush=True)
+            if code not in (EXIT_INPUT, EXIT_WRITE):  # 2 and 4: the rank said its `error:` line, the job's one
+                print(f"error: rank {rank} ended with {how}; stopping the other ranks", file=sys.stderr, flush=True)
             return code if code > 0 else 128 - code
         if all(code == 0 for code in codes):
             return 0

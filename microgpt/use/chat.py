@@ -170,7 +170,7 @@ def run(chat: Chat, stdin: IO[str], stdout: IO[str], marker: str = "") -> int:
 def parser() -> ArgParser:
     p = ArgParser(prog="microgpt chat", description="Chat with a checkpoint (ChatML); one user turn per stdin line.")
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
-    p.add_argument("--system", default=None, help="system prompt, kept when old turns are dropped")
+    p.add_argument("--system", default="", help="system prompt, kept when old turns are dropped")
     p.add_argument("--tokens", type=int, default=200, help="most tokens per reply")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens (0: all)")

@@ -182,3 +182,4 @@ def test_two_processes_build_the_cache_once(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 0], outs
     assert outs[0][0] == outs[1][0]  # the same batch
     assert sum(err.count("building the built-in corpus") for _, err in outs) == 1
+    assert [p.name for p in (tmp_path / "builtin").iterdir() if p.name.startswith(".")] == []  # no lock file left

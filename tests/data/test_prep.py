@@ -218,3 +218,14 @@ def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, argv: list[s
     r = cli("prep", *argv, cwd=tmp_path)
     assert (r.returncode, r.stderr.splitlines()) == (2, [message]), r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_record_with_a_lone_surrogate_is_skipped_not_a_traceback(tmp_path: Path) -> None:
+    """A JSON string escape of half a UTF-16 pair ("\\ud800") is no text: the tokenizer's trainer died on it with a
+    traceback (issue 57). The strict JSON reader refuses it, so the record is skipped and counted like any bad one."""
+    records = [{"text": f"hello world number {i} " * 20} for i in range(50)] + [{"text": "bad \ud800 here"}]
+    (tmp_path / "src.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = cli("prep", "--source", str(tmp_path / "src.jsonl"), "--out", str(tmp_path / "out"), "--vocab-size", "300")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    (source,) = json.loads((tmp_path / "out" / "manifest.json").read_text())["sources"]
+    assert source["skipped_by_reason"] == {"invalid json": 1} and source["documents_read"] == 50

@@ -38,8 +38,9 @@ def test_folder_of_every_format_with_a_truncated_parquet(tmp_path: Path, capsys:
     with pytest.raises(SourceError, match="1 input file.s. unreadable"):
         pull.main(["--from", str(tmp_path / "in"), "--out", str(out)])
     err = capsys.readouterr().err
-    bad = [line for line in err.splitlines() if line.startswith("error: ") and "d.parquet" in line]
-    assert len(bad) == 1 and "unreadable Parquet" in bad[0]
+    bad = [line for line in err.splitlines() if "d.parquet" in line]
+    assert len(bad) == 1 and bad[0].startswith("  unreadable: ") and "unreadable Parquet" in bad[0]
+    assert "error: " not in err  # the one error line is the SourceError's, printed by the entry point
     # the run went on: every other record was validated and kept or counted
     report = json.loads((tmp_path / "out.jsonl.report.json").read_text())
     assert report["kept"] == expected["kept"] == 9
@@ -67,9 +68,19 @@ def test_cli_entry_exit_status_and_one_line_per_reason(tmp_path: Path) -> None:
     ]
     assert not (tmp_path / "bad.jsonl").exists()
     (tmp_path / "t.parquet").write_bytes((tmp_path / "ok.parquet").read_bytes()[:-20])
+    r = cli("pull-hermes3", "--from", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "new.jsonl"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr  # one error line, not two (issue 57)
+    assert r.stderr.startswith(f"error: {tmp_path / 't.parquet'}: unreadable Parquet")
+    assert r.stderr.rstrip().endswith(f"; nothing written to {tmp_path / 'new.jsonl'}")
     r = cli("pull-hermes3", "--from", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "o.jsonl"))
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[0].startswith(f"error: {tmp_path / 't.parquet'}: unreadable Parquet")
+    assert r.returncode == 2 and r.stderr.rstrip().endswith(f"; {tmp_path / 'o.jsonl'} was left as it was")
+    (tmp_path / "d.json").write_text('{"conversations": 5}')
+    r = cli("pull-hermes3", "--from", str(tmp_path / "d.json"), "--out", str(tmp_path / "new.jsonl"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {tmp_path / 'd.json'}: expected a JSON list of records (or JSON Lines), got dict; nothing written to "
+        f"{tmp_path / 'new.jsonl'}"
+    ]
+    assert not (tmp_path / "new.jsonl").exists()
 
 
 def test_openai_messages_and_chatml_spans() -> None:

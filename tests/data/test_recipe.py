@@ -83,12 +83,35 @@ def test_train_refuses_data_of_another_tokenizer_size(shards_512: Path, tmp_path
     exp = write_experiment(tmp_path, model={"vocab_size": vocab})
     r = cli("train", str(exp), "--data", str(shards_512), "--out", str(tmp_path / "run"))
     assert r.returncode == 2, r.stderr
+    make = f"make them with `microgpt prep --source YOUR_TEXT --experiment {exp} --out {shards_512}`"
+    why = (
+        f"prepared for another model; {make}"
+        if word == "more than"
+        else f"prepared for another model, or from too little text to learn {vocab:,}; {make} from more text, or "
+        "set model.vocab_size 512"
+    )
     assert r.stderr.splitlines() == [
         f"error: {exp}: data.path {shards_512}: its tokenizer ({shards_512 / 'tokenizer.json'}) has 512 entries, "
-        f"{word} model.vocab_size {vocab}: prepared for another model; make them with `microgpt prep --source "
-        f"YOUR_TEXT --experiment {exp} --out {shards_512}`"
+        f"{word} model.vocab_size {vocab}: {why}"
     ]
     assert not (tmp_path / "run").exists()
+
+
+def test_prep_refuses_text_too_small_for_the_vocabulary(tmp_path: Path) -> None:
+    """Too little text to learn model.vocab_size entries: prep wrote a corpus train then refused, and train's hint
+    was that same prep command (issue 57). prep refuses it, naming the field, and writes nothing."""
+    (tmp_path / "small.txt").write_text(" ".join(f"w{i % 50}" for i in range(3000)))
+    exp = write_experiment(
+        tmp_path,
+        model={"vocab_size": 2048},
+        data={"source": "shards", "path": str(tmp_path / "d"), "prep": f"--source {tmp_path / 'small.txt'}"},
+    )
+    r = cli("prep", "--experiment", str(exp), "--quiet")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {exp}: model.vocab_size 2048: the text (7,979 characters of the train split) holds only enough "
+        "to learn 301 tokenizer entries; add text, or use a vocabulary of 301"
+    ], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.json", "small.txt"]
 
 
 def test_run_refuses_them_too_before_anything_is_written(shards_512: Path, tmp_path: Path) -> None:
@@ -138,3 +161,17 @@ def test_expand_leaves_other_command_lines_alone_and_names_a_missing_recipe(tmp_
     with pytest.raises(ConfigError, match="data.prep must not give --out"):
         recipe.expand(["--experiment", str(bad)])
     assert TINY["data"]["source"] == "builtin"
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_an_empty_data_folder_is_refused_before_anything_is_written(tmp_path: Path, command: str) -> None:
+    """`run --data` on an empty folder started the proxy, wrote the run folder, and printed the engine's error twice,
+    its last stderr line a `proxy:` line (issue 57): check_data now finds no shards, one line, nothing written."""
+    exp = write_experiment(tmp_path)
+    (tmp_path / "empty").mkdir()
+    r = cli(command, str(exp), "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {exp}: data.path {tmp_path / 'empty'} holds no train shards (train_000000.bin); make them with "
+        f"`microgpt prep --source YOUR_TEXT --experiment {exp} --out {tmp_path / 'empty'}`"
+    ], r.stderr
+    assert not (tmp_path / "run").exists()

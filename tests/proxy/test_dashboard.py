@@ -114,6 +114,42 @@ def test_a_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
     assert isinstance(err.value, InputError)
 
 
+def test_standalone_names_its_own_port_flag(tmp_path: Path) -> None:
+    """`python -m microgpt.proxy.dashboard --port N` on a port in use named `--dashboard` (run's flag): it names
+    --port (issue 57)."""
+    (tmp_path / "r.loss.json").write_text(loss_file("r", 3))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "microgpt.proxy.dashboard", str(tmp_path), "--port", str(port)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and res.stderr.splitlines() == [
+        f"error: --port {port}: port {port} on 127.0.0.1 is in use; pick another or 0 for a free one"
+    ], res.stderr
+
+
+def test_a_restarted_dashboard_binds_its_port_at_once(tmp_path: Path) -> None:
+    """A page's connection answered and one held open when the dashboard stops: the port's connections wait in
+    TIME_WAIT, and a dashboard started again on that port at once found it in use (issue 57)."""
+    (tmp_path / "r.loss.json").write_text(loss_file("r", 3))
+    first = DashboardServer(tmp_path, "r", 0)
+    first.start()
+    port = first.httpd.port
+    held = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        assert request(first, "GET", "/api/runs").status == 200
+        first.close()
+    finally:
+        held.close()
+    again = DashboardServer(tmp_path, "r", port)
+    again.start()
+    try:
+        assert request(again, "GET", "/api/runs").status == 200
+    finally:
+        again.close()
+
+
 def test_the_seed_path_is_a_link_to_the_package_page() -> None:
     link = REPO / "scripts" / PAGE_NAME
     assert link.is_symlink() and link.resolve() == PAGE and PAGE.parent.name == "proxy"

@@ -304,3 +304,35 @@ def test_the_live_run_dashboard_answers_hostile_requests(tmp_path: Path) -> None
         run.wait_for(lambda: len(run.steps()) > done, "the run to go on")
     finally:
         run.kill()
+
+
+@pytest.mark.parametrize(
+    "step, card",
+    [
+        ({"time": 1e12}, {"samples": 5}),  # a time past any date; samples that are no list
+        ({"time": -1e300}, {"samples": [5, {"prompt": 3, "text": ["x"], "seed": "s"}], "checkpoints": [7]}),
+        ({"time": 2**53}, {"samples": {"a": 1}, "checkpoints": "x"}),
+    ],
+)
+def test_a_train_folder_with_values_of_the_wrong_kind_is_served(tmp_path: Path, step: dict, card: dict) -> None:
+    """A `microgpt train` folder whose log record says `time` 1e12 made /api/state a 500 (a date past year 9999);
+    a report card saying `"samples": 5` did the same to /api/samples (issue 57). Every value the dashboard reads
+    passes one check (dashdata.field_of): a value of the wrong kind is left out, the answer is 200."""
+    start = {"event": "start", "run": "r", "step": 0, "config": {"train": {"steps": 5}}, "pid": None, "time": 1.7e9}
+    records = [start, {"event": "step", "step": 1, "loss": 2.0, **step}, {"event": "done", "step": 1}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "report.json").write_text(json.dumps(card))
+    server = DashboardServer(tmp_path, None, 0)
+    server.start()
+    try:
+        state = request(server, "GET", "/api/state?run=r")
+        assert state.status == 200, state.body
+        assert strict(state.body)["status"] == "done" and strict(state.body)["step"] == 1
+        samples = request(server, "GET", "/api/samples?run=r")
+        assert samples.status == 200, samples.body
+        for s in strict(samples.body)["samples"]:
+            assert s["prompt"] is None and s["text"] == "" and s["step"] is None
+        loss = request(server, "GET", "/api/loss?run=r")
+        assert loss.status == 200 and strict(loss.body)["clock"]["time"] == [None]
+    finally:
+        server.close()
