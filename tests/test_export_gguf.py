@@ -28,6 +28,10 @@ from tests.conftest import cli, write_experiment
 
 gguf = pytest.importorskip("gguf")
 
+# tests/test_modern.py's MODERN_RUN (that module imports torch, which `make check-gguf`'s venv does not have)
+MODERN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
+          "train": {"optimizer": "muon", "lr": 0.05, "head_lr": 0.01, "muon_lr": 0.02, "weight_decay": 0.0,
+                    "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
 PROMPTS = ["def add(a, b):\n    return", "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"]
 
 
@@ -41,7 +45,7 @@ def train(
 ) -> Path:
     """A run of TINY's shape at this width and vocabulary; tokenizer_size: its data prepared with a BPE of that many
     entries (the model's ids past it are padding), else the built-in corpus at the model's own size; modern: the
-    modern block (tests/test_modern.py's MODERN_RUN) with these model fields over it."""
+    modern block (MODERN) with these model fields over it."""
     folder.mkdir(parents=True, exist_ok=True)
     data = {"path": str(folder / "data")}
     if tokenizer_size:
@@ -62,9 +66,7 @@ def train(
         data["source"] = "shards"
     model, train = {"vocab_size": vocab_size, "d_model": d_model, "seq_len": 64}, {"steps": steps}
     if modern is not None:
-        from tests.test_modern import MODERN_RUN
-
-        model, train = {**MODERN_RUN["model"], **model, **modern}, {**MODERN_RUN["train"], **train}
+        model, train = {**MODERN["model"], **model, **modern}, {**MODERN["train"], **train}
     exp = write_experiment(folder, model=model, train=train, data=data)
     res = cli("train", str(exp), "--out", str(folder / "run"))
     assert res.returncode == 0, res.stderr
