@@ -392,7 +392,7 @@ def test_llama_cpp_greedy_tokens_equal_microgpt_sample(
 ) -> None:
     """GPT-2's file as llama.cpp's gpt2, the modern block's (model.softcap 0) as its apertus. The fp32 file runs with
     an fp32 KV cache (type 0), so its logits are microgpt's to fp32 rounding (1e-4); llama.cpp's default f16 cache
-    moves them by about 1e-3 (docs/GGUF.md)."""
+    moves them by about 1e-3 (docs/GUIDE.md section 5)."""
     llama_cpp = llama_cpp_module()
     run = request.getfixturevalue("run" if block == "gpt2" else "modern_run")
     path = export(run, tmp_path / "model.gguf", dtype)

@@ -27,7 +27,7 @@ modern block's). What it has not, the export makes exact another way:
   softplus(xielu.alpha_p) and a_n = b + softplus(xielu.alpha_n). alpha_p = ln(e - 1) in fp32 (softplus of it is 1.0
   in fp32), alpha_n = -1e4 (softplus 0.0), b = 0: max(x, 0)^2.
 What no llama.cpp architecture with QK-norm and ReLU^2 has is a final logit soft-cap, nor value embeddings: those
-models are refused (unsupported()). docs/ANDREA.md section 8 has the survey.
+models are refused (unsupported()). docs/GUIDE.md section 5 has the survey.
 
 Types: 1-D tensors and position_embd stay fp32 (as llama.cpp's converter keeps them); token_embd, the linears and
 output take --dtype: fp32, fp16, or q8_0 (ggml's Q8_0: blocks of 32 values along a row, each an fp16 scale d =
