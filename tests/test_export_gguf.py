@@ -42,13 +42,16 @@ def train(
     steps: int = 8,
     tokenizer_size: int = 0,
     modern: dict | None = None,
+    shards: Path | None = None,
 ) -> Path:
     """A run of TINY's shape at this width and vocabulary; tokenizer_size: its data prepared with a BPE of that many
-    entries (the model's ids past it are padding), else the built-in corpus at the model's own size; modern: the
-    modern block (MODERN) with these model fields over it."""
+    entries (the model's ids past it are padding), or shards: another run's prepared data, else the built-in corpus
+    at the model's own size; modern: the modern block (MODERN) with these model fields over it."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"path": str(folder / "data")}
-    if tokenizer_size:
+    data = {"path": str(shards or folder / "data")}
+    if shards:
+        data["source"] = "shards"
+    elif tokenizer_size:
         prep = cli(
             "prep",
             "--builtin",
@@ -80,9 +83,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def modern_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The modern block, model.softcap 0 (apertus has no soft-cap), on the same data: head dim 32."""
-    return train(tmp_path_factory.mktemp("gguf-modern"), 520, tokenizer_size=512, modern={"softcap": 0.0})
+def modern_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The modern block, model.softcap 0 (apertus has no soft-cap), on run's data: head dim 32."""
+    return train(tmp_path_factory.mktemp("gguf-modern"), 520, modern={"softcap": 0.0}, shards=run.parent / "data")
 
 
 def export(run: Path, out: Path, dtype: str) -> Path:
