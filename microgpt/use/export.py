@@ -1,6 +1,6 @@
 """`microgpt export`: a checkpoint as a Hugging Face `transformers` folder (GPT-2 for ANDREA's block, NanoChat for the
-modern block), or (`--format gguf`, ANDREA's block) as one GGUF file for llama.cpp (microgpt/use/export_gguf.py, which
-reads the same GPT-2 state as written here).
+modern block), or (`--format gguf`) as one GGUF file for llama.cpp (microgpt/use/export_gguf.py: ANDREA's block from
+the same GPT-2 state as written here, the modern block without a soft-cap as llama.cpp's apertus).
 
 ANDREA is GPT-2's architecture (learned positions, pre-LN with bias, tanh GELU = "gelu_new", tied head) with no
 linear biases, and microgpt stores weights [in, out] as GPT-2's Conv1D does, so the mapping is one-to-one:
@@ -334,12 +334,8 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
         )
     ld = load_trained(where)
     m = ld.exp.model
-    if fmt == "gguf" and m.block != "gpt2":
-        raise ExportError(
-            f"--format gguf: {ld.path} is a model.block {m.block!r} model; llama.cpp's GPT-2 has no "
-            "rotary positions, QK-norm or soft-cap (--format hf writes it as transformers' "
-            "NanoChat)"
-        )
+    if fmt == "gguf" and (why := export_gguf.unsupported(m)):
+        raise ExportError(f"--format gguf: {ld.path} {why}; nothing written")
     if fmt == "hf" and m.value_embeds:
         raise ExportError(
             f"--format hf: {ld.path} has model.value_embeds {m.value_embeds}; transformers' NanoChat has no value "
@@ -348,7 +344,11 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)  # checked for gguf too
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)
-        chunks = export_gguf.gguf_chunks(keys, export_gguf.gguf_tensors(hf_state_dict(ld.params(), m)), dtype)
+        if m.block == "modern":
+            tensors = export_gguf.modern_tensors(ld.params(), m)
+        else:
+            tensors = export_gguf.gguf_tensors(hf_state_dict(ld.params(), m))
+        chunks = export_gguf.gguf_chunks(keys, tensors, dtype)
         try:
             atomic_write_bytes(out, chunks)
         except OSError as e:
@@ -401,7 +401,8 @@ def parser() -> ArgParser:
         "--format",
         choices=tuple(FORMATS),
         default="hf",
-        help="hf: transformers' GPT-2 (safetensors); gguf: llama.cpp's GPT-2",
+        help="hf: transformers' GPT-2 or NanoChat (safetensors); gguf: llama.cpp's GPT-2, or its apertus for the "
+        "modern block (model.softcap 0 only)",
     )
     p.add_argument(
         "--dtype",
@@ -416,6 +417,10 @@ def main(argv: list[str] | argparse.Namespace) -> int:
     args = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     out, ld = export_trained(args.checkpoint, args.out, args.dtype, args.format)
     arch = "NanoChat" if ld.exp.model.block == "modern" else "GPT-2"
-    what = f"a transformers {arch} folder" if args.format == "hf" else "a GGUF file (llama.cpp's gpt2)"
+    what = (
+        f"a transformers {arch} folder"
+        if args.format == "hf"
+        else f"a GGUF file (llama.cpp's {export_gguf.arch(ld.exp.model)})"
+    )
     print(f"exported {ld.path} (step {ld.step}) to {out}: {what}, {args.dtype} weights")
     return 0

@@ -1,7 +1,9 @@
 """`microgpt export --format gguf`: a checkpoint as one GGUF file, which llama.cpp (and the tools built on it: its
-server, Ollama, LM Studio, llama-cpp-python) loads as its GPT-2 architecture.
+server, Ollama, LM Studio, llama-cpp-python) loads as its GPT-2 architecture (ANDREA's block) or its Apertus
+architecture (the modern block, model.softcap 0).
 
-GGUF version 3, little-endian (learned from llama.cpp's gguf-py and its GPT-2 loader; nothing of them is imported):
+GGUF version 3, little-endian (learned from llama.cpp's gguf-py and its GPT-2 and Apertus loaders; nothing of them is
+imported):
 
     u32 magic "GGUF" | u32 version 3 | u64 tensor count | u64 key count
     keys      string key, u32 value type, value (a string: u64 length + UTF-8; an array: u32 item type, u64 count,
@@ -9,13 +11,28 @@ GGUF version 3, little-endian (learned from llama.cpp's gguf-py and its GPT-2 lo
     tensors   string name, u32 n_dims, u64 dims (the fastest-varying first), u32 ggml type, u64 offset into the data
     padding to ALIGN bytes, then each tensor's data, each padded to ALIGN bytes
 
-Tensors: the transformers export's GPT-2 state (export.hf_state_dict, the one map of microgpt's names) under llama.cpp's
+GPT-2: the transformers export's GPT-2 state (export.hf_state_dict, the one map of microgpt's names) under llama.cpp's
 names. GPT-2's Conv1D weights (in, out) are written transposed, (out, in), which ggml reads as ne = [in, out]; the
 linears' biases are zeros, as in the transformers export; there is no output.weight (llama.cpp's GPT-2 then uses
-token_embd as the head: the tied head). Types: 1-D tensors and position_embd stay fp32 (as llama.cpp's converter keeps
-them); token_embd and the four linears take --dtype: fp32, fp16, or q8_0 (ggml's Q8_0: blocks of 32 values along a
-row, each an fp16 scale d = max|x| / 127 and 32 int8 round(x / d), rounded half away from zero); a row whose length
-is not a multiple of 32 is written fp16 under q8_0.
+token_embd as the head: the tied head).
+
+The modern block as llama.cpp's "apertus" (src/models/apertus.cpp of the llama.cpp that llama-cpp-python 0.3.36
+builds): pre-norm RMSNorm layers (attn_norm, ffn_norm, output_norm) with weights, written as ones; q and k RMSNormed
+per head (attn_q_norm, attn_k_norm: ones) and then rotated in NeoX's "rotate half" pairing, microgpt's own; attention
+scaled 1/sqrt(D); an MLP of two linears around xIELU; an untied output.weight; one eps key for every norm (1e-6, the
+modern block's). What it has not, the export makes exact another way:
+- microgpt normalizes the embedding (x = rmsnorm(wte[tokens])); apertus does not, and a row's norm depends on its
+  token alone, so token_embd holds rmsnorm(wte) row by row (microgpt's own rmsnorm op, so the same fp32 rows).
+- ReLU^2: xIELU is x > 0: a_p x^2 + b x; else a_n (expm1(min(x, eps)) - x) + b x, with ggml taking a_p =
+  softplus(xielu.alpha_p) and a_n = b + softplus(xielu.alpha_n). alpha_p = ln(e - 1) in fp32 (softplus of it is 1.0
+  in fp32), alpha_n = -1e4 (softplus 0.0), b = 0: max(x, 0)^2.
+What no llama.cpp architecture with QK-norm and ReLU^2 has is a final logit soft-cap, nor value embeddings: those
+models are refused (unsupported()). docs/GUIDE.md section 5 has the survey.
+
+Types: 1-D tensors and position_embd stay fp32 (as llama.cpp's converter keeps them); token_embd, the linears and
+output take --dtype: fp32, fp16, or q8_0 (ggml's Q8_0: blocks of 32 values along a row, each an fp16 scale d =
+max|x| / 127 and 32 int8 round(x / d), rounded half away from zero); a row whose length is not a multiple of 32 is
+written fp16 under q8_0.
 
 Tokenizer: the run's byte-level BPE as tokenizer.ggml.model "gpt2" with the pre-tokenizer "gpt-2" (the regex that
 tokenizers' ByteLevel applies); one token per id below model.vocab_size (ids past the tokenizer's are "[PAD<id>]",
@@ -36,12 +53,15 @@ import numpy as np
 from microgpt import config
 from microgpt.data.tokenizer import EOT, IM_END, PAD
 from microgpt.engine.trained import Trained
+from microgpt.ops import rmsnorm
 
 MAGIC = b"GGUF"
 VERSION = 3
 ALIGN = 32  # general.alignment's default: not written
-ARCH = "gpt2"
-LAYER_NORM_EPS = 1e-5
+LAYER_NORM_EPS = 1e-5  # GPT-2's LayerNorm
+# xIELU's keys that make it ReLU^2 (the module docstring): ggml reads softplus(alpha_p) = 1, b + softplus(alpha_n) = 0
+XIELU = {"xielu.alpha_p": float(np.float32(np.log(np.e - 1))), "xielu.alpha_n": -1e4, "xielu.beta": 0.0,
+         "xielu.eps": -1e-6}  # fmt: skip
 
 # GGUF value types and ggml tensor types (the ids of the format)
 U32, I32, F32V, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
@@ -65,6 +85,54 @@ def gguf_name(hf: str) -> str:
     _, _, i, rest = hf.split(".", 3)  # transformer.h.{i}.<part>.weight|bias
     part, _, leaf = rest.rpartition(".")
     return f"blk.{i}.{GGUF_BLOCK[part]}.{leaf}"
+
+
+def arch(m: config.ModelConfig) -> str:
+    """llama.cpp's architecture for the model's block."""
+    return "apertus" if m.block == "modern" else "gpt2"
+
+
+def unsupported(m: config.ModelConfig) -> str | None:
+    """Why no llama.cpp architecture computes this model (one clause), or None."""
+    if m.block != "modern":
+        return None
+    if m.value_embeds:
+        return (
+            f"has model.value_embeds {m.value_embeds}: no llama.cpp architecture adds per-token value embeddings to "
+            "a layer's values"
+        )
+    if m.softcap:
+        return (
+            f"has model.softcap {m.softcap:g}: no llama.cpp architecture has a final logit soft-cap together with "
+            "QK-norm and ReLU^2 (apertus carries all but the cap); train with model.softcap 0 for GGUF, or write "
+            "--format hf (transformers' NanoChat)"
+        )
+    return None
+
+
+def modern_tensors(P: dict[str, np.ndarray], m: config.ModelConfig) -> dict[str, np.ndarray]:
+    """The modern block's named weights (params.views) as llama.cpp's apertus tensors, numpy layout (the last axis is
+    ggml's ne0): matrices (out, in), token_embd the normalized embedding, every norm weight ones."""
+    wte = np.ascontiguousarray(P["wte"], dtype=np.float32)
+    emb = np.empty_like(wte)
+    rmsnorm.rmsnorm_forward(emb, np.empty(len(wte), np.float32), wte)
+    ones = np.ones(m.d_model, np.float32)
+    out = {"token_embd.weight": emb, "output_norm.weight": ones, "output.weight": P["lm_head"]}
+    for i in range(m.n_layer):
+        h, b = f"h{i}.", f"blk.{i}."
+        out |= {
+            b + "attn_norm.weight": ones,
+            b + "attn_q.weight": P[h + "w_q"].T,
+            b + "attn_k.weight": P[h + "w_k"].T,
+            b + "attn_v.weight": P[h + "w_v"].T,
+            b + "attn_q_norm.weight": np.ones(m.head_dim, np.float32),
+            b + "attn_k_norm.weight": np.ones(m.head_dim, np.float32),
+            b + "attn_output.weight": P[h + "w_o"].T,
+            b + "ffn_norm.weight": ones,
+            b + "ffn_up.weight": P[h + "w_1"].T,
+            b + "ffn_down.weight": P[h + "w_2"].T,
+        }
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
 def gguf_tensors(hf_state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -144,23 +212,33 @@ def vocab_keys(info: dict[str, Any], m: config.ModelConfig) -> list[tuple[str, i
 
 
 def metadata(ld: Trained, dtype: str, chat_template: str) -> list[tuple[str, Any, Any]]:
-    """Every key of the file, in order: general.*, gpt2.* (the shapes llama.cpp's GPT-2 reads), tokenizer.*."""
-    m = ld.exp.model
+    """Every key of the file, in order: general.*, <arch>.* (the shapes llama.cpp's GPT-2 or Apertus reads; apertus
+    also xielu.*), tokenizer.*."""
+    m, a = ld.exp.model, arch(ld.exp.model)
     keys = [
-        ("general.architecture", STRING, ARCH),
+        ("general.architecture", STRING, a),
         ("general.name", STRING, ld.exp.name),
         ("general.file_type", U32, DTYPES[dtype][1]),
     ]
     if dtype == "q8_0":
         keys.append(("general.quantization_version", U32, 2))
     keys += [
-        (f"{ARCH}.context_length", U32, m.seq_len),
-        (f"{ARCH}.embedding_length", U32, m.d_model),
-        (f"{ARCH}.feed_forward_length", U32, 4 * m.d_model),
-        (f"{ARCH}.block_count", U32, m.n_layer),
-        (f"{ARCH}.attention.head_count", U32, m.n_head),
-        (f"{ARCH}.attention.layer_norm_epsilon", F32V, LAYER_NORM_EPS),
+        (f"{a}.context_length", U32, m.seq_len),
+        (f"{a}.embedding_length", U32, m.d_model),
+        (f"{a}.feed_forward_length", U32, 4 * m.d_model),
+        (f"{a}.block_count", U32, m.n_layer),
+        (f"{a}.attention.head_count", U32, m.n_head),
     ]
+    if a == "gpt2":
+        keys.append((f"{a}.attention.layer_norm_epsilon", F32V, LAYER_NORM_EPS))
+    else:
+        keys += [
+            (f"{a}.attention.head_count_kv", U32, m.n_head),
+            (f"{a}.attention.layer_norm_rms_epsilon", F32V, rmsnorm.EPS),
+            (f"{a}.rope.dimension_count", U32, m.head_dim),
+            (f"{a}.rope.freq_base", F32V, m.rope_base),
+            *((k, (ARRAY, F32V), [v] * m.n_layer) for k, v in XIELU.items()),
+        ]
     keys += vocab_keys(ld.side.get("tokenizer", {}), m)
     tokenizer_kind = ld.side.get("tokenizer", {}).get("kind", "bytes")
     return keys + ([("tokenizer.chat_template", STRING, chat_template)] if tokenizer_kind == "bpe" else [])
