@@ -325,13 +325,13 @@ def default_out(ld: Trained, dtype: str, fmt: str) -> Path:
 
 def export_trained(where: str | Path, out: str | Path | None, dtype: str, fmt: str) -> tuple[Path, Trained]:
     """export(), also returning the checkpoint it read (the command's line names it)."""
+    if fmt not in FORMATS or dtype not in FORMATS[fmt]:
+        raise ExportError(f"--dtype {dtype}: --format {fmt} takes {' or '.join(FORMATS.get(fmt, ()))}")
     ld = None
     if out is None:  # the checkpoint first, to name the output after it
         ld = load_trained(where)
         out = default_out(ld, dtype, fmt)
     out = Path(out)
-    if fmt not in FORMATS or dtype not in FORMATS[fmt]:
-        raise ExportError(f"--dtype {dtype}: --format {fmt} takes {' or '.join(FORMATS.get(fmt, ()))}")
     what = "folder" if fmt == "hf" else "file"
     if out.is_symlink():
         raise ExportError(f"--out {out}: is a symbolic link; give the {what} to write itself (nothing written)")
