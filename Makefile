@@ -3,15 +3,17 @@
 # any NumPy from 1.26) and .venv-test (the test extra, whose Triton interpreter pins NumPy below 2.3). Each is set up
 # once: a stamp file inside it is newer than pyproject.toml until pyproject.toml changes.
 # `make test` also installs Chromium for the dashboard's browser tests where it can, or says that it skips them
-# (scripts/test-browser.sh). `train` writes runs/ANDREA-tiny/train.jsonl (its log) and report.md itself.
-# RUN, EXP and TRAIN_FLAGS let a test run this same recipe on a small run elsewhere (tests/test_readme_flow.py).
+# (scripts/test-browser.sh). `train` trains the modern recipe (experiments/ANDREA-tiny-MODERN-TRAIN.json) and writes
+# runs/ANDREA-tiny-MODERN/train.jsonl (its log) and report.md itself. The seed's GPT-2 recipe is one command away:
+# `make train EXP=experiments/ANDREA-tiny-TRAIN.json RUN=runs/ANDREA-tiny` (README, "Which recipe").
+# RUN, EXP and TRAIN_FLAGS also let a test run these recipes small, elsewhere (tests/test_readme_flow.py).
 PY ?= python3
 VENV ?= .venv
 TEST_VENV ?= .venv-test
 BIN := $(VENV)/bin
 TEST_BIN := $(TEST_VENV)/bin
-EXP ?= experiments/ANDREA-tiny-TRAIN.json
-RUN ?= runs/ANDREA-tiny
+EXP ?= experiments/ANDREA-tiny-MODERN-TRAIN.json
+RUN ?= runs/ANDREA-tiny-MODERN
 TRAIN_FLAGS ?=
 SAMPLE_TOKENS ?= 200
 

@@ -74,6 +74,23 @@ def test_text_bits_per_byte(trained, tmp_path: Path) -> None:
             z = gen.feed([a]).astype(np.float64)
             losses.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[b])
     assert got["tokens"] == len(losses) and got["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
+    _, counts = np.unique(ids[1:], return_counts=True)  # every token of the text is scored, once
+    p = counts / counts.sum()
+    assert got["unigram_loss"] == pytest.approx(-(p * np.log(p)).sum(), rel=1e-12)
+
+
+def test_the_text_line_puts_the_loss_beside_the_unigram_of_the_same_tokens(trained, tmp_path: Path) -> None:
+    """Without --json, the loss comes with something to compare it to: the unigram loss of the same scored tokens,
+    which no model that ignores context beats."""
+    path = tmp_path / "t.txt"
+    path.write_text("x = [1, 2, 3]\nprint(sorted(x))\n" * 40, encoding="utf-8")
+    res = cli("eval", str(trained[0]), "--text", str(path))
+    assert res.returncode == 0, res.stderr
+    got = run_eval(str(trained[0]), "--text", str(path))
+    line = res.stdout.strip()
+    assert f"loss {got['loss']:.4f} |" in line
+    assert f"| unigram {got['unigram_loss']:.4f} (the loss of these tokens' own frequencies) |" in line
+    assert 0 < got["unigram_loss"] < math.log(512)
 
 
 def test_hellaswag_matches_llmc_definitions(trained, tmp_path: Path) -> None:

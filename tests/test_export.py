@@ -195,6 +195,33 @@ def test_value_embeddings_are_refused_in_one_line(tmp_path: Path) -> None:
         assert why in res.stderr and len(res.stderr.splitlines()) == 1 and not (tmp_path / out).exists()
 
 
+def test_without_out_the_export_goes_beside_the_run(run: Path, tmp_path: Path) -> None:
+    """No --out: RUN/export/RUN-stepN-DTYPE (a folder) or ...-DTYPE.gguf, inside the run folder (git-ignored with
+    runs/), never in the directory the command runs from; the same from a checkpoint file; a second export of the
+    same step and dtype is refused, the first untouched."""
+    mine = tmp_path / "runs" / "mine"
+    shutil.copytree(run, mine)
+    work = tmp_path / "work"
+    work.mkdir()
+    res = cli("export", str(mine), cwd=work)
+    assert res.returncode == 0, res.stderr
+    folder = mine / "export" / "mine-step6-fp32"
+    assert res.stdout.endswith(f" (step 6) to {folder}: a transformers GPT-2 folder, fp32 weights\n")
+    assert (folder / "model.safetensors").is_file() and list(work.iterdir()) == []
+    ck = checkpoint.resolve(mine)
+    res = cli("export", str(ck), "--format", "gguf", "--dtype", "q8_0", cwd=work)
+    assert res.returncode == 0, res.stderr
+    gguf = mine / "export" / "mine-step6-q8_0.gguf"
+    assert gguf.read_bytes()[:4] == b"GGUF" and list(work.iterdir()) == []
+    before = gguf.read_bytes()
+    again = cli("export", str(mine), "--format", "gguf", "--dtype", "q8_0", cwd=work)
+    assert (
+        again.returncode == 2
+        and again.stderr == f"error: --out {gguf}: exists; choose a new file (nothing overwritten)\n"
+    )
+    assert gguf.read_bytes() == before
+
+
 def test_out_not_empty_is_refused_untouched(run: Path, tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("mine")
     res = cli("export", str(run), "--out", str(tmp_path))

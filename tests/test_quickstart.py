@@ -4,6 +4,7 @@ before the tests start, that it skips them; CI runs exactly the README's test co
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tomllib
@@ -103,3 +104,31 @@ def test_train_and_test_have_their_own_environments_each_set_up_once(tmp_path: P
     assert make("-q", "setup-test", *flags).returncode == 0
     os.utime(train / ".installed", (0, 0))  # pyproject.toml is newer than the stamp: install again
     assert make("-q", "setup", *flags).returncode == 1
+
+
+def test_make_train_is_the_modern_recipe_and_starts_as_the_readme_shows(tmp_path: Path) -> None:
+    """`make train` as it is trains the modern recipe into runs/ANDREA-tiny-MODERN; its first step prints what the
+    README's excerpt shows (the same built-in corpus, seed and 300-step schedule, stopped after 2 steps; another
+    CPU's BLAS may round the norm's last digit, so the loss and lr are compared to the digit, the norm to 0.002)."""
+    from tests.test_readme_flow import this_venv
+
+    venv = this_venv(tmp_path)
+    dry = subprocess.run(["make", "-n", "-C", str(REPO), "train", f"VENV={venv}"], capture_output=True, text=True)
+    want = "microgpt train experiments/ANDREA-tiny-MODERN-TRAIN.json --out runs/ANDREA-tiny-MODERN --resume latest"
+    assert dry.returncode == 0 and f"{venv}/bin/{want} \n" in dry.stdout, dry.stdout
+
+    readme = (REPO / "README.md").read_text()
+    shown = re.search(r"^step +1/300 \| loss ([\d.]+) \| lr (\S+) \| norm ([\d.]+) \|", readme, re.M)
+    assert shown and "report card: runs/ANDREA-tiny-MODERN/report.md" in readme
+    run = tmp_path / "runs" / "ANDREA-tiny-MODERN"
+    flags = ["--steps", "2", "--set", "train.schedule_steps=300"]
+    env = {**os.environ, "MICROGPT_DATA_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    made = subprocess.run(
+        ["make", "-C", str(REPO), "train", f"VENV={venv}", f"RUN={run}", f"TRAIN_FLAGS={' '.join(flags)}",
+         "SAMPLE_TOKENS=4"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    got = re.search(r"^step +1/2 \| loss ([\d.]+) \| lr (\S+) \| norm ([\d.]+) \|", made.stderr, re.M)
+    assert got and got.groups()[:2] == shown.groups()[:2], (got and got[0], shown[0])
+    assert abs(float(got[3]) - float(shown[3])) <= 0.002

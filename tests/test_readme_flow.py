@@ -1,8 +1,10 @@
-"""The README's flow end to end, as a new user runs it: `make train` -> `microgpt run EXP --dashboard --steps N` ->
-`make train` (docs/GUIDE.md section 3), with the real Makefile, the real CLI, the proxy's real HTTP server and headless
-Chromium; then the README's "Next" sections command by command, read from the README itself: your own text, the
-offline fine-tune, and using the model (sample, eval, serve with the README's request, export to transformers and
-GGUF). ANDREA-tiny keeps its shape and is made small with --set (a small corpus, few steps), so CI stays fast.
+"""The README's flow end to end, as a new user runs it: the seed's `make train EXP=... RUN=...` -> `microgpt run EXP
+--dashboard --steps N` -> `make train` (docs/GUIDE.md section 3), with the real Makefile, the real CLI, the proxy's real
+HTTP server and headless Chromium; then `make train` as it is (the modern recipe) and the README's "Next" sections
+command by command, read from the README itself: your own text, using the model (sample, eval, export to
+transformers), and the seed's chat fine-tune (its `make train`, prep, train, chat, serve with the README's request,
+export to GGUF), every output inside runs/ and data/. The recipes keep their shapes and are made small with --set (a
+small corpus, few steps), so CI stays fast.
 
 Checked: every exit code; the URL the README documents keeps its parameters through `/`; the page's elapsed time
 is the run's training time (the log's and the proxy's elapsed_s, across the two commands), never the Unix epoch;
@@ -31,7 +33,9 @@ from tests.proxy._cdp import Chromium
 from tests.proxy._helpers import ENV, ProxyRun
 from tests.proxy.test_dashboard_browser import ARTIFACTS
 
-EXP = "experiments/ANDREA-tiny-TRAIN.json"
+EXP = (
+    "experiments/ANDREA-tiny-TRAIN.json"  # the seed's recipe: its schedule ends at min_lr 3e-4, so --steps N trains on
+)
 SETS = ["--set", "data.max_bytes=200000", "--set", "model.vocab_size=512", "--set", "train.micro_batch=4",
         "--set", "train.steps=8", "--set", "train.eval_every=4", "--set", "train.ckpt_every=4"]  # fmt: skip
 PROXY_STEPS = 60
@@ -44,7 +48,7 @@ def hms(seconds: float) -> str:
 
 
 def make_train(venv: Path, run: Path, env: dict) -> subprocess.CompletedProcess:
-    flags = [f"VENV={venv}", f"RUN={run}", f"TRAIN_FLAGS={' '.join(SETS)}", "SAMPLE_TOKENS=16"]
+    flags = [f"EXP={EXP}", f"VENV={venv}", f"RUN={run}", f"TRAIN_FLAGS={' '.join(SETS)}", "SAMPLE_TOKENS=16"]
     return subprocess.run(
         ["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env, timeout=600
     )
@@ -174,6 +178,15 @@ def readme_commands(section: str) -> list[list[str]]:
     return [shlex.split(line.split("  #")[0])[1:] for line in lines if line.startswith(".venv/bin/microgpt ")]
 
 
+def readme_make_train(section: str) -> dict[str, str]:
+    """The variables of the `make train VAR=value ...` line in the README's code blocks under `### section`."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"\n### {section}\n", 1)[1].split("\n#", 1)[0]
+    line = re.search(r"^make train (.*?)(?:  #.*)?$", "".join(re.findall(r"```\n(.*?)```", body, re.S)), re.M)
+    assert line, f"no `make train` line under ### {section}"
+    return dict(arg.split("=", 1) for arg in shlex.split(line[1]))
+
+
 def run_as_written(work: Path, argv: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
     """One README command in the user's checkout (work), with only the flags that make it small added."""
     res = subprocess.run(
@@ -216,23 +229,30 @@ def serve_as_written(work: Path, argv: list[str], env: dict) -> None:
 
 
 def test_the_next_sections_run_as_written(tmp_path: Path) -> None:
-    """Your own text -> prep -> train -> sample; the offline fine-tune -> chat; sample, eval, serve, export (both
-    formats) on the results: every command of those sections, in order, from a checkout where `make train` ran."""
+    """`make train` as it is trains the modern recipe into runs/ANDREA-tiny-MODERN; then your own text -> prep ->
+    train -> sample; sample, eval and export on that run; the seed's `make train`, the offline fine-tune -> chat,
+    serve and the GGUF export: every command of those sections, in order, as written, from a checkout where `make
+    train` ran; nothing lands outside runs/ and data/ (git ignores both)."""
     work = tmp_path / "checkout"
     work.mkdir()
     for name in ("experiments", "docs", "microgpt", "README.md"):
         (work / name).symlink_to(REPO / name)
     env = {**ENV, "MICROGPT_DATA_DIR": str(tmp_path / "cache")}
-    flags = [
-        f"VENV={this_venv(tmp_path)}",
-        f"RUN={work / 'runs' / 'ANDREA-tiny'}",
-        "SAMPLE_TOKENS=8",
-        f"TRAIN_FLAGS={' '.join(FAST['train'])}",
-    ]
-    made = subprocess.run(
-        ["make", "-C", str(REPO), "train", *flags], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert made.returncode == 0, made.stderr[-3000:]
+    venv = this_venv(tmp_path)
+
+    def make_train(run: str, *flags: str) -> subprocess.CompletedProcess:
+        args = [f"VENV={venv}", f"RUN={work / run}", "SAMPLE_TOKENS=8", f"TRAIN_FLAGS={' '.join(FAST['train'])}"]
+        made = subprocess.run(
+            ["make", "-C", str(REPO), "train", *args, *flags], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert made.returncode == 0, made.stderr[-3000:]
+        assert made.stdout.count("--- sample: ") == 3
+        return made
+
+    make_train("runs/ANDREA-tiny-MODERN")  # the Makefile's own EXP: the modern recipe
+    start = runlog.read_log(work / "runs" / "ANDREA-tiny-MODERN" / "train.jsonl")[0]
+    assert start["config"]["name"] == "ANDREA-tiny-MODERN" and start["config"]["model"]["block"] == "modern"
+    assert start["config"]["train"]["optimizer"] == "muon"
 
     own = readme_commands("Train on your own text")
     assert [c[0] for c in own] == ["prep", "train", "sample"]
@@ -241,24 +261,34 @@ def test_the_next_sections_run_as_written(tmp_path: Path) -> None:
     assert res.stdout.startswith("The memory plan")
     start = runlog.read_log(work / "runs" / "my" / "train.jsonl")[0]
     assert start["config"]["data"] == {**start["config"]["data"], "source": "shards", "path": "data/my"}
+    assert start["config"]["model"]["block"] == "modern"
     sources = json.loads((work / "data" / "my" / "manifest.json").read_text())["sources"]
     assert [s["name"] for s in sources] == ["docs", "microgpt"] and all(s["documents_read"] > 1 for s in sources)
 
-    tune = readme_commands("Fine-tune it to chat")
-    assert [c[0] for c in tune] == ["prep", "train", "chat"]
-    run_as_written(work, tune[0], env)
-    res = run_as_written(work, tune[1], env)
+    use = readme_commands("Use the model")
+    assert [c[0] for c in use] == ["sample", "eval", "export"]
+    for argv in use:
+        res = run_as_written(work, argv, env)
+        if argv[0] == "eval":
+            assert re.search(r"^loss [\d.]+ \|.* \| unigram [\d.]+ \(the loss of these tokens' own", res.stdout)
+    hf = work / "runs" / "ANDREA-tiny-MODERN" / "export" / "ANDREA-tiny-MODERN-step6-fp32"
+    assert json.loads((hf / "config.json").read_text())["model_type"] == "nanochat"
+
+    tune = "Fine-tune to chat, serve, and export to GGUF (the seed's GPT-2 recipe)"
+    seed = readme_make_train(tune)
+    assert seed == {"EXP": EXP, "RUN": "runs/ANDREA-tiny"}
+    make_train(seed["RUN"], f"EXP={seed['EXP']}")
+    chat = readme_commands(tune)
+    assert [c[0] for c in chat] == ["prep", "train", "chat", "serve", "export"]
+    run_as_written(work, chat[0], env)
+    res = run_as_written(work, chat[1], env)
     assert "init: the weights of runs/ANDREA-tiny/ckpt/step-00000006.bin (ANDREA-tiny, step 6)" in res.stderr
     log = runlog.read_log(work / "runs" / "ANDREA-tiny-chat" / "train.jsonl")
     assert [e["step"] for e in log if e["event"] == "eval"] == [3, 6] and log[0]["config"]["data"]["loss_mask"]
-    assert run_as_written(work, tune[2], env, input="What is 12 + 30?\n").stdout.strip()
-
-    use = readme_commands("Use the model")
-    assert [c[0] for c in use] == ["sample", "eval", "serve", "export", "export"]
-    for argv in use:
-        if argv[0] == "serve":
-            serve_as_written(work, argv, env)
-        else:
-            run_as_written(work, argv, env)
-    assert (work / "exported" / "tiny-chat" / "model.safetensors").is_file()
-    assert (work / "tiny-chat.gguf").read_bytes()[:4] == b"GGUF"
+    assert run_as_written(work, chat[2], env, input="What is 12 + 30?\n").stdout.strip()
+    serve_as_written(work, chat[3], env)
+    run_as_written(work, chat[4], env)
+    gguf = work / "runs" / "ANDREA-tiny-chat" / "export" / "ANDREA-tiny-chat-step6-q8_0.gguf"
+    assert gguf.read_bytes()[:4] == b"GGUF"
+    left = {p.name for p in work.iterdir()} - {"experiments", "docs", "microgpt", "README.md"}
+    assert left == {"runs", "data"}, left  # what `git status` would show: nothing, .gitignore has both

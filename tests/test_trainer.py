@@ -153,6 +153,20 @@ def test_the_terminal_shows_validation_loss_elapsed_time_and_eta(tmp_path) -> No
     assert same(json_lines(again.stdout)) == same(events)
 
 
+def test_an_eval_line_that_wraps_says_which_windows_it_scores_twice(tmp_path) -> None:
+    """eval_batches x micro_batch past the val split's windows wraps around the split (Loader.val_batch): the eval
+    line says that all windows are scored and which of them twice, not just "(wrapping)"."""
+    exp = write_experiment(
+        tmp_path, train={"steps": 1, "eval_every": 1, "eval_batches": 60}, data={"val_fraction": 0.01}
+    )
+    r = cli("train", str(exp), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stderr.splitlines() if line.startswith("eval "))
+    m = re.fullmatch(r"eval +1/1 \| val_loss [\d.]+ \| all (\d+) val windows, the first (\d+) of them twice: "
+                     r"the 240 asked wrap around the split", line)  # fmt: skip
+    assert m and int(m[1]) + int(m[2]) == 240, line
+
+
 def test_the_step_line_shows_the_runs_training_time() -> None:
     """A step line's elapsed time is the record's elapsed_s (the run's training time across resumes, which the
     dashboard shows under `run`), not the seconds this process has been up."""

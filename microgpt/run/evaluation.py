@@ -61,6 +61,18 @@ class Evaluation:
         n = self.t.eval_batches * self.t.micro_batch * self.world
         sources = self.val_data.sources
         if len(sources) == 1:
-            total = next(iter(sources.values())).n_windows
-            return f"the first {min(n, total):,} of {total:,} val windows" + (" (wrapping)" if n > total else "")
-        return f"the first {n:,} val windows of each of {len(sources)} sources"
+            return scored_windows(n, next(iter(sources.values())).n_windows)
+        short = sum(ld.n_windows < n for ld in sources.values())
+        wraps = f" ({short} with fewer wrap around them: some windows scored twice or more)" if short else ""
+        return f"the first {n:,} val windows of each of {len(sources)} sources" + wraps
+
+
+def scored_windows(n: int, total: int) -> str:
+    """The n windows val_loss scores, of a split of `total`, in words. Past the split's end the windows wrap around
+    (Loader.val_batch), so some are scored twice or more: the line says which and how often."""
+    if n <= total:
+        return f"the first {n:,} of {total:,} val windows"
+    times, extra = divmod(n, total)
+    again = f", the first {extra:,} of them {'twice' if times == 1 else f'{times + 1} times'}" if extra else ""
+    each = {1: "", 2: " twice each"}.get(times, f" {times} times each")
+    return f"all {total:,} val windows{each}{again}: the {n:,} asked wrap around the split"

@@ -14,6 +14,11 @@ so every token of the text is predicted; its windows are cut the same way, the l
 Bits per byte = sum of token losses / ln 2 / bytes of the scored tokens (a special token counts its string's
 bytes): for a text file, its size in bytes.
 
+Beside the loss, the unigram loss of the same scored tokens: the entropy of their own frequencies, -sum p ln p, which
+is the loss of the best model that ignores context, fitted to these very tokens (so no unigram model of any data
+scores them lower). A loss under it is what the model gets from context; a loss above it (text far from the training
+data, say) is worse than counting tokens.
+
 HellaSwag: microgpt/use/hellaswag.py (the same scorer the trainer runs for train.hellaswag).
 """
 
@@ -81,19 +86,32 @@ class Windows:
     get: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 
 
+def unigram_loss(counts: np.ndarray) -> float | None:
+    """-sum p ln p of token counts (nats per token): the loss of the unigram model fitted to those very tokens."""
+    n = int(counts.sum())
+    if n == 0:
+        return None
+    p = counts[counts > 0] / n
+    return float(-(p * np.log(p)).sum())
+
+
 def score_windows(S: InferState, windows: Windows, nbytes: np.ndarray) -> dict[str, Any]:
     total, count, byte_count = 0.0, 0, 0
+    counts = np.zeros(len(nbytes), np.int64)
     for i in range(0, windows.n, S.B):
         x, y = windows.get(i, min(windows.n, i + S.B))
         s, c, _ = S.score(x, y)
         total, count = total + s, count + c
-        byte_count += int(nbytes[y[y >= 0]].sum())
+        scored = y[y >= 0]
+        byte_count += int(nbytes[scored].sum())
+        counts += np.bincount(scored, minlength=len(counts))
     loss = total / max(1, count)
     bpb = total / math.log(2) / byte_count if byte_count else None
     return {
         "loss": loss,
         "perplexity": math.exp(loss),
         "bits_per_byte": bpb,
+        "unigram_loss": unigram_loss(counts),
         "tokens": count,
         "bytes": byte_count,
         "windows": windows.n,
@@ -154,11 +172,13 @@ def main(argv: list[str] | argparse.Namespace) -> int:
         text += f" | {res['truncated']} with the context cut to fit seq_len" if res["truncated"] else ""
     else:
         res = score_windows(scorer(ld, K), *_windows(ld, args))
-        bpb = res["bits_per_byte"] or float("nan")
+        bpb, unigram = res["bits_per_byte"] or float("nan"), res["unigram_loss"]
         text = (
             f"loss {res['loss']:.4f} | perplexity {res['perplexity']:.2f} | bits/byte {bpb:.4f} "
             f"| {res['tokens']} tokens in {res['windows']} windows"
         )
+        if unigram is not None:
+            text += f" | unigram {unigram:.4f} (the loss of these tokens' own frequencies)"
     res = {"step": ld.step, **res, "backend": K.name, "precision": K.precision.name}
     print(json.dumps(res) if args.json else f"{text} | {K.name} {K.precision.name}")
     return 0

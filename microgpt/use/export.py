@@ -306,19 +306,32 @@ def model_card(ld: Trained, dtype: str) -> str:
 FORMATS = {"hf": ("fp32", "bf16"), "gguf": ("fp32", "fp16", "q8_0")}  # --format -> its --dtype choices
 
 
-def export(where: str | Path, out: str | Path, dtype: str = "fp32", fmt: str = "hf") -> Path:
+def export(where: str | Path, out: str | Path | None, dtype: str = "fp32", fmt: str = "hf") -> Path:
     """Write the folder (hf) or the file (gguf); --out must not exist (a folder may be empty), and not be a symbolic
     link (live or dangling: the export is never written through one). Everything is written to a temp folder or
     file next to it and renamed into place, so a failed export leaves nothing behind; an output the disk refuses is a
-    WriteError (exit 4), a path that cannot be written an ExportError (exit 2). Returns out."""
+    WriteError (exit 4), a path that cannot be written an ExportError (exit 2). out None: default_out. Returns out."""
     return export_trained(where, out, dtype, fmt)[0]
 
 
-def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> tuple[Path, Trained]:
+def default_out(ld: Trained, dtype: str, fmt: str) -> Path:
+    """Where an export goes without --out: beside the run, in its folder's export/ (a run folder is git-ignored and
+    travels whole), named by the run, the step and the dtype: runs/X/export/X-step300-fp32 (hf, a folder) or
+    runs/X/export/X-step300-q8_0.gguf. The run folder is the one holding ckpt/, else the checkpoint's own folder."""
+    run = ld.path.parent.parent if ld.path.parent.name == "ckpt" else ld.path.parent
+    name = f"{Path(os.path.abspath(run)).name}-step{ld.step}-{dtype}"
+    return run / "export" / (f"{name}.gguf" if fmt == "gguf" else name)
+
+
+def export_trained(where: str | Path, out: str | Path | None, dtype: str, fmt: str) -> tuple[Path, Trained]:
     """export(), also returning the checkpoint it read (the command's line names it)."""
-    out = Path(out)
     if fmt not in FORMATS or dtype not in FORMATS[fmt]:
         raise ExportError(f"--dtype {dtype}: --format {fmt} takes {' or '.join(FORMATS.get(fmt, ()))}")
+    ld = None
+    if out is None:  # the checkpoint first, to name the output after it
+        ld = load_trained(where)
+        out = default_out(ld, dtype, fmt)
+    out = Path(out)
     what = "folder" if fmt == "hf" else "file"
     if out.is_symlink():
         raise ExportError(f"--out {out}: is a symbolic link; give the {what} to write itself (nothing written)")
@@ -332,7 +345,7 @@ def export_trained(where: str | Path, out: str | Path, dtype: str, fmt: str) -> 
             f"--out {out}: exists{' and is not empty' if fmt == 'hf' else ''}; choose a new {what} "
             "(nothing overwritten)"
         )
-    ld = load_trained(where)
+    ld = load_trained(where) if ld is None else ld
     m = ld.exp.model
     if fmt == "gguf" and (why := export_gguf.unsupported(m)):
         raise ExportError(f"--format gguf: {ld.path} {why}; nothing written")
@@ -395,7 +408,9 @@ def parser() -> ArgParser:
     p = ArgParser(prog="microgpt export", description=what)
     p.add_argument("checkpoint", help="a step-*.bin checkpoint, or a run folder (its newest valid checkpoint)")
     p.add_argument(
-        "--out", required=True, help="hf: the folder to write (new, or empty); gguf: the file (new), say model.gguf"
+        "--out",
+        help="hf: the folder to write (new, or empty); gguf: the file (new), say model.gguf. Default: in the run's "
+        "folder, RUN/export/RUN-stepN-DTYPE (hf) or RUN/export/RUN-stepN-DTYPE.gguf",
     )
     p.add_argument(
         "--format",

@@ -1,5 +1,5 @@
-"""The README's Layout is a file tree, one line per file, that cannot go stale: every module of microgpt/ is listed,
-every file the repository tracks is listed or lies in a folder listed on one line, and nothing listed is missing."""
+"""docs/LAYOUT.md is a file tree, one line per file, that cannot go stale: every module of microgpt/ is listed, every
+file the repository tracks is listed or lies in a folder listed on one line, and nothing listed is missing."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ LINE = re.compile(r"^((?:│   |    )*)(?:├── |└── )(\S+)(?:\s+.*)?$
 
 
 def layout() -> list[str]:
-    """The README's tree as paths relative to the repository; folders end with "/"."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    block = text.split("\n## Layout\n", 1)[1].split("```\n", 2)[1]
+    """docs/LAYOUT.md's tree (its first code block) as paths relative to the repository; folders end with "/"."""
+    text = (REPO / "docs" / "LAYOUT.md").read_text(encoding="utf-8")
+    block = text.split("```\n", 2)[1]
     lines = block.splitlines()
     assert lines[0] == ".", "the tree starts at the repository's root, '.'"
     paths, stack = [], []
     for n, line in enumerate(lines[1:], 2):
         m = LINE.match(line)
-        assert m, f"README Layout, line {n} of the tree is not a tree line: {line!r}"
+        assert m, f"docs/LAYOUT.md, line {n} of the tree is not a tree line: {line!r}"
         depth = len(m.group(1)) // 4
-        assert depth <= len(stack), f"README Layout, line {n}: deeper than its folder: {line!r}"
+        assert depth <= len(stack), f"docs/LAYOUT.md, line {n}: deeper than its folder: {line!r}"
         stack = stack[:depth] + [m.group(2)]
         paths.append("".join(stack))
     return paths
@@ -44,7 +44,7 @@ def test_every_module_is_listed() -> None:
         str(p.relative_to(REPO)) for p in (REPO / "microgpt").rglob("*.py") if "__pycache__" not in p.parts
     )
     missing = [m for m in modules if m not in listed]
-    assert not missing, "README Layout lacks these modules (one line each, in their folder):\n" + "\n".join(
+    assert not missing, "docs/LAYOUT.md lacks these modules (one line each, in their folder):\n" + "\n".join(
         suggestion(m) for m in missing
     )
 
@@ -52,11 +52,11 @@ def test_every_module_is_listed() -> None:
 def test_nothing_listed_is_missing() -> None:
     for path in layout():
         p = REPO / path.rstrip("/")
-        assert p.exists() or p.is_symlink(), f"README Layout lists {path}, which does not exist"
+        assert p.exists() or p.is_symlink(), f"docs/LAYOUT.md lists {path}, which does not exist"
         if path.endswith("/"):
-            assert p.is_dir(), f"README Layout lists {path} as a folder; it is a file"
+            assert p.is_dir(), f"docs/LAYOUT.md lists {path} as a folder; it is a file"
         else:
-            assert p.is_symlink() or not p.is_dir(), f"README Layout lists {path} as a file; it is a folder (add '/')"
+            assert p.is_symlink() or not p.is_dir(), f"docs/LAYOUT.md lists {path} as a file; it is a folder (add '/')"
 
 
 def test_every_tracked_file_is_listed_or_in_a_folder_of_one_line() -> None:
@@ -68,7 +68,7 @@ def test_every_tracked_file_is_listed_or_in_a_folder_of_one_line() -> None:
     folded = [p for p in paths if p.endswith("/") and not any(q != p and q.startswith(p) for q in paths)]
     files = set(paths)
     left = [f for f in tracked.splitlines() if f not in files and not any(f.startswith(d) for d in folded)]
-    assert not left, "README Layout covers neither these files nor a folder of them:\n" + "\n".join(left)
+    assert not left, "docs/LAYOUT.md covers neither these files nor a folder of them:\n" + "\n".join(left)
 
 
 def test_the_tree_parses_nested_folders() -> None:
