@@ -32,6 +32,18 @@ gguf = pytest.importorskip("gguf")
 MODERN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
           "train": {"optimizer": "muon", "lr": 0.05, "head_lr": 0.01, "muon_lr": 0.02, "weight_decay": 0.0,
                     "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
+# the tokenizer's keys, the same in both blocks' files (the built-in BPE's ids)
+TOKENIZER_KEYS = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "gpt-2",
+    "tokenizer.ggml.bos_token_id": 0,
+    "tokenizer.ggml.eos_token_id": 0,
+    "tokenizer.ggml.eot_token_id": 2,
+    "tokenizer.ggml.padding_token_id": 3,
+    "tokenizer.ggml.add_bos_token": False,
+    "tokenizer.ggml.add_eos_token": False,
+    "tokenizer.chat_template": CHAT_TEMPLATE,
+}
 PROMPTS = ["def add(a, b):\n    return", "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"]
 
 
@@ -160,15 +172,7 @@ def test_every_key_and_tensor_reads_back(run: Path, tmp_path: Path, dtype: str) 
         "gpt2.block_count": 2,
         "gpt2.attention.head_count": 4,
         "gpt2.attention.layer_norm_epsilon": pytest.approx(1e-5, rel=1e-6),
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.eos_token_id": 0,
-        "tokenizer.ggml.eot_token_id": 2,
-        "tokenizer.ggml.padding_token_id": 3,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.ggml.add_eos_token": False,
-        "tokenizer.chat_template": CHAT_TEMPLATE,
+        **TOKENIZER_KEYS,
     }
     want |= {"general.quantization_version": 2} if dtype == "q8_0" else {}
     assert got == want
@@ -322,15 +326,7 @@ def test_modern_block_writes_apertus_keys_and_tensors(modern_run: Path, tmp_path
         "apertus.attention.layer_norm_rms_epsilon": pytest.approx(1e-6, rel=1e-6),
         "apertus.rope.dimension_count": 32,
         "apertus.rope.freq_base": 10000.0,
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.eos_token_id": 0,
-        "tokenizer.ggml.eot_token_id": 2,
-        "tokenizer.ggml.padding_token_id": 3,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.ggml.add_eos_token": False,
-        "tokenizer.chat_template": CHAT_TEMPLATE,
+        **TOKENIZER_KEYS,
     }
     want |= {"general.quantization_version": 2} if dtype == "q8_0" else {}
     assert got == want

@@ -29,28 +29,22 @@ SCRIPT = textwrap.dedent(
     from microgpt.kernels.check.hazards import hazards
 
     @triton.jit
-    def k_racy(x_ptr, g_ptr, cols, TR: tl.constexpr, TC: tl.constexpr):
+    def k_tile(x_ptr, g_ptr, cols, ZERO: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr):
+        # x = 2 g over a tile, then g overwritten: by zeros (ZERO, the racy pattern) or by g / 2 (from the load)
         r = tl.program_id(0) * TR + tl.arange(0, TR)
         c = tl.arange(0, TC)
         mask = (r[:, None] < cols) & (c[None, :] < cols)
         ptr = r[:, None].to(tl.int64) * cols + c[None, :]
         g = tl.load(g_ptr + ptr, mask=mask, other=0.0)
         tl.store(x_ptr + ptr, (g * 2.0).to(x_ptr.dtype.element_ty), mask=mask)
-        tl.store(g_ptr + ptr, tl.zeros((TR, TC), dtype=g_ptr.dtype.element_ty), mask=mask)
+        if ZERO:
+            tl.store(g_ptr + ptr, tl.zeros((TR, TC), dtype=g_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(g_ptr + ptr, g * 0.5, mask=mask)
 
-    @triton.jit
-    def k_in_place(x_ptr, g_ptr, cols, TR: tl.constexpr, TC: tl.constexpr):
-        r = tl.program_id(0) * TR + tl.arange(0, TR)
-        c = tl.arange(0, TC)
-        mask = (r[:, None] < cols) & (c[None, :] < cols)
-        ptr = r[:, None].to(tl.int64) * cols + c[None, :]
-        g = tl.load(g_ptr + ptr, mask=mask, other=0.0)
-        tl.store(x_ptr + ptr, (g * 2.0).to(x_ptr.dtype.element_ty), mask=mask)
-        tl.store(g_ptr + ptr, g * 0.5, mask=mask)
-
-    def ttgir(kernel):
+    def ttgir(kernel, zero):
         backend = make_backend(GPUTarget("cuda", 90, 32))
-        kw = {"TR": 64, "TC": 64, "debug": False, "instrumentation_mode": ""}
+        kw = {"ZERO": zero, "TR": 64, "TC": 64, "debug": False, "instrumentation_mode": ""}
         args = (torch.empty(4, dtype=torch.bfloat16), torch.empty(4), 768)
         bind = create_function_from_signature(kernel.signature, kernel.params, backend)
         bound, spec, opts = bind(*args, **kw)
@@ -58,7 +52,7 @@ SCRIPT = textwrap.dedent(
         src = ASTSource(kernel, sig, consts, attrs)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts.__dict__).asm["ttgir"]
 
-    print(json.dumps({k.fn.__name__: hazards(ttgir(k)) for k in (k_racy, k_in_place)}))
+    print(json.dumps({"k_racy": hazards(ttgir(k_tile, True)), "k_in_place": hazards(ttgir(k_tile, False))}))
     """
 )
 
