@@ -1,8 +1,8 @@
 """check/hazards.py finds a write-after-read race in a real compiled kernel, and not in its fixed twin.
 
-The racy kernel is kernels/muon.py's normalise pass as it was when the Muon step did not repeat on the GPU: it loads a
-tile of g, and stores zeros over the same tile, and Triton lays the two out over different threads. Both kernels are
-compiled for sm_90 on the CPU (as check/targets.py compiles every kernel), in a process of their own: this folder's
+The racy kernel (k_tile with ZERO) has the pattern of kernels/muon.py's normalise pass as it was when the Muon step did
+not repeat on the GPU: it loads a tile of g and stores zeros over the same tile, and Triton lays the two out over
+different threads; its twin stores a value computed from the load. Both are compiled for sm_90 on the CPU (as check/targets.py compiles every kernel), in a process of their own: this folder's
 conftest sets TRITON_INTERPRET, under which nothing compiles. tests/kernels/test_targets.py runs the same scan over
 every kernel binary CI compiles.
 """
