@@ -11,8 +11,9 @@
 #   profile-modern: dev/profile_step.py --graph at PROFILE_MB (32) for GPT-2's step and the modern one in PRECISIONS
 #           (bf16): their kernels by part, a column each ($OUT/profile-parts.md)
 #   muon-repeat: dev/muon_repeat.py: which part of the GPU Muon step differs between identical runs ($OUT/muon_repeat.jsonl)
-#   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz (kept under 16 MB), and back from
-#           a carried .gpu-cache/caches.tgz, so that the next call on a fresh machine starts warm
+#   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz.00, .01, ... (15 MB parts, each
+#           under the 16 MB a returned file may have; kept under 48 MB in all), and back from the parts copied into a
+#           carried .gpu-cache/, so that the next call on a fresh machine starts warm
 #   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
 #           prefill and graph-replayed decode against transformers, eager and compiled); rows in $OUT/decode.jsonl
 #   serve:  bench/serve.py (ANDREA-120M random weights, bf16: 1, 8, 64 and 256 streams of short and 512-token prompts
@@ -109,9 +110,9 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
     print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve.err" | cut -c1-400 ;;
     muon-repeat) timeout 240 python3 dev/muon_repeat.py 2>&1 | tee "$OUT/muon_repeat.jsonl" | cut -c1-600 ;;
-    cache-load) [ -f .gpu-cache/caches.tgz ] && tar -xzf .gpu-cache/caches.tgz && du -sh .cache ;;
-    cache-save) tar -czf "$OUT/caches.tgz" .cache && ls -l "$OUT/caches.tgz" \
-                  && [ "$(stat -c %s "$OUT/caches.tgz")" -lt 16000000 ] || { echo "caches over 16 MB: not kept"; rm -f "$OUT/caches.tgz"; } ;;
+    cache-load) ls .gpu-cache/caches.tgz.* >/dev/null 2>&1 && cat .gpu-cache/caches.tgz.* | tar -xzf - && du -sh .cache ;;
+    cache-save) tar -czf - .cache | split -b 15M -d - "$OUT/caches.tgz." && ls -l "$OUT"/caches.tgz.* \
+                  && [ "$(cat "$OUT"/caches.tgz.* | wc -c)" -lt 48000000 ] || { echo "caches over 48 MB: not kept"; rm -f "$OUT"/caches.tgz.*; } ;;
     train) timeout 240 python3 dev/train_check.py ${TRAIN_EXP:-experiments/ANDREA-12M-TRAIN.json} /tmp/tc12 \
              --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
