@@ -75,3 +75,30 @@ def test_the_tree_parses_nested_folders() -> None:
     """The parser reads depth from the tree's prefixes: a file two folders down keeps both folders in its path."""
     assert "microgpt/kernels/check/targets.py" in layout() and "microgpt/proxy/vendor/" in layout()
     assert Path(REPO / "microgpt" / "kernels" / "check" / "targets.py").is_file()
+
+
+def readme_modules() -> dict[str, set[str]]:
+    """README's "Files" block: folder -> the module file names its lines give (a line without a folder continues the
+    one above)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Files\n", 1)[1].split("```\n", 2)[1]
+    found: dict[str, set[str]] = {}
+    folder = None
+    for line in block.splitlines():
+        words = line.split()
+        if not line.startswith(" "):
+            folder, words = words[0], words[1:]
+        assert folder is not None, f"README's Files block starts without a folder: {line!r}"
+        found.setdefault(folder, set()).update(words)
+    return found
+
+
+def test_the_readme_names_every_module_in_its_folder() -> None:
+    """README.md's Files block names each module of microgpt/ (bar __init__, __main__ and the vendored page files) in
+    its own folder's lines, and nothing that does not exist."""
+    want: dict[str, set[str]] = {}
+    for f in sorted((REPO / "microgpt").rglob("*.py")):
+        if "vendor" in f.parts or f.name in ("__init__.py", "__main__.py"):
+            continue
+        want.setdefault(f.parent.relative_to(REPO).as_posix() + "/", set()).add(f.name)
+    assert readme_modules() == want
