@@ -69,13 +69,14 @@ class Matmul:
         """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; act_out: a = act(y) too. act_of: x holds it."""
         C, OC = w.shape[-2:]
         x2 = x.view(-1, C)
-        if act_out is not None and act == "gelu":
+        if act_out is not None and act == "gelu":  # the GEMM and GELU, or one GEMM with GELU in its epilogue
             self.gemm.mm_gelu(act_out.view(-1, OC), y.view(-1, OC), x2, w)
-        elif w.dim() == 2:
+            return
+        if w.dim() == 2:
             self.gemm.mm(y.view(-1, OC), x2, w)
         else:
             self.gemm.bmm(y.view(w.shape[0], -1, OC), x2.expand(w.shape[0], *x2.shape), w)
-        if act_out is not None and act != "gelu":
+        if act_out is not None:
             ACTIVATIONS[act][0](act_out, y)
 
     def backward(

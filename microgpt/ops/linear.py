@@ -30,17 +30,8 @@ from microgpt.ops.rows import SERIAL, Rows
 ChunkLogits = Callable[[NDArray, int, int], None]  # logits(z, i, j): z = the logits of rows i .. j
 Act = Callable[[NDArray, NDArray, Rows], None]
 
-
-def _relu2(out: NDArray, h: NDArray, rows: Rows) -> None:
-    relu2_forward(out, h, rows=rows)
-
-
-def _relu2_backward(dh: NDArray, h: NDArray, rows: Rows) -> None:
-    relu2_backward(dh, h, rows=rows)
-
-
-# the MLP's activation by name (model.mlp_act): out = act(h), and dh *= act'(h) in place
-ACTIVATIONS: dict[str, tuple[Act, Act]] = {"gelu": (gelu, gelu_backward), "relu2": (_relu2, _relu2_backward)}
+# the MLP's activation by name (the block family's: engine/model.py): out = act(h, rows), and dh *= act'(h) in place
+ACTIVATIONS: dict[str, tuple[Act, Act]] = {"gelu": (gelu, gelu_backward), "relu2": (relu2_forward, relu2_backward)}
 
 
 class Matmul:

@@ -17,12 +17,12 @@ from numpy.typing import NDArray
 from microgpt.ops.rows import SERIAL, Rows
 
 
-def relu2_forward(a: NDArray, h: NDArray, *, rows: Rows = SERIAL) -> None:
+def relu2_forward(a: NDArray, h: NDArray, rows: Rows = SERIAL) -> None:
     """a = max(h, 0)^2."""
     rows.map(_forward, a, h)
 
 
-def relu2_backward(dh: NDArray, h: NDArray, *, rows: Rows = SERIAL) -> None:
+def relu2_backward(dh: NDArray, h: NDArray, rows: Rows = SERIAL) -> None:
     """dh *= 2 max(h, 0) in place (dh holds the gradient reaching relu2(h))."""
     rows.map(_backward, dh, h)
 
