@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from microgpt.errors import InputError, brief
-from microgpt.fileio import atomic_write_bytes, atomic_write_json, input_kind, open_input, read_json
+from microgpt.fileio import Anchor, atomic_write_bytes, atomic_write_json, input_kind, open_input, read_json, remove
 
 HEADER = struct.Struct("<ii")
 CKPT_RE = re.compile(r"^step-(\d{8})\.bin$")
@@ -63,9 +63,16 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def write_checkpoint(
-    path: str | Path, step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarray, meta: dict[str, Any] | None = None
+    path: str | Path,
+    step: int,
+    weights: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    meta: dict[str, Any] | None = None,
+    anchor: Anchor | None = None,
 ) -> Path:
-    """Write the seed-format file and its sidecar (the sidecar last: it names the .bin's sha256)."""
+    """Write the seed-format file and its sidecar (the sidecar last: it names the .bin's sha256); with anchor (the
+    run folder's lock), both relative to the locked folder's descriptor (fileio.Anchor)."""
     path = Path(path)
     n = weights.size
     arrays = [np.ascontiguousarray(a, dtype="<f4").reshape(-1) for a in (weights, m, v)]
@@ -76,14 +83,14 @@ def write_checkpoint(
     for a in arrays:
         digest.update(memoryview(a).cast("B"))
     existed = path.exists()
-    atomic_write_bytes(path, [header, *(memoryview(a).cast("B") for a in arrays)])
+    atomic_write_bytes(path, [header, *(memoryview(a).cast("B") for a in arrays)], anchor=anchor)
     side = {"format": "microgpt-ckpt-1", "step": step, "n_params": n, "bin": path.name, "sha256": digest.hexdigest()}
     side.update(meta or {})
     try:
-        atomic_write_json(sidecar_path(path), side)
+        atomic_write_json(sidecar_path(path), side, anchor=anchor)
     except BaseException:
         if not existed:  # a new .bin without its sidecar would pass for a checkpoint with no metadata
-            path.unlink(missing_ok=True)
+            remove(path, anchor)
         raise
     return path
 

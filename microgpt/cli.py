@@ -163,8 +163,7 @@ def train_in(
             dp.rank0_first(lambda: data.ensure_builtin(exp, data.shard_dir(exp)))  # built once, not N times at once
         rank0 = job.rank() == 0
         trackers = tracking.make(args.track, out, exp.name, exp.to_dict()) if rank0 else []
-        guard = lock.check if lock is not None else None  # every write: the folder is still the one locked
-        log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers, guard=guard)
+        log = RunLog(out / LOG_NAME if rank0 else None, json_stdout=args.json, trackers=trackers, lock=lock)
         tr = trainer.Trainer(exp, out, dp=dp, log=log)
         if args.resume:
             tr.load(args.resume)

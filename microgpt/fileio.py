@@ -3,7 +3,8 @@
 Every file the project writes that someone else reads (checkpoints and sidecars, shards, tokenizers, the proxy's
 run files, pulled data sets) goes through `atomic_write_bytes`: a temp file beside the target, fsync, rename,
 and fsync of the folder so the rename itself survives a power cut. A write that fails (a full disk) removes its
-temp file and leaves the old file as it was.
+temp file and leaves the old file as it was. A writer holding a run folder's lock passes its Anchor: the write
+then goes to the folder it locked, wherever that folder's path leads now.
 
 Every JSON file the project reads (experiments, checkpoint sidecars, run files, manifests) goes through
 `read_json`: UTF-8, valid JSON, no key twice in one object (json.loads would silently keep the last), nesting at
@@ -26,9 +27,10 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from microgpt.errors import InputError
 
@@ -124,38 +126,84 @@ def read_input_text(
     return decode_utf8(read_input(path, what, error, limit), str(path), what, error)
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+class Anchor(NamedTuple):
+    """A folder held open by a descriptor (the run folder's lock: runlock.RunLock.anchor). A write to a path below
+    `folder` is made relative to `fd`, so it lands in the folder that was locked even where that folder was moved
+    aside between the writer's check and its write (and another made in its place): never in the one made again."""
+
+    fd: int
+    folder: Path
+
+
+@contextmanager
+def _parent_fd(path: Path, anchor: Anchor | None, make_folder: bool) -> Iterator[int]:
+    """A descriptor of path's folder: opened by its path, or (anchor) walked down from anchor.fd one name at a
+    time, never through a symbolic link; folders are made where missing when make_folder."""
+    if anchor is None:
+        if make_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        fd = os.dup(anchor.fd)
+        try:
+            for name in path.parent.relative_to(anchor.folder).parts:  # ValueError: path is not below the anchor
+                if make_folder:
+                    with suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
     try:
-        os.fsync(fd)
+        yield fd
     finally:
         os.close(fd)
 
 
 def atomic_write_bytes(
-    path: Path, chunks: Iterable[bytes | memoryview], sync_dir: bool = True, make_folder: bool = True
+    path: Path,
+    chunks: Iterable[bytes | memoryview],
+    sync_dir: bool = True,
+    make_folder: bool = True,
+    anchor: Anchor | None = None,
 ) -> None:
     """Write chunks to path atomically: temp file beside it, fsync, rename, fsync the folder (made first unless
     make_folder is False: a run file's folder must be the run folder itself, never one made again after a move).
+    The temp file, the rename and the folder's fsync all go through one descriptor of the folder, so they act on
+    one folder even where its path is moved meanwhile; with anchor, that folder is found from the anchor's.
 
     sync_dir=False skips the folder's fsync (the rename is then durable only once the folder is synced) for
     files rewritten often whose loss in a power cut costs nothing a rerun does not restore (the proxy's files).
     """
-    if make_folder:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    path = Path(path)
+    tmp = f".{path.name}.tmp{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with _parent_fd(path, anchor, make_folder) as folder:
+        try:
+            fd = os.open(tmp, flags, 0o666, dir_fd=folder)
+            with open(fd, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+        if sync_dir:
+            os.fsync(folder)
+
+
+def remove(path: Path, anchor: Anchor | None = None) -> None:
+    """Remove the file at path if it is there (with anchor: in the anchored folder, as atomic_write_bytes writes)."""
     try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
+        with _parent_fd(Path(path), anchor, make_folder=False) as folder:
+            os.unlink(Path(path).name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
 
 
 def check_parents(path: Path, flag: str, error: type[InputError] = InputError) -> None:
@@ -176,7 +224,12 @@ def folder_problem(path: Path) -> str | None:
 
 
 def atomic_write_json(
-    path: Path, obj: Any, compact: bool = False, sync_dir: bool = True, make_folder: bool = True
+    path: Path,
+    obj: Any,
+    compact: bool = False,
+    sync_dir: bool = True,
+    make_folder: bool = True,
+    anchor: Anchor | None = None,
 ) -> None:
     """obj as JSON (indented and key-sorted for people, or compact for files rewritten every second); NaN and
     infinities are refused (ValueError) rather than written as invalid JSON."""
@@ -184,7 +237,7 @@ def atomic_write_json(
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     else:
         text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
-    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir, make_folder=make_folder)
+    atomic_write_bytes(path, [(text + "\n").encode()], sync_dir=sync_dir, make_folder=make_folder, anchor=anchor)
 
 
 class _Duplicate(Exception):

@@ -16,7 +16,10 @@ open for writing), the lock falls back to `<out>/.lock`, opened without followin
 The lock guards the folder the path named when it was taken; a writer checks before each write that the path still
 names it (RunLock.check: the descriptor's device and inode against the path's). A live run folder moved aside and
 made again (where a second writer may now hold a lock of its own) stops the first writer with one LockError line:
-what it would have written (a record, a SIGTERM checkpoint, the report card) is written nowhere.
+what it would have written (a record, a SIGTERM checkpoint, the report card) is written nowhere. A check and the
+write after it are two steps; a move between them must not send the write into the folder made again, so writes
+go through the lock's anchor (RunLock.anchor, fileio.Anchor): relative to a descriptor of the locked folder, they
+land where that folder went.
 
 Children that write the same folder hold the same lock: `microgpt run` starts `microgpt train` on its folder, and
 `train --procs N` starts N ranks. The parent passes its lock's descriptor to the child (pass_fds) and names it in
@@ -36,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from microgpt.errors import InputError
+from microgpt.fileio import Anchor
 
 NAME = ".lock"
 ENV = "MICROGPT_RUN_LOCK"  # the inherited descriptor of the parent's lock on this folder
@@ -51,6 +55,12 @@ class RunLock:
 
     def __init__(self, fd: int, path: Path, folder: Path):
         self.fd, self.path, self.folder = fd, path, folder  # path: the folder, or its .lock file (the fallback)
+        self.folder_fd = fd if path == folder else _folder_holding(fd, folder)
+
+    @property
+    def anchor(self) -> Anchor:
+        """Where this process's writes into the folder go (fileio.Anchor): the folder it locked, by descriptor."""
+        return Anchor(self.folder_fd, self.folder)
 
     def check(self) -> None:
         """Before each write into the run folder: its path still names what this process locked (compared by
@@ -71,9 +81,11 @@ class RunLock:
         return {ENV: str(self.fd)}
 
     def close(self) -> None:
+        if self.folder_fd not in (-1, self.fd):
+            os.close(self.folder_fd)
         if self.fd >= 0:
             os.close(self.fd)
-            self.fd = -1
+        self.fd = self.folder_fd = -1
 
     def __enter__(self) -> RunLock:
         return self
@@ -114,6 +126,24 @@ def pid_alive(pid: object) -> bool:
 def _same(fd: int, st: os.stat_result) -> bool:
     mine = os.fstat(fd)
     return (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _folder_holding(lock_fd: int, folder: Path) -> int:
+    """The fallback's folder descriptor: `folder` opened, and checked to hold the .lock file that lock_fd locks."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        os.close(lock_fd)
+        raise LockError(f"{folder}: cannot open the run folder ({e.strerror or e})") from None
+    try:
+        held = _same(lock_fd, os.stat(NAME, dir_fd=fd, follow_symlinks=False))
+    except OSError:
+        held = False
+    if not held:
+        os.close(fd)
+        os.close(lock_fd)
+        raise LockError(f"{folder}: the run folder was replaced while it was being locked; try again")
+    return fd
 
 
 def _inherited(folder: Path) -> RunLock | None:

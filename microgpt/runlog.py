@@ -24,8 +24,9 @@ and counted, and the reader says so once (Log.note). The writer keeps it readabl
 number that is not finite, an fp16 step's overflowed grad_norm, is written as null), the log must be a regular
 file of the run folder (not a named pipe, a folder or a symbolic link), and a log whose last line was cut short
 (a kill or a full disk mid-write) gets its line ended before the next record, so no record is glued onto it.
-With `guard` (the run folder's lock: runlock.RunLock.check), every record is written only while the run folder
-is still the one this process locked.
+With `lock` (the run folder's lock, runlock.RunLock), every record is written only while the run folder is still
+the one this process locked (RunLock.check), and the other writes of the run (checkpoints, the report card) go
+through its anchor (RunLog.anchor).
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from microgpt import events
 from microgpt.errors import InputError, WriteError
-from microgpt.fileio import dumps_strict, file_kind, parse_json, read_input
+from microgpt.fileio import Anchor, dumps_strict, file_kind, parse_json, read_input
+from microgpt.runlock import RunLock
 
 LOG_NAME = "train.jsonl"
 STDERR_FD = 2
@@ -127,9 +129,9 @@ class RunLog:
         path: Path | None = None,
         json_stdout: bool = False,
         trackers: Sequence[Tracker] = (),
-        guard: Callable[[], None] | None = None,
+        lock: RunLock | None = None,
     ):
-        self.path, self.json_stdout, self.trackers, self.guard = path, json_stdout, list(trackers), guard
+        self.path, self.json_stdout, self.trackers, self.lock = path, json_stdout, list(trackers), lock
         self.fd: int | None = None
         self.queue: deque[dict[str, Any]] = deque()  # records the trackers have not seen yet
 
@@ -179,10 +181,16 @@ class RunLog:
 
     def check_folder(self) -> None:
         """Before any write into the run folder (a record, a checkpoint, the report card): it is still the folder
-        this process locked (guard; a LockError when it was moved aside or replaced: nothing is written, wherever
-        it went). Without a guard (a test, a script, a rank that writes nothing), nothing to check."""
-        if self.guard is not None:
-            self.guard()
+        this process locked (RunLock.check; a LockError when it was moved aside or replaced: nothing is written,
+        wherever it went). Without a lock (a test, a script, a rank that writes nothing), nothing to check."""
+        if self.lock is not None:
+            self.lock.check()
+
+    @property
+    def anchor(self) -> Anchor | None:
+        """Where a write into the run folder goes (fileio.Anchor): the locked folder by descriptor, so a move
+        between check_folder and the write cannot send it into a folder made again; None without a lock."""
+        return self.lock.anchor if self.lock is not None else None
 
     @staticmethod
     def say(text: str) -> None:

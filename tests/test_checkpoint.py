@@ -44,7 +44,7 @@ def test_overwrite_is_all_or_nothing(tmp_path, monkeypatch) -> None:
     path = checkpoint.write_checkpoint(tmp_path / "step-00000001.bin", 1, *arrays(10))
     before = path.read_bytes()
 
-    def no_rename(src, dst):
+    def no_rename(src, dst, **_):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fileio.os, "replace", no_rename)

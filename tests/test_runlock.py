@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from microgpt import checkpoint, runlock
+from microgpt.fileio import atomic_write_json, remove
+from microgpt.proxy.runfiles import write_run_file
 from microgpt.runlog import read_log
 from tests.conftest import REPO, cli, json_lines, one_error, write_experiment
 from tests.proxy._helpers import ENV, ProxyRun, write_exp
@@ -223,3 +226,30 @@ def test_the_lock_knows_its_folder_by_identity(tmp_path: Path) -> None:
         out.mkdir()
         with pytest.raises(runlock.LockError):
             lock.check()
+
+
+@pytest.mark.parametrize("kind", ["folder", "lock file"])
+def test_a_write_after_the_check_lands_in_the_folder_that_was_locked(tmp_path: Path, kind: str) -> None:
+    """A check and its write are two steps (the CI failure of the twenty-first session: the proxy's state file
+    appeared in the folder made again). The folder moved aside and made again between them, every anchored write
+    (a run file, a checkpoint and its sidecar, a removal) goes where the locked folder went, never into the new one;
+    the same with the lock file of a filesystem that cannot lock a folder."""
+    out, moved = tmp_path / "run", tmp_path / "moved"
+    out.mkdir()
+    lock = runlock.acquire(out) if kind == "folder" else runlock._lock_file(out, "--out")
+    with lock:
+        lock.check()
+        out.rename(moved)
+        out.mkdir()
+        write_run_file(out / "r.state.json", {"status": "running"}, None)  # unguarded: the path decides
+        atomic_write_json(out / "r.loss.json", {"train": []}, anchor=lock.anchor)
+        n = 4
+        path = checkpoint.write_checkpoint(
+            out / "ckpt" / checkpoint.ckpt_name(7), 7, *(np.ones(n, np.float32),) * 3, anchor=lock.anchor
+        )
+        remove(out / "r.loss.json", lock.anchor)
+        remove(out / "ckpt" / "absent.bin", lock.anchor)  # nothing there: nothing to do
+    assert sorted(p.name for p in out.iterdir()) == ["r.state.json"]
+    assert not (moved / "r.loss.json").exists()
+    assert sorted(p.name for p in (moved / "ckpt").iterdir()) == [path.name, checkpoint.sidecar_path(path).name]
+    assert checkpoint.read_step(moved / "ckpt" / path.name) == 7 and checkpoint.verify_sha(moved / "ckpt" / path.name)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from microgpt import runlock
 from microgpt.errors import InputError
 from microgpt.proxy.runfiles import ROW_FIELDS
 from microgpt.runlog import RECORD_FIELDS, RunLog, load_log, parse_log, read_log
@@ -125,21 +126,18 @@ def test_the_reader_refuses_a_named_pipe_at_once(tmp_path: Path) -> None:
     assert load_log(tmp_path / "missing.jsonl").records == []
 
 
-def test_a_guard_that_fails_stops_the_record_before_it_is_written(tmp_path: Path) -> None:
-    """RunLog's guard (the run folder's lock check) runs before every record: a record it refuses is written
-    nowhere."""
-    path = tmp_path / "train.jsonl"
-    calls = []
-
-    def guard() -> None:
-        calls.append(1)
-        if len(calls) > 1:
-            raise InputError("moved")
-
-    log = RunLog(path, guard=guard)
-    log.open()
-    log.emit({"event": "start", "run": "r", "step": 0})
-    with pytest.raises(InputError, match="moved"):
-        log.emit(STEP)
-    log.close()
-    assert [r["event"] for r in read_log(path)] == ["start"]
+def test_a_record_after_the_folder_moved_is_written_nowhere(tmp_path: Path) -> None:
+    """RunLog with the run folder's lock checks it before every record: the folder moved aside and made again, the
+    next record is a LockError, written neither into the moved log nor into the folder made again."""
+    out = tmp_path / "run"
+    with runlock.acquire(out) as lock:
+        log = RunLog(out / "train.jsonl", lock=lock)
+        log.open()
+        log.emit({"event": "start", "run": "r", "step": 0})
+        out.rename(tmp_path / "moved")
+        out.mkdir()
+        with pytest.raises(runlock.LockError, match="moved or replaced"):
+            log.emit(STEP)
+        log.close()
+    assert [r["event"] for r in read_log(tmp_path / "moved" / "train.jsonl")] == ["start"]
+    assert list(out.iterdir()) == []

@@ -24,6 +24,7 @@ from microgpt.config import ModelConfig, TrainConfig
 from microgpt.engine import memory, optim, params
 from microgpt.engine.backend import Backend
 from microgpt.engine.precision import LossScaler, PrecisionState, check_sidecar
+from microgpt.fileio import Anchor
 from microgpt.ops.qkrope import rope_tables
 
 
@@ -82,8 +83,9 @@ class TrainState:
             self.K.copy_in(self.p_compute, weights)
         self.prec.cast_weights()
 
-    def save_checkpoint(self, path: Path, meta: dict[str, Any]) -> Path:
-        """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar."""
+    def save_checkpoint(self, path: Path, meta: dict[str, Any], anchor: Anchor | None = None) -> Path:
+        """The seed-format file of the last completed step, with meta and the loss scaler in its sidecar (written
+        through anchor, the run folder's lock, where one is held: fileio.Anchor)."""
         self.K.synchronize()
         host = [self.K.to_numpy(a) for a in (self.p, self.adam_m, self.adam_v)]
         meta = {
@@ -93,7 +95,7 @@ class TrainState:
             "params": [[n, list(s)] for n, s in params.param_shapes(self.m)],
             **self.prec.sidecar(),
         }
-        return checkpoint.write_checkpoint(path, self.step, *host, meta)
+        return checkpoint.write_checkpoint(path, self.step, *host, meta, anchor)
 
 
 def training_plan(m: ModelConfig, t: TrainConfig, K: Backend) -> list[memory.Buf]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from microgpt.config import INT_MAX
 from microgpt.errors import InputError, WriteError, brief
 from microgpt.fileio import atomic_write_bytes, atomic_write_json, finite
 from microgpt.fileio import read_json as read_json_file
-from microgpt.runlock import PID_MAX
+from microgpt.runlock import PID_MAX, RunLock
 from microgpt.runlog import LOG_NAME, Log, load_log
 
 LOSS_FORMAT = "microgpt-loss-1"
@@ -160,7 +159,7 @@ class LossHistory:
     def __init__(self, path: Path | None, run: str):
         """The history in `path`, or a new one (path None: in memory only, see replay_engine_log)."""
         self.path, self.dirty = path, False
-        self.guard: Guard | None = None  # the run folder's lock check, before each write (write_run_file)
+        self.lock: RunLock | None = None  # the run folder's lock: checked before each write, written through
         fresh = {"format": LOSS_FORMAT, "run": run, "meta": {}, "train": [], "val": [], "marks": []}
         self.data = {**fresh, **((read_json(path, LOSS_FORMAT) if path is not None else None) or {})}
 
@@ -203,26 +202,25 @@ class LossHistory:
 
     def flush(self) -> None:
         if self.dirty:
-            write_run_file(self.path, self.data, self.guard)
+            write_run_file(self.path, self.data, self.lock)
             self.dirty = False
 
 
-Guard = Callable[[], None]
-
-
-def write_run_file(path: Path | None, data: dict[str, Any], guard: Guard | None = None) -> None:
+def write_run_file(path: Path | None, data: dict[str, Any], lock: RunLock | None = None) -> None:
     """One run file rewritten whole (atomically: the previous version stays until the new one is complete). A write
     the disk refuses (full, read-only) is a WriteError naming the file: no restart of the engine fixes it. With
-    guard (runlock.RunLock.check), written only while the run folder is the one the proxy locked (LockError)."""
+    lock (the run folder's, runlock.RunLock), written only while the run folder is the one the proxy locked
+    (LockError), and into that folder by its descriptor (RunLock.anchor) wherever its path leads meanwhile."""
     if path is None:
         return
-    if guard is not None:
-        guard()
+    if lock is not None:
+        lock.check()
     try:
-        atomic_write_json(path, data, compact=True, sync_dir=False, make_folder=guard is None)
+        anchor = lock.anchor if lock is not None else None
+        atomic_write_json(path, data, compact=True, sync_dir=False, make_folder=lock is None, anchor=anchor)
     except OSError as e:
-        if guard is not None:
-            guard()  # the folder moved away during the write: that, not the OS's word for it, is what happened
+        if lock is not None:
+            lock.check()  # the folder moved away during the write: that, not the OS's word for it, is what happened
         raise WriteError(
             f"{path}: cannot write the run file ({e.strerror or e}); its previous version is intact, "
             "the engine was stopped"
@@ -264,7 +262,7 @@ class JsonDoc:
 
     def __init__(self, path: Path, fmt: str, fresh: dict[str, Any]):
         self.path, self.fmt = path, fmt
-        self.guard: Guard | None = None  # as LossHistory.guard
+        self.lock: RunLock | None = None  # as LossHistory.lock
         self.data = {"format": fmt, **fresh, **(read_json(path, fmt) or {})}  # fields a file lacks: fresh ones
 
     def update(self, **fields: Any) -> None:
@@ -272,7 +270,7 @@ class JsonDoc:
 
     def flush(self) -> None:
         self.data["updated"] = utc_now()
-        write_run_file(self.path, self.data, self.guard)
+        write_run_file(self.path, self.data, self.lock)
 
 
 def archive(paths: list[Path], phase: str) -> list[str]:

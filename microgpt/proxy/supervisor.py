@@ -112,7 +112,7 @@ class Supervisor:
         self.lock = threading.Lock()
         self.engine_said_error = False  # the last engine's `error:` line went out (a fatal one is the run's)
         for doc in (self.loss, self.state, self.samples):
-            doc.guard = lock.check if lock is not None else None  # each write: the folder is still the locked one
+            doc.lock = lock  # each write: the folder is still the locked one, and is written by its descriptor
         self.stops = 0  # SIGTERM/SIGINT received
         self.usr1 = False
         self.failures = 0  # consecutive failures without a new checkpoint

@@ -89,7 +89,7 @@ def save(tr: Any, reason: str) -> Path | None:
     target = tr.out / "ckpt" / checkpoint.ckpt_name(tr.step)
     tr.log.check_folder()  # the folder moved aside (another writer may hold its new one): written nowhere
     try:
-        path = S.save_checkpoint(target, meta)
+        path = S.save_checkpoint(target, meta, tr.log.anchor)  # into the folder checked, wherever it is
     except OSError as e:  # a full disk, a read-only folder: fileio removed its temp file, older ones are intact
         tr.log.check_folder()  # or the folder moved away during the write: that is then what happened
         raise WriteError(

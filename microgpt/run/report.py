@@ -246,9 +246,9 @@ def write(tr: Any, final: Path | None) -> Path:
     path = tr.out / JSON_NAME
     tr.log.check_folder()  # the run folder moved aside: the card is written nowhere
     try:
-        atomic_write_json(path, c)
+        atomic_write_json(path, c, anchor=tr.log.anchor)
         path = tr.out / MD_NAME
-        atomic_write_bytes(path, [markdown(c).encode()])
+        atomic_write_bytes(path, [markdown(c).encode()], anchor=tr.log.anchor)
     except OSError as e:
         tr.log.check_folder()  # the folder moved away during the write: that is then what happened
         raise output_error(e, f"{path}: cannot write the report card") from None

@@ -2,9 +2,10 @@
 
 The racy kernel (k_tile with ZERO) has the pattern of kernels/muon.py's normalise pass as it was when the Muon step did
 not repeat on the GPU: it loads a tile of g and stores zeros over the same tile, and Triton lays the two out over
-different threads; its twin stores a value computed from the load. Both are compiled for sm_90 on the CPU (as check/targets.py compiles every kernel), in a process of their own: this folder's
-conftest sets TRITON_INTERPRET, under which nothing compiles. tests/kernels/test_targets.py runs the same scan over
-every kernel binary CI compiles.
+different threads; its twin stores a value computed from the load. Both are compiled for sm_90 on the CPU (as
+check/targets.py compiles every kernel), in a process of their own: this folder's conftest sets TRITON_INTERPRET,
+under which nothing compiles. tests/kernels/test_targets.py runs the same scan over every kernel binary CI
+compiles.
 """
 
 from __future__ import annotations

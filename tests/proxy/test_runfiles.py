@@ -81,7 +81,7 @@ def test_atomic_write_leaves_the_old_file_when_it_fails(tmp_path: Path, monkeypa
     path = tmp_path / "s.json"
     atomic_write_json(path, {"a": 1})
 
-    def boom(src: str, dst: str) -> None:
+    def boom(src: str, dst: str, **_: int) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(fileio.os, "replace", boom)
