@@ -22,7 +22,8 @@
 #   serve-locust: bench/serve.py --locust on a trained checkpoint: 1, 8, 64, 256 streams of short and 512-token
 #           prompts from its own clients, then locust (bench/serve_locust.py) at the same streams against the same
 #           server, each beside the decode step alone at that batch, then the chat workload; $OUT/serve-locust.jsonl.
-#           The checkpoint: SERVE_CKPT, or ANDREA-120M trained here (runs/serve-120m, kept on a warm machine) for
+#           The checkpoint: SERVE_CKPT, or SERVE_EXP (default experiments/ANDREA-120M-TRAIN.json; the modern block:
+#           experiments/ANDREA-120M-MODERN-TRAIN.json) trained here (runs/serve-<name>, kept on a warm machine) for
 #           SERVE_TRAIN_STEPS (300) steps of 4 micro-batches of 8 x 1024 tokens on the built-in corpus (its 50,304-entry
 #           BPE and shards built first: ~50 s on a CPU): random weights make near-ties of the greedy picks. Carry
 #           .whl/locust: locust's wheels for the device's Python 3.12 (dev/README.md: `pip download` line, 11 MiB)
@@ -88,9 +89,10 @@ for line in sys.stdin:
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
     serve-locust) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust-site \
              .whl/locust/*.whl 2>&1 | tail -2
-           ckpt=${SERVE_CKPT:-runs/serve-120m}
+           exp=${SERVE_EXP:-experiments/ANDREA-120M-TRAIN.json}
+           name=$(basename $exp .json); ckpt=${SERVE_CKPT:-runs/serve-${name#ANDREA-}}
            if [ -z "${SERVE_CKPT:-}" ] && ! ls $ckpt/ckpt/step-*.bin >/dev/null 2>&1; then
-             timeout ${SERVE_TRAIN_TIMEOUT:-300} python3 -m microgpt train --json experiments/ANDREA-120M-TRAIN.json \
+             timeout ${SERVE_TRAIN_TIMEOUT:-300} python3 -m microgpt train --json $exp \
                --out $ckpt --steps ${SERVE_TRAIN_STEPS:-300} --set data.source=builtin --set 'data.path=""' \
                --set train.n_micro=4 --set train.warmup_steps=30 --set train.eval_every=100000 \
                --set train.ckpt_every=100000 2>"$OUT/serve-train.err" | grep '"step"' | tail -1 | cut -c1-300

@@ -70,6 +70,29 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
     assert table[0].startswith("| streams | prompt | tokens/s |") and len(table) == 1 + len(rows)
 
 
+def test_a_modern_block_checkpoint_is_benched_as_its_own_greedy_tokens(tmp_path: Path) -> None:
+    """Issue 56 item 3 on the CPU (dev/gpu_check.sh serve-locust takes SERVE_EXP for the GPU's figures): the sweep on
+    a trained modern-block run (its untied head, soft-cap, RoPE and QK-norm in the decode step) gives every stream the
+    model's own greedy tokens, and the rows name the decode step's rate at their batch."""
+    from tests.conftest import cli, write_experiment
+    from tests.test_modern import MODERN_RUN
+
+    exp = write_experiment(tmp_path, model=MODERN_RUN["model"], train={**MODERN_RUN["train"], "steps": 3})
+    run = tmp_path / "run"
+    assert cli("train", str(exp), "--out", str(run)).returncode == 0
+    res = bench("--checkpoint", str(run), "--streams", "1", "2", "--prompts", "short", "--tokens", "6", "--chat", "0")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [r for r in json_lines(res.stdout) if "streams" in r]
+    gen, tok, _ = load(str(run), 1)
+    prompts = serve.Prompts(tok)
+    assert [r["streams"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["same_as_alone"] == f"{r['streams']}/{r['streams']}" and r["decode_step_tokens_per_s"] > 0
+        for k, text in enumerate(r["texts"]):
+            ids = generate(gen, tok.encode(prompts.get("short", k)), 6, Sampling(), [k])[0]
+            assert text == tok.decode(ids), (r["streams"], k)
+
+
 def test_many_streams_are_read_from_several_client_processes() -> None:
     """40 streams: three client processes (16 streams each at most), released at one instant, all read to the end."""
     res = bench("--streams", "40", "--prompts", "short", "--tokens", "3", "--repeats", "1")
