@@ -216,8 +216,8 @@ def write_run_file(path: Path | None, data: dict[str, Any], lock: RunLock | None
     if lock is not None:
         lock.check()
     try:
-        anchor = lock.anchor if lock is not None else None
-        atomic_write_json(path, data, compact=True, sync_dir=False, make_folder=lock is None, anchor=anchor)
+        anchor = lock.anchor if lock is not None else None  # a folder below it (phases/) is made there, never anew
+        atomic_write_json(path, data, compact=True, sync_dir=False, anchor=anchor)
     except OSError as e:
         if lock is not None:
             lock.check()  # the folder moved away during the write: that, not the OS's word for it, is what happened
@@ -273,8 +273,9 @@ class JsonDoc:
         write_run_file(self.path, self.data, self.lock)
 
 
-def archive(paths: list[Path], phase: str) -> list[str]:
-    """Copy each existing file to archive/<name-without-.json>.<phase>.<UTC stamp>.json; return the new paths.
+def archive(paths: list[Path], phase: str, lock: RunLock | None = None) -> list[str]:
+    """Copy each existing file to archive/<name-without-.json>.<phase>.<UTC stamp>.json; return the new paths. With
+    lock, as write_run_file writes: only while the folder is the locked one, and into it by its descriptor.
 
     Copies, not moves: the caller then starts a fresh file under the old name, so the file is never missing.
     """
@@ -284,8 +285,11 @@ def archive(paths: list[Path], phase: str) -> list[str]:
         if not path.exists():
             continue
         dest = path.parent / "archive" / f"{path.name.removesuffix('.json')}.{phase}.{stamp}.json"
+        if lock is not None:
+            lock.check()
         try:
-            atomic_write_bytes(dest, [path.read_bytes()], sync_dir=False)
+            anchor = lock.anchor if lock is not None else None
+            atomic_write_bytes(dest, [path.read_bytes()], sync_dir=False, anchor=anchor)
         except OSError as e:
             raise WriteError(f"{dest}: cannot archive the run file ({e.strerror or e}); {path} is intact") from None
         done.append(str(dest))

@@ -56,7 +56,6 @@ from microgpt import checkpoint, config, runlock
 from microgpt.config import ConfigError
 from microgpt.errors import EXIT_INPUT, EXIT_WRITE, ArgParser, WriteError, check_number, exit_on_input_error
 from microgpt.events import HEARTBEAT_ENV, HEARTBEAT_S
-from microgpt.fileio import atomic_write_json
 from microgpt.proxy.child import Engine, describe_exit
 from microgpt.proxy.dashboard import DashboardServer
 from microgpt.proxy.phases import Phase, Schedule, load_schedule
@@ -72,6 +71,7 @@ from microgpt.proxy.runfiles import (
     replay_engine_log,
     run_paths,
     utc_now,
+    write_run_file,
 )
 from microgpt.proxy.sampler import Sampler
 from microgpt.runlock import pid_alive
@@ -240,7 +240,7 @@ class Supervisor:
                 self.sampler.drain(self.settings.sample_timeout_s)
                 with self.lock:
                     self.state.flush()
-                    done = archive([self.paths["samples"], self.paths["state"]], prev)
+                    done = archive([self.paths["samples"], self.paths["state"]], prev, self.run_lock)
                     keep = {k: self.state.data.get(k) for k in ("experiment", "out", "proxy_pid", "dashboard")}
                     self.state.data = {"format": STATE_FORMAT, **self._fresh_state(), **keep, "archived": done}
                     self.samples.data = {"format": SAMPLES_FORMAT, **self._fresh_samples()}
@@ -250,7 +250,7 @@ class Supervisor:
                 self.samples.update(phase=ph.name)
                 self.samples.flush()
         self.state.update(phase=ph.name, phase_index=idx, status="running")
-        atomic_write_json(self.out / "phases" / f"{ph.name}.json", ph.engine, compact=True, sync_dir=False)
+        write_run_file(self.out / "phases" / f"{ph.name}.json", ph.engine, self.run_lock)
         return ph
 
     def pick_checkpoint(self) -> tuple[Path | None, int]:
