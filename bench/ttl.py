@@ -6,15 +6,16 @@
     python3 bench/ttl.py --shape 120m --merge         # ... then the table and plot of every side recorded so far
     python3 bench/ttl.py --shape tiny                 # the CPU smoke path: numpy engine, PyTorch eager, seconds
     python3 bench/ttl.py --shape 120m --sides b,d --set d:model.value_embeds=2   # (b) against (b) with a lever
+    python3 bench/ttl.py --shape 120m --sides b,d,e --set d:model.value_embeds=2 --set e:train.precision=fp8
 
 Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `microgpt train` of the modern recipe (an
 experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern), (c)
-bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment; and, only when
---sides names it, (d): (b) with a lever, the --set overrides that name d (d:model.value_embeds=2), which its label
-lists, so that (b) and (d) on one chart say whether the lever lowers time to loss. Each runs in its own
-process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab, micro-batch
-and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side or on those
-named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last evaluation is out: its final
+bench/torch_modern.py, the PyTorch + torch.compile twin of (b)'s recipe reading (b)'s experiment; and, only when --sides
+names them, (d) .. (h): (b) with a lever each, the --set overrides that name the side (d:model.value_embeds=2), which
+its label lists, so that (b) and each lever side on one chart say whether the lever lowers time to loss. Each runs in
+its own process, on the shape's model (--set on every side: shard data from the prepared folder, the shape's vocab,
+micro-batch and n_micro, eval_batches, no periodic checkpoint; then --set [SIDES:]SECTION.FIELD=VALUE, on every side or
+on those named, as in a:train.lr=1.8e-3). An engine side is stopped (SIGKILL) once its last evaluation is out: its final
 checkpoint and report card (GBs and tens of seconds at 120M) are not needed here. The tiny shape is the CPU smoke path:
 the engine sides on the NumPy backend (fp32), the twin eager in fp32.
 
@@ -104,9 +105,12 @@ class Side:
     engine: bool  # `microgpt train` (True) or the PyTorch twin
 
 
-# (d) is (b) with a lever: the overrides --set names it in (d:model.value_embeds=2); only when --sides names it
+# (d) .. (h) are (b) with a lever each: the overrides --set names it in (d:model.value_embeds=2, e:train.x=1); only
+# when --sides names them, so one invocation measures several levers against one (b)
+LEVERS = tuple("defgh")
 SIDES = {"a": Side("microgpt gpt-2", "gpt2", True), "b": Side("microgpt modern", "modern", True),
-         "c": Side("pytorch twin modern", "modern", False), "d": Side("microgpt modern", "modern", True)}  # fmt: skip
+         "c": Side("pytorch twin modern", "modern", False),
+         **{x: Side("microgpt modern", "modern", True) for x in LEVERS}}  # fmt: skip
 DEFAULT_SIDES = ["a", "b", "c"]
 
 
@@ -241,7 +245,7 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
     calibration = calibration if cal is None else {"step_s": cal["step_s"]}
     return {
         "side": x,
-        "label": ", ".join([side.label, *own_sets(args.set, x)]) if x == "d" else side.label,
+        "label": ", ".join([side.label, *own_sets(args.set, x)]) if x in LEVERS else side.label,
         "experiment": experiment,
         "command": cmd,
         "budget_s": args.budget_s,
@@ -265,7 +269,7 @@ def side_sets(assignments: list[str], x: str) -> list[str]:
 
 
 def own_sets(assignments: list[str], x: str, base: str = "b") -> list[str]:
-    """The --set assignments whose "SIDES:" prefix names x but not base: what side (d) adds to (b), in its label."""
+    """The --set assignments whose "SIDES:" prefix names x but not base: what a lever side adds to (b), its label."""
     return [
         named[1] for a in assignments if (named := _named(a)) is not None and x in named[0] and base not in named[0]
     ]
@@ -351,9 +355,7 @@ def parse_sides(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench/ttl.py", description=__doc__.split("\n")[0])
     p.add_argument("--shape", choices=list(SHAPES), default="120m")
-    p.add_argument(
-        "--sides", type=parse_sides, default=DEFAULT_SIDES, help="a comma list of a, b, c, d (default a, b, c)"
-    )
+    p.add_argument("--sides", type=parse_sides, default=DEFAULT_SIDES, help="a comma list of a .. h (default a, b, c)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "ttl", help="results and data go in OUT/<shape>")
     p.add_argument("--prep-only", action="store_true", help="prepare the data, train nothing")
     p.add_argument("--merge", action="store_true", help="train nothing: the tables and plot of the recorded sides")

@@ -90,6 +90,11 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
         "model.value_embeds=2"
     ]
     assert "model.value_embeds=2" not in ttl.side_sets(lever, "b") and ttl.parser().parse_args([]).sides == list("abc")
+    levers = [*lever, "e:train.precision=fp8"]  # a second lever side: its own override, not (d)'s
+    assert ttl.own_sets(levers, "e") == ["train.precision=fp8"] and "train.precision=fp8" not in ttl.side_sets(
+        levers, "d"
+    )
+    assert ttl.parser().parse_args(["--sides", "b,d,e,h"]).sides == ["b", "d", "e", "h"]
 
 
 def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:
