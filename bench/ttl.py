@@ -322,12 +322,17 @@ def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argp
     t0, n = time.monotonic(), args.warm + args.calib
     shutil.rmtree(out, ignore_errors=True)
     say(f"calibrating: {n} steps of {experiment}")
-    cmd = engine_cmd(experiment, out, schedule(experiment, [*sets, "train.batch_warmup_steps=0"], n, INT_MAX))
+    cmd = calibration_cmd(experiment, out, sets, n)
     rc, records = stream(cmd, log, args.timeout, lambda r: is_step(r, n))
     shutil.rmtree(out, ignore_errors=True)
     if rc or len(step_times(records)) < n:
         return {"error": f"calibration exit {rc}"}
     return {"step_s": statistics.median(step_times(records)[args.warm :]), "wall_s": round(time.monotonic() - t0, 2)}
+
+
+def calibration_cmd(experiment: str, out: Path, sets: list[str], n: int) -> list[str]:
+    """The engine's calibration run: n whole steps (a batch warmup's fewer micro-batches left out), no evaluation."""
+    return engine_cmd(experiment, out, schedule(experiment, [*sets, "train.batch_warmup_steps=0"], n, INT_MAX))
 
 
 def failed(x: str, experiment: str, why: str, log: Path) -> dict[str, Any]:
