@@ -21,11 +21,12 @@ by train.weight_decay (microgpt decays matrices and embeddings). The global grad
 before both optimizers, as microgpt's step does.
 
 Data, initial weights, schedule and timing are microgpt's: the batches of (step, micro) and the validation windows
-come from microgpt.data.make_loaders of the same experiment, the weights from engine/params.py's init, every group's
-lr and Muon's momentum from engine/optim.py (lr_at, group_lrs, muon_momentum) over the run's steps from its first,
-and a step's time (dt_ms) is the host clock from before its batches are read to after its loss is read back, as
-run/trainer.py counts it. Records are microgpt's JSON lines (start, step, eval, done) on stdout. On CUDA: bf16
-autocast and torch.compile; on the CPU (the smoke test): fp32, eager.
+come from microgpt.data.make_loaders of the same experiment (a batch warmup's fewer micro-batches in its first steps,
+data.MicroSchedule, each step's loss the mean over the micro-batches it read), the weights from engine/params.py's
+init, every group's lr and Muon's momentum from engine/optim.py (lr_at, group_lrs, muon_momentum) over the run's steps
+from its first, and a step's time (dt_ms) is the host clock from before its batches are read to after its loss is
+read back, as run/trainer.py counts it. Records are microgpt's JSON lines (start, step, eval, done) on stdout. On
+CUDA: bf16 autocast and torch.compile; on the CPU (the smoke test): fp32, eager.
 
     python3 bench/torch_modern.py experiments/ANDREA-120M-MODERN-TRAIN.json --set data.path=data/ttl-120m \\
         --budget-s 200 --eval-s 10
@@ -215,6 +216,7 @@ class Run:
         self.fwd = torch.compile(self.model) if compiled else self.model
         self.muon = Muon(self.model, compiled, torch.bfloat16 if device == "cuda" else torch.float32)
         self.train_data, val = data.make_loaders(exp, self.t.micro_batch)
+        self.micro = data.MicroSchedule.of(self.t)
         (self.val,) = val.sources.values()
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
         self.reset()
@@ -233,7 +235,7 @@ class Run:
     def step(self, s: int, t: TrainConfig) -> dict[str, Any]:
         """Optimizer step s (0-based) on t's schedule (`schedule`); its record (dt_ms: batches read to loss back)."""
         t0 = time.perf_counter()
-        batches = [self.train_data.batch(s, micro) for micro in range(t.n_micro)]
+        batches = [self.train_data.batch(s, micro) for micro in range(self.micro.count(s))]
         lr = lr_at(s, t)
         lrs = group_lrs(lr, t)
         for group in self.adamw.param_groups:
@@ -241,7 +243,7 @@ class Run:
         total = torch.zeros((), device=self.device)
         for x, y in batches:
             with self.autocast:
-                loss = self.fwd(self.tensor(x), self.tensor(y)) / t.n_micro
+                loss = self.fwd(self.tensor(x), self.tensor(y)) / len(batches)
             loss.backward()
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
@@ -250,7 +252,7 @@ class Run:
         self.model.zero_grad(set_to_none=True)
         loss, norm = total.item(), norm.item()
         dt = time.perf_counter() - t0
-        tokens = t.n_micro * t.micro_batch * self.m.seq_len
+        tokens = len(batches) * t.micro_batch * self.m.seq_len
         return {
             "event": "step",
             "step": s + 1,
@@ -274,9 +276,10 @@ class Run:
         return total / max(1, count)
 
     def calibrate(self, warm: int, calib: int) -> float:
-        """The median seconds of steps warm .. warm + calib - 1 (the first `warm` compile), then reset()."""
-        t = schedule(self.t, 1 << 30)
-        times = [self.step(s, t)["dt_ms"] / 1000 for s in range(warm + calib)]
+        """The median seconds of a whole step (n_micro micro-batches: the steps after a batch warmup's, their data
+        read from there) over calib of them after `warm` (which compile), then reset()."""
+        t, first = schedule(self.t, 1 << 30), self.micro.warmup_steps
+        times = [self.step(first + s, t)["dt_ms"] / 1000 for s in range(warm + calib)]
         self.reset()
         return statistics.median(times[warm:])
 
@@ -345,7 +348,7 @@ def main(argv: list[str]) -> int:
     steps, eval_every = args.steps or exp.train.steps, args.eval_every or exp.train.eval_every
     if args.budget_s:
         step_s = run.calibrate(args.warm, args.calib)
-        steps, eval_every = plan(args.budget_s, step_s, args.eval_s, args.warm)
+        steps, eval_every = plan(args.budget_s, step_s, args.eval_s, args.warm, run.micro)
         run.t.warmup_steps = scaled_warmup(run.t, steps)  # the schedule compressed into the budget, as ttl does
         emit(
             {

@@ -32,7 +32,10 @@ so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + ca
 warms the kernel and tuning caches for the run), (c) in its own process before training (torch_modern.py --budget-s).
 steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last.
 The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays
-a fraction, and Muon's momentum warmup stays in steps. --steps a=N,c=M skips a side's calibration (evaluations then
+a fraction, and Muon's momentum warmup stays in steps, as a batch warmup does (train.batch_warmup_steps: its first
+steps read fewer micro-batches). A side with a batch warmup calibrates on whole steps (the engine's calibration runs
+without it, the twin's reads the steps after it) and takes the steps whose micro-batches are those of the budget's
+whole steps (bench/ttl_results.py plan). --steps a=N,c=M skips a side's calibration (evaluations then
 every steps x eval_s / budget_s; the warmup scaled to N as above, the twin's too).
 
 Time to a loss (bench/ttl_results.py): the training seconds at which a side's validation loss first reaches it,
@@ -66,6 +69,7 @@ from bench.ttl_data import prepare, say  # noqa: E402
 from bench.ttl_results import plan, report, scaled_warmup, step_times, summarize, write_results  # noqa: E402
 from microgpt import config  # noqa: E402
 from microgpt.config import INT_MAX, TrainConfig  # noqa: E402
+from microgpt.data import MicroSchedule  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +235,8 @@ def run_side(x: str, shape: Shape, folder: Path, args: argparse.Namespace) -> di
             calibration = calibrate(experiment, sets, folder / f"side-{x}-calibrate", run_dir / "calibrate.log", args)
             if "error" in calibration:
                 return failed(x, experiment, calibration["error"], run_dir / "calibrate.log")
-            steps, every = plan(args.budget_s, calibration["step_s"], args.eval_s, args.warm)
+            micro = MicroSchedule.of(config.load(experiment, sets).train)
+            steps, every = plan(args.budget_s, calibration["step_s"], args.eval_s, args.warm, micro)
         cmd = engine_cmd(experiment, run_dir, schedule(experiment, sets, steps, every))
         say(f"side {x}: {side.label}, {steps} steps, an evaluation every {every}")
     else:
@@ -316,17 +321,22 @@ def twin_cmd(
 
 
 def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """An engine side's step time: `microgpt train` of warm + calib steps in its own run folder (removed after);
-    {"step_s", "wall_s"}, or {"error"}."""
+    """An engine side's whole step time: `microgpt train` of warm + calib steps without a batch warmup, in its own run
+    folder (removed after); {"step_s", "wall_s"}, or {"error"}."""
     t0, n = time.monotonic(), args.warm + args.calib
     shutil.rmtree(out, ignore_errors=True)
     say(f"calibrating: {n} steps of {experiment}")
-    cmd = engine_cmd(experiment, out, schedule(experiment, sets, n, INT_MAX))
+    cmd = calibration_cmd(experiment, out, sets, n)
     rc, records = stream(cmd, log, args.timeout, lambda r: is_step(r, n))
     shutil.rmtree(out, ignore_errors=True)
     if rc or len(step_times(records)) < n:
         return {"error": f"calibration exit {rc}"}
     return {"step_s": statistics.median(step_times(records)[args.warm :]), "wall_s": round(time.monotonic() - t0, 2)}
+
+
+def calibration_cmd(experiment: str, out: Path, sets: list[str], n: int) -> list[str]:
+    """The engine's calibration run: n whole steps (a batch warmup's fewer micro-batches left out), no evaluation."""
+    return engine_cmd(experiment, out, schedule(experiment, [*sets, "train.batch_warmup_steps=0"], n, INT_MAX))
 
 
 def failed(x: str, experiment: str, why: str, log: Path) -> dict[str, Any]:

@@ -6,8 +6,13 @@ read to after its loss is read back to the host (which waits for the GPU): the e
 dt_ms (run/trainer.py; they also carry elapsed_s, seconds since the first step with evaluations and checkpoints in,
 and time, a Unix stamp: neither is used here), the twin's the same. Evaluations and checkpoints lie outside every
 step's time. The first --warm steps (default 5) compile, tune and capture; each is counted at the median time of the
-side's later steps instead of its own. A side's training seconds at step s are the sum of its first s steps' times so
-counted.
+side's later steps that read as many tokens as it did (all of them, without a batch warmup) instead of its own. A
+side's training seconds at step s are the sum of its first s steps' times so counted.
+
+A batch warmup (train.batch_warmup_steps: data.MicroSchedule) makes a side's first steps read fewer micro-batches, and
+cost less: each step record's `tokens` are the tokens it read. A side's step time and tokens/s are those of its
+whole steps (the last step's tokens); its budget counts a step of fewer micro-batches at its share of a whole step's
+time (plan).
 
 Time to a loss: the training seconds at which a side's validation loss first reaches it, interpolated linearly in
 seconds between the two evaluations around the crossing (before the first evaluation: from ln(vocab) at 0 s, the loss
@@ -26,11 +31,24 @@ from typing import Any
 
 from bench.plot import line_chart
 from microgpt.config import TrainConfig
+from microgpt.data import MicroSchedule
 
 
-def plan(budget_s: float, step_s: float, eval_s: float, warm: int) -> tuple[int, int]:
-    """(steps, eval_every) for about budget_s training seconds at step_s a step, an evaluation every ~eval_s."""
-    return max(2 * warm + 1, round(budget_s / step_s)), max(1, round(eval_s / step_s))
+def plan(
+    budget_s: float, step_s: float, eval_s: float, warm: int, micro: MicroSchedule | None = None
+) -> tuple[int, int]:
+    """(steps, eval_every) for about budget_s training seconds at step_s a whole step, an evaluation every ~eval_s
+    steps. With a batch warmup (micro) the steps are the fewest whose micro-batches reach those of
+    round(budget_s / step_s) whole steps: a step of fewer micro-batches counted at its share of step_s."""
+    whole = round(budget_s / step_s)
+    steps = whole
+    if micro is not None:  # before(s) grows with s, and before(whole + W) >= whole x n_micro
+        lo, hi = 0, whole + micro.warmup_steps
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if micro.before(mid) < whole * micro.n_micro else (lo, mid)
+        steps = lo
+    return max(2 * warm + 1, steps), max(1, round(eval_s / step_s))
 
 
 def scaled_warmup(t: TrainConfig, steps: int) -> int:
@@ -43,13 +61,22 @@ def step_times(records: list[dict[str, Any]]) -> list[float]:
 
 
 def summarize(records: list[dict[str, Any]], warm: int) -> dict[str, Any]:
-    """A run's step times counted (the first `warm` at the median of the rest), its evaluations at those seconds."""
+    """A run's step times counted (each of the first `warm` at the median of the later steps of its tokens), its
+    evaluations at those seconds; its step time and tokens/s those of its whole steps (the last step's tokens)."""
     dts = step_times(records)
-    median = statistics.median(dts[warm:])
-    counted, clock = [median] * warm + dts[warm:], [0.0]
+    steps = [r for r in records if r["event"] == "step"]
+    whole = steps[-1]["tokens"]
+    median = statistics.median([dt for r, dt in zip(steps[warm:], dts[warm:]) if r["tokens"] == whole])
+
+    def at_median(r: dict[str, Any]) -> float:
+        """A warm step's counted seconds: the median of the later steps that read its tokens, else its share of a
+        whole step's."""
+        same = [dt for x, dt in zip(steps[warm:], dts[warm:]) if x["tokens"] == r["tokens"]]
+        return statistics.median(same) if same else median * r["tokens"] / whole
+
+    counted, clock = [at_median(r) for r in steps[:warm]] + dts[warm:], [0.0]
     for dt in counted:
         clock.append(clock[-1] + dt)
-    steps = [r for r in records if r["event"] == "step"]
     start = next((r for r in records if r["event"] == "start"), {})
     evals = [
         {"step": r["step"], "train_s": round(clock[r["step"]], 3), "val_loss": r["val_loss"]}
@@ -59,9 +86,10 @@ def summarize(records: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     return {
         "steps": len(dts),
         "eval_every": evals[0]["step"],
-        "tokens_per_step": steps[-1]["tokens"],
+        "tokens_per_step": whole,
+        "tokens": sum(r["tokens"] for r in steps),
         "step_s": median,
-        "tokens_per_s": steps[-1]["tokens"] / median,
+        "tokens_per_s": whole / median,
         "train_s": round(clock[-1], 3),
         "final_val_loss": evals[-1]["val_loss"],
         "final_train_loss": steps[-1]["loss"],

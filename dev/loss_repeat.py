@@ -124,11 +124,11 @@ def replays(a: argparse.Namespace) -> None:
         step(batch, 1e-3)
     step._hyper(1e-3, math.inf)  # nothing updated from here on: every replay sees the same weights and inputs
     for _ in range(8):  # and fp8's amax histories (16 micro-batches) hold only these replays' amaxes
-        step.run()
+        step.runs[a.n_micro]()
     names = ("lnf", "logits", "ce_lse", "losses", "report")
     seen: dict[str, list] = {n: [] for n in names}
     for _ in range(a.replays):
-        step.run()
+        step.runs[a.n_micro]()
         for n in names:
             seen[n].append(S.K.to_numpy(S.arena[n]).copy())
     out = {}

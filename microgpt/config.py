@@ -104,6 +104,12 @@ class TrainConfig:
     muon_momentum_start: float = 0.85
     muon_momentum_warmup: int = 300
     muon_weight_decay: float = 0.0
+    # a batch-size warmup (data/loader.py MicroSchedule): step s < batch_warmup_steps reads batch_warmup_start +
+    # floor(s (n_micro - batch_warmup_start) / batch_warmup_steps) micro-batches instead of n_micro (0: none); the
+    # lr, Muon's momentum, evaluations and checkpoints still count steps. Under micro_batch "auto" batch_warmup_start
+    # counts sequences, as n_micro does
+    batch_warmup_steps: int = 0
+    batch_warmup_start: int = 1
 
 
 @dataclass
@@ -230,6 +236,13 @@ def validate(exp: Experiment, src: str) -> Experiment:
         raise ConfigError(f"{src}: train.lr must be in (0, 1) and train.min_lr in [0, lr], got {t.lr}, {t.min_lr}")
     if not 0 <= t.warmup_steps <= INT_MAX:
         raise ConfigError(f"{src}: train.warmup_steps must be in [0, {INT_MAX}], got {brief(t.warmup_steps)}")
+    if not 0 <= t.batch_warmup_steps <= INT_MAX:
+        raise ConfigError(
+            f"{src}: train.batch_warmup_steps must be in [0, {INT_MAX}] (0: none), got {brief(t.batch_warmup_steps)}"
+        )
+    if not 1 <= t.batch_warmup_start <= t.n_micro:
+        bad = brief(t.batch_warmup_start)
+        raise ConfigError(f"{src}: train.batch_warmup_start must be in [1, train.n_micro ({t.n_micro})], got {bad}")
     if not 0 <= t.seed <= SEED_MAX:
         raise ConfigError(f"{src}: train.seed must be in [0, 2**63), got {brief(t.seed)}")
     for name in ("hellaswag_every", "hellaswag_examples"):
@@ -398,6 +411,8 @@ def _set_fields(raw: dict[str, Any], changes: list[tuple[str, str, Any, str]]) -
         before = fields.get(name, TrainConfig.micro_batch) if (section, name) == ("train", "micro_batch") else None
         if value == AUTO and before not in (None, AUTO):  # auto keeps the step's sequences: n_micro counts them
             fields["n_micro"] = before * fields.get("n_micro", TrainConfig.n_micro)
+            if "batch_warmup_start" in fields or fields.get("batch_warmup_steps"):  # and so does the warmup's start
+                fields["batch_warmup_start"] = before * fields.get("batch_warmup_start", TrainConfig.batch_warmup_start)
         fields[name] = value
     return raw
 

@@ -354,6 +354,22 @@ def test_modern_schedule_example_and_value_embeddings_are_the_code_s() -> None:
     assert [params.value_embed(m, layer) or "none" for layer in range(m.n_layer)] == ve.group(3).split(", ")
 
 
+def test_batch_warmup_example_is_the_code_s() -> None:
+    """Section 9's worked batch warmup: its counts and its micro-batches before the step it names (the closed form)."""
+    from microgpt.data import MicroSchedule
+
+    ex = stated(
+        r"U = (\d+) from (\d+) over W = (\d+) steps reads ([\d, ]+), then (\d+) micro-batches: (\d+) before step (\d+)"
+    )
+    U, u0, W, counts, last, before, step = ex.groups()
+    sch = MicroSchedule(int(U), int(W), int(u0))
+    assert [sch.count(s) for s in range(int(W) + 1)] == [int(c) for c in counts.split(", ")] + [int(last)]
+    assert sch.before(int(step)) == int(before) == sum(sch.count(s) for s in range(int(step)))
+    assert {"batch_warmup_steps", "batch_warmup_start"} <= set(
+        re.findall(r"`train\.(\w+)` \([0-9.]+ by default\)", MODERN_FLAT)
+    )
+
+
 @pytest.mark.parametrize("name", ["tiny", "12M", "120M"])
 def test_modern_recipe_sentence_is_the_experiments(name: str) -> None:
     """ "All three name ...": the recipe's optimizer, lrs, schedule, AdamW's betas and eps, decay, clip and soft-cap."""

@@ -97,3 +97,21 @@ def test_train_check_writes_nothing(tmp_path: Path) -> None:
     r = cli("train", str(exp), "--out", str(tmp_path / "run"), "--procs", "2", "--check")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("start, want", [(1, (4, 4, 1)), (2, (8, 2, 1)), (4, (16, 1, 1))])
+def test_auto_keeps_a_batch_warmup_s_first_step(tmp_path: Path, start: int, want: tuple[int, int, int]) -> None:
+    """`--micro-batch auto` on a recipe of 4 x 4 with a batch warmup from `start` micro-batches: n_micro and
+    batch_warmup_start count sequences (16, 4 x start), and the micro-batch chosen divides both, so the warmup's
+    first step reads the recipe's sequences too (the largest that does, where the room allows any)."""
+    from microgpt import config
+    from microgpt.engine.backend import numpy_backend
+    from microgpt.engine.state import auto_micro_batch
+
+    train = {"micro_batch": 4, "n_micro": 4, "batch_warmup_steps": 5, "batch_warmup_start": start}
+    exp = config.load(write_experiment(tmp_path, train=train), micro_batch="auto")
+    t = exp.train
+    assert (t.micro_batch, t.n_micro, t.batch_warmup_start) == ("auto", 16, 4 * start)
+    got = auto_micro_batch(exp.model, t, numpy_backend(), 1 << 40, 0)
+    assert (got.micro_batch, got.n_micro, got.batch_warmup_start) == want
+    assert got.micro_batch * got.batch_warmup_start == 4 * start and got.micro_batch * got.n_micro == 16

@@ -53,6 +53,19 @@ def test_family_sizes() -> None:
         ({"model": {"value_embeds": 1}}, "model.value_embeds needs model.block 'modern'"),
         ({"model": {"block": "modern", "n_layer": 4, "value_embeds": 3}}, "2 x value_embeds <= model.n_layer (4)"),
         ({"model": {"block": "modern", "value_embeds": -1}}, "got -1"),
+        (
+            {"train": {"batch_warmup_steps": -1}},
+            "train.batch_warmup_steps must be in [0, 2147483647] (0: none), got -1",
+        ),
+        ({"train": {"batch_warmup_steps": 1.5}}, "field 'batch_warmup_steps' must be int"),
+        (
+            {"train": {"n_micro": 4, "batch_warmup_start": 5}},
+            "train.batch_warmup_start must be in [1, train.n_micro (4)]",
+        ),
+        (
+            {"train": {"batch_warmup_steps": 10, "batch_warmup_start": 0}},
+            "batch_warmup_start must be in [1, train.n_mi",
+        ),
         ({"model": {"head_dim": 16}}, "model.head_dim (16) x model.n_head (6) must be model.d_model (192)"),
         ({"model": {"head_dim": -32}}, "model.head_dim (-32) x model.n_head (6) must be model.d_model (192)"),
         ({"model": {"head_dim": "32"}}, "field 'head_dim' must be int"),

@@ -163,6 +163,29 @@ def test_one_process_resumes_a_two_process_checkpoint(runs) -> None:
     assert_same_state(tmp / "one/ckpt" / name, tmp / "resumed/ckpt" / name)
 
 
+def test_a_batch_warmup_under_data_parallel_matches_one_process_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    """GPT-2's block with a batch warmup (n_micro 3 from 1 micro-batch over 5 steps): both ranks follow the schedule
+    (the tokens of each step, the losses of one process with the doubled micro-batch), and two processes resumed
+    from their step-3 checkpoint, inside the warmup, end on the bytes of their uninterrupted run; one process too."""
+    warm = {"micro_batch": B, "n_micro": 3, "batch_warmup_steps": 5, "batch_warmup_start": 1, "ckpt_every": 3}
+    exp = write_experiment(tmp_path, train=warm)
+    one = train(exp, tmp_path / "one", "--steps", "6", "--set", f"train.micro_batch={2 * B}")
+    two = train(exp, tmp_path / "two", "--steps", "6", "--procs", "2")
+    s1, s2 = records(one.stdout, "step"), records(two.stdout, "step")
+    per = 2 * B * TINY["model"]["seq_len"]  # both ranks' micro-batch
+    assert [r["tokens"] for r in s1] == [r["tokens"] for r in s2] == [per * c for c in (1, 1, 1, 2, 2, 3)]
+    for a, b in zip(s1, s2):
+        assert_close(b["loss"], a["loss"], f"step {a['step']} loss")
+    name, ck3 = checkpoint.ckpt_name(6), checkpoint.ckpt_name(3)
+    assert_same_state(tmp_path / "one/ckpt" / name, tmp_path / "two/ckpt" / name)
+    again = train(exp, tmp_path / "again", "--steps", "6", "--procs", "2", "--resume", str(tmp_path / "two/ckpt" / ck3))
+    assert [r["step"] for r in records(again.stdout, "step")] == [4, 5, 6]
+    assert (tmp_path / "two/ckpt" / name).read_bytes() == (tmp_path / "again/ckpt" / name).read_bytes()
+    alone = ("--set", f"train.micro_batch={2 * B}", "--resume", str(tmp_path / "one/ckpt" / ck3))
+    train(exp, tmp_path / "one_again", "--steps", "6", *alone)
+    assert (tmp_path / "one/ckpt" / name).read_bytes() == (tmp_path / "one_again/ckpt" / name).read_bytes()
+
+
 def test_fp8_ranks_share_one_history_and_match_one_process(tmp_path: Path) -> None:
     """fp8 on 2 processes: the amaxes are the max over ranks before each roll, so the ranks keep one history (the
     replica check would stop a run whose weights drifted apart) and it is the one process's with micro-batch 2B,

@@ -245,17 +245,24 @@ MODERN_RUN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
                         "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
 
 
-@pytest.mark.parametrize("value_embeds", [0, 1], ids=["plain", "value-embeds"])
-def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int) -> None:
+# a batch warmup over the first 5 of the 6 steps: 1, 1, 1, 2, 2 micro-batches, then n_micro 3
+BATCH_WARMUP = {"n_micro": 3, "batch_warmup_steps": 5, "batch_warmup_start": 1}
+
+
+@pytest.mark.parametrize(
+    "value_embeds, warmup", [(0, {}), (1, {}), (0, BATCH_WARMUP)], ids=["plain", "value-embeds", "batch-warmup"]
+)
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int, warmup: dict) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
-    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket)."""
+    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), and
+    with a batch warmup whose checkpoints (steps 2 to 3, and 3) fall inside it."""
     from microgpt import checkpoint
     from tests.conftest import cli, write_experiment
     from tests.test_cli import start_training, wait_for_step
 
     exp = write_experiment(
-        tmp_path, model={**MODERN_RUN["model"], "value_embeds": value_embeds}, train=MODERN_RUN["train"]
+        tmp_path, model={**MODERN_RUN["model"], "value_embeds": value_embeds}, train={**MODERN_RUN["train"], **warmup}
     )
     final = checkpoint.ckpt_name(6)
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
@@ -282,6 +289,12 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embe
     again = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "again"), *two, "--resume", str(ck3))
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "two/ckpt" / final).read_bytes() == (tmp_path / "again/ckpt" / final).read_bytes()
+    if warmup:  # the runs read the warmup's counts, resumed or not, one process or two: the tokens of each step
+        per = 4 * 32  # micro_batch x seq_len, over both ranks of a two-process run alike (2 x 2)
+        for run, first in (("b", 1), ("two", 1), ("again", 4)):
+            steps = [json.loads(line) for line in (tmp_path / run / "train.jsonl").read_text().splitlines()]
+            tokens = {r["step"]: r["tokens"] for r in steps if r.get("event") == "step"}
+            assert [tokens[s] for s in range(first, 7)] == [per * c for c in (1, 1, 1, 2, 2, 3)][first - 1 :], run
 
 
 # docs/ANDREA.md section 9's optimizers and schedule, written out from the text in NumPy float64

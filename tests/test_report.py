@@ -59,6 +59,22 @@ def test_the_report_card_of_a_run_says_what_its_log_and_checkpoints_say(tmp_path
         assert needle in md, needle
 
 
+def test_the_report_card_counts_the_tokens_a_batch_warmup_read(tmp_path: Path) -> None:
+    """With a batch warmup (n_micro 3 from 1 over 4 steps: 1, 1, 2, 2, then 3, 3) the card's tokens seen are the
+    tokens the steps read (the sum of their records'), and report.md says how many the warmup left out."""
+    warm = {"n_micro": 3, "batch_warmup_steps": 4, "batch_warmup_start": 1}
+    out = tmp_path / "run"
+    r = cli("train", str(write_experiment(tmp_path, train=warm)), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    card = json.loads((out / "report.json").read_text())
+    steps = [e for e in runlog.read_log(out / "train.jsonl") if e["event"] == "step"]
+    per_micro = TINY["train"]["micro_batch"] * TINY["model"]["seq_len"]
+    assert [e["tokens"] for e in steps] == [per_micro * c for c in (1, 1, 2, 2, 3, 3)]
+    assert card["tokens"] == {"seen": sum(e["tokens"] for e in steps), "per_step": 3 * per_micro}
+    seen = f"{12 * per_micro:,} ({3 * per_micro:,} per step x 6 steps; {6 * per_micro:,} fewer in the batch warmup"
+    assert seen in (out / "report.md").read_text()
+
+
 def test_sigterm_writes_the_report_card_of_the_stopped_run(tmp_path: Path) -> None:
     exp = write_experiment(tmp_path)
     out = tmp_path / "run"

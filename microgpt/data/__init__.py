@@ -27,7 +27,7 @@ from microgpt.data.experiment import (
     uses_bytes,
     validate,
 )
-from microgpt.data.loader import Batches, Loader, Validation
+from microgpt.data.loader import Batches, Loader, MicroSchedule, Validation
 
-__all__ = ["Batches", "Loader", "Validation", "check_data", "data_description", "ensure_builtin", "make_loaders",
-           "shard_dir", "tokenizer_info", "uses_bytes", "validate"]  # fmt: skip
+__all__ = ["Batches", "Loader", "MicroSchedule", "Validation", "check_data", "data_description", "ensure_builtin",
+           "make_loaders", "shard_dir", "tokenizer_info", "uses_bytes", "validate"]  # fmt: skip

@@ -29,7 +29,7 @@ from pathlib import Path
 from microgpt.config import ConfigError, Experiment
 from microgpt.data import corpus, mixing, prep, recipe, shards
 from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it: microgpt.data.uses_bytes)
-from microgpt.data.loader import Batches, Loader, Validation, open_split
+from microgpt.data.loader import ONE, Batches, Loader, MicroSchedule, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
 from microgpt.errors import InputError, output_error
 from microgpt.fileio import read_json
@@ -198,7 +198,7 @@ def tokenizer_path(exp: Experiment) -> Path | None:
 
 def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 1)) -> tuple[Batches, Validation]:
     """(train, val) for the experiment's data section; shard=(rank, world_size): see microgpt/data/loader.py."""
-    B, T, seed, n_micro = batch_size, exp.model.seq_len, exp.train.seed, exp.train.n_micro
+    B, T, seed, micro = batch_size, exp.model.seq_len, exp.train.seed, MicroSchedule.of(exp.train)
     if exp.data.source == "builtin" and uses_bytes(exp) and exp.model.vocab_size < 256:
         raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the byte tokenizer's 256")
     folder = shard_dir(exp)
@@ -214,7 +214,7 @@ def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 
     loaders = []
     for split in ("train", "val"):
         parts, masks = open_split(folder, split, exp)
-        n = n_micro if split == "train" else 1
+        n = micro if split == "train" else ONE
         loaders.append(Loader(parts, B, T, seed, n, masks, f"{folder} {split}", shard))
     return loaders[0], Validation({"all": loaders[1]}, {"all": 1.0})
 

@@ -6,10 +6,12 @@ implement Batches: `Loader` here (one shard set) and `mixing.MixtureLoader` (FIR
 source, one source per micro-batch). microgpt/data/experiment.py builds the pair for an experiment.
 
 Batches: each split is cut into windows of T+1 tokens at stride T (x = w[:-1], y = w[1:]) that never
-cross a shard boundary. Row r of micro-batch `micro` of step `step` takes global position
-p = ((step * n_micro) + micro) * B + r, i.e. window perm_e[p mod W] of epoch e = p // W, where perm_e is
-a permutation drawn from (seed, e). So every window (every token) of an epoch is visited exactly once,
-each epoch is reshuffled, and any batch is computed without the ones before it: resume is bit-exact.
+cross a shard boundary. Step `step` reads count(step) micro-batches (`MicroSchedule`: train.n_micro, fewer during
+a batch-size warmup), and row r of its micro-batch `micro` takes global position
+p = (before(step) + micro) * B + r, before(step) the micro-batches of the steps before it (step * n_micro without
+a warmup), i.e. window perm_e[p mod W] of epoch e = p // W, where perm_e is a permutation drawn from (seed, e). So
+every window (every token) of an epoch is visited exactly once, each epoch is reshuffled, and any batch is computed
+without the ones before it (before(step) has a closed form): resume is bit-exact.
 With data.loss_mask, targets are -1 wherever the loss-mask shard is 0 (train on assistant tokens only).
 
 Data parallel (microgpt/engine/collectives.py): `shard=(rank, world_size)` makes B the per-process micro-batch of
@@ -25,10 +27,64 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from microgpt.config import ConfigError, Experiment
+from microgpt.config import ConfigError, Experiment, TrainConfig
 from microgpt.data import shards
 
 Pair = tuple[np.ndarray, np.ndarray]  # (x, y) int32 (B, T); y = -1 where the loss is masked
+
+
+@dataclass(frozen=True)
+class MicroSchedule:
+    """How many micro-batches each optimizer step reads: U = train.n_micro, or fewer during a batch-size warmup of
+    W = train.batch_warmup_steps steps from u0 = train.batch_warmup_start (D = U - u0 added, one at a time):
+
+        count(s)  = u0 + floor(s D / W)   for s < W;   U from s = W on
+        before(s) = u0 s + sum over k = 1 .. D of max(0, s - j_k),   j_k = ceil(k W / D)
+
+    j_k is the first step that reads u0 + k micro-batches, so before(s), the micro-batches of steps 0 .. s-1, is
+    u0 s plus, for each added micro-batch, the steps since it joined: U s - (j_1 + .. + j_D) once s >= W, and U s
+    without a warmup (W = 0 reads as u0 = U, D = 0). The lr, Muon's momentum, evaluations and checkpoints count
+    steps, not micro-batches."""
+
+    n_micro: int
+    warmup_steps: int = 0
+    start: int = 1  # micro-batches at step 0 (the warmup's u0); unused when warmup_steps is 0
+
+    @classmethod
+    def of(cls, t: TrainConfig) -> MicroSchedule:
+        return cls(t.n_micro, t.batch_warmup_steps, t.batch_warmup_start)
+
+    @property
+    def first(self) -> int:
+        """u0: the micro-batches of step 0 (U without a warmup)."""
+        return self.start if self.warmup_steps else self.n_micro
+
+    def _joins(self) -> list[int]:
+        """j_1 .. j_D: the step at which each added micro-batch joins."""
+        W, D = self.warmup_steps, self.n_micro - self.first
+        return [-(-k * W // D) for k in range(1, D + 1)]
+
+    def count(self, step: int) -> int:
+        """The micro-batches optimizer step `step` (0-based) reads."""
+        if step >= self.warmup_steps:
+            return self.n_micro
+        return self.first + step * (self.n_micro - self.first) // self.warmup_steps
+
+    def before(self, step: int) -> int:
+        """The micro-batches of steps 0 .. step - 1: the closed form above."""
+        return self.first * step + sum(max(0, step - j) for j in self._joins())
+
+    def counts(self, step: int) -> list[int]:
+        """The distinct counts of steps `step`, step + 1, ... (ascending): what a run resumed at `step` reads."""
+        joins = [0, *self._joins(), None]
+        return [
+            self.first + k
+            for k, (j, nxt) in enumerate(zip(joins, joins[1:]))
+            if nxt is None or (j < nxt and nxt > step)
+        ]
+
+
+ONE = MicroSchedule(1)  # one micro-batch a step: the validation loaders'
 
 
 class Batches(Protocol):
@@ -76,13 +132,13 @@ class Loader:
         batch_size: int,
         seq_len: int,
         seed: int,
-        n_micro: int = 1,
+        micro: MicroSchedule = ONE,
         masks: list[np.ndarray] | None = None,
         where: str = "data",
         shard: tuple[int, int] = (0, 1),
     ):
         self.parts, self.masks = parts, masks
-        self.B, self.T, self.seed, self.n_micro = batch_size, seq_len, seed, n_micro
+        self.B, self.T, self.seed, self.micro = batch_size, seq_len, seed, micro
         rank, world = shard
         if not 0 <= rank < world:
             raise ValueError(f"shard={shard}: need 0 <= rank < world_size")
@@ -121,12 +177,14 @@ class Loader:
 
     def batch(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """The training batch of optimizer step `step` (0-based), micro-batch `micro`."""
-        if not 0 <= micro < self.n_micro or step < 0:
-            raise ValueError(f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.n_micro}")
-        return self.batch_at(step * self.n_micro + micro)
+        if step < 0 or not 0 <= micro < self.micro.count(step):
+            raise ValueError(
+                f"batch(step={step}, micro={micro}): need step >= 0 and 0 <= micro < {self.micro.count(max(0, step))}"
+            )
+        return self.batch_at(self.micro.before(step) + micro)
 
     def batch_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k-th micro-batch of this loader's sequence (batch(step, micro) is batch_at(step * n_micro + micro));
+        """The k-th micro-batch of this loader's sequence (batch(step, micro) is batch_at(before(step) + micro));
         mixing.MixtureLoader reads each source's sequence at its own pace."""
         return self._windows(self._positions_at(k))
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from microgpt.config import ConfigError, Experiment, check_type
 from microgpt.data import shards
-from microgpt.data.loader import Loader, Validation, open_split
+from microgpt.data.loader import ONE, Loader, MicroSchedule, Validation, open_split
 from microgpt.data.sources import SourceError
 
 POLICIES = ("fixed", "firehose")
@@ -207,11 +207,11 @@ class MixtureLoader:
         loaders: list[Loader],
         bandit: Bandit,
         seed: int,
-        n_micro: int,
+        micro: MicroSchedule,
         max_epochs: int,
     ):
         self.folder, self.names, self.loaders, self.bandit = folder, names, loaders, bandit
-        self.seed, self.n_micro, self.max_epochs = seed, n_micro, max_epochs
+        self.seed, self.micro, self.max_epochs = seed, micro, max_epochs
         self.draws = np.zeros(len(names), dtype=np.int64)  # micro-batches taken from each source so far
         self.next_step = 0
         self._plan: tuple[int, list[tuple[int, int]]] | None = None
@@ -229,7 +229,7 @@ class MixtureLoader:
         if step != self.next_step:
             raise RuntimeError(f"mixture: batches for step {step} asked, but the mixture stands at {self.next_step}")
         taken, out = self.draws.copy(), []
-        for micro in range(self.n_micro):
+        for micro in range(self.micro.count(step)):
             i = self.source_of(step, micro)
             ld, k = self.loaders[i], int(taken[i])
             if self.max_epochs and ((k + 1) * ld.global_B - 1) // ld.n_windows >= self.max_epochs:
@@ -243,8 +243,8 @@ class MixtureLoader:
         return out
 
     def batch(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
-        if not 0 <= micro < self.n_micro:
-            raise ValueError(f"batch(step={step}, micro={micro}): need 0 <= micro < {self.n_micro}")
+        if not 0 <= micro < self.micro.count(step):
+            raise ValueError(f"batch(step={step}, micro={micro}): need 0 <= micro < {self.micro.count(step)}")
         i, k = self.plan(step)[micro]
         return self.loaders[i].batch_at(k)
 
@@ -347,11 +347,11 @@ def make_loaders(
     names, t = [d.name for d in dirs], exp.train
     train, val = [], []
     for d in dirs:
-        for split, out, n in (("train", train, t.n_micro), ("val", val, 1)):
+        for split, out, n in (("train", train, MicroSchedule.of(t)), ("val", val, ONE)):
             parts, masks = open_split(d, split, exp)
             out.append(Loader(parts, B, exp.model.seq_len, t.seed, n, masks, f"{d} {split}", shard))
     prior = prior_weights(cfg, names, train, folder)
     bandit = Bandit(cfg, names, prior)
     weights = dict(zip(names, (prior / prior.sum()).tolist()))
-    mixture = MixtureLoader(folder, names, train, bandit, t.seed, t.n_micro, cfg.max_epochs)
+    mixture = MixtureLoader(folder, names, train, bandit, t.seed, MicroSchedule.of(t), cfg.max_epochs)
     return mixture, Validation(dict(zip(names, val)), weights, per_source=True)

@@ -9,7 +9,7 @@ One step on every rank:
   forward + backward as usual; during the last micro-batch's backward, each layer's grads are summed over ranks
   (one all-reduce per layer, started beside the attention backward of the layer below, overlapping the layers
   below: GradReduce and model.gpt_backward),
-  then the embedding's -> scale by 1/(n_micro*N) (AdamW's gscale) -> grad norm, clip, AdamW.
+  then the embedding's -> scale by 1/(count*N), count the step's micro-batches (gscale) -> grad norm, clip, AdamW.
 The summed grads are bit-identical on every rank (NCCL's and gloo's ring and tree all-reduces reduce each
 element in one place, then copy it; the replica check below catches one that would not), so norm, clip and
 AdamW do the same arithmetic everywhere and the weights stay bit-identical with no further traffic. N processes

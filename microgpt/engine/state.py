@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -109,6 +110,13 @@ def _sequences(t: TrainConfig) -> int:
     return t.n_micro * (1 if t.micro_batch == config.AUTO else t.micro_batch)
 
 
+def _divides(t: TrainConfig) -> int:
+    """What a micro-batch must divide: the step's sequences and, with a batch warmup, its first step's (so that both
+    are whole micro-batches)."""
+    first = t.batch_warmup_start * (1 if t.micro_batch == config.AUTO else t.micro_batch)
+    return math.gcd(_sequences(t), first) if t.batch_warmup_steps else _sequences(t)
+
+
 def _plan_bytes(m: ModelConfig, t: TrainConfig, K: Backend, B: int) -> int:
     """The bytes of the training plan for micro-batch B, with t's sequences a step."""
     bufs = training_plan(m, dataclasses.replace(t, micro_batch=B, n_micro=_sequences(t) // B), K)
@@ -119,13 +127,14 @@ def _fitting(
     m: ModelConfig, t: TrainConfig, K: Backend, available: int, below: int | None = None
 ) -> tuple[int, int] | None:
     """(micro-batch, plan bytes) of the largest micro-batch that fits available bytes and keeps t's sequences a
-    step (memory.largest_fitting)."""
-    return memory.largest_fitting(lambda B: _plan_bytes(m, t, K, B), _sequences(t), available, below)
+    step, and a batch warmup's first (memory.largest_fitting)."""
+    return memory.largest_fitting(lambda B: _plan_bytes(m, t, K, B), _divides(t), available, below)
 
 
 def auto_micro_batch(m: ModelConfig, t: TrainConfig, K: Backend, room: int | None, margin: int) -> TrainConfig:
     """t with train.micro_batch "auto" resolved: the largest micro-batch whose plan fits the room the device has
-    for it less the margin, and the n_micro that keeps the step's sequences; one line on stderr says why."""
+    for it less the margin, and the n_micro that keeps the step's sequences (the batch_warmup_start that keeps a
+    batch warmup's first step's: under "auto" both count sequences); one line on stderr says why."""
     S, device = _sequences(t), f"{K.device}"
     if room is None:
         raise memory.PlanError(
@@ -148,7 +157,7 @@ def auto_micro_batch(m: ModelConfig, t: TrainConfig, K: Backend, room: int | Non
         f"({room / memory.GIB:.2f} GiB available less train.memory_margin {margin / memory.GIB:.2f} GiB)",
         file=sys.stderr,
     )
-    return dataclasses.replace(t, micro_batch=B, n_micro=S // B)
+    return dataclasses.replace(t, micro_batch=B, n_micro=S // B, batch_warmup_start=max(1, t.batch_warmup_start // B))
 
 
 def _refit(m: ModelConfig, t: TrainConfig, K: Backend, available: int) -> str:
@@ -160,8 +169,9 @@ def _refit(m: ModelConfig, t: TrainConfig, K: Backend, available: int) -> str:
             "or the model's sizes (model.d_model, model.n_layer, model.seq_len)"
         )
     B, nbytes = found
+    first = f", train.batch_warmup_start {t.batch_warmup_start * t.micro_batch // B}" if t.batch_warmup_steps else ""
     return (
-        f"train.micro_batch {B} with train.n_micro {S // B} fits ({nbytes / memory.GIB:.2f} GiB) and keeps the "
+        f"train.micro_batch {B} with train.n_micro {S // B}{first} fits ({nbytes / memory.GIB:.2f} GiB) and keeps the "
         f"{S} sequences a step (--micro-batch auto picks it)"
     )
 

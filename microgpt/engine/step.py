@@ -5,7 +5,7 @@ function is captured once as a CUDA graph and replayed (one launch per step from
     all-reduce the grads over ranks (data parallel)                              their sum, layer by layer
                                                                                  during the last backward
     norm = ||g||                                                                 of the raw sum, two fixed passes
-    AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(n_micro*world*scale)
+    AdamW with g * gscale * min(1, max_norm / (norm * gscale + 1e-6))            gscale = 1/(count*world*scale)
     and the compute copy of the weights refreshed, the grads zeroed              in the same pass
     the precision's end of each micro-batch (fp8: the operands' amaxes into       max over ranks first
     their histories) and its weights after AdamW (fp8: the E4M3 copies)           one cast per site over the
@@ -13,39 +13,47 @@ function is captured once as a CUDA graph and replayed (one launch per step from
 
 The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
 folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
-AdamW) rather than four times. Everything the device needs from the host sits in planned buffers written before
-each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale) and the loss scale.
-The run writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads once: the
-step's only synchronization.
+AdamW) rather than four times. A step runs `count` micro-batches: train.n_micro, or fewer during a batch-size
+warmup (data/loader.py MicroSchedule); the mean loss and gscale divide by the step's own count, and the plan's
+buffers keep their n_micro rows (a step of fewer uses the first count). On a GPU each count the run takes is its
+own CUDA graph, all captured at the first step. Everything the device needs from the host sits in planned buffers
+written before each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale) and
+the loss scale. The run writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads
+once: the step's only synchronization.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from microgpt.data.loader import MicroSchedule
 from microgpt.engine import model, optim
 from microgpt.engine.collectives import GradReduce
 from microgpt.engine.memory import NORM_BLOCK
 from microgpt.engine.state import TrainState
 
 
-def optimizer_step(S: TrainState, dp: Any = None) -> None:
-    """One optimizer step on the state's device, from the inputs, hyper and loss scale already in its buffers."""
+def optimizer_step(S: TrainState, dp: Any = None, count: int | None = None) -> None:
+    """One optimizer step on the state's device over its first `count` micro-batches (default train.n_micro), from
+    the inputs, hyper and loss scale already in its buffers."""
     K, m, t, A = S.K, S.m, S.t, S.arena
+    count = t.n_micro if count is None else count
     report = A["report"]
     K.zero_(report)
     reduce = GradReduce(dp, m, S.g) if dp is not None else None  # the sum over ranks; gscale makes it the mean
-    for i in range(t.n_micro):
+    for i in range(count):
         tokens, targets = A["tokens"][i], A["targets"][i]
         model.gpt_forward(K, m, S.P_compute, A, tokens, targets, S.G)
-        K.loss_sum(report, A["losses"], targets.reshape(-1), 1.0 / t.n_micro, True)
+        K.loss_sum(report, A["losses"], targets.reshape(-1), 1.0 / count, True)
         K.loss_sum(report[2 + i :], A["losses"], targets.reshape(-1), 1.0, True)
-        last = reduce is not None and i == t.n_micro - 1
+        last = reduce is not None and i == count - 1
         model.gpt_backward(K, m, S.P_compute, S.G, A, tokens, reduce.layer_done if last else None)
         S.prec.end_micro_batch(dp)
     if reduce is not None:
@@ -80,49 +88,56 @@ class StepResult:
 
 class Step:
     """optimizer_step as the trainer calls it: batches and host values in, one run (a graph replay on the GPU),
-    the report out. The first call prepares the run (backend.prepare): on a GPU a warm-up run with gscale = inf,
-    which compiles and tunes everything and updates nothing, then the capture."""
+    the report out. The first call prepares the runs (backend.prepare), one for each micro-batch count the run
+    takes from its step on (MicroSchedule.counts: n_micro alone without a batch warmup): on a GPU a warm-up run with
+    gscale = inf, which compiles and tunes everything and updates nothing, then the capture."""
 
     def __init__(self, S: TrainState, dp: Any = None, graph: bool = True) -> None:
         """graph=False runs the step function itself every call after the warm-up (dev/profile_step.py compares).
         With data parallel on GPUs the graph holds the NCCL all-reduces too: every rank replays one graph."""
         self.S, self.dp, self.graph = S, dp, graph
         self.world = dp.world_size if dp is not None else 1
-        self.run: Any = None
+        self.micro = MicroSchedule.of(S.t)
+        self.runs: dict[int, Callable[[], None]] = {}  # micro-batch count -> its prepared run
 
     def __call__(self, batches: list[tuple[np.ndarray, np.ndarray]], lr: float) -> StepResult:
-        """Run optimizer step S.step (0-based) on n_micro (tokens, targets) batches at learning rate lr."""
-        S, K, t, A = self.S, self.S.K, self.S.t, self.S.arena
-        K.copy_in(A["tokens"], np.stack([x for x, _ in batches]))
-        K.copy_in(A["targets"], np.stack([y for _, y in batches]))
+        """Run optimizer step S.step (0-based) on its (tokens, targets) batches (MicroSchedule.count of them: n_micro
+        without a batch warmup) at learning rate lr."""
+        S, K, A = self.S, self.S.K, self.S.arena
+        count = len(batches)
+        if count != self.micro.count(S.step):
+            raise ValueError(f"step {S.step} reads {self.micro.count(S.step)} micro-batches, got {count}")
+        K.copy_in(A["tokens"][:count], np.stack([x for x, _ in batches]))
+        K.copy_in(A["targets"][:count], np.stack([y for _, y in batches]))
         K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
-        gscale = 1.0 / (t.n_micro * self.world * S.scaler.scale)
-        if self.run is None:
-            self._prepare(lr)
+        gscale = 1.0 / (count * self.world * S.scaler.scale)
+        if count not in self.runs:
+            self._prepare(lr, self.micro.counts(S.step) if not self.runs else [count])
         self._hyper(lr, gscale)
         if S.prec.priming:  # fp8's first step of a fresh run: its casts prime the amax histories first
-            optimizer_step(S, self.dp)
+            optimizer_step(S, self.dp, count)
         else:
-            self.run()
+            self.runs[count]()
         loss, raw_norm, *micro = K.to_numpy(A["report"]).tolist()
         S.scaler.update(math.isfinite(raw_norm))
         S.step += 1
-        return StepResult(loss, raw_norm * gscale, micro)
+        return StepResult(loss, raw_norm * gscale, micro[:count])
 
-    def _prepare(self, lr: float) -> None:
-        """backend.prepare on the steady-state step (a step not priming the precision's state); what the precision
-        keeps is put back as it was after it (fp8's amax slots: the warm-up's casts and rolls must leave no trace in
-        the run's scales)."""
+    def _prepare(self, lr: float, counts: list[int]) -> None:
+        """backend.prepare on the steady-state step of each count (a step not priming the precision's state); what
+        the precision keeps is put back as it was after them (fp8's amax slots: the warm-ups' casts and rolls must
+        leave no trace in the run's scales)."""
         S = self.S
         snap = S.prec.snapshot()
         S.prec.steady()
         self._hyper(lr, math.inf)
-        self.run = S.K.prepare(lambda: optimizer_step(S, self.dp), self.graph)
+        for count in counts:
+            self.runs[count] = S.K.prepare(functools.partial(optimizer_step, S, self.dp, count), self.graph)
         S.prec.restore(snap)
 
     def release(self) -> None:
-        """Drop the prepared run (on a GPU, the CUDA graph, freed now); the next call prepares it again."""
-        self.run = None
+        """Drop the prepared runs (on a GPU, the CUDA graphs, freed now); the next call prepares them again."""
+        self.runs = {}
         gc.collect()
 
     def _hyper(self, lr: float, gscale: float) -> None:

@@ -4,7 +4,9 @@ The optimizer step (microgpt/engine/step.py) sums the gradients of all micro-bat
 raw sum, and leaves scaling and clipping to this function, so the GPU does it inside the same pass. `hyper` holds
 the values that change every step, written by the host before the step runs:
 
-    hyper = [lr, bias1 = 1 - beta1^t, bias2 = 1 - beta2^t, gscale = 1 / (n_micro * world * loss_scale)]
+    hyper = [lr, bias1 = 1 - beta1^t, bias2 = 1 - beta2^t, gscale = 1 / (count * world * loss_scale)]
+
+(count: the step's micro-batches, train.n_micro or fewer in a batch warmup's first steps)
 
 For every element (decay only where decay_mask is 1: the 2-D weights):
 

@@ -34,7 +34,7 @@ def grad_norm_final(norm: NDArray, partials: NDArray) -> None:
 
 def clip_factor(norm: NDArray, gscale: np.floating, max_norm: float) -> np.floating | None:
     """What an optimizer multiplies the raw gradient sums by, in gscale's dtype: gscale * min(1, max_norm / (total +
-    1e-6)), total = norm[0] * gscale the global norm of the mean gradient (gscale = 1 / (n_micro * world *
+    1e-6)), total = norm[0] * gscale the global norm of the mean gradient (gscale = 1 / (count * world *
     loss_scale); max_norm inf: no clip). None where total is not finite (an fp16 overflow, or the warm-up step's inf
     gscale): the step is skipped."""
     dt = type(gscale)

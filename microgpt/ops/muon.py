@@ -5,7 +5,7 @@ optimizer step (microgpt/engine/step.py) hands both the raw gradient sum and its
 scale and the clip into its read of the gradients exactly as AdamW does (microgpt/ops/adamw.py). `hyper` holds the
 values that may change every step, written by the host before the step runs:
 
-    hyper = [lr, mu (momentum), gscale = 1 / (n_micro * world * loss_scale), weight_decay]
+    hyper = [lr, mu (momentum), gscale = 1 / (count * world * loss_scale), weight_decay]   (count: its micro-batches)
 
 For every owned matrix W (rows, cols) at its offset in the flat arrays, with gradient G and momentum M there:
 

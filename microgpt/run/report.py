@@ -4,7 +4,8 @@ process of the run) and the trainer's state at its last step.
 
     recipe       the command, the experiment file and its sha256, the overrides (--set, --steps, --seed, --backend,
                  --precision, --init)
-    tokens seen  the steps' tokens (all ranks): steps x n_micro x micro_batch x seq_len x ranks
+    tokens seen  the steps' tokens (all ranks): micro-batches read x micro_batch x seq_len x ranks, the micro-batches
+                 steps x n_micro, less what a batch warmup's first steps left out (data/loader.py MicroSchedule)
     losses       the last step's train loss and the mean of the last LAST_STEPS steps, the last evaluation's val
                  loss (which windows it scores: Trainer.eval_windows), in nats per token and in bits per byte:
                  loss / ln 2 / (bytes per token of the scored targets: the last step's batches for train, the
@@ -203,7 +204,8 @@ def card(tr: Any, final: Path | None) -> dict[str, Any]:
     info = tr.tokenizer_info
     nbytes = None if info.get("kind") in (None, "unknown") else token_bytes(load_tokenizer(info), tr.m.vocab_size)
     t, plan = tr.t, sum(memory.role_bytes(tr.S.plan, tr.K.precision).values())
-    per_step = t.n_micro * t.micro_batch * tr.m.seq_len * tr.world
+    per_micro = t.micro_batch * tr.m.seq_len * tr.world
+    per_step = t.n_micro * per_micro
     peak = tr.memory_peak()
     return {
         "format": REPORT_FORMAT,
@@ -215,7 +217,7 @@ def card(tr: Any, final: Path | None) -> dict[str, Any]:
         "recipe": tr.recipe,
         "init": tr.init or None,
         "config": tr.exp.to_dict(),
-        "tokens": {"seen": tr.step * per_step, "per_step": per_step},
+        "tokens": {"seen": tr.micro.before(tr.step) * per_micro, "per_step": per_step},
         "loss": _losses(tr, records, nbytes),
         "hellaswag": _hellaswag(tr, records),
         "speed": _speed(tr, records, starts[-1] if starts else 0),
@@ -278,6 +280,13 @@ def _recipe(r: dict[str, Any]) -> str:
     )
 
 
+def _tokens_seen(tok: dict[str, Any], steps: int) -> str:
+    """The tokens read, and how: per step x steps, or fewer than that where a batch warmup's first steps read less."""
+    full = tok["per_step"] * steps
+    how = "" if tok["seen"] == full else f"; {full - tok['seen']:,} fewer in the batch warmup's first steps"
+    return f"{tok['seen']:,} ({tok['per_step']:,} per step x {steps:,} steps{how})"
+
+
 def markdown(c: dict[str, Any]) -> str:
     """The card for people: one table of the numbers, then the samples."""
     loss, speed, mem, tok, hs = c["loss"], c["speed"], c["memory"], c["tokens"], c.get("hellaswag")
@@ -286,7 +295,7 @@ def markdown(c: dict[str, Any]) -> str:
     rows = [
         ("recipe", _recipe(c["recipe"])),
         ("init", f"weights of {c['init']['path']} (step {c['init']['step']})" if c["init"] else "none (from seed)"),
-        ("tokens seen", f"{tok['seen']:,} ({tok['per_step']:,} per step x {c['step']:,} steps)"),
+        ("tokens seen", _tokens_seen(tok, c["step"])),
         (
             "train loss",
             f"{_num(loss['train'], '.4f')} nats/token at step {loss['train_step']} (mean of the last "

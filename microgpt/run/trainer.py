@@ -64,6 +64,7 @@ class Trainer:
         self.exp, self.m, self.t, self.out = dataclasses.replace(exp, train=t), m, t, Path(out)
         self.K = self.S.K
         self.train_data, self.val_data = data.make_loaders(self.exp, t.micro_batch, shard=(self.rank, self.world))
+        self.micro = data.MicroSchedule.of(t)  # the micro-batches each step reads (a batch warmup's fewer first)
         self.data_info = data.data_description(self.exp)  # for every checkpoint's sidecar: the data do not change
         self.tokenizer_info = tokenizer_info or {}
         self.step_fn = Step(self.S, dp)
@@ -91,13 +92,13 @@ class Trainer:
         t, step = self.t, self.step
         t0 = time.perf_counter()
         lr = lr_at(step, t)
-        batches = [self.train_data.batch(step, micro) for micro in range(t.n_micro)]
+        batches = [self.train_data.batch(step, micro) for micro in range(self.micro.count(step))]
         self.last_targets = [y for _, y in batches]  # the report card's bytes per token of the final train loss
         self.signals.critical = True
         res = self.step_fn(batches, lr)
         mix = self._end_mixture(step, res.micro_losses)  # with the step, so a checkpoint never sees half of it
         dt = time.perf_counter() - t0
-        tokens = t.n_micro * t.micro_batch * self.m.seq_len * self.world
+        tokens = len(batches) * t.micro_batch * self.m.seq_len * self.world  # the tokens this step read
         return {
             "event": "step",
             "step": self.step,

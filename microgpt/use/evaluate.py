@@ -125,7 +125,7 @@ def shard_windows(ld: Trained, folder: Path, split: str, n: int | None, B: int) 
     if not folder.is_dir():
         raise EvalError(f"--data {folder}: not a folder")
     parts, masks = open_split(folder, split, ld.exp)
-    ld_ = Loader(parts, B, ld.exp.model.seq_len, ld.exp.train.seed, 1, masks, f"{folder} {split}")
+    ld_ = Loader(parts, B, ld.exp.model.seq_len, ld.exp.train.seed, masks=masks, where=f"{folder} {split}")
     return Windows(
         ld_.n_windows if n is None else n,
         lambda lo, hi: ld_._windows(np.arange(lo, hi, dtype=np.int64) % ld_.n_windows),

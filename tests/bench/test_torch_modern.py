@@ -197,3 +197,29 @@ def test_compiled_twin_on_cuda_agrees_with_the_reference() -> None:
         got_w = model.slot(name).detach().t().cpu().numpy()
         step_ref, step_got = before[name] - w[name], got_w - w[name]
         assert np.linalg.norm(step_got - step_ref) / np.linalg.norm(step_ref) < 3e-2, name
+
+
+def test_the_twin_follows_the_engines_batch_warmup(tmp_path) -> None:
+    """With a batch warmup the twin reads the engine's micro-batches of each step (1, 1, 2, 3, 3 of n_micro 3), its
+    loss the mean over them: the engine's losses (fp32 both, rounding apart) and tokens; its calibration times whole
+    steps (those after the warmup)."""
+    from microgpt import config
+    from microgpt.run import trainer
+    from tests.conftest import TINY
+
+    train = {**TINY["train"], "optimizer": "muon", "weight_decay": 0.0, "n_micro": 3, "micro_batch": 2}
+    train.update(batch_warmup_steps=3, batch_warmup_start=1, steps=5)
+    exp = config.from_dict({**TINY, "model": {**TINY["model"], "block": "modern", "n_head": 2}, "train": train})
+    engine = trainer.Trainer(exp, tmp_path / "engine")
+    want = [engine.train_step() for _ in range(5)]
+    run = tm.Run(exp, "cpu", compiled=False)
+    t = tm.schedule(run.t, 5)
+    got = [run.step(s, t) for s in range(5)]
+    assert [r["tokens"] for r in got] == [r["tokens"] for r in want] == [2 * 32 * c for c in (1, 1, 2, 3, 3)]
+    for a, b in zip(got, want):
+        assert abs(a["loss"] - b["loss"]) < 1e-4 * b["loss"], (a["step"], a["loss"], b["loss"])
+    timed = []
+    step = run.step
+    run.step = lambda s, t: timed.append((s, run.micro.count(s))) or step(s, t)
+    run.calibrate(1, 2)
+    assert timed == [(3, 3), (4, 3), (5, 3)]

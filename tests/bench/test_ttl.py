@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench import plot, ttl, ttl_data, ttl_results
-from microgpt import config
+from microgpt import config, data
 from microgpt.config import TrainConfig
 from microgpt.engine.optim import lr_at
 from tests.conftest import REPO
@@ -95,6 +95,29 @@ def test_training_seconds_count_the_first_steps_at_the_median() -> None:
         levers, "d"
     )
     assert ttl.parser().parse_args(["--sides", "b,d,e,h"]).sides == ["b", "d", "e", "h"]
+
+
+def test_a_batch_warmup_side_counts_its_cheaper_steps(tmp_path: Path) -> None:
+    """Side (d) with a batch warmup: its warm steps counted at the median of the later steps of their tokens, its step
+    time and tokens/s its whole steps', the tokens it read summed; the budget's steps those whose micro-batches are
+    the whole steps' (unchanged without a warmup); its calibration runs whole steps."""
+    tokens = [100, 200, 300, 300, 100, 200, 300, 300, 300]  # a warmup's counts (1, 2, 3 of 100 tokens), then whole
+    dts = [9000.0, 8000.0, 7000.0, 300.0, 100.0, 210.0, 310.0, 290.0, 300.0]
+    steps = [
+        {"event": "step", "step": i + 1, "dt_ms": dt, "tokens": n, "loss": 5.0}
+        for i, (dt, n) in enumerate(zip(dts, tokens))
+    ]
+    s = ttl_results.summarize([*steps, {"event": "eval", "step": 9, "val_loss": 5.0}], warm=3)
+    assert s["step_s"] == pytest.approx(0.3) and s["tokens_per_s"] == pytest.approx(1000.0)
+    assert s["first_steps_s"] == [9.0, 8.0, 7.0] and s["tokens"] == sum(tokens) and s["tokens_per_step"] == 300
+    assert s["train_s"] == pytest.approx(0.1 + 0.21 + 0.3 + sum(dts[3:]) / 1000)  # the warm steps at 0.1, 0.21, 0.3
+    micro = data.MicroSchedule(n_micro=4, warmup_steps=6, start=1)  # 1, 1, 2, 2, 3, 3: 12 micro-batches, then 4
+    assert ttl_results.plan(20.0, 1.0, 5.0, 2) == ttl_results.plan(20.0, 1.0, 5.0, 2, data.MicroSchedule(4)) == (20, 5)
+    steps_w, every = ttl_results.plan(20.0, 1.0, 5.0, 2, micro)
+    assert (steps_w, every) == (23, 5) and micro.before(steps_w) == 80 > micro.before(steps_w - 1)
+    cmd = ttl.calibration_cmd(str(REPO / ttl.SHAPES["tiny"].modern), tmp_path, ["train.seed=3"], 15)
+    assert cmd[-8:] == ["--set", "train.batch_warmup_steps=0", "--set", "train.steps=15", "--set",
+                        f"train.eval_every={config.INT_MAX}", "--set", "train.warmup_steps=0"]  # fmt: skip
 
 
 def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:

@@ -35,11 +35,11 @@ def write_corpus(folder: Path) -> Path:
     return folder
 
 
-def experiment(folder: Path, seed: int = 11, loss_mask: bool = False) -> config.Experiment:
+def experiment(folder: Path, seed: int = 11, loss_mask: bool = False, **train: int) -> config.Experiment:
     return config.from_dict(
         {
             "model": {"vocab_size": 512, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": T},
-            "train": {"micro_batch": B, "n_micro": N_MICRO, "seed": seed},
+            "train": {"micro_batch": B, "n_micro": N_MICRO, "seed": seed, **train},
             "data": {"source": "shards", "path": str(folder), "tokenizer": "bytes", "loss_mask": loss_mask},
         }
     )
@@ -110,6 +110,65 @@ def test_every_window_of_an_epoch_once_then_reshuffled(tmp_path: Path) -> None:
     assert epoch1 != epoch2  # reshuffled
     covered = np.concatenate([np.arange(f, f + T) for f in epoch1])  # x rows: every token of the epoch once
     assert np.array_equal(np.sort(covered), np.concatenate([np.arange(f, f + T) for f in valid]))
+
+
+def window_starts() -> np.ndarray:
+    """The first token of each of the W windows, in global window order (the corpus's token i is id i)."""
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
+    return np.array([int(s) + T * k for s, n in zip(starts, LENGTHS) for k in range((n - 1) // T)])
+
+
+def test_without_a_batch_warmup_the_old_positions_are_read(tmp_path: Path) -> None:
+    """docs/ANDREA.md's formula as it stood before the batch warmup: row r of micro-batch m of step s is position
+    p = (s * n_micro + m) * B + r, window perm_e[p mod W] of epoch e = p div W, perm_e from (seed, e, 0xDA7A)."""
+    train, _ = data.make_loaders(experiment(write_corpus(tmp_path / "c")), B)
+    firsts = window_starts()
+    for s in (0, 1, 4, 9, 31):
+        for m in range(N_MICRO):
+            x, _ = train.batch(s, m)
+            for r in range(B):
+                e, i = divmod((s * N_MICRO + m) * B + r, W)
+                assert x[r, 0] == firsts[np.random.default_rng([11, e, 0xDA7A]).permutation(W)[i]], (s, m, r)
+
+
+@pytest.mark.parametrize("n_micro, start, steps", [(3, 1, 4), (4, 2, 3), (5, 1, 2), (3, 3, 5), (4, 1, 11)])
+def test_micro_schedule_closed_form(n_micro: int, start: int, steps: int) -> None:
+    """count(s) rises from batch_warmup_start to n_micro over batch_warmup_steps steps; before(s), the closed form, is
+    the sum of the counts of the steps before s; counts(s) are the counts from step s on."""
+    t = config.TrainConfig(n_micro=n_micro, batch_warmup_steps=steps, batch_warmup_start=start)
+    sch = data.MicroSchedule.of(t)
+    counts = [sch.count(s) for s in range(3 * steps + 5)]
+    assert counts[0] == start and counts[steps:] == [n_micro] * (len(counts) - steps)
+    assert counts == sorted(counts) and all(b - a <= n_micro for a, b in zip(counts, counts[1:]))
+    assert all(c == start + s * (n_micro - start) // steps for s, c in enumerate(counts[:steps]))
+    assert [sch.before(s) for s in range(len(counts))] == [sum(counts[:s]) for s in range(len(counts))]
+    assert all(sch.counts(s) == sorted(set(counts[s:])) for s in range(len(counts)))
+    off = data.MicroSchedule.of(config.TrainConfig(n_micro=n_micro, batch_warmup_start=start))
+    assert [(off.count(s), off.before(s)) for s in range(9)] == [(n_micro, n_micro * s) for s in range(9)]
+    assert off.counts(0) == [n_micro]
+
+
+def test_a_batch_warmup_cuts_the_same_rows_into_smaller_first_steps(tmp_path: Path) -> None:
+    """With a batch warmup step s reads count(s) micro-batches, row r of micro-batch m at position (before(s) + m) B
+    + r: steps 0, 1, .. read the warmup-free run's rows in its order, fewer a step at first; data parallel ranks
+    read their rows of the same global micro-batches."""
+    folder = write_corpus(tmp_path / "c")
+    warm = {"n_micro": 3, "batch_warmup_steps": 4, "batch_warmup_start": 1}
+    plain, _ = data.make_loaders(experiment(folder, n_micro=3), B)
+    train, _ = data.make_loaders(experiment(folder, **warm), B)
+    got = [train.batch(s, m) for s in range(9) for m in range(train.micro.count(s))]
+    assert [train.micro.count(s) for s in range(9)] == [1, 1, 2, 2, 3, 3, 3, 3, 3] and len(got) == 21
+    want = [plain.batch(s, m) for s in range(7) for m in range(3)]
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert np.array_equal(gx, wx) and np.array_equal(gy, wy)
+    with pytest.raises(ValueError, match=r"batch\(step=2, micro=2\): need step >= 0 and 0 <= micro < 2"):
+        train.batch(2, 2)
+    for rank in range(2):  # two ranks of micro-batch 2 read the rows of one process with 4
+        whole, _ = data.make_loaders(experiment(folder, **warm), 4)
+        part, _ = data.make_loaders(experiment(folder, **warm), 2, shard=(rank, 2))
+        for s, m in ((0, 0), (2, 1), (5, 2), (40, 0)):
+            for a, b in zip(part.batch(s, m), whole.batch(s, m)):
+                assert np.array_equal(a, b[rank * 2 : rank * 2 + 2]), (rank, s, m)
 
 
 def test_loss_mask_and_val_batches(tmp_path: Path) -> None:

@@ -97,9 +97,12 @@ def test_exploration_floor_and_prior() -> None:
     assert b.policy()[1] == pytest.approx(0.02)  # the floor holds however bad a source looks
 
 
-def test_draws_are_pure_and_shared_by_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("train", [{}, {"n_micro": 3, "batch_warmup_steps": 4}], ids=["plain", "batch-warmup"])
+def test_draws_are_pure_and_shared_by_ranks(tmp_path: Path, train: dict) -> None:
+    """Every rank draws the same source for each micro-batch of a step (a batch warmup's fewer, as many as the step
+    reads) and reads its rows of that source's micro-batch."""
     root = write_sources(tmp_path / "src")
-    exp = config.from_dict(experiment(root, FIREHOSE))
+    exp = config.from_dict(experiment(root, FIREHOSE, **train))
     whole, val = data.make_loaders(exp, 8)
     assert isinstance(whole, mixing.MixtureLoader) and list(val.sources) == list(SOURCES)
     ranks = [data.make_loaders(exp, 4, shard=(r, 2))[0] for r in range(2)]
@@ -112,6 +115,8 @@ def test_draws_are_pure_and_shared_by_ranks(tmp_path: Path) -> None:
             np.testing.assert_array_equal(x, np.concatenate([r.batch(step, micro)[0] for r in ranks]))
         for ld in (whole, *ranks):
             ld.end_step(step, [1.0] * len(plan))
+        assert len(plan) == data.MicroSchedule.of(exp.train).count(step)
+        assert whole.draws.sum() == data.MicroSchedule.of(exp.train).before(step + 1)
     with pytest.raises(RuntimeError, match="stands at 6"):
         whole.batch(2, 0)
 

@@ -94,6 +94,43 @@ def test_one_step_function_gives_the_same_update_on_both_backends() -> None:
     assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
 
 
+WARMUP = {"n_micro": 3, "batch_warmup_steps": 2, "batch_warmup_start": 1}  # steps of 1, 2, then 3 micro-batches
+
+
+def test_batch_warmup_steps_match_numpy() -> None:
+    """A batch warmup on Triton: steps of 1, 2 and 3 micro-batches (each count a prepared run of its own) give the
+    NumPy backend's losses, norms, per-micro-batch losses and weights."""
+    t = TrainConfig(micro_batch=B, grad_clip=0.05, weight_decay=0.1, **WARMUP)
+    rng = np.random.default_rng(4)
+    steps = [[_batch(rng) for _ in range(count)] for count in (1, 2, 3)]
+    results = {}
+    for name in ("numpy", "triton"):
+        S = _state(name, t)
+        step = Step(S)
+        results[name] = (S, [step(batches, 1e-3) for batches in steps], sorted(step.runs))
+    (Sn, rn, runs_n), (St, rt, runs_t) = results["numpy"], results["triton"]
+    assert runs_n == runs_t == [1, 2, 3]
+    for a, b, count in zip(rt, rn, (1, 2, 3)):
+        assert len(a.micro_losses) == len(b.micro_losses) == count
+        assert abs(a.loss - b.loss) < 1e-5 * abs(b.loss) and abs(a.loss - np.mean(a.micro_losses)) < 1e-6 * a.loss
+        assert abs(a.grad_norm - b.grad_norm) < 1e-4 * b.grad_norm
+    for name in ("p", "adam_m", "adam_v"):
+        check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
+
+
+def test_fp16_warmup_step_is_the_step_of_its_count() -> None:
+    """fp16 (loss scaling): a warmup step of one micro-batch, of a run of n_micro 3, is bit for bit the step of a
+    run of n_micro 1 on the same batch: the loss head scales by the loss scale, gscale = 1 / (count x scale)
+    divides it out with the step's own count."""
+    batch = [_batch(np.random.default_rng(5))]
+    got = {}
+    for name, train in (("warmup", WARMUP), ("one", {"n_micro": 1})):
+        S = _state("triton", TrainConfig(micro_batch=B, precision="fp16", backend="triton", **train))
+        res = Step(S)(batch, 1e-3)
+        got[name] = (res.loss, res.grad_norm, S.K.to_numpy(S.p).tobytes(), S.K.to_numpy(S.adam_v).tobytes())
+    assert got["warmup"] == got["one"]
+
+
 def test_fp16_compute_copy_follows_master() -> None:
     """fp16 compute: AdamW keeps the compute copy of the weights equal to the rounded fp32 masters."""
     S = _state("triton", TrainConfig(micro_batch=B, n_micro=1, precision="fp16", backend="triton"))

@@ -95,6 +95,37 @@ def test_two_muon_steps_match_numpy() -> None:
     assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
 
 
+def test_batch_warmup_muon_steps_match_numpy() -> None:
+    """A batch warmup under Muon on Triton: steps of 1, 2 and 3 micro-batches (n_micro 3 from 1 over 2 steps) give
+    the NumPy backend's losses, norms, weights and momentum."""
+    t = TrainConfig(
+        micro_batch=B,
+        n_micro=3,
+        batch_warmup_steps=2,
+        batch_warmup_start=1,
+        grad_clip=0.05,
+        optimizer="muon",
+        lr=0.05,
+        head_lr=0.01,
+        muon_lr=0.03,
+        weight_decay=0.0,
+        beta1=0.8,
+    )
+    rng = np.random.default_rng(6)
+    steps = [[_batch(rng) for _ in range(count)] for count in (1, 2, 3)]
+    results = {}
+    for name in ("numpy", "triton"):
+        S = _state(name, t)
+        step = Step(S)
+        results[name] = (S, [step(batches, t.lr) for batches in steps])
+    (Sn, rn), (St, rt) = results["numpy"], results["triton"]
+    for a, b in zip(rt, rn):
+        assert abs(a.loss - b.loss) < 1e-5 * abs(b.loss)
+        assert abs(a.grad_norm - b.grad_norm) < 1e-4 * b.grad_norm
+    for name in ("p", "adam_m"):
+        check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
+
+
 @pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
 def test_decode_matches_numpy(m: ModelConfig) -> None:
     """The decode step (rotary at each row's position, from its own cache row) on both backends."""
