@@ -3,7 +3,8 @@ nn.Module, Muon on the block matrices and AdamW on the embedding and the head, t
 bench/ttl.py; written from the recipe, as bench/torch_gpt.py is for GPT-2.
 
     x0 = rmsnorm(wte[tokens])                                    no position table
-    per layer: q, k, v = rmsnorm(x) @ w_q, w_k, w_v;  q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
+    per layer: x = x + skip_w[j] * kept_j  where the layer is L-1-j for skip j (model.skips: kept_j, x after layer j)
+               q, k, v = rmsnorm(x) @ w_q, w_k, w_v;  q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
                v = v + ve_j[tokens]  where the layer has a value embedding (model.value_embeds)
                x = x + causal_attention(q, k, v) @ w_o;  x = x + relu(rmsnorm(x) @ w_1)^2 @ w_2
     loss = cross_entropy(softcap * tanh(rmsnorm(x) @ lm_head.T / softcap), targets)
@@ -17,8 +18,9 @@ Muon (docs/ANDREA.md section 9): G' = the clipped mean gradient; M += (1 - mu)(G
 X = U / (|U|_F + 1e-7) in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A,
 X = a X + B X; then W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte (and
 the value embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at train.head_lr (0: train.lr), both decayed
-by train.weight_decay (microgpt decays matrices and embeddings). The global grad norm is clipped at train.grad_clip
-before both optimizers, as microgpt's step does.
+by train.weight_decay (microgpt decays matrices and embeddings), and the skips' scalars skip_w at train.head_lr, not
+decayed (microgpt decays no vector). The global grad norm is clipped at train.grad_clip before both optimizers, as
+microgpt's step does.
 
 Data, initial weights, schedule and timing are microgpt's: the batches of (step, micro) and the validation windows
 come from microgpt.data.make_loaders of the same experiment (a batch warmup's fewer micro-batches in its first steps,
@@ -100,6 +102,8 @@ class Modern(nn.Module):
         self.lm_head = nn.Parameter(torch.empty(V, C))
         self.ve = nn.Parameter(torch.empty(m.value_embeds, V, C))  # value embeddings; (0, V, C) without
         self.ve_of = [params.value_embed(m, layer) for layer in range(L)]  # layer -> "ve{j}" or None
+        self.skip_w = nn.Parameter(torch.empty(m.skips))  # the skips' scalars; (0,) without
+        self.skip_of = [params.skip_into(m, layer) for layer in range(L)]  # layer -> the skip j it receives, or None
         cos, sin = rope_tables(m.seq_len, self.head_dim, float(m.rope_base))
         self.register_buffer("cos", cos, persistent=False)  # float64; rope rounds them to its input's dtype
         self.register_buffer("sin", sin, persistent=False)
@@ -109,7 +113,9 @@ class Modern(nn.Module):
         the one place the two layouts meet."""
         block, _, leaf = name.rpartition(".")
         if not block:
-            return self.ve[int(leaf[2:])] if leaf.startswith("ve") else {"wte": self.wte, "lm_head": self.lm_head}[leaf]
+            if leaf.startswith("ve"):
+                return self.ve[int(leaf[2:])]
+            return {"wte": self.wte, "lm_head": self.lm_head, "skip_w": self.skip_w}[leaf]
         i = int(block[1:])
         return {
             "w_q": self.qkvo[i, 0],
@@ -132,7 +138,10 @@ class Modern(nn.Module):
         C = H * D
         cos, sin = self.cos[:T], self.sin[:T]
         x = rmsnorm(F.embedding(idx, self.wte))
+        kept = []
         for i in range(self.qkvo.shape[0]):
+            if (j := self.skip_of[i]) is not None:
+                x = x + self.skip_w[j] * kept[j]
             q, k, v = F.linear(rmsnorm(x), self.qkvo[i, :3].reshape(3 * C, C)).view(B, T, 3, H, D).unbind(2)
             if self.ve_of[i] is not None:
                 v = v + F.embedding(idx, self.slot(self.ve_of[i])).view(B, T, H, D)
@@ -140,6 +149,8 @@ class Modern(nn.Module):
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
             x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.qkvo[i, 3])
             x = x + F.linear(F.relu(F.linear(rmsnorm(x), self.fc[i])).square(), self.proj[i])
+            if i < self.skip_w.numel():
+                kept.append(x)
         logits = F.linear(rmsnorm(x), self.lm_head)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in fp32
         if self.softcap:
@@ -189,10 +200,12 @@ class Muon:
 
 
 def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
-    """AdamW on wte (with the value embeddings) and lm_head, each group named as engine/optim.py's group_lrs names its
-    lr."""
+    """AdamW on wte (with the value embeddings), lm_head and the skips' scalars (undecayed), each group named as
+    engine/optim.py's group_lrs names its lr."""
     embeddings = [model.wte, model.ve] if model.ve.numel() else [model.wte]
     groups = [{"params": embeddings, "name": "adamw"}, {"params": [model.lm_head], "name": "head"}]
+    if model.skip_w.numel():
+        groups.append({"params": [model.skip_w], "name": "head", "weight_decay": 0.0})
     return torch.optim.AdamW(
         groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay, fused=model.wte.is_cuda
     )

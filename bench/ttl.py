@@ -7,6 +7,7 @@
     python3 bench/ttl.py --shape tiny                 # the CPU smoke path: numpy engine, PyTorch eager, seconds
     python3 bench/ttl.py --shape 120m --sides b,d --set d:model.value_embeds=2   # (b) against (b) with a lever
     python3 bench/ttl.py --shape 120m --sides b,d,e --set d:model.value_embeds=2 --set e:train.precision=fp8
+    python3 bench/ttl.py --shape 120m --sides b,d --set d:model.skips=6          # ... U-net skips (L/2 of them)
 
 Sides: (a) `microgpt train` of the GPT-2 recipe (ANDREA's experiment), (b) `microgpt train` of the modern recipe (an
 experiment of model.block "modern", train.optimizer "muon"; the shape's ANDREA-*-MODERN-TRAIN.json, or --modern), (c)

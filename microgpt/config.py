@@ -45,6 +45,9 @@ class ModelConfig:
     # modern: k value-embedding tables (V, C); table j is added to the values of layer j and of layer L - k + j
     # (engine/params.py value_embed); 0: none
     value_embeds: int = 0
+    # modern: k U-net skip connections; the residual stream after layer j (j < k) is added, times the learned scalar
+    # skip_w[j], to the input of layer L - 1 - j (engine/params.py skip_into); 0: none
+    skips: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -307,6 +310,11 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
         raise ConfigError(
             f"{src}: model.value_embeds needs model.block 'modern' and 0 <= 2 x value_embeds <= model.n_layer "
             f"({m.n_layer}), got {m.value_embeds} on block {brief(m.block)}"
+        )
+    if m.skips and (m.block != "modern" or not 0 < 2 * m.skips <= m.n_layer):
+        raise ConfigError(
+            f"{src}: model.skips needs model.block 'modern' and 0 <= 2 x skips <= model.n_layer ({m.n_layer}), got "
+            f"{m.skips} on block {brief(m.block)}"
         )
     if t.optimizer == "muon" and m.block != "modern":
         raise ConfigError(

@@ -261,14 +261,14 @@ def test_modern_table_matches_the_experiment(name: str) -> None:
 
 
 def test_modern_order_and_groups_are_the_code_s() -> None:
-    """Section 9's parameter table is the MODERN family's canonical order (with a value embedding: ve{j}), and its
-    Muon groups at ANDREA-120M's width are engine/optim.py's."""
+    """Section 9's parameter table is the MODERN family's canonical order (with a value embedding: ve{j}, and skips:
+    skip_w), and its Muon groups at ANDREA-120M's width are engine/optim.py's."""
     m = config.load(REPO / "experiments" / "ANDREA-120M-MODERN-TRAIN.json").model
     table = MODERN_SECTION.split("| # | name | shape |")[1].split("\n\n")[0]
     names = [n for line in table.splitlines() for n in re.findall(r"`([\w{}.]+)`", line.split("|")[2])]
     want = [
         name.replace("h0.", "h{l}.").replace("ve0", "ve{j}")
-        for name, _ in params.param_shapes(dataclasses.replace(m, value_embeds=1))
+        for name, _ in params.param_shapes(dataclasses.replace(m, value_embeds=1, skips=1))
         if not name.startswith("h") or name.startswith("h0.")
     ]
     assert names == want
@@ -368,6 +368,22 @@ def test_batch_warmup_example_is_the_code_s() -> None:
     assert {"batch_warmup_steps", "batch_warmup_start"} <= set(
         re.findall(r"`train\.(\w+)` \([0-9.]+ by default\)", MODERN_FLAT)
     )
+
+
+def test_modern_skips_are_the_code_s() -> None:
+    """The skips' pairing (layer L-1-j receives skip j, at most L/2 of them: the config's bound), their scalars' init
+    and optimizer row."""
+    from microgpt.config import ConfigError
+
+    bound = stated(r"Skip connections \(`model\.skips` = k, 0 by default, at most L/(\d)\)").group(1)
+    m = dataclasses.replace(config.ModelConfig(block="modern"), n_layer=6, skips=6 // int(bound))
+    assert [params.skip_into(m, layer) for layer in range(6)] == [None, None, None, 2, 1, 0]
+    with pytest.raises(ConfigError, match="model.skips"):
+        config.from_dict({"model": {**dataclasses.asdict(m), "skips": m.skips + 1}})
+    init = stated(r"`skip_w` is one \(k,\) vector of learned scalars, initialised to (\d)").group(1)
+    assert params.named(params.init_weights(m, 0), m)["skip_w"].tolist() == [float(init)] * 3
+    assert "`skip_w` a call of its own at the head's lr" in MODERN_FLAT
+    assert ("head", *[params.param_offsets(m)["skip_w"] + d for d in (0, 3)]) in optim.adamw_ranges(m)
 
 
 @pytest.mark.parametrize("name", ["tiny", "12M", "120M"])

@@ -177,19 +177,21 @@ def test_the_modern_block_exports_as_nanochat(tmp_path: Path) -> None:
     assert "model.softcap 10: " in res.stderr and not (tmp_path / "m.gguf").exists()
 
 
-def test_value_embeddings_are_refused_in_one_line(tmp_path: Path) -> None:
-    """model.value_embeds: no transformers class computes it (NanoChat has no value embeddings), nor any llama.cpp
-    architecture: each format refuses in one line, writing nothing."""
+@pytest.mark.parametrize("lever, why", [({"value_embeds": 1}, "model.value_embeds 1"), ({"skips": 1}, "model.skips 1")])
+def test_value_embeddings_and_skips_are_refused_in_one_line(tmp_path: Path, lever: dict, why: str) -> None:
+    """model.value_embeds, model.skips: no transformers class computes them (NanoChat has neither value embeddings
+    nor skips between layers), nor any llama.cpp architecture: each format refuses in one line naming the field,
+    writing nothing."""
     from tests.test_modern import MODERN_RUN
 
     exp = write_experiment(
         tmp_path,
-        model={**MODERN_RUN["model"], "vocab_size": 512, "value_embeds": 1},
+        model={**MODERN_RUN["model"], "vocab_size": 512, **lever},
         train={**MODERN_RUN["train"], "steps": 2},
         data={"path": str(tmp_path / "data")},
     )
     assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
-    for out, fmt, why in (("hf", "hf", "model.value_embeds 1"), ("m.gguf", "gguf", "model.value_embeds 1")):
+    for out, fmt in (("hf", "hf"), ("m.gguf", "gguf")):
         res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / out), "--format", fmt)
         assert res.returncode == 2 and res.stderr.startswith(f"error: --format {fmt}: "), res.stderr
         assert why in res.stderr and len(res.stderr.splitlines()) == 1 and not (tmp_path / out).exists()

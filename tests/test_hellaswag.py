@@ -4,6 +4,7 @@ before anything is written. The scorer itself against llm.c's definitions: tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -92,10 +93,14 @@ def test_scored_during_training_as_eval_scores_its_checkpoint(tmp_path: Path) ->
     assert losses(recs) == losses(plain)
 
 
-def test_the_training_arena_scores_as_an_inference_plan() -> None:
+@pytest.mark.parametrize("skips", [0, 2], ids=["gpt2", "modern-skips"])
+def test_the_training_arena_scores_as_an_inference_plan(skips: int) -> None:
     """training_infer_state: views of the training arena only (no allocation beyond the training plan), whose ending
-    losses are an inference plan's of the same weights, the plan's rows packed to their own length."""
+    losses are an inference plan's of the same weights, the plan's rows packed to their own length; the modern block
+    with skips keeps its streams in the saved inputs of layers 1 .. k."""
     m = config.ModelConfig(vocab_size=256, d_model=32, n_layer=2, n_head=4, seq_len=32)
+    if skips:
+        m = dataclasses.replace(m, block="modern", n_layer=5, skips=skips)
     t = config.TrainConfig(micro_batch=3, n_micro=2)
     S = make_state(m, t, numpy_backend())
     w = params.init_weights(m, 5) + np.random.default_rng(0).standard_normal(params.n_params(m)).astype(np.float32) / 9

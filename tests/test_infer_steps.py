@@ -63,15 +63,17 @@ def test_a_copied_cache_row_decodes_as_its_source() -> None:
     check("row 3 (copied) against row 0", logits[1], logits[0], 1e-6)
 
 
-@pytest.mark.parametrize("block", ["gpt2", "modern"])
+@pytest.mark.parametrize("block", ["gpt2", "modern", "modern-skips"])
 @pytest.mark.parametrize("b, t", [(1, 7), (3, 5)])
 def test_window_logits_are_the_scoring_forwards_logits(b: int, t: int, block: str) -> None:
     """After a window with targets, -log_softmax(window_logits)[target] is the per-token loss the step wrote: the
-    same head (the modern block's untied one) and the same soft-cap."""
+    same head (the modern block's untied one) and the same soft-cap; with skips (model.skips) too, whose kept
+    streams the inference plan holds (tests/test_modern.py checks these losses against the training forward's)."""
     if block == "gpt2":
         S = state()
     else:
-        m = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0)
+        skips = 1 if block == "modern-skips" else 0  # n_layer 2: layer 1 adds its own input times skip_w[0]
+        m = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0, skips=skips)
         w = params.init_weights(m, 3) + np.random.default_rng(3).standard_normal(params.n_params(m)).astype(np.float32)
         S = make_infer_state(m, numpy_backend(), 4, w * 0.5)
     rng = np.random.default_rng(b)

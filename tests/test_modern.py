@@ -28,6 +28,11 @@ M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11, bloc
 MV = ModelConfig(
     vocab_size=61, d_model=24, n_layer=5, n_head=3, seq_len=11, block="modern", softcap=4.0, value_embeds=2
 )
+# with skips: layer 3 adds the stream after layer 0 (its input gradient waits in dskip), layer 2 the stream after
+# layer 1, its own input (2k = L: kept in skip_kept)
+MS = dataclasses.replace(M, n_layer=4, skips=2)
+# skips and value embeddings together, no layer of one kept stream receiving another: 3 adds after 1, 4 after 0
+MSV = dataclasses.replace(MV, skips=2, value_embeds=1)
 B = 3
 EPS = 1e-6
 
@@ -49,14 +54,18 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
 
 def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
     """The modern recipe with [in, out] weights: RMSNorm without weights, QK-norm then RoPE, ReLU^2, untied head,
-    logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j."""
+    logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j;
+    skip j: the stream after layer j, times skip_w[j], added to layer L - 1 - j's input."""
     Bn, T = tokens.shape
     C, H = m.d_model, m.n_head
     D = C // H
     x = rms(P["wte"][tokens])
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    kept = []
     for layer in range(m.n_layer):
         h = f"h{layer}."
+        if (j := m.n_layer - 1 - layer) < m.skips:
+            x = x + P["skip_w"][j] * kept[j]
         a = rms(x)
         q, k, v = a @ P[h + "w_q"], a @ P[h + "w_k"], a @ P[h + "w_v"]
         nv, L = m.value_embeds, m.n_layer
@@ -69,6 +78,8 @@ def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Te
         y = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
         x = x + y.transpose(1, 2).reshape(Bn, T, C) @ P[h + "w_o"]
         x = x + F.relu(rms(x) @ P[h + "w_1"]).square() @ P[h + "w_2"]
+        if layer < m.skips:
+            kept.append(x)
     logits = rms(x) @ P["lm_head"].T
     logits = m.softcap * torch.tanh(logits / m.softcap)
     return F.cross_entropy(logits.view(-1, m.vocab_size), targets.view(-1), ignore_index=-1)
@@ -136,6 +147,39 @@ def test_value_embeddings_are_tables_after_wte_that_adamw_keeps() -> None:
     assert rest == (0, off["h0.w_q"]) and layers[-1][1] == params.n_params(MV)
 
 
+def test_skips_are_scalars_after_the_tables_that_adamw_keeps_at_the_head_s_lr() -> None:
+    """model.skips k: one (k,) vector skip_w after wte and the value embeddings, ones at init and drawing nothing
+    (every other parameter is the model's without skips), never decayed; layer L-1-j receives skip j; under Muon AdamW
+    keeps it at the head's row; data parallel sums it with the embedding, after every layer's backward; the plan
+    keeps a stream only where a receiving layer adds into it, and a waiting input gradient where layers lie between."""
+    from microgpt.engine import collectives, optim
+
+    names = [name for name, _ in params.param_shapes(MSV)]
+    assert names[:3] == ["wte", "ve0", "skip_w"] and names[3].startswith("h0.")
+    assert dict(params.param_shapes(MSV))["skip_w"] == (2,) and "skip_w" not in dict(params.param_shapes(MV))
+    assert [params.skip_into(MSV, layer) for layer in range(5)] == [None, None, None, 1, 0]
+    assert [params.skip_into(MS, layer) for layer in range(4)] == [None, None, 1, 0]
+    assert params.n_params(MSV) == params.n_params(dataclasses.replace(MSV, skips=0)) + 2
+    w = params.named(params.init_weights(MSV, 0), MSV)
+    plain = params.named(params.init_weights(dataclasses.replace(MSV, skips=0), 0), dataclasses.replace(MSV, skips=0))
+    assert w["skip_w"].tolist() == [1.0, 1.0] and all(np.array_equal(w[n], plain[n]) for n in plain)
+    off = params.param_offsets(MSV)
+    assert not params.named(params.decay_mask(MSV), MSV)["skip_w"].any()
+    assert optim.adamw_ranges(MSV) == [
+        ("adamw", 0, off["skip_w"]),
+        ("head", off["skip_w"], off["h0.w_q"]),
+        ("head", off["lm_head"], params.n_params(MSV)),
+    ]
+    assert collectives.grad_buckets(MSV)[1] == (0, off["h0.w_q"])
+    t = config.TrainConfig(micro_batch=B)
+    for m, kept, waiting in ((MS, True, 1), (MSV, False, 2), (dataclasses.replace(MS, skips=1), False, 1)):
+        rows = {b.name: b.shape for b in memory.plan(m, t, numpy_backend().precision, 7)}
+        N, C = B * m.seq_len, m.d_model
+        assert (rows.get("skip_kept") == (N, C)) == kept and rows["dskip"] == (waiting, N, C), m
+    two = dataclasses.replace(M, skips=1)  # L = 2: layer 1 adds its own input, nothing waits
+    assert "dskip" not in {b.name for b in memory.plan(two, t, numpy_backend().precision, 7)}
+
+
 @pytest.mark.parametrize(
     "dtype, tol, recompute, M",
     [
@@ -144,8 +188,20 @@ def test_value_embeddings_are_tables_after_wte_that_adamw_keeps() -> None:
         (np.float32, 1e-4, False, M),
         (np.float64, 1e-10, False, MV),
         (np.float32, 1e-4, True, MV),
+        (np.float64, 1e-10, False, MS),
+        (np.float32, 1e-4, False, MS),
+        (np.float64, 1e-10, True, MSV),
     ],
-    ids=["f64", "f64-recompute", "f32", "f64-value-embeds", "f32-value-embeds"],
+    ids=[
+        "f64",
+        "f64-recompute",
+        "f32",
+        "f64-value-embeds",
+        "f32-value-embeds",
+        "f64-skips",
+        "f32-skips",
+        "f64-skips-value-embeds",
+    ],
 )
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool, M: ModelConfig) -> None:
     K, A, P, G = engine_state(dtype, 0, M, recompute=recompute)
@@ -172,10 +228,11 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute:
         check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
 
 
-@pytest.mark.parametrize("M", [M, MV], ids=["plain", "value-embeds"])
+@pytest.mark.parametrize("M", [M, MV, MS, MSV], ids=["plain", "value-embeds", "skips", "skips-value-embeds"])
 def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the
-    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix."""
+    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix; with skips,
+    whose kept streams inference copies out of the one layer's x (skips), as training keeps them saved."""
     K, A, P, _ = engine_state(np.float32, 3, M, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets)
@@ -250,20 +307,22 @@ BATCH_WARMUP = {"n_micro": 3, "batch_warmup_steps": 5, "batch_warmup_start": 1}
 
 
 @pytest.mark.parametrize(
-    "value_embeds, warmup", [(0, {}), (1, {}), (0, BATCH_WARMUP)], ids=["plain", "value-embeds", "batch-warmup"]
+    "lever, warmup",
+    [({}, {}), ({"value_embeds": 1}, {}), ({"n_layer": 4, "skips": 2}, {}), ({}, BATCH_WARMUP)],
+    ids=["plain", "value-embeds", "skips", "batch-warmup"],
 )
-def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int, warmup: dict) -> None:
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dict, warmup: dict) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
-    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), and
-    with a batch warmup whose checkpoints (steps 2 to 3, and 3) fall inside it."""
+    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), with
+    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient), and with a batch
+    warmup whose checkpoints (steps 2 to 3, and 3) fall inside it."""
     from microgpt import checkpoint
     from tests.conftest import cli, write_experiment
     from tests.test_cli import start_training, wait_for_step
 
-    exp = write_experiment(
-        tmp_path, model={**MODERN_RUN["model"], "value_embeds": value_embeds}, train={**MODERN_RUN["train"], **warmup}
-    )
+    value_embeds = lever.get("value_embeds", 0)
+    exp = write_experiment(tmp_path, model={**MODERN_RUN["model"], **lever}, train={**MODERN_RUN["train"], **warmup})
     final = checkpoint.ckpt_name(6)
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stderr
@@ -279,6 +338,9 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embe
     v = params.named(ck.v, m)
     assert not any(v[name].any() for name, _, _ in params.matrices(m)) and v["wte"].any()
     assert all(v[f"ve{j}"].any() for j in range(value_embeds))
+    if "skips" in lever:
+        skip_w = params.named(ck.weights, m)["skip_w"]
+        assert v["skip_w"].all() and not np.array_equal(skip_w, np.ones(2)), "AdamW trains the skips' scalars"
 
     two = ("--procs", "2", "--set", "train.micro_batch=2")
     whole = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "two"), *two)

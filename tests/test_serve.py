@@ -373,9 +373,11 @@ def test_a_stream_whose_client_goes_away_leaves_the_batch(run_256: Path) -> None
         assert client.completions.create(model=a.name, prompt="def ", max_tokens=3).usage.completion_tokens >= 1
 
 
-def test_a_modern_block_model_serves_its_own_greedy_tokens_and_logprobs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("skips", [0, 1], ids=["plain", "skips"])
+def test_a_modern_block_model_serves_its_own_greedy_tokens_and_logprobs(tmp_path: Path, skips: int) -> None:
     """model.block "modern" through serve: two concurrent greedy completions are sample.generate's continuations,
-    and echo's prompt logprobs are the scoring forward's per-token losses (its untied head, its soft-cap)."""
+    and echo's prompt logprobs are the scoring forward's per-token losses (its untied head, its soft-cap); with a
+    skip connection too (model.skips: the decode step's kept streams, rows at their own positions)."""
     import numpy as np
 
     from microgpt.engine.trained import load_trained
@@ -383,7 +385,8 @@ def test_a_modern_block_model_serves_its_own_greedy_tokens_and_logprobs(tmp_path
     from tests.conftest import write_experiment
     from tests.test_modern import MODERN_RUN
 
-    exp = write_experiment(tmp_path, model=MODERN_RUN["model"], train={**MODERN_RUN["train"], "steps": 3})
+    model = {**MODERN_RUN["model"], "skips": skips}
+    exp = write_experiment(tmp_path, model=model, train={**MODERN_RUN["train"], "steps": 3})
     assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
     run = tmp_path / "run"
     with served(run, "--max-batch", "2") as (a, client, _):

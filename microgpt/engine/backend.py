@@ -75,6 +75,8 @@ class Backend:
     relu2_backward: Fn
     qkrope_forward: Fn  # QK-norm and rotary embedding (ops/qkrope.py)
     qkrope_backward: Fn
+    skip_forward: Fn  # the U-net skip connections (ops/skip.py)
+    skip_backward: Fn
     # the step's helpers over the flat arrays
     grad_norm_partial: Fn
     grad_norm_final: Fn
@@ -267,7 +269,7 @@ def triton_rows(m: ModelConfig, B: int | None, sm_count: int, workspace_bytes: i
 
     out = []
     if B is not None:
-        scratch = runtime.scratch(B, m.seq_len, m.d_model, m.n_head, sm_count)
+        scratch = runtime.scratch(B, m.seq_len, m.d_model, m.n_head, sm_count, skips=m.skips > 0)
         out = [Buf(buf, (n,), "kernel", kind) for _, buf, n, kind in scratch.values()]
     out.append(Buf("gemm_probe", (runtime.Runtime.probe_numel(m.d_model, m.vocab_size),), "kernel", "f32"))
     if workspace_bytes:

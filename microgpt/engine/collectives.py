@@ -184,10 +184,11 @@ def grad_buckets(m: ModelConfig) -> tuple[list[tuple[int, int]], tuple[int, int]
     """Where backward finishes the flat gradients: ([(first, end) of layer l's grads for l in 0..L-1], the rest).
 
     In the canonical order (params.param_shapes) the grads are [wte, wpe | h0 | h1 | ... | h(L-1) | lnf] (modern:
-    [wte, ve0 .. | h0 | ... | h(L-1) | lm_head]). The last micro-batch's backward finishes lnf (the head) first, then
-    layer L-1, ..., layer 0, and the embedding (wte, also the tied head, wpe) last; so layer L-1's bucket runs to the
-    end (lnf or lm_head with it), and the rest is the embedding, with the value embeddings, which layers at both ends
-    of the model add into."""
+    [wte, ve0 .., skip_w | h0 | ... | h(L-1) | lm_head]). The last micro-batch's backward finishes lnf (the head)
+    first, then layer L-1, ..., layer 0, and the embedding (wte, also the tied head, wpe) last; so layer L-1's
+    bucket runs to the end (lnf or lm_head with it), and the rest is the embedding, with the value embeddings, which
+    layers at both ends of the model add into, and the skips' scalars (skip_w), whose gradients the first layers'
+    backward finishes."""
     first = params.param_offsets(m)
     lead = params.family(m).block[0][0]  # each block's first parameter in the order
     starts = [first[f"h{layer}.{lead}"] for layer in range(m.n_layer)] + [params.n_params(m)]

@@ -224,6 +224,8 @@ def training_infer_state(S: TrainState) -> InferState:
             view[name] = A[buf][0]
     if "rope" in A:
         view["rope"] = A["rope"]
+    if S.m.skips:  # the streams a skip keeps: layers 1 .. k's saved inputs, as dead as the rest between steps
+        view["skips"] = A["resid"][1 : S.m.skips + 1]
     return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)
 
 

@@ -253,7 +253,23 @@ def _block_rows(m: ModelConfig, t: TrainConfig, prec: Precision, B: int) -> tupl
         ("datt", (N, C)),
         ("dqkv", (3, N, C)),
     ]
+    kept, waiting = skip_rows(m)
+    # model.skips: the kept stream that its receiving layer's add would overwrite (k = L/2: layer k-1's output is
+    # layer k's input), and the receiving layers' input gradients, each waiting for backward to reach its kept stream
+    acts += [("skip_kept", (N, C), "compute")] if kept else []
+    scratch += [("dskip", (waiting, N, C))] if waiting else []
     return acts, scratch
+
+
+def skip_rows(m: ModelConfig) -> tuple[bool, int]:
+    """What a training plan adds for model.skips = k (engine/model.py says how they are used): whether skip k-1's kept
+    stream needs a copy of its own, and how many receiving layers' input gradients wait for backward to reach their
+    kept stream. The kept stream of skip j is the residual stream after layer j, which training saves anyway
+    (resid[j+1]), unless layer j+1 receives a skip itself and adds into it in place: only skip k-1 where 2k = L. Skip
+    j's input gradient (at layer L-1-j) is needed again only where backward reaches the stream after layer j, which
+    has layers between them unless L-1-j = j+1 (that same skip): min(k, (L-1) // 2) of them."""
+    k, L = m.skips, m.n_layer
+    return k > 0 and 2 * k == L, min(k, (L - 1) // 2)
 
 
 def tables(m: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
@@ -294,6 +310,8 @@ def inference_plan(
         *([("a", (N, 4 * C))] if prec.act_planned else []),
         ("logits", (R, V)),  # the loss head's chunk
         ("next_logits", (B, V)),  # each sequence's next-token logits
+        # model.skips: the stream after each of the first k layers, kept for a later layer's skip (x is reused)
+        *([("skips", (m.skips, N, C))] if m.skips else []),
     ]
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
     bufs += [Buf(name, shape, "tables", "f32") for name, shape in tables(m)]

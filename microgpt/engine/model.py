@@ -20,7 +20,8 @@ norm under it adds its input gradient into `dresid` in place (as llm.c's CUDA tr
 buffer, updated from the top of the model down, with the same sums in the same order, so the result is bit
 for bit what the explicit residual backward gives.
 Nothing here computes: every line is one op pair's forward or backward (or a zeroing of an
-activation-gradient buffer that a backward adds into). Weight gradients are always added (+=: they accumulate
+activation-gradient buffer that a backward adds into, or a copy of a stream or gradient a skip connection keeps for
+later: model.skips, `modern_block` and `_modern_backward`). Weight gradients are always added (+=: they accumulate
 over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
 input gradients, attention's dq, dk, dv, which the modern block's QK-norm and rotary backward then rewrite in
 place) and added where several ops contribute (dresid) and by the loss head's pair, whose backward adds d lnf (one
@@ -51,6 +52,7 @@ d_model, L n_layer, H n_head, N = B*T.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +88,9 @@ class Layer:
     mean_out: Any
     rstd_out: Any
     tokens: Any  # the n rows' token ids (B,T) or (n,): which rows of a value-embedding table the values get
+    rstd1: Any = None  # the modern block's: ln1's rstd, which a layer receiving a skip writes again
+    skip: Any = None  # a layer receiving a skip (params.skip_into): the kept stream it adds to its input
+    keep: Any = None  # a layer whose output a later skip adds, where a copy of it must be kept (None: it lies saved)
 
 
 def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
@@ -106,8 +111,14 @@ def gpt2_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: La
 def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: Layer, attend: Attend) -> None:
     """The modern block: RMSNorm (no weights), attention over QK-normed rotary q and k (inside attend), ReLU^2 MLP of
     two linears; each residual add runs with the RMSNorm that reads its sum, the last with the next layer's. A layer
-    with a value embedding (params.value_embed) adds its table's rows for the tokens to the values first."""
+    with a value embedding (params.value_embed) adds its table's rows for the tokens to the values first. A layer
+    receiving a skip (params.skip_into: j) first adds skip_w[j] times the kept stream to its input, in place, and
+    normalizes the sum again (the norm the layer below wrote is of the stream before the add); a layer whose output a
+    skip keeps copies it where io.keep says."""
     h = f"h{layer}."
+    if (j := params.skip_into(m, layer)) is not None:
+        K.skip_forward(io.x, io.x, io.skip, P["skip_w"][j : j + 1])
+        K.rmsnorm_forward(io.ln1, io.rstd1, io.x)
     K.linear_forward(io.qkv, io.ln1, P[h + "w_qkv"])
     if (ve := params.value_embed(m, layer)) is not None:
         K.embedding_add_forward(io.qkv[2], io.tokens, P[ve])
@@ -116,6 +127,8 @@ def modern_block(K: Backend, m: ModelConfig, P: dict[str, Any], layer: int, io: 
     K.residual_rmsnorm_forward(io.x2, io.ln2, io.rstd2, io.x, io.proj)
     K.mlp_forward(io.proj, io.h, io.a, io.ln2, P[h + "w_1"], P[h + "w_2"], act="relu2")
     K.residual_rmsnorm_forward(io.x_out, io.ln_out, io.rstd_out, io.x2, io.proj)
+    if io.keep is not None:
+        K.copy_(io.keep, io.x_out)
 
 
 BLOCKS = {"gpt2": gpt2_block, "modern": modern_block}
@@ -128,11 +141,14 @@ def head_args(m: ModelConfig) -> dict[str, Any]:
 
 # --- training ------------------------------------------------------------------------------------------------------
 def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any, tokens: Any) -> Layer:
-    """Training layer l's own buffers (saved for backward); its output is layer l+1's input (lnf after the last)."""
+    """Training layer l's own buffers (saved for backward); its output is layer l+1's input (lnf after the last). A
+    skip's kept stream is the saved resid[j+1] (`_kept`), copied only where its receiving layer adds into it."""
     if layer + 1 < m.n_layer:
         out = A["ln1"][layer + 1], _at(A, "ln1_mean", layer + 1), A["ln1_rstd"][layer + 1]
     else:
         out = A["lnf"], A.get("lnf_mean"), A["lnf_rstd"]
+    j = params.skip_into(m, layer)
+    keep = A["skip_kept"] if layer == m.skips - 1 and "skip_kept" in A else None
     return Layer(
         A["resid"][layer],
         A["ln1"][layer],
@@ -148,7 +164,16 @@ def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any, tokens: Any) -> L
         A["resid"][layer + 1],
         *out,
         tokens,
+        A["ln1_rstd"][layer],
+        None if j is None else _kept(m, A, j),
+        keep,
     )
+
+
+def _kept(m: ModelConfig, A: Arena, j: int) -> Any:
+    """Skip j's kept stream in training: the residual stream after layer j as saved (resid[j+1]), or its copy
+    skip_kept where layer j+1 receives a skip and adds into resid[j+1] (skip k-1 where 2k = L: memory.skip_rows)."""
+    return A["skip_kept"] if j == m.skips - 1 and "skip_kept" in A else A["resid"][j + 1]
 
 
 def _at(A: Arena, name: str, layer: int) -> Any:
@@ -323,7 +348,9 @@ def _modern_backward(
 ) -> None:
     """modern_block's calls reversed: the MLP's pair (ReLU^2 between its linears), attention's q and k through
     the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
-    the embedding's."""
+    the embedding's. A skip's add passes its gradient through to the receiving layer's input (dresid goes on down
+    unchanged); that gradient waits (`_skip_grad`) until dresid is the gradient of the kept stream, after layer j,
+    where the skip pair's backward adds skip_w[j] times it into dresid and sums skip_w[j]'s gradient."""
     B, T = tokens.shape
     dresid, dln, dh = A["dresid"], A["dln"], A["dh"]
     a, recompute = _mlp_outputs(A, m.n_layer)
@@ -331,6 +358,10 @@ def _modern_backward(
     K.rmsnorm_backward(dresid, dln, A["resid"][m.n_layer], A["lnf_rstd"])
     for layer in reversed(range(m.n_layer)):
         h = f"h{layer}."
+        if layer < m.skips:  # dresid: the gradient of the stream after this layer, which skip `layer` kept
+            at = slice(layer, layer + 1)  # skip_w[layer], a (1,) view
+            dy, kept = _skip_grad(m, A, layer), _kept(m, A, layer)
+            K.skip_backward(dresid, G["skip_w"][at], dy, kept, P["skip_w"][at])
         # resid[l+1] = resid2 + w_2(relu(w_1(ln2(resid2)))^2): the MLP reads dresid; LN2 adds into it (-> dresid2)
         K.mlp_backward(
             dln,
@@ -350,11 +381,21 @@ def _modern_backward(
         # resid2 = resid[l] + attn(ln1(resid[l])): W_O reads dresid (= dresid2); LN1 adds into it (-> dresid[l])
         _attention_backward(K, m, P, G, A, layer, tokens, layer_done)
         K.rmsnorm_backward(dresid, dln, A["resid"][layer], A["ln1_rstd"][layer])
+        j = params.skip_into(m, layer)
+        if j is not None and layer > j + 1:  # dresid: the gradient of this layer's input, y of skip j's add
+            K.copy_(_skip_grad(m, A, j), dresid)
     if layer_done is not None:
         layer_done(0)
     K.zero_(dln)  # the embedding's gradient, through its RMSNorm
     K.rmsnorm_backward(dln, dresid, A["emb"], A["emb_rstd"])
     K.embedding_backward(G["wte"], None, dln.reshape(B, T, -1), tokens, sorted_before=m.value_embeds > 0)
+
+
+def _skip_grad(m: ModelConfig, A: Arena, j: int) -> Any:
+    """Where the gradient of skip j's output (its receiving layer L-1-j's input) waits for backward to reach the
+    stream after layer j: its plane of dskip, or dresid itself where that is the next layer down (L-1-j = j+1,
+    nothing between: memory.skip_rows)."""
+    return A["dresid"] if m.n_layer - 1 - j == j + 1 else A["dskip"][j]
 
 
 def _attention_backward(
@@ -422,7 +463,20 @@ def _infer_layer(A: Arena, n: int, a: Any, tokens: Any) -> Layer:
     mean = A.get("ln_mean")
     mean = None if mean is None else mean[:n]
     rstd = A["ln_rstd"][:n]
-    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd, tokens)
+    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd, tokens, rstd)
+
+
+def _infer_skips(m: ModelConfig, A: Arena, io: Layer, layer: int) -> Layer:
+    """The inference plan's one layer as `layer` uses it with model.skips: the kept stream skip j adds (the plan's
+    skips[j]) where the layer receives one, and the plane where its output is kept (skips[layer]) where a later
+    layer's skip adds it, since x is every layer's; io itself without skips."""
+    if not m.skips:
+        return io
+    n, j = io.x.shape[0], params.skip_into(m, layer)
+    kept = A["skips"]
+    return dataclasses.replace(
+        io, skip=None if j is None else kept[j][:n], keep=kept[layer][:n] if layer < m.skips else None
+    )
 
 
 def gpt_infer(
@@ -452,7 +506,7 @@ def gpt_infer(
     _embed(K, m, P, io.x, io.ln1, io.mean2, io.rstd2, tokens, groups, io.x2, io.rstd2)
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, io, _infer_attend(K, m, A, layer, b, t, groups))
+        block(K, m, P, layer, _infer_skips(m, A, io, layer), _infer_attend(K, m, A, layer, b, t, groups))
     if targets is not None:
         K.crossentropy_forward(
             A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"], **head_args(m)
@@ -522,7 +576,7 @@ def gpt_decode(
         K.layernorm_forward(io.ln1, io.mean2, io.rstd2, io.x, P["h0.ln1_w"], P["h0.ln1_b"])
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, io, _decode_attend(K, m, A, layer, positions, slots))
+        block(K, m, P, layer, _infer_skips(m, A, io, layer), _decode_attend(K, m, A, layer, positions, slots))
     K.head_logits(A["next_logits"][:b], io.ln1, P["head"], **head_args(m))
 
 

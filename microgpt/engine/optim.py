@@ -2,8 +2,8 @@
 
 train.optimizer "adamw" updates every parameter with AdamW (ops/adamw.py) at the schedule's lr. "muon" (the modern
 block's) gives every block matrix to Muon (ops/muon.py: Newton-Schulz orthogonalised Nesterov momentum, its
-momentum in the checkpoint's m, v zero there) and keeps AdamW for the rest: the embedding at train.lr and the untied
-head at train.head_lr. The schedule scales every group's lr alike.
+momentum in the checkpoint's m, v zero there) and keeps AdamW for the rest: the embedding at train.lr, and the untied
+head and the skips' scalars (model.skips) at train.head_lr. The schedule scales every group's lr alike.
 """
 
 from __future__ import annotations
@@ -97,11 +97,17 @@ def rows(m: ModelConfig, t: TrainConfig, muon_scratch: Callable[..., list[MuonSc
 
 def adamw_ranges(m: ModelConfig) -> list[tuple[str, int, int]]:
     """Under train.optimizer "muon": what AdamW keeps, as (hyper row, first, end) element ranges of the flat arrays:
-    everything before the first block matrix (the embedding: "adamw") and after the last (the untied head: "head").
-    The modern block has no other parameter between its matrices (params.MODERN)."""
+    everything before the first block matrix (the embedding and value embeddings: "adamw") and after the last (the
+    untied head: "head"), the skips' scalars apart at the head's row (train.head_lr: the recipe's small AdamW lr; a
+    scalar that scales a whole residual stream moves by about lr a step, too far at the embedding's). The modern block
+    has no other parameter between its matrices (params.MODERN)."""
     mats = params.matrices(m)
     first, (_, last, shape) = mats[0][1], mats[-1]
-    return [("adamw", 0, first), ("head", last + math.prod(shape), params.n_params(m))]
+    head = ("head", last + math.prod(shape), params.n_params(m))
+    if not m.skips:
+        return [("adamw", 0, first), head]
+    skips = params.param_offsets(m)["skip_w"]
+    return [("adamw", 0, skips), ("head", skips, skips + m.skips), head]
 
 
 def hyper_rows(lr: float, t: TrainConfig, step: int, gscale: float) -> list[list[float]]:

@@ -10,13 +10,20 @@ The canonical order (docs/ANDREA.md), by model.block:
                       h{l}.ln1_w (C,)  h{l}.ln1_b (C,)  h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)
                       h{l}.ln2_w (C,)  h{l}.ln2_b (C,)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
                       lnf_w (C,)  lnf_b (C,)                              the LM head is tied to wte
-    modern:           wte (V,C)  ve{j} (V,C) for j < model.value_embeds
+    modern:           wte (V,C)  ve{j} (V,C) for j < model.value_embeds  skip_w (k,) where k = model.skips > 0
                       h{l}.w_q (C,C)  h{l}.w_k (C,C)  h{l}.w_v (C,C)  h{l}.w_o (C,C)  h{l}.w_1 (C,4C)  h{l}.w_2 (4C,C)
                       lm_head (V,C)                                       untied; no norm weights (RMSNorm has none)
 
 The value embeddings (model.value_embeds = k, 0 by default) are token tables like wte whose rows are added to a
 layer's attention values: table j to layer j's and to layer L - k + j's (`value_embed`), the first and last layers
 sharing, as the speedrun's U-shaped tables do.
+
+The skip connections (model.skips = k, 0 by default) are U-net fashion: the residual stream after layer j (j < k) is
+kept, and layer L - 1 - j adds skip_w[j] times it to its input before its block (`skip_into`), the last layer pairing
+with the first. skip_w is one vector of k scalars before the blocks, so AdamW keeps it (engine/optim.py) and data
+parallel sums it with the embedding's bucket, after every layer's backward (engine/collectives.py). It starts at ones
+(the rule of a vector named *_w, drawing nothing from the generator, so every other parameter's init is the model's
+without skips).
 
 Linears are stored [in, out], so a linear's forward is x @ w; no linear has a bias. A block's GEMM sites (SITES,
 the same in both families) name the weights each of its four linear calls reads: the attention's input projection
@@ -87,13 +94,21 @@ def value_embed(m: ModelConfig, layer: int) -> str | None:
     return f"ve{j}" if 0 <= j < k else None
 
 
+def skip_into(m: ModelConfig, layer: int) -> int | None:
+    """The skip connection layer receives: j for layer L - 1 - j (j < k = model.skips), which adds skip_w[j] times the
+    residual stream after layer j to its input; None for the other layers (every layer when k is 0)."""
+    j = m.n_layer - 1 - layer
+    return j if 0 <= j < m.skips else None
+
+
 def _before(m: ModelConfig) -> tuple[tuple[str, tuple[str | int, ...]], ...]:
-    """The family's parameters before the blocks, then the value-embedding tables."""
-    return (*family(m).before, *((f"ve{j}", ("V", 1)) for j in range(m.value_embeds)))
+    """The family's parameters before the blocks, then the value-embedding tables, then the skips' scalars."""
+    skips = (("skip_w", ("S",)),) if m.skips else ()
+    return (*family(m).before, *((f"ve{j}", ("V", 1)) for j in range(m.value_embeds)), *skips)
 
 
 def _shape(units: tuple[str | int, ...], m: ModelConfig) -> tuple[int, ...]:
-    sizes = {"V": m.vocab_size, "T": m.seq_len}
+    sizes = {"V": m.vocab_size, "T": m.seq_len, "S": m.skips}
     return tuple(sizes[u] if isinstance(u, str) else u * m.d_model for u in units)
 
 

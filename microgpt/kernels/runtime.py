@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import triton
 
-from microgpt.kernels import decode, layernorm
+from microgpt.kernels import decode, layernorm, skip
 from microgpt.kernels.cublaslt import CublasLt
 from microgpt.kernels.gemm import PROBE_ROWS, Gemm, cublas_mm
 from microgpt.kernels.tuning import INTERPRET, Tuner
@@ -48,15 +48,20 @@ def describe(props: Any) -> str:
     return f"{props.name}, sm_{props.major}{props.minor}, {sms} SMs, {gib:.1f} GiB"
 
 
-def scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[str, str, int, str]]:
-    """The launchers' scratch for a micro-batch of B sequences on a device of sm_count multiprocessors: function ->
-    (keyword, buffer, elements, kind)."""
+def scratch(
+    B: int, T: int, C: int, NH: int, sm_count: int, skips: bool = False
+) -> dict[str, tuple[str, str, int, str]]:
+    """The launchers' scratch for a micro-batch of B sequences on a device of sm_count multiprocessors, the skip
+    pair's only for a model with skips (model.skips): function -> (keyword, buffer, elements, kind)."""
     N = B * T
-    return {
+    out = {
         "embedding_backward": ("order", "emb_order", N, "i32"),
         "layernorm_backward": ("partials", "ln_partials", layernorm.scratch_numel(C, sm_count), "f32"),
         "attention_backward": ("delta", "att_delta", N * NH, "f32"),
     }
+    if skips:
+        out["skip_backward"] = ("partials", "skip_partials", skip.scratch_numel(sm_count), "f32")
+    return out
 
 
 def infer_scratch(B: int, T: int, C: int, NH: int, sm_count: int) -> dict[str, tuple[str, str, int, str]]:
@@ -140,8 +145,9 @@ class Runtime:
 
     def scratch(self, B: int, T: int, C: int, NH: int) -> dict[str, tuple[str, str, int, str]]:
         """The launchers' scratch for a micro-batch of B sequences on this device (`scratch`), and for an inference
-        plan of B sequences (`infer_scratch`): function -> (keyword, buffer, elements, kind)."""
-        return {**scratch(B, T, C, NH, self.sm_count), **infer_scratch(B, T, C, NH, self.sm_count)}
+        plan of B sequences (`infer_scratch`), a model with skips' included: function -> (keyword, buffer, elements,
+        kind)."""
+        return {**scratch(B, T, C, NH, self.sm_count, skips=True), **infer_scratch(B, T, C, NH, self.sm_count)}
 
     @staticmethod
     def probe_numel(C: int, V: int) -> int:

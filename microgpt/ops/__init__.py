@@ -10,6 +10,7 @@
     rmsnorm       out = x * rstd              rstd (N,)
     relu2         a = max(h, 0)^2             nothing (h is the caller's)
     qkrope        q, k = rope(rmsnorm_head(.))  rstd (2,N,H); q, k in place, xhat recomputed by the inverse rotation
+    skip          y = x + w * s               nothing (s, the kept stream, is the caller's)
 
 Why the GPT-2 block runs six pairs where the seed counts eight: the seed's "final layernorm path" is the layernorm
 pair applied to the last residual stream, and the residual add runs inside the layernorm pair (below), so neither
@@ -31,7 +32,9 @@ embedding of q and k, in place between the QKV linear and attention. Its embeddi
 without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
 untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's). Its value embeddings (model.value_embeds)
 are the embedding pair once more: embedding_add_forward adds a table's rows to a layer's values, and
-embedding_backward without wpe is its backward.
+embedding_backward without wpe is its backward. Its U-net skip connections (model.skips) are the skip pair: a late
+layer's input plus a learned scalar times an early layer's output, whose backward adds the kept stream's gradient and
+sums the scalar's in a fixed order.
 
 Helpers without a backward, over the flat gradient / parameter arrays: gradclip (grad_norm_partial,
 grad_norm_final), adamw (adamw_step, which also scales and clips the gradients: engine/step.py) and muon (muon_step,
@@ -100,6 +103,7 @@ OPS: dict[str, OpPair] = {
     "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
     "relu2": _pair("relu2"),
     "qkrope": _pair("qkrope"),
+    "skip": _pair("skip"),
 }
 
 HELPERS: dict[str, Helpers] = {

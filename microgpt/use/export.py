@@ -354,6 +354,11 @@ def export_trained(where: str | Path, out: str | Path | None, dtype: str, fmt: s
             f"--format hf: {ld.path} has model.value_embeds {m.value_embeds}; transformers' NanoChat has no value "
             "embeddings, so no class of it computes this model (nothing written)"
         )
+    if fmt == "hf" and m.skips:
+        raise ExportError(
+            f"--format hf: {ld.path} has model.skips {m.skips}; transformers' NanoChat has no skip connections between "
+            "layers, so no class of it computes this model (nothing written)"
+        )
     tok_json, tok_cfg, special = tokenizer_files(ld.side.get("tokenizer", {}), m)  # checked for gguf too
     if fmt == "gguf":
         keys = export_gguf.metadata(ld, dtype, CHAT_TEMPLATE)

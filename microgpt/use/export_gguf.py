@@ -101,6 +101,11 @@ def unsupported(m: config.ModelConfig) -> str | None:
             f"has model.value_embeds {m.value_embeds}: no llama.cpp architecture adds per-token value embeddings to "
             "a layer's values"
         )
+    if m.skips:
+        return (
+            f"has model.skips {m.skips}: no llama.cpp architecture adds an earlier layer's residual stream to a later "
+            "layer's input"
+        )
     if m.softcap:
         return (
             f"has model.softcap {m.softcap:g}: no llama.cpp architecture has a final logit soft-cap together with "

@@ -2,7 +2,7 @@
 NumPy float64: its forward (every op of the block: RMSNorm, QK-norm, rotate-half RoPE, causal attention, ReLU^2, untied
 soft-capped head) on random weights in microgpt's [in, out] layout, its Muon step in that layout (momentum, Nesterov,
 the tall transpose, Newton-Schulz, the update scale, weight decay), and its initial weights and schedule against the
-engine's."""
+engine's; and its loss and every gradient against the engine's (the NumPy backend in float64), with skips too."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from microgpt.engine.optim import lr_at, muon_momentum
 
 M = ModelConfig(vocab_size=37, d_model=24, n_layer=2, n_head=2, seq_len=9, block="modern", softcap=3.0)  # D = 12
 MV = dataclasses.replace(M, value_embeds=1)  # one value embedding, layers 0 and 1
+MS1 = dataclasses.replace(M, skips=1)  # layer 1 adds skip_w[0] times the stream after layer 0: its own input
+MS = dataclasses.replace(M, n_layer=4, skips=2)  # layer 3 adds the stream after layer 0, layer 2 its own input
 
 
 def random_weights(rng: np.random.Generator, m: ModelConfig = M) -> dict[str, np.ndarray]:
@@ -32,7 +34,8 @@ def rms(x: np.ndarray) -> np.ndarray:
 
 
 def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarray, softcap: float) -> float:
-    """Section 9's model in NumPy float64; a value embedding "ve0" (k = 1) goes to the first and the last layer."""
+    """Section 9's model in NumPy float64; a value embedding "ve0" (k = 1) goes to the first and the last layer, and a
+    skip "skip_w" (k = 1) adds skip_w[0] times the stream after the first layer to the last layer's input."""
     B, T = idx.shape
     C, H = M.d_model, M.n_head
     D = C // H
@@ -45,7 +48,10 @@ def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarra
 
     x = rms(w["wte"][idx])
     causal = np.tril(np.ones((T, T), dtype=bool))
+    kept = None
     for layer in range(M.n_layer):
+        if "skip_w" in w and layer == M.n_layer - 1:
+            x = x + w["skip_w"][0] * kept
         n = rms(x)
         q, k, v = ((n @ w[f"h{layer}.w_{c}"]).reshape(B, T, H, D) for c in "qkv")
         if "ve0" in w and layer in (0, M.n_layer - 1):
@@ -56,6 +62,7 @@ def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarra
         p /= p.sum(-1, keepdims=True)
         x = x + np.einsum("bhts,bshd->bthd", p, v).reshape(B, T, C) @ w[f"h{layer}.w_o"]
         x = x + np.maximum(rms(x) @ w[f"h{layer}.w_1"], 0) ** 2 @ w[f"h{layer}.w_2"]
+        kept = x if layer == 0 else kept
     z = rms(x) @ w["lm_head"].T
     z = softcap * np.tanh(z / softcap)
     logp = z - z.max(-1, keepdims=True)
@@ -63,7 +70,7 @@ def reference_loss(w: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarra
     return float(-np.take_along_axis(logp, targets[..., None], -1).mean())
 
 
-@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+@pytest.mark.parametrize("m", [M, MV, MS1], ids=["plain", "value-embeds", "skips"])
 def test_forward_is_moderns_math(m: ModelConfig) -> None:
     rng = np.random.default_rng(0)
     w = random_weights(rng, m)
@@ -75,6 +82,44 @@ def test_forward_is_moderns_math(m: ModelConfig) -> None:
     assert abs(got - want) / want < 1e-10, (got, want)
     short = reference_loss(w, idx[:, :5], targets[:, :5], M.softcap)  # rope's tables at positions 0..4
     assert model(torch.from_numpy(idx[:, :5]), torch.from_numpy(targets[:, :5])).item() == pytest.approx(short, 1e-10)
+
+
+@pytest.mark.parametrize("m", [M, MV, MS], ids=["plain", "value-embeds", "skips"])
+def test_loss_and_every_gradient_are_the_engines(m: ModelConfig) -> None:
+    """The twin (eager, float64, autograd) against microgpt's training forward and backward (the NumPy backend in
+    float64) on the same weights and batch, some targets ignored: the loss, and the gradient of every parameter in
+    microgpt's layout, the skips' scalars included (the twin's rotary table rounded to fp32 as the engine's is)."""
+    from microgpt.engine import model as engine
+    from tests.test_model import check_close
+    from tests.test_modern import engine_state
+
+    K, A, P, G = engine_state(np.float64, 5, m)
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    engine.gpt_forward(K, m, P, A, tokens, targets, G)
+    engine.gpt_backward(K, m, P, G, A, tokens)
+    K.loss_sum(A["loss_sum"], A["losses"], targets.reshape(-1))
+    total, count = A["loss_sum"]
+    names = [name for name, _ in params.param_shapes(m)]
+    twin = tm.Modern(m).double()
+    twin.load_weights({name: np.array(P[name]) for name in names})
+    for table in (twin.cos, twin.sin):  # the engine's rotary table is one fp32 buffer: the same angles, rounded so
+        table.copy_(table.float())
+    loss = twin(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(targets.astype(np.int64)))
+    loss.backward()
+    check_close("loss", np.array(total / count), loss.detach().numpy(), 1e-10)
+    for name in names:
+        view = twin.slot(name)
+        grad = (grad_slot(twin, name) if view._base is not None else view.grad).detach()
+        check_close(f"grad {name}", G[name], (grad.t() if "." in name else grad).numpy(), 1e-10)
+
+
+def test_adamw_keeps_the_skips_at_the_head_s_lr_undecayed() -> None:
+    """The twin's AdamW groups are the engine's ranges (engine/optim.adamw_ranges): the embedding at train.lr, the head
+    and the skips' scalars at train.head_lr, the scalars undecayed (the engine's decay mask leaves out vectors)."""
+    adamw = tm.make_adamw(tm.Modern(MS), TrainConfig(weight_decay=0.1))
+    groups = [(g["name"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in adamw.param_groups]
+    V, C = M.vocab_size, M.d_model
+    assert groups == [("adamw", 0.1, [(V, C)]), ("head", 0.1, [(V, C)]), ("head", 0.0, [(2,)])]
 
 
 def reference_muon(W: np.ndarray, G: np.ndarray, Mo: np.ndarray, lr: float, mu: float, wd: float) -> None:

@@ -18,6 +18,8 @@ from ._kutil import check
 
 M = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern", softcap=6.0)
 MV = dataclasses.replace(M, value_embeds=1)  # one value-embedding table, layers 0 and 1 share it
+# skips: layer 3 adds the stream after layer 0 (dskip), layer 2 its own input (skip_kept)
+MS = dataclasses.replace(M, n_layer=4, skips=2)
 B = 2
 
 
@@ -42,7 +44,7 @@ def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+@pytest.mark.parametrize("m", [M, MV, MS], ids=["plain", "value-embeds", "skips"])
 def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
     t = TrainConfig(micro_batch=B, optimizer="muon")
     Sn, St = _state("numpy", t, m), _state("triton", t, m)
@@ -59,10 +61,11 @@ def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
         check(name, St.K.to_numpy(St.G[name]), Sn.G[name], 1e-4)
 
 
-def test_two_muon_steps_match_numpy() -> None:
+@pytest.mark.parametrize("m", [M, MS], ids=["plain", "skips"])
+def test_two_muon_steps_match_numpy(m: ModelConfig) -> None:
     """step.optimizer_step on both backends: the same losses and norms, and after two steps with the clip acting
-    the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head), v zero where Muon
-    owns a parameter, the gradients left zero."""
+    the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head, and the skips'
+    scalars), v zero where Muon owns a parameter, the gradients left zero."""
     t = TrainConfig(
         micro_batch=B,
         n_micro=2,
@@ -79,7 +82,7 @@ def test_two_muon_steps_match_numpy() -> None:
     steps = [[_batch(rng) for _ in range(t.n_micro)] for _ in range(2)]
     results = {}
     for name in ("numpy", "triton"):
-        S = _state(name, t)
+        S = _state(name, t, m)
         step = Step(S)
         results[name] = (S, [step(batches, t.lr * (i + 1) / 2) for i, batches in enumerate(steps)])
     (Sn, rn), (St, rt) = results["numpy"], results["triton"]
@@ -89,9 +92,9 @@ def test_two_muon_steps_match_numpy() -> None:
     assert rn[0].grad_norm > t.grad_clip, "the clip should act"
     for name in ("p", "adam_m", "adam_v"):
         check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
-    v = params.views(Sn.adam_v, M)
-    assert not any(v[name].any() for name, _, _ in params.matrices(M)), "Muon writes nothing into v"
-    assert v["wte"].any() and v["lm_head"].any()
+    v = params.views(Sn.adam_v, m)
+    assert not any(v[name].any() for name, _, _ in params.matrices(m)), "Muon writes nothing into v"
+    assert v["wte"].any() and v["lm_head"].any() and (not m.skips or v["skip_w"].all())
     assert not St.K.to_numpy(St.g).any(), "the step leaves the grads zeroed"
 
 
@@ -126,7 +129,7 @@ def test_batch_warmup_muon_steps_match_numpy() -> None:
         check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
 
 
-@pytest.mark.parametrize("m", [M, MV], ids=["plain", "value-embeds"])
+@pytest.mark.parametrize("m", [M, MV, MS], ids=["plain", "value-embeds", "skips"])
 def test_decode_matches_numpy(m: ModelConfig) -> None:
     """The decode step (rotary at each row's position, from its own cache row) on both backends."""
     w = params.init_weights(m, 3) + np.random.default_rng(4).standard_normal(params.n_params(m)).astype(np.float32)

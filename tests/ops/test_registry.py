@@ -1,5 +1,6 @@
-"""The registry lists the GPT-2 block's six pairs and the modern block's three, the step's helpers, the decode step's
-ops and its greedy pick, each row naming both halves, and the ops package stays free of torch and triton."""
+"""The registry lists the GPT-2 block's six pairs and the modern block's four (its skip connections' pair among them),
+the step's helpers, the decode step's ops and its greedy pick, each row naming both halves, and the ops package stays
+free of torch and triton."""
 
 import importlib
 import subprocess
@@ -9,7 +10,18 @@ from microgpt.ops import HELPERS, OPS, OpPair
 
 
 def test_registry_has_the_pairs() -> None:
-    expected = ["embedding", "layernorm", "linear", "attention", "mlp", "crossentropy", "rmsnorm", "relu2", "qkrope"]
+    expected = [
+        "embedding",
+        "layernorm",
+        "linear",
+        "attention",
+        "mlp",
+        "crossentropy",
+        "rmsnorm",
+        "relu2",
+        "qkrope",
+        "skip",
+    ]
     assert list(OPS) == expected
     for name, pair in OPS.items():
         assert isinstance(pair, OpPair) and pair.name == name

@@ -39,12 +39,13 @@ from microgpt.kernels import (
     qkrope,
     relu2,
     rmsnorm,
+    skip,
 )
 from microgpt.ops.adamw import SEGMENT_BLOCK
 from microgpt.ops.muon import MuonGroup, muon_groups
 
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
-                  muon, qkrope, relu2, rmsnorm)  # fmt: skip
+                  muon, qkrope, relu2, rmsnorm, skip)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -233,11 +234,12 @@ SOFTCAP = 15.0  # the modern block's logit soft-cap (issue 46's default): a cons
 
 def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     """The launches of the modern block's own ops (issue 46), as the triton backend makes them: the embedding without
-    a position table (and the decode step's), the value embeddings' add, RMSNorm (plain and fused with the residual
-    add) and its backward, ReLU^2 and its backward, and the loss head with its logit soft-cap; attention at D = C / NH
-    (128: its own candidates, kernels/attention.py configs) in training, over the cache and in the decode step; qkrope
-    and its decode twin. Its linears are `_modern_linears`', its optimizer step `_muon_step_launches`', its fp8
-    `_fp8_launches`' (s.block "modern")."""
+    a position table (and the decode step's), the value embeddings' add, the skip pair (model.skips: forward in place,
+    backward with its partial sums), RMSNorm (plain and fused with the residual add) and its backward, ReLU^2 and its
+    backward, and the loss head with its logit soft-cap; attention at D = C / NH (128: its own candidates,
+    kernels/attention.py configs) in training, over the cache and in the decode step; qkrope and its decode twin. Its
+    linears are `_modern_linears`', its optimizer step `_muon_step_launches`', its fp8 `_fp8_launches`' (s.block
+    "modern")."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
     B, T, C, NH, V, N = s.B, s.T, s.C, s.NH, s.V, s.B * s.T
     mm = linear.Matmul(gemm.Gemm(cat, None))
@@ -245,6 +247,8 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     embedding.embedding_forward(e(B, T, C), tok, e(V, C))
     embedding.embedding_backward(e(V, C, dt=f32), None, e(B, T, C), tok, order=e(N, dt=i32), tuner=cat)
     embedding.embedding_add_forward(x, tok, e(V, C))  # the value embeddings (their backward: the one above)
+    skip.skip_forward(x, x, x, e(1))  # in place on a layer's input; the decode step's at B rows binds alike
+    skip.skip_backward(x, e(1, dt=f32), x, x, e(1), partials=e(skip.scratch_numel(SWEEP_SMS), dt=f32))
     rmsnorm.rmsnorm_forward(x, stat, x, tuner=cat)
     rmsnorm.residual_rmsnorm_forward(x, x, stat, x, x, tuner=cat)
     rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
