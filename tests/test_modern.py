@@ -258,18 +258,17 @@ def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
         np.testing.assert_allclose(logits, prefill[t + 1], rtol=2e-5, atol=2e-5, err_msg=f"position {t}")
 
 
-@pytest.mark.parametrize("value_embeds", [0, 1], ids=["plain", "value-embeds"])
-def test_fp8_trains_the_modern_block_next_to_fp32(value_embeds: int) -> None:
+@pytest.mark.parametrize("lever", [{}, {"value_embeds": 1}, {"skips": 1}], ids=["plain", "value-embeds", "skips"])
+def test_fp8_trains_the_modern_block_next_to_fp32(lever: dict) -> None:
     """precision fp8 on the modern block (the NumPy reference of the GPU's E4M3 block linears and untied head): its
     head's E4M3 copy is lm_head's, Muon leaves the weights' maxima to the cast, and 12 steps on two repeated batches
-    land within 2% of fp32's loss; with a value embedding too (added to the E4M3 linear's values)."""
+    land within 2% of fp32's loss; with a value embedding too (added to the E4M3 linear's values), and with a skip
+    (the stream an E4M3 linear's output built, added into the last layer's input)."""
     from microgpt.engine.backend import get_backend
     from microgpt.engine.state import make_state
     from microgpt.engine.step import Step
 
-    m = ModelConfig(
-        vocab_size=64, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern", value_embeds=value_embeds
-    )
+    m = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, seq_len=16, block="modern", **lever)
     rng = np.random.default_rng(7)
     two = [
         [tuple(rng.integers(0, m.vocab_size, (2, m.seq_len)).astype(np.int32) for _ in range(2)) for _ in range(2)]
