@@ -4,7 +4,8 @@
     embedding     out = wte[tokens] + wpe     nothing (tokens are the caller's)
     layernorm     out = xhat * w + b          mean, rstd (N,)
     linear        out = x @ w                 nothing (x is the caller's)
-    attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
+    attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed (a window and
+                  (doc_starts) document starts may narrow the mask: model.attn_window, model.doc_mask)
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
     rmsnorm       out = x * rstd              rstd (N,)
@@ -94,7 +95,7 @@ OPS: dict[str, OpPair] = {
     "embedding": _pair("embedding", ("embedding_add_forward",)),
     "layernorm": _pair("layernorm", ("residual_layernorm_forward",)),
     "linear": _pair("linear"),
-    "attention": _pair("attention", ("attention_forward_cached",)),
+    "attention": _pair("attention", ("attention_forward_cached", "doc_starts")),
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
     "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
