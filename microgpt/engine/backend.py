@@ -59,6 +59,7 @@ class Backend:
     attention_forward: Fn
     attention_backward: Fn
     attention_forward_cached: Fn
+    doc_starts: Fn  # each position's document start from the tokens (model.doc_mask)
     mlp_forward: Fn
     mlp_backward: Fn
     crossentropy_forward: Fn
