@@ -28,6 +28,10 @@ M = ModelConfig(vocab_size=61, d_model=24, n_layer=2, n_head=3, seq_len=11, bloc
 MV = ModelConfig(
     vocab_size=61, d_model=24, n_layer=5, n_head=3, seq_len=11, block="modern", softcap=4.0, value_embeds=2
 )
+# the window and the documents (issue 55): a window narrower than the sequence, <|endoftext|> (id 0) starting
+# documents mid-row; each alone too
+MW = dataclasses.replace(M, attn_window=4, doc_mask=0)
+MWIN, MDOC = dataclasses.replace(M, attn_window=3), dataclasses.replace(M, doc_mask=0)
 B = 3
 EPS = 1e-6
 
@@ -47,14 +51,32 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
+def torch_mask(m: ModelConfig, tokens: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query i sees key j: j <= i, i - j < the window (model.attn_window, or `window`,
+    where not 0) and j at or after the last <|endoftext|> (model.doc_mask) at or before i."""
+    Bn, T = tokens.shape
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    mask = (j <= i)[None].expand(Bn, T, T)
+    window = m.attn_window if window is None else window
+    if window:
+        mask = mask & (i - j < window)
+    if m.doc_mask >= 0:
+        start = torch.where(tokens == m.doc_mask, torch.arange(T), 0).cummax(dim=1).values
+        mask = mask & (j[None] >= start[:, :, None])
+    return mask[:, None]
+
+
+def torch_twin_loss(
+    P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor, window: int | None = None
+):
     """The modern recipe with [in, out] weights: RMSNorm without weights, QK-norm then RoPE, ReLU^2, untied head,
-    logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j."""
+    logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j;
+    attention under torch_mask (the window, `window` where given, and the documents)."""
     Bn, T = tokens.shape
     C, H = m.d_model, m.n_head
     D = C // H
     x = rms(P["wte"][tokens])
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch_mask(m, tokens, window)
     for layer in range(m.n_layer):
         h = f"h{layer}."
         a = rms(x)
@@ -87,6 +109,9 @@ def engine_state(dtype: type, seed: int, m: ModelConfig = M, recompute: bool = F
     flat[...] = params.init_weights(m, seed) + rng.normal(0, 0.2, size=flat.shape)
     P, G = params.views(flat, m), params.views(arena.flat("grads"), m)
     arena["tokens"][0] = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
+    if m.doc_mask >= 0:  # documents starting mid-row, at a row's first token, and a row that starts mid-document
+        arena["tokens"][0, 0, [3, 7]] = arena["tokens"][0, 1, [0, 5]] = m.doc_mask
+        arena["tokens"][0, 2][arena["tokens"][0, 2] == m.doc_mask] = 1
     targets = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
     targets[0, :3] = -1
     arena["targets"][0] = targets
@@ -144,8 +169,22 @@ def test_value_embeddings_are_tables_after_wte_that_adamw_keeps() -> None:
         (np.float32, 1e-4, False, M),
         (np.float64, 1e-10, False, MV),
         (np.float32, 1e-4, True, MV),
+        (np.float64, 1e-10, False, MW),
+        (np.float32, 1e-4, False, MW),
+        (np.float64, 1e-10, False, MWIN),
+        (np.float64, 1e-10, True, MDOC),
     ],
-    ids=["f64", "f64-recompute", "f32", "f64-value-embeds", "f32-value-embeds"],
+    ids=[
+        "f64",
+        "f64-recompute",
+        "f32",
+        "f64-value-embeds",
+        "f32-value-embeds",
+        "f64-window-docs",
+        "f32-window-docs",
+        "f64-window",
+        "f64-docs",
+    ],
 )
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool, M: ModelConfig) -> None:
     K, A, P, G = engine_state(dtype, 0, M, recompute=recompute)
@@ -172,10 +211,26 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute:
         check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
 
 
-@pytest.mark.parametrize("M", [M, MV], ids=["plain", "value-embeds"])
+def test_the_window_and_documents_change_the_loss() -> None:
+    """The levers reach the model: the same weights and tokens (MW's, with their <|endoftext|>s) score differently
+    with the window, with the documents and with neither, except where a query sees the same keys either way (row 0's
+    first positions): the gradient test above would not tell a lever that did nothing from its twin's mask."""
+    tokens = engine_state(np.float64, 0, MW)[1]["tokens"][0].copy()
+    losses = []
+    for m in (M, MWIN, MDOC):
+        K, A, P, _ = engine_state(np.float64, 0, m)
+        A["tokens"][0] = tokens
+        model.gpt_forward(K, m, P, A, A["tokens"][0], A["targets"][0])
+        losses.append(A["losses"].copy())
+    assert not np.array_equal(losses[0], losses[1]) and not np.array_equal(losses[0], losses[2])
+    assert np.array_equal(losses[0][:3], losses[1][:3]) and np.array_equal(losses[0][:3], losses[2][:3])
+
+
+@pytest.mark.parametrize("M", [M, MV, MW], ids=["plain", "value-embeds", "window-docs"])
 def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the
-    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix."""
+    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix (with the
+    window and the documents: the decode step's window and its document starts, read from the cache's tokens)."""
     K, A, P, _ = engine_state(np.float32, 3, M, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets)
@@ -199,6 +254,17 @@ def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     for t in range(7):
         logits = D.decode(ids[:, t], np.full(2, t, np.int32), slots)
         np.testing.assert_allclose(logits, prefill[t + 1], rtol=2e-5, atol=2e-5, err_msg=f"position {t}")
+    if M is MW:  # windows after position 0, rows at their own positions (serve's): the cached attention's masks
+        W = make_infer_state(M, numpy_backend(), 2, weights)
+        for row, n in ((0, 4), (1, 2)):
+            first, _ = W.inputs(1, n)
+            first[...] = ids[row : row + 1, :n]
+            W.run(first, 0, slots=[1 - row])
+        later, _ = W.inputs(2, 3)
+        later[...] = [ids[0, 4:7], ids[1, 2:5]]
+        W.run(later, [4, 2], slots=[1, 0])
+        want = np.stack([prefill[7][0], prefill[5][1]])
+        np.testing.assert_allclose(W.arena["next_logits"][:2], want, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("value_embeds", [0, 1], ids=["plain", "value-embeds"])
@@ -245,17 +311,28 @@ MODERN_RUN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
                         "schedule": "warmdown", "warmdown_frac": 0.5, "beta1": 0.8}}  # fmt: skip
 
 
-@pytest.mark.parametrize("value_embeds", [0, 1], ids=["plain", "value-embeds"])
-def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int) -> None:
+# the window's schedule across the resume (steps 0-2 at 16 positions, then model.attn_window's 24 of the 32) and
+# documents (the byte tokenizer's <|endoftext|>, NUL: 0)
+WINDOW_RUN = ({"attn_window": 24, "doc_mask": 0}, {"attn_window_start": 16, "attn_window_every": 3})
+
+
+@pytest.mark.parametrize(
+    "value_embeds, lever", [(0, False), (1, False), (0, True)], ids=["plain", "value-embeds", "window-docs"]
+)
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, value_embeds: int, lever: bool) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
-    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket)."""
+    bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), and
+    with the window's schedule (a function of the step alone) and document masking."""
     from microgpt import checkpoint
     from tests.conftest import cli, write_experiment
     from tests.test_cli import start_training, wait_for_step
 
+    more_model, more_train = WINDOW_RUN if lever else ({}, {})
     exp = write_experiment(
-        tmp_path, model={**MODERN_RUN["model"], "value_embeds": value_embeds}, train=MODERN_RUN["train"]
+        tmp_path,
+        model={**MODERN_RUN["model"], "value_embeds": value_embeds, **more_model},
+        train={**MODERN_RUN["train"], **more_train},
     )
     final = checkpoint.ckpt_name(6)
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))

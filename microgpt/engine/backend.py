@@ -87,6 +87,7 @@ class Backend:
     decode_kv_write: Fn
     decode_attention: Fn
     decode_qkrope: Fn  # the modern block's
+    decode_doc_starts: Fn  # the modern block's document starts (model.doc_mask)
     # the greedy pick after the decode step's logits (ops/argmax.py)
     argmax_rows: Fn
     # the device

@@ -14,7 +14,8 @@ function is captured once as a CUDA graph and replayed (one launch per step from
 The gradient scale (mean over micro-batches and ranks, and the fp16 loss scale divided out) and the clip are
 folded into AdamW's read of the gradients (microgpt/ops/adamw.py), so the gradients are read twice per step (norm,
 AdamW) rather than four times. Everything the device needs from the host sits in planned buffers written before
-each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale) and the loss scale.
+each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale), the loss scale and
+the attention window of the step (where the model narrows attention: its schedule's).
 The run writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads once: the
 step's only synchronization.
 """
@@ -63,6 +64,13 @@ def optimizer_step(S: TrainState, dp: Any = None) -> None:
     S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
 
 
+def set_window(S: TrainState, step: int) -> None:
+    """The attention window of `step` (optim.attn_window_at: the schedule's, a pure function of the step) into the
+    plan's buffer, which the step's attention reads, where the plan has one (memory.window_planned)."""
+    if "attn_window" in S.arena:
+        S.K.copy_in(S.arena["attn_window"], np.array([optim.attn_window_at(step, S.m, S.t)], np.int32))
+
+
 def _adamw_parts(S: TrainState) -> list[tuple[slice, Any]]:
     """What AdamW updates, as (part of the flat arrays, its hyper row): all of them under train.optimizer "adamw";
     under "muon" the ranges outside the block matrices (optim.adamw_ranges), each with its group's row."""
@@ -96,6 +104,7 @@ class Step:
         K.copy_in(A["tokens"], np.stack([x for x, _ in batches]))
         K.copy_in(A["targets"], np.stack([y for _, y in batches]))
         K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
+        set_window(S, S.step)
         gscale = 1.0 / (t.n_micro * self.world * S.scaler.scale)
         if self.run is None:
             self._prepare(lr)

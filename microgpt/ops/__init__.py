@@ -40,9 +40,9 @@ Muon's step over the hidden matrices it owns, scaling and clipping as AdamW does
 planned buffers it takes for a set of MuonGroups, which differ by backend: ops/muon.py). And the decode step's
 position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache rows, held in
 device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
-decode_attention, and the modern block's decode_qkrope; ops/decode.py specifies them). And the greedy pick the
-decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's token leaves
-the device as one int, not V logits).
+decode_attention, and the modern block's decode_qkrope and decode_doc_starts; ops/decode.py specifies them). And the
+greedy pick the decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's
+token leaves the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/engine/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -107,7 +107,9 @@ HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
     "muon": _helpers("muon", ("muon_step", "muon_scratch")),
-    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope")),
+    "decode": _helpers(
+        "decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope", "decode_doc_starts")
+    ),
     "argmax": _helpers("argmax", ("argmax_rows",)),
 }
 

@@ -216,12 +216,21 @@ def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue
         attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH, **cached)
 
 
-def _decode_attention_launch(s: Shape, e: Callable[..., torch.Tensor], rows: torch.Tensor, at: torch.Tensor) -> None:
-    """The decode step's attention of B rows (rows (B, C), at (B,) int32) over a (B, T, C) cache."""
+def _decode_attention_launch(
+    s: Shape, e: Callable[..., torch.Tensor], rows: torch.Tensor, at: torch.Tensor, bounded: bool = False
+) -> None:
+    """The decode step's attention of B rows (rows (B, C), at (B,) int32) over a (B, T, C) cache; bounded: also with
+    the modern block's window and document starts (each alone, and both), and the document starts' two kernels."""
     B, T, C, NH = s.B, s.T, s.C, s.NH
     cache = e(B, T, C)
     partials = e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=torch.float32)
-    decode.decode_attention(rows, rows, cache, cache, at, at, NH, sm_count=SWEEP_SMS, partials=partials)
+    masks = [{}]
+    if bounded:
+        win = e(1, dt=torch.int32)
+        masks += [{"window": win}, {"doc_start": at}, {"window": win, "doc_start": at}]
+        decode.decode_doc_starts(at, e(B, T, dt=torch.int32), at, at, at, 0)
+    for mask in masks:
+        decode.decode_attention(rows, rows, cache, cache, at, at, NH, sm_count=SWEEP_SMS, partials=partials, **mask)
 
 
 def _loss_head_launches(
@@ -269,7 +278,7 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
     decode.decode_embedding(rows, at, at, e(V, C))
     decode.decode_qkrope(rows, rows, at, rope, n_head=NH)
-    _decode_attention_launch(s, e, rows, at)
+    _decode_attention_launch(s, e, rows, at, bounded=True)
     _loss_head_launches(s, e, mm, cat, SOFTCAP)  # over the untied lm_head
 
 
