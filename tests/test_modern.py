@@ -453,3 +453,40 @@ def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
         check_close(f"m after step {s}", tr.S.adam_m, mom, 1e-12)
         check_close(f"v after step {s}", tr.S.adam_v, sq, 1e-12)
     assert clipped > 0 and section9_lr(2, t) == t["lr"] > section9_lr(3, t)  # round(4.5) = 4: the line from s = 2
+
+
+def test_evaluation_reads_the_window_of_the_step_just_run_and_the_documents(tmp_path: Path) -> None:
+    """A run's validation loss after step s attends under step s - 1's window (the schedule's: the model as it is
+    trained) and the documents its tokens begin, as the training forward does: it is gpt_forward's loss over the val
+    batches under that window, to the bit, and not the loss under the other window."""
+    from microgpt.engine import optim
+    from microgpt.run import trainer
+    from tests.conftest import TINY
+
+    mw = {**TINY["model"], **MODERN_RUN["model"], "doc_mask": 0}  # T 32: windows 16, 16, 16, 32, ...
+    tw = {**TINY["train"], **MODERN_RUN["train"], "attn_window_start": 16, "attn_window_every": 3, "eval_every": 1}
+    tr = trainer.Trainer(config.from_dict({**TINY, "model": mw, "train": tw}), tmp_path)
+    S, A = tr.S, tr.S.arena
+    x, _ = tr.val_data.sources["all"].val_batch(0)
+    assert (x == 0).any() and (x != 0).any(), "the val windows hold <|endoftext|>s, NUL in the byte tokenizer"
+
+    def val_loss(window: int) -> float:  # evaluation.py's sum, written out, under this window
+        A["attn_window"][0] = window
+        total, count = 0.0, 0
+        for i in range(tr.t.eval_batches):
+            A["tokens"][0], A["targets"][0] = tr.val_data.sources["all"].val_batch(i)
+            model.gpt_forward(S.K, S.m, S.P_compute, A, A["tokens"][0], A["targets"][0])
+            S.K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
+            s, c = A["loss_sum"].tolist()
+            total, count = total + s, count + int(c)
+        return total / count
+
+    for _ in range(4):
+        tr.train_step()
+        got = tr.evals.due(tr.step)["val_loss"]
+        window = optim.attn_window_at(tr.step - 1, S.m, S.t)
+        assert int(A["attn_window"][0]) == window == (16 if tr.step <= 3 else 32)
+        assert got == val_loss(window)
+        # the zero head passes no gradient to the block at step 0, and w_o (zero too) none to attention before its
+        # first update: from the second step's on, attention reaches the loss
+        assert (got != val_loss(48 - window)) == (tr.step >= 2)

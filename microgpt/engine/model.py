@@ -6,7 +6,9 @@ between the three uses is only where its activations live (`Layer`: a training l
 inference plan's one layer that every layer reuses) and how it attends (`attend`: the training forward's attention
 over the window from position 0; the inference step's KV-cache writes and cached attention per position group; the
 decode step's per-row cache writes and attention). The modern block's rotary positions are applied inside attend,
-where the positions are known.
+where the positions are known, and so is its narrower mask (model.attn_window, model.doc_mask: `_mask`): the plan's
+window buffer and the queries' document starts, made once a forward from its tokens (doc_starts), at inference from
+the tokens the cache holds (`_infer_doc_starts`, decode_doc_starts).
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
 read side by side, with two exceptions. The loss head: the backward of the whole model starts at the loss,
