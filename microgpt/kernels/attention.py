@@ -88,10 +88,11 @@ def _fwd_tiles(
                 seen = seen & (cols[None, :] >= first[:, None])
             s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-        if BOUND:  # a row may see no key of a tile before its first: shift by 0 there, not by -inf
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # the scale and the shift as one FMA per score
-        alpha = tl.math.exp2(m_i - m_new)
+        shift = m_new
+        if BOUND:  # a row that has seen no key yet: shift by 0 (not -inf), its maximum still -inf
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - shift[:, None])  # the scale and the shift as one FMA per score
+        alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :], other=0.0
@@ -745,10 +746,11 @@ def k_attention_cached(
             seen = seen & (cols[None, :] >= first[:, None])
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # causal alone: finite, key 0 is seen by every query
-        if WINDOW or DOC:  # a row may see no key of a tile before its first: shift by 0 there, not by -inf
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        shift = m_new
+        if WINDOW or DOC:  # a row that has seen no key yet: shift by 0 (not -inf), its maximum still -inf
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_ptr + kv + cols[:, None].to(tl.int64) * C + offs_d[None, :],

@@ -153,3 +153,23 @@ def test_doc_starts(B: int, n: int, docs: int) -> None:
     ka.doc_starts(got[:, 5:], t(tokens)[:, 3:], 0)
     assert got[:, 5:].cpu().numpy().tolist() == expected.tolist()
     assert (got[:, :5] == -7).all()
+
+
+def test_a_window_over_scores_far_below_zero() -> None:
+    """Every score of a row far below zero (uniform attention over its window): a row that has seen no key of a tile
+    yet keeps its running maximum at -inf and shifts by 0 only for that tile, so its first visible keys' exp2 does
+    not underflow to a 0 / 0."""
+    rng = np.random.default_rng(3)
+    B, T, C, NH = 1, 40, 16, 1
+    u = rng.standard_normal(C)
+    q, k = np.tile(u, (B, T, 1)), np.tile(-40 * u, (B, T, 1))  # every score -40 |u|^2 / 4: ~ -400 (base 2: ~ -580)
+    v = rng.standard_normal((B, T, C))
+    win = np.array([5], np.int32)
+    out, lse = np.empty((B, T, C)), np.empty((B, NH, T))
+    ref.attention_forward(out, lse, q, k, v, NH, window=win)
+    gout = torch.full((B, T, C), float("nan"), device=DEVICE)
+    glse = torch.full((B, NH, T), float("nan"), device=DEVICE)
+    ka.attention_forward(gout, glse, t(q, torch.float32), t(k, torch.float32), t(v, torch.float32), NH, tuner=TUNER,
+                         window=t(win))  # fmt: skip
+    compare("out", gout, out, torch.float32)
+    compare("lse", glse, lse, torch.float32)
