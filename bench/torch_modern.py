@@ -7,6 +7,8 @@ bench/ttl.py; written from the recipe, as bench/torch_gpt.py is for GPT-2.
                q, k, v = rmsnorm(x) @ w_q, w_k, w_v;  q, k = rope(rmsnorm_head(q)), rope(rmsnorm_head(k))
                v = v + ve_j[tokens]  where the layer has a value embedding (model.value_embeds)
                x = x + causal_attention(q, k, v) @ w_o;  x = x + relu(rmsnorm(x) @ w_1)^2 @ w_2
+               (with model.attn_window, train.attn_window_start or model.doc_mask: SDPA under an explicit mask,
+               query i seeing key j iff j <= i, i - j < the step's window and j >= its document's start)
     loss = cross_entropy(softcap * tanh(rmsnorm(x) @ lm_head.T / softcap), targets)
 
 RMSNorm has no weight (eps 1e-6; QK-norm over each head's D); RoPE is the rotate-half convention over each head's two
@@ -56,7 +58,8 @@ from bench.ttl_results import plan, scaled_warmup  # noqa: E402
 from microgpt import config, data  # noqa: E402
 from microgpt.config import Experiment, ModelConfig, TrainConfig  # noqa: E402
 from microgpt.engine import params  # noqa: E402
-from microgpt.engine.optim import group_lrs, lr_at, muon_momentum  # noqa: E402
+from microgpt.engine.memory import window_planned  # noqa: E402
+from microgpt.engine.optim import attn_window_at, group_lrs, lr_at, muon_momentum  # noqa: E402
 from microgpt.errors import exit_on_input_error  # noqa: E402
 
 EPS = 1e-6  # RMSNorm's
@@ -88,6 +91,24 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def attention_mask(m: ModelConfig, idx: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """(B, 1, T, T) bool, True where query i attends key j: j <= i, i - j < window (None: no window) and j at or
+    after the last <|endoftext|> (model.doc_mask) at or before i; None where neither narrows the causal mask (SDPA's
+    causal kernel then)."""
+    if window is None and m.doc_mask < 0:
+        return None
+    T = idx.shape[1]
+    pos = torch.arange(T, device=idx.device)
+    i, j = pos[:, None], pos[None, :]
+    mask = (j <= i)[None]
+    if window is not None:
+        mask = mask & (i - j < window)[None]
+    if m.doc_mask >= 0:
+        start = torch.where(idx == m.doc_mask, pos, 0).cummax(dim=1).values  # each position's document start
+        mask = mask & (j[None] >= start[:, :, None])
+    return mask[:, None]
 
 
 class Modern(nn.Module):
@@ -132,7 +153,8 @@ class Modern(nn.Module):
             src = torch.from_numpy(w)
             self.slot(name).copy_(src.t() if "." in name else src)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean loss; mask: attention_mask's (None: causal)."""
         B, T = idx.shape
         H, D = self.n_head, self.head_dim
         C = H * D
@@ -146,7 +168,11 @@ class Modern(nn.Module):
             if self.ve_of[i] is not None:
                 v = v + F.embedding(idx, self.slot(self.ve_of[i])).view(B, T, H, D)
             q, k = rope(rmsnorm(q), cos, sin), rope(rmsnorm(k), cos, sin)
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+            if mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.qkvo[i, 3])
             x = x + F.linear(F.relu(F.linear(rmsnorm(x), self.fc[i])).square(), self.proj[i])
             if i < self.skip_w.numel():
@@ -245,6 +271,11 @@ class Run:
     def tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64)).to(self.device)
 
+    def mask(self, idx: torch.Tensor, step: int) -> torch.Tensor | None:
+        """Attention's mask at 0-based step `step` (microgpt's window schedule, optim.attn_window_at)."""
+        window = attn_window_at(step, self.m, self.t) if window_planned(self.m, self.t) else None
+        return attention_mask(self.m, idx, window)
+
     def step(self, s: int, t: TrainConfig) -> dict[str, Any]:
         """Optimizer step s (0-based) on t's schedule (`schedule`); its record (dt_ms: batches read to loss back)."""
         t0 = time.perf_counter()
@@ -255,8 +286,9 @@ class Run:
             group["lr"] = lrs[group["name"]]
         total = torch.zeros((), device=self.device)
         for x, y in batches:
+            idx = self.tensor(x)
             with self.autocast:
-                loss = self.fwd(self.tensor(x), self.tensor(y)) / len(batches)
+                loss = self.fwd(idx, self.tensor(y), self.mask(idx, s)) / len(batches)
             loss.backward()
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
@@ -277,13 +309,15 @@ class Run:
             "tokens": tokens,
         }
 
-    def evaluate(self) -> float:
-        """The mean loss over the target tokens of val windows 0 .. eval_batches x micro_batch - 1 (microgpt's)."""
+    def evaluate(self, step: int) -> float:
+        """The mean loss over the target tokens of val windows 0 .. eval_batches x micro_batch - 1 (microgpt's), after
+        `step` steps (attention under the last one's window, as microgpt's evaluation)."""
         total, count = 0.0, 0
         for i in range(self.t.eval_batches):
             x, y = self.val.val_batch(i)
+            idx = self.tensor(x)
             with self.autocast:
-                loss = self.fwd(self.tensor(x), self.tensor(y))
+                loss = self.fwd(idx, self.tensor(y), self.mask(idx, max(0, step - 1)))
             n = int((y != -1).sum())
             total, count = total + loss.item() * n, count + n
         return total / max(1, count)
@@ -305,7 +339,7 @@ class Run:
                 print(f"error: loss is {rec['loss']} at step {s + 1}; stopping", file=sys.stderr)
                 return 3
             if (s + 1) % eval_every == 0 or s + 1 == steps:
-                val = emit({"event": "eval", "step": s + 1, "val_loss": self.evaluate()})["val_loss"]
+                val = emit({"event": "eval", "step": s + 1, "val_loss": self.evaluate(s + 1)})["val_loss"]
                 print(
                     f"step {s + 1}/{steps} | loss {rec['loss']:.4f} | val_loss {val:.4f} | "
                     f"{rec['tokens_per_s']:,.0f} tok/s",

@@ -48,6 +48,12 @@ class ModelConfig:
     # modern: k U-net skip connections; the residual stream after layer j (j < k) is added, times the learned scalar
     # skip_w[j], to the input of layer L - 1 - j (engine/params.py skip_into); 0: none
     skips: int = 0
+    # modern: each query attends to the last attn_window positions at most (itself included), in training (at the
+    # schedule's end: train.attn_window_start) and at inference; 0: the whole sequence (ops/attention.py)
+    attn_window: int = 0
+    # modern: the id of <|endoftext|> (the tokenizer's eot_id), which begins every document: a query attends to
+    # nothing before its document's <|endoftext|>, in training, evaluation and inference; -1: across documents
+    doc_mask: int = -1
 
     @property
     def head_dim(self) -> int:
@@ -113,6 +119,10 @@ class TrainConfig:
     # counts sequences, as n_micro does
     batch_warmup_steps: int = 0
     batch_warmup_start: int = 1
+    # the attention window's schedule (optim.attn_window_at): attn_window_start positions at step 0, widened by as
+    # many every attn_window_every steps up to model.attn_window (0 there: seq_len); 0: model.attn_window throughout
+    attn_window_start: int = 0
+    attn_window_every: int = 0
 
 
 @dataclass
@@ -316,6 +326,7 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
             f"{src}: model.skips needs model.block 'modern' and 0 <= 2 x skips <= model.n_layer ({m.n_layer}), got "
             f"{m.skips} on block {brief(m.block)}"
         )
+    _check_window(m, t, src)
     if t.optimizer == "muon" and m.block != "modern":
         raise ConfigError(
             f"{src}: train.optimizer 'muon' needs model.block 'modern' (its matrices are Muon's; "
@@ -336,6 +347,39 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
         raise ConfigError(
             f"{src}: train.muon_momentum_warmup must be in [0, {INT_MAX}] and train.muon_weight_decay "
             f">= 0, got {brief(t.muon_momentum_warmup)}, {t.muon_weight_decay}"
+        )
+
+
+WINDOW_TILE = 16  # the attention kernels' smallest key tile: a scheduled window is a whole number of them
+
+
+def _check_window(m: ModelConfig, t: TrainConfig, src: str) -> None:
+    """The attention window, its schedule and the document mask (the modern block's: ops/attention.py)."""
+    if m.attn_window and (m.block != "modern" or not 0 < m.attn_window <= m.seq_len):
+        raise ConfigError(
+            f"{src}: model.attn_window needs model.block 'modern' and must be in [0, model.seq_len ({m.seq_len})] "
+            f"(0: the whole sequence), got {brief(m.attn_window)} on block {brief(m.block)}"
+        )
+    if m.doc_mask != -1 and (m.block != "modern" or not 0 <= m.doc_mask < m.vocab_size):
+        raise ConfigError(
+            f"{src}: model.doc_mask needs model.block 'modern' and must be -1 (off) or the <|endoftext|> id in [0, "
+            f"model.vocab_size ({m.vocab_size})), got {brief(m.doc_mask)} on block {brief(m.block)}"
+        )
+    final = m.attn_window or m.seq_len
+    if t.attn_window_start and (m.block != "modern" or not 0 < t.attn_window_start < final):
+        raise ConfigError(
+            f"{src}: train.attn_window_start needs model.block 'modern' and must be 0 (no schedule) or in (0, "
+            f"{final}) (model.attn_window, or model.seq_len where it is 0), got {brief(t.attn_window_start)}"
+        )
+    if t.attn_window_start % WINDOW_TILE:
+        raise ConfigError(
+            f"{src}: train.attn_window_start must be a multiple of {WINDOW_TILE} (the attention kernels' smallest key "
+            f"tile: each window it schedules then skips whole tiles), got {brief(t.attn_window_start)}"
+        )
+    if not (0 < t.attn_window_every <= INT_MAX if t.attn_window_start else t.attn_window_every == 0):
+        raise ConfigError(
+            f"{src}: train.attn_window_every must be in [1, {INT_MAX}] with train.attn_window_start (the steps between "
+            f"widenings), and 0 without, got {brief(t.attn_window_every)}"
         )
 
 

@@ -399,3 +399,17 @@ def test_modern_recipe_sentence_is_the_experiments(name: str) -> None:
     )
     assert want in MODERN_FLAT, want
     assert (t.warmup_steps, t.weight_decay, t.muon_weight_decay) == (0, 0.0, 0.0)
+
+
+def test_modern_window_schedule_example_is_the_code_s() -> None:
+    """Section 9's window schedule example (w0, E, T: the windows and the steps they start at) is optim.attn_window_at,
+    and the rule it states is the one config checks (a start that is a multiple of 16, below the final window)."""
+    ex = stated(r"At W0 = (\d+), E = (\d+), T = (\d+) the windows are ([\d, ]+) from steps ([\d, ]+)\.")
+    w0, E, T = (int(g) for g in ex.groups()[:3])
+    windows, starts = ([int(x) for x in g.split(", ")] for g in ex.groups()[3:])
+    m, t = config.ModelConfig(block="modern", seq_len=T), config.TrainConfig(attn_window_start=w0, attn_window_every=E)
+    config.validate(config.Experiment(model=m, train=t), "<doc>")
+    got = [optim.attn_window_at(s, m, t) for s in range(starts[-1] + 2 * E)]
+    assert [got[s] for s in starts] == windows and got[-1] == windows[-1] == T
+    assert [s for s in range(1, len(got)) if got[s] != got[s - 1]] == starts[1:]
+    assert config.WINDOW_TILE == int(stated(r"w0 must be a multiple of (\d+)").group(1))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import checkpoint
+from microgpt import checkpoint, config
 from microgpt.data.chatml import render
 from microgpt.data.tokenizer import load_tokenizer
 from microgpt.engine.trained import load_trained
@@ -195,6 +195,28 @@ def test_value_embeddings_and_skips_are_refused_in_one_line(tmp_path: Path, leve
         res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / out), "--format", fmt)
         assert res.returncode == 2 and res.stderr.startswith(f"error: --format {fmt}: "), res.stderr
         assert why in res.stderr and len(res.stderr.splitlines()) == 1 and not (tmp_path / out).exists()
+
+
+def test_a_window_or_document_masking_is_refused_in_one_line(tmp_path: Path) -> None:
+    """model.attn_window and model.doc_mask (issue 55): both formats write a model that attends over the whole
+    sequence, across documents; each refuses such a checkpoint in one line, writing nothing."""
+    from microgpt.use.export import narrowed_attention
+    from tests.test_modern import MODERN_RUN
+
+    exp = write_experiment(
+        tmp_path,
+        model={**MODERN_RUN["model"], "attn_window": 16, "doc_mask": 0},
+        train={**MODERN_RUN["train"], "steps": 2},
+    )
+    assert cli("train", str(exp), "--out", str(tmp_path / "run")).returncode == 0
+    for out, fmt in (("hf", "hf"), ("m.gguf", "gguf")):
+        res = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / out), "--format", fmt)
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --format {fmt}: "), res.stderr
+        assert "model.attn_window 16" in res.stderr and len(res.stderr.splitlines()) == 1
+        assert not (tmp_path / out).exists()
+    m = config.ModelConfig(block="modern", doc_mask=0)
+    assert "model.doc_mask 0: the exported model would attend across <|endoftext|>" in narrowed_attention(m)
+    assert narrowed_attention(config.ModelConfig(block="modern")) is None
 
 
 def test_without_out_the_export_goes_beside_the_run(run: Path, tmp_path: Path) -> None:

@@ -101,3 +101,45 @@ def test_a_prompt_fed_in_one_step_is_the_prompt_fed_a_token_a_step() -> None:
     got = S.K.to_numpy(S.decode(np.concatenate([[ids[2]], ids]), [2, *range(7)], [0] + [2] * 7)).copy()
     check("a prompt in one step", got[1:], np.array(want), 1e-5)
     check("the other row beside it", got[0], want[2], 1e-5)
+
+
+# the modern block with a window and document masking (issue 55): <|endoftext|> is id 0
+MW = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0, attn_window=5, doc_mask=0)
+
+
+def window_weights() -> np.ndarray:
+    w = params.init_weights(MW, 3) + np.random.default_rng(3).standard_normal(params.n_params(MW)).astype(np.float32)
+    return w * 0.5
+
+
+def window_state(B: int) -> InferState:
+    S = make_infer_state(MW, numpy_backend(), B, window_weights())
+    noisy_cache(S, 5)
+    S.K.copy_in(S.arena["kv_tokens"], np.zeros(S.arena["kv_tokens"].shape, np.int32))  # every stale token eot
+    return S
+
+
+def test_with_documents_a_copied_row_and_a_prompt_in_one_step_decode_as_their_sources() -> None:
+    """With model.doc_mask the cache holds each position's token: a copied row copies them (its next token sees the
+    source's document start), and rows of one cache row fed in one decode step find the <|endoftext|> another of
+    them wrote (every row's token precedes every row's document start, as its key precedes every attention)."""
+    ids = np.array([5, 9, 0, 7, 3, 8, 0, 4, 6], np.int32)
+    S = window_state(4)
+    prefill(S, ids[None, :8])  # row 0
+    S.copy_rows(3, 0, 8)
+    logits = S.decode(np.array([ids[8]] * 2), np.array([8, 8]), np.array([0, 3]))
+    check("row 3 (copied) against row 0", logits[1], logits[0], 1e-6)
+
+    one = window_state(9)
+    want = [one.K.to_numpy(one.decode([t], [p], [2]))[0].copy() for p, t in enumerate(ids)]
+    again = window_state(9)
+    got = again.K.to_numpy(again.decode(ids, list(range(9)), [2] * 9)).copy()
+    check("a prompt in one step", got, np.array(want), 1e-5)
+    # the document that starts at 6 decoded alone from position 0: positions 6 .. 8 see it alone, and rotary
+    # attention depends on the distance between positions only, so they score as its positions 0 .. 2
+    alone = window_state(9)
+    tail = [alone.K.to_numpy(alone.decode([t], [p], [1]))[0].copy() for p, t in enumerate(ids[6:])]
+    check("a document alone", np.array(want[6:]), np.array(tail), 1e-5)
+    across = make_infer_state(dataclasses.replace(MW, doc_mask=-1), numpy_backend(), 1, window_weights())
+    seen = [across.K.to_numpy(across.decode([t], [p], [0]))[0].copy() for p, t in enumerate(ids)]
+    assert not np.allclose(seen[6:], tail, atol=1e-3)  # without the mask they see the document before too

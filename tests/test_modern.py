@@ -33,6 +33,10 @@ MV = ModelConfig(
 MS = dataclasses.replace(M, n_layer=4, skips=2)
 # skips and value embeddings together, no layer of one kept stream receiving another: 3 adds after 1, 4 after 0
 MSV = dataclasses.replace(MV, skips=2, value_embeds=1)
+# the window and the documents (issue 55): a window narrower than the sequence, <|endoftext|> (id 0) starting
+# documents mid-row; each alone too
+MW = dataclasses.replace(M, attn_window=4, doc_mask=0)
+MWIN, MDOC = dataclasses.replace(M, attn_window=3), dataclasses.replace(M, doc_mask=0)
 B = 3
 EPS = 1e-6
 
@@ -52,15 +56,33 @@ def rotate(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-def torch_twin_loss(P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor):
+def torch_mask(m: ModelConfig, tokens: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query i sees key j: j <= i, i - j < the window (model.attn_window, or `window`,
+    where not 0) and j at or after the last <|endoftext|> (model.doc_mask) at or before i."""
+    Bn, T = tokens.shape
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    mask = (j <= i)[None].expand(Bn, T, T)
+    window = m.attn_window if window is None else window
+    if window:
+        mask = mask & (i - j < window)
+    if m.doc_mask >= 0:
+        start = torch.where(tokens == m.doc_mask, torch.arange(T), 0).cummax(dim=1).values
+        mask = mask & (j[None] >= start[:, :, None])
+    return mask[:, None]
+
+
+def torch_twin_loss(
+    P: dict[str, torch.Tensor], m: ModelConfig, tokens: torch.Tensor, targets: torch.Tensor, window: int | None = None
+):
     """The modern recipe with [in, out] weights: RMSNorm without weights, QK-norm then RoPE, ReLU^2, untied head,
     logit soft-cap, mean loss over valid targets; value embedding j added to the values of layers j and L - k + j;
-    skip j: the stream after layer j, times skip_w[j], added to layer L - 1 - j's input."""
+    skip j: the stream after layer j, times skip_w[j], added to layer L - 1 - j's input; attention under torch_mask
+    (the window, `window` where given, and the documents)."""
     Bn, T = tokens.shape
     C, H = m.d_model, m.n_head
     D = C // H
     x = rms(P["wte"][tokens])
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch_mask(m, tokens, window)
     kept = []
     for layer in range(m.n_layer):
         h = f"h{layer}."
@@ -98,6 +120,9 @@ def engine_state(dtype: type, seed: int, m: ModelConfig = M, recompute: bool = F
     flat[...] = params.init_weights(m, seed) + rng.normal(0, 0.2, size=flat.shape)
     P, G = params.views(flat, m), params.views(arena.flat("grads"), m)
     arena["tokens"][0] = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
+    if m.doc_mask >= 0:  # documents starting mid-row, at a row's first token, and a row that starts mid-document
+        arena["tokens"][0, 0, [3, 7]] = arena["tokens"][0, 1, [0, 5]] = m.doc_mask
+        arena["tokens"][0, 2][arena["tokens"][0, 2] == m.doc_mask] = 1
     targets = rng.integers(0, m.vocab_size, size=(B, m.seq_len))
     targets[0, :3] = -1
     arena["targets"][0] = targets
@@ -191,6 +216,10 @@ def test_skips_are_scalars_after_the_tables_that_adamw_keeps_at_the_head_s_lr() 
         (np.float64, 1e-10, False, MS),
         (np.float32, 1e-4, False, MS),
         (np.float64, 1e-10, True, MSV),
+        (np.float64, 1e-10, False, MW),
+        (np.float32, 1e-4, False, MW),
+        (np.float64, 1e-10, False, MWIN),
+        (np.float64, 1e-10, True, MDOC),
     ],
     ids=[
         "f64",
@@ -201,6 +230,10 @@ def test_skips_are_scalars_after_the_tables_that_adamw_keeps_at_the_head_s_lr() 
         "f64-skips",
         "f32-skips",
         "f64-skips-value-embeds",
+        "f64-window-docs",
+        "f32-window-docs",
+        "f64-window",
+        "f64-docs",
     ],
 )
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool, M: ModelConfig) -> None:
@@ -228,11 +261,29 @@ def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute:
         check_close(f"grad {name}", G[name] - noise[name], TP[name].grad.numpy(), tol)
 
 
-@pytest.mark.parametrize("M", [M, MV, MS, MSV], ids=["plain", "value-embeds", "skips", "skips-value-embeds"])
+def test_the_window_and_documents_change_the_loss() -> None:
+    """The levers reach the model: the same weights and tokens (MW's, with their <|endoftext|>s) score differently
+    with the window, with the documents and with neither, except where a query sees the same keys either way (row 0's
+    first positions): the gradient test above would not tell a lever that did nothing from its twin's mask."""
+    tokens = engine_state(np.float64, 0, MW)[1]["tokens"][0].copy()
+    losses = []
+    for m in (M, MWIN, MDOC):
+        K, A, P, _ = engine_state(np.float64, 0, m)
+        A["tokens"][0] = tokens
+        model.gpt_forward(K, m, P, A, A["tokens"][0], A["targets"][0])
+        losses.append(A["losses"].copy())
+    assert not np.array_equal(losses[0], losses[1]) and not np.array_equal(losses[0], losses[2])
+    assert np.array_equal(losses[0][:3], losses[1][:3]) and np.array_equal(losses[0][:3], losses[2][:3])
+
+
+@pytest.mark.parametrize(
+    "M", [M, MV, MS, MSV, MW], ids=["plain", "value-embeds", "skips", "skips-value-embeds", "window-docs"]
+)
 def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the
-    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix; with skips,
-    whose kept streams inference copies out of the one layer's x (skips), as training keeps them saved."""
+    decode step (rotary at each row's own position) gives prefill's next-token logits for every prefix (with the
+    window and the documents: the decode step's window and its document starts, read from the cache's tokens); with
+    skips, whose kept streams inference copies out of the one layer's x (skips), as training keeps them saved."""
     K, A, P, _ = engine_state(np.float32, 3, M, R=memory.cpu_logits_rows(M, B))  # the loss head's chunks as inference's
     tokens, targets = A["tokens"][0], A["targets"][0]
     model.gpt_forward(K, M, P, A, tokens, targets)
@@ -256,6 +307,17 @@ def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     for t in range(7):
         logits = D.decode(ids[:, t], np.full(2, t, np.int32), slots)
         np.testing.assert_allclose(logits, prefill[t + 1], rtol=2e-5, atol=2e-5, err_msg=f"position {t}")
+    if M is MW:  # windows after position 0, rows at their own positions (serve's): the cached attention's masks
+        W = make_infer_state(M, numpy_backend(), 2, weights)
+        for row, n in ((0, 4), (1, 2)):
+            first, _ = W.inputs(1, n)
+            first[...] = ids[row : row + 1, :n]
+            W.run(first, 0, slots=[1 - row])
+        later, _ = W.inputs(2, 3)
+        later[...] = [ids[0, 4:7], ids[1, 2:5]]
+        W.run(later, [4, 2], slots=[1, 0])
+        want = np.stack([prefill[7][0], prefill[5][1]])
+        np.testing.assert_allclose(W.arena["next_logits"][:2], want, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("lever", [{}, {"value_embeds": 1}, {"skips": 1}], ids=["plain", "value-embeds", "skips"])
@@ -303,25 +365,31 @@ MODERN_RUN = {"model": {"block": "modern", "n_head": 2, "softcap": 10.0},
 
 # a batch warmup over the first 5 of the 6 steps: 1, 1, 1, 2, 2 micro-batches, then n_micro 3
 BATCH_WARMUP = {"n_micro": 3, "batch_warmup_steps": 5, "batch_warmup_start": 1}
+# the window's schedule across the resume (steps 0-2 at 16 positions, then model.attn_window's 24 of the 32) and
+# documents (the byte tokenizer's <|endoftext|>, NUL: 0)
+WINDOW_RUN = ({"attn_window": 24, "doc_mask": 0}, {"attn_window_start": 16, "attn_window_every": 3})
 
 
 @pytest.mark.parametrize(
-    "lever, warmup",
-    [({}, {}), ({"value_embeds": 1}, {}), ({"n_layer": 4, "skips": 2}, {}), ({}, BATCH_WARMUP)],
-    ids=["plain", "value-embeds", "skips", "batch-warmup"],
+    "lever, more_train",
+    [({}, {}), ({"value_embeds": 1}, {}), ({"n_layer": 4, "skips": 2}, {}), ({}, BATCH_WARMUP), WINDOW_RUN],
+    ids=["plain", "value-embeds", "skips", "batch-warmup", "window-docs"],
 )
-def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dict, warmup: dict) -> None:
+def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dict, more_train: dict) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
     bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), with
-    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient), and with a batch
-    warmup whose checkpoints (steps 2 to 3, and 3) fall inside it."""
+    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient), with a batch
+    warmup whose checkpoints (steps 2 to 3, and 3) fall inside it, and with the window's schedule (a function of the
+    step alone) and document masking."""
     from microgpt import checkpoint
     from tests.conftest import cli, write_experiment
     from tests.test_cli import start_training, wait_for_step
 
     value_embeds = lever.get("value_embeds", 0)
-    exp = write_experiment(tmp_path, model={**MODERN_RUN["model"], **lever}, train={**MODERN_RUN["train"], **warmup})
+    exp = write_experiment(
+        tmp_path, model={**MODERN_RUN["model"], **lever}, train={**MODERN_RUN["train"], **more_train}
+    )
     final = checkpoint.ckpt_name(6)
     straight = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stderr
@@ -350,7 +418,9 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dic
     again = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "again"), *two, "--resume", str(ck3))
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "two/ckpt" / final).read_bytes() == (tmp_path / "again/ckpt" / final).read_bytes()
-    if warmup:  # the runs read the warmup's counts, resumed or not, one process or two: the tokens of each step
+    if (
+        "batch_warmup_steps" in more_train
+    ):  # the runs read the warmup's counts, resumed or not, one process or two: the tokens of each step
         per = 4 * 32  # micro_batch x seq_len, over both ranks of a two-process run alike (2 x 2)
         for run, first in (("b", 1), ("two", 1), ("again", 4)):
             steps = [json.loads(line) for line in (tmp_path / run / "train.jsonl").read_text().splitlines()]
@@ -450,3 +520,40 @@ def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
         check_close(f"m after step {s}", tr.S.adam_m, mom, 1e-12)
         check_close(f"v after step {s}", tr.S.adam_v, sq, 1e-12)
     assert clipped > 0 and section9_lr(2, t) == t["lr"] > section9_lr(3, t)  # round(4.5) = 4: the line from s = 2
+
+
+def test_evaluation_reads_the_window_of_the_step_just_run_and_the_documents(tmp_path: Path) -> None:
+    """A run's validation loss after step s attends under step s - 1's window (the schedule's: the model as it is
+    trained) and the documents its tokens begin, as the training forward does: it is gpt_forward's loss over the val
+    batches under that window, to the bit, and not the loss under the other window."""
+    from microgpt.engine import optim
+    from microgpt.run import trainer
+    from tests.conftest import TINY
+
+    mw = {**TINY["model"], **MODERN_RUN["model"], "doc_mask": 0}  # T 32: windows 16, 16, 16, 32, ...
+    tw = {**TINY["train"], **MODERN_RUN["train"], "attn_window_start": 16, "attn_window_every": 3, "eval_every": 1}
+    tr = trainer.Trainer(config.from_dict({**TINY, "model": mw, "train": tw}), tmp_path)
+    S, A = tr.S, tr.S.arena
+    x, _ = tr.val_data.sources["all"].val_batch(0)
+    assert (x == 0).any() and (x != 0).any(), "the val windows hold <|endoftext|>s, NUL in the byte tokenizer"
+
+    def val_loss(window: int) -> float:  # evaluation.py's sum, written out, under this window
+        A["attn_window"][0] = window
+        total, count = 0.0, 0
+        for i in range(tr.t.eval_batches):
+            A["tokens"][0], A["targets"][0] = tr.val_data.sources["all"].val_batch(i)
+            model.gpt_forward(S.K, S.m, S.P_compute, A, A["tokens"][0], A["targets"][0])
+            S.K.loss_sum(A["loss_sum"], A["losses"], A["targets"][0].reshape(-1))
+            s, c = A["loss_sum"].tolist()
+            total, count = total + s, count + int(c)
+        return total / count
+
+    for _ in range(4):
+        tr.train_step()
+        got = tr.evals.due(tr.step)["val_loss"]
+        window = optim.attn_window_at(tr.step - 1, S.m, S.t)
+        assert int(A["attn_window"][0]) == window == (16 if tr.step <= 3 else 32)
+        assert got == val_loss(window)
+        # the zero head passes no gradient to the block at step 0, and w_o (zero too) none to attention before its
+        # first update: from the second step's on, attention reaches the loss
+        assert (got != val_loss(48 - window)) == (tr.step >= 2)

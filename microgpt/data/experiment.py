@@ -209,6 +209,7 @@ def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 
     tok = tokenizer_path(exp)
     if tok is not None and load_tokenizer(tok).vocab_size > exp.model.vocab_size:
         raise ConfigError(f"model.vocab_size {exp.model.vocab_size} is smaller than the tokenizer's ({tok})")
+    check_doc_mask(exp, tok)
     if multi_source(exp, folder):  # one shard set per source: the FIREHOSE mixture (microgpt/data/mixing.py)
         return mixing.make_loaders(exp, folder, mixing.source_dirs(folder), B, shard)
     loaders = []
@@ -217,6 +218,24 @@ def make_loaders(exp: Experiment, batch_size: int, shard: tuple[int, int] = (0, 
         n = micro if split == "train" else ONE
         loaders.append(Loader(parts, B, T, seed, n, masks, f"{folder} {split}", shard))
     return loaders[0], Validation({"all": loaders[1]}, {"all": 1.0})
+
+
+def check_doc_mask(exp: Experiment, tok: Path | None) -> None:
+    """model.doc_mask must be the id of <|endoftext|> in the data's tokenizer (the byte tokenizer's NUL, 0), which
+    prep puts before every document: ConfigError naming the field otherwise, or where the tokenizer is unknown."""
+    want = exp.model.doc_mask
+    if want < 0:
+        return
+    if uses_bytes(exp):
+        eot, which = ByteTokenizer.eot_id, "the byte tokenizer's"
+    elif tok is not None and tok.exists():
+        eot, which = load_tokenizer(tok).eot_id, f"the tokenizer's ({tok})"
+    else:
+        raise ConfigError(
+            f"model.doc_mask {want}: the data's tokenizer is unknown, so its <|endoftext|> is; set data.tokenizer"
+        )
+    if eot != want:
+        raise ConfigError(f"model.doc_mask must be the data's <|endoftext|> id, {which} {eot}, got {want}")
 
 
 def multi_source(exp: Experiment, folder: Path) -> bool:

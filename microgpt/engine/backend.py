@@ -59,6 +59,7 @@ class Backend:
     attention_forward: Fn
     attention_backward: Fn
     attention_forward_cached: Fn
+    doc_starts: Fn  # each position's document start from the tokens (model.doc_mask)
     mlp_forward: Fn
     mlp_backward: Fn
     crossentropy_forward: Fn
@@ -88,6 +89,7 @@ class Backend:
     decode_kv_write: Fn
     decode_attention: Fn
     decode_qkrope: Fn  # the modern block's
+    decode_doc_starts: Fn  # the modern block's document starts (model.doc_mask)
     # the greedy pick after the decode step's logits (ops/argmax.py)
     argmax_rows: Fn
     # the device

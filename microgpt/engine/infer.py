@@ -135,10 +135,14 @@ class InferState:
         return out
 
     def copy_rows(self, dst: int, src: int, n: int) -> None:
-        """Positions 0 .. n - 1 of KV-cache row dst = those of row src (every layer, keys and values): a prefix two
-        sequences share is computed once (serve's prefix reuse)."""
+        """Positions 0 .. n - 1 of KV-cache row dst = those of row src (every layer, keys and values, and their tokens
+        where the model masks documents: kv_tokens): a prefix two sequences share is computed once (serve's prefix
+        reuse)."""
         kv = self.arena["kv"]
         self.K.copy_(kv[:, :, dst, :n], kv[:, :, src, :n])
+        if "kv_tokens" in self.arena:
+            tokens = self.arena["kv_tokens"]
+            self.K.copy_(tokens[dst, :n], tokens[src, :n])
 
     def _decoder(self, b: int) -> Callable[[], None]:
         """The decode step of b rows, prepared at its first use (K.prepare: on a GPU its warm-up, then its graph)."""
@@ -222,8 +226,9 @@ def training_infer_state(S: TrainState) -> InferState:
     for name, buf in (("ln_mean", "ln1_mean"), ("qk_rstd", "qk_rstd")):  # GPT-2's LayerNorm means; modern's QK-norm
         if buf in A:
             view[name] = A[buf][0]
-    if "rope" in A:
-        view["rope"] = A["rope"]
+    for name in ("rope", "attn_window", "doc_start"):  # the rotary table; the window and document starts' buffers
+        if name in A:
+            view[name] = A[name]
     if S.m.skips:  # the streams a skip keeps: layers 1 .. k's saved inputs, as dead as the rest between steps
         view["skips"] = A["resid"][1 : S.m.skips + 1]
     return InferState(S.K, S.m, S.t.micro_batch, S.plan, view, S.P_compute, S.prec)

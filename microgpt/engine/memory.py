@@ -12,9 +12,11 @@ A plan is a list of Buf(name, shape, role, kind). Roles group buffers by lifetim
     tables                          constant tables the model reads (the modern block's rotary cos and sin)
     acts                            saved activations: written in forward, read in backward
     scratch                         per-layer temporaries and activation gradients, reused by every layer
-    inputs                          the tokens and targets of every micro-batch of a step
+    inputs                          the tokens and targets of every micro-batch of a step (and the attention
+                                    window: the step's, written before it; the model's at inference)
     kv_cache                        inference: every layer's keys and values of every position (the inference
-                                    plan's; its activations are one layer's, reused by every layer)
+                                    plan's; its activations are one layer's, reused by every layer), and with
+                                    model.doc_mask every position's token (where its document starts is read there)
     kernel                          the backend's launcher scratch (the triton backend's; none on NumPy)
     rounding                        the arena's size rounded up to ARENA_GRANULE, as PyTorch's caching allocator
                                     rounds a large allocation (so the plan is what the device reports allocated)
@@ -201,7 +203,22 @@ def plan(
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in [*scratch, ("logits", (R, V))]]
     bufs += [Buf(name, shape, "tables", "f32") for name, shape in tables(m)]
     bufs += [Buf("tokens", (U, B, T), "inputs", "i32"), Buf("targets", (U, B, T), "inputs", "i32")]
+    bufs += _mask_rows(m, B, window_planned(m, t))
     return bufs + list(backend_rows)
+
+
+def window_planned(m: ModelConfig, t: TrainConfig | None = None) -> bool:
+    """Whether attention reads a window (the plan's `attn_window`): the model narrows it (model.attn_window), or the
+    training schedule does (train.attn_window_start; t None: an inference plan, the model's window alone)."""
+    return m.attn_window > 0 or (t is not None and t.attn_window_start > 0)
+
+
+def _mask_rows(m: ModelConfig, B: int, window: bool) -> list[Buf]:
+    """The narrower attention mask's buffers (ops/attention.py): the window (1,) int32, the host's to write (a
+    training step's from optim.attn_window_at, the model's at inference), and with model.doc_mask each position's
+    document start (B, T) int32, made from the tokens by every forward (doc_starts) and read by its backward."""
+    rows = [Buf("attn_window", (1,), "inputs", "i32")] if window else []
+    return rows + ([Buf("doc_start", (B, m.seq_len), "acts", "i32")] if m.doc_mask >= 0 else [])
 
 
 Rows = list[tuple[str, tuple[int, ...], str]]
@@ -316,7 +333,9 @@ def inference_plan(
     bufs += [Buf(name, shape, "scratch", "compute") for name, shape in scratch]
     bufs += [Buf(name, shape, "tables", "f32") for name, shape in tables(m)]
     bufs += [Buf("kv", (L, 2, B, T, C), "kv_cache", "compute")] if cache else []
+    bufs += [Buf("kv_tokens", (B, T), "kv_cache", "i32")] if cache and m.doc_mask >= 0 else []
     bufs += [Buf("tokens", (B, T), "inputs", "i32"), Buf("targets", (B, T), "inputs", "i32")]
+    bufs += _mask_rows(m, B, window_planned(m))
     # the decode step's rows (model.gpt_decode), read on the device: a step of b rows finds their tokens, positions
     # and cache rows in decode_rows[:b], [b:2b] and [2b:3b], so that one copy brings all three
     # (infer.InferState.decode); and each row's greedy token, the argmax of its logits, which the host reads instead

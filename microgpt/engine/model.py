@@ -6,7 +6,9 @@ between the three uses is only where its activations live (`Layer`: a training l
 inference plan's one layer that every layer reuses) and how it attends (`attend`: the training forward's attention
 over the window from position 0; the inference step's KV-cache writes and cached attention per position group; the
 decode step's per-row cache writes and attention). The modern block's rotary positions are applied inside attend,
-where the positions are known.
+where the positions are known, and so is its narrower mask (model.attn_window, model.doc_mask: `_mask`): the plan's
+window buffer and the queries' document starts, made once a forward from its tokens (doc_starts), at inference from
+the tokens the cache holds (`_infer_doc_starts`, decode_doc_starts).
 
 `gpt_backward` calls the backward of every op of `gpt_forward` in exactly the reverse order, so the two
 read side by side, with two exceptions. The loss head: the backward of the whole model starts at the loss,
@@ -217,6 +219,8 @@ def gpt_forward(
     d lnf in A["dln"] and the head's share of G["head"], which gpt_backward then continues from."""
     B, T = tokens.shape
     a, _ = _mlp_outputs(A, m.n_layer)
+    if m.doc_mask >= 0:  # where each query's document starts, from this micro-batch's tokens (its backward reads it)
+        K.doc_starts(A["doc_start"], tokens, m.doc_mask)
     _embed(
         K,
         m,
@@ -261,9 +265,16 @@ def _train_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, B: int, T: i
         q, k, v = (_btc(z, B, T) for z in qkv)
         if m.block == "modern":
             K.qkrope_forward(q, k, A["qk_rstd"][layer], A["rope"], n_head=m.n_head)
-        K.attention_forward(_btc(att, B, T), A["att_lse"][layer], q, k, v, m.n_head)
+        K.attention_forward(_btc(att, B, T), A["att_lse"][layer], q, k, v, m.n_head, **_mask(A, A.get("doc_start")))
 
     return attend
+
+
+def _mask(A: Arena, doc_start: Any) -> dict[str, Any]:
+    """Attention's narrower mask (ops/attention.py) as its keywords: the plan's window (model.attn_window, or the
+    training schedule's: optim.attn_window_at) and these queries' document starts (model.doc_mask), each None where
+    the model has none: the causal mask."""
+    return {"window": A.get("attn_window"), "doc_start": doc_start}
 
 
 def gpt_backward(
@@ -420,7 +431,8 @@ def _attention_backward(
     dq, dk, dv = (_btc(z, B, T) for z in A["dqkv"])
     if layer_done is not None and layer + 1 < m.n_layer:
         layer_done(layer + 1)
-    K.attention_backward(dq, dk, dv, _btc(A["datt"], B, T), q, k, v, _btc(att, B, T), A["att_lse"][layer], H)
+    datt, mask = _btc(A["datt"], B, T), _mask(A, A.get("doc_start"))
+    K.attention_backward(dq, dk, dv, datt, q, k, v, _btc(att, B, T), A["att_lse"][layer], H, **mask)
     if m.block == "modern":
         K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
     if (ve := params.value_embed(m, layer)) is not None:
@@ -503,10 +515,11 @@ def gpt_infer(
     groups = windows(b, pos, slots)
     if "kv" not in A and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
+    docs = _infer_doc_starts(K, m, A, tokens, groups)
     _embed(K, m, P, io.x, io.ln1, io.mean2, io.rstd2, tokens, groups, io.x2, io.rstd2)
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, _infer_skips(m, A, io, layer), _infer_attend(K, m, A, layer, b, t, groups))
+        block(K, m, P, layer, _infer_skips(m, A, io, layer), _infer_attend(K, m, A, layer, b, t, groups, docs))
     if targets is not None:
         K.crossentropy_forward(
             A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"], **head_args(m)
@@ -515,34 +528,78 @@ def gpt_infer(
         K.head_logits(A["next_logits"][:b], _btc(io.ln1, b, t)[:, -1], P["head"], **head_args(m))
 
 
+def _infer_doc_starts(
+    K: Backend, m: ModelConfig, A: Arena, tokens: Any, groups: list[tuple[slice, int, slice]]
+) -> list[Any]:
+    """Each position group's document starts (g, t) for its queries (model.doc_mask; None for each without): with a
+    KV cache, its tokens go into the cache's token rows (kv_tokens) beside those before them and the starts are read
+    from those rows, so a window after position 0 sees the documents its prefix began; without, from the window's
+    own tokens (one group, from position 0). Made once, before the layers, in rows of the plan's doc_start that no
+    other group of the step uses."""
+    if m.doc_mask < 0:
+        return [None] * len(groups)
+    b, t = tokens.shape
+    cached = A.get("kv_tokens")
+    if cached is None:
+        out = A["doc_start"].reshape(-1)[: b * t].reshape(b, t)
+        K.doc_starts(out, tokens, m.doc_mask)
+        return [out[rows] for rows, _, _ in groups]
+    docs = []
+    for rows, p, slots in groups:
+        K.copy_(cached[slots, p : p + t], tokens[rows])
+        scan = A["doc_start"][rows, : p + t]
+        K.doc_starts(scan, cached[slots, : p + t], m.doc_mask)
+        docs.append(scan[:, p:])
+    return docs
+
+
 def _infer_attend(
-    K: Backend, m: ModelConfig, A: Arena, layer: int, b: int, t: int, groups: list[tuple[slice, int, slice]]
+    K: Backend,
+    m: ModelConfig,
+    A: Arena,
+    layer: int,
+    b: int,
+    t: int,
+    groups: list[tuple[slice, int, slice]],
+    docs: list[Any],
 ) -> Attend:
     """The inference step's attention of one layer, per position group: the modern block's q and k QK-normed and
     rotated at the group's positions, its keys and values into the group's cache rows (where the plan has a cache),
-    then attention over the window (from position 0: the training forward's) or over the cache."""
+    then attention over the window (from position 0: the training forward's) or over the cache, each under the
+    model's window and the group's document starts (docs: _infer_doc_starts)."""
     H = m.n_head
 
     def attend(att: Any, qkv: Any) -> None:
         q, k, v = (_btc(z, b, t) for z in qkv)
         att3 = _btc(att, b, t)
-        for rows, p, cached in groups:
+        for (rows, p, cached), doc in zip(groups, docs):
             g = rows.stop - rows.start
             if m.block == "modern":
                 rstd = A["qk_rstd"][:, rows.start * t : rows.stop * t]
                 K.qkrope_forward(q[rows], k[rows], rstd, A["rope"], n_head=H, pos=p)
             lse = A["att_lse"][: g * H * t].reshape(g, H, t)
-            _attend(K, A, att3[rows], lse, q[rows], k[rows], v[rows], p, layer, cached, H)
+            _attend(K, A, att3[rows], lse, q[rows], k[rows], v[rows], p, layer, cached, H, _mask(A, doc))
 
     return attend
 
 
 def _attend(
-    K: Backend, A: Arena, att: Any, lse: Any, q: Any, k: Any, v: Any, pos: int, layer: int, cached: slice, H: int
+    K: Backend,
+    A: Arena,
+    att: Any,
+    lse: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    pos: int,
+    layer: int,
+    cached: slice,
+    H: int,
+    mask: dict[str, Any],
 ) -> None:
     """One position group's attention, q, k, v, att (g, t, C) at positions pos .. pos + t - 1: its keys and values
     into cache rows `cached` of layer's KV cache (where the plan has one), then attention over the window (from
-    position 0: the training forward's) or over the cache."""
+    position 0: the training forward's) or over the cache, under `mask` (_mask)."""
     t = q.shape[1]
     cache = A.get("kv")
     if cache is not None:
@@ -550,9 +607,9 @@ def _attend(
         K.copy_(cache_k[:, pos : pos + t], k)
         K.copy_(cache_v[:, pos : pos + t], v)
     if pos == 0:  # the window is the whole sequence so far: the training forward's attention over it
-        K.attention_forward(att, lse, q, k, v, H)
+        K.attention_forward(att, lse, q, k, v, H, **mask)
     else:
-        K.attention_forward_cached(att, q, cache_k, cache_v, pos, H)
+        K.attention_forward_cached(att, q, cache_k, cache_v, pos, H, **mask)
 
 
 def gpt_decode(
@@ -574,15 +631,20 @@ def gpt_decode(
     else:
         K.decode_embedding(io.x, tokens, positions, P["wte"], P["wpe"])
         K.layernorm_forward(io.ln1, io.mean2, io.rstd2, io.x, P["h0.ln1_w"], P["h0.ln1_b"])
+    doc = None
+    if m.doc_mask >= 0:  # each row's token into the cache's token rows, then where its document starts
+        doc = A["doc_start"].reshape(-1)[:b]
+        K.decode_doc_starts(doc, A["kv_tokens"], tokens, positions, slots, m.doc_mask)
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, _infer_skips(m, A, io, layer), _decode_attend(K, m, A, layer, positions, slots))
+        block(K, m, P, layer, _infer_skips(m, A, io, layer), _decode_attend(K, m, A, layer, positions, slots, doc))
     K.head_logits(A["next_logits"][:b], io.ln1, P["head"], **head_args(m))
 
 
-def _decode_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, positions: Any, slots: Any) -> Attend:
+def _decode_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, positions: Any, slots: Any, doc: Any) -> Attend:
     """The decode step's attention of one layer: each row's q and k at its position (the modern block's QK-norm and
-    rotation first), its key and value into its cache row, then its attention over that row's cache."""
+    rotation first), its key and value into its cache row, then its attention over that row's cache (under the
+    model's window and the rows' document starts doc (b,), where the model has them)."""
     cache_k, cache_v = A["kv"][layer, 0], A["kv"][layer, 1]  # (B, T, C)
 
     def attend(att: Any, qkv: Any) -> None:
@@ -590,6 +652,6 @@ def _decode_attend(K: Backend, m: ModelConfig, A: Arena, layer: int, positions: 
         if m.block == "modern":
             K.decode_qkrope(q, k, positions, A["rope"], n_head=m.n_head)
         K.decode_kv_write(cache_k, cache_v, k, v, positions, slots)
-        K.decode_attention(att, q, cache_k, cache_v, positions, slots, m.n_head)
+        K.decode_attention(att, q, cache_k, cache_v, positions, slots, m.n_head, **_mask(A, doc))
 
     return attend

@@ -71,6 +71,17 @@ def muon_momentum(step: int, t: Any) -> float:
     return t.muon_momentum_start + (t.muon_momentum - t.muon_momentum_start) * done
 
 
+def attn_window_at(step: int, m: ModelConfig, t: Any) -> int:
+    """The attention window (positions a query sees, itself included) of 0-based global step `step`, a pure function
+    of it (a resume repeats it): with train.attn_window_start = w0 and attn_window_every = E, min(W, w0 (1 + step //
+    E)), else W throughout; W = model.attn_window, or model.seq_len where that is 0 (the whole sequence). The plan
+    has the window's buffer only where the model or the schedule narrows attention (window_planned)."""
+    final = m.attn_window or m.seq_len
+    if not t.attn_window_start:
+        return final
+    return min(final, t.attn_window_start * (1 + step // t.attn_window_every))
+
+
 def group_lrs(lr: float, t: Any) -> dict[str, float]:
     """Each group's lr at this step, from the schedule's lr (lr_at): the schedule's factor lr / t.lr times each
     group's peak: "adamw" (the embedding, and every parameter under train.optimizer "adamw"), "head" (the modern

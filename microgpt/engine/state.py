@@ -221,6 +221,9 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
 
 
 def fill_tables(K: Backend, m: ModelConfig, arena: memory.Arena | dict[str, Any]) -> None:
-    """The plan's constant tables (memory.tables), written once: the modern block's rotary cos and sin."""
+    """The plan's constant tables (memory.tables), written once: the modern block's rotary cos and sin; and the
+    model's attention window where the plan has one (a training step writes its own over it: Step)."""
     if "rope" in arena:
         K.copy_in(arena["rope"], rope_tables(m.seq_len, m.head_dim, m.rope_base))
+    if "attn_window" in arena:
+        K.copy_in(arena["attn_window"], np.array([m.attn_window or m.seq_len], np.int32))

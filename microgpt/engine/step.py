@@ -17,9 +17,10 @@ AdamW) rather than four times. A step runs `count` micro-batches: train.n_micro,
 warmup (data/loader.py MicroSchedule); the mean loss and gscale divide by the step's own count, and the plan's
 buffers keep their n_micro rows (a step of fewer uses the first count). On a GPU each count the run takes is its
 own CUDA graph, all captured at the first step. Everything the device needs from the host sits in planned buffers
-written before each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale) and
-the loss scale. The run writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads
-once: the step's only synchronization.
+written before each run: the tokens and targets of every micro-batch, `hyper` (lr, bias corrections, gscale), the
+loss scale and the attention window of the step (where the model narrows attention: its schedule's). The run
+writes `report` = [mean loss, raw grad norm, each micro-batch's loss], which the host reads once: the step's only
+synchronization.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ def optimizer_step(S: TrainState, dp: Any = None, count: int | None = None) -> N
     S.prec.cast_weights(updated=True)  # fp8: the E4M3 copies of the updated masters
 
 
+def set_window(S: TrainState, step: int) -> None:
+    """The attention window of `step` (optim.attn_window_at: the schedule's, a pure function of the step) into the
+    plan's buffer, which the step's attention reads, where the plan has one (memory.window_planned)."""
+    if "attn_window" in S.arena:
+        S.K.copy_in(S.arena["attn_window"], np.array([optim.attn_window_at(step, S.m, S.t)], np.int32))
+
+
 def _adamw_parts(S: TrainState) -> list[tuple[slice, Any]]:
     """What AdamW updates, as (part of the flat arrays, its hyper row): all of them under train.optimizer "adamw";
     under "muon" the ranges outside the block matrices (optim.adamw_ranges), each with its group's row."""
@@ -110,6 +118,7 @@ class Step:
         K.copy_in(A["tokens"][:count], np.stack([x for x, _ in batches]))
         K.copy_in(A["targets"][:count], np.stack([y for _, y in batches]))
         K.copy_in(A["loss_scale"], np.array([S.scaler.scale]))
+        set_window(S, S.step)
         gscale = 1.0 / (count * self.world * S.scaler.scale)
         if count not in self.runs:
             self._prepare(lr, self.micro.counts(S.step) if not self.runs else [count])

@@ -12,6 +12,16 @@ the tiles that straddle the diagonal (masked) and the rest (no mask), so the hot
 Tile sizes are chosen once per GPU, dtype and (T, hs) by timing inside the warm-up step (tuning.py, cached on
 disk); fp32 and the interpreter use one fixed config each.
 
+The window and the documents (ops/attention.py: query i sees key j iff j <= i, i - j < w and j >= doc_start[i]): the
+window w is read from a (1,) int32 buffer and the document starts from a (B, T) int32 one, so neither is compiled in
+(a window that widens during training changes what the kernels read, not their binaries or a captured graph);
+constexprs WINDOW and DOC say only whether each is given. Each row's first visible key lo(i) = max(i - w + 1,
+doc_start[i]) is non-decreasing in i, so a block of query rows needs the keys from its first row's lo: the tiles below
+it are skipped (that is the window's speed), the tiles between the rows' smallest and largest lo are masked, the rest
+before the diagonal are not. A key tile's rows (dk, dv) run from the tile to its last key's last reader, min(j + w,
+the next document's start), which a binary search over doc_start finds; the rows that see the whole tile are
+unmasked, those past them masked. Without either buffer the kernels are the causal ones, bit for bit.
+
 attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer, ops/attention.py says what it
 computes): queries at positions pos .. pos + t - 1 against the KV cache's keys and values of positions 0 .. pos +
 t - 1, one program per (sequence, head, block of queries) over the cached keys with the same online softmax. It is
@@ -56,11 +66,14 @@ def _fwd_tiles(
     C,
     HS,
     qk_scale,
+    first,
     MASK: tl.constexpr,
+    BOUND: tl.constexpr,
     BN: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
 ):
+    # first: (BM,) each row's first visible key, read where MASK and BOUND
     offs_d = tl.arange(0, BD)
     dmask = offs_d < HS
     for start_n in range(lo, hi, BN):
@@ -70,10 +83,16 @@ def _fwd_tiles(
         )
         s = _dot(q, kt, IEEE)
         if MASK:
-            s = tl.where((offs_m[:, None] >= cols[None, :]) & (cols < T)[None, :], s, float("-inf"))
+            seen = (offs_m[:, None] >= cols[None, :]) & (cols < T)[None, :]
+            if BOUND:
+                seen = seen & (cols[None, :] >= first[:, None])
+            s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # the scale and the shift as one FMA per score
-        alpha = tl.math.exp2(m_i - m_new)
+        shift = m_new
+        if BOUND:  # a row that has seen no key yet: shift by 0 (not -inf), its maximum still -inf
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - shift[:, None])  # the scale and the shift as one FMA per score
+        alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_ptr + base + cols[:, None] * C + offs_d[None, :], mask=(cols < T)[:, None] & dmask[None, :], other=0.0
@@ -84,23 +103,40 @@ def _fwd_tiles(
 
 
 @triton.jit
+def _first_keys(win_ptr, ds_ptr, ds_off, pos, WINDOW: tl.constexpr, DOC: tl.constexpr):
+    # each query's first visible key max(0, pos - w + 1, doc_start): pos its positions, ds_off where its doc_start is
+    lo = tl.zeros_like(pos)
+    if WINDOW:
+        lo = tl.maximum(lo, pos - tl.load(win_ptr) + 1)
+    if DOC:
+        lo = tl.maximum(lo, tl.load(ds_ptr + ds_off))
+    return lo
+
+
+@triton.jit
 def k_attention_fwd(
     out_ptr,
     lse_ptr,
     q_ptr,
     k_ptr,
     v_ptr,
+    win_ptr,
+    ds_ptr,
     T,
     C,
     NH,
     HS,
+    sds,
     qk_scale,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
 ):
-    # out, q, k, v: (B, T, C) head h at columns [h*HS, (h+1)*HS); lse: (B, NH, T) fp32; qk_scale = log2(e)/sqrt(HS)
+    # out, q, k, v: (B, T, C) head h at columns [h*HS, (h+1)*HS); lse: (B, NH, T) fp32; qk_scale = log2(e)/sqrt(HS);
+    # win: (1,) int32, read with WINDOW; ds: (B, T) int32 of row stride sds, read with DOC
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest rows first
     bh = tl.program_id(1)
     base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
@@ -112,8 +148,19 @@ def k_attention_fwd(
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     diag = pid_m * BM  # K/V tiles before this are visible to every row of the tile (BM % BN == 0)
+    if WINDOW or DOC:
+        rows = tl.minimum(offs_m, T - 1)  # rows past T (never stored) take the last row's bound
+        first = _first_keys(win_ptr, ds_ptr, (bh // NH).to(tl.int64) * sds + rows, rows, WINDOW, DOC)
+        lo = tl.min(first, axis=0) // BN * BN  # the tiles before lo: seen by no row of the block, skipped
+        free = tl.maximum(tl.minimum(tl.cdiv(tl.max(first, axis=0), BN) * BN, diag), lo)
+        acc, l_i, m_i = _fwd_tiles(
+            acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, lo, free, T, C, HS, qk_scale, first, True, True, BN, BD, IEEE
+        )
+    else:
+        first = offs_m
+        free = 0
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, 0, diag, T, C, HS, qk_scale, False, BN, BD, IEEE
+        acc, l_i, m_i, q, k_ptr, v_ptr, base, offs_m, free, diag, T, C, HS, qk_scale, first, False, False, BN, BD, IEEE
     )
     acc, l_i, m_i = _fwd_tiles(
         acc,
@@ -130,7 +177,9 @@ def k_attention_fwd(
         C,
         HS,
         qk_scale,
+        first,
         True,
+        WINDOW or DOC,
         BN,
         BD,
         IEEE,
@@ -173,12 +222,18 @@ def _dkdv_tiles(
     C,
     HS,
     qk_scale,
+    win_ptr,
+    ds_ptr,
+    ds_row,
     MASK: tl.constexpr,
     BM: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
 ):
-    # rows >= T load as zeros (q, dout, lse, delta): their terms vanish without a mask
+    # rows >= T load as zeros (q, dout, lse, delta): their terms vanish without a mask; where MASK, the rows' first
+    # keys (WINDOW, DOC) narrow it
     offs_d = tl.arange(0, BD)
     for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
@@ -197,7 +252,12 @@ def _dkdv_tiles(
         delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
         pt = tl.math.exp2(_dot(k, qt, IEEE) * qk_scale - lse[None, :])  # (BN, BM) = P.T
         if MASK:
-            pt = tl.where((offs_m[None, :] >= offs_n[:, None]) & mmask[None, :], pt, 0.0)
+            seen = (offs_m[None, :] >= offs_n[:, None]) & mmask[None, :]
+            if WINDOW or DOC:
+                rows = tl.minimum(offs_m, T - 1)
+                first = _first_keys(win_ptr, ds_ptr, ds_row + rows, rows, WINDOW, DOC)
+                seen = seen & (offs_n[:, None] >= first[None, :])
+            pt = tl.where(seen, pt, 0.0)
         dv += _dot(pt.to(do.dtype), do, IEEE)
         dpt = _dot(v, tl.trans(do), IEEE)
         dst = pt * (dpt - delta[None, :])
@@ -222,11 +282,14 @@ def _dq_tiles(
     C,
     HS,
     qk_scale,
+    first,
     MASK: tl.constexpr,
+    BOUND: tl.constexpr,
     BN: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
 ):
+    # first: (BM,) each row's first visible key, read where MASK and BOUND
     offs_d = tl.arange(0, BD)
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
@@ -235,10 +298,28 @@ def _dq_tiles(
         vt = tl.load(v_ptr + base + offs_n[None, :] * C + offs_d[:, None], mask=kv_mask, other=0.0)
         p = tl.math.exp2(_dot(q, kt, IEEE) * qk_scale - lse[:, None])
         if MASK:
-            p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n < T)[None, :], p, 0.0)
+            seen = (offs_m[:, None] >= offs_n[None, :]) & (offs_n < T)[None, :]
+            if BOUND:
+                seen = seen & (offs_n[None, :] >= first[:, None])
+            p = tl.where(seen, p, 0.0)
         ds = p * (_dot(do, vt, IEEE) - delta[:, None])
         dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
     return dq
+
+
+@triton.jit
+def _doc_end(ds_ptr, ds_row, j, T, SEARCH):
+    # the first row after key j whose document starts after j (T where none), by binary search over the row's
+    # doc_start (non-decreasing); SEARCH >= the bit length of T
+    lo = j + 1
+    hi = T + tl.zeros_like(j)
+    for _ in range(SEARCH):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        start = tl.load(ds_ptr + ds_row + tl.minimum(mid, T - 1))
+        lo = tl.where(active & (start <= j), mid + 1, lo)
+        hi = tl.where(active & (start > j), mid, hi)
+    return hi
 
 
 @triton.jit
@@ -252,10 +333,14 @@ def k_attention_bwd(
     dout_ptr,
     lse_ptr,
     delta_ptr,
+    win_ptr,
+    ds_ptr,
     T,
     C,
     NH,
     HS,
+    sds,
+    SEARCH,
     qk_scale,
     sm_scale,
     BM1: tl.constexpr,
@@ -264,13 +349,16 @@ def k_attention_bwd(
     BN2: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
 ):
-    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32
+    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32; win, ds as k_attention_fwd's
     # programs [0, cdiv(T, BN1)) own dk/dv tiles, the rest own dq tiles; BN1 % BM1 == 0 and BM2 % BN2 == 0
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     base = (bh // NH).to(tl.int64) * T * C + (bh % NH) * HS
     row_base = bh.to(tl.int64) * T
+    ds_row = (bh // NH).to(tl.int64) * sds
     offs_d = tl.arange(0, BD)
     n_kv = tl.cdiv(T, BN1)
     if pid < n_kv:
@@ -283,6 +371,18 @@ def k_attention_bwd(
         dk = tl.zeros((BN1, BD), dtype=tl.float32)
         dv = tl.zeros((BN1, BD), dtype=tl.float32)
         mid = tl.minimum(start_n + BN1, T)  # q rows before start_n never see this tile; rows past mid see all of it
+        end = T  # past the last row that sees a key of the tile
+        unmasked = T  # past the rows from mid on that see every key of it, in whole tiles of rows
+        if WINDOW or DOC:
+            free = T + tl.zeros_like(start_n)  # past the last row that sees the tile's first key
+            if WINDOW:
+                w = tl.load(win_ptr)
+                end = tl.minimum(end, mid - 1 + w)
+                free = tl.minimum(free, start_n + w)
+            if DOC:
+                end = tl.minimum(end, _doc_end(ds_ptr, ds_row, mid - 1, T, SEARCH))
+                free = tl.minimum(free, _doc_end(ds_ptr, ds_row, start_n, T, SEARCH))
+            unmasked = mid + tl.maximum(free - mid, 0) // BM1 * BM1
         dk, dv = _dkdv_tiles(
             dk,
             dv,
@@ -301,10 +401,15 @@ def k_attention_bwd(
             C,
             HS,
             qk_scale,
+            win_ptr,
+            ds_ptr,
+            ds_row,
             True,
             BM1,
             BD,
             IEEE,
+            WINDOW,
+            DOC,
         )
         dk, dv = _dkdv_tiles(
             dk,
@@ -319,16 +424,50 @@ def k_attention_bwd(
             row_base,
             offs_n,
             mid,
-            T,
+            unmasked,
             T,
             C,
             HS,
             qk_scale,
+            win_ptr,
+            ds_ptr,
+            ds_row,
             False,
             BM1,
             BD,
             IEEE,
+            WINDOW,
+            DOC,
         )
+        if WINDOW or DOC:
+            dk, dv = _dkdv_tiles(
+                dk,
+                dv,
+                k,
+                v,
+                q_ptr,
+                dout_ptr,
+                lse_ptr,
+                delta_ptr,
+                base,
+                row_base,
+                offs_n,
+                unmasked,
+                end,
+                T,
+                C,
+                HS,
+                qk_scale,
+                win_ptr,
+                ds_ptr,
+                ds_row,
+                True,
+                BM1,
+                BD,
+                IEEE,
+                WINDOW,
+                DOC,
+            )
         tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
@@ -342,9 +481,22 @@ def k_attention_bwd(
         lse = tl.load(lse_ptr + row_base + offs_m, mask=mmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + row_base + offs_m, mask=mmask, other=0.0)
         dq = tl.zeros((BM2, BD), dtype=tl.float32)
+        if WINDOW or DOC:
+            rows = tl.minimum(offs_m, T - 1)
+            first = _first_keys(win_ptr, ds_ptr, ds_row + rows, rows, WINDOW, DOC)
+            lo = tl.min(first, axis=0) // BN2 * BN2
+            free = tl.maximum(tl.minimum(tl.cdiv(tl.max(first, axis=0), BN2) * BN2, start_m), lo)
+            dq = _dq_tiles(
+                dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, lo, free, T, C, HS, qk_scale, first, True, True,
+                BN2, BD, IEEE,
+            )  # fmt: skip
+        else:
+            first = offs_m
+            free = 0
         dq = _dq_tiles(
-            dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, 0, start_m, T, C, HS, qk_scale, False, BN2, BD, IEEE
-        )
+            dq, q, do, lse, delta, k_ptr, v_ptr, base, offs_m, free, start_m, T, C, HS, qk_scale, first, False, False,
+            BN2, BD, IEEE,
+        )  # fmt: skip
         dq = _dq_tiles(
             dq,
             q,
@@ -361,7 +513,9 @@ def k_attention_bwd(
             C,
             HS,
             qk_scale,
+            first,
             True,
+            WINDOW or DOC,
             BN2,
             BD,
             IEEE,
@@ -412,7 +566,7 @@ def configs(half: str, HS: int) -> tuple[list[dict], int]:
     return (FWD_CONFIGS_D128 if half == "fwd" else BWD_CONFIGS_D128), 0
 
 
-def _launch(half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner) -> None:
+def _launch(half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner, bounded: bool = False) -> None:
     """launch(config) for one half under the config of this dtype and (T, hs): fixed in fp32 and the interpreter,
     else the fastest that fits the device, timed once inside the tuning window (on the warm-up step's buffers) and
     cached on disk (tuning.py; the candidates are named by their index in `configs(half, HS)`, the default
@@ -423,11 +577,20 @@ def _launch(half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner
     configs_, first = configs(half, HS)
     order = [first, *(i for i in range(len(configs_)) if i != first)]
     candidates = {str(i): (configs_[i],) for i in order}  # named by index; the first is the default
-    tuner.launch(f"attention_{half}", f"{T}:{HS}:{dtype}", candidates, lambda cfg: lambda: launch(cfg))
+    key = f"{T}:{HS}:{dtype}" + (":bounded" if bounded else "")  # a window or documents: other tiles may win
+    tuner.launch(f"attention_{half}", key, candidates, lambda cfg: lambda: launch(cfg))
 
 
 def _bd(HS: int) -> int:
     return max(16, triton.next_power_of_2(HS))  # tl.dot needs every tile dimension >= 16 on the GPU
+
+
+def _mask_args(q: torch.Tensor, window: torch.Tensor | None, doc_start: torch.Tensor | None) -> tuple[list, dict]:
+    """The kernels' window and document arguments: [win, ds, ds's row stride] (q standing in for what is not given:
+    never read) and the constexprs saying which is."""
+    ds = doc_start if doc_start is not None else q
+    args = [window if window is not None else q, ds, ds.stride(0) if doc_start is not None else 0]
+    return args, {"WINDOW": window is not None, "DOC": doc_start is not None}
 
 
 def attention_forward(
@@ -439,9 +602,13 @@ def attention_forward(
     n_head: int,
     *,
     tuner: Tuner,
+    window: torch.Tensor | None = None,
+    doc_start: torch.Tensor | None = None,
 ) -> None:
+    """window (1,), doc_start (B,T) int32: the narrower mask (ops/attention.py); doc_start's rows may be strided."""
     B, T, C = q.shape
     HS = C // n_head
+    (win, ds, sds), flags = _mask_args(q, window, doc_start)
 
     def launch(meta: dict) -> None:
         k_attention_fwd[(triton.cdiv(T, meta["BM"]), B * n_head)](
@@ -450,17 +617,21 @@ def attention_forward(
             q,
             k,
             v,
+            win,
+            ds,
             T,
             C,
             n_head,
             HS,
+            sds,
             LOG2E / math.sqrt(HS),
             BD=_bd(HS),
             IEEE=q.dtype == torch.float32,
+            **flags,
             **meta,
         )
 
-    _launch("fwd", q.dtype, T, HS, launch, tuner)
+    _launch("fwd", q.dtype, T, HS, launch, tuner, window is not None or doc_start is not None)
 
 
 def attention_backward(
@@ -477,12 +648,15 @@ def attention_backward(
     *,
     delta: torch.Tensor,
     tuner: Tuner,
+    window: torch.Tensor | None = None,
+    doc_start: torch.Tensor | None = None,
 ) -> None:
-    """delta: fp32 scratch of at least B*NH*T elements."""
+    """delta: fp32 scratch of at least B*NH*T elements; window, doc_start: the forward's."""
     B, T, C = q.shape
     HS = C // n_head
     BMD = 16 if INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
+    (win, ds, sds), flags = _mask_args(q, window, doc_start)
 
     def launch(meta: dict) -> None:
         k_attention_bwd[(triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)](
@@ -495,18 +669,23 @@ def attention_backward(
             dout,
             lse,
             delta,
+            win,
+            ds,
             T,
             C,
             n_head,
             HS,
+            sds,
+            T.bit_length(),
             LOG2E / math.sqrt(HS),
             1.0 / math.sqrt(HS),
             BD=_bd(HS),
             IEEE=q.dtype == torch.float32,
+            **flags,
             **meta,
         )
 
-    _launch("bwd", q.dtype, T, HS, launch, tuner)
+    _launch("bwd", q.dtype, T, HS, launch, tuner, window is not None or doc_start is not None)
 
 
 @triton.jit
@@ -515,11 +694,14 @@ def k_attention_cached(
     q_ptr,
     k_ptr,
     v_ptr,
+    win_ptr,
+    ds_ptr,
     t,
     pos,
     sqb,
     sob,
     skb,
+    sds,
     C,
     NH,
     HS,
@@ -528,9 +710,12 @@ def k_attention_cached(
     BN: tl.constexpr,
     BD: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
 ):
     # q, out: (B, t, C) rows (batch strides sqb, sob); k, v: the cache (B, Tmax, C) (batch stride skb); query i
-    # sits at position pos + i and sees keys 0 .. pos + i
+    # sits at position pos + i and sees keys 0 .. pos + i (from its first key where WINDOW or DOC: win (1,) int32,
+    # ds (B, t) int32 of row stride sds, the queries' document starts)
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, head = bh // NH, bh % NH
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -543,7 +728,12 @@ def k_attention_cached(
     m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
-    for start in range(0, hi, BN):
+    lo = 0
+    if WINDOW or DOC:
+        last = tl.minimum(offs_m, t - 1)  # rows past t (never stored) take the last row's bound
+        first = _first_keys(win_ptr, ds_ptr, b.to(tl.int64) * sds + last, pos + last, WINDOW, DOC)
+        lo = tl.min(first, axis=0) // BN * BN  # the keys before it: seen by no query of the block
+    for start in range(lo, hi, BN):
         cols = start + tl.arange(0, BN)
         kt = tl.load(
             k_ptr + kv + cols[None, :].to(tl.int64) * C + offs_d[:, None],
@@ -551,10 +741,16 @@ def k_attention_cached(
             other=0.0,
         )
         s = _dot(q, kt, IEEE)
-        s = tl.where((cols[None, :] <= pos + offs_m[:, None]) & (cols < hi)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # finite: key 0 is seen by every query
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        seen = (cols[None, :] <= pos + offs_m[:, None]) & (cols < hi)[None, :]
+        if WINDOW or DOC:
+            seen = seen & (cols[None, :] >= first[:, None])
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # causal alone: finite, key 0 is seen by every query
+        shift = m_new
+        if WINDOW or DOC:  # a row that has seen no key yet: shift by 0 (not -inf), its maximum still -inf
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * qk_scale - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_ptr + kv + cols[:, None].to(tl.int64) * C + offs_d[None, :],
@@ -567,11 +763,21 @@ def k_attention_cached(
 
 
 def attention_forward_cached(
-    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int, n_head: int
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: int,
+    n_head: int,
+    *,
+    window: torch.Tensor | None = None,
+    doc_start: torch.Tensor | None = None,
 ) -> None:
-    """out (B,t,C) = attention of q (B,t,C) at positions pos .. pos + t - 1 over k_cache, v_cache (B,Tmax,C)."""
+    """out (B,t,C) = attention of q (B,t,C) at positions pos .. pos + t - 1 over k_cache, v_cache (B,Tmax,C);
+    window (1,), doc_start (B,t) int32 (rows may be strided): the narrower mask (ops/attention.py)."""
     B, t, C = q.shape
     HS = C // n_head
+    (win, ds, sds), flags = _mask_args(q, window, doc_start)
     # keys a tile: 64, or 32 where a key row is over 256 bytes (fp32 at head size 128: 140 KiB a block at 64, over
     # sm_86 and sm_89's 99 KiB)
     BM, BN = 16, 16 if INTERPRET else (64 if _bd(HS) * q.element_size() <= 256 else 32)
@@ -580,11 +786,14 @@ def attention_forward_cached(
         q,
         k_cache,
         v_cache,
+        win,
+        ds,
         t,
         pos,
         q.stride(0),
         out.stride(0),
         k_cache.stride(0),
+        sds,
         C,
         n_head,
         HS,
@@ -593,4 +802,31 @@ def attention_forward_cached(
         BN=BN,
         BD=_bd(HS),
         IEEE=q.dtype == torch.float32,
+        **flags,
     )
+
+
+@triton.jit
+def _later(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def k_doc_starts(out_ptr, tok_ptr, n, so, st, eot, BLOCK: tl.constexpr):
+    # out: (B, n) int32 rows of stride so; tok: (B, n) int32 rows of stride st; one program a row, BLOCK positions at
+    # a time, the running maximum of the <|endoftext|> positions carried from block to block
+    r = tl.program_id(0).to(tl.int64)
+    carry = tl.zeros((), tl.int32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tok = tl.load(tok_ptr + r * st + offs, mask=offs < n, other=eot + 1)
+        at = tl.maximum(tl.associative_scan(tl.where(tok == eot, offs, 0), 0, _later), carry)
+        tl.store(out_ptr + r * so + offs, at, mask=offs < n)
+        carry = tl.max(at, axis=0)
+
+
+def doc_starts(out: torch.Tensor, tokens: torch.Tensor, eot: int) -> None:
+    """out (B, n) int32 = per row, the position of the last token == eot at or before each position (0 where none):
+    each query's document start (ops/attention.py); rows of out and tokens may be strided."""
+    B, n = tokens.shape
+    k_doc_starts[(B,)](out, tokens, n, out.stride(0), tokens.stride(0), eot, BLOCK=16 if INTERPRET else 1024)

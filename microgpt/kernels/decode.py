@@ -15,6 +15,10 @@ configuration for every step: as many splits as make WAVES programs a multiproce
 132 SMs: 16 splits of one 64-key tile each; at batch 32, 3), and one from the batch where the rows and heads alone
 make that many. The splits cover the cache's length T: at a short position
 the later splits are idle. Scores and sums are fp32 (q, k, v loaded in the compute dtype and widened).
+With a window or document starts (ops/decode.py: WINDOW and DOC constexprs, the values read from device memory) a row's
+keys begin at its first visible one: the splits wholly before it are idle too, and the combine skips them.
+decode_doc_starts is two launches, the token writes and then each row's scan of its cache row, so that a row reads
+the tokens the step's other rows of its cache row wrote.
 """
 
 from __future__ import annotations
@@ -60,6 +64,17 @@ def k_decode_kv_write(kc_ptr, vc_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, srow, sb,
 
 
 @triton.jit
+def _first_key(i, n, win_ptr, ds_ptr, WINDOW: tl.constexpr, DOC: tl.constexpr):
+    # row i's first visible key: max(0, n - window, doc_start[i]) for its n = positions[i] + 1 keys
+    first = n * 0
+    if WINDOW:
+        first = tl.maximum(first, n - tl.load(win_ptr))
+    if DOC:
+        first = tl.maximum(first, tl.load(ds_ptr + i))
+    return first
+
+
+@triton.jit
 def k_decode_attention_split(
     part_ptr,
     q_ptr,
@@ -67,6 +82,8 @@ def k_decode_attention_split(
     vc_ptr,
     pos_ptr,
     slot_ptr,
+    win_ptr,
+    ds_ptr,
     sq,
     sb,
     st,
@@ -76,14 +93,16 @@ def k_decode_attention_split(
     qk_scale,
     BN: tl.constexpr,
     BD: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
 ):
     # part: (b, NH, S, HS + 2) fp32 rows [acc, m, l]; q: (b, C) rows of stride sq; kc, vc: (B, T, C) of strides
-    # (sb, st, 1); qk_scale = log2(e) / sqrt(HS)
+    # (sb, st, 1); qk_scale = log2(e) / sqrt(HS); win (1,), ds (b,) int32, read with WINDOW, DOC
     i, h, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     n = tl.load(pos_ptr + i) + 1  # keys 0 .. positions[i]
-    lo = s * chunk
-    if lo < n:
-        hi = tl.minimum(lo + chunk, n)
+    lo = tl.maximum(s * chunk, _first_key(i, n, win_ptr, ds_ptr, WINDOW, DOC))
+    hi = tl.minimum(s * chunk + chunk, n)
+    if lo < hi:
         offs_d = tl.arange(0, BD)
         dmask = offs_d < HS
         q = tl.load(q_ptr + i * sq + h * HS + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -112,12 +131,28 @@ def k_decode_attention_split(
 
 
 @triton.jit
-def k_decode_attention_combine(out_ptr, part_ptr, pos_ptr, so, NH, HS, chunk, S, BS: tl.constexpr, BD: tl.constexpr):
-    # out: (b, C) rows of stride so; part: (b, NH, S, HS + 2) fp32, splits 0 .. ceil(n / chunk) - 1 live
+def k_decode_attention_combine(
+    out_ptr,
+    part_ptr,
+    pos_ptr,
+    win_ptr,
+    ds_ptr,
+    so,
+    NH,
+    HS,
+    chunk,
+    S,
+    BS: tl.constexpr,
+    BD: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOC: tl.constexpr,
+):
+    # out: (b, C) rows of stride so; part: (b, NH, S, HS + 2) fp32, splits first // chunk .. ceil(n / chunk) - 1 live
     i, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    live = tl.cdiv(tl.load(pos_ptr + i) + 1, chunk)
+    n = tl.load(pos_ptr + i) + 1
+    live = tl.cdiv(n, chunk)
     splits = tl.arange(0, BS)
-    smask = splits < live
+    smask = (splits < live) & (splits >= _first_key(i, n, win_ptr, ds_ptr, WINDOW, DOC) // chunk)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < HS
     rows = part_ptr + ((i * NH + h) * S + splits) * (HS + 2)
@@ -187,13 +222,18 @@ def decode_attention(
     *,
     partials: torch.Tensor,
     sm_count: int,
+    window: torch.Tensor | None = None,
+    doc_start: torch.Tensor | None = None,
 ) -> None:
     """out (b,C) = attention of q (b,C) over positions 0 .. positions[i] of cache rows slots[i] of k_cache, v_cache
-    (B,T,C). partials: fp32 scratch of at least partials_numel elements; sm_count: the device's multiprocessors."""
+    (B,T,C) (from the first key window (1,) and doc_start (b,) leave, where given). partials: fp32 scratch of at
+    least partials_numel elements; sm_count: the device's multiprocessors."""
     b, C = q.shape
     T, HS = k_cache.shape[1], C // n_head
     S, chunk = split_plan(b, T, n_head, sm_count)
     BD = triton.next_power_of_2(HS)
+    win, ds = (x if x is not None else positions for x in (window, doc_start))  # positions: never read
+    flags = {"WINDOW": window is not None, "DOC": doc_start is not None}
     k_decode_attention_split[(b, n_head, S)](
         partials,
         q,
@@ -201,6 +241,8 @@ def decode_attention(
         v_cache,
         positions,
         slots,
+        win,
+        ds,
         q.stride(0),
         k_cache.stride(0),
         k_cache.stride(1),
@@ -211,9 +253,11 @@ def decode_attention(
         BN=BN,
         BD=BD,
         num_warps=4,
+        **flags,
     )
+    BS = triton.next_power_of_2(S)
     k_decode_attention_combine[(b, n_head)](
-        out, partials, positions, out.stride(0), n_head, HS, chunk, S, BS=triton.next_power_of_2(S), BD=BD, num_warps=1
+        out, partials, positions, win, ds, out.stride(0), n_head, HS, chunk, S, BS=BS, BD=BD, num_warps=1, **flags
     )
 
 
@@ -247,3 +291,40 @@ def decode_qkrope(
     k_decode_qkrope[(b,)](
         q, k, positions, rope, q.stride(0), k.stride(0), n_head, D, rope.shape[1], EPS, **launch_config(n_head, D)
     )
+
+
+@triton.jit
+def k_decode_tok_write(tc_ptr, tok_ptr, pos_ptr, slot_ptr, stc):
+    # tc: (B, T) int32 rows of stride stc; tok, pos, slot: (b,) int32
+    i = tl.program_id(0).to(tl.int64)
+    at = tl.load(slot_ptr + i).to(tl.int64) * stc + tl.load(pos_ptr + i)
+    tl.store(tc_ptr + at, tl.load(tok_ptr + i))
+
+
+@triton.jit
+def k_decode_doc_start(doc_ptr, tc_ptr, pos_ptr, slot_ptr, stc, eot, BLOCK: tl.constexpr):
+    # doc: (b,) int32 = the last position <= positions[i] of cache row slots[i] holding eot (0 where none)
+    i = tl.program_id(0).to(tl.int64)
+    n = tl.load(pos_ptr + i) + 1
+    row = tc_ptr + tl.load(slot_ptr + i).to(tl.int64) * stc
+    last = n * 0
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tok = tl.load(row + offs, mask=offs < n, other=eot + 1)
+        last = tl.maximum(last, tl.max(tl.where(tok == eot, offs, 0), axis=0))
+    tl.store(doc_ptr + i, last)
+
+
+def decode_doc_starts(
+    doc: torch.Tensor,
+    tok_cache: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    eot: int,
+) -> None:
+    """tok_cache (B,T)[slots[i], positions[i]] = tokens[i] for every row, then doc (b,) int32 = each row's document
+    start over positions 0 .. positions[i] of its cache row (ops/decode.py)."""
+    b = tokens.shape[0]
+    k_decode_tok_write[(b,)](tok_cache, tokens, positions, slots, tok_cache.stride(0))
+    k_decode_doc_start[(b,)](doc, tok_cache, positions, slots, tok_cache.stride(0), eot, BLOCK=16 if INTERPRET else 256)

@@ -4,7 +4,8 @@
     embedding     out = wte[tokens] + wpe     nothing (tokens are the caller's)
     layernorm     out = xhat * w + b          mean, rstd (N,)
     linear        out = x @ w                 nothing (x is the caller's)
-    attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed
+    attention     out = causal softmax(qk^T) v  lse (B,NH,T); probabilities are recomputed (a window and
+                  (doc_starts) document starts may narrow the mask: model.attn_window, model.doc_mask)
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
     rmsnorm       out = x * rstd              rstd (N,)
@@ -42,9 +43,9 @@ Muon's step over the hidden matrices it owns, scaling and clipping as AdamW does
 planned buffers it takes for a set of MuonGroups, which differ by backend: ops/muon.py). And the decode step's
 position-dependent ops, forward only (model.gpt_decode: rows at per-row positions of per-row cache rows, held in
 device memory so that one CUDA graph serves every step): decode (decode_embedding, decode_kv_write,
-decode_attention, and the modern block's decode_qkrope; ops/decode.py specifies them). And the greedy pick the
-decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's token leaves
-the device as one int, not V logits).
+decode_attention, and the modern block's decode_qkrope and decode_doc_starts; ops/decode.py specifies them). And the
+greedy pick the decode step ends with: argmax (argmax_rows: each row's largest logit's index, so that a greedy row's
+token leaves the device as one int, not V logits).
 
 The linear, mlp and crossentropy pairs are GEMM sites: they take the precision's Matmul as the keyword `mm`
 (microgpt/engine/precision.py says what it does; MATMUL_TAKERS names the functions), which the backend binds to them
@@ -97,7 +98,7 @@ OPS: dict[str, OpPair] = {
     "embedding": _pair("embedding", ("embedding_add_forward",)),
     "layernorm": _pair("layernorm", ("residual_layernorm_forward",)),
     "linear": _pair("linear"),
-    "attention": _pair("attention", ("attention_forward_cached",)),
+    "attention": _pair("attention", ("attention_forward_cached", "doc_starts")),
     "mlp": _pair("mlp"),
     "crossentropy": _pair("crossentropy", ("crossentropy_forward_backward", "head_logits", "loss_weights", "loss_sum")),
     "rmsnorm": _pair("rmsnorm", ("residual_rmsnorm_forward",)),
@@ -110,7 +111,9 @@ HELPERS: dict[str, Helpers] = {
     "gradclip": _helpers("gradclip", ("grad_norm_partial", "grad_norm_final")),
     "adamw": _helpers("adamw", ("adamw_step",)),
     "muon": _helpers("muon", ("muon_step", "muon_scratch")),
-    "decode": _helpers("decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope")),
+    "decode": _helpers(
+        "decode", ("decode_embedding", "decode_kv_write", "decode_attention", "decode_qkrope", "decode_doc_starts")
+    ),
     "argmax": _helpers("argmax", ("argmax_rows",)),
 }
 

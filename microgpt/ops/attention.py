@@ -30,6 +30,20 @@ on several threads where the backend has them.
 attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer): queries at positions pos .. pos +
 t - 1 of each sequence against the keys and values of positions 0 .. pos + t - 1 held in the KV cache (the same
 function as attention_forward over the whole sequence, for those t rows); forward only, nothing saved.
+
+The window and the documents (model.attn_window, model.doc_mask: the modern block's levers, issue 55). Every function
+here takes two optional keywords that narrow the causal mask; without them it is the causal mask above, bit for bit:
+
+    window     (1,) int32, w >= 1: query i sees no key j with i - j >= w (the last w positions, itself included)
+    doc_start  (B, T) int32 (attention_forward_cached: (B, t), its queries' rows): the position where query i's
+               document starts; query i sees no key j < doc_start[i]
+
+so query i attends key j iff j <= i, i - j < w and j >= doc_start[i] (positions are the sequence's own: pos + i in
+the cache). Key i itself always qualifies, so no row is empty. The window is a buffer, not a number, so that a window
+that widens during training changes what the kernels read, not what they are compiled for (or what a CUDA graph holds).
+`doc_starts` makes doc_start from the tokens: a document begins at its <|endoftext|> (the tokenizer's eot id,
+model.doc_mask), which belongs to the document it begins; a row whose first token is mid-document starts at 0.
+It is non-decreasing along a row, which the kernels use to skip whole tiles.
 """
 
 import math
@@ -63,6 +77,37 @@ def _causal_mask(T: int, dtype: np.dtype) -> NDArray:
     return np.triu(np.full((T, T), -np.inf, dtype=dtype), k=1)
 
 
+def _bounded_mask(q_pos: NDArray, n_keys: int, window: NDArray | None, doc_start: NDArray | None, dtype) -> NDArray:
+    """(n, n_keys): 0 where the query at position q_pos[r] may see key j (j <= q_pos[r], q_pos[r] - j < window,
+    j >= doc_start[r]), -inf elsewhere; doc_start (n,) this sequence's row of it, or None."""
+    j = np.arange(n_keys)[None, :]
+    i = q_pos[:, None]
+    seen = j <= i
+    if window is not None:
+        seen &= i - j < int(window[0])
+    if doc_start is not None:
+        seen &= j >= doc_start[:, None]
+    return np.where(seen, 0.0, -np.inf).astype(dtype)
+
+
+def _masks(T: int, dtype: np.dtype, window: NDArray | None, doc_start: NDArray | None):
+    """The mask of batch element b, as a function of b: the causal one for all, or the bounded one of its row."""
+    if window is None and doc_start is None:
+        causal = _causal_mask(T, dtype)
+        return lambda b: causal
+    if doc_start is None:
+        one = _bounded_mask(np.arange(T), T, window, None, dtype)
+        return lambda b: one
+    return lambda b: _bounded_mask(np.arange(T), T, window, doc_start[b], dtype)
+
+
+def doc_starts(out: NDArray, tokens: NDArray, eot: int) -> None:
+    """out (B, n) int32 = per row, the position of the last token == eot at or before each position (0 where none):
+    where each query's document starts."""
+    pos = np.where(tokens == eot, np.arange(tokens.shape[1], dtype=np.int32), 0)
+    np.maximum.accumulate(pos, axis=1, out=out)
+
+
 def _scores(qh: NDArray, kt: NDArray, mask: NDArray) -> NDArray:
     """Masked, scaled scores S (NH,T,T) for one batch element from Q (NH,T,hs) and K^T (NH,hs,T)."""
     s = qh @ kt
@@ -72,13 +117,23 @@ def _scores(qh: NDArray, kt: NDArray, mask: NDArray) -> NDArray:
 
 
 def attention_forward(
-    out: NDArray, lse: NDArray, q: NDArray, k: NDArray, v: NDArray, n_head: int, *, rows: Rows = SERIAL
+    out: NDArray,
+    lse: NDArray,
+    q: NDArray,
+    k: NDArray,
+    v: NDArray,
+    n_head: int,
+    *,
+    rows: Rows = SERIAL,
+    window: NDArray | None = None,
+    doc_start: NDArray | None = None,
 ) -> None:
-    """out (B,T,C) = causal softmax(q k^T / sqrt(hs)) v per head; lse (B,NH,T) saved for backward."""
-    mask = _causal_mask(q.shape[1], q.dtype)
+    """out (B,T,C) = causal softmax(q k^T / sqrt(hs)) v per head; lse (B,NH,T) saved for backward. window (1,),
+    doc_start (B,T) int32: the narrower mask (module docstring)."""
+    mask = _masks(q.shape[1], q.dtype, window, doc_start)
 
     def one(b: int) -> None:
-        s = _scores(_heads(q[b], n_head), _heads_t(k[b], n_head), mask)
+        s = _scores(_heads(q[b], n_head), _heads_t(k[b], n_head), mask(b))
         m = s.max(axis=2, keepdims=True)  # subtract the row max so exp cannot overflow
         s -= m
         np.exp(s, out=s)
@@ -113,15 +168,18 @@ def attention_backward(
     n_head: int,
     *,
     rows: Rows = SERIAL,
+    window: NDArray | None = None,
+    doc_start: NDArray | None = None,
 ) -> None:
-    """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse."""
+    """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse. window,
+    doc_start: the forward's."""
     hs = q.shape[2] // n_head
     scale = 1.0 / math.sqrt(hs)
-    mask = _causal_mask(q.shape[1], q.dtype)
+    mask = _masks(q.shape[1], q.dtype, window, doc_start)
 
     def one(b: int) -> None:
         qh, kh, doh, oh = (_heads(x[b], n_head) for x in (q, k, dout, out))
-        p = _scores(qh, _heads_t(k[b], n_head), mask)
+        p = _scores(qh, _heads_t(k[b], n_head), mask(b))
         p -= lse[b][:, :, None]
         np.exp(p, out=p)  # masked entries: exp(-inf) = 0
         _heads(dv[b], n_head)[...] = _mT(p) @ doh
@@ -137,10 +195,19 @@ def attention_backward(
 
 
 def attention_forward_cached(
-    out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, pos: int, n_head: int
+    out: NDArray,
+    q: NDArray,
+    k_cache: NDArray,
+    v_cache: NDArray,
+    pos: int,
+    n_head: int,
+    *,
+    window: NDArray | None = None,
+    doc_start: NDArray | None = None,
 ) -> None:
     """out (B,t,C) = causal attention of q (B,t,C), the queries at positions pos .. pos + t - 1, over the cached keys
-    and values k_cache, v_cache (B,Tmax,C) of positions 0 .. pos + t - 1: query i sees keys 0 .. pos + i."""
+    and values k_cache, v_cache (B,Tmax,C) of positions 0 .. pos + t - 1: query i sees keys 0 .. pos + i (with
+    window (1,) and doc_start (B,t), the queries' document starts, the narrower mask of the module docstring)."""
     B, t, C = q.shape
     n = pos + t
     hs = C // n_head
@@ -148,6 +215,8 @@ def attention_forward_cached(
     for b in range(B):
         s = _heads(q[b], n_head) @ _heads_t(k_cache[b, :n], n_head)  # (NH, t, n)
         s *= 1.0 / math.sqrt(hs)
+        if window is not None or doc_start is not None:
+            mask = _bounded_mask(pos + np.arange(t), n, window, None if doc_start is None else doc_start[b], q.dtype)
         s += mask
         s -= s.max(axis=2, keepdims=True)
         np.exp(s, out=s)

@@ -12,6 +12,13 @@ with the heads interleaved as (b, NH, hs).
                        of positions 0 .. positions[i] of cache row slots[i] (the one just written included)
     decode_qkrope      q[i], k[i] = rope(rmsnorm_head(.)) at positions[i], in place (the modern block's, before
                        the cache write; ops/qkrope.py)
+    decode_doc_starts  tok_cache[slots[i], positions[i]] = tokens[i], then doc[i] = the last position p <=
+                       positions[i] of cache row slots[i] whose token is eot (0 where none): where row i's document
+                       starts (model.doc_mask; ops/attention.py doc_starts over the cache row's tokens)
+
+decode_attention takes attention's narrower mask as its keywords (ops/attention.py): window (1,) int32, and
+doc_start (b,) int32, each row's document start (decode_doc_starts): row i sees the keys of positions j with
+max(positions[i] - window + 1, doc_start[i]) <= j <= positions[i].
 
 Nothing is saved (there is no backward), and nothing past positions[i] is read: the cache there holds noise or a
 sequence that held the slot before. No two rows of one step write one position of one cache row, which
@@ -49,16 +56,28 @@ def decode_kv_write(
 
 
 def decode_attention(
-    out: NDArray, q: NDArray, k_cache: NDArray, v_cache: NDArray, positions: NDArray, slots: NDArray, n_head: int
+    out: NDArray,
+    q: NDArray,
+    k_cache: NDArray,
+    v_cache: NDArray,
+    positions: NDArray,
+    slots: NDArray,
+    n_head: int,
+    *,
+    window: NDArray | None = None,
+    doc_start: NDArray | None = None,
 ) -> None:
-    """out (b,C) = attention of each row's query q[i] (C,) over positions 0 .. positions[i] of cache row slots[i]."""
+    """out (b,C) = attention of each row's query q[i] (C,) over positions 0 .. positions[i] of cache row slots[i]
+    (from max(positions[i] - window + 1, doc_start[i]) where given)."""
     b, C = q.shape
     hs = C // n_head
     for i in range(b):
         n, s = int(positions[i]) + 1, int(slots[i])
+        lo = 0 if window is None else max(0, n - int(window[0]))
+        lo = lo if doc_start is None else max(lo, int(doc_start[i]))
         qh = q[i].reshape(n_head, 1, hs)
-        kh = np.ascontiguousarray(k_cache[s, :n].reshape(n, n_head, hs).transpose(1, 2, 0))  # (NH, hs, n)
-        vh = np.ascontiguousarray(v_cache[s, :n].reshape(n, n_head, hs).transpose(1, 0, 2))  # (NH, n, hs)
+        kh = np.ascontiguousarray(k_cache[s, lo:n].reshape(n - lo, n_head, hs).transpose(1, 2, 0))  # (NH, hs, n)
+        vh = np.ascontiguousarray(v_cache[s, lo:n].reshape(n - lo, n_head, hs).transpose(1, 0, 2))  # (NH, n, hs)
         p = qh @ kh  # (NH, 1, n)
         p *= 1.0 / math.sqrt(hs)
         p -= p.max(axis=2, keepdims=True)
@@ -75,3 +94,14 @@ def decode_qkrope(q: NDArray, k: NDArray, positions: NDArray, rope: NDArray, *, 
     rstd = np.empty((b, n_head), q.dtype)  # the forward's statistics, which no backward reads here
     for x in (q, k):
         qkrope.norm_rotate(qkrope.heads(x, n_head), rstd, rope[0, positions], rope[1, positions])
+
+
+def decode_doc_starts(
+    doc: NDArray, tok_cache: NDArray, tokens: NDArray, positions: NDArray, slots: NDArray, eot: int
+) -> None:
+    """tok_cache (B,T)[slots[i], positions[i]] = tokens[i] for every row first (rows of one cache row read each
+    other's), then doc (b,) = each row's document start over positions 0 .. positions[i] of its cache row."""
+    tok_cache[slots, positions] = tokens
+    for i in range(tokens.shape[0]):
+        eots = np.flatnonzero(tok_cache[int(slots[i]), : int(positions[i]) + 1] == eot)
+        doc[i] = eots[-1] if eots.size else 0

@@ -2,7 +2,9 @@
 train.hellaswag asks (microgpt/use/hellaswag.py), on the training state's own arena and weights.
 
 val_loss scores the same windows at every evaluation: the first eval_batches x micro_batch (x ranks) of each
-source; a mixture adds each source's own loss, and val_loss is their prior-weighted mean (data/loader.py).
+source; a mixture adds each source's own loss, and val_loss is their prior-weighted mean (data/loader.py). Attention
+reads the window of the step just run (train.attn_window_start's schedule: optim.attn_window_at), and document
+starts as training does (model.doc_mask).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from microgpt import data
 from microgpt.config import Experiment
 from microgpt.engine import model
 from microgpt.engine.state import TrainState
+from microgpt.engine.step import set_window
 from microgpt.use import hellaswag
 
 
@@ -32,6 +35,7 @@ class Evaluation:
     def due(self, step: int) -> dict[str, Any]:
         """The fields of the eval record due after step `step` (val loss, HellaSwag; both at the last); {}: none."""
         last, ev = self.t.steps, {}
+        set_window(self.S, max(0, step - 1))  # the window of the step just run: the model as it is trained
         if step % self.t.eval_every == 0 or step == last:
             ev = self.evaluate()
             self.last = {"val_loss": ev["val_loss"], "val_step": step}

@@ -158,6 +158,16 @@ def byte_tokenizer_json() -> dict[str, Any]:
     }
 
 
+def narrowed_attention(m: config.ModelConfig) -> str | None:
+    """Why neither export writes this model's attention (one clause), or None: both write models that attend over the
+    whole sequence so far, across documents."""
+    if m.attn_window:
+        return f"has model.attn_window {m.attn_window}: the exported model would attend past its window"
+    if m.doc_mask >= 0:
+        return f"has model.doc_mask {m.doc_mask}: the exported model would attend across <|endoftext|>"
+    return None
+
+
 def tokenizer_files(info: dict[str, Any], m: config.ModelConfig) -> tuple[str, dict[str, Any], dict[str, int]]:
     """(tokenizer.json text, tokenizer_config.json, special token -> id)."""
     from microgpt.data.tokenizer import EOT, IM_END, IM_START, PAD
@@ -347,6 +357,8 @@ def export_trained(where: str | Path, out: str | Path | None, dtype: str, fmt: s
         )
     ld = load_trained(where) if ld is None else ld
     m = ld.exp.model
+    if why := narrowed_attention(m):
+        raise ExportError(f"--format {fmt}: {ld.path} {why}; nothing written")
     if fmt == "gguf" and (why := export_gguf.unsupported(m)):
         raise ExportError(f"--format gguf: {ld.path} {why}; nothing written")
     if fmt == "hf" and m.value_embeds:

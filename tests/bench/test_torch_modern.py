@@ -268,3 +268,54 @@ def test_the_twin_follows_the_engines_batch_warmup(tmp_path) -> None:
     run.step = lambda s, t: timed.append((s, run.micro.count(s))) or step(s, t)
     run.calibrate(1, 2)
     assert timed == [(3, 3), (4, 3), (5, 3)]
+
+
+@pytest.mark.parametrize("window", [None, 2, 4])
+def test_the_engine_is_the_twin_with_the_window_and_documents(window: int | None) -> None:
+    """The whole modern model on the NumPy backend in float64 against the twin with the window and document masking
+    (model.attn_window 4, model.doc_mask 0; the window buffer set to the schedule's earlier 2 as a step sets it): the
+    loss and every parameter's gradient, the twin's attention under its explicit mask (attention_mask). To 1e-6: the
+    engine's rotary table is rounded to float32 once (section 9), the twin's is float64; a mask off by one key moves
+    them by 1e-2 and more."""
+    from microgpt.engine import model as engine_model
+    from tests.test_modern import MW, engine_state
+
+    m = MW if window is not None else dataclasses.replace(MW, attn_window=0)
+    K, A, P, G = engine_state(np.float64, 5, m)
+    if window is not None:
+        A["attn_window"][0] = window
+    tokens, targets = A["tokens"][0], A["targets"][0]
+    engine_model.gpt_forward(K, m, P, A, tokens, targets, G)
+    engine_model.gpt_backward(K, m, P, G, A, tokens)
+    K.loss_sum(A["loss_sum"], A["losses"], targets.reshape(-1))
+    total, count = A["loss_sum"]
+
+    twin = tm.Modern(m).double()
+    twin.load_weights({name: np.array(P[name]) for name, _ in params.param_shapes(m)})
+    idx = torch.from_numpy(tokens.astype(np.int64))
+    mask = tm.attention_mask(m, idx, window)
+    assert mask is not None and not mask[:, :, -1, :-1].all(), "the mask narrows the last row somewhere"
+    loss = twin(idx, torch.from_numpy(targets.astype(np.int64)), mask)
+    loss.backward()
+    assert abs(total / count - loss.item()) < 1e-6 * loss.item()
+    for name, _ in params.param_shapes(m):
+        want = grad_slot(twin, name).t() if "." in name else twin.slot(name).grad
+        assert np.linalg.norm(G[name] - want.numpy()) <= 1e-6 * np.linalg.norm(want.numpy()), name
+
+
+def test_the_twins_mask_follows_the_engines_schedule() -> None:
+    """Run.mask: the window of step s is engine/optim.py's attn_window_at (16 positions widening by 16 every 3 steps
+    to the whole sequence of 48); without any lever, None (SDPA's causal kernel)."""
+    from microgpt.engine.optim import attn_window_at
+
+    m = dataclasses.replace(M, seq_len=48)
+    t = TrainConfig(attn_window_start=16, attn_window_every=3)
+    assert [attn_window_at(s, m, t) for s in (0, 2, 3, 5, 6, 100)] == [16, 16, 32, 32, 48, 48]
+    idx = torch.randint(1, M.vocab_size, (2, 48))
+    run = tm.Run.__new__(tm.Run)
+    run.m, run.t = m, t
+    for s, w in ((0, 16), (4, 32), (9, 48)):
+        i, j = torch.arange(48)[:, None], torch.arange(48)[None, :]
+        assert torch.equal(run.mask(idx, s)[0, 0], (j <= i) & (i - j < w)), s
+    run.t = TrainConfig()
+    assert run.mask(idx, 0) is None

@@ -66,3 +66,110 @@ def test_attention_cached(B: int, Tmax: int, C: int, NH: int, pos: int, n: int, 
     gout = torch.full((B, n, C), float("nan"), dtype=dtype, device=DEVICE)
     ka.attention_forward_cached(gout, t(q, dtype), gk, gv, pos, NH)
     compare("out", gout, out, dtype)
+
+
+def _doc_start(rng: np.random.Generator, B: int, T: int, docs: int) -> np.ndarray:
+    """(B, T) int32 document starts of random tokens with `docs` <|endoftext|> (id 0) a row (ops' doc_starts)."""
+    tokens = rng.integers(1, 10, (B, T)).astype(np.int32)
+    for b in range(B):
+        tokens[b, rng.choice(T, size=min(docs, T), replace=False)] = 0
+    out = np.empty((B, T), np.int32)
+    ref.doc_starts(out, tokens, 0)
+    return out
+
+
+# (B, T, C, NH, window, documents a row): the interpreter's tiles are 16 query rows by 16 keys forward, 32-key tiles
+# of 16 rows (dk, dv) and 32-row tiles of 16 keys (dq) backward: windows smaller than a tile, equal to one (16, 32),
+# between and past them and past T; documents alone and with a window; head size 128 over several tiles
+BOUNDED = [(2, 37, 24, 2, 5, 0), (1, 64, 32, 2, 16, 0), (2, 70, 16, 2, 32, 0), (1, 50, 16, 1, 2, 0),
+           (2, 45, 24, 2, 21, 3), (2, 67, 16, 2, None, 4), (1, 40, 16, 1, None, 1), (1, 33, 8, 1, 100, 6),
+           (1, 35, 256, 2, 17, 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,C,NH,window,docs", BOUNDED)
+def test_attention_window_and_documents(B, T, C, NH, window, docs, dtype: torch.dtype) -> None:
+    """The pair with a window and document starts (each row's first key; whole tiles skipped, the rest masked)
+    against the NumPy pair's, both directions."""
+    rng = np.random.default_rng(T * 7 + (window or 0) + docs)
+    q, k, v, dout = (rounded(rng.standard_normal((B, T, C)), dtype) for _ in range(4))
+    win = None if window is None else np.array([window], np.int32)
+    doc = _doc_start(rng, B, T, docs) if docs else None
+    out, lse = np.empty((B, T, C)), np.empty((B, NH, T))
+    ref.attention_forward(out, lse, q, k, v, NH, window=win, doc_start=doc)
+    d = {n: np.empty((B, T, C)) for n in ("dq", "dk", "dv")}
+    ref.attention_backward(d["dq"], d["dk"], d["dv"], dout, q, k, v, out, lse, NH, window=win, doc_start=doc)
+
+    mask = {"window": None if win is None else t(win), "doc_start": None if doc is None else t(doc)}
+    gq, gk, gv = t(q, dtype), t(k, dtype), t(v, dtype)
+    gout = torch.full((B, T, C), float("nan"), dtype=dtype, device=DEVICE)
+    glse = torch.full((B, NH, T), float("nan"), dtype=torch.float32, device=DEVICE)
+    ka.attention_forward(gout, glse, gq, gk, gv, NH, tuner=TUNER, **mask)
+    compare("out", gout, out, dtype)
+    compare("lse", glse, lse, dtype)
+    gd = {n: torch.full((B, T, C), float("nan"), dtype=dtype, device=DEVICE) for n in d}
+    delta = torch.empty(B * NH * T, dtype=torch.float32, device=DEVICE)
+    ka.attention_backward(
+        gd["dq"], gd["dk"], gd["dv"], t(dout, dtype), gq, gk, gv, t(out, dtype), glse, NH, delta=delta, tuner=TUNER,
+        **mask,
+    )  # fmt: skip
+    for n in d:
+        compare(n, gd[n], d[n], dtype)
+
+
+@pytest.mark.parametrize("pos,n,window,docs", [(33, 1, 5, 0), (9, 21, 16, 3), (0, 40, 7, 4), (20, 19, None, 5)])
+def test_attention_cached_window_and_documents(pos: int, n: int, window, docs) -> None:
+    """The inference step's attention with a window and its queries' document starts (a strided view of a (B, T)
+    buffer, as the model hands it) against the NumPy pair's."""
+    rng = np.random.default_rng(pos * 5 + n)
+    B, Tmax, C, NH, dtype = 2, 48, 16, 2, torch.float32
+    q = rounded(rng.standard_normal((B, n, C)), dtype)
+    kc, vc = (rounded(rng.standard_normal((B, Tmax, C)), dtype) for _ in range(2))
+    win = None if window is None else np.array([window], np.int32)
+    doc = _doc_start(rng, B, Tmax, docs) if docs else None
+    out = np.empty((B, n, C))
+    ref.attention_forward_cached(
+        out, q, kc, vc, pos, NH, window=win, doc_start=None if doc is None else doc[:, pos : pos + n]
+    )
+    gk, gv = t(kc, dtype), t(vc, dtype)
+    gk[:, pos + n :], gv[:, pos + n :] = 1e4, -1e4
+    gout = torch.full((B, n, C), float("nan"), dtype=dtype, device=DEVICE)
+    gdoc = None if doc is None else t(doc)[:, pos : pos + n]
+    ka.attention_forward_cached(
+        gout, t(q, dtype), gk, gv, pos, NH, window=None if win is None else t(win), doc_start=gdoc
+    )
+    compare("out", gout, out, dtype)
+
+
+@pytest.mark.parametrize("B,n,docs", [(3, 37, 4), (1, 16, 0), (2, 5, 5), (2, 50, 1)])
+def test_doc_starts(B: int, n: int, docs: int) -> None:
+    """k_doc_starts (a scan in blocks, the running maximum carried) against the NumPy reference, into a strided
+    view from a strided view."""
+    rng = np.random.default_rng(B * n + docs)
+    tokens = rng.integers(0 if docs else 1, 4, (B, n + 3)).astype(np.int32)
+    expected = np.empty((B, n), np.int32)
+    ref.doc_starts(expected, tokens[:, 3:], 0)
+    got = torch.full((B, n + 5), -7, dtype=torch.int32, device=DEVICE)
+    ka.doc_starts(got[:, 5:], t(tokens)[:, 3:], 0)
+    assert got[:, 5:].cpu().numpy().tolist() == expected.tolist()
+    assert (got[:, :5] == -7).all()
+
+
+def test_a_window_over_scores_far_below_zero() -> None:
+    """Every score of a row far below zero (uniform attention over its window): a row that has seen no key of a tile
+    yet keeps its running maximum at -inf and shifts by 0 only for that tile, so its first visible keys' exp2 does
+    not underflow to a 0 / 0."""
+    rng = np.random.default_rng(3)
+    B, T, C, NH = 1, 40, 16, 1
+    u = rng.standard_normal(C)
+    q, k = np.tile(u, (B, T, 1)), np.tile(-40 * u, (B, T, 1))  # every score -40 |u|^2 / 4: ~ -400 (base 2: ~ -580)
+    v = rng.standard_normal((B, T, C))
+    win = np.array([5], np.int32)
+    out, lse = np.empty((B, T, C)), np.empty((B, NH, T))
+    ref.attention_forward(out, lse, q, k, v, NH, window=win)
+    gout = torch.full((B, T, C), float("nan"), device=DEVICE)
+    glse = torch.full((B, NH, T), float("nan"), device=DEVICE)
+    ka.attention_forward(gout, glse, t(q, torch.float32), t(k, torch.float32), t(v, torch.float32), NH, tuner=TUNER,
+                         window=t(win))  # fmt: skip
+    compare("out", gout, out, torch.float32)
+    compare("lse", glse, lse, torch.float32)

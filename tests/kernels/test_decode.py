@@ -55,6 +55,45 @@ def test_decode_attention(B, T, C, NH, positions, slots, dtype, sm_count) -> Non
     assert torch.equal(out, again), "the splits are combined in a fixed order"
 
 
+@pytest.mark.parametrize("sm_count", [1, 64])
+@pytest.mark.parametrize("window,docs", [(5, False), (20, False), (None, True), (17, True), (1, True)])
+def test_decode_attention_window_and_documents(window, docs, sm_count: int) -> None:
+    """The split attention with each row's first key from a window and document starts (splits wholly before it
+    idle, the combine skipping them) against the NumPy twin; keys before the first hold noise it must not read."""
+    rng = np.random.default_rng(sm_count + (window or 0))
+    B, T, C, NH, dtype = 4, 70, 24, 2, torch.float32
+    positions, slots = [69, 3, 40], [1, 3, 0]
+    q, kc, vc = _inputs(rng, B, T, C, 3, dtype)
+    pos, sl = np.array(positions, np.int32), np.array(slots, np.int32)
+    doc = np.array([50, 0, 33], np.int32) if docs else None
+    win = None if window is None else np.array([window], np.int32)
+    want = np.empty((3, C))
+    ref.decode_attention(want, q, kc, vc, pos, sl, NH, window=win, doc_start=doc)
+    gk, gv = t(kc, dtype), t(vc, dtype)
+    for i, (p, s) in enumerate(zip(positions, slots)):
+        first = max(p - (window or T) + 1, 0 if doc is None else int(doc[i]))
+        gk[s, :first], gv[s, :first] = 1e4, -1e4
+    partials = torch.full((kd.partials_numel(B, T, C, NH, sm_count),), float("nan"), device=DEVICE)
+    out = torch.full((3, C), float("nan"), dtype=dtype, device=DEVICE)
+    mask = {"window": None if win is None else t(win), "doc_start": None if doc is None else t(doc)}
+    kd.decode_attention(out, t(q, dtype), gk, gv, t(pos), t(sl), NH, partials=partials, sm_count=sm_count, **mask)
+    compare("out", out, want, dtype)
+
+
+def test_decode_doc_starts() -> None:
+    """The token writes, then each row's scan of its cache row (over several blocks of positions), against the NumPy
+    twin: rows of one cache row read each other's tokens."""
+    rng = np.random.default_rng(9)
+    tc = rng.integers(0, 4, (3, 40)).astype(np.int32)
+    tokens, positions, slots = (np.array(a, np.int32) for a in ([0, 2, 0, 1], [39, 17, 16, 2], [0, 1, 1, 2]))
+    want_tc, want = tc.copy(), np.empty(4, np.int32)
+    ref.decode_doc_starts(want, want_tc, tokens, positions, slots, 0)
+    gtc, doc = t(tc), torch.full((4,), -1, dtype=torch.int32, device=DEVICE)
+    kd.decode_doc_starts(doc, gtc, t(tokens), t(positions), t(slots), 0)
+    assert gtc.cpu().numpy().tolist() == want_tc.tolist()
+    assert doc.cpu().numpy().tolist() == want.tolist()
+
+
 def test_the_split_plan_fills_the_device_at_batch_1() -> None:
     """ANDREA-120M's shape on 132 multiprocessors: small batches split the 1024 keys until the programs fill the
     device (at most one split a tile of keys), a batch whose (row, head) programs fill it alone does not split; no

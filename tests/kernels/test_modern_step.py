@@ -20,6 +20,10 @@ M = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=2, seq_len=16, bloc
 MV = dataclasses.replace(M, value_embeds=1)  # one value-embedding table, layers 0 and 1 share it
 # skips: layer 3 adds the stream after layer 0 (dskip), layer 2 its own input (skip_kept)
 MS = dataclasses.replace(M, n_layer=4, skips=2)
+# a window under the interpreter's 16-key tiles and <|endoftext|> (0) starting documents (issue 55); MWS: at T 32, the
+# window's schedule (16 positions at step 0, 32 from step 1) with documents
+MW = dataclasses.replace(M, attn_window=5, doc_mask=0)
+MWS = dataclasses.replace(M, seq_len=32, doc_mask=0)
 B = 2
 
 
@@ -37,14 +41,15 @@ def _state(name: str, t: TrainConfig, m: ModelConfig = M):
     return S
 
 
-def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    x = rng.integers(0, M.vocab_size, size=(B, M.seq_len)).astype(np.int32)
-    y = rng.integers(0, M.vocab_size, size=(B, M.seq_len)).astype(np.int32)
+def _batch(rng: np.random.Generator, m: ModelConfig = M) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.integers(1, m.vocab_size, size=(B, m.seq_len)).astype(np.int32)
+    x[0, [4, 9]] = x[1, 0] = 0  # <|endoftext|> where model.doc_mask reads it, an ordinary token elsewhere
+    y = rng.integers(0, m.vocab_size, size=(B, m.seq_len)).astype(np.int32)
     y[0, :3] = -1
     return x, y
 
 
-@pytest.mark.parametrize("m", [M, MV, MS], ids=["plain", "value-embeds", "skips"])
+@pytest.mark.parametrize("m", [M, MV, MS, MW], ids=["plain", "value-embeds", "skips", "window-docs"])
 def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
     t = TrainConfig(micro_batch=B, optimizer="muon")
     Sn, St = _state("numpy", t, m), _state("triton", t, m)
@@ -61,12 +66,15 @@ def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
         check(name, St.K.to_numpy(St.G[name]), Sn.G[name], 1e-4)
 
 
-@pytest.mark.parametrize("m", [M, MS], ids=["plain", "skips"])
+@pytest.mark.parametrize("m", [M, MS, MWS], ids=["plain", "skips", "window-schedule-docs"])
 def test_two_muon_steps_match_numpy(m: ModelConfig) -> None:
     """step.optimizer_step on both backends: the same losses and norms, and after two steps with the clip acting
     the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head, and the skips'
-    scalars), v zero where Muon owns a parameter, the gradients left zero."""
+    scalars), v zero where Muon owns a parameter, the gradients left zero; with the window's schedule (each step's
+    window written before it) and documents too."""
+    window = {"attn_window_start": 16, "attn_window_every": 1} if m is MWS else {}
     t = TrainConfig(
+        **window,
         micro_batch=B,
         n_micro=2,
         grad_clip=0.05,
@@ -79,7 +87,7 @@ def test_two_muon_steps_match_numpy(m: ModelConfig) -> None:
         beta1=0.8,
     )
     rng = np.random.default_rng(2)
-    steps = [[_batch(rng) for _ in range(t.n_micro)] for _ in range(2)]
+    steps = [[_batch(rng, m) for _ in range(t.n_micro)] for _ in range(2)]
     results = {}
     for name in ("numpy", "triton"):
         S = _state(name, t, m)
@@ -129,18 +137,20 @@ def test_batch_warmup_muon_steps_match_numpy() -> None:
         check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
 
 
-@pytest.mark.parametrize("m", [M, MV, MS], ids=["plain", "value-embeds", "skips"])
+@pytest.mark.parametrize("m", [M, MV, MS, MW], ids=["plain", "value-embeds", "skips", "window-docs"])
 def test_decode_matches_numpy(m: ModelConfig) -> None:
-    """The decode step (rotary at each row's position, from its own cache row) on both backends."""
+    """The decode step (rotary at each row's position, from its own cache row; the window and each row's document
+    start from its cache row's tokens) on both backends."""
     w = params.init_weights(m, 3) + np.random.default_rng(4).standard_normal(params.n_params(m)).astype(np.float32)
     w *= 0.3
-    ids = np.random.default_rng(5).integers(0, m.vocab_size, (2, 6)).astype(np.int32)
+    ids = np.random.default_rng(5).integers(1, m.vocab_size, (2, 9)).astype(np.int32)
+    ids[0, 2] = ids[1, 6] = 0
     logits = {}
     for name in ("numpy", "triton"):
         K = backend.numpy_backend() if name == "numpy" else backend.triton_backend("fp32")
         S = make_infer_state(m, K, 2, w)
         slots = np.array([1, 0], np.int32)
-        logits[name] = [S.K.to_numpy(S.decode(ids[:, i], np.full(2, i, np.int32), slots)).copy() for i in range(6)]
+        logits[name] = [S.K.to_numpy(S.decode(ids[:, i], np.full(2, i, np.int32), slots)).copy() for i in range(9)]
     for i, (a, b) in enumerate(zip(logits["triton"], logits["numpy"])):
         check(f"logits at {i}", a, b, 1e-4)
 

@@ -1,4 +1,5 @@
-"""attention pair against an explicit causal masked softmax in torch autograd."""
+"""attention pair against an explicit causal masked softmax in torch autograd (and with a window and document
+starts: the mask narrowed as ops/attention.py says)."""
 
 import math
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.ops.attention import attention_backward, attention_forward, attention_forward_cached
+from microgpt.ops.attention import attention_backward, attention_forward, attention_forward_cached, doc_starts
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
 
@@ -18,14 +19,24 @@ def make_inputs(rng: np.random.Generator, B: int, T: int, C: int) -> dict:
     return {k: rng.standard_normal((B, T, C)) for k in ("q", "k", "v", "dout")}
 
 
-def torch_reference(inp: dict, n_head: int) -> dict:
+def torch_mask(T: int, window: int | None = None, doc: np.ndarray | None = None) -> torch.Tensor:
+    """(B or 1, 1, T, T) bool, True where query i must not see key j: j > i, i - j >= window, j < doc[b, i]."""
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = (j > i)[None]
+    if window is not None:
+        hidden = hidden | (i - j >= window)[None]
+    if doc is not None:
+        hidden = hidden | (j < torch.from_numpy(doc.astype(np.int64))[:, :, None])
+    return hidden[:, None]
+
+
+def torch_reference(inp: dict, n_head: int, window: int | None = None, doc: np.ndarray | None = None) -> dict:
     q, k, v = tt(inp["q"]), tt(inp["k"]), tt(inp["v"])
     B, T, C = q.shape
     hs = C // n_head
     qh, kh, vh = (z.view(B, T, n_head, hs).transpose(1, 2) for z in (q, k, v))  # (B,NH,T,hs)
     scores = qh @ kh.transpose(-2, -1) / math.sqrt(hs)
-    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-    scores = scores.masked_fill(future, float("-inf"))
+    scores = scores.masked_fill(torch_mask(T, window, doc), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B,NH,T)
     att = torch.softmax(scores, dim=-1)
     out = (att @ vh).transpose(1, 2).reshape(B, T, C)
@@ -33,13 +44,62 @@ def torch_reference(inp: dict, n_head: int) -> dict:
     return {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def run_numpy(inp: dict, n_head: int, dtype, grads: dict) -> dict:
+def run_numpy(inp: dict, n_head: int, dtype, grads: dict, **mask) -> dict:
     q, k, v, dout = (inp[n].astype(dtype) for n in ("q", "k", "v", "dout"))
     B, T, C = q.shape
     out, lse = np.empty((B, T, C), dtype), np.empty((B, n_head, T), dtype)
-    attention_forward(out, lse, q, k, v, n_head)
-    attention_backward(grads["dq"], grads["dk"], grads["dv"], dout, q, k, v, out, lse, n_head)
+    attention_forward(out, lse, q, k, v, n_head, **mask)
+    attention_backward(grads["dq"], grads["dk"], grads["dv"], dout, q, k, v, out, lse, n_head, **mask)
     return {"out": out, "lse": lse, **grads}
+
+
+def doc_tokens(rng: np.random.Generator, B: int, T: int, docs: int, eot: int = 0) -> np.ndarray:
+    """(B, T) int32 tokens in 1 .. 9 with `docs` <|endoftext|> (eot) at random positions of each row (one of them
+    at 0 in row 0, so that a row starting on a document and rows starting mid-document both occur)."""
+    tokens = rng.integers(1, 10, (B, T)).astype(np.int32)
+    for b in range(B):
+        tokens[b, rng.choice(T, size=min(docs, T), replace=False)] = eot
+    tokens[0, 0] = eot
+    return tokens
+
+
+def doc_start_of(tokens: np.ndarray, eot: int = 0) -> np.ndarray:
+    out = np.empty(tokens.shape, np.int32)
+    doc_starts(out, tokens, eot)
+    return out
+
+
+def test_doc_starts_is_the_last_endoftext_at_or_before_each_position() -> None:
+    tokens = np.array([[5, 0, 3, 3, 0, 0, 7], [0, 2, 2, 2, 2, 2, 2], [4, 4, 4, 4, 4, 4, 0]], np.int32)
+    out = np.full(tokens.shape, -1, np.int32)
+    doc_starts(out, tokens, 0)
+    assert out.tolist() == [[0, 1, 1, 1, 4, 5, 5], [0] * 7, [0, 0, 0, 0, 0, 0, 6]]
+    doc_starts(out, tokens, 2)  # another eot id: the tokenizer's
+    assert out.tolist()[1] == [0, 1, 2, 3, 4, 5, 6]
+
+
+# (B, T, C, NH, window, documents a row): windows of 1, inside the row, at and past its length; with and without
+# several documents a row
+BOUNDED = [(2, 13, 12, 3, 4, 0), (2, 13, 12, 3, 1, 3), (1, 16, 8, 2, 16, 4), (3, 9, 6, 1, 40, 2),
+           (2, 20, 16, 2, None, 5), (1, 7, 4, 1, 3, 7)]  # fmt: skip
+
+
+@pytest.mark.parametrize("B,T,C,NH,window,docs", BOUNDED)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+def test_attention_window_and_documents(B, T, C, NH, window, docs, dtype, tol) -> None:
+    """The pair with the mask narrowed by a window and document starts, both directions, against torch's explicit
+    mask; dq, dk, dv written over noise."""
+    rng = np.random.default_rng(70 + T * 3 + (window or 0) + docs)
+    inp = {k: v.astype(dtype).astype(np.float64) for k, v in make_inputs(rng, B, T, C).items()}
+    doc = doc_start_of(doc_tokens(rng, B, T, docs)) if docs else None
+    mask = {"window": None if window is None else np.array([window], np.int32), "doc_start": doc}
+    noise = {k: noise_like(rng, (B, T, C), dtype) for k in ("dq", "dk", "dv")}
+    got = run_numpy(inp, NH, dtype, {k: v.copy() for k, v in noise.items()}, **mask)
+    ref = torch_reference(inp, NH, window, doc)
+    check_outputs_and_added_grads(got, ref, noise, ("out", "lse"), tol, written=("dq", "dk", "dv"))
+    if window is not None and window < T:  # the mask did narrow: the causal attention differs
+        causal = torch_reference(inp, NH)["out"].detach().numpy()
+        assert np.abs(got["out"] - causal).max() > 1e-3
 
 
 @pytest.mark.parametrize("B,T,C,NH", SHAPES)
@@ -82,3 +142,24 @@ def test_attention_cached_is_the_causal_attention_of_its_rows(B, Tmax, C, NH, po
     attention_forward_cached(out, q_all[:, pos:].astype(dtype), kc.astype(dtype), vc.astype(dtype), pos, NH)
     ref = torch_reference({"q": q_all, "k": k_all, "v": v_all, "dout": np.zeros((B, n, C))}, NH)["out"]
     check("out", out, ref[:, pos:], tol)
+
+
+@pytest.mark.parametrize(
+    "pos,t,window,docs", [(5, 1, 3, 0), (7, 6, 4, 3), (0, 9, 2, 2), (3, 8, None, 4), (10, 1, 20, 3)]
+)
+def test_attention_cached_with_window_and_documents(pos, t, window, docs) -> None:
+    """The cached attention's rows pos .. pos + t - 1 under a window and document starts are those rows of the
+    training pair's over the whole sequence so far, against torch."""
+    rng = np.random.default_rng(90 + pos + t)
+    B, C, NH, Tmax, n = 2, 8, 2, 24, pos + t
+    q_all, k_all, v_all = (rng.standard_normal((B, n, C)) for _ in range(3))
+    kc, vc = rng.standard_normal((B, Tmax, C)) * 1e3, rng.standard_normal((B, Tmax, C)) * 1e3
+    kc[:, :n], vc[:, :n] = k_all, v_all
+    doc = doc_start_of(doc_tokens(rng, B, n, docs)) if docs else None
+    out = np.empty((B, t, C))
+    w = None if window is None else np.array([window], np.int32)
+    attention_forward_cached(
+        out, q_all[:, pos:], kc, vc, pos, NH, window=w, doc_start=None if doc is None else doc[:, pos:]
+    )
+    ref = torch_reference({"q": q_all, "k": k_all, "v": v_all, "dout": np.zeros((B, n, C))}, NH, window, doc)["out"]
+    check("out", out, ref[:, pos:], F64_TOL)

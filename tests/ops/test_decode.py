@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.ops.decode import decode_attention, decode_embedding, decode_kv_write, decode_qkrope
+from microgpt.ops.decode import (
+    decode_attention,
+    decode_doc_starts,
+    decode_embedding,
+    decode_kv_write,
+    decode_qkrope,
+)
 from microgpt.ops.qkrope import qkrope_forward, rope_tables
 
 from ._util import F32_TOL, F64_TOL, check
@@ -16,8 +22,11 @@ from ._util import F32_TOL, F64_TOL, check
 CASES = [(1, 5, 8, 2, [0], [0]), (4, 9, 12, 3, [3, 8, 0], [2, 0, 3]), (3, 6, 5, 5, [5, 1], [1, 2])]
 
 
-def torch_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions, slots, n_head: int):
-    """Each row's query over its cache row's positions 0 .. positions[i], by torch's softmax, float64."""
+def torch_attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions, slots, n_head: int, first=None
+) -> np.ndarray:
+    """Each row's query over its cache row's positions 0 .. positions[i] (keys before first[i] masked, where given),
+    by torch's softmax, float64."""
     C = q.shape[1]
     hs = C // n_head
     rows = []
@@ -25,7 +34,10 @@ def torch_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
         kh = torch.from_numpy(k_cache[slot, : pos + 1]).view(pos + 1, n_head, hs).transpose(0, 1)  # (NH, n, hs)
         vh = torch.from_numpy(v_cache[slot, : pos + 1]).view(pos + 1, n_head, hs).transpose(0, 1)
         qh = torch.from_numpy(q[i]).view(n_head, 1, hs)
-        att = torch.softmax(qh @ kh.transpose(1, 2) / math.sqrt(hs), dim=-1)  # (NH, 1, n)
+        scores = qh @ kh.transpose(1, 2) / math.sqrt(hs)
+        if first is not None:
+            scores[..., : first[i]] = float("-inf")
+        att = torch.softmax(scores, dim=-1)  # (NH, 1, n)
         rows.append((att @ vh).reshape(C))
     return torch.stack(rows).numpy()
 
@@ -89,3 +101,37 @@ def test_decode_qkrope_is_the_forward_at_each_rows_position(H: int, D: int, dtyp
         qkrope_forward(want[0, i : i + 1, None], want[1, i : i + 1, None], rstd, rope, n_head=H, pos=int(p))
     decode_qkrope(qkv[0], qkv[1], positions, rope, n_head=H)
     np.testing.assert_array_equal(qkv, want)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 50])
+@pytest.mark.parametrize("docs", [False, True])
+def test_decode_attention_window_and_documents(window, docs) -> None:
+    """Rows see their cache row's keys from max(position - window + 1, their document start) to their position, against
+    torch's masked softmax."""
+    rng = np.random.default_rng((window or 0) + docs)
+    B, T, C, NH = 4, 12, 8, 2
+    positions, slots = [11, 4, 0, 7], [2, 0, 3, 1]
+    q = rng.standard_normal((4, C))
+    kc, vc = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    doc = np.array([6, 2, 0, 7], np.int32) if docs else None  # each <= its row's position
+    first = [
+        max(p - (window or T) + 1, 0 if doc is None else int(d)) for p, d in zip(positions, doc if docs else positions)
+    ]
+    want = torch_attention(q, kc, vc, positions, slots, NH, first)
+    out = np.full((4, C), np.nan)
+    w = None if window is None else np.array([window], np.int32)
+    decode_attention(
+        out, q, kc, vc, np.array(positions, np.int32), np.array(slots, np.int32), NH, window=w, doc_start=doc
+    )
+    check("out", out, want, F64_TOL)
+
+
+def test_decode_doc_starts_reads_what_the_steps_rows_wrote() -> None:
+    """Every row's token lands at (its slot, its position) before any row looks for its document's start, so rows of
+    one cache row in one step see each other's <|endoftext|> (eot 0); past a row's position the cache is not read."""
+    tc = np.array([[5, 0, 5, 5, 0, 9], [5, 5, 5, 5, 5, 5], [0, 0, 0, 0, 0, 0]], np.int32)
+    tokens, positions, slots = (np.array(a, np.int32) for a in ([7, 0, 3, 4], [3, 2, 1, 4], [0, 1, 1, 2]))
+    doc = np.full(4, -1, np.int32)
+    decode_doc_starts(doc, tc, tokens, positions, slots, 0)
+    assert tc.tolist() == [[5, 0, 5, 7, 0, 9], [5, 3, 0, 5, 5, 5], [0, 0, 0, 0, 4, 0]]
+    assert doc.tolist() == [1, 2, 0, 3]  # row 3 at position 4 of cache row 2: its own token is no longer eot

@@ -198,21 +198,40 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
 
-def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue) -> None:
-    """Attention's training forward and backward, and its forward over the cache, at the shape's head size."""
+def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue, bounded: bool = False) -> None:
+    """Attention's training forward and backward, and its forward over the cache, at the shape's head size; bounded:
+    also each with the modern block's window and document starts (model.attn_window, model.doc_mask; each alone
+    binds the constexprs WINDOW, DOC otherwise), and the document starts' scan."""
     B, T, C, NH, N = s.B, s.T, s.C, s.NH, s.B * s.T
     q, lse = e(B, T, C), e(B, NH, T, dt=torch.float32)
-    attention.attention_forward(q, lse, q, q, q, NH, tuner=cat)
-    attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=e(N * NH, dt=torch.float32), tuner=cat)
-    attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH)
+    masks = [{}]
+    if bounded:
+        win, ds = e(1, dt=torch.int32), e(B, T, dt=torch.int32)
+        masks += [{"window": win}, {"doc_start": ds}, {"window": win, "doc_start": ds}]
+        attention.doc_starts(ds, ds, 0)
+    for mask in masks:
+        attention.attention_forward(q, lse, q, q, q, NH, tuner=cat, **mask)
+        delta = e(N * NH, dt=torch.float32)
+        attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=delta, tuner=cat, **mask)
+        cached = {k: v[:, :1] if k == "doc_start" else v for k, v in mask.items()}
+        attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH, **cached)
 
 
-def _decode_attention_launch(s: Shape, e: Callable[..., torch.Tensor], rows: torch.Tensor, at: torch.Tensor) -> None:
-    """The decode step's attention of B rows (rows (B, C), at (B,) int32) over a (B, T, C) cache."""
+def _decode_attention_launch(
+    s: Shape, e: Callable[..., torch.Tensor], rows: torch.Tensor, at: torch.Tensor, bounded: bool = False
+) -> None:
+    """The decode step's attention of B rows (rows (B, C), at (B,) int32) over a (B, T, C) cache; bounded: also with
+    the modern block's window and document starts (each alone, and both), and the document starts' two kernels."""
     B, T, C, NH = s.B, s.T, s.C, s.NH
     cache = e(B, T, C)
     partials = e(decode.partials_numel(B, T, C, NH, SWEEP_SMS), dt=torch.float32)
-    decode.decode_attention(rows, rows, cache, cache, at, at, NH, sm_count=SWEEP_SMS, partials=partials)
+    masks = [{}]
+    if bounded:
+        win = e(1, dt=torch.int32)
+        masks += [{"window": win}, {"doc_start": at}, {"window": win, "doc_start": at}]
+        decode.decode_doc_starts(at, e(B, T, dt=torch.int32), at, at, at, 0)
+    for mask in masks:
+        decode.decode_attention(rows, rows, cache, cache, at, at, NH, sm_count=SWEEP_SMS, partials=partials, **mask)
 
 
 def _loss_head_launches(
@@ -254,7 +273,7 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
     relu2.relu2_forward(h, h)
     relu2.relu2_backward(h, h)
-    _attention_launches(s, e, cat)  # at D = C / NH (128), its own candidates
+    _attention_launches(s, e, cat, bounded=True)  # at D = C / NH (128), its own candidates
     qkv, rope, qstat = e(3, N, C), e(2, T, C // NH // 2, dt=f32), e(2, N, NH, dt=f32)  # qkrope on the projection's
     qk = qkv[0].view(B, T, C), qkv[1].view(B, T, C)  # q, k (B, T, C) views, as the model hands them in
     qkrope.qkrope_forward(*qk, qstat, rope, n_head=NH)
@@ -263,7 +282,7 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows
     decode.decode_embedding(rows, at, at, e(V, C))
     decode.decode_qkrope(rows, rows, at, rope, n_head=NH)
-    _decode_attention_launch(s, e, rows, at)
+    _decode_attention_launch(s, e, rows, at, bounded=True)
     _loss_head_launches(s, e, mm, cat, SOFTCAP)  # over the untied lm_head
 
 
