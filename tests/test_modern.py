@@ -37,6 +37,8 @@ MSV = dataclasses.replace(MV, skips=2, value_embeds=1)
 # documents mid-row; each alone too
 MW = dataclasses.replace(M, attn_window=4, doc_mask=0)
 MWIN, MDOC = dataclasses.replace(M, attn_window=3), dataclasses.replace(M, doc_mask=0)
+# every lever of the block at once: skips, value embeddings, the window and the documents
+MSW = dataclasses.replace(MSV, attn_window=4, doc_mask=0)
 B = 3
 EPS = 1e-6
 
@@ -220,6 +222,7 @@ def test_skips_are_scalars_after_the_tables_that_adamw_keeps_at_the_head_s_lr() 
         (np.float32, 1e-4, False, MW),
         (np.float64, 1e-10, False, MWIN),
         (np.float64, 1e-10, True, MDOC),
+        (np.float64, 1e-10, False, MSW),
     ],
     ids=[
         "f64",
@@ -234,6 +237,7 @@ def test_skips_are_scalars_after_the_tables_that_adamw_keeps_at_the_head_s_lr() 
         "f32-window-docs",
         "f64-window",
         "f64-docs",
+        "f64-every-lever",
     ],
 )
 def test_loss_and_every_gradient_match_torch(dtype: type, tol: float, recompute: bool, M: ModelConfig) -> None:
@@ -277,7 +281,9 @@ def test_the_window_and_documents_change_the_loss() -> None:
 
 
 @pytest.mark.parametrize(
-    "M", [M, MV, MS, MSV, MW], ids=["plain", "value-embeds", "skips", "skips-value-embeds", "window-docs"]
+    "M",
+    [M, MV, MS, MSV, MW, MSW],
+    ids=["plain", "value-embeds", "skips", "skips-value-embeds", "window-docs", "every-lever"],
 )
 def test_inference_and_decode_are_the_training_forward(M: ModelConfig) -> None:
     """Prefill's per-token losses are the training forward's, bit for bit; decoding token by token through the

@@ -24,6 +24,8 @@ MS = dataclasses.replace(M, n_layer=4, skips=2)
 # window's schedule (16 positions at step 0, 32 from step 1) with documents
 MW = dataclasses.replace(M, attn_window=5, doc_mask=0)
 MWS = dataclasses.replace(M, seq_len=32, doc_mask=0)
+# every lever of the block at once: skips, a value embedding, the window and the documents
+MALL = dataclasses.replace(MS, value_embeds=1, attn_window=5, doc_mask=0)
 B = 2
 
 
@@ -49,7 +51,9 @@ def _batch(rng: np.random.Generator, m: ModelConfig = M) -> tuple[np.ndarray, np
     return x, y
 
 
-@pytest.mark.parametrize("m", [M, MV, MS, MW], ids=["plain", "value-embeds", "skips", "window-docs"])
+@pytest.mark.parametrize(
+    "m", [M, MV, MS, MW, MALL], ids=["plain", "value-embeds", "skips", "window-docs", "every-lever"]
+)
 def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
     t = TrainConfig(micro_batch=B, optimizer="muon")
     Sn, St = _state("numpy", t, m), _state("triton", t, m)
@@ -137,7 +141,9 @@ def test_batch_warmup_muon_steps_match_numpy() -> None:
         check(name, St.K.to_numpy(getattr(St, name)), getattr(Sn, name), 1e-4)
 
 
-@pytest.mark.parametrize("m", [M, MV, MS, MW], ids=["plain", "value-embeds", "skips", "window-docs"])
+@pytest.mark.parametrize(
+    "m", [M, MV, MS, MW, MALL], ids=["plain", "value-embeds", "skips", "window-docs", "every-lever"]
+)
 def test_decode_matches_numpy(m: ModelConfig) -> None:
     """The decode step (rotary at each row's position, from its own cache row; the window and each row's document
     start from its cache row's tokens) on both backends."""
