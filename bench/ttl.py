@@ -31,13 +31,15 @@ before its batches are read to after its loss is read back; evaluations and chec
 Budget: each side trains for about --budget-s training seconds. The engine's lr schedule needs its step count up front,
 so a side first calibrates: (a) and (b) by a short `microgpt train` of warm + calib steps (its own process, which also
 warms the kernel and tuning caches for the run), (c) in its own process before training (torch_modern.py --budget-s).
-steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last.
-The experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays
-a fraction, and Muon's momentum warmup stays in steps, as a batch warmup does (train.batch_warmup_steps: its first
-steps read fewer micro-batches). A side with a batch warmup calibrates on whole steps (the engine's calibration runs
-without it, the twin's reads the steps after it) and takes the steps whose micro-batches are those of the budget's
-whole steps (bench/ttl_results.py plan). --steps a=N,c=M skips a side's calibration (evaluations then
-every steps x eval_s / budget_s; the warmup scaled to N as above, the twin's too).
+steps = budget / the median calibrated step time; evaluations every round(eval_s / step time) steps and at the last. The
+experiment's warmup is scaled by steps / train.steps (its schedule compressed into the budget); warmdown_frac stays a
+fraction, and Muon's momentum warmup stays in steps, as a batch warmup does (train.batch_warmup_steps: its first steps
+read fewer micro-batches) and an attention window's schedule does (train.attn_window_start: its first steps attend over
+fewer keys). A side with a batch warmup calibrates on whole steps (the engine's calibration runs without it, the twin's
+reads the steps after it) and takes the steps whose micro-batches are those of the budget's whole steps
+(bench/ttl_results.py plan); one with a window schedule calibrates at the model's own window, so its cheaper early steps
+shorten its training seconds rather than add steps. --steps a=N,c=M skips a side's calibration (evaluations then every
+steps x eval_s / budget_s; the warmup scaled to N as above, the twin's too).
 
 Time to a loss (bench/ttl_results.py): the training seconds at which a side's validation loss first reaches it,
 interpolated between evaluations. The table gives, for each side, the seconds it needs to reach every side's final
@@ -322,8 +324,8 @@ def twin_cmd(
 
 
 def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """An engine side's whole step time: `microgpt train` of warm + calib steps without a batch warmup, in its own run
-    folder (removed after); {"step_s", "wall_s"}, or {"error"}."""
+    """An engine side's whole step time: `microgpt train` of warm + calib whole steps (calibration_cmd), in its own
+    run folder (removed after); {"step_s", "wall_s"}, or {"error"}."""
     t0, n = time.monotonic(), args.warm + args.calib
     shutil.rmtree(out, ignore_errors=True)
     say(f"calibrating: {n} steps of {experiment}")
@@ -335,9 +337,15 @@ def calibrate(experiment: str, sets: list[str], out: Path, log: Path, args: argp
     return {"step_s": statistics.median(step_times(records)[args.warm :]), "wall_s": round(time.monotonic() - t0, 2)}
 
 
+# what the calibration leaves out: a batch warmup's steps of fewer micro-batches, an attention window schedule's
+# narrower windows (its steps cost less: timed, they would plan more steps than the budget holds)
+WHOLE_STEPS = ("train.batch_warmup_steps=0", "train.attn_window_start=0", "train.attn_window_every=0")
+
+
 def calibration_cmd(experiment: str, out: Path, sets: list[str], n: int) -> list[str]:
-    """The engine's calibration run: n whole steps (a batch warmup's fewer micro-batches left out), no evaluation."""
-    return engine_cmd(experiment, out, schedule(experiment, [*sets, "train.batch_warmup_steps=0"], n, INT_MAX))
+    """The engine's calibration run: n whole steps (WHOLE_STEPS: at the model's own window, every micro-batch), no
+    evaluation."""
+    return engine_cmd(experiment, out, schedule(experiment, [*sets, *WHOLE_STEPS], n, INT_MAX))
 
 
 def failed(x: str, experiment: str, why: str, log: Path) -> dict[str, Any]:

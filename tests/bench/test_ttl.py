@@ -115,9 +115,13 @@ def test_a_batch_warmup_side_counts_its_cheaper_steps(tmp_path: Path) -> None:
     assert ttl_results.plan(20.0, 1.0, 5.0, 2) == ttl_results.plan(20.0, 1.0, 5.0, 2, data.MicroSchedule(4)) == (20, 5)
     steps_w, every = ttl_results.plan(20.0, 1.0, 5.0, 2, micro)
     assert (steps_w, every) == (23, 5) and micro.before(steps_w) == 80 > micro.before(steps_w - 1)
-    cmd = ttl.calibration_cmd(str(REPO / ttl.SHAPES["tiny"].modern), tmp_path, ["train.seed=3"], 15)
-    assert cmd[-8:] == ["--set", "train.batch_warmup_steps=0", "--set", "train.steps=15", "--set",
-                        f"train.eval_every={config.INT_MAX}", "--set", "train.warmup_steps=0"]  # fmt: skip
+    window = ["model.attn_window=0", "train.attn_window_start=16", "train.attn_window_every=5"]
+    cmd = ttl.calibration_cmd(str(REPO / ttl.SHAPES["tiny"].modern), tmp_path, ["train.seed=3", *window], 15)
+    assert cmd[-12:] == ["--set", "train.batch_warmup_steps=0", "--set", "train.attn_window_start=0", "--set",
+                         "train.attn_window_every=0", "--set", "train.steps=15", "--set",
+                         f"train.eval_every={config.INT_MAX}", "--set", "train.warmup_steps=0"]  # fmt: skip
+    check = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert check.returncode == 0, check.stderr  # the window's schedule, turned off, is a valid experiment
 
 
 def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:
