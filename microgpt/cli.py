@@ -180,7 +180,7 @@ def train_in(
                     file=sys.stderr,
                 )
         # rank 0 copies tokenizer.json into the run folder (and writes every checkpoint's sidecar)
-        tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None)
+        tr.tokenizer_info = data.tokenizer_info(exp, out if rank0 else None, log.anchor)
         tr.recipe = recipe(args, argv)
         log.open()
         if rank0:

@@ -189,12 +189,20 @@ def atomic_write_bytes(
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
+        except BaseException as e:
             with suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=folder)
+            if isinstance(e, OSError) and e.filename in (tmp, path.name):
+                e.filename = str(path)  # the OS names what it was given, a name in the folder: say which file
             raise
         if sync_dir:
             os.fsync(folder)
+
+
+def open_at(path: Path, flags: int, mode: int = 0o644, anchor: Anchor | None = None) -> int:
+    """os.open of path, or with anchor of its name in the anchored folder (as atomic_write_bytes writes there)."""
+    with _parent_fd(Path(path), anchor, make_folder=False) as folder:
+        return os.open(Path(path).name, flags, mode, dir_fd=folder)
 
 
 def remove(path: Path, anchor: Anchor | None = None) -> None:

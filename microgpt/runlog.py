@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from microgpt import events
 from microgpt.errors import InputError, WriteError
-from microgpt.fileio import Anchor, dumps_strict, file_kind, parse_json, read_input
+from microgpt.fileio import Anchor, dumps_strict, file_kind, open_at, parse_json, read_input
 from microgpt.runlock import RunLock
 
 LOG_NAME = "train.jsonl"
@@ -144,7 +144,7 @@ class RunLog:
         check_log_path(self.path)
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = open_at(self.path, flags, 0o644, self.anchor)  # in the locked folder, wherever it is now
         except OSError as e:
             raise WriteError(f"{self.path}: cannot open the run's log ({e.strerror or e})") from None
         try:

@@ -17,7 +17,7 @@ import pytest
 from microgpt import checkpoint, runlock
 from microgpt.fileio import atomic_write_json, remove
 from microgpt.proxy.runfiles import write_run_file
-from microgpt.runlog import read_log
+from microgpt.runlog import RunLog, read_log
 from tests.conftest import REPO, cli, json_lines, one_error, write_experiment
 from tests.proxy._helpers import ENV, ProxyRun, write_exp
 from tests.test_hostile_input import refused
@@ -249,7 +249,13 @@ def test_a_write_after_the_check_lands_in_the_folder_that_was_locked(tmp_path: P
         )
         remove(out / "r.loss.json", lock.anchor)
         remove(out / "ckpt" / "absent.bin", lock.anchor)  # nothing there: nothing to do
+        log = RunLog(out / "train.jsonl", lock=lock)
+        log.open()  # opened in the locked folder; its first record is then refused (the folder moved)
+        with pytest.raises(runlock.LockError):
+            log.emit({"event": "start", "run": "r", "step": 0})
+        log.close()
     assert sorted(p.name for p in out.iterdir()) == ["r.state.json"]
+    assert (moved / "train.jsonl").read_bytes() == b""
     assert not (moved / "r.loss.json").exists()
     assert sorted(p.name for p in (moved / "ckpt").iterdir()) == [path.name, checkpoint.sidecar_path(path).name]
     assert checkpoint.read_step(moved / "ckpt" / path.name) == 7 and checkpoint.verify_sha(moved / "ckpt" / path.name)

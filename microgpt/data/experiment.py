@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ from microgpt.data.corpus import uses_bytes  # noqa: F401 (the CLI's name for it
 from microgpt.data.loader import ONE, Batches, Loader, MicroSchedule, Validation, open_split
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, file_sha256, load_tokenizer
 from microgpt.errors import InputError, output_error
-from microgpt.fileio import read_json
+from microgpt.fileio import Anchor, atomic_write_bytes, read_json
 
 
 def validate(exp: Experiment, src: str) -> Experiment:
@@ -243,24 +242,24 @@ def multi_source(exp: Experiment, folder: Path) -> bool:
     return mixing.parse(exp.extra.get("mixing")).policy != "fixed" or bool(mixing.source_dirs(folder))
 
 
-def tokenizer_info(exp: Experiment, out: Path | None = None) -> dict:
+def tokenizer_info(exp: Experiment, out: Path | None = None, anchor: Anchor | None = None) -> dict:
     """What a checkpoint's .state.json records. With out, tokenizer.json is copied into the run folder
-    (the tokenizer travels with the run); a different one already there is an error, never overwritten."""
+    (the tokenizer travels with the run; through anchor, the run folder's lock, where one is held: fileio.Anchor); a
+    different one already there is an error, never overwritten."""
     if uses_bytes(exp):
         return ByteTokenizer().describe()
     path = tokenizer_path(exp)
     if path is None or not path.exists():
         return {"kind": "unknown", "note": "shards without a tokenizer.json (e.g. llm.c's): set data.tokenizer"}
-    sha = file_sha256(path)
+    sha, vocab_size = file_sha256(path), load_tokenizer(path).vocab_size
     if out is not None:
         dest = Path(out) / "tokenizer.json"
         if dest.exists() and file_sha256(dest) != sha:
             raise ConfigError(f"{dest}: the run's tokenizer differs from {path} (sha256); use another --out")
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if not dest.exists():
-            shutil.copyfile(path, dest)
+            atomic_write_bytes(dest, [path.read_bytes()], anchor=anchor)
         path = dest
-    return {"kind": "bpe", "path": str(path.resolve()), "sha256": sha, "vocab_size": load_tokenizer(path).vocab_size}
+    return {"kind": "bpe", "path": str(path.resolve()), "sha256": sha, "vocab_size": vocab_size}
 
 
 def data_description(exp: Experiment) -> dict:

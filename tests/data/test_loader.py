@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microgpt import config, data
+from microgpt import config, data, runlock
 from microgpt.data import shards
 
 T, B, N_MICRO = 8, 3, 2
@@ -216,11 +216,19 @@ def test_builtin_bpe_cache_built_on_first_use(tmp_path: Path, monkeypatch: pytes
     info = data.tokenizer_info(exp, tmp_path / "run")
     assert info["kind"] == "bpe" and Path(info["path"]) == (tmp_path / "run" / "tokenizer.json").resolve()
     assert info["vocab_size"] == 384
+    run, moved = tmp_path / "locked", tmp_path / "moved"
+    with runlock.acquire(run) as lock:  # the run folder moved aside before the copy: the copy follows the lock
+        run.rename(moved)
+        run.mkdir()
+        data.tokenizer_info(exp, run, lock.anchor)
+    assert (
+        not any(run.iterdir()) and (moved / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    )
 
 
 BUILD = """
 import sys
-from microgpt import config, data
+from microgpt import config, data, runlock
 exp = config.from_dict({"model": {"vocab_size": 300, "d_model": 16, "n_layer": 1, "n_head": 2, "seq_len": 16},
                         "data": {"source": "builtin", "max_bytes": 30000}})
 train, _ = data.make_loaders(exp, 2)
