@@ -32,13 +32,20 @@ def k_grad_norm_partial(part_ptr, g_ptr, n, block, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def k_grad_norm_final(norm_ptr, part_ptr, P, BLOCK: tl.constexpr):
-    # norm: (1,) fp32 = sqrt(sum(part)); one program, fixed order
+def sum_parts(part_ptr, P, BLOCK: tl.constexpr):
+    # the sum of part: (P,) fp32 partial sums, BLOCK at a time and then across the tile: a fixed order (every
+    # two-pass reduction's second pass: the norm's, Muon's per matrix, the skip scalars')
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for p0 in range(0, P, BLOCK):
         offs = p0 + tl.arange(0, BLOCK)
         acc += tl.load(part_ptr + offs, mask=offs < P, other=0.0)
-    tl.store(norm_ptr, tl.sqrt(tl.sum(acc, axis=0)))
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def k_grad_norm_final(norm_ptr, part_ptr, P, BLOCK: tl.constexpr):
+    # norm: (1,) fp32 = sqrt(sum(part)); one program, fixed order
+    tl.store(norm_ptr, tl.sqrt(sum_parts(part_ptr, P, BLOCK)))
 
 
 @triton.jit

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from microgpt.kernels.gemm import Gemm
-from microgpt.kernels.gradclip import clip_factor, finite
+from microgpt.kernels.gradclip import clip_factor, finite, sum_parts
 from microgpt.ops import muon as spec
 from microgpt.ops.muon import MuonGroup, MuonScratch
 
@@ -113,11 +113,7 @@ def k_muon_normalise(
     # x: (k, R, Cw) compute dtype, element (r, c) of stored matrix i at i * rows * cols + r * sxr + c * sxc;
     # g, m: (n,) fp32 flat, matrix i row-major at offs[i]; part: (k, P) fp32 from k_muon_momentum
     i, mask, ptr, xo = _tile(offs_ptr, rows, cols, sxr, sxc, TR, TC)
-    acc = tl.zeros((PBLOCK,), dtype=tl.float32)
-    for q in range(0, P, PBLOCK):
-        offs = q + tl.arange(0, PBLOCK)
-        acc += tl.load(part_ptr + i * P + offs, mask=offs < P, other=0.0)
-    denom = tl.sqrt(tl.sum(acc, axis=0)) + 1e-7
+    denom = tl.sqrt(sum_parts(part_ptr + i * P, P, PBLOCK)) + 1e-7
     clip, total = _clip(hyper_ptr, norm_ptr, max_norm)
     mu = tl.load(hyper_ptr + 1)
     g = tl.load(g_ptr + ptr, mask=mask, other=0.0) * clip

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.gradclip import sum_parts
+
 BLOCK = 1024  # elements a tile
 PARTS_PER_SM = 4  # programs of the backward a streaming multiprocessor: slots of `partials`
 BLOCK_P = 1024  # partial sums a tile of the final sum
@@ -54,11 +56,7 @@ def k_skip_bwd(ds_ptr, part_ptr, dy_ptr, s_ptr, w_ptr, n, per_prog, BLOCK: tl.co
 @triton.jit
 def k_skip_bwd_dw(dw_ptr, part_ptr, P, BLOCK_P: tl.constexpr):
     # dw: (1,) fp32 += the P partial sums, tile by tile in a fixed order
-    acc = tl.zeros((BLOCK_P,), dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        idx = p0 + tl.arange(0, BLOCK_P)
-        acc += tl.load(part_ptr + idx, mask=idx < P, other=0.0)
-    tl.store(dw_ptr, tl.load(dw_ptr) + tl.sum(acc, axis=0))
+    tl.store(dw_ptr, tl.load(dw_ptr) + sum_parts(part_ptr, P, BLOCK_P))
 
 
 def skip_forward(y: torch.Tensor, x: torch.Tensor, s: torch.Tensor, w: torch.Tensor) -> None:
