@@ -56,6 +56,9 @@
 #           the data stays in runs/ttl between calls on a warm machine; every side's JSON, ttl.json and ttl.png to $OUT.
 #           TTL_SET: more --set assignments, space-separated (a lever on side d: TTL_SIDES=d
 #           TTL_SET="d:model.value_embeds=3", after a call of side b)
+#   repro:  dev/repro_table.py REPRO (default: 12m 120m 12m-modern 120m-modern): docs/ANDREA.md section 5's rows, each
+#           model's data command (where its folder is missing) and train command as the table gives them; the rows
+#           and the facts they rest on in $OUT/repro.txt (~15 minutes for all four: split them across calls)
 # Carry: data (the built-in corpora; the machine rebuilds one where its Python's stdlib gives another key).
 set -u
 export PYTHONUNBUFFERED=1 MICROGPT_TEST_GPU=1 MICROGPT_CACHE="$PWD/.cache/microgpt" PYTHONPATH="$PWD"
@@ -220,7 +223,10 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
          timeout ${TTL_TIMEOUT:-580} python3 bench/ttl.py --shape ${TTL_SHAPE:-120m} --sides ${TTL_SIDES:-a,b,c} \
            --budget-s ${TTL_BUDGET:-200} "${sets[@]}" 2>&1 | tee "$OUT/ttl-${TTL_SIDES:-abc}.log" | tail -30
          cp -f runs/ttl/${TTL_SHAPE:-120m}/*.json runs/ttl/${TTL_SHAPE:-120m}/*.png "$OUT/" 2>/dev/null ;;
-    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save profile-modern)" ;;
+    repro) timeout ${REPRO_TIMEOUT:-590} python3 dev/repro_table.py ${REPRO:-12m 120m 12m-modern 120m-modern} \
+             2>"$OUT/repro.err" | tee -a "$OUT/repro.txt"
+           tail -3 "$OUT/repro.err" | grep -iE "error|Traceback|exit" | cut -c1-400 ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save profile-modern repro)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null

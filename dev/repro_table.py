@@ -3,6 +3,7 @@ run exactly as the table gives them, then the table's row with the time and the 
 
     python3 dev/repro_table.py 12m     # ANDREA-12M, the whole recipe (20,000 steps): minutes on one H200
     python3 dev/repro_table.py 120m    # ANDREA-120M for 500 steps (its lr warmup shortened to 50 steps)
+    python3 dev/repro_table.py 12m-modern 120m-modern   # the modern recipes: 12M whole, 120M for 500 steps
 
 From the repository root, on the GPU machine (no network needed: the data are the built-in corpus). The data command
 runs only when its folder is missing; the train command runs in a fresh folder (`--out runs/repro-<model>-<UTC>`, the
@@ -35,6 +36,10 @@ RUNS = {
             "microgpt train experiments/ANDREA-12M-TRAIN.json"),
     "120m": ("ANDREA-120M", "microgpt prep --experiment experiments/ANDREA-120M-TRAIN.json",
              "microgpt train experiments/ANDREA-120M-TRAIN.json --steps 500 --set train.warmup_steps=50"),
+    "12m-modern": ("ANDREA-12M-MODERN", "microgpt prep --experiment experiments/ANDREA-12M-MODERN-TRAIN.json",
+                   "microgpt train experiments/ANDREA-12M-MODERN-TRAIN.json"),
+    "120m-modern": ("ANDREA-120M-MODERN", "microgpt prep --experiment experiments/ANDREA-120M-MODERN-TRAIN.json",
+                    "microgpt train experiments/ANDREA-120M-MODERN-TRAIN.json --steps 500"),
 }  # fmt: skip
 
 
@@ -56,19 +61,17 @@ def hms(seconds: float) -> str:
     return f"{m}m {s:02d}s"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", choices=RUNS)
-    ap.add_argument("--timeout", type=float, default=560, help="seconds the train command may take")
-    args = ap.parse_args()
-    name, data_cmd, train_cmd = RUNS[args.model]
+def measure(key: str, timeout: float) -> None:
+    """One model's row: its data command where its folder is missing, its train command in a fresh folder; the row
+    and the facts it rests on printed."""
+    name, data_cmd, train_cmd = RUNS[key]
     exp = config.load(REPO / shlex.split(train_cmd)[2])
     data = REPO / exp.data.path
     if not (data / "manifest.json").is_file():
         run(data_cmd, [], 1800)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    out = REPO / "runs" / f"repro-{args.model}-{stamp}"
-    wall = run(train_cmd, ["--out", str(out)], args.timeout)
+    out = REPO / "runs" / f"repro-{key}-{stamp}"
+    wall = run(train_cmd, ["--out", str(out)], timeout)
     log = runlog.read_log(out / runlog.LOG_NAME)
     steps = [e for e in log if e["event"] == "step"]
     last_eval = [e for e in log if e["event"] == "eval" and "val_loss" in e][-1]
@@ -79,8 +82,9 @@ def main() -> int:
         f"| {name} | `{data_cmd}` | `{train_cmd}` | {steps[-1]['step']:,} | {took} | "
         f"{last_eval['val_loss']:.4f} at step {last_eval['step']:,} |"
     )
-    print(row)
+    print(row, flush=True)
     facts = {
+        "model": name,
         "device": start["device"],
         "python": manifest["build"]["python"],
         "train_tokens": manifest["splits"]["train"]["tokens"],
@@ -90,7 +94,16 @@ def main() -> int:
         "date": stamp,
         "run": str(out.relative_to(REPO)),
     }
-    print(json.dumps(facts))
+    print(json.dumps(facts), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", choices=RUNS, metavar="MODEL", help=f"one or more of {', '.join(RUNS)}")
+    ap.add_argument("--timeout", type=float, default=560, help="seconds each train command may take")
+    args = ap.parse_args()
+    for key in args.models:
+        measure(key, args.timeout)
     return 0
 
 

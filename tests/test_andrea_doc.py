@@ -177,7 +177,7 @@ def test_the_reproduction_table_runs_the_recipes() -> None:
 
     script = (REPO / "dev" / "repro_table.py").read_text()
     rows = table_rows(REPRO_HEADER)
-    assert [r[0] for r in rows] == ["ANDREA-12M", "ANDREA-120M"]
+    assert [r[0] for r in rows] == ["ANDREA-12M", "ANDREA-120M", "ANDREA-12M-MODERN", "ANDREA-120M-MODERN"]
     for name, data, train, steps, took, loss in rows:
         key = name.removeprefix("ANDREA-").lower()
         exp_path = f"experiments/{name}-TRAIN.json"
