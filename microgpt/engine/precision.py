@@ -26,16 +26,19 @@ back, a `PrecisionState`, is all a run holds of its precision:
                              `check_sidecar` checks for every reader of a checkpoint
 
 A Matmul (one class per precision and backend: ops/linear.py and kernels/linear.py for fp32/bf16/fp16, ops/fp8.py
-and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs:
+and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the operand casts it needs, and one flag:
 
     forward(y, x, w, *, act_out=None, act_of=None, act="gelu")
                                                        y = x @ w (w (C,OC), or (G,C,OC) and y (G,N,OC));
                                                        act_out: also a = act(y) (an epilogue it may fuse);
                                                        act_of: x is act(act_of) (None where it casts act)
-    backward(dx, dw, dy, x, w, *, dact_of=None, act="gelu")
+    backward(dx, dw, dy, x, w, *, dx_act_of=None, act="gelu")
                                                        dx = dy @ w^T (written; G weights summed), dw += x^T @ dy;
-                                                       dact_of: dy *= act'(dact_of) first (a pass or a cast)
-                                                       (act: "gelu" or "relu2", ops/linear.ACTIVATIONS)
+                                                       dx_act_of: dx *= act'(dx_act_of) after (a pass or an
+                                                       epilogue it may fuse; act: "gelu" or "relu2",
+                                                       ops/linear.ACTIVATIONS); fp8's takes dact_of instead:
+                                                       dy *= act'(dact_of) first, inside its cast of dy
+    dact_in_cast                                       which of the two the MLP asks for (True: dact_of)
     logits(x, wte) -> fn(z, i, j)                      z = x[i:j] @ wte^T, the tied head's logits chunk by chunk
     logits_backward(dx, dwte, dz, x, wte)              dx += dz @ wte ; dwte += dz^T @ x
 

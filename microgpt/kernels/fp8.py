@@ -36,8 +36,7 @@ import torch
 from microgpt.fp8 import Fp8Head, Fp8Weight
 from microgpt.kernels import linear
 from microgpt.kernels.fp8_cast import CAST_OPS, COPY, cast, roll, stack
-from microgpt.kernels.gemm import Gemm
-from microgpt.kernels.linear import ACTIVATIONS
+from microgpt.kernels.gemm import ACTIVATIONS, Gemm
 from microgpt.kernels.tuning import INTERPRET
 
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
@@ -61,7 +60,11 @@ class Scratch:
 class Matmul(linear.Matmul):
     """The GEMM sites on E4M3 operands (precision "fp8"): each operand cast once into the layout its GEMM reads,
     at its slot's scale; the head's gradient GEMMs are the base class's, on the compute copy. head: the LM head's
-    E4M3 state, None where its logits GEMM stays bf16 (fp8.head_in_fp8); scratch: the planned buffers by name."""
+    E4M3 state, None where its logits GEMM stays bf16 (fp8.head_in_fp8); scratch: the planned buffers by name.
+    The MLP's act' runs inside the cast of W_1's output gradient (backward's dact_of), not with W_2's GEMM: its
+    backward takes dact_of where the base class takes dx_act_of."""
+
+    dact_in_cast = True
 
     def __init__(self, gemm: Gemm, head: Fp8Head | None, scratch: dict[str, torch.Tensor]) -> None:
         super().__init__(gemm)

@@ -2,7 +2,10 @@
 
     Gemm.mm(out, a, b, acc)        out (M,N) (+)= a (M,K) @ b (K,N)
     Gemm.bmm(out, a, b, acc)       out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), one strided-batched GEMM
-    Gemm.mm_gelu(a, h, x, w)       h = x @ w and a = gelu(h): GEMM + GELU pass, or one cuBLASLt GEMM with its epilogue
+    Gemm.mm_act(a, h, x, w, act)   h = x @ w and a = act(h) (the MLP's W_1): GEMM + pass, our tile with act in its
+                                   epilogue, or (GELU) one cuBLASLt GEMM with its epilogue
+    Gemm.mm_dact(dx, dy, w, h, act)    dx = (dy @ w) * act'(h) (the MLP's dh): GEMM + pass, or our tile with act'
+                                   in its epilogue
     Gemm.mm_scaled(out, a, ia, b, ib, acc, wgrad)    out (+)= (a @ b) * ia * ib on E4M3 a, b (fp8), 2D or batched
 
 A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the
@@ -12,10 +15,17 @@ on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, 
 often not the fastest (bench/RESULTS.md). A `Gemm` is the runtime's (kernels/runtime.py): it holds the device's
 tuner and cuBLASLt handle and the ways this process has settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every
 GEMM runs the Triton tile. Operands may be any strided view (w.T, x.T): every way takes transposes for free.
+
+Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum) and differ in their epilogues: k_gemm stores or
+adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving the pass's read of h), and
+k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's two fusions are candidates
+like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it measured faster.
+
 Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
 a Triton tile that does not fit the device's shared memory (OutOfResources: its bf16/fp16 tile needs 96 KiB, of
 the 99 KiB a block of sm_86 and sm_89 has) leaves the GEMMs to cuBLAS, the warm-up's reference included; a
-cuBLASLt heuristic that offers no algorithm leaves a GEMM to torch's cuBLAS, and the MLP's GELU to its own pass.
+cuBLASLt heuristic that offers no algorithm leaves a GEMM to torch's cuBLAS, and the MLP's GELU to its pass or our
+tile.
 """
 
 from __future__ import annotations
@@ -27,11 +37,59 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from microgpt.kernels import gelu
+from microgpt.kernels import gelu, relu2
 from microgpt.kernels.cublaslt import DEFAULT, GELU_AUX, CublasLt, alignment
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
+# the MLP's activation by name (ops/linear.ACTIVATIONS): its pass a = act(h), and dh *= act'(h) in place
+ACTIVATIONS = {"gelu": (gelu.gelu_forward, gelu.gelu_backward), "relu2": (relu2.relu2_forward, relu2.relu2_backward)}
+
+
+@triton.jit
+def gemm_acc(
+    a_ptr,
+    b_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    pid,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """The main loop every GEMM tile shares: the fp32 sum acc (BM, BN) of one tile of a @ b, tiles ordered in groups
+    of GROUP_M rows for L2 reuse, with the tile's row and column offsets (offs_m, offs_n) for its epilogue."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gsize
+    pid_n = (pid % group) // gsize
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :].to(tl.int64) * sak
+    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * sbk + offs_n[None, :].to(tl.int64) * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k < K) & (offs_n[None, :] < N), other=0.0)
+        b = b.to(a.dtype)  # mixed operands (fp32 logits with bf16 weights) meet at a's type
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 mode: no tf32 rounding
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BK * sak
+        b_ptrs += BK * sbk
+    return acc, offs_m, offs_n
 
 
 @triton.jit
@@ -59,31 +117,9 @@ def gemm_tile(
     sb_ptr=None,
     SCALED: tl.constexpr = False,
 ):
-    """One (BM, BN) tile of c (+)= a @ b, tiles ordered in groups of GROUP_M rows for L2 reuse. SCALED (fp8):
-    c (+)= (a @ b) * sa * sb, the inverse scales read from sa_ptr, sb_ptr."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :].to(tl.int64) * sak
-    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * sbk + offs_n[None, :].to(tl.int64) * sbn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k < K) & (offs_n[None, :] < N), other=0.0)
-        b = b.to(a.dtype)  # mixed operands (fp32 logits with bf16 weights) meet at a's type
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 mode: no tf32 rounding
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BK * sak
-        b_ptrs += BK * sbk
+    """One (BM, BN) tile of c (+)= a @ b. SCALED (fp8): c (+)= (a @ b) * sa * sb, the inverse scales read from
+    sa_ptr, sb_ptr."""
+    acc, offs_m, offs_n = gemm_acc(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, pid, BM, BN, BK, GROUP_M, IEEE)
     if SCALED:
         acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * scm + offs_n[None, :].to(tl.int64) * scn
@@ -169,6 +205,94 @@ def k_mm_scaled(
     )
 
 
+@triton.jit
+def act_of(h, ACT: tl.constexpr):
+    # the MLP's activation of fp32 h, by name (ACTIVATIONS)
+    if ACT == "gelu":
+        y = gelu.gelu(h)
+    else:
+        y = relu2.relu2(h)
+    return y
+
+
+@triton.jit
+def act_grad(h, ACT: tl.constexpr):
+    # its derivative at fp32 h
+    if ACT == "gelu":
+        y = gelu.gelu_grad(h)
+    else:
+        y = relu2.relu2_grad(h)
+    return y
+
+
+@triton.jit
+def k_gemm_act(
+    h_ptr,
+    a_ptr,
+    x_ptr,
+    w_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swk,
+    swn,
+    shm,
+    shn,
+    ACT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # h (M,N) = x (M,K) @ w (K,N) and a (M,N) = act(h), a with h's strides. act reads h as stored (the fp32 sum
+    # rounded to h's dtype), as the pass k_<act>_fwd would: a is the pass's a, bit for bit, over the same sum
+    acc, offs_m, offs_n = gemm_acc(
+        x_ptr, w_ptr, M, N, K, sxm, sxk, swk, swn, tl.program_id(0), BM, BN, BK, GROUP_M, IEEE
+    )
+    offs = offs_m[:, None].to(tl.int64) * shm + offs_n[None, :].to(tl.int64) * shn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    h = acc.to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, h, mask=mask)
+    tl.store(a_ptr + offs, act_of(h.to(tl.float32), ACT).to(a_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def k_gemm_dact(
+    dx_ptr,
+    dy_ptr,
+    w_ptr,
+    h_ptr,
+    M,
+    N,
+    K,
+    sym,
+    syk,
+    swk,
+    swn,
+    sxm,
+    sxn,
+    ACT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), h (M,N) with dx's strides: the sum rounded to dx's dtype, then
+    # times act'(h) in fp32 and rounded again, as the GEMM and the pass k_<act>_bwd would: bit for bit, over one sum
+    acc, offs_m, offs_n = gemm_acc(
+        dy_ptr, w_ptr, M, N, K, sym, syk, swk, swn, tl.program_id(0), BM, BN, BK, GROUP_M, IEEE
+    )
+    offs = offs_m[:, None].to(tl.int64) * sxm + offs_n[None, :].to(tl.int64) * sxn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    da = acc.to(dx_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(dx_ptr + offs, (da * act_grad(h, ACT)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 def tile_config(dtype: torch.dtype) -> dict:
     """k_gemm's tile for an operand dtype (the interpreter: few programs, since it runs them one by one)."""
     if INTERPRET:
@@ -196,6 +320,28 @@ def triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
         ACC=accumulate,
         IEEE=a.dtype == torch.float32,
         **cfg,
+    )
+
+
+def triton_mm_act(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
+    """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act (h and a of one layout)."""
+    (M, K), N = x.shape, w.shape[1]
+    assert a.stride() == h.stride(), "a and h share one layout"
+    cfg = tile_config(x.dtype)
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+    k_gemm_act[grid](
+        h, a, x, w, M, N, K, *x.stride(), *w.stride(), *h.stride(), ACT=act, IEEE=x.dtype == torch.float32, **cfg
+    )
+
+
+def triton_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str) -> None:
+    """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact (h and dx of one layout)."""
+    (M, K), N = dy.shape, w.shape[1]
+    assert h.stride() == dx.stride(), "h and dx share one layout"
+    cfg = tile_config(dy.dtype)
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+    k_gemm_dact[grid](
+        dx, dy, w, h, M, N, K, *dy.stride(), *w.stride(), *dx.stride(), ACT=act, IEEE=dy.dtype == torch.float32, **cfg
     )
 
 
@@ -259,7 +405,7 @@ class Gemm:
     def __init__(self, tuner: Tuner, lt: CublasLt | None) -> None:
         self.tuner, self.lt = tuner, lt
         self._chosen: dict[str, tuple[str, bool]] = {}
-        self._gelu_ways: dict[str, dict[str, tuple[int]]] = {}
+        self._act_ways: dict[str, dict[str, tuple[str, int]]] = {}
         self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
         self._lt_addmm: dict[str, bool] = {}  # per addmm key: False once cuBLASLt refused it
 
@@ -454,33 +600,56 @@ class Gemm:
 
         self._tuned("f8:" + self._key(out, a, b, accumulate), out, ways, run, a.dtype, accumulate)
 
-    def mm_gelu(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-        """h = x @ w and a = gelu(h) (2D): GEMM + pass, or one cuBLASLt GEMM under one of its algorithms (bf16 and
-        fp16 on a GPU), whichever the warm-up timed fastest for this shape (the pass outside the warm-up). cuBLASLt
-        applies its GELU to the fp32 sum where the pass reads h rounded, so a may differ by a unit in its last
-        place; h is the same either way."""
-        key = f"{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, a, h)))
-        ways = self._gelu_ways.get(key)
+    def mm_act(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
+        """h = x @ w and a = act(h) (2D; act "gelu" or "relu2"), by the way the warm-up timed fastest for this shape
+        (outside it, untimed: the first): "pass", the GEMM (mm's way) then the activation's pass; "tile", our Triton
+        tile with the activation in its epilogue (k_gemm_act); "lt<i>" (GELU in bf16 and fp16 on a GPU), one cuBLASLt
+        GEMM with its GELU_AUX epilogue under the i-th algorithm its heuristic offers. The pass and the tile apply act
+        to h as stored (rounded to its dtype); cuBLASLt applies its GELU to the fp32 sum, so its a may differ by a
+        unit in its last place. Each way's h is its own GEMM's (the sums' order differs between ways)."""
+        key = f"{act}:{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, a, h)))
+        ways = self._act_ways.get(key)
         if ways is None:
-            ways = {"pass": (-1,)}
-            if x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:  # (lt: a CUDA device's)
+            ways = {"pass": ("pass", -1), "tile": ("tile", -1)}
+            if act == "gelu" and x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:  # a GPU's lt
                 try:
-                    ways |= {f"lt{i}": (i,) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
-                except (RuntimeError, ValueError) as e:  # no such epilogue here: the pass it is
-                    self.tuner.note(f"gelu_aux {x.dtype}", f"{e}: the MLP's GELU runs as its own pass")
-            self._gelu_ways[key] = ways
+                    ways |= {f"lt{i}": ("lt", i) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
+                except (RuntimeError, ValueError) as e:  # no such epilogue here: the pass or the tile it is
+                    self.tuner.note(f"gelu_aux {x.dtype}", f"{e}: the MLP's GELU runs as its own pass or in our tile")
+            self._act_ways[key] = ways
 
-        def make(algo: int):
-            if algo >= 0:
+        def make(way: str, algo: int) -> Callable[[], None]:
+            if way == "lt":
                 return lambda: self.lt.gelu_aux(a, h, x, w, algo)
+            if way == "tile":
+                return lambda: triton_mm_act(a, h, x, w, act)
 
             def gemm_and_pass() -> None:
                 self.mm(h, x, w)
-                gelu.gelu_forward(a, h)
+                ACTIVATIONS[act][0](a, h)
 
             return gemm_and_pass
 
-        self.tuner.launch("mlp_gelu", key, ways, make)
+        self.tuner.launch("mlp_act", key, ways, make)
+
+    def mm_dact(self, dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str) -> None:
+        """dx = (dy @ w) * act'(h) (2D; the MLP's dh, from W_2's input-gradient GEMM with w = w_2^T), by the way the
+        warm-up timed fastest for this shape (outside it, untimed: the first): "pass", the GEMM (mm's way) then the
+        pass dx *= act'(h) in place; "tile", our Triton tile with act' in its epilogue (k_gemm_dact). Both round the
+        sum to dx's dtype before multiplying by act'(h) in fp32, so they differ only as their sums' order does."""
+        key = f"{act}:" + self._key(dx, dy, w, False)
+
+        def make(way: str) -> Callable[[], None]:
+            if way == "tile":
+                return lambda: triton_mm_dact(dx, dy, w, h, act)
+
+            def gemm_and_pass() -> None:
+                self.mm(dx, dy, w)
+                ACTIVATIONS[act][1](dx, h)
+
+            return gemm_and_pass
+
+        self.tuner.launch("mlp_dact", key, {"pass": ("pass",), "tile": ("tile",)}, make)
 
     def choices(self) -> dict[str, str]:
         """Shape key -> way (triton, cublas, lt<i>) for every GEMM this process ran (printed with the memory plan)."""

@@ -15,14 +15,11 @@ from collections.abc import Callable
 
 import torch
 
-from microgpt.kernels import gelu, relu2
 from microgpt.kernels.gemm import Gemm
 from microgpt.kernels.tuning import INTERPRET
 
 ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
 BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores: Ampere (8.0, 8.6), Ada (8.9), Hopper (9.0) on
-# the MLP's activation by name (ops/linear.ACTIVATIONS): its pass a = act(h), and dh *= act'(h) in place
-ACTIVATIONS = {"gelu": (gelu.gelu_forward, gelu.gelu_backward), "relu2": (relu2.relu2_forward, relu2.relu2_backward)}
 
 
 def this_card() -> tuple[tuple[int, int], str] | None:
@@ -40,8 +37,12 @@ def offer(cc: tuple[int, int]) -> str:
 
 
 class Matmul:
-    """The GEMM sites in the compute dtype (bf16/fp16 operands, fp32 sums; fp32 without tf32), GELU as the GEMM's
-    epilogue where cuBLASLt's is faster than the pass, else as a pass (gemm.Gemm.mm_gelu); ReLU^2 as a pass."""
+    """The GEMM sites in the compute dtype (bf16/fp16 operands, fp32 sums; fp32 without tf32). The MLP's activation
+    runs with the GEMM that makes its input: a = act(h) with W_1's forward GEMM (gemm.Gemm.mm_act), dh *= act'(h) with
+    W_2's input-gradient GEMM (gemm.Gemm.mm_dact), each in that GEMM's epilogue where the warm-up timed it faster
+    than a pass after the GEMM."""
+
+    dact_in_cast = False  # the MLP's act' runs with W_2's input-gradient GEMM (backward's dx_act_of), not W_1's cast
 
     def __init__(self, gemm: Gemm) -> None:
         self.gemm = gemm
@@ -69,15 +70,12 @@ class Matmul:
         """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; act_out: a = act(y) too. act_of: x holds it."""
         C, OC = w.shape[-2:]
         x2 = x.view(-1, C)
-        if act_out is not None and act == "gelu":  # the GEMM and GELU, or one GEMM with GELU in its epilogue
-            self.gemm.mm_gelu(act_out.view(-1, OC), y.view(-1, OC), x2, w)
-            return
-        if w.dim() == 2:
+        if act_out is not None:  # the GEMM and the activation's pass, or one GEMM with the activation in its epilogue
+            self.gemm.mm_act(act_out.view(-1, OC), y.view(-1, OC), x2, w, act)
+        elif w.dim() == 2:
             self.gemm.mm(y.view(-1, OC), x2, w)
         else:
             self.gemm.bmm(y.view(w.shape[0], -1, OC), x2.expand(w.shape[0], *x2.shape), w)
-        if act_out is not None:
-            ACTIVATIONS[act][0](act_out, y)
 
     def backward(
         self,
@@ -87,18 +85,21 @@ class Matmul:
         x: torch.Tensor,
         w: torch.Tensor,
         *,
-        dact_of: torch.Tensor | None = None,
+        dx_act_of: torch.Tensor | None = None,
         act: str = "gelu",
     ) -> None:
-        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dact_of: dy
-        *= act'(dact_of) first (one pass, in place)."""
-        if dact_of is not None:
-            ACTIVATIONS[act][1](dy, dact_of)
+        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dx_act_of
+        (one weight): dx = (dy @ w.T) * act'(dx_act_of), the GEMM's sum rounded to dx's dtype, then multiplied (a
+        pass after the GEMM, or its epilogue)."""
         w3, dw3 = (w, dw) if w.dim() == 3 else (w.unsqueeze(0), dw.unsqueeze(0))
         G, C, OC = w3.shape
         dy3, x2, dx2 = dy.view(G, -1, OC), x.view(-1, C), dx.view(-1, C)
-        for g in range(G):
-            self.gemm.mm(dx2, dy3[g], w3[g].t(), accumulate=g > 0)
+        if dx_act_of is not None:
+            assert G == 1, "an activation's gradient follows a linear of one weight (the MLP's W_2)"
+            self.gemm.mm_dact(dx2, dy3[0], w3[0].t(), dx_act_of.view(-1, C), act)
+        else:
+            for g in range(G):
+                self.gemm.mm(dx2, dy3[g], w3[g].t(), accumulate=g > 0)
         if G == 1:
             self.gemm.mm(dw3[0], x2.t(), dy3[0], accumulate=True)
         else:

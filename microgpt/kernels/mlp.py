@@ -2,23 +2,25 @@
 GELU (tanh approximation) in the GPT-2 block, ReLU^2 in the modern one (ops/mlp.py).
 
 Backward (all grads accumulate):
-    dh = dout @ w2.T ; dw2 += a.T @ dout    (W_2's site)
-    dh *= act'(h)                           (the prologue of W_1's site: k_gelu_bwd or k_relu2_bwd, one pass)
-    dw1 += x.T @ dh ; dx = dh @ w1.T        (W_1's site; dx written: its one writer)
+    dh = (dout @ w2.T) * act'(h) ; dw2 += a.T @ dout    (W_2's site)
+    dw1 += x.T @ dh ; dx = dh @ w1.T                    (W_1's site; dx written: its one writer)
 With train.recompute_gelu the plan keeps h only (one (N,4C) activation less per layer) and backward first writes
 a = act(h) into a scratch for dw2's GEMM.
 The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies the
-activation around its GEMMs (ops/mlp.py gives the contract): in bf16 and fp16 the forward's first GEMM may write h and
-a = gelu(h) itself (cuBLASLt's GELU_AUX epilogue, chosen in the warm-up against GEMM + pass: gemm.Gemm.mm_gelu; ReLU^2
-runs as its pass); in fp8 the activation and its backward run inside the casts of a and dh (fp8_cast.py), and the
-plan has no a (a is None).
+activation around its GEMMs (ops/mlp.py gives the contract). In fp32, bf16 and fp16 each activation runs with the GEMM
+that makes its input, as a pass after it or in its epilogue, whichever the warm-up timed faster for the shape: a =
+act(h) with W_1's forward GEMM (gemm.Gemm.mm_act: the pass, our Triton tile's epilogue, or for GELU in bf16 and fp16
+cuBLASLt's GELU_AUX epilogue), dh *= act'(h) with W_2's input-gradient GEMM (gemm.Gemm.mm_dact: the pass, or the
+tile's epilogue). In fp8 (mm.dact_in_cast) the activation and its backward run inside the casts of a and dh
+(fp8_cast.py): W_2's GEMM writes the gradient reaching a, W_1's cast turns it, and the plan has no a (a is None).
 """
 
 from __future__ import annotations
 
 import torch
 
-from microgpt.kernels.linear import ACTIVATIONS, Matmul
+from microgpt.kernels.gemm import ACTIVATIONS
+from microgpt.kernels.linear import Matmul
 
 
 def mlp_forward(
@@ -58,5 +60,9 @@ def mlp_backward(
     the forward's act(h), kept (memory.act_output_saved), or None where the precision kept its own copy."""
     if recompute and a is not None:
         ACTIVATIONS[act][0](a, h)
-    mm.backward(dh, dw2, dout, a, w2)
-    mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)
+    if mm.dact_in_cast:  # W_1's operand cast computes dh * act'(h)
+        mm.backward(dh, dw2, dout, a, w2)
+        mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)
+    else:  # W_2's input-gradient GEMM writes dh * act'(h)
+        mm.backward(dh, dw2, dout, a, w2, dx_act_of=h, act=act)
+        mm.backward(dx, dw1, dh, x, w1)

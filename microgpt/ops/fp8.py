@@ -96,7 +96,10 @@ def head_logits(x: NDArray, head: Fp8Head) -> Callable[[NDArray, int, int], None
 class Matmul(linear.Matmul):
     """The GEMM sites on E4M3 operands with fp32 sums, each operand cast as the GPU casts it; the head's gradient
     GEMMs are the base class's, on its compute copy. head: the LM head's E4M3 state, None where its logits GEMM
-    stays in the compute dtype (fp8.head_in_fp8). w: each site's Fp8Weight."""
+    stays in the compute dtype (fp8.head_in_fp8). w: each site's Fp8Weight. The MLP's act' runs where the GPU's cast
+    computes it, on W_1's output gradient before its cast (backward's dact_of), not after W_2's GEMM."""
+
+    dact_in_cast = True
 
     def __init__(self, head: Fp8Head | None, rows: Rows = SERIAL) -> None:
         super().__init__(rows)

@@ -35,8 +35,11 @@ ACTIVATIONS: dict[str, tuple[Act, Act]] = {"gelu": (gelu, gelu_backward), "relu2
 
 
 class Matmul:
-    """The GEMM sites in the arrays' own dtype: numpy's matmul, the MLP's activation as a separate pass on either
-    side (over row ranges on `rows`: ops/rows.py; the backend hands in its own)."""
+    """The GEMM sites in the arrays' own dtype: numpy's matmul, the MLP's activation as a separate pass after the GEMM
+    that makes its input (over row ranges on `rows`: ops/rows.py; the backend hands in its own): a = act(h) after W_1's
+    forward GEMM, dh *= act'(h) after W_2's input-gradient GEMM (backward's dx_act_of)."""
+
+    dact_in_cast = False  # the MLP's act' runs with W_2's input-gradient GEMM, not inside W_1's operand cast (fp8's)
 
     def __init__(self, rows: Rows = SERIAL) -> None:
         self.rows = rows
@@ -70,17 +73,19 @@ class Matmul:
         x: NDArray,
         w: NDArray,
         *,
-        dact_of: NDArray | None = None,
+        dx_act_of: NDArray | None = None,
         act: str = "gelu",
     ) -> None:
-        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dact_of: dy
-        is first turned into dy * act'(dact_of), in place."""
-        if dact_of is not None:
-            ACTIVATIONS[act][1](dy, dact_of, self.rows)
+        """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T, dw[g] +=. dx_act_of (one
+        weight): dx is then turned into dx * act'(dx_act_of), in place (the GEMM's result, in dx's dtype, times
+        act')."""
         if w.ndim == 2:
             np.matmul(dy, w.T, out=dx)
+            if dx_act_of is not None:
+                ACTIVATIONS[act][1](dx, dx_act_of, self.rows)
             dw += x.T @ dy
             return
+        assert dx_act_of is None, "an activation's gradient follows a linear of one weight (the MLP's W_2)"
         np.matmul(dy[0], w[0].T, out=dx)
         for g in range(1, w.shape[0]):
             dx += dy[g] @ w[g].T

@@ -17,10 +17,18 @@ Backward:
     dw1 += x.T @ dh
     dx   = dh @ w1.T                         (written: this backward is dx's only writer)
 
+Rounding, in a compute dtype narrower than the sums (bf16, fp16): h and dout @ w2.T are the GEMMs' fp32 sums rounded
+to that dtype, and a = act(h) and dh * act'(h) are computed in fp32 from those rounded values and rounded once more.
+A GEMM whose epilogue applies the activation keeps this order (our Triton tile's), except cuBLASLt's GELU_AUX
+epilogue, which applies GELU to the fp32 sum: there a may differ by a unit in its last place. Here, in the arrays'
+dtype, each step rounds to that dtype as it writes.
+
 The two linears are GEMM sites of the precision's Matmul `mm` (microgpt/engine/precision.py), which applies the
-activation around its GEMMs: forward(h, x, w1, act_out=a) writes a = act(h) too (an epilogue it may fuse into the
-GEMM), forward(out, a, w2, act_of=h) reads a = act(h) (a precision may compute it inside its operand cast, where a is
-None), and backward(dx, dw1, dh, x, w1, dact_of=h) turns dh into dh * act'(h) first (a pass, or inside the cast).
+activation with its GEMMs: forward(h, x, w1, act_out=a) writes a = act(h) too (an epilogue it may fuse into the GEMM),
+forward(out, a, w2, act_of=h) reads a = act(h) (a precision may compute it inside its operand cast, where a is None).
+dh * act'(h) is made where the precision says (mm.dact_in_cast): backward(dh, dw2, dout, a, w2, dx_act_of=h) writes it
+(a pass after the GEMM, or its epilogue), or, in fp8, backward(dx, dw1, dh, x, w1, dact_of=h) turns the gradient
+reaching a as it casts it.
 """
 
 from numpy.typing import NDArray
@@ -58,5 +66,9 @@ def mlp_backward(
     forward's act(h), or with recompute a scratch this call fills with it first."""
     if recompute:
         ACTIVATIONS[act][0](a, h, rows)
-    mm.backward(dh, dw2, dout, a, w2)
-    mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)
+    if mm.dact_in_cast:  # fp8: W_1's operand cast computes dh * act'(h)
+        mm.backward(dh, dw2, dout, a, w2)
+        mm.backward(dx, dw1, dh, x, w1, dact_of=h, act=act)
+    else:  # W_2's input-gradient GEMM writes dh * act'(h)
+        mm.backward(dh, dw2, dout, a, w2, dx_act_of=h, act=act)
+        mm.backward(dx, dw1, dh, x, w1)

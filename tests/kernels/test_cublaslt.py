@@ -1,6 +1,6 @@
 """cuBLASLt's GEMMs (microgpt/kernels/cublaslt.py) where CI can check them: the row-major to column-major mapping of
 operands, the refusals, and the MLP keeping its GEMM + pass where cuBLASLt cannot run. The GEMMs themselves run on
-the GPU only (tests/kernels/test_gpu.py: test_gemm_every_way_gpu, test_mlp_gelu_epilogue_gpu)."""
+the GPU only (tests/kernels/test_gpu.py: test_gemm_every_way_gpu, test_mlp_act_epilogues_gpu)."""
 
 import pytest
 import torch
@@ -27,14 +27,14 @@ def test_operand_views_map_to_column_major():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without cuBLASLt")
 def test_mlp_keeps_the_pass_without_cublaslt():
-    """No CUDA: there is no cuBLASLt to load, and the router's GELU epilogue offers the GEMM + pass only, and runs
-    it."""
+    """No CUDA: there is no cuBLASLt to load, and the router's GELU offers the GEMM + pass and our tile's epilogue
+    only, and runs the first."""
     assert cublaslt.CublasLt.load() is None
     gemm = Gemm(Tuner("test-device"), None)
     x, w1 = torch.randn(8, 4), torch.randn(4, 16)
     h, a = torch.empty(8, 16), torch.empty(8, 16)
-    gemm.mm_gelu(a, h, x, w1)
-    assert [list(ways) for ways in gemm._gelu_ways.values()] == [["pass"]]
+    gemm.mm_act(a, h, x, w1, "gelu")
+    assert [list(ways) for ways in gemm._act_ways.values()] == [["pass", "tile"]]
     torch.testing.assert_close(h, x @ w1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, torch.nn.functional.gelu(h, approximate="tanh"), rtol=1e-5, atol=1e-5)
 

@@ -187,24 +187,25 @@ def test_mlp_gpu(dtype, recompute):
     close("dw2", dw2 - dw20, r2.grad, dtype)
 
 
+ACT_REF = {"gelu": lambda h: F.gelu(h, approximate="tanh"), "relu2": lambda h: F.relu(h).square()}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
     """cuBLASLt's GELU_AUX epilogue under every algorithm its heuristic offers, against the GEMM + pass: h bit for
     bit; a within one unit in the last place of tanh-GELU of the exact product plus 1e-5 (cuBLASLt's GELU is within
-    6e-6 of tanh-GELU in fp32: dev/gelu_epilogue_bench.py); then mlp_forward and mlp_backward with the epilogue
-    forced, against autograd."""
-    from microgpt.kernels import cublaslt, linear
-    from microgpt.kernels import mlp as k
+    6e-6 of tanh-GELU in fp32: dev/gelu_epilogue_bench.py)."""
+    from microgpt.kernels import cublaslt
     from microgpt.kernels.gemm import Gemm
     from microgpt.kernels.tuning import Tuner
 
     lt = cublaslt.CublasLt.load()
     assert lt is not None
     torch.manual_seed(5)
-    x, w1, w2 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
+    x, w1 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05)
     h0, a0, h, a = (torch.empty(N, 4 * C, device="cuda", dtype=dtype) for _ in range(4))
-    monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")
-    Gemm(Tuner(), lt).mm_gelu(a0, h0, x, w1)  # a router of its own: no remembered choice overrides the forced ones
+    monkeypatch.setenv("MICROGPT_MLP_ACT", "pass")
+    Gemm(Tuner(), lt).mm_act(a0, h0, x, w1, "gelu")  # a router of its own: no remembered choice overrides the forced
     ref = F.gelu(x.double() @ w1.double(), approximate="tanh")
     ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0**-14))) - (7 if dtype == torch.bfloat16 else 10))
     n = lt.n_algos(a, x, w1, h, cublaslt.GELU_AUX)
@@ -219,20 +220,62 @@ def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
         assert torch.equal(a, a1) and torch.equal(h, h0), f"algorithm {i}: a second run differs (not deterministic)"
         worst = ((a.double() - ref).abs() / (ulp + 1e-5)).max().item()
         assert worst <= 1.0, f"algorithm {i}: a is {worst:.2f} x (one unit in the last place + 1e-5) from tanh-GELU"
-    monkeypatch.setenv("MICROGPT_MLP_GELU", "lt0")
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mlp_act_tiles_gpu(dtype, act):
+    """Our Triton tile with the activation in its epilogue (k_gemm_act) and with its derivative (k_gemm_dact), against
+    the same tile's GEMM (k_gemm, one main loop) and the pass: bit for bit (both round the sum first), twice."""
+    from microgpt.kernels import gemm
+
+    torch.manual_seed(6)
+    x, w1, w2 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
     dout = rnd(N, C, dtype=dtype)
-    out, dh = torch.empty(N, C, device="cuda", dtype=dtype), torch.empty(N, 4 * C, device="cuda", dtype=dtype)
-    mm = linear.Matmul(Gemm(Tuner(), lt))
-    k.mlp_forward(out, h, a, x, w1, w2, mm=mm)
-    dx = torch.zeros_like(x)
-    (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
-    k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, mm=mm, recompute=False)
+    h0, a0, h, a, dh0, dh = (torch.empty(N, 4 * C, device="cuda", dtype=dtype) for _ in range(6))
+    gemm.triton_mm(h0, x, w1, False)
+    gemm.ACTIVATIONS[act][0](a0, h0)
+    gemm.triton_mm(dh0, dout, w2.t(), False)
+    gemm.ACTIVATIONS[act][1](dh0, h0)
+    for _ in range(2):
+        for t in (h, a, dh):
+            t.fill_(float("nan"))
+        gemm.triton_mm_act(a, h, x, w1, act)
+        gemm.triton_mm_dact(dh, dout, w2.t(), h, act)
+        assert torch.equal(h, h0) and torch.equal(a, a0) and torch.equal(dh, dh0)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
+    """mlp_forward and mlp_backward with each way of the router's mm_act (pass, tile, cuBLASLt's lt0 for GELU in
+    bf16 and fp16) and mm_dact (pass, tile) forced, against autograd."""
+    from microgpt.kernels import cublaslt, linear
+    from microgpt.kernels import mlp as k
+    from microgpt.kernels.gemm import Gemm
+    from microgpt.kernels.tuning import Tuner
+
+    lt = cublaslt.CublasLt.load()
+    torch.manual_seed(5)
+    x, w1, w2 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
+    dout = rnd(N, C, dtype=dtype)
+    out, h, a, dh = (torch.empty(N, n, device="cuda", dtype=dtype) for n in (C, 4 * C, 4 * C, 4 * C))
     rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
-    (F.gelu(rx @ r1, approximate="tanh") @ r2 * dout.double()).sum().backward()
-    close("out", out, F.gelu(rx @ r1, approximate="tanh") @ r2, dtype)
-    close("dx", dx, rx.grad, dtype)
-    close("dw1", dw1 - dw10, r1.grad, dtype)
-    close("dw2", dw2 - dw20, r2.grad, dtype)
+    ref = ACT_REF[act](rx @ r1) @ r2
+    (ref * dout.double()).sum().backward()
+    fwd = ["pass", "tile"] + (["lt0"] if act == "gelu" and dtype != torch.float32 else [])
+    for way, bway in zip(fwd, ["tile", "pass", "tile"], strict=False):
+        monkeypatch.setenv("MICROGPT_MLP_ACT", way)
+        monkeypatch.setenv("MICROGPT_MLP_DACT", bway)
+        mm = linear.Matmul(Gemm(Tuner(), lt))  # a router of its own: no remembered choice overrides the forced ones
+        k.mlp_forward(out, h, a, x, w1, w2, mm=mm, act=act)
+        dx = torch.zeros_like(x)
+        (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
+        k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, mm=mm, recompute=False, act=act)
+        close(f"{way} out", out, ref, dtype)
+        close(f"{bway} dx", dx, rx.grad, dtype)
+        close(f"{bway} dw1", dw1 - dw10, r1.grad, dtype)
+        close(f"{way} dw2", dw2 - dw20, r2.grad, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -560,7 +603,8 @@ def test_recompute_gelu_step_gpu(precision, monkeypatch):
     from microgpt.engine.step import Step
 
     # each backend's runtime has its own tuner and router: nothing one run chose is remembered by the other
-    monkeypatch.setenv("MICROGPT_MLP_GELU", "pass")
+    monkeypatch.setenv("MICROGPT_MLP_ACT", "pass")
+    monkeypatch.setenv("MICROGPT_MLP_DACT", "pass")
     monkeypatch.setenv("MICROGPT_GEMM", "cublas")
     m = ModelConfig(vocab_size=128, d_model=64, n_layer=3, n_head=2, seq_len=64)
     steps = _three_steps(np.random.default_rng(9))

@@ -175,7 +175,8 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     mm.forward(e(3, N, C), x, e(3, C, C))
     mm.backward(e(N, C), e(3, C, C, dt=f32), e(3, N, C), x, e(3, C, C))
     mm.forward(e(N, 4 * C), x, e(C, 4 * C), act_out=e(N, 4 * C))
-    mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C), dact_of=e(N, 4 * C))
+    mm.backward(e(N, 4 * C), e(4 * C, C, dt=f32), x, e(N, 4 * C), e(4 * C, C), dx_act_of=e(N, 4 * C))  # W_2's: dh
+    mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C))
     _attention_launches(s, e, cat)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
@@ -291,17 +292,19 @@ def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     GEMM router, forward and backward at N rows, and the decode step's forward at B rows (off CUDA the router runs
     w_qkv's batched GEMM as one tile GEMM a weight, as the interpreter does; on a GPU it is cuBLAS's). At N rows they
     bind as GPT-2's sites do at ANDREA-120M's shape: the Triton tile's binary depends on the operands' dtypes and
-    strides and on which sizes are 1 or divide by 16, and N, C, 4C are GPT-2's there (the w_1 forward without GELU's
-    epilogue runs the same tile). The decode step's B rows, and its RMSNorms over them, bind to binaries of their
-    own."""
+    strides and on which sizes are 1 or divide by 16, and N, C, 4C are GPT-2's there; w_1's forward and w_2's input
+    gradient bind the MLP's tiles with ReLU^2 in their epilogues (GPT-2's: GELU). The decode step's B rows, and its
+    RMSNorms over them, bind to binaries of their own."""
     e, f32 = _meta(dtype), torch.float32
     B, C, N = s.B, s.C, s.B * s.T
     mm = linear.Matmul(gemm.Gemm(cat, None))
     for G, Cin, OC in ((3, C, C), (1, C, C), (1, C, 4 * C), (1, 4 * C, C)):
         lead = (G,) if G > 1 else ()  # a site of one weight is a 2D matrix (the parameters' named view)
         w, y = e(*lead, Cin, OC), e(*lead, N, OC)
-        mm.forward(y, e(N, Cin), w)
-        mm.backward(e(N, Cin), e(*lead, Cin, OC, dt=f32), y, e(N, Cin), w)
+        act = dict(act="relu2", act_out=e(N, OC)) if OC == 4 * C else {}  # w_1: a = relu2(h) with its GEMM
+        mm.forward(y, e(N, Cin), w, **act)
+        dact = dict(act="relu2", dx_act_of=e(N, Cin)) if Cin == 4 * C else {}  # w_2: dh *= relu2'(h) with its GEMM
+        mm.backward(e(N, Cin), e(*lead, Cin, OC, dt=f32), y, e(N, Cin), w, **dact)
         mm.forward(e(*lead, B, OC), e(B, Cin), w)
     rows, rstd = e(B, C), e(B, dt=f32)  # the decode step's embedding norm and the block's norms over B rows
     rmsnorm.rmsnorm_forward(rows, rstd, rows, tuner=cat)
