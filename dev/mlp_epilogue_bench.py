@@ -1,0 +1,62 @@
+"""The MLP's activation in our Triton GEMM tile's epilogues against GEMM + pass, as the warm-up times them (one GPU).
+
+    python3 dev/mlp_epilogue_bench.py [MB ...]      # ANDREA-120M's MLP shapes (C 768, 4C 3072, T 1024); default 32 8
+
+Per micro-batch, activation (gelu, relu2) and compute dtype (bf16, fp16): the GEMM router's two MLP choices, timed by
+the tuner exactly as in the warm-up (tuning.Tuner.window, a cache of their own in a temporary folder, so every
+candidate is timed), with MICROGPT_TUNING_LOG on, so stderr has each candidate's ms per call and the choice:
+- mlp_act  (W_1's forward, h = x @ W_1 and a = act(h)): pass (the GEMM by its own choice, then k_<act>_fwd), tile
+  (k_gemm_act), lt<i> (GELU in bf16/fp16: cuBLASLt's GELU_AUX epilogue under its i-th algorithm)
+- mlp_dact (W_2's input gradient, dh = (dout @ W_2^T) * act'(h)): pass (the GEMM, then k_<act>_bwd), tile (k_gemm_dact)
+- gemm     (the passes' GEMMs, timed inside the first run of each pass way): triton (k_gemm, the tile's main loop
+  alone), cublas, lt<i>: how close the tile's GEMM is to cuBLAS's decides whether the fusion can win
+Before timing, each tile's outputs are compared with the pass's (max abs difference: the sums' order only).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("MICROGPT_CACHE", tempfile.mkdtemp(prefix="mlp-epilogue-"))
+os.environ.setdefault("MICROGPT_TUNING_LOG", "1")
+from microgpt.kernels import cublaslt, gemm  # noqa: E402
+from microgpt.kernels.tuning import Tuner  # noqa: E402
+
+
+def main() -> None:
+    mbs = [int(x) for x in sys.argv[1:]] or [32, 8]
+    torch.manual_seed(0)
+    tuner = Tuner()
+    router = gemm.Gemm(tuner, cublaslt.CublasLt.load())
+    tuner.set_probe(torch.empty(2 * gemm.PROBE_ROWS * 3072, device="cuda"))
+    for mb in mbs:
+        N, C, H = mb * 1024, 768, 3072
+        for dtype in (torch.bfloat16, torch.float16):
+            kw = dict(device="cuda", dtype=dtype)
+            x, dout = torch.randn(N, C, **kw), torch.randn(N, C, **kw) * 0.01
+            w1, w2 = torch.randn(C, H, **kw) * 0.04, torch.randn(H, C, **kw) * 0.04
+            h, a, dh, h2, a2, dh2 = (torch.empty(N, H, **kw) for _ in range(6))
+            for act in ("gelu", "relu2"):
+                gemm.triton_mm_act(a, h, x, w1, act)
+                gemm.triton_mm_dact(dh, dout, w2.t(), h, act)
+                gemm.cublas_mm(h2, x, w1, False)
+                gemm.ACTIVATIONS[act][0](a2, h2)
+                gemm.cublas_mm(dh2, dout, w2.t(), False)
+                gemm.ACTIVATIONS[act][1](dh2, h)
+                diff = [(u.float() - v.float()).abs().max().item() for u, v in ((h, h2), (a, a2), (dh, dh2))]
+                print(f"mb {mb} {dtype} {act}: tile vs cuBLAS + pass, max abs h {diff[0]:.2e} a {diff[1]:.2e} "
+                      f"dh {diff[2]:.2e}", flush=True)  # fmt: skip
+                with tuner.window():
+                    router.mm_act(a, h, x, w1, act)
+                    router.mm_dact(dh, dout, w2.t(), h, act)
+                torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
