@@ -87,9 +87,10 @@ def test_the_muon_groups_are_the_engines() -> None:
 
 
 def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
-    """The qkrope pair and its decode twin, and Muon's kernels (its wide, square and tall groups; of its
-    Newton-Schulz GEMMs the symmetric tile, for the gram and the polynomial, in fp32 and in 16 bits), are swept at the modern shape (and only there), and attention at head size
-    128 under its own candidates (kernels/attention.py configs): every one of them, the default first."""
+    """The qkrope pair and its decode twin, and Muon's kernels (its wide, square and tall groups; of its Newton-Schulz
+    GEMMs the symmetric tile, for the gram and the polynomial, in fp32 and in 16 bits), are swept at the modern shape
+    (and only there), and attention at head size 128 under its own candidates (kernels/attention.py configs): every one
+    of them, the default first."""
     rows = sweep["rows"]
     qk = {r["kernel"]: r["shapes"] for r in rows if "qkrope" in r["kernel"]}
     assert qk.keys() == {"k_qkrope_fwd", "k_qkrope_bwd", "k_decode_qkrope"}
