@@ -1,7 +1,7 @@
 """cuBLASLt GEMMs: plain ones under an algorithm the warm-up picks, and the MLP's GELU in their epilogues.
 
     gemm(out, a, b, acc, algo)   out (+)= a @ b, 2D or batched (3D, a batch stride may be 0)  (EPILOGUE_DEFAULT)
-    addmm(out, c, a, b, beta, alpha)   out = beta c + alpha a @ b, c laid out as out       (Muon's Newton-Schulz)
+    addmm(out, c, a, b, beta, alpha, algo)   out = beta c + alpha a @ b, c laid out as out  (Muon's Newton-Schulz)
     gemm(out, a, b, acc, algo, sa, sb)   out (+)= (a @ b) * sa * sb on E4M3 a, b (fp8's GEMMs)  (A/B_SCALE_POINTER)
     gelu_aux(a, h, x, w)         h = x @ w and a = gelu(h) from one GEMM                      (EPILOGUE_GELU_AUX)
     dgelu(dh, dout, w, h)        dh = (dout @ w) * gelu'(h) from one GEMM                     (EPILOGUE_DGELU)
@@ -13,8 +13,10 @@ own mappings): no build step, no extra dependency. cuBLASLt's GELU is the tanh a
 before rounding, where the elementwise pass rounds h first (tests/kernels/test_gpu.py bounds the difference).
 Each (shapes, strides, dtypes, alignments, epilogue) gets its descriptors and the heuristic's first MAX_ALGOS
 algorithms once, with no workspace (so nothing to plan and no memset before the GEMM) and no split-K reduction
-(whose in-place form adds with atomics: training must repeat bit for bit); `n_algos` says how many there are, and
-the callers time them in the warm-up (tuning.py). A call sets the pointers and queues the GEMM on the current
+(whose in-place form adds with atomics: training must repeat bit for bit): the preference's reduction-scheme mask
+allows none, and each algorithm offered is checked for a split all the same (`splits_k`: its configuration's
+SPLITK_NUM and REDUCTION_SCHEME), so every candidate sums K in one fixed order. `n_algos` says how many there are,
+and the callers time them in the warm-up (tuning.py). A call sets the pointers and queues the GEMM on the current
 stream, which CUDA graph capture records like any kernel. Operands are torch tensors in row-major terms, any of them
 a transposed view; cuBLASLt is column-major, so out (M,N) = a (M,K) @ b (K,N) runs as out^T = b^T @ a^T. bf16/fp16
 operands may write (or add into) an fp32 out: the weight gradients' GEMMs.
@@ -45,6 +47,7 @@ _DESC_AUX_POINTER, _DESC_AUX_LD, _DESC_AUX_DATA_TYPE = 11, 12, 22
 _DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER = 17, 18
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK, _PREF_MIN_ALIGNMENT_A = 1, 3, 5  # B, C, D: 6, 7, 8
 _REDUCTION_SCHEME_NONE = 0  # no split-K reduction: the ones that add partial sums in place do it with atomics
+_ALGO_SPLITK_NUM, _ALGO_REDUCTION_SCHEME = 2, 3  # cublasLtMatmulAlgoConfigAttributes_t: what an algorithm splits
 DEFAULT, GELU_AUX, DGELU = 1, 32 | 128, 64 | 128  # CUBLASLT_EPILOGUE_DEFAULT, _GELU_AUX, _DGELU
 _DATA_TYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
@@ -69,6 +72,7 @@ SIGNATURES = {
     "cublasLtMatmulAlgoGetHeuristic": [_P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.POINTER(_HeuristicResult),
                                        ctypes.POINTER(ctypes.c_int)],
     "cublasLtMatmul": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _SIZE, _P],
+    "cublasLtMatmulAlgoConfigGetAttribute": [_P, ctypes.c_int, _P, _SIZE, ctypes.POINTER(_SIZE)],
 }  # fmt: skip
 
 
@@ -259,10 +263,25 @@ class CublasLt:
             ),
             "heuristic",
         )
-        if found.value < 1:
+        algos = [r for r in results[: found.value] if not self.splits_k(r)]
+        if not algos:
             raise RuntimeError(f"cuBLASLt has no algorithm for epilogue {epilogue} at {M}x{N} {a.dtype}->{out.dtype}")
-        plan = self.plans[key] = _Plan(desc, layouts, list(results[: found.value]))
+        plan = self.plans[key] = _Plan(desc, layouts, algos)
         return plan
+
+    def splits_k(self, result: _HeuristicResult) -> bool:
+        """Whether an algorithm the heuristic offers splits K (more than one split, or a reduction scheme): the
+        preference asks for none, and this checks each one it gives, so that no GEMM of a plan sums in an order
+        that depends on timing."""
+        values = []
+        for attr in (_ALGO_SPLITK_NUM, _ALGO_REDUCTION_SCHEME):
+            value = ctypes.c_uint32(0)
+            status = self.lib.cublasLtMatmulAlgoConfigGetAttribute(
+                ctypes.byref(result.algo), attr, ctypes.byref(value), ctypes.sizeof(value), None
+            )
+            _check(status, "algorithm attribute")
+            values.append(value.value)
+        return values[0] > 1 or values[1] != _REDUCTION_SCHEME_NONE
 
     def _scales(self, desc: ctypes.c_void_p, sa: torch.Tensor, sb: torch.Tensor) -> None:
         """The scales of a and b: cuBLASLt's B and A (out^T = b^T @ a^T)."""
@@ -277,11 +296,13 @@ class CublasLt:
         aux: torch.Tensor | None = None,
         epilogue: int = DEFAULT,
         scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        c: torch.Tensor | None = None,
     ) -> int:
         """How many algorithms the heuristic offers for this GEMM (at most MAX_ALGOS): `algo` takes 0 .. n - 1.
-        scales: (sa, sb) for a scaled GEMM (E4M3 operands), as `gemm` takes them."""
+        scales: (sa, sb) for a scaled GEMM (E4M3 operands), as `gemm` takes them; c: addmm's c (its alignment is
+        the heuristic's C)."""
         _chained(out, a, b, aux)
-        return len(self._plan(out, a, b, aux, epilogue, scales).algos)
+        return len(self._plan(out, a, b, aux, epilogue, scales, c).algos)
 
     def _matmul(
         self,
@@ -349,14 +370,21 @@ class CublasLt:
         self._matmul(out, a, b, None, DEFAULT, algo, accumulate, None if sa is None else (sa, sb))
 
     def addmm(
-        self, out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+        self,
+        out: torch.Tensor,
+        c: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        beta: float,
+        alpha: float,
+        algo: int = 0,
     ) -> None:
-        """out = beta c + alpha (a @ b), 2D or batched, under the heuristic's first algorithm (none is timed: the
-        caller wants a fixed one). c has out's shape, strides and dtype (cuBLASLt's C and D share a layout) and may
-        be out itself; alpha and beta are read when the GEMM is queued (a graph keeps the values it captured)."""
+        """out = beta c + alpha (a @ b), 2D or batched, under the heuristic's candidate `algo` (n_algos with c).
+        c has out's shape, strides and dtype (cuBLASLt's C and D share a layout) and may be out itself; alpha and
+        beta are read when the GEMM is queued (a graph keeps the values it captured)."""
         if c.shape != out.shape or c.stride() != out.stride() or c.dtype != out.dtype:
             raise ValueError(f"cuBLASLt addmm: c {tuple(c.shape)} {c.dtype} is not laid out as out {tuple(out.shape)}")
-        self._matmul(out, a, b, None, DEFAULT, c=None if c is out else c, alpha=alpha, beta=beta)
+        self._matmul(out, a, b, None, DEFAULT, algo, c=None if c is out else c, alpha=alpha, beta=beta)
 
     def gelu_aux(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, algo: int = 0) -> None:
         """h = x @ w (the pre-GELU activation, cuBLASLt's aux output) and a = gelu(h), from one GEMM. 2D, rows

@@ -7,6 +7,8 @@
     Gemm.mm_dact(dx, dy, w, h, act)    dx = (dy @ w) * act'(h) (the MLP's dh): GEMM + pass, or our tile with act'
                                    in its epilogue
     Gemm.mm_scaled(out, a, ia, b, ib, acc, wgrad)    out (+)= (a @ b) * ia * ib on E4M3 a, b (fp8), 2D or batched
+    Gemm.addmm(out, c, a, b, beta, alpha, symmetric)  out = beta c + alpha (a @ b): Muon's Newton-Schulz products,
+                                   the symmetric ones also by the half-tile kernel of kernels/symmetric.py
 
 A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the
 algorithms its heuristic offers (cublaslt.py), whichever measured fastest for that shape, dtypes, layout and
@@ -14,7 +16,8 @@ alignment (fp8's: torch._scaled_mm or cuBLASLt's algorithms); the choice is made
 on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, which at ANDREA-120M's shapes is
 often not the fastest (bench/RESULTS.md). A `Gemm` is the runtime's (kernels/runtime.py): it holds the device's
 tuner and cuBLASLt handle and the ways this process has settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every
-GEMM runs the Triton tile. Operands may be any strided view (w.T, x.T): every way takes transposes for free.
+GEMM runs the Triton tile (addmm: the symmetric tile where it applies, else torch's addmm). Operands may be any
+strided view (w.T, x.T): every way takes transposes for free.
 
 Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum) and differ in their epilogues: k_gemm stores or
 adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving the pass's read of h), and
@@ -39,6 +42,7 @@ from triton.runtime.errors import OutOfResources
 
 from microgpt.kernels import gelu, relu2
 from microgpt.kernels.cublaslt import DEFAULT, GELU_AUX, CublasLt, alignment
+from microgpt.kernels.symmetric import symmetric_addmm
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
@@ -384,6 +388,13 @@ def torch_scaled_mm(
     out.add_(tmp)
 
 
+def torch_addmm(
+    out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+) -> None:
+    """torch's out = beta c + alpha (a @ b): addmm, or baddbmm for a batch (beta 0 reads nothing of c)."""
+    (torch.baddbmm if out.dim() == 3 else torch.addmm)(c, a, b, beta=beta, alpha=alpha, out=out)
+
+
 def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
     """torch's cuBLAS call: out (+)= a @ b, 2D (mm, addmm) or batched 3D (bmm, baddbmm)."""
     aten, batched = torch.ops.aten, out.dim() == 3
@@ -407,7 +418,6 @@ class Gemm:
         self._chosen: dict[str, tuple[str, bool]] = {}
         self._act_ways: dict[str, dict[str, tuple[str, int]]] = {}
         self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
-        self._lt_addmm: dict[str, bool] = {}  # per addmm key: False once cuBLASLt refused it
 
     def _run(self, way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
         """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>"
@@ -451,14 +461,15 @@ class Gemm:
         b: torch.Tensor,
         other: str,
         scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        c: torch.Tensor | None = None,
     ) -> list[str]:
-        """cuBLASLt's ways for this GEMM ("lt<i>", one per algorithm its heuristic offers), none where there is no
-        cuBLASLt, where it cannot express the strides, or where its heuristic offers nothing (a note says that
-        `other` runs such GEMMs)."""
+        """cuBLASLt's ways for this GEMM ("lt<i>", one per algorithm its heuristic offers; c: addmm's), none where
+        there is no cuBLASLt, where it cannot express the strides, or where its heuristic offers nothing (a note says
+        that `other` runs such GEMMs)."""
         if self.lt is None:
             return []
         try:
-            return [f"lt{i}" for i in range(self.lt.n_algos(out, a, b, None, DEFAULT, scales))]
+            return [f"lt{i}" for i in range(self.lt.n_algos(out, a, b, None, DEFAULT, scales, c))]
         except ValueError:
             return []  # strides cuBLASLt cannot express
         except RuntimeError as e:  # its heuristic offers nothing here
@@ -498,6 +509,9 @@ class Gemm:
             for way in ways[1:]:
                 try:
                     run(way, False)
+                except OutOfResources as e:  # a Triton way this device cannot run (raised before it launched)
+                    self.tuner.unfit("gemm", way, e)
+                    continue
                 except (RuntimeError, TypeError, ValueError):
                     continue  # this torch, library, dtype or layout combination has no such path
                 got.copy_(flat[:rows])
@@ -554,21 +568,62 @@ class Gemm:
         self._plain(out, a, b, accumulate)
 
     def addmm(
-        self, out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+        self,
+        out: torch.Tensor,
+        c: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        beta: float,
+        alpha: float,
+        symmetric: bool = False,
     ) -> None:
-        """out = beta c + alpha (a @ b), 2D or batched, out never one of a, b, c's memory but c possibly out itself
-        (Muon's Newton-Schulz). On a GPU with cuBLASLt: under its heuristic's first algorithm for the shape, with no
-        split-K reduction, so that the step repeats bit for bit (torch's cuBLAS makes no such promise for bf16
-        batched GEMMs; it is not timed: one fixed algorithm is the point). Elsewhere (the interpreter, a build
-        whose cuBLASLt is not found, a shape its heuristic refuses) torch's addmm / baddbmm, with a note."""
-        if self.lt is not None and out.is_cuda and self._lt_addmm.get(key := self._key(out, a, b, True), True):
-            try:
-                self.lt.addmm(out, c, a, b, beta, alpha)
-                return
-            except (RuntimeError, ValueError) as e:
-                self._lt_addmm[key] = False
-                self.tuner.note(f"addmm {key}", f"{e}: torch's cuBLAS runs it (not promised to repeat bit for bit)")
-        (torch.baddbmm if out.dim() == 3 else torch.addmm)(c, a, b, beta=beta, alpha=alpha, out=out)
+        """out = beta c + alpha (a @ b), 2D or batched (Muon's Newton-Schulz), c laid out as out; out never one of
+        a, b's memory, nor c's where beta is not 0 (c is out itself in A = X X^T, whose beta is 0: nothing of c is
+        read). symmetric: a @ b is symmetric (b = a^T, or a = b a symmetric matrix) and so is c where beta is not 0,
+        which offers the tile of kernels/symmetric.py that computes the upper half and mirrors it.
+        On a GPU the ways, none of which splits K or adds with atomics (the step repeats bit for bit under any of
+        them): cuBLASLt under each algorithm its heuristic offers (the first, the reference, is the way outside the
+        warm-up where nothing is recorded), and the symmetric tile; the warm-up times them and records the fastest,
+        as mm's ways are. Without cuBLASLt (a build whose library is not found, a shape its heuristic refuses, with
+        a note) torch's addmm / baddbmm is the reference, not promised to repeat bit for bit for bf16 batches. The
+        interpreter (and tensors off CUDA): the symmetric tile where it applies, torch's addmm otherwise."""
+        if INTERPRET or not out.is_cuda:
+            (symmetric_addmm if symmetric else torch_addmm)(out, c, a, b, beta, alpha)
+            return
+        if beta != 0 and c.data_ptr() == out.data_ptr():
+            raise ValueError("addmm: c is out itself with beta not 0 (a way timed twice would add c twice)")
+        self._addmm_tuned(out, c, a, b, beta, alpha, symmetric)
+
+    def _addmm_tuned(
+        self,
+        out: torch.Tensor,
+        c: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        beta: float,
+        alpha: float,
+        symmetric: bool,
+    ) -> None:
+        """addmm by the way chosen for its key (the GEMM's, whether c is read, c's alignment, and whether the
+        symmetric tile is offered)."""
+        key = f"addmm{'_sym' if symmetric else ''}:{self._key(out, a, b, beta != 0)}.{alignment(c)[0]}"
+
+        def ways() -> list[str]:
+            lt = self._lt_ways(out, a, b, "torch's cuBLAS (not promised to repeat bit for bit)", c=c)
+            return (lt or ["cublas"]) + (["sym"] if symmetric else [])
+
+        self._tuned(key, out, ways, lambda way, _: self._addmm_run(way, out, c, a, b, beta, alpha), a.dtype, False)
+
+    def _addmm_run(
+        self, way: str, out: torch.Tensor, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
+    ) -> None:
+        """One addmm by the named way: "cublas" (torch's), "sym" (kernels/symmetric.py), or "lt<i>"."""
+        if way == "cublas":
+            torch_addmm(out, c, a, b, beta, alpha)
+        elif way == "sym":
+            symmetric_addmm(out, c, a, b, beta, alpha)
+        else:
+            self.lt.addmm(out, c, a, b, beta, alpha, int(way[2:]))
 
     def mm_scaled(
         self,

@@ -9,9 +9,11 @@ Per group of same-shaped matrices (k of stored shape (rows, cols), working shape
                       M (one FMA: cheaper than a round trip of U through memory), X = U / (||U|| + 1e-7) written in
                       the compute dtype at the working layout (transposed for a tall matrix)
     Newton-Schulz     ns_steps x three batched GEMMs in the compute dtype (bf16 on bf16/fp8 runs) with fp32
-                      accumulation, through the runtime's Gemm.addmm (cuBLASLt, one fixed algorithm, no split-K)
-                      into the planned x, y, gram, poly: A = X X^T ; B = b A + c A A ; Y = a X + B X, then X and Y
-                      swap (an output never aliases an input)
+                      accumulation, through the runtime's Gemm.addmm into the planned x, y, gram, poly:
+                      A = X X^T ; B = b A + c A A ; Y = a X + B X, then X and Y swap (an output never aliases an
+                      input). Each product runs the way the warm-up timed fastest for its shape: cuBLASLt under one
+                      of its heuristic's algorithms (none splits K), or, for the two symmetric products A and B,
+                      kernels/symmetric.py's tile, which computes the upper half and mirrors it
     k_muon_update     (tiles, k) programs: W = W (1 - lr wd) - lr scale X (X read transposed back for a tall
                       matrix), the fp32 master and the compute copy written in the same pass, g zeroed
 
@@ -22,8 +24,11 @@ read. That race is what made the step differ between runs (a few hundred element
 groups only, whose normalise loads g in one layout and stored its zeros in another: kernels/check/hazards.py finds
 such a pair in the compiled kernel, and tests/kernels/test_hazards.py runs it over every kernel CI compiles).
 
-The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and the GEMMs
-run as the engine's other cuBLASLt GEMMs do, under one algorithm without split-K. Measured on an H100
+The sums of squares are reduced in two fixed passes (per-block partials, then their sum), no atomics, and every
+way of the GEMMs sums K in one fixed order (no split-K, no atomics). The ways sum in different orders from one
+another, so the bits of a run depend on the way the tuner recorded for each product (the tuning cache: a resume and
+a rerun on the machine read the same choice), as every other tuned GEMM of the engine does; outside a warm-up, a
+product with no recorded choice takes cuBLASLt's first algorithm. Measured on an H100
 (dev/muon_repeat.py, bench/RESULTS.md's twenty-first session): with g zeroed by the update pass the step repeats bit
 for bit under cuBLASLt's GEMMs and under torch's baddbmm alike; the race on g was what had made it differ.
 lr, mu, gscale and the weight decay come from the device array `hyper` (written by the host before
@@ -178,11 +183,11 @@ def newton_schulz(
     x: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, poly: torch.Tensor, steps: int, gemm: Gemm
 ) -> torch.Tensor:
     """ops/muon.py's newton_schulz as batched GEMMs (fp32 accumulation, one rounding to the compute dtype per
-    product) into the planned buffers; returns the buffer holding the result."""
+    product) into the planned buffers, A and B as symmetric products; returns the buffer holding the result."""
     a, b, c = spec.NS_COEFFS
     for _ in range(steps):
-        gemm.addmm(gram, gram, x, x.mT, 0.0, 1.0)  # beta 0: gram's old contents are not read
-        gemm.addmm(poly, gram, gram, gram, b, c)
+        gemm.addmm(gram, gram, x, x.mT, 0.0, 1.0, symmetric=True)  # beta 0: gram's old contents are not read
+        gemm.addmm(poly, gram, gram, gram, b, c, symmetric=True)  # A symmetric: A A = A A^T
         gemm.addmm(y, x, poly, x, a, 1.0)
         x, y = y, x
     return x

@@ -58,11 +58,12 @@ def test_mismatched_shapes_and_strided_outputs_are_refused():
 
 def _addmm_cases(device: str, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
     """(out, c, a, b) for Muon's three Newton-Schulz products: A = X X^T (c: out itself, filled with NaN, beta 0),
-    B = b A + c A A, Y = a X + B X; random operands, batched and 2D."""
+    B = b A + c A A (A symmetric), Y = a X + B X; random operands, batched and 2D. The first two are symmetric."""
     g = torch.Generator(device).manual_seed(7)
     x = (torch.randn(6, 48, 80, device=device, generator=g) / 8).to(dtype)
     gram = torch.full((6, 48, 48), float("nan"), device=device, dtype=dtype)
-    sym = (torch.randn(6, 48, 48, device=device, generator=g) / 8).to(dtype)
+    sym = torch.randn(6, 48, 48, device=device, generator=g) / 8
+    sym = (sym + sym.mT).to(dtype)
     return [
         (gram, gram, x, x.mT),
         (torch.empty_like(sym), sym, sym, sym),
@@ -90,22 +91,35 @@ def test_addmm_without_cublaslt_is_torchs():
 
 @pytest.mark.gpu
 def test_addmm_gpu_repeats_bit_for_bit():
-    """On the GPU, Gemm.addmm is cuBLASLt's GEMM with C apart from D, alpha and beta: within bf16's rounding of the
-    fp64 product, beta 0 ignoring c's NaN, the same bits on every call (one fixed algorithm, no split-K), nothing
-    allocated, and not torch's fallback (no note)."""
+    """On the GPU, every way Gemm.addmm may choose (cuBLASLt under each algorithm its heuristic offers, with C
+    apart from D, alpha and beta; the symmetric tile for the two symmetric products): within bf16's rounding of the
+    fp64 product, beta 0 ignoring c's NaN, the same bits on every call (no way splits K), nothing allocated; the
+    symmetric tile's output exactly symmetric. And the router's own call (no record: cuBLASLt's first algorithm) is
+    not torch's fallback (no note)."""
     lt = cublaslt.CublasLt.load()
     assert lt is not None
     tuner = Tuner("test-device")
-    gemm = Gemm(tuner, lt)
-    for (out, c, a, b), (beta, alpha) in zip(_addmm_cases("cuda", torch.bfloat16), COEFFS):
+    gemm, seen = Gemm(tuner, lt), set()
+    for i, ((out, c, a, b), (beta, alpha)) in enumerate(zip(_addmm_cases("cuda", torch.bfloat16), COEFFS)):
         want = _addmm_want(out, c, a, b, beta, alpha)
-        gemm.addmm(out, c, a, b, beta, alpha)
-        first = out.clone()
-        before = torch.cuda.memory_allocated()
-        for _ in range(3):
-            gemm.addmm(out, c, a, b, beta, alpha)
-            assert torch.equal(out, first), (tuple(out.shape), beta, alpha)
-        assert torch.cuda.memory_allocated() == before
-        err = (first.double() - want).norm() / want.norm()
-        assert err < 1e-2, (tuple(out.shape), beta, alpha, float(err))
-    assert not gemm._lt_addmm and not tuner._said, "a GEMM fell back to torch's"
+        ways = gemm._lt_ways(out, a, b, "torch's", c=c) + (["sym"] if i < 2 else [])
+        assert len(ways) > 1 + (i < 2), (i, ways)
+        outs = {}
+        for way in ways:
+            gemm._addmm_run(way, out, c, a, b, beta, alpha)
+            first = out.clone()
+            before = torch.cuda.memory_allocated()
+            for _ in range(3):
+                gemm._addmm_run(way, out, c, a, b, beta, alpha)
+                assert torch.equal(out, first), (way, tuple(out.shape), beta, alpha)
+            assert torch.cuda.memory_allocated() == before
+            err = (first.double() - want).norm() / want.norm()
+            assert err < 1e-2, (way, tuple(out.shape), beta, alpha, float(err))
+            assert way != "sym" or torch.equal(first, first.mT), "the symmetric tile's output is not symmetric"
+            outs[way] = first
+        out.fill_(float("nan"))
+        gemm.addmm(out, c, a, b, beta, alpha, symmetric=i < 2)  # the way recorded for this key, else lt0
+        (key,) = set(gemm.choices()) - seen
+        seen.add(key)
+        assert torch.equal(out, outs[gemm.choices()[key]]), (key, gemm.choices()[key])
+    assert not tuner._said, "a GEMM fell back to torch's"

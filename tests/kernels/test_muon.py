@@ -1,10 +1,12 @@
 """kernels/muon.py's step against ops/muon.py's on the same fp32 arrays: several steps in a row over groups of
 wide, tall (the transposed writes and reads) and square matrices that straddle the kernels' tiles and blocks, among
 parameters Muon does not own; the non-finite skip; the planned scratch. In the interpreter (CI) the Newton-Schulz
-products run as torch CPU GEMMs; on the GPU (MICROGPT_TEST_GPU=1) as cuBLASLt ones under one fixed algorithm.
+products A = X X^T and B = b A + c A A run on kernels/symmetric.py's tile, Y = a X + B X as a torch CPU GEMM; on the
+GPU (MICROGPT_TEST_GPU=1) each runs the way the router's tuner gives it.
 
 The GPU test at the modern ANDREA-120M shapes (bf16 Newton-Schulz against the NumPy step, bit-for-bit repeats,
-the step captured in a CUDA graph, no allocation) runs on the GPU machine:
+the step captured in a CUDA graph, no allocation), once per way the tuner may settle on (cuBLASLt's first
+algorithm, the symmetric tile, and whatever a warm-up times fastest), runs on the GPU machine:
     MICROGPT_TEST_GPU=1 python3 -m pytest -m gpu tests/kernels/test_muon.py
 """
 
@@ -15,6 +17,8 @@ import pytest
 import torch
 
 from microgpt.kernels import muon as km
+from microgpt.kernels.gemm import PROBE_ROWS, Gemm
+from microgpt.kernels.tuning import Tuner
 from microgpt.ops import muon as ref
 from microgpt.ops.muon import MuonGroup, muon_groups
 
@@ -168,28 +172,48 @@ def modern_layout() -> tuple[int, tuple[MuonGroup, ...], np.ndarray]:
     return n, muon_groups(mats), own
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.cuda.is_available()), reason="needs CUDA")
-def test_muon_step_gpu_modern_120m() -> None:
-    """bf16 Newton-Schulz on the GPU against the fp32 NumPy step, two steps: the update p - p0 within 3e-2
-    relative (bf16 rounds X and every product's output: 7.5e-3 measured with CPU bf16 GEMMs at these shapes and
-    one layer, 4x room for cuBLAS's own accumulation order), m within 1e-5 (fp32 elementwise; the GPU may fuse
-    multiply-adds), the compute copy the fp32 master rounded to bf16, AdamW's parameters untouched. Then the same two
-    steps again, eagerly and as a replayed CUDA graph, from the same state: bit for bit the same, with nothing
-    allocated."""
+@pytest.fixture(scope="module")
+def modern_reference() -> dict:
+    """The NumPy step twice at the modern shapes (computed once for every way the GPU test runs)."""
     rng = np.random.default_rng(120)
     n, grps, own = modern_layout()
     p0 = (rng.standard_normal(n) / math.sqrt(C)).astype(np.float32)
     raws = [(rng.standard_normal(n) * s / math.sqrt(n) / GSCALE).astype(np.float32) for s in (4.0, 0.3)]
     hypers = [hyper(0.02, 0.9), hyper(0.03, 0.95)]
     norms = [np.array([np.linalg.norm(r.astype(np.float64))], np.float32) for r in raws]
-    rp, rm, rpc = p0.copy(), np.zeros(n, np.float32), None
+    rp, rm = p0.copy(), np.zeros(n, np.float32)
     rscratch = ref_scratch(grps)
     for raw, hy, norm in zip(raws, hypers, norms):
-        ref.muon_step(rp, raw.copy(), rm, rpc, hy, norm, groups=grps, max_norm=MAX_NORM, **rscratch)
+        ref.muon_step(rp, raw.copy(), rm, None, hy, norm, groups=grps, max_norm=MAX_NORM, **rscratch)
+    return dict(n=n, grps=grps, own=own, p0=p0, raws=raws, hypers=hypers, norms=norms, rp=rp, rm=rm)
 
-    scratch = gpu_scratch(grps, torch.bfloat16, rng)
-    inputs = [[dev(x) for x in xs] for xs in (raws, hypers, norms)]
+
+WAYS = {"default": None, "cublaslt": "lt0", "symmetric": "sym", "tuned": None}  # way -> MICROGPT_GEMM
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.cuda.is_available()), reason="needs CUDA")
+@pytest.mark.parametrize("way", list(WAYS))
+def test_muon_step_gpu_modern_120m(way: str, modern_reference: dict, tmp_path, monkeypatch) -> None:
+    """bf16 Newton-Schulz on the GPU against the fp32 NumPy step, two steps: the update p - p0 within 3e-2
+    relative (bf16 rounds X and every product's output: 7.5e-3 measured with CPU bf16 GEMMs at these shapes and
+    one layer, 4x room for the GEMMs' own accumulation order), m within 1e-5 (fp32 elementwise; the GPU may fuse
+    multiply-adds), the compute copy the fp32 master rounded to bf16, AdamW's parameters untouched. Then the same two
+    steps again, eagerly and as a replayed CUDA graph, from the same state: bit for bit the same, with nothing
+    allocated. Per way of the Newton-Schulz products: "default" the machine's router (its recorded choices, else
+    cuBLASLt's first algorithm), "cublaslt" and "symmetric" forced (MICROGPT_GEMM: the symmetric tile for A and B,
+    Y on cuBLASLt's first), "tuned" a fresh tuner's warm-up, timed over one step first."""
+    R = modern_reference
+    n, grps, own, p0 = R["n"], R["grps"], R["own"], R["p0"]
+    gemm = GEMM
+    if way != "default":
+        monkeypatch.setenv("MICROGPT_CACHE", str(tmp_path))
+        if WAYS[way]:
+            monkeypatch.setenv("MICROGPT_GEMM", WAYS[way])
+        gemm = Gemm(Tuner("test-muon"), GEMM.lt)
+        gemm.tuner.set_probe(torch.zeros(2 * PROBE_ROWS * 4 * C, device="cuda"))
+    scratch = gpu_scratch(grps, torch.bfloat16, np.random.default_rng(121))
+    inputs = [[dev(x) for x in xs] for xs in (R["raws"], R["hypers"], R["norms"])]
     start = dev(p0)
     p, m, g = start.clone(), torch.zeros(n, dtype=F32, device="cuda"), torch.zeros(n, dtype=F32, device="cuda")
     pc = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
@@ -201,7 +225,7 @@ def test_muon_step_gpu_modern_120m() -> None:
             g.copy_(raw)
             hy.copy_(hyp)
             nm.copy_(norm)
-            km.muon_step(p, g, m, pc, hy, nm, groups=grps, max_norm=MAX_NORM, gemm=GEMM, **scratch)
+            km.muon_step(p, g, m, pc, hy, nm, groups=grps, max_norm=MAX_NORM, gemm=gemm, **scratch)
 
     def from_start(run) -> list[torch.Tensor]:
         p.copy_(start)
@@ -213,10 +237,13 @@ def test_muon_step_gpu_modern_120m() -> None:
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
+        if way == "tuned":
+            with gemm.tuner.window():
+                from_start(two_steps)  # every product's ways timed on real X, the fastest that agrees recorded
         first = from_start(two_steps)  # the first run on this stream: cuBLASLt's plans are made here
         got = h(first[0])
-        check("update p - p0 (owned)", got[own] - p0[own], rp[own].astype(np.float64) - p0[own], 3e-2)
-        check("m", h(first[1]), rm.astype(np.float64), 1e-5)
+        check("update p - p0 (owned)", got[own] - p0[own], R["rp"][own].astype(np.float64) - p0[own], 3e-2)
+        check("m", h(first[1]), R["rm"].astype(np.float64), 1e-5)
         np.testing.assert_array_equal(got[~own], p0[~own])
         assert torch.equal(first[2][mine], first[0][mine].bfloat16()), "the compute copy is the master, rounded"
         assert not h(g)[own].any()
@@ -229,6 +256,12 @@ def test_muon_step_gpu_modern_120m() -> None:
         with torch.cuda.graph(graph, stream=stream):
             two_steps()
         replayed = from_start(graph.replay)
+    chosen = {k: w for k, w in gemm.choices().items() if k.startswith("addmm")}
+    print(way, chosen)
+    if way != "default":  # per working shape (the wide and the tall groups share theirs): A and B symmetric, Y not
+        assert sorted(k.split(":")[0] for k in chosen) == ["addmm"] * 2 + ["addmm_sym"] * 4, chosen
+    if WAYS[way]:
+        assert {w for k, w in chosen.items() if k.startswith("addmm_sym:")} == {WAYS[way]}
     for name, a, b, c in zip(("p", "m", "p_compute"), first, again, replayed):
         differ = {k: int((x != y).sum()) for k, x, y in (("first/again", a, b), ("again/replay", b, c))}
         assert torch.equal(a, b), f"{name}: a second eager run differs: elements differing {differ} of {a.numel()}"

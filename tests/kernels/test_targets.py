@@ -87,9 +87,10 @@ def test_the_muon_groups_are_the_engines() -> None:
 
 
 def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
-    """The qkrope pair and its decode twin, and Muon's kernels (its wide, square and tall groups; Muon's
-    Newton-Schulz GEMMs are cuBLAS's), are swept at the modern shape (and only there), and attention at head size
-    128 under its own candidates (kernels/attention.py configs): every one of them, the default first."""
+    """The qkrope pair and its decode twin, and Muon's kernels (its wide, square and tall groups; of its Newton-Schulz
+    GEMMs the symmetric tile, for the gram and the polynomial, in fp32 and in 16 bits), are swept at the modern shape
+    (and only there), and attention at head size 128 under its own candidates (kernels/attention.py configs): every one
+    of them, the default first."""
     rows = sweep["rows"]
     qk = {r["kernel"]: r["shapes"] for r in rows if "qkrope" in r["kernel"]}
     assert qk.keys() == {"k_qkrope_fwd", "k_qkrope_bwd", "k_decode_qkrope"}
@@ -97,6 +98,11 @@ def test_the_modern_shape_sweeps_its_own_kernels(sweep: dict) -> None:
     muon = [r for r in rows if r["kernel"].startswith("k_muon_")]
     assert {r["kernel"] for r in muon} == {"k_muon_momentum", "k_muon_normalise", "k_muon_update"}
     assert all(r["shapes"] == ["ANDREA-120M-MODERN"] and r["fixed"] and r["targets"] == [80, 86, 89, 90] for r in muon)
+    sym = [r for r in rows if r["kernel"] == "k_symmetric_mm"]  # Newton-Schulz's A = X X^T and B = b A + c A A
+    assert sym and all(r["shapes"] == ["ANDREA-120M-MODERN"] and r["fixed"] for r in sym)
+    assert {("HAS_C=True" in r["config"], "IEEE=True" in r["config"]) for r in sym} == {
+        (has_c, ieee) for has_c in (False, True) for ieee in (False, True)
+    }
     for half in ("fwd", "bwd"):
         labels = {r["label"] for r in rows if r["kernel"] == f"k_attention_{half}" and "BD=128" in r["config"]}
         assert labels == {"fixed"} | {f"attention_{half} {i}" for i in range(len(attention.configs(half, 128)[0]))}

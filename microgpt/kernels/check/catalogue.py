@@ -40,12 +40,13 @@ from microgpt.kernels import (
     relu2,
     rmsnorm,
     skip,
+    symmetric,
 )
 from microgpt.ops.adamw import SEGMENT_BLOCK
 from microgpt.ops.muon import MuonGroup, muon_groups
 
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
-                  muon, qkrope, relu2, rmsnorm, skip)  # fmt: skip
+                  muon, qkrope, relu2, rmsnorm, skip, symmetric)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -331,8 +332,9 @@ def _muon_step_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     alignment a float can have in 16 bytes, which the kernels are specialised on), the gradient norm into report[1:2],
     AdamW over the embedding and over the untied head with their rows of hyper (no segment maxima: Muon's plans
     record none), and Muon over its groups (modern_muon_groups) with its row, its scratch as kernels/muon.py plans
-    it. Muon's Newton-Schulz GEMMs are cuBLASLt's (Gemm.addmm; torch's on these meta tensors): nothing of them is
-    swept."""
+    it. Of Muon's Newton-Schulz products (Gemm.addmm) the two symmetric ones launch kernels/symmetric.py's tile on
+    these meta tensors, as a fixed launch (the GEMM router's Triton ways are: off CUDA they are the only way), at
+    each group's shapes; the third is torch's here (cuBLASLt's on a GPU), and nothing of it is swept."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
     C, V, N = s.C, s.V, s.B * s.T
     report, losses, tg = e(2 + 4, dt=f32), e(N, dt=f32), e(N, dt=i32)
