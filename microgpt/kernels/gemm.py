@@ -19,9 +19,9 @@ tuner and cuBLASLt handle and the ways this process has settled. Under TRITON_IN
 GEMM runs the Triton tile (addmm: the symmetric tile where it applies, else torch's addmm). Operands may be any
 strided view (w.T, x.T): every way takes transposes for free.
 
-Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum) and differ in their epilogues: k_gemm stores or
-adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving the pass's read of h), and
-k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's two fusions are candidates
+Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum, by kernels/tile.py's K loop) and differ in
+their epilogues: k_gemm stores or adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving
+the pass's read of h), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's two fusions are candidates
 like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it measured faster.
 
 Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
@@ -43,6 +43,7 @@ from triton.runtime.errors import OutOfResources
 from microgpt.kernels import gelu, relu2
 from microgpt.kernels.cublaslt import DEFAULT, GELU_AUX, CublasLt, alignment
 from microgpt.kernels.symmetric import symmetric_addmm
+from microgpt.kernels.tile import dot_loop
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
@@ -68,8 +69,8 @@ def gemm_acc(
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """The main loop every GEMM tile shares: the fp32 sum acc (BM, BN) of one tile of a @ b, tiles ordered in groups
-    of GROUP_M rows for L2 reuse, with the tile's row and column offsets (offs_m, offs_n) for its epilogue."""
+    """The fp32 sum acc (BM, BN) of program pid's tile of a @ b (kernels/tile.py's loop), tiles ordered in groups of
+    GROUP_M rows for L2 reuse, with the tile's row and column offsets (offs_m, offs_n) for its epilogue."""
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     group = GROUP_M * num_n
@@ -79,20 +80,7 @@ def gemm_acc(
     pid_n = (pid % group) // gsize
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :].to(tl.int64) * sak
-    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * sbk + offs_n[None, :].to(tl.int64) * sbn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k < K) & (offs_n[None, :] < N), other=0.0)
-        b = b.to(a.dtype)  # mixed operands (fp32 logits with bf16 weights) meet at a's type
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 mode: no tf32 rounding
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BK * sak
-        b_ptrs += BK * sbk
+    acc = dot_loop(a_ptr, b_ptr, offs_m, offs_n, M, N, K, sam, sak, sbk, sbn, BM, BN, BK, IEEE)
     return acc, offs_m, offs_n
 
 

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels.tile import dot_loop
 from microgpt.kernels.tuning import INTERPRET
 
 
@@ -73,19 +74,7 @@ def k_symmetric_mm(
     i = tl.program_id(1).to(tl.int64)
     rows = ti * BM + tl.arange(0, BM)
     cols = tj * BM + tl.arange(0, BM)
-    ks = tl.arange(0, BK)
-    a_ptrs = a_ptr + i * sab + rows[:, None].to(tl.int64) * sar + ks[None, :].to(tl.int64) * sak
-    b_ptrs = b_ptr + i * sbb + ks[:, None].to(tl.int64) * sbk + cols[None, :].to(tl.int64) * sbr
-    acc = tl.zeros((BM, BM), dtype=tl.float32)
-    for k in range(0, K, BK):
-        a = tl.load(a_ptrs, mask=(rows[:, None] < R) & (ks[None, :] + k < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(ks[:, None] + k < K) & (cols[None, :] < R), other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 mode: no tf32 rounding
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BK * sak
-        b_ptrs += BK * sbk
+    acc = dot_loop(a_ptr + i * sab, b_ptr + i * sbb, rows, cols, R, R, K, sar, sak, sbk, sbr, BM, BM, BK, IEEE)
     inside = (rows[:, None] < R) & (cols[None, :] < R)
     acc = alpha * acc
     if HAS_C:

@@ -1,0 +1,45 @@
+"""The K loop every Triton GEMM tile of the engine shares (kernels/gemm.py's tiles, kernels/symmetric.py's).
+
+One (BM, BN) tile's fp32 sum of a @ b over K in steps of BK: a's rows and b's columns at the given offsets (each
+masked at M and N), their K columns and rows masked at K. b meets a's dtype (fp32 logits with bf16 weights); fp32
+operands multiply in IEEE fp32 (no tf32 rounding). The sums run in one fixed order, the K steps in turn.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot_loop(
+    a_ptr,
+    b_ptr,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # a: rows offs_m of an (M, K) matrix at a_ptr, b: columns offs_n of a (K, N) one at b_ptr, any strides -> acc
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :].to(tl.int64) * sak
+    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * sbk + offs_n[None, :].to(tl.int64) * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k < K) & (offs_n[None, :] < N), other=0.0)
+        b = b.to(a.dtype)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BK * sak
+        b_ptrs += BK * sbk
+    return acc
