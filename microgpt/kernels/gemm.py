@@ -21,8 +21,9 @@ strided view (w.T, x.T): every way takes transposes for free.
 
 Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum, by kernels/tile.py's K loop) and differ in
 their epilogues: k_gemm stores or adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving
-the pass's read of h), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's two fusions are candidates
-like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it measured faster.
+the pass's read of h), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's
+two fusions are candidates like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it
+measured faster.
 
 Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
 a Triton tile that does not fit the device's shared memory (OutOfResources: its bf16/fp16 tile needs 96 KiB, of
