@@ -273,11 +273,11 @@ class CublasLt:
         """Whether an algorithm the heuristic offers splits K (more than one split, or a reduction scheme): the
         preference asks for none, and this checks each one it gives, so that no GEMM of a plan sums in an order
         that depends on timing."""
-        values = []
-        for attr in (_ALGO_SPLITK_NUM, _ALGO_REDUCTION_SCHEME):
+        values, written = [], _SIZE(0)
+        for attr in (_ALGO_SPLITK_NUM, _ALGO_REDUCTION_SCHEME):  # uint32 each
             value = ctypes.c_uint32(0)
             status = self.lib.cublasLtMatmulAlgoConfigGetAttribute(
-                ctypes.byref(result.algo), attr, ctypes.byref(value), ctypes.sizeof(value), None
+                ctypes.byref(result.algo), attr, ctypes.byref(value), ctypes.sizeof(value), ctypes.byref(written)
             )
             _check(status, "algorithm attribute")
             values.append(value.value)
