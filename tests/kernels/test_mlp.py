@@ -136,17 +136,18 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
     dx, dw1, dw2 = np.empty((N, C)), np.zeros((C, 4 * C)), np.zeros((4 * C, C))
     ref.mlp_backward(dx, dw1, dw2, dout, x, hh, w1, w2, a, np.empty((N, 4 * C)), recompute=False, mm=REF_MM, act=act)
 
-    g = {k: torch.empty(s, dtype=dtype) for k, s in (("out", (N, C)), ("h", (N, 4 * C)), ("a", (N, 4 * C)))}
+    g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in (("out", (N, C)), ("h", (N, 4 * C)), ("a", (N, 4 * C)))}
     gx, gw1, gw2, gdout = t(x, dtype), t(w1, dtype), t(w2, dtype), t(dout, dtype)
     with tuner.window():
         km.mlp_forward(g["out"], g["h"], g["a"], gx, gw1, gw2, mm=mm, act=act)
     assert tiles == ["triton_mm_act"] * (2 if faster == "tile" else 1)  # timed, then (the choice) run
     tables = json.loads(tuner.path.read_text())
     assert list(tables["mlp_act"].values()) == [faster]
-    dh = torch.empty(N, 4 * C)  # one buffer, as planned: its alignment is part of the GEMM's key
+    dh = torch.empty(N, 4 * C, device=DEVICE)  # one buffer, as planned: its alignment is part of the GEMM's key
     for _ in range(2):  # in the window (timed), then outside it (the recorded choice)
         tiles.clear()
-        gdx, gdw1, gdw2 = torch.empty(N, C), torch.zeros(C, 4 * C), torch.zeros(4 * C, C)
+        gdx = torch.empty(N, C, device=DEVICE)
+        gdw1, gdw2 = torch.zeros(C, 4 * C, device=DEVICE), torch.zeros(4 * C, C, device=DEVICE)
         with tuner.window() if not tables.get("mlp_dact") else contextlib.nullcontext():
             km.mlp_backward(gdx, gdw1, gdw2, gdout, gx, g["h"], gw1, gw2, g["a"], dh, mm=mm, recompute=False, act=act)
         tables = json.loads(tuner.path.read_text())
