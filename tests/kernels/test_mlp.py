@@ -121,6 +121,8 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
         return figures[next(order)]
 
     monkeypatch.setattr(tuner, "_time", timed)
+    # the pass ways' plain GEMMs (a GPU's router would time their ways too, through the stand-in): one way, forced
+    monkeypatch.setenv("MICROGPT_GEMM", "triton")
     tiles: list[str] = []
     for name in ("triton_mm_act", "triton_mm_dact"):
         kernel = getattr(kgemm, name)
@@ -128,6 +130,7 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
     mm = Matmul(Gemm(tuner, None))
 
     N, C, dtype = 33, 8, torch.float32
+    tuner.set_probe(torch.zeros(2 * kgemm.PROBE_ROWS * 4 * C, device=DEVICE))  # the plan's GEMM probe
     rng = np.random.default_rng(7)
     x, dout = rng.standard_normal((N, C)), rng.standard_normal((N, C))
     w1, w2 = rng.standard_normal((C, 4 * C)) * 0.5, rng.standard_normal((4 * C, C)) * 0.3
