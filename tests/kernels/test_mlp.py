@@ -139,7 +139,8 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
     dx, dw1, dw2 = np.empty((N, C)), np.zeros((C, 4 * C)), np.zeros((4 * C, C))
     ref.mlp_backward(dx, dw1, dw2, dout, x, hh, w1, w2, a, np.empty((N, 4 * C)), recompute=False, mm=REF_MM, act=act)
 
-    g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in (("out", (N, C)), ("h", (N, 4 * C)), ("a", (N, 4 * C)))}
+    shapes = {"out": (N, C), "h": (N, 4 * C), "a": (N, 4 * C)}
+    g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in shapes.items()}
     gx, gw1, gw2, gdout = t(x, dtype), t(w1, dtype), t(w2, dtype), t(dout, dtype)
     with tuner.window():
         km.mlp_forward(g["out"], g["h"], g["a"], gx, gw1, gw2, mm=mm, act=act)
