@@ -24,8 +24,9 @@ zero-fills reads past the matrix (so K not a multiple of BK adds zeros) and clip
 Host descriptors are kernel parameters (a tensor map the driver fills on the host at each launch): they allocate
 nothing on the device, as the memory plan requires (device-side descriptors would need triton.set_allocator's
 scratch). TMA needs every descriptor's base address and row stride 16-byte aligned, and the tiles take 16-bit
-operands only (wgmma has no IEEE fp32 product: fp32 GEMMs keep the pointer tile's IEEE dot); `tma_fits` says where
-they apply, and elsewhere the router does not offer them.
+operands and outputs only (wgmma has no IEEE fp32 product: fp32 GEMMs keep the pointer tile's IEEE dot; an fp32
+output, a weight gradient's, would not fit its TMA store's staging beside the pipeline); `tma_fits` says where they
+apply, and elsewhere the router does not offer them.
 
 TILES (at most a few: the warm-up times every candidate of a choice):
     tma_128x256     BM128 BN256 BK64, 8 warps (two warpgroups of 64 rows: wgmma's widest N), 3 stages of 48 KiB
@@ -189,10 +190,13 @@ def tma_major(t: torch.Tensor) -> bool | None:
 
 
 def tma_fits(a: torch.Tensor, b: torch.Tensor, *outs: torch.Tensor) -> bool:
-    """Whether the TMA tiles apply to a GEMM of a (M,K) @ b (K,N) writing (or reading, h) outs (M,N): a and b of one
-    16-bit dtype, each readable through a descriptor (tma_major), the outs with contiguous rows."""
-    ok = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16) and min(*a.shape, *b.shape) > 0
-    return ok and tma_major(a) is not None and tma_major(b) is not None and all(tma_major(o) is False for o in outs)
+    """Whether the TMA tiles apply to a GEMM of a (M,K) @ b (K,N) writing (or reading, h) outs (M,N): a, b and the
+    outs of one 16-bit dtype, a and b each readable through a descriptor (tma_major), the outs with contiguous rows.
+    (An fp32 output, a weight gradient's, would stage its tile for the TMA store in twice the shared memory: the
+    128x256 tile adding into one needs 273 KiB, beyond sm_90's 227.)"""
+    ok = a.dtype in (torch.bfloat16, torch.float16) and all(t.dtype == a.dtype for t in (b, *outs))
+    ok = ok and min(*a.shape, *b.shape) > 0 and tma_major(a) is not None and tma_major(b) is not None
+    return ok and all(tma_major(o) is False for o in outs)
 
 
 def _desc(t: torch.Tensor, block: tuple[int, int]) -> TensorDescriptor:
