@@ -389,7 +389,7 @@ class Gemm:
     def __init__(self, tuner: Tuner, lt: CublasLt | None, tma: bool | None = None) -> None:
         self.tuner, self.lt, self.tma = tuner, lt, tma
         self._chosen: dict[str, tuple[str, bool]] = {}
-        self._act_ways: dict[str, dict[str, tuple[str, int]]] = {}
+        self._act_ways: dict[str, dict[str, tuple[str, int | str]]] = {}
         self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
 
     def _tma_tiles(self, a: torch.Tensor, b: torch.Tensor, *outs: torch.Tensor) -> list[str]:
