@@ -2,28 +2,35 @@
 
     Gemm.mm(out, a, b, acc)        out (M,N) (+)= a (M,K) @ b (K,N)
     Gemm.bmm(out, a, b, acc)       out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), one strided-batched GEMM
-    Gemm.mm_act(a, h, x, w, act)   h = x @ w and a = act(h) (the MLP's W_1): GEMM + pass, our tile with act in its
-                                   epilogue, or (GELU) one cuBLASLt GEMM with its epilogue
-    Gemm.mm_dact(dx, dy, w, h, act)    dx = (dy @ w) * act'(h) (the MLP's dh): GEMM + pass, or our tile with act'
-                                   in its epilogue
+    Gemm.mm_act(a, h, x, w, act)   h = x @ w and a = act(h) (the MLP's W_1): GEMM + pass, one of our tiles with act
+                                   in its epilogue, or (GELU) one cuBLASLt GEMM with its epilogue
+    Gemm.mm_dact(dx, dy, w, h, act)    dx = (dy @ w) * act'(h) (the MLP's dh): GEMM + pass, or one of our tiles
+                                   with act' in its epilogue
     Gemm.mm_scaled(out, a, ia, b, ib, acc, wgrad)    out (+)= (a @ b) * ia * ib on E4M3 a, b (fp8), 2D or batched
     Gemm.addmm(out, c, a, b, beta, alpha, symmetric)  out = beta c + alpha (a @ b): Muon's Newton-Schulz products,
                                    the symmetric ones also by the half-tile kernel of kernels/symmetric.py
 
-A GEMM runs our Triton tile kernel (k_gemm), cuBLAS through torch.mm/addmm(out=...), or cuBLASLt under one of the
-algorithms its heuristic offers (cublaslt.py), whichever measured fastest for that shape, dtypes, layout and
-alignment (fp8's: torch._scaled_mm or cuBLASLt's algorithms); the choice is made once, in the warm-up, and recorded
-on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm, which at ANDREA-120M's shapes is
-often not the fastest (bench/RESULTS.md). A `Gemm` is the runtime's (kernels/runtime.py): it holds the device's
-tuner and cuBLASLt handle and the ways this process has settled. Under TRITON_INTERPRET=1 (CI) and off CUDA every
-GEMM runs the Triton tile (addmm: the symmetric tile where it applies, else torch's addmm). Operands may be any
-strided view (w.T, x.T): every way takes transposes for free.
+A GEMM runs our Triton tile kernel (k_gemm; on sm_90 and newer also the TMA tiles of gemm_tma.py), cuBLAS through
+torch.mm/addmm(out=...), or cuBLASLt under one of the algorithms its heuristic offers (cublaslt.py), whichever measured
+fastest for that shape, dtypes, layout and alignment (fp8's: torch._scaled_mm or cuBLASLt's algorithms); the choice is
+made once, in the warm-up, and recorded on disk (tuning.py). torch's cuBLAS call takes its heuristic's first algorithm,
+which at ANDREA-120M's shapes is often not the fastest (bench/RESULTS.md). A `Gemm` is the runtime's
+(kernels/runtime.py): it holds the device's tuner and cuBLASLt handle and the ways this process has settled. Under
+TRITON_INTERPRET=1 (CI) and off CUDA every GEMM runs the Triton tile (addmm: the symmetric tile where it applies, else
+torch's addmm). Operands may be any strided view (w.T, x.T): every way takes transposes for free.
 
 Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum, by kernels/tile.py's K loop) and differ in
 their epilogues: k_gemm stores or adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving
 the pass's read of h), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's
 two fusions are candidates like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it
-measured faster.
+measured faster. With pointer loads they lost on an H100 at ANDREA-120M's shape (mb 32, fp16: the tile's GEMM 0.313 ms
+to cuBLAS's 0.234, ReLU^2's forward tile 0.360 ms to GEMM + pass's 0.338, its backward 0.430 to 0.405), which leaves
+4.0 ms a step of ReLU^2 passes in the modern step. So on sm_90 and newer the same three kernels come again with their
+operands copied by TMA through host descriptors and multiplied by wgmma (gemm_tma.py: k_gemm_tma, k_gemm_act_tma,
+k_gemm_dact_tma), under three named configurations (gemm_tma.TILES: tma_128x256, tma_128x128, tma_persistent), each
+a way of mm (beside "triton"), mm_act and mm_dact (beside "tile") where its operands are 16-bit and 16-byte aligned;
+elsewhere (sm_80/86/89, fp32, an unaligned view) they are not offered. Under one configuration a fused TMA tile
+equals its plain TMA GEMM + the pass, bit for bit, as the pointer tiles do.
 
 Where a device or a library offers less, a GEMM falls back rather than fails, and the tuner's note says so once:
 a Triton tile that does not fit the device's shared memory (OutOfResources: its bf16/fp16 tile needs 96 KiB, of
@@ -43,8 +50,9 @@ from triton.runtime.errors import OutOfResources
 
 from microgpt.kernels import gelu, relu2
 from microgpt.kernels.cublaslt import DEFAULT, GELU_AUX, CublasLt, alignment
+from microgpt.kernels.gemm_tma import TILES, tma_fits, tma_mm, tma_mm_act, tma_mm_dact
 from microgpt.kernels.symmetric import symmetric_addmm
-from microgpt.kernels.tile import dot_loop
+from microgpt.kernels.tile import act_grad, act_of, dot_loop, tile_of
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
@@ -70,15 +78,10 @@ def gemm_acc(
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """The fp32 sum acc (BM, BN) of program pid's tile of a @ b (kernels/tile.py's loop), tiles ordered in groups of
-    GROUP_M rows for L2 reuse, with the tile's row and column offsets (offs_m, offs_n) for its epilogue."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
+    """The fp32 sum acc (BM, BN) of program pid's tile of a @ b (kernels/tile.py's loop), tiles in tile_of's order
+    (groups of GROUP_M block rows, for L2 reuse), with the tile's row and column offsets (offs_m, offs_n) for its
+    epilogue."""
+    pid_m, pid_n = tile_of(pid, M, N, BM, BN, GROUP_M)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
     acc = dot_loop(a_ptr, b_ptr, offs_m, offs_n, M, N, K, sam, sak, sbk, sbn, BM, BN, BK, IEEE)
@@ -196,26 +199,6 @@ def k_mm_scaled(
         sb_ptr,
         True,
     )
-
-
-@triton.jit
-def act_of(h, ACT: tl.constexpr):
-    # the MLP's activation of fp32 h, by name (ACTIVATIONS)
-    if ACT == "gelu":
-        y = gelu.gelu(h)
-    else:
-        y = relu2.relu2(h)
-    return y
-
-
-@triton.jit
-def act_grad(h, ACT: tl.constexpr):
-    # its derivative at fp32 h
-    if ACT == "gelu":
-        y = gelu.gelu_grad(h)
-    else:
-        y = relu2.relu2_grad(h)
-    return y
 
 
 @triton.jit
@@ -399,20 +382,33 @@ def cublas_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
 
 
 class Gemm:
-    """The GEMM router of one device: its tuner, its cuBLASLt (None where there is none), and per shape key the
-    way chosen, with whether it is settled (timed or recorded, not a default taken outside the warm-up)."""
+    """The GEMM router of one device: its tuner, its cuBLASLt (None where there is none), whether it offers the TMA
+    tiles (tma: None asks the operands' device), and per shape key the way chosen, with whether it is settled (timed
+    or recorded, not a default taken outside the warm-up)."""
 
-    def __init__(self, tuner: Tuner, lt: CublasLt | None) -> None:
-        self.tuner, self.lt = tuner, lt
+    def __init__(self, tuner: Tuner, lt: CublasLt | None, tma: bool | None = None) -> None:
+        self.tuner, self.lt, self.tma = tuner, lt, tma
         self._chosen: dict[str, tuple[str, bool]] = {}
-        self._act_ways: dict[str, dict[str, tuple[str, int]]] = {}
+        self._act_ways: dict[str, dict[str, tuple[str, int | str]]] = {}
         self._tile_fits: dict[torch.dtype, bool] = {}  # per operand dtype: False once the device refused the tile
 
+    def _tma_tiles(self, a: torch.Tensor, b: torch.Tensor, *outs: torch.Tensor) -> list[str]:
+        """The TMA tiles' ways (gemm_tma.TILES) for a 2D GEMM a @ b writing (or reading) outs: where this router
+        offers them (its `tma`, else a on a GPU of compute capability 9.0 or newer: TMA is Hopper's) and they apply
+        (gemm_tma.tma_fits: 16-bit operands, 16-byte aligned)."""
+        here = self.tma
+        if here is None:
+            here = a.is_cuda and not INTERPRET and torch.cuda.get_device_capability(a.device)[0] >= 9
+        return list(TILES) if here and tma_fits(a, b, *outs) else []
+
     def _run(self, way: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
-        """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), "cublas" (torch's call), or "lt<i>"
-        (cuBLASLt under the i-th algorithm its heuristic offers for this shape). A Triton tile the device cannot
-        run (OutOfResources, raised before it launches) gives the GEMM, and every later one of its dtype, to cuBLAS
-        (operands of one dtype: mixed ones have no other way)."""
+        """One GEMM (2D, or batched 3D) by the named way: "triton" (2D), a TMA tile's name (2D, gemm_tma.TILES),
+        "cublas" (torch's call), or "lt<i>" (cuBLASLt under the i-th algorithm its heuristic offers for this shape).
+        A pointer tile the device cannot run (OutOfResources, raised before it launches) gives the GEMM, and every
+        later one of its dtype, to cuBLAS (operands of one dtype: mixed ones have no other way)."""
+        if way in TILES:
+            tma_mm(out, a, b, accumulate, way)
+            return
         if way == "triton" and self._tile_fits.get(a.dtype, True):
             try:
                 triton_mm(out, a, b, accumulate)
@@ -434,11 +430,14 @@ class Gemm:
             self.lt.gemm(out, a, b, accumulate, int(way[2:]))
 
     def _ways(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> list[str]:
-        """The ways this GEMM can run here, the reference first: the Triton tile (2D) or torch's batched GEMM."""
+        """The ways this GEMM can run here, the reference first: the Triton tile (2D) or torch's batched GEMM; then
+        the TMA tiles where they apply (2D), torch's cuBLAS call and cuBLASLt's algorithms."""
         if out.dim() == 3 or not self._tile_fits.get(a.dtype, True):
             ways = ["cublas"]
         else:
             ways = ["triton", "cublas"] if a.dtype == b.dtype else ["triton"]
+        if out.dim() == 2:
+            ways[1:1] = self._tma_tiles(a, b, out)
         if a.dtype == b.dtype:
             ways += self._lt_ways(out, a, b, "torch's cuBLAS")
         return ways
@@ -647,14 +646,20 @@ class Gemm:
     def mm_act(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
         """h = x @ w and a = act(h) (2D; act "gelu" or "relu2"), by the way the warm-up timed fastest for this shape
         (outside it, untimed: the first): "pass", the GEMM (mm's way) then the activation's pass; "tile", our Triton
-        tile with the activation in its epilogue (k_gemm_act); "lt<i>" (GELU in bf16 and fp16 on a GPU), one cuBLASLt
-        GEMM with its GELU_AUX epilogue under the i-th algorithm its heuristic offers. The pass and the tile apply act
-        to h as stored (rounded to its dtype); cuBLASLt applies its GELU to the fp32 sum, so its a may differ by a
-        unit in its last place. Each way's h is its own GEMM's (the sums' order differs between ways)."""
+        pointer tile with the activation in its epilogue (k_gemm_act); on sm_90 and newer, where the operands are
+        16-bit and 16-byte aligned, each TMA tile of gemm_tma.TILES by its name (k_gemm_act_tma under that
+        configuration); "lt<i>" (GELU in bf16 and fp16 on a GPU), one cuBLASLt GEMM with its GELU_AUX epilogue under
+        the i-th algorithm its heuristic offers. The fusions save the pass's read of h, but win only with a GEMM near
+        cuBLAS's: on an H100 at ANDREA-120M's shape (mb 32, fp16) the pointer tile's GEMM took 0.313 ms to cuBLAS's
+        0.234, and ReLU^2's tile 0.360 ms to the pass's 0.338; the TMA tiles are the attempt at cuBLAS's speed
+        (gemm_tma.py). The pass and our tiles apply act to h as stored (rounded to its dtype); cuBLASLt applies its
+        GELU to the fp32 sum, so its a may differ by a unit in its last place. Each way's h is its own GEMM's (the
+        sums' order differs between ways)."""
         key = f"{act}:{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, a, h)))
         ways = self._act_ways.get(key)
         if ways is None:
             ways = {"pass": ("pass", -1), "tile": ("tile", -1)}
+            ways |= {tile: ("tma", tile) for tile in self._tma_tiles(x, w, h, a)}
             if act == "gelu" and x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:  # a GPU's lt
                 try:
                     ways |= {f"lt{i}": ("lt", i) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
@@ -662,11 +667,13 @@ class Gemm:
                     self.tuner.note(f"gelu_aux {x.dtype}", f"{e}: the MLP's GELU runs as its own pass or in our tile")
             self._act_ways[key] = ways
 
-        def make(way: str, algo: int) -> Callable[[], None]:
+        def make(way: str, which: int | str) -> Callable[[], None]:
             if way == "lt":
-                return lambda: self.lt.gelu_aux(a, h, x, w, algo)
+                return lambda: self.lt.gelu_aux(a, h, x, w, which)
             if way == "tile":
                 return lambda: triton_mm_act(a, h, x, w, act)
+            if way == "tma":
+                return lambda: tma_mm_act(a, h, x, w, act, which)
 
             def gemm_and_pass() -> None:
                 self.mm(h, x, w)
@@ -679,13 +686,19 @@ class Gemm:
     def mm_dact(self, dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str) -> None:
         """dx = (dy @ w) * act'(h) (2D; the MLP's dh, from W_2's input-gradient GEMM with w = w_2^T), by the way the
         warm-up timed fastest for this shape (outside it, untimed: the first): "pass", the GEMM (mm's way) then the
-        pass dx *= act'(h) in place; "tile", our Triton tile with act' in its epilogue (k_gemm_dact). Both round the
-        sum to dx's dtype before multiplying by act'(h) in fp32, so they differ only as their sums' order does."""
-        key = f"{act}:" + self._key(dx, dy, w, False)
+        pass dx *= act'(h) in place; "tile", our Triton pointer tile with act' in its epilogue (k_gemm_dact); on sm_90
+        and newer, where the operands are 16-bit and 16-byte aligned, each TMA tile of gemm_tma.TILES by its name
+        (k_gemm_dact_tma, w^T read through the descriptor of w_2 itself). The fusions save the pass's read and write
+        of dx, but the pointer tile lost on an H100 at ANDREA-120M's shape (mb 32, fp16: ReLU^2's 0.430 ms to the
+        pass's 0.405, its GEMM alone 0.3745 to cuBLAS's 0.229 on this transposed w). All round the sum to dx's dtype
+        before multiplying by act'(h) in fp32, so they differ only as their sums' order does."""
+        key = f"{act}:" + self._key(dx, dy, w, False) + f".{alignment(h)[0]}"  # h's too: the TMA tiles read it
 
-        def make(way: str) -> Callable[[], None]:
+        def make(way: str, tile: str = "") -> Callable[[], None]:
             if way == "tile":
                 return lambda: triton_mm_dact(dx, dy, w, h, act)
+            if way == "tma":
+                return lambda: tma_mm_dact(dx, dy, w, h, act, tile)
 
             def gemm_and_pass() -> None:
                 self.mm(dx, dy, w)
@@ -693,7 +706,8 @@ class Gemm:
 
             return gemm_and_pass
 
-        self.tuner.launch("mlp_dact", key, {"pass": ("pass",), "tile": ("tile",)}, make)
+        ways = {"pass": ("pass",), "tile": ("tile",)} | {t: ("tma", t) for t in self._tma_tiles(dy, w, dx, h)}
+        self.tuner.launch("mlp_dact", key, ways, make)
 
     def choices(self) -> dict[str, str]:
         """Shape key -> way (triton, cublas, lt<i>) for every GEMM this process ran (printed with the memory plan)."""

@@ -1,6 +1,6 @@
 """ReLU^2 (ops/relu2.py gives the math): a = max(h, 0)^2 and, in place, dh *= 2 max(h, 0), two elementwise passes in
-fp32 over contiguous arrays of any shape, and the device functions relu2 and relu2_grad they share with the GEMM tile's
-epilogues (kernels/gemm.py: k_gemm_act, k_gemm_dact).
+fp32 over contiguous arrays of any shape, and the device functions relu2 and relu2_grad they share with the GEMM tiles'
+epilogues (kernels/tile.py's act_of, act_grad: gemm.py's k_gemm_act, k_gemm_dact and gemm_tma.py's).
 
 One fixed launch configuration (BLOCK elements a program, 4 warps), as GELU's passes: an elementwise pass is bound by
 memory, every element costs alike, and each program's loads are contiguous, so tile choices would only move the

@@ -1,12 +1,28 @@
-"""The K loop every Triton GEMM tile of the engine shares (kernels/gemm.py's tiles, kernels/symmetric.py's).
+"""What every Triton GEMM tile of the engine shares (kernels/gemm.py's and gemm_tma.py's tiles, kernels/symmetric.py's):
+the order of the tiles over the output, the K loop over pointers, and the MLP's activation for the epilogues.
 
-One (BM, BN) tile's fp32 sum of a @ b over K in steps of BK: a's rows and b's columns at the given offsets (each
-masked at M and N), their K columns and rows masked at K. b meets a's dtype (fp32 logits with bf16 weights); fp32
-operands multiply in IEEE fp32 (no tf32 rounding). The sums run in one fixed order, the K steps in turn.
+dot_loop: one (BM, BN) tile's fp32 sum of a @ b over K in steps of BK: a's rows and b's columns at the given offsets
+(each masked at M and N), their K columns and rows masked at K. b meets a's dtype (fp32 logits with bf16 weights);
+fp32 operands multiply in IEEE fp32 (no tf32 rounding). The sums run in one fixed order, the K steps in turn.
 """
 
 import triton
 import triton.language as tl
+
+from microgpt.kernels import gelu, relu2
+
+
+@triton.jit
+def tile_of(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """The (row, column) block of tile number `tile` of an (M, N) output: tiles ordered in groups of GROUP_M block
+    rows, column by column within a group, so that the programs running at once share their rows of a and columns
+    of b in L2."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (tile // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % group) % gsize, (tile % group) // gsize
 
 
 @triton.jit
@@ -43,3 +59,23 @@ def dot_loop(
         a_ptrs += BK * sak
         b_ptrs += BK * sbk
     return acc
+
+
+@triton.jit
+def act_of(h, ACT: tl.constexpr):
+    # the MLP's activation of fp32 h, by name (gemm.ACTIVATIONS)
+    if ACT == "gelu":
+        y = gelu.gelu(h)
+    else:
+        y = relu2.relu2(h)
+    return y
+
+
+@triton.jit
+def act_grad(h, ACT: tl.constexpr):
+    # its derivative at fp32 h
+    if ACT == "gelu":
+        y = gelu.gelu_grad(h)
+    else:
+        y = relu2.relu2_grad(h)
+    return y

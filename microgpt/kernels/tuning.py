@@ -42,8 +42,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 REPS = 10  # runs per timed batch of a candidate, after one untimed
 SPIN_MS = 2.0  # the GPU spins this long before a timed batch: longer than the host takes to queue REPS launches
 # Raised when a table gains candidates, so that choices made without them are timed again rather than kept
-# (2: cuBLASLt's algorithms for every GEMM).
-CACHE_VERSION = 2
+# (2: cuBLASLt's algorithms for every GEMM; 3: the Hopper TMA tiles in gemm, mlp_act and mlp_dact).
+CACHE_VERSION = 3
 
 
 def device_key() -> str:

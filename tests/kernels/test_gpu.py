@@ -222,34 +222,55 @@ def test_mlp_gelu_epilogue_gpu(dtype, monkeypatch):
         assert worst <= 1.0, f"algorithm {i}: a is {worst:.2f} x (one unit in the last place + 1e-5) from tanh-GELU"
 
 
+def tma_tiles(dtype) -> list[str]:
+    """The TMA tiles' names where this GPU has TMA (sm_90 and newer) and dtype is theirs (16-bit)."""
+    from microgpt.kernels import gemm_tma
+
+    return list(gemm_tma.TILES) if torch.cuda.get_device_capability()[0] >= 9 and dtype != torch.float32 else []
+
+
 @pytest.mark.parametrize("act", ["gelu", "relu2"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mlp_act_tiles_gpu(dtype, act):
-    """Our Triton tile with the activation in its epilogue (k_gemm_act) and with its derivative (k_gemm_dact), against
-    the same tile's GEMM (k_gemm, one main loop) and the pass: bit for bit (both round the sum first), twice."""
-    from microgpt.kernels import gemm
+    """Our Triton tiles with the activation in their epilogues (k_gemm_act, k_gemm_dact; on sm_90 in 16 bits also
+    k_gemm_act_tma, k_gemm_dact_tma under each configuration), against the same tile's GEMM under the same
+    configuration (k_gemm, k_gemm_tma: one main loop) and the pass: bit for bit (both round the sum first), twice;
+    and against float64."""
+    from microgpt.kernels import gemm, gemm_tma
 
     torch.manual_seed(6)
     x, w1, w2 = rnd(N, C, dtype=dtype), rnd(C, 4 * C, dtype=dtype, scale=0.05), rnd(4 * C, C, dtype=dtype, scale=0.03)
     dout = rnd(N, C, dtype=dtype)
     h0, a0, h, a, dh0, dh = (torch.empty(N, 4 * C, device="cuda", dtype=dtype) for _ in range(6))
-    gemm.triton_mm(h0, x, w1, False)
-    gemm.ACTIVATIONS[act][0](a0, h0)
-    gemm.triton_mm(dh0, dout, w2.t(), False)
-    gemm.ACTIVATIONS[act][1](dh0, h0)
-    for _ in range(2):
-        for t in (h, a, dh):
-            t.fill_(float("nan"))
-        gemm.triton_mm_act(a, h, x, w1, act)
-        gemm.triton_mm_dact(dh, dout, w2.t(), h, act)
-        assert torch.equal(h, h0) and torch.equal(a, a0) and torch.equal(dh, dh0)
+    ways = {"tile": (gemm.triton_mm, gemm.triton_mm_act, gemm.triton_mm_dact)} | {
+        name: (
+            lambda out, a, b, acc, n=name: gemm_tma.tma_mm(out, a, b, acc, n),
+            lambda a, h, x, w, act, n=name: gemm_tma.tma_mm_act(a, h, x, w, act, n),
+            lambda dx, dy, w, h, act, n=name: gemm_tma.tma_mm_dact(dx, dy, w, h, act, n),
+        )
+        for name in tma_tiles(dtype)
+    }
+    ref = x.double() @ w1.double()
+    for way, (mm, mm_act, mm_dact) in ways.items():
+        mm(h0, x, w1, False)
+        gemm.ACTIVATIONS[act][0](a0, h0)
+        mm(dh0, dout, w2.t(), False)
+        gemm.ACTIVATIONS[act][1](dh0, h0)
+        close(f"{way} h", h0, ref, dtype)
+        for _ in range(2):
+            for t in (h, a, dh):
+                t.fill_(float("nan"))
+            mm_act(a, h, x, w1, act)
+            mm_dact(dh, dout, w2.t(), h, act)
+            assert torch.equal(h, h0) and torch.equal(a, a0) and torch.equal(dh, dh0), way
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu2"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
-    """mlp_forward and mlp_backward with each way of the router's mm_act (pass, tile, cuBLASLt's lt0 for GELU in
-    bf16 and fp16) and mm_dact (pass, tile) forced, against autograd."""
+    """mlp_forward and mlp_backward with each way of the router's mm_act (pass, tile, the TMA tiles on sm_90 in 16
+    bits, cuBLASLt's lt0 for GELU in bf16 and fp16) and mm_dact (pass, tile, the TMA tiles) forced, against
+    autograd."""
     from microgpt.kernels import cublaslt, linear
     from microgpt.kernels import mlp as k
     from microgpt.kernels.gemm import Gemm
@@ -263,8 +284,9 @@ def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
     rx, r1, r2 = leaf(x), leaf(w1), leaf(w2)
     ref = ACT_REF[act](rx @ r1) @ r2
     (ref * dout.double()).sum().backward()
-    fwd = ["pass", "tile"] + (["lt0"] if act == "gelu" and dtype != torch.float32 else [])
-    for way, bway in zip(fwd, ["tile", "pass", "tile"], strict=False):
+    fwd = ["pass", "tile", *tma_tiles(dtype)] + (["lt0"] if act == "gelu" and dtype != torch.float32 else [])
+    bwd = ["tile", "pass", *tma_tiles(dtype), "tile"]
+    for way, bway in zip(fwd, bwd, strict=False):
         monkeypatch.setenv("MICROGPT_MLP_ACT", way)
         monkeypatch.setenv("MICROGPT_MLP_DACT", bway)
         mm = linear.Matmul(Gemm(Tuner(), lt))  # a router of its own: no remembered choice overrides the forced ones
@@ -280,11 +302,11 @@ def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemm_every_way_gpu(dtype):
-    """Every way the GEMM router's mm and bmm may choose (Triton, torch's cuBLAS call, cuBLASLt under each algorithm
-    its heuristic offers) for the kinds of GEMM a step runs: plain, a transposed operand, low-precision operands
-    added into fp32 weight gradients (the randn outputs), batched with one input repeated by a zero batch stride,
-    and an input only 8-byte aligned. Each against float64, each run twice (the same bits: no way may add with
-    atomics); where it adds, what it added is compared."""
+    """Every way the GEMM router's mm and bmm may choose (the Triton tiles, the TMA tiles on sm_90 in 16 bits,
+    torch's cuBLAS call, cuBLASLt under each algorithm its heuristic offers) for the kinds of GEMM a step runs:
+    plain, a transposed operand, low-precision operands added into fp32 weight gradients (the randn outputs),
+    batched with one input repeated by a zero batch stride, and an input only 8-byte aligned. Each against float64,
+    each run twice (the same bits: no way may add with atomics); where it adds, what it added is compared."""
     torch.manual_seed(8)
     x, dout, w = rnd(N, C, dtype=dtype), rnd(N, 3 * C, dtype=dtype, scale=0.1), rnd(C, 3 * C, dtype=dtype, scale=0.05)
     w3, dq3 = rnd(3, C, C, dtype=dtype, scale=0.05), rnd(3, N, C, dtype=dtype)

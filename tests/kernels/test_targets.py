@@ -1,13 +1,13 @@
 """Every Triton kernel and tuning candidate compiled for sm_80, sm_86, sm_89 and sm_90 on the CPU (kernels/targets.py),
 read against each target's limits.
 
-The sweep runs in its own process without TRITON_INTERPRET (this folder's conftest sets it, and the interpreter
-replaces every kernel by a function it runs on the CPU, which nothing can compile). CI compiles what has no
-alternative on a device (targets.select): every fixed launch and every choice's default, on all four targets. The
-other candidates are left to the full sweep, MICROGPT_SWEEP=full (about 8 minutes on a 2-core machine; its table is
-in bench/RESULTS.md), which also checks that every candidate fits sm_90, so the H200's candidate lists are what they
-were. Where a candidate does not fit a device, the tuner drops it there (tests/kernels/test_tuning.py). The table
-is printed (pytest -s shows it)."""
+The sweep runs in its own process without TRITON_INTERPRET (this folder's conftest sets it, and the interpreter replaces
+every kernel by a function it runs on the CPU, which nothing can compile). CI compiles what has no alternative on a
+device (targets.select): every fixed launch and every choice's default, on all four targets, and the TMA tiles
+(gemm_tma.py) on sm_90, the one target that has them. The other candidates are left to the full sweep,
+MICROGPT_SWEEP=full (about 8 minutes on a 2-core machine; its table is in bench/RESULTS.md), which also checks that
+every candidate fits sm_90, so the H200's candidate lists are what they were. Where a candidate does not fit a device,
+the tuner drops it there (tests/kernels/test_tuning.py). The table is printed (pytest -s shows it)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,26 @@ def test_fp8_kernels_are_built_for_fp8_targets_only(sweep: dict) -> None:
     casts = [r for r in sweep["rows"] if r["kernel"] == "k_cast"]
     assert casts and all(r["targets"] == [89, 90] for r in casts)
     assert all(r["targets"] == [80, 86, 89, 90] for r in sweep["rows"] if r["kernel"] == "k_attention_fwd")
+
+
+def test_the_tma_tiles_fit_sm90_only_without_spills(sweep: dict) -> None:
+    """The TMA tiles (gemm_tma.py) are built for sm_90 only, and CI compiles every one of them there: each
+    configuration of gemm_tma.TILES as a way of the plain GEMM and of both MLP fusions (GELU's and ReLU^2's), each
+    within sm_90's shared memory and registers and spilling nothing."""
+    from microgpt.kernels import gemm_tma
+
+    rows = [r for r in sweep["rows"] if r["kernel"].endswith("_tma")]
+    assert rows and all(r["targets"] == [90] and list(r["usage"]) == ["90"] for r in rows)
+    for kernel, table in (("k_gemm_tma", "gemm"), ("k_gemm_act_tma", "mlp_act"), ("k_gemm_dact_tma", "mlp_dact")):
+        labels = {r["label"] for r in rows if r["kernel"] == kernel}
+        assert labels == {f"{table} {name}" for name in gemm_tma.TILES}, (kernel, labels)
+    acts = {("ACT=gelu" in r["config"], r["label"]) for r in rows if r["kernel"] == "k_gemm_act_tma"}
+    assert len(acts) == 2 * len(gemm_tma.TILES)
+    bad = [
+        f"{r['kernel']} {r['label']} {r['config']}: {r['usage']['90']}" for r in rows if not fits(r["usage"]["90"], 90)
+    ]
+    bad += [f"{r['kernel']} {r['label']} {r['config']} spills" for r in rows if r["usage"]["90"]["stack"]]
+    assert bad == [], "\n".join(bad)
 
 
 def test_what_has_no_alternative_fits_every_target(sweep: dict) -> None:

@@ -45,7 +45,7 @@ def test_a_candidate_that_cannot_run_is_left_out(window, capsys) -> None:
     best = window.choose("demo", "k1", {"big": fails("Required: 278568"), "slow": lambda: 2.0, "fast": lambda: 1.0})
     assert best == "fast"
     assert json.loads(window.path.read_text())["demo"] == {"k1": "fast"}
-    assert window.path.name == "tuning-v2-test-device.json"  # one file per device (name and compute capability)
+    assert window.path.name == "tuning-v3-test-device.json"  # one file per device (name and compute capability)
     log = capsys.readouterr().err
     assert "slow=2.0000ms fast=1.0000ms -> fast" in log
     assert "big failed: RuntimeError: out of resource: shared memory, Required: 278568" in log

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import triton
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from microgpt.fp8 import OSLOT, SLOT, Fp8Weight, Priming
 from microgpt.kernels import (
@@ -32,6 +33,7 @@ from microgpt.kernels import (
     fp8_cast,
     gelu,
     gemm,
+    gemm_tma,
     gradclip,
     layernorm,
     linear,
@@ -45,8 +47,8 @@ from microgpt.kernels import (
 from microgpt.ops.adamw import SEGMENT_BLOCK
 from microgpt.ops.muon import MuonGroup, muon_groups
 
-KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gradclip, layernorm,
-                  muon, qkrope, relu2, rmsnorm, skip, symmetric)  # fmt: skip
+KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gemm_tma, gradclip,
+                  layernorm, muon, qkrope, relu2, rmsnorm, skip, symmetric)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
 
 
@@ -78,6 +80,11 @@ class Launch:
     @property
     def name(self) -> str:
         return self.kernel.fn.__name__
+
+    @property
+    def tma(self) -> bool:
+        """It reads through host tensor descriptors (TMA: compiled for sm_90 and newer only)."""
+        return any(isinstance(arg, TensorDescriptor) for arg in self.args)
 
 
 class Catalogue:
@@ -163,7 +170,7 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     backend makes them (the arguments' dtypes as the plan gives them: f32 grads and statistics)."""
     e, f32, i32 = _meta(dtype), torch.float32, torch.int32
     B, T, C, V, N = s.B, s.T, s.C, s.V, s.B * s.T
-    mm = linear.Matmul(gemm.Gemm(cat, None))
+    mm = linear.Matmul(gemm.Gemm(cat, None, tma=True))  # the MLP's choices offer the TMA tiles, as on sm_90
     tok, x, stat = e(B, T, dt=i32), e(N, C), e(N, dt=f32)
     embedding.embedding_forward(e(B, T, C), tok, e(V, C), e(T, C))
     embedding.embedding_backward(e(V, C, dt=f32), e(T, C, dt=f32), e(B, T, C), tok, order=e(N, dt=i32), tuner=cat)
@@ -178,6 +185,7 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     mm.forward(e(N, 4 * C), x, e(C, 4 * C), act_out=e(N, 4 * C))
     mm.backward(e(N, 4 * C), e(4 * C, C, dt=f32), x, e(N, 4 * C), e(4 * C, C), dx_act_of=e(N, 4 * C))  # W_2's: dh
     mm.backward(e(N, C), e(C, 4 * C, dt=f32), e(N, 4 * C), x, e(C, 4 * C))
+    _tma_gemm_launches(s, dtype, cat)
     _attention_launches(s, e, cat)
     rows, at = e(B, C), e(B, dt=i32)  # the decode step of B rows (model.gpt_decode)
     decode.decode_embedding(rows, at, at, e(V, C), e(T, C))
@@ -198,6 +206,22 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8, 0.1, 1.0
     )
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
+
+
+def _tma_gemm_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
+    """The plain GEMM's TMA tiles (gemm_tma.TILES), as candidates of the router's mm beside the pointer tile (off CUDA
+    the router runs the pointer tile alone, so the linears above never reach them): for each layout a step's 2D GEMMs
+    with 16-bit outputs take (the tiles' condition, gemm_tma.tma_fits: the fp32 weight gradients are not theirs), at
+    the MLP's widths (every site binds alike): the forward x @ w, and the input gradient dy @ w^T written and added
+    into (the QKV projection's sum over its weights)."""
+    if dtype == torch.float32:
+        return
+    e, C, N = _meta(dtype), s.C, s.B * s.T
+    x, w, dy = e(N, C), e(C, 4 * C), e(N, 4 * C)
+    for out, a, b, acc in ((e(N, 4 * C), x, w, False), (e(N, C), dy, w.t(), False), (e(N, C), dy, w.t(), True)):
+        ways = {"triton": lambda out=out, a=a, b=b, acc=acc: gemm.triton_mm(out, a, b, acc)}
+        ways |= {t: lambda t=t, out=out, a=a, b=b, acc=acc: gemm_tma.tma_mm(out, a, b, acc, t) for t in gemm_tma.TILES}
+        cat.choose("gemm", "", ways)
 
 
 def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue, bounded: bool = False) -> None:
@@ -298,7 +322,7 @@ def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     RMSNorms over them, bind to binaries of their own."""
     e, f32 = _meta(dtype), torch.float32
     B, C, N = s.B, s.C, s.B * s.T
-    mm = linear.Matmul(gemm.Gemm(cat, None))
+    mm = linear.Matmul(gemm.Gemm(cat, None, tma=True))  # the MLP's choices offer the TMA tiles, as on sm_90
     for G, Cin, OC in ((3, C, C), (1, C, C), (1, C, 4 * C), (1, 4 * C, C)):
         lead = (G,) if G > 1 else ()  # a site of one weight is a 2D matrix (the parameters' named view)
         w, y = e(*lead, Cin, OC), e(*lead, N, OC)
@@ -307,6 +331,7 @@ def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
         dact = dict(act="relu2", dx_act_of=e(N, Cin)) if Cin == 4 * C else {}  # w_2: dh *= relu2'(h) with its GEMM
         mm.backward(e(N, Cin), e(*lead, Cin, OC, dt=f32), y, e(N, Cin), w, **dact)
         mm.forward(e(*lead, B, OC), e(B, Cin), w)
+    _tma_gemm_launches(s, dtype, cat)
     rows, rstd = e(B, C), e(B, dt=f32)  # the decode step's embedding norm and the block's norms over B rows
     rmsnorm.rmsnorm_forward(rows, rstd, rows, tuner=cat)
     rmsnorm.residual_rmsnorm_forward(rows, rows, rstd, rows, rows, tuner=cat)

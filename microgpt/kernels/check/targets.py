@@ -59,6 +59,11 @@ class Target:
         """FP8 tensor cores (E4M3): the fp8 precision's kernels compile here."""
         return self.cc >= 89
 
+    @property
+    def tma(self) -> bool:
+        """TMA (Hopper's tensor memory accelerator): the GEMM tiles of gemm_tma.py compile here."""
+        return self.cc >= 90
+
 
 TARGETS = {80: Target(80, "A100, A30", 163 * 1024), 86: Target(86, "RTX 30x0, A10, A40, RTX A6000", 99 * 1024),
            89: Target(89, "RTX 40x0, L4, L40S", 99 * 1024), 90: Target(90, "H100, H200", 227 * 1024)}  # fmt: skip
@@ -140,6 +145,11 @@ class Row:
         return any(launch.group < 0 for launch in self.launches)
 
     @property
+    def tma(self) -> bool:
+        """A TMA tile (sm_90 and newer)."""
+        return any(launch.tma for launch in self.launches)
+
+    @property
     def default(self) -> bool:
         """A default of its choice (the candidate taken outside the warm-up and in the interpreter)."""
         return any(launch.index == 0 and launch.group >= 0 for launch in self.launches)
@@ -151,12 +161,15 @@ class Row:
 
 def rows_of(shapes: list[Shape], dtypes: list[torch.dtype], targets: list[Target]) -> list[Row]:
     """Every distinct kernel binary of `launches` over shapes x dtypes on the targets (fp8's only where the target
-    has FP8), not yet compiled: launches that bind alike on every target are one row."""
+    has FP8, the TMA tiles' only where it has TMA), not yet compiled: launches that bind alike on every target are
+    one row."""
     found: dict[tuple[str, ...], Row] = {}
     for s in shapes:
         for dtype in dtypes:
             for launch in launches(s, dtype):
-                jobs = {t.cc: bind(launch, t) for t in targets if t.fp8 or not launch.fp8}
+                jobs = {
+                    t.cc: bind(launch, t) for t in targets if (t.fp8 or not launch.fp8) and (t.tma or not launch.tma)
+                }
                 key = (launch.name, *(k for k, _ in jobs.values()))
                 row = found.setdefault(key, Row(launch.name, launch.label, _config(launch), [], [], jobs, {}))
                 row.launches.append(launch)
@@ -168,9 +181,11 @@ def rows_of(shapes: list[Shape], dtypes: list[torch.dtype], targets: list[Target
 def select(rows: list[Row], full: bool = False) -> dict[int, set[int]]:
     """Row index -> the targets to compile it for. The whole sweep (full) compiles every row for each of its
     targets; CI compiles what has no alternative on a device: each fixed launch and each choice's default (the
-    candidate taken outside the warm-up and in the interpreter), on every target. The other candidates are left to
-    the full sweep: where one does not fit, the tuner drops it on that device."""
-    return {i: set(r.jobs) if full or r.fixed or r.default else set() for i, r in enumerate(rows)}
+    candidate taken outside the warm-up and in the interpreter), on every target; and the TMA tiles on sm_90, few
+    binaries sized to its shared memory (up to 208 KiB of its 227), so that a change that no longer fits or spills
+    is seen before a Hopper GPU drops the candidate. The other candidates are left to the full sweep: where one does
+    not fit, the tuner drops it on that device."""
+    return {i: set(r.jobs) if full or r.fixed or r.default or r.tma else set() for i, r in enumerate(rows)}
 
 
 def _config(launch: Launch) -> str:
@@ -195,7 +210,7 @@ def compile_rows(rows: list[Row], chosen: dict[int, set[int]], jobs: int = 0) ->
 
 def format_table(rows: list[Row], targets: list[Target]) -> str:
     """The sweep as a markdown table: per target shared KiB, registers a thread and spilled (stack) bytes a thread,
-    "over" where it does not fit; "-" where it was not compiled, "no fp8" below sm_89."""
+    "over" where it does not fit; "-" where it was not compiled, "no fp8" below sm_89, "no TMA" below sm_90."""
     head = "| kernel | candidate | configuration | shapes | " + " | ".join(f"sm_{t.cc}" for t in targets) + " |"
     lines = [head, "|" + "---|" * (4 + len(targets))]
     for r in rows:
@@ -203,7 +218,7 @@ def format_table(rows: list[Row], targets: list[Target]) -> str:
         for t in targets:
             u = r.usage.get(t.cc)
             if u is None:
-                cells.append("-" if t.cc in r.jobs else "no fp8")
+                cells.append("-" if t.cc in r.jobs else "no TMA" if r.tma else "no fp8")
             else:
                 cells.append(f"{u.shared / 1024:.1f} KiB, {u.regs} r, {u.stack} B" + ("" if r.fits(t) else " **over**"))
         lines.append(f"| {r.kernel} | {r.label} | {r.config} | {', '.join(r.shapes)} | " + " | ".join(cells) + " |")
