@@ -421,9 +421,10 @@ def _attention_backward(
 ) -> None:
     """The attention half of a layer's backward, both families': from dresid (the gradient reaching W_O's output) to
     the QKV projection's input gradient in dln, the block's calls from the QKV linear on reversed (the modern block's
-    QK-norm and rotary backward after attention's, in place on dq, dk; then a value embedding's, which dv reaches
-    unchanged; the first of those, layer L-1's, sorts the tokens for every later one and for the embedding's).
-    layer_done(layer + 1) just before the attention (gpt_backward says why)."""
+    QK-norm and rotary backward with attention's, one op: ops/attention.py `qkrope`, whose GPU kernel may run it in
+    its dq and dk epilogues; then a value embedding's, which dv reaches unchanged; the first of those, layer L-1's,
+    sorts the tokens for every later one and for the embedding's). layer_done(layer + 1) just before the attention
+    (gpt_backward says why)."""
     (B, T), h, H = tokens.shape, f"h{layer}.", m.n_head
     att = A["att"][layer]
     K.linear_backward(A["datt"], G[h + "w_o"], A["dresid"], att, P[h + "w_o"])
@@ -432,9 +433,8 @@ def _attention_backward(
     if layer_done is not None and layer + 1 < m.n_layer:
         layer_done(layer + 1)
     datt, mask = _btc(A["datt"], B, T), _mask(A, A.get("doc_start"))
-    K.attention_backward(dq, dk, dv, datt, q, k, v, _btc(att, B, T), A["att_lse"][layer], H, **mask)
-    if m.block == "modern":
-        K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
+    qkrope = {"qkrope": (A["qk_rstd"][layer], A["rope"])} if m.block == "modern" else {}  # dq, dk: w.r.t. its input
+    K.attention_backward(dq, dk, dv, datt, q, k, v, _btc(att, B, T), A["att_lse"][layer], H, **mask, **qkrope)
     if (ve := params.value_embed(m, layer)) is not None:
         K.embedding_backward(G[ve], None, dv, tokens, sorted_before=layer < m.n_layer - 1)
     K.linear_backward(A["dln"], G[h + "w_qkv"], A["dqkv"], A["ln1"][layer], P[h + "w_qkv"])
