@@ -25,9 +25,9 @@ Nothing here computes: every line is one op pair's forward or backward (or a zer
 activation-gradient buffer that a backward adds into, or a copy of a stream or gradient a skip connection keeps for
 later: model.skips, `modern_block` and `_modern_backward`). Weight gradients are always added (+=: they accumulate
 over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
-input gradients, attention's dq, dk, dv, which the modern block's QK-norm and rotary backward then rewrite in
-place) and added where several ops contribute (dresid) and by the loss head's pair, whose backward adds d lnf (one
-zeroing of an (N, C) buffer a micro-batch).
+input gradients, attention's dq, dk, dv, which in the modern block are the gradients w.r.t. the QK-norm and
+rotary op's input: that op's backward runs inside attention's) and added where several ops contribute (dresid) and
+by the loss head's pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
 w_v (adjacent in the canonical order: engine/params.py), so the three projections share one call, and in fp8 one
 cast of their input and one input-gradient GEMM. `K` is the backend (engine/backend.py): the NumPy reference or
@@ -358,7 +358,7 @@ def _modern_backward(
     layer_done: Callable[[int], None] | None,
 ) -> None:
     """modern_block's calls reversed: the MLP's pair (ReLU^2 between its linears), attention's q and k through
-    the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
+    the QK-norm and rotary backward (inside attention's) before the QKV linear's, and the embedding's RMSNorm before
     the embedding's. A skip's add passes its gradient through to the receiving layer's input (dresid goes on down
     unchanged); that gradient waits (`_skip_grad`) until dresid is the gradient of the kept stream, after layer j,
     where the skip pair's backward adds skip_w[j] times it into dresid and sums skip_w[j]'s gradient."""
