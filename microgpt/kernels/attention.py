@@ -713,9 +713,9 @@ def attention_backward(
     interpreter: the first): "fused", qkrope's backward in k_attention_bwd's dq and dk epilogues (head sizes that
     fill their tile, hs == _bd(hs), only); "pass", the kernel without it, then kernels/qkrope.py's pass over dq, dk.
     The fused epilogue rounds each tile's sum to dq's dtype before the qkrope backward, as the pass reads it, and then
-    runs the same function (norm_rotate_row_bwd); its sums over a head's lanes follow the tile's layout rather than
-    the pass's, so the two ways may differ in the last bit: the step's bits follow the recorded choice, as every
-    tuned way's do."""
+    runs the same function (norm_rotate_row_bwd): the interpreter gives the two ways' same bits (tested), but on a GPU
+    the sums over a head's lanes follow each kernel's tile layout, so the ways may differ in the last bit there (not
+    bit for bit by construction): the step's bits follow the recorded choice, as every tuned way's do."""
     B, T, C = q.shape
     HS = C // n_head
     BMD = 16 if INTERPRET else 64

@@ -13,7 +13,7 @@ from microgpt.ops import attention as ref
 from microgpt.ops import qkrope as ref_qkrope
 from tests.ops.test_attention import torch_qkrope_reference
 
-from ._kutil import DEVICE, DTYPES, TOL, TUNER, check, compare, h, rounded, t
+from ._kutil import DEVICE, DTYPES, ON_GPU, TOL, TUNER, check, compare, h, rounded, t
 
 # (B, T, C, NH): hs = 12 (padded to 16 lanes), 16, 4; T not a multiple of the tiles; T = 1; hs = 128 (the modern
 # block's head size: ANDREA-120M modern has 6 heads of 128) over several tiles of rows and keys
@@ -224,7 +224,9 @@ def _backward(case: dict, dtype: torch.dtype, tuner: tuning.Tuner) -> dict[str, 
 def test_attention_backward_through_qkrope(B, T, H, D, window, docs, dtype, tmp_path, monkeypatch) -> None:
     """With qkrope=(rstd, rope), the interpreter's way (the fused epilogue where the head fills the tile) against the
     NumPy op and against autograd of attention over qkrope; then the pass way (attention, then kernels/qkrope.py's
-    pass), forced as MICROGPT_ATTENTION_QKROPE forces it on a GPU, against the first: the same to within rounding."""
+    pass), forced as MICROGPT_ATTENTION_QKROPE forces it on a GPU, against the first: the same bits in the interpreter
+    (the epilogue rounds each tile as the pass reads it, and the interpreter's sums over a head's lanes run in one
+    order either way), the same to within rounding on a GPU (there the sums' order follows each kernel's layout)."""
     case = _qkrope_case(B, T, H, D, window, docs, dtype)
     first = _backward(case, dtype, TUNER)
     for n, x in first.items():
@@ -239,6 +241,7 @@ def test_attention_backward_through_qkrope(B, T, H, D, window, docs, dtype, tmp_
     assert passes == [1]
     for n, x in second.items():
         check(n, h(x), h(first[n]), TOL[dtype])
+        assert ON_GPU or torch.equal(x, first[n]), n
     assert torch.equal(second["dv"], first["dv"])  # dv: the same kernel's, untouched by either way
 
 
