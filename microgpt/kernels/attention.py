@@ -341,13 +341,19 @@ def _halves(x, BR: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def _qkrope_tile(g, y, rstd_ptr, rope_ptr, which, bh, rows, T, NH, HS, TR, BR: tl.constexpr, BD: tl.constexpr):
+def _qkrope_tile(
+    g, y_ptr, rstd_ptr, rope_ptr, which, bh, base, rows, T, C, NH, HS, TR, BR: tl.constexpr, BD: tl.constexpr
+):
     # The qkrope backward (kernels/qkrope.py norm_rotate_row_bwd) of BR rows of one head: g (BR, BD) fp32 the gradient
-    # reaching qkrope's output (q's: which 0, k's: 1), y (BR, BD) that output as loaded, rows (BR,) their positions
-    # (clamped to T - 1: the rows past T are never stored); rstd (2, B*T, NH) fp32, rope (2, TR, HS/2) fp32; BD == HS.
-    # Returns the gradient reaching qkrope's input, (BR, BD) fp32.
+    # reaching qkrope's output (q's: which 0, k's: 1), y that output (q or k at y_ptr + base, read again by halves
+    # rather than split from the loop's operand tile: fewer registers live), rows (BR,) their positions, clamped to
+    # T - 1 (the rows past T are never stored); rstd (2, B*T, NH) fp32, rope (2, TR, HS/2) fp32; BD == HS. Returns the
+    # gradient reaching qkrope's input, (BR, BD) fp32.
     g1, g2 = _halves(g, BR, BD)
-    y1, y2 = _halves(y.to(tl.float32), BR, BD)
+    half = tl.arange(0, BD // 2)
+    y_off = base + rows[:, None] * C + half[None, :]
+    y1 = tl.load(y_ptr + y_off).to(tl.float32)
+    y2 = tl.load(y_ptr + y_off + BD // 2).to(tl.float32)
     b = (bh // NH).to(tl.int64)
     rstd = tl.load(rstd_ptr + ((which * (tl.num_programs(1) // NH) + b) * T + rows) * NH + bh % NH)
     c, s = rope_row(rope_ptr, rows[:, None], HS, TR, BD // 2)
@@ -508,14 +514,16 @@ def k_attention_bwd(
                 DOC,
             )
         dk = dk * sm_scale
-        if QKROPE:
+        if QKROPE:  # dv first: its registers are free for the epilogue's
+            tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
             rows = tl.minimum(offs_n, T - 1)
             dk = _qkrope_tile(
-                dk.to(dk_ptr.dtype.element_ty).to(tl.float32), k, rstd_ptr, rope_ptr, 1, bh, rows, T, NH, HS, TR,
-                BN1, BD,
+                dk.to(dk_ptr.dtype.element_ty).to(tl.float32), k_ptr, rstd_ptr, rope_ptr, 1, bh, base, rows, T, C, NH,
+                HS, TR, BN1, BD,
             )  # fmt: skip
         tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+        if not QKROPE:
+            tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
         start_m = (tl.num_programs(0) - 1 - pid) * BM2  # the last rows (the longest loops) first, as dk/dv
         offs_m = start_m + tl.arange(0, BM2)
@@ -570,8 +578,8 @@ def k_attention_bwd(
         if QKROPE:
             rows = tl.minimum(offs_m, T - 1)
             dq = _qkrope_tile(
-                dq.to(dq_ptr.dtype.element_ty).to(tl.float32), q, rstd_ptr, rope_ptr, 0, bh, rows, T, NH, HS, TR,
-                BM2, BD,
+                dq.to(dq_ptr.dtype.element_ty).to(tl.float32), q_ptr, rstd_ptr, rope_ptr, 0, bh, base, rows, T, C, NH,
+                HS, TR, BM2, BD,
             )  # fmt: skip
         tl.store(dq_ptr + q_off, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
 
