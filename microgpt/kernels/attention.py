@@ -23,14 +23,15 @@ the next document's start), which a binary search over doc_start finds; the rows
 unmasked, those past them masked. Without either buffer the kernels are the causal ones, bit for bit.
 
 The modern block's q and k are qkrope's outputs, and its backward is attention's then qkrope's (ops/attention.py
-`qkrope`). Every dq tile and every dk tile ends in one program with the whole tile in fp32 registers beside the q or
-k tile it loaded, which is qkrope's output y for those rows: with the constexpr QKROPE, that program rounds its tile
-to dq's dtype (what the unfused pass would read back), applies qkrope's backward row by row (each row's rstd, its
-position's cos and sin, the halves of the head paired by a reshape in registers: kernels/qkrope.py
-norm_rotate_row_bwd, the pass's own function) and stores the gradient w.r.t. qkrope's input, so the pass over dq, dk
-(reading y and g, rewriting g) goes. It needs the head's lanes to fill the tile (hs a power of two, 16 or more: the
-modern block's 128). Fused or attention then the pass is a choice the warm-up times (table attention_qkrope); with
-QKROPE off (the GPT-2 block, the pass way) the kernel computes what it did without the flag.
+`qkrope`). Every dq tile and every dk tile ends in one program with the whole tile in fp32 registers, and that
+program has just read the same rows of q or k, qkrope's output y: with the constexpr QKROPE, it rounds its tile to
+dq's dtype (what the unfused pass would read back), applies qkrope's backward row by row (each row's rstd, its
+position's cos and sin, the tile's halves paired by a reshape in registers, y's halves read again from L2 rather
+than kept live through the loop; kernels/qkrope.py norm_rotate_row_bwd, the pass's own function) and stores the
+gradient w.r.t. qkrope's input, so the pass over dq, dk (reading y and g, rewriting g) goes. It needs the head's
+lanes to fill the tile (hs a power of two, 16 or more: the modern block's 128). Fused, or attention then the pass,
+is a choice the warm-up times (table attention_qkrope, its tiles timed apart: key suffix ":qkrope"); with QKROPE off
+(the GPT-2 block, the pass way) the kernel computes what it did without the flag, in the same order.
 
 attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer, ops/attention.py says what it
 computes): queries at positions pos .. pos + t - 1 against the KV cache's keys and values of positions 0 .. pos +
@@ -42,6 +43,7 @@ programs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -640,7 +642,8 @@ def _launch(
     configs_, first = configs(half, HS)
     order = [first, *(i for i in range(len(configs_)) if i != first)]
     candidates = {str(i): (configs_[i],) for i in order}  # named by index; the first is the default
-    key = f"{T}:{HS}:{dtype}" + (":bounded" if bounded else "") + variant  # a window or documents: other tiles
+    # a window or documents (bounded), or a variant of the kernel: other tiles may win
+    key = f"{T}:{HS}:{dtype}" + (":bounded" if bounded else "") + variant
     tuner.launch(f"attention_{half}", key, candidates, lambda cfg: lambda: launch(cfg))
 
 
@@ -772,7 +775,7 @@ def attention_backward(
         return
     kqkrope.check_views(n_head, q, k, dq, dk)
 
-    def make(way: str):
+    def make(way: str) -> Callable[[], None]:
         if way == "fused":
             return lambda: attention(True)
 
