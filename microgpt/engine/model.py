@@ -25,9 +25,9 @@ Nothing here computes: every line is one op pair's forward or backward (or a zer
 activation-gradient buffer that a backward adds into, or a copy of a stream or gradient a skip connection keeps for
 later: model.skips, `modern_block` and `_modern_backward`). Weight gradients are always added (+=: they accumulate
 over micro-batches); an activation gradient is written by its one writer where it has one (the linear and MLP
-input gradients, attention's dq, dk, dv, which the modern block's QK-norm and rotary backward then rewrite in
-place) and added where several ops contribute (dresid) and by the loss head's pair, whose backward adds d lnf (one
-zeroing of an (N, C) buffer a micro-batch).
+input gradients, attention's dq, dk, dv, which in the modern block are the gradients w.r.t. the QK-norm and
+rotary op's input: that op's backward runs inside attention's) and added where several ops contribute (dresid) and
+by the loss head's pair, whose backward adds d lnf (one zeroing of an (N, C) buffer a micro-batch).
 The attention's input projection is one linear of three weights: P[h + "w_qkv"] is the (3, C, C) view of w_q, w_k,
 w_v (adjacent in the canonical order: engine/params.py), so the three projections share one call, and in fp8 one
 cast of their input and one input-gradient GEMM. `K` is the backend (engine/backend.py): the NumPy reference or
@@ -358,7 +358,7 @@ def _modern_backward(
     layer_done: Callable[[int], None] | None,
 ) -> None:
     """modern_block's calls reversed: the MLP's pair (ReLU^2 between its linears), attention's q and k through
-    the QK-norm and rotary backward (in place on dq, dk) before the QKV linear's, and the embedding's RMSNorm before
+    the QK-norm and rotary backward (inside attention's) before the QKV linear's, and the embedding's RMSNorm before
     the embedding's. A skip's add passes its gradient through to the receiving layer's input (dresid goes on down
     unchanged); that gradient waits (`_skip_grad`) until dresid is the gradient of the kept stream, after layer j,
     where the skip pair's backward adds skip_w[j] times it into dresid and sums skip_w[j]'s gradient."""
@@ -421,9 +421,10 @@ def _attention_backward(
 ) -> None:
     """The attention half of a layer's backward, both families': from dresid (the gradient reaching W_O's output) to
     the QKV projection's input gradient in dln, the block's calls from the QKV linear on reversed (the modern block's
-    QK-norm and rotary backward after attention's, in place on dq, dk; then a value embedding's, which dv reaches
-    unchanged; the first of those, layer L-1's, sorts the tokens for every later one and for the embedding's).
-    layer_done(layer + 1) just before the attention (gpt_backward says why)."""
+    QK-norm and rotary backward with attention's, one op: ops/attention.py `qkrope`, whose GPU kernel may run it in
+    its dq and dk epilogues; then a value embedding's, which dv reaches unchanged; the first of those, layer L-1's,
+    sorts the tokens for every later one and for the embedding's). layer_done(layer + 1) just before the attention
+    (gpt_backward says why)."""
     (B, T), h, H = tokens.shape, f"h{layer}.", m.n_head
     att = A["att"][layer]
     K.linear_backward(A["datt"], G[h + "w_o"], A["dresid"], att, P[h + "w_o"])
@@ -432,9 +433,8 @@ def _attention_backward(
     if layer_done is not None and layer + 1 < m.n_layer:
         layer_done(layer + 1)
     datt, mask = _btc(A["datt"], B, T), _mask(A, A.get("doc_start"))
-    K.attention_backward(dq, dk, dv, datt, q, k, v, _btc(att, B, T), A["att_lse"][layer], H, **mask)
-    if m.block == "modern":
-        K.qkrope_backward(dq, dk, q, k, A["qk_rstd"][layer], A["rope"], n_head=H)
+    qkrope = {"qkrope": (A["qk_rstd"][layer], A["rope"])} if m.block == "modern" else {}  # dq, dk: w.r.t. its input
+    K.attention_backward(dq, dk, dv, datt, q, k, v, _btc(att, B, T), A["att_lse"][layer], H, **mask, **qkrope)
     if (ve := params.value_embed(m, layer)) is not None:
         K.embedding_backward(G[ve], None, dv, tokens, sorted_before=layer < m.n_layer - 1)
     K.linear_backward(A["dln"], G[h + "w_qkv"], A["dqkv"], A["ln1"][layer], P[h + "w_qkv"])

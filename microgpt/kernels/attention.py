@@ -22,6 +22,17 @@ before the diagonal are not. A key tile's rows (dk, dv) run from the tile to its
 the next document's start), which a binary search over doc_start finds; the rows that see the whole tile are
 unmasked, those past them masked. Without either buffer the kernels are the causal ones, bit for bit.
 
+The modern block's q and k are qkrope's outputs, and its backward is attention's then qkrope's (ops/attention.py
+`qkrope`). Every dq tile and every dk tile ends in one program with the whole tile in fp32 registers, and that
+program has just read the same rows of q or k, qkrope's output y: with the constexpr QKROPE, it rounds its tile to
+dq's dtype (what the unfused pass would read back), applies qkrope's backward row by row (each row's rstd, its
+position's cos and sin, the tile's halves paired by a reshape in registers, y's halves read again from L2 rather
+than kept live through the loop; kernels/qkrope.py norm_rotate_row_bwd, the pass's own function) and stores the
+gradient w.r.t. qkrope's input, so the pass over dq, dk (reading y and g, rewriting g) goes. It needs the head's
+lanes to fill the tile (hs a power of two, 16 or more: the modern block's 128). Fused, or attention then the pass,
+is a choice the warm-up times (table attention_qkrope, its tiles timed apart: key suffix ":qkrope"); with QKROPE off
+(the GPT-2 block, the pass way) the kernel computes what it did without the flag, in the same order.
+
 attention_forward_cached is the inference step's (microgpt/engine/model.py gpt_infer, ops/attention.py says what it
 computes): queries at positions pos .. pos + t - 1 against the KV cache's keys and values of positions 0 .. pos +
 t - 1, one program per (sequence, head, block of queries) over the cached keys with the same online softmax. It is
@@ -32,11 +43,14 @@ programs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
+from microgpt.kernels import qkrope as kqkrope
+from microgpt.kernels.qkrope import norm_rotate_row_bwd, rope_row
 from microgpt.kernels.tuning import INTERPRET, Tuner
 
 LOG2E = 1.4426950408889634
@@ -323,6 +337,33 @@ def _doc_end(ds_ptr, ds_row, j, T, SEARCH):
 
 
 @triton.jit
+def _halves(x, BR: tl.constexpr, BD: tl.constexpr):
+    # (BR, BD) -> its (BR, BD/2) halves, lanes [0, BD/2) and [BD/2, BD), in registers
+    return tl.split(tl.permute(tl.reshape(x, (BR, 2, BD // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _qkrope_tile(
+    g, y_ptr, rstd_ptr, rope_ptr, which, bh, base, rows, T, C, NH, HS, TR, BR: tl.constexpr, BD: tl.constexpr
+):
+    # The qkrope backward (kernels/qkrope.py norm_rotate_row_bwd) of BR rows of one head: g (BR, BD) fp32 the gradient
+    # reaching qkrope's output (q's: which 0, k's: 1), y that output (q or k at y_ptr + base, read again by halves
+    # rather than split from the loop's operand tile: fewer registers live), rows (BR,) their positions, clamped to
+    # T - 1 (the rows past T are never stored); rstd (2, B*T, NH) fp32, rope (2, TR, HS/2) fp32; BD == HS. Returns the
+    # gradient reaching qkrope's input, (BR, BD) fp32.
+    g1, g2 = _halves(g, BR, BD)
+    half = tl.arange(0, BD // 2)
+    y_off = base + rows[:, None] * C + half[None, :]
+    y1 = tl.load(y_ptr + y_off).to(tl.float32)
+    y2 = tl.load(y_ptr + y_off + BD // 2).to(tl.float32)
+    b = (bh // NH).to(tl.int64)
+    rstd = tl.load(rstd_ptr + ((which * (tl.num_programs(1) // NH) + b) * T + rows) * NH + bh % NH)
+    c, s = rope_row(rope_ptr, rows[:, None], HS, TR, BD // 2)
+    d1, d2 = norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c, s, HS)
+    return tl.reshape(tl.permute(tl.join(d1, d2), (0, 2, 1)), (BR, BD))
+
+
+@triton.jit
 def k_attention_bwd(
     dq_ptr,
     dk_ptr,
@@ -335,11 +376,14 @@ def k_attention_bwd(
     delta_ptr,
     win_ptr,
     ds_ptr,
+    rstd_ptr,
+    rope_ptr,
     T,
     C,
     NH,
     HS,
     sds,
+    TR,
     SEARCH,
     qk_scale,
     sm_scale,
@@ -351,8 +395,11 @@ def k_attention_bwd(
     IEEE: tl.constexpr,
     WINDOW: tl.constexpr,
     DOC: tl.constexpr,
+    QKROPE: tl.constexpr,
 ):
-    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32; win, ds as k_attention_fwd's
+    # dq, dk, dv, q, k, v, dout: (B, T, C); lse, delta: (B, NH, T) fp32; win, ds as k_attention_fwd's; with QKROPE
+    # (BD == HS), rstd (2, B*T, NH) fp32 and rope (2, TR, HS/2) fp32: q, k are qkrope's outputs, and dq, dk are stored
+    # as the gradients w.r.t. its input (rounded to their dtype first, as the unfused pass reads them)
     # programs [0, cdiv(T, BN1)) own dk/dv tiles, the rest own dq tiles; BN1 % BM1 == 0 and BM2 % BN2 == 0
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -468,8 +515,17 @@ def k_attention_bwd(
                 WINDOW,
                 DOC,
             )
-        tl.store(dk_ptr + kv_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+        dk = dk * sm_scale
+        if QKROPE:  # dv first: its registers are free for the epilogue's
+            tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+            rows = tl.minimum(offs_n, T - 1)
+            dk = _qkrope_tile(
+                dk.to(dk_ptr.dtype.element_ty).to(tl.float32), k_ptr, rstd_ptr, rope_ptr, 1, bh, base, rows, T, C, NH,
+                HS, TR, BN1, BD,
+            )  # fmt: skip
+        tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+        if not QKROPE:
+            tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
     else:
         start_m = (tl.num_programs(0) - 1 - pid) * BM2  # the last rows (the longest loops) first, as dk/dv
         offs_m = start_m + tl.arange(0, BM2)
@@ -520,7 +576,14 @@ def k_attention_bwd(
             BD,
             IEEE,
         )
-        tl.store(dq_ptr + q_off, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+        dq = dq * sm_scale
+        if QKROPE:
+            rows = tl.minimum(offs_m, T - 1)
+            dq = _qkrope_tile(
+                dq.to(dq_ptr.dtype.element_ty).to(tl.float32), q_ptr, rstd_ptr, rope_ptr, 0, bh, base, rows, T, C, NH,
+                HS, TR, BM2, BD,
+            )  # fmt: skip
+        tl.store(dq_ptr + q_off, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
 def _cfg(num_warps: int, num_stages: int, **meta: int) -> dict:
@@ -566,18 +629,21 @@ def configs(half: str, HS: int) -> tuple[list[dict], int]:
     return (FWD_CONFIGS_D128 if half == "fwd" else BWD_CONFIGS_D128), 0
 
 
-def _launch(half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner, bounded: bool = False) -> None:
+def _launch(
+    half: str, dtype: torch.dtype, T: int, HS: int, launch, tuner: Tuner, bounded: bool = False, variant: str = ""
+) -> None:
     """launch(config) for one half under the config of this dtype and (T, hs): fixed in fp32 and the interpreter,
     else the fastest that fits the device, timed once inside the tuning window (on the warm-up step's buffers) and
     cached on disk (tuning.py; the candidates are named by their index in `configs(half, HS)`, the default
-    first)."""
+    first). variant: a suffix of the key for a kernel variant whose tiles are timed apart (":qkrope")."""
     if INTERPRET or dtype == torch.float32:
         launch(FIXED["interpret" if INTERPRET else "fp32"][half == "bwd"])
         return
     configs_, first = configs(half, HS)
     order = [first, *(i for i in range(len(configs_)) if i != first)]
     candidates = {str(i): (configs_[i],) for i in order}  # named by index; the first is the default
-    key = f"{T}:{HS}:{dtype}" + (":bounded" if bounded else "")  # a window or documents: other tiles may win
+    # a window or documents (bounded), or a variant of the kernel: other tiles may win
+    key = f"{T}:{HS}:{dtype}" + (":bounded" if bounded else "") + variant
     tuner.launch(f"attention_{half}", key, candidates, lambda cfg: lambda: launch(cfg))
 
 
@@ -650,15 +716,26 @@ def attention_backward(
     tuner: Tuner,
     window: torch.Tensor | None = None,
     doc_start: torch.Tensor | None = None,
+    qkrope: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """delta: fp32 scratch of at least B*NH*T elements; window, doc_start: the forward's."""
+    """delta: fp32 scratch of at least B*NH*T elements; window, doc_start: the forward's. qkrope (rstd (2, B*T, NH),
+    rope (2, T', hs/2) fp32): q, k are the qkrope op's outputs and dq, dk come out as the gradients w.r.t. its input
+    (ops/attention.py), by the way the warm-up timed fastest for this shape (outside it, untimed, and in the
+    interpreter: the first): "fused", qkrope's backward in k_attention_bwd's dq and dk epilogues (head sizes that
+    fill their tile, hs == _bd(hs), only); "pass", the kernel without it, then kernels/qkrope.py's pass over dq, dk.
+    The fused epilogue rounds each tile's sum to dq's dtype before the qkrope backward, as the pass reads it, and then
+    runs the same function (norm_rotate_row_bwd): the interpreter gives the two ways' same bits (tested), but on a GPU
+    the sums over a head's lanes follow each kernel's tile layout, so the ways may differ in the last bit there (not
+    bit for bit by construction): the step's bits follow the recorded choice, as every tuned way's do."""
     B, T, C = q.shape
     HS = C // n_head
     BMD = 16 if INTERPRET else 64
     k_attention_bwd_delta[(triton.cdiv(T, BMD), B * n_head)](delta, out, dout, T, C, n_head, HS, BM=BMD, BD=_bd(HS))
     (win, ds, sds), flags = _mask_args(q, window, doc_start)
+    bounded = window is not None or doc_start is not None
+    rstd, rope = qkrope if qkrope is not None else (q, q)  # q stands in for what is not given: never read
 
-    def launch(meta: dict) -> None:
+    def launch(meta: dict, fused: bool) -> None:
         k_attention_bwd[(triton.cdiv(T, meta["BN1"]) + triton.cdiv(T, meta["BM2"]), B * n_head)](
             dq,
             dk,
@@ -671,21 +748,46 @@ def attention_backward(
             delta,
             win,
             ds,
+            rstd,
+            rope,
             T,
             C,
             n_head,
             HS,
             sds,
+            rope.shape[1] if fused else T,
             T.bit_length(),
             LOG2E / math.sqrt(HS),
             1.0 / math.sqrt(HS),
             BD=_bd(HS),
             IEEE=q.dtype == torch.float32,
+            QKROPE=fused,
             **flags,
             **meta,
         )
 
-    _launch("bwd", q.dtype, T, HS, launch, tuner, window is not None or doc_start is not None)
+    def attention(fused: bool) -> None:
+        variant = ":qkrope" if fused else ""
+        _launch("bwd", q.dtype, T, HS, lambda meta: launch(meta, fused), tuner, bounded, variant)
+
+    if qkrope is None:
+        attention(False)
+        return
+    kqkrope.check_views(n_head, q, k, dq, dk)
+
+    def make(way: str) -> Callable[[], None]:
+        if way == "fused":
+            return lambda: attention(True)
+
+        def attention_then_pass() -> None:
+            attention(False)
+            kqkrope.qkrope_backward(dq, dk, q, k, rstd, rope, n_head=n_head)
+
+        return attention_then_pass
+
+    ways = {"fused": ("fused",), "pass": ("pass",)} if _bd(HS) == HS else {"pass": ("pass",)}
+    key = f"{T}:{n_head}x{HS}:{q.dtype}" + (":bounded" if bounded else "")
+    tuner.launch("attention_qkrope", key, ways, make)
 
 
 @triton.jit

@@ -36,12 +36,14 @@ def norm_rotate_row(x1, x2, c, s, D, eps):
 
 @triton.jit
 def norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c, s, D):
-    # g: the gradient reaching y; y: the forward's output; rstd (BH,); returns the gradient reaching x
+    # g: the gradient reaching y; y: the forward's output, both (R, BD2) fp32 halves of R heads (or R rows of one
+    # head); rstd (R,); c, s: cos and sin broadcast against them ((1, BD2): one row's, or (R, BD2): each row its own
+    # position, as attention's backward epilogue has them); returns the gradient reaching x
     w = 1.0 / (c * c + s * s)  # the fp32 tables' cos^2 + sin^2, 1 to within rounding: R^-1 = R^T / w
-    x1 = (y1 * c[None, :] + y2 * s[None, :]) * w[None, :]
-    x2 = (y2 * c[None, :] - y1 * s[None, :]) * w[None, :]
-    h1 = g1 * c[None, :] + g2 * s[None, :]
-    h2 = g2 * c[None, :] - g1 * s[None, :]
+    x1 = (y1 * c + y2 * s) * w
+    x2 = (y2 * c - y1 * s) * w
+    h1 = g1 * c + g2 * s
+    h2 = g2 * c - g1 * s
     m = (tl.sum(h1 * x1, axis=1) + tl.sum(h2 * x2, axis=1)) / D
     return (h1 - x1 * m[:, None]) * rstd[:, None], (h2 - x2 * m[:, None]) * rstd[:, None]
 
@@ -57,7 +59,8 @@ def row_offsets(H, D, BH: tl.constexpr, BD2: tl.constexpr):
 
 @triton.jit
 def rope_row(rope_ptr, p, D, T, BD2: tl.constexpr):
-    # (BD2,) fp32 cos and sin of position p from rope (2, T, D/2); masked lanes: no rotation (cos^2 + sin^2 = 1)
+    # (BD2,) fp32 cos and sin of position p from rope (2, T, D/2) (p (R, 1): (R, BD2), a position a row); masked
+    # lanes: no rotation (cos^2 + sin^2 = 1)
     half = D // 2
     lanes = tl.arange(0, BD2)
     tab = rope_ptr + p * half + lanes
@@ -135,7 +138,7 @@ def k_qkrope_bwd(
         g1 = tl.load(g_row + off, mask=mask, other=0.0).to(tl.float32)
         g2 = tl.load(g_row + half + off, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + (which * N + n) * H + heads, mask=heads < H, other=0.0)
-        d1, d2 = norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c, s, D)
+        d1, d2 = norm_rotate_row_bwd(g1, g2, y1, y2, rstd, c[None, :], s[None, :], D)
         tl.store(g_row + off, d1.to(g_row.dtype.element_ty), mask=mask)
         tl.store(g_row + half + off, d2.to(g_row.dtype.element_ty), mask=mask)
 

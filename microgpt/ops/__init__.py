@@ -29,7 +29,9 @@ inputs, which the model folds into the residual stream's one gradient buffer (mi
 The modern block (model.block "modern", issue 46) adds three pairs: rmsnorm, its norm without a weight (with
 residual_rmsnorm_forward, the residual add fused in as layernorm's is), relu2, its MLP's activation, a pair of its
 own for now (relu2_backward turns the gradient in place, as GELU's backward does), and qkrope, the QK-norm and rotary
-embedding of q and k, in place between the QKV linear and attention. Its embedding is the embedding pair
+embedding of q and k, in place between the QKV linear and attention (the model runs its backward inside attention's,
+attention_backward's keyword `qkrope`, so that the GPU may fuse the two; qkrope_backward is the pair's own half, which
+that op calls or matches). Its embedding is the embedding pair
 without a position table (wpe None, and decode_embedding's likewise), and its loss head the crossentropy pair over its
 untied head with a logit soft-cap (keyword `softcap`, 0 for GPT-2's). Its value embeddings (model.value_embeds)
 are the embedding pair once more: embedding_add_forward adds a table's rows to a layer's values, and

@@ -23,6 +23,12 @@ Backward, with dO the head's slice of dout:
 dq, dk and dv are written, not added: attention is their one writer (the q, k, v projections read them), so
 nobody has to zero them first.
 
+The modern block's q and k are the qkrope op's outputs (ops/qkrope.py), and its backward is attention's composed
+with qkrope's: attention_backward with `qkrope=(rstd, rope)` (that op's saved statistics and its tables) returns in
+dq, dk the gradients w.r.t. qkrope's input, i.e. attention's dq, dk (as above) then qkrope_backward on them in place.
+One op, so that the GPU kernel may apply qkrope's per-row backward to each dq and dk tile while the tile is in its
+registers (kernels/attention.py) instead of a pass that reads y and g back and rewrites g.
+
 The reference loops over the batch and keeps the heads as a leading axis: memory is NH*T*T per
 batch element, not B*NH*T*T. Batch elements are independent, so the loop runs over ranges of them (ops/rows.py),
 on several threads where the backend has them.
@@ -51,6 +57,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from microgpt.ops.qkrope import qkrope_backward
 from microgpt.ops.rows import SERIAL, Rows
 
 
@@ -170,9 +177,11 @@ def attention_backward(
     rows: Rows = SERIAL,
     window: NDArray | None = None,
     doc_start: NDArray | None = None,
+    qkrope: tuple[NDArray, NDArray] | None = None,
 ) -> None:
     """dq, dk, dv (B,T,C) = gradients of attention (written), given dout (B,T,C); P is recomputed from lse. window,
-    doc_start: the forward's."""
+    doc_start: the forward's. qkrope (rstd (2,B*T,NH), rope (2,T',D/2)): q, k are the qkrope op's outputs, and dq, dk
+    the gradients w.r.t. its input (module docstring)."""
     hs = q.shape[2] // n_head
     scale = 1.0 / math.sqrt(hs)
     mask = _masks(q.shape[1], q.dtype, window, doc_start)
@@ -192,6 +201,8 @@ def attention_backward(
         _heads(dk[b], n_head)[...] = _mT(dp) @ qh
 
     _each(rows, one, q)
+    if qkrope is not None:
+        qkrope_backward(dq, dk, q, k, *qkrope, n_head=n_head, rows=rows)
 
 
 def attention_forward_cached(

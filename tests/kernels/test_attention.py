@@ -1,13 +1,19 @@
 """attention kernels (flash style: k_attention_fwd, k_attention_bwd_delta, k_attention_bwd) against the NumPy pair."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from microgpt.kernels import attention as ka
+from microgpt.kernels import qkrope as kq
+from microgpt.kernels import tuning
 from microgpt.ops import attention as ref
+from microgpt.ops import qkrope as ref_qkrope
+from tests.ops.test_attention import torch_qkrope_reference
 
-from ._kutil import DEVICE, DTYPES, TUNER, compare, rounded, t
+from ._kutil import DEVICE, DTYPES, ON_GPU, TOL, TUNER, check, compare, h, rounded, t
 
 # (B, T, C, NH): hs = 12 (padded to 16 lanes), 16, 4; T not a multiple of the tiles; T = 1; hs = 128 (the modern
 # block's head size: ANDREA-120M modern has 6 heads of 128) over several tiles of rows and keys
@@ -173,3 +179,100 @@ def test_a_window_over_scores_far_below_zero() -> None:
                          window=t(win))  # fmt: skip
     compare("out", gout, out, torch.float32)
     compare("lse", glse, lse, torch.float32)
+
+
+# (B, T, H, D, window, documents a row): odd T over several of the interpreter's tiles, heads of 16 (the smallest
+# tile), 32 and 128 (the modern block's), causal, with a window, with documents, with both; heads of 12, whose halves
+# do not fill the 16-lane tile: the pass way alone
+QKROPE = [(2, 37, 3, 16, None, 0), (1, 45, 2, 16, 7, 0), (2, 35, 1, 32, None, 3), (1, 33, 2, 128, 21, 2),
+          (1, 19, 2, 12, None, 0)]  # fmt: skip
+
+
+def _qkrope_case(B: int, T: int, H: int, D: int, window, docs: int, dtype: torch.dtype) -> dict:
+    """Attention over qkrope's outputs: autograd's gradients w.r.t. qkrope's input ("want"), the NumPy op's from the
+    outputs as the kernel sees them ("spec"), and the kernels' arguments ("args", "kw")."""
+    rng = np.random.default_rng(B * T * H + D + (window or 0) + docs)
+    C = H * D
+    inp = {n: rounded(rng.standard_normal((B, T, C)), dtype) for n in ("q", "k", "v", "dout")}
+    rope = ref_qkrope.rope_tables(T + 3, D)
+    win = None if window is None else np.array([window], np.int32)
+    doc = _doc_start(rng, B, T, docs) if docs else None
+    want = torch_qkrope_reference(inp, H, rope, window, doc)
+    y_q, y_k = (rounded(want[n].detach().numpy(), dtype) for n in ("y_q", "y_k"))
+    rstd = want["rstd"].detach().numpy().astype(np.float32)
+    out, lse = np.empty((B, T, C)), np.empty((B, H, T))
+    ref.attention_forward(out, lse, y_q, y_k, inp["v"], H, window=win, doc_start=doc)
+    spec = {n: np.empty((B, T, C)) for n in ("dq", "dk", "dv")}
+    mask = {"window": win, "doc_start": doc}
+    ref.attention_backward(*spec.values(), inp["dout"], y_q, y_k, inp["v"], out, lse, H, **mask, qkrope=(rstd, rope))
+    args = [t(x, dtype) for x in (inp["dout"], y_q, y_k, inp["v"], out)] + [t(lse.astype(np.float32)), H]
+    kw = {n: None if x is None else t(x) for n, x in mask.items()}
+    kw |= {"delta": torch.empty(B * H * T, device=DEVICE), "qkrope": (t(rstd), t(rope))}
+    return {"want": {n: want[n].detach().numpy() for n in spec}, "spec": spec, "args": args, "kw": kw}
+
+
+def _backward(case: dict, dtype: torch.dtype, tuner: tuning.Tuner) -> dict[str, torch.Tensor]:
+    """dq, dk, dv by the launcher (NaN first: every element must be stored)."""
+    shape = case["args"][0].shape
+    got = {n: torch.full(shape, float("nan"), dtype=dtype, device=DEVICE) for n in ("dq", "dk", "dv")}
+    ka.attention_backward(*got.values(), *case["args"], tuner=tuner, **case["kw"])
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,H,D,window,docs", QKROPE)
+def test_attention_backward_through_qkrope(B, T, H, D, window, docs, dtype, tmp_path, monkeypatch) -> None:
+    """With qkrope=(rstd, rope), the interpreter's way (the fused epilogue where the head fills the tile) against the
+    NumPy op and against autograd of attention over qkrope; then the pass way (attention, then kernels/qkrope.py's
+    pass), forced as MICROGPT_ATTENTION_QKROPE forces it on a GPU, against the first: the same bits in the interpreter
+    (the epilogue rounds each tile as the pass reads it, and the interpreter's sums over a head's lanes run in one
+    order either way), the same to within rounding on a GPU (there the sums' order follows each kernel's layout)."""
+    case = _qkrope_case(B, T, H, D, window, docs, dtype)
+    first = _backward(case, dtype, TUNER)
+    for n, x in first.items():
+        compare(n, x, case["spec"][n], dtype)
+        compare(n, x, case["want"][n], dtype)
+    monkeypatch.setenv("MICROGPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "INTERPRET", False)  # the tuner's interpreter shortcut off: the variable forces
+    monkeypatch.setenv("MICROGPT_ATTENTION_QKROPE", "pass")
+    passes = []
+    monkeypatch.setattr(kq, "qkrope_backward", lambda *a, k=kq.qkrope_backward, **kw: (passes.append(1), k(*a, **kw)))
+    second = _backward(case, dtype, tuning.Tuner("test-device"))
+    assert passes == [1]
+    for n, x in second.items():
+        check(n, h(x), h(first[n]), TOL[dtype])
+        assert ON_GPU or torch.equal(x, first[n]), n
+    assert torch.equal(second["dv"], first["dv"])  # dv: the same kernel's, untouched by either way
+
+
+@pytest.mark.parametrize("faster", ["fused", "pass"])
+def test_the_warm_up_chooses_each_qkrope_way(tmp_path, monkeypatch, faster: str) -> None:
+    """The launcher as the warm-up runs it (the interpreter's shortcut off, each way's time a stand-in figure): the
+    faster way is recorded in the device's cache and runs from then on, and dq, dk, dv match the NumPy op whichever
+    it is."""
+    monkeypatch.setenv("MICROGPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    tuner = tuning.Tuner("test-device")
+    figures = {"fused": 2.0, "pass": 2.0, faster: 1.0}
+    order = iter(["fused", "pass"])  # the ways are timed in order
+
+    def timed(fn) -> float:
+        fn()
+        return figures[next(order)]
+
+    monkeypatch.setattr(tuner, "_time", timed)
+    passes = []
+    monkeypatch.setattr(kq, "qkrope_backward", lambda *a, k=kq.qkrope_backward, **kw: (passes.append(1), k(*a, **kw)))
+    dtype = torch.float32  # one fixed tile configuration for attention itself: the ways alone are chosen
+    case = _qkrope_case(2, 37, 2, 16, 9, 2, dtype)
+    with tuner.window():
+        got = _backward(case, dtype, tuner)
+    assert json.loads(tuner.path.read_text())["attention_qkrope"] == {"37:2x16:torch.float32:bounded": faster}
+    assert len(passes) == 1 + (faster == "pass")  # both timed, then the choice run
+    for n, x in got.items():
+        compare(n, x, case["spec"][n], dtype)
+    passes.clear()
+    got = _backward(case, dtype, tuner)  # outside the window: the recorded way alone
+    assert len(passes) == (faster == "pass")
+    for n, x in got.items():
+        compare(n, x, case["spec"][n], dtype)

@@ -1,7 +1,7 @@
 """On the GPU, at the modern block's ANDREA-120M shape (C 768, 6 heads of 128, T 1024): the qkrope kernels against the
 NumPy pair, decode_qkrope against the training forward (bit for bit), and attention at head size 128 (training
-forward and backward under every tile configuration the warm-up may choose, over the KV cache, flash-decoding)
-against float64 references.
+forward and backward under every tile configuration the warm-up may choose, the backward through qkrope by each of its
+ways, over the KV cache, flash-decoding) against float64 references.
 
 Run on the GPU machine: MICROGPT_TEST_GPU=1 python3 -m pytest -m gpu tests/kernels/test_gpu_modern.py
 Relative error ||got - ref|| / ||ref||: fp32 under 1e-5, bf16 under 1e-2 (the reference sees the same rounded
@@ -147,6 +147,60 @@ def test_attention_head_size_128_gpu(dtype, monkeypatch):
         dq2, dk2, dv2 = (torch.randn_like(q) for _ in range(3))
         ka.attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, NH, delta=delta, tuner=TUNER)
         assert torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2), f"config {i}: deterministic"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_through_qkrope_gpu(dtype, monkeypatch):
+    """The modern block's backward, attention's through qkrope's (kernels/attention.py qkrope=...), at 6 heads of 128
+    with a window and documents: each way (the fused epilogue, attention then the pass) forced, in bf16 under each tile
+    configuration the warm-up may choose, against float64 autograd of attention over qkrope; each deterministic, and
+    the two ways equal to within rounding (dv: the same bits)."""
+    torch.manual_seed(14)
+    b = 2
+    rope = torch.from_numpy(ref_qkrope.rope_tables(T, D)).cuda()
+    xq, xk, v, dout = (rnd(b, T, C, dtype=dtype, scale=1.5, shift=0.2) for _ in range(4))
+    lq, lk = (z.detach().double().requires_grad_(True) for z in (xq, xk))
+    cos, sin = (rope[i].double().repeat(1, 2)[None, :, None, :] for i in (0, 1))
+
+    def normed_rotated(x):
+        xh = x.view(b, T, NH, D)
+        xh = xh * torch.rsqrt(xh.pow(2).mean(-1, keepdim=True) + kq.EPS)
+        half = torch.cat([-xh[..., D // 2 :], xh[..., : D // 2]], -1)
+        return (xh * cos + half * sin).reshape(b, T, C)
+
+    window, ds = 300, torch.zeros(b, T, dtype=torch.int32, device="cuda")
+    ds[:, 400:] = 400  # a document starts at 400 in every row
+    i, j = torch.arange(T, device="cuda")[:, None], torch.arange(T, device="cuda")[None, :]
+    hidden = (j > i) | (i - j >= window) | (j < ds[:, :, None].long())
+    yq, yk = normed_rotated(lq), normed_rotated(lk)
+    rv = v.detach().double().requires_grad_(True)
+    qh, kh, vh = (z.view(b, T, NH, D).transpose(1, 2) for z in (yq, yk, rv))
+    sc = ((qh @ kh.transpose(-1, -2)) / math.sqrt(D)).masked_fill(hidden[:, None], float("-inf"))
+    ((torch.softmax(sc, -1) @ vh).transpose(1, 2).reshape(b, T, C) * dout.double()).sum().backward()
+    q, k = xq.clone(), xk.clone()
+    rstd = torch.empty(2, b * T, NH, device="cuda")
+    kq.qkrope_forward(q, k, rstd, rope, n_head=NH)
+    mask = {"window": torch.tensor([window], dtype=torch.int32, device="cuda"), "doc_start": ds}
+    out, lse, delta = torch.empty_like(q), torch.empty(b, NH, T, device="cuda"), torch.empty(b * NH * T, device="cuda")
+    ka.attention_forward(out, lse, q, k, v, NH, tuner=TUNER, **mask)
+    n_bwd = len(ka.configs("bwd", D)[0])
+    kw = {"delta": delta, "tuner": TUNER, "qkrope": (rstd, rope), **mask}
+    for c in range(n_bwd) if dtype == torch.bfloat16 else [None]:
+        if c is not None:
+            monkeypatch.setenv("MICROGPT_ATTENTION_BWD", str(c))
+        got = {}
+        for way in ("fused", "pass"):
+            monkeypatch.setenv("MICROGPT_ATTENTION_QKROPE", way)
+            runs = [[torch.randn_like(q) for _ in range(3)] for _ in range(2)]
+            for grads in runs:
+                ka.attention_backward(*grads, dout, q, k, v, out, lse, NH, **kw)
+            assert all(torch.equal(x, y) for x, y in zip(*runs)), f"config {c} {way}: deterministic"
+            for name, x, want in zip(("dq", "dk", "dv"), runs[0], (lq.grad, lk.grad, rv.grad)):
+                close(f"config {c} {way}: {name}", x, want, dtype)
+            got[way] = runs[0]
+        for name, a, p in zip(("dq", "dk"), got["fused"], got["pass"]):
+            close(f"config {c}: {name} fused against pass", a, p, dtype)
+        assert torch.equal(got["fused"][2], got["pass"][2]), f"config {c}: dv"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,6 +10,7 @@ import torch
 from microgpt.ops.attention import attention_backward, attention_forward, attention_forward_cached, doc_starts
 
 from ._util import F32_TOL, F64_TOL, check, check_outputs_and_added_grads, noise_like, tt
+from .test_qkrope import torch_qkrope
 
 # (B, T, C, NH): hs = 4, 1, 5, 6; T = 1 has a single unmasked key per row.
 SHAPES = [(3, 7, 12, 3), (1, 1, 4, 1), (2, 13, 10, 2), (2, 16, 24, 4), (1, 5, 3, 3)]
@@ -30,18 +31,38 @@ def torch_mask(T: int, window: int | None = None, doc: np.ndarray | None = None)
     return hidden[:, None]
 
 
-def torch_reference(inp: dict, n_head: int, window: int | None = None, doc: np.ndarray | None = None) -> dict:
-    q, k, v = tt(inp["q"]), tt(inp["k"]), tt(inp["v"])
+def torch_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int, window: int | None, doc: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B,T,C), lse (B,NH,T)) of an explicit masked softmax over q, k, v (B,T,C)."""
     B, T, C = q.shape
     hs = C // n_head
-    qh, kh, vh = (z.view(B, T, n_head, hs).transpose(1, 2) for z in (q, k, v))  # (B,NH,T,hs)
+    qh, kh, vh = (z.reshape(B, T, n_head, hs).transpose(1, 2) for z in (q, k, v))  # (B,NH,T,hs)
     scores = qh @ kh.transpose(-2, -1) / math.sqrt(hs)
     scores = scores.masked_fill(torch_mask(T, window, doc), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B,NH,T)
     att = torch.softmax(scores, dim=-1)
-    out = (att @ vh).transpose(1, 2).reshape(B, T, C)
+    return (att @ vh).transpose(1, 2).reshape(B, T, C), lse
+
+
+def torch_reference(inp: dict, n_head: int, window: int | None = None, doc: np.ndarray | None = None) -> dict:
+    q, k, v = tt(inp["q"]), tt(inp["k"]), tt(inp["v"])
+    out, lse = torch_attention(q, k, v, n_head, window, doc)
     (out * torch.from_numpy(inp["dout"])).sum().backward()
     return {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def torch_qkrope_reference(
+    inp: dict, n_head: int, rope: np.ndarray, window: int | None = None, doc: np.ndarray | None = None
+) -> dict:
+    """Attention over qkrope's outputs (inp's q, k its inputs), by autograd: the gradients w.r.t. qkrope's input in
+    dq, dk; its outputs y_q, y_k and statistics rstd (2, B*T, NH) for the op under test."""
+    xq, xk, v = tt(inp["q"]), tt(inp["k"]), tt(inp["v"])
+    (q, rq), (k, rk) = (torch_qkrope(x, rope, 0, n_head) for x in (xq, xk))
+    out, lse = torch_attention(q, k, v, n_head, window, doc)
+    (out * torch.from_numpy(inp["dout"])).sum().backward()
+    return {"y_q": q, "y_k": k, "rstd": torch.stack([rq, rk]), "out": out, "lse": lse, "dq": xq.grad, "dk": xk.grad,
+            "dv": v.grad}  # fmt: skip
 
 
 def run_numpy(inp: dict, n_head: int, dtype, grads: dict, **mask) -> dict:
@@ -163,3 +184,33 @@ def test_attention_cached_with_window_and_documents(pos, t, window, docs) -> Non
     )
     ref = torch_reference({"q": q_all, "k": k_all, "v": v_all, "dout": np.zeros((B, n, C))}, NH, window, doc)["out"]
     check("out", out, ref[:, pos:], F64_TOL)
+
+
+# (B, T, C, NH, window, documents a row): head sizes 4, 6 (odd halves: 3 lanes), 8; causal, a window, documents, both
+QKROPE = [(2, 7, 12, 3, None, 0), (1, 9, 6, 1, 3, 0), (2, 11, 16, 2, None, 2), (3, 5, 24, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("B,T,C,NH,window,docs", QKROPE)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, F64_TOL), (np.float32, F32_TOL)])
+def test_attention_backward_through_qkrope(B, T, C, NH, window, docs, dtype, tol) -> None:
+    """attention_backward with qkrope=(rstd, rope): dq, dk are the gradients w.r.t. qkrope's input (autograd of
+    attention over qkrope's outputs), dv attention's own."""
+    rng = np.random.default_rng(B * T + C + (window or 0) + docs)
+    inp = make_inputs(rng, B, T, C)
+    # random tables, 2 positions past T: R is then no rotation, and the backward must invert it all the same
+    rope = np.random.default_rng(0).standard_normal((2, T + 2, C // NH // 2)).astype(np.float32)
+    win = None if window is None else np.array([window], np.int32)
+    doc = doc_start_of(doc_tokens(rng, B, T, docs)) if docs else None
+    want = torch_qkrope_reference(inp, NH, rope, window, doc)
+    y_q, y_k = (want[n].detach().numpy().astype(dtype) for n in ("y_q", "y_k"))
+    rstd = want["rstd"].detach().numpy().astype(dtype)
+    v, dout = inp["v"].astype(dtype), inp["dout"].astype(dtype)
+    out, lse = np.empty((B, T, C), dtype), np.empty((B, NH, T), dtype)
+    attention_forward(out, lse, y_q, y_k, v, NH, window=win, doc_start=doc)
+    got = {n: np.full((B, T, C), np.nan, dtype) for n in ("dq", "dk", "dv")}
+    attention_backward(
+        got["dq"], got["dk"], got["dv"], dout, y_q, y_k, v, out, lse, NH, window=win, doc_start=doc,
+        qkrope=(rstd, rope),
+    )  # fmt: skip
+    for n in got:
+        check(n, got[n], want[n].detach().numpy(), tol)

@@ -225,9 +225,10 @@ def _tma_gemm_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
 
 
 def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue, bounded: bool = False) -> None:
-    """Attention's training forward and backward, and its forward over the cache, at the shape's head size; bounded:
-    also each with the modern block's window and document starts (model.attn_window, model.doc_mask; each alone
-    binds the constexprs WINDOW, DOC otherwise), and the document starts' scan."""
+    """Attention's training forward and backward, and its forward over the cache, at the shape's head size; bounded
+    (the modern block): also each with the window and document starts (model.attn_window, model.doc_mask; each alone
+    binds the constexprs WINDOW, DOC otherwise), the document starts' scan, and the backward through qkrope (its
+    ways: the kernel with qkrope's backward in its epilogues, QKROPE, and the kernel then qkrope's pass)."""
     B, T, C, NH, N = s.B, s.T, s.C, s.NH, s.B * s.T
     q, lse = e(B, T, C), e(B, NH, T, dt=torch.float32)
     masks = [{}]
@@ -239,6 +240,9 @@ def _attention_launches(s: Shape, e: Callable[..., torch.Tensor], cat: Catalogue
         attention.attention_forward(q, lse, q, q, q, NH, tuner=cat, **mask)
         delta = e(N * NH, dt=torch.float32)
         attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=delta, tuner=cat, **mask)
+        if bounded:
+            qkrope = (e(2, N, NH, dt=torch.float32), e(2, T, C // NH // 2, dt=torch.float32))  # rstd, rope
+            attention.attention_backward(q, q, q, q, q, q, q, q, lse, NH, delta=delta, tuner=cat, **mask, qkrope=qkrope)
         cached = {k: v[:, :1] if k == "doc_start" else v for k, v in mask.items()}
         attention.attention_forward_cached(e(B, 1, C), e(B, 1, C), q, q, T - 1, NH, **cached)
 
