@@ -11,6 +11,9 @@
 #   profile-modern: dev/profile_step.py --graph at PROFILE_MB (32) for GPT-2's step and the modern one in PRECISIONS
 #           (bf16): their kernels by part, a column each ($OUT/profile-parts.md)
 #   muon-repeat: dev/muon_repeat.py: which part of the GPU Muon step differs between identical runs ($OUT/muon_repeat.jsonl)
+#   epilogues: the fusions' ways timed as the warm-up times them: dev/mlp_epilogue_bench.py at EPI_MBS (32 8: the MLP's
+#           activation in our tiles, the TMA ones on sm_90) and dev/qkrope_epilogue_bench.py at EPI_MBS (QK-norm and
+#           rotary's backward in attention's); $OUT/mlp_epilogue.txt, $OUT/qkrope_epilogue.txt
 #   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz.00, .01, ... (15 MB parts, each
 #           under the 16 MB a returned file may have; kept under 48 MB in all), and back from the parts copied into a
 #           carried .gpu-cache/, so that the next call on a fresh machine starts warm
@@ -114,6 +117,9 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
     r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
     print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
            tail -3 "$OUT/serve.err" | cut -c1-400 ;;
+    epilogues) timeout 240 python3 dev/mlp_epilogue_bench.py ${EPI_MBS:-32 8} >"$OUT/mlp_epilogue.txt" 2>&1
+               timeout 240 python3 dev/qkrope_epilogue_bench.py ${EPI_MBS:-32 8} >"$OUT/qkrope_epilogue.txt" 2>&1
+               tail -n 25 "$OUT/mlp_epilogue.txt" "$OUT/qkrope_epilogue.txt" | cut -c1-300 ;;
     muon-repeat) timeout 240 python3 dev/muon_repeat.py 2>&1 | tee "$OUT/muon_repeat.jsonl" | cut -c1-600 ;;
     cache-load) ls .gpu-cache/caches.tgz.* >/dev/null 2>&1 && cat .gpu-cache/caches.tgz.* | tar -xzf - && du -sh .cache ;;
     cache-save) tar -czf - .cache | split -b 15M -d - "$OUT/caches.tgz." && ls -l "$OUT"/caches.tgz.* \
@@ -226,7 +232,7 @@ print(table([json.loads(line) for line in open(sys.argv[1])]))' "$OUT/modern-ben
     repro) timeout ${REPRO_TIMEOUT:-590} python3 dev/repro_table.py ${REPRO:-12m 120m 12m-modern 120m-modern} \
              2>"$OUT/repro.err" | tee -a "$OUT/repro.txt"
            tail -3 "$OUT/repro.err" | grep -iE "error|Traceback|exit" | cut -c1-400 ;;
-    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat cache-load cache-save profile-modern repro)" ;;
+    *) echo "unknown stage $s (tests bench decode serve train train16 profile sanitizer ab ab-dir capped ce-race repeat loss12 bench-mg bench-torch dp-agree dp-resume dp-speed dp-profile modern modern-bench modern-parity ttl muon-repeat epilogues cache-load cache-save profile-modern repro)" ;;
   esac
 done
 cp -f "$MICROGPT_CACHE"/*.json "$OUT/" 2>/dev/null
