@@ -10,12 +10,12 @@ since autograd runs the forward first.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
@@ -75,46 +75,15 @@ def main() -> None:
         print(f"{name:<12}{tf:>9.3f}{fwd_flops / tf / 1e9:>9.0f}{tb:>9.3f}{2.5 * fwd_flops / tb / 1e9:>9.0f}")
     for half in ("fwd", "bwd"):
         print(f"attention_{half} choices (config index):", tuner.choices(f"attention_{half}"))
-    print("backward by config (the tuner's candidates):")
-    for cfg in attention.BWD_CONFIGS:
-
-        def one(cfg: dict = cfg) -> None:
-            grid = (triton.cdiv(T, cfg["BN1"]) + triton.cdiv(T, cfg["BM2"]), B * H)
-            scale = hs**-0.5
-            attention.k_attention_bwd[grid](
-                dq,
-                dk,
-                dv,
-                q,
-                k,
-                v,
-                dout,
-                lse,
-                delta,
-                T,
-                C,
-                H,
-                hs,
-                attention.LOG2E * scale,
-                scale,
-                BD=64,
-                IEEE=False,
-                **cfg,
-            )
-
-        t = do_bench(one, rep=100)
-        print(f"  {cfg}: {t:.3f} ms, {2.5 * fwd_flops / t / 1e9:.0f} TFLOP/s (without the delta kernel)")
-    print("forward by config (the tuner's candidates):")
-    for cfg in attention.FWD_CONFIGS:
-
-        def one_fwd(cfg: dict = cfg) -> None:
-            grid = (triton.cdiv(T, cfg["BM"]), B * H)
-            attention.k_attention_fwd[grid](
-                out, lse, q, k, v, T, C, H, hs, attention.LOG2E * hs**-0.5, BD=64, IEEE=False, **cfg
-            )
-
-        t = do_bench(one_fwd, rep=100)
-        print(f"  {cfg}: {t:.3f} ms, {fwd_flops / t / 1e9:.0f} TFLOP/s")
+    # each candidate of the tuner's, forced through the launcher (MICROGPT_<TABLE>: no timing, no record), so the
+    # kernels run with the arguments the engine passes
+    for half, run, flops in (("bwd", ours_bwd, 2.5 * fwd_flops), ("fwd", ours_fwd, fwd_flops)):
+        print(f"attention_{half} by config (the tuner's candidates{', without the delta kernel' * (half == 'bwd')}):")
+        for i, cfg in enumerate(attention.configs(half, hs)[0]):
+            os.environ[f"MICROGPT_ATTENTION_{half.upper()}"] = str(i)
+            t = do_bench(run, rep=100)
+            print(f"  {i} {cfg}: {t:.3f} ms, {flops / t / 1e9:.0f} TFLOP/s")
+        del os.environ[f"MICROGPT_ATTENTION_{half.upper()}"]
 
 
 if __name__ == "__main__":
