@@ -15,6 +15,9 @@ launch configuration is the runtime's tuner's choice (`tuner`).
 The soft-cap is applied where the row kernels load the chunk's logits (the scratch keeps the GEMM's z until a lane
 overwrites it with its own gradient), as a constexpr SOFTCAP: at 0 (GPT-2) the kernels compile as they did without it.
 The gradient pass recomputes tanh(z / softcap) from z and multiplies by its slope 1 - tanh^2: nothing more is stored.
+z / softcap is taken as z times the constant 1 / softcap: one division an element fewer for the multi-function
+unit, which the capped rows' exponentials and tanh's division already keep busy; it rounds apart from NumPy's
+z / softcap by at most an ulp, inside the pair's tolerance.
 head_logits caps its logits in place after the GEMM (k_crossentropy_softcap, one elementwise pass).
 """
 
@@ -36,7 +39,7 @@ def _load_logits(ptr, cols, V, SOFTCAP: tl.constexpr):
     # a block of one row's logits in fp32, capped where SOFTCAP; -inf past V
     x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
     if SOFTCAP > 0:
-        x = tl.where(cols < V, SOFTCAP * tanh(x / SOFTCAP), float("-inf"))
+        x = tl.where(cols < V, SOFTCAP * tanh(x * (1.0 / SOFTCAP)), float("-inf"))
     return x
 
 
@@ -47,7 +50,7 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.con
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
         if SOFTCAP > 0:
-            t = tanh(x / SOFTCAP)
+            t = tanh(x * (1.0 / SOFTCAP))
             g = (tl.exp(SOFTCAP * t - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss * (1.0 - t * t)
         else:
             g = (tl.exp(x - lse) - tl.where(cols == tgt, 1.0, 0.0)) * dloss
@@ -127,7 +130,7 @@ def k_crossentropy_softcap(ptr, n, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(ptr + offs, mask=mask).to(tl.float32)
-    tl.store(ptr + offs, (SOFTCAP * tanh(x / SOFTCAP)).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + offs, (SOFTCAP * tanh(x * (1.0 / SOFTCAP))).to(ptr.dtype.element_ty), mask=mask)
 
 
 def _block_v(V: int, block: int = 4096) -> int:
