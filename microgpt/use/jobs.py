@@ -264,29 +264,57 @@ class Engine:
         """The tokens of one or more passes, in order ((rids, indices, tokens, codes, lps) each, as wire.py sends
         them): each choice's new ones appended, then each touched choice decoded once; a choice whose logprobs are
         asked once a pass (its chunks, and which of them carries which token's logprobs, are the same however far
-        behind this side is)."""
-        touched: dict[tuple[int, int], tuple[Job, Choice]] = {}
+        behind this side is). The tokens are grouped by choice as arrays, so the Python here is per choice a read,
+        not per token (a read behind the engine brings each stream several)."""
+        rid, index, token, code = (np.concatenate([np.frombuffer(p[k], np.int32) for p in passes]) for k in range(4))
+        if not rid.size:
+            return
+        order = np.argsort((rid.astype(np.int64) << 32) | index, kind="stable")  # by choice, each in pass order
+        rid, index, token, code = rid[order], index[order], token[order], code[order]
+        starts = np.flatnonzero(np.r_[True, (rid[1:] != rid[:-1]) | (index[1:] != index[:-1])])
+        drawn = np.add.reduceat(token >= 0, starts, dtype=np.int64).tolist()
+        text = (token >= 0) & (code != 1)  # a stop token is no text
+        ends = np.r_[np.cumsum(np.add.reduceat(text, starts, dtype=np.int64)), 0]  # choice g's text: kept[ends[g-1]:]
+        kept, last = token[text].tolist(), code[np.r_[starts[1:], rid.size] - 1].tolist()
+        touched, scored = [], False
+        for g, (r, i) in enumerate(zip(rid[starts].tolist(), index[starts].tolist())):
+            job = self.jobs.get(r)
+            if job is None or job.choices[i].finish is not None:
+                continue  # released, or ended here (a stop string) before the engine heard of it
+            if job.spec.logprobs is not None:
+                scored = True
+                continue
+            c = job.choices[i]
+            c.drawn += drawn[g]
+            c.ids += kept[ends[g - 1] : ends[g]]
+            c.code = last[g]
+            touched.append((job, c))
+        if scored:
+            self._scored(passes)
+        for job, c in touched:
+            self._update(job, c)
+
+    def _scored(self, passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]]) -> None:
+        """The tokens of the choices whose logprobs are asked, with their logprobs, decoded once a pass."""
         for rids, indices, tokens, codes, lps in passes:
             scored: dict[tuple[int, int], tuple[Job, Choice]] = {}
             arrays = (np.frombuffer(a, np.int32).tolist() for a in (rids, indices, tokens, codes))
             for rid, index, token, code in zip(*arrays):
                 job = self.jobs.get(rid)
-                if job is None or job.choices[index].finish is not None:
-                    continue  # released, or ended here (a stop string) before the engine heard of it
+                if job is None or job.spec.logprobs is None or job.choices[index].finish is not None:
+                    continue
                 c = job.choices[index]
                 if token >= 0:
                     c.drawn += 1
                     if code != 1:
                         c.ids.append(token)
                 c.code = code
-                (touched if job.spec.logprobs is None else scored)[rid, index] = job, c
+                scored[rid, index] = job, c
             for rid, index, token, lp, top in lps:
                 if (rid, index) in scored:
                     scored[rid, index][1].lps.append((token, lp, top))
             for job, c in scored.values():
                 self._update(job, c)
-        for job, c in touched.values():
-            self._update(job, c)
 
     def _update(self, job: Job, c: Choice) -> None:
         """The choice's new text (Stream: held back where a character or a stop string may be incomplete), its
