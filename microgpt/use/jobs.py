@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,30 +264,19 @@ class Engine:
         """The tokens of one or more passes, in order ((rids, indices, tokens, codes, lps) each, as wire.py sends
         them): each choice's new ones appended, then each touched choice decoded once; a choice whose logprobs are
         asked once a pass (its chunks, and which of them carries which token's logprobs, are the same however far
-        behind this side is). The tokens are grouped by choice as arrays, so the Python here is per choice a read,
-        not per token (a read behind the engine brings each stream several)."""
-        rid, index, token, code = (np.concatenate([np.frombuffer(p[k], np.int32) for p in passes]) for k in range(4))
-        if not rid.size:
-            return
-        order = np.argsort((rid.astype(np.int64) << 32) | index, kind="stable")  # by choice, each in pass order
-        rid, index, token, code = rid[order], index[order], token[order], code[order]
-        starts = np.flatnonzero(np.r_[True, (rid[1:] != rid[:-1]) | (index[1:] != index[:-1])])
-        drawn = np.add.reduceat(token >= 0, starts, dtype=np.int64).tolist()
-        text = (token >= 0) & (code != 1)  # a stop token is no text
-        ends = np.r_[np.cumsum(np.add.reduceat(text, starts, dtype=np.int64)), 0]  # choice g's text: kept[ends[g-1]:]
-        kept, last = token[text].tolist(), code[np.r_[starts[1:], rid.size] - 1].tolist()
+        behind this side is)."""
         touched, scored = [], False
-        for g, (r, i) in enumerate(zip(rid[starts].tolist(), index[starts].tolist())):
-            job = self.jobs.get(r)
-            if job is None or job.choices[i].finish is not None:
+        for rid, index, drawn, ids, code in by_choice(passes):
+            job = self.jobs.get(rid)
+            if job is None or job.choices[index].finish is not None:
                 continue  # released, or ended here (a stop string) before the engine heard of it
             if job.spec.logprobs is not None:
                 scored = True
                 continue
-            c = job.choices[i]
-            c.drawn += drawn[g]
-            c.ids += kept[ends[g - 1] : ends[g]]
-            c.code = last[g]
+            c = job.choices[index]
+            c.drawn += drawn
+            c.ids += ids
+            c.code = code
             touched.append((job, c))
         if scored:
             self._scored(passes)
@@ -335,6 +324,37 @@ class Engine:
             lps = c.lps[c.sent_lps :] if job.spec.logprobs is not None else None
             c.sent_lps = len(c.lps)
             job.send(Event(c.index, text, finish, lps))
+
+
+def by_choice(
+    passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]],
+) -> Iterator[tuple[int, int, int, list, int]]:
+    """Each choice's tokens in passes (as Engine._tokens takes them), in pass order: (rid, index, tokens drawn, the
+    ids of its text, its last finish code); a stop token (code 1) is drawn but no text, a token of -1 (a row of
+    max_tokens 0) neither. Several passes (a read behind the engine) are grouped by choice as arrays, so the Python
+    is per choice, not per token; in one pass a choice comes once at most."""
+    cols = [np.frombuffer(b"".join(p[k] for p in passes), np.int32) for k in range(4)]
+    if len(passes) == 1:
+        for rid, index, token, code in zip(*(a.tolist() for a in cols)):
+            yield rid, index, int(token >= 0), [token] if token >= 0 and code != 1 else [], code
+        return
+    rid, index, token, code = cols
+    key = (rid.astype(np.int64) << 32) | index
+    order = np.argsort(key, kind="stable")  # by choice, each choice's tokens in pass order
+    key, token, code = key[order], token[order], code[order]
+    first = np.empty(key.size, bool)
+    first[:1], first[1:] = True, key[1:] != key[:-1]
+    starts = np.flatnonzero(first)
+    text = (token >= 0) & (code != 1)
+    drawn = np.add.reduceat(token >= 0, starts, dtype=np.int64).tolist()
+    ends = np.cumsum(np.add.reduceat(text, starts, dtype=np.int64)).tolist()  # each choice's end in `kept`
+    lasts = np.append(starts[1:], key.size) - 1
+    kept, heads, at = token[text].tolist(), key[starts], 0
+    for r, i, d, end, c in zip(
+        (heads >> 32).tolist(), (heads & 0xFFFFFFFF).tolist(), drawn, ends, code[lasts].tolist()
+    ):
+        yield r, i, d, kept[at:end], c
+        at = end
 
 
 def first_stop(decode: Any, ids: list[int], stops: Sequence[str], lo: int) -> int:
