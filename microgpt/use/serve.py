@@ -89,7 +89,8 @@ class ServeError(InputError):
 
 
 class Api:
-    """The routes (the module docstring): request -> Answer, or an awaitable of it, in the transport's workers."""
+    """The routes (the module docstring): request -> Answer, or an awaitable of it, on the transport's event loop (a
+    body of at most INLINE_BODY bytes: every completion a client sends in practice) or in its workers."""
 
     def __init__(self, name: str, created: int, tok: Any, engine: Engine, model: oai.Model) -> None:
         self.name, self.created, self.tok, self.engine, self.model = name, created, tok, engine, model
