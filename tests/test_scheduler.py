@@ -147,6 +147,22 @@ def test_short_prompts_past_the_decode_steps_spare_rows_are_prefilled_in_one_win
         assert h.tokens[rid, 0] == alone(prompt, 4), rid
 
 
+def test_one_short_prompt_joining_a_busy_batch_is_fed_through_its_spare_rows() -> None:
+    """Seven rows decoding and one more prompt of 6 tokens: fewer short prompt tokens wait than a step has rows, so
+    the decode step feeds it through its one spare row, a token a step, with no window pass (which would cost the
+    seven rows' next step its time); its tokens are its prompt's alone."""
+    h = Harness(8)
+    for rid in range(7):
+        h.submit(rid, [5 + rid], 30)
+    for _ in range(3):
+        h.one_pass()
+    prompt = list(range(20, 26))
+    h.submit(7, prompt, 4)
+    h.until_done(list(range(8)))
+    assert h.sched.counts["prefill_windows"] == 0
+    assert h.tokens[7, 0] == alone(prompt, 4)
+
+
 def test_a_row_at_the_context_end_stops_with_length() -> None:
     """A prompt of seq_len - 2 tokens draws 3 tokens at most (the last for position seq_len), then "length"."""
     h = Harness(2)
