@@ -131,3 +131,47 @@ def test_tokens_read_together_for_many_streams_are_each_streams_in_order() -> No
                 continue
             assert (c.ids, c.drawn, got) == (ids, drawn, bytes(ids).decode())
             assert finish == ([] if cd == 0 else ["stop" if cd == 1 else "length"])
+
+
+def test_a_streams_end_goes_in_the_write_of_its_last_text() -> None:
+    """serve's stream (Api._chunks) over a job of two choices: a wake with text yields one chunk of events; the wake
+    that ends the last choice yields its text, its finish, the usage and [DONE] in one chunk (one write), and the
+    stream ends there. The events are sse()'s, in order."""
+    import asyncio
+    import dataclasses
+    import json
+
+    from microgpt.use.jobs import Event
+    from microgpt.use.oai import Reply
+    from microgpt.use.serve import DONE, Api
+
+    api = object.__new__(Api)
+    api.tok = ByteTokenizer()
+    a = job(0, n=2)
+    a.spec = dataclasses.replace(a.spec, include_usage=True)
+    a.choices[0].drawn, a.choices[1].drawn = 2, 3
+    reply = Reply("cmpl-x", "m", False, 1)
+
+    async def read() -> list[bytes]:
+        chunks = api._chunks(a, a.spec, reply)
+        a.send(Event(0, "h"))
+        a.send(Event(1, "y", "length"))
+        out = [await anext(chunks)]
+        a.send(Event(0, "i", "length"))
+        out.append(await anext(chunks))
+        out += [c async for c in chunks]
+        return out
+
+    first, last = asyncio.run(read())
+    events = [json.loads(e[6:]) for e in last.split(b"\n\n") if e.startswith(b"data: {")]
+    assert [(c["index"], c["text"], c["finish_reason"]) for e in events for c in e["choices"]] == [
+        (0, "i", None),
+        (0, "", "length"),
+    ]
+    assert events[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert last.endswith(b"}\n\n" + DONE) and DONE not in first
+    assert [c["finish_reason"] for e in first.split(b"\n\n") if e for c in json.loads(e[6:])["choices"]] == [
+        None,
+        None,
+        "length",
+    ]
