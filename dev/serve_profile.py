@@ -1,8 +1,9 @@
 """Where `microgpt serve` spends host time per token, and what the host costs a GPU's decode step: the real server (a
 subprocess, as users run it) on a tiny model (bench/decode.py's tiny-host: d_model 8, one layer, a 2,048-entry
 byte-level BPE, NumPy backend, one BLAS thread) whose decode step is emulated as a GPU's: it computes nothing on the
-CPU (every row draws one token of text, TOKEN) and takes --step-ms from its launch (default 2 ms, about
-ANDREA-120M's decode step at batch 64 on an H200), the host free meanwhile. Where the server launches a step and
+CPU (every row draws one token of text, TOKEN) and takes --step-ms plus --row-us a row from its launch (default 2 ms
+and none, about ANDREA-120M's decode step at batch 64 on an H200; `--step-ms 0.42 --row-us 2.7` is its step on one
+H100, 0.42 ms at 1 row to 1.11 ms at 256, issue 56), the host free meanwhile. Where the server launches a step and
 reads its tokens later (InferState.launch_decode), that read waits until the step's time has passed since its launch
 (or since the step before it ended). The patch goes into both processes through a sitecustomize.py on the server's
 PYTHONPATH.
@@ -10,12 +11,16 @@ PYTHONPATH.
     python dev/serve_profile.py                       # 1 stream, then 8 and 64 at once, 256 greedy tokens each
     python dev/serve_profile.py --streams 8 --step-ms 0   # no emulated GPU: the host's own work alone
     python dev/serve_profile.py --temperature 1       # the sampling path
+    python dev/serve_profile.py --streams 8 64 256 --step-ms 0.42 --row-us 2.7   # one H100's step, 1 to 256 streams
 
-The server is started as bench/serve.py starts it (`served`), and the clients are its (bench/serve_client.py):
-streamed /v1/completions, a thread each, in this process (not the server's). Each phase reports:
+The server is started as bench/serve.py starts it (`served`), and the clients are its (bench/serve_client.py's
+`fleet`: streamed /v1/completions, a thread each, 16 streams a client process, released at one instant). Each phase
+reports:
 
     tokens_per_s  the phase's completion tokens over its wall time, as bench/serve.py counts them
-    of_step       tokens_per_s over the emulated step's own rate (streams / --step-ms): the issue's ratio
+    of_step       tokens_per_s over the emulated step's own rate (streams / (--step-ms + --row-us x streams)): the
+                  issue's ratio
+    ttft_ms       time to the first event with text, median and p99 (bench/serve.py's)
     cpu_us        per token, CPU time of each of the server's processes (/proc/PID/task/*/schedstat) and of its
                   busiest thread: `front` the HTTP side (its event loop the busiest), `engine` the engine process
                   (scheduler.py; its loop), `total` both
@@ -36,7 +41,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.decode import SHAPES, random_checkpoint  # noqa: E402
 from bench.serve import Server, Terminate, get, served, tokenizer_record  # noqa: E402
-from bench.serve_client import threads  # noqa: E402
+from bench.serve_client import fleet, threads  # noqa: E402
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -62,7 +66,8 @@ def thread_cpu(pid: int) -> dict[int, float]:
 SITECUSTOMIZE = """
 import os, time
 STEP_S = float(os.environ.get("SERVE_PROFILE_STEP_S") or 0)
-if STEP_S:
+ROW_S = float(os.environ.get("SERVE_PROFILE_ROW_S") or 0)
+if STEP_S or ROW_S:
     from microgpt.engine import infer
 
     def no_model(self, b):  # the GPU's work: none of it on this CPU; every row draws TOKEN
@@ -74,7 +79,7 @@ if STEP_S:
     def launch_decode(self, b):  # launched now, its tokens read later: the GPU's time passes
         start = max(time.perf_counter(), busy[0])  # the emulated GPU's: after the step before it
         wait = launch(self, b)
-        busy[0] = done = start + STEP_S
+        busy[0] = done = start + STEP_S + ROW_S * b
 
         def waited():
             left = done - time.perf_counter()  # read once: a second read may pass done
@@ -119,11 +124,13 @@ class Profiled:
 
 
 def phase(server: Profiled, reqs: list[dict[str, Any]], step_s: float) -> dict[str, Any]:
-    """One batch of streamed requests; what the server's processes spent on it, per token."""
+    """One batch of streamed requests (step_s: the emulated step at their batch); what the server's processes spent
+    on it, per token."""
     before, counts0 = server.cpu(), server.engine_counts()
-    t0 = time.perf_counter()
-    n = sum(run.tokens for run in threads(server.port, list(enumerate(reqs)), timeout=300))
-    wall = time.perf_counter() - t0
+    runs = fleet(server.port, list(enumerate(reqs)), timeout=300)
+    n = sum(run.tokens for run in runs)
+    wall = max(r.end for r in runs) - min(r.sent for r in runs)
+    ttft = sorted(1e3 * (r.events[0] - r.sent) for r in runs if r.events)
     after, counts1 = server.cpu(), server.engine_counts()
     per = 1e6 / n
     cpu: dict[str, float] = {}
@@ -140,6 +147,7 @@ def phase(server: Profiled, reqs: list[dict[str, Any]], step_s: float) -> dict[s
         "tokens": n,
         "tokens_per_s": round(n / wall, 1),
         **of_step,
+        "ttft_ms": {"median": round(statistics.median(ttft), 1), "p99": round(ttft[int(0.99 * (len(ttft) - 1))], 1)},
         "cpu_us": cpu | {"total": round(sum(sums.values()), 1)},
         "engine_us": engine,
     }
@@ -152,7 +160,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(value, dict):
             out[key] = {k: round(statistics.median(r[key].get(k, 0.0) for r in rows), 1) for k in value}
         else:
-            out[key] = round(statistics.median(r[key] for r in rows), 1)
+            out[key] = round(statistics.median(r[key] for r in rows), 3 if key == "of_step" else 1)
     return out
 
 
@@ -162,13 +170,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--step-ms", type=float, default=2.0, help="the emulated GPU time of a decode step (0: none)")
+    p.add_argument("--row-us", type=float, default=0.0, help="and this much more a row of the step")
     p.add_argument("--repeats", type=int, default=3, help="each phase this many times; the medians are reported")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    step_s = args.step_ms / 1e3
+    step_s, row_s = args.step_ms / 1e3, args.row_us / 1e6
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         tok = tokenizer_record(SHAPES["tiny-host"].vocab_size, folder)
@@ -179,18 +188,19 @@ def main(argv: list[str]) -> int:
             "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1",
             "SERVE_PROFILE_STEP_S": str(step_s),
+            "SERVE_PROFILE_ROW_S": str(row_s),
         }
         opts = argparse.Namespace(max_batch=max(args.streams), backend="numpy", precision="fp32", start_timeout=300)
         log = folder / "serve.log"
         try:
             with served(ckpt, opts, log, Terminate(), env=env) as started:
                 server = Profiled(started)
-                for n in args.streams:  # warm-up: every batch size up to the largest
-                    phase(server, bodies(server.model, n, 16, args.temperature), step_s)
+                top = max(args.streams)  # warm-up: streams joining one at a time up to the largest (bench/serve.py's)
+                threads(server.port, list(enumerate(bodies(server.model, top, 16, args.temperature))), 300, ramp=True)
                 report = {}
                 for n in (1, *args.streams):
                     rows = [
-                        phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s)
+                        phase(server, bodies(server.model, n, args.tokens, args.temperature), step_s + row_s * n)
                         for _ in range(args.repeats)
                     ]
                     report[n] = summarize(rows)
@@ -202,6 +212,7 @@ def main(argv: list[str]) -> int:
         "tokens": args.tokens,
         "temperature": args.temperature,
         "step_ms": args.step_ms,
+        "row_us": args.row_us,
         "repeats": args.repeats,
         "processes": sorted(server.pids),
     }

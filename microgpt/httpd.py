@@ -2,10 +2,13 @@
 `microgpt serve` (use/serve.py), which hold the routes.
 
 One asyncio event loop (in one thread) holds every connection; what to answer is computed in a thread pool (file
-reads, a history's parse, a request's parse), off the loop; a handler may also return an awaitable of its answer,
-which the loop awaits (serve's completions: the answer is ready when the model has written it), and a streamed
-answer's chunks come from an async generator on the loop itself. Neither may block. A connection costs the loop a
-few kilobytes and no thread, so hundreds of slow or half-open clients leave the others' answers as fast as before.
+reads, a history's parse, a request's parse), off the loop, or, for a request whose body is at most `inline_body`
+bytes, on the loop itself (serve: a completion's parse and tokenization take tens of microseconds, and a hop to a
+worker and back cost more than that, and up to the interpreter's switch interval each way while the loop is busy
+writing other streams); a handler may also return an awaitable of its answer, which the loop awaits (serve's
+completions: the answer is ready when the model has written it), and a streamed answer's chunks come from an async
+generator on the loop itself. Neither may block. A connection costs the loop a few kilobytes and no thread, so
+hundreds of slow or half-open clients leave the others' answers as fast as before.
 
 One reader takes every request (`read_request`), against two deadlines counted from the connection's accept:
 
@@ -170,7 +173,9 @@ class BoundedHTTPServer:
     """Listens on host:port at construction (listen_now False: binds there, a port in use failing at once, and
     listens from serve_forever(): serve's port is taken before its engine loads, and listened on once it has);
     serve_forever() answers with handler(request) until shutdown().
-    `workers` handlers run at once (an awaitable answer or a stream holds none while it waits)."""
+    `workers` handlers run at once (an awaitable answer or a stream holds none while it waits); a request whose body
+    is at most `inline_body` bytes (-1: none) is answered on the loop, not in a worker: the handler must not block
+    on such a request."""
 
     def __init__(
         self,
@@ -185,8 +190,10 @@ class BoundedHTTPServer:
         errors: Callable[..., Answer] = error,
         on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None,
         listen_now: bool = True,
+        inline_body: int = -1,
     ) -> None:
         self.handler, self.log, self.max_body, self.name, self.errors = handler, log, max_body, name, errors
+        self.inline_body = inline_body
         self.on_loop = on_loop  # called on the loop once it runs (serve: the engine's socket read there)
         self.sock = bound_socket(host, port, listen_now)
         self.port = self.sock.getsockname()[1]
@@ -338,10 +345,13 @@ class BoundedHTTPServer:
         return request
 
     async def _answer(self, request: Request) -> Answer:
-        """The handler's answer, computed in a worker (and awaited on the loop where the handler returns an
-        awaitable of it)."""
+        """The handler's answer, computed in a worker, or on the loop for a body of at most inline_body bytes (and
+        awaited on the loop where the handler returns an awaitable of it)."""
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(self.pool, self.handler, request)
+            if len(request.body) <= self.inline_body:
+                answer = self.handler(request)
+            else:
+                answer = await asyncio.get_running_loop().run_in_executor(self.pool, self.handler, request)
             return await answer if inspect.isawaitable(answer) else answer
         except Exception:  # a bug, in the handler or in what it returned to await: answered, and shown
             traceback.print_exc(file=sys.stderr)
@@ -363,7 +373,7 @@ class BoundedHTTPServer:
         try:
             body = answer.body if answer.send_body and answer.file is None else b""
             writer.write(self._head(answer, body))
-            await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+            await self._drain(writer)
             if answer.chunks is not None:
                 await self._stream(writer, answer.chunks, reader)
             if answer.file is not None and answer.send_body and answer.length:
@@ -376,6 +386,12 @@ class BoundedHTTPServer:
                 answer.file.close()
             if answer.closed is not None:
                 answer.closed()
+
+    @staticmethod
+    async def _drain(writer: asyncio.StreamWriter) -> None:
+        """What the socket did not take at once, sent within WRITE_DEADLINE_S (none left: no timer)."""
+        if writer.transport.get_write_buffer_size():
+            await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
 
     async def _stream(
         self, writer: asyncio.StreamWriter, chunks: AsyncGenerator[bytes, None], reader: asyncio.StreamReader
@@ -406,8 +422,7 @@ class BoundedHTTPServer:
                 if writer.transport.is_closing():
                     raise ConnectionResetError
                 writer.write(chunk)
-                if writer.transport.get_write_buffer_size():
-                    await asyncio.wait_for(writer.drain(), WRITE_DEADLINE_S)
+                await self._drain(writer)
         finally:
             watch.remove_done_callback(gone)
             watch.cancel()

@@ -142,6 +142,30 @@ def test_an_awaitable_answer_is_awaited_on_the_loop() -> None:
         s.stop()
 
 
+def test_a_small_body_is_answered_on_the_loop_and_a_larger_one_in_a_worker() -> None:
+    """inline_body (serve: a completion's parse and tokenization): a request whose body is at most that many bytes
+    is answered on the event loop's own thread, with no hop to a worker and back; a larger one in a worker, so that
+    a long parse never holds the loop; the default (-1) answers every request in a worker."""
+    seen: list[str] = []
+
+    def handler(req: Request) -> Answer:
+        seen.append(threading.current_thread().name)
+        return echo(req)
+
+    for inline, want in ((8, ["loop", "loop", "worker"]), (-1, ["worker", "worker", "worker"])):
+        seen.clear()
+        s = BoundedHTTPServer(0, handler, max_body=100, inline_body=inline, name="loop")
+        s.start()
+        try:
+            for body in (b"", b"12345678", b"123456789"):
+                head = f"POST /x HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                assert exchange(s.port, head + body).endswith(b"POST /x  " + body)
+        finally:
+            s.stop()
+        assert ["loop" if name == "loop" else "worker" for name in seen] == want
+        assert all(name == "loop" or name.startswith("loop_") for name in seen)  # the pool's threads: name_N
+
+
 def slow(port: int, n: int) -> list[socket.socket]:
     """n connections that never finish their request: a third send nothing, a third stop inside the head, a third
     send a whole head and then part of the body it announced."""

@@ -90,3 +90,88 @@ def test_a_choice_whose_logprobs_are_asked_gets_an_event_a_pass() -> None:
         wire.send("tokens", *(np.array([v], np.int32).tobytes() for v in (0, 0, token, 0)), [(0, 0, token, lp, {})])
     eng._readable()
     assert [(e.text, e.logprobs) for e in a.take()] == [("h", [(104, -1.0, {})]), ("i", [(105, -2.0, {})])]
+
+
+def test_tokens_read_together_for_many_streams_are_each_streams_in_order() -> None:
+    """64 streams of 3 choices, their tokens over 40 passes in a shuffled order each pass (as the engine's batch
+    places them), read at once: each choice's text, drawn count and finish are those of its own tokens taken one by
+    one, in pass order (a stop token ends a choice and is no text; a token of -1 is none, as a row of max_tokens 0
+    sends); a released job's tokens and those of a choice that ended here before are dropped."""
+    rng = np.random.default_rng(0)
+    eng, wire = engine_side()
+    jobs = {r: job(r, n=3, stops=("\x01",)) for r in range(64)}
+    eng.jobs = dict(jobs)
+    del eng.jobs[5]  # released
+    jobs[7].choices[1].finish = "stop"  # ended here (a stop string) before these passes
+    want: dict[tuple[int, int], list] = {(r, i): [[], 0, 0] for r in jobs for i in range(3)}  # ids, drawn, code
+    live = set(want)
+    for _ in range(40):
+        rows = [k for k in sorted(live) if rng.random() < 0.8]
+        rng.shuffle(rows)
+        token = rng.integers(2, 127, len(rows))
+        code = np.where(rng.random(len(rows)) < 0.03, 1, np.where(rng.random(len(rows)) < 0.03, 2, 0))
+        token[(code == 2) & (rng.random(len(rows)) < 0.5)] = -1
+        for (r, i), t, cd in zip(rows, token.tolist(), code.tolist()):
+            w = want[r, i]
+            w[1] += t >= 0
+            w[0] += [t] if t >= 0 and cd != 1 else []
+            w[2] = cd
+            if cd:
+                live.discard((r, i))
+        wire.send(*tokens([k[0] for k in rows], [k[1] for k in rows], token.tolist(), code.tolist()))
+    eng._readable()
+    for r, j in jobs.items():
+        events = j.take()
+        for i, c in enumerate(j.choices):
+            got = "".join(e.text for e in events if e.index == i)
+            finish = [e.finish for e in events if e.index == i and e.finish]
+            ids, drawn, cd = want[r, i]
+            if r == 5 or (r, i) == (7, 1):
+                assert got == "" and c.drawn == 0 and c.ids == []
+                continue
+            assert (c.ids, c.drawn, got) == (ids, drawn, bytes(ids).decode())
+            assert finish == ([] if cd == 0 else ["stop" if cd == 1 else "length"])
+
+
+def test_a_streams_end_goes_in_the_write_of_its_last_text() -> None:
+    """serve's stream (Api._chunks) over a job of two choices: a wake with text yields one chunk of events; the wake
+    that ends the last choice yields its text, its finish, the usage and [DONE] in one chunk (one write), and the
+    stream ends there. The events are sse()'s, in order."""
+    import asyncio
+    import dataclasses
+    import json
+
+    from microgpt.use.jobs import Event
+    from microgpt.use.oai import Reply
+    from microgpt.use.serve import DONE, Api
+
+    api = object.__new__(Api)
+    api.tok = ByteTokenizer()
+    a = job(0, n=2)
+    a.spec = dataclasses.replace(a.spec, include_usage=True)
+    a.choices[0].drawn, a.choices[1].drawn = 2, 3
+    reply = Reply("cmpl-x", "m", False, 1)
+
+    async def read() -> list[bytes]:
+        chunks = api._chunks(a, a.spec, reply)
+        a.send(Event(0, "h"))
+        a.send(Event(1, "y", "length"))
+        out = [await anext(chunks)]
+        a.send(Event(0, "i", "length"))
+        out.append(await anext(chunks))
+        out += [c async for c in chunks]
+        return out
+
+    first, last = asyncio.run(read())
+    events = [json.loads(e[6:]) for e in last.split(b"\n\n") if e.startswith(b"data: {")]
+    assert [(c["index"], c["text"], c["finish_reason"]) for e in events for c in e["choices"]] == [
+        (0, "i", None),
+        (0, "", "length"),
+    ]
+    assert events[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert last.endswith(b"}\n\n" + DONE) and DONE not in first
+    assert [c["finish_reason"] for e in first.split(b"\n\n") if e for c in json.loads(e[6:])["choices"]] == [
+        None,
+        None,
+        "length",
+    ]

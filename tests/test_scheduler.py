@@ -105,8 +105,9 @@ def test_rows_decode_as_each_alone(
 ) -> None:
     """Seven prompts (1 to 20 tokens) at once: with fewer cache rows than prompts they wait, join as rows end, are
     prefilled in windows of several rows, chunked at 4 tokens a row (so the 20-token prompt takes five passes), or
-    fed through the decode step's spare rows where SHORT or fewer tokens are left (all of them at 64, none at 0),
-    and each row's tokens are its own prompt's alone; greedy rows carried one step behind, sampling ones not."""
+    fed through the decode step's spare rows where SHORT or fewer tokens are left and the spare rows hold them (at
+    64 those that fit, the rest in windows; none at 0), and each row's tokens are its own prompt's alone; greedy rows
+    carried one step behind, sampling ones not."""
     monkeypatch.setattr(scheduler, "CHUNK", 4)
     monkeypatch.setattr(scheduler, "PREFILL_TOKENS", 12)
     monkeypatch.setattr(scheduler, "SHORT", short)
@@ -122,9 +123,44 @@ def test_rows_decode_as_each_alone(
     chunks = sum(-(-(len(p) - 1) // 4) for p in PROMPTS)
     if short == 0:
         assert windows == chunks if max_batch == 1 else windows < chunks  # batched
-    elif short == 64:
-        assert windows == 0 and h.sched.counts["prefill_tokens"] == sum(map(len, PROMPTS))
+    elif short == 64:  # the decode step's spare rows take the prompts they hold, windows the rest
+        assert windows < chunks or max_batch == 1
+        assert h.sched.counts["prefill_tokens"] == sum(map(len, PROMPTS))  # every prompt token fed once
     assert not h.sched.rows and len(h.sched.cache.free) == max_batch
+
+
+def test_short_prompts_past_the_decode_steps_spare_rows_are_prefilled_in_one_window() -> None:
+    """Eight prompts of 10 tokens at once (a chat's later turns: the history cached, a few new tokens each) and 8
+    rows: the decode step's 8 spare rows hold none of them whole, so all are prefilled in one window, every row
+    draws its first token in the step of the pass after, and each row's tokens are its prompt's alone. (Fed a spare
+    row at a time they took a decode step for every 8 prompt tokens: 10 steps before the last row drew.)"""
+    h = Harness(8)
+    prompts = [list(range(3 + k, 13 + k)) for k in range(8)]
+    for rid, prompt in enumerate(prompts):
+        h.submit(rid, prompt, 4)
+    h.one_pass()  # the rows are admitted and prefilled in one window; the decode step feeds each last token
+    assert h.sched.counts["prefill_windows"] == 1 and len(h.sched.batch) == 8
+    h.one_pass()
+    assert all(len(h.tokens.get((rid, 0), [])) == 1 for rid in range(8))  # each row's first token, read back
+    h.until_done(list(range(8)))
+    for rid, prompt in enumerate(prompts):
+        assert h.tokens[rid, 0] == alone(prompt, 4), rid
+
+
+def test_one_short_prompt_joining_a_busy_batch_is_fed_through_its_spare_rows() -> None:
+    """Seven rows decoding and one more prompt of 6 tokens: fewer short prompt tokens wait than a step has rows, so
+    the decode step feeds it through its one spare row, a token a step, with no window pass (which would cost the
+    seven rows' next step its time); its tokens are its prompt's alone."""
+    h = Harness(8)
+    for rid in range(7):
+        h.submit(rid, [5 + rid], 30)
+    for _ in range(3):
+        h.one_pass()
+    prompt = list(range(20, 26))
+    h.submit(7, prompt, 4)
+    h.until_done(list(range(8)))
+    assert h.sched.counts["prefill_windows"] == 0
+    assert h.tokens[7, 0] == alone(prompt, 4)
 
 
 def test_a_row_at_the_context_end_stops_with_length() -> None:

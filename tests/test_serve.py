@@ -147,6 +147,40 @@ def test_two_concurrent_requests_decode_in_one_batch_and_a_third_gets_429(run_25
         assert together == alone and together[0] != together[1]
 
 
+def test_64_concurrent_greedy_streams_each_get_the_text_of_their_request_alone(tmp_path: Path) -> None:
+    """64 streamed greedy requests at once (bench/serve.py's client threads, each prompt its own, ignore_eos so that
+    every stream runs its max_tokens), in one batch of 64 rows: each stream's text is the one its request gets
+    alone, its usage counts every token, and the server ends with no row held. The weights are bench/decode.py's
+    random ones, moved off the init (a 3-step run answers nearly every prompt with the same text)."""
+    from bench.decode import random_checkpoint
+    from bench.serve_client import threads
+
+    ckpt = random_checkpoint("tiny", tmp_path)[2]
+    with served(ckpt, "--max-batch", "64", "--queue", "0") as (a, _, url):
+        port = int(url.split(":")[2].split("/")[0])
+        bodies = [
+            (
+                k,
+                {
+                    "model": a.name,
+                    "prompt": f"def request_{k}(self, data):"[k % 7 :],
+                    "max_tokens": 24,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "ignore_eos": True,
+                },
+            )
+            for k in range(64)
+        ]
+        alone = [threads(port, [kb], 120)[0] for kb in bodies]
+        together = threads(port, bodies, 120)
+        assert [r.text for r in together] == [r.text for r in alone]
+        assert len({r.text for r in alone}) > 8  # the prompts lead to texts of their own
+        assert all(r.tokens == 24 and r.finish == "length" for r in together)
+        wait_for("every row released", lambda: a.engine.held == 0)
+
+
 @pytest.mark.parametrize(
     "kw, param, code",
     [

@@ -102,10 +102,14 @@ class Batch:
         out[:nb] = np.where(carried, 0, self.tok[:nb])
         out[b : b + nb], out[2 * b : 2 * b + nb] = self.pos[:nb], self.slot[:nb]
         dst = np.flatnonzero(carried)
+        if not dst.size:
+            return out, []
         src = self.src[dst]
-        cuts = np.flatnonzero((np.diff(dst) != 1) | (np.diff(src) != 1)) + 1
-        runs = [(int(d[0]), int(s[0]), d.size) for d, s in zip(np.split(dst, cuts), np.split(src, cuts)) if d.size]
-        return out, runs
+        cuts = np.flatnonzero((dst[1:] - dst[:-1] != 1) | (src[1:] - src[:-1] != 1)) + 1
+        if not cuts.size:  # the batch as the step before left it: one run
+            return out, [(int(dst[0]), int(src[0]), dst.size)]
+        lo, hi = np.concatenate(([0], cuts)), np.concatenate((cuts, [dst.size]))  # each run's first, past its last
+        return out, list(zip(dst[lo].tolist(), src[lo].tolist(), (hi - lo).tolist()))
 
     def launched(self) -> None:
         """After a step: every row's next token is its own place's greedy token of that step; each moves on one."""

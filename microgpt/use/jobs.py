@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,28 +265,45 @@ class Engine:
         them): each choice's new ones appended, then each touched choice decoded once; a choice whose logprobs are
         asked once a pass (its chunks, and which of them carries which token's logprobs, are the same however far
         behind this side is)."""
-        touched: dict[tuple[int, int], tuple[Job, Choice]] = {}
+        touched, scored = [], False
+        for rid, index, drawn, ids, code in by_choice(passes):
+            job = self.jobs.get(rid)
+            if job is None or job.choices[index].finish is not None:
+                continue  # released, or ended here (a stop string) before the engine heard of it
+            if job.spec.logprobs is not None:
+                scored = True
+                continue
+            c = job.choices[index]
+            c.drawn += drawn
+            c.ids += ids
+            c.code = code
+            touched.append((job, c))
+        if scored:
+            self._scored(passes)
+        for job, c in touched:
+            self._update(job, c)
+
+    def _scored(self, passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]]) -> None:
+        """The tokens of the choices whose logprobs are asked, with their logprobs, decoded once a pass."""
         for rids, indices, tokens, codes, lps in passes:
             scored: dict[tuple[int, int], tuple[Job, Choice]] = {}
             arrays = (np.frombuffer(a, np.int32).tolist() for a in (rids, indices, tokens, codes))
             for rid, index, token, code in zip(*arrays):
                 job = self.jobs.get(rid)
-                if job is None or job.choices[index].finish is not None:
-                    continue  # released, or ended here (a stop string) before the engine heard of it
+                if job is None or job.spec.logprobs is None or job.choices[index].finish is not None:
+                    continue
                 c = job.choices[index]
                 if token >= 0:
                     c.drawn += 1
                     if code != 1:
                         c.ids.append(token)
                 c.code = code
-                (touched if job.spec.logprobs is None else scored)[rid, index] = job, c
+                scored[rid, index] = job, c
             for rid, index, token, lp, top in lps:
                 if (rid, index) in scored:
                     scored[rid, index][1].lps.append((token, lp, top))
             for job, c in scored.values():
                 self._update(job, c)
-        for job, c in touched.values():
-            self._update(job, c)
 
     def _update(self, job: Job, c: Choice) -> None:
         """The choice's new text (Stream: held back where a character or a stop string may be incomplete), its
@@ -307,6 +324,37 @@ class Engine:
             lps = c.lps[c.sent_lps :] if job.spec.logprobs is not None else None
             c.sent_lps = len(c.lps)
             job.send(Event(c.index, text, finish, lps))
+
+
+def by_choice(
+    passes: list[tuple[bytes, bytes, bytes, bytes, list[tuple]]],
+) -> Iterator[tuple[int, int, int, list, int]]:
+    """Each choice's tokens in passes (as Engine._tokens takes them), in pass order: (rid, index, tokens drawn, the
+    ids of its text, its last finish code); a stop token (code 1) is drawn but no text, a token of -1 (a row of
+    max_tokens 0) neither. Several passes (a read behind the engine) are grouped by choice as arrays, so the Python
+    is per choice, not per token; in one pass a choice comes once at most."""
+    cols = [np.frombuffer(b"".join(p[k] for p in passes), np.int32) for k in range(4)]
+    if len(passes) == 1:
+        for rid, index, token, code in zip(*(a.tolist() for a in cols)):
+            yield rid, index, int(token >= 0), [token] if token >= 0 and code != 1 else [], code
+        return
+    rid, index, token, code = cols
+    key = (rid.astype(np.int64) << 32) | index
+    order = np.argsort(key, kind="stable")  # by choice, each choice's tokens in pass order
+    key, token, code = key[order], token[order], code[order]
+    first = np.empty(key.size, bool)
+    first[:1], first[1:] = True, key[1:] != key[:-1]
+    starts = np.flatnonzero(first)
+    text = (token >= 0) & (code != 1)
+    drawn = np.add.reduceat(token >= 0, starts, dtype=np.int64).tolist()
+    ends = np.cumsum(np.add.reduceat(text, starts, dtype=np.int64)).tolist()  # each choice's end in `kept`
+    lasts = np.append(starts[1:], key.size) - 1
+    kept, heads, at = token[text].tolist(), key[starts], 0
+    for r, i, d, end, c in zip(
+        (heads >> 32).tolist(), (heads & 0xFFFFFFFF).tolist(), drawn, ends, code[lasts].tolist()
+    ):
+        yield r, i, d, kept[at:end], c
+        at = end
 
 
 def first_stop(decode: Any, ids: list[int], stops: Sequence[str], lo: int) -> int:

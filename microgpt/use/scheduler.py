@@ -15,10 +15,11 @@ One pass of the loop (`step`):
                longest prefix with the prompt (a chat's history from its last turn: prefix reuse), or, where a
                busier row holds a longer one, the least recently used free row with that prefix copied into it
                (cache_rows.py keeps what each cache row holds; InferState.copy_rows)
-    prefill    rows with more than SHORT prompt tokens not in the cache yet, batched into one window of the
-               inference step (model.gpt_infer, each row at its own position and cache row), at most PREFILL_TOKENS of
-               window a pass and CHUNK a row, so a long prompt is prefilled over several passes while the batch
-               decodes; a row's last prompt token is left for the decode step, which draws the first token from it
+    prefill    rows with more than SHORT prompt tokens not in the cache yet (and, in a burst, shorter ones past what
+               the decode step's spare rows hold), batched into one window of the inference step (model.gpt_infer,
+               each row at its own position and cache row), at most PREFILL_TOKENS of window a pass and CHUNK a row,
+               so a long prompt is prefilled over several passes while the batch decodes; a row's last prompt token
+               is left for the decode step, which draws the first token from it
     launch     the decode step of every row with a token to feed, and in its spare rows (up to max_batch) the
                prompt tokens of rows with at most SHORT left, one row each: a cache row's tokens at distinct
                positions of one step, each reading the keys the others wrote (ops/decode.py), the last one drawing
@@ -241,13 +242,23 @@ class Scheduler:
     def prefill(self) -> None:
         """One window of the inference step over the rows being prefilled (the docstring): rows in order while the
         window (rows x its longest chunk) stays within PREFILL_TOKENS and every row's padded chunk within the context
-        (the padding's keys and values land past the row's prompt, where its own steps write before they read)."""
+        (the padding's keys and values land past the row's prompt, where its own steps write before they read). A
+        row with at most SHORT left is the decode step's (launch), unless short prompts of more tokens than a step
+        has rows wait (a burst: a chat's later turns, the cache holding their history, or many new requests at
+        once): then those past what the step's spare rows hold join the window, prefilled in one pass, not fed a
+        spare row at a time over many steps. One prompt arriving at a busy batch is still fed through the spare
+        rows: a window pass for it would cost every row's next step its time."""
         self.prefilling = [r for r in self.prefilling if not r.done]
+        short = [r.prompt.size - r.fed for r in self.prefilling if r.prompt.size - r.fed <= SHORT and not r.spec.echo]
+        burst = sum(short) > self.max_batch
+        spare = self.max_batch - len(self.batch)  # the rows the next decode step has for prompt tokens (launch)
         rows, t, last = [], 0, 0  # last: the furthest position a row of the window starts at
         for row in self.prefilling:
-            if row.prompt.size - row.fed <= SHORT and not row.spec.echo:
+            left = row.prompt.size - row.fed
+            if left <= SHORT and not row.spec.echo and (left <= spare or left < 2 or not burst):
+                spare -= min(left, spare)
                 continue  # the decode step feeds it (launch)
-            w = min(row.prompt.size - 1 - row.fed, CHUNK)
+            w = min(left - 1, CHUNK)
             tt = max(t, w)
             if (len(rows) + 1) * tt > PREFILL_TOKENS or max(last, row.fed) + tt > self.T:
                 break

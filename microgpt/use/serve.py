@@ -72,6 +72,12 @@ from microgpt.use.oai import ApiError, Reply, Spec, json_answer, sse, sse_text
 from microgpt.use.wire import RowSpec
 
 MAX_BODY = 1 << 20  # bytes of a request body: a context of text is a few kB of JSON
+# a body up to this size is parsed and tokenized on the event loop, not in a worker (httpd.py): a completion's whole
+# parse is tens of microseconds where a hop to a worker and back cost more, and up to the interpreter's 5 ms switch
+# interval each way while the loop writes other streams. The tokenizer's encode holds the interpreter's lock (two
+# threads encode no faster than one), so a worker never ran it beside the loop either; 16 KiB of text encodes in
+# about 8 ms on the CPU (a 2,048-entry BPE), the longest the loop is held by one request
+INLINE_BODY = 16 << 10
 MAX_BATCH = 4096
 MAX_QUEUE = 100_000
 DONE = b"data: [DONE]\n\n"
@@ -83,7 +89,8 @@ class ServeError(InputError):
 
 
 class Api:
-    """The routes (the module docstring): request -> Answer, or an awaitable of it, in the transport's workers."""
+    """The routes (the module docstring): request -> Answer, or an awaitable of it, on the transport's event loop (a
+    body of at most INLINE_BODY bytes: every completion a client sends in practice) or in its workers."""
 
     def __init__(self, name: str, created: int, tok: Any, engine: Engine, model: oai.Model) -> None:
         self.name, self.created, self.tok, self.engine, self.model = name, created, tok, engine, model
@@ -260,8 +267,9 @@ class Api:
 
     async def _chunks(self, job: Job, spec: Spec, reply: Reply) -> AsyncGenerator[bytes, None]:
         """The stream, on the transport's event loop: each choice's opening chunk (chat: the role; completions: the
-        echo), a chunk per wake with the text that came, one with the finish reason, the usage where asked, [DONE];
-        an error event where the server fails or stops. A choice's logprobs come with the chunks, every token's once
+        echo), a chunk per wake with the text that came, one with the finish reason, the usage where asked, [DONE]
+        (the last three in the write of the wake that ended the last choice); an error event where the server fails
+        or stops. A choice's logprobs come with the chunks, every token's once
         (those behind text held back come with a later chunk, or the finish's); their text_offset runs on from
         chunk to chunk, so that the chunks' logprobs joined are the whole answer's (as vLLM's stream)."""
         head = reply.head(chunk=True) | ({"usage": None} if spec.include_usage else {})
@@ -308,12 +316,12 @@ class Api:
             except ApiError as e:
                 yield b"".join([*out, sse({"error": e.body()})])
                 return
+            if not left:  # the end in the same write as the last text
+                if spec.include_usage:
+                    out.append(sse({**head, "choices": [], "usage": self._usage(job, spec)}))
+                out.append(DONE)
             if out:
                 yield b"".join(out)
-        if spec.include_usage:
-            yield sse({**head, "choices": [], "usage": self._usage(job, spec)}) + DONE
-        else:
-            yield DONE
 
 
 def parser() -> ArgParser:
@@ -345,6 +353,7 @@ def transport(args: argparse.Namespace, holder: list[Api]) -> BoundedHTTPServer:
             log,
             host=args.host,
             max_body=MAX_BODY,
+            inline_body=INLINE_BODY,
             name="microgpt-serve",
             errors=oai.api_error,
             on_loop=lambda loop: holder[0].engine.attach(loop),
