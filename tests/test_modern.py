@@ -378,14 +378,21 @@ WINDOW_RUN = ({"attn_window": 24, "doc_mask": 0}, {"attn_window_start": 16, "att
 
 @pytest.mark.parametrize(
     "lever, more_train",
-    [({}, {}), ({"value_embeds": 1}, {}), ({"n_layer": 4, "skips": 2}, {}), ({}, BATCH_WARMUP), WINDOW_RUN],
-    ids=["plain", "value-embeds", "skips", "batch-warmup", "window-docs"],
+    [
+        ({}, {}),
+        ({"value_embeds": 1}, {}),
+        ({"n_layer": 4, "skips": 2}, {"muon_ns_steps": 3}),
+        ({}, BATCH_WARMUP),
+        WINDOW_RUN,
+    ],
+    ids=["plain", "value-embeds", "skips-ns-steps-3", "batch-warmup", "window-docs"],
 )
 def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dict, more_train: dict) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
     bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), with
-    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient), with a batch
+    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient) and 3 Newton-Schulz
+    steps (train.muon_ns_steps, recorded in the checkpoint's sidecar with the rest of the experiment), with a batch
     warmup whose checkpoints (steps 2 to 3, and 3) fall inside it, and with the window's schedule (a function of the
     step alone) and document masking."""
     from microgpt import checkpoint
@@ -406,7 +413,8 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dic
     resumed = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--resume", "latest")
     assert resumed.returncode == 0, resumed.stderr
     assert (tmp_path / "a/ckpt" / final).read_bytes() == (tmp_path / "b/ckpt" / final).read_bytes()
-    ck = checkpoint.read_checkpoint(tmp_path / "a/ckpt" / final)
+    ck, side = checkpoint.load(tmp_path / "a/ckpt" / final)
+    assert side["config"]["train"]["muon_ns_steps"] == more_train.get("muon_ns_steps", 5)
     m = ModelConfig(**{**json.loads(exp.read_text())["model"]})
     v = params.named(ck.v, m)
     assert not any(v[name].any() for name, _, _ in params.matrices(m)) and v["wte"].any()
