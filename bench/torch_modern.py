@@ -17,12 +17,12 @@ matrices are stored stacked, as torch's [out, in] (qkvo (L, 4, C, C), fc (L, 4C,
 same-shaped group is one Muon batch and its gradient comes stacked; `slot` maps microgpt's names onto them.
 
 Muon (docs/ANDREA.md section 9): G' = the clipped mean gradient; M += (1 - mu)(G' - M); U = G' + mu (M - G');
-X = U / (|U|_F + 1e-7) in bf16 (a tall matrix as its transpose); 5 Newton-Schulz steps A = X X^T, B = b A + c A A,
-X = a X + B X; then W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW (torch's, fused) keeps wte (and
-the value embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at train.head_lr (0: train.lr), both decayed
-by train.weight_decay (microgpt decays matrices and embeddings), and the skips' scalars skip_w at train.head_lr, not
-decayed (microgpt decays no vector). The global grad norm is clipped at train.grad_clip before both optimizers, as
-microgpt's step does.
+X = U / (|U|_F + 1e-7) in bf16 (a tall matrix as its transpose); train.muon_ns_steps (5) Newton-Schulz steps
+A = X X^T, B = b A + c A A, X = a X + B X; then W = W (1 - lr wd) - lr sqrt(max(1, fan_out / fan_in)) X. AdamW
+(torch's, fused) keeps wte (and the value embeddings, stacked as ve (k, V, C)) at train.lr and lm_head at train.head_lr
+(0: train.lr), both decayed by train.weight_decay (microgpt decays matrices and embeddings), and the skips' scalars
+skip_w at train.head_lr, not decayed (microgpt decays no vector). The global grad norm is clipped at train.grad_clip
+before both optimizers, as microgpt's step does.
 
 Data, initial weights, schedule and timing are microgpt's: the batches of (step, micro) and the validation windows
 come from microgpt.data.make_loaders of the same experiment (a batch warmup's fewer micro-batches in its first steps,
@@ -64,7 +64,6 @@ from microgpt.errors import exit_on_input_error  # noqa: E402
 
 EPS = 1e-6  # RMSNorm's
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Newton-Schulz's quintic (a, b, c)
-NS_STEPS = 5
 NORM_EPS = 1e-7
 
 
@@ -186,17 +185,25 @@ class Modern(nn.Module):
 
 # --- the optimizers ------------------------------------------------------------------------------------------------
 def muon_update(
-    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, hyper: torch.Tensor, scale: float, tall: bool, dtype: torch.dtype
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    hyper: torch.Tensor,
+    scale: float,
+    tall: bool,
+    dtype: torch.dtype,
+    ns_steps: int,
 ) -> None:
     """One Muon step on a stack p, g, m (k, rows, cols) in torch's [out, in] layout; hyper = (lr, mu, wd) on p's device
-    (a tensor, so a compiled update is not recompiled when they change)."""
+    (a tensor, so a compiled update is not recompiled when they change); ns_steps Newton-Schulz steps (fixed for a
+    run: train.muon_ns_steps)."""
     lr, mu, wd = hyper[0], hyper[1], hyper[2]
     m.lerp_(g, 1 - mu)
     x = g.lerp(m, mu)
     x = x.to(dtype).mT if tall else x.to(dtype)
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + NORM_EPS)
     a, b, c = NS_COEFFS
-    for _ in range(NS_STEPS):
+    for _ in range(ns_steps):
         A = x @ x.mT
         x = a * x + (b * A + c * (A @ A)) @ x
     x = x.mT if tall else x
@@ -205,15 +212,22 @@ def muon_update(
 
 class Muon:
     """Section 9's Muon over the model's stacked block matrices: one batched update per stored shape. The
-    orthogonalisation runs in `dtype` (bf16 on the GPU, as microgpt's; the CPU smoke test and the tests use fp32)."""
+    orthogonalisation runs in `dtype` (bf16 on the GPU, as microgpt's; the CPU smoke test and the tests use fp32), over
+    ns_steps Newton-Schulz steps (train.muon_ns_steps)."""
 
-    def __init__(self, model: Modern, compiled: bool, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        model: Modern,
+        compiled: bool,
+        dtype: torch.dtype = torch.bfloat16,
+        ns_steps: int = TrainConfig.muon_ns_steps,
+    ) -> None:
         L, C = model.qkvo.shape[0], model.qkvo.shape[-1]
         # each parameter as a stack of (rows, cols) matrices, torch's [out, in]: rows = fan_out, cols = fan_in
         self.groups = [(model.qkvo, (4 * L, C, C)), (model.fc, (L, 4 * C, C)), (model.proj, (L, C, 4 * C))]
         self.momentum = [torch.zeros_like(p) for p, _ in self.groups]
         self.hyper = torch.zeros(3, dtype=model.qkvo.dtype, device=model.qkvo.device)  # lr, mu, wd
-        self.dtype = dtype
+        self.dtype, self.ns_steps = dtype, ns_steps
         self.update = torch.compile(muon_update, dynamic=False) if compiled else muon_update
 
     @torch.no_grad()
@@ -222,7 +236,16 @@ class Muon:
         for (p, shape), m in zip(self.groups, self.momentum):
             _, rows, cols = shape
             scale = math.sqrt(max(1.0, rows / cols))  # sqrt(max(1, fan_out / fan_in))
-            self.update(p.view(shape), p.grad.view(shape), m.view(shape), self.hyper, scale, rows > cols, self.dtype)
+            self.update(
+                p.view(shape),
+                p.grad.view(shape),
+                m.view(shape),
+                self.hyper,
+                scale,
+                rows > cols,
+                self.dtype,
+                self.ns_steps,
+            )
 
 
 def make_adamw(model: Modern, t: TrainConfig) -> torch.optim.AdamW:
@@ -253,7 +276,8 @@ class Run:
         self.weights = initial_weights(self.m, self.t.seed)
         # evaluation runs this same module with autograd on and no backward: one compiled graph, not a second one
         self.fwd = torch.compile(self.model) if compiled else self.model
-        self.muon = Muon(self.model, compiled, torch.bfloat16 if device == "cuda" else torch.float32)
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        self.muon = Muon(self.model, compiled, dtype, self.t.muon_ns_steps)
         self.train_data, val = data.make_loaders(exp, self.t.micro_batch)
         self.micro = data.MicroSchedule.of(self.t)
         (self.val,) = val.sources.values()

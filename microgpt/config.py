@@ -106,13 +106,15 @@ class TrainConfig:
     schedule: str = "cosine"
     warmdown_frac: float = 0.4
     # each group's lr at the schedule's peak (the schedule scales them all alike): the untied head's (0: lr) and
-    # Muon's; muon_momentum rises linearly from muon_momentum_start over muon_momentum_warmup steps (0: none)
+    # Muon's; muon_momentum rises linearly from muon_momentum_start over muon_momentum_warmup steps (0: none);
+    # muon_ns_steps: the Newton-Schulz steps that orthogonalise each Muon update (three batched GEMMs each per group)
     head_lr: float = 0.0
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_momentum_start: float = 0.85
     muon_momentum_warmup: int = 300
     muon_weight_decay: float = 0.0
+    muon_ns_steps: int = 5
     # a batch-size warmup (data/loader.py MicroSchedule): step s < batch_warmup_steps reads batch_warmup_start +
     # floor(s (n_micro - batch_warmup_start) / batch_warmup_steps) micro-batches instead of n_micro (0: none); the
     # lr, Muon's momentum, evaluations and checkpoints still count steps. Under micro_batch "auto" batch_warmup_start
@@ -161,6 +163,7 @@ AUTO = "auto"  # train.micro_batch's one non-number
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: E4M3 block linears (microgpt/fp8.py)
 BLOCKS = ("gpt2", "modern")  # model.block
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer
+MAX_NS_STEPS = 10  # train.muon_ns_steps: 1 .. this many Newton-Schulz steps
 SCHEDULES = ("cosine", "warmdown")  # train.schedule
 NUMPY_PRECISIONS = ("fp32", "fp8")  # what the numpy backend runs: it computes in fp32 (fp8: E4M3 linears' reference)
 BACKENDS = ("numpy", "triton")
@@ -348,6 +351,8 @@ def _check_family(m: ModelConfig, t: TrainConfig, src: str) -> None:
             f"{src}: train.muon_momentum_warmup must be in [0, {INT_MAX}] and train.muon_weight_decay "
             f">= 0, got {brief(t.muon_momentum_warmup)}, {t.muon_weight_decay}"
         )
+    if not 1 <= t.muon_ns_steps <= MAX_NS_STEPS:
+        raise ConfigError(f"{src}: train.muon_ns_steps must be in [1, {MAX_NS_STEPS}], got {brief(t.muon_ns_steps)}")
 
 
 WINDOW_TILE = 16  # the attention kernels' smallest key tile: a scheduled window is a whole number of them

@@ -308,7 +308,10 @@ def test_modern_optimizer_constants_are_the_code_s() -> None:
     from microgpt.ops import muon
     from microgpt.ops.gradclip import clip_factor
 
-    assert int(stated(r"(\d+) times: A = X X\^T").group(1)) == muon.NS_STEPS
+    assert "ns times: A = X X^T" in MODERN_FLAT
+    n = stated(r"ns = `train\.muon_ns_steps` \((\d+)\), an int in \[(\d+), (\d+)\], counts the Newton-Schulz steps")
+    assert int(n.group(1)) == muon.NS_STEPS == config.TrainConfig().muon_ns_steps
+    assert (int(n.group(2)), int(n.group(3))) == (1, config.MAX_NS_STEPS)
     coeffs = stated(r"\(a, b, c\) = \(([-0-9., ]+)\)").group(1)
     assert tuple(float(c) for c in coeffs.split(",")) == muon.NS_COEFFS
     assert float(stated(r"U / \(\|\|U\|\|_F \+ ([0-9.e-]+)\)").group(1)) == muon.NORM_EPS

@@ -378,14 +378,21 @@ WINDOW_RUN = ({"attn_window": 24, "doc_mask": 0}, {"attn_window_start": 16, "att
 
 @pytest.mark.parametrize(
     "lever, more_train",
-    [({}, {}), ({"value_embeds": 1}, {}), ({"n_layer": 4, "skips": 2}, {}), ({}, BATCH_WARMUP), WINDOW_RUN],
-    ids=["plain", "value-embeds", "skips", "batch-warmup", "window-docs"],
+    [
+        ({}, {}),
+        ({"value_embeds": 1}, {}),
+        ({"n_layer": 4, "skips": 2}, {"muon_ns_steps": 3}),
+        ({}, BATCH_WARMUP),
+        WINDOW_RUN,
+    ],
+    ids=["plain", "value-embeds", "skips-ns-steps-3", "batch-warmup", "window-docs"],
 )
 def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dict, more_train: dict) -> None:
     """The seed's checkpoint holds Muon's momentum in m (v zero there): a run stopped by SIGTERM and resumed with
     --resume latest, and a two-process run resumed from its step-3 checkpoint, each end on the final checkpoint's
     bytes of the same run never stopped; with value embeddings too (AdamW's, summed with the embedding's bucket), with
-    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient), with a batch
+    skips (their scalars AdamW's, in the same bucket; 2k = L: a kept copy and a waiting gradient) and 3 Newton-Schulz
+    steps (train.muon_ns_steps, recorded in the checkpoint's sidecar with the rest of the experiment), with a batch
     warmup whose checkpoints (steps 2 to 3, and 3) fall inside it, and with the window's schedule (a function of the
     step alone) and document masking."""
     from microgpt import checkpoint
@@ -406,7 +413,8 @@ def test_resume_is_bit_exact_on_one_and_two_processes(tmp_path: Path, lever: dic
     resumed = cli("train", str(exp), "--steps", "6", "--out", str(tmp_path / "b"), "--resume", "latest")
     assert resumed.returncode == 0, resumed.stderr
     assert (tmp_path / "a/ckpt" / final).read_bytes() == (tmp_path / "b/ckpt" / final).read_bytes()
-    ck = checkpoint.read_checkpoint(tmp_path / "a/ckpt" / final)
+    ck, side = checkpoint.load(tmp_path / "a/ckpt" / final)
+    assert side["config"]["train"]["muon_ns_steps"] == more_train.get("muon_ns_steps", 5)
     m = ModelConfig(**{**json.loads(exp.read_text())["model"]})
     v = params.named(ck.v, m)
     assert not any(v[name].any() for name, _, _ in params.matrices(m)) and v["wte"].any()
@@ -448,14 +456,16 @@ def section9_lr(s: int, t: dict) -> float:
     return t["lr"] + (t["min_lr"] - t["lr"]) * min(1, max(0, s - d) / max(1, S - d))
 
 
-def section9_muon(W: np.ndarray, G: np.ndarray, M: np.ndarray, lr: float, mu: float, wd: float) -> None:
+def section9_muon(
+    W: np.ndarray, G: np.ndarray, M: np.ndarray, lr: float, mu: float, wd: float, ns_steps: int = 5
+) -> None:
     rows, cols = W.shape
     M += (1 - mu) * (G - M)
     U = G + mu * (M - G)
     X = U / (np.linalg.norm(U) + 1e-7)
     X = X.T if rows > cols else X
     a, b, c = NS
-    for _ in range(5):
+    for _ in range(ns_steps):
         A = X @ X.T
         X = a * X + (b * A + c * A @ A) @ X
     W *= 1 - lr * wd
@@ -469,11 +479,13 @@ def section9_adamw(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, l
     p -= lr * (m / (1 - t["beta1"] ** n)) / (np.sqrt(v / (1 - t["beta2"] ** n)) + t["eps"])
 
 
-def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ns_steps", [5, 3])
+def test_muon_steps_are_section_9s_recipe(tmp_path: Path, ns_steps: int) -> None:
     """The trainer's weights and Muon's momentum after each of six steps against section 9 written out above: the
     init drawn from the seed, G' (the clip acting), Muon on square, wide and tall matrices, AdamW on the embedding and
     the value embeddings at train.lr and on the head at head_lr, both weight decays, the warmdown's start rounded half
-    to even, Muon's momentum warmup; the gradients from the torch twin (autograd)."""
+    to even, Muon's momentum warmup; the gradients from the torch twin (autograd). At the default Newton-Schulz steps
+    and at train.muon_ns_steps 3 (whose weights lie far from 5's after the first step: the engine takes the field)."""
     from microgpt.run import trainer
     from tests.conftest import TINY
     from tests.test_step import FixedBatches, float64_backend
@@ -482,7 +494,8 @@ def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
     t = {"optimizer": "muon", "micro_batch": 2, "n_micro": 2, "steps": 6, "lr": 0.05, "head_lr": 0.01,
          "muon_lr": 0.03, "min_lr": 0.002, "warmup_steps": 1, "schedule": "warmdown", "warmdown_frac": 0.75,
          "beta1": 0.8, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "muon_weight_decay": 0.05,
-         "grad_clip": 0.3, "muon_momentum_warmup": 3, "muon_momentum_start": 0.85, "muon_momentum": 0.95}  # fmt: skip
+         "grad_clip": 0.3, "muon_momentum_warmup": 3, "muon_momentum_start": 0.85, "muon_momentum": 0.95,
+         "muon_ns_steps": ns_steps}  # fmt: skip
     exp = config.from_dict({**TINY, "model": dataclasses.asdict(m), "train": {**TINY["train"], **t}})
     rng = np.random.default_rng(11)
     tokens, targets = (rng.integers(0, m.vocab_size, (t["steps"], 4, m.seq_len)).astype(np.int32) for _ in "xy")
@@ -518,11 +531,18 @@ def test_muon_steps_are_section_9s_recipe(tmp_path: Path) -> None:
         for name, p in P.items():
             g = TP[name].grad.numpy() * factor
             if name.startswith("h"):
-                section9_muon(p, g, M[name], f / t["lr"] * t["muon_lr"], mu, t["muon_weight_decay"])
+                if s == 1 and name == "h0.w_2":  # the other count's update (5 or 3) is not the one taken
+                    other = p.copy()
+                    section9_muon(
+                        other, g, M[name].copy(), f / t["lr"] * t["muon_lr"], mu, t["muon_weight_decay"], 8 - ns_steps
+                    )
+                section9_muon(p, g, M[name], f / t["lr"] * t["muon_lr"], mu, t["muon_weight_decay"], ns_steps)
             else:
                 lr = f / t["lr"] * t["head_lr"] if name == "lm_head" else f
                 section9_adamw(p, g, M[name], V[name], lr, s + 1, t)
         check_close(f"weights after step {s}", tr.S.p, w, 1e-12)
+        if s == 1:  # the first step whose gradients reach the block (the head and w_o, w_2 start at zero)
+            assert np.abs(other - P["h0.w_2"]).max() > 1e-3 * np.abs(P["h0.w_2"]).max(), "3 and 5 steps should differ"
         check_close(f"m after step {s}", tr.S.adam_m, mom, 1e-12)
         check_close(f"v after step {s}", tr.S.adam_v, sq, 1e-12)
     assert clipped > 0 and section9_lr(2, t) == t["lr"] > section9_lr(3, t)  # round(4.5) = 4: the line from s = 2

@@ -48,7 +48,8 @@ class TrainState:
     prec: PrecisionState  # the precision bound to this arena: its matmul and what it keeps across steps
     scaler: LossScaler = field(default_factory=LossScaler)
     step: int = 0  # optimizer steps completed
-    # train.optimizer "muon": the backend's muon_step bound to this model's groups and its planned scratch
+    # train.optimizer "muon": the backend's muon_step bound to this model's groups, its planned scratch and
+    # train.muon_ns_steps
     muon: Callable[..., None] | None = None
 
     @property
@@ -213,7 +214,12 @@ def make_state(m: ModelConfig, t: TrainConfig, K: Backend) -> TrainState:
         for s in work:
             if s.fill is not None:  # what the kernels read before the first step writes (Muon's offsets)
                 K.copy_in(arena[s.buffer], np.array(s.fill, np.int32))
-        S.muon = functools.partial(K.muon_step, groups=optim.groups(m), **{s.keyword: arena[s.buffer] for s in work})
+        S.muon = functools.partial(
+            K.muon_step,
+            groups=optim.groups(m),
+            ns_steps=t.muon_ns_steps,
+            **{s.keyword: arena[s.buffer] for s in work},
+        )
     S.set_weights(params.init_weights(m, t.seed))
     K.copy_in(arena["decay_mask"], params.decay_mask(m))
     fill_tables(K, m, arena)

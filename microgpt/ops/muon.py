@@ -14,7 +14,7 @@ For every owned matrix W (rows, cols) at its offset in the flat arrays, with gra
     M     = M + (1 - mu) * (G' - M)                           momentum, kept in the checkpoint's adam_m
     U     = G' + mu * (M - G')                                Nesterov
     X     = U / (||U||_F + 1e-7)                              a tall W (rows > cols) as U^T: X is wide, R <= Cw
-    ns_steps times (5):  A = X X^T ;  B = b A + c A A ;  X = a X + B X     (a, b, c) = NS_COEFFS
+    ns_steps times:  A = X X^T ;  B = b A + c A A ;  X = a X + B X     (a, b, c) = NS_COEFFS; train.muon_ns_steps (5)
     W     = W * (1 - lr * wd) - lr * sqrt(max(1, cols / rows)) * X           X^T back for a tall W
     p_compute = W (rounded to the compute dtype), G = 0
 

@@ -122,15 +122,17 @@ def test_adamw_keeps_the_skips_at_the_head_s_lr_undecayed() -> None:
     assert groups == [("adamw", 0.1, [(V, C)]), ("head", 0.1, [(V, C)]), ("head", 0.0, [(2,)])]
 
 
-def reference_muon(W: np.ndarray, G: np.ndarray, Mo: np.ndarray, lr: float, mu: float, wd: float) -> None:
-    """Section 9's Muon on one matrix W [in, out], in place on W and its momentum Mo."""
+def reference_muon(
+    W: np.ndarray, G: np.ndarray, Mo: np.ndarray, lr: float, mu: float, wd: float, ns_steps: int = 5
+) -> None:
+    """Section 9's Muon on one matrix W [in, out], in place on W and its momentum Mo (ns_steps: train.muon_ns_steps)."""
     Mo += (1 - mu) * (G - Mo)
     U = G + mu * (Mo - G)
     tall = W.shape[0] > W.shape[1]
     X = U.T if tall else U
     X = X / (np.linalg.norm(X) + tm.NORM_EPS)
     a, b, c = tm.NS_COEFFS
-    for _ in range(tm.NS_STEPS):
+    for _ in range(ns_steps):
         A = X @ X.T
         X = a * X + (b * A + c * A @ A) @ X
     W *= 1 - lr * wd
@@ -143,12 +145,15 @@ def grad_slot(model: tm.Modern, name: str) -> torch.Tensor:
     return view._base.grad.as_strided(view.shape, view.stride(), view.storage_offset())
 
 
-def test_muon_step_is_moderns_update_in_microgpts_layout() -> None:
+@pytest.mark.parametrize("ns_steps", [5, 3])
+def test_muon_step_is_moderns_update_in_microgpts_layout(ns_steps: int) -> None:
+    """The twin's Muon step against section 9's, at the default Newton-Schulz steps and at train.muon_ns_steps 3
+    (which a step of 5 would not match: checked on the last step's result)."""
     rng = np.random.default_rng(1)
     w = random_weights(rng)
     model = tm.Modern(M).double()
     model.load_weights(w)
-    muon = tm.Muon(model, compiled=False, dtype=torch.float64)
+    muon = tm.Muon(model, compiled=False, dtype=torch.float64, ns_steps=ns_steps)
     matrices = [name for name in w if "." in name]
     momentum = {name: np.zeros_like(w[name]) for name in matrices}
     for lr, mu, wd in ((0.05, 0.85, 0.1), (0.02, 0.95, 0.0)):  # the second step reads the first's momentum
@@ -157,7 +162,10 @@ def test_muon_step_is_moderns_update_in_microgpts_layout() -> None:
         for name in matrices:
             g = rng.normal(size=w[name].shape)
             grad_slot(model, name).copy_(torch.from_numpy(g).t())
-            reference_muon(w[name], g, momentum[name], lr, mu, wd)
+            other = w[name].copy()
+            reference_muon(other, g, momentum[name].copy(), lr, mu, wd, 8 - ns_steps)  # the other count: 3 or 5
+            reference_muon(w[name], g, momentum[name], lr, mu, wd, ns_steps)
+            assert np.abs(other - w[name]).max() / np.abs(w[name]).max() > 1e-6, name
         muon.step(lr, mu, wd)
     for name in matrices:
         got = model.slot(name).detach().t().numpy()

@@ -144,6 +144,27 @@ def test_fixed_steps_give_the_twin_the_engines_schedule(tmp_path: Path) -> None:
     assert lr_at(0, t) == pytest.approx(0.2 / 5)  # a warmup of 30 of 300 steps: 5 of 50
 
 
+def test_a_lever_side_and_the_twin_take_muon_ns_steps(tmp_path: Path) -> None:
+    """--set c,d:train.muon_ns_steps=3: the experiment that side (d)'s engine command and side (c)'s twin command load
+    runs 3 Newton-Schulz steps, (b)'s the default 5; (d)'s label names the lever; a value out of range is the
+    config's one line."""
+    from bench import torch_modern as tm
+
+    modern = tmp_path / "modern.json"
+    modern.write_text(json.dumps(MODERN_TINY))
+    args = ttl.parser().parse_args(["--shape", "tiny", "--set", "c,d:train.muon_ns_steps=3"])
+    for x, want in (("b", 5), ("d", 3)):
+        cmd = ttl.engine_cmd(str(modern), tmp_path / x, ttl.side_sets(args.set, x))
+        assert config.load(str(modern), [a for f, a in zip(cmd, cmd[1:]) if f == "--set"]).train.muon_ns_steps == want
+    twin = tm.parser().parse_args(
+        ttl.twin_cmd(str(modern), ttl.side_sets(args.set, "c"), ttl.SHAPES["tiny"], 50, 10, args)[2:]
+    )
+    assert config.load(twin.experiment, twin.set).train.muon_ns_steps == 3
+    assert ttl.own_sets(args.set, "d") == ["train.muon_ns_steps=3"]
+    with pytest.raises(config.ConfigError, match=r"train\.muon_ns_steps must be in \[1, 10\], got 0"):
+        config.load(str(modern), ttl.side_sets(["d:train.muon_ns_steps=0"], "d"))
+
+
 def test_gather_links_distinct_python_sources(tmp_path: Path) -> None:
     found = ttl_data.gather(tmp_path / "src", 300_000)
     assert ttl_data.source_roots(stdlib_only=True) == ttl_data.source_roots()[:1]  # the tiny shape's: stdlib alone

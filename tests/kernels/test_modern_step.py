@@ -84,15 +84,17 @@ def _steps_on_both(t: TrainConfig, m: ModelConfig, steps: list, lrs: list[float]
     return results["numpy"], results["triton"]
 
 
-@pytest.mark.parametrize("m", [M, MS, MWS], ids=["plain", "skips", "window-schedule-docs"])
+@pytest.mark.parametrize("m", [M, MS, MWS], ids=["plain", "skips-ns-steps-3", "window-schedule-docs"])
 def test_two_muon_steps_match_numpy(m: ModelConfig) -> None:
     """step.optimizer_step on both backends: the same losses and norms, and after two steps with the clip acting
     the same weights and m (Muon's momentum on the matrices, AdamW's on the embedding and head, and the skips'
-    scalars), v zero where Muon owns a parameter, the gradients left zero; with the window's schedule (each step's
-    window written before it) and documents too."""
+    scalars), v zero where Muon owns a parameter, the gradients left zero; with skips and 3 Newton-Schulz steps
+    (train.muon_ns_steps: both backends' steps bound to it), and with the window's schedule (each step's window
+    written before it) and documents."""
     window = {"attn_window_start": 16, "attn_window_every": 1} if m is MWS else {}
     t = TrainConfig(
         **window,
+        muon_ns_steps=3 if m is MS else 5,
         micro_batch=B,
         n_micro=2,
         grad_clip=0.05,

@@ -67,8 +67,11 @@ def hyper(lr: float, mu: float, gscale: float = GSCALE) -> np.ndarray:
     return np.array([lr, mu, gscale, WD], np.float32)
 
 
-def run_both(compute: torch.dtype, steps: int = len(LRS)) -> tuple[dict, dict, np.ndarray, np.ndarray]:
-    """The same steps on both sides from the same fp32 state; returns each side's (p, m, g, pc) and p0, own."""
+def run_both(
+    compute: torch.dtype, steps: int = len(LRS), ns_steps: int = ref.NS_STEPS, kernels: bool = True
+) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+    """The same steps on both sides from the same fp32 state, ns_steps Newton-Schulz steps each (train.muon_ns_steps);
+    returns each side's (p, m, g, pc) and p0, own (kernels False: the NumPy side alone, the kernels' dict empty)."""
     rng = np.random.default_rng(46)
     n, grps, own = layout()
     p0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
@@ -79,11 +82,23 @@ def run_both(compute: torch.dtype, steps: int = len(LRS)) -> tuple[dict, dict, n
         raw = (rng.standard_normal(n) * size / math.sqrt(n) / GSCALE).astype(np.float32)
         norm = np.array([np.linalg.norm(raw.astype(np.float64))], np.float32)
         rg, gg = raw.copy(), dev(raw)
-        ref.muon_step(rp, rg, rm, rpc, hyper(lr, mu), norm, groups=grps, max_norm=MAX_NORM, **rscratch)
-        km.muon_step(
-            gp, gg, gm, gpc, dev(hyper(lr, mu)), dev(norm), groups=grps, max_norm=MAX_NORM, gemm=GEMM, **scratch
-        )
-    got = {"p": h(gp), "m": h(gm), "g": h(gg), "pc": h(gpc)}
+        hy = hyper(lr, mu)
+        ref.muon_step(rp, rg, rm, rpc, hy, norm, groups=grps, max_norm=MAX_NORM, ns_steps=ns_steps, **rscratch)
+        if kernels:
+            km.muon_step(
+                gp,
+                gg,
+                gm,
+                gpc,
+                dev(hy),
+                dev(norm),
+                groups=grps,
+                max_norm=MAX_NORM,
+                gemm=GEMM,
+                ns_steps=ns_steps,
+                **scratch,
+            )
+    got = {"p": h(gp), "m": h(gm), "g": h(gg), "pc": h(gpc)} if kernels else {}
     want = {"p": rp.astype(np.float64), "m": rm.astype(np.float64), "g": rg.astype(np.float64), "pc": rpc}
     return got, want, p0.astype(np.float64), own
 
@@ -102,6 +117,17 @@ def test_muon_step_matches_numpy_fp32() -> None:
     np.testing.assert_array_equal(got["g"][~own], want["g"][~own])  # AdamW's gradients left for it
     np.testing.assert_array_equal(got["pc"][own], got["p"][own])  # the compute copy: p, in the same pass
     assert (got["pc"][~own] == 7.0).all()
+
+
+def test_muon_step_matches_numpy_at_three_ns_steps() -> None:
+    """train.muon_ns_steps 3 reaches both sides: one step's update against the NumPy step's at 3 (fp32, as above),
+    which lies far from NumPy's at the default 5 (the singular values not yet in their band)."""
+    got, want, p0, own = run_both(F32, steps=1, ns_steps=3)
+    _, five, _, _ = run_both(F32, steps=1, kernels=False)
+    check("update p - p0 (owned)", got["p"][own] - p0[own], want["p"][own] - p0[own], 2e-5)
+    np.testing.assert_array_equal(got["pc"][own], got["p"][own])
+    off = np.abs((five["p"] - want["p"])[own]).max() / np.abs((want["p"] - p0)[own]).max()
+    assert off > 1e-2, f"3 and 5 Newton-Schulz steps should differ, max relative {off:.2e}"
 
 
 def test_muon_step_fp16_compute() -> None:
