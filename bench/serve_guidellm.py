@@ -17,15 +17,15 @@ file.
 
 One JSON line per concurrency on stdout (client "guidellm"): streams, prompt tokens (the server's usage, median), the
 streams completed, failed (guidellm's errored) and cut (incomplete: in flight when --seconds ran out), the completion
-tokens of the completed ones and the benchmark's seconds, tokens/s (guidellm's output tokens per second: the completion
-tokens over its seconds), TTFT median and p99, ITL median and p99 (guidellm's inter-token latency: a stream's time from
-its first token to its last over its tokens after the first, one average per stream weighted by its tokens: its p99 is
-of streams' averages, not of single gaps between events as bench/serve.py's), tokens per event (guidellm's output tokens
-per streaming iteration, mean). Every wait is bounded: guidellm gets --seconds per concurrency plus --timeout, then is
-killed, and the error names what it waited for; where guidellm cannot be run, exits non-zero or writes no JSON, one
-error line (with its output's tail), exit 1. guidellm is not in the project's extras (nothing here imports it): GUIDELLM
-or --guidellm names the command; on the GPU machine its wheels travel with the call (dev/gpu_check.sh, stage
-serve-guidellm).
+tokens of the completed ones and the benchmark's seconds, tokens/s (guidellm's own output tokens per second: its tokens
+over time, within a few percent of the completed streams' tokens over the seconds), TTFT median and p99, ITL median and
+p99 (guidellm's inter-token latency: a stream's time from its first token to its last over its tokens after the first,
+one average per stream weighted by its tokens: its p99 is of streams' averages, not of single gaps between events as
+bench/serve.py's), tokens per event (guidellm's output tokens per streaming iteration, mean). Every wait is bounded:
+guidellm gets --seconds per concurrency plus --timeout, then is killed, and the error names what it waited for; where
+guidellm cannot be run, exits non-zero or writes no JSON, one error line (with its output's tail), exit 1. guidellm is
+not in the project's extras (nothing here imports it): GUIDELLM or --guidellm names the command; on the GPU machine its
+wheels travel with the call (dev/gpu_check.sh, stage serve-guidellm).
 """
 
 from __future__ import annotations
