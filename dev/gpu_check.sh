@@ -100,6 +100,7 @@ for line in sys.stdin:
     serve-locust|serve-guidellm) client=${s#serve-}  # the outside load generator: its wheels in .whl/$client
            python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/$client-site \
              .whl/$client/*.whl 2>&1 | tail -2
+           [ $client = locust ] || env PYTHONPATH=/tmp/guidellm-site python3 -m guidellm --version 2>&1 | tail -2
            exp=${SERVE_EXP:-experiments/ANDREA-120M-TRAIN.json}
            name=$(basename $exp .json); ckpt=${SERVE_CKPT:-runs/serve-${name#ANDREA-}}
            if [ -z "${SERVE_CKPT:-}" ] && ! ls $ckpt/ckpt/step-*.bin >/dev/null 2>&1; then
