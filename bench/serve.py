@@ -6,6 +6,8 @@ step at the same batch, in one run; and a chat workload with prefix reuse on and
     python3 bench/serve.py --checkpoint RUN_OR_BIN  # a trained model instead of random weights
     python3 bench/serve.py --device cpu             # the smoke check: a tiny model on the NumPy backend
     python3 bench/serve.py --locust "python3 -m locust"   # then locust at the same streams (bench/serve_locust.py)
+    python3 bench/serve.py --guidellm guidellm      # then guidellm at the same streams and prompt lengths
+                                                    # (bench/serve_guidellm.py)
 
 Order: the decode step alone first, for each (batch, prompt length) of the sweep (bench/decode.py's run_microgpt: a
 plan of that many rows, the prompt prefilled, then --tokens steps replayed as one CUDA graph, greedy on the device);
@@ -14,7 +16,9 @@ then the server, the real one (`python -m microgpt serve CKPT --port 0 --max-bat
 its log's tail is printed; serve's engine prepares every decode size's step before it is ready: on a GPU tuned and its
 graph captured), warmed up by streams joining one at a time (the first prefills and requests on a GPU); then each prompt
 kind's first 8 prompts alone (the reference for same_as_alone); then each (prompt kind, streams) row: all streams sent
-at once.
+at once. Then, where asked, the outside clients against the same server: --locust (bench/serve_locust.py: short
+prompts) and --guidellm (bench/serve_guidellm.py: each prompt kind's length, in tokens of the checkpoint's tokenizer),
+each row beside the decode step alone at its batch.
 
 Requests: POST /v1/completions, streamed, greedy (--temperature 0), max_tokens --tokens, ignore_eos (a random model
 would end some streams early), a prompt of its own per stream: "short" is a line of code as text (about 10 tokens),
@@ -67,6 +71,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode import SHAPES, backend, random_checkpoint, run_microgpt  # noqa: E402
 from bench.serve_client import CLIENTS_PER_PROC, BenchError, Run, fleet, stream, threads  # noqa: E402
+from bench.serve_guidellm import GuidellmError, write_tokenizer  # noqa: E402
+from bench.serve_guidellm import run as run_guidellm  # noqa: E402
 from microgpt.data.corpus import stdlib_files  # noqa: E402
 from microgpt.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer, load_tokenizer, train_bpe  # noqa: E402
 from microgpt.engine.trained import load_trained  # noqa: E402
@@ -342,6 +348,36 @@ def locust_rows(server: Server, args: argparse.Namespace, prompts: Prompts, step
     return rows
 
 
+def guidellm_rows(
+    server: Server, args: argparse.Namespace, prompts: Prompts, step: dict, folder: Path, tok: tuple[dict, Any]
+) -> list[dict]:
+    """--guidellm: guidellm (bench/serve_guidellm.py) against the same server, for each prompt kind at every --streams
+    (one guidellm process a kind), --guidellm-seconds each, its prompts of that kind's length in tokens of the
+    checkpoint's tokenizer (tok: its record and the ModelConfig, written as a Hugging Face folder for it); one row
+    each, client "guidellm", beside the decode step alone at that batch and prompt length."""
+    try:
+        tokenizer = write_tokenizer(*tok, folder / "hf-tokenizer")
+    except InputError as e:
+        raise BenchError(f"guidellm needs the checkpoint's tokenizer as a Hugging Face folder: {e}") from None
+    rows = []
+    for kind in args.prompts:
+        try:
+            got = run_guidellm(
+                args.guidellm, f"http://{HOST}:{server.port}", tokenizer, args.streams, prompts.tokens(kind),
+                args.tokens, args.guidellm_seconds, args.timeout, folder,
+            )  # fmt: skip
+        except GuidellmError as e:
+            raise BenchError(str(e)) from None
+        for row in got:
+            n = row["streams"]
+            row = {"client": "guidellm", "streams": n, "prompt": kind, **row}
+            row["decode_step_tokens_per_s"] = step.get((n, kind))
+            row["of_decode_step"] = row["tokens_per_s"] / step[n, kind] if (n, kind) in step else None
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, reuse: bool) -> dict[str, Any]:
     """--chat conversations at once, --turns turns each over a shared system prompt; TTFT by turn, reused tokens."""
     system = tok.decode(prompts.get(str(args.system), 0))
@@ -384,6 +420,22 @@ def locust_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | {r['ttft_ms']['median']:.0f} / "
             f"{r['ttft_ms']['p99']:.0f} | {r['completed']} | {r['failures']} | "
+            f"{f'{step:,.0f}' if step else '-'} | {f'{ratio:.2f}x' if ratio else '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def guidellm_table(rows: list[dict]) -> str:
+    lines = [
+        "| guidellm streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | streams done | failures "
+        "| decode step tokens/s | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
+        lines.append(
+            f"| {r['streams']} | {r['prompt_tokens']:.0f} | {r['tokens_per_s']:,.0f} | {r['ttft_ms']['median']:.1f} / "
+            f"{r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | {r['completed']} | {r['failures']} | "
             f"{f'{step:,.0f}' if step else '-'} | {f'{ratio:.2f}x' if ratio else '-'} |"
         )
     return "\n".join(lines)
@@ -434,6 +486,12 @@ def parser() -> argparse.ArgumentParser:
         help='the command that runs locust (e.g. "python3 -m locust"): the locustfile bench/serve_locust.py at each '
         "--streams too, against the same server (an outside client's figures beside the bench's own)",
     )
+    p.add_argument(
+        "--guidellm",
+        help='the command that runs guidellm (e.g. "guidellm"): bench/serve_guidellm.py at each --streams and '
+        "--prompts too, against the same server (an outside client's figures beside the bench's own)",
+    )
+    p.add_argument("--guidellm-seconds", type=float, help="each guidellm row's seconds (default: 20 on cuda, 5 on cpu)")
     p.add_argument("--locust-seconds", type=float, help="each locust run's seconds (default: 20 on cuda, 8 on cpu)")
     p.add_argument("--repeats", type=int, default=3, help="the decode step's timing runs (bench/decode.py's)")
     p.add_argument("--start-timeout", type=float, help="seconds for serve to answer (default: 600 on cuda, 120 on cpu)")
@@ -458,6 +516,7 @@ def defaults(args: argparse.Namespace) -> None:
     args.start_timeout = args.start_timeout or (600 if gpu else 120)
     args.timeout = args.timeout or (600 if gpu else 120)
     args.locust_seconds = args.locust_seconds or (20 if gpu else 8)
+    args.guidellm_seconds = args.guidellm_seconds or (20 if gpu else 5)
     args.max_batch = max(args.streams + [args.chat])
     args.backend, args.precision = "triton" if gpu else "numpy", args.precision or ("bf16" if gpu else "fp32")
 
@@ -493,11 +552,13 @@ def main(argv: list[str] | None = None) -> int:
         step = decode_rates(args, m, w, lengths)
         print(f"bench: the decode step alone in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         log = Path(tmp) / "serve.log"
-        chats = []
+        chats, guided = [], []
         try:
             with served(ckpt, args, log, term) as server:
                 rows = sweep(server, args, prompts, step)
                 outside = locust_rows(server, args, prompts, step, Path(tmp)) if args.locust else []
+                if args.guidellm:
+                    guided = guidellm_rows(server, args, prompts, step, Path(tmp), (record, m))
                 if args.chat:
                     chats.append(chat(server, args, prompts, tok, True))
             if args.chat:
@@ -525,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if outside:
         print(locust_table(outside))
+    if guided:
+        print(guidellm_table(guided))
     return 0
 
 

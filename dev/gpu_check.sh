@@ -30,6 +30,10 @@
 #           SERVE_TRAIN_STEPS (300) steps of 4 micro-batches of 8 x 1024 tokens on the built-in corpus (its 50,304-entry
 #           BPE and shards built first: ~50 s on a CPU): random weights make near-ties of the greedy picks. Carry
 #           .whl/locust: locust's wheels for the device's Python 3.12 (dev/README.md: `pip download` line, 11 MiB)
+#   serve-guidellm: serve-locust with guidellm (bench/serve_guidellm.py) for locust: after bench/serve.py's own rows,
+#           guidellm's concurrent profile at the same streams and prompt lengths, GUIDELLM_SECONDS (15) each;
+#           $OUT/serve-guidellm.jsonl. Carry .whl/guidellm: the 35 wheels guidellm needs beyond the image's packages
+#           (dev/README.md: `pip download` line, 12 MB)
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
@@ -93,8 +97,10 @@ for line in sys.stdin:
     r = json.loads(line)
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items() if k != "tokens"})'
             tail -3 "$OUT/decode.err" | cut -c1-400 ;;
-    serve-locust) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust-site \
-             .whl/locust/*.whl 2>&1 | tail -2
+    serve-locust|serve-guidellm) client=${s#serve-}  # the outside load generator: its wheels in .whl/$client
+           python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/$client-site \
+             .whl/$client/*.whl 2>&1 | tail -2
+           [ $client = locust ] || env PYTHONPATH=/tmp/guidellm-site python3 -m guidellm --version 2>&1 | tail -2
            exp=${SERVE_EXP:-experiments/ANDREA-120M-TRAIN.json}
            name=$(basename $exp .json); ckpt=${SERVE_CKPT:-runs/serve-${name#ANDREA-}}
            if [ -z "${SERVE_CKPT:-}" ] && ! ls $ckpt/ckpt/step-*.bin >/dev/null 2>&1; then
@@ -104,13 +110,16 @@ for line in sys.stdin:
                --set train.ckpt_every=100000 2>"$OUT/serve-train.err" | grep '"step"' | tail -1 | cut -c1-300
              tail -2 "$OUT/serve-train.err" | grep -iE "error|Traceback" | cut -c1-400
            fi
+           if [ $client = locust ]; then outside=(--locust "env PYTHONPATH=/tmp/locust-site python3 -m locust")
+           else outside=(--guidellm "env PYTHONPATH=/tmp/guidellm-site python3 -m guidellm"
+                         --guidellm-seconds ${GUIDELLM_SECONDS:-15}); fi
            timeout ${SERVE_TIMEOUT:-540} python3 bench/serve.py --checkpoint $ckpt \
-             --locust "env PYTHONPATH=/tmp/locust-site python3 -m locust" ${SERVE_ARGS:-} 2>"$OUT/serve-locust.err" \
-             | tee "$OUT/serve-locust.jsonl" | python3 -c 'import json, sys
+             "${outside[@]}" ${SERVE_ARGS:-} 2>"$OUT/$s.err" \
+             | tee "$OUT/$s.jsonl" | python3 -c 'import json, sys
 for line in sys.stdin:  # JSON rows without their texts, then the markdown tables as they are
     r = json.loads(line) if line.startswith("{") else line.rstrip("\n")
     print({k: v for k, v in r.items() if k != "texts"} if isinstance(r, dict) else r)'
-           tail -3 "$OUT/serve-locust.err" | cut -c1-400 ;;
+           tail -3 "$OUT/$s.err" | cut -c1-400 ;;
     serve) timeout ${SERVE_TIMEOUT:-420} python3 bench/serve.py ${SERVE_ARGS:-} 2>"$OUT/serve.err" \
              | tee "$OUT/serve.jsonl" | python3 -c 'import json, sys
 for line in sys.stdin:  # JSON rows without their texts, then the markdown table as it is

@@ -439,3 +439,40 @@ def test_a_modern_block_model_serves_its_own_greedy_tokens_and_logprobs(tmp_path
     x, y = np.array([ids[:-1]], np.int32), np.array([ids[1:]], np.int32)
     want = -S.score(x, y)[2][0]
     np.testing.assert_allclose(scored.choices[0].logprobs.token_logprobs[1:], want, atol=1e-4)
+
+
+# what guidellm 0.8.1 (an outside load generator: bench/serve_guidellm.py) sends, captured from it: GET /health
+# before it starts (and again before each benchmark), then each request of a synthetic_text data set's
+# output_tokens as below (its prompt words of its own)
+GUIDELLM_COMPLETION = {
+    "model": "NAME",
+    "stream": True,
+    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    "max_tokens": 4,
+    "ignore_eos": True,
+    "prompt": "1 0 m0 quick brown fox",
+}
+
+
+def test_guidellms_requests_are_answered_as_it_reads_them(api) -> None:
+    """GET /health is 200 while the engine takes requests (guidellm refuses to start on a 404) and 503 once it does
+    not; guidellm's streamed completion gets every token it asked for and the usage chunk it counts them from."""
+    a, _, url = api
+    root = url.removesuffix("/v1")
+    assert post(f"{root}/health", None, "GET") == (200, {})
+    a.engine.gone = "the server is stopping"
+    try:
+        code, err = post(f"{root}/health", None, "GET")
+        assert code == 503 and err["error"]["message"] == "the server is stopping"
+    finally:
+        a.engine.gone = ""
+    body = json.dumps(GUIDELLM_COMPLETION | {"model": a.name}).encode()
+    req = urllib.request.Request(f"{url}/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as res:
+        assert res.headers["Content-Type"] == "text/event-stream"
+        data = [line[6:].strip() for line in res if line.startswith(b"data: ")]
+    assert data[-1] == b"[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert "".join(c["text"] for e in events for c in e["choices"])  # sampled (no temperature: OpenAI's 1)
+    ids = a.tok.encode(GUIDELLM_COMPLETION["prompt"])
+    assert events[-1]["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 4, "total_tokens": len(ids) + 4}

@@ -3,6 +3,8 @@ tools that talk to OpenAI-style local servers can use a microgpt model as it is;
 
     GET  /                        the chat page (chat.html, package data: one self-contained file, no network)
     GET  /v1/models               {"object": "list", "data": [the model]}: one model, its id the run's name
+    GET  /health                  200 {} while the engine takes requests, else 503 (vLLM's route: guidellm and
+                                  other load generators ask it before they start)
     GET  /v1/models/NAME          that model (404 for any other name)
     POST /v1/chat/completions     messages rendered as ChatML with the checkpoint's tokenizer (as `microgpt chat`
                                   renders a turn: data/chat.py), the reply up to <|im_end|> or <|endoftext|>
@@ -100,6 +102,7 @@ class Api:
         routes = {
             "/": "GET",
             "/stats": "GET",
+            "/health": "GET",
             "/v1/models": "GET",
             "/v1/chat/completions": "POST",
             "/v1/completions": "POST",
@@ -124,6 +127,10 @@ class Api:
                 )
             if path == "/stats":
                 return self._stats()
+            if path == "/health":
+                if self.engine.gone:
+                    raise ApiError(503, self.engine.gone)
+                return json_answer({})
             if path == "/v1/models":
                 return json_answer({"object": "list", "data": [self._card()]})
             if path in ("/tokenizer_info", "/tokenize", "/detokenize"):
