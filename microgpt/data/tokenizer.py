@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -140,6 +142,56 @@ class ByteTokenizer:
 
     def describe(self) -> dict:
         return {"kind": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256}
+
+
+class PieceCache:
+    """encode(text) equal to tok.encode(text), each piece of text between special tokens encoded once and kept (the
+    least recently used dropped past max_chars characters in all). A chat's history renders as the same pieces turn
+    after turn (ChatML: a message's role and content lie between <|im_start|> and <|im_end|>), so a later turn encodes
+    only what is new; serve encodes every request on its event loop, where a whole history's encode holds every
+    stream's writes (docs/SERVE.md has the figures).
+    Equal by construction: `tokenizers` finds its added tokens in the text first and encodes what lies between them
+    each on its own; so where an added token strips no space around it (lstrip, rstrip), matches only whole words or
+    is normalized, its matches are not the plain string's, and this encodes the text whole, as tok.encode does.
+    Threads may share one (serve encodes a large body in a worker): the kept pieces change under a lock."""
+
+    def __init__(self, tok: BPETokenizer | ByteTokenizer, max_chars: int = 1 << 20) -> None:
+        self.tok, self.max_chars, self.chars = tok, max_chars, 0
+        self.pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self.lock = threading.Lock()
+        added = tok.tok.get_added_tokens_decoder().values() if isinstance(tok, BPETokenizer) else ()
+        plain = all(not (a.lstrip or a.rstrip or a.single_word or a.normalized) for a in added)
+        self.specials = {a.content: tok.tok.token_to_id(a.content) for a in added} if plain else {}
+        # the longest first where one special token's string holds another's
+        alts = "|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True))
+        self.split = re.compile(f"({alts})").split if alts else None
+
+    def encode(self, text: str) -> list[int]:
+        if self.split is None:
+            return self.tok.encode(text)
+        out: list[int] = []
+        for i, piece in enumerate(self.split(text)):
+            if i % 2:  # a special token's string (re.split keeps the separators at the odd places)
+                out.append(self.specials[piece])
+            elif piece:
+                out += self._piece(piece)
+        return out
+
+    def _piece(self, piece: str) -> list[int]:
+        with self.lock:
+            ids = self.pieces.get(piece)
+            if ids is not None:
+                self.pieces.move_to_end(piece)
+                return ids
+        ids = self.tok.encode(piece)  # outside the lock: another thread's pieces need not wait for this one
+        if len(piece) <= self.max_chars:
+            with self.lock:
+                if piece not in self.pieces:
+                    self.pieces[piece] = ids
+                    self.chars += len(piece)
+                while self.chars > self.max_chars:
+                    self.chars -= len(self.pieces.popitem(last=False)[0])
+        return ids
 
 
 def new_bpe() -> Tokenizer:

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from microgpt import checkpoint, config
+from microgpt.data.tokenizer import PieceCache
 from microgpt.engine.backend import add_flags
 from microgpt.errors import ArgParser, InputError, check_number
 from microgpt.httpd import Answer, BoundedHTTPServer, Request
@@ -394,10 +395,11 @@ def build(args: argparse.Namespace) -> tuple[Api, BoundedHTTPServer]:
     path, side = Path(engine.loaded["path"]), engine.loaded["side"]
     exp = config.from_dict(side["config"], f"{checkpoint.sidecar_path(path)}: field 'config'")
     tok = engine.tok
+    pieces = PieceCache(tok)  # a chat's history encoded once a message, not once a turn
     model = oai.Model(
         exp.model.seq_len,
         exp.model.vocab_size,
-        lambda text: tok.encode(text) or [tok.eot_id],
+        lambda text: pieces.encode(text) or [tok.eot_id],
         tok.decode,
         args.max_batch,
         args.max_batch + args.queue,

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from pathlib import Path
 
 import pytest
+from tokenizers import AddedToken
 
 from microgpt.data.tokenizer import (
     MAX_TRAIN_RUN,
     SPECIAL_TOKENS,
+    ByteTokenizer,
+    PieceCache,
     TokenizerError,
     bounded_runs,
     load_tokenizer,
@@ -84,3 +88,55 @@ def test_training_is_linear_in_a_line_without_whitespace() -> None:
         tok = train_bpe([line], 300)
         assert time.perf_counter() - t0 < 10
         assert tok.decode(tok.encode(line[:5000])) == line[:5000]
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    """Text cut anywhere, with special tokens, their prefixes and whitespace between the cuts."""
+    seps = [*SPECIAL_TOKENS, " ", "\n", "  \n", "<|im_", "|>", "<|endoftext|", "<<|im_end|>>", ""]
+    src = "".join(CORPUS + HARD)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(0, 6)):
+            a = rng.randrange(len(src))
+            parts += [src[a : a + rng.randint(0, 40)], rng.choice(seps)]
+        out.append("".join(parts))
+    return out
+
+
+def test_piece_cache_encodes_as_the_tokenizer_does(tok_path: Path) -> None:
+    tok = load_tokenizer(tok_path)
+    pieces = PieceCache(tok, max_chars=64)  # small: pieces are dropped and encoded again as the texts go on
+    texts = HARD + _texts(random.Random(0), 400)
+    for text in texts + texts:  # the second round reads what the first kept
+        assert pieces.encode(text) == tok.encode(text), repr(text)
+    assert 0 < pieces.chars <= 64 and pieces.chars == sum(map(len, pieces.pieces))
+
+
+def test_piece_cache_encodes_a_chats_history_once() -> None:
+    from microgpt.data.chatml import prompt_text
+
+    tok = train_bpe(CORPUS, 300)
+    pieces = PieceCache(tok)
+    history = [{"role": "system", "content": CORPUS[1]}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"turn {turn}: {CORPUS[turn % 3]}"})
+        text = prompt_text(history)
+        kept = dict(pieces.pieces)
+        assert pieces.encode(text) == tok.encode(text)
+        new = [p for p in pieces.pieces if p not in kept]
+        # after the first turn, what a turn encodes is what is new to it: its message and the last reply
+        assert turn == 0 or sorted(new) == sorted(
+            [f"assistant\nreply {turn - 1}", f"user\nturn {turn}: {CORPUS[turn % 3]}"]
+        )
+        history.append({"role": "assistant", "content": f"reply {turn}"})
+
+
+def test_piece_cache_encodes_whole_where_a_special_token_strips_spaces(tok_path: Path) -> None:
+    tok = load_tokenizer(tok_path)
+    tok.tok.add_special_tokens([AddedToken("<|sep|>", rstrip=True, lstrip=True)])
+    pieces = PieceCache(tok)
+    assert pieces.split is None  # "a <|sep|> b": the token takes the spaces, which the plain string's split keeps
+    for text in ["a <|sep|> b<|im_end|>\n", "x<|sep|>y", *HARD]:
+        assert pieces.encode(text) == tok.encode(text)
+    assert PieceCache(ByteTokenizer()).encode("<|im_end|> é") == ByteTokenizer().encode("<|im_end|> é")
