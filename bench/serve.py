@@ -409,35 +409,21 @@ def chat(server: Server, args: argparse.Namespace, prompts: Prompts, tok: Any, r
     }
 
 
-def locust_table(rows: list[dict]) -> str:
+def outside_table(rows: list[dict], client: str) -> str:
+    """An outside load generator's rows (locust's, guidellm's: the latter with its inter-token latency) as markdown."""
+    itl = client == "guidellm"
     lines = [
-        "| locust users | prompt | tokens/s | TTFT median / p99 ms | streams done | failures | decode step tokens/s "
-        "| ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| {client} streams | prompt | tokens/s | TTFT median / p99 ms |{' ITL p99 ms |' * itl} streams done "
+        "| failures | decode step tokens/s | ratio |",
+        "|---|---|---|---|" + "---|" * itl + "---|---|---|---|",
     ]
     for r in rows:
         step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
-        lines.append(
-            f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | {r['ttft_ms']['median']:.0f} / "
-            f"{r['ttft_ms']['p99']:.0f} | {r['completed']} | {r['failures']} | "
-            f"{f'{step:,.0f}' if step else '-'} | {f'{ratio:.2f}x' if ratio else '-'} |"
-        )
-    return "\n".join(lines)
-
-
-def guidellm_table(rows: list[dict]) -> str:
-    lines = [
-        "| guidellm streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | streams done | failures "
-        "| decode step tokens/s | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
-        lines.append(
-            f"| {r['streams']} | {r['prompt_tokens']:.0f} | {r['tokens_per_s']:,.0f} | {r['ttft_ms']['median']:.1f} / "
-            f"{r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | {r['completed']} | {r['failures']} | "
-            f"{f'{step:,.0f}' if step else '-'} | {f'{ratio:.2f}x' if ratio else '-'} |"
-        )
+        cells = [f"{r['streams']}", f"{r['prompt_tokens']:.0f}", f"{r['tokens_per_s']:,.0f}"]
+        cells += [f"{r['ttft_ms']['median']:.1f} / {r['ttft_ms']['p99']:.1f}"]
+        cells += [f"{r['itl_ms']['p99']:.1f}"] * itl + [f"{r['completed']}", f"{r['failures']}"]
+        cells += [f"{step:,.0f}" if step else "-", f"{ratio:.2f}x" if ratio else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -585,9 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"run": head}), flush=True)
     print(table(rows))
     if outside:
-        print(locust_table(outside))
+        print(outside_table(outside, "locust"))
     if guided:
-        print(guidellm_table(guided))
+        print(outside_table(guided, "guidellm"))
     return 0
 
 
