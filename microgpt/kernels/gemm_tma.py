@@ -122,7 +122,7 @@ def k_gemm_tma(
 @triton.jit
 def k_gemm_act_tma(
     h_desc,
-    a_desc,
+    act_desc,
     x_desc,
     w_desc,
     M,
@@ -133,27 +133,27 @@ def k_gemm_act_tma(
     BN: tl.constexpr,
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
-    X_T: tl.constexpr,
-    W_T: tl.constexpr,
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
     PERSISTENT: tl.constexpr,
 ):
-    # h (M,N) = x (M,K) @ w (K,N) and a (M,N) = act(h), act of h as stored (the sum rounded to h's dtype), as the
-    # pass reads it: k_gemm_tma + the pass, bit for bit
+    # h (M,N) = x (M,K) @ w (K,N) and act (M,N) = act(h), act of h as stored (the sum rounded to h's dtype), as the
+    # pass reads it: k_gemm_tma + the pass, bit for bit; A_T, B_T: x's and w's reads, as k_gemm_tma's a's and b's
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT):
         pid_m, pid_n = tile_of(tile, M, N, BM, BN, GROUP_M)
         off_m, off_n = pid_m * BM, pid_n * BN
-        h = tma_dot(x_desc, w_desc, off_m, off_n, K, BM, BN, BK, X_T, W_T).to(h_desc.dtype)
+        h = tma_dot(x_desc, w_desc, off_m, off_n, K, BM, BN, BK, A_T, B_T).to(h_desc.dtype)
         h_desc.store([off_m, off_n], h)
-        a_desc.store([off_m, off_n], act_of(h.to(tl.float32), ACT).to(a_desc.dtype))
+        act_desc.store([off_m, off_n], act_of(h.to(tl.float32), ACT).to(act_desc.dtype))
 
 
 @triton.jit
 def k_gemm_dact_tma(
     dx_desc,
+    h_desc,
     dy_desc,
     w_desc,
-    h_desc,
     M,
     N,
     K,
@@ -162,17 +162,18 @@ def k_gemm_dact_tma(
     BN: tl.constexpr,
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
-    Y_T: tl.constexpr,
-    W_T: tl.constexpr,
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
     PERSISTENT: tl.constexpr,
 ):
     # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), h (M,N): the sum rounded to dx's dtype, then times act'(h) in fp32
-    # and rounded again, as the GEMM and the pass would: k_gemm_tma + the pass, bit for bit
+    # and rounded again, as the GEMM and the pass would: k_gemm_tma + the pass, bit for bit; A_T, B_T: dy's and w's
+    # reads
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT):
         pid_m, pid_n = tile_of(tile, M, N, BM, BN, GROUP_M)
         off_m, off_n = pid_m * BM, pid_n * BN
-        acc = tma_dot(dy_desc, w_desc, off_m, off_n, K, BM, BN, BK, Y_T, W_T)
+        acc = tma_dot(dy_desc, w_desc, off_m, off_n, K, BM, BN, BK, A_T, B_T)
         h = h_desc.load([off_m, off_n]).to(tl.float32)
         da = acc.to(dx_desc.dtype).to(tl.float32)
         dx_desc.store([off_m, off_n], (da * act_grad(h, ACT)).to(dx_desc.dtype))
@@ -218,58 +219,28 @@ def _grid(tile: str, M: int, N: int, t: torch.Tensor) -> tuple[int]:
     return (min(tiles, sms),)
 
 
-def tma_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool, tile: str) -> None:
-    """out (M,N) (+)= a (M,K) @ b (K,N) by k_gemm_tma under TILES[tile] (where tma_fits(a, b, out))."""
+def _launch(
+    kernel: triton.JITFunction, tile: str, mn: tuple[torch.Tensor, ...], a: torch.Tensor, b: torch.Tensor, **consts
+) -> None:
+    """kernel under TILES[tile] for a (M,K) @ b (K,N): its arguments the descriptors of the (M,N) tensors mn, of a
+    and of b, then M, N, K; A_T and B_T say how a and b are read (tma_major)."""
     (M, K), N, cfg = a.shape, b.shape[1], TILES[tile]
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
-    k_gemm_tma[_grid(tile, M, N, a)](
-        _desc(out, (BM, BN)),
-        _desc(a, (BM, BK)),
-        _desc(b, (BK, BN)),
-        M,
-        N,
-        K,
-        ACC=accumulate,
-        A_T=tma_major(a),
-        B_T=tma_major(b),
-        **cfg,
-    )
+    descs = [_desc(t, (BM, BN)) for t in mn] + [_desc(a, (BM, BK)), _desc(b, (BK, BN))]
+    kernel[_grid(tile, M, N, a)](*descs, M, N, K, A_T=tma_major(a), B_T=tma_major(b), **consts, **cfg)
+
+
+def tma_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool, tile: str) -> None:
+    """out (M,N) (+)= a (M,K) @ b (K,N) by k_gemm_tma under TILES[tile] (where tma_fits(a, b, out))."""
+    _launch(k_gemm_tma, tile, (out,), a, b, ACC=accumulate)
 
 
 def tma_mm_act(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str, tile: str) -> None:
     """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act_tma under TILES[tile] (where tma_fits(x, w, h, a))."""
-    (M, K), N, cfg = x.shape, w.shape[1], TILES[tile]
-    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
-    k_gemm_act_tma[_grid(tile, M, N, x)](
-        _desc(h, (BM, BN)),
-        _desc(a, (BM, BN)),
-        _desc(x, (BM, BK)),
-        _desc(w, (BK, BN)),
-        M,
-        N,
-        K,
-        ACT=act,
-        X_T=tma_major(x),
-        W_T=tma_major(w),
-        **cfg,
-    )
+    _launch(k_gemm_act_tma, tile, (h, a), x, w, ACT=act)
 
 
 def tma_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str, tile: str) -> None:
     """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact_tma under TILES[tile] (where tma_fits(dy, w, dx,
     h))."""
-    (M, K), N, cfg = dy.shape, w.shape[1], TILES[tile]
-    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
-    k_gemm_dact_tma[_grid(tile, M, N, dy)](
-        _desc(dx, (BM, BN)),
-        _desc(dy, (BM, BK)),
-        _desc(w, (BK, BN)),
-        _desc(h, (BM, BN)),
-        M,
-        N,
-        K,
-        ACT=act,
-        Y_T=tma_major(dy),
-        W_T=tma_major(w),
-        **cfg,
-    )
+    _launch(k_gemm_dact_tma, tile, (dx, h), dy, w, ACT=act)
