@@ -166,7 +166,7 @@ def table_rows(header: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in rows]
 
 
-REPRO_HEADER = "| model | data | train | steps | one H200 | validation loss |"
+REPRO_HEADER = "| model | data | train | steps | one GPU (wall, training) | validation loss |"
 
 
 def test_the_reproduction_table_runs_the_recipes() -> None:
