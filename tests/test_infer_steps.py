@@ -143,3 +143,70 @@ def test_with_documents_a_copied_row_and_a_prompt_in_one_step_decode_as_their_so
     across = make_infer_state(dataclasses.replace(MW, doc_mask=-1), numpy_backend(), 1, window_weights())
     seen = [across.K.to_numpy(across.decode([t], [p], [0]))[0].copy() for p, t in enumerate(ids)]
     assert not np.allclose(seen[6:], tail, atol=1e-3)  # without the mask they see the document before too
+
+
+def test_windows_groups_the_rows_from_position_0_whatever_their_cache_rows() -> None:
+    """Rows next to each other at position 0 are one position group, their cache rows a slice where they follow
+    each other and a tuple where not; a row at another position is a group of its own."""
+    from microgpt.engine.model import windows
+
+    assert windows(3, 4) == [(slice(0, 3), 4, slice(0, 3))]
+    assert windows(5, [0, 0, 3, 0, 0], [5, 2, 1, 6, 7]) == [
+        (slice(0, 2), 0, (5, 2)),
+        (slice(2, 3), 3, slice(1, 2)),
+        (slice(3, 5), 0, slice(6, 8)),
+    ]
+    with pytest.raises(ValueError, match="3 rows need 3 positions"):
+        windows(3, [0, 0], [0, 1, 2])
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_a_window_of_rows_in_cache_rows_apart_is_each_row_alone(block: str) -> None:
+    """serve's prefill window: rows from position 0 in cache rows apart (one position group, their keys and values
+    put by decode_kv_write), beside a row further on in its own cache row; each row's next-token logits and the cache
+    rows it wrote are those of the row prefilled alone, and the decode step after them reads them so too. The modern
+    block with its window and document masks (an <|endoftext|> inside a prompt)."""
+    if block == "gpt2":
+        m, w = M, weights(5)
+    else:
+        m = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0, attn_window=6, doc_mask=7)
+        w = params.init_weights(m, 5) + np.random.default_rng(5).standard_normal(params.n_params(m)).astype(np.float32)
+        w *= 0.5
+    rng = np.random.default_rng(6)
+    t = 5
+    ids = rng.integers(0, m.vocab_size, (4, t + 4)).astype(np.int32)
+    ids[1, 2] = 7  # a document starts inside row 1's prompt
+    slots, pos = [5, 2, 1, 6], [0, 0, 3, 0]
+
+    def fresh() -> InferState:
+        S = make_infer_state(m, numpy_backend(), 8, w)
+        noisy_cache(S, 7)
+        tokens, _ = S.inputs(1, 3)
+        S.K.copy_in(tokens, ids[2:3, :3])
+        S.run(tokens, [0], slots=[1])  # row 2's cache row holds its first 3 tokens
+        return S
+
+    def window(S: InferState, rows: list[int]) -> np.ndarray:
+        x = np.stack([ids[r, pos[r] : pos[r] + t] for r in rows])
+        tokens, _ = S.inputs(len(rows), t)
+        S.K.copy_in(tokens, x)
+        S.run(tokens, [pos[r] for r in rows], slots=[slots[r] for r in rows])
+        return S.K.to_numpy(S.arena["next_logits"][: len(rows)]).copy()
+
+    together = fresh()
+    got = window(together, [0, 1, 2, 3])
+    for r in range(4):
+        alone = fresh()
+        want = window(alone, [r])[0]
+        check(f"row {r}'s logits", got[r], want, 1e-6)
+        s, n = slots[r], pos[r] + t
+        check(f"row {r}'s cache", together.arena["kv"][:, :, s, :n], alone.arena["kv"][:, :, s, :n], 1e-6)
+        if m.doc_mask >= 0:
+            assert (together.arena["kv_tokens"][s, :n] == ids[r, :n]).all()
+    nxt = ids[np.arange(4), np.array(pos) + t]
+    step = together.K.to_numpy(together.decode(nxt, np.array(pos) + t, np.array(slots))).copy()
+    for r in range(4):
+        alone = fresh()
+        window(alone, [r])
+        one = alone.K.to_numpy(alone.decode(nxt[r : r + 1], [pos[r] + t], [slots[r]]))[0]
+        check(f"row {r}'s decode step after", step[r], one, 1e-6)

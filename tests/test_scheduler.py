@@ -130,10 +130,10 @@ def test_rows_decode_as_each_alone(
 
 
 def test_short_prompts_past_the_decode_steps_spare_rows_are_prefilled_in_one_window() -> None:
-    """Eight prompts of 10 tokens at once (a chat's later turns: the history cached, a few new tokens each) and 8
-    rows: the decode step's 8 spare rows hold none of them whole, so all are prefilled in one window, every row
-    draws its first token in the step of the pass after, and each row's tokens are its prompt's alone. (Fed a spare
-    row at a time they took a decode step for every 8 prompt tokens: 10 steps before the last row drew.)"""
+    """Eight new prompts of 10 tokens at once and 8 rows: the decode step's 8 spare rows hold none of them whole, so
+    all are prefilled in one window (one position group: all from position 0), every row draws its first token in
+    the step of the pass after, and each row's tokens are its prompt's alone. (Fed a spare row at a time they took a
+    decode step for every 8 prompt tokens: 10 steps before the last row drew.)"""
     h = Harness(8)
     prompts = [list(range(3 + k, 13 + k)) for k in range(8)]
     for rid, prompt in enumerate(prompts):

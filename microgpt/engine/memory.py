@@ -340,6 +340,9 @@ def inference_plan(
     # and cache rows in decode_rows[:b], [b:2b] and [2b:3b], so that one copy brings all three
     # (infer.InferState.decode); and each row's greedy token, the argmax of its logits, which the host reads instead
     bufs += [Buf("decode_rows", (3 * B,), "inputs", "i32"), Buf("next_ids", (B,), "scratch", "i32")] if cache else []
+    # a window whose rows from position 0 sit in cache rows apart: each token's position and cache row, for the one
+    # decode_kv_write a layer that puts their keys and values there (model._scattered)
+    bufs += [Buf("window_rows", (2 * N,), "inputs", "i32")] if cache else []
     return bufs + list(backend_rows)
 
 

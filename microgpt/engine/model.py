@@ -40,7 +40,10 @@ the cache). Its per-token losses are the training forward's, bit for bit, for th
 The b sequences share one position (sampling's batch, in cache rows 0 .. b-1), or each row has its own position and
 cache row (serving's continuous batching: a request joins a batch whose other rows are further on): then the
 position-free ops (the linears, norms, MLP, head) still run once over the b rows, and those that read the position
-(the position embedding or the rotary one, the cache write, attention) run once per row.
+(the position embedding or the rotary one, the cache write, attention) once per position group (`windows`): rows
+next to each other that start at position 0 are one group whatever their cache rows (their attention is the
+window's own, which reads no cache; their keys and values go to their cache rows in one decode_kv_write), and every
+other row is a group of its own.
 `gpt_decode` is the decode step of b rows at per-row positions and cache rows, one token a row, which it reads from
 planned buffers (device memory on the GPU) rather than from the host, so that one CUDA graph of it serves every step
 of a batch size (infer.InferState.decode): the position-free ops are gpt_infer's at N = b rows, those that read a
@@ -58,6 +61,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from microgpt.config import ModelConfig
 from microgpt.engine import params
@@ -193,7 +198,7 @@ def _embed(
     mean: Any,
     rstd: Any,
     tokens: Any,
-    groups: list[tuple[slice, int, slice]],
+    groups: list[Group],
     emb: Any,
     emb_rstd: Any,
 ) -> None:
@@ -456,17 +461,55 @@ def _btc(x: Any, B: int, T: int) -> Any:
 
 
 # --- inference ---------------------------------------------------------------------------------------------------
-def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> list[tuple[slice, int, slice]]:
+Group = tuple[slice, int, slice | tuple[int, ...]]  # rows of the batch, first position, cache rows
+
+
+def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None) -> list[Group]:
     """The inference step's position groups as (rows of the batch, their first position, their rows of the KV cache):
-    one group when the b rows share position pos and sit in cache rows 0 .. b-1, else one group per row, row i at
-    position pos[i] (or pos) in cache row slots[i] (or i)."""
+    one group when the b rows share position pos and sit in cache rows 0 .. b-1; else row i at position pos[i] (or
+    pos) in cache row slots[i] (or i), each row a group of its own, except that rows next to each other at position 0
+    are one group: its cache rows a slice where they follow each other, else a tuple of them (a window from position
+    0 attends over itself and reads no cache, so its rows need not be neighbours there: `_infer_attend`)."""
     if isinstance(pos, int) and slots is None:
         return [(slice(0, b), pos, slice(0, b))]
-    at = [pos] * b if isinstance(pos, int) else list(pos)
-    rows = range(b) if slots is None else slots
+    at = [pos] * b if isinstance(pos, int) else [int(p) for p in pos]
+    rows = list(range(b)) if slots is None else [int(s) for s in slots]
     if len(at) != b or len(rows) != b:
         raise ValueError(f"gpt_infer: {b} rows need {b} positions and cache rows, got {len(at)} and {len(rows)}")
-    return [(slice(i, i + 1), p, slice(s, s + 1)) for i, (p, s) in enumerate(zip(at, rows))]
+    groups: list[Group] = []
+    i = 0
+    while i < b:
+        j = i + 1
+        while at[i] == 0 and j < b and at[j] == 0:
+            j += 1
+        cached = rows[i:j]
+        follow = cached == list(range(cached[0], cached[0] + len(cached)))
+        groups.append((slice(i, j), at[i], slice(cached[0], cached[-1] + 1) if follow else tuple(cached)))
+        i = j
+    return groups
+
+
+def _scattered(K: Backend, A: Arena, groups: list[Group], t: int) -> list[tuple[Any, Any] | None]:
+    """Each group's per-token positions and cache rows on the device, for the groups whose cache rows are a tuple
+    (`windows`), None for the others: the tokens of such a group, row by row, at positions 0 .. t-1 of its cache
+    rows, staged in the plan's window_rows (positions, then cache rows) with one copy for the whole step."""
+    spans, host = [], []
+    for rows, p, cached in groups:
+        if isinstance(cached, slice):
+            spans.append(None)
+            continue
+        n = len(cached) * t
+        spans.append(n)
+        host += [np.tile(np.arange(p, p + t, dtype=np.int32), len(cached)), np.repeat(np.int32(cached), t)]
+    if not host:
+        return [None] * len(groups)
+    staged = A["window_rows"]
+    K.copy_in_async(staged[: sum(h.size for h in host)], np.concatenate(host))
+    out, at = [], 0
+    for n in spans:
+        out.append(None if n is None else (staged[at : at + n], staged[at + n : at + 2 * n]))
+        at += 0 if n is None else 2 * n
+    return out
 
 
 def _infer_layer(A: Arena, n: int, a: Any, tokens: Any) -> Layer:
@@ -515,11 +558,13 @@ def gpt_infer(
     groups = windows(b, pos, slots)
     if "kv" not in A and any(p > 0 for _, p, _ in groups):
         raise ValueError("gpt_infer: a window after position 0 needs the plan's KV cache")
+    scattered = _scattered(K, A, groups, t)
     docs = _infer_doc_starts(K, m, A, tokens, groups)
     _embed(K, m, P, io.x, io.ln1, io.mean2, io.rstd2, tokens, groups, io.x2, io.rstd2)
     block = BLOCKS[m.block]
     for layer in range(m.n_layer):
-        block(K, m, P, layer, _infer_skips(m, A, io, layer), _infer_attend(K, m, A, layer, b, t, groups, docs))
+        attend = _infer_attend(K, m, A, layer, b, t, groups, docs, scattered)
+        block(K, m, P, layer, _infer_skips(m, A, io, layer), attend)
     if targets is not None:
         K.crossentropy_forward(
             A["losses"][:N], A["ce_lse"][:N], io.ln1, P["head"], targets.reshape(N), A["logits"], **head_args(m)
@@ -528,14 +573,12 @@ def gpt_infer(
         K.head_logits(A["next_logits"][:b], _btc(io.ln1, b, t)[:, -1], P["head"], **head_args(m))
 
 
-def _infer_doc_starts(
-    K: Backend, m: ModelConfig, A: Arena, tokens: Any, groups: list[tuple[slice, int, slice]]
-) -> list[Any]:
+def _infer_doc_starts(K: Backend, m: ModelConfig, A: Arena, tokens: Any, groups: list[Group]) -> list[Any]:
     """Each position group's document starts (g, t) for its queries (model.doc_mask; None for each without): with a
     KV cache, its tokens go into the cache's token rows (kv_tokens) beside those before them and the starts are read
-    from those rows, so a window after position 0 sees the documents its prefix began; without, from the window's
-    own tokens (one group, from position 0). Made once, before the layers, in rows of the plan's doc_start that no
-    other group of the step uses."""
+    from those rows, so a window after position 0 sees the documents its prefix began; without, or for a group whose
+    cache rows are a tuple (from position 0: `windows`), from the window's own tokens. Made once, before the layers,
+    in rows of the plan's doc_start that no other group of the step uses."""
     if m.doc_mask < 0:
         return [None] * len(groups)
     b, t = tokens.shape
@@ -546,9 +589,14 @@ def _infer_doc_starts(
         return [out[rows] for rows, _, _ in groups]
     docs = []
     for rows, p, slots in groups:
-        K.copy_(cached[slots, p : p + t], tokens[rows])
         scan = A["doc_start"][rows, : p + t]
-        K.doc_starts(scan, cached[slots, : p + t], m.doc_mask)
+        if isinstance(slots, tuple):  # at position 0: each row's tokens into its cache row, the starts from the window
+            for i, s in enumerate(slots):
+                K.copy_(cached[s : s + 1, :t], tokens[rows.start + i : rows.start + i + 1])
+            K.doc_starts(scan, tokens[rows], m.doc_mask)
+        else:
+            K.copy_(cached[slots, p : p + t], tokens[rows])
+            K.doc_starts(scan, cached[slots, : p + t], m.doc_mask)
         docs.append(scan[:, p:])
     return docs
 
@@ -560,25 +608,32 @@ def _infer_attend(
     layer: int,
     b: int,
     t: int,
-    groups: list[tuple[slice, int, slice]],
+    groups: list[Group],
     docs: list[Any],
+    scattered: list[tuple[Any, Any] | None],
 ) -> Attend:
     """The inference step's attention of one layer, per position group: the modern block's q and k QK-normed and
-    rotated at the group's positions, its keys and values into the group's cache rows (where the plan has a cache),
-    then attention over the window (from position 0: the training forward's) or over the cache, each under the
-    model's window and the group's document starts (docs: _infer_doc_starts)."""
+    rotated at the group's positions, its keys and values into the group's cache rows (where the plan has a cache:
+    a tuple of them by decode_kv_write at the positions and rows `_scattered` staged), then attention over the window
+    (from position 0: the training forward's) or over the cache, each under the model's window and the group's
+    document starts (docs: _infer_doc_starts)."""
     H = m.n_head
 
     def attend(att: Any, qkv: Any) -> None:
         q, k, v = (_btc(z, b, t) for z in qkv)
         att3 = _btc(att, b, t)
-        for (rows, p, cached), doc in zip(groups, docs):
+        for (rows, p, cached), doc, at in zip(groups, docs, scattered):
             g = rows.stop - rows.start
             if m.block == "modern":
                 rstd = A["qk_rstd"][:, rows.start * t : rows.stop * t]
                 K.qkrope_forward(q[rows], k[rows], rstd, A["rope"], n_head=H, pos=p)
             lse = A["att_lse"][: g * H * t].reshape(g, H, t)
-            _attend(K, A, att3[rows], lse, q[rows], k[rows], v[rows], p, layer, cached, H, _mask(A, doc))
+            if at is not None:
+                kv = A["kv"][layer]
+                K.decode_kv_write(kv[0], kv[1], k[rows].reshape(g * t, -1), v[rows].reshape(g * t, -1), *at)
+                K.attention_forward(att3[rows], lse, q[rows], k[rows], v[rows], H, **_mask(A, doc))
+            else:
+                _attend(K, A, att3[rows], lse, q[rows], k[rows], v[rows], p, layer, cached, H, _mask(A, doc))
 
     return attend
 

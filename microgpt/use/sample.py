@@ -99,9 +99,8 @@ class Generator:
         if t == 1:
             at, rows = [], []
             for group, p, cached in model.windows(b, pos, slots):
-                n = group.stop - group.start
-                at += [p] * n
-                rows += range(cached.start, cached.start + n)
+                at += [p] * (group.stop - group.start)
+                rows += range(cached.start, cached.stop) if isinstance(cached, slice) else cached
             return S.K.to_numpy(S.decode(ids[:, 0], np.array(at), np.array(rows))).copy()
         tokens, _ = S.inputs(b, t)
         S.K.copy_in(tokens, ids)

@@ -15,11 +15,12 @@ One pass of the loop (`step`):
                longest prefix with the prompt (a chat's history from its last turn: prefix reuse), or, where a
                busier row holds a longer one, the least recently used free row with that prefix copied into it
                (cache_rows.py keeps what each cache row holds; InferState.copy_rows)
-    prefill    rows with more than SHORT prompt tokens not in the cache yet (and, in a burst, shorter ones past what
-               the decode step's spare rows hold), batched into one window of the inference step (model.gpt_infer,
-               each row at its own position and cache row), at most PREFILL_TOKENS of window a pass and CHUNK a row,
-               so a long prompt is prefilled over several passes while the batch decodes; a row's last prompt token
-               is left for the decode step, which draws the first token from it
+    prefill    rows with more than SHORT prompt tokens not in the cache yet (and, in a burst, shorter ones past
+               what the decode step's spare rows hold), batched into one window of the inference step
+               (model.gpt_infer, each row at its own position and cache row; the rows from position 0 first, which
+               it runs as one group whatever their cache rows: model.windows), at most PREFILL_TOKENS of window a
+               pass and CHUNK a row, so a long prompt is prefilled over several passes while the batch decodes; a
+               row's last prompt token is left for the decode step, which draws the first token from it
     launch     the decode step of every row with a token to feed, and in its spare rows (up to max_batch) the
                prompt tokens of rows with at most SHORT left, one row each: a cache row's tokens at distinct
                positions of one step, each reading the keys the others wrote (ops/decode.py), the last one drawing
@@ -246,8 +247,10 @@ class Scheduler:
         row with at most SHORT left is the decode step's (launch), unless short prompts of more tokens than a step
         has rows wait (a burst: a chat's later turns, the cache holding their history, or many new requests at
         once): then those past what the step's spare rows hold join the window, prefilled in one pass, not fed a
-        spare row at a time over many steps. One prompt arriving at a busy batch is still fed through the spare
-        rows: a window pass for it would cost every row's next step its time."""
+        spare row at a time over many steps. The window's rows from position 0 (new requests) go first, next to each
+        other: the inference step runs them as one position group (model.windows), each row further on as a group of
+        its own. One prompt arriving at a busy batch is still fed through the spare rows: a window pass for it would
+        cost every row's next step its time."""
         self.prefilling = [r for r in self.prefilling if not r.done]
         short = [r.prompt.size - r.fed for r in self.prefilling if r.prompt.size - r.fed <= SHORT and not r.spec.echo]
         burst = sum(short) > self.max_batch
@@ -266,6 +269,7 @@ class Scheduler:
             t, last = tt, max(last, row.fed)
         if not rows:
             return
+        rows.sort(key=lambda r: r.fed > 0)  # those from position 0 first, next to each other: one position group
         x = np.zeros((len(rows), t), np.int32)
         for k, row in enumerate(rows):
             chunk = row.prompt[row.fed : min(row.fed + t, row.prompt.size - 1)]

@@ -29,7 +29,7 @@ from tests.conftest import REPO, json_lines
 
 FIELDS = {"streams", "prompt", "prompt_tokens", "completion_tokens", "wall_s", "tokens_per_s", "ttft_ms", "itl_ms",
           "tokens_per_event", "same_as_alone", "finish_reasons", "texts", "decode_step_tokens_per_s",
-          "of_decode_step", "prepared_in_row", "padded_rows"}  # fmt: skip
+          "of_decode_step", "prepared_in_row", "padded_rows", "prefill_windows", "engine_ms"}  # fmt: skip
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -59,6 +59,10 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
             assert text == tok.decode(ids), (r["streams"], r["prompt"], k)
         assert r["same_as_alone"] == f"{r['streams']}/{r['streams']}"
         assert r["prepared_in_row"] == 0  # every decode step the rows ran was prepared before the server was ready
+        phases = r["engine_ms"]  # the engine's loop while the row ran: each phase's share of the row's wall
+        assert {"admit", "prefill", "launch", "finish", "model"} <= phases.keys()
+        assert all(v >= 0 for v in phases.values()) and phases["model"] <= 1e3 * r["wall_s"]
+        assert r["prefill_windows"] == int(r["prefill_windows"]) >= 0
         assert math.isclose(r["tokens_per_s"], r["completion_tokens"] / r["wall_s"])
         assert math.isclose(r["of_decode_step"], r["tokens_per_s"] / r["decode_step_tokens_per_s"])
         assert 0 < r["ttft_ms"]["median"] <= r["ttft_ms"]["p99"] < 1e3 * r["wall_s"]

@@ -70,3 +70,27 @@ def test_a_prompt_fed_in_one_step_matches_numpy() -> None:
     ids = np.random.default_rng(3).integers(0, M.vocab_size, 4).astype(np.int32)
     got = [S.K.to_numpy(S.decode(ids, np.arange(4), np.full(4, 1))).copy() for S in states()]
     check("a prompt in one step", got[1], got[0], 1e-4)
+
+
+def test_a_window_of_rows_in_cache_rows_apart_matches_numpy() -> None:
+    """serve's prefill window on the modern block with its window and document masks: two rows from position 0 in
+    cache rows apart (one position group, decode_kv_write putting their keys, values and tokens), a row further on in
+    its own cache row; the next-token logits and the decode step after them agree with the NumPy reference's."""
+    import dataclasses
+
+    m = dataclasses.replace(M, block="modern", n_head=2, softcap=5.0, attn_window=6, doc_mask=7)
+    w = params.init_weights(m, 4) + np.random.default_rng(4).standard_normal(params.n_params(m)).astype(np.float32)
+    ids = np.random.default_rng(5).integers(0, m.vocab_size, (3, 9)).astype(np.int32)
+    ids[0, 2] = 7
+    got = []
+    for K in (numpy_backend(), triton_backend("fp32")):
+        S = make_infer_state(m, K, 4, w * 0.5)
+        prefill(S, ids[2:3, :3], [1])
+        tokens, _ = S.inputs(3, 5)
+        S.K.copy_in(tokens, np.stack([ids[0, :5], ids[1, :5], ids[2, 3:8]]))
+        S.run(tokens, [0, 0, 3], slots=[3, 0, 1])
+        window = S.K.to_numpy(S.arena["next_logits"][:3]).copy()
+        step = S.K.to_numpy(S.decode(np.array([ids[0, 5], ids[1, 5], ids[2, 8]]), [5, 5, 8], [3, 0, 1])).copy()
+        got.append((window, step))
+    check("window logits", got[1][0], got[0][0], 1e-4)
+    check("the decode step after", got[1][1], got[0][1], 1e-4)
