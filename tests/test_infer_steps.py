@@ -210,3 +210,18 @@ def test_a_window_of_rows_in_cache_rows_apart_is_each_row_alone(block: str) -> N
         window(alone, [r])
         one = alone.K.to_numpy(alone.decode(nxt[r : r + 1], [pos[r] + t], [slots[r]]))[0]
         check(f"row {r}'s decode step after", step[r], one, 1e-6)
+
+
+def test_a_plan_without_a_cache_scores_rows_named_by_any_cache_rows() -> None:
+    """A scoring plan (no KV cache) given rows from position 0 in cache rows apart has nowhere to put their keys and
+    values: it scores the window, the losses those of the rows in order."""
+    x = np.random.default_rng(8).integers(0, M.vocab_size, (3, 6)).astype(np.int32)
+    got = []
+    for slots in ([0, 1, 2], [2, 0, 1]):
+        S = make_infer_state(M, numpy_backend(), 4, weights(3), cache=False)
+        tokens, targets = S.inputs(3, 6)
+        S.K.copy_in(tokens, x)
+        S.K.copy_in(targets, np.roll(x, -1, 1))
+        S.run(tokens, [0, 0, 0], targets, slots=slots)
+        got.append(S.K.to_numpy(S.arena["losses"][:18]).copy())
+    np.testing.assert_array_equal(got[1], got[0])

@@ -492,10 +492,11 @@ def windows(b: int, pos: int | Sequence[int], slots: Sequence[int] | None = None
 def _scattered(K: Backend, A: Arena, groups: list[Group], t: int) -> list[tuple[Any, Any] | None]:
     """Each group's per-token positions and cache rows on the device, for the groups whose cache rows are a tuple
     (`windows`), None for the others: the tokens of such a group, row by row, at positions 0 .. t-1 of its cache
-    rows, staged in the plan's window_rows (positions, then cache rows) with one copy for the whole step."""
+    rows, staged in the plan's window_rows (positions, then cache rows) with one copy for the whole step. A plan
+    without a KV cache has nothing to put there: None for every group."""
     spans, host = [], []
     for rows, p, cached in groups:
-        if isinstance(cached, slice):
+        if isinstance(cached, slice) or "kv" not in A:
             spans.append(None)
             continue
         n = len(cached) * t
