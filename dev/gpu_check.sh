@@ -6,8 +6,8 @@
 #   dev/gpu_check.sh tests bench train train16 profile sanitizer bench-mg bench-torch
 #   tests:  the kernel, op and model tests on the device (TESTS overrides the paths)
 #   bench:  microgpt against torch.compile at micro-batch 32, 8, 96 (MBS overrides); the table in $OUT/bench.md
-#   train:  ANDREA-12M (TRAIN_EXP: another experiment): a short run, determinism, resume, the first steps against
-#           numpy (dev/train_check.py)
+#   train:  ANDREA-12M (TRAIN_EXP: another experiment; TRAIN_PRECISION: another precision, e.g. fp8; TRAIN_TIMEOUT,
+#           240 s): a short run, determinism, resume, the first steps against numpy (dev/train_check.py)
 #   profile-modern: dev/profile_step.py --graph at PROFILE_MB (32) for GPT-2's step and the modern one in PRECISIONS
 #           (bf16): their kernels by part, a column each ($OUT/profile-parts.md)
 #   muon-repeat: dev/muon_repeat.py: which part of the GPU Muon step differs between identical runs ($OUT/muon_repeat.jsonl)
@@ -133,8 +133,9 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
     cache-load) ls .gpu-cache/caches.tgz.* >/dev/null 2>&1 && cat .gpu-cache/caches.tgz.* | tar -xzf - && du -sh .cache ;;
     cache-save) tar -czf - .cache | split -b 15M -d - "$OUT/caches.tgz." && ls -l "$OUT"/caches.tgz.* \
                   && [ "$(cat "$OUT"/caches.tgz.* | wc -c)" -lt 48000000 ] || { echo "caches over 48 MB: not kept"; rm -f "$OUT"/caches.tgz.*; } ;;
-    train) timeout 240 python3 dev/train_check.py ${TRAIN_EXP:-experiments/ANDREA-12M-TRAIN.json} /tmp/tc12 \
-             --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} 2>&1 | grep -v '^step ' \
+    train) timeout ${TRAIN_TIMEOUT:-240} python3 dev/train_check.py ${TRAIN_EXP:-experiments/ANDREA-12M-TRAIN.json} \
+             /tmp/tc12 --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} \
+             ${TRAIN_PRECISION:+--precision $TRAIN_PRECISION} 2>&1 | grep -v '^step ' \
              | tee "$OUT/train.jsonl" | cut -c1-600 ;;
     train16) timeout 200 python3 dev/train_check.py experiments/ANDREA-12M-TRAIN.json /tmp/tc12h --precision fp16 \
                --steps ${TRAIN16_STEPS:-300} 2>&1 | grep -v '^step ' | tee "$OUT/train16.jsonl" | cut -c1-600 ;;
