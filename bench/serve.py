@@ -34,11 +34,12 @@ inter-token latency p99 (the gaps between a stream's events; an event carries ev
 that reads slowly sees fewer, longer ones; tokens_per_event says how many), the decode step's own tokens/s at that batch
 and the ratio of the two, the decode steps the engine prepared while the row ran (prepared_in_row: 0, or what was timed
 held a warm-up and a graph capture) and its padded rows, the engine loop's milliseconds by phase while it ran
-(engine_ms, from GET /stats: prefill's in the table, with its windows), and same_as_alone (streams 0..7 whose text
-equals that prompt's alone: rows are independent, so all of them but where a near-tie rounds the other way at another
-batch size). The chat rows: --chat conversations at once, each a shared system prompt (--system tokens) and --turns
-user turns, each turn sent with the whole history once the last reply is in; TTFT of the turns after the first, and
-the engine's reused prompt tokens (GET /stats), with prefix reuse on and, a second server, off.
+(engine_ms, from GET /stats; in the table the host's phases a decode step, and prefill's with its windows), and
+same_as_alone (streams 0..7 whose text equals that prompt's alone: rows are independent, so all of them but where a
+near-tie rounds the other way at another batch size). The chat rows: --chat conversations at once, each a shared
+system prompt (--system tokens) and --turns user turns, each turn sent with the whole history once the last reply is
+in; TTFT of the turns after the first, and the engine's reused prompt tokens (GET /stats), with prefix reuse on and,
+a second server, off.
 
 Weights: a checkpoint's, or bench/decode.py's random ones (the seeded init moved off it). A random checkpoint's
 tokenizer: the byte tokenizer for a 256-id vocabulary (tiny); for a larger one a byte-level BPE of up to that many
@@ -309,6 +310,7 @@ def sweep(server: Server, args: argparse.Namespace, prompts: Prompts, step: dict
             row["prepared_in_row"] = after["prepared"] - before["prepared"]  # decode steps prepared while timed
             row["padded_rows"] = after.get("padded_rows", 0) - before.get("padded_rows", 0)
             row["prefill_windows"] = after.get("prefill_windows", 0) - before.get("prefill_windows", 0)
+            row["engine_steps"] = after.get("steps", 0) - before.get("steps", 0)
             row["engine_ms"] = {  # the engine loop's seconds by phase while the row ran (scheduler.py's counts)
                 k.removesuffix("_s"): round(1e3 * (after[k] - before.get(k, 0.0)), 3) for k in after if k.endswith("_s")
             }
@@ -432,22 +434,25 @@ def outside_table(rows: list[dict], client: str) -> str:
     return "\n".join(lines)
 
 
+HOST_PHASES = ("commands", "admit", "prefill", "launch", "finish", "send")  # the engine loop's own work (scheduler.py)
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| streams | prompt | tokens/s | TTFT median / p99 ms | ITL p99 ms | tokens/event | decode step tokens/s |"
-        " ratio | same as alone | engine prefill ms (windows) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " ratio | same as alone | engine host ms a step | engine prefill ms (windows) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         step, ratio = r["decode_step_tokens_per_s"], r["of_decode_step"]
-        prefill = r.get("engine_ms", {}).get("prefill")
-        prefill = "-" if prefill is None else f"{prefill:,.1f} ({r['prefill_windows']:g})"
+        ms, steps = r.get("engine_ms", {}), r.get("engine_steps", 0)
+        host = f"{sum(ms.get(k, 0.0) for k in HOST_PHASES) / steps:.3f}" if steps else "-"
+        prefill = "-" if "prefill" not in ms else f"{ms['prefill']:,.1f} ({r['prefill_windows']:g})"
         lines.append(
             f"| {r['streams']} | {r['prompt_tokens']} | {r['tokens_per_s']:,.0f} | "
             f"{r['ttft_ms']['median']:.1f} / {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | "
             f"{r['tokens_per_event']:.2f} | {f'{step:,.0f}' if step else '-'} | "
-            f"{f'{ratio:.2f}x' if ratio else '-'} | {r['same_as_alone']} | "
-            f"{prefill} |"
+            f"{f'{ratio:.2f}x' if ratio else '-'} | {r['same_as_alone']} | {host} | {prefill} |"
         )
     return "\n".join(lines)
 

@@ -147,6 +147,41 @@ def test_short_prompts_past_the_decode_steps_spare_rows_are_prefilled_in_one_win
         assert h.tokens[rid, 0] == alone(prompt, 4), rid
 
 
+def test_the_start_runs_a_prefill_window_of_each_kind_and_leaves_the_cache_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before the engine is ready it runs a window of every kind a compile may depend on (rows, tokens a row, first
+    position: 1, 2, 16, 17, as far as the plan holds them; rows from position 0 in cache rows apart and in a run),
+    counts none of them, and holds nothing a prompt could reuse; a prompt then decodes as alone."""
+    from microgpt.engine.infer import InferState
+
+    ran = []
+    run = InferState.run
+
+    def record(S, tokens, pos, targets=None, slots=None):
+        ran.append((tokens.shape, tuple(np.atleast_1d(pos)), None if slots is None else tuple(slots)))
+        run(S, tokens, pos, targets, slots)
+
+    monkeypatch.setattr(InferState, "run", record)
+    h = Harness(16)
+    start = list(ran)  # the windows run before the engine was ready
+    sizes = (1, 2, 16, 17)
+    want = {
+        ((b, t), (0,) * b, order)
+        for t in sizes
+        for b in sizes
+        if b <= 16
+        for order in (tuple(range(b))[::-1], tuple(range(b)))
+    }
+    want |= {((1, t), (p,), (0,)) for t in sizes for p in sizes if p + t <= M.seq_len}
+    assert set(start) == want and len(start) == len(want)
+    assert h.sched.counts["prefill_windows"] == 0 and not h.sched.cache.fed.any()
+    prompt = list(range(3, 12))
+    h.submit(0, prompt, 5)
+    h.until_done([0])
+    assert h.sched.counts["reused_tokens"] == 0 and h.tokens[0, 0] == alone(prompt, 5)
+
+
 def test_one_short_prompt_joining_a_busy_batch_is_fed_through_its_spare_rows() -> None:
     """Seven rows decoding and one more prompt of 6 tokens: fewer short prompt tokens wait than a step has rows, so
     the decode step feeds it through its one spare row, a token a step, with no window pass (which would cost the

@@ -75,6 +75,9 @@ PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefille
 CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
 SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
 PAD_STEP = 8  # decode sizes: 1, 2, 4, then every PAD_STEP-th up to max_batch (a step pads at most PAD_STEP - 1 rows)
+# the prefill windows run once at start (Scheduler.warm_windows): rows, tokens a row and a row's first position of
+# each kind Triton compiles a kernel of its own for (an integer argument of 1, a multiple of 16, or neither)
+WARM_SIZES = (1, 2, 16, 17)
 IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
 INTERNAL = "internal error (see the server's stderr)"
 
@@ -111,13 +114,42 @@ class Scheduler:
 
     def prepare(self) -> None:
         """Each decode size's step run once now (on a GPU: its warm-up and graph capture, InferState's decoders), on
-        rows that write where nothing is held yet (position i % T of cache row i // T: every row is empty)."""
+        rows that write where nothing is held yet (position i % T of cache row i // T: every row is empty); then the
+        prefill windows (`warm_windows`)."""
         t0 = time.perf_counter()
         for n in self.sizes:
             i = np.arange(n)
             self.S.stage_decode(np.concatenate([np.zeros(n, np.int64), i % self.T, i // self.T]).astype(np.int32))
             self.S.launch_decode(n)()
+        self.warm_windows()
         self._time("prepare", t0)
+
+    def warm_windows(self) -> None:
+        """A prefill window of each kind the inference step compiles a kernel for, run once now (its tokens 0, its
+        keys and values where no cache row holds anything yet: cache.fed is 0 everywhere), so that no request pays
+        for a compile. On a GPU, Triton compiles a kernel again for each new kind of integer argument (1, a multiple
+        of 16, neither: WARM_SIZES), and the window's rows, tokens a row and first position are such arguments. On
+        one H100 (bench/RESULTS.md, twenty-sixth session) the first window of several rows held every first token of
+        64 prompts of 512 tokens ~0.7 s, where 256 such prompts later took 266 ms (median) over 24 windows: a compile
+        fits that, the windows' own work does not (not yet measured apart). The windows: b rows
+        from position 0 in cache rows apart and in a run (model.windows: one position group either way, the keys and
+        values put by decode_kv_write or by a copy), and one row at position p after a prefix (attention over the
+        cache), for every b, t and p of WARM_SIZES that the plan holds."""
+        for t in WARM_SIZES:
+            if t >= self.T:
+                continue
+            for b in WARM_SIZES:
+                if b <= self.max_batch:
+                    for slots in [list(range(b))[::-1]] + [list(range(b))] * (b > 1):
+                        self._window([0] * b, slots, t)
+            for p in WARM_SIZES:
+                if p + t <= self.T:
+                    self._window([p], [0], t)
+
+    def _window(self, pos: list[int], slots: list[int], t: int) -> None:
+        tokens, _ = self.S.inputs(len(pos), t)
+        self.S.K.copy_in(tokens, np.zeros((len(pos), t), np.int32))
+        self.S.run(tokens, pos, slots=slots)
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:

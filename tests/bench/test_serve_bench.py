@@ -29,7 +29,8 @@ from tests.conftest import REPO, json_lines
 
 FIELDS = {"streams", "prompt", "prompt_tokens", "completion_tokens", "wall_s", "tokens_per_s", "ttft_ms", "itl_ms",
           "tokens_per_event", "same_as_alone", "finish_reasons", "texts", "decode_step_tokens_per_s",
-          "of_decode_step", "prepared_in_row", "padded_rows", "prefill_windows", "engine_ms"}  # fmt: skip
+          "of_decode_step", "prepared_in_row", "padded_rows", "prefill_windows", "engine_ms",
+          "engine_steps"}  # fmt: skip
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -63,6 +64,7 @@ def test_the_sweep_rows_are_the_models_tokens_and_add_up(tmp_path: Path) -> None
         assert {"admit", "prefill", "launch", "finish", "model"} <= phases.keys()
         assert all(v >= 0 for v in phases.values()) and phases["model"] <= 1e3 * r["wall_s"]
         assert r["prefill_windows"] == int(r["prefill_windows"]) >= 0
+        assert r["engine_steps"] >= r["completion_tokens"] // r["streams"]  # a step a token at least, some rows more
         assert math.isclose(r["tokens_per_s"], r["completion_tokens"] / r["wall_s"])
         assert math.isclose(r["of_decode_step"], r["tokens_per_s"] / r["decode_step_tokens_per_s"])
         assert 0 < r["ttft_ms"]["median"] <= r["ttft_ms"]["p99"] < 1e3 * r["wall_s"]
