@@ -131,10 +131,10 @@ class Scheduler:
         of 16, neither: WARM_SIZES), and the window's rows, tokens a row and first position are such arguments. On
         one H100 (bench/RESULTS.md, twenty-sixth session) the first window of several rows held every first token of
         64 prompts of 512 tokens ~0.7 s, where 256 such prompts later took 266 ms (median) over 24 windows: a compile
-        fits that, the windows' own work does not (not yet measured apart). The windows: b rows
-        from position 0 in cache rows apart and in a run (model.windows: one position group either way, the keys and
-        values put by decode_kv_write or by a copy), and one row at position p after a prefix (attention over the
-        cache), for every b, t and p of WARM_SIZES that the plan holds."""
+        fits that, the windows' own work does not (not yet measured apart). The windows: b rows from position 0 in
+        cache rows apart and in a run (model.windows: one position group either way, the keys and values put by
+        decode_kv_write or by a copy), and one row at position p after a prefix (attention over the cache), for
+        every b, t and p of WARM_SIZES that the plan holds."""
         for t in WARM_SIZES:
             if t >= self.T:
                 continue
