@@ -122,6 +122,9 @@ class Backend:
     peak_memory_name: str = ""
     on_bind: Callable[[memory.Arena], None] = lambda arena: None
     tuned: Callable[[], dict[str, dict[str, str]]] = dict  # the device's recorded choices (bench prints them)
+    # whether a kernel is compiled at its first launch with a new kind of argument (Triton on a GPU: an integer of 1,
+    # a multiple of 16 or neither), so that a first call of a new shape costs a compile (serve warms its windows)
+    compiles: bool = False
 
     def bind(self, arena: memory.Arena, m: ModelConfig) -> tuple[Backend, PrecisionState]:
         """This backend with every launcher given what it takes beyond the spec (the precision's Matmul, planned
@@ -260,6 +263,7 @@ def triton_backend(precision_name: str, flag: str = "train.precision", compute: 
         memory_bytes=rt.memory_bytes,
         peak_memory=rt.peak_memory,
         peak_memory_name="torch.cuda.max_memory_allocated" if rt.cuda else "",
+        compiles=rt.cuda,
     )
 
 

@@ -75,8 +75,8 @@ PREFILL_TOKENS = 4096  # window tokens (rows x the longest row's chunk) prefille
 CHUNK = 512  # prompt tokens of one row prefilled in one pass at most
 SHORT = 64  # a prompt with at most this many tokens left is fed through the decode step's spare rows instead
 PAD_STEP = 8  # decode sizes: 1, 2, 4, then every PAD_STEP-th up to max_batch (a step pads at most PAD_STEP - 1 rows)
-# the prefill windows run once at start (Scheduler.warm_windows): rows, tokens a row and a row's first position of
-# each kind Triton compiles a kernel of its own for (an integer argument of 1, a multiple of 16, or neither)
+# the prefill windows run once at start on a GPU (Scheduler.warm_windows): rows, tokens a row and a row's first
+# position of each kind Triton compiles a kernel of its own for (an integer argument of 1, a multiple of 16, neither)
 WARM_SIZES = (1, 2, 16, 17)
 IDLE_WAIT_S = 0.5  # with nothing to do, the loop sleeps on the socket this long at most
 INTERNAL = "internal error (see the server's stderr)"
@@ -114,14 +114,16 @@ class Scheduler:
 
     def prepare(self) -> None:
         """Each decode size's step run once now (on a GPU: its warm-up and graph capture, InferState's decoders), on
-        rows that write where nothing is held yet (position i % T of cache row i // T: every row is empty); then the
-        prefill windows (`warm_windows`)."""
+        rows that write where nothing is held yet (position i % T of cache row i // T: every row is empty); then, on
+        a backend that compiles its kernels (Backend.compiles: Triton on a GPU), the prefill windows
+        (`warm_windows`)."""
         t0 = time.perf_counter()
         for n in self.sizes:
             i = np.arange(n)
             self.S.stage_decode(np.concatenate([np.zeros(n, np.int64), i % self.T, i // self.T]).astype(np.int32))
             self.S.launch_decode(n)()
-        self.warm_windows()
+        if self.S.K.compiles:
+            self.warm_windows()
         self._time("prepare", t0)
 
     def warm_windows(self) -> None:
