@@ -18,9 +18,15 @@ import triton.language as tl
 
 from microgpt.kernels import tuning
 from microgpt.kernels.gradclip import clip_factor, finite
+from microgpt.kernels.tuning import Tuner
 from microgpt.ops.adamw import SEGMENT_BLOCK
 
 BLOCK = 1024 if tuning.INTERPRET else 2048
+# (elements a program, warps): the launches the warm-up times (every one updates every element alike: the step is
+# elementwise). The first is the one launch there was: one H100 moved the 35 bytes a parameter takes at ~2.1 TB/s
+# under it (bench/RESULTS.md, twenty-sixth session: 2.10 ms a step for ANDREA-120M's 124M parameters).
+CONFIGS = {f"b{BLOCK}w4": (BLOCK, 4), "b4096w8": (4096, 8), "b1024w4": (1024, 4), "b8192w8": (8192, 8),
+           "b4096w4": (4096, 4)}  # fmt: skip
 
 
 @triton.jit
@@ -104,29 +110,46 @@ def adamw_step(
     max_norm: float,
     segment_table: torch.Tensor | None = None,
     segment_max: torch.Tensor | None = None,
+    tuner: Tuner | None = None,
 ) -> None:
     """ops/adamw.py's step; segment_table (int32, ops/adamw.segment_table_of's rows of SEGMENT_BLOCK elements) and
-    segment_max (fp32, a word a segment): each segment's finite max |p| recorded on the way."""
+    segment_max (fp32, a word a segment): each segment's finite max |p| recorded on the way. With tuner (and no
+    segment table, whose rows fix the block), the launch the warm-up timed fastest for this length (CONFIGS): the
+    warm-up's step updates nothing (its gradient scale is inf: engine/step.py), so the candidates may run it again
+    and again; without, the first."""
     n = p.numel()
-    block = BLOCK if segment_table is None else SEGMENT_BLOCK
-    k_adamw[(triton.cdiv(n, block),)](
-        p,
-        g,
-        m,
-        v,
-        decay_mask,
-        p_compute if p_compute is not None else p,
-        hyper,
-        norm,
-        p if segment_table is None else segment_table,
-        p if segment_max is None else segment_max,
-        n,
-        float(beta1),
-        float(beta2),
-        float(eps),
-        float(weight_decay),
-        float(max_norm),
-        COMPUTE=p_compute is not None,
-        SEGMENT_MAX=segment_table is not None,
-        BLOCK=block,
-    )
+
+    def make(block: int, warps: int):
+        def launch() -> None:
+            k_adamw[(triton.cdiv(n, block),)](
+                p,
+                g,
+                m,
+                v,
+                decay_mask,
+                p_compute if p_compute is not None else p,
+                hyper,
+                norm,
+                p if segment_table is None else segment_table,
+                p if segment_max is None else segment_max,
+                n,
+                float(beta1),
+                float(beta2),
+                float(eps),
+                float(weight_decay),
+                float(max_norm),
+                COMPUTE=p_compute is not None,
+                SEGMENT_MAX=segment_table is not None,
+                BLOCK=block,
+                num_warps=warps,
+            )
+
+        return launch
+
+    if segment_table is not None:
+        make(SEGMENT_BLOCK, 4)()
+    elif tuner is None:
+        make(*next(iter(CONFIGS.values())))()
+    else:
+        compute = "" if p_compute is None else f":{p_compute.dtype}"
+        tuner.launch("adamw", f"{n}{compute}", CONFIGS, make)

@@ -38,7 +38,7 @@ INTERPRET_SMS = 4  # the multiprocessors the interpreter stands in for: few prog
 TUNER_TAKERS = ("layernorm_forward", "residual_layernorm_forward", "layernorm_backward", "embedding_backward",
                 "attention_forward", "attention_backward", "crossentropy_forward", "crossentropy_backward",
                 "crossentropy_forward_backward", "rmsnorm_forward", "residual_rmsnorm_forward",
-                "rmsnorm_backward")  # fmt: skip
+                "rmsnorm_backward", "adamw_step")  # fmt: skip
 
 
 def describe(props: Any) -> str:

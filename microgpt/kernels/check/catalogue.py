@@ -203,7 +203,20 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gradclip.grad_norm_final(e(1, dt=f32), e(triton.cdiv(n, 1 << 16), dt=f32))
     compute = e(n) if dtype != f32 else None
     adamw.adamw_step(
-        flat, flat, flat, flat, e(n, dt=torch.uint8), compute, e(8, dt=f32), e(1, dt=f32), 0.9, 0.95, 1e-8, 0.1, 1.0
+        flat,
+        flat,
+        flat,
+        flat,
+        e(n, dt=torch.uint8),
+        compute,
+        e(8, dt=f32),
+        e(1, dt=f32),
+        0.9,
+        0.95,
+        1e-8,
+        0.1,
+        1.0,
+        tuner=cat,
     )
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
