@@ -50,6 +50,7 @@ from microgpt.ops.muon import MuonGroup, muon_groups
 KERNEL_MODULES = (adamw, argmax, attention, crossentropy, decode, embedding, fp8_cast, gelu, gemm, gemm_tma, gradclip,
                   layernorm, muon, qkrope, relu2, rmsnorm, skip, symmetric)  # fmt: skip
 SWEEP_SMS = 132  # the multiprocessors the LayerNorm backward's grid is sized for here (a runtime argument only)
+ADAMW_ARGS = (0.9, 0.95, 1e-8, 0.1, 1.0)  # AdamW's beta1, beta2, eps, weight decay and clip norm (runtime values)
 
 
 @dataclass(frozen=True)
@@ -202,22 +203,8 @@ def _training_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     gradclip.grad_norm_partial(e(triton.cdiv(n, 1 << 16), dt=f32), flat, 1 << 16)
     gradclip.grad_norm_final(e(1, dt=f32), e(triton.cdiv(n, 1 << 16), dt=f32))
     compute = e(n) if dtype != f32 else None
-    adamw.adamw_step(
-        flat,
-        flat,
-        flat,
-        flat,
-        e(n, dt=torch.uint8),
-        compute,
-        e(8, dt=f32),
-        e(1, dt=f32),
-        0.9,
-        0.95,
-        1e-8,
-        0.1,
-        1.0,
-        tuner=cat,
-    )
+    mask, hyper, norm = e(n, dt=torch.uint8), e(8, dt=f32), e(1, dt=f32)
+    adamw.adamw_step(flat, flat, flat, flat, mask, compute, hyper, norm, *ADAMW_ARGS, tuner=cat)
     gelu.gelu_forward(e(N, 4 * C), e(N, 4 * C))  # train.recompute_gelu's pass
 
 
@@ -477,22 +464,9 @@ def _fp8_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     n = V * C  # AdamW over the parameters, recording the E4M3 weights' amaxes (its segment maxima: ops/adamw.py)
     flat = e(n, dt=f32)
     table = e(triton.cdiv(n, SEGMENT_BLOCK), 4, dt=torch.int32)
+    mask, hyper, norm = e(n, dt=torch.uint8), e(8, dt=f32), e(1, dt=f32)
     adamw.adamw_step(
-        flat,
-        flat,
-        flat,
-        flat,
-        e(n, dt=torch.uint8),
-        e(n),
-        e(8, dt=f32),
-        e(1, dt=f32),
-        0.9,
-        0.95,
-        1e-8,
-        0.1,
-        1.0,
-        segment_table=table,
-        segment_max=e(49, dt=f32),
+        flat, flat, flat, flat, mask, e(n), hyper, norm, *ADAMW_ARGS, segment_table=table, segment_max=e(49, dt=f32)
     )
 
 
