@@ -494,9 +494,11 @@ def _scattered(K: Backend, A: Arena, groups: list[Group], t: int) -> list[tuple[
     (`windows`), None for the others: the tokens of such a group, row by row, at positions 0 .. t-1 of its cache
     rows, staged in the plan's window_rows (positions, then cache rows) with one copy for the whole step. A plan
     without a KV cache has nothing to put there: None for every group."""
+    if "kv" not in A:
+        return [None] * len(groups)
     spans, host = [], []
     for rows, p, cached in groups:
-        if isinstance(cached, slice) or "kv" not in A:
+        if isinstance(cached, slice):
             spans.append(None)
             continue
         n = len(cached) * t

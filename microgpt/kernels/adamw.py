@@ -146,10 +146,8 @@ def adamw_step(
 
         return launch
 
-    if segment_table is not None:
-        make(SEGMENT_BLOCK, 4)()
-    elif tuner is None:
-        make(*next(iter(CONFIGS.values())))()
+    if tuner is None or segment_table is not None:  # fp8's segment table fixes the block: no choice to make
+        make(BLOCK if segment_table is None else SEGMENT_BLOCK, 4)()
     else:
         compute = "" if p_compute is None else f":{p_compute.dtype}"
         tuner.launch("adamw", f"{n}{compute}", CONFIGS, make)
