@@ -55,7 +55,7 @@ def test_copy_rows_and_window_logits_match_numpy() -> None:
     got = []
     for S in states():
         prefill(S, ids, [1, 3])
-        window = np.concatenate([S.K.to_numpy(S.window_logits(lo, lo + 2)) for lo in range(0, 14, 2)])
+        window = np.concatenate([S.K.to_numpy(S.window_logits(lo, lo + 2)).copy() for lo in range(0, 14, 2)])
         S.copy_rows(0, 3, 7)
         logits = S.K.to_numpy(S.decode(np.array([5, 5]), np.array([7, 7]), np.array([0, 3]))).copy()
         got.append((window, logits))
