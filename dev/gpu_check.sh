@@ -37,7 +37,8 @@
 #   ab:     microgpt (PRECISIONS, default bf16) at MBS (default 32 8), "before" with AB_ENV in the environment (e.g.
 #           AB_ENV="MICROGPT_GEMM=cublas": a tuning choice forced), "after" without, back to back; the warm-up's
 #           candidate times in $OUT/ab-*.err (MICROGPT_TUNING_LOG)
-#   ab-dir: microgpt at MBS (PRECISION, default bf16; STEPS 20, WARMUP 5), BEFORE (default .before: `git archive C
+#   ab-dir: AB_IMPL (microgpt; microgpt-modern: the modern block and Muon) at MBS (PRECISION, default bf16; STEPS 20,
+#           WARMUP 5), BEFORE (default .before: `git archive C
 #           microgpt bench experiments`, carried) then this tree, each with its own tuning cache, or with AB_CACHE=NAME
 #           one cache for both (the choices both make are then the same: what differs is the change's own);
 #           dev/fp8_gpu.sh ab runs it too
@@ -162,7 +163,7 @@ for line in sys.stdin:
           tail -2 "$OUT/ab-$v-$p-$mb.err" | grep -iE "error|Traceback" | cut -c1-400; done; done; done ;;
     ab-dir) for mb in ${MBS:-32 8}; do for v in before after; do  # BEFORE=DIR (default .before): microgpt + bench
           root=$([ $v = before ] && echo ${BEFORE:-.before} || echo .)
-          MICROGPT_CACHE="$PWD/.cache/${AB_CACHE:-$v}" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl microgpt \
+          MICROGPT_CACHE="$PWD/.cache/${AB_CACHE:-$v}" MICROGPT_TUNING_LOG=1 timeout 170 python3 $root/bench/bench.py --impl ${AB_IMPL:-microgpt} \
             --mb $mb --precision ${PRECISION:-bf16} --steps ${STEPS:-20} --warmup ${WARMUP:-5} 2>"$OUT/abdir-$v-$mb.err" \
             | python3 -c 'import json, sys
 for line in sys.stdin:

@@ -3,7 +3,8 @@ optionally soft-capped: logits = softcap * tanh(z / softcap) (ops/crossentropy.p
 
 x:(N,C), wte:(V,C), targets:(N,) int32 (< 0 ignored: loss 0, no gradient), losses, lse, dlosses: (N,) fp32.
 Forward per chunk: logits = x_r @ wte.T (GEMM), then k_crossentropy_fwd: one program per row, an online
-max/sum over V in blocks gives lse and loss = lse - logit[target]. Only lse (4 bytes a row) is saved.
+max/sum over V in blocks (capped logits: a sum against the cap, their bound) gives lse and loss = lse -
+logit[target]. Only lse (4 bytes a row) is saved.
 Backward per chunk recomputes the logits (one GEMM: cheaper in memory than keeping (N,V)), k_crossentropy_bwd
 turns them in place into dlogits = (softmax - onehot) * dloss, then dx_r += dlogits @ wte; dwte += dlogits.T @ x_r.
 Training calls crossentropy_forward_backward instead (microgpt.ops.crossentropy says why): per chunk one logits
@@ -58,6 +59,22 @@ def _dlogits_row(ptr, lse, tgt, dloss, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.con
 
 
 @triton.jit
+def capped_sum(ptr, tgt, V, BLOCK_V: tl.constexpr, SOFTCAP: tl.constexpr):
+    # one row's lse and (in the target's lane) its capped target logit, for SOFTCAP <= CAP_MAX_LIMIT: a capped logit
+    # lies in [-SOFTCAP, SOFTCAP], so SOFTCAP bounds the row's max and each lane sums exp(x - SOFTCAP) as it loads
+    # (one exponential an element, each term in [exp(-2 SOFTCAP), 1]: a normal fp32 under the limit), and the lanes
+    # meet once, at the end: no max to reduce across the program block by block
+    s = tl.zeros((BLOCK_V,), dtype=tl.float32)
+    picked = tl.zeros((BLOCK_V,), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        x = _load_logits(ptr, cols, V, SOFTCAP)  # -inf past V: exp gives 0
+        picked = tl.where(cols == tgt, x, picked)
+        s += tl.exp(x - SOFTCAP)
+    return SOFTCAP + tl.log(tl.sum(s, axis=0)), picked
+
+
+@triton.jit
 def k_crossentropy_fwd(
     loss_ptr,
     lse_ptr,
@@ -69,18 +86,22 @@ def k_crossentropy_fwd(
     BLOCK_V: tl.constexpr,
     PER_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr = 0.0,
+    CAP_MAX: tl.constexpr = False,
 ):
     # loss, lse, tgt, dloss: (r,) for this chunk; logits: (r, V), with GRAD turned into dlogits in place; SOFTCAP > 0:
     # the logits are capped as they are loaded.
     # The online max is kept per lane (two exponentials an element) or, PER_BLOCK, per block of BLOCK_V (one
-    # exponential an element and two a block); the two sum in another order.
+    # exponential an element and two a block); the two sum in another order. CAP_MAX (a cap of at most
+    # CAP_MAX_LIMIT): no running max at all, SOFTCAP is the row's bound (capped_sum).
     # The target's logit is picked out of the blocks the sums load (a lane keeps it where its column is the
     # target): a load of its own after them would race with GRAD's in-place stores, which another warp may already
     # be making past the last reduction (it read a dlogit now and then: a loss that did not repeat, issue 35).
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * V
     tgt = tl.load(tgt_ptr + row)
-    if PER_BLOCK:
+    if CAP_MAX:
+        lse, picked = capped_sum(ptr, tgt, V, BLOCK_V, SOFTCAP)
+    elif PER_BLOCK:
         cols = tl.arange(0, BLOCK_V)  # the first block holds a logit: its max is finite
         x = _load_logits(ptr, cols, V, SOFTCAP)
         picked = tl.where(cols == tgt, x, 0.0)
@@ -140,6 +161,9 @@ def _block_v(V: int, block: int = 4096) -> int:
 # k_crossentropy_fwd's launch configurations (max per block, BLOCK_V, warps), timed once per GPU and shape in the
 # warm-up (tuning.launch); the first is the default outside it. They differ in the order of a row's sum, so in the
 # last bits of lse (the per-block max also needs one exponential an element where the per-lane max needs two).
+# Capped logits (softcap up to CAP_MAX_LIMIT) keep no max (capped_sum): their configurations differ in BLOCK_V and
+# warps only.
+CAP_MAX_LIMIT = 40.0  # exp(-2 * 40) ~ 1.8e-35, still a normal fp32: every term of capped_sum's row sum counts
 ROW_CONFIGS = {"lane4096w8": (False, 4096, 8), "block4096w8": (True, 4096, 8), "block8192w16": (True, 8192, 16),
                "block2048w4": (True, 2048, 4), "block4096w16": (True, 4096, 16), "block8192w8": (True, 8192, 8),
                "block16384w16": (True, 16384, 16)}  # fmt: skip
@@ -172,6 +196,7 @@ def row_launch(
         BLOCK_V=bv,
         PER_BLOCK=per_block,
         SOFTCAP=float(softcap),
+        CAP_MAX=0 < softcap <= CAP_MAX_LIMIT,
         num_warps=warps,
     )
 

@@ -127,11 +127,13 @@ def test_crossentropy_softcap(N: int, C: int, V: int, R: int, dtype: torch.dtype
         assert torch.equal(a, b), f"{name}: forward_backward differs from forward + backward"
 
 
-@pytest.mark.parametrize("per_block", [False, True], ids=["max-per-lane", "max-per-block"])
-def test_row_kernel_softcap(per_block: bool) -> None:
+@pytest.mark.parametrize("per_block,cap_max", [(False, False), (True, False), (False, True)],
+                         ids=["max-per-lane", "max-per-block", "cap-as-max"])  # fmt: skip
+def test_row_kernel_softcap(per_block: bool, cap_max: bool) -> None:
     """k_crossentropy_fwd with SOFTCAP on rows of several blocks, the last one short (its padding must stay out of
-    the sums: capped, -inf would become -softcap): loss, lse and the gradient of the uncapped logits in place."""
-    rng = np.random.default_rng(13 + per_block)
+    the sums: capped, -inf would become -softcap): loss, lse and the gradient of the uncapped logits in place, under
+    each way of the row's sum (a running max per lane or per block; none, the cap as the bound: capped_sum)."""
+    rng = np.random.default_rng(13 + per_block + 2 * cap_max)
     r, V, block = 5, 300, 64
     logits = rng.standard_normal((r, V)) * 8
     targets = rng.integers(0, V, size=r).astype(np.int32)
@@ -164,10 +166,31 @@ def test_row_kernel_softcap(per_block: bool) -> None:
         BLOCK_V=block,
         PER_BLOCK=per_block,
         SOFTCAP=SOFTCAP,
+        CAP_MAX=cap_max,
     )
     compare("losses", glosses, loss, torch.float32)
     compare("lse", glse, lse, torch.float32)
     compare("dz", g, dwte.T, torch.float32)
+
+
+@pytest.mark.parametrize("softcap", [kc.CAP_MAX_LIMIT, kc.CAP_MAX_LIMIT + 10])
+def test_row_kernel_softcap_at_its_floor(softcap: float) -> None:
+    """Rows whose every logit sits at the cap's floor (-softcap): at the limit the cap is the row's max
+    (capped_sum), each term exp(-2 softcap) still a normal fp32; past it the running max takes over, where the cap
+    as the max would sum terms that underflow to 0 (an lse of -inf)."""
+    r, V = 3, 200
+    logits = np.full((r, V), -1e4)
+    logits[:, ::7] = -2e4
+    targets = np.array([0, 5, -1], np.int32)
+    loss, lse = np.empty(r), np.empty(r)
+    ref.crossentropy_forward(
+        loss, lse, np.eye(r), logits.T.copy(), targets, np.empty((r, V)), mm=REF_MM, softcap=softcap
+    )
+    glosses, glse = torch.empty(r, device=DEVICE), torch.empty(r, device=DEVICE)
+    kc.row_launch(glosses, glse, t(logits, torch.float32), t(targets), None, V, *kc.ROW_CONFIGS["block2048w4"],
+                  softcap=softcap)()  # fmt: skip
+    compare("lse", glse, lse, torch.float32)
+    compare("losses", glosses, loss, torch.float32)
 
 
 @pytest.mark.parametrize("softcap", [0.0, SOFTCAP])
