@@ -5,16 +5,17 @@
 Per micro-batch, activation (gelu, relu2) and compute dtype (bf16, fp16): the GEMM router's two MLP choices, timed by
 the tuner exactly as in the warm-up (tuning.Tuner.window, a cache of their own in a temporary folder, so every
 candidate is timed), with MICROGPT_TUNING_LOG on, so stderr has each candidate's ms per call and the choice:
-- mlp_act  (W_1's forward, h = x @ W_1 and a = act(h)): pass (the GEMM by its own choice, then k_<act>_fwd), tile
-  (k_gemm_act), on sm_90 each TMA tile by its name (k_gemm_act_tma under gemm_tma.TILES: tma_128x256, tma_128x128,
-  tma_persistent), lt<i> (GELU in bf16/fp16: cuBLASLt's GELU_AUX epilogue under its i-th algorithm)
-- mlp_dact (W_2's input gradient, dh = (dout @ W_2^T) * act'(h)): pass (the GEMM, then k_<act>_bwd), tile
-  (k_gemm_dact), on sm_90 each TMA tile (k_gemm_dact_tma)
+- mlp_act  (W_1's forward, h = x @ W_1 and a = act(h); ReLU^2's a alone, as the modern MLP stores it): pass (the
+  GEMM by its own choice, then k_<act>_fwd), tile (k_gemm_act), on sm_90 each TMA tile by its name (k_gemm_act_tma
+  under gemm_tma.TILES: tma_128x256, tma_128x128, tma_persistent), lt<i> (GELU in bf16/fp16: cuBLASLt's GELU_AUX
+  epilogue under its i-th algorithm)
+- mlp_dact (W_2's input gradient, dh = (dout @ W_2^T) * act'(h), ReLU^2's act' read from a): pass (the GEMM, then
+  k_<act>_bwd), tile (k_gemm_dact), on sm_90 each TMA tile (k_gemm_dact_tma)
 - gemm     (the passes' GEMMs, timed inside the first run of each pass way): triton (k_gemm, the pointer tile's main
   loop alone), on sm_90 each TMA tile (k_gemm_tma), cublas, lt<i>: how close our GEMMs are to cuBLAS's decides
   whether a fusion can win
 Before timing, each fused tile's outputs are compared with cuBLAS's GEMM + the pass (max abs difference: the sums'
-order only; dh from the same h).
+order only; dh from the same h, or ReLU^2's from the same a).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ os.environ.setdefault("MICROGPT_CACHE", tempfile.mkdtemp(prefix="mlp-epilogue-")
 os.environ.setdefault("MICROGPT_TUNING_LOG", "1")
 from microgpt.kernels import cublaslt, gemm, gemm_tma  # noqa: E402
 from microgpt.kernels.tuning import Tuner  # noqa: E402
+from microgpt.ops.linear import FROM_OUTPUT  # noqa: E402
 
 
 def fused_tiles() -> dict[str, tuple]:
@@ -62,16 +64,17 @@ def main() -> None:
                 gemm.cublas_mm(h2, x, w1, False)
                 gemm.ACTIVATIONS[act][0](a2, h2)
                 gemm.cublas_mm(dh2, dout, w2.t(), False)
-                gemm.ACTIVATIONS[act][1](dh2, h2)
+                read = a2 if act in FROM_OUTPUT else h2  # what act' reads: ReLU^2's from a
+                gemm.ACTIVATIONS[act][1](dh2, read)
                 for name, (mm_act, mm_dact) in fused_tiles().items():
                     mm_act(a, h, x, w1, act)
-                    mm_dact(dh, dout, w2.t(), h2, act)
+                    mm_dact(dh, dout, w2.t(), read, act)
                     diff = [(u.float() - v.float()).abs().max().item() for u, v in ((h, h2), (a, a2), (dh, dh2))]
                     print(f"mb {mb} {dtype} {act} {name}: vs cuBLAS + pass, max abs h {diff[0]:.2e} a {diff[1]:.2e} "
                           f"dh {diff[2]:.2e}", flush=True)  # fmt: skip
                 with tuner.window():
-                    router.mm_act(a, h, x, w1, act)
-                    router.mm_dact(dh, dout, w2.t(), h, act)
+                    router.mm_act(a, None if act in FROM_OUTPUT else h, x, w1, act)  # ReLU^2's stores a alone
+                    router.mm_dact(dh, dout, w2.t(), a if act in FROM_OUTPUT else h, act)
                 torch.cuda.synchronize()
 
 

@@ -212,7 +212,6 @@ def training_infer_state(S: TrainState) -> InferState:
         "qkv": A["qkv"][0],
         "att": A["att"][0],
         "proj": A["proj"],
-        "h": A["h"][0],
         "ln_rstd": A["ln1_rstd"][0],
         "att_lse": A["att_lse"][0].reshape(-1),
         "losses": A["losses"],
@@ -222,6 +221,8 @@ def training_infer_state(S: TrainState) -> InferState:
         "tokens": A["tokens"][0],
         "targets": A["targets"][0],
         **({} if a is None else {"a": a if a.ndim == 2 else a[0]}),
+        # h as the inference plan has it (memory.pre_activation_kept), though training keeps it under recompute_gelu
+        **({"h": A["h"][0]} if memory.pre_activation_kept(S.m, S.prec) else {}),
     }
     for name, buf in (("ln_mean", "ln1_mean"), ("qk_rstd", "qk_rstd")):  # GPT-2's LayerNorm means; modern's QK-norm
         if buf in A:

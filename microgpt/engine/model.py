@@ -88,7 +88,7 @@ class Layer:
     ln2: Any
     mean2: Any
     rstd2: Any
-    h: Any  # (n, 4C) the MLP's pre-activation
+    h: Any  # (n, 4C) the MLP's pre-activation (None where W_1 writes a alone: memory.pre_activation_kept)
     a: Any  # (n, 4C) its activation (None where the fp8 cast computes it)
     x_out: Any
     ln_out: Any
@@ -166,7 +166,7 @@ def _train_layer(m: ModelConfig, A: Arena, layer: int, a: Any, tokens: Any) -> L
         A["ln2"][layer],
         _at(A, "ln2_mean", layer),
         A["ln2_rstd"][layer],
-        A["h"][layer],
+        _at(A, "h", layer),
         a,
         A["resid"][layer + 1],
         *out,
@@ -184,7 +184,8 @@ def _kept(m: ModelConfig, A: Arena, j: int) -> Any:
 
 
 def _at(A: Arena, name: str, layer: int) -> Any:
-    """A per-layer buffer's layer, or None where the family has no such buffer (the modern block's norm means)."""
+    """A per-layer buffer's layer, or None where the plan has no such buffer (the modern block's norm means, and its
+    MLP's h where ReLU^2's output is saved: memory.pre_activation_kept)."""
     buf = A.get(name)
     return None if buf is None else buf[layer]
 
@@ -326,7 +327,7 @@ def _gpt2_backward(
             G[h + "w_2"],
             dresid,
             ln2,
-            A["h"][layer],
+            _at(A, "h", layer),
             P[h + "w_1"],
             P[h + "w_2"],
             a[layer],
@@ -385,7 +386,7 @@ def _modern_backward(
             G[h + "w_2"],
             dresid,
             A["ln2"][layer],
-            A["h"][layer],
+            _at(A, "h", layer),
             P[h + "w_1"],
             P[h + "w_2"],
             a[layer],
@@ -521,7 +522,9 @@ def _infer_layer(A: Arena, n: int, a: Any, tokens: Any) -> Layer:
     mean = A.get("ln_mean")
     mean = None if mean is None else mean[:n]
     rstd = A["ln_rstd"][:n]
-    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, A["h"][:n], a, x, ln, mean, rstd, tokens, rstd)
+    h = A.get("h")  # None where W_1 writes a alone (memory.pre_activation_kept)
+    h = None if h is None else h[:n]
+    return Layer(x, ln, A["qkv"][:, :n], att, proj, x2, ln, mean, rstd, h, a, x, ln, mean, rstd, tokens, rstd)
 
 
 def _infer_skips(m: ModelConfig, A: Arena, io: Layer, layer: int) -> Layer:

@@ -30,14 +30,17 @@ and kernels/fp8.py for fp8) has four methods, each a GEMM site's work with the o
 
     forward(y, x, w, *, act_out=None, act_of=None, act="gelu")
                                                        y = x @ w (w (C,OC), or (G,C,OC) and y (G,N,OC));
-                                                       act_out: also a = act(y) (an epilogue it may fuse);
+                                                       act_out: also a = act(y) (an epilogue it may fuse), y None
+                                                       where only a is kept (ReLU^2, not in fp8);
                                                        act_of: x is act(act_of) (None where it casts act)
-    backward(dx, dw, dy, x, w, *, dx_act_of=None, act="gelu")
+    backward(dx, dw, dy, x, w, *, dx_act_of=None, dx_act_out=None, act="gelu")
                                                        dx = dy @ w^T (written; G weights summed), dw += x^T @ dy;
                                                        dx_act_of: dx *= act'(dx_act_of) after (a pass or an
                                                        epilogue it may fuse; act: "gelu" or "relu2",
-                                                       ops/linear.ACTIVATIONS); fp8's takes dact_of instead:
-                                                       dy *= act'(dact_of) first, inside its cast of dy
+                                                       ops/linear.ACTIVATIONS); dx_act_out: the same act' read
+                                                       from a = act(h) (ReLU^2's: ops/linear.FROM_OUTPUT); fp8's
+                                                       takes dact_of instead: dy *= act'(dact_of) first, inside
+                                                       its cast of dy
     dact_in_cast                                       which of the two the MLP asks for (True: dact_of)
     logits(x, wte) -> fn(z, i, j)                      z = x[i:j] @ wte^T, the tied head's logits chunk by chunk
     logits_backward(dx, dwte, dz, x, wte)              dx += dz @ wte ; dwte += dz^T @ x
@@ -184,6 +187,12 @@ class Precision:
         activation (GELU or ReLU^2) on its way to its operand."""
         return True
 
+    @property
+    def dact_in_cast(self) -> bool:
+        """Whether the MLP's act' runs inside W_1's operand cast, from h (its Matmul's dact_in_cast: fp8's, on both
+        backends), so that the plan keeps h even where act' could be read from a (memory.pre_activation_kept)."""
+        return False
+
     def label(self) -> str:
         """What the memory plan's title says the run computes in."""
         return self.compute
@@ -212,6 +221,10 @@ class Fp8(Precision):
     @property
     def act_planned(self) -> bool:
         return self.backend != "triton"  # the GPU's cast computes act(h) on the way to E4M3: a exists in E4M3 only
+
+    @property
+    def dact_in_cast(self) -> bool:
+        return True  # the cast of W_1's output gradient computes dh * act'(h) from h (ops/fp8.py, kernels/fp8.py)
 
     def label(self) -> str:
         return f"{self.compute} + fp8 linears"

@@ -2,10 +2,12 @@
 
     Gemm.mm(out, a, b, acc)        out (M,N) (+)= a (M,K) @ b (K,N)
     Gemm.bmm(out, a, b, acc)       out (G,M,N) (+)= a (G,M,K) @ b (G,K,N), one strided-batched GEMM
-    Gemm.mm_act(a, h, x, w, act)   h = x @ w and a = act(h) (the MLP's W_1): GEMM + pass, one of our tiles with act
-                                   in its epilogue, or (GELU) one cuBLASLt GEMM with its epilogue
-    Gemm.mm_dact(dx, dy, w, h, act)    dx = (dy @ w) * act'(h) (the MLP's dh): GEMM + pass, or one of our tiles
-                                   with act' in its epilogue
+    Gemm.mm_act(a, h, x, w, act)   h = x @ w and a = act(h) (the MLP's W_1; h None: a alone, ReLU^2's): GEMM +
+                                   pass, one of our tiles with act in its epilogue, or (GELU) one cuBLASLt GEMM with
+                                   its epilogue
+    Gemm.mm_dact(dx, dy, w, v, act)    dx = (dy @ w) * act'(h) (the MLP's dh), act' read from v: h for GELU, a =
+                                   act(h) for ReLU^2 (tile.act_grad): GEMM + pass, or one of our tiles with act' in
+                                   its epilogue
     Gemm.mm_scaled(out, a, ia, b, ib, acc, wgrad)    out (+)= (a @ b) * ia * ib on E4M3 a, b (fp8), 2D or batched
     Gemm.addmm(out, c, a, b, beta, alpha, symmetric)  out = beta c + alpha (a @ b): Muon's Newton-Schulz products,
                                    the symmetric ones also by the half-tile kernel of kernels/symmetric.py
@@ -21,7 +23,8 @@ torch's addmm). Operands may be any strided view (w.T, x.T): every way takes tra
 
 Our Triton kernels share one main loop (gemm_acc: a tile's fp32 sum, by kernels/tile.py's K loop) and differ in
 their epilogues: k_gemm stores or adds it, k_mm_scaled scales it first (fp8), k_gemm_act stores h and act(h) (saving
-the pass's read of h), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's
+the pass's read of h), or act(h) alone where h is not kept (ReLU^2's, whose backward reads a: saving the pass's read
+and write of a), and k_gemm_dact multiplies it by act'(h) (saving the pass's read and write of dh). The MLP's
 two fusions are candidates like any way: the warm-up times each against GEMM + pass, and a fusion runs only where it
 measured faster. With pointer loads they lost on an H100 at ANDREA-120M's shape (mb 32, fp16: the tile's GEMM 0.313 ms
 to cuBLAS's 0.234, ReLU^2's forward tile 0.360 ms to GEMM + pass's 0.338, its backward 0.430 to 0.405), which leaves
@@ -54,9 +57,12 @@ from microgpt.kernels.gemm_tma import TILES, tma_fits, tma_mm, tma_mm_act, tma_m
 from microgpt.kernels.symmetric import symmetric_addmm
 from microgpt.kernels.tile import act_grad, act_of, dot_loop, tile_of
 from microgpt.kernels.tuning import INTERPRET, Tuner
+from microgpt.ops.linear import FROM_OUTPUT
 
 PROBE_ROWS = 16  # rows of a GEMM's output compared between the candidates
-# the MLP's activation by name (ops/linear.ACTIVATIONS): its pass a = act(h), and dh *= act'(h) in place
+# the MLP's activation by name (ops/linear.ACTIVATIONS): its pass a = act(h) (ReLU^2's in place too), and dh *=
+# act'(h) in place, read from what the MLP keeps for it: h for GELU, a for ReLU^2 (ops/linear.FROM_OUTPUT; fp8's cast
+# reads h by its own op, fp8_cast.py)
 ACTIVATIONS = {"gelu": (gelu.gelu_forward, gelu.gelu_backward), "relu2": (relu2.relu2_forward, relu2.relu2_backward)}
 
 
@@ -222,16 +228,19 @@ def k_gemm_act(
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
+    STORE_H: tl.constexpr,
 ):
-    # h (M,N) = x (M,K) @ w (K,N) and a (M,N) = act(h), a with h's strides. act reads h as stored (the fp32 sum
-    # rounded to h's dtype), as the pass k_<act>_fwd would: a is the pass's a, bit for bit, over the same sum
+    # h (M,N) = x (M,K) @ w (K,N) and a (M,N) = act(h), a with h's strides (STORE_H False: a alone, h_ptr unused).
+    # act reads h as stored (the fp32 sum rounded to a's dtype), as the pass k_<act>_fwd would, after the GEMM into h
+    # (or into a, in place): a is the pass's a, bit for bit, over the same sum
     acc, offs_m, offs_n = gemm_acc(
         x_ptr, w_ptr, M, N, K, sxm, sxk, swk, swn, tl.program_id(0), BM, BN, BK, GROUP_M, IEEE
     )
     offs = offs_m[:, None].to(tl.int64) * shm + offs_n[None, :].to(tl.int64) * shn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    h = acc.to(h_ptr.dtype.element_ty)
-    tl.store(h_ptr + offs, h, mask=mask)
+    h = acc.to(a_ptr.dtype.element_ty)
+    if STORE_H:
+        tl.store(h_ptr + offs, h, mask=mask)
     tl.store(a_ptr + offs, act_of(h.to(tl.float32), ACT).to(a_ptr.dtype.element_ty), mask=mask)
 
 
@@ -240,7 +249,7 @@ def k_gemm_dact(
     dx_ptr,
     dy_ptr,
     w_ptr,
-    h_ptr,
+    v_ptr,
     M,
     N,
     K,
@@ -257,16 +266,17 @@ def k_gemm_dact(
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), h (M,N) with dx's strides: the sum rounded to dx's dtype, then
-    # times act'(h) in fp32 and rounded again, as the GEMM and the pass k_<act>_bwd would: bit for bit, over one sum
+    # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), act' read from v (M,N) with dx's strides (h for GELU, a for ReLU^2:
+    # tile.act_grad): the sum rounded to dx's dtype, then times act'(h) in fp32 and rounded again, as the GEMM and
+    # the pass k_<act>_bwd would: bit for bit, over one sum
     acc, offs_m, offs_n = gemm_acc(
         dy_ptr, w_ptr, M, N, K, sym, syk, swk, swn, tl.program_id(0), BM, BN, BK, GROUP_M, IEEE
     )
     offs = offs_m[:, None].to(tl.int64) * sxm + offs_n[None, :].to(tl.int64) * sxn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
     da = acc.to(dx_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(dx_ptr + offs, (da * act_grad(h, ACT)).to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + offs, (da * act_grad(v, ACT)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def tile_config(dtype: torch.dtype) -> dict:
@@ -299,25 +309,39 @@ def triton_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: b
     )
 
 
-def triton_mm_act(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
-    """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act (h and a of one layout)."""
+def triton_mm_act(a: torch.Tensor, h: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
+    """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act (h and a of one layout; h None: a alone)."""
     (M, K), N = x.shape, w.shape[1]
-    assert a.stride() == h.stride(), "a and h share one layout"
+    assert h is None or a.stride() == h.stride(), "a and h share one layout"
     cfg = tile_config(x.dtype)
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
     k_gemm_act[grid](
-        h, a, x, w, M, N, K, *x.stride(), *w.stride(), *h.stride(), ACT=act, IEEE=x.dtype == torch.float32, **cfg
+        a if h is None else h,
+        a,
+        x,
+        w,
+        M,
+        N,
+        K,
+        *x.stride(),
+        *w.stride(),
+        *a.stride(),
+        ACT=act,
+        IEEE=x.dtype == torch.float32,
+        STORE_H=h is not None,
+        **cfg,
     )
 
 
-def triton_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str) -> None:
-    """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact (h and dx of one layout)."""
+def triton_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, v: torch.Tensor, act: str) -> None:
+    """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact, act' read from v (h, or ReLU^2's a; v and dx of
+    one layout)."""
     (M, K), N = dy.shape, w.shape[1]
-    assert h.stride() == dx.stride(), "h and dx share one layout"
+    assert v.stride() == dx.stride(), "v and dx share one layout"
     cfg = tile_config(dy.dtype)
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
     k_gemm_dact[grid](
-        dx, dy, w, h, M, N, K, *dy.stride(), *w.stride(), *dx.stride(), ACT=act, IEEE=dy.dtype == torch.float32, **cfg
+        dx, dy, w, v, M, N, K, *dy.stride(), *w.stride(), *dx.stride(), ACT=act, IEEE=dy.dtype == torch.float32, **cfg
     )
 
 
@@ -643,24 +667,29 @@ class Gemm:
 
         self._tuned("f8:" + self._key(out, a, b, accumulate), out, ways, run, a.dtype, accumulate)
 
-    def mm_act(self, a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
-        """h = x @ w and a = act(h) (2D; act "gelu" or "relu2"), by the way the warm-up timed fastest for this shape
-        (outside it, untimed: the first): "pass", the GEMM (mm's way) then the activation's pass; "tile", our Triton
+    def mm_act(self, a: torch.Tensor, h: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, act: str) -> None:
+        """h = x @ w and a = act(h) (2D; act "gelu" or "relu2"; h None: a alone, for ReLU^2 whose backward reads a),
+        by the way the warm-up timed fastest for this shape (outside it, untimed: the first): "pass", the GEMM (mm's
+        way) then the activation's pass (h None: the GEMM into a, the pass over it in place); "tile", our Triton
         pointer tile with the activation in its epilogue (k_gemm_act); on sm_90 and newer, where the operands are
         16-bit and 16-byte aligned, each TMA tile of gemm_tma.TILES by its name (k_gemm_act_tma under that
-        configuration); "lt<i>" (GELU in bf16 and fp16 on a GPU), one cuBLASLt GEMM with its GELU_AUX epilogue under
-        the i-th algorithm its heuristic offers. The fusions save the pass's read of h, but win only with a GEMM near
-        cuBLAS's: on an H100 at ANDREA-120M's shape (mb 32, fp16) the pointer tile's GEMM took 0.313 ms to cuBLAS's
-        0.234, and ReLU^2's tile 0.360 ms to the pass's 0.338; the TMA tiles are the attempt at cuBLAS's speed
-        (gemm_tma.py). The pass and our tiles apply act to h as stored (rounded to its dtype); cuBLASLt applies its
-        GELU to the fp32 sum, so its a may differ by a unit in its last place. Each way's h is its own GEMM's (the
-        sums' order differs between ways)."""
-        key = f"{act}:{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, a, h)))
+        configuration); "lt<i>" (GELU in bf16 and fp16 on a GPU, h kept), one cuBLASLt GEMM with its GELU_AUX
+        epilogue under the i-th algorithm its heuristic offers. The fusions save the pass's read of h (h None: its
+        read and write of a), but win only with a GEMM near cuBLAS's: on an H100 at ANDREA-120M's shape (mb 32, fp16)
+        the pointer tile's GEMM took 0.313 ms to cuBLAS's 0.234, and ReLU^2's tile 0.360 ms to the pass's 0.338 (h
+        and a stored); the TMA tiles are the attempt at cuBLAS's speed (gemm_tma.py). The pass and our tiles apply act
+        to h as stored (rounded to its dtype); cuBLASLt applies its GELU to the fp32 sum, so its a may differ by a
+        unit in its last place. Each way's h is its own GEMM's (the sums' order differs between ways). With h None
+        the choice is keyed apart (":a-only"): its ways store one output, not two."""
+        outs = (a,) if h is None else (a, h)
+        key = f"{act}:{tuple(x.shape)}x{w.shape[1]}:{x.dtype}:a" + ".".join(map(str, alignment(x, w, *outs)))
+        key += ":a-only" if h is None else ""
         ways = self._act_ways.get(key)
         if ways is None:
             ways = {"pass": ("pass", -1), "tile": ("tile", -1)}
-            ways |= {tile: ("tma", tile) for tile in self._tma_tiles(x, w, h, a)}
-            if act == "gelu" and x.dtype in (torch.bfloat16, torch.float16) and self.lt is not None:  # a GPU's lt
+            ways |= {tile: ("tma", tile) for tile in self._tma_tiles(x, w, *outs)}
+            lt = act == "gelu" and h is not None and self.lt is not None  # a GPU's lt, whose epilogue writes h too
+            if lt and x.dtype in (torch.bfloat16, torch.float16):
                 try:
                     ways |= {f"lt{i}": ("lt", i) for i in range(self.lt.n_algos(a, x, w, h, GELU_AUX))}
                 except (RuntimeError, ValueError) as e:  # no such epilogue here: the pass or the tile it is
@@ -674,39 +703,43 @@ class Gemm:
                 return lambda: triton_mm_act(a, h, x, w, act)
             if way == "tma":
                 return lambda: tma_mm_act(a, h, x, w, act, which)
+            pre = a if h is None else h  # where the GEMM writes h: a itself, where h is not kept
 
             def gemm_and_pass() -> None:
-                self.mm(h, x, w)
-                ACTIVATIONS[act][0](a, h)
+                self.mm(pre, x, w)
+                ACTIVATIONS[act][0](a, pre)
 
             return gemm_and_pass
 
         self.tuner.launch("mlp_act", key, ways, make)
 
-    def mm_dact(self, dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str) -> None:
-        """dx = (dy @ w) * act'(h) (2D; the MLP's dh, from W_2's input-gradient GEMM with w = w_2^T), by the way the
-        warm-up timed fastest for this shape (outside it, untimed: the first): "pass", the GEMM (mm's way) then the
-        pass dx *= act'(h) in place; "tile", our Triton pointer tile with act' in its epilogue (k_gemm_dact); on sm_90
-        and newer, where the operands are 16-bit and 16-byte aligned, each TMA tile of gemm_tma.TILES by its name
+    def mm_dact(self, dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, v: torch.Tensor, act: str) -> None:
+        """dx = (dy @ w) * act'(h) (2D; the MLP's dh, from W_2's input-gradient GEMM with w = w_2^T), act' read from v:
+        h for GELU, a = act(h) for ReLU^2 (tile.act_grad; ops/linear.FROM_OUTPUT), by the way the warm-up timed
+        fastest for this shape (outside it, untimed: the first): "pass", the GEMM (mm's way) then the pass dx *=
+        act'(h) in place; "tile", our Triton pointer tile with act' in its epilogue (k_gemm_dact); on sm_90 and newer,
+        where the operands are 16-bit and 16-byte aligned, each TMA tile of gemm_tma.TILES by its name
         (k_gemm_dact_tma, w^T read through the descriptor of w_2 itself). The fusions save the pass's read and write
         of dx, but the pointer tile lost on an H100 at ANDREA-120M's shape (mb 32, fp16: ReLU^2's 0.430 ms to the
-        pass's 0.405, its GEMM alone 0.3745 to cuBLAS's 0.229 on this transposed w). All round the sum to dx's dtype
-        before multiplying by act'(h) in fp32, so they differ only as their sums' order does."""
-        key = f"{act}:" + self._key(dx, dy, w, False) + f".{alignment(h)[0]}"  # h's too: the TMA tiles read it
+        pass's 0.405, its GEMM alone 0.3745 to cuBLAS's 0.229 on this transposed w; act' then read from h). All round
+        the sum to dx's dtype before multiplying by act'(h) in fp32, so they differ only as their sums' order does."""
+        # v's alignment too (the TMA tiles read it); ReLU^2's keyed apart from the choices timed when it read h
+        key = f"{act}/a:" if act in FROM_OUTPUT else f"{act}:"
+        key += self._key(dx, dy, w, False) + f".{alignment(v)[0]}"
 
         def make(way: str, tile: str = "") -> Callable[[], None]:
             if way == "tile":
-                return lambda: triton_mm_dact(dx, dy, w, h, act)
+                return lambda: triton_mm_dact(dx, dy, w, v, act)
             if way == "tma":
-                return lambda: tma_mm_dact(dx, dy, w, h, act, tile)
+                return lambda: tma_mm_dact(dx, dy, w, v, act, tile)
 
             def gemm_and_pass() -> None:
                 self.mm(dx, dy, w)
-                ACTIVATIONS[act][1](dx, h)
+                ACTIVATIONS[act][1](dx, v)
 
             return gemm_and_pass
 
-        ways = {"pass": ("pass",), "tile": ("tile",)} | {t: ("tma", t) for t in self._tma_tiles(dy, w, dx, h)}
+        ways = {"pass": ("pass",), "tile": ("tile",)} | {t: ("tma", t) for t in self._tma_tiles(dy, w, dx, v)}
         self.tuner.launch("mlp_dact", key, ways, make)
 
     def choices(self) -> dict[str, str]:

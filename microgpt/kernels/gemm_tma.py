@@ -3,8 +3,9 @@ multiplied by wgmma, under a few named configurations (TILES) that the GEMM rout
 pointer tile where they apply.
 
     tma_mm(out, a, b, accumulate, tile)    out (M,N) (+)= a (M,K) @ b (K,N)      k_gemm_tma
-    tma_mm_act(a, h, x, w, act, tile)      h = x @ w and a = act(h)               k_gemm_act_tma
-    tma_mm_dact(dx, dy, w, h, act, tile)   dx = (dy @ w) * act'(h)                k_gemm_dact_tma
+    tma_mm_act(a, h, x, w, act, tile)      h = x @ w and a = act(h) (h None: a)   k_gemm_act_tma
+    tma_mm_dact(dx, dy, w, v, act, tile)   dx = (dy @ w) * act'(h), from v        k_gemm_dact_tma
+                                           (h for GELU, a = act(h) for ReLU^2)
 
 Why. At ANDREA-120M's MLP shape, x (32768, 768) @ w (768, 3072) in fp16 on one H100, the pointer tile (gemm.py
 k_gemm: BM128 BN128 BK64, 8 warps, 4 stages) took 0.313 ms against cuBLAS's 0.234 (the best cuBLASLt algorithm
@@ -33,11 +34,11 @@ TILES (at most a few: the warm-up times every candidate of a choice):
     tma_128x128     BM128 BN128 BK64, 8 warps, 4 stages of 32 KiB (the pointer tile's shape)
     tma_persistent  tma_128x128's tile, one program per multiprocessor walking the tiles in tile_of's order, the loop
                     over tiles and K flattened into one that Triton pipelines, so a tile's epilogue overlaps the next
-                    tile's first copies (the fused epilogues store two outputs or read h: the most to hide)
+                    tile's first copies (the fused epilogues store two outputs or read one: the most to hide)
 Shared memory a block on sm_90 (check/targets.py, at ANDREA's shapes; the limit is 227 KiB), with no register spilled
-(at most 244 registers a thread, k_gemm_dact_tma's ReLU^2 under tma_128x256): tma_128x256 209 KiB in every kernel,
-tma_128x128 161 KiB, tma_persistent 161 KiB and 193 KiB where the epilogue reads a block (dact's h, a GEMM adding into
-its output). The persistent flattening of the 128x256 tile would need 273 KiB in the dact kernel.
+(at most 244 registers a thread, k_gemm_dact_tma's ReLU^2 under tma_128x256, when it read h): tma_128x256 209 KiB in
+every kernel, tma_128x128 161 KiB, tma_persistent 161 KiB and 193 KiB where the epilogue reads a block (dact's h or a,
+a GEMM adding into its output). The persistent flattening of the 128x256 tile would need 273 KiB in the dact kernel.
 
 Numerics: the three kernels share tma_dot, so under one configuration k_gemm_act_tma's h and a and k_gemm_dact_tma's
 dx equal k_gemm_tma followed by the activation's pass, bit for bit: the epilogues round the sum to the output's dtype
@@ -136,22 +137,25 @@ def k_gemm_act_tma(
     A_T: tl.constexpr,
     B_T: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    STORE_H: tl.constexpr,
 ):
     # h (M,N) = x (M,K) @ w (K,N) and act (M,N) = act(h), act of h as stored (the sum rounded to h's dtype), as the
-    # pass reads it: k_gemm_tma + the pass, bit for bit; A_T, B_T: x's and w's reads, as k_gemm_tma's a's and b's
+    # pass reads it: k_gemm_tma + the pass, bit for bit; STORE_H False: act alone (h_desc unused), k_gemm_tma into
+    # act + the pass in place; A_T, B_T: x's and w's reads, as k_gemm_tma's a's and b's
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT):
         pid_m, pid_n = tile_of(tile, M, N, BM, BN, GROUP_M)
         off_m, off_n = pid_m * BM, pid_n * BN
-        h = tma_dot(x_desc, w_desc, off_m, off_n, K, BM, BN, BK, A_T, B_T).to(h_desc.dtype)
-        h_desc.store([off_m, off_n], h)
+        h = tma_dot(x_desc, w_desc, off_m, off_n, K, BM, BN, BK, A_T, B_T).to(act_desc.dtype)
+        if STORE_H:
+            h_desc.store([off_m, off_n], h)
         act_desc.store([off_m, off_n], act_of(h.to(tl.float32), ACT).to(act_desc.dtype))
 
 
 @triton.jit
 def k_gemm_dact_tma(
     dx_desc,
-    h_desc,
+    v_desc,
     dy_desc,
     w_desc,
     M,
@@ -166,17 +170,17 @@ def k_gemm_dact_tma(
     B_T: tl.constexpr,
     PERSISTENT: tl.constexpr,
 ):
-    # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), h (M,N): the sum rounded to dx's dtype, then times act'(h) in fp32
-    # and rounded again, as the GEMM and the pass would: k_gemm_tma + the pass, bit for bit; A_T, B_T: dy's and w's
-    # reads
+    # dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h), act' read from v (M,N) (h for GELU, a for ReLU^2: tile.act_grad):
+    # the sum rounded to dx's dtype, then times act'(h) in fp32 and rounded again, as the GEMM and the pass would:
+    # k_gemm_tma + the pass, bit for bit; A_T, B_T: dy's and w's reads
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT):
         pid_m, pid_n = tile_of(tile, M, N, BM, BN, GROUP_M)
         off_m, off_n = pid_m * BM, pid_n * BN
         acc = tma_dot(dy_desc, w_desc, off_m, off_n, K, BM, BN, BK, A_T, B_T)
-        h = h_desc.load([off_m, off_n]).to(tl.float32)
+        v = v_desc.load([off_m, off_n])
         da = acc.to(dx_desc.dtype).to(tl.float32)
-        dx_desc.store([off_m, off_n], (da * act_grad(h, ACT)).to(dx_desc.dtype))
+        dx_desc.store([off_m, off_n], (da * act_grad(v, ACT)).to(dx_desc.dtype))
 
 
 def tma_major(t: torch.Tensor) -> bool | None:
@@ -235,12 +239,13 @@ def tma_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool
     _launch(k_gemm_tma, tile, (out,), a, b, ACC=accumulate)
 
 
-def tma_mm_act(a: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: str, tile: str) -> None:
-    """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act_tma under TILES[tile] (where tma_fits(x, w, h, a))."""
-    _launch(k_gemm_act_tma, tile, (h, a), x, w, ACT=act)
+def tma_mm_act(a: torch.Tensor, h: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, act: str, tile: str) -> None:
+    """h (M,N) = x (M,K) @ w (K,N) and a = act(h) by k_gemm_act_tma under TILES[tile] (where tma_fits(x, w, h, a));
+    h None: a alone (where tma_fits(x, w, a))."""
+    _launch(k_gemm_act_tma, tile, (a if h is None else h, a), x, w, ACT=act, STORE_H=h is not None)
 
 
-def tma_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, act: str, tile: str) -> None:
-    """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact_tma under TILES[tile] (where tma_fits(dy, w, dx,
-    h))."""
-    _launch(k_gemm_dact_tma, tile, (dx, h), dy, w, ACT=act)
+def tma_mm_dact(dx: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, v: torch.Tensor, act: str, tile: str) -> None:
+    """dx (M,N) = (dy (M,K) @ w (K,N)) * act'(h) by k_gemm_dact_tma under TILES[tile], act' read from v (h, or
+    ReLU^2's a; where tma_fits(dy, w, dx, v))."""
+    _launch(k_gemm_dact_tma, tile, (dx, v), dy, w, ACT=act)

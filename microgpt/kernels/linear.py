@@ -17,6 +17,7 @@ import torch
 
 from microgpt.kernels.gemm import Gemm
 from microgpt.kernels.tuning import INTERPRET
+from microgpt.ops.linear import dact_read
 
 ChunkLogits = Callable[[torch.Tensor, int, int], None]  # logits(lg, r0, r): lg = the logits of rows r0 .. r0 + r
 BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores: Ampere (8.0, 8.6), Ada (8.9), Hopper (9.0) on
@@ -40,9 +41,10 @@ class Matmul:
     """The GEMM sites in the compute dtype (bf16/fp16 operands, fp32 sums; fp32 without tf32). The MLP's activation
     runs with the GEMM that makes its input: a = act(h) with W_1's forward GEMM (gemm.Gemm.mm_act), dh *= act'(h) with
     W_2's input-gradient GEMM (gemm.Gemm.mm_dact), each in that GEMM's epilogue where the warm-up timed it faster
-    than a pass after the GEMM."""
+    than a pass after the GEMM. ReLU^2's reads and writes a alone (ops/mlp.py): W_1's GEMM may store a without h
+    (forward's y None) and act' is read from a (backward's dx_act_out)."""
 
-    dact_in_cast = False  # the MLP's act' runs with W_2's input-gradient GEMM (backward's dx_act_of), not W_1's cast
+    dact_in_cast = False  # the MLP's act' runs with W_2's input-gradient GEMM (dx_act_of, dx_act_out), not W_1's cast
 
     def __init__(self, gemm: Gemm) -> None:
         self.gemm = gemm
@@ -59,7 +61,7 @@ class Matmul:
 
     def forward(
         self,
-        y: torch.Tensor,
+        y: torch.Tensor | None,
         x: torch.Tensor,
         w: torch.Tensor,
         *,
@@ -67,11 +69,12 @@ class Matmul:
         act_of: torch.Tensor | None = None,
         act: str = "gelu",
     ) -> None:
-        """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; act_out: a = act(y) too. act_of: x holds it."""
+        """y (N,OC) = x (N,C) @ w (C,OC), or y (G,N,OC) = x @ w[g]; act_out: a = act(y) too, and y None where y is
+        not kept (ReLU^2's: ops/linear.FROM_OUTPUT). act_of: x holds it."""
         C, OC = w.shape[-2:]
         x2 = x.view(-1, C)
         if act_out is not None:  # the GEMM and the activation's pass, or one GEMM with the activation in its epilogue
-            self.gemm.mm_act(act_out.view(-1, OC), y.view(-1, OC), x2, w, act)
+            self.gemm.mm_act(act_out.view(-1, OC), None if y is None else y.view(-1, OC), x2, w, act)
         elif w.dim() == 2:
             self.gemm.mm(y.view(-1, OC), x2, w)
         else:
@@ -86,17 +89,19 @@ class Matmul:
         w: torch.Tensor,
         *,
         dx_act_of: torch.Tensor | None = None,
+        dx_act_out: torch.Tensor | None = None,
         act: str = "gelu",
     ) -> None:
         """dx = dy @ w.T (written) ; dw += x.T @ dy. G weights: dx = sum_g dy[g] @ w[g].T ; dw[g] +=. dx_act_of
         (one weight): dx = (dy @ w.T) * act'(dx_act_of), the GEMM's sum rounded to dx's dtype, then multiplied (a
-        pass after the GEMM, or its epilogue)."""
+        pass after the GEMM, or its epilogue); dx_act_out, for an activation of ops/linear.FROM_OUTPUT (ReLU^2): the
+        same act'(h), read from a = dx_act_out = act(h)."""
         w3, dw3 = (w, dw) if w.dim() == 3 else (w.unsqueeze(0), dw.unsqueeze(0))
         G, C, OC = w3.shape
         dy3, x2, dx2 = dy.view(G, -1, OC), x.view(-1, C), dx.view(-1, C)
-        if dx_act_of is not None:
+        if (read := dact_read(act, dx_act_of, dx_act_out)) is not None:
             assert G == 1, "an activation's gradient follows a linear of one weight (the MLP's W_2)"
-            self.gemm.mm_dact(dx2, dy3[0], w3[0].t(), dx_act_of.view(-1, C), act)
+            self.gemm.mm_dact(dx2, dy3[0], w3[0].t(), read.view(-1, C), act)
         else:
             for g in range(G):
                 self.gemm.mm(dx2, dy3[g], w3[g].t(), accumulate=g > 0)

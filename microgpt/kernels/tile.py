@@ -72,10 +72,11 @@ def act_of(h, ACT: tl.constexpr):
 
 
 @triton.jit
-def act_grad(h, ACT: tl.constexpr):
-    # its derivative at fp32 h
+def act_grad(v, ACT: tl.constexpr):
+    # its derivative in fp32, from v as stored (its dtype): GELU's from h, ReLU^2's from its output a (2 sqrt(a):
+    # ops/linear.FROM_OUTPUT), what the MLP keeps for it
     if ACT == "gelu":
-        y = gelu.gelu_grad(h)
+        y = gelu.gelu_grad(v.to(tl.float32))
     else:
-        y = relu2.relu2_grad(h)
+        y = relu2.relu2_grad(v)
     return y

@@ -9,7 +9,7 @@
     mlp           out = gelu(x @ w1) @ w2     h = x @ w1 and a = gelu(h) (N,4C) (train.recompute_gelu: h only)
     crossentropy  losses of x @ wte.T         lse (N,); logits are recomputed R rows at a time
     rmsnorm       out = x * rstd              rstd (N,)
-    relu2         a = max(h, 0)^2             nothing (h is the caller's)
+    relu2         a = max(h, 0)^2             nothing (a is the caller's: the backward reads a, 2 sqrt(a))
     qkrope        q, k = rope(rmsnorm_head(.))  rstd (2,N,H); q, k in place, xhat recomputed by the inverse rotation
     skip          y = x + w * s               nothing (s, the kept stream, is the caller's)
 
@@ -28,7 +28,8 @@ inputs, which the model folds into the residual stream's one gradient buffer (mi
 
 The modern block (model.block "modern", issue 46) adds three pairs: rmsnorm, its norm without a weight (with
 residual_rmsnorm_forward, the residual add fused in as layernorm's is), relu2, its MLP's activation, a pair of its
-own for now (relu2_backward turns the gradient in place, as GELU's backward does), and qkrope, the QK-norm and rotary
+own for now (relu2_backward turns the gradient in place, as GELU's backward does, from the output a: the modern MLP
+keeps a alone), and qkrope, the QK-norm and rotary
 embedding of q and k, in place between the QKV linear and attention (the model runs its backward inside attention's,
 attention_backward's keyword `qkrope`, so that the GPU may fuse the two; qkrope_backward is the pair's own half, which
 that op calls or matches). Its embedding is the embedding pair

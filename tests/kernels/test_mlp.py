@@ -1,6 +1,7 @@
 """mlp kernels against the NumPy pair: the activation (GELU tanh, ReLU^2) as passes around the GEMMs (k_gelu_fwd,
 k_gelu_bwd, k_relu2_fwd, k_relu2_bwd) and in the GEMM tiles' epilogues (k_gemm_act, k_gemm_dact; the TMA tiles'
-k_gemm_act_tma, k_gemm_dact_tma under each configuration of gemm_tma.TILES), and the warm-up's choice between them."""
+k_gemm_act_tma, k_gemm_dact_tma under each configuration of gemm_tma.TILES), and the warm-up's choice between them.
+ReLU^2 runs as the modern plan has it: where a is kept, h is not (W_1's GEMM stores a alone) and act' reads a."""
 
 import contextlib
 import json
@@ -25,7 +26,8 @@ from ._kutil import DEVICE, DTYPES, MM, ON_GPU, REF_MM, compare, rounded, t
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,C", [(19, 12), (32, 8)])
 def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool, act: str) -> None:
-    """Forward, then backward with a kept from forward or (recompute) a scratch of noise that backward fills."""
+    """Forward, then backward with a kept from forward or (recompute) a scratch of noise that backward fills; ReLU^2
+    with a kept keeps no h (None), as its plan (memory.pre_activation_kept)."""
     rng = np.random.default_rng(N * C)
     H = 4 * C
     x, dout = rounded(rng.standard_normal((N, C)), dtype), rounded(rng.standard_normal((N, C)), dtype)
@@ -41,8 +43,10 @@ def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool, act: str) -> N
     ref.mlp_backward(dx, dw1, dw2, dout, x, hh, w1, w2, a.copy(), np.empty((N, H)), recompute=False, mm=REF_MM, act=act)
 
     g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in (("out", (N, C)), ("h", (N, H)), ("a", (N, H)))}
-    km.mlp_forward(g["out"], g["h"], g["a"], t(x, dtype), t(w1, dtype), t(w2, dtype), mm=MM, act=act)
-    compare("h", g["h"], hh, dtype)
+    gh = None if act == "relu2" and not recompute else g["h"]
+    km.mlp_forward(g["out"], gh, g["a"], t(x, dtype), t(w1, dtype), t(w2, dtype), mm=MM, act=act)
+    if gh is not None:
+        compare("h", gh, hh, dtype)
     compare("a", g["a"], a, dtype)
     compare("out", g["out"], out, dtype)
     gdx, gdw1, gdw2 = t(dx0, dtype), t(dw10, torch.float32), t(dw20, torch.float32)
@@ -55,7 +59,7 @@ def test_mlp(N: int, C: int, dtype: torch.dtype, recompute: bool, act: str) -> N
         gdw2,
         t(dout, dtype),
         t(x, dtype),
-        t(hh, dtype),
+        None if gh is None else t(hh, dtype),
         t(w1, dtype),
         t(w2, dtype),
         g["a"],
@@ -75,10 +79,12 @@ TILE_WAYS = {"tile": (kgemm.triton_mm, kgemm.triton_mm_act, kgemm.triton_mm_dact
     name: (
         lambda out, a, b, acc, n=name: gemm_tma.tma_mm(out, a, b, acc, n),
         lambda a, h, x, w, act, n=name: gemm_tma.tma_mm_act(a, h, x, w, act, n),
-        lambda dx, dy, w, h, act, n=name: gemm_tma.tma_mm_dact(dx, dy, w, h, act, n),
+        lambda dx, dy, w, v, act, n=name: gemm_tma.tma_mm_dact(dx, dy, w, v, act, n),
     )
     for name in gemm_tma.TILES
 }
+# (activation, whether h is stored): GELU's h and a; ReLU^2's a alone (the modern plan), and h too (recompute_gelu's)
+STORES = [("gelu", True), ("relu2", False), ("relu2", True)]
 
 
 SHAPES = [(70, 24, 24), (9, 5, 7), (130, 16, 12), (300, 40, 56)]  # (N, C, C2): odd widths; (300, ...) walks tiles
@@ -92,13 +98,14 @@ EPILOGUE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("act,store_h", STORES, ids=["gelu", "relu2-a-alone", "relu2-h-too"])
 @pytest.mark.parametrize("way,dtype,N,C,C2", EPILOGUE_CASES)
-def test_mlp_epilogue_tiles(way: str, dtype: torch.dtype, N: int, C: int, C2: int, act: str) -> None:
-    """Each tile with the activation in its epilogue, h = x @ w1 and a = act(h) (k_gemm_act, k_gemm_act_tma) and with
-    its derivative, dh = (dout @ w2.T) * act'(h) (k_gemm_dact, k_gemm_dact_tma), against autograd (float64, from the
-    rounded inputs), and against the same tile's GEMM under the same configuration (k_gemm, k_gemm_tma: one main
-    loop) followed by the pass, bit for bit: both round the sum before the activation. C2: w2's output width (C in
+def test_mlp_epilogue_tiles(way: str, dtype: torch.dtype, N: int, C: int, C2: int, act: str, store_h: bool) -> None:
+    """Each tile with the activation in its epilogue, h = x @ w1 and a = act(h) (k_gemm_act, k_gemm_act_tma; ReLU^2's
+    a alone, or h too) and with its derivative, dh = (dout @ w2.T) * act'(h) (k_gemm_dact, k_gemm_dact_tma; GELU's
+    read from h, ReLU^2's from a), against autograd (float64, from the rounded inputs), and against the same tile's
+    GEMM under the same configuration (k_gemm, k_gemm_tma: one main loop) followed by the pass (a alone: the GEMM into
+    a, the pass over it in place), bit for bit: both round the sum before the activation. C2: w2's output width (C in
     the MLP). (300, 40, 56) makes 3 x 2 tiles of 128 x 128, which tma_persistent's two programs off CUDA walk in
     turn; the TMA tiles read w2.T through w2's descriptor, and K (C, or 4C) is never a multiple of their BK of 64."""
     rng = np.random.default_rng(N * C + C2)
@@ -110,23 +117,27 @@ def test_mlp_epilogue_tiles(way: str, dtype: torch.dtype, N: int, C: int, C2: in
     if way != "tile":
         assert gemm_tma.tma_fits(gx, gw1, g["h"], g["a"]) and gemm_tma.tma_fits(gdout, gw2.t(), g["dh"], g["h"])
     mm, mm_act, mm_dact = TILE_WAYS[way]
-    mm_act(g["a"], g["h"], gx, gw1, act)
-    mm_dact(g["dh"], gdout, gw2.t(), g["h"], act)
+    read = "a" if act == "relu2" else "h"  # what act' reads (ops/linear.FROM_OUTPUT)
+    mm_act(g["a"], g["h"] if store_h else None, gx, gw1, act)
+    mm_dact(g["dh"], gdout, gw2.t(), g[read], act)
 
     rx, r1, r2 = (torch.from_numpy(v).requires_grad_(True) for v in (x, w1, w2))
     hh = rx @ r1
     hh.retain_grad()
     (ACTS[act](hh) @ r2 * torch.from_numpy(dout)).sum().backward()
-    compare("h", g["h"], hh.detach().numpy(), dtype)
+    if store_h:
+        compare("h", g["h"], hh.detach().numpy(), dtype)
+    else:
+        assert g["h"].isnan().all()  # not written
     compare("a", g["a"], ACTS[act](hh).detach().numpy(), dtype)
     compare("dh", g["dh"], hh.grad.numpy(), dtype)
 
     h0, a0, dh0 = (torch.empty(N, H, dtype=dtype, device=DEVICE) for _ in range(3))
-    mm(h0, gx, gw1, False)
-    kgemm.ACTIVATIONS[act][0](a0, h0)
+    mm(h0 if store_h else a0, gx, gw1, False)
+    kgemm.ACTIVATIONS[act][0](a0, h0 if store_h else a0)
     mm(dh0, gdout, gw2.t(), False)
-    kgemm.ACTIVATIONS[act][1](dh0, g["h"])
-    assert torch.equal(g["h"], h0) and torch.equal(g["a"], a0) and torch.equal(g["dh"], dh0)
+    kgemm.ACTIVATIONS[act][1](dh0, g[read])
+    assert (not store_h or torch.equal(g["h"], h0)) and torch.equal(g["a"], a0) and torch.equal(g["dh"], dh0)
 
 
 @pytest.mark.parametrize("faster", ["pass", "tile", *gemm_tma.TILES])
@@ -135,7 +146,7 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
     """The router's mm_act and mm_dact as the warm-up runs them (the interpreter's shortcut off, each candidate's time
     a stand-in figure), in fp16 with the TMA tiles offered (off a GPU the router is told to; on one, where it has
     them): the faster way is recorded in the device's cache and runs from then on, and the MLP through it matches the
-    NumPy pair, whichever it is."""
+    NumPy pair, whichever it is. ReLU^2's as the modern plan runs it: a stored alone, act' read from a."""
     tma = not ON_GPU or torch.cuda.get_device_capability()[0] >= 9
     offered = ["pass", "tile", *(gemm_tma.TILES if tma else ())]
     if faster not in offered:
@@ -175,8 +186,9 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
     g = {k: torch.empty(s, dtype=dtype, device=DEVICE) for k, s in shapes.items()}
     gx, gw1, gw2, gdout = t(x, dtype), t(w1, dtype), t(w2, dtype), t(dout, dtype)
     chosen = [] if faster == "pass" else [faster]
+    gh = None if act == "relu2" else g["h"]
     with tuner.window():
-        km.mlp_forward(g["out"], g["h"], g["a"], gx, gw1, gw2, mm=mm, act=act)
+        km.mlp_forward(g["out"], gh, g["a"], gx, gw1, gw2, mm=mm, act=act)
     assert fused == offered[1:] + chosen  # each fused way timed, then the choice run
     tables = json.loads(tuner.path.read_text())
     assert list(tables["mlp_act"].values()) == [faster]
@@ -186,13 +198,14 @@ def test_the_warm_up_chooses_each_mlp_way(tmp_path, monkeypatch, act: str, faste
         gdx = torch.empty(N, C, dtype=dtype, device=DEVICE)
         gdw1, gdw2 = torch.zeros(C, 4 * C, device=DEVICE), torch.zeros(4 * C, C, device=DEVICE)
         with tuner.window() if not tables.get("mlp_dact") else contextlib.nullcontext():
-            km.mlp_backward(gdx, gdw1, gdw2, gdout, gx, g["h"], gw1, gw2, g["a"], dh, mm=mm, recompute=False, act=act)
+            km.mlp_backward(gdx, gdw1, gdw2, gdout, gx, gh, gw1, gw2, g["a"], dh, mm=mm, recompute=False, act=act)
         tables = json.loads(tuner.path.read_text())
         assert list(tables["mlp_dact"].values()) == [faster]
         compare("dx", gdx, dx, dtype)
         compare("dw1", gdw1, dw1, dtype)
         compare("dw2", gdw2, dw2, dtype)
     assert fused == chosen  # outside the window: the recorded way alone
-    compare("h", g["h"], hh, dtype)
+    if gh is not None:
+        compare("h", gh, hh, dtype)
     compare("a", g["a"], a, dtype)
     compare("out", g["out"], out, dtype)

@@ -125,7 +125,7 @@ def test_relu2_pair(rows: Rows) -> None:
 
     def run(a, r):
         relu2.relu2_forward(a["a"], a["h"], rows=r)
-        relu2.relu2_backward(a["dh"], a["h"], rows=r)
+        relu2.relu2_backward(a["dh"], a["a"], rows=r)
 
     _runs(run, rows, arrays)
 

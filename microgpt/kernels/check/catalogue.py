@@ -301,8 +301,8 @@ def _modern_launches(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     rmsnorm.rmsnorm_forward(x, stat, x, tuner=cat)
     rmsnorm.residual_rmsnorm_forward(x, x, stat, x, x, tuner=cat)
     rmsnorm.rmsnorm_backward(x, x, x, stat, tuner=cat)
-    relu2.relu2_forward(h, h)
-    relu2.relu2_backward(h, h)
+    relu2.relu2_forward(h, h)  # in place: W_1's GEMM writes into a where h is not kept
+    relu2.relu2_backward(h, h)  # dh from a
     _attention_launches(s, e, cat, bounded=True)  # at D = C / NH (128), its own candidates
     qkv, rope, qstat = e(3, N, C), e(2, T, C // NH // 2, dt=f32), e(2, N, NH, dt=f32)  # qkrope on the projection's
     qk = qkv[0].view(B, T, C), qkv[1].view(B, T, C)  # q, k (B, T, C) views, as the model hands them in
@@ -330,9 +330,12 @@ def _modern_linears(s: Shape, dtype: torch.dtype, cat: Catalogue) -> None:
     for G, Cin, OC in ((3, C, C), (1, C, C), (1, C, 4 * C), (1, 4 * C, C)):
         lead = (G,) if G > 1 else ()  # a site of one weight is a 2D matrix (the parameters' named view)
         w, y = e(*lead, Cin, OC), e(*lead, N, OC)
-        act = dict(act="relu2", act_out=e(N, OC)) if OC == 4 * C else {}  # w_1: a = relu2(h) with its GEMM
-        mm.forward(y, e(N, Cin), w, **act)
-        dact = dict(act="relu2", dx_act_of=e(N, Cin)) if Cin == 4 * C else {}  # w_2: dh *= relu2'(h) with its GEMM
+        if OC == 4 * C:  # w_1: a = relu2(h) with its GEMM, a alone (h not kept), and h too (train.recompute_gelu)
+            mm.forward(None, e(N, Cin), w, act_out=e(N, OC), act="relu2")
+            mm.forward(y, e(N, Cin), w, act_out=e(N, OC), act="relu2")
+        else:
+            mm.forward(y, e(N, Cin), w)
+        dact = dict(act="relu2", dx_act_out=e(N, Cin)) if Cin == 4 * C else {}  # w_2: dh *= 2 sqrt(a) with its GEMM
         mm.backward(e(N, Cin), e(*lead, Cin, OC, dt=f32), y, e(N, Cin), w, **dact)
         mm.forward(e(*lead, B, OC), e(B, Cin), w)
     _tma_gemm_launches(s, dtype, cat)
