@@ -4,6 +4,7 @@ total equal to the allocation, and one-line errors for a plan that cannot be all
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -109,6 +110,54 @@ def test_gelu_output_is_saved_per_layer_unless_recomputed() -> None:
         assert (per_layer[0] is per_layer[-1]) is recompute  # one shared scratch, or a plane per layer
         sizes[recompute] = sum(b.numel for b in bufs)
     assert sizes[False] - sizes[True] == (L - 1) * N * 4 * C
+
+
+@pytest.mark.parametrize(
+    "backend, name, kept",
+    [("numpy", "fp32", False), ("triton", "fp32", False), ("triton", "bf16", False), ("triton", "fp16", False),
+     ("numpy", "fp8", True), ("triton", "fp8", True)],
+)  # fmt: skip
+def test_the_modern_plan_keeps_no_pre_activation_where_its_output_is_saved(backend: str, name: str, kept: bool) -> None:
+    """ReLU^2's backward reads its output a (2 sqrt(a): ops/relu2.py), so where a is saved per layer the modern plan
+    has no h at all, in training or inference: L x (N, 4C) less in training. With train.recompute_gelu h is saved per
+    layer again (backward refills a from it); fp8 keeps h as it did (its cast computes act' from h, on the GPU act
+    too); the GPT-2 block keeps h always (GELU's backward reads it)."""
+    B, C, L = 2, M.d_model, M.n_layer
+    N = B * M.seq_len
+    prec = precision.make(name, backend)
+    for block in ("modern", "gpt2"):
+        m = dataclasses.replace(M, block=block)
+        assert memory.pre_activation_kept(m, prec) is (kept or block == "gpt2")
+        sizes = {}
+        for recompute in (False, True):
+            t = config.TrainConfig(micro_batch=B, backend=backend, precision=name, recompute_gelu=recompute)
+            rows = {b.name: (b.role, b.shape) for b in memory.plan(m, t, prec, 5)}
+            per_layer = kept or block == "gpt2" or recompute
+            assert rows.get("h") == (("acts", (L, N, 4 * C)) if per_layer else None), (block, recompute)
+            if prec.act_planned:
+                assert rows["a"] == (("scratch", (N, 4 * C)) if recompute else ("acts", (L, N, 4 * C)))
+            sizes[recompute] = sum(math.prod(shape) for _, shape in rows.values())
+        infer = {b.name: b.shape for b in memory.inference_plan(m, prec, B, 16)}
+        assert infer.get("h") == ((N, 4 * C) if kept or block == "gpt2" else None), block
+        if block == "modern" and not kept:  # recompute: h's L planes and a's one scratch, against a's L planes
+            assert sizes[True] - sizes[False] == N * 4 * C
+
+
+def test_andrea_120m_modern_at_micro_batch_32_plans_2_4_gb_less() -> None:
+    """The ANDREA-120M-MODERN recipe at micro-batch 32 in bf16 (L 12, N 32768, 4C 3072): its plan without the L
+    planes of h is 2 x 12 x 32768 x 3072 bytes = 2.42 GB smaller than with them (the plan the fp8-style rule, h kept,
+    would make: memory.pre_activation_kept)."""
+    from pathlib import Path
+
+    exp = config.load(Path(__file__).parents[1] / "experiments" / "ANDREA-120M-MODERN-TRAIN.json")
+    t = dataclasses.replace(exp.train, micro_batch=32, backend="triton", precision="bf16")
+    prec = precision.make("bf16", "triton")
+    R = memory.gpu_logits_rows(exp.model, 32, 2)
+    bufs = memory.plan(exp.model, t, prec, R)
+    assert "h" not in {b.name for b in bufs}
+    with_h = [*bufs, memory.Buf("h", (12, 32 * 1024, 3072), "acts", "compute")]
+    less = sum(memory.role_bytes(with_h, prec).values()) - sum(memory.role_bytes(bufs, prec).values())
+    assert less == 2 * 12 * 32768 * 3072 == 2_415_919_104
 
 
 def test_largest_fitting_micro_batch_divides_the_step() -> None:

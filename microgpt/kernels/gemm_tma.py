@@ -36,9 +36,10 @@ TILES (at most a few: the warm-up times every candidate of a choice):
                     over tiles and K flattened into one that Triton pipelines, so a tile's epilogue overlaps the next
                     tile's first copies (the fused epilogues store two outputs or read one: the most to hide)
 Shared memory a block on sm_90 (check/targets.py, at ANDREA's shapes; the limit is 227 KiB), with no register spilled
-(at most 244 registers a thread, k_gemm_dact_tma's ReLU^2 under tma_128x256, when it read h): tma_128x256 209 KiB in
-every kernel, tma_128x128 161 KiB, tma_persistent 161 KiB and 193 KiB where the epilogue reads a block (dact's h or a,
-a GEMM adding into its output). The persistent flattening of the 128x256 tile would need 273 KiB in the dact kernel.
+(at most 255 registers a thread, k_gemm_dact_tma's ReLU^2 under tma_128x256, whose slope 2 sqrt(a) takes the fast
+root: the IEEE one spills it, kernels/relu2.py): tma_128x256 209 KiB in every kernel, tma_128x128 161 KiB,
+tma_persistent 161 KiB and 193 KiB where the epilogue reads a block (dact's h or a, a GEMM adding into its output).
+The persistent flattening of the 128x256 tile would need 273 KiB in the dact kernel.
 
 Numerics: the three kernels share tma_dot, so under one configuration k_gemm_act_tma's h and a and k_gemm_dact_tma's
 dx equal k_gemm_tma followed by the activation's pass, bit for bit: the epilogues round the sum to the output's dtype

@@ -1,8 +1,8 @@
 """ReLU^2 (ops/relu2.py gives the math): a = max(h, 0)^2 (a may be h: in place) and, in place, dh *= 2 sqrt(a), the
 backward reading the output a, two elementwise passes in fp32 over contiguous arrays of any shape, and the device
 functions relu2 and relu2_grad they share with the GEMM tiles' epilogues (kernels/tile.py's act_of, act_grad: gemm.py's
-k_gemm_act, k_gemm_dact and gemm_tma.py's). The slope sqrt(a) is rounded to a's dtype (sqrt_rn, then the store's
-rounding), which gives max(h, 0) back exactly wherever a is a normal number (ops/relu2.py). fp8's cast computes the
+k_gemm_act, k_gemm_dact and gemm_tma.py's). The slope sqrt(a) is rounded to a's dtype, which gives max(h, 0) back
+exactly wherever a is a normal number (ops/relu2.py; relu2_grad says which root). fp8's cast computes the
 derivative from h instead, by its own op (fp8_cast.py RELU2_GRAD): these read a only.
 
 One fixed launch configuration (BLOCK elements a program, 4 warps), as GELU's passes: an elementwise pass is bound by
@@ -25,8 +25,15 @@ def relu2(h):
 
 @triton.jit
 def relu2_grad(a):
-    # relu2'(h) from a = relu2(h) as stored (its dtype): 2 sqrt(a), the root rounded to a's dtype = 2 max(h, 0)
-    return 2.0 * tl.sqrt_rn(a.to(tl.float32)).to(a.dtype).to(tl.float32)
+    # relu2'(h) from a = relu2(h) as stored (its dtype): 2 sqrt(a), the root rounded to a's dtype = 2 max(h, 0). In
+    # 16 bits the fast root (sqrt.approx: a few units in fp32's last place) rounds as the exact one: a's exact root
+    # lies at least 2^-10.1 (bf16), 2^-13.2 (fp16) from a rounding boundary, relatively, and the IEEE root (sqrt_rn)
+    # spills k_gemm_dact_tma's 128x256 tile; fp32 takes the IEEE root, which is max(h, 0) itself
+    if a.dtype == tl.float32:
+        r = tl.sqrt_rn(a)
+    else:
+        r = tl.sqrt(a.to(tl.float32)).to(a.dtype).to(tl.float32)
+    return 2.0 * r
 
 
 @triton.jit

@@ -52,14 +52,19 @@ def _batch(rng: np.random.Generator, m: ModelConfig = M) -> tuple[np.ndarray, np
 
 
 @pytest.mark.parametrize(
-    "m", [M, MV, MS, MW, MALL], ids=["plain", "value-embeds", "skips", "window-docs", "every-lever"]
+    "m, recompute",
+    [(M, False), (MV, False), (MS, False), (MW, False), (MALL, False), (M, True)],
+    ids=["plain", "value-embeds", "skips", "window-docs", "every-lever", "recompute"],
 )
-def test_forward_backward_matches_numpy(m: ModelConfig) -> None:
-    t = TrainConfig(micro_batch=B, optimizer="muon")
+def test_forward_backward_matches_numpy(m: ModelConfig, recompute: bool) -> None:
+    """The plan keeps ReLU^2's a and no h (its backward reads a: memory.pre_activation_kept), or with
+    train.recompute_gelu h and a scratch, on both backends; the losses and every gradient agree."""
+    t = TrainConfig(micro_batch=B, optimizer="muon", recompute_gelu=recompute)
     Sn, St = _state("numpy", t, m), _state("triton", t, m)
     x, y = _batch(np.random.default_rng(1))
     for S in (Sn, St):
         K, A = S.K, S.arena
+        assert ("h" in A) is recompute and A["a"].ndim == (2 if recompute else 3)
         K.copy_in(A["tokens"][0], x)
         K.copy_in(A["targets"][0], y)
         K.copy_in(A["loss_scale"], np.ones(1))
