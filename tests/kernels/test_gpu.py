@@ -235,7 +235,8 @@ def test_mlp_act_tiles_gpu(dtype, act):
     """Our Triton tiles with the activation in their epilogues (k_gemm_act, k_gemm_dact; on sm_90 in 16 bits also
     k_gemm_act_tma, k_gemm_dact_tma under each configuration), against the same tile's GEMM under the same
     configuration (k_gemm, k_gemm_tma: one main loop) and the pass: bit for bit (both round the sum first), twice;
-    and against float64."""
+    and against float64. ReLU^2's act' reads a, and its forward stores a alone too (the GEMM into a, the pass in
+    place), as the modern plan runs it; its dh equals the one from h, 2 max(h, 0), bit for bit (ops/relu2.py)."""
     from microgpt.kernels import gemm, gemm_tma
 
     torch.manual_seed(6)
@@ -246,7 +247,7 @@ def test_mlp_act_tiles_gpu(dtype, act):
         name: (
             lambda out, a, b, acc, n=name: gemm_tma.tma_mm(out, a, b, acc, n),
             lambda a, h, x, w, act, n=name: gemm_tma.tma_mm_act(a, h, x, w, act, n),
-            lambda dx, dy, w, h, act, n=name: gemm_tma.tma_mm_dact(dx, dy, w, h, act, n),
+            lambda dx, dy, w, v, act, n=name: gemm_tma.tma_mm_dact(dx, dy, w, v, act, n),
         )
         for name in tma_tiles(dtype)
     }
@@ -255,14 +256,23 @@ def test_mlp_act_tiles_gpu(dtype, act):
         mm(h0, x, w1, False)
         gemm.ACTIVATIONS[act][0](a0, h0)
         mm(dh0, dout, w2.t(), False)
-        gemm.ACTIVATIONS[act][1](dh0, h0)
+        read = a0 if act == "relu2" else h0  # what act' reads (ops/linear.FROM_OUTPUT)
+        gemm.ACTIVATIONS[act][1](dh0, read)
         close(f"{way} h", h0, ref, dtype)
-        for _ in range(2):
-            for t in (h, a, dh):
-                t.fill_(float("nan"))
-            mm_act(a, h, x, w1, act)
-            mm_dact(dh, dout, w2.t(), h, act)
-            assert torch.equal(h, h0) and torch.equal(a, a0) and torch.equal(dh, dh0), way
+        if act == "relu2":  # the slope from a is 2 max(h, 0), bit for bit, where a is a normal number
+            from_h = torch.empty_like(dh0)
+            mm(from_h, dout, w2.t(), False)
+            from_h = (from_h.float() * 2 * h0.float().clamp_min(0)).to(dtype)
+            normal = a0.float() >= torch.finfo(dtype).tiny
+            assert torch.equal(dh0[normal], from_h[normal]), way
+        for store_h in (True, False) if act == "relu2" else (True,):
+            for _ in range(2):
+                for t in (h, a, dh):
+                    t.fill_(float("nan"))
+                mm_act(a, h if store_h else None, x, w1, act)
+                mm_dact(dh, dout, w2.t(), a if act == "relu2" else h, act)
+                assert torch.equal(a, a0) and torch.equal(dh, dh0), way
+                assert torch.equal(h, h0) if store_h else h.isnan().all(), way
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu2"])
@@ -270,7 +280,7 @@ def test_mlp_act_tiles_gpu(dtype, act):
 def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
     """mlp_forward and mlp_backward with each way of the router's mm_act (pass, tile, the TMA tiles on sm_90 in 16
     bits, cuBLASLt's lt0 for GELU in bf16 and fp16) and mm_dact (pass, tile, the TMA tiles) forced, against
-    autograd."""
+    autograd; ReLU^2 as the modern plan runs it (a alone, no h)."""
     from microgpt.kernels import cublaslt, linear
     from microgpt.kernels import mlp as k
     from microgpt.kernels.gemm import Gemm
@@ -290,10 +300,11 @@ def test_mlp_act_epilogues_gpu(dtype, act, monkeypatch):
         monkeypatch.setenv("MICROGPT_MLP_ACT", way)
         monkeypatch.setenv("MICROGPT_MLP_DACT", bway)
         mm = linear.Matmul(Gemm(Tuner(), lt))  # a router of its own: no remembered choice overrides the forced ones
-        k.mlp_forward(out, h, a, x, w1, w2, mm=mm, act=act)
+        kept = None if act == "relu2" else h
+        k.mlp_forward(out, kept, a, x, w1, w2, mm=mm, act=act)
         dx = torch.zeros_like(x)
         (dw1, dw10), (dw2, dw20) = wgrad(C, 4 * C), wgrad(4 * C, C)
-        k.mlp_backward(dx, dw1, dw2, dout, x, h, w1, w2, a, dh, mm=mm, recompute=False, act=act)
+        k.mlp_backward(dx, dw1, dw2, dout, x, kept, w1, w2, a, dh, mm=mm, recompute=False, act=act)
         close(f"{way} out", out, ref, dtype)
         close(f"{bway} dx", dx, rx.grad, dtype)
         close(f"{bway} dw1", dw1 - dw10, r1.grad, dtype)
