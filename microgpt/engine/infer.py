@@ -222,7 +222,7 @@ def training_infer_state(S: TrainState) -> InferState:
         "targets": A["targets"][0],
         **({} if a is None else {"a": a if a.ndim == 2 else a[0]}),
         # h as the inference plan has it (memory.pre_activation_kept), though training keeps it under recompute_gelu
-        **({"h": A["h"][0]} if memory.pre_activation_kept(S.m, S.prec) else {}),
+        **({"h": A["h"][0]} if memory.pre_activation_kept(S.m, S.K.precision) else {}),
     }
     for name, buf in (("ln_mean", "ln1_mean"), ("qk_rstd", "qk_rstd")):  # GPT-2's LayerNorm means; modern's QK-norm
         if buf in A:
