@@ -14,7 +14,8 @@
 #   epilogues: the fusions' ways timed as the warm-up times them: dev/mlp_epilogue_bench.py at EPI_MBS (32 8: the MLP's
 #           activation in our tiles, the TMA ones on sm_90) and dev/qkrope_epilogue_bench.py at EPI_MBS (QK-norm and
 #           rotary's backward in attention's); $OUT/mlp_epilogue.txt, $OUT/qkrope_epilogue.txt
-#   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.tgz.00, .01, ... (15 MB parts, each
+#   cache-save, cache-load: the Triton and tuning caches (.cache) as $OUT/caches.txz.00, .01, ... (xz: gzip's 57 MB
+#           of the twenty-sixth session's caches did not fit; 15 MB parts, each
 #           under the 16 MB a returned file may have; kept under 48 MB in all), and back from the parts copied into a
 #           carried .gpu-cache/, so that the next call on a fresh machine starts warm
 #   decode: the decode step's GPU tests, then bench/decode.py (ANDREA-120M, bf16, batches 1 and 32: microgpt's
@@ -131,9 +132,10 @@ for line in sys.stdin:  # JSON rows without their texts, then the markdown table
                timeout 240 python3 dev/qkrope_epilogue_bench.py ${EPI_MBS:-32 8} >"$OUT/qkrope_epilogue.txt" 2>&1
                tail -n 25 "$OUT/mlp_epilogue.txt" "$OUT/qkrope_epilogue.txt" | cut -c1-300 ;;
     muon-repeat) timeout 240 python3 dev/muon_repeat.py 2>&1 | tee "$OUT/muon_repeat.jsonl" | cut -c1-600 ;;
-    cache-load) ls .gpu-cache/caches.tgz.* >/dev/null 2>&1 && cat .gpu-cache/caches.tgz.* | tar -xzf - && du -sh .cache ;;
-    cache-save) tar -czf - .cache | split -b 15M -d - "$OUT/caches.tgz." && ls -l "$OUT"/caches.tgz.* \
-                  && [ "$(cat "$OUT"/caches.tgz.* | wc -c)" -lt 48000000 ] || { echo "caches over 48 MB: not kept"; rm -f "$OUT"/caches.tgz.*; } ;;
+    cache-load) ls .gpu-cache/caches.txz.* >/dev/null 2>&1 && cat .gpu-cache/caches.txz.* | xz -dc | tar -xf - \
+                  && du -sh .cache ;;
+    cache-save) tar -cf - .cache | xz -T0 -6 -c | split -b 15M -d - "$OUT/caches.txz." && ls -l "$OUT"/caches.txz.* \
+                  && [ "$(cat "$OUT"/caches.txz.* | wc -c)" -lt 48000000 ] || { echo "caches over 48 MB: not kept"; rm -f "$OUT"/caches.txz.*; } ;;
     train) timeout ${TRAIN_TIMEOUT:-240} python3 dev/train_check.py ${TRAIN_EXP:-experiments/ANDREA-12M-TRAIN.json} \
              /tmp/tc12 --steps ${TRAIN_STEPS:-200} --numpy-steps ${NUMPY_STEPS:-5} \
              ${TRAIN_PRECISION:+--precision $TRAIN_PRECISION} 2>&1 | grep -v '^step ' \
